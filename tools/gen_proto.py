@@ -1,0 +1,46 @@
+"""Generate the Python bindings of proto/ into a package directory.
+
+`make proto` writes them to helios_proto/ in the repository root (ignored by git):
+the bindings are build output, never edited by hand. tests/test_proto_bindings.py
+regenerates them into a temporary directory and fails when the two differ.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from grpc_tools import protoc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROTO_ROOT = ROOT / "proto"
+PACKAGE = "helios_proto"
+
+
+def proto_files() -> list[pathlib.Path]:
+    return sorted((PROTO_ROOT / PACKAGE).glob("*.proto"))
+
+
+def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Run protoc over every schema file; return the generated files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
+    args = ["protoc", f"-I{PROTO_ROOT}", f"--python_out={out_dir}", f"--pyi_out={out_dir}", *files]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    package = out_dir / PACKAGE
+    (package / "__init__.py").write_text('"""Generated from proto/helios_proto by tools/gen_proto.py; do not edit."""\n')
+    return sorted(p for p in package.iterdir() if p.suffix in (".py", ".pyi"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT)
+    args = parser.parse_args()
+    for path in generate(args.out):
+        print(path.relative_to(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
