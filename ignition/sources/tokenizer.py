@@ -1,0 +1,69 @@
+"""Rebuild a HF `tokenizers` tokenizer.json from a GGUF's `tokenizer.ggml.*` fields.
+
+Only byte-level BPE (`tokenizer.ggml.model == "gpt2"`) is supported. The pre-tokenizer follows
+llama.cpp's `pre` name: for "smollm" llama.cpp first isolates every `\\p{N}` and then applies the
+GPT-2 regex, which in HF terms is `Digits(individual_digits=True)` then `ByteLevel`. Control
+tokens (GGUF type 3, ids 0-16 for SmolLM2) become *special* added tokens, so `encode` maps
+"<|im_end|>" to the single id 2 and `decode(skip_special_tokens=...)` knows them; user-defined
+tokens (type 4) become normal added tokens. The result round-trips: decode(encode(s)) == s.
+
+Untrusted text must be encoded with specials NOT parsed; that is the frontend's job
+(`helios_backend.frontend.tokenizer.FrontendTokenizer.encode_untrusted`).
+"""
+
+from __future__ import annotations
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from ignition.sources.gguf import (
+    TOKEN_TYPE_CONTROL,
+    TOKEN_TYPE_USER_DEFINED,
+    GGUFModel,
+    TokenizerFields,
+)
+
+
+class UnsupportedTokenizerError(Exception):
+    """The GGUF tokenizer model or pre-tokenizer has no mapping here."""
+
+
+# llama.cpp pre-tokenizer names whose behaviour is "split digits individually, then GPT-2 regex".
+_DIGITS_THEN_GPT2 = frozenset({"smollm"})
+# llama.cpp pre-tokenizer names that are the plain GPT-2 regex.
+_GPT2 = frozenset({"gpt2", "default"})
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in _GPT2:
+        return byte_level
+    raise UnsupportedTokenizerError(f"pre-tokenizer {pre!r} has no mapping")
+
+
+def tokenizer_from_fields(fields: TokenizerFields) -> Tokenizer:
+    if fields.model != "gpt2":
+        raise UnsupportedTokenizerError(f"tokenizer model {fields.model!r}; only byte-level BPE ('gpt2')")
+    vocab = {tok: i for i, tok in enumerate(fields.tokens)}
+    if len(vocab) != len(fields.tokens):
+        raise UnsupportedTokenizerError("duplicate token strings in tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in fields.merges]
+    tk = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, fuse_unk=False, byte_fallback=False)
+    )
+    tk.pre_tokenizer = _pre_tokenizer(fields.pre)
+    tk.decoder = decoders.ByteLevel()
+    # Added tokens keep their existing vocab ids because each string is already in the vocab.
+    tk.add_special_tokens(
+        [AddedToken(fields.tokens[i], special=True, normalized=False) for i in fields.ids_of_type(TOKEN_TYPE_CONTROL)]
+    )
+    user_defined = fields.ids_of_type(TOKEN_TYPE_USER_DEFINED)
+    if user_defined:
+        tk.add_tokens([AddedToken(fields.tokens[i], normalized=False) for i in user_defined])
+    return tk
+
+
+def tokenizer_json_from_gguf(model: GGUFModel) -> str:
+    """The tokenizer.json text (about 1.5 MB for SmolLM2) for the model's vocabulary."""
+    return tokenizer_from_fields(model.tokenizer_fields).to_str()
