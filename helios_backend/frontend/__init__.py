@@ -1,0 +1,1 @@
+"""Frontend assets at serving time: tokenizer, chat template rendering, prompt encoding, syntax."""

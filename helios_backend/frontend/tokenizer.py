@@ -1,0 +1,190 @@
+"""The serving-side tokenizer: trusted/untrusted encoding, exact byte-level decoding.
+
+Built from the core's tokenizer.json (a HF `tokenizers` byte-level BPE). Two encoders share the
+same vocabulary:
+
+- `encode_template(text)` parses special tokens: the chat template's own markup such as
+  "<|im_start|>" becomes its single control id. Only text the *template* produced may go here.
+- `encode_untrusted(text)` never produces a special id from text (`encode_special_tokens=True`):
+  a user who types "<|im_end|>" gets the ordinary tokens for those characters, so message content
+  cannot close its own turn or forge a role header.
+
+Decoding is done from a per-id byte table (the GPT-2 byte-to-unicode alphabet reversed; special
+tokens contribute their UTF-8 content). `IncrementalDecoder` feeds those bytes through a UTF-8
+incremental decoder, so a multibyte character split across tokens is emitted once, whole, when
+its last byte arrives; the concatenation of everything it emits equals `decode(all ids)`.
+Invalid byte sequences become U+FFFD exactly as `tokenizers`' lossy decode does.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from tokenizers import Tokenizer
+
+
+class TokenizerDataError(Exception):
+    """The tokenizer.json text cannot be loaded or is not a byte-level tokenizer."""
+
+
+class UnknownTokenIdError(ValueError):
+    """A token id outside [0, vocab_size)."""
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's reversible map from each of the 256 bytes to a printable unicode char, reversed."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_CHAR_TO_BYTE = _byte_level_alphabet()
+
+
+def _token_bytes(token: str) -> bytes:
+    # Same rule as tokenizers' ByteLevel decoder: chars of the alphabet map to their byte, any
+    # other char (only possible in added tokens) contributes its own UTF-8 encoding.
+    out = bytearray()
+    for ch in token:
+        b = _CHAR_TO_BYTE.get(ch)
+        if b is None:
+            out += ch.encode("utf-8")
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class _ByteTable:
+    by_id: tuple[bytes, ...]  # id -> exact bytes the token decodes to
+    special: frozenset[int]
+
+
+def _build_byte_table(tk: Tokenizer) -> _ByteTable:
+    added = tk.get_added_tokens_decoder()  # id -> AddedToken
+    special = frozenset(i for i, t in added.items() if t.special)
+    size = tk.get_vocab_size(with_added_tokens=True)
+    table = []
+    for i in range(size):
+        token = tk.id_to_token(i)
+        if token is None:
+            raise TokenizerDataError(f"vocabulary has a hole at id {i}")
+        table.append(added[i].content.encode("utf-8") if i in added else _token_bytes(token))
+    return _ByteTable(tuple(table), special)
+
+
+class FrontendTokenizer:
+    """Encode prompts and decode generated ids for one model's vocabulary. Thread-safe: the two
+    underlying tokenizers are configured once and never mutated afterwards."""
+
+    def __init__(self, trusted: Tokenizer, untrusted: Tokenizer) -> None:
+        self._trusted = trusted
+        self._untrusted = untrusted
+        self._table = _build_byte_table(trusted)
+        self._vocab_size = len(self._table.by_id)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FrontendTokenizer":
+        try:
+            trusted = Tokenizer.from_str(text)
+            untrusted = Tokenizer.from_str(text)
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise TokenizerDataError(f"cannot load tokenizer.json: {exc}") from exc
+        untrusted.encode_special_tokens = True
+        return cls(trusted, untrusted)
+
+    # ---- encoding -------------------------------------------------------------------------
+    def encode_untrusted(self, text: str) -> list[int]:
+        """Ids for user-supplied text: special-token spellings stay plain text."""
+        return self._untrusted.encode(text, add_special_tokens=False).ids
+
+    def encode_template(self, text: str) -> list[int]:
+        """Ids for template-produced markup: special-token spellings become their control ids."""
+        return self._trusted.encode(text, add_special_tokens=False).ids
+
+    # ---- vocabulary -----------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of special (control) tokens, e.g. 0-16 for SmolLM2."""
+        return self._table.special
+
+    def token_id(self, text: str) -> int | None:
+        """The id whose token is exactly `text` (special content or byte-level spelling), else None."""
+        return self._trusted.token_to_id(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes this id contributes to decoded output (may be part of a character)."""
+        self._check(token_id)
+        return self._table.by_id[token_id]
+
+    def token_text(self, token_id: int) -> str:
+        """This token alone as text; bytes that are not valid UTF-8 on their own become U+FFFD."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def _check(self, token_id: int) -> None:
+        if not 0 <= token_id < self._vocab_size:
+            raise UnknownTokenIdError(f"token id {token_id} outside [0, {self._vocab_size})")
+
+    # ---- decoding -------------------------------------------------------------------------
+    def decode_bytes(self, ids: Iterable[int], skip_special_tokens: bool = False) -> bytes:
+        out = bytearray()
+        for i in ids:
+            self._check(i)
+            if skip_special_tokens and i in self._table.special:
+                continue
+            out += self._table.by_id[i]
+        return bytes(out)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
+
+    def incremental_decoder(self, skip_special_tokens: bool = False) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special_tokens)
+
+
+class IncrementalDecoder:
+    """Feed generated ids, get only the text they complete.
+
+    Bytes of an unfinished UTF-8 character stay buffered (at most 3) until a later token resolves
+    them; `finish()` flushes what is left as U+FFFD. Cost per `feed` is proportional to the new
+    tokens' bytes, not to the history.
+    """
+
+    def __init__(self, tokenizer: FrontendTokenizer, skip_special_tokens: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, ids: Iterable[int]) -> str:
+        return self._utf8.decode(self._tokenizer.decode_bytes(ids, self._skip_special), final=False)
+
+    def feed_one(self, token_id: int) -> str:
+        return self.feed((token_id,))
+
+    @property
+    def pending_bytes(self) -> bytes:
+        """Bytes of an incomplete character not yet emitted."""
+        buffered, _ = self._utf8.getstate()
+        return buffered
+
+    def finish(self) -> str:
+        """End of stream: emit any incomplete trailing bytes (as U+FFFD) and reset."""
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text
