@@ -70,6 +70,7 @@ def _token_bytes(token: str) -> bytes:
 class _ByteTable:
     by_id: tuple[bytes, ...]  # id -> exact bytes the token decodes to
     special: frozenset[int]
+    special_by_text: dict[str, int]  # special token content -> id
 
 
 def _build_byte_table(tk: Tokenizer) -> _ByteTable:
@@ -82,7 +83,8 @@ def _build_byte_table(tk: Tokenizer) -> _ByteTable:
         if token is None:
             raise TokenizerDataError(f"vocabulary has a hole at id {i}")
         table.append(added[i].content.encode("utf-8") if i in added else _token_bytes(token))
-    return _ByteTable(tuple(table), special)
+    by_text = {added[i].content: i for i in sorted(special)}
+    return _ByteTable(tuple(table), special, by_text)
 
 
 class FrontendTokenizer:
@@ -123,6 +125,11 @@ class FrontendTokenizer:
     def special_ids(self) -> frozenset[int]:
         """Ids of special (control) tokens, e.g. 0-16 for SmolLM2."""
         return self._table.special
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """Special token content -> id, e.g. {"<|im_end|>": 2, ...}. A copy."""
+        return dict(self._table.special_by_text)
 
     def token_id(self, text: str) -> int | None:
         """The id whose token is exactly `text` (special content or byte-level spelling), else None."""
