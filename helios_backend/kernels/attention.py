@@ -1,0 +1,109 @@
+"""Reference kernels for attention over a paged key/value cache.
+
+Cache plane layout (one plane for keys, one for values, same geometry):
+
+    plane = page[0] | page[1] | ...            page_stride elements per page
+    page  = layer[0] | ... | layer[L-1]          each [page_tokens, kv_heads, head_dim] f16
+
+A node's cache pointer already carries the layer's byte offset inside a page, so
+the element of (page p, token slot i, kv head h, dim d) is
+    p * page_stride + (i * kv_heads + h) * head_dim + d.
+The page table is indexed by physical slot: page_table[slot * pages_per_row + j] is
+the page holding positions [j * page_tokens, (j + 1) * page_tokens) of that slot.
+
+Query heads are grouped: query head h reads kv head h // (q_heads // kv_heads).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from helios_backend.kernels.linear import _matrix, rms_norm
+from helios_backend.kernels.rope import apply_rope
+from helios_backend.kernels.state import live_tokens, row_starts, token_rows
+
+
+def _pages_view(plane: np.ndarray, page_elements: int, page_stride: int) -> np.ndarray:
+    """[pages, page_elements] strided view over a flat plane pointer (no copy)."""
+    pages = (plane.size - page_elements) // page_stride + 1
+    return as_strided(plane, shape=(pages, page_elements), strides=(page_stride * plane.itemsize, plane.itemsize))
+
+
+def _cache_offsets(positions: np.ndarray, slots: np.ndarray, page_table: np.ndarray, pages_per_row: int,
+                   page_tokens: int, page_stride: int, token_elements: int) -> np.ndarray:
+    pages = page_table[slots * pages_per_row + positions // page_tokens].astype(np.int64)
+    return pages * page_stride + (positions % page_tokens).astype(np.int64) * token_elements
+
+
+def qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
+                   norm_weight: np.ndarray, qkv_weight: np.ndarray, rope_table: np.ndarray,
+                   positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                   geometry: np.ndarray, tokens: int, dim: int, q_heads: int, kv_heads: int,
+                   head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                   eps: float, rope_pairing: int) -> None:
+    """Fused: rms_norm -> [q | k | v] projection -> RoPE on q, k -> k, v written into their cache pages.
+
+    q_out [tokens, q_heads * head_dim] f32; qkv_weight [(q_heads + 2 kv_heads) * head_dim, dim].
+    """
+    n = live_tokens(geometry)
+    if n == 0:
+        return
+    q_width = q_heads * head_dim
+    kv_width = kv_heads * head_dim
+    normed = rms_norm(_matrix(hidden, tokens, dim)[:n], norm_weight[:dim], eps)
+    projected = normed @ _matrix(qkv_weight, q_width + 2 * kv_width, dim).T
+    token_positions = positions[:n]
+    cos_sin = rope_table.reshape(-1, head_dim // 2, 2)[token_positions]
+    q = apply_rope(np.ascontiguousarray(projected[:, :q_width]).reshape(n, q_heads, head_dim), cos_sin, rope_pairing)
+    k = apply_rope(np.ascontiguousarray(projected[:, q_width:q_width + kv_width]).reshape(n, kv_heads, head_dim),
+                   cos_sin, rope_pairing)
+    v = projected[:, q_width + kv_width:]
+    _matrix(q_out, tokens, q_width)[:n] = q.reshape(n, q_width)
+    slots = row_slot[token_rows(geometry, tokens)[:n]]
+    base = _cache_offsets(token_positions, slots, page_table, pages_per_row, page_tokens, page_stride, kv_width)
+    index = base[:, None] + np.arange(kv_width, dtype=np.int64)[None, :]
+    k_cache[index] = k.reshape(n, kv_width)
+    v_cache[index] = v
+
+
+def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                    positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                    geometry: np.ndarray, rows: int, tokens: int, q_heads: int, kv_heads: int,
+                    head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                    scale: float) -> None:
+    """Causal attention of each row's packed queries over that row's cached history.
+
+    A query at position p sees keys at positions 0..p of its slot. out, q: [tokens, q_heads * head_dim] f32.
+    """
+    starts = row_starts(geometry, rows, tokens)
+    group = q_heads // kv_heads
+    kv_width = kv_heads * head_dim
+    page_elements = page_tokens * kv_width
+    k_pages = _pages_view(k_cache, page_elements, page_stride)
+    v_pages = _pages_view(v_cache, page_elements, page_stride)
+    queries = _matrix(q, tokens, q_heads * head_dim)
+    outputs = _matrix(out, tokens, q_heads * head_dim)
+    for r in range(rows):
+        first, end = int(starts[r]), int(starts[r + 1])
+        if end <= first:
+            continue
+        count = end - first
+        query_positions = positions[first:end].astype(np.int64)
+        context = int(query_positions.max()) + 1
+        page_count = -(-context // page_tokens)
+        table = page_table[int(row_slot[r]) * pages_per_row:][:page_count]
+        keys = k_pages[table].reshape(-1, kv_heads, head_dim)[:context].astype(np.float32)
+        values = v_pages[table].reshape(-1, kv_heads, head_dim)[:context].astype(np.float32)
+        # [kv_heads, group * count, head_dim]: the queries sharing one kv head, stacked
+        grouped = queries[first:end].reshape(count, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+        grouped = grouped.reshape(kv_heads, group * count, head_dim)
+        scores = (grouped @ keys.transpose(1, 2, 0)) * np.float32(scale)   # [kv_heads, group*count, context]
+        scores = scores.reshape(kv_heads, group, count, context)
+        future = np.arange(context, dtype=np.int64)[None, :] > query_positions[:, None]  # [count, context]
+        scores[:, :, future] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        mixed = scores.reshape(kv_heads, group * count, context) @ values.transpose(1, 0, 2)
+        mixed = mixed.reshape(kv_heads, group, count, head_dim).transpose(2, 0, 1, 3)
+        outputs[first:end] = mixed.reshape(count, q_heads * head_dim)
