@@ -33,6 +33,17 @@ class UnknownTokenIdError(ValueError):
     """A token id outside [0, vocab_size)."""
 
 
+class UnrepresentableTextError(ValueError):
+    """The text holds a character whose UTF-8 bytes have no token in this vocabulary.
+
+    Byte-level BPE would silently drop such bytes (so would llama.cpp); refusing keeps the
+    invariant decode(encode(text)) == text. For SmolLM2 the vocabulary lacks bytes 0x04, 0x06,
+    0x13, 0x14, 0x16, 0x1D (ASCII control characters) and the lead bytes 0xF1, 0xF2 (code points
+    U+40000-U+BFFFF, all unassigned), plus bytes that never occur in UTF-8. Lone surrogates
+    (possible in a Python str decoded from JSON) are refused the same way.
+    """
+
+
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's reversible map from each of the 256 bytes to a printable unicode char, reversed."""
     printable = (
@@ -53,6 +64,10 @@ def _byte_level_alphabet() -> dict[str, int]:
 _CHAR_TO_BYTE = _byte_level_alphabet()
 
 
+def _is_surrogate(ch: str) -> bool:
+    return 0xD800 <= ord(ch) <= 0xDFFF
+
+
 def _token_bytes(token: str) -> bytes:
     # Same rule as tokenizers' ByteLevel decoder: chars of the alphabet map to their byte, any
     # other char (only possible in added tokens) contributes its own UTF-8 encoding.
@@ -71,6 +86,7 @@ class _ByteTable:
     by_id: tuple[bytes, ...]  # id -> exact bytes the token decodes to
     special: frozenset[int]
     special_by_text: dict[str, int]  # special token content -> id
+    missing_bytes: frozenset[int]  # byte values with no single-byte token
 
 
 def _build_byte_table(tk: Tokenizer) -> _ByteTable:
@@ -84,7 +100,10 @@ def _build_byte_table(tk: Tokenizer) -> _ByteTable:
             raise TokenizerDataError(f"vocabulary has a hole at id {i}")
         table.append(added[i].content.encode("utf-8") if i in added else _token_bytes(token))
     by_text = {added[i].content: i for i in sorted(special)}
-    return _ByteTable(tuple(table), special, by_text)
+    # A byte is encodable only if its byte-level char is itself a (non-added) vocab token: BPE
+    # starts from single-byte symbols and drops those it does not know.
+    present = {t[0] for i, t in enumerate(table) if len(t) == 1 and i not in added}
+    return _ByteTable(tuple(table), special, by_text, frozenset(range(256)) - present)
 
 
 class FrontendTokenizer:
@@ -109,12 +128,33 @@ class FrontendTokenizer:
 
     # ---- encoding -------------------------------------------------------------------------
     def encode_untrusted(self, text: str) -> list[int]:
-        """Ids for user-supplied text: special-token spellings stay plain text."""
+        """Ids for user-supplied text: special-token spellings stay plain text.
+
+        Raises UnrepresentableTextError rather than dropping characters the vocabulary lacks.
+        """
+        self._check_representable(text)
         return self._untrusted.encode(text, add_special_tokens=False).ids
 
     def encode_template(self, text: str) -> list[int]:
         """Ids for template-produced markup: special-token spellings become their control ids."""
+        self._check_representable(text)
         return self._trusted.encode(text, add_special_tokens=False).ids
+
+    def unrepresentable_chars(self, text: str) -> list[str]:
+        """Characters of `text` that would be lost in encoding (empty for almost all text)."""
+        missing = self._table.missing_bytes
+        try:
+            if missing.isdisjoint(text.encode("utf-8")):
+                return []
+        except UnicodeEncodeError:
+            pass  # lone surrogates: not text at all, reported below
+        return sorted({ch for ch in text if _is_surrogate(ch) or not missing.isdisjoint(ch.encode("utf-8"))})
+
+    def _check_representable(self, text: str) -> None:
+        bad = self.unrepresentable_chars(text)
+        if bad:
+            shown = ", ".join(f"U+{ord(ch):04X}" for ch in bad[:8])
+            raise UnrepresentableTextError(f"text contains characters the vocabulary cannot encode: {shown}")
 
     # ---- vocabulary -----------------------------------------------------------------------
     @property
