@@ -1,0 +1,439 @@
+"""The CUDA executor: replays recorded programs as CUDA graphs through the driver API.
+
+Startup (constructor), once per rank on the rank's own thread:
+  primary context -> arena (fixed part backed, weights copied in) -> kernel modules from the
+  core's cubin resources -> NCCL communicator (world_size > 1) -> every serving program
+  captured as one graph per (program, frame) -> graphs uploaded. Then, for all ranks:
+  cache windows backed with the pages the remaining memory holds -> tuning producers run
+  once -> serving graphs exposed.
+
+Serving (the hot path), per step and frame f:
+  `staging(f)` -> host packs the pinned frame in place;
+  `launch(name, f)` -> one cuGraphLaunch per rank (the graph copies the frame in, runs,
+  copies the completion records out to pinned memory and records frame f's event);
+  `wait(f)` -> cuEventSynchronize per rank, then the pinned completion words of rank 0.
+Nothing is allocated, loaded, compiled or captured after startup (tests count the calls).
+Two frames let the host pack frame f+1 while frame f runs; one stream per rank orders the
+graphs so the single device staging buffer is never overwritten while in use.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from helios_proto import manifest_pb2
+
+from .cuda.arena import DeviceArena, PinnedFrames
+from .cuda.driver import check, load_driver
+from .cuda.errors import CapacityError, ManifestError, UnknownProgramError
+from .cuda.graphs import Copy, RankResources, capture_graph
+from .cuda.nccl import Nccl
+from .cuda.plan import NUMPY_DTYPES, BufferAddresses, kernel_table, layout_arena, plan_program
+
+ResourceReader = Callable[[str], "bytes | bytearray | memoryview | np.ndarray"]
+STATIC_SHARED_LIMIT = 48 * 1024        # above this a kernel must opt in to dynamic shared memory
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaExecutorOptions:
+    """Load-time choices (frozen, validated once)."""
+    cache_pages: Optional[int] = None      # exact page count; None: from memory left after graphs
+    cache_memory_share: float = 0.90       # share of the free memory given to cache pages
+    devices: Optional[Sequence[int]] = None  # device ordinal per rank; default 0..world_size-1
+    programs: Optional[Iterable[str]] = None  # program names to load; default every program
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.cache_memory_share <= 1.0:
+            raise ValueError("cache_memory_share must be in (0, 1]")
+        if self.cache_pages is not None and self.cache_pages < 0:
+            raise ValueError("cache_pages must be >= 0")
+
+
+class _Rank:
+    """Everything one rank owns; built and torn down on that rank's thread."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.device: Any = None
+        self.context: Any = None
+        self.stream: Any = None
+        self.arena: Optional[DeviceArena] = None
+        self.addresses: Optional[BufferAddresses] = None
+        self.modules: list[Any] = []
+        self.functions: dict[str, Any] = {}
+        self.comm = 0
+        self.events: list[Any] = []              # one per frame, recorded inside the graphs
+        self.completion: Optional[PinnedFrames] = None
+        self.graphs: list[Any] = []
+        self.execs: dict[str, list[Any]] = {}    # program name -> graph exec per frame
+        self.node_counts: dict[str, int] = {}
+        self.plans: dict[str, list[Any]] = {}    # program name -> launches (for profiling)
+        self.tuning: list[tuple[Any, Any]] = []  # (graph, exec) of tuning producers
+
+
+class CudaExecutor:
+    """Executor protocol over CUDA graphs; see the module docstring for the step's shape."""
+
+    def __init__(self, manifest: manifest_pb2.ExecutionManifest, read_resource: ResourceReader,
+                 options: CudaExecutorOptions = CudaExecutorOptions(), driver: Any = None) -> None:
+        self._d = driver if driver is not None else load_driver()
+        self.manifest = manifest
+        self.options = options
+        self.world_size = max(1, manifest.world_size)
+        transport = manifest.transport
+        self.frames = max(1, transport.frames)
+        self._validate()
+        self._ranks = [_Rank(r) for r in range(self.world_size)]
+        self._nccl: Optional[Nccl] = Nccl() if self.world_size > 1 else None
+        self._staging = None
+        self._launch_plan: dict[str, tuple[tuple[Any, ...], ...]] = {}
+        self.startup_seconds: dict[str, float] = {}
+        check(self._d.cuInit(0), "cuInit")
+        self._staging = PinnedFrames(self._d, self.frames, transport.frame_nbytes)
+        resources = _ResourceCache(read_resource)
+        uid = self._nccl.unique_id() if self._nccl else None
+        started = time.perf_counter()
+        try:
+            self._on_ranks(lambda rank: self._start_rank(rank, resources, uid))
+            resources.clear()
+            self.startup_seconds["graphs"] = time.perf_counter() - started
+            self.cache_pages = self._choose_pages()
+            self._on_ranks(lambda rank: self._back_cache(rank))
+            self._on_ranks(self._run_tuning)
+            self.startup_seconds["total"] = time.perf_counter() - started
+        except BaseException:
+            self.close()
+            raise
+        # the hot path's table: name -> per frame, per rank (graph exec, stream)
+        self._launch_plan = {
+            name: tuple(tuple((rank.execs[name][f], rank.stream) for rank in self._ranks)
+                        for f in range(self.frames))
+            for name in self._ranks[0].execs}
+        self._events = tuple(tuple(rank.events[f] for rank in self._ranks) for f in range(self.frames))
+        self._completion_words = self._ranks[0].completion.words
+
+    # ---- startup -------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        m = self.manifest
+        t = m.transport
+        names = {(b.rank, b.name): b for b in m.buffers}
+        for rank in range(self.world_size):
+            for name, need in ((t.staging_buffer, t.frame_nbytes), (t.completion_buffer, t.completion_nbytes)):
+                buffer = names.get((rank, name))
+                if buffer is None:
+                    raise ManifestError(f"rank {rank}: transport buffer {name!r} missing")
+                if buffer.nbytes < need:
+                    raise ManifestError(f"rank {rank}: {name} holds {buffer.nbytes} < {need} bytes")
+        for program in list(m.programs) + list(m.tuning):
+            if program.rank >= self.world_size:
+                raise ManifestError(f"program {program.name}: rank {program.rank} >= world size")
+        wanted = set(self.options.programs or ())
+        present = {p.name for p in m.programs}
+        if wanted - present:
+            raise ManifestError(f"missing graph variants: {sorted(wanted - present)}")
+        for rank in range(self.world_size):
+            mine = {p.name for p in m.programs if p.rank == rank}
+            if mine != present:
+                raise ManifestError(f"rank {rank} lacks programs {sorted(present - mine)}")
+        devices = self.options.devices
+        if devices is not None and len(devices) != self.world_size:
+            raise ManifestError("one device ordinal per rank is needed")
+
+    def _on_ranks(self, work: Callable[[_Rank], None]) -> None:
+        """Run `work` for every rank, each on its own thread (NCCL init blocks per rank)."""
+        if self.world_size == 1:
+            self._enter(self._ranks[0])
+            work(self._ranks[0])
+            return
+
+        def run(rank: _Rank) -> None:
+            self._enter(rank)
+            work(rank)
+
+        with concurrent.futures.ThreadPoolExecutor(self.world_size) as pool:
+            for future in [pool.submit(run, rank) for rank in self._ranks]:
+                future.result()
+
+    def _enter(self, rank: _Rank) -> None:
+        d = self._d
+        if rank.context is None:
+            ordinal = (self.options.devices or range(self.world_size))[rank.rank]
+            rank.device = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+            rank.context = check(d.cuDevicePrimaryCtxRetain(rank.device), "cuDevicePrimaryCtxRetain")
+        check(d.cuCtxSetCurrent(rank.context), "cuCtxSetCurrent")
+
+    def _start_rank(self, rank: _Rank, resources: "_ResourceCache", uid: Any) -> None:
+        d, m = self._d, self.manifest
+        ordinal = (self.options.devices or range(self.world_size))[rank.rank]
+        layout = layout_arena(m.buffers, rank.rank)
+        rank.arena = DeviceArena(d, rank.device, ordinal, layout)
+        rank.addresses = rank.arena.addresses()
+        self._fill_weights(rank, resources)
+        self._load_modules(rank, resources)
+        rank.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        if self._nccl is not None:
+            rank.comm = self._nccl.init_rank(self.world_size, uid, rank.rank)
+        flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self.frames)]
+        t = m.transport
+        rank.completion = PinnedFrames(d, self.frames, t.completion_nbytes)
+        kernels = kernel_table(m.modules)
+        resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm)
+        wanted = set(self.options.programs) if self.options.programs is not None else None
+        for program in (p for p in m.programs if p.rank == rank.rank):
+            if wanted is not None and program.name not in wanted:
+                continue
+            launches = plan_program(program, kernels, rank.addresses)
+            rank.plans[program.name] = launches
+            per_frame = []
+            for frame in range(self.frames):
+                stage_in = Copy(rank.addresses.base[t.staging_buffer], self._staging.frame_address(frame),
+                                int(t.frame_nbytes))
+                complete_out = Copy(rank.completion.frame_address(frame),
+                                    rank.addresses.base[t.completion_buffer], int(t.completion_nbytes))
+                graph, graph_exec, nodes = capture_graph(d, resources_of_rank, launches, stage_in,
+                                                         complete_out, rank.events[frame])
+                rank.graphs.append(graph)
+                per_frame.append(graph_exec)
+                rank.node_counts[program.name] = nodes
+            rank.execs[program.name] = per_frame
+        for program in (p for p in m.tuning if p.rank == rank.rank):
+            launches = plan_program(program, kernels, rank.addresses)
+            graph, graph_exec, _ = capture_graph(d, resources_of_rank, launches, None, None, None)
+            rank.tuning.append((graph, graph_exec))
+        check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
+
+    def _fill_weights(self, rank: _Rank, resources: "_ResourceCache") -> None:
+        for buffer in rank.arena.layout.buffers.values():
+            if buffer.kind != manifest_pb2.BUFFER_KIND_WEIGHT:
+                continue
+            data = resources.get(buffer.weight.resource)
+            start, end = int(buffer.weight.byte_offset), int(buffer.weight.byte_offset + buffer.nbytes)
+            if end > data.nbytes:
+                raise ManifestError(f"weight {buffer.name}: resource {buffer.weight.resource} "
+                                    f"has {data.nbytes} bytes, needs {end}")
+            piece = np.ascontiguousarray(data[start:end])
+            check(self._d.cuMemcpyHtoD(rank.addresses.base[buffer.name], piece.ctypes.data, piece.nbytes),
+                  "cuMemcpyHtoD")
+
+    def _load_modules(self, rank: _Rank, resources: "_ResourceCache") -> None:
+        d = self._d
+        for module in self.manifest.modules:
+            image = resources.get(module.resource).tobytes()   # cubin/fatbin image, as the driver reads it
+            handle = check(d.cuModuleLoadData(image), f"cuModuleLoadData {module.resource}")
+            rank.modules.append(handle)
+            for kernel in module.kernels:
+                function = check(d.cuModuleGetFunction(handle, kernel.symbol.encode()),
+                                 f"cuModuleGetFunction {kernel.symbol}")
+                if kernel.shared_bytes > STATIC_SHARED_LIMIT:
+                    check(d.cuFuncSetAttribute(
+                        function, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        kernel.shared_bytes), "cuFuncSetAttribute")
+                rank.functions[kernel.id] = function
+
+    def _choose_pages(self) -> int:
+        if self.options.cache_pages is not None:
+            return self.options.cache_pages
+        pages = []
+        for rank in self._ranks:
+            self._enter(rank)
+            free, _total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
+            pages.append(rank.arena.pages_that_fit(int(free), self.options.cache_memory_share))
+        chosen = min(pages)
+        if chosen == 0 and any(r.arena.layout.bytes_per_page for r in self._ranks):
+            raise CapacityError("no memory left for cache pages after graphs load")
+        return chosen
+
+    def _back_cache(self, rank: _Rank) -> None:
+        rank.arena.map_cache(self.cache_pages)
+
+    def _run_tuning(self, rank: _Rank) -> None:
+        for _graph, graph_exec in rank.tuning:
+            check(self._d.cuGraphLaunch(graph_exec, rank.stream), "cuGraphLaunch")
+        check(self._d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
+
+    # ---- serving (hot path) --------------------------------------------------------------
+
+    def staging(self, frame: int) -> np.ndarray:
+        """Pinned host staging frame `frame` (uint8); pack it only while the frame is idle."""
+        return self._staging.views[frame]
+
+    def launch(self, program: str, frame: int) -> None:
+        """One graph launch per rank: copy frame in, run, copy completion out, record event."""
+        try:
+            per_rank = self._launch_plan[program][frame]
+        except KeyError:
+            raise UnknownProgramError(program) from None
+        graph_launch = self._d.cuGraphLaunch
+        for graph_exec, stream in per_rank:
+            result = graph_launch(graph_exec, stream)
+            if int(result[0]):
+                check(result, f"cuGraphLaunch {program}")
+
+    def wait(self, frame: int) -> np.ndarray:
+        """Block until frame `frame` completes; its completion words (int32, pinned, rank 0)."""
+        synchronize = self._d.cuEventSynchronize
+        for event in self._events[frame]:
+            result = synchronize(event)
+            if int(result[0]):
+                check(result, "cuEventSynchronize")
+        return self._completion_words[frame]
+
+    def ready(self, frame: int) -> bool:
+        """Non-blocking: has frame `frame` completed on every rank?"""
+        query = self._d.cuEventQuery
+        return all(not int(query(event)[0]) for event in self._events[frame])
+
+    # ---- inspection (not for the hot path) ----------------------------------------------
+
+    @property
+    def programs(self) -> tuple[str, ...]:
+        return tuple(self._launch_plan)
+
+    def node_count(self, program: str, rank: int = 0) -> int:
+        """Graph nodes per step of `program` (copies and event included)."""
+        return self._ranks[rank].node_counts[program]
+
+    def profile_nodes(self, program: str, repeats: int = 20, rank: int = 0) -> list[tuple[str, float]]:
+        """GPU microseconds per node of `program` (median over `repeats`), for profiles only.
+
+        Builds a separate graph with an event node between consecutive nodes (startup-like
+        work: it allocates and captures, so never call it while serving). The events
+        serialize the nodes, so PDL overlap is lost: the sum exceeds the real step time.
+        """
+        d = self._d
+        r = self._ranks[rank]
+        self._enter(r)
+        launches = r.plans[program]
+        if self.world_size > 1:
+            raise ValueError("profile_nodes runs one rank alone; all-reduce nodes need every rank")
+        events = [check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+                  for _ in range(len(launches) + 1)]
+        resources = RankResources(r.stream, r.functions, self._nccl, r.comm)
+        graph, graph_exec, _ = capture_graph(d, resources, launches, None, None, None, events)
+        samples = np.zeros((repeats, len(launches)))
+        try:
+            for i in range(repeats + 2):
+                check(d.cuGraphLaunch(graph_exec, r.stream), "cuGraphLaunch")
+                check(d.cuStreamSynchronize(r.stream), "cuStreamSynchronize")
+                if i >= 2:   # two warm-up launches
+                    for j in range(len(launches)):
+                        samples[i - 2, j] = check(d.cuEventElapsedTime(events[j], events[j + 1]),
+                                                  "cuEventElapsedTime") * 1e3
+        finally:
+            d.cuGraphExecDestroy(graph_exec)
+            d.cuGraphDestroy(graph)
+            for event in events:
+                d.cuEventDestroy(event)
+        medians = np.median(samples, axis=0)
+        return [(getattr(l, "label", "") or getattr(l, "kernel_id", "all_reduce"), float(t))
+                for l, t in zip(launches, medians)]
+
+    def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
+        """A host copy of one buffer (typed and shaped; CACHE buffers as [pages, *page shape])."""
+        r = self._ranks[rank]
+        buffer = r.arena.layout.buffers.get(name)
+        if buffer is None:
+            raise KeyError(name)
+        self._enter(r)
+        check(self._d.cuStreamSynchronize(r.stream), "cuStreamSynchronize")
+        nbytes = r.arena.buffer_nbytes(name)
+        out = np.empty(nbytes, dtype=np.uint8)
+        if nbytes:
+            check(self._d.cuMemcpyDtoH(out.ctypes.data, r.addresses.base[name], nbytes), "cuMemcpyDtoH")
+        dtype = NUMPY_DTYPES.get(buffer.dtype, np.dtype(np.uint8))
+        shape = tuple(int(s) for s in buffer.shape)
+        if buffer.kind == manifest_pb2.BUFFER_KIND_CACHE:
+            shape = (self.cache_pages, *shape)
+        typed = out.view(dtype)
+        return typed.reshape(shape) if shape and int(np.prod(shape)) == typed.size else typed
+
+    def write_buffer(self, name: str, data: np.ndarray, rank: int = 0, byte_offset: int = 0) -> None:
+        """Copy host bytes into a buffer (tests and startup only, never while serving)."""
+        r = self._ranks[rank]
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if byte_offset + raw.nbytes > r.arena.buffer_nbytes(name):
+            raise ValueError(f"{name}: write past the end")
+        self._enter(r)
+        check(self._d.cuStreamSynchronize(r.stream), "cuStreamSynchronize")
+        check(self._d.cuMemcpyHtoD(r.addresses.base[name] + byte_offset, raw.ctypes.data, raw.nbytes),
+              "cuMemcpyHtoD")
+
+    def context(self, rank: int = 0) -> tuple[Any, Any]:
+        """(CUcontext, CUstream) of a rank, for tests and benchmarks that time on its stream."""
+        r = self._ranks[rank]
+        return r.context, r.stream
+
+    def buffer_address(self, name: str, rank: int = 0) -> int:
+        return self._ranks[rank].addresses.base[name]
+
+    # ---- teardown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drain every rank, then free graphs, events, modules, NCCL, memory, contexts."""
+        d = self._d
+        self._launch_plan = {}
+        for rank in self._ranks if hasattr(self, "_ranks") else ():
+            if rank.context is None:
+                continue
+            d.cuCtxSetCurrent(rank.context)
+            if rank.stream is not None:
+                d.cuStreamSynchronize(rank.stream)
+            for graph_exec in [e for execs in rank.execs.values() for e in execs]:
+                d.cuGraphExecDestroy(graph_exec)
+            for graph, graph_exec in rank.tuning:
+                d.cuGraphExecDestroy(graph_exec)
+                d.cuGraphDestroy(graph)
+            for graph in rank.graphs:
+                d.cuGraphDestroy(graph)
+            rank.execs, rank.tuning, rank.graphs = {}, [], []
+            for event in rank.events:
+                d.cuEventDestroy(event)
+            rank.events = []
+            if rank.comm and self._nccl is not None:
+                self._nccl.destroy(rank.comm)
+                rank.comm = 0
+            for module in rank.modules:
+                d.cuModuleUnload(module)
+            rank.modules = []
+            if rank.completion is not None:
+                rank.completion.close()
+            if rank.arena is not None:
+                rank.arena.close()
+            if rank.stream is not None:
+                d.cuStreamDestroy(rank.stream)
+                rank.stream = None
+            d.cuDevicePrimaryCtxRelease(rank.device)
+            rank.context = None
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
+    def __enter__(self) -> "CudaExecutor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _ResourceCache:
+    """Decoded resources kept only during startup (a weight resource feeds many buffers)."""
+
+    def __init__(self, read: ResourceReader) -> None:
+        self._read = read
+        self._cache: dict[str, np.ndarray] = {}
+
+    def get(self, resource: str) -> np.ndarray:
+        if resource not in self._cache:
+            data = self._read(resource)
+            self._cache[resource] = np.frombuffer(data, dtype=np.uint8) if not isinstance(
+                data, np.ndarray) else data.view(np.uint8).reshape(-1)
+        return self._cache[resource]
+
+    def clear(self) -> None:
+        self._cache.clear()
