@@ -1,0 +1,401 @@
+"""Reusable declarations: admission, sampling, state transfer and paged text.
+
+A recipe declares its model (weights, forward pass, frontend metadata); everything a
+text model shares with every other one lives here, so recipes only *declare*:
+
+  * the staging frame (registered transport destinations) and the ValueBindings that
+    fill it for each operation (which source, which index mode, padding);
+  * per-slot state buffers (pending token, draw counter, sampling state, histograms);
+  * the shared nodes every step starts and ends with: step geometry and input-id
+    selection before the model, penalties / draw / commit after it, and the
+    admission node of INITIALIZATION programs;
+  * the completion record layout and the paged key/value cache region.
+
+A recipe cannot install scheduling or state-update code: the only things it passes in
+are buffer references for its forward pass; state updates are the shared kernels below.
+
+Staging frame (one per submission, copied to the `staging` buffer first; 16-byte aligned):
+
+    transport.header  i32[2]           sequence, frame   (written by the executor)
+    row_slot ... grammar_mask           per-row and per-token destinations, see DESTINATIONS
+    page_table        i32[slots, pages_per_row]  PHYSICAL_ROW: only new entries are written
+    in_*                                admission values, INITIALIZATION only
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from helios_proto import contract_pb2, manifest_pb2
+
+from helios_backend.kernels import abi
+from helios_backend.kernels.state import (
+    COMPLETION_HEADER_FIELDS,
+    COMPLETION_HEADER_WORDS,
+    COMPLETION_ROW_FIELDS,
+    COMPLETION_ROW_WORDS,
+    SAMPLING_PARAMETER_WORDS,
+    TRANSPORT_HEADER_WORDS,
+    geometry_words,
+)
+from ignition.recorder import Recorder, Ref
+
+C = contract_pb2
+M = manifest_pb2
+STAGING = "staging"
+COMPLETION = "completion"
+TRANSPORT_HEADER = "transport.header"
+DESTINATION_ALIGNMENT = 16
+BUFFER_ALIGNMENT = 256
+
+_DTYPE_BYTES = {C.DTYPE_F16: 2, C.DTYPE_BF16: 2, C.DTYPE_F32: 4, C.DTYPE_F64: 8, C.DTYPE_I8: 1, C.DTYPE_U8: 1,
+                C.DTYPE_I16: 2, C.DTYPE_I32: 4, C.DTYPE_U32: 4, C.DTYPE_I64: 8, C.DTYPE_U64: 8}
+
+
+def dtype_bytes(dtype: int) -> int:
+    return _DTYPE_BYTES[dtype]
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class TextCapacities:
+    """Geometry shared by every program of a paged text model (one rank)."""
+
+    vocab: int                 # sampled ids in [0, vocab)
+    request_slots: int         # physical request slots = largest captured rows
+    max_tokens: int            # largest packed-token capacity of any program
+    max_admission_rows: int    # largest INITIALIZATION rows
+    page_tokens: int
+    context_tokens: int
+    eos_capacity: int = 4
+
+    @property
+    def pages_per_row(self) -> int:
+        return -(-self.context_tokens // self.page_tokens)
+
+    @property
+    def mask_words(self) -> int:
+        return -(-self.vocab // 32)
+
+    @property
+    def histogram_bins(self) -> int:
+        return self.vocab
+
+
+@dataclass(frozen=True)
+class DestinationSpec:
+    name: str
+    dtype: int
+    elements: int
+
+
+def destination_specs(cap: TextCapacities) -> list[DestinationSpec]:
+    rows, tokens, admit = cap.request_slots, cap.max_tokens, cap.max_admission_rows
+    i32, u32, f32 = C.DTYPE_I32, C.DTYPE_U32, C.DTYPE_F32
+    return [
+        DestinationSpec(TRANSPORT_HEADER, i32, TRANSPORT_HEADER_WORDS),
+        DestinationSpec("row_slot", i32, rows),
+        DestinationSpec("row_generation", i32, rows),
+        DestinationSpec("live_rows", i32, 1),
+        DestinationSpec("query_length", i32, rows),
+        DestinationSpec("consumed", i32, rows),
+        DestinationSpec("sample_flag", i32, rows),
+        DestinationSpec("prefill_row", i32, 1),
+        DestinationSpec("prompt_tokens", i32, tokens),
+        DestinationSpec("positions", i32, tokens),
+        DestinationSpec("page_table", i32, cap.request_slots * cap.pages_per_row),
+        DestinationSpec("grammar_mask", u32, rows * cap.mask_words),
+        DestinationSpec("in_seeds", u32, admit * 2),
+        DestinationSpec("in_sampling", f32, admit * SAMPLING_PARAMETER_WORDS),
+        DestinationSpec("in_output_limit", i32, admit),
+        DestinationSpec("in_eos_ids", i32, admit * cap.eos_capacity),
+        DestinationSpec("in_histogram", i32, admit * cap.histogram_bins),
+    ]
+
+
+def build_transport(cap: TextCapacities, frames: int = 2) -> M.Transport:
+    transport = M.Transport(frames=frames, staging_buffer=STAGING, completion_buffer=COMPLETION)
+    offset = 0
+    for spec in destination_specs(cap):
+        offset = _align(offset, DESTINATION_ALIGNMENT)
+        transport.destinations.append(M.Destination(name=spec.name, dtype=spec.dtype, byte_offset=offset,
+                                                    elements=spec.elements))
+        offset += spec.elements * dtype_bytes(spec.dtype)
+    transport.frame_nbytes = _align(offset, DESTINATION_ALIGNMENT)
+    transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS)
+    return transport
+
+
+def completion_layout(cap: TextCapacities) -> M.CompletionLayout:
+    layout = M.CompletionLayout(header_words=COMPLETION_HEADER_WORDS, row_words=COMPLETION_ROW_WORDS,
+                                rows=cap.request_slots)
+    for index, name in enumerate(COMPLETION_HEADER_FIELDS):
+        layout.header.append(M.CompletionField(name=name, word=index, words=1, dtype=C.DTYPE_I32))
+    for index, name in enumerate(COMPLETION_ROW_FIELDS):
+        layout.row.append(M.CompletionField(name=name, word=index, words=1, dtype=C.DTYPE_I32))
+    return layout
+
+
+def buffer(name: str, kind: int, dtype: int, shape: Iterable[int]) -> M.Buffer:
+    shape = [int(s) for s in shape]
+    count = 1
+    for s in shape:
+        count *= s
+    return M.Buffer(name=name, kind=kind, dtype=dtype, shape=shape, nbytes=count * dtype_bytes(dtype),
+                    alignment=BUFFER_ALIGNMENT)
+
+
+# ---- per-slot state ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlotState:
+    """Names of the shared persistent per-slot state buffers (one row per physical slot)."""
+
+    pending: str = "state.pending"              # i32 [slots]   device-owned pending token
+    generated: str = "state.generated"          # i32 [slots]   tokens sampled; the RNG draw counter
+    output_limit: str = "state.output_limit"    # i32 [slots]
+    seeds: str = "state.seeds"                  # u32 [slots, 2]
+    sampling: str = "state.sampling"            # f32 [slots, 8]
+    eos_ids: str = "state.eos_ids"              # i32 [slots, eos_capacity], -1 padded
+    prompt_histogram: str = "state.prompt_histogram"  # i32 [slots, bins]
+    output_histogram: str = "state.output_histogram"  # i32 [slots, bins]
+
+
+SLOT_STATE = SlotState()
+
+
+@dataclass(frozen=True)
+class StepScratch:
+    geometry: str = "scratch.geometry"
+    ids: str = "scratch.ids"
+    logits: str = "scratch.logits"
+    sampled: str = "scratch.sampled"
+
+
+STEP_SCRATCH = StepScratch()
+
+
+def declare_shared_buffers(rec: Recorder, cap: TextCapacities, transport: M.Transport) -> None:
+    S, B, T = cap.request_slots, cap.request_slots, cap.max_tokens
+    rec.declare(buffer(STAGING, M.BUFFER_KIND_STAGING, C.DTYPE_U8, [transport.frame_nbytes]))
+    rec.declare(buffer(COMPLETION, M.BUFFER_KIND_COMPLETION, C.DTYPE_I32, [transport.completion_nbytes // 4]))
+    state = M.BUFFER_KIND_STATE
+    rec.declare(buffer(SLOT_STATE.pending, state, C.DTYPE_I32, [S]))
+    rec.declare(buffer(SLOT_STATE.generated, state, C.DTYPE_I32, [S]))
+    rec.declare(buffer(SLOT_STATE.output_limit, state, C.DTYPE_I32, [S]))
+    rec.declare(buffer(SLOT_STATE.seeds, state, C.DTYPE_U32, [S, 2]))
+    rec.declare(buffer(SLOT_STATE.sampling, state, C.DTYPE_F32, [S, SAMPLING_PARAMETER_WORDS]))
+    rec.declare(buffer(SLOT_STATE.eos_ids, state, C.DTYPE_I32, [S, cap.eos_capacity]))
+    rec.declare(buffer(SLOT_STATE.prompt_histogram, state, C.DTYPE_I32, [S, cap.histogram_bins]))
+    rec.declare(buffer(SLOT_STATE.output_histogram, state, C.DTYPE_I32, [S, cap.histogram_bins]))
+    scratch = M.BUFFER_KIND_SCRATCH
+    rec.declare(buffer(STEP_SCRATCH.geometry, scratch, C.DTYPE_I32, [geometry_words(B, T)]))
+    rec.declare(buffer(STEP_SCRATCH.ids, scratch, C.DTYPE_I32, [T]))
+    rec.declare(buffer(STEP_SCRATCH.logits, scratch, C.DTYPE_F32, [B, cap.vocab]))
+    rec.declare(buffer(STEP_SCRATCH.sampled, scratch, C.DTYPE_I32, [B]))
+
+
+def staged(transport: M.Transport, name: str) -> Ref:
+    for destination in transport.destinations:
+        if destination.name == name:
+            return Ref(STAGING, destination.byte_offset)
+    raise KeyError(f"no transport destination {name!r}")
+
+
+# ---- paged text: the key/value cache -------------------------------------------------------
+
+@dataclass(frozen=True)
+class PagedKV:
+    """Two cache planes; one page holds every layer: [layers, page_tokens, kv_heads, head_dim] f16."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    page_tokens: int
+    k_plane: str = "cache.k"
+    v_plane: str = "cache.v"
+
+    @property
+    def layer_elements(self) -> int:
+        return self.page_tokens * self.kv_heads * self.head_dim
+
+    @property
+    def page_stride(self) -> int:
+        """Elements per page in one plane."""
+        return self.layers * self.layer_elements
+
+    def layer_refs(self, layer: int) -> tuple[Ref, Ref]:
+        offset = layer * self.layer_elements * 2  # f16 bytes
+        return Ref(self.k_plane, offset), Ref(self.v_plane, offset)
+
+    def declare(self, rec: Recorder) -> None:
+        shape = [self.layers, self.page_tokens, self.kv_heads, self.head_dim]
+        rec.declare(buffer(self.k_plane, M.BUFFER_KIND_CACHE, C.DTYPE_F16, shape))
+        rec.declare(buffer(self.v_plane, M.BUFFER_KIND_CACHE, C.DTYPE_F16, shape))
+
+    def cache_contract(self, cap: TextCapacities) -> C.CacheContract:
+        page_bytes = self.page_stride * 2
+        region = C.HistoryRegion(name="attention", kind=C.HISTORY_KIND_PAGED_KV, tokens_per_record=1,
+                                 planes=[C.CachePlane(buffer=self.k_plane, bytes_per_page=page_bytes),
+                                         C.CachePlane(buffer=self.v_plane, bytes_per_page=page_bytes)])
+        view = C.PageTableView(destination="page_table", page_offset=0, pages_per_row=cap.pages_per_row)
+        return C.CacheContract(page_tokens=self.page_tokens, regions=[region], page_table_views=[view])
+
+
+# ---- value bindings ------------------------------------------------------------------------
+
+def _binding(destination: str, source: int, index: int, padding: int = 0, constant: int = 0) -> C.ValueBinding:
+    return C.ValueBinding(destination=destination, source=source, index=index, padding=padding, constant=constant)
+
+
+def _row_identity() -> list[C.ValueBinding]:
+    return [
+        _binding("row_slot", C.VALUE_SOURCE_SLOT, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
+        _binding("row_generation", C.VALUE_SOURCE_GENERATION, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
+        _binding("live_rows", C.VALUE_SOURCE_LIVE_ROW_COUNT, C.INDEX_MODE_SCALAR),
+    ]
+
+
+def generation_bindings(operation: int) -> list[C.ValueBinding]:
+    """Bindings of PREFILL / DECODE / MIXED programs (one forward step plus one draw per row)."""
+    bindings = _row_identity() + [
+        _binding("query_length", C.VALUE_SOURCE_QUERY_LENGTH, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        _binding("consumed", C.VALUE_SOURCE_CONSUMED_TOKENS, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        _binding("sample_flag", C.VALUE_SOURCE_SAMPLING_DECISION, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        _binding("positions", C.VALUE_SOURCE_PROMPT_POSITIONS, C.INDEX_MODE_PACKED_TOKEN),
+        _binding("page_table", C.VALUE_SOURCE_PAGE_TABLE, C.INDEX_MODE_PHYSICAL_ROW),
+        _binding("grammar_mask", C.VALUE_SOURCE_GRAMMAR_MASK, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
+    ]
+    if operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED):
+        bindings.append(_binding("prompt_tokens", C.VALUE_SOURCE_PROMPT_TOKENS, C.INDEX_MODE_PACKED_TOKEN,
+                                 padding=-1))
+    if operation == C.OPERATION_MIXED:
+        bindings.append(_binding("prefill_row", C.VALUE_SOURCE_MIXED_PREFILL_ROW, C.INDEX_MODE_SCALAR, padding=-1))
+    if operation == C.OPERATION_DECODE:
+        # every decode row reads its device-owned pending token
+        bindings.append(_binding("prefill_row", C.VALUE_SOURCE_CONSTANT, C.INDEX_MODE_SCALAR, constant=-1))
+    return bindings
+
+
+def initialization_bindings() -> list[C.ValueBinding]:
+    return _row_identity() + [
+        _binding("in_seeds", C.VALUE_SOURCE_SEED_BITS, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        _binding("in_sampling", C.VALUE_SOURCE_SAMPLING_PARAMETERS, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        _binding("in_output_limit", C.VALUE_SOURCE_OUTPUT_LIMIT, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        _binding("in_eos_ids", C.VALUE_SOURCE_EOS_IDS, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
+        _binding("in_histogram", C.VALUE_SOURCE_PROMPT_HISTOGRAM, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+    ]
+
+
+# ---- shared nodes --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepIO:
+    """What a recipe's forward pass reads and writes; everything else is shared."""
+
+    rows: int
+    tokens: int
+    ids: Ref                 # i32 [tokens] input token ids
+    positions: Ref           # i32 [tokens]
+    page_table: Ref          # i32 [slots, pages_per_row]
+    row_slot: Ref            # i32 [rows]
+    geometry: Ref            # i32 step geometry
+    logits: Ref              # f32 [rows, vocab] output of the forward pass
+    page_tokens: int
+    pages_per_row: int
+
+
+def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacities, operation: int,
+                         rows: int, tokens: int) -> StepIO:
+    rec.launch("step.geometry.v1", "step.geometry", geometry=STEP_SCRATCH.geometry,
+               query_length=staged(transport, "query_length"), rows=rows, tokens=tokens)
+    ids = staged(transport, "prompt_tokens")
+    if operation != C.OPERATION_PREFILL:
+        rec.launch("tokens.select_input.v1", "step.input_ids", ids=STEP_SCRATCH.ids,
+                   prompt_tokens=staged(transport, "prompt_tokens"), pending=SLOT_STATE.pending,
+                   row_slot=staged(transport, "row_slot"), prefill_row=staged(transport, "prefill_row"),
+                   geometry=STEP_SCRATCH.geometry, rows=rows, tokens=tokens)
+        ids = Ref(STEP_SCRATCH.ids)
+    return StepIO(rows=rows, tokens=tokens, ids=ids, positions=staged(transport, "positions"),
+                  page_table=staged(transport, "page_table"), row_slot=staged(transport, "row_slot"),
+                  geometry=Ref(STEP_SCRATCH.geometry), logits=Ref(STEP_SCRATCH.logits),
+                  page_tokens=cap.page_tokens, pages_per_row=cap.pages_per_row)
+
+
+def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCapacities, operation: int,
+                             rows: int) -> None:
+    s = lambda name: staged(transport, name)  # noqa: E731 - short local alias
+    rec.launch("sampling.adjust.v1", "sampling.adjust", logits=STEP_SCRATCH.logits, sampling=SLOT_STATE.sampling,
+               prompt_histogram=SLOT_STATE.prompt_histogram, output_histogram=SLOT_STATE.output_histogram,
+               grammar_mask=s("grammar_mask"), row_slot=s("row_slot"), sample_flag=s("sample_flag"),
+               rows=rows, vocab=cap.vocab, histogram_bins=cap.histogram_bins, mask_words=cap.mask_words)
+    rec.launch("sampling.draw.v1", "sampling.draw", sampled=STEP_SCRATCH.sampled, logits=STEP_SCRATCH.logits,
+               sampling=SLOT_STATE.sampling, seeds=SLOT_STATE.seeds, generated=SLOT_STATE.generated,
+               row_slot=s("row_slot"), sample_flag=s("sample_flag"), rows=rows, vocab=cap.vocab)
+    rec.launch("state.commit.v1", "state.commit", completion=COMPLETION, pending=SLOT_STATE.pending,
+               generated=SLOT_STATE.generated, output_histogram=SLOT_STATE.output_histogram,
+               sampled=STEP_SCRATCH.sampled, eos_ids=SLOT_STATE.eos_ids, output_limit=SLOT_STATE.output_limit,
+               row_slot=s("row_slot"), row_generation=s("row_generation"), query_length=s("query_length"),
+               consumed=s("consumed"), sample_flag=s("sample_flag"), transport_header=s(TRANSPORT_HEADER),
+               live_rows=s("live_rows"), rows=rows, eos_capacity=cap.eos_capacity,
+               histogram_bins=cap.histogram_bins, operation=operation)
+
+
+def record_initialization(rec: Recorder, transport: M.Transport, cap: TextCapacities, rows: int) -> None:
+    s = lambda name: staged(transport, name)  # noqa: E731
+    rec.launch("state.admit.v1", "state.admit", seeds=SLOT_STATE.seeds, sampling=SLOT_STATE.sampling,
+               output_limit=SLOT_STATE.output_limit, eos_ids=SLOT_STATE.eos_ids,
+               prompt_histogram=SLOT_STATE.prompt_histogram, output_histogram=SLOT_STATE.output_histogram,
+               generated=SLOT_STATE.generated, pending=SLOT_STATE.pending, completion=COMPLETION,
+               in_seeds=s("in_seeds"), in_sampling=s("in_sampling"), in_output_limit=s("in_output_limit"),
+               in_eos_ids=s("in_eos_ids"), in_histogram=s("in_histogram"), row_slot=s("row_slot"),
+               row_generation=s("row_generation"), transport_header=s(TRANSPORT_HEADER),
+               live_rows=s("live_rows"), rows=rows, eos_capacity=cap.eos_capacity,
+               histogram_bins=cap.histogram_bins, operation=C.OPERATION_INITIALIZATION)
+
+
+# ---- graph contracts -----------------------------------------------------------------------
+
+_ACCESS = {abi.Access.READ: C.ACCESS_READ, abi.Access.WRITE: C.ACCESS_WRITE, abi.Access.READ_WRITE: C.ACCESS_READ_WRITE}
+
+
+def state_accesses(program: M.Program, buffers: dict[str, M.Buffer]) -> list[C.StateAccess]:
+    """Per-graph accesses derived from the program's own nodes (never from another operation's)."""
+    reads: dict[str, bool] = {}
+    writes: dict[str, bool] = {}
+    for node in program.nodes:
+        spec = abi.kernel(node.kernel)
+        for param, arg in zip(spec.params, node.args):
+            if not param.is_pointer:
+                continue
+            target = buffers[arg.pointer.buffer]
+            if target.kind != M.BUFFER_KIND_STATE:
+                continue
+            if param.access in (abi.Access.READ, abi.Access.READ_WRITE):
+                reads[target.name] = True
+            if param.access in (abi.Access.WRITE, abi.Access.READ_WRITE):
+                writes[target.name] = True
+    accesses = []
+    for name in sorted(set(reads) | set(writes)):
+        target = buffers[name]
+        row_bytes = target.nbytes // target.shape[0]
+        access = C.ACCESS_READ_WRITE if name in reads and name in writes else (
+            C.ACCESS_READ if name in reads else C.ACCESS_WRITE)
+        view = C.StateView(name=name, buffer=name, byte_offset=0, row_stride=row_bytes, byte_extent=row_bytes)
+        accesses.append(C.StateAccess(view=view, access=access))
+    return accesses
+
+
+def graph_contract(program: M.Program, bindings: list[C.ValueBinding], buffers: dict[str, M.Buffer],
+                   resources: list[str]) -> C.GraphContract:
+    graph = C.GraphContract(program=program.name, operation=program.operation, rank=program.rank,
+                            bindings=bindings, resources=resources, state_rows_per_request=1)
+    graph.capacity.CopyFrom(program.capacity)
+    graph.state_accesses.extend(state_accesses(program, buffers))
+    if program.operation != C.OPERATION_INITIALIZATION:
+        graph.pending_token.device_state_view = SLOT_STATE.pending
+    graph.cursor.CopyFrom(C.CompletionCursor(reports_draft_cursor=False, lag_tokens=0))
+    return graph

@@ -1,0 +1,192 @@
+"""Preparation pipeline: recipe -> (ServingContract, ExecutionManifest, resources).
+
+    prepared = prepare(recipe_module, options, progress=bar.update)
+    write_payload_core(path, contract=prepared.contract, manifest=prepared.manifest,
+                       resources=prepared.resources, namespace=..., signing_key=...)
+
+Steps: open the recipe's source; turn its tensors into fp16 weight buffers packed into
+one weight resource (256-byte aligned, WeightSource offsets); record one program per
+(operation, capacity variant, rank) with the recipe's forward pass between the shared
+prologue and epilogue; declare bindings, state accesses, cache and completion layout.
+Runs without a GPU. Kernel modules are added when a kernel library is supplied.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from helios_proto import contract_pb2 as C
+from helios_proto import manifest_pb2 as M
+
+from helios_backend.core import ResourceInput, ResourceKind
+from helios_backend.kernels import abi
+from ignition.preparation import contract as shared
+from ignition.recorder import Geometry, Recorder, unit_geometry
+from ignition.sources.tokenizer import tokenizer_json_from_gguf
+
+EXECUTION_ABI = "helios-abi-1"
+CONTRACT_VERSION = 3
+WEIGHTS_RESOURCE = "weights.rank0"
+TOKENIZER_RESOURCE = "tokenizer.json"
+CHAT_TEMPLATE_RESOURCE = "chat_template.jinja"
+WEIGHT_ALIGNMENT = 256
+
+Progress = Callable[[str, int, int], None]   # (stage, done, total)
+
+
+@dataclass
+class PreparedModel:
+    contract: C.ServingContract
+    manifest: M.ExecutionManifest
+    resources: list[ResourceInput]
+    node_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Variant:
+    operation: int
+    rows: int
+    tokens: int
+
+    @property
+    def name(self) -> str:
+        op = C.Operation.Name(self.operation).removeprefix("OPERATION_").lower()
+        return f"{op}.r{self.rows}" if self.operation == C.OPERATION_INITIALIZATION else \
+            f"{op}.r{self.rows}.t{self.tokens}"
+
+
+def variants(options: Any) -> list[Variant]:
+    out = [Variant(C.OPERATION_INITIALIZATION, rows, 0) for rows in options.admission_rows]
+    out += [Variant(C.OPERATION_PREFILL, rows, tokens) for rows, tokens in options.prefill_variants]
+    out += [Variant(C.OPERATION_DECODE, rows, rows) for rows in options.decode_rows]
+    out += [Variant(C.OPERATION_MIXED, rows, tokens) for rows, tokens in options.mixed_variants]
+    return out
+
+
+class KernelLibraryGeometry:
+    """Launch geometry from the AOT kernel library for the ids it implements, else (1,1,1)."""
+
+    def __init__(self, library: Any | None) -> None:
+        self._library = library
+        self._ids = set(library.kernel_ids()) & set(abi.KERNELS) if library is not None else set()
+
+    def __call__(self, kernel_id: str, args: Sequence[object]) -> Geometry:
+        if kernel_id in self._ids:
+            return self._library.geometry(kernel_id, args)
+        return unit_geometry(kernel_id, args)
+
+    def modules(self) -> list[tuple[bytes, M.KernelModule]]:
+        if self._library is None or not self._ids:
+            return []
+        return [(cubin, module) for cubin, module in self._library.build_modules()
+                if all(k.id in self._ids for k in module.kernels)]
+
+
+def _pack_weights(rec: Recorder, recipe: ModuleType, source: Any, options: Any, progress: Progress | None
+                  ) -> tuple[bytes, list[C.TensorView]]:
+    total = recipe.weight_tensor_count(source.shape)
+    blob = bytearray()
+    views: list[C.TensorView] = []
+    for done, tensor in enumerate(recipe.weight_tensors(source, options), start=1):
+        offset = -(-len(blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
+        blob.extend(b"\0" * (offset - len(blob)))
+        data = np.ascontiguousarray(tensor.array)
+        dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32}[data.dtype]
+        declared = shared.buffer(tensor.buffer, M.BUFFER_KIND_WEIGHT, dtype, data.shape)
+        declared.weight.CopyFrom(M.WeightSource(resource=WEIGHTS_RESOURCE, byte_offset=offset))
+        rec.declare(declared)
+        blob.extend(data.tobytes())
+        for name in tensor.sources:
+            views.append(C.TensorView(name=name, buffer=tensor.buffer, byte_offset=offset,
+                                      shape=list(data.shape), dtype=dtype))
+        if progress is not None:
+            progress("weights", done, total)
+    return bytes(blob), views
+
+
+def _record_programs(rec: Recorder, recipe: ModuleType, source: Any, options: Any, cap: shared.TextCapacities,
+                     transport: M.Transport, cache: shared.PagedKV) -> list[C.GraphContract]:
+    graphs = []
+    for variant in variants(options):
+        capacity = C.Capacity(rows=variant.rows, tokens=variant.tokens)
+        rec.begin(variant.name, variant.operation, capacity)
+        if variant.operation == C.OPERATION_INITIALIZATION:
+            shared.record_initialization(rec, transport, cap, variant.rows)
+            bindings = shared.initialization_bindings()
+        else:
+            io = shared.record_step_prologue(rec, transport, cap, variant.operation, variant.rows, variant.tokens)
+            recipe.forward(rec, io, source.shape, cache, options)
+            shared.record_sampling_epilogue(rec, transport, cap, variant.operation, variant.rows)
+            bindings = shared.generation_bindings(variant.operation)
+        program = rec.end()
+        graphs.append(shared.graph_contract(program, bindings, rec.buffers, [WEIGHTS_RESOURCE]))
+    return graphs
+
+
+def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
+            kernel_library: Any | None = None) -> PreparedModel:
+    source = recipe.open_source(options)
+    shape = source.shape
+    all_variants = variants(options)
+    generation = [v for v in all_variants if v.operation != C.OPERATION_INITIALIZATION]
+    cap = shared.TextCapacities(
+        vocab=shape.vocab, request_slots=max(v.rows for v in all_variants),
+        max_tokens=max(v.tokens for v in generation),
+        max_admission_rows=max(v.rows for v in all_variants if v.operation == C.OPERATION_INITIALIZATION),
+        page_tokens=options.page_tokens, context_tokens=options.context_tokens)
+    geometry = KernelLibraryGeometry(kernel_library)
+    rec = Recorder(rank=0, geometry=geometry)
+    transport = shared.build_transport(cap)
+    shared.declare_shared_buffers(rec, cap, transport)
+    cache = recipe.paged_kv(shape, options)
+    cache.declare(rec)
+    recipe.declare_scratch(rec, shape, cap.max_tokens)
+    weights, tensor_views = _pack_weights(rec, recipe, source, options, progress)
+    graphs = _record_programs(rec, recipe, source, options, cap, transport, cache)
+
+    tokenizer_json = tokenizer_json_from_gguf(source).encode()
+    chat_template = (source.chat_template or "").encode()
+    resources = [ResourceInput(WEIGHTS_RESOURCE, ResourceKind.RESOURCE_KIND_WEIGHTS, weights),
+                 ResourceInput(TOKENIZER_RESOURCE, ResourceKind.RESOURCE_KIND_TOKENIZER, tokenizer_json),
+                 ResourceInput(CHAT_TEMPLATE_RESOURCE, ResourceKind.RESOURCE_KIND_CHAT_TEMPLATE, chat_template)]
+
+    manifest = M.ExecutionManifest(abi=EXECUTION_ABI, world_size=1, buffers=list(rec.buffers.values()),
+                                   programs=rec.programs, transport=transport,
+                                   completion=shared.completion_layout(cap), request_slots=cap.request_slots,
+                                   max_pages_per_row=cap.pages_per_row)
+    for index, (cubin, module) in enumerate(geometry.modules()):
+        module.resource = f"kernels.{index}.{module.arch}"
+        manifest.modules.append(module)
+        resources.append(ResourceInput(module.resource, ResourceKind.RESOURCE_KIND_KERNEL_MODULE, cubin))
+
+    fingerprint = hashlib.sha256()
+    for part in (hashlib.sha256(weights).digest(), tokenizer_json,
+                 cache.cache_contract(cap).SerializeToString(deterministic=True)):
+        fingerprint.update(part)
+    frontend = recipe.frontend()
+    frontend.tokenizer_resource = TOKENIZER_RESOURCE
+    frontend.chat_template_resource = CHAT_TEMPLATE_RESOURCE
+    model = C.ModelContract(
+        version=CONTRACT_VERSION,
+        vocabulary=C.Vocabulary(sampled_tokens=shape.vocab, histogram_bins=cap.histogram_bins,
+                                mask_words=cap.mask_words),
+        input_vocabulary=C.InputVocabulary(input_tokens=shape.vocab),
+        cache=cache.cache_contract(cap), graphs=graphs, frontend=frontend)
+    defaults = C.ServingDefaults(sampling=recipe.SAMPLING_DEFAULTS, eos_token_ids=list(recipe.EOS_TOKEN_IDS),
+                                 max_output_tokens=options.max_output_tokens)
+    rebuild = C.RebuildManifest(catalog_version=1, recipe=recipe.NAME,
+                                sources=[C.SourceFile(name=source.path.name, nbytes=source.path.stat().st_size)],
+                                weight_catalogs=[C.WeightCatalog(rank=0, tensors=tensor_views)])
+    contract = C.ServingContract(
+        served_id=recipe.SERVED_ID, aliases=list(recipe.ALIASES),
+        cache_identity=C.CacheIdentity(label=f"{recipe.NAME}/fp16/page{options.page_tokens}",
+                                       fingerprint=fingerprint.digest()),
+        context_tokens=options.context_tokens, prefill_tokens=max(v.tokens for v in generation
+                                                                  if v.operation == C.OPERATION_PREFILL),
+        prepared_pages=options.prepared_pages, prepared_snapshots=0, concurrency=cap.request_slots,
+        defaults=defaults, model=model, rebuild=rebuild)
+    return PreparedModel(contract=contract, manifest=manifest, resources=resources,
+                         node_counts=dict(rec.node_counts()))

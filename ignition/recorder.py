@@ -1,0 +1,141 @@
+"""The recorder: a recipe's forward pass runs against it and every kernel launch becomes a node.
+
+    rec = Recorder(rank=0, geometry=launch_geometry)
+    rec.declare(buffer)                      # physical buffers, shared by all programs of a rank
+    rec.begin("decode.b8", OPERATION_DECODE, Capacity(rows=8, tokens=8))
+    rec.launch("linear.residual.v1", hidden=rec.ref("hidden"), x=..., tokens=8, ...)
+    program = rec.end()                      # manifest_pb2.Program with ordered nodes
+
+`launch` checks every argument against the kernel ABI (helios_backend/kernels/abi.py) at
+record time: every parameter present, pointers into declared buffers and inside them,
+immediates of the right kind. Launch geometry comes from one indirection (`geometry`),
+so the AOT kernel library plugs in when it exists; without it every node gets (1,1,1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from helios_proto import contract_pb2, manifest_pb2
+
+from helios_backend.kernels import abi
+
+Dim = tuple[int, int, int]
+Geometry = tuple[Dim, Dim, int]
+GeometryFunction = Callable[[str, Sequence[object]], Geometry]
+
+
+class RecordingError(ValueError):
+    """A launch that does not fit the kernel ABI or the declared buffers."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A device address: a declared buffer plus a byte offset."""
+
+    buffer: str
+    byte_offset: int = 0
+
+
+def unit_geometry(kernel_id: str, args: Sequence[object]) -> Geometry:
+    """Placeholder geometry used until the AOT kernel library provides real launch shapes."""
+    return (1, 1, 1), (1, 1, 1), 0
+
+
+def _dim3(d: Dim) -> manifest_pb2.Dim3:
+    return manifest_pb2.Dim3(x=int(d[0]), y=int(d[1]), z=int(d[2]))
+
+
+def _immediate(param: abi.Param, value: object) -> manifest_pb2.Arg:
+    if param.kind == abi.F32:
+        if not isinstance(value, (int, float)):
+            raise RecordingError(f"{param.name}: expected a float, got {value!r}")
+        return manifest_pb2.Arg(f32=float(value))
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RecordingError(f"{param.name}: expected an int, got {value!r}")
+    if param.kind == abi.I32:
+        if not -2**31 <= value < 2**31:
+            raise RecordingError(f"{param.name}: {value} does not fit i32")
+        return manifest_pb2.Arg(i32=value)
+    if param.kind == abi.I64:
+        return manifest_pb2.Arg(i64=value)
+    return manifest_pb2.Arg(u64=value)
+
+
+class Recorder:
+    """Collects buffers and programs for one rank."""
+
+    def __init__(self, rank: int = 0, geometry: GeometryFunction = unit_geometry) -> None:
+        self.rank = rank
+        self._geometry = geometry
+        self.buffers: dict[str, manifest_pb2.Buffer] = {}
+        self.programs: list[manifest_pb2.Program] = []
+        self._current: manifest_pb2.Program | None = None
+
+    # ---- buffers --------------------------------------------------------------------------
+    def declare(self, buffer: manifest_pb2.Buffer) -> Ref:
+        existing = self.buffers.get(buffer.name)
+        if existing is not None and existing != buffer:
+            raise RecordingError(f"buffer {buffer.name!r} declared twice with different layouts")
+        buffer.rank = self.rank
+        self.buffers[buffer.name] = buffer
+        return Ref(buffer.name)
+
+    def ref(self, name: str, byte_offset: int = 0) -> Ref:
+        if name not in self.buffers:
+            raise RecordingError(f"no buffer named {name!r}")
+        return Ref(name, byte_offset)
+
+    # ---- programs -------------------------------------------------------------------------
+    def begin(self, name: str, operation: int, capacity: contract_pb2.Capacity) -> None:
+        if self._current is not None:
+            raise RecordingError(f"program {self._current.name!r} is still open")
+        if any(p.name == name for p in self.programs):
+            raise RecordingError(f"program {name!r} recorded twice")
+        self._current = manifest_pb2.Program(name=name, operation=operation, rank=self.rank)
+        self._current.capacity.CopyFrom(capacity)
+
+    def end(self) -> manifest_pb2.Program:
+        if self._current is None:
+            raise RecordingError("no open program")
+        program, self._current = self._current, None
+        self.programs.append(program)
+        return program
+
+    def launch(self, kernel_id: str, label: str = "", **args: object) -> None:
+        """Append one kernel node; `args` are keyed by ABI parameter name."""
+        if self._current is None:
+            raise RecordingError("launch outside begin()/end()")
+        spec = abi.kernel(kernel_id)
+        missing = [p.name for p in spec.params if p.name not in args]
+        extra = sorted(set(args) - {p.name for p in spec.params})
+        if missing or extra:
+            raise RecordingError(f"{kernel_id}: missing {missing}, unexpected {extra}")
+        ordered = [args[p.name] for p in spec.params]
+        node = manifest_pb2.Node(kind=manifest_pb2.NODE_KIND_KERNEL, kernel=kernel_id, label=label)
+        for param, value in zip(spec.params, ordered):
+            node.args.append(self._pointer(kernel_id, param, value) if param.is_pointer else _immediate(param, value))
+        grid, block, shared = self._geometry(kernel_id, ordered)
+        node.grid.CopyFrom(_dim3(grid))
+        node.block.CopyFrom(_dim3(block))
+        node.shared_bytes = int(shared)
+        self._current.nodes.append(node)
+
+    def _pointer(self, kernel_id: str, param: abi.Param, value: object) -> manifest_pb2.Arg:
+        if isinstance(value, str):
+            value = Ref(value)
+        if not isinstance(value, Ref):
+            raise RecordingError(f"{kernel_id}.{param.name}: expected a buffer reference, got {value!r}")
+        buffer = self.buffers.get(value.buffer)
+        if buffer is None:
+            raise RecordingError(f"{kernel_id}.{param.name}: no buffer named {value.buffer!r}")
+        if not 0 <= value.byte_offset < buffer.nbytes:
+            raise RecordingError(f"{kernel_id}.{param.name}: offset {value.byte_offset} outside {value.buffer}")
+        if buffer.kind != manifest_pb2.BUFFER_KIND_STAGING and buffer.dtype != param.dtype:
+            raise RecordingError(
+                f"{kernel_id}.{param.name}: buffer {value.buffer} holds "
+                f"{contract_pb2.DType.Name(buffer.dtype)}, parameter wants {contract_pb2.DType.Name(param.dtype)}")
+        return manifest_pb2.Arg(pointer=manifest_pb2.BufferRef(buffer=value.buffer, byte_offset=value.byte_offset))
+
+    def node_counts(self) -> Mapping[str, int]:
+        return {p.name: len(p.nodes) for p in self.programs}
