@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): throughput figures printed as tables."""
