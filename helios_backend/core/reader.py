@@ -282,6 +282,15 @@ class Core:
                 if progress is not None:
                     progress(done, total)
 
+    def prepared_contract(self):
+        """Decode and validate the carried contract against the manifest and this core's
+        resource ids: PreparedContract.decode (raises ContractError)."""
+        from helios_backend.contract import PreparedContract  # the contract layer sits above the core
+
+        return PreparedContract.decode(
+            self.contract, self.manifest, resource_ids=frozenset(info.id for info in self.resources)
+        )
+
     def authorize(self, acceptance: str) -> None:
         """Raise AuthorizationError unless `acceptance` is exactly the signed namespace."""
         authorize_namespace(self.namespace, acceptance)
