@@ -1,0 +1,143 @@
+"""The page pool: one owner for every physical page id and the prefix map.
+
+A page holds `page_tokens` consecutive token positions of one request's history
+(every layer's K/V for those positions: one page id covers the whole model).
+
+Page states (refcount = number of requests whose page table holds the page):
+
+    free --allocate--> private (ref 1) --publish(key)--> published (ref >= 1)
+      ^                    |                                 |        ^
+      |               release to 0                     release to 0   | lookup hit
+      |                    v                                 v        |
+      +------------------ free       evict (LRU oldest) <-- cached (ref 0, matchable)
+
+Only complete pages whose tokens were consumed by a validated completion are
+published (CACHE-20, CACHE-25); a published page is immutable: no request writes it
+again. Cached pages stay matchable until evicted; eviction takes the least recently
+released cached page first, and a released chain enters the LRU tail-first, so a
+chain is evicted from its end and its shared head survives longest.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+class PagesExhausted(Exception):
+    """No free page and no cached page to evict: the caller waits or preempts."""
+
+
+@dataclass
+class PoolCounters:
+    """Monotonic counters since startup (metrics take deltas)."""
+    evictions: int = 0
+    published: int = 0
+    hit_pages: int = 0
+
+
+class PagePool:
+    def __init__(self, num_pages: int) -> None:
+        if num_pages <= 0:
+            raise ValueError(f"page pool needs at least one page, got {num_pages}")
+        self.num_pages = num_pages
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() gives 0, 1, 2, ...
+        self._ref = [0] * num_pages
+        self._key_of: dict[int, bytes] = {}
+        self._page_of: dict[bytes, int] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first
+        self.counters = PoolCounters()
+
+    # ---- sizes -----------------------------------------------------------------
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def cached_pages(self) -> int:
+        """Unreferenced published pages: matchable and evictable."""
+        return len(self._lru)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages an allocation can obtain without preempting anyone."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def used_pages(self) -> int:
+        """Pages referenced by at least one request."""
+        return self.num_pages - self.available_pages
+
+    def refcount(self, page: int) -> int:
+        return self._ref[page]
+
+    def is_published(self, page: int) -> bool:
+        return page in self._key_of
+
+    def lru_order(self) -> list[int]:
+        """Cached pages, next eviction first (for tests and docs)."""
+        return list(self._lru)
+
+    # ---- allocation ------------------------------------------------------------
+    def allocate(self) -> int:
+        """A private writable page (ref 1). Evicts the LRU cached page if none is free."""
+        if not self._free:
+            if not self._lru:
+                raise PagesExhausted()
+            page, _ = self._lru.popitem(last=False)
+            del self._page_of[self._key_of.pop(page)]
+            self.counters.evictions += 1
+            self._free.append(page)
+        page = self._free.pop()
+        self._ref[page] = 1
+        return page
+
+    def release(self, pages: Sequence[int]) -> None:
+        """Drop one reference from each page of a page table (head first in `pages`).
+
+        Released in reverse, so the chain's tail is evicted before its head.
+        """
+        for page in reversed(pages):
+            ref = self._ref[page] - 1
+            if ref < 0:
+                raise RuntimeError(f"page {page} released more often than referenced")
+            self._ref[page] = ref
+            if ref == 0:
+                if page in self._key_of:
+                    self._lru[page] = None
+                else:
+                    self._free.append(page)
+
+    # ---- prefix map ------------------------------------------------------------
+    def publish(self, page: int, key: bytes) -> bool:
+        """Make a complete, consumed page matchable under its chain key.
+
+        Returns False (the page stays private) when an equal page is already
+        published: the first copy wins and the duplicate is freed on release.
+        """
+        if self._ref[page] <= 0:
+            raise RuntimeError(f"publishing unreferenced page {page}")
+        if page in self._key_of or key in self._page_of:
+            return False
+        self._key_of[page] = key
+        self._page_of[key] = page
+        self.counters.published += 1
+        return True
+
+    def match(self, keys: Iterable[bytes]) -> list[int]:
+        """The longest run of published pages for a chain of keys (not yet referenced)."""
+        pages: list[int] = []
+        for key in keys:
+            page = self._page_of.get(key)
+            if page is None:
+                break
+            pages.append(page)
+        return pages
+
+    def acquire(self, pages: Sequence[int]) -> None:
+        """Reference matched pages (removing cached ones from the LRU)."""
+        for page in pages:
+            if self._ref[page] == 0:
+                self._lru.pop(page, None)
+            self._ref[page] += 1
+        self.counters.hit_pages += len(pages)

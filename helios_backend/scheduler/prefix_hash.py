@@ -1,0 +1,35 @@
+"""The prefix hash chain over complete pages.
+
+    page i's key = H(key of page i-1 || the page_tokens token ids of page i)
+
+so equal keys mean equal token prefixes up to and including that page. The chain is
+seeded with the core's cache identity so that pages of different cores never match.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+KEY_BYTES = 16
+
+
+def chain_seed(cache_fingerprint: bytes) -> bytes:
+    return hashlib.blake2b(b"helios-prefix\0" + cache_fingerprint, digest_size=KEY_BYTES).digest()
+
+
+def next_key(previous: bytes, page_tokens: Sequence[int]) -> bytes:
+    """Key of one complete page given its predecessor's key."""
+    ids = np.asarray(page_tokens, dtype=np.int32).tobytes()
+    return hashlib.blake2b(previous + ids, digest_size=KEY_BYTES).digest()
+
+
+def chain_keys(seed: bytes, tokens: Sequence[int], page_tokens: int, pages: int) -> list[bytes]:
+    """Keys of the first `pages` complete pages of `tokens`."""
+    keys: list[bytes] = []
+    key = seed
+    for i in range(pages):
+        key = next_key(key, tokens[i * page_tokens:(i + 1) * page_tokens])
+        keys.append(key)
+    return keys

@@ -1,0 +1,116 @@
+"""Requests as the scheduler sees them: an immutable spec and the mutable state it owns.
+
+State machine (one owner: the Scheduler):
+
+    WAITING --admit--> RUNNING --finish/cancel/fail (after its fence)--> FINISHED
+       ^                  |
+       +----preempt-------+   (pages released, computed reset to 0; readmission
+                               recomputes prompt + output, usually from the prefix cache)
+
+Token bookkeeping (vLLM v1 style): `tokens` = prompt + validated output; `computed` =
+tokens whose history is in the cache (the consumed endpoint). Every round moves
+`computed` towards len(tokens); a round that reaches len(tokens) samples one token.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from helios_proto import transport_pb2 as tp
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Resolved sampling (request values over core defaults)."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+    def as_row(self, top_logprobs: int) -> np.ndarray:
+        """[8] float32 in the order packing binds SAMPLING_PARAMETERS."""
+        return np.array([self.temperature, self.top_p, self.top_k, self.min_p,
+                         self.presence_penalty, self.frequency_penalty,
+                         self.repetition_penalty, top_logprobs], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class StopSettings:
+    strings: tuple[str, ...] = ()
+    token_ids: tuple[int, ...] = ()
+    token_sequences: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def host_stops(self) -> bool:
+        """Stops the worker decides between rounds (the host-stop barrier)."""
+        return bool(self.strings or self.token_ids or self.token_sequences)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What a request asked for, validated at admission."""
+    prompt: tuple[int, ...]
+    max_tokens: int                      # output limit after clipping to context and pages
+    sampling: SamplingSettings
+    stops: StopSettings = StopSettings()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    observe_timestamps: bool = False
+    constrained: bool = False            # a grammar constrains this request
+    priority: int = 0
+    external_id: str = ""
+
+
+@dataclass
+class Request:
+    serial: int                          # scheduler-assigned, never a metric label
+    spec: RequestSpec
+    arrival: int                         # admission order
+    state: RequestState = RequestState.WAITING
+    tokens: list[int] = field(default_factory=list)
+    computed: int = 0
+    slot: int = -1
+    generation: int = 0
+    pages: list[int] = field(default_factory=list)
+    published_pages: int = 0             # leading pages known published/shared (immutable)
+    chain_keys: list[bytes] = field(default_factory=list)  # keys of pages [0, published_pages)
+    fresh: bool = True                   # next round (re)initializes the slot
+    device_pending: bool = False         # the slot's device pending token is tokens[-1]
+    reused_prompt_tokens: int = -1       # set at first admission
+    inflight: int = 0                    # submitted rounds not yet completed (fence)
+    cancelled: bool = False
+    finish: "tp.FinishReason.ValueType" = tp.FINISH_REASON_UNSPECIFIED
+    stop: tp.StopMatch | None = None
+    preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.spec.prompt)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.spec.prompt)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def output_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def remaining_tokens(self) -> int:
+        return len(self.tokens) - self.computed

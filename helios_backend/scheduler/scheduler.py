@@ -1,0 +1,551 @@
+"""The scheduler: one token-budget loop over running and waiting requests.
+
+Every round (vLLM v1 style) each request's `computed` catches up with len(tokens):
+chunked prefill, prefix hits, readmission after preemption and decode are the same
+loop; a lane whose chunk reaches len(tokens) samples. The round's lanes pick the
+smallest prepared capacity variant that holds them (variants.py).
+
+Order inside a round:
+  1. retire cancelled requests that have no round in flight (their fence passed);
+  2. running requests, oldest first: reserve pages for their chunk; on a shortage,
+     evict snapshots, then preempt the newest lowest-priority running request
+     (possibly the request itself), which goes back to the front of the queue;
+  3. if nobody was preempted: admit waiting requests (priority, then arrival) while a
+     slot, budget and pages are available: prefix match over complete pages, then a
+     snapshot at an exact endpoint restored into a private page; a shortage waits.
+
+Invariants (docs/scheduler.md): a page is written only by the one request whose page
+table holds it privately; published pages are immutable; nothing is published before
+its completion was validated; resources of a lane are released only after its last
+submitted round completed (its fence).
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from helios_proto import contract_pb2 as cp
+from helios_proto import transport_pb2 as tp
+
+from helios_backend.scheduler.completion import CompletionRows
+from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
+from helios_backend.scheduler.host_stops import HostStopCheck
+from helios_backend.scheduler.pages import PagePool, PagesExhausted
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
+from helios_backend.scheduler.prefix_hash import chain_keys, chain_seed, next_key
+from helios_backend.scheduler.request import Request, RequestSpec, RequestState
+from helios_backend.scheduler.snapshots import Snapshot, SnapshotStore
+from helios_backend.scheduler.variants import VariantTable
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    page_tokens: int
+    num_pages: int
+    request_slots: int
+    max_active: int
+    queue_capacity: int
+    context_tokens: int
+    max_pages_per_row: int
+    vocab_size: int                      # sampled ids are in [0, vocab_size)
+    input_vocab_size: int                # prompt ids are in [0, input_vocab_size)
+    eos_ids: tuple[int, ...]
+    snapshot_capacity: int = 0           # 0: snapshots off (no RESTORATION program)
+    cache_fingerprint: bytes = b""
+    top_logprobs_capacity: int = 0
+    device_pending_token: bool = True    # DECODE/MIXED read the slot's pending token on device
+    clock_origin_ns: int = 0             # time.monotonic_ns() at runtime startup
+
+    def __post_init__(self) -> None:
+        for name in ("page_tokens", "num_pages", "request_slots", "max_active", "context_tokens",
+                     "max_pages_per_row", "vocab_size", "input_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"scheduler {name} must be positive, got {getattr(self, name)}")
+        if self.queue_capacity < 0 or self.snapshot_capacity < 0:
+            raise ValueError("queue and snapshot capacities cannot be negative")
+
+
+@dataclass(frozen=True)
+class Emitted:
+    serial: int
+    token: int
+    timestamp_ns: int                    # -1 for unobserved requests (no clock read)
+    logprob: float
+    top_ids: np.ndarray | None
+    top_logprobs: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Terminal:
+    serial: int
+    event: tp.TerminalEvent
+    first_token: bool = False
+
+
+Event = Emitted | Terminal
+
+
+@dataclass
+class SchedulerCounters:
+    """Monotonic counters since startup; the server turns them into metrics."""
+    admitted: int = 0
+    preemptions: int = 0
+    readmissions: int = 0
+    lookup_tokens: int = 0               # prompt tokens looked up in the prefix cache
+    reused_tokens: int = 0               # of which served from pages or snapshots
+    launches: dict[int, int] = field(default_factory=dict)   # operation -> submissions
+    finished: dict[int, int] = field(default_factory=dict)   # FinishReason -> requests
+    failed: int = 0
+    mixed_grammar_decode_steps: int = 0
+    constrained_max_inflight: int = 0
+    generated_tokens: int = 0
+
+
+StopFactory = Callable[[RequestSpec], HostStopCheck | None]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, variants: VariantTable,
+                 stop_factory: StopFactory | None = None) -> None:
+        self.config = config
+        self.variants = variants
+        self.pool = PagePool(config.num_pages)
+        snapshots_on = config.snapshot_capacity > 0 and variants.has(cp.OPERATION_RESTORATION)
+        self.snapshots = SnapshotStore(config.snapshot_capacity if snapshots_on else 0, self.pool)
+        self.counters = SchedulerCounters()
+        self._stop_factory = stop_factory
+        self._seed = chain_seed(config.cache_fingerprint)
+        self._free_slots = list(range(config.request_slots - 1, -1, -1))
+        self._slot_generation = [0] * config.request_slots
+        self._waiting: list[tuple[tuple[int, int], Request]] = []    # sorted by (-priority, arrival)
+        self._running: list[Request] = []                            # admission order
+        self._by_serial: dict[int, Request] = {}
+        self._stops: dict[int, HostStopCheck] = {}
+        self._arrivals = 0
+        self._admitted_ns: dict[int, int] = {}
+        self._events: list[Event] = []
+        self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
+        self._max_prompt = min(config.context_tokens - 1,
+                               config.page_tokens * min(config.num_pages, config.max_pages_per_row) - 1)
+
+    # ---- queries ---------------------------------------------------------------
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longest admissible prompt: room for the prompt and one output token."""
+        return self._max_prompt
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def request(self, serial: int) -> Request | None:
+        return self._by_serial.get(serial)
+
+    @property
+    def host_stop_barrier(self) -> bool:
+        """Width one, one outstanding round: true while a host-stop request is active."""
+        return bool(self._stops)
+
+    def take_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    # ---- admission -------------------------------------------------------------
+    def add(self, serial: int, spec: RequestSpec) -> Request:
+        """Queue a request or raise AdmissionRejected / InvalidRequestError (others go on)."""
+        cfg = self.config
+        if not spec.prompt:
+            raise InvalidRequestError("prompt_token_ids", "the prompt is empty")
+        prompt = np.asarray(spec.prompt, dtype=np.int64)
+        if prompt.min() < 0 or prompt.max() >= cfg.input_vocab_size:
+            raise InvalidRequestError("prompt_token_ids",
+                                      f"ids must lie in [0, {cfg.input_vocab_size})")
+        if len(spec.prompt) > self._max_prompt:
+            raise AdmissionRejected(tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY,
+                                    f"prompt of {len(spec.prompt)} tokens exceeds the prepared "
+                                    f"capacity of {self._max_prompt}",
+                                    limit=self._max_prompt, requested=len(spec.prompt))
+        if spec.top_logprobs > cfg.top_logprobs_capacity:
+            raise AdmissionRejected(tp.REJECTION_REASON_UNSUPPORTED_FEATURE,
+                                    f"top_logprobs {spec.top_logprobs} exceeds the recorded "
+                                    f"{cfg.top_logprobs_capacity}",
+                                    limit=cfg.top_logprobs_capacity, requested=spec.top_logprobs)
+        if spec.max_tokens <= 0:
+            raise InvalidRequestError("max_tokens", "the output limit must be positive")
+        if len(self._waiting) >= cfg.queue_capacity:
+            raise AdmissionRejected(tp.REJECTION_REASON_QUEUE_FULL,
+                                    f"{cfg.queue_capacity} requests are already queued",
+                                    limit=cfg.queue_capacity, requested=len(self._waiting) + 1)
+        stop = self._stop_factory(spec) if (self._stop_factory and spec.stops.host_stops) else None
+        room = self._max_prompt + 1 - len(spec.prompt)   # context and page-table room
+        spec = _with_max_tokens(spec, min(spec.max_tokens, room))
+        req = Request(serial, spec, self._arrivals)
+        self._arrivals += 1
+        self._by_serial[serial] = req
+        if stop is not None:
+            self._stops[serial] = stop
+        self._admitted_ns[serial] = time.monotonic_ns()
+        self._enqueue(req)
+        self.counters.admitted += 1
+        return req
+
+    def cancel(self, serial: int) -> None:
+        """Client cancel or dropped stream: retired at the next round, after its fence."""
+        req = self._by_serial.get(serial)
+        if req is not None and req.state is not RequestState.FINISHED:
+            req.cancelled = True
+
+    # ---- the token-budget loop -----------------------------------------------------
+    def schedule(self) -> RoundPlan | None:
+        self._retire_cancelled()
+        lanes: list[Lane] = []
+        preempted: list[Request] = []
+        row_limit = self.max_active
+        i = 0
+        while i < len(self._running) and len(lanes) < row_limit:
+            req = self._running[i]
+            n = self._fit_chunk(lanes, req.remaining_tokens)
+            if n == 0:
+                break
+            while not self._reserve_pages(req, req.computed + n):
+                victim = self._running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if req.state is not RequestState.RUNNING:
+                break
+            lanes.append(self._lane(req, n))
+            i += 1
+        if not preempted:
+            self._admit_waiting(lanes, row_limit)
+        if not lanes:
+            return None
+        return self._plan(lanes, preempted)
+
+    def _fit_chunk(self, lanes: list[Lane], want: int) -> int:
+        """The largest chunk <= want that keeps the round inside some prepared variant."""
+        if want <= 0:
+            return 0
+        lens = [lane.query_len for lane in lanes]
+        used = sum(lens)
+        candidates = {want}
+        for op in (cp.OPERATION_DECODE, cp.OPERATION_PREFILL, cp.OPERATION_MIXED):
+            for v in self.variants.variants(op):
+                if 0 < v.tokens - used < want:
+                    candidates.add(v.tokens - used)
+        candidates.add(1)
+        for n in sorted(candidates, reverse=True):
+            if self.variants.choose(lens + [n]) is not None:
+                return n
+        return 0
+
+    def _admit_waiting(self, lanes: list[Lane], row_limit: int) -> None:
+        while self._waiting and len(lanes) < row_limit and self._free_slots \
+                and len(self._running) < self.max_active:
+            _, req = self._waiting[0]
+            if req.cancelled:
+                self._waiting.pop(0)
+                self._finish(req, tp.FINISH_REASON_CANCELLED)
+                continue
+            if not self._try_admit(req, lanes):
+                return                          # a temporary shortage waits (head of line)
+            self._waiting.pop(0)
+
+    def _try_admit(self, req: Request, lanes: list[Lane]) -> bool:
+        cfg = self.config
+        pt = cfg.page_tokens
+        tokens = req.tokens
+        # keep at least one token to compute: its logits sample the next token
+        max_hit_pages = (len(tokens) - 1) // pt
+        keys = chain_keys(self._seed, tokens, pt, max_hit_pages)
+        hit = self.pool.match(keys)
+        snap: Snapshot | None = None
+        if self.snapshots.capacity:
+            after = keys[len(hit) - 1] if hit else self._seed
+            snap = self.snapshots.match(after, tokens[len(hit) * pt:len(tokens) - 1])
+        start = len(hit) * pt + (len(snap.partial) if snap else 0)
+        n = self._fit_chunk(lanes, len(tokens) - start)
+        if n == 0:
+            return False
+        need = -(-(start + n) // pt) - len(hit)
+        cached_hits = sum(1 for p in hit if self.pool.refcount(p) == 0)
+        while need > self.pool.available_pages - cached_hits:
+            if not self.snapshots.evict_for_pages():
+                return False
+            hit = self.pool.match(keys[:len(hit)])
+            if len(hit) * pt < start - (len(snap.partial) if snap else 0):
+                return False                    # the evicted snapshot held part of our match
+            cached_hits = sum(1 for p in hit if self.pool.refcount(p) == 0)
+        self.pool.acquire(hit)
+        req.pages = list(hit)
+        req.published_pages = len(hit)
+        req.chain_keys = keys[:len(hit)]
+        restore = None
+        if snap is not None:
+            page = self.pool.allocate()
+            req.pages.append(page)
+            self.snapshots.pin(snap)
+            restore = RestoreCopy(snap.row, page, len(hit), len(snap.partial))
+        req.computed = start
+        if not self._reserve_pages(req, start + n):
+            raise RuntimeError("page availability was checked before admission")
+        slot = self._free_slots.pop()
+        self._slot_generation[slot] += 1
+        req.slot, req.generation = slot, self._slot_generation[slot]
+        req.state = RequestState.RUNNING
+        req.fresh = True
+        self._running.append(req)
+        self.counters.lookup_tokens += len(tokens)
+        self.counters.reused_tokens += start
+        if req.reused_prompt_tokens < 0:
+            req.reused_prompt_tokens = min(start, req.prompt_len)
+        else:
+            self.counters.readmissions += 1
+        lane = self._lane(req, n)
+        lane.restore = restore
+        lanes.append(lane)
+        return True
+
+    def _reserve_pages(self, req: Request, end: int) -> bool:
+        """Pages covering positions [0, end); False on a shortage (nothing allocated)."""
+        need = -(-end // self.config.page_tokens) - len(req.pages)
+        if need <= 0:
+            return True
+        while need > self.pool.available_pages:
+            if not self.snapshots.evict_for_pages():
+                return False
+        for _ in range(need):
+            req.pages.append(self.pool.allocate())
+        return True
+
+    def _lane(self, req: Request, n: int) -> Lane:
+        start = req.computed
+        snapshot_row = -1
+        end = start + n
+        pt = self.config.page_tokens
+        if (self.snapshots.capacity and req.preemptions == 0 and end == req.prompt_len
+                and req.prompt_len % pt and start < end):
+            complete = req.prompt_len // pt
+            keys = chain_keys(self._seed, req.tokens, pt, complete)
+            snap = self.snapshots.reserve(keys[-1] if keys else self._seed, req.pages[:complete],
+                                          req.tokens[complete * pt:req.prompt_len], pt)
+            if snap is not None:
+                snapshot_row = snap.row
+        return Lane(req, req.slot, req.generation, start, list(req.tokens[start:end]),
+                    sample=end == len(req.tokens),
+                    output_limit=req.spec.max_tokens - req.output_len,
+                    snapshot_row=snapshot_row, initialize=req.fresh)
+
+    def _plan(self, lanes: list[Lane], preempted: list[Request]) -> RoundPlan:
+        variant = self.variants.choose([lane.query_len for lane in lanes])
+        if variant is None:
+            raise RuntimeError("lanes were fitted to a variant while the round was built")
+        if variant.operation in (cp.OPERATION_DECODE, cp.OPERATION_MIXED) and self.config.device_pending_token:
+            for lane in lanes:
+                if lane.query_len == 1 and lane.sample and lane.request.device_pending:
+                    lane.tokens = [PENDING_TOKEN]
+        plan = RoundPlan(Submission(variant, lanes), preempted=preempted)
+        restores = [lane for lane in lanes if lane.restore is not None]
+        if restores:
+            v = self.variants.fit(cp.OPERATION_RESTORATION, len(restores), 0) \
+                or self.variants.fit(cp.OPERATION_RESTORATION, len(restores), len(restores))
+            if v is None:
+                raise RuntimeError("no RESTORATION variant holds the round's restores")
+            plan.restoration = Submission(v, restores)
+        fresh = [lane for lane in lanes if lane.initialize]
+        if fresh and self.variants.has(cp.OPERATION_INITIALIZATION):
+            v = self.variants.fit(cp.OPERATION_INITIALIZATION, len(fresh), 0)
+            if v is None:
+                raise RuntimeError("no INITIALIZATION variant holds the round's new lanes")
+            plan.initialization = Submission(v, fresh)
+        for sub in plan.submissions():
+            self.counters.launches[sub.operation] = self.counters.launches.get(sub.operation, 0) + 1
+            for lane in sub.lanes:
+                lane.request.inflight += 1
+        return plan
+
+    # ---- completion ----------------------------------------------------------------
+    def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
+        """Apply a round whose main completion was validated (completion.py).
+        Its token and terminal events are then read with take_events()."""
+        for sub in (plan.restoration, plan.initialization):
+            if sub is not None:
+                for lane in sub.lanes:
+                    lane.request.inflight -= 1
+        main = plan.main
+        constrained = [lane.request.spec.constrained for lane in main.lanes]
+        if main.operation == cp.OPERATION_DECODE and any(constrained) and not all(constrained):
+            self.counters.mixed_grammar_decode_steps += 1
+        stamp = None
+        for i, lane in enumerate(main.lanes):
+            req = lane.request
+            req.inflight -= 1
+            if lane.restore is not None:
+                self._unpin_restore(lane.restore.source_row)
+            req.computed = lane.end
+            req.fresh = False
+            self._publish_pages(req)
+            if lane.snapshot_row >= 0:
+                if req.cancelled:
+                    self.snapshots.discard(lane.snapshot_row)
+                else:
+                    self.snapshots.publish(lane.snapshot_row)
+            if req.cancelled:
+                self._finish_if_fenced(req, tp.FINISH_REASON_CANCELLED)
+                continue
+            if not lane.sample:
+                continue
+            token = int(rows.tokens[i])
+            req.tokens.append(token)
+            req.device_pending = True
+            self.counters.generated_tokens += 1
+            if req.spec.observe_timestamps:
+                if stamp is None:
+                    stamp = time.monotonic_ns() - self.config.clock_origin_ns
+                ts = stamp
+            else:
+                ts = -1
+            self._events.append(Emitted(
+                req.serial, token, ts,
+                float(rows.logprobs[i]) if rows.logprobs is not None else 0.0,
+                rows.top_ids[i, :req.spec.top_logprobs] if rows.top_ids is not None and req.spec.top_logprobs else None,
+                rows.top_logprobs[i, :req.spec.top_logprobs] if rows.top_logprobs is not None and req.spec.top_logprobs else None))
+            reason = self._finish_reason(req, token)
+            if reason != tp.FINISH_REASON_UNSPECIFIED:
+                self._finish_if_fenced(req, reason)
+
+    def fail(self, plan: RoundPlan, message: str) -> None:
+        """The round failed (execution or validation): its lanes end with a typed failure;
+        nothing of the round is published (CACHE-25); other requests go on."""
+        seen: set[int] = set()
+        for sub in plan.submissions():
+            for lane in sub.lanes:
+                lane.request.inflight -= 1
+        for lane in plan.main.lanes:
+            if lane.snapshot_row >= 0:
+                self.snapshots.discard(lane.snapshot_row)
+            if lane.restore is not None:
+                self._unpin_restore(lane.restore.source_row)
+        for sub in plan.submissions():
+            for lane in sub.lanes:
+                req = lane.request
+                if req.serial in seen or req.state is RequestState.FINISHED:
+                    continue
+                seen.add(req.serial)
+                self._release(req)
+                self.counters.failed += 1
+                self._events.append(Terminal(req.serial, tp.TerminalEvent(
+                    failed=tp.ExecutionFailure(message=message, completion_tokens=req.output_len))))
+
+    def fail_all(self, message: str) -> list[Event]:
+        """The worker is going away: every request still known ends with a failure."""
+        for req in list(self._by_serial.values()):
+            if req.state is not RequestState.FINISHED:
+                self._release(req)
+                self.counters.failed += 1
+                self._events.append(Terminal(req.serial, tp.TerminalEvent(
+                    failed=tp.ExecutionFailure(message=message, completion_tokens=req.output_len))))
+        self._waiting.clear()
+        return self.take_events()
+
+    # ---- helpers -------------------------------------------------------------------
+    def _finish_reason(self, req: Request, token: int) -> "tp.FinishReason.ValueType":
+        if token in self.config.eos_ids:
+            return tp.FINISH_REASON_EOS
+        stop = self._stops.get(req.serial)
+        if stop is not None:
+            match = stop.observe(token)
+            if match is not None:
+                req.stop = match
+                return tp.FINISH_REASON_STOP_STRING if match.kind == tp.STOP_KIND_STRING \
+                    else tp.FINISH_REASON_STOP_TOKEN
+        if req.output_len >= req.spec.max_tokens or len(req.tokens) >= self.config.context_tokens:
+            return tp.FINISH_REASON_LENGTH
+        return tp.FINISH_REASON_UNSPECIFIED
+
+    def _publish_pages(self, req: Request) -> None:
+        """Publish complete pages whose every position was consumed (validated)."""
+        pt = self.config.page_tokens
+        complete = min(req.computed // pt, len(req.pages))
+        key = req.chain_keys[-1] if req.chain_keys else self._seed
+        for p in range(req.published_pages, complete):
+            key = next_key(key, req.tokens[p * pt:(p + 1) * pt])
+            self.pool.publish(req.pages[p], key)
+            req.chain_keys.append(key)
+        req.published_pages = max(req.published_pages, complete)
+
+    def _unpin_restore(self, row: int) -> None:
+        self.snapshots.unpin_row(row)
+
+    def _enqueue(self, req: Request) -> None:
+        bisect.insort(self._waiting, ((-req.spec.priority, req.arrival), req), key=lambda e: e[0])
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute preemption: pages released (published ones stay matchable)."""
+        self._running.remove(req)
+        self._free_slot(req)
+        self.pool.release(req.pages)
+        req.pages, req.published_pages, req.chain_keys = [], 0, []
+        req.computed = 0
+        req.device_pending = False
+        req.state = RequestState.WAITING
+        req.preemptions += 1
+        self.counters.preemptions += 1
+        self._enqueue(req)
+
+    def _retire_cancelled(self) -> None:
+        for req in [r for r in self._running if r.cancelled and r.inflight == 0]:
+            self._finish(req, tp.FINISH_REASON_CANCELLED)
+        for entry in [e for e in self._waiting if e[1].cancelled]:
+            self._waiting.remove(entry)
+            self._finish(entry[1], tp.FINISH_REASON_CANCELLED)
+
+    def _finish_if_fenced(self, req: Request, reason: "tp.FinishReason.ValueType") -> None:
+        req.finish = reason
+        if req.inflight == 0:
+            self._finish(req, reason)
+
+    def _finish(self, req: Request, reason: "tp.FinishReason.ValueType") -> None:
+        admitted_ns = self._admitted_ns.get(req.serial, 0)
+        self._release(req)
+        self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
+        finished = tp.Finished(reason=reason, usage=tp.Usage(
+            prompt_tokens=req.prompt_len, completion_tokens=req.output_len,
+            reused_prompt_tokens=max(req.reused_prompt_tokens, 0)))
+        if req.stop is not None:
+            finished.stop.CopyFrom(req.stop)
+        if req.spec.observe_timestamps:
+            finished.performance.admitted_ns = admitted_ns - self.config.clock_origin_ns
+            finished.performance.reused_prompt_tokens = max(req.reused_prompt_tokens, 0)
+        self._events.append(Terminal(req.serial, tp.TerminalEvent(finished=finished)))
+
+    def _release(self, req: Request) -> None:
+        if req.state is RequestState.RUNNING:
+            self._running.remove(req)
+            self._free_slot(req)
+        self.pool.release(req.pages)
+        req.pages = []
+        req.state = RequestState.FINISHED
+        self._by_serial.pop(req.serial, None)
+        self._stops.pop(req.serial, None)
+        self._admitted_ns.pop(req.serial, None)
+
+    def _free_slot(self, req: Request) -> None:
+        self._free_slots.append(req.slot)
+        req.slot = -1
+
+
+def _with_max_tokens(spec: RequestSpec, max_tokens: int) -> RequestSpec:
+    return replace(spec, max_tokens=max_tokens)

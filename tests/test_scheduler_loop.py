@@ -1,0 +1,306 @@
+"""The token-budget loop driven by a simulated executor: exact outputs, pages, order."""
+from __future__ import annotations
+
+import pytest
+
+from helios_proto import contract_pb2 as cp
+from helios_proto import transport_pb2 as tp
+
+from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
+from helios_backend.scheduler.host_stops import HostStopCheck
+from helios_backend.scheduler.request import RequestSpec, SamplingSettings, StopSettings
+from helios_backend.scheduler.scheduler import Emitted, Scheduler, SchedulerConfig, Terminal
+from helios_backend.scheduler.variants import VariantTable
+from tests.scheduler_sim import SimulatedEngine, reference_tokens, variants
+
+VOCAB = 1000
+
+
+def make(num_pages: int = 64, page_tokens: int = 4, slots: int = 8, snapshots: int = 0,
+         context: int = 256, queue: int = 64, **variant_kw: object) -> tuple[Scheduler, SimulatedEngine]:
+    cfg = SchedulerConfig(page_tokens=page_tokens, num_pages=num_pages, request_slots=slots,
+                          max_active=slots, queue_capacity=queue, context_tokens=context,
+                          max_pages_per_row=context // page_tokens, vocab_size=VOCAB,
+                          input_vocab_size=VOCAB, eos_ids=(), snapshot_capacity=snapshots)
+    table = VariantTable(variants(**variant_kw))  # type: ignore[arg-type]
+    sched = Scheduler(cfg, table, stop_factory=lambda spec: HostStopCheck(spec.stops, None))
+    return sched, SimulatedEngine(sched)
+
+
+def spec(prompt: list[int], max_tokens: int = 8, **kw: object) -> RequestSpec:
+    return RequestSpec(tuple(prompt), max_tokens, SamplingSettings(), **kw)  # type: ignore[arg-type]
+
+
+def run_all(sched: Scheduler, engine: SimulatedEngine, limit: int = 10_000) -> dict[int, list[object]]:
+    events: dict[int, list[object]] = {}
+    for _ in range(limit):
+        busy = engine.step()
+        for ev in sched.take_events():
+            events.setdefault(ev.serial, []).append(ev)
+        if not busy and not sched.has_work():
+            return events
+    raise AssertionError("scheduler did not go idle")
+
+
+def tokens_of(evs: list[object]) -> list[int]:
+    return [e.token for e in evs if isinstance(e, Emitted)]
+
+
+def terminal(evs: list[object]) -> tp.TerminalEvent:
+    ts = [e for e in evs if isinstance(e, Terminal)]
+    assert len(ts) == 1, "exactly one terminal event per request"
+    return ts[0].event
+
+
+def prompt_of(i: int, n: int = 10) -> list[int]:
+    return [(i * 37 + j * 11) % VOCAB for j in range(n)]
+
+
+def test_concurrent_requests_match_one_at_a_time() -> None:
+    sched, engine = make()
+    for i in range(12):
+        sched.add(i, spec(prompt_of(i, 5 + i), max_tokens=6))
+    events = run_all(sched, engine)
+    for i in range(12):
+        assert tokens_of(events[i]) == reference_tokens(prompt_of(i, 5 + i), 6, VOCAB)
+        fin = terminal(events[i]).finished
+        assert fin.reason == tp.FINISH_REASON_LENGTH
+        assert (fin.usage.prompt_tokens, fin.usage.completion_tokens) == (5 + i, 6)
+    assert engine.writes_to_shared == []
+    assert sched.pool.used_pages == 0 and sched.running == 0
+
+
+def test_chunked_prefill_respects_the_largest_variant() -> None:
+    sched, engine = make(context=512, num_pages=128)
+    prompt = prompt_of(3, 150)                      # > 64 tokens: three chunks
+    sched.add(0, spec(prompt, max_tokens=3))
+    events = run_all(sched, engine)
+    assert tokens_of(events[0]) == reference_tokens(prompt, 3, VOCAB)
+    assert engine.launched[:3] == ["prefill_b1_t64", "prefill_b1_t64", "prefill_b1_t64"]
+    assert engine.launched[3:] == ["decode_b1", "decode_b1"]
+
+
+def test_mixed_round_decodes_while_a_prompt_is_prefilled() -> None:
+    sched, engine = make()
+    sched.add(0, spec(prompt_of(0, 4), max_tokens=4))
+    engine.step()                                   # request 0 prefilled, sampled once
+    sched.add(1, spec(prompt_of(1, 30), max_tokens=2))
+    engine.step()
+    assert engine.launched[-1] == "mixed_b2_t64"    # one decode lane + one prefill chunk
+    events = run_all(sched, engine)
+    assert tokens_of(events[1]) == reference_tokens(prompt_of(1, 30), 2, VOCAB)
+
+
+def test_without_mixed_programs_decode_lanes_ride_in_prefill() -> None:
+    sched, engine = make(mixed=False)
+    sched.add(0, spec(prompt_of(0, 4), max_tokens=4))
+    engine.step()
+    sched.add(1, spec(prompt_of(1, 30), max_tokens=2))
+    engine.step()
+    assert engine.launched[-1] == "prefill_b2_t64"
+    events = run_all(sched, engine)
+    assert tokens_of(events[0]) == reference_tokens(prompt_of(0, 4), 4, VOCAB)
+
+
+def test_shared_prefix_reuses_exact_pages() -> None:  # spec: CACHE-9, CACHE-20
+    sched, engine = make(page_tokens=4)
+    shared = prompt_of(7, 12)                       # three complete pages
+    sched.add(0, spec(shared + [1, 2], max_tokens=2))
+    run_all(sched, engine)
+    # 14 prompt + 2 sampled = 16 tokens, 15 consumed: pages 0-2 complete and published,
+    # page 3 partial (private, freed); released tail first
+    assert sched.pool.lru_order() == [2, 1, 0]
+    sched.add(1, spec(shared + [5, 6, 7], max_tokens=2))
+    req = sched.request(1)
+    plan = sched.schedule()
+    assert plan is not None and req is not None
+    assert req.pages[:3] == [0, 1, 2]               # the three shared pages, by id
+    assert plan.main.lanes[0].start == 12           # computation starts after the hit
+    rows = engine.run(plan)
+    sched.complete(plan, rows)
+    events = run_all(sched, engine)
+    assert tokens_of(events[1]) == reference_tokens(shared + [5, 6, 7], 2, VOCAB)
+    assert terminal(events[1]).finished.usage.reused_prompt_tokens == 12
+    assert sched.counters.reused_tokens == 12
+
+
+def test_full_prompt_hit_still_computes_the_last_token() -> None:
+    sched, engine = make(page_tokens=4)
+    prompt = prompt_of(2, 8)
+    sched.add(0, spec(prompt, max_tokens=1))
+    run_all(sched, engine)
+    sched.add(1, spec(prompt, max_tokens=3))
+    events = run_all(sched, engine)
+    assert terminal(events[1]).finished.usage.reused_prompt_tokens == 4
+    assert tokens_of(events[1]) == reference_tokens(prompt, 3, VOCAB)
+
+
+def test_page_shortage_preempts_newest_and_everything_completes() -> None:  # spec: HTTP-20, CACHE-24
+    sched, engine = make(num_pages=10, page_tokens=4, slots=4)
+    prompts = [prompt_of(i, 6) for i in range(4)]
+    for i, p in enumerate(prompts):
+        sched.add(i, spec(p, max_tokens=12))         # 18 tokens = 5 pages each; 20 needed, 10 exist
+    events = run_all(sched, engine)
+    assert sched.counters.preemptions > 0
+    for i, p in enumerate(prompts):
+        assert tokens_of(events[i]) == reference_tokens(p, 12, VOCAB)
+        assert terminal(events[i]).finished.reason == tp.FINISH_REASON_LENGTH
+    assert engine.writes_to_shared == []
+    assert sched.pool.used_pages == 0
+
+
+def test_preemption_takes_the_newest_lowest_priority_request() -> None:
+    sched, engine = make(num_pages=6, page_tokens=4, slots=3)
+    sched.add(0, spec(prompt_of(0, 7), max_tokens=8))
+    sched.add(1, spec(prompt_of(1, 7), max_tokens=8))
+    # both prefilled together (2 pages each); the 3rd page of each fills the pool; the
+    # 4th page (position 12) of request 0 takes request 1's pages
+    steps = 0
+    while sched.counters.preemptions == 0 and steps < 20:
+        engine.step()
+        steps += 1
+    assert steps == 7 and sched.counters.preemptions == 1
+    assert sched.request(1).state.value == "waiting" and sched.request(0).state.value == "running"
+
+
+def test_cancel_frees_pages_and_ends_with_cancelled() -> None:  # spec: CACHE-23, HTTP-6
+    sched, engine = make()
+    sched.add(0, spec(prompt_of(0, 9), max_tokens=50))
+    sched.add(1, spec(prompt_of(1, 9), max_tokens=5))
+    for _ in range(3):
+        engine.step()
+    assert sched.pool.used_pages > 0
+    sched.cancel(0)
+    events = run_all(sched, engine)
+    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_CANCELLED
+    assert tokens_of(events[1]) == reference_tokens(prompt_of(1, 9), 5, VOCAB)
+    assert sched.pool.used_pages == 0 and sched.running == 0
+
+
+def test_prompt_beyond_capacity_is_rejected_and_others_go_on() -> None:  # spec: OWN-21, HTTP-21
+    sched, engine = make(context=32)
+    sched.add(0, spec(prompt_of(0, 5), max_tokens=4))
+    with pytest.raises(AdmissionRejected) as info:
+        sched.add(1, spec(prompt_of(1, 40)))
+    assert info.value.reason == tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
+    assert info.value.limit == 31 and info.value.requested == 40
+    events = run_all(sched, engine)
+    assert tokens_of(events[0]) == reference_tokens(prompt_of(0, 5), 4, VOCAB)
+
+
+def test_output_limit_is_clipped_to_the_context() -> None:
+    sched, engine = make(context=16)
+    sched.add(0, spec(prompt_of(0, 12), max_tokens=100))
+    events = run_all(sched, engine)
+    assert len(tokens_of(events[0])) == 4
+    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_LENGTH
+
+
+def test_queue_capacity_and_invalid_ids() -> None:  # spec: HTTP-5
+    sched, _ = make(queue=1)
+    sched.add(0, spec([1, 2]))
+    with pytest.raises(AdmissionRejected) as info:
+        sched.add(1, spec([1, 2]))
+    assert info.value.reason == tp.REJECTION_REASON_QUEUE_FULL
+    with pytest.raises(InvalidRequestError):
+        make()[0].add(2, spec([VOCAB + 5]))
+
+
+def test_token_stop_ends_the_request_with_its_match() -> None:  # spec: STOP-19, STOP-31
+    prompt = prompt_of(4, 6)
+    ref = reference_tokens(prompt, 10, VOCAB)
+    sched, engine = make()
+    sched.add(0, spec(prompt, max_tokens=10, stops=StopSettings(token_ids=(ref[3],))))
+    assert sched.host_stop_barrier
+    events = run_all(sched, engine)
+    fin = terminal(events[0]).finished
+    assert tokens_of(events[0]) == ref[:4]             # the crossing token is observed and counted
+    assert fin.reason == tp.FINISH_REASON_STOP_TOKEN and fin.usage.completion_tokens == 4
+    assert (fin.stop.kind, fin.stop.index, fin.stop.presented_tokens) == (tp.STOP_KIND_TOKEN_ID, 0, 3)
+    assert not sched.host_stop_barrier
+
+
+def test_token_sequence_stop() -> None:
+    prompt = prompt_of(5, 6)
+    ref = reference_tokens(prompt, 10, VOCAB)
+    sched, engine = make()
+    sched.add(0, spec(prompt, max_tokens=10,
+                      stops=StopSettings(token_sequences=((1, 2), (ref[2], ref[3])))))
+    events = run_all(sched, engine)
+    fin = terminal(events[0]).finished
+    assert (fin.stop.kind, fin.stop.index, fin.stop.presented_tokens) == (tp.STOP_KIND_TOKEN_SEQUENCE, 1, 2)
+
+
+def test_bad_completion_fails_its_lanes_only() -> None:  # spec: CACHE-13, CACHE-14, CACHE-15, CACHE-25
+    for field, value in (("token", VOCAB + 3), ("reserved_model", 0), ("generation", 99),
+                         ("consumed_tokens", 1), ("emitted", 0), ("accepted", 2), ("draft_cursor", 5)):
+        sched, engine = make()
+        sched.add(0, spec(prompt_of(0, 5), max_tokens=4))
+        engine.step()
+        sched.add(1, spec(prompt_of(1, 5), max_tokens=4))
+        engine.corrupt = {field: value}
+        published = sched.pool.counters.published
+        engine.step()                                  # request 0 decode + request 1 prefill fail
+        assert sched.pool.counters.published == published, field   # nothing of it published
+        sched.add(2, spec(prompt_of(2, 5), max_tokens=4))
+        events = run_all(sched, engine)
+        assert terminal(events[0]).WhichOneof("outcome") == "failed", field
+        assert terminal(events[1]).WhichOneof("outcome") == "failed", field
+        assert tokens_of(events[2]) == reference_tokens(prompt_of(2, 5), 4, VOCAB)
+        assert sched.pool.used_pages == 0
+
+
+def test_snapshot_restores_a_partial_page_at_the_exact_endpoint() -> None:  # spec: CACHE-19, CACHE-21, CACHE-22
+    sched, engine = make(page_tokens=4, snapshots=2)
+    turn1 = prompt_of(9, 10)                          # 2 complete pages + 2 partial tokens
+    sched.add(0, spec(turn1, max_tokens=3))
+    events = run_all(sched, engine)
+    assert sched.snapshots.published == 1
+    # the next turn continues turn 1's prompt but not its reply (e.g. a template that
+    # drops old reasoning): pages 0-1 match, the partial page comes from the snapshot
+    turn2 = turn1 + [11, 12, 13]
+    sched.add(1, spec(turn2, max_tokens=3))
+    plan = sched.schedule()
+    assert plan is not None and plan.restoration is not None
+    lane = plan.main.lanes[0]
+    assert lane.start == 10                           # pages 0-1 shared + 2 restored tokens
+    assert lane.restore is not None and lane.restore.tokens == 2
+    assert lane.request.pages[2] == lane.restore.page and not sched.pool.is_published(lane.restore.page)
+    sched.complete(plan, engine.run(plan))
+    events = run_all(sched, engine)
+    assert [e for e in engine.launched if e.startswith("restore")] == ["restore_b1"]
+    assert tokens_of(events[1]) == reference_tokens(turn2, 3, VOCAB)
+    assert terminal(events[1]).finished.usage.reused_prompt_tokens == 10
+    assert engine.writes_to_shared == []
+
+
+def test_snapshots_need_a_restoration_program() -> None:
+    sched, engine = make(page_tokens=4, snapshots=2, restoration=False)
+    sched.add(0, spec(prompt_of(9, 10), max_tokens=2))
+    run_all(sched, engine)
+    assert sched.snapshots.capacity == 0 and sched.snapshots.published == 0
+
+
+def test_initialization_program_runs_for_fresh_lanes() -> None:
+    sched, engine = make(initialization=True)
+    sched.add(0, spec(prompt_of(0, 5), max_tokens=3))
+    run_all(sched, engine)
+    assert engine.launched[:2] == ["init_b1", "prefill_b1_t16"]
+    assert "init_b1" not in engine.launched[2:]
+
+
+def test_priority_orders_admission() -> None:
+    sched, engine = make(slots=1)
+    sched.add(0, spec(prompt_of(0, 5), max_tokens=1))
+    sched.add(1, spec(prompt_of(1, 5), max_tokens=1, priority=5))
+    plan = sched.schedule()
+    assert plan is not None and plan.main.lanes[0].request.serial == 1
+
+
+def test_constrained_mix_is_counted_on_decode_steps() -> None:  # spec: MET-6, MET-7
+    sched, engine = make()
+    sched.add(0, spec(prompt_of(0, 5), max_tokens=4, constrained=True))
+    sched.add(1, spec(prompt_of(1, 5), max_tokens=4))
+    run_all(sched, engine)
+    assert sched.counters.mixed_grammar_decode_steps == 3   # 3 decode rounds after the prefill
+    assert sched.counters.launches[cp.OPERATION_DECODE] == 3
