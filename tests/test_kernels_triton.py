@@ -10,8 +10,10 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from ignition.kernels.interpret import run_interpreted  # noqa: E402
+from helios_backend.kernels import abi  # noqa: E402
+from ignition.kernels.interpret import Interpreter  # noqa: E402
 from ignition.kernels.library import KernelLibrary  # noqa: E402
+from ignition.kernels.specs import SPECS_BY_ID  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
@@ -63,7 +65,7 @@ def test_parameter_lists_match_the_abi_plus_two_scratch_pointers(library, module
 def test_geometry_block_and_shared_memory_come_from_the_cubin(library, modules):
     for _, module in modules:
         kernel = module.kernels[0]
-        args = [1] * len(library.signature(kernel.id))
+        args = [2] * len(library.signature(kernel.id))   # valid for every grid rule
         grid, block, shared = library.geometry(kernel.id, args)
         assert block == (32 * kernel.num_warps, 1, 1)
         assert shared == kernel.shared_bytes
@@ -76,3 +78,159 @@ def test_cached_cubins_are_reused_without_recompiling(library, modules, tmp_path
     again = KernelLibrary(cache_dir=library._cache.root).build_modules("sm_90a")
     assert [c for c, _ in again] == [c for c, _ in modules]
     assert {f: f.stat().st_mtime_ns for f in files} == stamps
+
+
+# ---------------------------------------------------------------------------------------------
+# interpreter conformance
+
+Array = np.ndarray | tuple[np.ndarray, int]     # a buffer, or (buffer, byte offset into it)
+
+
+def check_against_reference(library: KernelLibrary, interpreter: Interpreter, kernel_id: str,
+                            buffers: dict[str, Array], immediates: dict[str, int | float],
+                            atol: float = 0.0, rtol: float = 0.0) -> dict[str, np.ndarray]:
+    """Run `kernel_id` in the interpreter and its numpy reference on the same inputs; compare
+    every buffer the ABI says the kernel writes. Returns the interpreter's buffers by name.
+
+    Each pointer param gets its own buffer in one uint8 arena (the numpy executor's layout);
+    the reference receives flat views from the pointer to the end of its buffer, as abi.py
+    prescribes.
+    """
+    spec = abi.kernel(kernel_id)
+    regions, size = {}, 0
+    for param in spec.params:
+        if param.is_pointer:
+            array, offset = buffers[param.name] if isinstance(buffers[param.name], tuple) \
+                else (buffers[param.name], 0)
+            start = -(-size // 256) * 256
+            regions[param.name] = (start, np.ascontiguousarray(array), offset)
+            size = start + array.nbytes
+    arena = np.zeros(size + 256, np.uint8)
+    for start, array, _ in regions.values():
+        arena[start:start + array.nbytes] = array.reshape(-1).view(np.uint8)
+    args = [regions[p.name][0] + regions[p.name][2] if p.is_pointer else immediates[p.name]
+            for p in spec.params]
+    interpret(library, interpreter, kernel_id, arena, args)
+
+    expected = {name: array.reshape(-1).copy() for name, (_, array, _) in regions.items()}
+    reference_args = [expected[p.name][regions[p.name][2] // expected[p.name].itemsize:]
+                      if p.is_pointer else immediates[p.name] for p in spec.params]
+    spec.reference(*reference_args)
+
+    produced = {}
+    for name, (start, array, _) in regions.items():
+        produced[name] = arena[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    for param in spec.params:
+        if param.is_pointer and param.access is not abi.Access.READ:
+            got = produced[param.name].reshape(-1)
+            np.testing.assert_allclose(got, expected[param.name], atol=atol, rtol=rtol,
+                                       err_msg=f"{kernel_id}: {param.name}")
+    return produced
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    with Interpreter() as worker:
+        yield worker
+
+
+def interpret(library: KernelLibrary, interpreter: Interpreter, kernel_id: str,
+              arena: np.ndarray, args: list) -> None:
+    """Run one launch exactly as recorded: the library's grid, the ABI's argument order."""
+    spec = SPECS_BY_ID[kernel_id]
+    grid, _, _ = library.geometry(kernel_id, args)
+    interpreter.run(spec.module, spec.function, library.signature(kernel_id), grid, arena, args,
+                    spec.constexprs)
+
+
+# ---------------------------------------------------------------------------------------------
+# step bookkeeping
+
+RNG = np.random.default_rng(1234)
+
+
+def step_geometry(query_length: list[int], tokens: int) -> np.ndarray:
+    from helios_backend.kernels.state import geometry_words
+    from helios_backend.kernels.state import step_geometry as reference
+    rows = len(query_length)
+    geometry = np.zeros(geometry_words(rows, tokens), np.int32)
+    reference(geometry, np.array(query_length, np.int32), rows, tokens)
+    return geometry
+
+
+@pytest.mark.parametrize("query_length, tokens", [([3, 0, -1, 5, 1], 12), ([1] * 7, 8),
+                                                   ([0, 0], 4), ([130, 2], 140)])
+def test_step_geometry(library, interpreter, query_length, tokens):
+    from helios_backend.kernels.state import geometry_words
+    rows = len(query_length)
+    check_against_reference(library, interpreter, "step.geometry.v1", {
+        "geometry": np.full(geometry_words(rows, tokens), 77, np.int32),
+        "query_length": np.array(query_length, np.int32)}, {"rows": rows, "tokens": tokens})
+
+
+@pytest.mark.parametrize("prefill_row", [1, -1])
+def test_select_input_takes_prompt_tokens_for_the_prefill_row_only(library, interpreter,
+                                                                    prefill_row):
+    query_length, tokens = [1, 4, 1], 8
+    out = check_against_reference(library, interpreter, "tokens.select_input.v1", {
+        "ids": np.full(tokens, -5, np.int32),
+        "prompt_tokens": np.arange(100, 100 + tokens, dtype=np.int32),
+        "pending": np.array([7, 8, 9, 10], np.int32),
+        "row_slot": np.array([3, 0, 2], np.int32),
+        "prefill_row": np.array([prefill_row], np.int32),
+        "geometry": step_geometry(query_length, tokens)}, {"rows": 3, "tokens": tokens})
+    assert (out["ids"][6:] == -5).all()                  # past the live tokens: untouched
+
+
+def test_embedding_gather(library, interpreter):
+    vocab, dim, tokens = 50, 200, 20
+    check_against_reference(library, interpreter, "embedding.gather.v1", {
+        "hidden": np.full((tokens, dim), 3.0, np.float32),
+        "table": RNG.standard_normal((vocab, dim)).astype(np.float16),
+        "ids": RNG.integers(0, vocab, tokens).astype(np.int32),
+        "geometry": step_geometry([5, 12], tokens)}, {"tokens": tokens, "dim": dim})
+
+
+# ---------------------------------------------------------------------------------------------
+# dense layers
+
+def _normed_inputs(tokens: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    hidden = RNG.standard_normal((tokens, dim)).astype(np.float32) * 3
+    norm_weight = (1 + 0.2 * RNG.standard_normal(dim)).astype(np.float16)
+    return hidden, norm_weight
+
+
+def _weight(out_dim: int, in_dim: int) -> np.ndarray:
+    return (RNG.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float16)
+
+
+def test_linear_residual(library, interpreter):
+    tokens, in_dim, out_dim = 20, 96, 70
+    check_against_reference(library, interpreter, "linear.residual.v1", {
+        "hidden": RNG.standard_normal((tokens, out_dim)).astype(np.float32),
+        "x": RNG.standard_normal((tokens, in_dim)).astype(np.float32),
+        "weight": _weight(out_dim, in_dim),
+        "geometry": step_geometry([16, 1], tokens)},
+        {"tokens": tokens, "in_dim": in_dim, "out_dim": out_dim}, atol=2e-2, rtol=1e-2)
+
+
+def test_norm_gate_up_silu(library, interpreter):
+    tokens, dim, ffn = 18, 96, 40
+    hidden, norm_weight = _normed_inputs(tokens, dim)
+    check_against_reference(library, interpreter, "mlp.norm_gate_up_silu.v1", {
+        "out": np.full((tokens, ffn), 9.0, np.float32), "hidden": hidden,
+        "norm_weight": norm_weight, "gate_up": _weight(2 * ffn, dim),
+        "geometry": step_geometry([17], tokens)},
+        {"tokens": tokens, "dim": dim, "ffn_dim": ffn, "eps": 1e-5}, atol=2e-2, rtol=1e-2)
+
+
+def test_norm_head_reads_each_rows_last_token(library, interpreter):
+    rows, tokens, dim, vocab = 4, 9, 64, 300
+    hidden, norm_weight = _normed_inputs(tokens, dim)
+    out = check_against_reference(library, interpreter, "logits.norm_head.v1", {
+        "logits": np.full((rows, vocab), 5.0, np.float32), "hidden": hidden,
+        "norm_weight": norm_weight, "head": _weight(vocab, dim),
+        "geometry": step_geometry([3, 0, 5, 1], tokens)},
+        {"rows": rows, "tokens": tokens, "dim": dim, "vocab": vocab, "eps": 1e-5},
+        atol=2e-2, rtol=1e-2)
+    assert (out["logits"][1] == 0).all()

@@ -3,42 +3,27 @@
 Test/oracle support only: the serving path never interprets. Pointer arguments are byte
 offsets into one uint8 numpy arena (the numpy executor's convention), turned into typed raw
 addresses; immediates are wrapped in the exact scalar types of the compiled signature, so the
-interpreter sees the same ABI as the cubin. The source module is loaded a second time with
-the interpreter switched on (triton.jit decides at decoration time), and PDL is off
-(griddepcontrol has no interpreter form).
+interpreter sees the same ABI as the cubin. PDL is off (griddepcontrol has no interpreter form).
 
+Triton decides at import time whether its own library functions (tl.zeros, ...) are
+interpreted, so kernels run in a spawned worker process whose environment has
+TRITON_INTERPRET=1 before triton is imported; the caller's process stays in compile mode.
 Relies on triton.runtime.interpreter internals (checked against triton 3.9).
 """
 from __future__ import annotations
 
-import importlib.util
-from types import ModuleType
+import importlib
+import os
+import pickle
+import subprocess
+import sys
+import traceback
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ignition.kernels import compiler
-from ignition.kernels.specs import SPECS_BY_ID, Grid
-
 _SCALARS = {"i32": np.int32, "i64": np.int64, "u64": np.uint64, "fp32": np.float32,
             "u32": np.uint32}
-_interpreted_modules: dict[str, ModuleType] = {}
-
-
-def _interpreted_module(name: str) -> ModuleType:
-    from triton import knobs
-    if name not in _interpreted_modules:
-        spec = importlib.util.find_spec(f"{compiler.SOURCE_PACKAGE}.{name}")
-        loader_spec = importlib.util.spec_from_file_location(f"_interpreted_{name}", spec.origin)
-        module = importlib.util.module_from_spec(loader_spec)
-        previous = knobs.runtime.interpret
-        knobs.runtime.interpret = True
-        try:
-            loader_spec.loader.exec_module(module)
-        finally:
-            knobs.runtime.interpret = previous
-        _interpreted_modules[name] = module
-    return _interpreted_modules[name]
 
 
 def _wrap(triton_type: str, value, arena: np.ndarray):
@@ -52,17 +37,17 @@ def _wrap(triton_type: str, value, arena: np.ndarray):
     return tl.tensor(TensorHandle(np.array([value], _SCALARS[triton_type]), ty), ty)
 
 
-def run_interpreted(kernel_id: str, signature: Sequence[tuple[str, str]], grid: Grid,
-                    arena: np.ndarray, args: Sequence, constexprs: Mapping[str, int] | None = None,
-                    ) -> None:
-    """Launch `kernel_id` on `grid` with ABI-ordered args (pointers = arena byte offsets)."""
+def _run_in_worker(module: str, function: str, signature: Sequence[tuple[str, str]],
+                   grid: tuple[int, int, int], arena: np.ndarray, args: Sequence,
+                   constexprs: Mapping[str, int]) -> np.ndarray:
     from triton.runtime import interpreter
-    if arena.dtype != np.uint8 or not arena.flags.c_contiguous:
-        raise ValueError("arena must be a contiguous uint8 array")
-    spec = SPECS_BY_ID[kernel_id]
-    fn = getattr(_interpreted_module(spec.module), spec.function).rewrite()
+    from ignition.kernels.compiler import SOURCE_PACKAGE
+    kernel = getattr(importlib.import_module(f"{SOURCE_PACKAGE}.{module}"), function)
+    if not isinstance(kernel, interpreter.InterpretedFunction):
+        raise RuntimeError("worker was not started with TRITON_INTERPRET=1")
+    fn = kernel.rewrite()
     kwargs = {name: _wrap(kind, value, arena) for (name, kind), value in zip(signature, args)}
-    kwargs.update(constexprs if constexprs is not None else spec.constexprs)
+    kwargs.update(constexprs)
     kwargs["PDL"] = False
     scope = interpreter._patch_lang(fn)
     try:
@@ -74,3 +59,67 @@ def run_interpreted(kernel_id: str, signature: Sequence[tuple[str, str]], grid: 
                     fn(**kwargs)
     finally:
         scope.restore()
+    return arena
+
+
+class InterpreterError(RuntimeError):
+    """A kernel failed inside the interpreter worker; carries the worker's traceback."""
+
+
+class Interpreter:
+    """One interpreter worker process; use as a context manager (closes the worker).
+
+    Requests and replies are pickles over the worker's stdin/stdout.
+    """
+
+    def __init__(self) -> None:
+        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(sys.path))
+        self._worker = subprocess.Popen([sys.executable, "-m", __name__],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+    def __enter__(self) -> "Interpreter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._worker.poll() is None:
+            self._worker.stdin.close()
+            self._worker.wait(timeout=60)
+
+    def run(self, module: str, function: str, signature: Sequence[tuple[str, str]],
+            grid: tuple[int, int, int], arena: np.ndarray, args: Sequence,
+            constexprs: Mapping[str, int]) -> None:
+        """Launch a kernel on `grid`; `arena` (contiguous uint8) is updated in place."""
+        if arena.dtype != np.uint8 or not arena.flags.c_contiguous:
+            raise ValueError("arena must be a contiguous uint8 array")
+        request = (module, function, tuple(signature), tuple(grid), arena, tuple(args),
+                   dict(constexprs))
+        pickle.dump(request, self._worker.stdin)
+        self._worker.stdin.flush()
+        status, payload = pickle.load(self._worker.stdout)
+        if status != "ok":
+            raise InterpreterError(payload)
+        arena[...] = payload
+
+
+def _serve() -> None:
+    """Worker loop: requests on stdin, replies on the real stdout (print goes to stderr)."""
+    requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    while True:
+        try:
+            request = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            reply = ("ok", _run_in_worker(*request))
+        except Exception:
+            reply = ("error", traceback.format_exc())
+        pickle.dump(reply, replies)
+        replies.flush()
+
+
+if __name__ == "__main__":
+    _serve()

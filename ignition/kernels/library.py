@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable, Sequence
 
+from helios_backend.kernels import abi
 from helios_proto import manifest_pb2
 
 from ignition.kernels import compiler
@@ -23,16 +24,6 @@ from ignition.kernels.specs import KERNEL_SPECS, SPECS_BY_ID, Grid, KernelSpec
 
 Geometry = tuple[Grid, tuple[int, int, int], int]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "helios" / "kernels"
-
-_PARAM_KINDS = {"i32": manifest_pb2.PARAM_KIND_I32, "i64": manifest_pb2.PARAM_KIND_I64,
-                "fp32": manifest_pb2.PARAM_KIND_F32, "u64": manifest_pb2.PARAM_KIND_U64}
-
-
-def param_kind(triton_type: str) -> int:
-    if triton_type.startswith("*"):
-        return manifest_pb2.PARAM_KIND_POINTER
-    return _PARAM_KINDS[triton_type]
-
 
 def capability_of(arch: str) -> int:
     """"sm_90a" -> 90. Only arch-specific ("a") Hopper+ targets are produced by Triton."""
@@ -90,7 +81,7 @@ class KernelLibrary:
         for kernel_id, kernel in self.compile(arch, progress).items():
             entry = manifest_pb2.Kernel(
                 id=kernel_id, symbol=kernel.symbol,
-                params=[param_kind(t) for _, t in self.signature(kernel_id)],
+                params=[p.kind for p in abi.kernel(kernel_id).params],
                 shared_bytes=kernel.shared_bytes, num_warps=kernel.num_warps,
                 trailing_null_pointers=kernel.trailing_null_pointers,
                 programmatic_dependent_launch=kernel.pdl)

@@ -1,23 +1,20 @@
-"""Kernel parameter lists (name, Triton type) in ABI order.
-
-PROVISIONAL until helios_backend/kernels/abi.py lands; then derived from it.
-"""
+"""Kernel parameter lists (name, Triton type) in ABI order, derived from the ABI table
+(helios_backend/kernels/abi.py), which is the single source of truth."""
 from __future__ import annotations
 
-_PROVISIONAL: dict[str, tuple[tuple[str, str], ...]] = {
-    "rmsnorm_matmul": (("x", "*fp32"), ("norm_weight", "*fp16"), ("weight", "*fp16"),
-                       ("out", "*fp16"), ("M", "i32"), ("N", "i32"), ("K", "i32"),
-                       ("eps", "fp32")),
-    "matmul_residual": (("x", "*fp16"), ("weight", "*fp16"), ("residual", "*fp32"),
-                        ("M", "i32"), ("N", "i32"), ("K", "i32")),
-    "rmsnorm_matmul_swiglu": (("x", "*fp32"), ("norm_weight", "*fp16"), ("weight", "*fp16"),
-                              ("out", "*fp16"), ("M", "i32"), ("F", "i32"), ("K", "i32"),
-                              ("eps", "fp32")),
-    "rmsnorm_logits": (("x", "*fp32"), ("row_token", "*i32"), ("norm_weight", "*fp16"),
-                       ("weight", "*fp16"), ("logits", "*fp32"), ("B", "i32"), ("V", "i32"),
-                       ("K", "i32"), ("eps", "fp32")),
-}
+from helios_backend.kernels import abi
+from helios_proto import contract_pb2
+
+_POINTEE = {contract_pb2.DTYPE_F16: "*fp16", contract_pb2.DTYPE_F32: "*fp32",
+            contract_pb2.DTYPE_I32: "*i32", contract_pb2.DTYPE_U32: "*u32"}
+_SCALAR = {abi.I32: "i32", abi.I64: "i64", abi.F32: "fp32"}
+
+
+def triton_type(param: abi.Param) -> str:
+    if param.is_pointer:
+        return _POINTEE[param.dtype]
+    return _SCALAR[param.kind]
 
 
 def triton_signature(kernel_id: str) -> tuple[tuple[str, str], ...]:
-    return _PROVISIONAL[kernel_id]
+    return tuple((p.name, triton_type(p)) for p in abi.kernel(kernel_id).params)

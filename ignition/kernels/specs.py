@@ -1,8 +1,10 @@
-"""The kernel table: for each kernel id, its Triton source, tile sizes and launch grid.
+"""The kernel table: for each ABI kernel id, its Triton source, tile sizes and launch grid.
 
-Tile sizes are constexprs fixed at preparation; everything shape-like arrives at launch as
-an immediate, so one cubin serves every capacity variant. `grid` maps the launch's named
-immediates (ABI parameter name -> value) to the CUDA grid; the block is 32 * num_warps.
+Tile sizes are constexprs fixed at preparation; everything shape-like arrives at launch as an
+immediate, so one cubin serves every capacity variant. `grid` maps the launch's immediates
+(ABI parameter name -> value) and the spec's constexprs to the CUDA grid; the block is
+32 * num_warps threads. Grids depend only on immediates (capacities), never on live counts:
+programs past the live work exit early, which keeps every launch graph-replayable.
 """
 from __future__ import annotations
 
@@ -11,44 +13,88 @@ from typing import Callable, Mapping
 
 Grid = tuple[int, int, int]
 Immediates = Mapping[str, int | float]
+GridFunction = Callable[[Immediates, Mapping[str, int]], Grid]
+
+
+class GeometryError(ValueError):
+    """A launch's immediates exceed what the compiled tile configuration supports."""
 
 
 def cdiv(a: int, b: int) -> int:
-    return -(-int(a) // b)
+    return -(-int(a) // int(b))
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
-    kernel_id: str
+    kernel_id: str                                # ABI id (helios_backend/kernels/abi.py)
     module: str                                   # ignition.kernels.triton.<module>
-    function: str                                 # @triton.jit function (cubin symbol)
-    constexprs: Mapping[str, int]                 # tile sizes; PDL is appended by the compiler
-    grid: Callable[[Immediates, Mapping[str, int]], Grid]   # (immediates, constexprs) -> grid
+    function: str                                 # @triton.jit function = cubin symbol
+    constexprs: Mapping[str, int]                 # tile sizes; PDL is appended by the library
+    grid: GridFunction
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 2
 
 
-def _tiles_over_n_and_m(n_name: str, m_name: str) -> Callable[[Immediates, Mapping[str, int]], Grid]:
-    """Grid of [BLOCK_M, BLOCK_N] output tiles: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1)."""
-    def grid(args: Immediates, c: Mapping[str, int]) -> Grid:
-        return (cdiv(args[n_name], c["BLOCK_N"]), cdiv(args[m_name], c["BLOCK_M"]), 1)
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise GeometryError(message)
+
+
+def _token_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["tokens"], c["BLOCK_T"]), 1, 1)
+
+
+def _step_geometry(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return _token_tiles(a, c)
+
+
+def _gemm(n_name: str, m_name: str) -> GridFunction:
+    """[BLOCK_M, BLOCK_N] output tiles: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        return (cdiv(a[n_name], c["BLOCK_N"]), cdiv(a[m_name], c["BLOCK_M"]), 1)
     return grid
 
 
-# Small-N projections (N <= a few thousand) use narrow tiles so decode spreads over more SMs;
+def _qkv_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["head_dim"] % 2 == 0, "head_dim must be even for RoPE")
+    heads = a["q_heads"] + 2 * a["kv_heads"]
+    return (heads * cdiv(a["head_dim"] // 2, c["BLOCK_P"]), cdiv(a["tokens"], c["BLOCK_M"]), 1)
+
+
+def _paged_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
+    group = a["q_heads"] // a["kv_heads"]
+    _require(a["q_heads"] % a["kv_heads"] == 0, "q_heads must be a multiple of kv_heads")
+    _require(group <= c["BLOCK_M"], f"GQA group {group} > BLOCK_M {c['BLOCK_M']}")
+    _require(a["head_dim"] <= c["BLOCK_D"], f"head_dim {a['head_dim']} > BLOCK_D {c['BLOCK_D']}")
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    # every row may leave one partial query block: blocks <= cdiv(tokens, per_block) + rows
+    per_block = c["BLOCK_M"] // group
+    return (cdiv(a["tokens"], per_block) + a["rows"], a["kv_heads"], 1)
+
+
+# Projections with N <= a few thousand use narrow tiles so decode spreads over more SMs;
 # the LM head (N = vocabulary) uses wide ones.
 _NARROW = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}
 _WIDE = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}
 
 KERNEL_SPECS: tuple[KernelSpec, ...] = (
-    KernelSpec("rmsnorm_matmul", "matmul", "rmsnorm_matmul", _NARROW,
-               _tiles_over_n_and_m("N", "M")),
-    KernelSpec("matmul_residual", "matmul", "matmul_residual", _NARROW,
-               _tiles_over_n_and_m("N", "M")),
-    KernelSpec("rmsnorm_matmul_swiglu", "matmul", "rmsnorm_matmul_swiglu", _NARROW,
-               _tiles_over_n_and_m("F", "M")),
-    KernelSpec("rmsnorm_logits", "matmul", "rmsnorm_logits", _WIDE,
-               _tiles_over_n_and_m("V", "B"), num_warps=8),
+    KernelSpec("step.geometry.v1", "tokens", "step_geometry",
+               {"BLOCK_T": 128, "MAX_ROWS": 256}, _step_geometry),
+    KernelSpec("tokens.select_input.v1", "tokens", "select_input_ids",
+               {"BLOCK_T": 256}, _token_tiles),
+    KernelSpec("embedding.gather.v1", "tokens", "embed_tokens",
+               {"BLOCK_T": 16, "BLOCK_D": 128}, _token_tiles),
+    KernelSpec("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
+               {"BLOCK_M": 16, "BLOCK_P": 32, "BLOCK_K": 64}, _qkv_rope_store),
+    KernelSpec("attention.paged.v1", "attention", "paged_attention",
+               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention),
+    KernelSpec("linear.residual.v1", "matmul", "linear_residual", _NARROW,
+               _gemm("out_dim", "tokens")),
+    KernelSpec("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _NARROW,
+               _gemm("ffn_dim", "tokens")),
+    KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _WIDE,
+               _gemm("vocab", "rows"), num_warps=8),
 )
 
 SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}

@@ -1,0 +1,179 @@
+"""Attention: fused norm + QKV projection + RoPE + paged cache write, and paged causal GQA.
+
+Cache plane (one for keys, one for values; drawn in helios_backend/kernels/attention.py):
+    element (page p, token slot i, kv head h, dim d) = p * page_stride + (i * kv_heads + h) * head_dim + d
+    page_table[slot * pages_per_row + j] holds positions [j * page_tokens, (j + 1) * page_tokens)
+q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_heads // kv_heads).
+"""
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
+# any other value: ROPE_HALF_PAIRS (i, i + head_dim / 2): NeoX / Hugging Face order
+
+
+@triton.jit
+def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
+                   positions, page_table, row_slot, geometry,
+                   tokens, dim, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                   page_stride, eps, rope_pairing,
+                   BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr):
+    """rms_norm -> [q | k | v] projection -> RoPE(q, k) -> q_out, k and v into their pages.
+
+    Grid ((q_heads + 2 kv_heads) * cdiv(head_dim / 2, BLOCK_P), cdiv(tokens, BLOCK_M)).
+    A program owns BLOCK_P rotation pairs of one head for BLOCK_M tokens: it multiplies the
+    normed rows by the weight rows of the pairs' first and second dims (two [BLOCK_M, BLOCK_P]
+    accumulators), so the rotation needs no data exchange. v heads use the same path unrotated.
+    qkv_weight f16 [(q_heads + 2 kv_heads) * head_dim, dim]; rope_table f32 [pos, head_dim/2, 2].
+    """
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    n = tl.load(geometry)
+    if tl.program_id(1) * BLOCK_M < n:
+        half = head_dim // 2
+        chunks = tl.cdiv(half, BLOCK_P)
+        head = tl.program_id(0) // chunks
+        pair = (tl.program_id(0) % chunks) * BLOCK_P + tl.arange(0, BLOCK_P)
+        pair_mask = pair < half
+        if rope_pairing == ROPE_ADJACENT_PAIRS:
+            first = 2 * pair
+            second = 2 * pair + 1
+        else:
+            first = pair
+            second = pair + half
+        t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        live = t < n
+        rstd = _row_rstd(hidden, t, live, dim, eps, BLOCK_M, BLOCK_K)
+        acc_first = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        acc_second = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        for k0 in range(0, dim, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = k < dim
+            x = tl.load(hidden + t[:, None] * dim + k[None, :],
+                        mask=live[:, None] & k_mask[None, :], other=0.0)
+            g = tl.load(norm_weight + k, mask=k_mask, other=0.0).to(tl.float32)
+            a = (x * rstd[:, None] * g[None, :]).to(tl.float16)
+            w_mask = pair_mask[None, :] & k_mask[:, None]
+            w_first = tl.load(qkv_weight + (head * head_dim + first)[None, :] * dim + k[:, None],
+                              mask=w_mask, other=0.0)
+            w_second = tl.load(qkv_weight + (head * head_dim + second)[None, :] * dim + k[:, None],
+                               mask=w_mask, other=0.0)
+            acc_first = tl.dot(a, w_first, acc_first)
+            acc_second = tl.dot(a, w_second, acc_second)
+        pos = tl.load(positions + t, mask=live, other=0)
+        mask = live[:, None] & pair_mask[None, :]
+        if head < q_heads + kv_heads:
+            cs = rope_table + (pos[:, None] * half + pair[None, :]) * 2
+            cos = tl.load(cs, mask=mask, other=1.0)
+            sin = tl.load(cs + 1, mask=mask, other=0.0)
+            out_first = acc_first * cos - acc_second * sin
+            out_second = acc_first * sin + acc_second * cos
+        else:
+            out_first = acc_first
+            out_second = acc_second
+        if head < q_heads:
+            q_row = q_out + t[:, None] * (q_heads * head_dim) + head * head_dim
+            tl.store(q_row + first[None, :], out_first, mask=mask)
+            tl.store(q_row + second[None, :], out_second, mask=mask)
+        else:
+            kv_head = head - q_heads
+            plane = k_cache
+            if kv_head >= kv_heads:
+                kv_head -= kv_heads
+                plane = v_cache
+            row = tl.load(geometry + 1 + t, mask=live, other=0)
+            slot = tl.load(row_slot + row, mask=live, other=0)
+            page = tl.load(page_table + slot * pages_per_row + pos // page_tokens, mask=live, other=0)
+            base = (page.to(tl.int64) * page_stride
+                    + ((pos % page_tokens) * kv_heads + kv_head) * head_dim)
+            tl.store(plane + base[:, None] + first[None, :], out_first.to(tl.float16), mask=mask)
+            tl.store(plane + base[:, None] + second[None, :], out_second.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def _row_rstd(x_ptr, rows, row_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) for BLOCK_M rows of an f32 [*, K] matrix -> f32 [BLOCK_M]."""
+    cols = tl.arange(0, BLOCK_K)
+    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + cols
+        x = tl.load(x_ptr + rows[:, None] * K + k[None, :],
+                    mask=row_mask[:, None] & (k[None, :] < K), other=0.0)
+        sum_sq += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                    rows, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                    page_stride, scale,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    MAX_ROWS: tl.constexpr, PDL: tl.constexpr):
+    """Causal GQA of each row's packed queries over its paged history (flash-style, online softmax).
+
+    Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads), group = q_heads // kv_heads.
+    A program takes up to BLOCK_M // group consecutive queries of one row and the `group`
+    query heads sharing one kv head: BLOCK_M query rows (token-major, head-minor) against one
+    stream of keys, so decode (1 query) and prefill chunks use the same kernel. Program p
+    finds its (row, query block) from the rows' block counts; the grid bound covers the worst
+    split of tokens among rows, and surplus programs exit at once.
+    Keys/values are gathered per key through the page table, so any page_tokens works.
+    """
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    group = q_heads // kv_heads
+    per_block = BLOCK_M // group
+    r = tl.arange(0, MAX_ROWS)
+    r_mask = r < rows
+    starts = tl.load(geometry + 1 + tokens + r, mask=r_mask, other=0)
+    ends = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
+    blocks = (ends - starts + per_block - 1) // per_block
+    block_ends = tl.cumsum(blocks, axis=0)
+    pid = tl.program_id(0)
+    row = tl.sum((tl.where(r_mask, block_ends, 0x7FFFFFFF) <= pid).to(tl.int32), axis=0)
+    if row < rows:
+        this = r == row
+        end = tl.sum(tl.where(this, ends, 0), axis=0)
+        first = (tl.sum(tl.where(this, starts, 0), axis=0)
+                 + (pid - tl.sum(tl.where(this, block_ends - blocks, 0), axis=0)) * per_block)
+        kv_head = tl.program_id(1)
+        m_idx = tl.arange(0, BLOCK_M)
+        tok = first + m_idx // group
+        valid = (m_idx < per_block * group) & (tok < end)
+        head = kv_head * group + m_idx % group
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < head_dim
+        q_offset = tok[:, None] * (q_heads * head_dim) + head[:, None] * head_dim + d[None, :]
+        q_tile = tl.load(q + q_offset, mask=valid[:, None] & d_mask[None, :], other=0.0)
+        q_tile = q_tile.to(tl.float16)
+        q_pos = tl.load(positions + tok, mask=valid, other=-1)
+        context = tl.max(q_pos, axis=0) + 1
+        slot = tl.load(row_slot + row)
+        table = page_table + slot * pages_per_row
+        m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for k0 in range(0, context, BLOCK_N):
+            k_pos = k0 + tl.arange(0, BLOCK_N)
+            k_valid = k_pos < context
+            page = tl.load(table + k_pos // page_tokens, mask=k_valid, other=0)
+            base = (page.to(tl.int64) * page_stride
+                    + ((k_pos % page_tokens) * kv_heads + kv_head) * head_dim)
+            kv_mask = k_valid[:, None] & d_mask[None, :]
+            keys = tl.load(k_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            values = tl.load(v_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            scores = tl.dot(q_tile, tl.trans(keys)) * scale
+            causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+            scores = tl.where(causal, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), values)
+            m_i = m_new
+        result = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out + q_offset, result, mask=valid[:, None] & d_mask[None, :])
