@@ -20,13 +20,16 @@ from helios_backend.scheduler.completion import CompletionFormat, CompletionRows
 from helios_backend.scheduler.plan import PENDING_TOKEN, RoundPlan, Submission, Variant
 from helios_backend.scheduler.scheduler import Scheduler
 
-ROW_FIELDS = ("slot", "generation", "token", "consumed_tokens", "draft_cursor", "reserved_model",
-              "accepted", "emitted", "finish", "logprob")
+# the engine's layout (helios_backend/kernels/state.py) plus frame and accepted, which the
+# validation checks when a layout declares them
+HEADER_FIELDS = ("sequence", "live_rows", "operation", "rows", "frame")
+ROW_FIELDS = ("slot", "generation", "token", "consumed", "emitted", "finish", "draft_cursor",
+              "reserved_model", "accepted")
 
 
 def completion_layout(rows: int) -> mp.CompletionLayout:
-    layout = mp.CompletionLayout(header_words=4, row_words=len(ROW_FIELDS), rows=rows)
-    for i, name in enumerate(("sequence", "frame", "rows", "status")):
+    layout = mp.CompletionLayout(header_words=len(HEADER_FIELDS), row_words=len(ROW_FIELDS), rows=rows)
+    for i, name in enumerate(HEADER_FIELDS):
         layout.header.add(name=name, word=i, words=1, dtype=8)
     for i, name in enumerate(ROW_FIELDS):
         layout.row.add(name=name, word=i, words=1, dtype=8)
@@ -105,18 +108,27 @@ class SimulatedEngine:
 
     def _execute(self, sub: Submission) -> np.ndarray:
         words = np.zeros(self.fmt.nwords, dtype=np.int32)
-        words[:4] = (sub.sequence, sub.frame, len(sub.lanes), 0)
+        words[:len(HEADER_FIELDS)] = (sub.sequence, len(sub.lanes), sub.operation, sub.variant.rows, sub.frame)
         pool = self.scheduler.pool
+        # the recorded programs' input rules (ignition/preparation/contract.py): DECODE reads
+        # every row's pending token, PREFILL none, MIXED all but its one prefill row
+        host_fed = [lane for lane in sub.lanes if PENDING_TOKEN not in lane.tokens]
+        if sub.operation == cp.OPERATION_DECODE:
+            assert not host_fed, "DECODE rows read the device-owned pending token"
+        elif sub.operation == cp.OPERATION_PREFILL:
+            assert len(host_fed) == len(sub.lanes), "PREFILL reads host tokens only"
+        elif sub.operation == cp.OPERATION_MIXED:
+            assert len(host_fed) == 1, "MIXED has exactly one prefill row"
         for i, lane in enumerate(sub.lanes):
             row = np.zeros(len(ROW_FIELDS), dtype=np.int32)
-            row[:] = (lane.slot, lane.generation, -1, lane.end, -1, -1, 0, 0, 0, 0)
+            row[:] = (lane.slot, lane.generation, -1, lane.end, 0, 0, -1, -1, 0)
             table = lane.page_table
             if sub.operation == cp.OPERATION_RESTORATION:
                 r = lane.restore
                 self.cache[r.page, :r.tokens] = self.continuation[r.source_row, :r.tokens]
                 row[3] = lane.start
             elif sub.operation == cp.OPERATION_INITIALIZATION:
-                row[3] = lane.start
+                row[3] = 0
             else:
                 for j, tok in enumerate(lane.tokens):
                     pos = lane.start + j
@@ -130,14 +142,14 @@ class SimulatedEngine:
                     history = [int(self.cache[table[p // self.pt], p % self.pt]) for p in range(lane.end)]
                     tok = next_token(history, self.vocab)
                     self.pending[lane.slot] = tok
-                    row[2], row[7] = tok, 1
+                    row[2], row[4] = tok, 1
                 if lane.snapshot_row >= 0:
                     n = lane.end % self.pt
                     self.continuation[lane.snapshot_row, :n] = self.cache[table[lane.end // self.pt], :n]
             if self.corrupt and sub.operation not in (cp.OPERATION_RESTORATION, cp.OPERATION_INITIALIZATION):
                 for name, value in self.corrupt.items():
                     row[ROW_FIELDS.index(name)] = value
-            start = 4 + i * len(ROW_FIELDS)
+            start = len(HEADER_FIELDS) + i * len(ROW_FIELDS)
             words[start:start + len(ROW_FIELDS)] = row
         if self.corrupt and sub.operation not in (cp.OPERATION_RESTORATION, cp.OPERATION_INITIALIZATION):
             self.corrupt = None

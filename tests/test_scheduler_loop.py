@@ -233,7 +233,7 @@ def test_token_sequence_stop() -> None:
 
 def test_bad_completion_fails_its_lanes_only() -> None:  # spec: CACHE-13, CACHE-14, CACHE-15, CACHE-25
     for field, value in (("token", VOCAB + 3), ("reserved_model", 0), ("generation", 99),
-                         ("consumed_tokens", 1), ("emitted", 0), ("accepted", 2), ("draft_cursor", 5)):
+                         ("consumed", 1), ("emitted", 0), ("accepted", 2), ("draft_cursor", 5)):
         sched, engine = make()
         sched.add(0, spec(prompt_of(0, 5), max_tokens=4))
         engine.step()

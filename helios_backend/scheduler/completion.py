@@ -2,9 +2,11 @@
 
 Words (int32; f32 fields are raw bits):
 
-    header: [sequence, frame, rows, status, ...]            header_words
-    row i : [slot, generation, token, consumed_tokens, draft_cursor, reserved_model,
-             accepted, emitted, finish, logprob, top_ids[k], top_logprobs[k], ...]
+    header: [sequence, live_rows, operation, rows]           (kernels/state.py)
+    row i : [slot, generation, token, consumed, emitted, finish, draft_cursor, reserved_model]
+
+plus optional fields a layout may declare (frame, status, accepted, logprob, top-k);
+fields are found by name, so the word order is the manifest's business.
 
 The scheduler trusts nothing in them: before any lane is retired it checks the
 sequence and frame (submission order, CACHE-16), the row count, and per row the slot
@@ -24,11 +26,28 @@ from helios_proto import manifest_pb2 as mp
 from helios_backend.scheduler.errors import CompletionMismatch, ConfigurationError
 from helios_backend.scheduler.plan import Submission
 
-HEADER_FIELDS = ("sequence", "frame", "rows", "status")
-ROW_FIELDS = ("slot", "generation", "token", "consumed_tokens", "draft_cursor",
-              "reserved_model", "accepted", "emitted", "finish")
-OPTIONAL_ROW_FIELDS = ("logprob", "top_ids", "top_logprobs")
+# Role -> accepted layout names (first present wins). Required roles must be declared.
+HEADER_NAMES = {"sequence": ("sequence",), "live_rows": ("live_rows", "rows"),
+                "frame": ("frame",), "status": ("status",), "operation": ("operation",)}
+REQUIRED_HEADER = ("sequence", "live_rows")
+ROW_NAMES = {"slot": ("slot",), "generation": ("generation",), "token": ("token",),
+             "consumed": ("consumed", "consumed_tokens"), "emitted": ("emitted",),
+             "finish": ("finish",), "draft_cursor": ("draft_cursor",),
+             "reserved_model": ("reserved_model",), "accepted": ("accepted",),
+             "logprob": ("logprob",), "top_ids": ("top_ids",), "top_logprobs": ("top_logprobs",)}
+REQUIRED_ROW = ("slot", "generation", "token", "consumed", "emitted", "finish", "draft_cursor",
+                "reserved_model")
 STATUS_OK = 0
+
+
+def _resolve(fields: dict[str, int], names: dict[str, tuple[str, ...]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for role, aliases in names.items():
+        for alias in aliases:
+            if alias in fields:
+                out[role] = fields[alias]
+                break
+    return out
 
 
 @dataclass(frozen=True)
@@ -37,23 +56,18 @@ class CompletionFormat:
     header_words: int
     row_words: int
     capacity: int
-    header: dict[str, int]
+    header: dict[str, int]               # role -> word
     row: dict[str, int]
     top_k: int
-    logprob_word: int                   # -1 when not recorded
-    top_ids_word: int
-    top_logprobs_word: int
 
     @classmethod
     def from_layout(cls, layout: mp.CompletionLayout) -> "CompletionFormat":
-        header = {f.name: f.word for f in layout.header}
-        row = {f.name: f.word for f in layout.row}
-        missing = [n for n in HEADER_FIELDS if n not in header] + [n for n in ROW_FIELDS if n not in row]
+        header = _resolve({f.name: f.word for f in layout.header}, HEADER_NAMES)
+        row = _resolve({f.name: f.word for f in layout.row}, ROW_NAMES)
+        missing = [n for n in REQUIRED_HEADER if n not in header] + [n for n in REQUIRED_ROW if n not in row]
         if missing:
             raise ConfigurationError(f"completion layout lacks fields {missing}")
-        return cls(layout.header_words, layout.row_words, layout.rows, header, row,
-                   layout.top_logprobs, row.get("logprob", -1), row.get("top_ids", -1),
-                   row.get("top_logprobs", -1))
+        return cls(layout.header_words, layout.row_words, layout.rows, header, row, layout.top_logprobs)
 
     @property
     def nwords(self) -> int:
@@ -71,34 +85,45 @@ class CompletionRows:
     top_logprobs: np.ndarray | None     # [n, k] float32
 
 
-def parse_and_validate(fmt: CompletionFormat, words: np.ndarray, sub: Submission, *,
-                       vocab_size: int, reports_draft_cursor: bool = False) -> CompletionRows:
+def validate_header(fmt: CompletionFormat, words: np.ndarray, sub: Submission) -> np.ndarray:
+    """Header checks shared by every submission; returns the rows' words [n, row_words]."""
     words = np.asarray(words, dtype=np.int32).reshape(-1)
-    if words.size < fmt.header_words + len(sub.lanes) * fmt.row_words:
+    n = len(sub.lanes)
+    if words.size < fmt.header_words + n * fmt.row_words:
         raise CompletionMismatch(f"completion of {words.size} words is too short")
     h = fmt.header
-    seq, frame, rows, status = (int(words[h[n]]) for n in HEADER_FIELDS)
+    seq = int(words[h["sequence"]])
     if seq != sub.sequence:
         raise CompletionMismatch(f"completion sequence {seq} != submitted {sub.sequence}")
-    if frame != sub.frame:
-        raise CompletionMismatch(f"completion frame {frame} != submitted {sub.frame}")
-    if status != STATUS_OK:
-        raise CompletionMismatch(f"program reported status {status}")
-    n = len(sub.lanes)
+    if "frame" in h and int(words[h["frame"]]) != sub.frame:
+        raise CompletionMismatch(f"completion frame {int(words[h['frame']])} != submitted {sub.frame}")
+    if "status" in h and int(words[h["status"]]) != STATUS_OK:
+        raise CompletionMismatch(f"program reported status {int(words[h['status']])}")
+    if "operation" in h and int(words[h["operation"]]) != sub.operation:
+        raise CompletionMismatch(f"completion of operation {int(words[h['operation']])}, submitted {sub.operation}")
+    rows = int(words[h["live_rows"]])
     if rows != n:
         raise CompletionMismatch(f"completion has {rows} rows, submitted {n}")
     body = words[fmt.header_words:fmt.header_words + n * fmt.row_words].reshape(n, fmt.row_words)
-    r = fmt.row
-    col = {name: body[:, r[name]] for name in ROW_FIELDS}
     slots = np.array([lane.slot for lane in sub.lanes], dtype=np.int32)
     gens = np.array([lane.generation for lane in sub.lanes], dtype=np.int32)
+    _expect(body[:, fmt.row["slot"]], slots, "slot (submission order)")
+    _expect(body[:, fmt.row["generation"]], gens, "generation")
+    return body
+
+
+def parse_and_validate(fmt: CompletionFormat, words: np.ndarray, sub: Submission, *,
+                       vocab_size: int, reports_draft_cursor: bool = False) -> CompletionRows:
+    body = validate_header(fmt, words, sub)
+    n = len(sub.lanes)
+    r = fmt.row
+    col = {role: body[:, r[role]] for role in REQUIRED_ROW}
     ends = np.array([lane.end for lane in sub.lanes], dtype=np.int32)
     sampled = np.array([lane.sample for lane in sub.lanes], dtype=bool)
-    _expect(col["slot"], slots, "slot (submission order)")
-    _expect(col["generation"], gens, "generation")
-    _expect(col["consumed_tokens"], ends, "consumed endpoint")
+    _expect(col["consumed"], ends, "consumed endpoint")
     _expect(col["emitted"], sampled.astype(np.int32), "emitted count")
-    _expect(col["accepted"], np.zeros(n, np.int32), "accepted drafts")
+    if "accepted" in r:
+        _expect(body[:, r["accepted"]], np.zeros(n, np.int32), "accepted drafts")
     _expect(col["reserved_model"], np.full(n, -1, np.int32), "reserved model field")
     if not reports_draft_cursor:
         _expect(col["draft_cursor"], np.full(n, -1, np.int32), "draft cursor")
@@ -108,13 +133,12 @@ def parse_and_validate(fmt: CompletionFormat, words: np.ndarray, sub: Submission
         i = int(np.flatnonzero(bad)[0])
         raise CompletionMismatch(f"row {i} sampled id {int(col['token'][i])} outside vocabulary [0, {vocab_size})")
     logprobs = top_ids = top_lp = None
-    if fmt.logprob_word >= 0:
-        logprobs = body[:, fmt.logprob_word].copy().view(np.float32)
-    if fmt.top_k and fmt.top_ids_word >= 0 and fmt.top_logprobs_word >= 0:
-        top_ids = body[:, fmt.top_ids_word:fmt.top_ids_word + fmt.top_k].copy()
-        top_lp = body[:, fmt.top_logprobs_word:fmt.top_logprobs_word + fmt.top_k].copy().view(np.float32)
-    return CompletionRows(tokens, col["consumed_tokens"].copy(), col["finish"].copy(),
-                          logprobs, top_ids, top_lp)
+    if "logprob" in r:
+        logprobs = body[:, r["logprob"]].copy().view(np.float32)
+    if fmt.top_k and "top_ids" in r and "top_logprobs" in r:
+        top_ids = body[:, r["top_ids"]:r["top_ids"] + fmt.top_k].copy()
+        top_lp = body[:, r["top_logprobs"]:r["top_logprobs"] + fmt.top_k].copy().view(np.float32)
+    return CompletionRows(tokens, col["consumed"].copy(), col["finish"].copy(), logprobs, top_ids, top_lp)
 
 
 def _expect(got: np.ndarray, want: np.ndarray, what: str) -> None:

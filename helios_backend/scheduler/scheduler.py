@@ -215,7 +215,7 @@ class Scheduler:
         i = 0
         while i < len(self._running) and len(lanes) < row_limit:
             req = self._running[i]
-            n = self._fit_chunk(lanes, req.remaining_tokens)
+            n = self._fit_chunk(lanes, req, req.remaining_tokens)
             if n == 0:
                 break
             while not self._reserve_pages(req, req.computed + n):
@@ -234,22 +234,26 @@ class Scheduler:
             return None
         return self._plan(lanes, preempted)
 
-    def _fit_chunk(self, lanes: list[Lane], want: int) -> int:
+    def _fit_chunk(self, lanes: list[Lane], req: Request, want: int) -> int:
         """The largest chunk <= want that keeps the round inside some prepared variant."""
         if want <= 0:
             return 0
-        lens = [lane.query_len for lane in lanes]
-        used = sum(lens)
-        candidates = {want}
+        shapes = [(lane.query_len, self._pending_ok(lane.request, lane.query_len)) for lane in lanes]
+        used = sum(q for q, _ in shapes)
+        candidates = {want, 1}
         for op in (cp.OPERATION_DECODE, cp.OPERATION_PREFILL, cp.OPERATION_MIXED):
             for v in self.variants.variants(op):
                 if 0 < v.tokens - used < want:
                     candidates.add(v.tokens - used)
-        candidates.add(1)
         for n in sorted(candidates, reverse=True):
-            if self.variants.choose(lens + [n]) is not None:
+            if self.variants.choose(shapes + [(n, self._pending_ok(req, n))]) is not None:
                 return n
         return 0
+
+    def _pending_ok(self, req: Request, n: int) -> bool:
+        """A one-token decode whose input is the slot's device-owned pending token."""
+        return (self.config.device_pending_token and n == 1 and req.device_pending
+                and req.computed == len(req.tokens) - 1)
 
     def _admit_waiting(self, lanes: list[Lane], row_limit: int) -> None:
         while self._waiting and len(lanes) < row_limit and self._free_slots \
@@ -276,7 +280,7 @@ class Scheduler:
             after = keys[len(hit) - 1] if hit else self._seed
             snap = self.snapshots.match(after, tokens[len(hit) * pt:len(tokens) - 1])
         start = len(hit) * pt + (len(snap.partial) if snap else 0)
-        n = self._fit_chunk(lanes, len(tokens) - start)
+        n = self._fit_chunk(lanes, req, len(tokens) - start)
         if n == 0:
             return False
         need = -(-(start + n) // pt) - len(hit)
@@ -349,12 +353,13 @@ class Scheduler:
                     snapshot_row=snapshot_row, initialize=req.fresh)
 
     def _plan(self, lanes: list[Lane], preempted: list[Request]) -> RoundPlan:
-        variant = self.variants.choose([lane.query_len for lane in lanes])
+        variant = self.variants.choose([(lane.query_len, self._pending_ok(lane.request, lane.query_len))
+                                        for lane in lanes])
         if variant is None:
             raise RuntimeError("lanes were fitted to a variant while the round was built")
-        if variant.operation in (cp.OPERATION_DECODE, cp.OPERATION_MIXED) and self.config.device_pending_token:
+        if variant.operation in (cp.OPERATION_DECODE, cp.OPERATION_MIXED):
             for lane in lanes:
-                if lane.query_len == 1 and lane.sample and lane.request.device_pending:
+                if self._pending_ok(lane.request, lane.query_len):
                     lane.tokens = [PENDING_TOKEN]
         plan = RoundPlan(Submission(variant, lanes), preempted=preempted)
         restores = [lane for lane in lanes if lane.restore is not None]

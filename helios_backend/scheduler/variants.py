@@ -1,11 +1,14 @@
 """The prepared capacity variants, resolved once at startup, and the choice per round.
 
 Per operation, variants are sorted by (tokens, rows); a round takes the smallest one
-that holds its lanes. Which operation runs a round follows from the lanes' shape only:
+that holds its lanes. Which operation runs a round follows from the lanes' shape only.
+A lane is "pending" when it is a one-token decode whose input is the slot's
+device-owned pending token (the token its previous round sampled, STA-4):
 
-    every lane a one-token decode            -> DECODE
-    decode lanes + exactly one longer chunk  -> MIXED   (when prepared)
-    otherwise                                -> PREFILL (decode lanes feed their token)
+    every lane pending                          -> DECODE
+    pending lanes + exactly one host-fed lane   -> MIXED   (when prepared; its prefill row)
+    otherwise                                   -> PREFILL (every token host-fed: decode
+                                                            lanes feed their last token)
 """
 from __future__ import annotations
 
@@ -65,19 +68,21 @@ class VariantTable:
                 return v
         return None
 
-    def operation_for(self, query_lens: list[int]) -> "cp.Operation.ValueType":
-        """The operation a round of lanes with these query lengths runs."""
-        longer = sum(1 for q in query_lens if q > 1)
-        if longer == 0 and self.has(cp.OPERATION_DECODE):
+    def operation_for(self, lanes: list[tuple[int, bool]]) -> "cp.Operation.ValueType":
+        """The operation for lanes given as (query length, pending)."""
+        host_fed = sum(1 for _, pending in lanes if not pending)
+        if host_fed == 0 and self.has(cp.OPERATION_DECODE):
             return cp.OPERATION_DECODE
-        if longer == 1 and len(query_lens) > 1 and self.has(cp.OPERATION_MIXED):
+        if host_fed == 1 and len(lanes) > 1 and self.has(cp.OPERATION_MIXED):
             return cp.OPERATION_MIXED
         return cp.OPERATION_PREFILL
 
-    def choose(self, query_lens: list[int]) -> Variant | None:
-        """The smallest variant of the right operation holding these lanes, or None."""
-        op = self.operation_for(query_lens)
-        fit = self.fit(op, len(query_lens), sum(query_lens))
+    def choose(self, lanes: list[tuple[int, bool]]) -> Variant | None:
+        """The smallest variant of the right operation holding these lanes, or None
+        (falling back to PREFILL, where every lane is host-fed)."""
+        op = self.operation_for(lanes)
+        tokens = sum(q for q, _ in lanes)
+        fit = self.fit(op, len(lanes), tokens)
         if fit is None and op != cp.OPERATION_PREFILL:
-            fit = self.fit(cp.OPERATION_PREFILL, len(query_lens), sum(query_lens))
+            fit = self.fit(cp.OPERATION_PREFILL, len(lanes), tokens)
         return fit
