@@ -1,0 +1,62 @@
+"""The Executor protocol both executors implement, and the load errors they share.
+
+A step, from the host's side (frame f is 0 or 1; two frames let the host pack one while
+the other runs):
+
+    frame = executor.staging(f)          # np.ndarray[uint8] [transport.frame_nbytes], host memory
+    packer.pack(program, f, lanes)       # writes the bound values into `frame`
+    executor.launch(program, f)          # copy frame -> staging buffer, run the program's nodes,
+                                         # copy the completion buffer back
+    words = executor.wait(f)             # np.ndarray[int32]: header + one record per row
+
+The executor owns the frame index and the submission sequence (BND-20): it writes
+[sequence, frame] into the `transport.header` destination at launch.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol, Union
+
+import numpy as np
+
+ResourceReader = Callable[[str], Union[bytes, bytearray, memoryview]]
+
+
+class Executor(Protocol):
+    def staging(self, frame: int) -> np.ndarray:
+        """The host staging frame `frame` (uint8), written in place by packing."""
+
+    def launch(self, program: str, frame: int) -> None:
+        """Submit `program` with staging frame `frame`."""
+
+    def wait(self, frame: int) -> np.ndarray:
+        """Block until frame's submission finished; its completion words (int32, a copy)."""
+
+    def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
+        """A copy of a buffer's bytes (uint8), for tests and diagnostics."""
+
+    def close(self) -> None:
+        """Release everything; the executor is unusable afterwards."""
+
+
+class ExecutorLoadError(Exception):
+    """The manifest cannot be executed by this executor; raised at load, never per step."""
+
+
+class UnknownKernelIdError(ExecutorLoadError):
+    """A program names a kernel id without an implementation (numpy: no reference)."""
+
+
+class MissingVariantError(ExecutorLoadError):
+    """A program the contract selects is absent from the execution catalog."""
+
+
+class KernelArgumentError(ExecutorLoadError):
+    """A node's arguments do not match its kernel's declared ABI."""
+
+
+class UnknownProgramError(KeyError):
+    """launch() named a program that was not loaded."""
+
+
+class FrameStateError(RuntimeError):
+    """wait() on a frame with nothing submitted, or launch() on a frame still in flight."""

@@ -1,0 +1,108 @@
+"""NativeModel.load: choose capacities, back each rank's buffers and cache, load weights.
+
+    model = NativeModel.load(contract, manifest, read_resource, ModelOptions(concurrency=8))
+    model.manifests        # per-rank execution geometry that loading produced (OWN-11)
+    model.executor         # Executor protocol (numpy here; the CUDA executor has the same surface)
+    model.packer           # shared packing over the executor's staging frames
+    model.program(operation, rows, tokens)  # smallest loaded variant that fits, else CapacityError
+
+Capacity rules: `concurrency` may reduce the captured request rows, never raise them
+(SRV-7); graphs with more rows than the selected concurrency are not loaded. Physical
+cache pages are chosen here, after the graphs are known, and replace preparation's
+working-set count (SRV-9/10): the startup option wins, then the core's page_capacity
+default, then prepared_pages. A selected graph whose program is missing from the
+execution catalog fails the load (MissingVariantError, OWN-19).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from helios_proto import contract_pb2 as C
+from helios_proto import manifest_pb2 as M
+
+from helios_backend.executors.base import ExecutorLoadError, MissingVariantError, ResourceReader
+from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
+from helios_backend.packing import CapacityError, Packer
+
+
+class ModelLoadError(ExecutorLoadError):
+    """Startup options that the core cannot honour (e.g. more rows than were captured)."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    concurrency: Optional[int] = None   # request rows to serve; None = the captured concurrency
+    cache_pages: Optional[int] = None   # physical pages per cache plane; None = core default
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class RankGeometry:
+    """What loading produced for one rank."""
+
+    rank: int
+    request_slots: int                  # physical slots (captured; rows beyond concurrency unused)
+    concurrency: int                    # selected request rows
+    cache_pages: int
+    page_tokens: int
+    pages_per_row: int
+    programs: tuple[str, ...]           # loaded programs, by name
+    buffer_offsets: Mapping[str, int]   # arena byte offset of every buffer
+    arena_nbytes: int
+
+
+def _choose_pages(contract: C.ServingContract, options: ModelOptions) -> int:
+    if options.cache_pages is not None:
+        return options.cache_pages
+    if contract.defaults.HasField("page_capacity"):
+        return contract.defaults.page_capacity
+    return contract.prepared_pages
+
+
+class NativeModel:
+    def __init__(self, contract: C.ServingContract, manifest: M.ExecutionManifest, graphs: Sequence[C.GraphContract],
+                 executor: NumpyExecutor, packer: Packer, concurrency: int) -> None:
+        self.contract = contract
+        self.manifest = manifest
+        self.graphs = tuple(graphs)
+        self.executor = executor
+        self.packer = packer
+        self.concurrency = concurrency
+        arena = executor.arena
+        self.manifests: tuple[RankGeometry, ...] = (RankGeometry(
+            rank=0, request_slots=manifest.request_slots, concurrency=concurrency, cache_pages=executor.cache_pages,
+            page_tokens=contract.model.cache.page_tokens, pages_per_row=manifest.max_pages_per_row,
+            programs=tuple(g.program for g in graphs), buffer_offsets=dict(arena.offsets),
+            arena_nbytes=int(arena.memory.nbytes)),)
+
+    @classmethod
+    def load(cls, contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
+             options: ModelOptions = ModelOptions()) -> "NativeModel":
+        captured = contract.concurrency
+        concurrency = captured if options.concurrency is None else options.concurrency
+        if not 1 <= concurrency <= captured:
+            raise ModelLoadError(f"concurrency {concurrency} outside 1..{captured} captured rows (load may only reduce it)")
+        graphs = [g for g in contract.model.graphs if g.rank == options.rank and g.capacity.rows <= concurrency]
+        present = {p.name for p in manifest.programs}
+        missing = sorted(g.program for g in graphs if g.program not in present)
+        if missing:
+            raise MissingVariantError(f"graphs name programs absent from the execution catalog: {missing}")
+        if not any(g.operation == C.OPERATION_DECODE for g in graphs):
+            raise MissingVariantError(f"no DECODE variant with at most {concurrency} rows")
+        executor = NumpyExecutor(manifest, read_resource, NumpyExecutorOptions(
+            cache_pages=_choose_pages(contract, options), programs=frozenset(g.program for g in graphs)))
+        frames = [executor.staging(f) for f in range(max(1, manifest.transport.frames))]
+        packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
+        return cls(contract, manifest, graphs, executor, packer, concurrency)
+
+    def program(self, operation: int, rows: int, tokens: int = 0) -> str:
+        """The smallest loaded variant of `operation` with >= rows rows and >= tokens packed tokens."""
+        fitting = [g for g in self.graphs if g.operation == operation and g.capacity.rows >= rows
+                   and g.capacity.tokens >= tokens]
+        if not fitting:
+            raise CapacityError(f"no {C.Operation.Name(operation)} variant for {rows} rows, {tokens} tokens")
+        return min(fitting, key=lambda g: (g.capacity.rows, g.capacity.tokens)).program
+
+    def close(self) -> None:
+        self.executor.close()
