@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helios_backend.frontend.chat_template import ChatTemplate
-from helios_backend.frontend.prompt import UntrustedMarkupError, encode_chat
+from helios_backend.frontend.prompt import UnrepresentableContentError, UntrustedMarkupError, encode_chat
 from helios_backend.frontend.tokenizer import (
     FrontendTokenizer,
     TokenizerDataError,
@@ -223,7 +223,9 @@ def test_unresolved_bytes_flush_as_replacement_at_finish(tokenizer: FrontendToke
 
 
 _representable_text = st.text(
-    alphabet=st.characters(blacklist_characters="\x04\x06\x13\x14\x16\x1d", max_codepoint=0x3FFFF), max_size=30
+    alphabet=st.characters(
+        blacklist_characters="\x04\x06\x13\x14\x16\x1d", blacklist_categories=("Cs",), max_codepoint=0x3FFFF
+    ), max_size=30
 )
 
 
@@ -249,3 +251,12 @@ def test_streaming_arbitrary_ids_equals_one_shot_decode(tokenizer: FrontendToken
     decoder = tokenizer.incremental_decoder()
     streamed = "".join(decoder.feed_one(i) for i in ids) + decoder.finish()
     assert streamed == tokenizer.decode(ids)
+
+
+def test_unrepresentable_chat_content_is_an_untrusted_markup_error(
+    tokenizer: FrontendTokenizer, template: ChatTemplate
+) -> None:
+    # Callers catch UntrustedMarkupError for every request-text encoding failure.
+    with pytest.raises(UnrepresentableContentError) as caught:
+        encode_chat(template, tokenizer, [{"role": "user", "content": "bell \x04"}])
+    assert isinstance(caught.value, UntrustedMarkupError)

@@ -30,12 +30,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from helios_backend.frontend.chat_template import ChatTemplate
-from helios_backend.frontend.tokenizer import FrontendTokenizer
+from helios_backend.frontend.tokenizer import FrontendTokenizer, UnrepresentableTextError
 
 
 class UntrustedMarkupError(ValueError):
-    """Request text contains control-token spellings and the template transforms that text, so the
-    boundary between markup and content cannot be recovered. A client error."""
+    """Request text cannot be encoded faithfully as plain text inside the template's markup.
+    A client error. Raised as is when content holds control-token spellings that the template
+    transforms (the boundary between markup and content cannot be recovered); see the subclass
+    for characters the vocabulary cannot encode."""
+
+
+class UnrepresentableContentError(UntrustedMarkupError):
+    """Request text holds characters with no byte token in the vocabulary (they would be dropped)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,24 @@ def encode_chat(
     add_generation_prompt: bool = True,
     **kwargs: Any,
 ) -> PromptIds:
-    """Render `messages` (and `tools`, template kwargs) and encode; see the module docstring."""
+    """Render `messages` (and `tools`, template kwargs) and encode; see the module docstring.
+
+    Raises TemplateError (from the template) or UntrustedMarkupError (from the request text).
+    """
+    try:
+        return _encode_chat(template, tokenizer, messages, tools, add_generation_prompt, kwargs)
+    except UnrepresentableTextError as exc:
+        raise UnrepresentableContentError(str(exc)) from exc
+
+
+def _encode_chat(
+    template: ChatTemplate,
+    tokenizer: FrontendTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    add_generation_prompt: bool,
+    kwargs: Mapping[str, Any],
+) -> PromptIds:
     render_args = dict(kwargs)
     text = template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **render_args)
     pattern = _special_pattern(tokenizer)
