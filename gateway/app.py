@@ -1,0 +1,35 @@
+"""FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway.errors import install_error_handlers
+from gateway.routers import chat, completions, health, metrics, models
+from gateway.service import AdmissionOverrides, GatewayService, ParserFactory, plain_text_parsers
+from gateway.triton_client import TritonBackend
+
+
+def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
+               parser_factory: ParserFactory = plain_text_parsers) -> FastAPI:
+    """The gateway for the Triton gRPC endpoint at ``triton_url`` (HOST:PORT)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service = GatewayService(TritonBackend(triton_url), overrides or AdmissionOverrides(), parser_factory)
+        app.state.service = service
+        service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(title="Helios gateway", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible endpoints over Triton (docs/gateway.md)")
+    install_error_handlers(app)
+    for router in (chat.router, completions.router, models.router, health.router, metrics.router):
+        app.include_router(router)
+    return app

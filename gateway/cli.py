@@ -1,0 +1,40 @@
+"""`helios-gateway --triton HOST:PORT --port 9000`: the OpenAI-compatible gateway alone."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.service import AdmissionOverrides
+
+SHUTDOWN_DRAIN_S = 5  # HTTP-15: connections get five seconds to drain, then are dropped
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="helios-gateway", description=__doc__)
+    parser.add_argument("--triton", default="localhost:8001", help="Triton gRPC address HOST:PORT")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--queue-capacity", type=int, default=None,
+                        help="override the served model's queue_capacity (HTTP permits = this + max_active)")
+    parser.add_argument("--max-active", type=int, default=None, help="override the served model's max_active")
+    parser.add_argument("--frontend-workers", type=int, default=None,
+                        help="override the served model's frontend_workers (preparation slots)")
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    overrides = AdmissionOverrides(args.queue_capacity, args.max_active, args.frontend_workers)
+    app = create_app(args.triton, overrides)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=SHUTDOWN_DRAIN_S, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

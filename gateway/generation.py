@@ -1,0 +1,203 @@
+"""Run one prepared request against the backend: fan out its choices, merge their events.
+
+Each choice is one backend request on its own Triton stream, pumped by its own task into
+an unbounded queue: the gRPC stream is always drained, so a paused HTTP reader never
+blocks the backend (HTTP-9, HTTP-10), and the queue only grows as events arrive (HTTP-8).
+``cancel`` (client gone, failure of a sibling choice) cancels every stream (HTTP-6).
+
+Typed backend outcomes become typed gateway errors here; their status codes come from
+errors.py, never from message text (HTTP-26, HTTP-27).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from helios_proto import transport_pb2 as tp
+
+from gateway.errors import (AdmissionRejectedError, BackendInvalidRequestError, BackendUnavailableError,
+                            ExecutionFailedError, GatewayError)
+from gateway.metrics import GatewayMetrics
+from gateway.output_pipeline import Delta, OutputParser, OutputPipeline, TokenStep
+from gateway.preparation import PreparedRequest
+from gateway.served_model import ServedModel
+from gateway.triton_client import StreamFailure, StreamFailureKind, Terminal, TokenBatch, TritonBackend
+
+log = logging.getLogger(__name__)
+
+_FINISH_REASONS = {
+    tp.FINISH_REASON_EOS: "stop",
+    tp.FINISH_REASON_LENGTH: "length",
+    tp.FINISH_REASON_STOP_STRING: "stop",
+    tp.FINISH_REASON_STOP_TOKEN: "stop",
+}
+
+_PROMPT_REJECTIONS = (tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY, tp.REJECTION_REASON_OUTPUT_BEYOND_CONTEXT)
+
+
+@dataclass(frozen=True, slots=True)
+class PerformanceStamps:
+    ingress_ns: int
+    enqueue_ns: int
+    reused_prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceSteps:
+    index: int
+    steps: list[TokenStep]
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceFinished:
+    index: int
+    finish_reason: str  # OpenAI: "stop" | "length"
+    ended_by_eos: bool  # the model ended naturally (no user stop, no limit)
+    deltas: list[Delta]  # text flushed at the end (held stop prefixes, parser tail)
+    usage: tp.Usage
+    performance: PerformanceStamps
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceFailed:
+    index: int
+    error: GatewayError
+
+
+ChoiceEvent = ChoiceSteps | ChoiceFinished | ChoiceFailed
+
+
+def error_for_terminal(event: tp.TerminalEvent, prompt_param: str) -> GatewayError | None:
+    """The typed terminal outcome decides the error class (and so the status)."""
+    outcome = event.WhichOneof("outcome")
+    if outcome == "rejected":
+        rejection = event.rejected
+        reason = tp.RejectionReason.Name(rejection.reason).removeprefix("REJECTION_REASON_").lower()
+        param = prompt_param if rejection.reason in _PROMPT_REJECTIONS else None
+        return AdmissionRejectedError(rejection.message or f"admission rejected: {reason}",
+                                      param=param, code=reason)
+    if outcome == "failed":
+        return ExecutionFailedError(event.failed.message or "model execution failed")
+    if outcome == "invalid":
+        return BackendInvalidRequestError(event.invalid.message or "invalid request",
+                                          param=event.invalid.field or None)
+    if outcome == "finished":
+        if event.finished.reason in _FINISH_REASONS:
+            return None
+        # a cancellation the gateway did not ask for (e.g. the backend is draining)
+        return ExecutionFailedError("the backend ended the request early", code="cancelled")
+    return ExecutionFailedError("the backend sent a terminal event without an outcome", code="output_error")
+
+
+def error_for_stream_failure(failure: StreamFailure) -> GatewayError:
+    if failure.kind is StreamFailureKind.UNREACHABLE:
+        return BackendUnavailableError(f"the model backend is unavailable: {failure.detail}")
+    if failure.kind is StreamFailureKind.MALFORMED:
+        return ExecutionFailedError(f"malformed backend response: {failure.detail}", code="output_error")
+    return ExecutionFailedError(f"the backend stream failed: {failure.detail}")
+
+
+class ChoiceTranslator:
+    """Backend events of one choice -> ChoiceEvents (pure: no I/O, unit-testable)."""
+
+    def __init__(self, index: int, pipeline: OutputPipeline, prompt_param: str, ingress_ns: int,
+                 enqueue_ns: int) -> None:
+        self.index = index
+        self._pipeline = pipeline
+        self._prompt_param = prompt_param
+        self._ingress_ns = ingress_ns
+        self._enqueue_ns = enqueue_ns
+
+    def tokens(self, batch: TokenBatch) -> ChoiceSteps:
+        return ChoiceSteps(self.index, self._pipeline.feed(batch))
+
+    def failure(self, failure: StreamFailure) -> ChoiceFailed:
+        return ChoiceFailed(self.index, error_for_stream_failure(failure))
+
+    def terminal(self, event: tp.TerminalEvent) -> ChoiceEvent:
+        error = error_for_terminal(event, self._prompt_param)
+        if error is not None:
+            return ChoiceFailed(self.index, error)
+        finished = event.finished
+        pipeline = self._pipeline
+        deltas = pipeline.finish(finished)
+        reason = "stop" if pipeline.stopped else _FINISH_REASONS[finished.reason]
+        if finished.HasField("performance"):
+            perf = finished.performance
+            stamps = PerformanceStamps(perf.ingress_ns, perf.enqueue_ns, perf.reused_prompt_tokens)
+        else:
+            stamps = PerformanceStamps(self._ingress_ns, self._enqueue_ns, finished.usage.reused_prompt_tokens)
+        ended_by_eos = finished.reason == tp.FINISH_REASON_EOS and not pipeline.stopped
+        return ChoiceFinished(self.index, reason, ended_by_eos, deltas, finished.usage, stamps)
+
+
+class RequestRun:
+    def __init__(self, backend: TritonBackend, served: ServedModel, prepared: PreparedRequest,
+                 parser_factory: Callable[[], OutputParser], metrics: GatewayMetrics, prompt_param: str) -> None:
+        self._backend = backend
+        self._served = served
+        self._prepared = prepared
+        self._parser_factory = parser_factory
+        self._metrics = metrics
+        self._prompt_param = prompt_param
+        self._queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._first_token_seen = False
+
+    def start(self) -> None:
+        for index, prompt, request in self._prepared.choices():
+            self._tasks.append(asyncio.create_task(self._pump(index, prompt, request)))
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        """Every choice's events, interleaved in arrival order, until all choices ended."""
+        remaining = len(self._tasks)
+        while remaining:
+            event = await self._queue.get()
+            if not isinstance(event, ChoiceSteps):
+                remaining -= 1
+            yield event
+
+    def _observe_tokens(self, count: int) -> None:
+        if not self._first_token_seen:
+            self._first_token_seen = True
+            elapsed_ns = self._served.clock.now_ns() - self._prepared.ingress_ns
+            self._metrics.ttft.observe(max(elapsed_ns, 0) / 1e9)
+        self._metrics.output_tokens.inc(count)
+
+    async def _pump(self, index: int, prompt: tuple[int, ...], request: tp.GenerateRequest) -> None:
+        pipeline = OutputPipeline(self._served.tokenizer, self._prepared.stop_matcher(),
+                                  self._parser_factory(), self._served.eos_token_ids)
+        request.ingress_ns = self._prepared.ingress_ns
+        enqueue_ns = self._served.clock.now_ns()  # immediately before submission (OBS-22)
+        request.enqueue_ns = enqueue_ns
+        translator = ChoiceTranslator(index, pipeline, self._prompt_param, self._prepared.ingress_ns, enqueue_ns)
+        generation = self._backend.generate(prompt, request, request.request_id)
+        self._metrics.open_streams.inc()
+        self._metrics.prompt_tokens.inc(len(prompt))
+        put = self._queue.put_nowait
+        try:
+            async for event in generation.events():
+                if isinstance(event, TokenBatch):
+                    self._observe_tokens(int(event.token_ids.size))
+                    put(translator.tokens(event))
+                elif isinstance(event, Terminal):
+                    put(translator.terminal(event.event))
+                    return
+                else:
+                    put(translator.failure(event))
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an output error in decoding or parsing: report it, typed
+            log.exception("choice %d of %s failed in the output pipeline", index, self._prepared.request_id)
+            put(ChoiceFailed(index, ExecutionFailedError(f"output processing failed: {exc}", code="output_error")))
+        finally:
+            generation.cancel()
+            self._metrics.open_streams.dec()

@@ -1,0 +1,243 @@
+"""Request preparation: validated HTTP models -> prompt ids + typed transport requests.
+
+Runs in a frontend worker slot (CPU: template rendering and tokenization). Every check
+that depends on more than one field, or on the served model, lives here and raises
+InvalidRequestError naming the parameter (HTTP-18). Nothing here talks to Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from helios_backend.frontend.chat_template import TemplateError
+from helios_backend.frontend.prompt import UntrustedMarkupError, encode_chat
+from helios_backend.frontend.stops import StopMatcher, StopSpecError
+from helios_proto import transport_pb2 as tp
+
+from gateway.errors import InvalidRequestError, ModelNotFoundError
+from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from gateway.served_model import ServedModel
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    token_ids: bool  # return_token_ids
+    timestamps: bool  # return_token_timestamps
+    include_usage: bool  # stream_options.include_usage
+    logprobs: bool
+    top_logprobs: int
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    request_id: str
+    prompts: tuple[tuple[int, ...], ...]  # one entry per prompt; chat has exactly one
+    n: int  # choices per prompt
+    generate: tp.GenerateRequest  # shared by every choice; seeds are offset per choice
+    stop_strings: tuple[str, ...]
+    stop_sequences: tuple[tuple[int, ...], ...]
+    stream: bool
+    observation: Observation
+    ingress_ns: int
+
+    @property
+    def choice_count(self) -> int:
+        return len(self.prompts) * self.n
+
+    def stop_matcher(self) -> StopMatcher:
+        return StopMatcher(self.stop_strings, self.stop_sequences)
+
+    def choices(self) -> Iterator[tuple[int, tuple[int, ...], tp.GenerateRequest]]:
+        """(choice index, prompt ids, transport request) for each choice; n > 1 fans out
+        into n backend requests, seed + i when the request is seeded."""
+        for prompt_index, prompt in enumerate(self.prompts):
+            for i in range(self.n):
+                request = tp.GenerateRequest()
+                request.CopyFrom(self.generate)
+                index = prompt_index * self.n + i
+                request.request_id = f"{self.request_id}-{index}"
+                if self.generate.sampling.HasField("seed"):
+                    request.sampling.seed = (self.generate.sampling.seed + index) % 2**64
+                yield index, prompt, request
+
+
+def _check_model(body: SamplingFields, served: ServedModel) -> None:
+    if not served.serves(body.model):
+        raise ModelNotFoundError(f"the model {body.model!r} is not served here; "
+                                 f"use {served.served_id!r}", param="model")
+
+
+def _sampling(body: SamplingFields) -> tp.Sampling:
+    """Only explicit request values are set; unset fields take the core's defaults (SRV-17)."""
+    sampling = tp.Sampling()
+    for field in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty", "seed"):
+        value = getattr(body, field)
+        if value is not None:
+            setattr(sampling, field, value)
+    if body.top_k is not None:
+        sampling.top_k = max(body.top_k, 0)  # -1 (vLLM's "off") and 0 both disable top-k
+    return sampling
+
+
+def _stops(body: SamplingFields, served: ServedModel, structured: bool) -> StopMatcher:
+    try:
+        return StopMatcher.for_request(body.stop, body.stop_token_ids, body.stop_token_sequences,
+                                       vocabulary_size=served.vocabulary_size, structured_output=structured)
+    except StopSpecError as exc:
+        raise InvalidRequestError(str(exc), param=exc.param) from exc
+
+
+def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, structured: bool,
+            logprobs: bool, top_logprobs: int) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
+    _check_model(body, served)
+    if body.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+    if body.return_token_timestamps and not body.return_token_ids:
+        raise InvalidRequestError("return_token_timestamps requires return_token_ids=true",
+                                  param="return_token_timestamps")
+    if top_logprobs > served.top_logprobs_capacity:
+        raise InvalidRequestError(f"at most {served.top_logprobs_capacity} top logprobs are served",
+                                  param="top_logprobs")
+    stops = _stops(body, served, structured)
+    generate = tp.GenerateRequest(priority=body.priority or 0, sampling=_sampling(body))
+    if max_tokens is not None:
+        generate.max_tokens = max_tokens
+    generate.stops.strings.extend(stops.strings)
+    for sequence in stops.sequences:
+        generate.stops.token_sequences.add(token_ids=sequence)
+    generate.logprobs.logprobs = logprobs
+    generate.logprobs.top_logprobs = top_logprobs
+    generate.observation.return_token_ids = bool(body.return_token_ids)
+    generate.observation.return_token_timestamps = bool(body.return_token_timestamps)
+    observation = Observation(
+        token_ids=bool(body.return_token_ids), timestamps=bool(body.return_token_timestamps),
+        include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
+        logprobs=logprobs, top_logprobs=top_logprobs)
+    return generate, stops, observation
+
+
+# ---- chat --------------------------------------------------------------------------------
+
+def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role}
+    content = message.content
+    if isinstance(content, list):
+        texts = []
+        for part_index, part in enumerate(content):
+            if isinstance(part, dict):
+                raise InvalidRequestError(
+                    f"content part type {part.get('type')!r} is not supported; only text parts are",
+                    param=f"messages.{index}.content.{part_index}")
+            texts.append(part.text)
+        content = "".join(texts)
+    out["content"] = content if content is not None else ""
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
+    if message.tool_calls:
+        calls = []
+        for call_index, call in enumerate(message.tool_calls):
+            try:
+                arguments = json.loads(call.function.arguments)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError(
+                    "tool call arguments must be a JSON document",
+                    param=f"messages.{index}.tool_calls.{call_index}.function.arguments") from exc
+            # templates read arguments as a mapping (HF convention)
+            calls.append({"id": call.id, "type": "function",
+                          "function": {"name": call.function.name, "arguments": arguments}})
+        out["tool_calls"] = calls
+    return out
+
+
+def _chat_grammar(body: ChatCompletionRequest) -> tp.Grammar | None:
+    """response_format -> a JSON-schema grammar the backend enforces with llguidance."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return tp.Grammar(kind=tp.GRAMMAR_KIND_JSON_SCHEMA, text=json.dumps({"type": "object"}))
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise InvalidRequestError("response_format json_schema needs json_schema.schema",
+                                  param="response_format.json_schema")
+    return tp.Grammar(kind=tp.GRAMMAR_KIND_JSON_SCHEMA, text=json.dumps(fmt.json_schema.schema_))
+
+
+def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: int) -> PreparedRequest:
+    grammar = _chat_grammar(body)
+    top_logprobs = body.top_logprobs or 0
+    if top_logprobs and not body.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    generate, stops, observation = _common(body, served, max_tokens, grammar is not None,
+                                           bool(body.logprobs), top_logprobs)
+    if grammar is not None:
+        generate.grammar.CopyFrom(grammar)
+    messages = [_message_dict(m, i) for i, m in enumerate(body.messages)]
+    tools = None
+    if body.tools and body.tool_choice != "none":
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    template_args: dict[str, Any] = {}
+    if body.continue_final_message:
+        template_args["continue_final_message"] = True
+    add_generation_prompt = body.add_generation_prompt if body.add_generation_prompt is not None \
+        else not body.continue_final_message
+    try:
+        prompt = encode_chat(served.chat_template, served.tokenizer, messages, tools=tools,
+                             add_generation_prompt=add_generation_prompt, **template_args)
+    except (UntrustedMarkupError, TemplateError) as exc:
+        raise InvalidRequestError(str(exc), param="messages") from exc
+    return PreparedRequest(
+        request_id=f"chatcmpl-{uuid.uuid4().hex}", prompts=(tuple(prompt.ids),), n=body.n or 1,
+        generate=generate, stop_strings=stops.strings, stop_sequences=stops.sequences,
+        stream=bool(body.stream), observation=observation, ingress_ns=ingress_ns)
+
+
+# ---- completions -------------------------------------------------------------------------
+
+def _completion_prompts(prompt: object, served: ServedModel) -> tuple[tuple[int, ...], ...]:
+    """The raw completion prompt is the whole model input, so its control-token spellings
+    are parsed as control tokens (as HF and vLLM do); chat content never is."""
+    if isinstance(prompt, str):
+        prompts: Sequence[object] = [prompt]
+    elif prompt and isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]
+    else:
+        prompts = prompt  # type: ignore[assignment]
+    if not prompts:
+        raise InvalidRequestError("prompt is empty", param="prompt")
+    encoded: list[tuple[int, ...]] = []
+    input_size = served.tokenizer.vocab_size
+    for item in prompts:
+        ids = served.tokenizer.encode_template(item) if isinstance(item, str) else list(item)  # type: ignore[arg-type]
+        if not ids:
+            raise InvalidRequestError("prompt is empty", param="prompt")
+        if any(not 0 <= t < input_size for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {input_size})", param="prompt")
+        encoded.append(tuple(ids))
+    return tuple(encoded)
+
+
+def prepare_completion(body: CompletionRequest, served: ServedModel, ingress_ns: int) -> PreparedRequest:
+    for field in ("echo", "suffix"):
+        if getattr(body, field):
+            raise InvalidRequestError(f"{field} is not supported", param=field)
+    if body.best_of is not None and body.best_of != (body.n or 1):
+        raise InvalidRequestError("best_of is not supported", param="best_of")
+    top_logprobs = body.logprobs or 0
+    generate, stops, observation = _common(body, served, body.max_tokens, False,
+                                           body.logprobs is not None, top_logprobs)
+    return PreparedRequest(
+        request_id=f"cmpl-{uuid.uuid4().hex}", prompts=_completion_prompts(body.prompt, served),
+        n=body.n or 1, generate=generate, stop_strings=stops.strings, stop_sequences=stops.sequences,
+        stream=bool(body.stream), observation=observation, ingress_ns=ingress_ns)

@@ -1,0 +1,327 @@
+"""JSON and SSE presentation of choice events, for chat and text completions.
+
+One ``Presenter`` per HTTP response consumes the merged ChoiceEvents. Streaming turns each
+event into SSE chunks as it arrives; non-streaming folds the same events into one body, so
+both views are built from the same steps and agree.
+
+Observation fields (spec "Token and timing observation"):
+* ``prompt_token_ids``: top level of the JSON body / of the first SSE chunk (OBS-2, OBS-4);
+* ``choices[i].token_ids`` / ``token_timestamps_ns``: JSON arrays (OBS-3, OBS-11); in SSE one
+  metadata-only chunk per generated id, ``delta`` {} (OBS-5); text chunks carry no ids (OBS-6);
+* terminal responses carry ``usage`` and ``reused_prompt_tokens`` (OBS-18, OBS-19), timed ones
+  one ``performance`` object (OBS-20);
+* ``stream_options.include_usage``: every chunk has ``usage: null`` until a final usage-only
+  chunk with ``choices: []`` before [DONE] (OBS-25, OBS-26); otherwise an observed stream puts
+  usage on each choice's terminal chunk (OBS-27).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from helios_backend.frontend.syntax.events import (ContentDelta, ReasoningDelta, ToolCallArgumentsDelta,
+                                                   ToolCallStart)
+from helios_backend.frontend.tokenizer import FrontendTokenizer
+
+from gateway.errors import GatewayError
+from gateway.generation import ChoiceEvent, ChoiceFailed, ChoiceFinished, ChoiceSteps, PerformanceStamps
+from gateway.output_pipeline import Delta, TokenStep
+from gateway.preparation import PreparedRequest
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+@dataclass
+class _ChoiceState:
+    """Accumulated per choice; the streaming path keeps only what the terminal needs."""
+
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Any = None
+    performance: PerformanceStamps | None = None
+
+
+class Presenter:
+    """Shared logic; ChatPresenter and CompletionPresenter fix the OpenAI shapes."""
+
+    object_json = ""
+    object_chunk = ""
+
+    def __init__(self, prepared: PreparedRequest, served_id: str, tokenizer: FrontendTokenizer) -> None:
+        self.prepared = prepared
+        self.observation = prepared.observation
+        self.tokenizer = tokenizer
+        self.base = {"id": prepared.request_id, "object": self.object_chunk, "created": int(time.time()),
+                     "model": served_id}
+        self.states = [_ChoiceState() for _ in range(prepared.choice_count)]
+        self._finished = 0
+        self._first_chunk = True
+
+    # ---- shape hooks ---------------------------------------------------------------------
+    def delta_payload(self, delta: Delta, state: _ChoiceState) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def opening_payload(self) -> dict[str, Any] | None:
+        """The delta each choice's stream opens with (chat: the role), or None."""
+        return None
+
+    def chunk_choice(self, index: int, payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def logprobs_json(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def choice_json(self, index: int, state: _ChoiceState) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # ---- shared ----------------------------------------------------------------------------
+    def _prompt_ids_field(self) -> list[int] | list[list[int]]:
+        prompts = [list(p) for p in self.prepared.prompts]
+        return prompts[0] if len(prompts) == 1 else prompts
+
+    def _logprob_entry(self, step: TokenStep) -> dict[str, Any]:
+        tokenizer = self.tokenizer
+        return {"token": tokenizer.token_text(step.token_id), "logprob": step.logprob,
+                "bytes": list(tokenizer.token_bytes(step.token_id)),
+                "top_logprobs": [{"token": tokenizer.token_text(t.token_id), "logprob": t.logprob,
+                                  "bytes": list(tokenizer.token_bytes(t.token_id))} for t in step.top]}
+
+    def _observe(self, state: _ChoiceState, step: TokenStep) -> None:
+        state.token_ids.append(step.token_id)
+        if step.timestamp_ns is not None:
+            state.timestamps.append(step.timestamp_ns)
+
+    def usage_json(self, states: list[_ChoiceState]) -> dict[str, Any]:
+        n = self.prepared.n
+        prompt = sum(s.usage.prompt_tokens for i, s in enumerate(states) if i % n == 0 and s.usage)
+        completion = sum(s.usage.completion_tokens for s in states if s.usage)
+        reused = self._reused(states)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": reused}}
+
+    @staticmethod
+    def _reused(states: list[_ChoiceState]) -> int:
+        return states[0].usage.reused_prompt_tokens if states and states[0].usage else 0
+
+    def _performance_json(self) -> dict[str, int]:
+        perf = self.states[0].performance or PerformanceStamps(0, 0, 0)
+        return {"ingress_ns": perf.ingress_ns, "enqueue_ns": perf.enqueue_ns,
+                "reused_prompt_tokens": perf.reused_prompt_tokens}
+
+    # ---- non-streaming ---------------------------------------------------------------------
+    def fold(self, event: ChoiceEvent) -> None:
+        """Accumulate one event for the JSON body (failures are raised by the caller)."""
+        state = self.states[event.index]
+        if isinstance(event, ChoiceSteps):
+            for step in event.steps:
+                self._observe(state, step)
+                if self.observation.logprobs:
+                    state.logprobs.append(self._logprob_entry(step))
+                for delta in step.deltas:
+                    self.delta_payload(delta, state)
+        elif isinstance(event, ChoiceFinished):
+            for delta in event.deltas:
+                self.delta_payload(delta, state)
+            state.finish_reason = self._finish_reason(event, state)
+            state.usage = event.usage
+            state.performance = event.performance
+
+    def _finish_reason(self, event: ChoiceFinished, state: _ChoiceState) -> str:
+        return event.finish_reason
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.base, "object": self.object_json,
+                               "choices": [self.choice_json(i, s) for i, s in enumerate(self.states)],
+                               "usage": self.usage_json(self.states)}
+        if self.observation.token_ids:
+            out["prompt_token_ids"] = self._prompt_ids_field()
+            out["reused_prompt_tokens"] = self._reused(self.states)
+        if self.observation.timestamps:
+            out["performance"] = self._performance_json()
+        return out
+
+    def _observation_fields(self, state: _ChoiceState) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.observation.token_ids:
+            fields["token_ids"] = state.token_ids
+        if self.observation.timestamps:
+            fields["token_timestamps_ns"] = state.timestamps
+        return fields
+
+    # ---- streaming -------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict[str, Any]], **top: Any) -> bytes:
+        payload: dict[str, Any] = {**self.base, "choices": choices}
+        if self._first_chunk:
+            self._first_chunk = False
+            if self.observation.token_ids:
+                payload["prompt_token_ids"] = self._prompt_ids_field()
+        if self.observation.include_usage:
+            payload["usage"] = None
+        payload.update(top)
+        return sse(payload)
+
+    def opening(self) -> Iterator[bytes]:
+        """Chunks sent as soon as the stream opens (before any backend event)."""
+        opening = self.opening_payload()
+        if opening is not None:
+            for index in range(len(self.states)):
+                yield self._chunk([self.chunk_choice(index, dict(opening))])
+        elif self.observation.token_ids:
+            yield self._chunk([self.chunk_choice(0, {})])
+
+    def stream(self, event: ChoiceEvent) -> Iterator[bytes]:
+        index = event.index
+        state = self.states[index]
+        if isinstance(event, ChoiceSteps):
+            for step in event.steps:
+                yield from self._stream_step(index, state, step)
+        elif isinstance(event, ChoiceFinished):
+            yield from self._stream_deltas(index, state, event.deltas, None)
+            state.usage = event.usage
+            state.performance = event.performance
+            self._finished += 1
+            yield self._terminal_chunk(index, state, self._finish_reason(event, state))
+            if self._finished == len(self.states):
+                if self.observation.include_usage:
+                    yield self._usage_chunk()
+                yield DONE
+
+    def _stream_step(self, index: int, state: _ChoiceState, step: TokenStep) -> Iterator[bytes]:
+        logprobs = self.logprobs_json([self._logprob_entry(step)]) if self.observation.logprobs else None
+        if self.observation.token_ids:
+            meta = self.chunk_choice(index, {})
+            meta["token_ids"] = [step.token_id]
+            if self.observation.timestamps:
+                meta["token_timestamps_ns"] = [step.timestamp_ns]
+            if logprobs is not None:
+                meta["logprobs"] = logprobs
+                logprobs = None
+            yield self._chunk([meta])
+        yield from self._stream_deltas(index, state, step.deltas, logprobs)
+
+    def _stream_deltas(self, index: int, state: _ChoiceState, deltas: Any,
+                       logprobs: dict[str, Any] | None) -> Iterator[bytes]:
+        for delta in deltas:
+            payload = self.delta_payload(delta, state)
+            if payload is None:
+                continue
+            choice = self.chunk_choice(index, payload)
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
+                logprobs = None
+            yield self._chunk([choice])
+        if logprobs is not None:  # a token whose text is still held: its logprob goes out now
+            choice = self.chunk_choice(index, {})
+            choice["logprobs"] = logprobs
+            yield self._chunk([choice])
+
+    def _terminal_chunk(self, index: int, state: _ChoiceState, finish_reason: str) -> bytes:
+        top: dict[str, Any] = {}
+        observed = self.observation.token_ids
+        if observed and not self.observation.include_usage:
+            top["usage"] = self.usage_json([state])
+        if observed:
+            top["reused_prompt_tokens"] = state.usage.reused_prompt_tokens
+        last = self._finished == len(self.states)
+        if last and self.observation.timestamps and not self.observation.include_usage:
+            top["performance"] = self._performance_json()
+        return self._chunk([self.chunk_choice(index, {}, finish_reason)], **top)
+
+    def _usage_chunk(self) -> bytes:
+        payload: dict[str, Any] = {**self.base, "choices": [], "usage": self.usage_json(self.states)}
+        if self.observation.token_ids:
+            payload["reused_prompt_tokens"] = self._reused(self.states)
+        if self.observation.timestamps:
+            payload["performance"] = self._performance_json()
+        return sse(payload)
+
+    @staticmethod
+    def error_event(error: GatewayError) -> bytes:
+        """The one terminal SSE error event after headers were sent; no [DONE] follows."""
+        return sse(error.body())
+
+
+class ChatPresenter(Presenter):
+    object_json = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def opening_payload(self) -> dict[str, Any] | None:
+        return {"role": "assistant", "content": ""}
+
+    def delta_payload(self, delta: Delta, state: _ChoiceState) -> dict[str, Any] | None:
+        if isinstance(delta, ContentDelta):
+            state.content.append(delta.text)
+            return {"content": delta.text} if delta.text else None
+        if isinstance(delta, ReasoningDelta):
+            state.reasoning.append(delta.text)
+            return {"reasoning_content": delta.text} if delta.text else None
+        if isinstance(delta, ToolCallStart):
+            state.tool_calls.append({"id": delta.call_id, "type": "function",
+                                     "function": {"name": delta.name, "arguments": ""}})
+            return {"tool_calls": [{"index": delta.index, "id": delta.call_id, "type": "function",
+                                    "function": {"name": delta.name, "arguments": ""}}]}
+        if isinstance(delta, ToolCallArgumentsDelta):
+            state.tool_calls[delta.index]["function"]["arguments"] += delta.fragment
+            return {"tool_calls": [{"index": delta.index, "function": {"arguments": delta.fragment}}]}
+        return None  # ToolCallEnd and parse notes change no visible field
+
+    def chunk_choice(self, index: int, payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {"index": index, "delta": payload, "logprobs": None, "finish_reason": finish_reason}
+
+    def logprobs_json(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return {"content": entries}
+
+    def _finish_reason(self, event: ChoiceFinished, state: _ChoiceState) -> str:
+        # a natural end after tool calls is "tool_calls"; a user stop stays "stop" (STOP-22)
+        return "tool_calls" if state.tool_calls and event.ended_by_eos else event.finish_reason
+
+    def choice_json(self, index: int, state: _ChoiceState) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(state.content)}
+        if state.reasoning:
+            message["reasoning_content"] = "".join(state.reasoning)
+        if state.tool_calls:
+            message["tool_calls"] = state.tool_calls
+        choice = {"index": index, "message": message,
+                  "logprobs": self.logprobs_json(state.logprobs) if self.observation.logprobs else None,
+                  "finish_reason": state.finish_reason}
+        choice.update(self._observation_fields(state))
+        return choice
+
+
+class CompletionPresenter(Presenter):
+    object_json = "text_completion"
+    object_chunk = "text_completion"
+
+    def delta_payload(self, delta: Delta, state: _ChoiceState) -> dict[str, Any] | None:
+        text = delta.text if isinstance(delta, (ContentDelta, ReasoningDelta)) else ""
+        if not text:
+            return None
+        state.content.append(text)
+        return {"text": text}
+
+    def chunk_choice(self, index: int, payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {"index": index, "text": payload.get("text", ""), "logprobs": None, "finish_reason": finish_reason}
+
+    def logprobs_json(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries]}
+
+    def choice_json(self, index: int, state: _ChoiceState) -> dict[str, Any]:
+        choice = {"index": index, "text": "".join(state.content),
+                  "logprobs": self.logprobs_json(state.logprobs) if self.observation.logprobs else None,
+                  "finish_reason": state.finish_reason}
+        choice.update(self._observation_fields(state))
+        return choice

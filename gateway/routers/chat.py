@@ -1,0 +1,31 @@
+"""POST /v1/chat/completions (JSON and SSE)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.preparation import prepare_chat
+from gateway.presentation import ChatPresenter
+from gateway.schemas import ChatCompletion, ChatCompletionRequest, ErrorResponse
+from gateway.service import GatewayService
+
+router = APIRouter()
+
+ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 404, 429, 500, 503)}
+
+
+@router.post("/v1/chat/completions", response_model=None,
+             responses={200: {"model": ChatCompletion, "content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    service: GatewayService = request.app.state.service
+    served = service.served
+    ingress_ns = served.clock.now_ns()  # after JSON decoding, before preparation (OBS-21)
+    permit = service.admit()
+    try:
+        prepared = await service.admission.prepare(lambda: prepare_chat(body, served, ingress_ns))
+        presenter = ChatPresenter(prepared, served.served_id, served.tokenizer)
+        return service.respond(prepared, presenter, permit, "chat", prompt_param="messages")
+    except BaseException:
+        permit.release()
+        raise

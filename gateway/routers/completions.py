@@ -1,0 +1,30 @@
+"""POST /v1/completions (JSON and SSE)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.preparation import prepare_completion
+from gateway.presentation import CompletionPresenter
+from gateway.routers.chat import ERROR_RESPONSES
+from gateway.schemas import Completion, CompletionRequest
+from gateway.service import GatewayService
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", response_model=None,
+             responses={200: {"model": Completion, "content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    service: GatewayService = request.app.state.service
+    served = service.served
+    ingress_ns = served.clock.now_ns()
+    permit = service.admit()
+    try:
+        prepared = await service.admission.prepare(lambda: prepare_completion(body, served, ingress_ns))
+        presenter = CompletionPresenter(prepared, served.served_id, served.tokenizer)
+        return service.respond(prepared, presenter, permit, "completions", prompt_param="prompt")
+    except BaseException:
+        permit.release()
+        raise

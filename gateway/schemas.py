@@ -1,0 +1,234 @@
+"""Pydantic models at the HTTP edge: OpenAI chat/completions requests and response shapes.
+
+Requests validate strictly (no "1" -> 1 coercion; observation flags are booleans or null
+only, OBS-28) so a bad field becomes a 400 naming it. Unknown fields are ignored, as
+OpenAI does, so newer SDKs keep working. Cross-field rules (stops vs token stops vs
+structured output, timestamps requiring ids, ...) live in preparation, which names the
+parameter in its error. Response models exist for the OpenAPI document; handlers build
+plain dicts (presentation.py) so streaming stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+_REQUEST_CONFIG = ConfigDict(strict=True, extra="ignore")
+
+UINT64_MAX = 2**64 - 1
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST_CONFIG
+    include_usage: StrictBool | None = None
+
+
+class TextContentPart(BaseModel):
+    model_config = _REQUEST_CONFIG
+    type: Literal["text"]
+    text: StrictStr
+
+
+class FunctionCall(BaseModel):
+    model_config = _REQUEST_CONFIG
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(BaseModel):
+    model_config = _REQUEST_CONFIG
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    model_config = _REQUEST_CONFIG
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # text or text parts; images are refused in preparation (no image layout served here)
+    content: StrictStr | list[TextContentPart | dict[str, Any]] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _REQUEST_CONFIG
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = _REQUEST_CONFIG
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoiceFunction(BaseModel):
+    model_config = _REQUEST_CONFIG
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _REQUEST_CONFIG
+    type: Literal["function"]
+    function: NamedToolChoiceFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = _REQUEST_CONFIG
+    name: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = _REQUEST_CONFIG
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+TokenId = Annotated[StrictInt, Field(ge=0)]
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and completions; None = take the core's prepared default."""
+
+    model_config = _REQUEST_CONFIG
+    model: StrictStr
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 and 0 = off
+    min_p: Probability | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    seed: Annotated[StrictInt, Field(ge=0, le=UINT64_MAX)] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=16)] | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    stop_token_sequences: list[list[TokenId]] | None = None
+    stream: StrictBool | None = None
+    stream_options: StreamOptions | None = None
+    return_token_ids: StrictBool | None = None
+    return_token_timestamps: StrictBool | None = None
+    logit_bias: dict[str, float] | None = None
+    user: StrictStr | None = None
+    priority: StrictInt | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: ResponseFormat | None = None
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
+
+
+class CompletionRequest(SamplingFields):
+    # a string, a list of strings, token ids, or a list of token-id lists (one choice set each)
+    prompt: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
+    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    echo: StrictBool | None = None
+    suffix: StrictStr | None = None
+    best_of: StrictInt | None = None
+
+
+# ---- responses (documentation of the shapes presentation.py builds) -----------------------
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class Performance(BaseModel):
+    ingress_ns: int
+    enqueue_ns: int
+    reused_prompt_tokens: int
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ResponseMessage
+    logprobs: dict[str, Any] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+    token_ids: list[int] | None = None
+    token_timestamps_ns: list[int] | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = None
+    reused_prompt_tokens: int | None = None
+    performance: Performance | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None = None
+    finish_reason: Literal["stop", "length"] | None
+    token_ids: list[int] | None = None
+    token_timestamps_ns: list[int] | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | list[list[int]] | None = None
+    reused_prompt_tokens: int | None = None
+    performance: Performance | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

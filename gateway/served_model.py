@@ -1,0 +1,67 @@
+"""What the gateway knows about the served model, learned from the model itself.
+
+Built once at startup from the backend's FrontendAssets answer (docs/transport.md), so the
+tokenizer, chat template, EOS ids, limits and served ids can never disagree with the core
+the backend loaded (no second copy, no model hub, no config files).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from helios_backend.frontend.chat_template import ChatTemplate
+from helios_backend.frontend.tokenizer import FrontendTokenizer
+from helios_proto import transport_pb2 as tp
+
+
+@dataclass(frozen=True, slots=True)
+class BackendClock:
+    """The backend's process-local monotonic origin. CLOCK_MONOTONIC is system-wide on
+    Linux, so the gateway's stamps land on the token timestamps' origin (OBS-23)."""
+
+    origin_monotonic_ns: int
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns() - self.origin_monotonic_ns
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    served_id: str
+    aliases: tuple[str, ...]
+    tokenizer: FrontendTokenizer
+    chat_template: ChatTemplate
+    eos_token_ids: frozenset[int]
+    limits: tp.ServingLimits
+    clock: BackendClock
+    top_logprobs_capacity: int
+    assets: tp.FrontendAssets  # the typed frontend contract, for the syntax seam
+    created: int  # unix seconds the gateway learned the model (OpenAI "created")
+
+    @classmethod
+    def from_assets(cls, assets: tp.FrontendAssets) -> "ServedModel":
+        tokenizer = FrontendTokenizer.from_json(assets.tokenizer_json.decode("utf-8"))
+        tokens = assets.frontend.template_tokens
+        special = {name: value for name, value in (
+            ("bos_token", tokens.bos_token), ("eos_token", tokens.eos_token),
+            ("pad_token", tokens.pad_token), ("unk_token", tokens.unk_token)) if value}
+        return cls(
+            served_id=assets.served_id,
+            aliases=tuple(assets.aliases),
+            tokenizer=tokenizer,
+            chat_template=ChatTemplate(assets.chat_template, special),
+            eos_token_ids=frozenset(assets.eos_token_ids),
+            limits=assets.limits,
+            clock=BackendClock(assets.clock.origin_monotonic_ns),
+            top_logprobs_capacity=assets.top_logprobs_capacity,
+            assets=assets,
+            created=int(time.time()),
+        )
+
+    def serves(self, model: str) -> bool:
+        return model == self.served_id or model in self.aliases
+
+    @property
+    def vocabulary_size(self) -> int:
+        return self.limits.sampled_vocabulary or self.tokenizer.vocab_size

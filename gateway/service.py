@@ -1,0 +1,175 @@
+"""The gateway's collaborators wired together; routers call only this.
+
+``GatewayService`` owns the Triton client, the served model (once learned), admission
+and metrics. Until the backend has answered the assets request, generation endpoints
+answer 503 and /health is 503; a background task keeps asking, so the gateway may start
+before tritonserver has loaded the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.admission import Admission, AdmissionSettings, Permit
+from gateway.errors import BackendUnavailableError, IngressFullError
+from gateway.generation import ChoiceFailed, RequestRun
+from gateway.metrics import GatewayMetrics
+from gateway.output_pipeline import OutputParser, PlainTextParser
+from gateway.preparation import PreparedRequest
+from gateway.presentation import Presenter
+from gateway.responses import GenerationResponse
+from gateway.served_model import ServedModel
+from gateway.triton_client import TritonBackend
+
+log = logging.getLogger(__name__)
+
+ParserFactory = Callable[[ServedModel, PreparedRequest], OutputParser]
+
+
+def plain_text_parsers(served: ServedModel, prepared: PreparedRequest) -> OutputParser:
+    """Default syntax seam: no reasoning or tool syntax."""
+    return PlainTextParser()
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionOverrides:
+    """CLI values that win over the served model's effective limits (None = take the model's)."""
+
+    queue_capacity: int | None = None
+    max_active: int | None = None
+    frontend_workers: int | None = None
+
+
+class GatewayService:
+    HEALTH_CACHE_S = 1.0  # a probe is one tiny inference; coalesce health-check storms
+
+    def __init__(self, backend: TritonBackend, overrides: AdmissionOverrides,
+                 parser_factory: ParserFactory = plain_text_parsers) -> None:
+        self.backend = backend
+        self.metrics = GatewayMetrics()
+        self._overrides = overrides
+        self._parser_factory = parser_factory
+        self._served: ServedModel | None = None
+        self._admission: Admission | None = None
+        self._loader: asyncio.Task[None] | None = None
+        self._health: tuple[float, bool] = (0.0, False)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._loader = asyncio.create_task(self._load_assets())
+
+    async def _load_assets(self) -> None:
+        delay = 0.2
+        while self._served is None:
+            try:
+                assets = await self.backend.fetch_assets(timeout_s=30.0)
+                self._install(ServedModel.from_assets(assets))
+                log.info("serving %s (aliases %s)", assets.served_id, list(assets.aliases))
+            except ConnectionError as exc:
+                log.info("waiting for the model backend: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _install(self, served: ServedModel) -> None:
+        limits = served.limits
+        o = self._overrides
+        settings = AdmissionSettings(
+            queue_capacity=o.queue_capacity if o.queue_capacity is not None else limits.queue_capacity,
+            max_active=o.max_active if o.max_active is not None else max(limits.max_active, 1),
+            frontend_workers=o.frontend_workers if o.frontend_workers is not None
+            else max(limits.frontend_workers, 1))
+        self._admission = Admission(settings)
+        self.metrics.track_permits(lambda: self._admission.in_use if self._admission else 0, settings.permits)
+        self._served = served
+
+    async def close(self) -> None:
+        if self._loader is not None:
+            self._loader.cancel()
+        if self._admission is not None:
+            self._admission.close()
+        await self.backend.close()
+
+    # ---- state -----------------------------------------------------------------------------
+    @property
+    def served(self) -> ServedModel:
+        if self._served is None:
+            raise BackendUnavailableError("the model is still loading; retry later")
+        return self._served
+
+    @property
+    def admission(self) -> Admission:
+        if self._admission is None:
+            raise BackendUnavailableError("the model is still loading; retry later")
+        return self._admission
+
+    async def healthy(self) -> bool:
+        """Triton and the model ready and answering a tiny inference (a dead Python stub
+        can leave Triton's own readiness green)."""
+        checked_at, ok = self._health
+        if time.monotonic() - checked_at < self.HEALTH_CACHE_S:
+            return ok
+        ok = self._served is not None and await self.backend.model_ready(timeout_s=2.0)
+        if ok:
+            try:
+                await self.backend.fetch_assets(timeout_s=5.0)
+            except ConnectionError:
+                ok = False
+        self._health = (time.monotonic(), ok)
+        return ok
+
+    # ---- requests --------------------------------------------------------------------------
+    def admit(self) -> Permit:
+        try:
+            return self.admission.admit()
+        except IngressFullError:
+            self.metrics.ingress_full.inc()
+            raise
+
+    def respond(self, prepared: PreparedRequest, presenter: Presenter, permit: Permit,
+                endpoint: str, prompt_param: str) -> GenerationResponse:
+        """Start the backend requests and return the response that delivers them."""
+        served = self.served
+        run = RequestRun(self.backend, served, prepared, lambda: self._parser_factory(served, prepared),
+                         self.metrics, prompt_param)
+        run.start()
+        status_holder: dict[str, Any] = {"status": 200}
+
+        def on_close(disconnected: bool) -> None:
+            run.cancel()
+            if disconnected:
+                self.metrics.disconnects.inc()
+                status_holder["status"] = 499  # nginx's "client closed request"
+            self.metrics.requests.labels(endpoint, str(status_holder["status"])).inc()
+            elapsed = (served.clock.now_ns() - prepared.ingress_ns) / 1e9
+            self.metrics.duration.labels(endpoint).observe(max(elapsed, 0.0))
+
+        if prepared.stream:
+            async def chunks():  # type: ignore[no-untyped-def]
+                for chunk in presenter.opening():
+                    yield chunk
+                async for event in run.events():
+                    if isinstance(event, ChoiceFailed):
+                        status_holder["status"] = event.error.status
+                        run.cancel()
+                        yield presenter.error_event(event.error)
+                        return
+                    for chunk in presenter.stream(event):
+                        yield chunk
+
+            return GenerationResponse(permit, on_close, chunks=chunks())
+
+        async def body_once() -> tuple[int, dict]:
+            async for event in run.events():
+                if isinstance(event, ChoiceFailed):
+                    status_holder["status"] = event.error.status
+                    run.cancel()
+                    raise event.error
+                presenter.fold(event)
+            return 200, presenter.body()
+
+        return GenerationResponse(permit, on_close, body_once=body_once)

@@ -1,0 +1,325 @@
+"""Unit tests of the output pipeline and presenters on hand-written token streams.
+
+No Triton here: a FrontendAssets message built from the embedded GGUF's tokenizer and
+template stands in for the backend's assets answer, and token batches are fed by hand.
+The end-to-end tests (test_gateway_e2e*.py) run the same code against a real backend.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.errors import AdmissionRejectedError, ExecutionFailedError, InvalidRequestError
+from gateway.generation import ChoiceFailed, ChoiceTranslator
+from gateway.output_pipeline import OutputPipeline, PlainTextParser
+from gateway.preparation import PreparedRequest, prepare_chat, prepare_completion
+from gateway.presentation import DONE, ChatPresenter, CompletionPresenter, Presenter
+from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.served_model import ServedModel
+from gateway.triton_client import TokenBatch
+from helios_proto import transport_pb2 as tp
+from ignition.sources.gguf import GGUFModel, default_gguf_path
+from ignition.sources.tokenizer import tokenizer_json_from_gguf
+
+EOS = 2  # <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def served() -> ServedModel:
+    gguf = GGUFModel.open(default_gguf_path())
+    assets = tp.FrontendAssets(
+        version=tp.TRANSPORT_VERSION_1, served_id="test-model", aliases=["alias"],
+        tokenizer_json=tokenizer_json_from_gguf(gguf).encode(), chat_template=gguf.chat_template,
+        eos_token_ids=[EOS], top_logprobs_capacity=4,
+        limits=tp.ServingLimits(context_tokens=2048, queue_capacity=4, max_active=2, frontend_workers=1,
+                                sampled_vocabulary=49152))
+    return ServedModel.from_assets(assets)
+
+
+def chat(served: ServedModel, **fields: Any) -> PreparedRequest:
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return prepare_chat(ChatCompletionRequest.model_validate(body), served, ingress_ns=10)
+
+
+def finished(reason: int, completion: int, stop: tp.StopMatch | None = None, timed: bool = False) -> tp.TerminalEvent:
+    event = tp.TerminalEvent(finished=tp.Finished(
+        reason=reason, usage=tp.Usage(prompt_tokens=7, completion_tokens=completion, reused_prompt_tokens=3)))
+    if stop is not None:
+        event.finished.stop.CopyFrom(stop)
+    if timed:
+        event.finished.performance.CopyFrom(tp.Performance(ingress_ns=10, enqueue_ns=20, reused_prompt_tokens=3))
+    return event
+
+
+def batch(ids: list[int], start_ts: int = 100) -> TokenBatch:
+    return TokenBatch(np.asarray(ids, dtype=np.int32), np.arange(start_ts, start_ts + len(ids), dtype=np.int64),
+                      None, None, None)
+
+
+def run(presenter: Presenter, served: ServedModel, prepared: PreparedRequest, ids: list[int],
+        cuts: list[int], terminal: tp.TerminalEvent, stream: bool) -> Any:
+    """Feed ids in batches split at `cuts`, then the terminal; SSE bytes or the JSON body."""
+    pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), PlainTextParser(), served.eos_token_ids)
+    translator = ChoiceTranslator(0, pipeline, "messages", prepared.ingress_ns, 20)
+    bounds = sorted({0, len(ids), *(c for c in cuts if 0 < c < len(ids))})
+    events = [translator.tokens(batch(ids[a:b], 100 + a)) for a, b in zip(bounds, bounds[1:])]
+    events.append(translator.terminal(terminal))
+    if not stream:
+        for event in events:
+            presenter.fold(event)
+        return presenter.body()
+    out = b"".join(presenter.opening())
+    for event in events:
+        out += b"".join(presenter.stream(event))
+    return out
+
+
+def parse_sse(raw: bytes) -> tuple[list[dict[str, Any]], bool]:
+    frames = [f for f in raw.decode().split("\n\n") if f]
+    assert all(f.startswith("data: ") for f in frames)
+    done = frames[-1] == "data: [DONE]"
+    return [json.loads(f[6:]) for f in frames if f != "data: [DONE]"], done
+
+
+def text_ids(served: ServedModel, text: str) -> list[int]:
+    return served.tokenizer.encode_untrusted(text)
+
+
+# spec: OBS-2, OBS-3, OBS-11, OBS-18, OBS-19, OBS-20
+def test_json_observation_fields(served: ServedModel) -> None:
+    prepared = chat(served, return_token_ids=True, return_token_timestamps=True)
+    ids = text_ids(served, "Paris is nice.") + [EOS]
+    body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [2],
+               finished(tp.FINISH_REASON_EOS, len(ids), timed=True), stream=False)
+    choice = body["choices"][0]
+    assert body["prompt_token_ids"] == list(prepared.prompts[0])
+    assert choice["token_ids"] == ids  # EOS included (OBS-7)
+    assert choice["token_timestamps_ns"] == list(range(100, 100 + len(ids)))
+    assert choice["message"]["content"] == "Paris is nice."
+    assert choice["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": len(ids), "total_tokens": 7 + len(ids),
+                             "prompt_tokens_details": {"cached_tokens": 3}}
+    assert body["reused_prompt_tokens"] == 3
+    assert body["performance"] == {"ingress_ns": 10, "enqueue_ns": 20, "reused_prompt_tokens": 3}
+
+
+# spec: OBS-17
+def test_unobserved_json_has_no_observation_fields(served: ServedModel) -> None:
+    prepared = chat(served)
+    ids = text_ids(served, "ok") + [EOS]
+    body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [],
+               finished(tp.FINISH_REASON_EOS, len(ids)), stream=False)
+    assert "prompt_token_ids" not in body and "performance" not in body
+    assert "token_ids" not in body["choices"][0]
+
+
+# spec: OBS-4, OBS-5, OBS-6, OBS-25, OBS-26
+def test_sse_metadata_chunks_and_include_usage(served: ServedModel) -> None:
+    prepared = chat(served, stream=True, stream_options={"include_usage": True}, return_token_ids=True,
+                    return_token_timestamps=True)
+    ids = text_ids(served, "A b c") + [EOS]
+    raw = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [1, 3],
+              finished(tp.FINISH_REASON_EOS, len(ids), timed=True), stream=True)
+    chunks, done = parse_sse(raw)
+    assert done
+    assert chunks[0]["prompt_token_ids"] == list(prepared.prompts[0])
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    meta = [c for c in chunks if c["choices"] and "token_ids" in c["choices"][0]]
+    assert [c["choices"][0]["token_ids"] for c in meta] == [[i] for i in ids]
+    assert all(c["choices"][0]["delta"] == {} for c in meta)
+    assert [c["choices"][0]["token_timestamps_ns"][0] for c in meta] == list(range(100, 100 + len(ids)))
+    text_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert all("token_ids" not in c["choices"][0] for c in text_chunks)
+    assert "".join(c["choices"][0]["delta"]["content"] for c in text_chunks) == "A b c"
+    assert all(c["usage"] is None for c in chunks[:-1])
+    final = chunks[-1]
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == len(ids)
+    assert final["performance"]["enqueue_ns"] == 20
+    assert sum(1 for c in chunks if "performance" in c) == 1
+
+
+# spec: OBS-27
+def test_sse_without_include_usage_puts_usage_on_terminal_chunk(served: ServedModel) -> None:
+    prepared = chat(served, stream=True, return_token_ids=True)
+    ids = text_ids(served, "x") + [EOS]
+    chunks, done = parse_sse(run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids,
+                                 [], finished(tp.FINISH_REASON_EOS, len(ids)), stream=True))
+    assert done
+    terminal = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(terminal) == 1 and terminal[0]["usage"]["completion_tokens"] == len(ids)
+    assert terminal[0]["reused_prompt_tokens"] == 3
+    assert all("usage" not in c for c in chunks if c is not terminal[0])
+
+
+# spec: STOP-11, STOP-19, STOP-20, STOP-21
+def test_stop_string_across_tokens_trims_text_but_not_ids(served: ServedModel) -> None:
+    ids = text_ids(served, "one two three four")
+    prepared = chat(served, stop=["o thr"], return_token_ids=True)
+    stop = tp.StopMatch(kind=tp.STOP_KIND_STRING, index=0, visible_text_bytes=len("one tw"))
+    body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids[:4], [1],
+               finished(tp.FINISH_REASON_STOP_STRING, 4, stop), stream=False)
+    assert body["choices"][0]["message"]["content"] == "one tw"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["choices"][0]["token_ids"] == ids[:4]
+    assert body["usage"]["completion_tokens"] == 4
+
+
+# spec: STOP-15
+def test_length_end_flushes_held_prefix(served: ServedModel) -> None:
+    ids = text_ids(served, "abc de")
+    prepared = chat(served, stop=" def")
+    body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [],
+               finished(tp.FINISH_REASON_LENGTH, len(ids)), stream=False)
+    assert body["choices"][0]["message"]["content"] == "abc de"
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+# spec: STOP-29, STOP-8
+def test_stop_token_sequence_omitted_from_text(served: ServedModel) -> None:
+    ids = text_ids(served, "left right")
+    prepared = chat(served, stop_token_sequences=[ids[1:]], return_token_ids=True)
+    stop = tp.StopMatch(kind=tp.STOP_KIND_TOKEN_SEQUENCE, index=0, presented_tokens=1)
+    body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [],
+               finished(tp.FINISH_REASON_STOP_TOKEN, len(ids), stop), stream=False)
+    assert body["choices"][0]["message"]["content"] == "left"
+    assert body["choices"][0]["token_ids"] == ids
+
+
+# spec: STOP-12
+def test_multibyte_character_split_across_tokens(served: ServedModel) -> None:
+    ids = text_ids(served, "🙂 ok")
+    assert len(served.tokenizer.token_bytes(ids[0])) < 4  # the emoji spans several tokens
+    prepared = chat(served, stream=True)
+    chunks, _ = parse_sse(run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared,
+                              ids, list(range(len(ids))), finished(tp.FINISH_REASON_LENGTH, len(ids)),
+                              stream=True))
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert "\ufffd" not in "".join(p for p in pieces if p)
+    assert "".join(p for p in pieces if p) == "🙂 ok"
+
+
+def sse_view(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fold SSE chunks into what a client sees, to compare with the JSON body."""
+    content, ids, stamps, reason, usage = [], [], [], None, None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            content.append(choice["delta"].get("content") or "")
+            ids += choice.get("token_ids", [])
+            stamps += choice.get("token_timestamps_ns", [])
+            reason = choice["finish_reason"] or reason
+        usage = chunk.get("usage") or usage
+    return {"content": "".join(content), "ids": ids, "stamps": stamps, "reason": reason, "usage": usage}
+
+
+# spec: STOP-9, STOP-13, OBS-3, OBS-5
+@settings(max_examples=60, deadline=None)
+@given(text=st.sampled_from(["The end is near. Near the end!", "日本語 and ÷ signs 🙂🙃 too", "aaaa bbbb aaaa"]),
+       stop=st.sampled_from([None, "end", "ear", "🙃", "a b", "zzz"]),
+       cuts=st.lists(st.integers(min_value=1, max_value=30), max_size=8),
+       eos=st.booleans())
+def test_stream_equals_json_for_every_chunking(served: ServedModel, text: str, stop: str | None,
+                                               cuts: list[int], eos: bool) -> None:
+    ids = text_ids(served, text)
+    matcher = prepare = None  # noqa: F841 - for readability below
+    prepared_json = chat(served, stop=stop, return_token_ids=True, return_token_timestamps=True)
+    prepared_sse = chat(served, stop=stop, return_token_ids=True, return_token_timestamps=True, stream=True,
+                        stream_options={"include_usage": True})
+    # the backend's decision: the same matcher over the same ids
+    decided = prepared_json.stop_matcher()
+    decoder = served.tokenizer.incremental_decoder()
+    generated, visible, reason, match = [], 0, tp.FINISH_REASON_LENGTH, None
+    for token in ids + ([EOS] if eos else []):
+        generated.append(token)
+        if token == EOS:
+            reason = tp.FINISH_REASON_EOS
+            break
+        decision = decided.feed(token, decoder.feed_one(token))
+        visible += len(decision.text.encode())
+        if decision.matched:
+            reason = tp.FINISH_REASON_STOP_STRING
+            match = tp.StopMatch(kind=tp.STOP_KIND_STRING, index=0, visible_text_bytes=visible)
+            break
+    terminal = finished(reason, len(generated), match, timed=True)
+    body = run(ChatPresenter(prepared_json, "test-model", served.tokenizer), served, prepared_json, generated,
+               cuts, terminal, stream=False)
+    chunks, done = parse_sse(run(ChatPresenter(prepared_sse, "test-model", served.tokenizer), served,
+                                 prepared_sse, generated, cuts, terminal, stream=True))
+    view = sse_view(chunks)
+    choice = body["choices"][0]
+    assert done
+    assert view["content"] == choice["message"]["content"]
+    assert view["ids"] == choice["token_ids"] == generated
+    assert view["stamps"] == choice["token_timestamps_ns"]
+    assert view["reason"] == choice["finish_reason"]
+    assert view["usage"] == body["usage"]
+    if stop is None or stop not in text:
+        assert choice["message"]["content"] == text
+    else:
+        assert choice["message"]["content"] == text[: text.index(stop)]
+
+
+def test_completion_presenter_shapes(served: ServedModel) -> None:
+    body = CompletionRequest.model_validate({"model": "alias", "prompt": "Once", "return_token_ids": True})
+    prepared = prepare_completion(body, served, ingress_ns=1)
+    ids = text_ids(served, " upon a time")
+    out = run(CompletionPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [2],
+              finished(tp.FINISH_REASON_LENGTH, len(ids)), stream=False)
+    assert out["object"] == "text_completion"
+    assert out["choices"][0]["text"] == " upon a time"
+    assert out["prompt_token_ids"] == served.tokenizer.encode_template("Once")
+
+
+# spec: HTTP-26, HTTP-27
+def test_terminal_outcomes_map_to_typed_errors(served: ServedModel) -> None:
+    prepared = chat(served)
+    pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), PlainTextParser(), served.eos_token_ids)
+    translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
+    # the same message text on every outcome: only the outcome decides the class
+    rejected = translator.terminal(tp.TerminalEvent(rejected=tp.AdmissionRejection(
+        reason=tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY, message="boom")))
+    failed = translator.terminal(tp.TerminalEvent(failed=tp.ExecutionFailure(message="boom")))
+    invalid = translator.terminal(tp.TerminalEvent(invalid=tp.InvalidRequest(field="stops.strings", message="boom")))
+    assert isinstance(rejected, ChoiceFailed) and isinstance(rejected.error, AdmissionRejectedError)
+    assert rejected.error.status == 503 and rejected.error.param == "messages"
+    assert isinstance(failed, ChoiceFailed) and isinstance(failed.error, ExecutionFailedError)
+    assert failed.error.status == 500
+    assert isinstance(invalid, ChoiceFailed) and invalid.error.status == 400
+    assert invalid.error.param == "stops.strings"
+
+
+# spec: OBS-10, OBS-28, STOP-7, HTTP-18
+@pytest.mark.parametrize("fields, param", [
+    ({"return_token_timestamps": True}, "return_token_timestamps"),
+    ({"return_token_timestamps": True, "return_token_ids": False}, "return_token_timestamps"),
+    ({"stop": "x", "stop_token_ids": [5]}, "stop"),
+    ({"stop": "x", "response_format": {"type": "json_object"}}, "stop"),
+    ({"stop": [""]}, "stop"),
+    ({"stop_token_ids": [49152]}, "stop_token_ids"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 5}, "top_logprobs"),
+    ({"model": "other"}, "model"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0"),
+])
+def test_preparation_names_the_parameter(served: ServedModel, fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(Exception) as err:
+        chat(served, **fields)
+    assert getattr(err.value, "param", None) == param
+    assert isinstance(err.value, InvalidRequestError) or err.value.status == 404  # type: ignore[attr-defined]
+
+
+def test_n_fans_out_with_offset_seeds(served: ServedModel) -> None:
+    prepared = chat(served, n=3, seed=7, temperature=0.5)
+    choices = list(prepared.choices())
+    assert [i for i, _, _ in choices] == [0, 1, 2]
+    assert [r.sampling.seed for _, _, r in choices] == [7, 8, 9]
+    assert all(r.sampling.temperature == 0.5 for _, _, r in choices)
+    assert not choices[0][2].sampling.HasField("top_p")  # unset: the core default applies (SRV-17)
