@@ -1,0 +1,84 @@
+"""The JSON form of a ServingContract: unknown semantic fields are rejected by name."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helios_backend.contract import ContractError, PreparedContract, contract_from_json, contract_to_json
+from tests.contract_samples import sample_contract, sample_manifest
+
+
+def _document() -> dict:
+    return json.loads(contract_to_json(sample_contract(3)))
+
+
+def test_json_round_trip():
+    # spec: CON-14
+    contract = contract_from_json(contract_to_json(sample_contract(3)))
+    assert contract == sample_contract(3)
+    PreparedContract.decode(contract, sample_manifest(3))
+
+
+def test_camel_case_names_are_accepted():
+    from google.protobuf import json_format
+
+    text = json_format.MessageToJson(sample_contract(3))  # lowerCamelCase keys
+    assert contract_from_json(text) == sample_contract(3)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d.update(servedd_id="x"), "servedd_id"),
+        (lambda d: d["model"]["graphs"][0].update(bindngs=[]), "model.graphs[0].bindngs"),
+        (lambda d: d["model"]["cache"]["regions"][0].update(planes_count=1), "model.cache.regions[0].planes_count"),
+        (lambda d: d["model"]["frontend"]["tool_syntax"].update(opener="<x>"), "model.frontend.tool_syntax.opener"),
+    ],
+)
+def test_unknown_semantic_fields_are_rejected_by_name(edit, field):
+    # spec: CON-14
+    document = _document()
+    edit(document)
+    with pytest.raises(ContractError) as info:
+        contract_from_json(json.dumps(document))
+    assert info.value.field == field
+
+
+def test_unknown_enum_identifier_is_rejected_by_name():
+    # spec: CON-12
+    document = _document()
+    document["model"]["frontend"]["tool_parser"] = "TOOL_PARSER_MODEL_X"
+    with pytest.raises(ContractError) as info:
+        contract_from_json(json.dumps(document))
+    assert info.value.field == "model.frontend.tool_parser"
+
+
+def test_duplicate_keys_are_rejected():
+    text = contract_to_json(sample_contract(3))
+    text = text.replace('"served_id": "sample-model"', '"served_id": "sample-model", "served_id": "other"')
+    with pytest.raises(ContractError, match="duplicate"):
+        contract_from_json(text)
+
+
+def test_wrong_json_types_are_typed_errors():
+    document = _document()
+    document["model"]["graphs"] = {"not": "a list"}
+    with pytest.raises(ContractError) as info:
+        contract_from_json(json.dumps(document))
+    assert info.value.field == "model.graphs"
+    with pytest.raises(ContractError):
+        contract_from_json("{not json")
+    document = _document()
+    document["context_tokens"] = "many"
+    with pytest.raises(ContractError):
+        contract_from_json(json.dumps(document))
+
+
+def test_unknown_fields_inside_the_rebuild_manifest_are_ignored():
+    # spec: SRV-18, SRV-20: a newer catalog version may carry fields this runtime does not know
+    document = _document()
+    document["rebuild"] = {"catalog_version": 42, "future_field": {"x": 1}, "weight_catalogs": [{"rank": 0, "new": 1}]}
+    contract = contract_from_json(json.dumps(document))
+    assert contract.rebuild.catalog_version == 42
+    PreparedContract.decode(contract, sample_manifest(3))
