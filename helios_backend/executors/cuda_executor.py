@@ -29,10 +29,11 @@ from helios_proto import manifest_pb2
 
 from .cuda.arena import DeviceArena, PinnedFrames
 from .cuda.driver import check, load_driver
-from .cuda.errors import CapacityError, ManifestError, UnknownProgramError
+from .cuda import transport as tp
+from .cuda.errors import CapacityError, FrameStateError, ManifestError, MissingVariantError, UnknownProgramError
 from .cuda.graphs import Copy, RankResources, capture_graph
 from .cuda.nccl import Nccl
-from .cuda.plan import NUMPY_DTYPES, BufferAddresses, kernel_table, layout_arena, plan_program
+from .cuda.plan import BufferAddresses, kernel_table, layout_arena, plan_program
 
 ResourceReader = Callable[[str], "bytes | bytearray | memoryview | np.ndarray"]
 STATIC_SHARED_LIMIT = 48 * 1024        # above this a kernel must opt in to dynamic shared memory
@@ -45,8 +46,11 @@ class CudaExecutorOptions:
     cache_memory_share: float = 0.90       # share of the free memory given to cache pages
     devices: Optional[Sequence[int]] = None  # device ordinal per rank; default 0..world_size-1
     programs: Optional[Iterable[str]] = None  # program names to load; default every program
+    transport: str = "kernel"              # "kernel" (copy kernels over mapped memory) or "memcpy"
 
     def __post_init__(self) -> None:
+        if self.transport not in ("kernel", "memcpy"):
+            raise ValueError("transport must be 'kernel' or 'memcpy'")
         if not 0.0 < self.cache_memory_share <= 1.0:
             raise ValueError("cache_memory_share must be in (0, 1]")
         if self.cache_pages is not None and self.cache_pages < 0:
@@ -93,6 +97,7 @@ class CudaExecutor:
         self._launch_plan: dict[str, tuple[tuple[Any, ...], ...]] = {}
         self.startup_seconds: dict[str, float] = {}
         check(self._d.cuInit(0), "cuInit")
+        self._enter(self._ranks[0])            # pinned memory needs a current context
         self._staging = PinnedFrames(self._d, self.frames, transport.frame_nbytes)
         resources = _ResourceCache(read_resource)
         uid = self._nccl.unique_id() if self._nccl else None
@@ -115,6 +120,11 @@ class CudaExecutor:
             for name in self._ranks[0].execs}
         self._events = tuple(tuple(rank.events[f] for rank in self._ranks) for f in range(self.frames))
         self._completion_words = self._ranks[0].completion.words
+        header = tp.header_window(transport)
+        self._headers = tuple(words[header.word_offset:header.word_offset + 2] for words in self._staging.words) \
+            if header is not None else None
+        self._in_flight = [False] * self.frames
+        self._sequence = 0
 
     # ---- startup -------------------------------------------------------------------------
 
@@ -135,7 +145,7 @@ class CudaExecutor:
         wanted = set(self.options.programs or ())
         present = {p.name for p in m.programs}
         if wanted - present:
-            raise ManifestError(f"missing graph variants: {sorted(wanted - present)}")
+            raise MissingVariantError(f"missing graph variants: {sorted(wanted - present)}")
         for rank in range(self.world_size):
             mine = {p.name for p in m.programs if p.rank == rank}
             if mine != present:
@@ -176,11 +186,16 @@ class CudaExecutor:
         self._fill_weights(rank, resources)
         self._load_modules(rank, resources)
         rank.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        t = m.transport
         if self._nccl is not None:
             rank.comm = self._nccl.init_rank(self.world_size, uid, rank.rank)
+            # one eager all-reduce first: NCCL connects its channels on first use, which must
+            # not happen under capture (one word of the staging buffer, rewritten every step)
+            self._nccl.all_reduce(rank.addresses.base[t.staging_buffer], 1, tp.contract_pb2.DTYPE_F32,
+                                  rank.comm, rank.stream)
+            check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self.frames)]
-        t = m.transport
         rank.completion = PinnedFrames(d, self.frames, t.completion_nbytes)
         kernels = kernel_table(m.modules)
         resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm)
@@ -190,23 +205,37 @@ class CudaExecutor:
                 continue
             launches = plan_program(program, kernels, rank.addresses)
             rank.plans[program.name] = launches
+            runs = tp.staging_runs(program, t)
             per_frame = []
             for frame in range(self.frames):
-                stage_in = Copy(rank.addresses.base[t.staging_buffer], self._staging.frame_address(frame),
-                                int(t.frame_nbytes))
-                complete_out = Copy(rank.completion.frame_address(frame),
-                                    rank.addresses.base[t.completion_buffer], int(t.completion_nbytes))
-                graph, graph_exec, nodes = capture_graph(d, resources_of_rank, launches, stage_in,
-                                                         complete_out, rank.events[frame])
+                steps = self._transport_in(rank, runs, frame) + list(launches) + self._transport_out(rank, frame)
+                graph, graph_exec, nodes = capture_graph(d, resources_of_rank, steps, rank.events[frame])
                 rank.graphs.append(graph)
                 per_frame.append(graph_exec)
                 rank.node_counts[program.name] = nodes
             rank.execs[program.name] = per_frame
         for program in (p for p in m.tuning if p.rank == rank.rank):
             launches = plan_program(program, kernels, rank.addresses)
-            graph, graph_exec, _ = capture_graph(d, resources_of_rank, launches, None, None, None)
+            graph, graph_exec, _ = capture_graph(d, resources_of_rank, launches, None)
             rank.tuning.append((graph, graph_exec))
         check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
+
+    def _transport_in(self, rank: _Rank, runs: list[tuple[int, int]], frame: int) -> list[Any]:
+        staging = rank.addresses.base[self.manifest.transport.staging_buffer]
+        if not runs:
+            return []
+        if self.options.transport == "kernel":
+            return [tp.stage_in_launch(staging, self._staging.device_address(frame), runs)]
+        host = self._staging.frame_address(frame)
+        return [Copy(staging + offset, host + offset, nbytes, True) for offset, nbytes in runs]
+
+    def _transport_out(self, rank: _Rank, frame: int) -> list[Any]:
+        t = self.manifest.transport
+        completion = rank.addresses.base[t.completion_buffer]
+        if self.options.transport == "kernel":
+            return [tp.complete_out_launch(rank.completion.device_address(frame), completion,
+                                           int(t.completion_nbytes))]
+        return [Copy(rank.completion.frame_address(frame), completion, int(t.completion_nbytes), False)]
 
     def _fill_weights(self, rank: _Rank, resources: "_ResourceCache") -> None:
         for buffer in rank.arena.layout.buffers.values():
@@ -235,6 +264,11 @@ class CudaExecutor:
                         function, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         kernel.shared_bytes), "cuFuncSetAttribute")
                 rank.functions[kernel.id] = function
+        transport = check(d.cuModuleLoadData(tp.CUBIN_PATH.read_bytes()), "cuModuleLoadData transport")
+        rank.modules.append(transport)
+        for symbol in (tp.STAGE_IN, tp.COMPLETE_OUT):
+            rank.functions[symbol] = check(d.cuModuleGetFunction(transport, symbol.encode()),
+                                           "cuModuleGetFunction")
 
     def _choose_pages(self) -> int:
         if self.options.cache_pages is not None:
@@ -264,11 +298,23 @@ class CudaExecutor:
         return self._staging.views[frame]
 
     def launch(self, program: str, frame: int) -> None:
-        """One graph launch per rank: copy frame in, run, copy completion out, record event."""
+        """One graph launch per rank: copy frame in, run, copy completion out, record event.
+
+        Writes [sequence, frame] into the frame's transport header first (the executor owns
+        both). FrameStateError if the frame's previous step was not waited for.
+        """
         try:
             per_rank = self._launch_plan[program][frame]
         except KeyError:
             raise UnknownProgramError(program) from None
+        if self._in_flight[frame]:
+            raise FrameStateError(f"frame {frame} still in flight")
+        if self._headers is not None:
+            header = self._headers[frame]
+            header[0] = self._sequence
+            header[1] = frame
+        self._sequence += 1
+        self._in_flight[frame] = True
         graph_launch = self._d.cuGraphLaunch
         for graph_exec, stream in per_rank:
             result = graph_launch(graph_exec, stream)
@@ -276,13 +322,16 @@ class CudaExecutor:
                 check(result, f"cuGraphLaunch {program}")
 
     def wait(self, frame: int) -> np.ndarray:
-        """Block until frame `frame` completes; its completion words (int32, pinned, rank 0)."""
+        """Block until frame `frame` completes; a copy of its completion words (int32, rank 0)."""
+        if not self._in_flight[frame]:
+            raise FrameStateError(f"nothing submitted on frame {frame}")
+        self._in_flight[frame] = False
         synchronize = self._d.cuEventSynchronize
         for event in self._events[frame]:
             result = synchronize(event)
             if int(result[0]):
                 check(result, "cuEventSynchronize")
-        return self._completion_words[frame]
+        return self._completion_words[frame].copy()
 
     def ready(self, frame: int) -> bool:
         """Non-blocking: has frame `frame` completed on every rank?"""
@@ -315,7 +364,7 @@ class CudaExecutor:
         events = [check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
                   for _ in range(len(launches) + 1)]
         resources = RankResources(r.stream, r.functions, self._nccl, r.comm)
-        graph, graph_exec, _ = capture_graph(d, resources, launches, None, None, None, events)
+        graph, graph_exec, _ = capture_graph(d, resources, launches, None, events)
         samples = np.zeros((repeats, len(launches)))
         try:
             for i in range(repeats + 2):
@@ -335,10 +384,9 @@ class CudaExecutor:
                 for l, t in zip(launches, medians)]
 
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
-        """A host copy of one buffer (typed and shaped; CACHE buffers as [pages, *page shape])."""
+        """A host copy of one buffer's bytes (uint8; CACHE buffers: every backed page)."""
         r = self._ranks[rank]
-        buffer = r.arena.layout.buffers.get(name)
-        if buffer is None:
+        if name not in r.arena.layout.buffers:
             raise KeyError(name)
         self._enter(r)
         check(self._d.cuStreamSynchronize(r.stream), "cuStreamSynchronize")
@@ -346,12 +394,7 @@ class CudaExecutor:
         out = np.empty(nbytes, dtype=np.uint8)
         if nbytes:
             check(self._d.cuMemcpyDtoH(out.ctypes.data, r.addresses.base[name], nbytes), "cuMemcpyDtoH")
-        dtype = NUMPY_DTYPES.get(buffer.dtype, np.dtype(np.uint8))
-        shape = tuple(int(s) for s in buffer.shape)
-        if buffer.kind == manifest_pb2.BUFFER_KIND_CACHE:
-            shape = (self.cache_pages, *shape)
-        typed = out.view(dtype)
-        return typed.reshape(shape) if shape and int(np.prod(shape)) == typed.size else typed
+        return out
 
     def write_buffer(self, name: str, data: np.ndarray, rank: int = 0, byte_offset: int = 0) -> None:
         """Copy host bytes into a buffer (tests and startup only, never while serving)."""

@@ -45,14 +45,17 @@ def pipelined_us(executor: Any, program: str, steps: int, pack: Callable[[int, i
 
 def gpu_us(driver: Any, executor: Any, program: str, steps: int) -> float:
     """Device µs per graph launch, events around `steps` back-to-back launches."""
+    # replays frame 0's graph exec back to back (bypassing the frame bookkeeping of launch(),
+    # which forbids a second launch before wait): the device time alone, no host gaps
     _, stream = executor.context()
+    graph_exec, _ = executor._launch_plan[program][0][0]
     start = check(driver.cuEventCreate(0))
     end = check(driver.cuEventCreate(0))
-    for i in range(3):
-        executor.launch(program, i % executor.frames)
+    for _ in range(3):
+        check(driver.cuGraphLaunch(graph_exec, stream))
     check(driver.cuEventRecord(start, stream))
-    for i in range(steps):
-        executor.launch(program, i % executor.frames)
+    for _ in range(steps):
+        check(driver.cuGraphLaunch(graph_exec, stream))
     check(driver.cuEventRecord(end, stream))
     check(driver.cuEventSynchronize(end))
     ms = check(driver.cuEventElapsedTime(start, end))

@@ -114,7 +114,10 @@ def build(n: int = 1000, world_size: int = 1, chains: Mapping[str, int] = {"chai
         m.tuning.append(P.Program(name="tune", rank=rank, nodes=[
             _node("toy_fill", n, _ptr("tuned"), P.Arg(f32=0.5), P.Arg(i32=n))]))
     m.transport.CopyFrom(P.Transport(frames=2, staging_buffer="staging", frame_nbytes=frame_nbytes,
-                                     completion_buffer="completion", completion_nbytes=4 * (2 + n)))
+                                     completion_buffer="completion", completion_nbytes=4 * (2 + n), destinations=[
+                                         P.Destination(name="transport.header", dtype=contract_pb2.DTYPE_I32,
+                                                       byte_offset=0, elements=2),
+                                         P.Destination(name="x", dtype=f32, byte_offset=X_OFFSET, elements=n)]))
     return m
 
 
@@ -142,7 +145,6 @@ def reference(x: np.ndarray, layers: int, world_size: int = 1) -> np.ndarray:
     return total
 
 
-def pack(frame: np.ndarray, sequence: int, index: int, x: np.ndarray) -> None:
-    words = frame[:8].view(np.int32)
-    words[0], words[1] = sequence, index
+def pack(frame: np.ndarray, x: np.ndarray) -> None:
+    """Write x; the executor writes the [sequence, frame] header itself at launch."""
     frame[X_OFFSET:X_OFFSET + x.nbytes] = x.view(np.uint8)

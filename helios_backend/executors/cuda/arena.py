@@ -122,8 +122,9 @@ class PinnedFrames:
         self._d = driver
         self.frame_nbytes = align_up(max(frame_nbytes, 1), 64)
         total = self.frame_nbytes * frames
-        self.address = int(check(driver.cuMemHostAlloc(total, driver.CU_MEMHOSTALLOC_PORTABLE),
-                                 "cuMemHostAlloc"))
+        # mapped too: the transport kernels read and write these frames over PCIe
+        flags = driver.CU_MEMHOSTALLOC_PORTABLE | driver.CU_MEMHOSTALLOC_DEVICEMAP
+        self.address = int(check(driver.cuMemHostAlloc(total, flags), "cuMemHostAlloc"))
         whole = np.ctypeslib.as_array((ctypes.c_uint8 * total).from_address(self.address))
         whole[:] = 0
         self.views = tuple(whole[f * self.frame_nbytes:f * self.frame_nbytes + frame_nbytes]
@@ -132,6 +133,11 @@ class PinnedFrames:
 
     def frame_address(self, frame: int) -> int:
         return self.address + frame * self.frame_nbytes
+
+    def device_address(self, frame: int) -> int:
+        """The frame's address as the current context's kernels see it."""
+        base = int(check(self._d.cuMemHostGetDevicePointer(self.address, 0), "cuMemHostGetDevicePointer"))
+        return base + frame * self.frame_nbytes
 
     def close(self) -> None:
         if self.address:

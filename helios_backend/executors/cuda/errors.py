@@ -6,6 +6,12 @@ or mark the model unhealthy without reading message text.
 """
 from __future__ import annotations
 
+from helios_backend.executors.base import (ExecutorLoadError, FrameStateError, KernelArgumentError,
+                                           MissingVariantError, UnknownProgramError)
+
+__all__ = ["CudaExecutorError", "DriverUnavailableError", "CudaCallError", "ManifestError", "ProgramError",
+           "CapacityError", "MissingVariantError", "UnknownProgramError", "FrameStateError"]
+
 
 class CudaExecutorError(RuntimeError):
     """Base class of every CUDA executor failure."""
@@ -25,20 +31,13 @@ class CudaCallError(CudaExecutorError):
         self.name = name
 
 
-class ManifestError(CudaExecutorError):
+class ManifestError(CudaExecutorError, ExecutorLoadError):
     """The execution manifest is inconsistent (startup fails)."""
 
 
-class ProgramError(ManifestError):
+class ProgramError(ManifestError, KernelArgumentError):
     """A recorded program does not match the kernel ABI or the buffer layout."""
 
 
 class CapacityError(CudaExecutorError):
     """The device has too little memory for the manifest and the chosen capacities."""
-
-
-class UnknownProgramError(CudaExecutorError, KeyError):
-    """launch() named a program that was not loaded (a missing variant)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""

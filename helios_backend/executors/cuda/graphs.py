@@ -2,10 +2,10 @@
 
 One serving graph per (program, frame):
 
-    H2D copy: host frame f -> staging buffer
+    staging copy: host frame f -> staging buffer (a kernel or memcpy nodes: transport.py)
     kernel nodes in program order (PDL edge where the kernel waits with griddepcontrol)
     NCCL all-reduce kernels for ALL_REDUCE nodes
-    D2H copy: completion buffer -> host completion frame f
+    completion copy: completion buffer -> host completion frame f
     event record node (external): the host's wait for frame f
 
 Capture, rather than explicit node building, records NCCL's own kernels and the
@@ -14,7 +14,7 @@ programmatic (PDL) edges exactly as a stream launch would make them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from .driver import check
 from .nccl import Nccl
@@ -23,9 +23,11 @@ from .plan import AllReduceLaunch, KernelLaunch, Launch
 
 @dataclasses.dataclass(frozen=True)
 class Copy:
+    """A memcpy node: host -> device (to_device) or device -> host."""
     dst: int
     src: int
     nbytes: int
+    to_device: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +56,7 @@ def _launch_config(driver: Any, launch: KernelLaunch, stream: Any) -> Any:
     return config
 
 
-def record_launches(driver: Any, rank: RankResources, launches: Sequence[Launch],
+def record_launches(driver: Any, rank: RankResources, launches: Sequence[Union[Launch, Copy]],
                     events_between: Optional[Sequence[Any]] = None) -> None:
     """Issue the launches on the rank's stream (which is capturing).
 
@@ -65,7 +67,14 @@ def record_launches(driver: Any, rank: RankResources, launches: Sequence[Launch]
     if events_between is not None:
         check(driver.cuEventRecordWithFlags(events_between[0], rank.stream, record), "cuEventRecordWithFlags")
     for index, launch in enumerate(launches):
-        if isinstance(launch, KernelLaunch):
+        if isinstance(launch, Copy):
+            if launch.to_device:
+                check(driver.cuMemcpyHtoDAsync(launch.dst, launch.src, launch.nbytes, rank.stream),
+                      "cuMemcpyHtoDAsync")
+            else:
+                check(driver.cuMemcpyDtoHAsync(launch.dst, launch.src, launch.nbytes, rank.stream),
+                      "cuMemcpyDtoHAsync")
+        elif isinstance(launch, KernelLaunch):
             config = _launch_config(driver, launch, rank.stream)
             check(driver.cuLaunchKernelEx(config, rank.functions[launch.kernel_id],
                                           launch.params.argv.ctypes.data, 0),
@@ -79,22 +88,18 @@ def record_launches(driver: Any, rank: RankResources, launches: Sequence[Launch]
                   "cuEventRecordWithFlags")
 
 
-def capture_graph(driver: Any, rank: RankResources, launches: Sequence[Launch],
-                  stage_in: Optional[Copy], complete_out: Optional[Copy],
+def capture_graph(driver: Any, rank: RankResources, launches: Sequence[Union[Launch, Copy]],
                   done_event: Optional[Any], events_between: Optional[Sequence[Any]] = None
                   ) -> tuple[Any, Any, int]:
-    """Capture one graph and instantiate it; returns (graph, graph exec, node count)."""
+    """Capture one graph (transport steps included in `launches`) and instantiate it.
+
+    Returns (graph, graph exec, node count).
+    """
     stream = rank.stream
     mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
     check(driver.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
     try:
-        if stage_in is not None:
-            check(driver.cuMemcpyHtoDAsync(stage_in.dst, stage_in.src, stage_in.nbytes, stream),
-                  "cuMemcpyHtoDAsync")
         record_launches(driver, rank, launches, events_between)
-        if complete_out is not None:
-            check(driver.cuMemcpyDtoHAsync(complete_out.dst, complete_out.src, complete_out.nbytes, stream),
-                  "cuMemcpyDtoHAsync")
         if done_event is not None:
             check(driver.cuEventRecordWithFlags(
                 done_event, stream, driver.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),

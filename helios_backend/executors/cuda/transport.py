@@ -1,0 +1,119 @@
+"""The step's transport: which bytes of the staging frame a program needs, and how they move.
+
+A frame holds every destination of every operation (admission histograms, grammar masks,
+...: about a megabyte for a 49k vocabulary), but one program reads only the destinations
+its nodes point at. `staging_runs` derives, once per program, the byte runs to copy: the
+referenced destinations (plus the transport header), merged into at most MAX_RUNS runs.
+
+Two ways to move them, chosen at load (CudaExecutorOptions.transport):
+  "kernel": one `helios_stage_in` kernel node reading the mapped pinned frame, one
+            `helios_complete_out` node writing the mapped pinned completion frame
+            (transport.cu; about a microsecond each, PDL-aware);
+  "memcpy": one H2D memcpy node per run and one D2H memcpy node.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Sequence
+
+import numpy as np
+
+from helios_proto import contract_pb2, manifest_pb2
+
+from .plan import NUMPY_DTYPES, KernelLaunch, align_up
+
+CUBIN_PATH = pathlib.Path(__file__).with_name("transport.cubin")
+STAGE_IN, COMPLETE_OUT = "helios_stage_in", "helios_complete_out"
+MAX_RUNS = 4
+RUN_ALIGNMENT = 16                 # uint4 copies
+MERGE_GAP = 4096                   # closer runs are copied as one (a gap costs less than a run)
+THREADS = 256
+HEADER_DESTINATION = "transport.header"
+
+
+def _destination_nbytes(destination: manifest_pb2.Destination) -> int:
+    itemsize = NUMPY_DTYPES.get(destination.dtype, np.dtype(np.uint8)).itemsize
+    return int(destination.elements) * itemsize
+
+
+def staging_runs(program: manifest_pb2.Program, transport: manifest_pb2.Transport) -> list[tuple[int, int]]:
+    """(offset, nbytes) runs of the frame that `program` reads, 16-byte aligned, <= MAX_RUNS."""
+    frame = int(transport.frame_nbytes)
+    spans = sorted((int(d.byte_offset), int(d.byte_offset) + _destination_nbytes(d), d.name)
+                   for d in transport.destinations)
+    wanted: list[tuple[int, int]] = [(s, e) for s, e, name in spans if name == HEADER_DESTINATION]
+    for node in program.nodes:
+        for arg in node.args:
+            if arg.WhichOneof("value") != "pointer" or arg.pointer.buffer != transport.staging_buffer:
+                continue
+            offset = int(arg.pointer.byte_offset)
+            hit = [(s, e) for s, e, _ in spans if s <= offset < e]
+            if not hit:                          # a window no destination declares: copy it all
+                return [(0, align_up(frame, RUN_ALIGNMENT))]
+            wanted.extend(hit)
+    if not wanted:
+        return []
+    runs: list[list[int]] = []
+    for start, end in sorted(wanted):
+        start = start // RUN_ALIGNMENT * RUN_ALIGNMENT
+        end = align_up(end, RUN_ALIGNMENT)
+        if runs and start - runs[-1][1] <= MERGE_GAP:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    while len(runs) > MAX_RUNS:                  # merge across the smallest gap
+        gap = min(range(len(runs) - 1), key=lambda i: runs[i + 1][0] - runs[i][1])
+        runs[gap][1] = runs[gap + 1][1]
+        del runs[gap + 1]
+    return [(start, end - start) for start, end in runs]
+
+
+class RawParams:
+    """Kernel parameters given as raw byte blocks, one per parameter (struct params too)."""
+
+    __slots__ = ("blocks", "argv")
+
+    def __init__(self, blocks: Sequence[bytes]) -> None:
+        self.blocks = [np.frombuffer(bytes(b) + b"\0" * (-len(b) % 8), dtype=np.uint8).copy() for b in blocks]
+        self.argv = np.array([b.ctypes.data for b in self.blocks], dtype=np.uint64)
+
+
+def _u64(value: int) -> bytes:
+    return int(value).to_bytes(8, "little")
+
+
+def _grid(nbytes: int) -> int:
+    # one uint4 per thread per pass; enough blocks that a 256 KiB run takes a few passes
+    return max(1, min(64, -(-nbytes // (16 * THREADS * 4))))
+
+
+def stage_in_launch(staging: int, frame_device: int, runs: Sequence[tuple[int, int]]) -> KernelLaunch:
+    offsets = [r[0] for r in runs] + [0] * (MAX_RUNS - len(runs))
+    sizes = [r[1] for r in runs] + [0] * (MAX_RUNS - len(runs))
+    struct = np.array(offsets + sizes, dtype=np.uint32).tobytes()
+    params = RawParams([_u64(staging), _u64(frame_device), struct])
+    return KernelLaunch(STAGE_IN, "transport.stage_in", (_grid(sum(sizes)), 1, 1), (THREADS, 1, 1), 0,
+                        False, params)  # first node: no predecessor to overlap with
+
+
+def complete_out_launch(host_device: int, completion: int, nbytes: int) -> KernelLaunch:
+    nbytes = align_up(nbytes, RUN_ALIGNMENT)
+    params = RawParams([_u64(host_device), _u64(completion), int(nbytes).to_bytes(4, "little")])
+    return KernelLaunch(COMPLETE_OUT, "transport.complete_out", (_grid(nbytes), 1, 1), (THREADS, 1, 1), 0,
+                        True, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeaderWindow:
+    """Where the executor writes [sequence, frame] into each host frame at launch."""
+    word_offset: int               # int32 index of the header inside the frame
+
+
+def header_window(transport: manifest_pb2.Transport) -> HeaderWindow | None:
+    for destination in transport.destinations:
+        if destination.name == HEADER_DESTINATION:
+            if destination.dtype not in (contract_pb2.DTYPE_I32, contract_pb2.DTYPE_U32) or destination.elements < 2:
+                return None
+            return HeaderWindow(int(destination.byte_offset) // 4)
+    return None
