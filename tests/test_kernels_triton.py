@@ -234,3 +234,172 @@ def test_norm_head_reads_each_rows_last_token(library, interpreter):
         {"rows": rows, "tokens": tokens, "dim": dim, "vocab": vocab, "eps": 1e-5},
         atol=2e-2, rtol=1e-2)
     assert (out["logits"][1] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+def _paged_cache(slots: int, pages_per_row: int, page_tokens: int, kv_heads: int, head_dim: int,
+                 layers: int = 2):
+    """Random f16 k and v planes page-major over `layers`, a shuffled page table, and the
+    byte offset of layer 1 inside a page (the pointer a layer-1 node receives)."""
+    pages = slots * pages_per_row
+    page_stride = layers * page_tokens * kv_heads * head_dim
+    planes = [RNG.standard_normal(pages * page_stride).astype(np.float16) for _ in range(2)]
+    page_table = RNG.permutation(pages).astype(np.int32)
+    layer_offset = page_tokens * kv_heads * head_dim * 2          # bytes of one f16 layer slab
+    return planes, page_table, page_stride, layer_offset
+
+
+def _qkv_case(rope_pairing: int, head_dim: int = 64):
+    from helios_backend.kernels.rope import rope_table
+    query_length, tokens, dim, q_heads, kv_heads = [1, 6, 2], 10, 96, 3, 1
+    slots, pages_per_row, page_tokens = 4, 4, 4
+    (k_cache, v_cache), page_table, page_stride, layer = _paged_cache(
+        slots, pages_per_row, page_tokens, kv_heads, head_dim)
+    hidden, norm_weight = _normed_inputs(tokens, dim)
+    positions = np.array([5, 0, 1, 2, 3, 4, 5, 9, 10, 0], np.int32)
+    buffers = {
+        "q_out": np.zeros((tokens, q_heads * head_dim), np.float32),
+        "k_cache": (k_cache, layer), "v_cache": (v_cache, layer),
+        "hidden": hidden, "norm_weight": norm_weight,
+        "qkv_weight": _weight((q_heads + 2 * kv_heads) * head_dim, dim),
+        "rope_table": rope_table(32, head_dim, 10000.0), "positions": positions,
+        "page_table": page_table, "row_slot": np.array([2, 0, 3], np.int32),
+        "geometry": step_geometry(query_length, tokens)}
+    immediates = {"tokens": tokens, "dim": dim, "q_heads": q_heads, "kv_heads": kv_heads,
+                  "head_dim": head_dim, "page_tokens": page_tokens,
+                  "pages_per_row": pages_per_row, "page_stride": page_stride, "eps": 1e-5,
+                  "rope_pairing": rope_pairing}
+    return buffers, immediates
+
+
+@pytest.mark.parametrize("rope_pairing", [0, 1])
+@pytest.mark.parametrize("head_dim", [64, 96])
+def test_qkv_rope_store(library, interpreter, rope_pairing, head_dim):
+    buffers, immediates = _qkv_case(rope_pairing, head_dim)
+    check_against_reference(library, interpreter, "attention.qkv_rope_store.v1", buffers,
+                            immediates, atol=2e-2, rtol=1e-2)
+
+
+def test_a_wrong_rope_pairing_changes_q_and_k(library, interpreter):
+    """The pairing immediate is honoured: adjacent and half-split pairings disagree, so a
+    core recorded with the wrong pairing cannot pass the reference comparison above."""
+    results = []
+    for rope_pairing in (0, 1):
+        buffers, immediates = _qkv_case(rope_pairing)
+        results.append(check_against_reference(library, interpreter,
+                                               "attention.qkv_rope_store.v1", buffers,
+                                               immediates, atol=2e-2, rtol=1e-2))
+    assert not np.allclose(results[0]["q_out"], results[1]["q_out"], atol=0.1)
+    assert not np.allclose(results[0]["k_cache"].astype(np.float32),
+                           results[1]["k_cache"].astype(np.float32), atol=0.1)
+
+
+@pytest.mark.parametrize("query_length, positions, page_tokens", [
+    ([1, 5, 0, 3], [13, 0, 1, 2, 3, 4, 20, 21, 22, 0], 4),        # mixed decode + prefill
+    ([1] * 6, [0, 3, 4, 7, 8, 23], 4),                             # decode at page edges
+    ([2, 1], [63, 64, 100, 0], 16),                                # longer contexts
+])
+def test_paged_attention(library, interpreter, query_length, positions, page_tokens):
+    rows, tokens = len(query_length), len(positions)
+    q_heads, kv_heads, head_dim, slots = 6, 2, 64, rows
+    pages_per_row = -(-128 // page_tokens)
+    (k_cache, v_cache), page_table, page_stride, layer = _paged_cache(
+        slots, pages_per_row, page_tokens, kv_heads, head_dim)
+    out = check_against_reference(library, interpreter, "attention.paged.v1", {
+        "out": np.full((tokens, q_heads * head_dim), 7.0, np.float32),
+        "q": RNG.standard_normal((tokens, q_heads * head_dim)).astype(np.float32),
+        "k_cache": (k_cache, layer), "v_cache": (v_cache, layer),
+        "positions": np.array(positions, np.int32), "page_table": page_table,
+        "row_slot": RNG.permutation(slots).astype(np.int32)[:rows],
+        "geometry": step_geometry(query_length, tokens)},
+        {"rows": rows, "tokens": tokens, "q_heads": q_heads, "kv_heads": kv_heads,
+         "head_dim": head_dim, "page_tokens": page_tokens, "pages_per_row": pages_per_row,
+         "page_stride": page_stride, "scale": head_dim ** -0.5}, atol=1e-2, rtol=1e-2)
+    live = sum(max(n, 0) for n in query_length)
+    assert (out["out"][live:] == 7.0).all()                  # padding tokens untouched
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling
+
+def test_philox_words_match_the_reference_bit_exactly(interpreter):
+    from helios_backend.kernels.sampling import philox4x32
+    counters = np.array([0, 1, 2, 7, 1000, 2**31 - 1, 2**31, 2**32 - 1], np.uint32)
+    seed = np.array([0xDEADBEEF, 0x12345678], np.uint32)
+    arena = np.zeros(256, np.uint8)
+    arena[64:64 + counters.nbytes] = counters.view(np.uint8)
+    arena[128:136] = seed.view(np.uint8)
+    interpreter.run("sampling", "philox_words", (("words", "*u32"), ("counters", "*u32"),
+                    ("seed", "*u32"), ("count", "i32")), (1, 1, 1), arena,
+                    (0, 64, 128, len(counters)), {"BLOCK": 8})
+    expected = philox4x32(np.stack([counters] + [np.zeros_like(counters)] * 3, axis=-1),
+                          np.broadcast_to(seed, (len(counters), 2)))[:, 0]
+    np.testing.assert_array_equal(arena[:counters.nbytes].view(np.uint32), expected)
+
+
+def _sampling_rows(rows: list[tuple]) -> np.ndarray:
+    """f32 [slots, 8]: (temperature, top_p, top_k, min_p, presence, frequency, repetition)."""
+    table = np.zeros((len(rows), 8), np.float32)
+    table[:, :7] = rows
+    return table
+
+
+def test_adjust_logits_applies_penalties_and_the_grammar_mask(library, interpreter):
+    rows, vocab, bins, mask_words, slots = 4, 100, 104, 4, 4
+    mask = np.full((rows, mask_words), 0xFFFFFFFF, np.uint32)
+    mask[1] = RNG.integers(0, 2**32, mask_words, dtype=np.uint64).astype(np.uint32)
+    mask[3, 0] = 0
+    check_against_reference(library, interpreter, "sampling.adjust.v1", {
+        "logits": RNG.standard_normal((rows, vocab)).astype(np.float32) * 3,
+        "sampling": _sampling_rows([(1, 1, 0, 0, 0.5, 0.25, 1.3), (1, 1, 0, 0, 0, 0, 1),
+                                    (1, 1, 0, 0, 0.1, 0, 0.8), (1, 1, 0, 0, 0, 1.5, 1)]),
+        "prompt_histogram": RNG.integers(0, 2, (slots, bins)).astype(np.int32),
+        "output_histogram": (RNG.integers(0, 4, (slots, bins)) * RNG.integers(0, 2, (slots, bins))
+                             ).astype(np.int32),
+        "grammar_mask": mask, "row_slot": np.array([2, 0, 1, 3], np.int32),
+        "sample_flag": np.array([1, 1, 0, 1], np.int32)},
+        {"rows": rows, "vocab": vocab, "histogram_bins": bins, "mask_words": mask_words},
+        rtol=1e-6)
+
+
+DRAW_SETTINGS = [
+    (0.0, 1.0, 0, 0.0),          # greedy
+    (1.0, 1.0, 0, 0.0),          # plain temperature
+    (0.7, 0.9, 0, 0.0),          # top-p
+    (1.3, 1.0, 5, 0.0),          # top-k
+    (1.0, 0.8, 20, 0.05),        # all three
+    (2.0, 1.0, 0, 0.2),          # min-p
+]
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k, min_p", DRAW_SETTINGS)
+def test_draw_tokens_matches_the_reference(library, interpreter, temperature, top_p, top_k,
+                                           min_p):
+    rows, vocab = 12, 300
+    logits = RNG.standard_normal((rows, vocab)).astype(np.float32) * 2
+    logits[0, [3, 77]] = logits[0].max() + 1           # a tie for the best token
+    out = check_against_reference(library, interpreter, "sampling.draw.v1", {
+        "sampled": np.full(rows, -9, np.int32), "logits": logits,
+        "sampling": _sampling_rows([(temperature, top_p, top_k, min_p, 0, 0, 1)] * rows),
+        "seeds": RNG.integers(0, 2**32, (rows, 2), dtype=np.uint64).astype(np.uint32),
+        "generated": RNG.integers(0, 1000, rows).astype(np.int32),
+        "row_slot": np.arange(rows, dtype=np.int32)[::-1].copy(),
+        "sample_flag": np.array([1] * (rows - 1) + [0], np.int32)},
+        {"rows": rows, "vocab": vocab})
+    assert out["sampled"][-1] == -1
+
+
+def test_draw_walks_tied_logits_in_id_order(library, interpreter):
+    """Equal logits: the inverse CDF must step through the tie group by token id, so the
+    draw covers the whole vocabulary (not just the lowest id)."""
+    rows, vocab = 16, 4096
+    out = check_against_reference(library, interpreter, "sampling.draw.v1", {
+        "sampled": np.full(rows, -9, np.int32), "logits": np.zeros((rows, vocab), np.float32),
+        "sampling": _sampling_rows([(1.0, 1.0, 0, 0.0, 0, 0, 1)] * rows),
+        "seeds": np.tile(np.array([[5, 6]], np.uint32), (rows, 1)),
+        "generated": np.arange(rows, dtype=np.int32),
+        "row_slot": np.arange(rows, dtype=np.int32), "sample_flag": np.ones(rows, np.int32)},
+        {"rows": rows, "vocab": vocab})
+    assert len(set(out["sampled"].tolist())) > rows // 2

@@ -48,7 +48,8 @@ def _run_in_worker(module: str, function: str, signature: Sequence[tuple[str, st
     fn = kernel.rewrite()
     kwargs = {name: _wrap(kind, value, arena) for (name, kind), value in zip(signature, args)}
     kwargs.update(constexprs)
-    kwargs["PDL"] = False
+    if "PDL" in kernel.arg_names:
+        kwargs["PDL"] = False
     scope = interpreter._patch_lang(fn)
     try:
         interpreter.interpreter_builder.set_grid_dim(*grid)

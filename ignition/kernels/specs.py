@@ -73,6 +73,14 @@ def _paged_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (cdiv(a["tokens"], per_block) + a["rows"], a["kv_heads"], 1)
 
 
+def _vocab_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["vocab"], c["BLOCK_V"]), a["rows"], 1)
+
+
+def _per_row(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (a["rows"], 1, 1)
+
+
 # Projections with N <= a few thousand use narrow tiles so decode spreads over more SMs;
 # the LM head (N = vocabulary) uses wide ones.
 _NARROW = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}
@@ -95,6 +103,10 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                _gemm("ffn_dim", "tokens")),
     KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _WIDE,
                _gemm("vocab", "rows"), num_warps=8),
+    KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
+               _vocab_tiles),
+    KernelSpec("sampling.draw.v1", "sampling", "draw_tokens", {"BLOCK_V": 2048}, _per_row,
+               num_warps=8),
 )
 
 SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}

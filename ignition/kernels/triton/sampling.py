@@ -1,0 +1,208 @@
+"""Sampling: logit adjustment (penalties, grammar mask) and the draw (greedy / temperature,
+top-k, top-p, min-p) with the Philox4x32-10 counter RNG.
+
+Semantics follow helios_backend/kernels/sampling.py: candidates ordered by scaled logit
+descending, token id ascending; the draw is an inverse CDF over that order with
+u = (philox(counter = (generated[slot], 0, 0, 0), key = seeds[slot]).word0 >> 8) * 2^-24.
+The integer RNG is bit-exact with the reference; the float selection agrees up to rounding.
+
+The draw never sorts the vocabulary: every "prefix of the sorted order" the reference takes
+(top-k, top-p, the inverse-CDF position) is found by bisection on a logit threshold x, with
+count(x) = #{s >= x} and mass(x) = sum_{s >= x} exp(s - max) evaluated by streaming the row.
+Tokens more than SPAN nats below the best (relative probability < 1e-13) are never drawn.
+"""
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+SAMPLING_WORDS = tl.constexpr(8)     # temperature, top_p, top_k, min_p, presence, frequency, repetition, -
+SPAN = tl.constexpr(30.0)            # nats below the best logit that the bisection covers
+BISECTION_STEPS = tl.constexpr(32)   # enough to reach adjacent f32 values across SPAN
+
+
+@triton.jit
+def adjust_logits(logits, sampling, prompt_histogram, output_histogram, grammar_mask, row_slot,
+                  sample_flag, rows, vocab, histogram_bins, mask_words,
+                  BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    """In place on logits f32 [rows, vocab]: repetition (prompt + output histograms),
+    frequency and presence (output histogram) penalties, then the grammar mask
+    u32 [rows, mask_words] (bit j of word w allows token 32 w + j; others -> -inf).
+    Grid (cdiv(vocab, BLOCK_V), rows). Histograms are i32 [slots, histogram_bins]."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(1)
+    slot = tl.load(row_slot + r)
+    if (slot >= 0) & (tl.load(sample_flag + r) != 0):
+        params = sampling + slot * SAMPLING_WORDS
+        presence = tl.load(params + 4)
+        frequency = tl.load(params + 5)
+        repetition = tl.load(params + 6)
+        v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask = v < vocab
+        row = logits + r.to(tl.int64) * vocab + v
+        x = tl.load(row, mask=mask, other=0.0)
+        bins = slot.to(tl.int64) * histogram_bins + v
+        out_count = tl.load(output_histogram + bins, mask=mask, other=0)
+        prompt_count = tl.load(prompt_histogram + bins, mask=mask, other=0)
+        seen = (prompt_count > 0) | (out_count > 0)
+        x = tl.where(seen, tl.where(x > 0, x / repetition, x * repetition), x)
+        x = x - frequency * out_count.to(tl.float32)
+        x = x - presence * (out_count > 0).to(tl.float32)
+        word_index = v // 32
+        words = tl.load(grammar_mask + r * mask_words + word_index,
+                        mask=mask & (word_index < mask_words), other=0xFFFFFFFF)
+        allowed = ((words >> (v % 32).to(tl.uint32)) & 1) != 0
+        tl.store(row, tl.where(allowed, x, float("-inf")), mask=mask)
+
+
+@triton.jit
+def _philox_word0(counter, key0, key1):
+    """Word 0 of Philox4x32-10(counter = (counter, 0, 0, 0), key = (key0, key1)); all u32."""
+    c0 = counter
+    c1 = counter * 0
+    c2 = c1
+    c3 = c1
+    k0 = key0
+    k1 = key1
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(c0, 0xD2511F53)
+        lo0 = c0 * 0xD2511F53
+        hi1 = tl.umulhi(c2, 0xCD9E8D57)
+        lo1 = c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0
+
+
+@triton.jit
+def _philox_uniform(counter, key0, key1):
+    """u = top 24 bits of the Philox word as an exact f32 in [0, 1)."""
+    return (_philox_word0(counter, key0, key1) >> 8).to(tl.float32) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def philox_words(words, counters, seed, count, BLOCK: tl.constexpr):
+    """words u32 [count] = word 0 of Philox4x32-10((counters[i], 0, 0, 0), seed u32 [2]).
+    Conformance probe for the RNG (not part of the serving ABI)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    counter = tl.load(counters + i, mask=i < count, other=0)
+    word = _philox_word0(counter, tl.load(seed), tl.load(seed + 1))
+    tl.store(words + i, word, mask=i < count)
+
+
+@triton.jit
+def _count_mass(row, vocab, temperature, best, threshold, BLOCK_V: tl.constexpr):
+    """(count, mass) of the scaled logits s >= threshold; mass in units of exp(s - best)."""
+    count = 0
+    mass = 0.0
+    for v0 in range(0, vocab, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        s = tl.load(row + v, mask=v < vocab, other=float("-inf")) / temperature
+        keep = s >= threshold
+        count += tl.sum(keep.to(tl.int32), axis=0)
+        mass += tl.sum(tl.where(keep, tl.exp(s - best), 0.0), axis=0)
+    return count, mass
+
+
+@triton.jit
+def _threshold(row, vocab, temperature, best, low, high, goal, by_count: tl.constexpr,
+               strict: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Bisection for the largest x in [low, high] whose prefix {s >= x} reaches `goal`
+    (count >= goal, or mass >= goal; mass > goal when strict). `low` must reach it."""
+    for _ in range(BISECTION_STEPS):
+        middle = low + (high - low) * 0.5
+        count, mass = _count_mass(row, vocab, temperature, best, middle, BLOCK_V)
+        if by_count:
+            reached = count >= goal
+        elif strict:
+            reached = mass > goal
+        else:
+            reached = mass >= goal
+        low = tl.where(reached, middle, low)
+        high = tl.where(reached, high, middle)
+    return low
+
+
+@triton.jit
+def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_flag, rows, vocab,
+                BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    """sampled i32 [rows] = a token in [0, vocab) for rows that sample, -1 otherwise.
+    Grid (rows,): one program streams its logits row (f32 [rows, vocab])."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    slot = tl.load(row_slot + r)
+    token = -1
+    if (slot >= 0) & (tl.load(sample_flag + r) != 0):
+        row = logits + r.to(tl.int64) * vocab
+        params = sampling + slot * SAMPLING_WORDS
+        temperature = tl.load(params)
+        # pass 1: the best logit and its lowest id (greedy = argmax, lowest id on ties)
+        best_logit = float("-inf")
+        best_id = 0
+        for v0 in range(0, vocab, BLOCK_V):
+            v = v0 + tl.arange(0, BLOCK_V)
+            x = tl.load(row + v, mask=v < vocab, other=float("-inf"))
+            chunk_best = tl.max(x, axis=0)
+            chunk_id = tl.min(tl.where(x == chunk_best, v, 0x7FFFFFFF), axis=0)
+            better = chunk_best > best_logit
+            best_id = tl.where(better, chunk_id, best_id)
+            best_logit = tl.where(better, chunk_best, best_logit)
+        token = best_id
+        if temperature > 0.0:
+            token = _draw(row, vocab, temperature, best_logit / temperature, params,
+                          tl.load(generated + slot).to(tl.uint32),
+                          tl.load(seeds + 2 * slot), tl.load(seeds + 2 * slot + 1), BLOCK_V)
+    tl.store(sampled + r, token)
+
+
+@triton.jit
+def _draw(row, vocab, temperature, best, params, counter, key0, key1, BLOCK_V: tl.constexpr):
+    top_p = tl.load(params + 1)
+    top_k = tl.load(params + 2).to(tl.int32)
+    min_p = tl.load(params + 3)
+    floor = best - SPAN
+    # kept prefix: top-k, then top-p relative to the top-k mass, then min-p
+    keep = floor
+    if (top_k > 0) & (top_k < vocab):
+        keep = _threshold(row, vocab, temperature, best, floor, best, top_k, True, False, BLOCK_V)
+        _, total = _count_mass(row, vocab, temperature, best, keep, BLOCK_V)
+    else:
+        _, total = _count_mass(row, vocab, temperature, best, float("-inf"), BLOCK_V)
+    if top_p < 1.0:
+        keep = _threshold(row, vocab, temperature, best, keep, best, top_p * total, False, False,
+                          BLOCK_V)
+    if min_p > 0.0:
+        keep = tl.maximum(keep, best + tl.log(min_p))
+    _, kept_mass = _count_mass(row, vocab, temperature, best, keep, BLOCK_V)
+    # inverse CDF: the first token (sorted order) whose cumulative mass exceeds the target
+    target = _philox_uniform(counter, key0, key1) * kept_mass
+    cut = _threshold(row, vocab, temperature, best, keep, best, target, False, True, BLOCK_V)
+    # the token group at the boundary value, entered in id order
+    value = float("inf")
+    for v0 in range(0, vocab, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        s = tl.load(row + v, mask=v < vocab, other=float("-inf")) / temperature
+        value = tl.minimum(value, tl.min(tl.where(s >= cut, s, float("inf")), axis=0))
+    _, above = _count_mass(row, vocab, temperature, best, value, BLOCK_V)
+    ties = 0
+    for v0 in range(0, vocab, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        s = tl.load(row + v, mask=v < vocab, other=float("-inf")) / temperature
+        ties += tl.sum((s == value).to(tl.int32), axis=0)
+    above = above - ties * tl.exp(value - best)
+    rank = ((target - above) / tl.exp(value - best)).to(tl.int32)
+    rank = tl.minimum(tl.maximum(rank, 0), ties - 1)
+    token = 0
+    seen = 0
+    for v0 in range(0, vocab, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        s = tl.load(row + v, mask=v < vocab, other=float("-inf")) / temperature
+        tie = s == value
+        position = seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+        token += tl.sum(tl.where(tie & (position == rank), v, 0), axis=0)
+        seen += tl.sum(tie.to(tl.int32), axis=0)
+    return token
