@@ -1,0 +1,86 @@
+"""helios-generate: one chat reply from a core on the CPU (numpy executor).
+
+    helios-generate var/cores/smollm2-135m-instruct.core --prompt "What is the capital of France?"
+
+The prompt is rendered as one user message through the core's chat template and
+encoded by the shared prompt path; generation is greedy unless --temperature is given
+(then the core's sampling defaults fill top-p/top-k/min-p, explicit flags win).
+--accept must equal the core's signed publisher namespace; without it the core's own
+namespace is accepted and named on stderr (a local development convenience).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Optional
+
+from helios_backend.bootstrap import Bootstrap
+from helios_backend.core import open_core
+from helios_backend.frontend.prompt import encode_chat
+from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.packing import SamplingParameters
+from helios_backend.runtime.driver import Driver, GenerationRequest, GenerationResult
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="helios-generate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("core", help="prepared core file")
+    parser.add_argument("--prompt", required=True, help="the user message")
+    parser.add_argument("--max-tokens", type=int, default=None, help="output limit (default: the core's)")
+    parser.add_argument("--temperature", type=float, default=None, help="0 or absent: greedy")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--min-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="64-bit seed of the counter-based RNG")
+    parser.add_argument("--accept", default=None, help="publisher namespace to accept")
+    parser.add_argument("--cache-pages", type=int, default=None)
+    return parser
+
+
+def sampling_from_args(args: argparse.Namespace, bootstrap: Bootstrap) -> SamplingParameters:
+    """Greedy unless a temperature is given; then core defaults fill what the flags leave out."""
+    if not args.temperature:
+        return SamplingParameters()
+    d = bootstrap.prepared.defaults.sampling
+    defaults = SamplingParameters(temperature=d.temperature, top_p=d.top_p, top_k=d.top_k, min_p=d.min_p,
+                                  presence_penalty=d.presence_penalty, frequency_penalty=d.frequency_penalty,
+                                  repetition_penalty=d.repetition_penalty)
+    explicit = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p),
+                                  ("top_k", args.top_k), ("min_p", args.min_p)) if v is not None}
+    return dataclasses.replace(defaults, **explicit)
+
+
+def generate_reply(bootstrap: Bootstrap, model: NativeModel, prompt: str, max_tokens: int,
+                   sampling: SamplingParameters, seed: int = 0) -> tuple[str, GenerationResult]:
+    ids = encode_chat(bootstrap.chat_template, bootstrap.tokenizer, [{"role": "user", "content": prompt}]).ids
+    [result] = Driver(model).generate([GenerationRequest(ids, max_tokens, sampling, seed)])
+    eos = set(bootstrap.eos_token_ids)
+    text_ids = [t for t in result.tokens if t not in eos]
+    return bootstrap.tokenizer.decode(text_ids), result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    acceptance = args.accept
+    if acceptance is None:
+        with open_core(args.core) as core:
+            acceptance = core.namespace
+        print(f"helios-generate: accepting publisher namespace {acceptance!r}", file=sys.stderr)
+    bootstrap = Bootstrap.load(args.core, acceptance)
+    try:
+        model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
+                                 ModelOptions(concurrency=1, cache_pages=args.cache_pages))
+        max_tokens = args.max_tokens or bootstrap.prepared.defaults.max_output_tokens or 256
+        text, _ = generate_reply(bootstrap, model, args.prompt, max_tokens, sampling_from_args(args, bootstrap),
+                                 args.seed)
+        print(text)
+        model.close()
+    finally:
+        bootstrap.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

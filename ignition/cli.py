@@ -1,0 +1,108 @@
+"""helios-prepare: turn a recipe into a signed payload core.
+
+    helios-prepare smollm2-135m-instruct --out var/cores/smollm2-135m-instruct.core
+
+A local Ed25519 publisher key is created on first use (helios_backend.core.keys). The
+AOT kernel library (ignition.kernels) contributes cubin modules for the kernel ids it
+implements; preparation needs no GPU and works without it (--no-kernels skips it).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import sys
+from types import ModuleType
+from typing import Any, Mapping, Optional
+
+from tqdm import tqdm
+
+from helios_backend.core import load_or_create_publisher_key, write_payload_core
+from ignition.preparation.prepare import PreparedModel, prepare
+from ignition.recipes import smollm2_135m_instruct
+
+RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct}
+
+
+class UnknownRecipeError(KeyError):
+    """No recipe of that name."""
+
+
+def recipe_module(name: str) -> ModuleType:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise UnknownRecipeError(f"unknown recipe {name!r}; known: {sorted(RECIPES)}") from None
+
+
+def _kernel_library() -> Optional[Any]:
+    """The AOT kernel library when its package is importable, else None."""
+    try:
+        from ignition.kernels.library import KernelLibrary
+    except ImportError:
+        return None
+    return KernelLibrary()
+
+
+def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = None, *,
+                 key_path: Optional[str] = None, kernels: bool = True, show_progress: bool = False) -> PreparedModel:
+    """Prepare `recipe_name` and write the signed core to `out` (atomically, via the core writer)."""
+    recipe = recipe_module(recipe_name)
+    options = options or recipe.RecipeOptions()
+    bars: dict[str, tqdm] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if not show_progress:
+            return
+        bar = bars.get(stage)
+        if bar is None:
+            unit = "B" if stage == "core" else "tensor"
+            bar = bars[stage] = tqdm(total=total, desc=stage, unit=unit, unit_scale=stage == "core", leave=True)
+        bar.update(done - bar.n)
+
+    prepared = prepare(recipe, options, progress=progress, kernel_library=_kernel_library() if kernels else None)
+    target = pathlib.Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_payload_core(target, contract=prepared.contract, manifest=prepared.manifest,
+                       resources=prepared.resources, namespace=recipe.PUBLISHER_NAMESPACE,
+                       signing_key=load_or_create_publisher_key(key_path),
+                       progress=lambda done, total: progress("core", done, total))
+    for bar in bars.values():
+        bar.close()
+    return prepared
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="helios-prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", help=f"one of {sorted(RECIPES)}")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="core file to write")
+    parser.add_argument("--key", default=None, help="publisher key (PEM); created on first use")
+    parser.add_argument("--page-tokens", type=int, default=None, help="logical tokens per cache page")
+    parser.add_argument("--context-tokens", type=int, default=None, help="context extent per request")
+    parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules")
+    return parser
+
+
+def prepare_main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        recipe = recipe_module(args.recipe)
+    except UnknownRecipeError as exc:
+        print(f"helios-prepare: {exc}", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in (("page_tokens", args.page_tokens), ("context_tokens", args.context_tokens))
+                 if v is not None}
+    options = dataclasses.replace(recipe.RecipeOptions(), **overrides)
+    prepared = prepare_core(args.recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
+                            show_progress=True)
+    for name, count in prepared.node_counts.items():
+        print(f"{name}: {count} nodes per step")
+    print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB, "
+          f"{len(prepared.manifest.programs)} programs, {len(prepared.manifest.modules)} kernel modules)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(prepare_main())
