@@ -32,7 +32,7 @@ _PREPARATION_SOURCES = ("ignition/recorder.py", "ignition/preparation/contract.p
                         "proto/helios_proto/manifest.proto", "proto/helios_proto/core.proto")
 
 
-def engine_engine_test_options(**overrides):
+def engine_test_options(**overrides):
     from ignition.recipes.smollm2_135m_instruct import RecipeOptions
 
     base = RecipeOptions(context_tokens=512, decode_rows=(1, 2, 4), prefill_variants=((1, 16), (1, 64), (2, 64)),
