@@ -111,7 +111,7 @@ class ModelSyntax:
         return SyntaxEngine(self, initial, tools, structured_answer=structured_answer, call_id_prefix=call_id_prefix)
 
 
-def _is_string_schema(schema: Mapping[str, Any] | None) -> bool:
+def is_string_schema(schema: Mapping[str, Any] | None) -> bool:
     """Tagged parameter values are raw text for string parameters, JSON for every other type."""
     if not isinstance(schema, Mapping):
         return True
@@ -523,7 +523,7 @@ class SyntaxEngine:
             return self._malformed(ParseErrorKind.TRUNCATED_TOOL_CALL, "frame ended inside a tool call")
         name = self._markup.render(self._buf[:at]).strip()
         self._take(at + len(pattern))
-        self._value_is_string = _is_string_schema(self._call_schema.get(name))
+        self._value_is_string = is_string_schema(self._call_schema.get(name))
         fragment = ("{" if self._call_params == 0 else ", ") + json.dumps(name, ensure_ascii=False) + ": "
         self._args(fragment + ('"' if self._value_is_string else ""))
         self._call_params += 1
