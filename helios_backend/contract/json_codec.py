@@ -57,7 +57,7 @@ def _check_message(node: Any, descriptor: pb_descriptor.Descriptor, path: str, l
 def _check_value(value: Any, field: pb_descriptor.FieldDescriptor, path: str, lenient: bool) -> Any:
     if value is None:
         return value
-    if field.label == field.LABEL_REPEATED:
+    if field.is_repeated:
         if not isinstance(value, list):
             raise ContractError(path, "expected a JSON array")
         return [_check_single(item, field, f"{path}[{index}]", lenient) for index, item in enumerate(value)]

@@ -48,7 +48,7 @@ def _walk(msg, path, version, field_since, enum_since, skip) -> None:
         field_path = _child_path(path, field.name)
         if field_path in skip:
             continue
-        is_repeated = field.label == field.LABEL_REPEATED
+        is_repeated = field.is_repeated
         since = field_since.get((descriptor.full_name, field.name))
         if since is not None and version is not None and version < since and field.name in present:
             raise ContractError(field_path, f"unknown in contract version {version} (introduced in version {since})")

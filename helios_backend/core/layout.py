@@ -62,7 +62,7 @@ def has_unknown_fields(msg: pb_message.Message) -> bool:
             continue
         if field.message_type.GetOptions().map_entry:
             values: Iterable = value.values() if field.message_type.fields_by_name["value"].message_type else ()
-        elif field.label == field.LABEL_REPEATED:
+        elif field.is_repeated:
             values = value
         else:
             values = (value,)
