@@ -403,3 +403,58 @@ def test_draw_walks_tied_logits_in_id_order(library, interpreter):
         "row_slot": np.arange(rows, dtype=np.int32), "sample_flag": np.ones(rows, np.int32)},
         {"rows": rows, "vocab": vocab})
     assert len(set(out["sampled"].tolist())) > rows // 2
+
+
+# ---------------------------------------------------------------------------------------------
+# slot state and completion records
+
+def test_commit_publishes_tokens_and_writes_every_record(library, interpreter):
+    from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
+    rows, slots, vocab, bins, eos_capacity = 6, 8, 50, 64, 3
+    eos = np.full((slots, eos_capacity), -1, np.int32)
+    eos[:, 0] = 2
+    eos[3, 1] = 17
+    out = check_against_reference(library, interpreter, "state.commit.v1", {
+        "completion": np.full(COMPLETION_HEADER_WORDS + rows * COMPLETION_ROW_WORDS, 99,
+                              np.int32),
+        "pending": np.full(slots, 5, np.int32),
+        "generated": np.array([0, 3, 9, 1, 4, 0, 0, 2], np.int32),
+        "output_histogram": RNG.integers(0, 3, (slots, bins)).astype(np.int32),
+        "sampled": np.array([17, 2, 40, 8, 11, 12], np.int32),
+        "eos_ids": eos, "output_limit": np.array([10] * 4 + [5] + [10] * 3, np.int32),
+        "row_slot": np.array([3, 6, 1, 4, -1, 0], np.int32),
+        "row_generation": np.arange(11, 11 + rows, dtype=np.int32),
+        "query_length": np.array([1, 1, 4, 1, 1, 1], np.int32),
+        "consumed": np.array([30, 8, 0, 12, 3, 3], np.int32),
+        "sample_flag": np.array([1, 1, 0, 1, 1, 1], np.int32),
+        "transport_header": np.array([123456, 1], np.int32), "live_rows": np.array([5], np.int32)},
+        {"rows": rows, "eos_capacity": eos_capacity, "histogram_bins": bins, "operation": 4})
+    finish = out["completion"][COMPLETION_HEADER_WORDS:].reshape(rows, -1)[:, 5]
+    assert finish.tolist() == [1, 1, 0, 2, 0, 0]                 # eos, eos, -, length, -, -
+
+
+def test_admit_copies_the_rows_sampling_state_into_its_slot(library, interpreter):
+    from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
+    rows, slots, bins, eos_capacity = 3, 5, 2500, 4
+    check_against_reference(library, interpreter, "state.admit.v1", {
+        "seeds": np.zeros((slots, 2), np.uint32),
+        "sampling": np.full((slots, 8), -1.0, np.float32),
+        "output_limit": np.zeros(slots, np.int32),
+        "eos_ids": np.zeros((slots, eos_capacity), np.int32),
+        "prompt_histogram": np.full((slots, bins), 7, np.int32),
+        "output_histogram": np.full((slots, bins), 7, np.int32),
+        "generated": np.full(slots, 7, np.int32), "pending": np.full(slots, 7, np.int32),
+        "completion": np.full(COMPLETION_HEADER_WORDS + rows * COMPLETION_ROW_WORDS, 99,
+                              np.int32),
+        "in_seeds": RNG.integers(0, 2**32, (rows, 2), dtype=np.uint64).astype(np.uint32),
+        "in_sampling": RNG.random((rows, 8)).astype(np.float32),
+        "in_output_limit": np.array([16, 32, 64], np.int32),
+        "in_eos_ids": RNG.integers(0, 100, (rows, eos_capacity)).astype(np.int32),
+        "in_histogram": RNG.integers(0, 5, (rows, bins)).astype(np.int32),
+        "row_slot": np.array([4, -1, 1], np.int32), "row_generation": np.array([7, 8, 9], np.int32),
+        "transport_header": np.array([42, 0], np.int32), "live_rows": np.array([3], np.int32)},
+        {"rows": rows, "eos_capacity": eos_capacity, "histogram_bins": bins, "operation": 1})
+
+
+def test_the_library_implements_every_abi_kernel_id(library):
+    assert sorted(library.kernel_ids()) == sorted(abi.KERNELS)

@@ -81,6 +81,15 @@ def _per_row(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (a["rows"], 1, 1)
 
 
+def _one_program_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return (1, 1, 1)
+
+
+def _histogram_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["histogram_bins"], c["BLOCK_H"]), a["rows"], 1)
+
+
 # Projections with N <= a few thousand use narrow tiles so decode spreads over more SMs;
 # the LM head (N = vocabulary) uses wide ones.
 _NARROW = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}
@@ -107,6 +116,10 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                _vocab_tiles),
     KernelSpec("sampling.draw.v1", "sampling", "draw_tokens", {"BLOCK_V": 2048}, _per_row,
                num_warps=8),
+    KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
+               _one_program_over_rows),
+    KernelSpec("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
+               _histogram_tiles),
 )
 
 SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}

@@ -1,0 +1,121 @@
+"""Per-slot state updates and completion records: admission and the end-of-step commit.
+
+Completion records (int32 words; drawn in helios_backend/kernels/state.py):
+    header = [ sequence | live_rows | operation | rows ]
+    row    = [ slot | generation | token | consumed | emitted | finish | draft_cursor | reserved_model ]
+Every one of the `rows` records is written each step: rows past live_rows (or with slot < 0)
+get the inactive record (-1 everywhere except consumed, emitted, finish = 0).
+"""
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+HEADER_WORDS = tl.constexpr(4)
+ROW_WORDS = tl.constexpr(8)
+FINISH_EOS = tl.constexpr(1)
+FINISH_LENGTH = tl.constexpr(2)
+
+
+@triton.jit
+def _write_records(completion, r, write, slot, generation, token, consumed, emitted, finish,
+                   active):
+    """One record per lane r (where `write`); inactive lanes get the inactive record."""
+    record = completion + HEADER_WORDS + r * ROW_WORDS
+    tl.store(record + 0, tl.where(active, slot, -1), mask=write)
+    tl.store(record + 1, tl.where(active, generation, -1), mask=write)
+    tl.store(record + 2, tl.where(active, token, -1), mask=write)
+    tl.store(record + 3, tl.where(active, consumed, 0), mask=write)
+    tl.store(record + 4, tl.where(active, emitted, 0), mask=write)
+    tl.store(record + 5, tl.where(active, finish, 0), mask=write)
+    tl.store(record + 6, tl.full(r.shape, -1, tl.int32), mask=write)     # draft_cursor
+    tl.store(record + 7, tl.full(r.shape, -1, tl.int32), mask=write)     # reserved_model
+
+
+@triton.jit
+def commit_samples(completion, pending, generated, output_histogram, sampled, eos_ids,
+                   output_limit, row_slot, row_generation, query_length, consumed, sample_flag,
+                   transport_header, live_rows, rows, eos_capacity, histogram_bins, operation,
+                   MAX_ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
+    """Publish sampled tokens (pending token, draw counter, output histogram) and write the
+    completion record of every row. Grid (1,): rows <= MAX_ROWS lanes of one program."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    live = tl.minimum(tl.load(live_rows), rows)
+    r = tl.arange(0, MAX_ROWS)
+    lane = r < rows
+    slot = tl.load(row_slot + r, mask=r < live, other=-1)
+    active = (r < live) & (slot >= 0)
+    sampling = active & (tl.load(sample_flag + r, mask=active, other=0) != 0)
+    token = tl.load(sampled + r, mask=sampling, other=-1)
+    count = tl.load(generated + slot, mask=sampling, other=0) + 1
+    tl.store(pending + slot, token, mask=sampling)
+    tl.store(generated + slot, count, mask=sampling)
+    tl.atomic_add(output_histogram + slot.to(tl.int64) * histogram_bins + token,
+                  tl.full((MAX_ROWS,), 1, tl.int32), mask=sampling)
+    is_eos = tl.zeros((MAX_ROWS,), dtype=tl.int1)
+    for e0 in range(0, eos_capacity, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        ids = tl.load(eos_ids + slot[:, None] * eos_capacity + e[None, :],
+                      mask=sampling[:, None] & (e[None, :] < eos_capacity), other=-1)
+        is_eos = is_eos | (tl.max((ids == token[:, None]).to(tl.int32), axis=1) != 0)
+    limit = tl.load(output_limit + slot, mask=sampling, other=0)
+    finish = tl.where(is_eos, FINISH_EOS, tl.where(count >= limit, FINISH_LENGTH, 0))
+    finish = tl.where(sampling, finish, 0)
+    endpoint = (tl.load(consumed + r, mask=active, other=0)
+                + tl.load(query_length + r, mask=active, other=0))
+    _write_records(completion, r, lane, slot, tl.load(row_generation + r, mask=active, other=-1),
+                   tl.where(sampling, token, -1), endpoint, sampling.to(tl.int32), finish, active)
+    tl.store(completion + 0, tl.load(transport_header))
+    tl.store(completion + 1, live)
+    tl.store(completion + 2, operation)
+    tl.store(completion + 3, rows)
+
+
+@triton.jit
+def admit_requests(seeds, sampling, output_limit, eos_ids, prompt_histogram, output_histogram,
+                   generated, pending, completion, in_seeds, in_sampling, in_output_limit,
+                   in_eos_ids, in_histogram, row_slot, row_generation, transport_header,
+                   live_rows, rows, eos_capacity, histogram_bins, operation,
+                   BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
+    """Initialization: copy each admitted row's sampling state into its slot (seeds u32 [2],
+    sampling f32 [8], output limit, EOS ids [eos_capacity], prompt histogram [bins]); zero the
+    output histogram and draw counter; pending token -1. Grid (cdiv(bins, BLOCK_H), rows):
+    program (b, r) copies histogram chunk b of row r; programs (0, r) do the rest."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(1)
+    live = tl.minimum(tl.load(live_rows), rows)
+    slot = tl.load(row_slot + r, mask=r < live, other=-1)
+    active = (r < live) & (slot >= 0)
+    if active:
+        h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_mask = h < histogram_bins
+        source = tl.load(in_histogram + r.to(tl.int64) * histogram_bins + h, mask=h_mask)
+        bins = slot.to(tl.int64) * histogram_bins + h
+        tl.store(prompt_histogram + bins, source, mask=h_mask)
+        tl.store(output_histogram + bins, tl.zeros((BLOCK_H,), dtype=tl.int32), mask=h_mask)
+    if tl.program_id(0) == 0:
+        if active:
+            w = tl.arange(0, 8)
+            tl.store(seeds + 2 * slot + w, tl.load(in_seeds + 2 * r + w, mask=w < 2), mask=w < 2)
+            tl.store(sampling + 8 * slot + w, tl.load(in_sampling + 8 * r + w))
+            tl.store(output_limit + slot, tl.load(in_output_limit + r))
+            for e0 in range(0, eos_capacity, BLOCK_E):
+                e = e0 + tl.arange(0, BLOCK_E)
+                e_mask = e < eos_capacity
+                tl.store(eos_ids + slot * eos_capacity + e,
+                         tl.load(in_eos_ids + r * eos_capacity + e, mask=e_mask), mask=e_mask)
+            tl.store(generated + slot, 0)
+            tl.store(pending + slot, -1)
+        one = tl.arange(0, 1) + r
+        _write_records(completion, one, one < rows, tl.zeros((1,), tl.int32) + slot,
+                       tl.zeros((1,), tl.int32) + tl.load(row_generation + r),
+                       tl.full((1,), -1, tl.int32), tl.zeros((1,), tl.int32),
+                       tl.zeros((1,), tl.int32), tl.zeros((1,), tl.int32), active)
+        if r == 0:
+            tl.store(completion + 0, tl.load(transport_header))
+            tl.store(completion + 1, live)
+            tl.store(completion + 2, operation)
+            tl.store(completion + 3, rows)
