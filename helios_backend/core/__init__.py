@@ -29,6 +29,7 @@ from .errors import (
 )
 from .keys import PublisherKeyError, default_key_path, load_or_create_publisher_key, load_private_key, public_key_bytes
 from .reader import Core, open_core
+from .resign import resign_core
 from .resources import ResourceInfo, ResourceInput, ResourceKind
 from .writer import PreEncodedFrame, write_logical_core, write_payload_core, write_payload_core_from_frames
 
@@ -37,6 +38,6 @@ __all__ = [
     "ExtraFrameError", "FrameError", "IntegrityError", "PreEncodedFrame", "PublisherKeyError",
     "ResourceInfo", "ResourceInput", "ResourceKind", "ResourceNotFoundError", "SignatureError",
     "TrailingBytesError", "TruncatedFrameError", "UnsupportedFormatError", "WindowTooLargeError",
-    "default_key_path", "load_or_create_publisher_key", "load_private_key", "open_core", "public_key_bytes",
+    "default_key_path", "load_or_create_publisher_key", "load_private_key", "open_core", "public_key_bytes", "resign_core",
     "write_logical_core", "write_payload_core", "write_payload_core_from_frames",
 ]
