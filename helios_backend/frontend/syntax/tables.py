@@ -200,8 +200,13 @@ class FrontendSyntax:
         """Write the selectors and syntax data into a contract message (recipes use this)."""
         frontend.tool_parser = self.tool_parser
         frontend.reasoning_parser = self.reasoning_parser
-        frontend.tool_syntax.CopyFrom(self.tool)
-        frontend.reasoning_syntax.CopyFrom(self.reasoning)
+        # NONE selectors take no syntax message at all (the contract checks reject an empty one).
+        frontend.ClearField("tool_syntax")
+        frontend.ClearField("reasoning_syntax")
+        if self.has_tools:
+            frontend.tool_syntax.CopyFrom(self.tool)
+        if self.reasoning_parser not in (pb.REASONING_PARSER_NONE, pb.REASONING_PARSER_UNSPECIFIED):
+            frontend.reasoning_syntax.CopyFrom(self.reasoning)
         del frontend.prefix_rules[:]
         frontend.prefix_rules.extend(self.prefix_rules)
 

@@ -1,7 +1,9 @@
 """Cross-checks of the frontend selectors and their syntax data (FE-1, FE-6, FE-7, FE-8, FE-26).
 
-Run once at load (Bootstrap) and by recipes before export; every violation is reported, none is
-repaired. Errors name the field so a recipe author can fix the table.
+helios_backend/contract/checks_frontend.py enforces the pairing rules at contract decoding; this
+module additionally checks what the syntax engine and grammar builder rely on (every delimiter a
+selected syntax needs, whitespace separators, one-invocation blocks). Recipes run it before
+export and Bootstrap may run it at load; every violation is reported, none is repaired.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def frontend_problems(syntax: FrontendSyntax) -> list[str]:
             for name in _TAGGED_REQUIRED:
                 if not getattr(tool, name):
                     problems.append(f"tool_syntax.{name} is empty (tagged parameters)")
+        if tool.tag_separator.strip():
+            problems.append("tool_syntax.tag_separator must be whitespace (the parser skips whitespace between tags)")
         if not tool.invocation_close and tool.invocations_per_block != 1:
             problems.append("tool_syntax without invocation_close must declare invocations_per_block = 1")
     if syntax.has_delimited_reasoning:
