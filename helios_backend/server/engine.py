@@ -1,0 +1,98 @@
+"""Runs a RoundPlan on a loaded model: shared packing, the executor, completion checks.
+
+Executor-agnostic: it only uses the Executor protocol (staging/launch/wait) and the
+Packer, so the numpy and CUDA executors serve through the same code.
+
+One round = its submissions in order (restoration, initialization, main step), each one
+`pack -> launch -> wait -> validate`. The executor numbers submissions (BND-20); this
+runner mirrors that count to check each completion's sequence (CACHE-16).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from helios_proto import contract_pb2 as cp
+from helios_proto import manifest_pb2 as mp
+
+from helios_backend.packing import Admission, Lane as PackedLane, SamplingParameters
+from helios_backend.scheduler.completion import (
+    CompletionFormat, CompletionRows, parse_and_validate, validate_header)
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
+
+
+class ExecutorLike(Protocol):
+    def launch(self, program: str, frame: int) -> None: ...
+    def wait(self, frame: int) -> np.ndarray: ...
+
+
+class PackerLike(Protocol):
+    def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
+
+
+@dataclass
+class RoundTimings:
+    """Host time of the last round, nanoseconds (bench/engine_decode.py reads it)."""
+    packing_ns: int = 0
+    execution_ns: int = 0
+    completion_ns: int = 0
+
+
+@dataclass
+class ProgramRunner:
+    executor: ExecutorLike
+    packer: PackerLike
+    layout: mp.CompletionLayout
+    vocab_size: int
+    histogram_bins: int
+    eos_ids: tuple[int, ...]
+    frame: int = 0
+    timings: RoundTimings = field(default_factory=RoundTimings)
+
+    def __post_init__(self) -> None:
+        self.fmt = CompletionFormat.from_layout(self.layout)
+        self._sequence = 0
+
+    def run(self, plan: RoundPlan) -> CompletionRows:
+        t = RoundTimings()
+        rows: CompletionRows | None = None
+        for sub in plan.submissions():
+            t0 = time.perf_counter_ns()
+            lanes = [self._packed(lane, sub.operation) for lane in sub.lanes]
+            self.packer.pack(sub.variant.program, self.frame, lanes)
+            sub.sequence, sub.frame = self._sequence, self.frame
+            t1 = time.perf_counter_ns()
+            self._sequence += 1
+            self.executor.launch(sub.variant.program, self.frame)
+            words = self.executor.wait(self.frame)
+            t2 = time.perf_counter_ns()
+            if sub is plan.main:
+                rows = parse_and_validate(self.fmt, words, sub, vocab_size=self.vocab_size)
+            else:
+                validate_header(self.fmt, words, sub)
+            t3 = time.perf_counter_ns()
+            t.packing_ns += t1 - t0
+            t.execution_ns += t2 - t1
+            t.completion_ns += t3 - t2
+        self.timings = t
+        assert rows is not None  # the main submission is always last
+        return rows
+
+    def _packed(self, lane: Lane, operation: int) -> PackedLane:
+        req = lane.request
+        admission = None
+        if operation == cp.OPERATION_INITIALIZATION:
+            s = req.spec.sampling
+            # the full known token list: a readmitted request's histogram covers its output too
+            admission = Admission.for_prompt(
+                req.tokens, self.histogram_bins, s.seed,
+                SamplingParameters(s.temperature, s.top_p, s.top_k, s.min_p, s.presence_penalty,
+                                   s.frequency_penalty, s.repetition_penalty),
+                lane.output_limit, self.eos_ids)
+        pending = lane.tokens == [PENDING_TOKEN]
+        return PackedLane(slot=lane.slot, generation=lane.generation, consumed=lane.start,
+                          tokens=None if pending else np.asarray(lane.tokens, dtype=np.int32),
+                          sample=lane.sample, pages=lane.page_table, admission=admission)

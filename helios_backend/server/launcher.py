@@ -1,0 +1,111 @@
+"""Locating and starting tritonserver with the python backend for *this* environment.
+
+Triton 2.51's python stub (pybind11 2.10, Python >= 3.11) runs an isolated interpreter:
+PYTHONPATH is ignored, but CPython's getpath still finds `python3` on PATH and reads the
+pyvenv.cfg beside it. So the server starts with the running environment's bin/ first on
+PATH, and a backend directory holding libtriton_python.so, the utils module and the stub
+built for the running Python (shared/notes/triton-backend.md, section 3).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+SYSTEM_TRITON = Path("/opt/tritonserver")
+
+
+class TritonNotFound(Exception):
+    """Neither the nvidia-pytriton wheel nor /opt/tritonserver provides tritonserver."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    python_backend: Path                 # holds libtriton_python.so and triton_python_backend_utils.py
+    stub: Path                           # triton_python_backend_stub for the running Python
+    libraries: Path | None               # nvidia_pytriton.libs (the wheel's bundled libraries)
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+
+def locate_tritonserver() -> TritonInstall:
+    """The wheel's tritonserver first (it matches this Python), else /opt/tritonserver."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        import pytriton  # type: ignore[import-not-found]
+        root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+        libs = root.parent.parent / "nvidia_pytriton.libs"
+        install = TritonInstall(root / "bin" / "tritonserver", root / "backends" / "python",
+                                root / "python_backend_stubs" / version / "triton_python_backend_stub",
+                                libs if libs.is_dir() else None)
+        if install.binary.is_file() and install.stub.is_file():
+            return install
+    except ImportError:
+        pass
+    system = TritonInstall(SYSTEM_TRITON / "bin" / "tritonserver", SYSTEM_TRITON / "backends" / "python",
+                           SYSTEM_TRITON / "backends" / "python" / "triton_python_backend_stub", None)
+    if system.binary.is_file():
+        return system
+    raise TritonNotFound(f"no tritonserver: install nvidia-pytriton (stub for Python {version}) "
+                         f"or provide {SYSTEM_TRITON}")
+
+
+def prepare_backend_directory(install: TritonInstall, workdir: Path) -> Path:
+    """<workdir>/backends/python with the backend library, utils and the matching stub."""
+    target = workdir / "backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for source in (install.python_backend / "libtriton_python.so",
+                   install.python_backend / "triton_python_backend_utils.py", install.stub):
+        link = target / source.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(source)
+    return workdir / "backends"
+
+
+def server_environment(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """PATH with this environment's bin first (the stub finds our site-packages), and the
+    wheel's bundled libraries plus libpython's directory on LD_LIBRARY_PATH."""
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    libdirs = [str(p) for p in (install.libraries, sysconfig.get_config_var("LIBDIR")) if p]
+    if env.get("LD_LIBRARY_PATH"):
+        libdirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs)
+    env.pop("PYTHONPATH", None)   # ignored by the stub anyway; keep the two processes alike
+    return env
+
+
+def server_command(install: TritonInstall, backends: Path, model_repository: Path, ports: Ports, *,
+                   shm_prefix: str, exit_timeout_s: int = 30, log_verbose: int = 0) -> list[str]:
+    return [str(install.binary), f"--model-repository={model_repository}",
+            f"--backend-directory={backends}",
+            f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
+            "--allow-metrics=true", "--allow-gpu-metrics=false", "--metrics-interval-ms=500",
+            "--strict-readiness=true", f"--exit-timeout-secs={exit_timeout_s}",
+            f"--log-verbose={log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            "--backend-config=python,shm-default-byte-size=4194304",
+            "--backend-config=python,shm-growth-byte-size=1048576"]
+
+
+def cleanup_shm(shm_prefix: str) -> None:
+    """A killed server leaves its python-backend shm regions behind; remove ours."""
+    for path in Path("/dev/shm").glob(f"{shm_prefix}*"):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def which_gateway() -> str | None:
+    return shutil.which("helios-gateway", path=str(Path(sys.executable).parent))

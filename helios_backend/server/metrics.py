@@ -1,0 +1,151 @@
+"""flare_* metric families on Triton's metrics endpoint, updated off the hot path.
+
+Each pb_utils metric update is an IPC round trip to the server process, so the worker
+and the response thread only put small update tuples on a queue; one metrics thread
+applies them. Labels are bounded enums (operation, reason, state): never request ids,
+prompt text or token ids (MET-3..5).
+"""
+from __future__ import annotations
+
+import enum
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from helios_proto import contract_pb2 as cp
+from helios_proto import transport_pb2 as tp
+
+
+class Kind(enum.Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: Kind
+    description: str
+    labels: tuple[str, ...] = ()
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("flare_requests_admitted_total", Kind.COUNTER, "Requests accepted into the scheduler queue"),
+    Family("flare_requests_rejected_total", Kind.COUNTER, "Requests refused at admission", ("reason",)),
+    Family("flare_requests_invalid_total", Kind.COUNTER, "Malformed transport requests"),
+    Family("flare_requests_finished_total", Kind.COUNTER, "Requests that ended normally", ("reason",)),
+    Family("flare_requests_failed_total", Kind.COUNTER, "Requests ended by an execution failure"),
+    Family("flare_requests_waiting", Kind.GAUGE, "Requests queued for a slot"),
+    Family("flare_requests_running", Kind.GAUGE, "Requests holding a slot"),
+    Family("flare_preemptions_total", Kind.COUNTER, "Running requests preempted for pages"),
+    Family("flare_readmissions_total", Kind.COUNTER, "Preempted requests admitted again"),
+    Family("flare_graph_launches_total", Kind.COUNTER, "Program submissions", ("operation",)),
+    Family("flare_generated_tokens_total", Kind.COUNTER, "Validated sampled tokens"),
+    Family("flare_prefix_lookup_tokens_total", Kind.COUNTER, "Tokens looked up in the prefix cache at admission"),
+    Family("flare_prefix_reused_tokens_total", Kind.COUNTER, "Tokens served from cached pages or snapshots"),
+    Family("flare_prefix_hit_pages_total", Kind.COUNTER, "Cached pages referenced by admitted requests"),
+    Family("flare_cache_pages_published_total", Kind.COUNTER, "Complete pages published to the prefix cache"),
+    Family("flare_cache_pages_evicted_total", Kind.COUNTER, "Cached pages evicted (LRU)"),
+    Family("flare_snapshots_published_total", Kind.COUNTER, "Snapshots published at exact endpoints"),
+    Family("flare_snapshots_evicted_total", Kind.COUNTER, "Snapshots evicted (LRU)"),
+    Family("flare_snapshots_restored_total", Kind.COUNTER, "Snapshot continuations restored into private pages"),
+    Family("flare_cache_pages", Kind.GAUGE, "Physical cache pages by state", ("state",)),
+    Family("flare_cache_pages_capacity", Kind.GAUGE, "Physical cache pages"),
+    Family("flare_request_slots_capacity", Kind.GAUGE, "Physical request slots"),
+    Family("flare_snapshot_rows", Kind.GAUGE, "Snapshot continuation rows in use"),
+    Family("flare_snapshot_rows_capacity", Kind.GAUGE, "Snapshot continuation rows"),
+    Family("flare_mixed_grammar_decode_steps_total", Kind.COUNTER,
+           "Successful decode submissions mixing constrained and unconstrained lanes"),
+    Family("flare_constrained_max_inflight", Kind.GAUGE,
+           "Maximum outstanding executor frames right after a constrained submission"),
+    Family("flare_time_to_first_token_seconds", Kind.HISTOGRAM, "Backend receipt to first validated token"),
+    Family("flare_e2e_request_latency_seconds", Kind.HISTOGRAM, "Backend receipt to the terminal event"),
+)
+FAMILY = {f.name: f for f in FAMILIES}
+
+# label values are enum names: bounded, never request data
+OPERATION_LABEL = {v: cp.Operation.Name(v).removeprefix("OPERATION_").lower() for v in cp.Operation.values()}
+FINISH_LABEL = {v: tp.FinishReason.Name(v).removeprefix("FINISH_REASON_").lower() for v in tp.FinishReason.values()}
+REJECTION_LABEL = {v: tp.RejectionReason.Name(v).removeprefix("REJECTION_REASON_").lower()
+                   for v in tp.RejectionReason.values()}
+PAGE_STATES = ("free", "used", "cached")
+
+
+class Op(enum.Enum):
+    ADD = "add"        # counters
+    SET = "set"        # gauges
+    OBSERVE = "observe"  # histograms
+
+
+Update = tuple[str, tuple[tuple[str, str], ...], Op, float]
+
+
+def update(name: str, op: Op, value: float, **labels: str) -> Update:
+    family = FAMILY[name]
+    if set(labels) != set(family.labels):
+        raise ValueError(f"{name} takes labels {family.labels}, got {sorted(labels)}")
+    return (name, tuple(sorted(labels.items())), op, float(value))
+
+
+class MetricBackend(Protocol):
+    """Creates one metric handle; the Triton adapter implements it with pb_utils."""
+    def create(self, family: Family, labels: dict[str, str]) -> Any: ...
+
+
+class MetricsThread:
+    """Applies queued updates; handles are created lazily per (family, labels)."""
+
+    def __init__(self, backend: MetricBackend, on_error: Callable[[str], None] = lambda m: None) -> None:
+        self._backend = backend
+        self._on_error = on_error
+        self._queue: "queue.SimpleQueue[list[Update] | None]" = queue.SimpleQueue()
+        self._handles: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._thread = threading.Thread(target=self._run, name="helios-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def push(self, updates: list[Update]) -> None:
+        if updates:
+            self._queue.put(updates)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            for name, labels, op, value in batch:
+                try:
+                    handle = self._handle(name, labels)
+                    if op is Op.ADD:
+                        handle.increment(value)
+                    elif op is Op.SET:
+                        handle.set(value)
+                    else:
+                        handle.observe(value)
+                except Exception as exc:  # a broken metric must never stop serving
+                    self._on_error(f"metric {name}: {type(exc).__name__}: {exc}")
+
+    def _handle(self, name: str, labels: tuple[tuple[str, str], ...]) -> Any:
+        key = (name, labels)
+        handle = self._handles.get(key)
+        if handle is None:
+            handle = self._backend.create(FAMILY[name], dict(labels))
+            self._handles[key] = handle
+        return handle
+
+
+class NullMetrics:
+    """For runs outside Triton (bench, unit tests)."""
+
+    def push(self, updates: list[Update]) -> None:
+        pass

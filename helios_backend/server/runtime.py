@@ -1,0 +1,142 @@
+"""The serving runtime: Bootstrap.load, then NativeModel.load, then the threads.
+
+    runtime = HeliosRuntime.start(options, metrics_backend)   # raises StartupError naming the cause
+    runtime.submit(serial, spec, stream)                       # any thread
+    runtime.cancel(serial)
+    runtime.stop()                                             # drain, then every stream gets its final
+
+Nothing here knows Triton: the Triton adapter (triton_model.py) and the bench drive the
+same object. Nothing here dispatches on a model name: the core's contract decides.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from helios_proto import contract_pb2 as cp
+
+from helios_backend.bootstrap import Bootstrap
+from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.scheduler.host_stops import HostStopCheck
+from helios_backend.scheduler.request import RequestSpec
+from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+from helios_backend.scheduler.variants import VariantTable
+from helios_backend.server.assets import frontend_assets
+from helios_backend.server.engine import ProgramRunner
+from helios_backend.server.metrics import MetricBackend, MetricsThread, NullMetrics
+from helios_backend.server.responses import ResponseHub, Stream
+from helios_backend.server.settings import EffectiveSettings, SettingsError, StartupOptions, resolve
+from helios_backend.server.transport import SpecDefaults
+from helios_backend.server.worker import Worker
+
+log = logging.getLogger("helios.runtime")
+
+
+class StartupError(Exception):
+    """Startup failed; the message names the stage and the cause (the model stays not ready)."""
+
+
+@dataclass
+class HeliosRuntime:
+    bootstrap: Bootstrap
+    model: NativeModel
+    settings: EffectiveSettings
+    scheduler: Scheduler
+    runner: ProgramRunner
+    worker: Worker
+    hub: ResponseHub
+    metrics: MetricsThread | NullMetrics
+    spec_defaults: SpecDefaults
+    clock_origin_ns: int
+
+    @classmethod
+    def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None) -> "HeliosRuntime":
+        origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
+        bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
+        try:
+            settings = _stage("startup options", lambda: resolve(options, bootstrap.contract))
+            if options.executor != "numpy" and "executor" not in {f.name for f in dataclasses.fields(ModelOptions)}:
+                raise StartupError(f"startup options: executor {options.executor!r} is not available from "
+                                   "NativeModel.load in this build")
+            model = _stage("NativeModel.load", lambda: NativeModel.load(
+                bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
+                ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity)))
+        except BaseException:
+            bootstrap.close()
+            raise
+        contract, manifest = bootstrap.contract, bootstrap.manifest
+        vocab = contract.model.vocabulary
+        geometry = model.manifests[0]
+        decode = [g for g in model.graphs if g.operation == cp.OPERATION_DECODE]
+        config = SchedulerConfig(
+            page_tokens=contract.model.cache.page_tokens, num_pages=geometry.cache_pages,
+            request_slots=manifest.request_slots, max_active=settings.max_active,
+            queue_capacity=settings.queue_capacity, context_tokens=contract.context_tokens,
+            max_pages_per_row=manifest.max_pages_per_row, vocab_size=vocab.sampled_tokens,
+            input_vocab_size=contract.model.input_vocabulary.input_tokens or vocab.sampled_tokens,
+            eos_ids=tuple(contract.defaults.eos_token_ids), snapshot_capacity=settings.snapshot_capacity,
+            cache_fingerprint=contract.cache_identity.fingerprint,
+            top_logprobs_capacity=manifest.completion.top_logprobs,
+            device_pending_token=bool(decode) and all(g.pending_token.HasField("device_state_view") for g in decode),
+            clock_origin_ns=origin)
+        tokenizer = bootstrap.tokenizer
+
+        def stop_factory(spec: RequestSpec) -> HostStopCheck:
+            decoder = tokenizer.incremental_decoder() if spec.stops.strings else None
+            return HostStopCheck(spec.stops, decoder)
+
+        scheduler = _stage("scheduler", lambda: Scheduler(config, VariantTable.from_graphs(model.graphs), stop_factory))
+        runner = ProgramRunner(model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
+                               vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids))
+        metrics: MetricsThread | NullMetrics = (
+            MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
+        worker_ref: list[Worker] = []
+        hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics)
+        worker = Worker(scheduler, runner, hub, metrics)
+        worker_ref.append(worker)
+        if isinstance(metrics, MetricsThread):
+            metrics.start()
+        hub.start()
+        worker.start()
+        log.info("helios runtime ready: %s, %d pages x %d tokens, %d slots, max_active %d",
+                 contract.served_id, config.num_pages, config.page_tokens, config.request_slots,
+                 scheduler.max_active)
+        defaults = SpecDefaults(contract.defaults.sampling, settings.max_output_tokens, vocab.sampled_tokens)
+        return cls(bootstrap, model, settings, scheduler, runner, worker, hub, metrics, defaults, origin)
+
+    def assets(self):  # -> tp.FrontendAssets
+        b = self.bootstrap
+        contract = b.contract
+        frontend = contract.model.frontend
+        return frontend_assets(contract, b.read_resource(frontend.tokenizer_resource),
+                               b.read_resource(frontend.chat_template_resource).decode("utf-8"),
+                               self.settings, self.scheduler.max_prompt_tokens,
+                               b.manifest.completion.top_logprobs, self.clock_origin_ns)
+
+    def submit(self, spec: RequestSpec, stream: Stream) -> None:
+        self.hub.register(stream)
+        self.worker.submit(stream.serial, spec)
+
+    def cancel(self, serial: int) -> None:
+        self.worker.cancel(serial)
+
+    def stop(self, drain: bool = True, timeout: float = 60.0) -> None:
+        self.worker.stop(drain=drain, timeout=timeout)
+        self.hub.stop()
+        if isinstance(self.metrics, MetricsThread):
+            self.metrics.stop()
+        self.model.close()
+        self.bootstrap.close()
+
+
+def _stage(name: str, fn):  # type: ignore[no-untyped-def]
+    try:
+        return fn()
+    except StartupError:
+        raise
+    except SettingsError as exc:
+        raise StartupError(f"{name}: {exc}") from exc
+    except Exception as exc:
+        raise StartupError(f"{name} failed: {type(exc).__name__}: {exc}") from exc

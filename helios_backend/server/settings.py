@@ -1,0 +1,158 @@
+"""Startup options: parsed once from the Triton model config, resolved once against the core.
+
+Precedence (SRV-15, SRV-16): explicit startup option > the core's ServingDefaults >
+built-in default. An empty config parameter means "not set".
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from helios_proto import contract_pb2 as cp
+
+DEFAULT_CORE = "var/cores/smollm2-135m-instruct.core"   # what `make serve` prepares
+DEFAULT_ACCEPTANCE = "helios.local/smollm2"              # the embedded default's namespace
+EXECUTORS = ("numpy", "cuda")
+
+
+class SettingsError(ValueError):
+    """A startup option is malformed or cannot be honoured by the core; names the option."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"startup option {option}: {message}")
+        self.option = option
+
+
+@dataclass(frozen=True)
+class StartupOptions:
+    """Explicit options; None = not set (the core default or a built-in applies)."""
+    core_path: Path
+    acceptance: str = DEFAULT_ACCEPTANCE
+    executor: str = "numpy"
+    concurrency: int | None = None
+    speculative_width: int | None = None
+    history_drafting: bool | None = None
+    queue_capacity: int | None = None
+    max_active: int | None = None
+    event_capacity: int | None = None
+    page_capacity: int | None = None
+    snapshot_capacity: int | None = None
+    cache_memory_share: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise SettingsError("executor", f"{self.executor!r} is not one of {EXECUTORS}")
+        for name in ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
+                     "page_capacity"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise SettingsError(name, f"must be positive, got {value}")
+        if self.snapshot_capacity is not None and self.snapshot_capacity < 0:
+            raise SettingsError("snapshot_capacity", "cannot be negative")
+        if self.cache_memory_share is not None and not 0.0 < self.cache_memory_share <= 1.0:
+            raise SettingsError("cache_memory_share", f"must lie in (0, 1], got {self.cache_memory_share}")
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str], project_root: Path) -> "StartupOptions":
+        """From config.pbtxt `parameters` (string values); relative core paths are
+        resolved against the project root (the model repository's parent)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(parameters) - known - {"EXECUTION_ENV_PATH"})
+        if unknown:
+            raise SettingsError(unknown[0], "unknown parameter")
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            raw = parameters.get(f.name, "").strip()
+            if not raw:
+                continue
+            values[f.name] = _parse(f.name, raw)
+        core = Path(str(values.pop("core_path", DEFAULT_CORE)))
+        if not core.is_absolute():
+            core = project_root / core
+        return cls(core_path=core, **values)  # type: ignore[arg-type]
+
+
+def _parse(name: str, raw: str) -> object:
+    try:
+        if name in ("core_path", "acceptance", "executor"):
+            return raw
+        if name == "history_drafting":
+            if raw.lower() not in ("true", "false"):
+                raise ValueError(raw)
+            return raw.lower() == "true"
+        if name == "cache_memory_share":
+            return float(raw)
+        return int(raw)
+    except ValueError:
+        raise SettingsError(name, f"cannot parse {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class BuiltInDefaults:
+    queue_capacity: int = 64
+    max_active: int = 32
+    event_capacity: int = 256
+    frontend_workers: int = 2
+    max_output_tokens: int = 256
+    snapshot_capacity: int = 0
+    cache_memory_share: float = 0.9
+
+
+BUILT_IN = BuiltInDefaults()
+
+
+@dataclass(frozen=True)
+class EffectiveSettings:
+    queue_capacity: int
+    max_active: int
+    event_capacity: int
+    frontend_workers: int
+    max_output_tokens: int
+    page_capacity: int | None            # None: NativeModel.load chooses (core default / prepared)
+    snapshot_capacity: int
+    cache_memory_share: float
+    concurrency: int
+    speculative_width: int
+    history_drafting: bool
+
+
+def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveSettings:
+    d = contract.defaults
+
+    def pick(name: str, core_field: str | None = None) -> object:
+        explicit = getattr(options, name, None)
+        if explicit is not None:
+            return explicit
+        field = core_field or name
+        if d.HasField(field):
+            return getattr(d, field)
+        return getattr(BUILT_IN, name)
+
+    concurrency = options.concurrency if options.concurrency is not None else contract.concurrency
+    if not 1 <= concurrency <= contract.concurrency:
+        raise SettingsError("concurrency", f"{concurrency} outside 1..{contract.concurrency} captured rows "
+                                           "(load may only reduce it)")
+    widths = sorted(contract.speculative_widths)
+    width = options.speculative_width if options.speculative_width is not None else (widths[-1] if widths else 1)
+    if width > 1 and width > (widths[-1] if widths else 1):
+        raise SettingsError("speculative_width", f"{width} exceeds the captured widths {widths or [1]}")
+    drafting = bool(options.history_drafting)
+    if drafting:
+        speculative = any(g.operation == cp.OPERATION_SPECULATIVE for g in contract.model.graphs)
+        if not speculative or width <= 1:
+            raise SettingsError("history_drafting", "requires enabled learned speculation (a SPECULATIVE "
+                                                    "program and a speculative width above one)")
+    page_capacity = options.page_capacity if options.page_capacity is not None else (
+        d.page_capacity if d.HasField("page_capacity") else None)
+    return EffectiveSettings(
+        queue_capacity=int(pick("queue_capacity")),  # type: ignore[arg-type]
+        max_active=min(int(pick("max_active")), concurrency),  # type: ignore[arg-type]
+        event_capacity=int(pick("event_capacity")),  # type: ignore[arg-type]
+        frontend_workers=int(d.frontend_workers if d.HasField("frontend_workers") else BUILT_IN.frontend_workers),
+        max_output_tokens=int(d.max_output_tokens if d.HasField("max_output_tokens") else BUILT_IN.max_output_tokens),
+        page_capacity=page_capacity,
+        snapshot_capacity=int(pick("snapshot_capacity")),  # type: ignore[arg-type]
+        cache_memory_share=float(pick("cache_memory_share")),  # type: ignore[arg-type]
+        concurrency=concurrency, speculative_width=width, history_drafting=drafting)

@@ -1,0 +1,153 @@
+"""The transport tensors (proto/helios_proto/transport.proto, docs/transport.md).
+
+Backend side: decode a request's tensors into a RequestSpec (or an assets request) and
+turn coalesced output into response arrays. Client side (gateway, tests): build the
+request arrays and decode the event of a response. No Triton import here.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from helios_proto import contract_pb2 as cp
+from helios_proto import transport_pb2 as tp
+
+from helios_backend.frontend.stops import StopSpecError, validate_stop_strings, validate_stop_tokens
+from helios_backend.scheduler.request import RequestSpec, SamplingSettings, StopSettings
+
+MODEL_NAME = "helios"
+IN_PARAMETERS = "parameters"
+IN_PROMPT = "prompt_token_ids"
+OUT_TOKENS = "token_ids"
+OUT_TIMESTAMPS = "token_timestamps_ns"
+OUT_LOGPROBS = "logprobs"
+OUT_TOP_IDS = "top_token_ids"
+OUT_TOP_LOGPROBS = "top_logprobs"
+OUT_EVENT = "event"
+OUTPUTS = (OUT_TOKENS, OUT_TIMESTAMPS, OUT_LOGPROBS, OUT_TOP_IDS, OUT_TOP_LOGPROBS, OUT_EVENT)
+
+
+class TransportError(ValueError):
+    """A malformed transport request; becomes an InvalidRequest terminal event."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+    def event(self) -> tp.TerminalEvent:
+        return tp.TerminalEvent(invalid=tp.InvalidRequest(field=self.field, message=self.message))
+
+
+def decode_parameters(raw: np.ndarray | None) -> tp.RequestParameters:
+    if raw is None or raw.size != 1:
+        raise TransportError(IN_PARAMETERS, "exactly one serialized RequestParameters is required")
+    value = raw.reshape(-1)[0]
+    data = value if isinstance(value, (bytes, bytearray)) else str(value).encode()
+    try:
+        params = tp.RequestParameters.FromString(bytes(data))
+    except DecodeError as exc:
+        raise TransportError(IN_PARAMETERS, f"not a RequestParameters message ({exc})") from None
+    if params.version != tp.TRANSPORT_VERSION_1:
+        raise TransportError("parameters.version", f"unsupported transport version {params.version}")
+    if params.WhichOneof("kind") is None:
+        raise TransportError("parameters.kind", "neither generate nor assets")
+    return params
+
+
+@dataclass(frozen=True)
+class SpecDefaults:
+    """Core sampling defaults and limits that fill what a request leaves unset (SRV-17)."""
+    sampling: cp.SamplingDefaults
+    max_output_tokens: int
+    vocab_size: int
+
+
+def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: SpecDefaults) -> RequestSpec:
+    if prompt is None:
+        raise TransportError(IN_PROMPT, "a generate request needs prompt_token_ids")
+    ids = tuple(int(t) for t in np.asarray(prompt).reshape(-1))
+    s, d = gen.sampling, defaults.sampling
+
+    def pick(name: str) -> float:
+        return getattr(s, name) if s.HasField(name) else getattr(d, name)
+
+    sampling = SamplingSettings(
+        temperature=float(pick("temperature")), top_p=float(pick("top_p")), top_k=int(pick("top_k")),
+        min_p=float(pick("min_p")), presence_penalty=float(pick("presence_penalty")),
+        frequency_penalty=float(pick("frequency_penalty")), repetition_penalty=float(pick("repetition_penalty")),
+        seed=s.seed if s.HasField("seed") else secrets.randbits(64))
+    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.min_p < 0:
+        raise TransportError("sampling", "temperature >= 0, 0 < top_p <= 1 and min_p >= 0 are required")
+    try:
+        strings = validate_stop_strings(list(gen.stops.strings)) if gen.stops.strings else ()
+        sequences = validate_stop_tokens(list(gen.stops.token_ids),
+                                         [list(q.token_ids) for q in gen.stops.token_sequences],
+                                         defaults.vocab_size)
+    except StopSpecError as exc:
+        raise TransportError(f"stops.{exc.param}", str(exc)) from None
+    if strings and sequences:
+        raise TransportError("stops", "string stops cannot be combined with token stops")
+    constrained = gen.grammar.kind != tp.GRAMMAR_KIND_UNSPECIFIED
+    if strings and constrained:
+        raise TransportError("stops", "string stops cannot be combined with structured output")
+    obs = gen.observation
+    if obs.return_token_timestamps and not obs.return_token_ids:
+        raise TransportError("observation", "return_token_timestamps requires return_token_ids")
+    max_tokens = gen.max_tokens if gen.HasField("max_tokens") else defaults.max_output_tokens
+    if max_tokens <= 0:
+        raise TransportError("max_tokens", "must be positive")
+    return RequestSpec(
+        prompt=ids, max_tokens=max_tokens, sampling=sampling,
+        stops=StopSettings(strings=strings, token_ids=tuple(gen.stops.token_ids),
+                           token_sequences=tuple(tuple(q.token_ids) for q in gen.stops.token_sequences)),
+        logprobs=gen.logprobs.logprobs, top_logprobs=gen.logprobs.top_logprobs,
+        observe_timestamps=obs.return_token_timestamps, constrained=constrained,
+        priority=gen.priority, external_id=gen.request_id)
+
+
+@dataclass
+class OutputChunk:
+    """Output accumulated for one request since its last response (coalesced)."""
+    tokens: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[np.ndarray] = field(default_factory=list)
+    top_logprobs: list[np.ndarray] = field(default_factory=list)
+    event: tp.ResponseEvent | None = None
+
+    def arrays(self, timestamps: bool, logprobs: bool, top_k: int) -> dict[str, np.ndarray]:
+        out = {OUT_TOKENS: np.asarray(self.tokens, dtype=np.int32)}
+        if timestamps:
+            out[OUT_TIMESTAMPS] = np.asarray(self.timestamps, dtype=np.int64)
+        if logprobs:
+            out[OUT_LOGPROBS] = np.asarray(self.logprobs, dtype=np.float32)
+        if top_k:
+            out[OUT_TOP_IDS] = (np.stack(self.top_ids).astype(np.int32) if self.top_ids
+                                else np.zeros((0, top_k), np.int32))
+            out[OUT_TOP_LOGPROBS] = (np.stack(self.top_logprobs).astype(np.float32) if self.top_logprobs
+                                     else np.zeros((0, top_k), np.float32))
+        if self.event is not None:
+            out[OUT_EVENT] = np.array([self.event.SerializeToString()], dtype=np.object_)
+        return out
+
+
+# ---- client side ---------------------------------------------------------------------------
+
+def generate_arrays(prompt: list[int] | np.ndarray, request: tp.GenerateRequest) -> dict[str, np.ndarray]:
+    params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate=request)
+    return {IN_PARAMETERS: np.array([params.SerializeToString()], dtype=np.object_),
+            IN_PROMPT: np.asarray(prompt, dtype=np.int32)}
+
+
+def assets_arrays() -> dict[str, np.ndarray]:
+    params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, assets=tp.AssetsRequest())
+    return {IN_PARAMETERS: np.array([params.SerializeToString()], dtype=np.object_)}
+
+
+def decode_event(raw: np.ndarray) -> tp.ResponseEvent:
+    value = raw.reshape(-1)[0]
+    return tp.ResponseEvent.FromString(bytes(value))

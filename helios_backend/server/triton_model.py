@@ -1,0 +1,125 @@
+"""The Triton Python-backend adapter: only translates between Triton and HeliosRuntime.
+
+model_repository/helios/1/model.py subclasses this with the stub's
+triton_python_backend_utils module (only importable inside the stub). `execute` admits
+and returns at once (decoupled); responses come from the response thread.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from helios_proto import transport_pb2 as tp
+
+from helios_backend.server.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
+from helios_backend.server.responses import Stream
+from helios_backend.server.runtime import HeliosRuntime, StartupError
+from helios_backend.server.settings import SettingsError, StartupOptions
+from helios_backend.server.transport import (
+    IN_PARAMETERS, IN_PROMPT, OutputChunk, TransportError, decode_parameters, request_spec)
+
+log = logging.getLogger("helios.triton")
+
+
+class TritonSender:
+    """Sender protocol over a pb_utils response sender; builds only requested outputs."""
+
+    def __init__(self, pb: Any, sender: Any, requested: set[str]) -> None:
+        self._pb, self._sender, self._requested = pb, sender, requested
+
+    def send(self, arrays: dict[str, np.ndarray], final: bool) -> None:
+        pb = self._pb
+        tensors = [pb.Tensor(name, value) for name, value in arrays.items()
+                   if not self._requested or name in self._requested]
+        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        self._sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
+
+    def is_cancelled(self) -> bool:
+        return bool(self._sender.is_cancelled())
+
+
+class TritonMetricBackend:
+    """pb_utils metric families, created once at initialize (references kept: a dropped
+    family invalidates its metrics); metric handles are created lazily per label set."""
+
+    def __init__(self, pb: Any, model_labels: dict[str, str]) -> None:
+        kinds = {Kind.COUNTER: pb.MetricFamily.COUNTER, Kind.GAUGE: pb.MetricFamily.GAUGE,
+                 Kind.HISTOGRAM: pb.MetricFamily.HISTOGRAM}
+        self._labels = model_labels
+        self._families = {f.name: pb.MetricFamily(name=f.name, description=f.description, kind=kinds[f.kind])
+                          for f in FAMILIES}
+
+    def create(self, family: Family, labels: dict[str, str]) -> Any:
+        merged = {**self._labels, **labels}
+        if family.kind is Kind.HISTOGRAM:
+            return self._families[family.name].Metric(labels=merged, buckets=list(LATENCY_BUCKETS))
+        return self._families[family.name].Metric(labels=merged)
+
+
+class TritonHeliosModel:
+    def __init__(self, pb_utils: Any) -> None:
+        self._pb = pb_utils
+        self._serials = itertools.count(1)
+        self.runtime: HeliosRuntime | None = None
+
+    def initialize(self, args: dict[str, str]) -> None:
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                            format="%(asctime)s helios %(levelname)s %(name)s: %(message)s")
+        config = json.loads(args["model_config"])
+        parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        model_dir = Path(args["model_repository"])       # <repository>/<model name>
+        try:
+            options = StartupOptions.from_parameters(parameters, project_root=model_dir.parent.parent)
+            backend = TritonMetricBackend(self._pb, {"model": args["model_name"],
+                                                     "version": str(args["model_version"])})
+            self.runtime = HeliosRuntime.start(options, backend)
+        except (StartupError, SettingsError) as exc:
+            message = f"helios startup failed: {exc}"
+            self._pb.Logger.log_error(message)
+            raise RuntimeError(message) from None
+        self._pb.Logger.log_info(f"helios model ready: core {options.core_path}")
+
+    def execute(self, requests: list[Any]) -> None:
+        runtime = self.runtime
+        if runtime is None:
+            raise RuntimeError("the helios runtime is not running")
+        for request in requests:
+            serial = next(self._serials)
+            sender = TritonSender(self._pb, request.get_response_sender(),
+                                  set(request.requested_output_names()))
+            try:
+                params = decode_parameters(self._input(request, IN_PARAMETERS))
+                if params.WhichOneof("kind") == "assets":
+                    self._answer(sender, tp.ResponseEvent(assets=runtime.assets()))
+                    continue
+                gen = params.generate
+                spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
+            except TransportError as exc:
+                self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
+                continue
+            stream = Stream(serial, sender, timestamps=spec.observe_timestamps, logprobs=spec.logprobs,
+                            top_k=spec.top_logprobs,
+                            ingress_ns=gen.ingress_ns if gen.HasField("ingress_ns") else None,
+                            enqueue_ns=gen.enqueue_ns if gen.HasField("enqueue_ns") else None)
+            runtime.submit(spec, stream)
+        return None
+
+    def finalize(self) -> None:
+        if self.runtime is not None:
+            self.runtime.stop(drain=True)
+            self.runtime = None
+
+    def _input(self, request: Any, name: str) -> np.ndarray | None:
+        tensor = self._pb.get_input_tensor_by_name(request, name)
+        return None if tensor is None else tensor.as_numpy()
+
+    @staticmethod
+    def _answer(sender: TritonSender, event: tp.ResponseEvent) -> None:
+        chunk = OutputChunk(event=event)
+        sender.send(chunk.arrays(False, False, 0), final=True)

@@ -1,0 +1,178 @@
+"""The scheduler worker thread: the only thread that touches the scheduler and executor.
+
+    inbox (submit / cancel / stop)  ->  admit  ->  schedule -> run -> complete  ->  events
+                                                                                   |
+                                                            ResponseHub.deliver <--+
+
+A failing round ends its own lanes with a typed execution failure and the worker keeps
+serving the others; an unexpected error outside a round fails every request it knows.
+When the thread exits, whatever is left gets a terminal event, so every request always
+receives exactly one final response.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from helios_proto import transport_pb2 as tp
+
+from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
+from helios_backend.scheduler.plan import RoundPlan
+from helios_backend.scheduler.request import RequestSpec
+from helios_backend.scheduler.scheduler import Event, Scheduler, Terminal
+from helios_backend.scheduler.completion import CompletionRows
+from helios_backend.server.metrics import REJECTION_LABEL, Op, Update, update
+from helios_backend.server.round_metrics import RoundMetrics
+
+log = logging.getLogger("helios.worker")
+IDLE_WAIT_S = 0.05
+
+
+class RoundRunner(Protocol):
+    def run(self, plan: RoundPlan) -> CompletionRows: ...
+
+
+class EventSink(Protocol):
+    def deliver(self, events: list[Event]) -> None: ...
+
+
+class MetricsQueue(Protocol):
+    def push(self, updates: list[Update]) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Submit:
+    serial: int
+    spec: RequestSpec
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    serial: int
+
+
+@dataclass(frozen=True)
+class _Stop:
+    drain: bool
+
+
+class Worker:
+    def __init__(self, scheduler: Scheduler, runner: RoundRunner, sink: EventSink,
+                 metrics: MetricsQueue, on_idle: Callable[[], None] = lambda: None) -> None:
+        self._scheduler = scheduler
+        self._runner = runner
+        self._sink = sink
+        self._metrics = metrics
+        self._round_metrics = RoundMetrics(scheduler)
+        self._inbox: "queue.SimpleQueue[_Submit | _Cancel | _Stop]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, name="helios-worker", daemon=True)
+        self._stopping: _Stop | None = None
+        self._on_idle = on_idle
+        self.rounds = 0
+
+    # ---- any thread ------------------------------------------------------------------
+    def start(self) -> None:
+        self._metrics.push(self._round_metrics.capacity() + self._round_metrics.collect())
+        self._thread.start()
+
+    def submit(self, serial: int, spec: RequestSpec) -> None:
+        self._inbox.put(_Submit(serial, spec))
+
+    def cancel(self, serial: int) -> None:
+        self._inbox.put(_Cancel(serial))
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Drain: finish admitted requests first. Either way every request gets its final."""
+        self._inbox.put(_Stop(drain))
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the worker thread -------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            log.exception("scheduler worker stopped by an unexpected error")
+        finally:
+            self._refuse_inbox()
+            self._sink.deliver(self._scheduler.fail_all("the scheduler worker stopped"))
+            self._metrics.push(self._round_metrics.collect())
+
+    def _loop(self) -> None:
+        s = self._scheduler
+        while True:
+            self._take_inbox(block=not s.has_work())
+            if self._stopping is not None and (not self._stopping.drain or not s.has_work()):
+                return
+            try:
+                plan = s.schedule()
+            except Exception as exc:
+                log.exception("scheduling failed; failing every request")
+                self._sink.deliver(s.take_events() + s.fail_all(f"scheduling failed: {exc}"))
+                continue
+            if plan is None:
+                self._sink.deliver(s.take_events())
+                self._metrics.push(self._round_metrics.collect())
+                self._take_inbox(block=True, timeout=IDLE_WAIT_S)
+                continue
+            try:
+                rows = self._runner.run(plan)
+                s.complete(plan, rows)
+            except Exception as exc:
+                log.error("round failed (%s lanes): %s: %s", len(plan.main.lanes), type(exc).__name__, exc)
+                s.fail(plan, f"{type(exc).__name__}: {exc}")
+            self.rounds += 1
+            self._sink.deliver(s.take_events())
+            self._metrics.push(self._round_metrics.collect())
+
+    def _take_inbox(self, block: bool, timeout: float = IDLE_WAIT_S) -> None:
+        try:
+            item = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, item: "_Submit | _Cancel | _Stop") -> None:
+        if isinstance(item, _Stop):
+            self._stopping = item
+        elif isinstance(item, _Cancel):
+            self._scheduler.cancel(item.serial)
+        elif self._stopping is not None:
+            self._reject(item.serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model is draining"))
+        else:
+            try:
+                self._scheduler.add(item.serial, item.spec)
+            except AdmissionRejected as exc:
+                self._reject(item.serial, exc)
+            except InvalidRequestError as exc:
+                self._sink.deliver([Terminal(item.serial, tp.TerminalEvent(
+                    invalid=tp.InvalidRequest(field=exc.field, message=exc.message)))])
+                self._metrics.push([update("flare_requests_invalid_total", Op.ADD, 1)])
+
+    def _reject(self, serial: int, exc: AdmissionRejected) -> None:
+        event = tp.TerminalEvent(rejected=tp.AdmissionRejection(
+            reason=exc.reason, message=str(exc), limit=exc.limit, requested=exc.requested))
+        self._sink.deliver([Terminal(serial, event)])
+        self._metrics.push([update("flare_requests_rejected_total", Op.ADD, 1, reason=REJECTION_LABEL[exc.reason])])
+
+    def _refuse_inbox(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Submit):
+                self._reject(item.serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN,
+                                                            "the model stopped"))

@@ -1,0 +1,13 @@
+"""Triton's entry point for the `helios` model: a thin adapter, nothing else.
+
+Everything lives in helios_backend.server (docs/triton-backend.md). The stub finds the
+project's environment because tritonserver runs with the venv's bin first on PATH.
+"""
+import triton_python_backend_utils as pb_utils
+
+from helios_backend.server.triton_model import TritonHeliosModel
+
+
+class TritonPythonModel(TritonHeliosModel):
+    def __init__(self) -> None:
+        super().__init__(pb_utils)
