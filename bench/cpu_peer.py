@@ -8,8 +8,9 @@ What is measured (all through llama.cpp's low-level C API, one `llama_context`):
   warm-up, with the cache cleared before each.
 - decode at batch B: B sequences share one `decode_prompt_tokens` prefix (prefilled once on
   sequence 0, then `llama_memory_seq_cp` to the others, so prefill time stays out of the figure),
-  then `new_tokens` steps; each step is one `llama_decode` of B tokens (one per sequence, all
-  with logits) plus a greedy argmax per sequence. tokens/s = B * steps / seconds.
+  then `new_tokens` steps (default 32); each step is one `llama_decode` of B tokens (one per sequence, all
+  with logits) plus a greedy argmax per sequence. tokens/s = B * steps / seconds, median of
+  `repeats` runs (the machine is shared; every run is kept in `runs`).
   The KV cache is unified (`kv_unified`), as llama-server runs with parallel slots.
 
 Prompt ids come from this project's tokenizer (`bench_prompt_ids`), so the numpy executor's bench
@@ -56,7 +57,8 @@ _BENCH_TEXT = (
 class DecodeFigure:
     batch: int  # concurrent sequences per step
     steps: int  # decode steps timed (tokens per sequence)
-    seconds: float  # wall time of all steps
+    seconds: float  # wall time of all steps, median over runs
+    runs: tuple[float, ...] = ()  # every run's seconds (the machine is shared: look at the spread)
 
     @property
     def tokens_per_s(self) -> float:
@@ -76,6 +78,7 @@ class PeerFigures:
     prefill_tokens: int
     prefill_seconds: float  # median over repeats
     decode: tuple[DecodeFigure, ...]
+    prefill_runs: tuple[float, ...] = ()  # every run's seconds
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -164,7 +167,7 @@ def _time_prefill(session: _LlamaCppSession, ids: Sequence[int]) -> float:
     return time.perf_counter() - start
 
 
-def _time_decode(session: _LlamaCppSession, prompt: Sequence[int], batch: int, steps: int) -> DecodeFigure:
+def _time_decode(session: _LlamaCppSession, prompt: Sequence[int], batch: int, steps: int) -> float:
     session.clear()
     n = len(prompt)
     session.decode(prompt, range(n), [0] * n, [i == n - 1 for i in range(n)])
@@ -177,7 +180,12 @@ def _time_decode(session: _LlamaCppSession, prompt: Sequence[int], batch: int, s
     for step in range(steps):
         session.decode(tokens, [n + step] * batch, seqs, [True] * batch)
         tokens = [session.argmax(i) for i in range(batch)]
-    return DecodeFigure(batch, steps, time.perf_counter() - start)
+    return time.perf_counter() - start
+
+
+def _median_decode(session: _LlamaCppSession, prompt: Sequence[int], batch: int, steps: int, repeats: int) -> DecodeFigure:
+    runs = tuple(_time_decode(session, prompt, batch, steps) for _ in range(repeats))
+    return DecodeFigure(batch, steps, statistics.median(runs), runs)
 
 
 def measure_llama_cpp(
@@ -185,7 +193,7 @@ def measure_llama_cpp(
     decode_prompt_ids: Sequence[int],
     gguf_path: Path | None = None,
     batches: Sequence[int] = (1, 8, 32),
-    new_tokens: int = 64,
+    new_tokens: int = 32,
     threads: int = 2,
     repeats: int = 3,
 ) -> PeerFigures:
@@ -198,12 +206,14 @@ def measure_llama_cpp(
     session = _LlamaCppSession(path, n_ctx=n_ctx, n_batch=n_batch, n_seq=max_batch, threads=threads)
     try:
         _time_prefill(session, prefill_ids)  # warm-up: first-use allocations
-        prefill = statistics.median(_time_prefill(session, prefill_ids) for _ in range(repeats))
+        prefill_runs = tuple(_time_prefill(session, prefill_ids) for _ in range(repeats))
         _time_decode(session, decode_prompt_ids, 1, 4)  # warm-up
-        decode = tuple(_time_decode(session, decode_prompt_ids, b, new_tokens) for b in batches)
+        decode = tuple(_median_decode(session, decode_prompt_ids, b, new_tokens, repeats) for b in batches)
     finally:
         session.close()
-    return PeerFigures("llama.cpp (llama-cpp-python 0.3.36)", threads, len(prefill_ids), prefill, decode)
+    return PeerFigures(
+        "llama.cpp (llama-cpp-python 0.3.36)", threads, len(prefill_ids), statistics.median(prefill_runs), decode, prefill_runs
+    )
 
 
 def format_table(figures: Sequence[PeerFigures]) -> str:
@@ -237,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--decode-prompt-tokens", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
@@ -250,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         repeats=args.repeats,
     )
     print(format_table([peer]))
+    spread = [f"prefill {min(peer.prefill_runs):.3f}-{max(peer.prefill_runs):.3f} s"]
+    spread += [f"b={d.batch} {min(d.runs):.3f}-{max(d.runs):.3f} s" for d in peer.decode]
+    print("run spread: " + ", ".join(spread))
 
 
 if __name__ == "__main__":
