@@ -1,0 +1,188 @@
+"""A real tritonserver for tests: free ports, model readiness, captured log, clean stop.
+
+    with TritonServer(model_repository(tmp, core_path=core)) as server:
+        server.wait_ready("helios")
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+
+Shared by the backend and gateway tests. It never leaves a server running: stop()
+(also on __exit__) sends SIGINT, then SIGKILL after a grace period, and removes the
+server's python-backend shared-memory regions.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from helios_backend.server.launcher import (
+    Ports, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command, server_environment)
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_TEMPLATE = ROOT / "model_repository" / "helios"
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def model_repository(workdir: Path, **parameters: str | int | float | bool) -> Path:
+    """A copy of model_repository/helios with some config parameters replaced."""
+    repo = workdir / "model_repository"
+    target = repo / "helios"
+    (target / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy(MODEL_TEMPLATE / "1" / "model.py", target / "1" / "model.py")
+    config = (MODEL_TEMPLATE / "config.pbtxt").read_text()
+    for key, value in parameters.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        pattern = re.compile(r'(key: "%s" value: \{ string_value: )"[^"]*"' % re.escape(key))
+        if not pattern.search(config):
+            raise KeyError(f"config.pbtxt has no parameter {key!r}")
+        config = pattern.sub(lambda m: f'{m.group(1)}"{text}"', config)
+    (target / "config.pbtxt").write_text(config)
+    return repo
+
+
+class TritonServer:
+    def __init__(self, repository: Path, workdir: Path | None = None, exit_timeout_s: int = 30) -> None:
+        self.repository = repository
+        self.workdir = workdir or repository.parent
+        self.ports = Ports(*free_ports(3))
+        self.log_path = self.workdir / f"tritonserver-{self.ports.grpc}.log"
+        self.shm_prefix = f"helios-test-{uuid.uuid4().hex[:8]}-"
+        self.exit_timeout_s = exit_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    def start(self) -> "TritonServer":
+        install = locate_tritonserver()
+        backends = prepare_backend_directory(install, self.workdir / "triton")
+        cmd = server_command(install, backends, self.repository, self.ports, shm_prefix=self.shm_prefix,
+                             exit_timeout_s=self.exit_timeout_s)
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=server_environment(install), cwd=self.workdir)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def _get(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.http_url + path, timeout=2) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return 0
+
+    def wait_live(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited ({self.process.returncode}):\n{self.log()[-4000:]}")
+            if self._get("/v2/health/live") == 200:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"tritonserver not live after {timeout}s:\n{self.log()[-4000:]}")
+
+    def model_ready(self, model: str = "helios") -> bool:
+        return self._get(f"/v2/models/{model}/ready") == 200
+
+    def wait_ready(self, model: str = "helios", timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited ({self.process.returncode}):\n{self.log()[-4000:]}")
+            if self.model_ready(model):
+                return
+            if f"failed to load '{model}'" in self.log():
+                raise RuntimeError(f"model {model} failed to load:\n{self.log()[-4000:]}")
+            time.sleep(0.3)
+        raise TimeoutError(f"model {model} not ready after {timeout}s:\n{self.log()[-4000:]}")
+
+    def wait_load_attempt(self, model: str = "helios", timeout: float = 300) -> None:
+        """Until the model loaded or failed to load (for startup-failure tests)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log()
+            if f"failed to load '{model}'" in text or self.model_ready(model):
+                return
+            if self.process is not None and self.process.poll() is not None:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"no load outcome for {model} after {timeout}s:\n{self.log()[-4000:]}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            return response.read().decode()
+
+    def signal(self, sig: int = signal.SIGINT) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def stop(self, grace_s: float = 60) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log.close()
+        cleanup_shm(self.shm_prefix)
+        return self.process.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels` (0 when absent)."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, label_text = head.partition("{")
+        if metric != name:
+            continue
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', label_text))
+        if all(pairs.get(k) == v for k, v in labels.items()):
+            total += float(value)
+            found = True
+    return total if found else 0.0
+
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
