@@ -72,10 +72,27 @@ def test_geometry_block_and_shared_memory_come_from_the_cubin(library, modules):
         assert all(d >= 1 for d in grid)
 
 
+def test_geometry_reads_recorded_immediates_and_rejects_oversized_variants(library, modules):
+    from helios_proto import manifest_pb2
+    from ignition.kernels.specs import GeometryError
+    pointer = manifest_pb2.Arg(pointer=manifest_pb2.BufferRef(buffer="x"))
+    values = {"rows": 64, "tokens": 64, "q_heads": 9, "kv_heads": 3, "head_dim": 64,
+              "page_tokens": 16, "pages_per_row": 128, "page_stride": 1 << 20, "scale": 0.125}
+    args = [pointer if p.is_pointer else
+            manifest_pb2.Arg(f32=values[p.name]) if p.kind == abi.F32 else
+            manifest_pb2.Arg(i64=values[p.name]) if p.kind == abi.I64 else
+            manifest_pb2.Arg(i32=values[p.name]) for p in abi.kernel("attention.paged.v1").params]
+    grid, _, _ = library.geometry("attention.paged.v1", args)
+    assert grid == (-(-64 // (16 // 3)) + 64, 3, 1)
+    args[[p.name for p in abi.kernel("attention.paged.v1").params].index("rows")] = 1000
+    with pytest.raises(GeometryError):
+        library.geometry("attention.paged.v1", args)
+
+
 def test_cached_cubins_are_reused_without_recompiling(library, modules, tmp_path_factory):
-    files = sorted(library._cache.root.iterdir())
+    files = sorted(library.cache_dir.iterdir())
     stamps = {f: f.stat().st_mtime_ns for f in files}
-    again = KernelLibrary(cache_dir=library._cache.root).build_modules("sm_90a")
+    again = KernelLibrary(cache_dir=library.cache_dir).build_modules("sm_90a")
     assert [c for c, _ in again] == [c for c, _ in modules]
     assert {f: f.stat().st_mtime_ns for f in files} == stamps
 
