@@ -109,6 +109,8 @@ def _validation_param(exc: RequestValidationError) -> tuple[str | None, str]:
     if not errors:
         return None, "invalid request"
     first = errors[0]
+    if first.get("type") == "json_invalid":
+        return None, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')}"
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     # pydantic puts union member names (e.g. 'str', 'list[str]') in the location; drop them
     loc = [part for part in loc if not any(c in part for c in "[]") and part not in _TYPE_NAMES]
