@@ -348,8 +348,8 @@ class CudaExecutor:
         """Graph nodes per step of `program` (copies and event included)."""
         return self._ranks[rank].node_counts[program]
 
-    def profile_nodes(self, program: str, repeats: int = 20, rank: int = 0) -> list[tuple[str, float]]:
-        """GPU microseconds per node of `program` (median over `repeats`), for profiles only.
+    def profile_nodes(self, program: str, repeats: int = 20, rank: int = 0) -> list[tuple[str, str, float]]:
+        """(label, kernel id, GPU µs) per node of `program` (median over `repeats`); profiles only.
 
         Builds a separate graph with an event node between consecutive nodes (startup-like
         work: it allocates and captures, so never call it while serving). The events
@@ -380,8 +380,8 @@ class CudaExecutor:
             for event in events:
                 d.cuEventDestroy(event)
         medians = np.median(samples, axis=0)
-        return [(getattr(l, "label", "") or getattr(l, "kernel_id", "all_reduce"), float(t))
-                for l, t in zip(launches, medians)]
+        return [(launch.label, getattr(launch, "kernel_id", "all_reduce"), float(t))
+                for launch, t in zip(launches, medians)]
 
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
         """A host copy of one buffer's bytes (uint8; CACHE buffers: every backed page)."""

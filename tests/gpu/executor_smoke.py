@@ -98,8 +98,8 @@ def overheads(cubin: bytes, results: dict) -> None:
             results[f"{tag}.host_us"] = host_us
             results[f"{tag}.gpu_us"] = timing.gpu_us(driver, executor, name, 200)
         if pdl and transport == "kernel":
-            profile = executor.profile_nodes("nop30x132", repeats=10)
-            results["nop30x132.profile_us"] = [round(t, 2) for _, t in profile[:6]]
+            profile = executor.profile_nodes("nop150x132", repeats=10)
+            results["nop150x132.profile_us"] = [round(t, 2) for _, _, t in profile[:6]]
         executor.close()
 
 

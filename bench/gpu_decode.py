@@ -1,0 +1,210 @@
+"""Decode and prefill throughput of the CUDA executor on the H200, beside the roofline and peers.
+
+    python bench/gpu_decode.py [--out DIR] [--steps 128] [--prompt 128]
+
+Runs on the device machine with the model bundle (tests/gpu/model_bundle.py: the real
+weights rebuilt from the GGUF). For each decode batch B in 1, 8, 32, 64, 128: B requests
+are admitted and prefilled with a `--prompt`-token prompt, then `--steps` decode steps run
+with both staging frames in flight (the host packs step k+1 while step k runs); reported:
+tokens/s over the batch, step time, the device time of one graph replay, and the host
+time per step split into packing and launch. Prefill: one request of 512 and of 4096
+tokens (round trip per chunk). Beside them: the HBM roofline from the manifest's bytes
+(weights + KV read per step) at the copy bandwidth measured in the same run, and the peer
+figures of ../shared/bench/anchors.md (llama.cpp, HF transformers; same shape, same GPU
+model, measured 2026-11-30, not in this run). Finally per-node GPU times (event nodes
+between nodes) for decode at B=1 and B=64, summed per kernel id: what bounds the step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+import timing  # noqa: E402
+from executor_model import ExecutorModel  # noqa: E402
+from model_bundle import load_bundle  # noqa: E402
+
+from helios_backend.executors.cuda.driver import load_driver  # noqa: E402
+from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
+from helios_backend.packing import Admission, Lane, SamplingParameters  # noqa: E402
+from helios_backend.runtime.driver import Driver  # noqa: E402
+from helios_proto import contract_pb2 as C  # noqa: E402
+from helios_proto import manifest_pb2 as M  # noqa: E402
+
+BATCHES = (1, 8, 32, 64, 128)
+PREFILLS = (512, 4096)
+# ../shared/bench/anchors.md, decode tokens/s (batch -> figure); prefill pp512 llama.cpp ~100,000
+PEERS = {1: ("827-970", "376-384"), 8: ("3,989", "3,230"), 32: ("10,988", "11,108"),
+         64: ("16,614", "19,424-19,497"), 128: ("24,557", "-")}
+
+
+class Bench:
+    def __init__(self, model: ExecutorModel) -> None:
+        self.model = model
+        self.driver = Driver(model)
+        self.vocab = model.contract.model.vocabulary.sampled_tokens
+        self.bins = model.contract.model.vocabulary.histogram_bins
+        self.generation = 0
+        self.rng = np.random.default_rng(0)
+
+    def admit(self, slots: list[int], prompt_tokens: int, extra_tokens: int) -> list[Lane]:
+        """Admit and prefill one request per slot; lanes ready to decode (pages for extra tokens)."""
+        init = self.model.program(C.OPERATION_INITIALIZATION, 1)
+        prefill = self.model.program(C.OPERATION_PREFILL, 1, prompt_tokens)
+        lanes = []
+        for slot in slots:
+            self.generation += 1
+            prompt = self.rng.integers(0, self.vocab, prompt_tokens).astype(np.int32)
+            admission = Admission.for_prompt(prompt, self.bins, slot, SamplingParameters(), 1 << 20, (self.vocab - 1,))
+            self.driver.step(init, [Lane(slot=slot, generation=self.generation, admission=admission)])
+            pages = [self.driver.pages.take()
+                     for _ in range(-(-(prompt_tokens + extra_tokens) // self.driver.page_tokens))]
+            self.driver.step(prefill, [Lane(slot=slot, generation=self.generation, consumed=0, tokens=prompt,
+                                            sample=True, pages=pages)])
+            lanes.append(Lane(slot=slot, generation=self.generation, consumed=prompt_tokens, pages=pages))
+        return lanes
+
+    def release(self, lanes: list[Lane]) -> None:
+        for lane in lanes:
+            self.driver.pages.give_back(lane.pages)
+
+    def decode(self, batch: int, prompt: int, steps: int) -> dict:
+        executor, packer = self.model.executor, self.model.packer
+        program = self.model.program(C.OPERATION_DECODE, batch, batch)
+        lanes = self.admit(list(range(batch)), prompt, steps + 16)
+        # lane lists per step, built before timing: the scheduler's bookkeeping is not measured here
+        per_step = [[Lane(slot=l.slot, generation=l.generation, consumed=l.consumed + k, pages=l.pages)
+                     for l in lanes] for k in range(steps + 8)]
+        for k in range(8):                               # warm-up, synchronous
+            packer.pack(program, 0, per_step[k])
+            executor.launch(program, 0)
+            executor.wait(0)
+        pack_us, launch_us = [], []
+        frames = executor.frames
+        start = time.perf_counter_ns()
+        for k in range(steps):
+            frame = k % frames
+            if k >= frames:
+                executor.wait(frame)
+            t0 = time.perf_counter_ns()
+            packer.pack(program, frame, per_step[8 + k])
+            t1 = time.perf_counter_ns()
+            executor.launch(program, frame)
+            t2 = time.perf_counter_ns()
+            pack_us.append((t1 - t0) / 1e3)
+            launch_us.append((t2 - t1) / 1e3)
+        for frame in range(min(frames, steps)):
+            executor.wait((steps - 1 - frame) % frames)
+        elapsed_us = (time.perf_counter_ns() - start) / 1e3
+        round_trip = []
+        for k in range(20):
+            t0 = time.perf_counter_ns()
+            packer.pack(program, 0, per_step[8 + steps - 1])
+            executor.launch(program, 0)
+            executor.wait(0)
+            round_trip.append((time.perf_counter_ns() - t0) / 1e3)
+        gpu = timing.gpu_us(load_driver(), executor, program, 50)
+        self.release(lanes)
+        return {"program": program, "nodes": executor.node_count(program), "step_us": elapsed_us / steps,
+                "tokens_per_s": batch * steps / (elapsed_us * 1e-6), "gpu_us": gpu,
+                "round_trip_us": statistics.median(round_trip), "pack_us": statistics.median(pack_us),
+                "launch_us": statistics.median(launch_us), "context": prompt + steps // 2}
+
+    def prefill(self, tokens: int, repeats: int = 10) -> dict:
+        executor = self.model.executor
+        program = self.model.program(C.OPERATION_PREFILL, 1, tokens)
+        [lane] = self.admit([0], 16, tokens)
+        prompt = self.rng.integers(0, self.vocab, tokens).astype(np.int32)
+        chunk = Lane(slot=0, generation=lane.generation, consumed=0, tokens=prompt, sample=True, pages=lane.pages)
+        samples = []
+        for k in range(repeats + 2):
+            t0 = time.perf_counter_ns()
+            self.model.packer.pack(program, 0, [chunk])
+            executor.launch(program, 0)
+            executor.wait(0)
+            if k >= 2:
+                samples.append((time.perf_counter_ns() - t0) / 1e3)
+        gpu = timing.gpu_us(load_driver(), executor, program, 10)
+        self.release([lane])
+        step = statistics.median(samples)
+        return {"program": program, "nodes": executor.node_count(program), "step_us": step,
+                "tokens_per_s": tokens / (step * 1e-6), "gpu_us": gpu, "gpu_tokens_per_s": tokens / (gpu * 1e-6)}
+
+
+def roofline(manifest: M.ExecutionManifest, page_tokens: int, batch: int, context: int, gbps: float) -> float:
+    weights = sum(b.nbytes for b in manifest.buffers if b.rank == 0 and b.kind == M.BUFFER_KIND_WEIGHT)
+    kv_per_token = sum(b.nbytes for b in manifest.buffers if b.rank == 0 and b.kind == M.BUFFER_KIND_CACHE) / page_tokens
+    step_s = (weights + batch * context * kv_per_token) / (gbps * 1e9)
+    return batch / step_s
+
+
+def profile(executor: CudaExecutor, program: str) -> dict:
+    nodes = executor.profile_nodes(program, repeats=10)
+    per_kernel: dict[str, list[float]] = {}
+    for _label, kernel, us in nodes:
+        per_kernel.setdefault(kernel, []).append(us)
+    return {"sum_us": sum(us for _, _, us in nodes),
+            "per_kernel": {k: {"count": len(v), "total_us": round(sum(v), 1), "mean_us": round(sum(v) / len(v), 2)}
+                           for k, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=128)
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    contract, manifest, read = load_bundle()
+    started = time.perf_counter()
+    executor = CudaExecutor(manifest, read, CudaExecutorOptions())
+    startup = time.perf_counter() - started
+    model = ExecutorModel(contract, manifest, executor)
+    bench = Bench(model)
+    gbps = timing.copy_bandwidth_gbs(load_driver())
+    page_tokens = contract.model.cache.page_tokens
+    report = {"startup_s": startup, "startup_detail": executor.startup_seconds, "cache_pages": executor.cache_pages,
+              "copy_GBps": gbps, "decode": {}, "prefill": {}, "profile": {}}
+    for batch in BATCHES:
+        result = bench.decode(batch, args.prompt, args.steps)
+        result["roofline_tokens_per_s"] = roofline(manifest, page_tokens, batch, result["context"], gbps)
+        report["decode"][batch] = result
+        print(json.dumps({batch: result}), flush=True)
+    for tokens in PREFILLS:
+        report["prefill"][tokens] = bench.prefill(tokens)
+        print(json.dumps({tokens: report["prefill"][tokens]}), flush=True)
+    for batch in (1, 64):
+        program = model.program(C.OPERATION_DECODE, batch, batch)
+        report["profile"][program] = profile(executor, program)
+    (out / "gpu_decode.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nstartup {startup:.2f} s, cache pages {executor.cache_pages}, device copy {gbps:.0f} GB/s (read+write)")
+    print(f"{'batch':>5} {'nodes':>5} {'tok/s':>9} {'step us':>8} {'gpu us':>7} {'rt us':>7} {'pack us':>7} "
+          f"{'launch us':>9} {'roofline':>9} {'llama.cpp':>10} {'HF':>14}")
+    for batch, r in report["decode"].items():
+        peer = PEERS[batch]
+        print(f"{batch:>5} {r['nodes']:>5} {r['tokens_per_s']:>9.0f} {r['step_us']:>8.1f} {r['gpu_us']:>7.1f} "
+              f"{r['round_trip_us']:>7.1f} {r['pack_us']:>7.1f} {r['launch_us']:>9.1f} "
+              f"{r['roofline_tokens_per_s']:>9.0f} {peer[0]:>10} {peer[1]:>14}")
+    for tokens, r in report["prefill"].items():
+        print(f"prefill {tokens}: {r['tokens_per_s']:.0f} tok/s (round trip {r['step_us']:.0f} us; device "
+              f"{r['gpu_us']:.0f} us = {r['gpu_tokens_per_s']:.0f} tok/s); llama.cpp pp512 ~100,000")
+    for program, p in report["profile"].items():
+        top = list(p["per_kernel"].items())[:6]
+        print(f"profile {program}: nodes serialized sum {p['sum_us']:.0f} us; " +
+              "; ".join(f"{k} {v['count']}x {v['mean_us']}us" for k, v in top))
+    executor.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Device script: the CUDA and numpy executors on the same prepared model, op by op.
+
+For every program (operation x capacity variant) in the manifest, both executors run the
+same submission sequence from fresh slots; compared are the completion records (tokens
+exactly), the logits rows (fp16 tolerance) and the state buffers. Then greedy generation
+for several batches must give identical tokens for >= 64 steps. The CUDA executor's
+driver is wrapped in a counting proxy while serving: no allocation, module load, graph
+instantiation or capture may happen. Prints a pass/fail table; writes JSON under $OUT.
+
+    python tests/gpu/conformance.py [--out DIR] [--steps 64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+from executor_model import ExecutorModel  # noqa: E402
+from model_bundle import load_bundle  # noqa: E402
+
+from helios_backend.executors.cuda.driver import CountingDriver, load_driver  # noqa: E402
+from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
+from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions  # noqa: E402
+from helios_backend.packing import Admission, Lane  # noqa: E402
+from helios_backend.runtime.driver import Driver, GenerationRequest  # noqa: E402
+from helios_proto import contract_pb2 as C  # noqa: E402
+from helios_proto import manifest_pb2 as M  # noqa: E402
+
+LOGITS_KERNEL = "logits.norm_head.v1"     # its first argument is the [rows, vocab] f32 logits
+CACHE_PAGES = 2048
+LOGIT_TOLERANCE = 2e-2                    # max |cuda - numpy| / max |numpy| per row (fp16 weights)
+
+
+def logits_buffer(manifest: M.ExecutionManifest, program: str) -> str | None:
+    for p in manifest.programs:
+        if p.name == program:
+            for node in p.nodes:
+                if node.kernel == LOGITS_KERNEL:
+                    return node.args[0].pointer.buffer
+    return None
+
+
+class Case:
+    """One program's submission sequence, run identically on each executor."""
+
+    def __init__(self, model: ExecutorModel, seed: int) -> None:
+        self.model = model
+        self.driver = Driver(model)
+        self.rng = np.random.default_rng(seed)
+        self.vocab = model.contract.model.vocabulary.sampled_tokens
+        self.generation = 0
+
+    def admit(self, slots: list[int], prompts: list[np.ndarray]) -> None:
+        bins = self.model.contract.model.vocabulary.histogram_bins
+        eos = tuple(self.model.contract.defaults.eos_token_ids)
+        init = self.model.program(C.OPERATION_INITIALIZATION, 1)
+        for slot, prompt in zip(slots, prompts):
+            self.generation += 1
+            admission = Admission.for_prompt(prompt, bins, 1234 + slot, self.driver_sampling(), 4096, eos)
+            self.driver.step(init, [Lane(slot=slot, generation=self.generation, admission=admission)])
+
+    @staticmethod
+    def driver_sampling():
+        from helios_backend.packing import SamplingParameters
+        return SamplingParameters()       # greedy
+
+    def pages_for(self, tokens: int) -> list[int]:
+        return [self.driver.pages.take() for _ in range(-(-tokens // self.driver.page_tokens))]
+
+    def run(self, program: M.Program) -> np.ndarray:
+        """Prepare state with the smallest programs, then run `program` once; its completion rows."""
+        rows, tokens = program.capacity.rows, program.capacity.tokens
+        op = program.operation
+        if op == C.OPERATION_INITIALIZATION:
+            bins = self.model.contract.model.vocabulary.histogram_bins
+            lanes = []
+            for slot in range(rows):
+                self.generation += 1
+                prompt = self.rng.integers(0, self.vocab, 17)
+                lanes.append(Lane(slot=slot, generation=self.generation, admission=Admission.for_prompt(
+                    prompt, bins, 99 + slot, self.driver_sampling(), 100, (2,))))
+            return self.driver.step(program.name, lanes)
+        if op == C.OPERATION_PREFILL:
+            per_row = tokens // rows
+            prompts = [self.rng.integers(0, self.vocab, per_row).astype(np.int32) for _ in range(rows)]
+            self.admit(list(range(rows)), prompts)
+            lanes = [Lane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
+                          pages=self.pages_for(per_row)) for s, p in enumerate(prompts)]
+            return self.driver.step(program.name, lanes)
+        if op in (C.OPERATION_DECODE, C.OPERATION_MIXED):
+            decode_rows = rows if op == C.OPERATION_DECODE else rows - 1
+            history = 9
+            prompts = [self.rng.integers(0, self.vocab, history).astype(np.int32) for _ in range(rows)]
+            self.admit(list(range(rows)), prompts)
+            first = self.generation - rows + 1
+            pages = {}
+            prefill = self.model.program(C.OPERATION_PREFILL, 1, history)
+            for s in range(decode_rows):       # history for the decode rows, one sampled pending token each
+                pages[s] = self.pages_for(history + 1)
+                self.driver.step(prefill, [Lane(slot=s, generation=first + s, consumed=0, tokens=prompts[s],
+                                                sample=True, pages=pages[s])])
+            lanes = [Lane(slot=s, generation=first + s, consumed=history, pages=pages[s]) for s in range(decode_rows)]
+            if op == C.OPERATION_MIXED:
+                chunk = tokens - decode_rows
+                s = rows - 1
+                lanes.append(Lane(slot=s, generation=first + s, consumed=0,
+                                  tokens=self.rng.integers(0, self.vocab, chunk).astype(np.int32), sample=True,
+                                  pages=self.pages_for(chunk)))
+            return self.driver.step(program.name, lanes)
+        raise ValueError(f"no conformance case for {C.Operation.Name(op)}")
+
+
+def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionManifest) -> dict:
+    (cuda_rows, cuda_logits, cuda_state), (np_rows, np_logits, np_state) = outputs["cuda"], outputs["numpy"]
+    result = {"program": name, "tokens_equal": bool(np.array_equal(cuda_rows, np_rows))}
+    if np_logits is not None:
+        rows = program.capacity.rows
+        a, b = cuda_logits[:rows], np_logits[:rows]
+        scale = np.maximum(np.abs(b).max(axis=1), 1e-6)
+        err = float(np.max(np.abs(a - b).max(axis=1) / scale))
+        result["logit_rel_err"] = err
+        result["logits_close"] = bool(err < LOGIT_TOLERANCE and np.isfinite(a).all())
+    result["state_equal"] = all(np.array_equal(cuda_state[k], np_state[k]) for k in np_state)
+    if not result["state_equal"]:
+        result["state_differs"] = [k for k in np_state if not np.array_equal(cuda_state[k], np_state[k])]
+    result["pass"] = result["tokens_equal"] and result.get("logits_close", True) and result["state_equal"]
+    return result
+
+
+def snapshot(executor, manifest: M.ExecutionManifest, program: str, rows_vocab: tuple[int, int]):
+    logits = logits_buffer(manifest, program)
+    logit_rows = None
+    if logits is not None:
+        raw = executor.read_buffer(logits)
+        logit_rows = raw.view(np.float32)[: rows_vocab[0] * rows_vocab[1]].reshape(rows_vocab)
+    state = {b.name: executor.read_buffer(b.name) for b in manifest.buffers
+             if b.rank == 0 and b.kind == M.BUFFER_KIND_STATE}
+    return logit_rows, state
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--blas-threads", type=int, default=8)
+    parser.add_argument("--skip", default="", help="comma-separated program names to skip")
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    contract, manifest, read = load_bundle()
+    print(f"bundle loaded in {time.time() - started:.1f} s", flush=True)
+    counting = CountingDriver(load_driver())
+    cuda = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=CACHE_PAGES), driver=counting)
+    numpy_ex = NumpyExecutor(manifest, read, NumpyExecutorOptions(cache_pages=CACHE_PAGES,
+                                                                   blas_threads=args.blas_threads))
+    print(f"executors ready in {time.time() - started:.1f} s", flush=True)
+    models = {"cuda": ExecutorModel(contract, manifest, cuda), "numpy": ExecutorModel(contract, manifest, numpy_ex)}
+    vocab = contract.model.vocabulary.sampled_tokens
+    counting.counting = True
+    results = []
+    skip = set(filter(None, args.skip.split(",")))
+    for program in [p for p in manifest.programs if p.rank == 0 and p.name not in skip]:
+        outputs = {}
+        try:
+            for kind, model in models.items():
+                case = Case(model, seed=hash(program.name) % 1000)
+                rows = case.run(program)
+                logits, state = snapshot(model.executor, manifest, program.name, (manifest.request_slots, vocab))
+                outputs[kind] = (rows.copy(), logits, state)
+            results.append(compare(program.name, program, outputs, manifest))
+        except Exception as error:  # a failing case is a FAIL row, the others still run
+            results.append({"program": program.name, "pass": False, "error": repr(error),
+                            "trace": traceback.format_exc()[-800:]})
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
+    # greedy generation: identical tokens for >= steps steps, at several batch sizes
+    rng = np.random.default_rng(5)
+    for batch in (1, 3, 8):
+        prompts = [rng.integers(0, vocab, int(rng.integers(5, 40))).tolist() for _ in range(batch)]
+        tokens = {}
+        try:
+            for kind, model in models.items():
+                requests = [GenerationRequest(p, max_tokens=args.steps, eos_ids=(vocab - 1,)) for p in prompts]
+                tokens[kind] = [r.tokens for r in Driver(model).generate(requests)]
+            same = tokens["cuda"] == tokens["numpy"]
+            first_diff = None
+            if not same:
+                for i, (a, b) in enumerate(zip(tokens["cuda"], tokens["numpy"])):
+                    diff = [j for j, (x, y) in enumerate(zip(a, b)) if x != y]
+                    if diff:
+                        first_diff = (i, diff[0])
+                        break
+            results.append({"program": f"greedy.batch{batch}.steps{args.steps}", "pass": bool(same),
+                            "steps": min(len(t) for t in tokens["cuda"]), "first_difference": first_diff})
+        except Exception as error:
+            results.append({"program": f"greedy.batch{batch}", "pass": False, "error": repr(error),
+                            "trace": traceback.format_exc()[-800:]})
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
+    counting.counting = False
+    forbidden = counting.forbidden_calls()
+    results.append({"program": "serving.driver_calls", "pass": not forbidden, "forbidden": forbidden,
+                    "calls": dict(counting.calls)})
+    node_counts = {p: cuda.node_count(p) for p in cuda.programs}
+    (out / "conformance.json").write_text(json.dumps({"results": results, "node_counts": node_counts,
+                                                      "seconds": time.time() - started}, indent=1, default=str))
+    print(f"\n{'case':34s} {'result':6s} detail")
+    for r in results:
+        detail = {k: r[k] for k in ("logit_rel_err", "steps", "first_difference", "error", "state_differs")
+                  if k in r}
+        print(f"{r['program']:34s} {'PASS' if r['pass'] else 'FAIL':6s} {detail}")
+    print(f"graph nodes per step: {node_counts}")
+    cuda.close()
+    numpy_ex.close()
+
+
+if __name__ == "__main__":
+    main()
