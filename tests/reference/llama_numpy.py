@@ -160,6 +160,23 @@ class ReferenceLlama:
         """Another oracle sharing these weights (not the cache), with a different pairing."""
         return ReferenceLlama(self.cfg, self._w, rope_pairing, self.max_context)
 
+    def with_weights_rounded(self, dtype: type = np.float16) -> "ReferenceLlama":
+        """An oracle whose weights are rounded through `dtype` (compute stays float32).
+
+        For comparing an engine that stores weights in fp16: the same weight values, so any
+        remaining logit difference comes from the engine's arithmetic.
+        """
+
+        def rounded(a: np.ndarray) -> np.ndarray:
+            return a.astype(dtype).astype(np.float32)
+
+        layers = tuple(
+            _Layer(**{name: rounded(getattr(layer, name)) for name in _Layer.__dataclass_fields__})
+            for layer in self._w.layers
+        )
+        weights = _Weights(rounded(self._w.embed), rounded(self._w.output_t), rounded(self._w.output_norm), layers)
+        return ReferenceLlama(self.cfg, weights, self.rope_pairing, self.max_context)
+
     def with_half_split_qk(self) -> "ReferenceLlama":
         """An oracle whose q/k rows are un-permuted back to HF order, using HALF_SPLIT pairing.
 
