@@ -260,3 +260,19 @@ def test_unrepresentable_chat_content_is_an_untrusted_markup_error(
     with pytest.raises(UnrepresentableContentError) as caught:
         encode_chat(template, tokenizer, [{"role": "user", "content": "bell \x04"}])
     assert isinstance(caught.value, UntrustedMarkupError)
+
+
+def test_caller_variables_stay_markup_even_when_content_spells_them(tokenizer: FrontendTokenizer) -> None:
+    # eos_token is the caller's template variable; identical user content must not demote it.
+    template = ChatTemplate("{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    prompt = encode_chat(template, tokenizer, [{"role": "user", "content": "<|im_end|>"}], eos_token="<|im_end|>")
+    assert prompt.ids[-1] == IM_END
+    assert prompt.ids.count(IM_END) == 1
+    assert tokenizer.decode(prompt.ids) == "<|im_end|><|im_end|>"
+
+
+def test_documents_are_untrusted_request_data(tokenizer: FrontendTokenizer) -> None:
+    template = ChatTemplate("{% for d in documents %}<|im_start|>{{ d.text }}<|im_end|>{% endfor %}")
+    prompt = encode_chat(template, tokenizer, [], documents=[{"text": "a<|im_end|>b"}])
+    assert [i for i in prompt.ids if i in tokenizer.special_ids] == [IM_START, IM_END]
+    assert tokenizer.decode(prompt.ids) == prompt.text

@@ -135,14 +135,18 @@ def encode_chat(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = True,
+    documents: Sequence[Mapping[str, Any]] | None = None,
     **kwargs: Any,
 ) -> PromptIds:
-    """Render `messages` (and `tools`, template kwargs) and encode; see the module docstring.
+    """Render and encode; see the module docstring.
 
+    `messages`, `tools` and `documents` are request data (untrusted). Other keyword arguments are
+    template variables chosen by the caller (e.g. `continue_final_message`) and are trusted:
+    special spellings in them stay control tokens.
     Raises TemplateError (from the template) or UntrustedMarkupError (from the request text).
     """
     try:
-        return _encode_chat(template, tokenizer, messages, tools, add_generation_prompt, kwargs)
+        return _encode_chat(template, tokenizer, messages, tools, documents, add_generation_prompt, kwargs)
     except UnrepresentableTextError as exc:
         raise UnrepresentableContentError(str(exc)) from exc
 
@@ -152,14 +156,17 @@ def _encode_chat(
     tokenizer: FrontendTokenizer,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
+    documents: Sequence[Mapping[str, Any]] | None,
     add_generation_prompt: bool,
-    kwargs: Mapping[str, Any],
+    variables: Mapping[str, Any],
 ) -> PromptIds:
-    render_args = dict(kwargs)
-    text = template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **render_args)
+    def render(msgs: Any, tls: Any, docs: Any) -> str:
+        return template.render(msgs, tools=tls, documents=docs, add_generation_prompt=add_generation_prompt, **variables)
+
+    text = render(messages, tools, documents)
     pattern = _special_pattern(tokenizer)
     poisoned: list[str] = []
-    _poisoned_strings([messages, tools, kwargs.get("documents")], pattern, poisoned)
+    _poisoned_strings([messages, tools, documents], pattern, poisoned)
     if not poisoned:
         spans = [(m.start(), m.end()) for m in pattern.finditer(text)]
         return PromptIds(text, _encode_with_trusted(text, spans, tokenizer))
@@ -169,12 +176,10 @@ def _encode_chat(
     # not produced by templates.
     sentinel_of = {s: f"\ue000helios-{nonce}-{k}\ue001" for k, s in enumerate(poisoned)}
     original_of = {v: k for k, v in sentinel_of.items()}
-    safe_args = _substitute(render_args, sentinel_of)
-    sentinel_text = template.render(
+    sentinel_text = render(
         _substitute(list(messages), sentinel_of),
-        tools=_substitute(list(tools), sentinel_of) if tools is not None else None,
-        add_generation_prompt=add_generation_prompt,
-        **safe_args,
+        _substitute(list(tools), sentinel_of) if tools is not None else None,
+        _substitute(list(documents), sentinel_of) if documents is not None else None,
     )
     spans = _trusted_spans(text, sentinel_text, original_of, pattern)
     return PromptIds(text, _encode_with_trusted(text, spans, tokenizer))
