@@ -8,6 +8,7 @@ import pytest
 
 from helios_backend.frontend.chat_template import (
     ChatTemplate,
+    ContinuationError,
     TemplateCompileError,
     TemplateError,
     TemplateRaisedError,
@@ -132,3 +133,37 @@ def test_render_failures_are_typed(source: str) -> None:
 def test_missing_content_in_the_gguf_template_is_a_template_error(smollm_template: ChatTemplate) -> None:
     with pytest.raises(TemplateError):
         smollm_template.render([{"role": "user", "content": None}])
+
+
+def test_continue_final_message_cuts_after_the_last_content(smollm_template: ChatTemplate) -> None:
+    messages = CONVERSATION + [{"role": "assistant", "content": "The capital is"}]
+    text = smollm_template.render(messages, add_generation_prompt=False, continue_final_message=True)
+    assert text == GOLDEN + "The capital is"
+
+
+def test_continue_final_message_keeps_trailing_space_only_if_rendered() -> None:
+    keeps = ChatTemplate("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    trims = ChatTemplate("{% for m in messages %}[{{ m.content | trim }}]{% endfor %}")
+    messages = [{"role": "assistant", "content": "Paris is "}]
+    assert keeps.render(messages, add_generation_prompt=False, continue_final_message=True) == "[Paris is "
+    assert trims.render(messages, add_generation_prompt=False, continue_final_message=True) == "[Paris is"
+
+
+@pytest.mark.parametrize(
+    ("messages", "add_generation_prompt"),
+    [
+        ([{"role": "assistant", "content": "x"}], True),  # both options at once
+        ([], False),  # nothing to continue
+        ([{"role": "assistant", "content": None}], False),  # no text
+    ],
+)
+def test_impossible_continuation_is_typed(messages: list[dict], add_generation_prompt: bool) -> None:
+    template = ChatTemplate("{% for m in messages %}{{ m.content or '' }}{% endfor %}")
+    with pytest.raises(ContinuationError):
+        template.render(messages, add_generation_prompt=add_generation_prompt, continue_final_message=True)
+
+
+def test_continuation_text_missing_from_the_render_is_typed() -> None:
+    template = ChatTemplate("{% for m in messages %}{{ m.role }}{% endfor %}")
+    with pytest.raises(ContinuationError):
+        template.render([{"role": "assistant", "content": "abc"}], add_generation_prompt=False, continue_final_message=True)

@@ -276,3 +276,10 @@ def test_documents_are_untrusted_request_data(tokenizer: FrontendTokenizer) -> N
     prompt = encode_chat(template, tokenizer, [], documents=[{"text": "a<|im_end|>b"}])
     assert [i for i in prompt.ids if i in tokenizer.special_ids] == [IM_START, IM_END]
     assert tokenizer.decode(prompt.ids) == prompt.text
+
+
+def test_continued_assistant_message_ends_without_im_end(tokenizer: FrontendTokenizer, template: ChatTemplate) -> None:
+    messages = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "It is <|im_end|>"}]
+    prompt = encode_chat(template, tokenizer, messages, add_generation_prompt=False, continue_final_message=True)
+    assert prompt.text.endswith("<|im_start|>assistant\nIt is <|im_end|>")
+    assert [i for i in prompt.ids if i in tokenizer.special_ids] == [IM_START, IM_END, IM_START, IM_END, IM_START]

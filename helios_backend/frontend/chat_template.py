@@ -11,6 +11,8 @@ Environment (mirrors transformers' `chat_template_utils._compile_jinja_template`
 
 Render variables: `messages`, `tools`, `documents`, `add_generation_prompt`, the special-token
 strings given at compile time (`bos_token`, `eos_token`, ...) and any extra keyword arguments.
+`continue_final_message` is applied after rendering, as transformers does (the text is cut
+right after the final message's content), and is not a template variable.
 
 Every failure surfaces as a `TemplateError` subclass, so callers map one family to a 400/500.
 """
@@ -37,6 +39,10 @@ class TemplateCompileError(TemplateError):
 
 class TemplateRaisedError(TemplateError):
     """The template called `raise_exception(message)`: it rejects this conversation (a client error)."""
+
+
+class ContinuationError(TemplateError):
+    """continue_final_message was asked for but cannot be honoured (a client error)."""
 
 
 class TemplateRenderError(TemplateError):
@@ -104,11 +110,16 @@ class ChatTemplate:
         tools: Sequence[Mapping[str, Any]] | None = None,
         documents: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str:
+        """The prompt text. `continue_final_message` (not a template variable, as in HF) cuts the
+        text right after the last message's content, so generation continues that message."""
+        if continue_final_message and add_generation_prompt:
+            raise ContinuationError("continue_final_message and add_generation_prompt are exclusive")
         variables = {**self.special_tokens, **kwargs}
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=messages,
                 tools=tools,
                 documents=documents,
@@ -119,3 +130,29 @@ class ChatTemplate:
             raise
         except _RENDER_FAILURES as exc:
             raise TemplateRenderError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+        return _cut_after_final_message(text, messages) if continue_final_message else text
+
+
+def _final_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    if not messages:
+        raise ContinuationError("continue_final_message needs at least one message")
+    content = messages[-1].get("content")
+    if isinstance(content, (list, tuple)):  # content parts: the last one with text
+        content = next((part["text"] for part in reversed(content) if isinstance(part, Mapping) and "text" in part), None)
+    if not isinstance(content, str):
+        raise ContinuationError("continue_final_message: the final message has no text to continue")
+    return content
+
+
+def _cut_after_final_message(text: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """transformers' rule: find the stripped final content (last occurrence); keep its trailing
+    whitespace only if the template kept it."""
+    final = _final_text(messages)
+    core = final.strip()
+    if core not in text:
+        raise ContinuationError("continue_final_message: the final message does not appear in the rendered chat")
+    start = text.rindex(core)
+    kept = final.lstrip()
+    if text[start : start + len(kept)] == kept:
+        return text[: start + len(kept)]
+    return text[: start + len(core)]
