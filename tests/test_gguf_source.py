@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from ignition.sources.gguf import (
     default_gguf_path,
 )
 from ignition.sources.rope_layout import adjacent_to_half_split, half_split_to_adjacent
+from ignition.sources.tokenizer import UnsupportedTokenizerError, tokenizer_from_fields, tokenizer_json_from_gguf
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +126,20 @@ def test_rope_layout_conversions_are_inverse_permutations() -> None:
     np.testing.assert_array_equal(hf[1], w[2])
     np.testing.assert_array_equal(hf[hd // 2 + 1], w[3])
     assert not np.array_equal(hf, w)
+
+
+@pytest.mark.parametrize("change", [{"model": "llama"}, {"pre": "qwen2"}])
+def test_unmapped_tokenizer_kinds_are_typed_errors(model: GGUFModel, change: dict[str, str]) -> None:
+    fields = dataclasses.replace(model.tokenizer_fields, **change)
+    with pytest.raises(UnsupportedTokenizerError):
+        tokenizer_from_fields(fields)
+
+
+def test_tokenizer_json_keeps_control_tokens_special(model: GGUFModel) -> None:
+    data = json.loads(tokenizer_json_from_gguf(model))
+    added = {t["id"]: t for t in data["added_tokens"]}
+    assert sorted(added) == list(range(17))
+    assert all(t["special"] and not t["normalized"] for t in added.values())
+    assert data["model"]["type"] == "BPE" and data["decoder"]["type"] == "ByteLevel"
+    kinds = [p["type"] for p in data["pre_tokenizer"]["pretokenizers"]]
+    assert kinds == ["Digits", "ByteLevel"]
