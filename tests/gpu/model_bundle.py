@@ -77,7 +77,7 @@ def load_bundle(directory: pathlib.Path = BUNDLE_DIR):
     payload = pickle.loads((directory / "bundle.bin").read_bytes())
     contract = contract_pb2.ServingContract.FromString(payload["contract"])
     manifest = manifest_pb2.ExecutionManifest.FromString(payload["manifest"])
-    gguf = directory / "model.gguf"
+    gguf = pathlib.Path("/tmp/helios_bundle_model.gguf")   # outside the repo: never carried back
     if not gguf.exists():
         gguf.write_bytes(b"".join(p.read_bytes() for p in GGUF_HALVES))
     options = bench_options(recipe, str(gguf))
