@@ -399,6 +399,8 @@ class SyntaxEngine:
             if self._tool_waits_for(self._p_inv_prefix, self._p_block_close, *self._interrupts()):
                 return False
             return self._malformed(ParseErrorKind.MALFORMED_TOOL_CALL, "expected an invocation")
+        if self._tool_waits_for(self._p_block_close, *self._interrupts()):
+            return False  # may still become an (empty) block close
         self._phase = Phase.INVOKE_NAME  # the name follows the block opener directly
         return True
 
@@ -631,31 +633,37 @@ class SyntaxEngine:
 
     def _frame_idle(self) -> bool:
         self._in_frame = False
-        self._skip_space()
-        if not self._buf:
+        rest = self._buf.lstrip()
+        space = len(self._buf) - len(rest)
+        if not rest:
+            if self._final:
+                self._take(space)  # whitespace between frames is not content
             return False
-        if self._buf.startswith(self._p_header):
-            self._take(len(self._p_header))
+        if rest.startswith(self._p_header):
+            self._take(space + len(self._p_header))
             self._header = ""
             self._stray_reported = False
             self._phase = Phase.FRAME_HEADER
             return True
         for end in self._p_frame_ends:
-            if self._buf.startswith(end):
-                self._take(len(end))  # a stray message end is markup
+            if rest.startswith(end):
+                self._take(space + len(end))  # a stray message end is markup
                 return True
-        if self._waits_for(self._p_header, *self._p_frame_ends):
+        if self._waits_for(self._p_header, *self._p_frame_ends, text=rest):
             return False
         # Text outside any frame: surface it as content, noted once per stray run.
         hit = earliest(self._buf, [self._p_header, *self._p_frame_ends])
         hold = 0 if self._final else partial_suffix(self._buf, [self._p_header, *self._p_frame_ends])
         upto = hit[0] if hit is not None else len(self._buf) - hold
+        # Trailing whitespace stays buffered: before a header or at the end it is frame spacing.
+        upto = len(self._buf[:upto].rstrip())
         if upto == 0:
             return False
         text = self._buf[:upto]
         if not self._stray_reported:
             self._stray_reported = True
-            self._events.append(ParseError(ParseErrorKind.MALFORMED_FRAME, "text outside a recipient frame", self._markup.render(text)))
+            # No raw copy here: the stray run may still grow, and the content carries it anyway.
+            self._events.append(ParseError(ParseErrorKind.MALFORMED_FRAME, "text outside a recipient frame"))
         self._text(ContentDelta, text)
         self._take(upto)
         return True
