@@ -90,10 +90,15 @@ def _histogram_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (cdiv(a["histogram_bins"], c["BLOCK_H"]), a["rows"], 1)
 
 
-# Projections with N <= a few thousand use narrow tiles so decode spreads over more SMs;
-# the LM head (N = vocabulary) uses wide ones.
-_NARROW = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}
-_WIDE = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}
+# Decode is latency-bound weight streaming: by Little's law an H200 needs ~3 MB of loads in
+# flight (4.8 TB/s x ~0.7 us) to reach its bandwidth, while one layer's projections are only
+# 0.7-3.5 MB. So the layer GEMMs use the narrowest tensor-core tile (N = 16: many programs)
+# and deep K tiles with 3 pipeline stages (many bytes in flight per program). The LM head
+# (N = vocabulary, 56 MB) has programs to spare: wide N tiles, and BLOCK_M = 64 so up to 64
+# rows read the head once.
+_LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}
+_DOWN_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 256}
+_HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32}
 
 KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("step.geometry.v1", "tokens", "step_geometry",
@@ -103,15 +108,17 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("embedding.gather.v1", "tokens", "embed_tokens",
                {"BLOCK_T": 16, "BLOCK_D": 128}, _token_tiles),
     KernelSpec("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
-               {"BLOCK_M": 16, "BLOCK_P": 32, "BLOCK_K": 64}, _qkv_rope_store),
+               {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64}, _qkv_rope_store,
+               num_stages=3),
     KernelSpec("attention.paged.v1", "attention", "paged_attention",
-               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention),
-    KernelSpec("linear.residual.v1", "matmul", "linear_residual", _NARROW,
-               _gemm("out_dim", "tokens")),
-    KernelSpec("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _NARROW,
-               _gemm("ffn_dim", "tokens")),
-    KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _WIDE,
-               _gemm("vocab", "rows"), num_warps=8),
+               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
+               num_stages=3),
+    KernelSpec("linear.residual.v1", "matmul", "linear_residual", _DOWN_GEMM,
+               _gemm("out_dim", "tokens"), num_stages=3),
+    KernelSpec("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
+               _gemm("ffn_dim", "tokens"), num_stages=3),
+    KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
+               _gemm("vocab", "rows"), num_warps=8, num_stages=3),
     KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
                _vocab_tiles),
     KernelSpec("sampling.draw.v1", "sampling", "draw_tokens", {"BLOCK_V": 2048}, _per_row,

@@ -46,23 +46,29 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
             second = pair + half
         t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         live = t < n
-        rstd = _row_rstd(hidden, t, live, dim, eps, BLOCK_M, BLOCK_K)
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc_first = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
         acc_second = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
         for k0 in range(0, dim, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_mask = k < dim
+            # RMSNorm's 1/rms is a per-row scalar: multiply x * g now, scale rows at the end
             x = tl.load(hidden + t[:, None] * dim + k[None, :],
                         mask=live[:, None] & k_mask[None, :], other=0.0)
+            sum_sq += tl.sum(x * x, axis=1)
             g = tl.load(norm_weight + k, mask=k_mask, other=0.0).to(tl.float32)
-            a = (x * rstd[:, None] * g[None, :]).to(tl.float16)
+            a = x * g[None, :]
             w_mask = pair_mask[None, :] & k_mask[:, None]
             w_first = tl.load(qkv_weight + (head * head_dim + first)[None, :] * dim + k[:, None],
                               mask=w_mask, other=0.0)
             w_second = tl.load(qkv_weight + (head * head_dim + second)[None, :] * dim + k[:, None],
                                mask=w_mask, other=0.0)
-            acc_first = tl.dot(a, w_first, acc_first)
-            acc_second = tl.dot(a, w_second, acc_second)
+            # tf32: f16 weights widen exactly; activations keep f32 range
+            acc_first = tl.dot(a, w_first.to(tl.float32), acc_first, input_precision="tf32")
+            acc_second = tl.dot(a, w_second.to(tl.float32), acc_second, input_precision="tf32")
+        rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
+        acc_first = acc_first * rstd[:, None]
+        acc_second = acc_second * rstd[:, None]
         pos = tl.load(positions + t, mask=live, other=0)
         mask = live[:, None] & pair_mask[None, :]
         if head < q_heads + kv_heads:
@@ -91,19 +97,6 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
                     + ((pos % page_tokens) * kv_heads + kv_head) * head_dim)
             tl.store(plane + base[:, None] + first[None, :], out_first.to(tl.float16), mask=mask)
             tl.store(plane + base[:, None] + second[None, :], out_second.to(tl.float16), mask=mask)
-
-
-@triton.jit
-def _row_rstd(x_ptr, rows, row_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) for BLOCK_M rows of an f32 [*, K] matrix -> f32 [BLOCK_M]."""
-    cols = tl.arange(0, BLOCK_K)
-    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + cols
-        x = tl.load(x_ptr + rows[:, None] * K + k[None, :],
-                    mask=row_mask[:, None] & (k[None, :] < K), other=0.0)
-        sum_sq += tl.sum(x * x, axis=1)
-    return 1.0 / tl.sqrt(sum_sq / K + eps)
 
 
 @triton.jit

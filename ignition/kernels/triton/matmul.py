@@ -6,7 +6,8 @@ Layouts (row-major, contiguous, element strides = the row width):
   weight      f16 [out, in]        as stored in the core
   norm weight f16 [dim]
   geometry    i32 step geometry; geometry[0] = live tokens n (see helios_backend/kernels/state.py)
-Accumulation is f32 on tensor cores (tl.dot, f16 operands). Grids are
+Products run on tensor cores as tf32 dots with f32 accumulation: f16 weights widen exactly,
+f32 activations keep f16's 10-bit mantissa but f32's range (no overflow of large residuals). Grids are
 (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1): one program owns one [BLOCK_M, BLOCK_N] output tile,
 so there are no atomics and results are bit-stable. M is the variant's token capacity; tiles
 past the live count n return before touching a weight. BLOCK_M = 16 suits decode and chunked
@@ -21,35 +22,34 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _row_rstd(x_ptr, rows, row_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) for BLOCK_M rows of an f32 [*, K] matrix -> f32 [BLOCK_M]."""
-    cols = tl.arange(0, BLOCK_K)
-    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + cols
-        x = tl.load(x_ptr + rows[:, None] * K + k[None, :],
-                    mask=row_mask[:, None] & (k[None, :] < K), other=0.0)
-        sum_sq += tl.sum(x * x, axis=1)
-    return 1.0 / tl.sqrt(sum_sq / K + eps)
+def _scaled_rows(x_ptr, norm_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr):
+    """(x * norm_weight) f32 [BLOCK_M, BLOCK_K] and its per-row sum of x^2 (for the rstd).
 
-
-@triton.jit
-def _normed_tile(x_ptr, norm_ptr, rows, row_mask, rstd, k0, K, BLOCK_K: tl.constexpr):
-    """RMS-normalized f16 tile [BLOCK_M, BLOCK_K] of the f32 residual (a GEMM A operand)."""
+    RMSNorm's 1/rms is a per-row scalar, so it factors out of the GEMM: the kernels multiply
+    x * g by the weights and scale the accumulator rows at the end. One pass over x, and the
+    weight stream starts at once instead of after a separate norm pass.
+    """
     k = k0 + tl.arange(0, BLOCK_K)
     k_mask = k < K
     x = tl.load(x_ptr + rows[:, None] * K + k[None, :],
                 mask=row_mask[:, None] & k_mask[None, :], other=0.0)
     g = tl.load(norm_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-    return (x * rstd[:, None] * g[None, :]).to(tl.float16)
+    return x * g[None, :], tl.sum(x * x, axis=1)
+
+
+@triton.jit
+def _rstd(sum_sq, K, eps):
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
 
 
 @triton.jit
 def _weight_tile(w_ptr, out_rows, out_mask, k0, K, BLOCK_K: tl.constexpr):
-    """Transposed tile [BLOCK_K, len(out_rows)] (f16) of a [N, K] weight (a GEMM B operand)."""
+    """Transposed tile [BLOCK_K, len(out_rows)] of an f16 [N, K] weight, widened to f32 for a
+    tf32 dot (exact: f16 and tf32 share the 10-bit mantissa)."""
     k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w_ptr + out_rows[None, :].to(tl.int64) * K + k[:, None],
-                   mask=out_mask[None, :] & (k[:, None] < K), other=0.0)
+    w = tl.load(w_ptr + out_rows[None, :].to(tl.int64) * K + k[:, None],
+                mask=out_mask[None, :] & (k[:, None] < K), other=0.0)
+    return w.to(tl.float32)
 
 
 @triton.jit
@@ -71,8 +71,8 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
             k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x + rows[:, None] * in_dim + k[None, :],
                         mask=row_mask[:, None] & (k[None, :] < in_dim), other=0.0)
-            acc = tl.dot(a.to(tl.float16), _weight_tile(weight, cols, col_mask, k0, in_dim, BLOCK_K),
-                         acc)
+            acc = tl.dot(a, _weight_tile(weight, cols, col_mask, k0, in_dim, BLOCK_K), acc,
+                         input_precision="tf32")
         out = hidden + rows[:, None] * out_dim + cols[None, :]
         out_mask = row_mask[:, None] & col_mask[None, :]
         tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
@@ -96,15 +96,19 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < n
         col_mask = cols < ffn_dim
-        rstd = _row_rstd(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, dim, BLOCK_K):
-            a = _normed_tile(hidden, norm_weight, rows, row_mask, rstd, k0, dim, BLOCK_K)
-            acc_gate = tl.dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, BLOCK_K), acc_gate)
+            a, row_sq = _scaled_rows(hidden, norm_weight, rows, row_mask, k0, dim, BLOCK_K)
+            sum_sq += row_sq
+            acc_gate = tl.dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, BLOCK_K), acc_gate,
+                              input_precision="tf32")
             acc_up = tl.dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, BLOCK_K),
-                            acc_up)
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+                            acc_up, input_precision="tf32")
+        rstd = _rstd(sum_sq, dim, eps)[:, None]
+        gate = acc_gate * rstd
+        act = gate / (1.0 + tl.exp(-gate)) * (acc_up * rstd)
         tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
                  mask=row_mask[:, None] & col_mask[None, :])
 
@@ -129,11 +133,13 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
     live = r_mask & (end > start)
     last = tl.where(live, end - 1, 0)
-    rstd = _row_rstd(hidden, last, live, dim, eps, BLOCK_M, BLOCK_K)
+    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, dim, BLOCK_K):
-        a = _normed_tile(hidden, norm_weight, last, live, rstd, k0, dim, BLOCK_K)
-        acc = tl.dot(a, _weight_tile(head, cols, col_mask, k0, dim, BLOCK_K), acc)
-    acc = tl.where(live[:, None], acc, 0.0)
+        a, row_sq = _scaled_rows(hidden, norm_weight, last, live, k0, dim, BLOCK_K)
+        sum_sq += row_sq
+        acc = tl.dot(a, _weight_tile(head, cols, col_mask, k0, dim, BLOCK_K), acc,
+                     input_precision="tf32")
+    acc = tl.where(live[:, None], acc * _rstd(sum_sq, dim, eps)[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
              mask=r_mask[:, None] & col_mask[None, :])
