@@ -3,8 +3,9 @@
 Every spelling the engine and the grammar builder need lives in a contract `ToolSyntax` or
 `ReasoningSyntax` message; a recipe copies one of these tables into its FrontendContract. Adding a
 syntax means adding a table here, never a parser class. The concrete spellings the spec leaves
-open (XTML, ATEM, DSML, GLM argument tags, Qwen Coder function tags) are written down in
-docs/frontend-syntax.md; the strings below are the source of truth.
+open (XTML, ATEM, DSML, argument tags, function tags) are written down in docs/frontend-syntax.md;
+the strings below are the source of truth. The enum identifiers are the spec's syntax names; no
+table is chosen by, or specific to, a model.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ JSON_OBJECT = pb.ARGUMENT_ENCODING_JSON_OBJECT
 # ---- tool syntaxes --------------------------------------------------------------------------
 
 
-def qwen_coder_function_tags() -> pb.ToolSyntax:
+def function_tags() -> pb.ToolSyntax:
     """<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>"""
     return pb.ToolSyntax(
         block_open="<tool_call>",
@@ -37,7 +38,7 @@ def qwen_coder_function_tags() -> pb.ToolSyntax:
     )
 
 
-def glm_argument_tags() -> pb.ToolSyntax:
+def argument_tags() -> pb.ToolSyntax:
     """<tool_call>NAME\\n<arg_key>P</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>
 
     The invocation has no closing tag of its own: the block close ends it (one per block).
@@ -168,8 +169,8 @@ def recipient_prefix_rules() -> list[pb.PrefixBoundaryRule]:
 # ---- the bundle the engine and the grammar builder read ---------------------------------------
 
 _TOOL_TABLES = {
-    pb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS: qwen_coder_function_tags,
-    pb.TOOL_PARSER_GLM_ARGUMENT_TAGS: glm_argument_tags,
+    pb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS: function_tags,
+    pb.TOOL_PARSER_GLM_ARGUMENT_TAGS: argument_tags,
     pb.TOOL_PARSER_DSML: dsml,
     pb.TOOL_PARSER_XTML: xtml_tools,
     pb.TOOL_PARSER_ATEM: atem,
