@@ -36,6 +36,7 @@ from .constants import (
 from .errors import CoreFormatError, IntegrityError, ResourceNotFoundError, UnsupportedFormatError
 from .frames import decode_frame
 from .layout import check_tiling, parse_message, read_header
+from .prefetch import prefetched
 from .resources import ResourceInfo, ResourceKind
 from .signing import verify_signature
 
@@ -251,9 +252,9 @@ class Core:
                 info.id, info.kind, info.decoded_nbytes, entry.chunk_nbytes,
             )
             return
-        chunks = iter_verified_chunks(
+        chunks = prefetched(iter_verified_chunks(
             self._fd, entry.offset, info.stored_nbytes, entry.chunk_nbytes, entry.chunk_sha256, what
-        )
+        ))
         try:
             yield from decode_frame(chunks, info.decoded_nbytes)
         except IntegrityError as exc:
