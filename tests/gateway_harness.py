@@ -1,0 +1,101 @@
+"""A real gateway process on a real tritonserver serving the test core, for end-to-end tests.
+
+    with gateway_stack(core, workdir) as stack:
+        client = openai.OpenAI(base_url=stack.gateway.base_url + "/v1", api_key="unused")
+
+The gateway runs as `python -m gateway.cli` (the `helios-gateway` console script) on a free
+port; tritonserver comes from tests/triton_server.py. Both are always stopped on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.triton_server import TritonServer, free_ports, metric_value, model_repository
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVED_ID = "smollm2-135m-instruct"
+
+
+class GatewayProcess:
+    def __init__(self, triton_url: str, log_path: Path, *extra_args: str) -> None:
+        self.port = free_ports(1)[0]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "--triton", triton_url, "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning", *extra_args],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited ({self.process.returncode}):\n{self.log()[-4000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.base_url + "/health", timeout=5).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"gateway not healthy after {timeout_s}s:\n{self.log()[-4000:]}")
+
+    def metrics(self) -> str:
+        return httpx.get(self.base_url + "/metrics", timeout=10).text
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_value(self.metrics(), name, **labels)
+
+    def stop(self, grace_s: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log.close()
+        return self.process.returncode
+
+
+@dataclass
+class Stack:
+    server: TritonServer
+    gateway: GatewayProcess
+
+    def backend_metric(self, name: str, **labels: str) -> float:
+        return metric_value(self.server.metrics(), name, **labels)
+
+
+@contextlib.contextmanager
+def gateway_stack(core: Path, workdir: Path, *gateway_args: str, **model_parameters: str) -> Iterator[Stack]:
+    repo = model_repository(workdir, core_path=str(core), **model_parameters)
+    with TritonServer(repo, workdir) as server:
+        server.wait_ready("helios")
+        gateway = GatewayProcess(server.grpc_url, workdir / f"gateway-{server.ports.grpc}.log", *gateway_args)
+        try:
+            gateway.wait_healthy()
+            yield Stack(server, gateway)
+        finally:
+            gateway.stop()
+
+
+def wait_until(predicate, timeout_s: float = 60, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+    """Poll a condition; a bound on waiting, never an assertion about time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
