@@ -85,8 +85,28 @@ def _versions(contract: contract_pb2.ServingContract, manifest: manifest_pb2.Exe
     )
 
 
-def _progress_total(resources: Sequence[ResourceInput]) -> int:
-    return sum(r.decoded_nbytes() for r in resources)
+def _spool_resources(
+    target: pathlib.Path,
+    resources: Sequence[ResourceInput],
+    progress: Progress | None,
+    store: Callable[[ResourceInput, "_Spool", Callable[[int], None]], "_Stored"],
+) -> tuple["_Spool", list["_Stored"]]:
+    """Encode every resource into a spool beside `target`, reporting decoded progress."""
+    total = sum(r.decoded_nbytes() for r in resources)
+    done = 0
+
+    def tick(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
+    spool = _Spool(target)
+    try:
+        return spool, [store(resource, spool, tick) for resource in resources]
+    except BaseException:
+        spool.discard()
+        raise
 
 
 def _store_zstd(resource: ResourceInput, spool: _Spool, tick: Callable[[int], None]) -> _Stored:
@@ -209,21 +229,7 @@ def write_payload_core(
     _check_namespace(namespace)
     check_resource_inputs(list(resources))
     target = pathlib.Path(path)
-    total = _progress_total(resources)
-    done = 0
-
-    def tick(nbytes: int) -> None:
-        nonlocal done
-        done += nbytes
-        if progress is not None:
-            progress(done, total)
-
-    spool = _Spool(target)
-    try:
-        stored = [_store_zstd(resource, spool, tick) for resource in resources]
-    except BaseException:
-        spool.discard()
-        raise
+    spool, stored = _spool_resources(target, resources, progress, _store_zstd)
     header = _payload_header(stored, contract=contract, manifest=manifest, namespace=namespace, signing_key=signing_key)
     _finish(target, spool, PAYLOAD_MAGIC, header)
 
@@ -282,24 +288,12 @@ def write_logical_core(
     elif content_key is not None:
         raise CoreError("content_key applies to ProtectedIndex v4 only")
     target = pathlib.Path(path)
-    total = _progress_total(resources)
-    done = 0
-
-    def tick(nbytes: int) -> None:
-        nonlocal done
-        done += nbytes
-        if progress is not None:
-            progress(done, total)
-
-    spool = _Spool(target)
-    try:
-        if aead is not None:
-            stored = [_store_gcm(resource, spool, aead, key_id, tick) for resource in resources]
-        else:
-            stored = [_store_zstd(resource, spool, tick) for resource in resources]
-    except BaseException:
-        spool.discard()
-        raise
+    if aead is not None:
+        spool, stored = _spool_resources(
+            target, resources, progress, lambda resource, spool, tick: _store_gcm(resource, spool, aead, key_id, tick)
+        )
+    else:
+        spool, stored = _spool_resources(target, resources, progress, _store_zstd)
     index = core_pb2.ModelIndex(
         publisher_namespace=namespace,
         contract=contract,
