@@ -17,6 +17,8 @@ import dataclasses
 import os
 from typing import Callable, Iterator
 
+from google.protobuf.message import DecodeError
+
 from helios_proto import contract_pb2, core_pb2, manifest_pb2
 
 from . import gcm
@@ -108,7 +110,7 @@ class Core:
         body = core_pb2.DeploymentBody()
         try:
             body.ParseFromString(envelope.body)
-        except Exception as exc:  # signed but unparsable: the signer wrote garbage
+        except DecodeError as exc:  # signed but unparsable: the signer wrote garbage
             raise CoreFormatError(f"signed DeploymentBody does not parse: {exc}") from exc
         self.format = "payload"
         self.payload_format = core_body.format_version
@@ -153,7 +155,7 @@ class Core:
         index = core_pb2.ModelIndex()
         try:
             index.ParseFromString(protected.index)
-        except Exception as exc:
+        except DecodeError as exc:
             raise CoreFormatError(f"signed ModelIndex does not parse: {exc}") from exc
         self.format = "logical"
         self.payload_format = protected.version
