@@ -5,6 +5,7 @@ One gRPC stream per request (cancelling a stream cancels exactly that request).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,9 +55,11 @@ def greedy(max_tokens: int, **kw: object) -> tp.GenerateRequest:
 
 async def stream(client: grpcclient.InferenceServerClient, arrays: dict[str, np.ndarray], *,
                  cancel_after: int | None = None, pause_s: float = 0.0,
+                 pause_after_first: "Callable[[], Awaitable[None]] | None" = None,
                  request_id: str = "r") -> StreamResult:
-    """Run one request on its own stream; optionally cancel after `cancel_after` tokens
-    or pause before reading each response (a slow reader)."""
+    """Run one request on its own stream; optionally cancel after `cancel_after` tokens,
+    pause before reading each response, or await `pause_after_first()` once after the
+    first response (a reader that stops reading for a while)."""
     result = StreamResult()
 
     async def requests():
@@ -84,6 +87,8 @@ async def stream(client: grpcclient.InferenceServerClient, arrays: dict[str, np.
             break
         if pause_s:
             await asyncio.sleep(pause_s)
+        if pause_after_first is not None and result.responses == 1:
+            await pause_after_first()
     return result
 
 

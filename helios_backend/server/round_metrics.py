@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from helios_backend.scheduler.scheduler import Scheduler
-from helios_backend.server.metrics import FINISH_LABEL, OPERATION_LABEL, Op, Update, update
+from helios_backend.server.metrics import FAMILIES, FINISH_LABEL, OPERATION_LABEL, Kind, Op, Update, update
 
 
 class RoundMetrics:
@@ -12,8 +12,10 @@ class RoundMetrics:
         self._gauges: dict[tuple[str, str], float] = {}
 
     def capacity(self) -> list[Update]:
+        """Startup: capacities, and every unlabeled counter at 0 so each family is exposed."""
         s = self._s
-        return [update("flare_cache_pages_capacity", Op.SET, s.pool.num_pages),
+        zeros = [update(f.name, Op.ADD, 0) for f in FAMILIES if f.kind is Kind.COUNTER and not f.labels]
+        return zeros + [update("flare_cache_pages_capacity", Op.SET, s.pool.num_pages),
                 update("flare_request_slots_capacity", Op.SET, s.config.request_slots),
                 update("flare_snapshot_rows_capacity", Op.SET, s.snapshots.capacity),
                 update("flare_constrained_max_inflight", Op.SET, 0)]
