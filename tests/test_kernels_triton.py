@@ -65,7 +65,7 @@ def test_parameter_lists_match_the_abi_plus_two_scratch_pointers(library, module
 def test_geometry_block_and_shared_memory_come_from_the_cubin(library, modules):
     for _, module in modules:
         kernel = module.kernels[0]
-        args = [2] * len(library.signature(kernel.id))   # valid for every grid rule
+        args = [16] * len(library.signature(kernel.id))   # valid for every grid rule
         grid, block, shared = library.geometry(kernel.id, args)
         assert block == (32 * kernel.num_warps, 1, 1)
         assert shared == kernel.shared_bytes
@@ -84,9 +84,15 @@ def test_geometry_reads_recorded_immediates_and_rejects_oversized_variants(libra
             manifest_pb2.Arg(i32=values[p.name]) for p in abi.kernel("attention.paged.v1").params]
     grid, _, _ = library.geometry("attention.paged.v1", args)
     assert grid == (-(-64 // (16 // 3)) + 64, 3, 1)
-    args[[p.name for p in abi.kernel("attention.paged.v1").params].index("rows")] = 1000
-    with pytest.raises(GeometryError):
-        library.geometry("attention.paged.v1", args)
+    names = [p.name for p in abi.kernel("attention.paged.v1").params]
+    for name, bad in (("rows", manifest_pb2.Arg(i32=1000)),           # > MAX_ROWS
+                      ("head_dim", manifest_pb2.Arg(i32=72)),         # not a multiple of 16
+                      ("q", manifest_pb2.Arg(pointer=manifest_pb2.BufferRef(buffer="x",
+                                                                            byte_offset=8)))):
+        broken = list(args)
+        broken[names.index(name)] = bad
+        with pytest.raises(GeometryError):
+            library.geometry("attention.paged.v1", broken)
 
 
 def test_cached_cubins_are_reused_without_recompiling(library, modules, tmp_path_factory):
@@ -200,7 +206,7 @@ def test_select_input_takes_prompt_tokens_for_the_prefill_row_only(library, inte
 
 
 def test_embedding_gather(library, interpreter):
-    vocab, dim, tokens = 50, 200, 20
+    vocab, dim, tokens = 50, 208, 20
     check_against_reference(library, interpreter, "embedding.gather.v1", {
         "hidden": np.full((tokens, dim), 3.0, np.float32),
         "table": RNG.standard_normal((vocab, dim)).astype(np.float16),
@@ -222,7 +228,7 @@ def _weight(out_dim: int, in_dim: int) -> np.ndarray:
 
 
 def test_linear_residual(library, interpreter):
-    tokens, in_dim, out_dim = 20, 96, 70
+    tokens, in_dim, out_dim = 20, 96, 80
     check_against_reference(library, interpreter, "linear.residual.v1", {
         "hidden": RNG.standard_normal((tokens, out_dim)).astype(np.float32),
         "x": RNG.standard_normal((tokens, in_dim)).astype(np.float32),
@@ -232,7 +238,7 @@ def test_linear_residual(library, interpreter):
 
 
 def test_norm_gate_up_silu(library, interpreter):
-    tokens, dim, ffn = 18, 96, 40
+    tokens, dim, ffn = 18, 96, 48
     hidden, norm_weight = _normed_inputs(tokens, dim)
     check_against_reference(library, interpreter, "mlp.norm_gate_up_silu.v1", {
         "out": np.full((tokens, ffn), 9.0, np.float32), "hidden": hidden,
@@ -242,7 +248,7 @@ def test_norm_gate_up_silu(library, interpreter):
 
 
 def test_norm_head_reads_each_rows_last_token(library, interpreter):
-    rows, tokens, dim, vocab = 4, 9, 64, 300
+    rows, tokens, dim, vocab = 4, 9, 64, 304
     hidden, norm_weight = _normed_inputs(tokens, dim)
     out = check_against_reference(library, interpreter, "logits.norm_head.v1", {
         "logits": np.full((rows, vocab), 5.0, np.float32), "hidden": hidden,
@@ -364,7 +370,7 @@ def _sampling_rows(rows: list[tuple]) -> np.ndarray:
 
 
 def test_adjust_logits_applies_penalties_and_the_grammar_mask(library, interpreter):
-    rows, vocab, bins, mask_words, slots = 4, 100, 104, 4, 4
+    rows, vocab, bins, mask_words, slots = 4, 112, 128, 4, 4
     mask = np.full((rows, mask_words), 0xFFFFFFFF, np.uint32)
     mask[1] = RNG.integers(0, 2**32, mask_words, dtype=np.uint64).astype(np.uint32)
     mask[3, 0] = 0
@@ -394,7 +400,7 @@ DRAW_SETTINGS = [
 @pytest.mark.parametrize("temperature, top_p, top_k, min_p", DRAW_SETTINGS)
 def test_draw_tokens_matches_the_reference(library, interpreter, temperature, top_p, top_k,
                                            min_p):
-    rows, vocab = 12, 300
+    rows, vocab = 12, 304
     logits = RNG.standard_normal((rows, vocab)).astype(np.float32) * 2
     logits[0, [3, 77]] = logits[0].max() + 1           # a tie for the best token
     out = check_against_reference(library, interpreter, "sampling.draw.v1", {
@@ -452,7 +458,7 @@ def test_commit_publishes_tokens_and_writes_every_record(library, interpreter):
 
 def test_admit_copies_the_rows_sampling_state_into_its_slot(library, interpreter):
     from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
-    rows, slots, bins, eos_capacity = 3, 5, 2500, 4
+    rows, slots, bins, eos_capacity = 3, 5, 2512, 4
     check_against_reference(library, interpreter, "state.admit.v1", {
         "seeds": np.zeros((slots, 2), np.uint32),
         "sampling": np.full((slots, 8), -1.0, np.float32),

@@ -39,6 +39,7 @@ class CompileRequest:
     num_stages: int
     pdl: bool
     capability: int                   # 90 for sm_90a
+    divisible_by_16: tuple[int, ...] = ()    # param indices (pointers: address) Triton may assume % 16 == 0
 
     def source_text(self) -> str:
         path = Path(importlib.util.find_spec(f"{SOURCE_PACKAGE}.{self.module}").origin)
@@ -90,7 +91,9 @@ def _compile_in_worker(request: CompileRequest) -> CompiledKernel:
     signature = dict(request.signature)
     signature.update({name: "constexpr" for name, _ in request.constexprs})
     source = triton.compiler.ASTSource(fn=fn, signature=signature,
-                                       constexprs=dict(request.constexprs), attrs={})
+                                       constexprs=dict(request.constexprs),
+                                       attrs={(i,): [["tt.divisibility", 16]]
+                                              for i in request.divisible_by_16})
     compiled = triton.compile(source, target=GPUTarget("cuda", request.capability, 32),
                               options={"num_warps": request.num_warps,
                                        "num_stages": request.num_stages,

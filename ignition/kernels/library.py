@@ -22,7 +22,8 @@ from helios_proto import manifest_pb2
 
 from ignition.kernels import compiler
 from ignition.kernels.signature import triton_signature
-from ignition.kernels.specs import KERNEL_SPECS, SPECS_BY_ID, Grid, KernelSpec
+from ignition.kernels.specs import (ALIGNMENT, KERNEL_SPECS, SPECS_BY_ID, GeometryError, Grid,
+                                    KernelSpec)
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Grid, Dim3, int]          # (grid, block, dynamic shared bytes)
@@ -45,6 +46,14 @@ def _immediate(value) -> int | float:
             raise ValueError(f"expected an immediate, got {which}")
         return getattr(value, which)
     return value
+
+
+def _byte_offset(pointer) -> int:
+    """Byte offset of a recorded pointer (recorder Ref, BufferRef or Arg); 0 if unknown.
+    Buffers themselves start 256-byte aligned in every executor's arena."""
+    if isinstance(pointer, manifest_pb2.Arg):
+        pointer = pointer.pointer
+    return int(getattr(pointer, "byte_offset", 0))
 
 
 class KernelLibrary:
@@ -84,6 +93,14 @@ class KernelLibrary:
             raise ValueError(f"{kernel_id}: {len(args)} args, the ABI has {len(signature)}")
         immediates = {name: _immediate(value) for (name, kind), value in zip(signature, args)
                       if not kind.startswith("*")}
+        for (name, kind), value in zip(signature, args):
+            if kind.startswith("*") and _byte_offset(value) % ALIGNMENT:
+                raise GeometryError(f"{kernel_id}.{name}: pointer offset {_byte_offset(value)} "
+                                    f"is not {ALIGNMENT}-byte aligned")
+        for name in spec.divisible:
+            if int(immediates[name]) % ALIGNMENT:
+                raise GeometryError(f"{kernel_id}.{name} = {immediates[name]} is not a multiple "
+                                    f"of {ALIGNMENT} (the cubin assumes it)")
         grid = tuple(int(d) for d in spec.grid(immediates, spec.constexprs))
         if any(d < 1 or d >= 2**31 for d in grid) or grid[1] > 65535 or grid[2] > 65535:
             raise ValueError(f"{kernel_id}: grid {grid} outside CUDA limits")
@@ -113,4 +130,6 @@ class KernelLibrary:
             signature=tuple(self.signature(spec.kernel_id)),
             constexprs=tuple(spec.constexprs.items()) + (("PDL", 1),),
             num_warps=spec.num_warps, num_stages=spec.num_stages, pdl=True,
-            capability=capability_of(arch))
+            capability=capability_of(arch),
+            divisible_by_16=tuple(i for i, (name, kind) in enumerate(self.signature(spec.kernel_id))
+                                  if kind.startswith("*") or name in spec.divisible))

@@ -16,6 +16,11 @@ Immediates = Mapping[str, int | float]
 GridFunction = Callable[[Immediates, Mapping[str, int]], Grid]
 
 
+# Every pointer param is assumed ALIGNMENT-byte aligned (buffers are 256-byte aligned; byte
+# offsets are checked by the library); `divisible` integers are multiples of ALIGNMENT.
+ALIGNMENT = 16
+
+
 class GeometryError(ValueError):
     """A launch's immediates exceed what the compiled tile configuration supports."""
 
@@ -33,6 +38,11 @@ class KernelSpec:
     grid: GridFunction
     num_warps: int = 4
     num_stages: int = 2
+    # Integer params the cubin assumes divisible by ALIGNMENT (row widths, strides): with
+    # aligned pointers this lets Triton emit 16-byte vector and cp.async loads, without which
+    # f16 streams degrade to 2-byte loads and loops do not pipeline. geometry() rejects
+    # launches that break the assumption.
+    divisible: tuple[str, ...] = ()
 
 
 def _require(condition: bool, message: str) -> None:
@@ -106,27 +116,27 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("tokens.select_input.v1", "tokens", "select_input_ids",
                {"BLOCK_T": 256}, _token_tiles),
     KernelSpec("embedding.gather.v1", "tokens", "embed_tokens",
-               {"BLOCK_T": 16, "BLOCK_D": 128}, _token_tiles),
+               {"BLOCK_T": 16, "BLOCK_D": 128}, _token_tiles, divisible=("dim",)),
     KernelSpec("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
                {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64}, _qkv_rope_store,
-               num_stages=3),
+               num_stages=3, divisible=("dim", "head_dim", "page_stride")),
     KernelSpec("attention.paged.v1", "attention", "paged_attention",
-               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
-               num_stages=3),
+               {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
+               num_stages=3, divisible=("head_dim", "page_stride")),
     KernelSpec("linear.residual.v1", "matmul", "linear_residual", _DOWN_GEMM,
-               _gemm("out_dim", "tokens"), num_stages=3),
+               _gemm("out_dim", "tokens"), num_stages=3, divisible=("in_dim", "out_dim")),
     KernelSpec("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
-               _gemm("ffn_dim", "tokens"), num_stages=3),
+               _gemm("ffn_dim", "tokens"), num_stages=3, divisible=("dim", "ffn_dim")),
     KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
-               _gemm("vocab", "rows"), num_warps=8, num_stages=3),
+               _gemm("vocab", "rows"), num_warps=8, num_stages=2, divisible=("dim", "vocab")),
     KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
-               _vocab_tiles),
+               _vocab_tiles, divisible=("vocab", "histogram_bins")),
     KernelSpec("sampling.draw.v1", "sampling", "draw_tokens", {"BLOCK_V": 2048}, _per_row,
-               num_warps=8),
+               num_warps=8, divisible=("vocab",)),
     KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
                _one_program_over_rows),
     KernelSpec("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
-               _histogram_tiles),
+               _histogram_tiles, divisible=("histogram_bins",)),
 )
 
 SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}
