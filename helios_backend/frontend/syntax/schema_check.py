@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-# Keywords llguidance compiles into the grammar (verified against 1.9.1 by tests).
+# Keywords llguidance compiles into the grammar (verified against 1.9.1 by tests). `oneOf` is
+# absent: llguidance can only approximate it with anyOf, which would accept invalid documents.
 _CONSTRAINING = frozenset(
     {
         "type", "properties", "required", "additionalProperties", "patternProperties",
         "minProperties", "maxProperties", "items", "prefixItems", "minItems", "maxItems",
-        "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
+        "enum", "const", "anyOf", "allOf", "$ref", "$defs", "definitions",
         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
         "minLength", "maxLength", "pattern", "format",
     }
@@ -24,9 +25,11 @@ _CONSTRAINING = frozenset(
 _ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "readOnly", "writeOnly", "deprecated"}
 )
+# String formats llguidance 1.9.1 compiles (others fail its validation: "Unknown format").
+_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"})
 # Keywords whose value is a schema, a list of schemas, or a map of schemas.
 _SUBSCHEMA = frozenset({"items", "additionalProperties"})
-_SUBSCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_SUBSCHEMA_LISTS = frozenset({"anyOf", "allOf", "prefixItems"})
 _SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 
 
@@ -52,6 +55,8 @@ def check_schema(schema: Any, path: str = "$") -> None:
             continue
         if keyword not in _CONSTRAINING:
             raise UnsupportedSchemaError(keyword, path)
+        if keyword == "format" and value not in _FORMATS:
+            raise UnsupportedSchemaError("format", path, f"format {value!r} is not enforced")
         if keyword in _SUBSCHEMA:
             check_schema(value, f"{path}.{keyword}")
         elif keyword in _SUBSCHEMA_LISTS:
