@@ -81,6 +81,9 @@ def test_speculative_view():
     spec = spec_graph.speculative
     assert (spec.batch_capacity, spec.draft_tokens, spec.token_capacity, spec.packed_token_capacity) == (4, 3, 4, 16)
     assert spec.lane_limit == 4  # min(D + 1, W)
+    assert spec.lane_limit_for(output_tokens_left=2, context_tokens_left=10) == 2  # SPEC-14
+    assert spec.lane_limit_for(output_tokens_left=10, context_tokens_left=3) == 3
+    assert spec.lane_limit_for(output_tokens_left=10, context_tokens_left=10) == 4
     assert spec.device_allocates  # SPECULATIVE_PREFIX_LIMIT bound
     assert spec_graph.cursor.expected_draft_cursor(5) == 4
     assert spec_graph.cursor.expected_draft_cursor(0) == 0
@@ -127,3 +130,41 @@ def test_rebuild_manifest_missing_fields_leave_the_contract_unchanged():
     contract = sample_contract(3)
     contract.rebuild.SetInParent()  # present but empty
     assert decode(contract=contract) == decode(3)
+
+
+def _two_ranks(contract, manifest):
+    """Duplicate every rank-0 program, buffer and graph onto rank 1."""
+    manifest.world_size = 2
+    for buffer in list(manifest.buffers):
+        copy = manifest.buffers.add()
+        copy.CopyFrom(buffer)
+        copy.rank = 1
+    for program in list(manifest.programs):
+        copy = manifest.programs.add()
+        copy.CopyFrom(program)
+        copy.rank, copy.name = 1, program.name + ".rank1"
+    for graph in list(contract.model.graphs):
+        copy = contract.model.graphs.add()
+        copy.CopyFrom(graph)
+        copy.rank, copy.program = 1, graph.program + ".rank1"
+
+
+def test_tensor_parallel_ranks_decode_per_rank():
+    # spec: OWN-10, OWN-14: one program set per rank, buffers looked up on the graph's rank
+    contract, manifest = sample_contract(3), sample_manifest(3)
+    _two_ranks(contract, manifest)
+    prepared = decode(contract=contract, manifest=manifest)
+    assert [g.program for g in prepared.graphs_for(c.OPERATION_DECODE, rank=1)] == ["decode_r4.rank1"]
+    assert prepared.select(c.OPERATION_DECODE, rows=1, rank=1).rank == 1
+
+
+def test_a_rank_without_its_buffers_is_rejected():
+    # spec: STA-1: a view names a buffer registered on its own rank
+    contract, manifest = sample_contract(3), sample_manifest(3)
+    _two_ranks(contract, manifest)
+    kept = [b for b in manifest.buffers if not (b.rank == 1 and b.name == "pending")]
+    del manifest.buffers[:]
+    manifest.buffers.extend(kept)
+    with pytest.raises(ContractError) as info:
+        decode(contract=contract, manifest=manifest)
+    assert info.value.field.endswith("state_accesses[0].view.buffer")

@@ -126,6 +126,10 @@ class Speculative:
         """The most target tokens one lane may offer: min(D + 1, W) (SPEC-13)."""
         return min(self.draft_tokens + 1, self.token_capacity)
 
+    def lane_limit_for(self, output_tokens_left: int, context_tokens_left: int) -> int:
+        """A lane's target-token limit: min(D + 1, W, output left, context left) (SPEC-13/14)."""
+        return max(0, min(self.lane_limit, output_tokens_left, context_tokens_left))
+
     @property
     def device_allocates(self) -> bool:
         """True when the captured program allocates prefixes (prefix-limit source)."""
