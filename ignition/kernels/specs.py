@@ -107,7 +107,7 @@ def _histogram_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
 # (N = vocabulary, 56 MB) has programs to spare: wide N tiles, and BLOCK_M = 64 so up to 64
 # rows read the head once.
 _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}
-_DOWN_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 256}
+_DOWN_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}
 _HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32}
 
 KERNEL_SPECS: tuple[KernelSpec, ...] = (
