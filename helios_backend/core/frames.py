@@ -197,6 +197,9 @@ class _ChunkSource:
         self._chunks = chunks
         self._buffer = memoryview(b"")
 
+    def has_unread(self) -> bool:
+        return bool(self._buffer)
+
     def read(self, size: int = -1) -> bytes:
         while not self._buffer:
             nxt = next(self._chunks, None)
@@ -235,10 +238,11 @@ def decode_frame(stored_chunks: Iterable[bytes], decoded_nbytes: int) -> Iterato
             )
 
     source_iter = walked()
+    source = _ChunkSource(source_iter)
     dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_NBYTES)
     produced = 0
     try:
-        reader = dctx.stream_reader(_ChunkSource(source_iter), read_size=READ_NBYTES, read_across_frames=False)
+        reader = dctx.stream_reader(source, read_size=READ_NBYTES, read_across_frames=False)
         while True:
             piece = reader.read(READ_NBYTES)
             if not piece:
@@ -252,8 +256,12 @@ def decode_frame(stored_chunks: Iterable[bytes], decoded_nbytes: int) -> Iterato
         if "too much memory" in message or "window" in message.lower():
             raise WindowTooLargeError(f"zstd frame rejected by the {MAX_WINDOW_NBYTES}-byte window cap: {exc}") from exc
         raise FrameError(f"zstd frame does not decode: {exc}") from exc
-    # drain: the rest of the stored bytes must be nothing (walker raises otherwise)
-    for _ in source_iter:
-        pass
+    # the decoder and the walker must agree on where the frame ends: in-frame bytes the
+    # decoder never asked for mean they disagree; bytes after the end raise from the walker
+    if source.has_unread():
+        raise FrameError("zstd decoder stopped before the end of the frame's blocks")
+    for leftover in source_iter:
+        if leftover:
+            raise FrameError("zstd decoder stopped before the end of the frame's blocks")
     if produced != decoded_nbytes:
         raise DecodedLengthError(f"frame decodes to {produced} bytes, signed length is {decoded_nbytes}")
