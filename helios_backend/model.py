@@ -35,6 +35,7 @@ class ModelOptions:
     concurrency: Optional[int] = None   # request rows to serve; None = the captured concurrency
     cache_pages: Optional[int] = None   # physical pages per cache plane; None = core default
     rank: int = 0
+    widen_f16_cache: bool = True        # numpy executor: hold f16 cache planes as f32 (speed)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class NativeModel:
         if not any(g.operation == C.OPERATION_DECODE for g in graphs):
             raise MissingVariantError(f"no DECODE variant with at most {concurrency} rows")
         executor = NumpyExecutor(manifest, read_resource, NumpyExecutorOptions(
-            cache_pages=_choose_pages(contract, options), programs=frozenset(g.program for g in graphs)))
+            cache_pages=_choose_pages(contract, options), programs=frozenset(g.program for g in graphs),
+            widen_f16_cache=options.widen_f16_cache))
         frames = [executor.staging(f) for f in range(max(1, manifest.transport.frames))]
         packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
         return cls(contract, manifest, graphs, executor, packer, concurrency)

@@ -170,6 +170,32 @@ def test_paged_attention_equals_dense_causal_attention_with_scattered_pages():
             np.testing.assert_allclose(out[t, h * hd:(h + 1) * hd], p @ v, rtol=1e-4, atol=1e-5)
 
 
+def test_batched_decode_rows_equal_dense_attention():
+    # several one-token rows (the batched path) over different slots and context lengths
+    page_tokens, kv_heads, hd, q_heads, pages_per_row = 4, 1, 4, 2, 3
+    page_stride = page_tokens * kv_heads * hd
+    n_pages = 6
+    k_plane = RNG.standard_normal(n_pages * page_stride).astype(np.float32)
+    v_plane = RNG.standard_normal(n_pages * page_stride).astype(np.float32)
+    page_table = np.array([4, 0, 2, 5, 1, 3], dtype=np.int32)      # slot 0: pages 4,0,2; slot 1: 5,1,3
+    row_slot = np.array([1, 0], dtype=np.int32)
+    positions = np.array([9, 2], dtype=np.int32)
+    q = RNG.standard_normal((2, q_heads * hd)).astype(np.float32)
+    out = np.zeros_like(q)
+    attention.paged_attention(out.ravel(), q.ravel(), k_plane, v_plane, positions, page_table, row_slot,
+                              _geometry([1, 1], 2, 2), 2, 2, q_heads, kv_heads, hd, page_tokens, pages_per_row,
+                              page_stride, 0.5)
+    for r in range(2):
+        pages = page_table[row_slot[r] * pages_per_row:(row_slot[r] + 1) * pages_per_row]
+        keys = np.concatenate([k_plane[p * page_stride:(p + 1) * page_stride] for p in pages]).reshape(-1, hd)
+        values = np.concatenate([v_plane[p * page_stride:(p + 1) * page_stride] for p in pages]).reshape(-1, hd)
+        for h in range(q_heads):
+            s = keys[:positions[r] + 1] @ q[r, h * hd:(h + 1) * hd] * 0.5
+            p = np.exp(s - s.max())
+            np.testing.assert_allclose(out[r, h * hd:(h + 1) * hd], (p / p.sum()) @ values[:positions[r] + 1],
+                                       rtol=1e-5, atol=1e-6)
+
+
 # ---- sampling -------------------------------------------------------------------------------
 
 def _params(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence=0.0, frequency=0.0, repetition=1.0):

@@ -203,6 +203,20 @@ def test_missing_variant_is_reported_at_load():
                       NumpyExecutorOptions(cache_pages=4, programs=frozenset({prepared.manifest.programs[-1].name})))
 
 
+def test_declared_fp16_cache_also_matches_the_oracle(smollm2_bootstrap, reference_llama):
+    # the executor can keep every buffer in its declared dtype (fp16 cache planes), as a device does
+    model = NativeModel.load(smollm2_bootstrap.contract, smollm2_bootstrap.manifest, smollm2_bootstrap.read_resource,
+                             ModelOptions(concurrency=1, cache_pages=8, widen_f16_cache=False))
+    try:
+        page_nbytes = next(b.nbytes for b in model.manifest.buffers if b.name == "cache.k")
+        assert model.executor.read_buffer("cache.k").size == 8 * page_nbytes
+        logits = prefill_logits(model, PROMPT, chunk=64)[23]
+        assert np.abs(logits - reference_llama.forward(PROMPT, 0)[23]).max() <= LOGIT_TOLERANCE
+        assert greedy(model) == PARIS_REPLY
+    finally:
+        model.close()
+
+
 def test_concurrency_may_be_reduced_never_raised(smollm2_bootstrap):
     # spec: SRV-7, OWN-10, OWN-11, SRV-9, SRV-10
     contract, manifest = smollm2_bootstrap.contract, smollm2_bootstrap.manifest

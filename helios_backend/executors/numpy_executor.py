@@ -10,8 +10,12 @@ then: copy the staging frame in, call each bound node, copy the completion buffe
 
 Weight buffers declared F16 get an f32 shadow copy (numpy has no f16 BLAS; converting
 per step would dominate the step time); kernels receive the shadow wherever a node
-passes a pointer into such a buffer. Everything else (cache planes, state) keeps its
-declared dtype, so results match what a device executor computes up to f32 rounding.
+passes a pointer into such a buffer. CACHE planes declared F16 are, by default, held
+widened to f32 (`widen_f16_cache`): kernels index cache planes by element, so the layout
+in elements is unchanged, and converting gathered pages back from f16 was the largest
+cost of a decode step. Widened planes skip the fp16 rounding of cached keys/values, so
+results differ from a device executor by that rounding (|dlogit| ~1e-2); with
+widen_f16_cache=False every buffer keeps its declared dtype. State keeps its dtype.
 
 Load errors (typed, all raised before any step): UnknownKernelIdError for a kernel id
 without a numpy reference, KernelArgumentError for args that do not fit the ABI,
@@ -56,6 +60,7 @@ class NumpyExecutorOptions:
     cache_pages: int = 64                         # physical pages backing each CACHE plane
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
     blas_threads: int = 1                         # >1 BLAS threads are slower on small GEMMs
+    widen_f16_cache: bool = True                  # hold F16 cache planes as f32 (see module docstring)
 
     def __post_init__(self) -> None:
         if self.cache_pages < 1:
@@ -65,8 +70,9 @@ class NumpyExecutorOptions:
 class RankArena:
     """One rank's buffers placed in one uint8 array."""
 
-    def __init__(self, buffers: Sequence[M.Buffer], cache_pages: int) -> None:
-        self.buffers = {b.name: b for b in buffers}
+    def __init__(self, buffers: Sequence[M.Buffer], cache_pages: int, outside: frozenset[str] = frozenset()) -> None:
+        self.buffers = {b.name: b for b in buffers if b.name not in outside}
+        buffers = list(self.buffers.values())
         self.offsets: dict[str, int] = {}
         self.nbytes: dict[str, int] = {}
         cursor = 0
@@ -109,7 +115,11 @@ class NumpyExecutor:
             raise MissingVariantError(f"programs absent from the execution catalog: {missing}")
         self._check_kernels(programs[name] for name in wanted)
         buffers = [b for b in manifest.buffers if b.rank == 0]
-        self.arena = RankArena(buffers, options.cache_pages)
+        widened = [b for b in buffers if options.widen_f16_cache and b.kind == M.BUFFER_KIND_CACHE
+                   and b.dtype == C.DTYPE_F16]
+        # [pages * elements per page] f32 per widened plane, outside the arena
+        self._wide_cache = {b.name: np.zeros(options.cache_pages * (b.nbytes // 2), dtype=np.float32) for b in widened}
+        self.arena = RankArena(buffers, options.cache_pages, frozenset(self._wide_cache))
         self._load_weights(read_resource)
         self._shadows = self._f32_shadows()
         transport = manifest.transport
@@ -156,6 +166,8 @@ class NumpyExecutor:
                 if b.kind == M.BUFFER_KIND_WEIGHT and b.dtype == C.DTYPE_F16}
 
     def _pointer(self, param: abi.Param, ref: M.BufferRef, where: str) -> np.ndarray:
+        if ref.buffer in self._wide_cache:
+            return self._wide_cache[ref.buffer][int(ref.byte_offset) // 2:]
         if ref.buffer not in self.arena.offsets:
             raise KernelArgumentError(f"{where}: unknown buffer {ref.buffer!r}")
         dtype = np.dtype(NUMPY_DTYPES[param.dtype])
@@ -216,6 +228,8 @@ class NumpyExecutor:
         return result
 
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
+        if name in self._wide_cache:   # back in the declared f16 layout
+            return self._wide_cache[name].astype(np.float16).view(np.uint8)
         return self.arena.bytes(name).copy()
 
     def buffer_view(self, name: str, dtype: np.dtype) -> np.ndarray:
@@ -225,4 +239,5 @@ class NumpyExecutor:
     def close(self) -> None:
         self._programs = {}
         self._shadows = {}
+        self._wide_cache = {}
         self._blas.restore_original_limits()

@@ -66,6 +66,31 @@ def qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     v_cache[index] = v
 
 
+def _single_token_rows(out_rows: np.ndarray, queries: np.ndarray, query_positions: np.ndarray, slots: np.ndarray,
+                       k_pages: np.ndarray, v_pages: np.ndarray, page_table: np.ndarray, pages_per_row: int,
+                       page_tokens: int, kv_heads: int, group: int, head_dim: int, scale: float) -> None:
+    """Decode rows (one query each) batched: one gather and two batched matmuls for all of them.
+
+    queries [n, q_heads * head_dim]; keys gathered as [n, context_max, kv_heads, head_dim], masked past each row.
+    """
+    n = queries.shape[0]
+    context = int(query_positions.max()) + 1
+    page_count = -(-context // page_tokens)
+    table = page_table[(slots * pages_per_row)[:, None] + np.arange(page_count)[None, :]]
+    keys = k_pages[table].reshape(n, page_count * page_tokens, kv_heads, head_dim)[:, :context]
+    values = v_pages[table].reshape(n, page_count * page_tokens, kv_heads, head_dim)[:, :context]
+    keys = keys.astype(np.float32, copy=False).transpose(0, 2, 3, 1)           # [n, kv, hd, context]
+    values = values.astype(np.float32, copy=False).transpose(0, 2, 1, 3)       # [n, kv, context, hd]
+    grouped = queries.reshape(n, kv_heads, group, head_dim)
+    scores = (grouped @ keys) * np.float32(scale)                               # [n, kv, group, context]
+    future = np.arange(context)[None, :] > query_positions[:, None]             # [n, context]
+    scores[np.broadcast_to(future[:, None, None, :], scores.shape)] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out_rows[...] = (scores @ values).reshape(n, kv_heads * group * head_dim)
+
+
 def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
                     geometry: np.ndarray, rows: int, tokens: int, q_heads: int, kv_heads: int,
@@ -74,6 +99,7 @@ def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     """Causal attention of each row's packed queries over that row's cached history.
 
     A query at position p sees keys at positions 0..p of its slot. out, q: [tokens, q_heads * head_dim] f32.
+    Rows with one query (decode) are batched together; longer rows run one by one.
     """
     starts = row_starts(geometry, rows, tokens)
     group = q_heads // kv_heads
@@ -83,17 +109,24 @@ def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     v_pages = _pages_view(v_cache, page_elements, page_stride)
     queries = _matrix(q, tokens, q_heads * head_dim)
     outputs = _matrix(out, tokens, q_heads * head_dim)
-    for r in range(rows):
+    lengths = starts[1:] - starts[:-1]
+    single = np.nonzero(lengths == 1)[0]
+    if single.size:
+        first_tokens = starts[single]
+        gathered = np.empty((single.size, q_heads * head_dim), dtype=np.float32)
+        _single_token_rows(gathered, queries[first_tokens], positions[first_tokens].astype(np.int64),
+                           row_slot[single].astype(np.int64), k_pages, v_pages, page_table, pages_per_row,
+                           page_tokens, kv_heads, group, head_dim, scale)
+        outputs[first_tokens] = gathered
+    for r in np.nonzero(lengths > 1)[0]:
         first, end = int(starts[r]), int(starts[r + 1])
-        if end <= first:
-            continue
         count = end - first
         query_positions = positions[first:end].astype(np.int64)
         context = int(query_positions.max()) + 1
         page_count = -(-context // page_tokens)
         table = page_table[int(row_slot[r]) * pages_per_row:][:page_count]
-        keys = k_pages[table].reshape(-1, kv_heads, head_dim)[:context].astype(np.float32)
-        values = v_pages[table].reshape(-1, kv_heads, head_dim)[:context].astype(np.float32)
+        keys = k_pages[table].reshape(-1, kv_heads, head_dim)[:context].astype(np.float32, copy=False)
+        values = v_pages[table].reshape(-1, kv_heads, head_dim)[:context].astype(np.float32, copy=False)
         # [kv_heads, group * count, head_dim]: the queries sharing one kv head, stacked
         grouped = queries[first:end].reshape(count, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
         grouped = grouped.reshape(kv_heads, group * count, head_dim)
