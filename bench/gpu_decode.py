@@ -148,14 +148,21 @@ def roofline(manifest: M.ExecutionManifest, page_tokens: int, batch: int, contex
     return batch / step_s
 
 
-def profile(executor: CudaExecutor, program: str) -> dict:
-    nodes = executor.profile_nodes(program, repeats=10)
+def profile(bench: Bench, batch: int, prompt: int) -> tuple[str, dict]:
+    """Per-node GPU times of one decode step at `batch` rows (frame 0 packed with live lanes)."""
+    executor, packer = bench.model.executor, bench.model.packer
+    program = bench.model.program(C.OPERATION_DECODE, batch, batch)
+    lanes = bench.admit(list(range(batch)), prompt, 16)
+    packer.pack(program, 0, lanes)
+    nodes = executor.profile_nodes(program, frame=0, repeats=10)
+    bench.release(lanes)
     per_kernel: dict[str, list[float]] = {}
     for _label, kernel, us in nodes:
         per_kernel.setdefault(kernel, []).append(us)
-    return {"sum_us": sum(us for _, _, us in nodes),
-            "per_kernel": {k: {"count": len(v), "total_us": round(sum(v), 1), "mean_us": round(sum(v) / len(v), 2)}
-                           for k, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
+    return program, {"sum_us": sum(us for _, _, us in nodes), "nodes": [(l, round(us, 2)) for l, _, us in nodes],
+                     "per_kernel": {k: {"count": len(v), "total_us": round(sum(v), 1),
+                                        "mean_us": round(sum(v) / len(v), 2)}
+                                    for k, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
 
 
 def main() -> None:
@@ -176,6 +183,12 @@ def main() -> None:
     page_tokens = contract.model.cache.page_tokens
     report = {"startup_s": startup, "startup_detail": executor.startup_seconds, "cache_pages": executor.cache_pages,
               "copy_GBps": gbps, "decode": {}, "prefill": {}, "profile": {}}
+    for batch in (1, 64):
+        program, result = profile(bench, batch, args.prompt)
+        report["profile"][program] = result
+        top = list(result["per_kernel"].items())[:8]
+        print(f"profile {program}: serialized sum {result['sum_us']:.0f} us; " +
+              "; ".join(f"{k} {v['count']}x {v['mean_us']}us" for k, v in top), flush=True)
     for batch in BATCHES:
         result = bench.decode(batch, args.prompt, args.steps)
         result["roofline_tokens_per_s"] = roofline(manifest, page_tokens, batch, result["context"], gbps)
@@ -184,9 +197,6 @@ def main() -> None:
     for tokens in PREFILLS:
         report["prefill"][tokens] = bench.prefill(tokens)
         print(json.dumps({tokens: report["prefill"][tokens]}), flush=True)
-    for batch in (1, 64):
-        program = model.program(C.OPERATION_DECODE, batch, batch)
-        report["profile"][program] = profile(executor, program)
     (out / "gpu_decode.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"\nstartup {startup:.2f} s, cache pages {executor.cache_pages}, device copy {gbps:.0f} GB/s (read+write)")
     print(f"{'batch':>5} {'nodes':>5} {'tok/s':>9} {'step us':>8} {'gpu us':>7} {'rt us':>7} {'pack us':>7} "

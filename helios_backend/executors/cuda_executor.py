@@ -348,17 +348,20 @@ class CudaExecutor:
         """Graph nodes per step of `program` (copies and event included)."""
         return self._ranks[rank].node_counts[program]
 
-    def profile_nodes(self, program: str, repeats: int = 20, rank: int = 0) -> list[tuple[str, str, float]]:
+    def profile_nodes(self, program: str, frame: int = 0, repeats: int = 20,
+                      rank: int = 0) -> list[tuple[str, str, float]]:
         """(label, kernel id, GPU µs) per node of `program` (median over `repeats`); profiles only.
 
-        Builds a separate graph with an event node between consecutive nodes (startup-like
-        work: it allocates and captures, so never call it while serving). The events
-        serialize the nodes, so PDL overlap is lost: the sum exceeds the real step time.
+        Builds a separate graph, transport included, with an event node between consecutive
+        nodes (startup-like work: it allocates and captures, so never call it while serving).
+        Pack `frame` for `program` first: the step reads it. The events serialize the nodes,
+        so PDL overlap is lost: the sum exceeds the real step time.
         """
         d = self._d
         r = self._ranks[rank]
         self._enter(r)
-        launches = r.plans[program]
+        runs = tp.staging_runs(next(p for p in self.manifest.programs if p.name == program), self.manifest.transport)
+        launches = self._transport_in(r, runs, frame) + list(r.plans[program]) + self._transport_out(r, frame)
         if self.world_size > 1:
             raise ValueError("profile_nodes runs one rank alone; all-reduce nodes need every rank")
         events = [check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")

@@ -130,10 +130,21 @@ def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionM
         err = float(np.max(np.abs(a - b).max(axis=1) / scale))
         result["logit_rel_err"] = err
         result["logits_close"] = bool(err < LOGIT_TOLERANCE and np.isfinite(a).all())
-    result["state_equal"] = all(np.array_equal(cuda_state[k], np_state[k]) for k in np_state)
+    states = [k for k in np_state if not k.startswith("scratch:")]
+    result["state_equal"] = all(np.array_equal(cuda_state[k], np_state[k]) for k in states)
     if not result["state_equal"]:
-        result["state_differs"] = [k for k in np_state if not np.array_equal(cuda_state[k], np_state[k])]
+        result["state_differs"] = [k for k in states if not np.array_equal(cuda_state[k], np_state[k])]
+    scratch = {}
+    for k in (k for k in np_state if k.startswith("scratch:")):
+        a, b = cuda_state[k].astype(np.float64), np_state[k].astype(np.float64)
+        scratch[k[8:]] = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-6)) if b.size else 0.0
+    result["scratch_rel_err"] = {k: round(v, 4) for k, v in scratch.items()}
     result["pass"] = result["tokens_equal"] and result.get("logits_close", True) and result["state_equal"]
+    if not result["pass"] and np_logits is not None:
+        rows = program.capacity.rows
+        per_row = np.abs(cuda_logits[:rows] - np_logits[:rows]).max(axis=1) / np.maximum(
+            np.abs(np_logits[:rows]).max(axis=1), 1e-6)
+        result["bad_rows"] = [int(r) for r in np.nonzero(per_row >= LOGIT_TOLERANCE)[0]][:32]
     return result
 
 
@@ -145,6 +156,11 @@ def snapshot(executor, manifest: M.ExecutionManifest, program: str, rows_vocab: 
         logit_rows = raw.view(np.float32)[: rows_vocab[0] * rows_vocab[1]].reshape(rows_vocab)
     state = {b.name: executor.read_buffer(b.name) for b in manifest.buffers
              if b.rank == 0 and b.kind == M.BUFFER_KIND_STATE}
+    # float scratch (per-step intermediates): where two executors first differ localizes a kernel
+    for b in manifest.buffers:
+        if b.rank == 0 and b.kind == M.BUFFER_KIND_SCRATCH and b.dtype in (C.DTYPE_F32, C.DTYPE_F16):
+            raw = executor.read_buffer(b.name)
+            state["scratch:" + b.name] = raw.view(np.float32 if b.dtype == C.DTYPE_F32 else np.float16)
     return logit_rows, state
 
 
@@ -154,6 +170,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--blas-threads", type=int, default=8)
     parser.add_argument("--skip", default="", help="comma-separated program names to skip")
+    parser.add_argument("--only", default="", help="comma-separated program names to run (no greedy runs)")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +187,9 @@ def main() -> None:
     counting.counting = True
     results = []
     skip = set(filter(None, args.skip.split(",")))
-    for program in [p for p in manifest.programs if p.rank == 0 and p.name not in skip]:
+    only = set(filter(None, args.only.split(",")))
+    for program in [p for p in manifest.programs if p.rank == 0 and p.name not in skip
+                    and (not only or p.name in only)]:
         outputs = {}
         try:
             for kind, model in models.items():
@@ -185,7 +204,7 @@ def main() -> None:
         print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
     # greedy generation: identical tokens for >= steps steps, at several batch sizes
     rng = np.random.default_rng(5)
-    for batch in (1, 3, 8):
+    for batch in (() if only else (1, 3, 8)):
         prompts = [rng.integers(0, vocab, int(rng.integers(5, 40))).tolist() for _ in range(batch)]
         tokens = {}
         try:
@@ -215,7 +234,7 @@ def main() -> None:
                                                       "seconds": time.time() - started}, indent=1, default=str))
     print(f"\n{'case':34s} {'result':6s} detail")
     for r in results:
-        detail = {k: r[k] for k in ("logit_rel_err", "steps", "first_difference", "error", "state_differs")
+        detail = {k: r[k] for k in ("logit_rel_err", "steps", "first_difference", "error", "state_differs", "bad_rows", "scratch_rel_err")
                   if k in r}
         print(f"{r['program']:34s} {'PASS' if r['pass'] else 'FAIL':6s} {detail}")
     print(f"graph nodes per step: {node_counts}")
