@@ -1,7 +1,6 @@
 """Helpers shared by the core tests: a fixed signing key, sample cores, header surgery."""
 from __future__ import annotations
 
-import os
 import pathlib
 from typing import Callable, Sequence
 

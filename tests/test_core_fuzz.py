@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helios_backend.contract import ContractError
-from helios_backend.core import CoreError, IntegrityError, ResourceInput, ResourceKind, open_core, write_logical_core
+from helios_backend.core import CoreError, IntegrityError, ResourceInput, open_core, write_logical_core
 from helios_backend.core.frames import decode_frame
 from tests.contract_samples import sample_contract, sample_manifest
 from tests.core_helpers import NAMESPACE, SIGNING_KEY, frame_of, random_bytes, sample_resources, write_sample_core
