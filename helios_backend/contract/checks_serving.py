@@ -104,4 +104,3 @@ def check_defaults(ctx: CheckContext) -> None:
 
 
 CHECKS = (check_identity, check_extents, check_vocabulary, check_vision, check_defaults)
-
