@@ -91,7 +91,9 @@ def server_command(install: TritonInstall, backends: Path, model_repository: Pat
             f"--backend-directory={backends}",
             f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
             "--allow-metrics=true", "--allow-gpu-metrics=false", "--metrics-interval-ms=500",
-            "--strict-readiness=true", f"--exit-timeout-secs={exit_timeout_s}",
+            # a model that fails to load stays not ready (its log line names the cause)
+            # instead of taking the server down
+            "--strict-readiness=true", "--exit-on-error=false", f"--exit-timeout-secs={exit_timeout_s}",
             f"--log-verbose={log_verbose}",
             f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
             "--backend-config=python,shm-default-byte-size=4194304",

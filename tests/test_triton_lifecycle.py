@@ -1,0 +1,105 @@
+"""End to end, each with its own tritonserver: preemption under a small cache, startup
+failures that leave the model not ready, and a clean drain when the server stops."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helios_backend.frontend.tokenizer import FrontendTokenizer
+from tests import helios_client as hc
+from tests.server_fixtures import default_core  # noqa: F401 - fixture
+from tests.triton_server import TritonServer, metric_value, model_repository
+
+pytestmark = pytest.mark.triton
+
+
+def counting(tokenizer: FrontendTokenizer, start: int) -> list[int]:
+    return tokenizer.encode_untrusted(", ".join(str(start + i) for i in range(8)) + ",")
+
+
+def tokenizer_of(server: TritonServer) -> FrontendTokenizer:
+    return FrontendTokenizer.from_json(hc.run(hc.assets(server.grpc_url)).tokenizer_json.decode())
+
+
+def test_small_cache_preempts_and_every_request_completes(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: HTTP-20, CACHE-24, CACHE-9
+    # 10 pages of 16 tokens; each request needs 5 alone (~30 prompt + 40 output), four need 20
+    with TritonServer(model_repository(tmp_path, core_path=default_core, page_capacity=10)) as server:
+        server.wait_ready()
+        tok = tokenizer_of(server)
+        prompts = [counting(tok, start) for start in (1, 20, 300, 4000)]
+        alone = [hc.run(hc.generate(server.grpc_url, p, hc.greedy(40))) for p in prompts]
+        together = hc.run(hc.generate_many(server.grpc_url, [(p, hc.greedy(40)) for p in prompts]))
+        metrics = server.metrics()
+    assert metric_value(metrics, "flare_preemptions_total") > 0
+    for a, b in zip(alone, together):
+        assert a.outcome == b.outcome == "finished"
+        assert len(a.tokens) == 40 and b.tokens == a.tokens
+
+
+def test_wrong_acceptance_namespace_leaves_the_model_not_ready(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: FMT-21, OWN-20
+    with TritonServer(model_repository(tmp_path, core_path=default_core, acceptance="helios.local/other")) as server:
+        server.wait_live()
+        server.wait_load_attempt()
+        assert not server.model_ready()
+        log = server.log()
+    assert "helios startup failed: Bootstrap.load failed: AuthorizationError" in log
+    assert "helios.local/other" in log or "namespace" in log
+
+
+def test_tampered_core_leaves_the_model_not_ready(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: FMT-12, FMT-22
+    tampered = tmp_path / "tampered.core"
+    shutil.copy(default_core, tampered)
+    with open(tampered, "r+b") as f:
+        f.seek(tampered.stat().st_size // 2)        # inside a resource frame
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with TritonServer(model_repository(tmp_path, core_path=tampered)) as server:
+        server.wait_live()
+        server.wait_load_attempt()
+        assert not server.model_ready()
+        log = server.log()
+    assert "helios startup failed: Bootstrap.load failed:" in log
+    assert "IntegrityError" in log or "FrameError" in log or "SignatureError" in log
+
+
+def test_unknown_startup_option_value_fails_startup(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: SRV-7
+    with TritonServer(model_repository(tmp_path, core_path=default_core, concurrency=64)) as server:
+        server.wait_live()
+        server.wait_load_attempt()
+        assert not server.model_ready()
+        log = server.log()
+    assert "helios startup failed: startup options: startup option concurrency: 64 outside 1..32" in log
+
+
+def test_stopping_the_server_mid_stream_drains_cleanly(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: OWN-16, HTTP-15
+    server = TritonServer(model_repository(tmp_path, core_path=default_core)).start()
+    try:
+        server.wait_ready()
+        tok = tokenizer_of(server)
+        prompts = [counting(tok, start) for start in (5, 50, 500)]
+
+        async def run() -> list[hc.StreamResult]:
+            signalled = asyncio.Event()
+
+            async def signal_once() -> None:
+                if not signalled.is_set():
+                    signalled.set()
+                    server.signal()          # SIGINT while every stream is mid-generation
+
+            async with hc.grpcclient.InferenceServerClient(server.grpc_url) as client:
+                return list(await asyncio.gather(*(
+                    hc.stream(client, hc.generate_arrays(p, hc.greedy(30)), pause_after_first=signal_once,
+                              request_id=f"d{i}") for i, p in enumerate(prompts))))
+
+        results = hc.run(run())
+        rc = server.stop()
+    finally:
+        server.stop()
+    for r in results:
+        assert r.outcome == "finished" and len(r.tokens) == 30, r.error
+    assert rc == 0
+    assert "successfully unloaded 'helios'" in server.log()
