@@ -43,14 +43,14 @@ def adjust_logits(logits, sampling, prompt_histogram, output_histogram, grammar_
         row = logits + r.to(tl.int64) * vocab + v
         x = tl.load(row, mask=mask, other=0.0)
         # neutral penalties leave x bit-identical: skip the two histogram streams
-        penalized = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
-        bins = slot.to(tl.int64) * histogram_bins + v
-        out_count = tl.load(output_histogram + bins, mask=mask & penalized, other=0)
-        prompt_count = tl.load(prompt_histogram + bins, mask=mask & penalized, other=0)
-        seen = (prompt_count > 0) | (out_count > 0)
-        x = tl.where(seen, tl.where(x > 0, x / repetition, x * repetition), x)
-        x = x - frequency * out_count.to(tl.float32)
-        x = x - presence * (out_count > 0).to(tl.float32)
+        if (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0):
+            bins = slot.to(tl.int64) * histogram_bins + v
+            out_count = tl.load(output_histogram + bins, mask=mask, other=0)
+            prompt_count = tl.load(prompt_histogram + bins, mask=mask, other=0)
+            seen = (prompt_count > 0) | (out_count > 0)
+            x = tl.where(seen, tl.where(x > 0, x / repetition, x * repetition), x)
+            x = x - frequency * out_count.to(tl.float32)
+            x = x - presence * (out_count > 0).to(tl.float32)
         word_index = v // 32
         words = tl.load(grammar_mask + r * mask_words + word_index,
                         mask=mask & (word_index < mask_words), other=0xFFFFFFFF)
