@@ -149,3 +149,10 @@ def test_closed_core_refuses_reads(tmp_path):
     core.close()
     with pytest.raises(ValueError):
         core.read_resource("weights")
+
+
+def test_writer_output_is_deterministic(tmp_path):
+    # the golden cores rely on it: same inputs, same key -> same bytes
+    first = write_sample_core(tmp_path / "one.core").read_bytes()
+    second = write_sample_core(tmp_path / "two.core").read_bytes()
+    assert first == second
