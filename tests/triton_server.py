@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,10 +22,9 @@ import uuid
 from pathlib import Path
 
 from helios_backend.server.launcher import (
-    Ports, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command, server_environment)
+    Ports, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command, server_environment,
+    write_model_repository)
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL_TEMPLATE = ROOT / "model_repository" / "helios"
 
 
 def free_ports(n: int) -> list[int]:
@@ -41,21 +39,10 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def model_repository(workdir: Path, **parameters: str | int | float | bool) -> Path:
+def model_repository(workdir: Path, **parameters: str | int | float | bool | Path) -> Path:
     """A copy of model_repository/helios with some config parameters replaced."""
-    repo = workdir / "model_repository"
-    target = repo / "helios"
-    (target / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copy(MODEL_TEMPLATE / "1" / "model.py", target / "1" / "model.py")
-    config = (MODEL_TEMPLATE / "config.pbtxt").read_text()
-    for key, value in parameters.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        pattern = re.compile(r'(key: "%s" value: \{ string_value: )"[^"]*"' % re.escape(key))
-        if not pattern.search(config):
-            raise KeyError(f"config.pbtxt has no parameter {key!r}")
-        config = pattern.sub(lambda m: f'{m.group(1)}"{text}"', config)
-    (target / "config.pbtxt").write_text(config)
-    return repo
+    return write_model_repository(workdir, {k: str(v).lower() if isinstance(v, bool) else str(v)
+                                            for k, v in parameters.items()})
 
 
 class TritonServer:

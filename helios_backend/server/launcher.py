@@ -9,6 +9,7 @@ built for the running Python (shared/notes/triton-backend.md, section 3).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SYSTEM_TRITON = Path("/opt/tritonserver")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+MODEL_TEMPLATE = PROJECT_ROOT / "model_repository" / "helios"
 
 
 class TritonNotFound(Exception):
@@ -111,3 +114,21 @@ def cleanup_shm(shm_prefix: str) -> None:
 
 def which_gateway() -> str | None:
     return shutil.which("helios-gateway", path=str(Path(sys.executable).parent))
+
+
+def write_model_repository(target_root: Path, parameters: dict[str, str], template: Path = MODEL_TEMPLATE) -> Path:
+    """A copy of model_repository/helios under target_root with some config parameters
+    replaced (each must already be declared in config.pbtxt). Returns the repository."""
+    repo = target_root / "model_repository"
+    model = repo / template.name
+    (model / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy(template / "1" / "model.py", model / "1" / "model.py")
+    config = (template / "config.pbtxt").read_text()
+    for key, value in parameters.items():
+        pattern = re.compile(r'(key: "%s" value: \{ string_value: )"[^"]*"' % re.escape(key))
+        if not pattern.search(config):
+            raise KeyError(f"config.pbtxt declares no parameter {key!r}")
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        config = pattern.sub(lambda m: f'{m.group(1)}"{escaped}"', config)
+    (model / "config.pbtxt").write_text(config)
+    return repo

@@ -1,0 +1,51 @@
+"""helios-serve: starts tritonserver on a core, serves, and drains on SIGINT."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests import helios_client as hc
+from tests.server_fixtures import default_core  # noqa: F401 - fixture
+from tests.triton_server import free_ports
+
+pytestmark = pytest.mark.triton
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/helios/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_helios_serve_runs_and_drains(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: OWN-13
+    http, grpc, metrics = free_ports(3)
+    serve = Path(sys.executable).parent / "helios-serve"
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([str(serve), "--core", str(default_core), "--no-gateway", "--workdir", str(tmp_path),
+                             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                             "--max-active", "4"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not _ready(http) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert _ready(http), (tmp_path / "serve.log").read_text()[-3000:]
+        assets = hc.run(hc.assets(f"127.0.0.1:{grpc}"))
+        assert assets.limits.max_active == 4                # the explicit option beat the core default
+        result = hc.run(hc.generate(f"127.0.0.1:{grpc}", [1, 2, 3, 4], hc.greedy(3)))
+        assert result.outcome == "finished"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert not _ready(http)
