@@ -68,6 +68,11 @@ class DecodeFigure:
     def ms_per_step(self) -> float:
         return 1000.0 * self.seconds / self.steps
 
+    @property
+    def best_tokens_per_s(self) -> float:
+        """From the fastest run: the least disturbed by other work on a shared machine."""
+        return self.batch * self.steps / min(self.runs or (self.seconds,))
+
 
 @dataclass(frozen=True)
 class PeerFigures:
@@ -251,18 +256,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    tokenizer = FrontendTokenizer.from_json(tokenizer_json_from_gguf(GGUFModel.open(default_gguf_path())))
     peer = measure_llama_cpp(
-        prefill_ids=bench_prompt_ids(args.prefill_tokens),
-        decode_prompt_ids=bench_prompt_ids(args.decode_prompt_tokens),
+        prefill_ids=bench_prompt_ids(args.prefill_tokens, tokenizer),
+        decode_prompt_ids=bench_prompt_ids(args.decode_prompt_tokens, tokenizer),
         batches=args.batches,
         new_tokens=args.new_tokens,
         threads=args.threads,
         repeats=args.repeats,
     )
     print(format_table([peer]))
-    spread = [f"prefill {min(peer.prefill_runs):.3f}-{max(peer.prefill_runs):.3f} s"]
-    spread += [f"b={d.batch} {min(d.runs):.3f}-{max(d.runs):.3f} s" for d in peer.decode]
-    print("run spread: " + ", ".join(spread))
+    print(format_spread(peer))
+
+
+def format_spread(figures: PeerFigures) -> str:
+    """Best-run throughput and the run-time spread; flags a disturbed measurement."""
+    best = [f"prefill {figures.prefill_tokens / min(figures.prefill_runs or (figures.prefill_seconds,)):,.0f}"]
+    best += [f"b={d.batch} {d.best_tokens_per_s:,.1f}" for d in figures.decode]
+    runs = [figures.prefill_runs] + [d.runs for d in figures.decode]
+    noisy = any(r and max(r) > 1.5 * min(r) for r in runs)
+    line = f"{figures.engine} best runs, tok/s: " + ", ".join(best)
+    if noisy:
+        line += "\n  warning: runs differ by more than 1.5x; the machine is busy, figures are unreliable"
+    return line
 
 
 if __name__ == "__main__":
