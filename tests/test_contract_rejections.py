@@ -146,6 +146,8 @@ CASES: list = [
     pytest.param(lambda ct, mf: ct.model.frontend.ClearField("reasoning_syntax"), "model.frontend.reasoning_syntax", id="FE-7 reasoning syntax missing"),
     pytest.param(lambda ct, mf: setattr(ct.model.frontend, "tokenizer_resource", "missing"), "model.frontend.tokenizer_resource", id="FE-43 tokenizer not in the core"),
     pytest.param(lambda ct, mf: ct.model.frontend.image_layout_data.ClearField("feature_ids"), "model.frontend.image_layout_data.feature_ids", id="FE-18 layout without feature ids"),
+    pytest.param(lambda ct, mf: ct.model.frontend.image_layout_data.feature_ids.append(7), "model.frontend.image_layout_data.feature_ids[1]", id="FE-18 feature id is not a sentinel"),
+    pytest.param(lambda ct, mf: ct.model.frontend.image_layout_data.atomic_spans.add(token_ids=[5, 500]), "model.frontend.image_layout_data.atomic_spans[0].token_ids[1]", id="FE-18 atomic span outside the input vocabulary"),
     pytest.param(lambda ct, mf: _decode(ct).resources.append("gone"), "model.graphs[1].resources[2]", id="CON-8 resource dependency missing"),
 ]
 

@@ -98,6 +98,18 @@ def _check_images(ctx: CheckContext, fe: c.FrontendContract, path: str) -> None:
         raise ContractError(f"{path}.image_layout", "image preparation and image layout are both NONE or both set")
     if fe.image_layout == c.IMAGE_LAYOUT_FIXED_SPAN and not fe.image_layout_data.feature_ids:
         raise ContractError(f"{path}.image_layout_data.feature_ids", "a fixed-span layout declares its feature ids")
+    inputs = ctx.model.input_vocabulary
+    sentinels = set(inputs.image_sentinels)
+    for index, feature in enumerate(fe.image_layout_data.feature_ids):
+        # feature ids are the declared nonsampled image sentinels (CON-4, FE-18)
+        if feature not in sentinels:
+            raise ContractError(f"{path}.image_layout_data.feature_ids[{index}]", f"{feature} is not a declared image sentinel")
+    for span_index, span in enumerate(fe.image_layout_data.atomic_spans):
+        for index, token in enumerate(span.token_ids):
+            if token >= inputs.input_tokens:
+                raise ContractError(
+                    f"{path}.image_layout_data.atomic_spans[{span_index}].token_ids[{index}]", f"{token} is not a valid input id"
+                )
     if fe.image_preparation == c.IMAGE_PREPARATION_RESIZE_NORMALIZE:
         settings = fe.image_preparation_settings
         if not settings.image_size or not settings.patch_size:
