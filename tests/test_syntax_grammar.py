@@ -371,3 +371,19 @@ def test_grammar_text_is_valid_llguidance(tokenizer_json, grammar_tokenizer):
     request = ConstraintRequest(tools=(ToolSpec("forecast", FORECAST),), tool_choice=ToolChoiceMode.AUTO)
     grammar = build_request_grammar(ms, InitialState(ReasoningStart.MAY_OPEN), request)
     assert llg.LLMatcher.validate_grammar(grammar.grammar, grammar_tokenizer.tokenizer) == ""
+
+
+def test_request_plan_gives_the_grammar_and_a_parser_per_choice(tokenizer_json, grammar_tokenizer):
+    # spec: FE-38, FE-41
+    from helios_backend.frontend.syntax.request import plan_request
+    ms = _model("qwen_coder+think", tokenizer_json)
+    prompt = "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+    request = ConstraintRequest(tools=(ToolSpec("forecast", FORECAST),), tool_choice=ToolChoiceMode.REQUIRED)
+    plan = plan_request(ms, prompt, request, grammar_tokenizer.tokenizer)
+    assert plan.initial.start is ReasoningStart.MAY_OPEN and plan.grammar is not None
+    ids = grammar_tokenizer.tokenizer.tokenize_str(CANONICAL["qwen_coder+think"])
+    assert _accepts(grammar_tokenizer, GrammarSession.create(grammar_tokenizer, plan.grammar.grammar), ids)
+    first, second = plan.parser("call_a_"), plan.parser("call_b_")
+    events = first.feed_many([(i, grammar_tokenizer.tokenizer.decode_str([i])) for i in ids]) + first.finish()
+    assert collect(events).tool_calls[0].call_id == "call_a_0"
+    assert second.finish() == []
