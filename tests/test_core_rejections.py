@@ -336,3 +336,27 @@ def test_writer_rejects_bad_inputs(tmp_path):
     with pytest.raises(CoreError, match="namespace"):
         write_payload_core(tmp_path / "w.core", contract=sample_contract(), manifest=sample_manifest(),
                            resources=good, namespace="", signing_key=SIGNING_KEY)
+
+
+def test_v4_chunks_are_bound_to_their_resource(tmp_path):
+    # spec: FMT-11: sealed bytes moved from one resource to another fail authentication
+    from helios_backend.core import ResourceInput
+
+    key = bytes(32)
+    path = tmp_path / "v4.core"
+    resources = sample_resources() + [
+        ResourceInput("aux_a", ResourceKind.RESOURCE_KIND_AUXILIARY, b"a" * 100),
+        ResourceInput("aux_b", ResourceKind.RESOURCE_KIND_AUXILIARY, b"b" * 100),
+    ]
+    write_logical_core(path, version=4, contract=sample_contract(), manifest=sample_manifest(), resources=resources,
+                       namespace=NAMESPACE, signing_key=SIGNING_KEY, content_key=key)
+    raw = bytearray(path.read_bytes())
+    sealed = 100 + 16
+    b_start = len(raw) - sealed       # aux_b is last, aux_a just before it
+    a_start = b_start - sealed
+    raw[b_start:] = raw[a_start:b_start]
+    path.write_bytes(bytes(raw))
+    with open_core(path, content_key=key) as core:
+        assert core.read_resource("aux_a") == b"a" * 100
+        with pytest.raises(IntegrityError):
+            core.read_resource("aux_b")
