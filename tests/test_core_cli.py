@@ -29,6 +29,12 @@ def test_verify_accepts_a_good_core(core_path, capsys):
     assert capsys.readouterr().out.startswith("OK:")
 
 
+def test_verify_verbose_reports_each_resource(core_path, capsys):
+    assert main(["verify", "-v", str(core_path)]) == 0
+    err = capsys.readouterr().err
+    assert all(f"verified {name} " in err for name in ("weights", "kernels", "tokenizer", "chat_template"))
+
+
 def test_verify_refuses_a_wrong_acceptance(core_path, capsys):
     # spec: FMT-21
     assert main(["verify", str(core_path), "--accept", NAMESPACE.upper()]) == 1

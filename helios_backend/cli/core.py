@@ -99,7 +99,13 @@ def _inspect(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     with open_core(args.core, content_key=_content_key(args.content_key_file)) as core:
         total = sum(info.decoded_nbytes for info in core.resources)
-        core.verify()
+        if args.verbose:
+            for info in core.resources:  # one line per resource, for multi-GiB cores
+                for _ in core.iter_resource(info.id):
+                    pass
+                print(f"verified {info.id} ({info.decoded_nbytes / MB:.1f} MB)", file=sys.stderr)
+        else:
+            core.verify()
         prepared: PreparedContract = core.prepared_contract()
         if args.accept is not None:
             core.authorize(args.accept)
@@ -134,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="print a readable summary of a core")
     verify = commands.add_parser("verify", help="check every commitment, signature and the contract")
     verify.add_argument("--accept", metavar="NAMESPACE", help="authorize: must equal the signed namespace exactly")
+    verify.add_argument("-v", "--verbose", action="store_true", help="report each resource as it verifies")
     for sub in (inspect, verify):
         sub.add_argument("core", type=pathlib.Path)
     keygen = commands.add_parser("keygen", help="create or show the publisher key")
