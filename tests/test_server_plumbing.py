@@ -1,0 +1,250 @@
+"""Server plumbing without Triton: response coalescing, exactly one final, worker failure
+isolation, drain, startup option precedence, metrics updates. The scheduler is real; the
+executor is the simulated paged one (tests/scheduler_sim.py)."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helios_proto import contract_pb2 as cp
+from helios_proto import transport_pb2 as tp
+
+from helios_backend.scheduler.scheduler import Emitted, Terminal
+from helios_backend.server.metrics import FAMILY, MetricsThread, Op, update
+from helios_backend.server.responses import ResponseHub, Stream
+from helios_backend.server.settings import SettingsError, StartupOptions, resolve
+from helios_backend.server.transport import OUT_EVENT, OUT_TOKENS, decode_event
+from helios_backend.server.worker import Worker
+from tests.scheduler_sim import reference_tokens
+from tests.test_scheduler_loop import VOCAB, make, prompt_of, spec
+
+
+class RecordingSender:
+    def __init__(self, block: threading.Event | None = None) -> None:
+        self.sends: list[tuple[dict[str, np.ndarray], bool]] = []
+        self.block = block
+        self.cancelled = False
+        self.done = threading.Event()
+
+    def send(self, arrays: dict[str, np.ndarray], final: bool) -> None:
+        if self.block is not None:
+            self.block.wait(10)
+        self.sends.append((arrays, final))
+        if final:
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for arrays, _ in self.sends for t in arrays[OUT_TOKENS].tolist()]
+
+    @property
+    def finals(self) -> list[tp.ResponseEvent]:
+        return [decode_event(a[OUT_EVENT]) for a, final in self.sends if final]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.updates: list[object] = []
+
+    def push(self, updates: list[object]) -> None:
+        self.updates.extend(updates)
+
+
+def finished_event(serial: int) -> Terminal:
+    return Terminal(serial, tp.TerminalEvent(finished=tp.Finished(reason=tp.FINISH_REASON_LENGTH)))
+
+
+def test_tokens_coalesce_while_a_send_is_slow_and_nothing_is_lost() -> None:  # spec: HTTP-9, HTTP-10
+    gate = threading.Event()
+    sender = RecordingSender(block=gate)
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
+    hub.start()
+    hub.register(Stream(1, sender))
+    hub.deliver([Emitted(1, 0, -1, 0.0, None, None)])
+    time.sleep(0.05)                                 # the response thread is now stuck in send
+    for t in range(1, 100):
+        hub.deliver([Emitted(1, t, -1, 0.0, None, None)])   # never blocks the worker
+    hub.deliver([finished_event(1)])
+    gate.set()
+    assert sender.done.wait(5)
+    hub.stop()
+    assert sender.tokens == list(range(100))
+    assert len(sender.sends) <= 3                    # first token, then the rest coalesced with the final
+    assert [f for _, f in sender.sends].count(True) == 1 and sender.sends[-1][1]
+
+
+def test_stop_gives_unfinished_streams_exactly_one_failure() -> None:
+    sender = RecordingSender()
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
+    hub.start()
+    hub.register(Stream(7, sender))
+    hub.deliver([Emitted(7, 5, -1, 0.0, None, None)])
+    hub.stop()
+    hub.deliver([finished_event(7)])                 # late events are ignored
+    assert sender.tokens == [5]
+    assert len(sender.finals) == 1 and sender.finals[0].terminal.WhichOneof("outcome") == "failed"
+
+
+def test_cancelled_sender_is_reported_once() -> None:
+    cancels: list[int] = []
+    sender = RecordingSender()
+    hub = ResponseHub(on_cancel=cancels.append, metrics=Metrics())
+    hub.start()
+    hub.register(Stream(3, sender))
+    sender.cancelled = True
+    deadline = time.monotonic() + 5
+    while not cancels and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    hub.stop()
+    assert cancels == [3]
+
+
+class FailingRunner:
+    """The simulated engine, failing the round that carries `poison`'s first decode."""
+
+    def __init__(self, engine, poison: int) -> None:  # type: ignore[no-untyped-def]
+        self.engine, self.poison = engine, poison
+
+    def run(self, plan):  # type: ignore[no-untyped-def]
+        if any(l.request.serial == self.poison and l.request.output_len == 1 for l in plan.main.lanes):
+            raise RuntimeError("device fault")
+        return self.engine.run(plan)
+
+
+def _serve(worker_scheduler_engine, jobs, runner=None):  # type: ignore[no-untyped-def]
+    sched, engine = worker_scheduler_engine
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
+    worker = Worker(sched, runner or engine, hub, Metrics())
+    hub.start()
+    worker.start()
+    senders = {}
+    for serial, request_spec in jobs:
+        senders[serial] = RecordingSender()
+        hub.register(Stream(serial, senders[serial]))
+        worker.submit(serial, request_spec)
+    return worker, hub, senders
+
+
+def test_a_failing_round_fails_its_lanes_and_the_worker_goes_on() -> None:  # spec: HTTP-23, CACHE-25
+    sched, engine = make()
+    worker, hub, senders = _serve((sched, engine), [(1, spec(prompt_of(1, 6), max_tokens=5))],
+                                  runner=FailingRunner(engine, poison=1))
+    assert senders[1].done.wait(10)
+    worker.submit(2, spec(prompt_of(2, 6), max_tokens=5))
+    senders[2] = RecordingSender()
+    hub.register(Stream(2, senders[2]))
+    assert senders[2].done.wait(10)
+    worker.stop()
+    hub.stop()
+    failed = senders[1].finals
+    assert len(failed) == 1 and failed[0].terminal.failed.message == "RuntimeError: device fault"
+    assert senders[2].tokens == reference_tokens(prompt_of(2, 6), 5, VOCAB)
+    assert sched.pool.used_pages == 0
+
+
+def test_drain_finishes_admitted_requests_then_refuses() -> None:  # spec: OWN-16
+    sched, engine = make()
+    jobs = [(i, spec(prompt_of(i, 6), max_tokens=8)) for i in range(1, 6)]
+    worker, hub, senders = _serve((sched, engine), jobs)
+    worker.stop(drain=True, timeout=30)
+    late = RecordingSender()
+    hub.register(Stream(99, late))
+    worker.submit(99, spec(prompt_of(9, 6)))
+    hub.stop()
+    for serial, request_spec in jobs:
+        assert senders[serial].tokens == reference_tokens(list(request_spec.prompt), 8, VOCAB)
+        assert senders[serial].finals[0].terminal.finished.reason == tp.FINISH_REASON_LENGTH
+    assert len(late.finals) == 1                      # never left hanging
+
+
+def test_stop_without_drain_fails_everything_exactly_once() -> None:
+    sched, engine = make()
+    jobs = [(i, spec(prompt_of(i, 6), max_tokens=200)) for i in range(1, 4)]
+    worker, hub, senders = _serve((sched, engine), jobs)
+    worker.stop(drain=False, timeout=30)
+    hub.stop()
+    for serial, _ in jobs:
+        assert len(senders[serial].finals) == 1
+
+
+def test_rejection_is_its_own_event() -> None:  # spec: HTTP-26
+    sched, engine = make(context=32)
+    worker, hub, senders = _serve((sched, engine), [(1, spec(prompt_of(1, 40)))])
+    assert senders[1].done.wait(10)
+    worker.stop()
+    hub.stop()
+    rejected = senders[1].finals[0].terminal
+    assert rejected.WhichOneof("outcome") == "rejected"
+    assert rejected.rejected.reason == tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
+
+
+def _contract(**defaults: object) -> cp.ServingContract:
+    contract = cp.ServingContract(concurrency=8, speculative_widths=[])
+    for key, value in defaults.items():
+        setattr(contract.defaults, key, value)
+    return contract
+
+
+def test_option_precedence_explicit_core_builtin() -> None:  # spec: SRV-15, SRV-16
+    core = Path("/x.core")
+    s = resolve(StartupOptions(core, queue_capacity=5), _contract(queue_capacity=9, max_active=3))
+    assert (s.queue_capacity, s.max_active, s.event_capacity) == (5, 3, 256)
+    s = resolve(StartupOptions(core), _contract())
+    assert (s.queue_capacity, s.max_active, s.concurrency) == (64, 8, 8)
+    with pytest.raises(SettingsError, match="concurrency"):
+        resolve(StartupOptions(core, concurrency=9), _contract())     # load may only reduce it
+    with pytest.raises(SettingsError, match="history_drafting"):
+        resolve(StartupOptions(core, history_drafting=True), _contract())  # spec: SRV-12
+
+
+def test_options_parse_from_config_parameters(tmp_path: Path) -> None:
+    options = StartupOptions.from_parameters({"core_path": "var/c.core", "page_capacity": "12",
+                                              "history_drafting": "", "executor": "numpy"}, tmp_path)
+    assert options.core_path == tmp_path / "var/c.core" and options.page_capacity == 12
+    assert options.history_drafting is None
+    with pytest.raises(SettingsError, match="page_capacity"):
+        StartupOptions.from_parameters({"page_capacity": "twelve"}, tmp_path)
+    with pytest.raises(SettingsError, match="surprise"):
+        StartupOptions.from_parameters({"surprise": "1"}, tmp_path)
+    with pytest.raises(SettingsError, match="executor"):
+        StartupOptions.from_parameters({"executor": "tpu"}, tmp_path)
+
+
+def test_metrics_thread_applies_updates_and_checks_labels() -> None:  # spec: MET-1
+    applied: list[tuple[str, dict[str, str], str, float]] = []
+
+    class Handle:
+        def __init__(self, name: str, labels: dict[str, str]) -> None:
+            self.name, self.labels = name, labels
+
+        def increment(self, v: float) -> None:
+            applied.append((self.name, self.labels, "add", v))
+
+        def set(self, v: float) -> None:
+            applied.append((self.name, self.labels, "set", v))
+
+        def observe(self, v: float) -> None:
+            applied.append((self.name, self.labels, "observe", v))
+
+    class Backend:
+        def create(self, family, labels):  # type: ignore[no-untyped-def]
+            return Handle(family.name, labels)
+
+    thread = MetricsThread(Backend())
+    thread.start()
+    thread.push([update("flare_graph_launches_total", Op.ADD, 2, operation="decode"),
+                 update("flare_requests_running", Op.SET, 3)])
+    thread.stop()
+    assert applied == [("flare_graph_launches_total", {"operation": "decode"}, "add", 2.0),
+                       ("flare_requests_running", {}, "set", 3.0)]
+    with pytest.raises(ValueError):
+        update("flare_graph_launches_total", Op.ADD, 1, request_id="x")
+    assert all(not {"request_id", "prompt", "token"} & set(f.labels) for f in FAMILY.values())
