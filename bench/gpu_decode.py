@@ -170,6 +170,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--prefills", default=",".join(map(str, PREFILLS)))
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -189,12 +191,12 @@ def main() -> None:
         top = list(result["per_kernel"].items())[:8]
         print(f"profile {program}: serialized sum {result['sum_us']:.0f} us; " +
               "; ".join(f"{k} {v['count']}x {v['mean_us']}us" for k, v in top), flush=True)
-    for batch in BATCHES:
+    for batch in [int(b) for b in args.batches.split(",") if b]:
         result = bench.decode(batch, args.prompt, args.steps)
         result["roofline_tokens_per_s"] = roofline(manifest, page_tokens, batch, result["context"], gbps)
         report["decode"][batch] = result
         print(json.dumps({batch: result}), flush=True)
-    for tokens in PREFILLS:
+    for tokens in [int(t) for t in args.prefills.split(",") if t]:
         report["prefill"][tokens] = bench.prefill(tokens)
         print(json.dumps({tokens: report["prefill"][tokens]}), flush=True)
     (out / "gpu_decode.json").write_text(json.dumps(report, indent=1, default=str))

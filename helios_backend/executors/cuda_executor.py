@@ -33,7 +33,7 @@ from .cuda import transport as tp
 from .cuda.errors import CapacityError, FrameStateError, ManifestError, MissingVariantError, UnknownProgramError
 from .cuda.graphs import Copy, RankResources, capture_graph
 from .cuda.nccl import Nccl
-from .cuda.plan import BufferAddresses, kernel_table, layout_arena, plan_program
+from .cuda.plan import BufferAddresses, KernelLaunch, kernel_table, layout_arena, plan_program
 
 ResourceReader = Callable[[str], "bytes | bytearray | memoryview | np.ndarray"]
 STATIC_SHARED_LIMIT = 48 * 1024        # above this a kernel must opt in to dynamic shared memory
@@ -46,11 +46,12 @@ class CudaExecutorOptions:
     cache_memory_share: float = 0.90       # share of the free memory given to cache pages
     devices: Optional[Sequence[int]] = None  # device ordinal per rank; default 0..world_size-1
     programs: Optional[Iterable[str]] = None  # program names to load; default every program
-    transport: str = "kernel"              # "kernel" (copy kernels over mapped memory) or "memcpy"
+    transport: str = "auto"                # "kernel", "memcpy", or "auto" (by bytes; transport.py)
+    pdl: bool = True                       # False: no node gets programmatic dependent launch
 
     def __post_init__(self) -> None:
-        if self.transport not in ("kernel", "memcpy"):
-            raise ValueError("transport must be 'kernel' or 'memcpy'")
+        if self.transport not in ("kernel", "memcpy", "auto"):
+            raise ValueError("transport must be 'kernel', 'memcpy' or 'auto'")
         if not 0.0 < self.cache_memory_share <= 1.0:
             raise ValueError("cache_memory_share must be in (0, 1]")
         if self.cache_pages is not None and self.cache_pages < 0:
@@ -204,6 +205,8 @@ class CudaExecutor:
             if wanted is not None and program.name not in wanted:
                 continue
             launches = plan_program(program, kernels, rank.addresses)
+            if not self.options.pdl:
+                launches = [dataclasses.replace(l, pdl=False) if isinstance(l, KernelLaunch) else l for l in launches]
             rank.plans[program.name] = launches
             runs = tp.staging_runs(program, t)
             per_frame = []
@@ -224,7 +227,7 @@ class CudaExecutor:
         staging = rank.addresses.base[self.manifest.transport.staging_buffer]
         if not runs:
             return []
-        if self.options.transport == "kernel":
+        if tp.copy_kernel_suits(self.options.transport, runs):
             return [tp.stage_in_launch(staging, self._staging.device_address(frame), runs)]
         host = self._staging.frame_address(frame)
         return [Copy(staging + offset, host + offset, nbytes, True) for offset, nbytes in runs]
@@ -232,7 +235,7 @@ class CudaExecutor:
     def _transport_out(self, rank: _Rank, frame: int) -> list[Any]:
         t = self.manifest.transport
         completion = rank.addresses.base[t.completion_buffer]
-        if self.options.transport == "kernel":
+        if self.options.transport != "memcpy":           # completion records are small
             return [tp.complete_out_launch(rank.completion.device_address(frame), completion,
                                            int(t.completion_nbytes))]
         return [Copy(rank.completion.frame_address(frame), completion, int(t.completion_nbytes), False)]

@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--blas-threads", type=int, default=8)
     parser.add_argument("--skip", default="", help="comma-separated program names to skip")
+    parser.add_argument("--no-pdl", action="store_true", help="launch no node with PDL (race check)")
     parser.add_argument("--only", default="", help="comma-separated program names to run (no greedy runs)")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
@@ -178,7 +179,8 @@ def main() -> None:
     contract, manifest, read = load_bundle()
     print(f"bundle loaded in {time.time() - started:.1f} s", flush=True)
     counting = CountingDriver(load_driver())
-    cuda = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=CACHE_PAGES), driver=counting)
+    cuda = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=CACHE_PAGES, pdl=not args.no_pdl),
+                        driver=counting)
     numpy_ex = NumpyExecutor(manifest, read, NumpyExecutorOptions(cache_pages=CACHE_PAGES,
                                                                    blas_threads=args.blas_threads))
     print(f"executors ready in {time.time() - started:.1f} s", flush=True)
@@ -230,7 +232,7 @@ def main() -> None:
     results.append({"program": "serving.driver_calls", "pass": not forbidden, "forbidden": forbidden,
                     "calls": dict(counting.calls)})
     node_counts = {p: cuda.node_count(p) for p in cuda.programs}
-    (out / "conformance.json").write_text(json.dumps({"results": results, "node_counts": node_counts,
+    (out / f"conformance{'_nopdl' if args.no_pdl else ''}.json").write_text(json.dumps({"results": results, "node_counts": node_counts,
                                                       "seconds": time.time() - started}, indent=1, default=str))
     print(f"\n{'case':34s} {'result':6s} detail")
     for r in results:

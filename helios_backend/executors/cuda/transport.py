@@ -5,7 +5,8 @@ A frame holds every destination of every operation (admission histograms, gramma
 its nodes point at. `staging_runs` derives, once per program, the byte runs to copy: the
 referenced destinations (plus the transport header), merged into at most MAX_RUNS runs.
 
-Two ways to move them, chosen at load (CudaExecutorOptions.transport):
+Two ways to move them, chosen at load (CudaExecutorOptions.transport; "auto" picks per
+program by the bytes to move, see KERNEL_COPY_LIMIT):
   "kernel": one `helios_stage_in` kernel node reading the mapped pinned frame, one
             `helios_complete_out` node writing the mapped pinned completion frame
             (transport.cu; about a microsecond each, PDL-aware);
@@ -30,6 +31,10 @@ RUN_ALIGNMENT = 16                 # uint4 copies
 MERGE_GAP = 4096                   # closer runs are copied as one (a gap costs less than a run)
 THREADS = 256
 HEADER_DESTINATION = "transport.header"
+# Measured on the H200 (bench/gpu_decode.py): the copy kernel reads mapped memory at only
+# ~7.5 GB/s (217 KB took 29 µs) but costs ~1 µs for a few KB; a memcpy node moves ~25 GB/s
+# after a few µs of setup. "auto" uses the kernel up to this many bytes, memcpy above.
+KERNEL_COPY_LIMIT = 32 * 1024
 
 
 def _destination_nbytes(destination: manifest_pb2.Destination) -> int:
@@ -117,3 +122,10 @@ def header_window(transport: manifest_pb2.Transport) -> HeaderWindow | None:
                 return None
             return HeaderWindow(int(destination.byte_offset) // 4)
     return None
+
+
+def copy_kernel_suits(transport: str, runs: Sequence[tuple[int, int]]) -> bool:
+    """Whether the staging copy of these runs goes through the copy kernel (else memcpy nodes)."""
+    if transport == "auto":
+        return sum(nbytes for _, nbytes in runs) <= KERNEL_COPY_LIMIT
+    return transport == "kernel"
