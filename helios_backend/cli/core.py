@@ -99,13 +99,10 @@ def _inspect(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     with open_core(args.core, content_key=_content_key(args.content_key_file)) as core:
         total = sum(info.decoded_nbytes for info in core.resources)
-        if args.verbose:
-            for info in core.resources:  # one line per resource, for multi-GiB cores
-                for _ in core.iter_resource(info.id):
-                    pass
-                print(f"verified {info.id} ({info.decoded_nbytes / MB:.1f} MB)", file=sys.stderr)
-        else:
-            core.verify()
+        def report(info) -> None:  # one line per resource, for multi-GiB cores
+            print(f"verified {info.id} ({info.decoded_nbytes / MB:.1f} MB)", file=sys.stderr)
+
+        core.verify(on_resource=report if args.verbose else None)
         prepared: PreparedContract = core.prepared_contract()
         if args.accept is not None:
             core.authorize(args.accept)

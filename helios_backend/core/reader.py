@@ -271,11 +271,16 @@ class Core:
             out += piece
         return bytes(out)
 
-    def verify(self, progress: Callable[[int, int], None] | None = None) -> None:
+    def verify(
+        self,
+        progress: Callable[[int, int], None] | None = None,
+        on_resource: Callable[[ResourceInfo], None] | None = None,
+    ) -> None:
         """Check every resource against its signed commitments, streaming.
 
         The envelope signature was checked at open. Raises the first CoreError found.
-        `progress(done, total)` counts decoded bytes.
+        `progress(done, total)` counts decoded bytes; `on_resource(info)` follows each
+        resource that verified.
         """
         total = sum(info.decoded_nbytes for info in self.resources)
         done = 0
@@ -284,6 +289,8 @@ class Core:
                 done += len(piece)
                 if progress is not None:
                     progress(done, total)
+            if on_resource is not None:
+                on_resource(info)
 
     def prepared_contract(self):
         """Decode and validate the carried contract against the manifest and this core's
