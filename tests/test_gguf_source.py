@@ -80,6 +80,7 @@ def test_tensors_are_float32_in_out_in_layout(model: GGUFModel, name: str, shape
     array = model.tensor(name)
     assert array.shape == shape and array.dtype == np.float32
     assert np.isfinite(array).all()
+    assert array.flags.writeable and array.flags.c_contiguous  # a fresh array, not the mmap
 
 
 def test_embedding_rows_are_tokens(model: GGUFModel) -> None:

@@ -263,6 +263,8 @@ class GGUFModel:
         out = dequantize(t.data, t.tensor_type)
         expected = tuple(int(d) for d in reversed(t.shape))
         out = np.asarray(out, dtype=np.float32).reshape(expected)
+        if not out.flags.writeable or not out.flags.c_contiguous:
+            out = np.ascontiguousarray(out).copy()  # F32 tensors come back as views of the mmap
         return out
 
     def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
