@@ -321,14 +321,17 @@ def test_a_wrong_rope_pairing_changes_q_and_k(library, interpreter):
                            results[1]["k_cache"].astype(np.float32), atol=0.1)
 
 
-@pytest.mark.parametrize("query_length, positions, page_tokens", [
-    ([1, 5, 0, 3], [13, 0, 1, 2, 3, 4, 20, 21, 22, 0], 4),        # mixed decode + prefill
-    ([1] * 6, [0, 3, 4, 7, 8, 23], 4),                             # decode at page edges
-    ([2, 1], [63, 64, 100, 0], 16),                                # longer contexts
+@pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads", [
+    ([1, 5, 0, 3], [13, 0, 1, 2, 3, 4, 20, 21, 22, 0], 4, 6, 2),  # mixed decode + prefill
+    ([1] * 6, [0, 3, 4, 7, 8, 23], 4, 6, 2),                       # decode at page edges
+    ([2, 1], [63, 64, 100, 0], 16, 6, 2),                          # longer contexts
+    ([1, 23], [9] + list(range(40, 63)) + [0], 8, 8, 2),           # chunk continuing a prompt
+    ([3, 2], [5, 6, 7, 30, 31, 0], 16, 2, 2),                      # no grouping (MHA)
 ])
-def test_paged_attention(library, interpreter, query_length, positions, page_tokens):
+def test_paged_attention(library, interpreter, query_length, positions, page_tokens, q_heads,
+                         kv_heads):
     rows, tokens = len(query_length), len(positions)
-    q_heads, kv_heads, head_dim, slots = 6, 2, 64, rows
+    head_dim, slots = 64, rows
     pages_per_row = -(-128 // page_tokens)
     (k_cache, v_cache), page_table, page_stride, layer = _paged_cache(
         slots, pages_per_row, page_tokens, kv_heads, head_dim)
