@@ -21,6 +21,7 @@ def test_json_round_trip():
 
 
 def test_camel_case_names_are_accepted():
+    # spec: CON-14
     from google.protobuf import json_format
 
     text = json_format.MessageToJson(sample_contract(3))  # lowerCamelCase keys
@@ -55,6 +56,7 @@ def test_unknown_enum_identifier_is_rejected_by_name():
 
 
 def test_duplicate_keys_are_rejected():
+    # spec: CON-14
     text = contract_to_json(sample_contract(3))
     text = text.replace('"served_id": "sample-model"', '"served_id": "sample-model", "served_id": "other"')
     with pytest.raises(ContractError, match="duplicate"):
@@ -62,6 +64,7 @@ def test_duplicate_keys_are_rejected():
 
 
 def test_wrong_json_types_are_typed_errors():
+    # spec: CON-14
     document = _document()
     document["model"]["graphs"] = {"not": "a list"}
     with pytest.raises(ContractError) as info:

@@ -154,7 +154,8 @@ CASES: list = [
 
 @pytest.mark.parametrize("mutate, field", CASES)
 def test_rejection_names_the_field(mutate: Mutation, field: str):
-    # spec: each case's id names its rule
+    # spec: BND-1, BND-3, BND-4, BND-12, BND-23, BND-24, BND-25, BND-26, BND-27, CACHE-1, CACHE-3, CACHE-4, CACHE-5, CACHE-7, CACHE-10, CACHE-12, CACHE-13, CON-3, CON-5, CON-6, CON-7, CON-8, CON-11, CON-12, FE-6, FE-7, FE-8, FE-18, FE-26, FE-43, FE-44, OWN-19, SPEC-3, SPEC-6, SPEC-7, SPEC-10, SPEC-11, SPEC-16, SPEC-34, SPEC-35, SPEC-36, SPEC-39, SRV-1, SRV-3, SRV-5, SRV-6, STA-1, STA-2, STA-4, STA-5, STA-6
+    # (each case's id names the rule it checks)
     contract, manifest = sample_contract(3), sample_manifest(3)
     PreparedContract.decode(contract, manifest, resource_ids=SAMPLE_RESOURCE_IDS)  # valid before the change
     mutate(contract, manifest)

@@ -15,6 +15,7 @@ def core_path(tmp_path):
 
 
 def test_inspect_prints_the_summary(core_path, capsys):
+    # spec: FMT-6
     assert main(["inspect", str(core_path)]) == 0
     out = capsys.readouterr().out
     for expected in ("sample-model", "execution ABI helios-abi6 | contract 3 | payload format 2", "weights",
@@ -54,6 +55,7 @@ def test_verify_reports_a_missing_file(tmp_path, capsys):
 
 
 def test_keygen_then_sign_under_a_new_namespace(core_path, tmp_path, capsys):
+    # spec: FMT-21, FMT-22
     key_path = tmp_path / "keys" / "me.pem"
     assert main(["keygen", "--key", str(key_path)]) == 0
     assert "created publisher key" in capsys.readouterr().out
@@ -68,6 +70,7 @@ def test_keygen_then_sign_under_a_new_namespace(core_path, tmp_path, capsys):
 
 
 def test_sign_refuses_a_tampered_core(core_path, tmp_path):
+    # spec: FMT-14
     flip_byte(core_path, data_offset(core_path) + 2)
     assert main(["sign", str(core_path), "--out", str(tmp_path / "x.core"), "--key", str(tmp_path / "k.pem")]) == 1
     assert not (tmp_path / "x.core").exists()

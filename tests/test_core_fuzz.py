@@ -84,6 +84,7 @@ def _load_fully(path: pathlib.Path) -> None:
 
 
 def test_originals_load(workdir, originals):
+    # spec: FMT-1, FMT-2
     for kind, data in originals.items():
         path = workdir / f"check-{kind}.core"
         path.write_bytes(data)

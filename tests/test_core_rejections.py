@@ -53,6 +53,7 @@ def _verify(path, **kwargs):
 
 
 def test_well_formed_pre_encoded_frame_verifies(tmp_path):
+    # spec: FMT-5
     # the control for the frame tests below: only the named defect makes them fail
     _verify(_frames_core(tmp_path, frame_of(PAYLOAD)))
 
@@ -246,6 +247,7 @@ def test_unsigned_location_moved(tmp_path):
 
 
 def test_unknown_field_in_unsigned_header(tmp_path):
+    # spec: FMT-4
     path = write_sample_core(tmp_path / "a.core")
     raw = path.read_bytes()
     length = int.from_bytes(raw[12:16], "little")
@@ -316,6 +318,7 @@ def test_v6_index_version_is_bound_by_the_signature(tmp_path):
 
 
 def test_unsupported_logical_version(tmp_path):
+    # spec: FMT-10, FMT-11
     with pytest.raises(UnsupportedFormatError):
         _logical(tmp_path, 5)
 

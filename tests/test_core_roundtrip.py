@@ -93,6 +93,7 @@ def test_chunk_commitments_over_stored_bytes_of_a_9_mib_resource(tmp_path):
 
 
 def test_path_resources_stream_and_progress_reports(tmp_path):
+    # spec: FMT-5
     source = tmp_path / "weights.bin"
     source.write_bytes(random_bytes(3 * MiB + 5, seed=3))
     resources = [ResourceInput("weights", ResourceKind.RESOURCE_KIND_WEIGHTS, source)] + sample_resources()[1:]
@@ -112,6 +113,7 @@ def test_path_resources_stream_and_progress_reports(tmp_path):
 
 
 def test_empty_resource_round_trips(tmp_path):
+    # spec: FMT-9
     resources = sample_resources() + [ResourceInput("empty", ResourceKind.RESOURCE_KIND_AUXILIARY, b"")]
     with open_core(write_sample_core(tmp_path / "e.core", resources)) as core:
         core.verify()
