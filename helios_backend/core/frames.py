@@ -222,20 +222,23 @@ def decode_frame(stored_chunks: Iterable[bytes], decoded_nbytes: int) -> Iterato
     """
     walker = FrameWalker()
 
+    def check_declared_length() -> None:
+        if walker.header is not None and walker.header.content_nbytes not in (None, decoded_nbytes):
+            raise DecodedLengthError(
+                f"frame declares {walker.header.content_nbytes} decoded bytes, signed length is {decoded_nbytes}"
+            )
+
     def walked() -> Iterator[bytes]:
         # the decoder sees only bytes up to the frame end; the excess is judged at finish()
         for chunk in stored_chunks:
             before = walker.excess_nbytes
             walker.feed(chunk)
+            check_declared_length()  # before any decoding: the header is in the first chunk
             excess = walker.excess_nbytes - before
             in_frame = chunk[: len(chunk) - excess] if excess else chunk
             if in_frame:
                 yield in_frame
         walker.finish()
-        if walker.header is not None and walker.header.content_nbytes not in (None, decoded_nbytes):
-            raise DecodedLengthError(
-                f"frame declares {walker.header.content_nbytes} decoded bytes, signed length is {decoded_nbytes}"
-            )
 
     source_iter = walked()
     source = _ChunkSource(source_iter)
