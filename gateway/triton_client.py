@@ -43,7 +43,7 @@ class Terminal:
 
 
 class StreamFailureKind(enum.Enum):
-    UNREACHABLE = 1  # the gRPC stream could not be used (Triton down or refusing)
+    UNREACHABLE = 1  # the request could not be sent (Triton down or refusing): nothing ran
     IN_BAND_ERROR = 2  # Triton answered the request with an error instead of our event
     LOST = 3  # the stream ended or broke before the terminal event
     MALFORMED = 4  # a response did not follow the transport contract (output error)
@@ -79,9 +79,13 @@ class Generation:
         self._closed = asyncio.Event()
         self._call: object | None = None
         self._cancelled = False
+        self._sent = False
 
     async def _requests(self) -> AsyncIterator[dict]:
         yield {"model_name": MODEL_NAME, "inputs": self._inputs, "request_id": self._request_id}
+        # gRPC asks for the next message only once the first is written: the request is out,
+        # so a broken stream from here on is a failure of submitted work, not unavailability
+        self._sent = True
         await self._closed.wait()  # keep the request side open until we are done reading
 
     def cancel(self) -> None:
@@ -121,8 +125,9 @@ class Generation:
         except grpc.aio.AioRpcError as exc:
             if self._cancelled:
                 return
+            unsent = not self._sent and not received
             kind = (StreamFailureKind.UNREACHABLE
-                    if exc.code() == grpc.StatusCode.UNAVAILABLE and not received else StreamFailureKind.LOST)
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE and unsent else StreamFailureKind.LOST)
             yield StreamFailure(kind, f"{exc.code().name}: {exc.details()}")
         except (ValueError, TypeError) as exc:  # protobuf DecodeError is a ValueError subclass
             yield StreamFailure(StreamFailureKind.MALFORMED, str(exc))

@@ -1,0 +1,138 @@
+"""End to end, disruptive: full ingress (429), shutdown drain, and a backend that dies mid-request
+(500 / SSE error event, then 503). Real tritonserver, real gateway processes, the test core."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.engine_fixtures import smollm2_core  # noqa: F401  (session fixture: the test core)
+from tests.gateway_harness import SERVED_ID, GatewayProcess, wait_until
+from tests.triton_server import TritonServer, metric_value, model_repository
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def body(messages: list[dict[str, Any]], max_tokens: int, **fields: Any) -> dict[str, Any]:
+    return {"model": SERVED_ID, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gateway-failures")
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_core: Path, workdir: Path) -> Iterator[TritonServer]:  # noqa: F811
+    with TritonServer(model_repository(workdir, core_path=str(smollm2_core)), workdir) as running:
+        running.wait_ready("helios")
+        yield running
+
+
+@pytest.fixture
+def one_permit_gateway(server: TritonServer, workdir: Path) -> Iterator[GatewayProcess]:
+    gateway = GatewayProcess(server.grpc_url, workdir / "gateway-one-permit.log",
+                             "--queue-capacity", "0", "--max-active", "1")
+    try:
+        gateway.wait_healthy()
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def backend_requests(server: TritonServer) -> float:
+    text = server.metrics()
+    return metric_value(text, "flare_requests_running") + metric_value(text, "flare_requests_waiting")
+
+
+def first_content(response: httpx.Response) -> Iterator[str]:
+    """Iterate SSE lines, having consumed the stream up to the first text delta."""
+    lines = response.iter_lines()
+    for line in lines:
+        if '"content":"' in line and '"content":""' not in line:
+            break
+    return lines
+
+
+# spec: HTTP-1, HTTP-2, HTTP-12, HTTP-17, HTTP-21
+def test_full_ingress_answers_429_with_retry_after(one_permit_gateway: GatewayProcess) -> None:
+    gateway = one_permit_gateway
+    sdk = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0)
+    with httpx.Client(base_url=gateway.base_url, timeout=120) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body(STORY, 300, stream=True)) as held:
+            lines = first_content(held)
+            assert gateway.metric("helios_gateway_admission_permits_in_use") == 1
+            refused = client.post("/v1/chat/completions", json=body(QUESTION, 2))
+            assert refused.status_code == 429
+            assert int(refused.headers["retry-after"]) >= 1
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError):
+                sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=2)
+            # the refusals did not disturb the admitted stream
+            assert '"content"' in next(line for line in lines if '"content":"' in line)
+        assert wait_until(lambda: gateway.metric("helios_gateway_admission_permits_in_use") == 0)
+        assert client.post("/v1/chat/completions", json=body(QUESTION, 2)).status_code == 200
+    assert gateway.metric("helios_gateway_ingress_full_total") == 2
+
+
+# spec: HTTP-15
+def test_shutdown_drains_in_flight_stream(server: TritonServer, workdir: Path) -> None:
+    gateway = GatewayProcess(server.grpc_url, workdir / "gateway-drain.log")
+    try:
+        gateway.wait_healthy()
+        with httpx.Client(base_url=gateway.base_url, timeout=120) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body(QUESTION, 6, stream=True)) as response:
+                lines = first_content(response)
+                gateway.process.send_signal(signal.SIGINT)  # shutdown begins mid-stream
+                rest = list(lines)
+        assert "data: [DONE]" in rest  # the response completed within the drain window
+        assert gateway.process.wait(30) == 0
+    finally:
+        gateway.stop()
+
+
+# spec: HTTP-23, HTTP-25, HTTP-27
+def test_backend_death_mid_request_is_500_then_503(server: TritonServer, workdir: Path) -> None:
+    gateway = GatewayProcess(server.grpc_url, workdir / "gateway-kill.log")
+    try:
+        gateway.wait_healthy()
+        json_result: dict[str, Any] = {}
+
+        def non_stream() -> None:
+            with httpx.Client(base_url=gateway.base_url, timeout=120) as client:
+                response = client.post("/v1/chat/completions", json=body(STORY, 300))
+                json_result.update(status=response.status_code, body=response.json())
+
+        with httpx.Client(base_url=gateway.base_url, timeout=120) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body(STORY, 300, stream=True)) as response:
+                lines = first_content(response)
+                worker = threading.Thread(target=non_stream)
+                worker.start()
+                assert wait_until(lambda: gateway.metric("helios_gateway_backend_streams_open") == 2)
+                # both requests reached the backend (otherwise the second is merely unsendable: 503)
+                assert wait_until(lambda: backend_requests(server) == 2)
+                server.process.kill()  # type: ignore[union-attr]  # the backend dies mid-generation
+                rest = [line for line in lines if line.startswith("data: ")]
+            worker.join(120)
+            errors = [json.loads(line[6:]) for line in rest if '"error"' in line]
+            assert len(errors) == 1 and rest[-1] == "data: " + json.dumps(errors[0], separators=(",", ":"))
+            assert errors[0]["error"]["type"] == "server_error"
+            assert "data: [DONE]" not in rest
+            assert json_result["status"] == 500
+            assert json_result["body"]["error"]["type"] == "server_error"
+            # with the backend gone: not healthy, and new work is refused as unavailable
+            assert client.get("/health").status_code == 503
+            assert client.post("/v1/chat/completions", json=body(QUESTION, 2)).status_code == 503
+    finally:
+        gateway.stop()
