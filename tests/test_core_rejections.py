@@ -84,9 +84,10 @@ def test_truncated_frame(tmp_path):
 
 def test_extra_frame(tmp_path):
     # spec: FMT-18, FMT-9
-    frame = frame_of(PAYLOAD[: len(PAYLOAD) // 2])
+    half = PAYLOAD[: len(PAYLOAD) // 2]
+    frame = frame_of(half)
     with pytest.raises(ExtraFrameError):
-        _verify(_frames_core(tmp_path, frame + frame))
+        _verify(_frames_core(tmp_path, frame + frame, len(half)))
 
 
 def test_extra_skippable_frame(tmp_path):
