@@ -75,6 +75,7 @@ def _graph_view(graph: c.GraphContract) -> v.Graph:
         state_rows_per_request=graph.state_rows_per_request,
         pending_token=pending,
         cursor=cursor,
+        rng_draws_per_row=graph.rng_draws_per_row,
     )
 
 

@@ -173,6 +173,7 @@ class Graph:
     state_rows_per_request: int
     pending_token: PendingToken | None
     cursor: Cursor
+    rng_draws_per_row: int       # the program's declared RNG reservation (SPEC-33)
 
     @property
     def operation_name(self) -> str:
