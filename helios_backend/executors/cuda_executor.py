@@ -386,8 +386,12 @@ class CudaExecutor:
             for event in events:
                 d.cuEventDestroy(event)
         medians = np.median(samples, axis=0)
-        return [(launch.label, getattr(launch, "kernel_id", "all_reduce"), float(t))
-                for launch, t in zip(launches, medians)]
+        def name(launch: Any) -> tuple[str, str]:
+            if isinstance(launch, Copy):
+                return "transport.memcpy", "memcpy"
+            return launch.label, getattr(launch, "kernel_id", "all_reduce")
+
+        return [(*name(launch), float(t)) for launch, t in zip(launches, medians)]
 
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
         """A host copy of one buffer's bytes (uint8; CACHE buffers: every backed page)."""
