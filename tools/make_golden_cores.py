@@ -2,8 +2,8 @@
 
 The golden cores are committed once and loaded by tests/test_core_golden.py forever:
 every future engine must keep loading them (FMT-8). Rebuild them only when a new
-contract version or carrier is added (add a file; never replace an existing one
-unless its format was never released). The output is deterministic: a fixed test
+contract version or carrier is added: existing files are kept (history), only missing
+ones are written; --force rewrites all (only for formats never released). The output is deterministic: a fixed test
 signing key, fixed resource bytes, deterministic Protobuf serialization.
 
     .venv/bin/python tools/make_golden_cores.py [--out tests/fixtures/cores]
@@ -39,24 +39,35 @@ def golden_resources() -> list[ResourceInput]:
     ]
 
 
-def build(out: pathlib.Path) -> dict:
+def _write(path: pathlib.Path, force: bool, writer) -> bool:
+    """Write one golden core unless it exists (existing goldens are history)."""
+    if path.exists() and not force:
+        return False
+    writer(path)
+    return True
+
+
+def build(out: pathlib.Path, force: bool = False) -> dict:
+    """Write the missing golden cores (all of them with `force`) and the index."""
     out.mkdir(parents=True, exist_ok=True)
     key = Ed25519PrivateKey.from_private_bytes(GOLDEN_KEY_SEED)
     resources = golden_resources()
-    cores = {}
+    index_path = out / "golden.json"
+    previous = json.loads(index_path.read_text())["cores"] if index_path.exists() and not force else {}
+    cores = dict(previous)
     for version in (1, 2, 3):
         name = f"payload-contract-v{version}.core"
-        write_payload_core(
-            out / name, contract=sample_contract(version), manifest=sample_manifest(version),
+        if _write(out / name, force or name not in previous, lambda path, version=version: write_payload_core(
+            path, contract=sample_contract(version), manifest=sample_manifest(version),
             resources=resources, namespace=GOLDEN_NAMESPACE, signing_key=key,
-        )
-        cores[name] = {"format": "payload", "payload_format": 2, "contract_version": version}
+        )):
+            cores[name] = {"format": "payload", "payload_format": 2, "contract_version": version}
     name = "logical-v6-contract-v3.core"
-    write_logical_core(
-        out / name, version=6, contract=sample_contract(3), manifest=sample_manifest(3),
+    if _write(out / name, force or name not in previous, lambda path: write_logical_core(
+        path, version=6, contract=sample_contract(3), manifest=sample_manifest(3),
         resources=resources, namespace=GOLDEN_NAMESPACE, signing_key=key,
-    )
-    cores[name] = {"format": "logical", "payload_format": 6, "contract_version": 3}
+    )):
+        cores[name] = {"format": "logical", "payload_format": 6, "contract_version": 3}
     for name, entry in cores.items():
         entry["sha256"] = hashlib.sha256((out / name).read_bytes()).hexdigest()
     index = {
@@ -64,15 +75,16 @@ def build(out: pathlib.Path) -> dict:
         "resources": {r.id: hashlib.sha256(r.data).hexdigest() for r in resources},
         "cores": cores,
     }
-    (out / "golden.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return index
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "tests" / "fixtures" / "cores")
+    parser.add_argument("--force", action="store_true", help="rewrite existing golden cores (only for unreleased formats)")
     args = parser.parse_args()
-    for name in build(args.out)["cores"]:
+    for name in build(args.out, args.force)["cores"]:
         print(args.out / name)
     return 0
 
