@@ -364,3 +364,21 @@ def test_v4_chunks_are_bound_to_their_resource(tmp_path):
         assert core.read_resource("aux_a") == b"a" * 100
         with pytest.raises(IntegrityError):
             core.read_resource("aux_b")
+
+
+@pytest.mark.parametrize(
+    "change, word",
+    [
+        pytest.param(lambda body: setattr(body.resources[1], "id", body.resources[0].id), "duplicate", id="duplicate id"),
+        pytest.param(lambda body: setattr(body.resources[0], "kind", 0), "kind", id="zero kind"),
+        pytest.param(lambda body: setattr(body.resources[0], "kind", 99), "kind", id="unknown kind"),
+        pytest.param(lambda body: setattr(body.resources[0], "id", ""), "empty id", id="empty id"),
+        pytest.param(lambda body: setattr(body, "publisher_namespace", ""), "namespace", id="empty namespace"),
+    ],
+)
+def test_validly_signed_but_malformed_resource_tables(tmp_path, change, word):
+    # spec: FMT-12, CON-11: even a correct signature does not make a malformed table loadable
+    path = write_sample_core(tmp_path / "a.core")
+    mutate_signed_body(path, change, resign_with=SIGNING_KEY)
+    with pytest.raises(CoreFormatError, match=word):
+        open_core(path)

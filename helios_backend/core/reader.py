@@ -99,6 +99,10 @@ class Core:
                 f"signed contract_version {self.versions.contract_version} differs from "
                 f"ModelContract.version {self.contract.model.version}"
             )
+        check_tiling(
+            [(e.info.id, e.offset - self._data_offset, e.info.stored_nbytes) for e in self._entries.values()],
+            self._data_nbytes,
+        )
         self.resources = tuple(entry.info for entry in self._entries.values())
 
     def _load_payload(self, header: bytes) -> None:
@@ -123,7 +127,7 @@ class Core:
             locations[location.resource] = location
         entries: dict[str, _Entry] = {}
         for resource in body.resources:
-            info = self._check_resource(resource.id, resource.kind, entries)
+            self._check_identity(resource.id, resource.kind, entries)
             location = locations.pop(resource.id, None)
             if location is None:
                 raise CoreFormatError(f"resource {resource.id!r} has no location")
@@ -133,7 +137,8 @@ class Core:
                 )
             self._check_commitments(resource.id, resource.stored_nbytes, resource.chunk_nbytes, resource.chunk_sha256)
             entries[resource.id] = _Entry(
-                info(resource.decoded_nbytes, resource.stored_nbytes, len(resource.chunk_sha256)),
+                ResourceInfo(resource.id, resource.kind, resource.decoded_nbytes, resource.stored_nbytes,
+                             len(resource.chunk_sha256)),
                 self._data_offset + location.offset,
                 resource.chunk_nbytes,
                 tuple(resource.chunk_sha256),
@@ -141,10 +146,6 @@ class Core:
             )
         if locations:
             raise CoreFormatError(f"locations name unknown resources: {sorted(locations)}")
-        check_tiling(
-            [(e.info.id, e.offset - self._data_offset, e.info.stored_nbytes) for e in entries.values()],
-            self._data_nbytes,
-        )
         self._entries = entries
 
     def _load_logical(self, header: bytes, content_key: bytes | None) -> None:
@@ -166,7 +167,7 @@ class Core:
         self._content_key = content_key
         entries: dict[str, _Entry] = {}
         for resource in index.resources:
-            info = self._check_resource(resource.id, resource.kind, entries)
+            self._check_identity(resource.id, resource.kind, entries)
             if sealed:
                 self._check_sealed(resource)
                 chunks = gcm.gcm_chunk_count(resource.decoded_nbytes, resource.chunk_nbytes)
@@ -174,16 +175,12 @@ class Core:
                 self._check_commitments(resource.id, resource.stored_nbytes, resource.chunk_nbytes, resource.chunk_sha256)
                 chunks = len(resource.chunk_sha256)
             entries[resource.id] = _Entry(
-                info(resource.decoded_nbytes, resource.stored_nbytes, chunks),
+                ResourceInfo(resource.id, resource.kind, resource.decoded_nbytes, resource.stored_nbytes, chunks),
                 self._data_offset + resource.offset,
                 resource.chunk_nbytes,
                 tuple(resource.chunk_sha256),
                 bytes(resource.nonce_prefix),
             )
-        check_tiling(
-            [(e.info.id, e.offset - self._data_offset, e.info.stored_nbytes) for e in entries.values()],
-            self._data_nbytes,
-        )
         self._entries = entries
 
     def _set_common(self, body: core_pb2.DeploymentBody | core_pb2.ModelIndex) -> None:
@@ -195,14 +192,14 @@ class Core:
             raise CoreFormatError("signed publisher namespace is empty")
 
     @staticmethod
-    def _check_resource(resource_id: str, kind: int, entries: dict) -> Callable[[int, int, int], ResourceInfo]:
+    def _check_identity(resource_id: str, kind: int, entries: dict) -> None:
+        """Resource ids are nonempty and unique; kinds known and nonzero."""
         if not resource_id:
             raise CoreFormatError("a resource has an empty id")
         if resource_id in entries:
             raise CoreFormatError(f"duplicate resource id {resource_id!r}")
         if kind == ResourceKind.RESOURCE_KIND_UNSPECIFIED or kind not in ResourceKind.values():
             raise CoreFormatError(f"resource {resource_id!r}: kind {kind} is not a known nonzero ResourceKind")
-        return lambda decoded, stored, chunks: ResourceInfo(resource_id, kind, decoded, stored, chunks)
 
     @staticmethod
     def _check_commitments(resource_id: str, stored_nbytes: int, chunk_nbytes: int, digests) -> None:
