@@ -56,6 +56,33 @@ def test_every_kernel_compiles_to_an_sm90a_cubin(library, modules, tmp_path):
         assert kernel.programmatic_dependent_launch
 
 
+WEIGHT_STREAMING = ("attention.qkv_rope_store.v1", "linear.residual.v1",
+                    "mlp.norm_gate_up_silu.v1", "logits.norm_head.v1")
+
+
+def _sass(cubin: bytes, tmp_path: Path) -> str:
+    path = tmp_path / "s.cubin"
+    path.write_bytes(cubin)
+    return subprocess.run([str(CUOBJDUMP), "-sass", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="cuobjdump not bundled with triton")
+def test_sass_has_pdl_wait_tensor_cores_and_pipelined_vector_loads(modules, tmp_path):
+    """What the performance design relies on, read back from the machine code: every kernel
+    waits on its PDL predecessor (ACQBULK = griddepcontrol.wait); weight-streaming kernels
+    prefetch into L2 before that wait, run HMMA, and load through 16-byte cp.async."""
+    for cubin, module in modules:
+        kernel_id = module.kernels[0].id
+        sass = _sass(cubin, tmp_path)
+        assert "ACQBULK" in sass, kernel_id
+        if kernel_id in WEIGHT_STREAMING + ("attention.paged.v1",):
+            assert "HMMA" in sass or "HGMMA" in sass, kernel_id      # HGMMA: wgmma, M >= 64
+            assert "LDGSTS.E.BYPASS.128" in sass, kernel_id
+        if kernel_id in WEIGHT_STREAMING:
+            assert 0 <= sass.find("CCTL.E.PF2") < sass.find("ACQBULK"), kernel_id
+
+
 def test_parameter_lists_match_the_abi_plus_two_scratch_pointers(library, modules):
     compiled = library.compile("sm_90a")
     for _, module in modules:

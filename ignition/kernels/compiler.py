@@ -42,8 +42,9 @@ class CompileRequest:
     divisible_by_16: tuple[int, ...] = ()    # param indices (pointers: address) Triton may assume % 16 == 0
 
     def source_text(self) -> str:
-        path = Path(importlib.util.find_spec(f"{SOURCE_PACKAGE}.{self.module}").origin)
-        return path.read_text()
+        """Every kernel source file (a kernel may call helpers from a sibling module)."""
+        package = Path(importlib.util.find_spec(SOURCE_PACKAGE).origin).parent
+        return "".join(path.read_text() for path in sorted(package.glob("*.py")))
 
     def cache_key(self, triton_version: str) -> str:
         text = json.dumps({"request": dataclasses.asdict(self), "source": self.source_text(),

@@ -9,6 +9,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ignition.kernels.triton.common import prefetch_l2
+
 ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
 # any other value: ROPE_HALF_PAIRS (i, i + head_dim / 2): NeoX / Hugging Face order
 
@@ -29,6 +31,10 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     qkv_weight f16 [(q_heads + 2 kv_heads) * head_dim, dim]; rope_table f32 [pos, head_dim/2, 2].
     """
     if PDL:
+        # the head's weight rows (shared by its pair chunks) into L2 before waiting
+        chunks_per_head = tl.cdiv(head_dim // 2, BLOCK_P)
+        prefetch_l2(qkv_weight + (tl.program_id(0) // chunks_per_head) * head_dim * dim,
+                    head_dim * dim * 2, 256)
         gdc_wait()
         gdc_launch_dependents()
     n = tl.load(geometry)

@@ -13,12 +13,16 @@ so there are no atomics and results are bit-stable. M is the variant's token cap
 past the live count n return before touching a weight. BLOCK_M = 16 suits decode and chunked
 prefill alike; a weight tile streams once per M tile and stays L2-resident across tiles.
 
-PDL: a kernel waits (griddepcontrol.wait) before its first read of data written by an
-earlier node and releases its dependents right after, so the next node's launch overlaps.
+PDL: a kernel first prefetches its weight slice into L2 (weights are never written by a
+node), then waits (griddepcontrol.wait) before its first read of data written by an earlier
+node, and releases its dependents right after; so the next node launches early and its
+weight stream overlaps the current node.
 """
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ignition.kernels.triton.common import prefetch_l2
 
 
 @triton.jit
@@ -58,6 +62,8 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     PDL: tl.constexpr):
     """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T."""
     if PDL:
+        prefetch_l2(weight + tl.program_id(0) * BLOCK_N * in_dim,
+                    tl.minimum(BLOCK_N, out_dim - tl.program_id(0) * BLOCK_N) * in_dim * 2, 256)
         gdc_wait()
         gdc_launch_dependents()
     n = tl.load(geometry)
@@ -88,6 +94,10 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
     gate and up rows, so the product never leaves registers.
     """
     if PDL:
+        rows_here = tl.minimum(BLOCK_N, ffn_dim - tl.program_id(0) * BLOCK_N)
+        prefetch_l2(gate_up + tl.program_id(0) * BLOCK_N * dim, rows_here * dim * 2, 256)
+        prefetch_l2(gate_up + (ffn_dim + tl.program_id(0) * BLOCK_N) * dim, rows_here * dim * 2,
+                    256)
         gdc_wait()
         gdc_launch_dependents()
     n = tl.load(geometry)
@@ -123,6 +133,8 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     rows without tokens get a zero logits row.
     """
     if PDL:
+        prefetch_l2(head + tl.program_id(0).to(tl.int64) * BLOCK_N * dim,
+                    tl.minimum(BLOCK_N, vocab - tl.program_id(0) * BLOCK_N) * dim * 2, 512)
         gdc_wait()
         gdc_launch_dependents()
     r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
