@@ -158,3 +158,21 @@ def test_writer_output_is_deterministic(tmp_path):
     first = write_sample_core(tmp_path / "one.core").read_bytes()
     second = write_sample_core(tmp_path / "two.core").read_bytes()
     assert first == second
+
+
+def test_a_source_file_that_changes_size_is_a_typed_error(tmp_path):
+    # a Path resource is streamed: its size is read first, then its bytes
+    from helios_backend.core import CoreError, write_payload_core
+
+    class Growing(ResourceInput):
+        def decoded_nbytes(self) -> int:
+            return super().decoded_nbytes() - 10  # as if the file grew after stat()
+
+    source = tmp_path / "w.bin"
+    source.write_bytes(random_bytes(100_000))
+    resources = [Growing("weights", ResourceKind.RESOURCE_KIND_WEIGHTS, source)] + sample_resources()[1:]
+    with pytest.raises(CoreError, match="changed size"):
+        write_payload_core(tmp_path / "x.core", contract=sample_contract(), manifest=sample_manifest(),
+                           resources=resources, namespace=NAMESPACE, signing_key=SIGNING_KEY)
+    assert not (tmp_path / "x.core").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.bin"]  # no spool left behind

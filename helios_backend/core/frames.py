@@ -12,6 +12,7 @@ with its window capped at 8 MiB and never sees bytes beyond the frame end.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, Iterable, Iterator
 
 import zstandard
@@ -35,19 +36,42 @@ _BLOCK_RLE = 1
 _BLOCK_RESERVED = 3
 
 
+MAX_COMPRESS_WORKERS = 8  # bounds the compressor's job buffers (a few MiB per worker)
+
+
 def new_compressor() -> zstandard.ZstdCompressor:
-    """The writer's compressor: level 3, content size and checksum in the frame."""
-    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=True)
+    """The writer's compressor: level 3, content size and checksum in the frame.
+
+    Multi-threaded zstd still writes one frame, and its output is identical for any
+    worker count >= 1, so cores stay byte-for-byte reproducible across machines.
+    """
+    workers = max(1, min(MAX_COMPRESS_WORKERS, os.cpu_count() or 1))
+    return zstandard.ZstdCompressor(
+        level=ZSTD_LEVEL, write_content_size=True, write_checksum=True, threads=workers
+    )
+
+
+class _SinkWriter:
+    """The file-like end zstandard's stream writer pushes compressed bytes into."""
+
+    def __init__(self, sink: Callable[[bytes], None]) -> None:
+        self._sink = sink
+
+    def write(self, data) -> int:
+        self._sink(bytes(data))
+        return len(data)
 
 
 def compress_stream(pieces: Iterable[bytes], decoded_nbytes: int, sink: Callable[[bytes], None]) -> None:
-    """Compress `pieces` (exactly `decoded_nbytes` in all) into one frame, streaming to `sink`."""
-    cobj = new_compressor().compressobj(size=decoded_nbytes)
+    """Compress `pieces` (exactly `decoded_nbytes` in all) into one frame, streaming to `sink`.
+
+    The stream writer hands output on as each multi-threaded job completes (a
+    compressobj would hold the whole frame until flush), so memory stays bounded.
+    """
+    writer = new_compressor().stream_writer(_SinkWriter(sink), size=decoded_nbytes, closefd=False)
     for piece in pieces:
-        out = cobj.compress(piece)
-        if out:
-            sink(out)
-    sink(cobj.flush())
+        writer.write(piece)
+    writer.flush(zstandard.FLUSH_FRAME)
 
 
 def _is_frame_magic(prefix: bytes) -> bool:

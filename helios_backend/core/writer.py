@@ -14,6 +14,7 @@ import pathlib
 import shutil
 from typing import Callable, Sequence
 
+import zstandard
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from helios_proto import contract_pb2, core_pb2, manifest_pb2
@@ -126,7 +127,10 @@ def _store_zstd(resource: ResourceInput, spool: _Spool, tick: Callable[[int], No
         committer.update(data)
         spool.write(data)
 
-    compress_stream(pieces(), decoded_nbytes, sink)
+    try:
+        compress_stream(pieces(), decoded_nbytes, sink)
+    except zstandard.ZstdError as exc:  # the frame's declared size no longer matches the input
+        raise CoreError(f"resource {resource.id!r} changed size while it was being written: {exc}") from exc
     if seen != decoded_nbytes:
         raise CoreError(f"resource {resource.id!r} changed size while it was being written")
     return _Stored(resource.id, resource.kind, decoded_nbytes, committer.stored_nbytes, offset, committer.finish())
