@@ -8,12 +8,15 @@ answer ``{"error": {"message", "type", "param", "code"}}``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
 
 
 class GatewayError(Exception):
@@ -133,6 +136,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # FastAPI answers 422 by default; OpenAI clients expect 400 with the field named.
         param, message = _validation_param(exc)
         return error_response(InvalidRequestError(message, param=param))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # a bug, not a client error: OpenAI's shape, logged with its traceback
+        log.error("unhandled error", exc_info=exc)
+        return error_response(GatewayError("internal error in the gateway"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

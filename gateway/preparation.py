@@ -16,6 +16,7 @@ from typing import Any
 from helios_backend.frontend.chat_template import TemplateError
 from helios_backend.frontend.prompt import UntrustedMarkupError, encode_chat
 from helios_backend.frontend.stops import StopMatcher, StopSpecError
+from helios_backend.frontend.tokenizer import UnrepresentableTextError
 from helios_proto import transport_pb2 as tp
 
 from gateway.errors import InvalidRequestError, ModelNotFoundError
@@ -219,7 +220,10 @@ def _completion_prompts(prompt: object, served: ServedModel) -> tuple[tuple[int,
     encoded: list[tuple[int, ...]] = []
     input_size = served.tokenizer.vocab_size
     for item in prompts:
-        ids = served.tokenizer.encode_template(item) if isinstance(item, str) else list(item)  # type: ignore[arg-type]
+        try:
+            ids = served.tokenizer.encode_template(item) if isinstance(item, str) else list(item)  # type: ignore[arg-type]
+        except UnrepresentableTextError as exc:
+            raise InvalidRequestError(str(exc), param="prompt") from exc
         if not ids:
             raise InvalidRequestError("prompt is empty", param="prompt")
         if any(not 0 <= t < input_size for t in ids):
