@@ -195,6 +195,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--blas-threads", type=int, default=8)
     parser.add_argument("--skip", default="", help="comma-separated program names to skip")
+    parser.add_argument("--transport", default="auto", choices=["auto", "kernel", "memcpy"])
     parser.add_argument("--no-pdl", action="store_true", help="launch no node with PDL (race check)")
     parser.add_argument("--only", default="", help="comma-separated program names to run (no greedy runs)")
     args = parser.parse_args()
@@ -204,7 +205,8 @@ def main() -> None:
     contract, manifest, read = load_bundle()
     print(f"bundle loaded in {time.time() - started:.1f} s", flush=True)
     counting = CountingDriver(load_driver())
-    cuda = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=CACHE_PAGES, pdl=not args.no_pdl),
+    cuda = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=CACHE_PAGES, pdl=not args.no_pdl,
+                                                                 transport=args.transport),
                         driver=counting)
     numpy_ex = NumpyExecutor(manifest, read, NumpyExecutorOptions(cache_pages=CACHE_PAGES,
                                                                    blas_threads=args.blas_threads))
