@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helios_backend.contract import ContractError, PreparedContract, contract_from_json, contract_to_json
 from tests.contract_samples import sample_contract, sample_manifest
@@ -85,3 +87,43 @@ def test_unknown_fields_inside_the_rebuild_manifest_are_ignored():
     contract = contract_from_json(json.dumps(document))
     assert contract.rebuild.catalog_version == 42
     PreparedContract.decode(contract, sample_manifest(3))
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=12), children, max_size=3),
+    max_leaves=12,
+)
+
+
+def _perturbed_documents():
+    """The sample contract's JSON with one subtree replaced by arbitrary JSON."""
+    base = _document()
+    paths = []
+
+    def collect(node, path):
+        paths.append(path)
+        if isinstance(node, dict):
+            for key, value in node.items():
+                collect(value, path + (key,))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                collect(value, path + (index,))
+
+    collect(base, ())
+    return st.tuples(st.sampled_from(paths[1:]), _json_values)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_perturbed_documents())
+def test_arbitrary_json_raises_only_contract_errors(case):
+    # spec: CON-12, CON-14 (never a crash on malformed JSON)
+    path, replacement = case
+    document = _document()
+    node = document
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = replacement
+    try:
+        contract_from_json(json.dumps(document))
+    except ContractError:
+        pass
