@@ -1,0 +1,48 @@
+"""One decode step of the prepared model on the CUDA executor, for Nsight Compute.
+
+    ncu --clock-control none --graph-profiling node --kernel-name regex:"<kernels>" \
+        --launch-skip 150 --launch-count 5 --section SpeedOfLight --section LaunchStats \
+        --section Occupancy python3 bench/gpu_step_ncu.py
+
+Admits one request, prefills 16 tokens (one launch of every layer kernel per layer: the
+--launch-skip above passes them), then runs one decode step at --batch rows. Needs the
+model bundle (tests/gpu/model_bundle.py); HELIOS_RANDOM_WEIGHTS=1 is fine for timing.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from executor_model import ExecutorModel  # noqa: E402
+from gpu_decode import Bench  # noqa: E402
+from model_bundle import load_bundle  # noqa: E402
+
+from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
+from helios_proto import contract_pb2 as C  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=1)
+    args = parser.parse_args()
+    contract, manifest, read = load_bundle()
+    executor = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=4096))
+    model = ExecutorModel(contract, manifest, executor)
+    bench = Bench(model)
+    lanes = bench.admit(list(range(args.batch)), 16, 16)
+    program = model.program(C.OPERATION_DECODE, args.batch, args.batch)
+    model.packer.pack(program, 0, lanes)
+    executor.launch(program, 0)
+    executor.wait(0)
+    print(f"decode step {program} done")
+    executor.close()
+
+
+if __name__ == "__main__":
+    main()
