@@ -3,6 +3,7 @@ on the numpy executor. No mocks. One server for the module (starting one costs s
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -176,3 +177,44 @@ def test_metric_labels_carry_no_request_data(server: TritonServer) -> None:  # s
                    "flare_mixed_grammar_decode_steps_total", "flare_constrained_max_inflight",
                    "flare_time_to_first_token_seconds_count", "flare_e2e_request_latency_seconds_count"):
         assert family in text, family
+
+
+def test_grammar_constrains_the_output(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: FE-41, MET-8, MET-9, MET-10
+    request = hc.greedy(10)
+    request.grammar.kind = tp.GRAMMAR_KIND_LARK
+    request.grammar.text = 'start: "yes" | "no"'
+    prompt = tokenizer.encode_untrusted("Is the sky green? Reply with a short story:")
+    result = hc.run(hc.generate(server.grpc_url, prompt, request))
+    assert result.outcome == "finished", result.terminal
+    assert result.terminal.finished.reason == tp.FINISH_REASON_EOS
+    assert tokenizer.decode(result.tokens[:-1]) in ("yes", "no") and result.tokens[-1] in (0, 2)
+    assert wait_metric(server, "flare_constrained_max_inflight", 1) == 1
+
+
+def test_constrained_and_free_lanes_decode_together(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: MET-6, MET-11
+    before = metric_value(server.metrics(), "flare_mixed_grammar_decode_steps_total")
+    constrained = hc.greedy(12)
+    constrained.grammar.kind = tp.GRAMMAR_KIND_LARK
+    constrained.grammar.text = r'start: /[0-9]+(, [0-9]+)*/'
+    prompt = tokenizer.encode_untrusted(COUNTING)
+    results = hc.run(hc.generate_many(server.grpc_url, [(prompt, constrained), (prompt, hc.greedy(12))]))
+    assert all(r.outcome == "finished" for r in results)
+    tokens = results[0].tokens
+    if results[0].terminal.finished.reason == tp.FINISH_REASON_EOS:
+        tokens = tokens[:-1]
+    # the output is a prefix of the grammar's language (LENGTH may cut it after ", ")
+    assert re.fullmatch(r"[0-9]+(, [0-9]+)*(, ?)?", tokenizer.decode(tokens)), tokenizer.decode(tokens)
+    deadline = time.monotonic() + 30
+    while metric_value(server.metrics(), "flare_mixed_grammar_decode_steps_total") == before \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric_value(server.metrics(), "flare_mixed_grammar_decode_steps_total") > before
+    assert metric_value(server.metrics(), "flare_constrained_max_inflight") == 1
+
+
+def test_bad_grammar_is_an_invalid_request(server: TritonServer) -> None:
+    request = hc.greedy(4)
+    request.grammar.kind = tp.GRAMMAR_KIND_LARK
+    request.grammar.text = "start: ((("
+    result = hc.run(hc.generate(server.grpc_url, [1, 2, 3], request))
+    assert result.outcome == "invalid" and result.terminal.invalid.field == "grammar"

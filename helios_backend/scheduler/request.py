@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from helios_proto import transport_pb2 as tp
+
+
+class Grammar(Protocol):
+    """A constrained request's matcher (frontend/grammar_runtime.GrammarSession)."""
+    def fill_mask(self, out_words: np.ndarray) -> None: ...
+    def consume(self, token: int) -> bool: ...
 
 
 class RequestState(enum.Enum):
@@ -94,6 +101,7 @@ class Request:
     finish: "tp.FinishReason.ValueType" = tp.FINISH_REASON_UNSPECIFIED
     stop: tp.StopMatch | None = None
     preemptions: int = 0
+    grammar: Grammar | None = None       # constrained requests: advanced after each validated token
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -37,7 +37,7 @@ from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.pages import PagePool, PagesExhausted
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
 from helios_backend.scheduler.prefix_hash import chain_keys, chain_seed, next_key
-from helios_backend.scheduler.request import Request, RequestSpec, RequestState
+from helios_backend.scheduler.request import Grammar, Request, RequestSpec, RequestState
 from helios_backend.scheduler.snapshots import Snapshot, SnapshotStore
 from helios_backend.scheduler.variants import VariantTable
 
@@ -162,7 +162,7 @@ class Scheduler:
         return events
 
     # ---- admission -------------------------------------------------------------
-    def add(self, serial: int, spec: RequestSpec) -> Request:
+    def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
         """Queue a request or raise AdmissionRejected / InvalidRequestError (others go on)."""
         cfg = self.config
         if not spec.prompt:
@@ -190,7 +190,7 @@ class Scheduler:
         stop = self._stop_factory(spec) if (self._stop_factory and spec.stops.host_stops) else None
         room = self._max_prompt + 1 - len(spec.prompt)   # context and page-table room
         spec = _with_max_tokens(spec, min(spec.max_tokens, room))
-        req = Request(serial, spec, self._arrivals)
+        req = Request(serial, spec, self._arrivals, grammar=grammar)
         self._arrivals += 1
         self._by_serial[serial] = req
         if stop is not None:
@@ -393,6 +393,10 @@ class Scheduler:
         constrained = [lane.request.spec.constrained for lane in main.lanes]
         if main.operation == cp.OPERATION_DECODE and any(constrained) and not all(constrained):
             self.counters.mixed_grammar_decode_steps += 1
+        if any(constrained):
+            # rounds run with completion feedback: exactly one executor frame was outstanding
+            # right after this successful constrained submission (MET-8..10)
+            self.counters.constrained_max_inflight = max(self.counters.constrained_max_inflight, 1)
         stamp = None
         for i, lane in enumerate(main.lanes):
             req = lane.request
@@ -427,6 +431,9 @@ class Scheduler:
                 float(rows.logprobs[i]) if rows.logprobs is not None else 0.0,
                 rows.top_ids[i, :req.spec.top_logprobs] if rows.top_ids is not None and req.spec.top_logprobs else None,
                 rows.top_logprobs[i, :req.spec.top_logprobs] if rows.top_logprobs is not None and req.spec.top_logprobs else None))
+            if req.grammar is not None:
+                # a violating token leaves the matcher in error: its masks then allow only EOS
+                req.grammar.consume(token)
             reason = self._finish_reason(req, token)
             if reason != tp.FINISH_REASON_UNSPECIFIED:
                 self._finish_if_fenced(req, reason)

@@ -49,6 +49,7 @@ class ProgramRunner:
     vocab_size: int
     histogram_bins: int
     eos_ids: tuple[int, ...]
+    mask_words: int = 0                  # grammar mask width (ceil(vocab / 32))
     frame: int = 0
     timings: RoundTimings = field(default_factory=RoundTimings)
 
@@ -92,7 +93,12 @@ class ProgramRunner:
                 SamplingParameters(s.temperature, s.top_p, s.top_k, s.min_p, s.presence_penalty,
                                    s.frequency_penalty, s.repetition_penalty),
                 lane.output_limit, self.eos_ids)
+        mask = None
+        if req.grammar is not None and lane.sample and operation != cp.OPERATION_INITIALIZATION:
+            words = np.zeros(self.mask_words, dtype=np.int32)   # bit (id % 32) of word id // 32 = allowed
+            req.grammar.fill_mask(words)
+            mask = words.view(np.uint32)
         pending = lane.tokens == [PENDING_TOKEN]
         return PackedLane(slot=lane.slot, generation=lane.generation, consumed=lane.start,
                           tokens=None if pending else np.asarray(lane.tokens, dtype=np.int32),
-                          sample=lane.sample, pages=lane.page_table, admission=admission)
+                          sample=lane.sample, pages=lane.page_table, grammar_mask=mask, admission=admission)

@@ -15,11 +15,15 @@ import logging
 import time
 from dataclasses import dataclass
 
+import llguidance as llg
+
 from helios_proto import contract_pb2 as cp
+from helios_proto import transport_pb2 as tp
 
 from helios_backend.bootstrap import Bootstrap
 from helios_backend.model import ModelOptions, NativeModel
 from helios_backend.scheduler.host_stops import HostStopCheck
+from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarSessionError, GrammarTokenizer
 from helios_backend.scheduler.request import RequestSpec
 from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
 from helios_backend.scheduler.variants import VariantTable
@@ -28,7 +32,7 @@ from helios_backend.server.engine import ProgramRunner
 from helios_backend.server.metrics import MetricBackend, MetricsThread, NullMetrics
 from helios_backend.server.responses import ResponseHub, Stream
 from helios_backend.server.settings import EffectiveSettings, SettingsError, StartupOptions, resolve
-from helios_backend.server.transport import SpecDefaults
+from helios_backend.server.transport import SpecDefaults, TransportError
 from helios_backend.server.worker import Worker
 
 log = logging.getLogger("helios.runtime")
@@ -50,6 +54,7 @@ class HeliosRuntime:
     metrics: MetricsThread | NullMetrics
     spec_defaults: SpecDefaults
     clock_origin_ns: int
+    grammar_tokenizer: GrammarTokenizer | None = None
 
     @classmethod
     def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None) -> "HeliosRuntime":
@@ -89,7 +94,11 @@ class HeliosRuntime:
 
         scheduler = _stage("scheduler", lambda: Scheduler(config, VariantTable.from_graphs(model.graphs), stop_factory))
         runner = ProgramRunner(model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
-                               vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids))
+                               vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids),
+                               mask_words=vocab.mask_words or -(-vocab.sampled_tokens // 32))
+        grammar_tokenizer = _stage("grammar tokenizer", lambda: GrammarTokenizer.from_json(
+            bootstrap.read_resource(contract.model.frontend.tokenizer_resource).decode("utf-8"),
+            tuple(contract.defaults.eos_token_ids)))
         metrics: MetricsThread | NullMetrics = (
             MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
         worker_ref: list[Worker] = []
@@ -104,7 +113,8 @@ class HeliosRuntime:
                  contract.served_id, config.num_pages, config.page_tokens, config.request_slots,
                  scheduler.max_active)
         defaults = SpecDefaults(contract.defaults.sampling, settings.max_output_tokens, vocab.sampled_tokens)
-        return cls(bootstrap, model, settings, scheduler, runner, worker, hub, metrics, defaults, origin)
+        return cls(bootstrap, model, settings, scheduler, runner, worker, hub, metrics, defaults, origin,
+                   grammar_tokenizer)
 
     def assets(self):  # -> tp.FrontendAssets
         b = self.bootstrap
@@ -115,9 +125,28 @@ class HeliosRuntime:
                                self.settings, self.scheduler.max_prompt_tokens,
                                b.manifest.completion.top_logprobs, self.clock_origin_ns)
 
-    def submit(self, spec: RequestSpec, stream: Stream) -> None:
+    def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
+        """The request's matcher, or None when unconstrained; TransportError when the grammar
+        does not compile (invalid request, never an execution failure)."""
+        if grammar.kind == tp.GRAMMAR_KIND_UNSPECIFIED:
+            return None
+        if self.grammar_tokenizer is None:
+            raise TransportError("grammar", "this model serves no constrained requests")
+        text = grammar.text
+        if grammar.kind == tp.GRAMMAR_KIND_LARK:
+            text = llg.grammar_from("lark", text)
+        elif grammar.kind == tp.GRAMMAR_KIND_JSON_SCHEMA:
+            text = llg.grammar_from("json_schema", text)
+        elif grammar.kind != tp.GRAMMAR_KIND_LLGUIDANCE:
+            raise TransportError("grammar.kind", f"unknown grammar kind {grammar.kind}")
+        try:
+            return GrammarSession.create(self.grammar_tokenizer, text)
+        except (GrammarSessionError, ValueError) as exc:
+            raise TransportError("grammar", str(exc)) from None
+
+    def submit(self, spec: RequestSpec, stream: Stream, grammar: GrammarSession | None = None) -> None:
         self.hub.register(stream)
-        self.worker.submit(stream.serial, spec)
+        self.worker.submit(stream.serial, spec, grammar)
 
     def cancel(self, serial: int) -> None:
         self.worker.cancel(serial)

@@ -100,6 +100,7 @@ class TritonHeliosModel:
                     continue
                 gen = params.generate
                 spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
+                grammar = runtime.grammar_session(gen.grammar)
             except TransportError as exc:
                 self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
                 continue
@@ -107,7 +108,7 @@ class TritonHeliosModel:
                             top_k=spec.top_logprobs,
                             ingress_ns=gen.ingress_ns if gen.HasField("ingress_ns") else None,
                             enqueue_ns=gen.enqueue_ns if gen.HasField("enqueue_ns") else None)
-            runtime.submit(spec, stream)
+            runtime.submit(spec, stream, grammar)
         return None
 
     def finalize(self) -> None:

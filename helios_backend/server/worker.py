@@ -22,7 +22,7 @@ from helios_proto import transport_pb2 as tp
 
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
 from helios_backend.scheduler.plan import RoundPlan
-from helios_backend.scheduler.request import RequestSpec
+from helios_backend.scheduler.request import Grammar, RequestSpec
 from helios_backend.scheduler.scheduler import Event, Scheduler, Terminal
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.server.metrics import REJECTION_LABEL, Op, Update, update
@@ -48,6 +48,7 @@ class MetricsQueue(Protocol):
 class _Submit:
     serial: int
     spec: RequestSpec
+    grammar: Grammar | None = None
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ class Worker:
         self._metrics.push(self._round_metrics.capacity() + self._round_metrics.collect())
         self._thread.start()
 
-    def submit(self, serial: int, spec: RequestSpec) -> None:
-        self._inbox.put(_Submit(serial, spec))
+    def submit(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> None:
+        self._inbox.put(_Submit(serial, spec, grammar))
 
     def cancel(self, serial: int) -> None:
         self._inbox.put(_Cancel(serial))
@@ -153,7 +154,7 @@ class Worker:
             self._reject(item.serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model is draining"))
         else:
             try:
-                self._scheduler.add(item.serial, item.spec)
+                self._scheduler.add(item.serial, item.spec, item.grammar)
             except AdmissionRejected as exc:
                 self._reject(item.serial, exc)
             except InvalidRequestError as exc:
