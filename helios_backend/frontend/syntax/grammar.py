@@ -90,6 +90,7 @@ class RequestGrammar:
 
 
 _ANY_TEXT = "(?s:.*)"
+_NO_VALUE_LEAD = "\\s<"  # regex class body: whitespace and "<"
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _STRING_ANNOTATIONS = frozenset({"type", "description", "title", "default", "examples", "deprecated", "$comment"})
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
@@ -141,15 +142,17 @@ class _LarkWriter:
     def text_lit(self, text: str) -> str:
         return json.dumps(text, ensure_ascii=False) if text else ""
 
-    def text_until(self, end: str, forbid: Sequence[str] = (), wrap_newline: bool = False) -> str:
+    def text_until(self, end: str, forbid: Sequence[str] = (), wrap_newline: bool = False, no_leading: str = "") -> str:
         """Free text up to and including the first `end` delimiter; `forbid` delimiters may not
-        occur in the text (they would end the span in the engine)."""
+        occur in the text (they would end the span in the engine). `no_leading` is a regex class
+        body of characters a non-empty text may not start with."""
         forbidden = [f for f in forbid if f and f != end]
+        lead = f" & ~/[{no_leading}]{_ANY_TEXT}/" if no_leading else ""
         token = self._markup.token_of_spelling.get(end)
         if token is not None:
             # Text can never contain a special token, so greedy text then the token is exact.
             terminal = self._name("TEXT").upper()
-            body = f"/{_ANY_TEXT}/"
+            body = f"/{_ANY_TEXT}/" + lead
             if forbidden:
                 alts = "|".join(_regex_literal(f) for f in forbidden)
                 body += f" & ~/{_ANY_TEXT}({alts}){_ANY_TEXT}/"
@@ -158,7 +161,12 @@ class _LarkWriter:
         terminal = self._name("UPTO").upper()
         ending = ("\\n" if wrap_newline else "") + _regex_literal(end)
         alts = "|".join(_regex_literal(f) for f in [*forbidden, end])
-        self._lines.append(f"{terminal}: /{_ANY_TEXT}{ending}/ & ~/{_ANY_TEXT}({alts})(?s:.+)/")
+        # No forbidden pattern (nor `end` itself) before the final `end`; the final `end` may
+        # begin with a forbidden pattern ("</" before "</parameter>").
+        body = f"/{_ANY_TEXT}{ending}/ & ~/{_ANY_TEXT}({alts}){_ANY_TEXT}{ending}/"
+        if no_leading:
+            body = f"({body}{lead}) | /{ending}/"  # the empty text stays allowed
+        self._lines.append(f"{terminal}: {body}")
         rule = self._name("upto")
         self._lines.append(f"{rule}[lazy]: {terminal}")
         return rule
@@ -228,7 +236,19 @@ class _Builder:
             values = _alt([w.text_lit(v) for v in schema["enum"]])
             close = (w.text_lit("\n") if t.wrap_newlines else "") + " " + w.lit(t.parameter_close)
             return _seq(head, wrap, values, close)
-        value = w.text_until(t.parameter_close, forbid=self._frame_interrupts(), wrap_newline=t.wrap_newlines)
+        # The syntax's own tags may not appear inside a value: the engine would read them as text,
+        # but a small model that drifts into tag soup there never closes the value (measured).
+        forbid = [t.parameter_open_prefix, t.invocation_close, t.block_close, t.block_open, *self._frame_interrupts()]
+        lead = ""
+        if self.request.tool_choice in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
+            # A forced call may come from a model that does not know the syntax: its string values
+            # may not start with whitespace or markup, nor contain a closing-tag start or markup at
+            # a line start other than the parameter close (measured with a 135M model: it closes values with
+            # invented tags, or opens new ones on the next line). Calls the
+            # model chose itself (auto) keep values free, so code values may contain "</".
+            forbid += [t.parameter_close[:2], "\n" + t.parameter_close[:1]]
+            lead = _NO_VALUE_LEAD
+        value = w.text_until(t.parameter_close, forbid=forbid, wrap_newline=t.wrap_newlines, no_leading=lead)
         return _seq(head, wrap, value)
 
     def _call(self, spec: ToolSpec) -> str:
@@ -356,7 +376,11 @@ class _Builder:
         """(prelude frames, tool frames, final frame) as (recipient, body expression) pairs."""
         r = self.reasoning
         text = self._text_body()
-        prelude = [(r.reasoning_recipient, text)] + [(c, text) for c in r.content_recipients[:-1]]
+        prelude = [(r.reasoning_recipient, text)]
+        if self.request.tool_choice not in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED) or not self._tools_allowed():
+            # Visible commentary only where a visible answer may follow; a forced call may only
+            # be preceded by reasoning.
+            prelude += [(c, text) for c in r.content_recipients[:-1]]
         tools: list[tuple[str, str]] = []
         if self._tools_allowed():
             for spec in self._calls():
