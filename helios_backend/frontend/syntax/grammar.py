@@ -243,9 +243,9 @@ class _Builder:
         if self.request.tool_choice in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
             # A forced call may come from a model that does not know the syntax: its string values
             # may not start with whitespace or markup, nor contain a closing-tag start or markup at
-            # a line start other than the parameter close (measured with a 135M model: it closes values with
-            # invented tags, or opens new ones on the next line). Calls the
-            # model chose itself (auto) keep values free, so code values may contain "</".
+            # a line start other than the parameter close (measured with a 135M model: it closes
+            # values with invented tags, or opens new ones on the next line). Calls the model
+            # chose itself (auto) keep values free, so code values may contain "</".
             forbid += [t.parameter_close[:2], "\n" + t.parameter_close[:1]]
             lead = _NO_VALUE_LEAD
         value = w.text_until(t.parameter_close, forbid=forbid, wrap_newline=t.wrap_newlines, no_leading=lead)
