@@ -140,7 +140,8 @@ Array = np.ndarray | tuple[np.ndarray, int]     # a buffer, or (buffer, byte off
 
 def check_against_reference(library: KernelLibrary, interpreter: Interpreter, kernel_id: str,
                             buffers: dict[str, Array], immediates: dict[str, int | float],
-                            atol: float = 0.0, rtol: float = 0.0) -> dict[str, np.ndarray]:
+                            atol: float = 0.0, rtol: float = 0.0,
+                            spec: abi.KernelSpec | None = None) -> dict[str, np.ndarray]:
     """Run `kernel_id` in the interpreter and its numpy reference on the same inputs; compare
     every buffer the ABI says the kernel writes. Returns the interpreter's buffers by name.
 
@@ -148,7 +149,7 @@ def check_against_reference(library: KernelLibrary, interpreter: Interpreter, ke
     the reference receives flat views from the pointer to the end of its buffer, as abi.py
     prescribes.
     """
-    spec = abi.kernel(kernel_id)
+    spec = spec or abi.kernel(kernel_id)
     regions, size = {}, 0
     for param in spec.params:
         if param.is_pointer:
@@ -190,9 +191,13 @@ def interpret(library: KernelLibrary, interpreter: Interpreter, kernel_id: str,
               arena: np.ndarray, args: list) -> None:
     """Run one launch exactly as recorded: the library's grid, the ABI's argument order."""
     spec = SPECS_BY_ID[kernel_id]
-    grid, _, _ = library.geometry(kernel_id, args)
-    interpreter.run(spec.module, spec.function, library.signature(kernel_id), grid, arena, args,
-                    spec.constexprs)
+    signature = library.signature(kernel_id)
+    if kernel_id in abi.KERNELS:
+        grid, _, _ = library.geometry(kernel_id, args)
+    else:                                # a proposed id: grid rule without a compiled cubin
+        immediates = {n: v for (n, t), v in zip(signature, args) if not t.startswith("*")}
+        grid = spec.grid(immediates, spec.constexprs)
+    interpreter.run(spec.module, spec.function, signature, grid, arena, args, spec.constexprs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,32 +353,89 @@ def test_a_wrong_rope_pairing_changes_q_and_k(library, interpreter):
                            results[1]["k_cache"].astype(np.float32), atol=0.1)
 
 
-@pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads", [
+PAGED_CASES = [
     ([1, 5, 0, 3], [13, 0, 1, 2, 3, 4, 20, 21, 22, 0], 4, 6, 2),  # mixed decode + prefill
     ([1] * 6, [0, 3, 4, 7, 8, 23], 4, 6, 2),                       # decode at page edges
     ([2, 1], [63, 64, 100, 0], 16, 6, 2),                          # longer contexts
     ([1, 23], [9] + list(range(40, 63)) + [0], 8, 8, 2),           # chunk continuing a prompt
     ([3, 2], [5, 6, 7, 30, 31, 0], 16, 2, 2),                      # no grouping (MHA)
-])
-def test_paged_attention(library, interpreter, query_length, positions, page_tokens, q_heads,
-                         kv_heads):
+]
+
+
+def _paged_case(query_length, positions, page_tokens, q_heads, kv_heads):
     rows, tokens = len(query_length), len(positions)
     head_dim, slots = 64, rows
     pages_per_row = -(-128 // page_tokens)
     (k_cache, v_cache), page_table, page_stride, layer = _paged_cache(
         slots, pages_per_row, page_tokens, kv_heads, head_dim)
-    out = check_against_reference(library, interpreter, "attention.paged.v1", {
+    buffers = {
         "out": np.full((tokens, q_heads * head_dim), 7.0, np.float32),
         "q": RNG.standard_normal((tokens, q_heads * head_dim)).astype(np.float32),
         "k_cache": (k_cache, layer), "v_cache": (v_cache, layer),
         "positions": np.array(positions, np.int32), "page_table": page_table,
         "row_slot": RNG.permutation(slots).astype(np.int32)[:rows],
-        "geometry": step_geometry(query_length, tokens)},
-        {"rows": rows, "tokens": tokens, "q_heads": q_heads, "kv_heads": kv_heads,
-         "head_dim": head_dim, "page_tokens": page_tokens, "pages_per_row": pages_per_row,
-         "page_stride": page_stride, "scale": head_dim ** -0.5}, atol=1e-2, rtol=1e-2)
+        "geometry": step_geometry(query_length, tokens)}
+    immediates = {"rows": rows, "tokens": tokens, "q_heads": q_heads, "kv_heads": kv_heads,
+                  "head_dim": head_dim, "page_tokens": page_tokens,
+                  "pages_per_row": pages_per_row, "page_stride": page_stride,
+                  "scale": head_dim ** -0.5}
+    return buffers, immediates
+
+
+@pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads", PAGED_CASES)
+def test_paged_attention(library, interpreter, query_length, positions, page_tokens, q_heads,
+                         kv_heads):
+    buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads)
+    out = check_against_reference(library, interpreter, "attention.paged.v1", buffers,
+                                  immediates, atol=1e-2, rtol=1e-2)
     live = sum(max(n, 0) for n in query_length)
     assert (out["out"][live:] == 7.0).all()                  # padding tokens untouched
+
+
+def _split_spec() -> abi.KernelSpec:
+    """The proposed attention.paged_split.v1 as an ABI entry: v1's reference (the scratch
+    params do not change the result) over the proposed parameter list. Scratch is declared
+    READ here so the comparison skips it (the reference never writes it)."""
+    from helios_backend.kernels.attention import paged_attention
+    from ignition.kernels.signature import PROPOSED
+    kinds = {"i32": abi.I32, "i64": abi.I64, "fp32": abi.F32}
+    dtypes = {"*fp32": abi.F32_T, "*fp16": abi.F16_T, "*i32": abi.I32_T}
+    written = {"out": abi.Access.WRITE}
+    params = tuple(abi.Param(name, abi.POINTER, dtypes[t], written.get(name, abi.Access.READ))
+                   if t.startswith("*") else abi.Param(name, kinds[t])
+                   for name, t in PROPOSED["attention.paged_split.v1"])
+
+    def reference(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                  partials, arrivals, *immediates):
+        paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                        *immediates[:-1])
+    return abi.KernelSpec("attention.paged_split.v1", params, reference, "proposed")
+
+
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads",
+                         [PAGED_CASES[0], PAGED_CASES[2], PAGED_CASES[3]])
+def test_split_kv_attention_matches_unsplit_and_resets_its_counters(
+        library, interpreter, splits, query_length, positions, page_tokens, q_heads, kv_heads):
+    buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads)
+    tokens = immediates["tokens"]
+    buffers["partials"] = np.zeros((splits, tokens, q_heads, 64 + 2), np.float32)
+    buffers["arrivals"] = np.zeros((tokens, kv_heads), np.int32)
+    immediates["splits"] = splits
+    out = check_against_reference(library, interpreter, "attention.paged_split.v1", buffers,
+                                  immediates, atol=1e-2, rtol=1e-2, spec=_split_spec())
+    assert (out["arrivals"] == 0).all()          # self-resetting for the next launch
+
+
+def test_proposed_kernels_compile(library, tmp_path):
+    from ignition.kernels import compiler
+    from ignition.kernels.specs import PROPOSED_SPECS
+    requests = [library._request(spec, "sm_90a") for spec in PROPOSED_SPECS]
+    compiled = compiler.compile_all(requests, compiler.CubinCache(tmp_path))
+    for spec in PROPOSED_SPECS:
+        kernel = compiled[spec.kernel_id]
+        assert kernel.ptx_params == len(library.signature(spec.kernel_id)) + 2
+        assert "ACQBULK" in _sass(kernel.cubin, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from helios_proto import manifest_pb2
 
 from ignition.kernels import compiler
 from ignition.kernels.signature import triton_signature
-from ignition.kernels.specs import (ALIGNMENT, KERNEL_SPECS, SPECS_BY_ID, GeometryError, Grid,
-                                    KernelSpec)
+from ignition.kernels.specs import (ALIGNMENT, KERNEL_SPECS, PROPOSED_SPECS, SPECS_BY_ID,
+                                    GeometryError, Grid, KernelSpec)
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Grid, Dim3, int]          # (grid, block, dynamic shared bytes)
@@ -68,7 +68,12 @@ class KernelLibrary:
         return self._cache.root
 
     def kernel_ids(self) -> list[str]:
-        return [spec.kernel_id for spec in KERNEL_SPECS]
+        """Every ABI id, plus proposed ids once abi.py defines them."""
+        return [spec.kernel_id for spec in self._specs()]
+
+    @staticmethod
+    def _specs() -> list[KernelSpec]:
+        return list(KERNEL_SPECS) + [s for s in PROPOSED_SPECS if s.kernel_id in abi.KERNELS]
 
     def signature(self, kernel_id: str) -> tuple[tuple[str, str], ...]:
         """(param name, Triton type) in ABI order."""
@@ -78,7 +83,7 @@ class KernelLibrary:
                 ) -> dict[str, compiler.CompiledKernel]:
         """kernel id -> CompiledKernel; compiles what the disk cache lacks (worker processes)."""
         if arch not in self._compiled:
-            requests = [self._request(spec, arch) for spec in KERNEL_SPECS]
+            requests = [self._request(spec, arch) for spec in self._specs()]
             self._compiled[arch] = compiler.compile_all(requests, self._cache, progress)
         return self._compiled[arch]
 

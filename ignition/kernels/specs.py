@@ -100,6 +100,12 @@ def _histogram_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (cdiv(a["histogram_bins"], c["BLOCK_H"]), a["rows"], 1)
 
 
+def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
+    x, y, _ = _paged_attention(a, c)
+    _require(a["splits"] >= 1, "splits must be >= 1")
+    return (x, y, a["splits"])
+
+
 # Decode is latency-bound weight streaming: by Little's law an H200 needs ~3 MB of loads in
 # flight (4.8 TB/s x ~0.7 us) to reach its bandwidth, while one layer's projections are only
 # 0.7-3.5 MB. So the layer GEMMs use the narrowest tensor-core tile (N = 16: many programs)
@@ -139,4 +145,13 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                _histogram_tiles, divisible=("histogram_bins",)),
 )
 
-SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}
+# Kernels for ids proposed to the ABI owner (docs/kernels.md, "ABI change requests"). They
+# compile and ship as soon as abi.py defines the id; their parameter lists are in signature.py.
+PROPOSED_SPECS: tuple[KernelSpec, ...] = (
+    KernelSpec("attention.paged_split.v1", "attention", "paged_attention_split",
+               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256},
+               _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride")),
+)
+
+SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec
+                                         for spec in KERNEL_SPECS + PROPOSED_SPECS}

@@ -106,6 +106,77 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
 
 
 @triton.jit
+def _query_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr):
+    """(row, first token, row end) of program_id(0)'s query block; row == rows if none.
+
+    Rows are cut into blocks of BLOCK_M // group consecutive queries; program p takes the
+    p-th block in row order (prefix sum of the rows' block counts, rows <= MAX_ROWS)."""
+    per_block = BLOCK_M // group
+    r = tl.arange(0, MAX_ROWS)
+    r_mask = r < rows
+    starts = tl.load(geometry + 1 + tokens + r, mask=r_mask, other=0)
+    ends = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
+    blocks = (ends - starts + per_block - 1) // per_block
+    block_ends = tl.cumsum(blocks, axis=0)
+    pid = tl.program_id(0)
+    row = tl.sum((tl.where(r_mask, block_ends, 0x7FFFFFFF) <= pid).to(tl.int32), axis=0)
+    this = r == row
+    end = tl.sum(tl.where(this, ends, 0), axis=0)
+    first = (tl.sum(tl.where(this, starts, 0), axis=0)
+             + (pid - tl.sum(tl.where(this, block_ends - blocks, 0), axis=0)) * per_block)
+    return row, first, end
+
+
+@triton.jit
+def _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads, head_dim, page_tokens,
+            page_stride, scale, key_begin, key_end,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Online-softmax partial (acc [BLOCK_M, BLOCK_D], max m, sum l) of the BLOCK_M query rows
+    over keys [key_begin, key_end) of one kv head; m = -1e30, l = 0 for an empty range."""
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+    m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for k0 in range(key_begin, key_end, BLOCK_N):
+        k_pos = k0 + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < key_end
+        page = tl.load(table + k_pos // page_tokens, mask=k_valid, other=0)
+        base = (page.to(tl.int64) * page_stride
+                + ((k_pos % page_tokens) * kv_heads + kv_head) * head_dim)
+        kv_mask = k_valid[:, None] & d_mask[None, :]
+        keys = tl.load(k_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        values = tl.load(v_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        scores = tl.dot(q_tile, tl.trans(keys)) * scale
+        causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        scores = tl.where(causal, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), values)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _load_queries(q, positions, first, end, kv_head, group, q_heads, head_dim,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Query rows of one block: row i = (token first + i // group, head kv_head*group + i % group).
+    Returns (f16 q tile, positions (-1 for padding rows), element mask, q/out offsets, valid rows)."""
+    m_idx = tl.arange(0, BLOCK_M)
+    tok = first + m_idx // group
+    valid = (m_idx < (BLOCK_M // group) * group) & (tok < end)
+    head = kv_head * group + m_idx % group
+    d = tl.arange(0, BLOCK_D)
+    offsets = tok[:, None] * (q_heads * head_dim) + head[:, None] * head_dim + d[None, :]
+    mask = valid[:, None] & (d < head_dim)[None, :]
+    q_tile = tl.load(q + offsets, mask=mask, other=0.0).to(tl.float16)
+    q_pos = tl.load(positions + tok, mask=valid, other=-1)
+    return q_tile, q_pos, mask, offsets, valid
+
+
+@triton.jit
 def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                     rows, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                     page_stride, scale,
@@ -116,63 +187,94 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
     Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads), group = q_heads // kv_heads.
     A program takes up to BLOCK_M // group consecutive queries of one row and the `group`
     query heads sharing one kv head: BLOCK_M query rows (token-major, head-minor) against one
-    stream of keys, so decode (1 query) and prefill chunks use the same kernel. Program p
-    finds its (row, query block) from the rows' block counts; the grid bound covers the worst
-    split of tokens among rows, and surplus programs exit at once.
-    Keys/values are gathered per key through the page table, so any page_tokens works.
+    stream of keys, so decode (1 query) and prefill chunks use the same kernel. The grid
+    bound covers the worst split of tokens among rows (each row may leave one partial
+    block); surplus programs exit at once. Keys/values are gathered per key through the
+    page table, so any page_tokens works.
     """
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     group = q_heads // kv_heads
-    per_block = BLOCK_M // group
-    r = tl.arange(0, MAX_ROWS)
-    r_mask = r < rows
-    starts = tl.load(geometry + 1 + tokens + r, mask=r_mask, other=0)
-    ends = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
-    blocks = (ends - starts + per_block - 1) // per_block
-    block_ends = tl.cumsum(blocks, axis=0)
-    pid = tl.program_id(0)
-    row = tl.sum((tl.where(r_mask, block_ends, 0x7FFFFFFF) <= pid).to(tl.int32), axis=0)
+    row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:
-        this = r == row
-        end = tl.sum(tl.where(this, ends, 0), axis=0)
-        first = (tl.sum(tl.where(this, starts, 0), axis=0)
-                 + (pid - tl.sum(tl.where(this, block_ends - blocks, 0), axis=0)) * per_block)
         kv_head = tl.program_id(1)
-        m_idx = tl.arange(0, BLOCK_M)
-        tok = first + m_idx // group
-        valid = (m_idx < per_block * group) & (tok < end)
-        head = kv_head * group + m_idx % group
-        d = tl.arange(0, BLOCK_D)
-        d_mask = d < head_dim
-        q_offset = tok[:, None] * (q_heads * head_dim) + head[:, None] * head_dim + d[None, :]
-        q_tile = tl.load(q + q_offset, mask=valid[:, None] & d_mask[None, :], other=0.0)
-        q_tile = q_tile.to(tl.float16)
-        q_pos = tl.load(positions + tok, mask=valid, other=-1)
+        q_tile, q_pos, mask, offsets, _ = _load_queries(q, positions, first, end, kv_head, group,
+                                                        q_heads, head_dim, BLOCK_M, BLOCK_D)
+        table = page_table + tl.load(row_slot + row) * pages_per_row
+        acc, _, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
+                              head_dim, page_tokens, page_stride, scale, 0,
+                              tl.max(q_pos, axis=0) + 1, BLOCK_M, BLOCK_N, BLOCK_D)
+        tl.store(out + offsets, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], mask=mask)
+
+
+@triton.jit
+def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                          partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
+                          page_tokens, pages_per_row, page_stride, scale, splits,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          MAX_ROWS: tl.constexpr, PDL: tl.constexpr):
+    """paged_attention with the keys split over grid z (flash-decoding), merged in one node.
+
+    PROPOSED id attention.paged_split.v1 (not in abi.py yet; docs/kernels.md). Grid
+    (cdiv(tokens, BLOCK_M // group) + rows, kv_heads, splits). Split z of a query block takes
+    keys [z * chunk, (z + 1) * chunk) of its live context, chunk = cdiv(context, splits)
+    rounded up to BLOCK_N, so the split length follows the live context. Each split writes
+    its (acc, m, l) per query row to
+        partials f32 [splits, tokens, q_heads, head_dim + 2]   (acc | m | l)
+    then increments arrivals i32 [tokens, kv_heads] at (first token of the block, kv head);
+    the last split to arrive merges the partials in split order (deterministic), writes out
+    and resets the counter to 0 for the next launch. arrivals must be zero at allocation.
+    """
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    group = q_heads // kv_heads
+    row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
+    if row < rows:
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        q_tile, q_pos, mask, offsets, valid = _load_queries(q, positions, first, end, kv_head,
+                                                            group, q_heads, head_dim, BLOCK_M,
+                                                            BLOCK_D)
+        table = page_table + tl.load(row_slot + row) * pages_per_row
         context = tl.max(q_pos, axis=0) + 1
-        slot = tl.load(row_slot + row)
-        table = page_table + slot * pages_per_row
-        m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for k0 in range(0, context, BLOCK_N):
-            k_pos = k0 + tl.arange(0, BLOCK_N)
-            k_valid = k_pos < context
-            page = tl.load(table + k_pos // page_tokens, mask=k_valid, other=0)
-            base = (page.to(tl.int64) * page_stride
-                    + ((k_pos % page_tokens) * kv_heads + kv_head) * head_dim)
-            kv_mask = k_valid[:, None] & d_mask[None, :]
-            keys = tl.load(k_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            values = tl.load(v_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            scores = tl.dot(q_tile, tl.trans(keys)) * scale
-            causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
-            scores = tl.where(causal, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(scores - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), values)
-            m_i = m_new
-        result = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out + q_offset, result, mask=valid[:, None] & d_mask[None, :])
+        chunk = tl.cdiv(tl.cdiv(context, splits), BLOCK_N) * BLOCK_N
+        key_begin = tl.minimum(split * chunk, context)
+        key_end = tl.minimum(key_begin + chunk, context)
+        acc, m_i, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
+                                head_dim, page_tokens, page_stride, scale, key_begin, key_end,
+                                BLOCK_M, BLOCK_N, BLOCK_D)
+        # partial rows: [split][token][q head][head_dim + 2]
+        width = head_dim + 2
+        m_idx = tl.arange(0, BLOCK_M)
+        d = tl.arange(0, BLOCK_D)
+        unit = ((first + m_idx // group) * q_heads + kv_head * group + m_idx % group) * width
+        span = tokens * q_heads * width
+        mine = partials + split.to(tl.int64) * span
+        tl.store(mine + unit[:, None] + d[None, :], acc, mask=mask)
+        tl.store(mine + unit + head_dim, m_i, mask=valid)
+        tl.store(mine + unit + head_dim + 1, l_i, mask=valid)
+        tl.debug_barrier()          # every thread's partial stores precede the release below
+        counter = arrivals + first * kv_heads + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            tl.debug_barrier()
+            m_all = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+            l_all = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            merged = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+            for s in range(0, splits):
+                theirs = partials + s * span
+                m_s = tl.load(theirs + unit + head_dim, mask=valid, other=-1.0e30,
+                              cache_modifier=".cg")
+                l_s = tl.load(theirs + unit + head_dim + 1, mask=valid, other=0.0,
+                              cache_modifier=".cg")
+                acc_s = tl.load(theirs + unit[:, None] + d[None, :], mask=mask, other=0.0,
+                                cache_modifier=".cg")
+                m_new = tl.maximum(m_all, m_s)
+                alpha = tl.exp(m_all - m_new)
+                beta = tl.exp(m_s - m_new)
+                l_all = l_all * alpha + l_s * beta
+                merged = merged * alpha[:, None] + acc_s * beta[:, None]
+                m_all = m_new
+            tl.store(out + offsets, merged / tl.where(l_all > 0, l_all, 1.0)[:, None], mask=mask)
+            tl.store(counter, 0)
