@@ -233,3 +233,12 @@ def test_recorded_model_programs_plan_against_the_abi() -> None:
         assert len(launches) == len(program.nodes)
         runs = tp.staging_runs(program, manifest.transport)
         assert 1 <= len(runs) <= tp.MAX_RUNS and all(n % tp.RUN_ALIGNMENT == 0 for _, n in runs)
+
+
+# spec: OWN-11
+def test_geometry_reports_offsets_and_backed_bytes() -> None:
+    executor = _executor(FakeDriver(), cache_pages=4)
+    offsets = executor.buffer_offsets()
+    assert offsets["weights"] == 0 and set(offsets) >= {"staging", "completion", "cache"}
+    assert executor.arena_nbytes() >= offsets["scratch"] + 8 * N + 4 * (4 * N)
+    executor.close()

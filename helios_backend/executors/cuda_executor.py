@@ -347,6 +347,17 @@ class CudaExecutor:
     def programs(self) -> tuple[str, ...]:
         return tuple(self._launch_plan)
 
+    def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
+        """Byte offset of every buffer from the rank's arena base (CACHE: its window), for
+        NativeModel.manifests (OWN-11)."""
+        r = self._ranks[rank]
+        return {name: address - r.arena.base for name, address in r.addresses.base.items()}
+
+    def arena_nbytes(self, rank: int = 0) -> int:
+        """Bytes backed in the rank's arena: the fixed part plus the backed cache pages."""
+        r = self._ranks[rank]
+        return r.arena.fixed_nbytes + sum(r.arena.buffer_nbytes(n) for n in r.arena.layout.cache_page_nbytes)
+
     def node_count(self, program: str, rank: int = 0) -> int:
         """Graph nodes per step of `program` (copies and event included)."""
         return self._ranks[rank].node_counts[program]
