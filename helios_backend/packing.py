@@ -30,7 +30,6 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
-from helios_backend.kernels.state import SAMPLING_PARAMETER_WORDS
 
 _NUMPY = {C.DTYPE_I32: np.int32, C.DTYPE_U32: np.uint32, C.DTYPE_F32: np.float32, C.DTYPE_I64: np.int64,
           C.DTYPE_U64: np.uint64, C.DTYPE_U8: np.uint8, C.DTYPE_I8: np.int8, C.DTYPE_I16: np.int16}
@@ -307,6 +306,3 @@ class Packer:
             for target in frame_targets.values():
                 target.memory.pop(slot, None)
 
-
-def sampling_vector_words() -> int:
-    return SAMPLING_PARAMETER_WORDS

@@ -60,6 +60,8 @@ def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = N
             unit = "B" if stage == "core" else "tensor"
             bar = bars[stage] = tqdm(total=total, desc=stage, unit=unit, unit_scale=stage == "core", leave=True)
         bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
 
     prepared = prepare(recipe, options, progress=progress, kernel_library=_kernel_library() if kernels else None)
     target = pathlib.Path(out)
@@ -69,7 +71,7 @@ def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = N
                        signing_key=load_or_create_publisher_key(key_path),
                        progress=lambda done, total: progress("core", done, total))
     for bar in bars.values():
-        bar.close()
+        bar.close()   # idempotent
     return prepared
 
 

@@ -139,3 +139,35 @@ class Recorder:
 
     def node_counts(self) -> Mapping[str, int]:
         return {p.name: len(p.nodes) for p in self.programs}
+
+    def forward_view(self) -> "ForwardRecorder":
+        return ForwardRecorder(self)
+
+
+# Buffers a recipe's forward pass may only read: weights, per-slot state, transport and completion records
+# are written by the shared declarations alone (recipes cannot install state-update code, OWN-8).
+_FORWARD_READ_ONLY_KINDS = (manifest_pb2.BUFFER_KIND_STATE, manifest_pb2.BUFFER_KIND_STAGING,
+                      manifest_pb2.BUFFER_KIND_COMPLETION, manifest_pb2.BUFFER_KIND_WEIGHT)
+
+
+class ForwardRecorder:
+    """What a recipe's forward pass records through: launches that write scratch or cache only."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    def ref(self, name: str, byte_offset: int = 0) -> Ref:
+        return self._recorder.ref(name, byte_offset)
+
+    def launch(self, kernel_id: str, label: str = "", **args: object) -> None:
+        spec = abi.kernel(kernel_id)
+        for param in spec.params:
+            if not param.is_pointer or param.access == abi.Access.READ or param.name not in args:
+                continue
+            value = args[param.name]
+            name = value.buffer if isinstance(value, Ref) else value
+            buffer = self._recorder.buffers.get(name) if isinstance(name, str) else None
+            if buffer is not None and buffer.kind in _FORWARD_READ_ONLY_KINDS:
+                raise RecordingError(f"{kernel_id}.{param.name}: a recipe's forward pass may not write "
+                                     f"{manifest_pb2.BufferKind.Name(buffer.kind)} buffer {name!r}")
+        self._recorder.launch(kernel_id, label, **args)

@@ -138,3 +138,19 @@ def test_weights_are_fp16_with_sources_in_the_catalog(prepared):
     assert {b.dtype for b in weights if b.name != "weights.rope_table"} == {C.DTYPE_F16}
     catalog = prepared.contract.rebuild.weight_catalogs[0]
     assert {t.name for t in catalog.tensors} >= {"blk.0.attn_q.weight", "token_embd.weight", "output_norm.weight"}
+
+
+def test_a_recipe_forward_pass_cannot_write_slot_state_or_completion():
+    # spec: OWN-8 (recipes cannot install state-update code; only shared declarations write state)
+    rec = Recorder()
+    rec.declare(shared.buffer("state.pending", M.BUFFER_KIND_STATE, C.DTYPE_I32, [4]))
+    rec.declare(shared.buffer("scratch.ids", M.BUFFER_KIND_SCRATCH, C.DTYPE_I32, [8]))
+    rec.declare(shared.buffer("g", M.BUFFER_KIND_SCRATCH, C.DTYPE_I32, [16]))
+    rec.begin("p", C.OPERATION_DECODE, C.Capacity(rows=1, tokens=1))
+    forward = rec.forward_view()
+    args = dict(ids="scratch.ids", prompt_tokens="scratch.ids", pending="state.pending", row_slot="scratch.ids",
+                prefill_row="scratch.ids", geometry="g", rows=1, tokens=1)
+    forward.launch("tokens.select_input.v1", **args)           # reads state: allowed
+    with pytest.raises(RecordingError, match="may not write BUFFER_KIND_STATE"):
+        forward.launch("tokens.select_input.v1", **{**args, "ids": "state.pending"})
+    assert len(rec.end().nodes) == 1

@@ -118,7 +118,7 @@ def _record_programs(rec: Recorder, recipe: ModuleType, source: Any, options: An
             bindings = shared.initialization_bindings()
         else:
             io = shared.record_step_prologue(rec, transport, cap, variant.operation, variant.rows, variant.tokens)
-            recipe.forward(rec, io, source.shape, cache, options)
+            recipe.forward(rec.forward_view(), io, source.shape, cache, options)
             shared.record_sampling_epilogue(rec, transport, cap, variant.operation, variant.rows)
             bindings = shared.generation_bindings(variant.operation)
         program = rec.end()

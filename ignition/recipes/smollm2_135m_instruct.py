@@ -23,7 +23,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
 from ignition.preparation.contract import PagedKV, StepIO, buffer
-from ignition.recorder import Recorder, Ref
+from ignition.recorder import ForwardRecorder, Recorder
 from ignition.sources.gguf import GGUFModel, LlamaShape, default_gguf_path
 
 NAME = "smollm2-135m-instruct"
@@ -130,7 +130,7 @@ def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int) -> None:
     rec.declare(buffer(SCRATCH.mlp, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.ffn]))
 
 
-def forward(rec: Recorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: RecipeOptions) -> None:
+def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: RecipeOptions) -> None:
     """One step of the Llama forward pass over io.tokens packed tokens; logits of each row's last token."""
     T, D = io.tokens, shape.hidden
     eps = float(shape.rms_eps)
