@@ -94,7 +94,8 @@ def _stops(body: SamplingFields, served: ServedModel, structured: bool) -> StopM
 
 
 def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, structured: bool,
-            logprobs: bool, top_logprobs: int) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
+            logprobs: bool, top_logprobs: int, top_logprobs_param: str,
+            ) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
     _check_model(body, served)
     if body.logit_bias:
         raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
@@ -105,13 +106,14 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
                                   param="return_token_timestamps")
     if top_logprobs > served.top_logprobs_capacity:
         raise InvalidRequestError(f"at most {served.top_logprobs_capacity} top logprobs are served",
-                                  param="top_logprobs")
+                                  param=top_logprobs_param)
     stops = _stops(body, served, structured)
     generate = tp.GenerateRequest(priority=body.priority or 0, sampling=_sampling(body))
     if max_tokens is not None:
         generate.max_tokens = max_tokens
     generate.stops.strings.extend(stops.strings)
-    for sequence in stops.sequences:
+    generate.stops.token_ids.extend(body.stop_token_ids or ())
+    for sequence in body.stop_token_sequences or ():
         generate.stops.token_sequences.add(token_ids=sequence)
     generate.logprobs.logprobs = logprobs
     generate.logprobs.top_logprobs = top_logprobs
@@ -181,7 +183,7 @@ def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: i
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     generate, stops, observation = _common(body, served, max_tokens, grammar is not None,
-                                           bool(body.logprobs), top_logprobs)
+                                           bool(body.logprobs), top_logprobs, "top_logprobs")
     if grammar is not None:
         generate.grammar.CopyFrom(grammar)
     messages = [_message_dict(m, i) for i, m in enumerate(body.messages)]
@@ -240,7 +242,7 @@ def prepare_completion(body: CompletionRequest, served: ServedModel, ingress_ns:
         raise InvalidRequestError("best_of is not supported", param="best_of")
     top_logprobs = body.logprobs or 0
     generate, stops, observation = _common(body, served, body.max_tokens, False,
-                                           body.logprobs is not None, top_logprobs)
+                                           body.logprobs is not None, top_logprobs, "logprobs")
     return PreparedRequest(
         request_id=f"cmpl-{uuid.uuid4().hex}", prompts=_completion_prompts(body.prompt, served),
         n=body.n or 1, generate=generate, stop_strings=stops.strings, stop_sequences=stops.sequences,

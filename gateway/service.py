@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.admission import Admission, AdmissionSettings, Permit
 from gateway.errors import BackendUnavailableError, IngressFullError
@@ -34,6 +33,11 @@ ParserFactory = Callable[[ServedModel, PreparedRequest], OutputParser]
 def plain_text_parsers(served: ServedModel, prepared: PreparedRequest) -> OutputParser:
     """Default syntax seam: no reasoning or tool syntax."""
     return PlainTextParser()
+
+
+@dataclass(slots=True)
+class _Outcome:
+    status: int = 200  # the response's status for metrics (499: the client left)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,14 +141,14 @@ class GatewayService:
         run = RequestRun(self.backend, served, prepared, lambda: self._parser_factory(served, prepared),
                          self.metrics, prompt_param)
         run.start()
-        status_holder: dict[str, Any] = {"status": 200}
+        outcome = _Outcome()
 
         def on_close(disconnected: bool) -> None:
             run.cancel()
             if disconnected:
                 self.metrics.disconnects.inc()
-                status_holder["status"] = 499  # nginx's "client closed request"
-            self.metrics.requests.labels(endpoint, str(status_holder["status"])).inc()
+                outcome.status = 499  # nginx's "client closed request"
+            self.metrics.requests.labels(endpoint, str(outcome.status)).inc()
             elapsed = (served.clock.now_ns() - prepared.ingress_ns) / 1e9
             self.metrics.duration.labels(endpoint).observe(max(elapsed, 0.0))
 
@@ -154,7 +158,7 @@ class GatewayService:
                     yield chunk
                 async for event in run.events():
                     if isinstance(event, ChoiceFailed):
-                        status_holder["status"] = event.error.status
+                        outcome.status = event.error.status
                         run.cancel()
                         yield presenter.error_event(event.error)
                         return
@@ -166,7 +170,7 @@ class GatewayService:
         async def body_once() -> tuple[int, dict]:
             async for event in run.events():
                 if isinstance(event, ChoiceFailed):
-                    status_holder["status"] = event.error.status
+                    outcome.status = event.error.status
                     run.cancel()
                     raise event.error
                 presenter.fold(event)
