@@ -80,6 +80,7 @@ class SimulatedEngine:
         self.launched: list[str] = []
         self.corrupt: dict[str, int] | None = None   # next completion: row field -> value
         self.writes_to_shared: list[int] = []
+        self._results: dict[int, object] = {}
 
     def run(self, plan: RoundPlan) -> CompletionRows:
         rows = None
@@ -92,6 +93,19 @@ class SimulatedEngine:
                 rows = parse_and_validate(self.fmt, words, sub, vocab_size=self.vocab)
         assert rows is not None
         return rows
+
+    # two execution frames: the simulated device runs a round at submit; collect returns it
+    def submit(self, plan: RoundPlan, frame: int) -> None:
+        try:
+            self._results[id(plan)] = self.run(plan)
+        except Exception as exc:  # reported at collect, like a device fault seen at the fence
+            self._results[id(plan)] = exc
+
+    def collect(self, plan: RoundPlan) -> CompletionRows:
+        result = self._results.pop(id(plan))
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def step(self) -> bool:
         """One round through schedule/run/complete (or fail); False when idle."""

@@ -17,11 +17,12 @@ VOCAB = 1000
 
 
 def make(num_pages: int = 64, page_tokens: int = 4, slots: int = 8, snapshots: int = 0,
-         context: int = 256, queue: int = 64, **variant_kw: object) -> tuple[Scheduler, SimulatedEngine]:
+         context: int = 256, queue: int = 64, eos: tuple[int, ...] = (),
+         **variant_kw: object) -> tuple[Scheduler, SimulatedEngine]:
     cfg = SchedulerConfig(page_tokens=page_tokens, num_pages=num_pages, request_slots=slots,
                           max_active=slots, queue_capacity=queue, context_tokens=context,
                           max_pages_per_row=context // page_tokens, vocab_size=VOCAB,
-                          input_vocab_size=VOCAB, eos_ids=(), snapshot_capacity=snapshots)
+                          input_vocab_size=VOCAB, eos_ids=eos, snapshot_capacity=snapshots)
     table = VariantTable(variants(**variant_kw))  # type: ignore[arg-type]
     sched = Scheduler(cfg, table, stop_factory=lambda spec: HostStopCheck(spec.stops, None))
     return sched, SimulatedEngine(sched)
@@ -304,3 +305,70 @@ def test_constrained_mix_is_counted_on_decode_steps() -> None:  # spec: MET-6, M
     run_all(sched, engine)
     assert sched.counters.mixed_grammar_decode_steps == 3   # 3 decode rounds after the prefill
     assert sched.counters.launches[cp.OPERATION_DECODE] == 3
+
+
+def run_two_frames(sched: Scheduler, engine: SimulatedEngine) -> dict[int, list[object]]:
+    """The worker's two-frame loop, inline: round N+1 is submitted before N completes."""
+    events: dict[int, list[object]] = {}
+    inflight: list = []
+    for _ in range(10_000):
+        if not inflight:
+            plan = sched.schedule()
+            if plan is None:
+                break
+            engine.submit(plan, 0)
+            inflight.append(plan)
+        if len(inflight) == 1:
+            nxt = sched.pipeline_next(inflight[0])
+            if nxt is not None:
+                engine.submit(nxt, 1)
+                inflight.append(nxt)
+        plan = inflight.pop(0)
+        sched.complete(plan, engine.collect(plan))
+        for ev in sched.take_events():
+            events.setdefault(ev.serial, []).append(ev)
+    assert not sched.has_work()
+    return events
+
+
+def test_two_frames_decode_matches_feedback_and_respects_limits() -> None:  # spec: SPEC-43, CACHE-23
+    prompts = [prompt_of(i, 6) for i in range(3)]
+    sched, engine = make()
+    for i, p in enumerate(prompts):
+        sched.add(i, spec(p, max_tokens=9 + i))
+    events = run_two_frames(sched, engine)
+    assert sched.counters.pipelined > 0
+    for i, p in enumerate(prompts):
+        assert tokens_of(events[i]) == reference_tokens(p, 9 + i, VOCAB)   # never past max_tokens
+    assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
+
+
+def test_two_frames_discard_the_token_after_eos() -> None:  # spec: SPEC-50, FE-42
+    prompt = prompt_of(3, 6)
+    ref = reference_tokens(prompt, 12, VOCAB)
+    sched, engine = make(eos=(ref[5],))
+    sched.add(0, spec(prompt, max_tokens=12))
+    events = run_two_frames(sched, engine)
+    assert tokens_of(events[0]) == ref[:ref.index(ref[5]) + 1]          # the pipelined extra is suppressed
+    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_EOS
+    assert sched.counters.pipelined > 0 and sched.pool.used_pages == 0
+
+
+def test_no_second_frame_with_host_stops_or_grammar() -> None:  # spec: STOP-17, SPEC-45, SPEC-46
+    prompt = prompt_of(4, 6)
+    sched, engine = make()
+    sched.add(0, spec(prompt, max_tokens=8, stops=StopSettings(token_ids=(VOCAB - 1,))))
+    run_two_frames(sched, engine)
+    assert sched.counters.pipelined == 0
+
+    class AllowAll:
+        def fill_mask(self, out_words) -> None:  # type: ignore[no-untyped-def]
+            out_words[:] = -1
+
+        def consume(self, token: int) -> bool:
+            return True
+
+    sched, engine = make()
+    sched.add(0, spec(prompt, max_tokens=8, constrained=True), grammar=AllowAll())
+    run_two_frames(sched, engine)
+    assert sched.counters.pipelined == 0 and sched.counters.constrained_max_inflight == 1

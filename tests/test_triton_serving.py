@@ -67,6 +67,7 @@ def test_32_concurrent_streams_match_one_at_a_time(server: TritonServer, tokeniz
     assert sum(len(a.tokens) for a in alone) > 3 * 32           # real generations, not bare EOS
     assert len({tuple(a.tokens) for a in alone}) > 1          # distinct prompts, distinct answers
     assert wait_metric(server, "flare_requests_running", 0) == 0
+    assert metric_value(server.metrics(), "flare_second_frame_rounds_total") > 0   # both frames used
 
 
 def test_shared_prefix_is_reused_and_reported(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: CACHE-9, OBS-18

@@ -103,6 +103,7 @@ class SchedulerCounters:
     mixed_grammar_decode_steps: int = 0
     constrained_max_inflight: int = 0
     generated_tokens: int = 0
+    pipelined: int = 0                   # rounds submitted on the second frame
 
 
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
@@ -381,6 +382,45 @@ class Scheduler:
                 lane.request.inflight += 1
         return plan
 
+    def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
+        """The next DECODE round for the same lanes, to occupy the second execution frame
+        while `plan` runs; None unless every condition for skipping completion feedback holds.
+
+        Allowed only for plain decode: every lane reads its device-owned pending token, no
+        grammar, no host stops, nobody waiting (an admission changes phase), every running
+        request in the round, room for two more tokens, pages without preemption. A lane
+        that the in-flight round ends has this round's token discarded (suppressed).
+        """
+        main = plan.main
+        if plan.restoration or plan.initialization or main.operation != cp.OPERATION_DECODE:
+            return None
+        if self._waiting or self._stops or len(main.lanes) != len(self._running):
+            return None
+        for lane in main.lanes:
+            req = lane.request
+            if (lane.tokens != [PENDING_TOKEN] or req.grammar is not None or req.cancelled
+                    or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.inflight != 1
+                    or req.output_len + 2 > req.spec.max_tokens
+                    or len(req.tokens) + 2 > self.config.context_tokens):
+                return None
+        pt = self.config.page_tokens
+        need = sum(1 for lane in main.lanes if -(-(lane.end + 1) // pt) > len(lane.request.pages))
+        if need > self.pool.available_pages:
+            return None
+        lanes = []
+        for lane in main.lanes:
+            req = lane.request
+            if not self._reserve_pages(req, lane.end + 1):
+                raise RuntimeError("page availability was checked before pipelining")
+            lanes.append(Lane(req, lane.slot, lane.generation, lane.end, [PENDING_TOKEN], sample=True,
+                              output_limit=lane.output_limit - 1))
+        nxt = RoundPlan(Submission(main.variant, lanes))
+        self.counters.launches[main.operation] = self.counters.launches.get(main.operation, 0) + 1
+        self.counters.pipelined += 1
+        for lane in lanes:
+            lane.request.inflight += 1
+        return nxt
+
     # ---- completion ----------------------------------------------------------------
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         """Apply a round whose main completion was validated (completion.py).
@@ -413,6 +453,11 @@ class Scheduler:
                     self.snapshots.publish(lane.snapshot_row)
             if req.cancelled:
                 self._finish_if_fenced(req, tp.FINISH_REASON_CANCELLED)
+                continue
+            if req.finish != tp.FINISH_REASON_UNSPECIFIED:
+                # decided by the previous round while this one was in flight (two frames):
+                # its token is not published; the lane retires at this fence
+                self._finish_if_fenced(req, req.finish)
                 continue
             if not lane.sample:
                 continue
@@ -456,6 +501,9 @@ class Scheduler:
                 if req.serial in seen or req.state is RequestState.FINISHED:
                     continue
                 seen.add(req.serial)
+                if req.finish != tp.FINISH_REASON_UNSPECIFIED and req.inflight == 0:
+                    self._finish(req, req.finish)      # it had ended before this failed round
+                    continue
                 self._release(req)
                 self.counters.failed += 1
                 self._events.append(Terminal(req.serial, tp.TerminalEvent(

@@ -4,8 +4,10 @@ Executor-agnostic: it only uses the Executor protocol (staging/launch/wait) and 
 Packer, so the numpy and CUDA executors serve through the same code.
 
 One round = its submissions in order (restoration, initialization, main step), each one
-`pack -> launch -> wait -> validate`. The executor numbers submissions (BND-20); this
-runner mirrors that count to check each completion's sequence (CACHE-16).
+`pack -> launch -> wait -> validate`. submit() launches a round's main step on a frame and
+collect() waits for it, so the worker can pack and launch round N+1 on the other frame
+while round N runs. The executor numbers submissions (BND-20); this runner mirrors that
+count to check each completion's sequence (CACHE-16).
 """
 from __future__ import annotations
 
@@ -56,30 +58,47 @@ class ProgramRunner:
     def __post_init__(self) -> None:
         self.fmt = CompletionFormat.from_layout(self.layout)
         self._sequence = 0
+        self._timings: dict[int, RoundTimings] = {}
 
     def run(self, plan: RoundPlan) -> CompletionRows:
+        """Submit and collect one round on frame 0 (completion feedback)."""
+        self.submit(plan, 0)
+        return self.collect(plan)
+
+    def submit(self, plan: RoundPlan, frame: int) -> None:
+        """Pack and launch the round's submissions on `frame`. Auxiliary submissions
+        (restoration, initialization) are collected and checked here, in order; the main
+        submission is left running for collect()."""
         t = RoundTimings()
-        rows: CompletionRows | None = None
         for sub in plan.submissions():
             t0 = time.perf_counter_ns()
             lanes = [self._packed(lane, sub.operation) for lane in sub.lanes]
-            self.packer.pack(sub.variant.program, self.frame, lanes)
-            sub.sequence, sub.frame = self._sequence, self.frame
+            self.packer.pack(sub.variant.program, frame, lanes)
+            sub.sequence, sub.frame = self._sequence, frame
             t1 = time.perf_counter_ns()
             self._sequence += 1
-            self.executor.launch(sub.variant.program, self.frame)
-            words = self.executor.wait(self.frame)
-            t2 = time.perf_counter_ns()
-            if sub is plan.main:
-                rows = parse_and_validate(self.fmt, words, sub, vocab_size=self.vocab_size)
-            else:
-                validate_header(self.fmt, words, sub)
-            t3 = time.perf_counter_ns()
+            self.executor.launch(sub.variant.program, frame)
             t.packing_ns += t1 - t0
-            t.execution_ns += t2 - t1
-            t.completion_ns += t3 - t2
+            t.execution_ns += time.perf_counter_ns() - t1
+            if sub is not plan.main:
+                t2 = time.perf_counter_ns()
+                words = self.executor.wait(frame)
+                t3 = time.perf_counter_ns()
+                validate_header(self.fmt, words, sub)
+                t.execution_ns += t3 - t2
+                t.completion_ns += time.perf_counter_ns() - t3
+        self._timings[id(plan)] = t
+
+    def collect(self, plan: RoundPlan) -> CompletionRows:
+        """Wait for the round's main submission; its validated rows."""
+        t = self._timings.pop(id(plan), RoundTimings())
+        t0 = time.perf_counter_ns()
+        words = self.executor.wait(plan.main.frame)
+        t1 = time.perf_counter_ns()
+        rows = parse_and_validate(self.fmt, words, plan.main, vocab_size=self.vocab_size)
+        t.execution_ns += t1 - t0
+        t.completion_ns += time.perf_counter_ns() - t1
         self.timings = t
-        assert rows is not None  # the main submission is always last
         return rows
 
     def _packed(self, lane: Lane, operation: int) -> PackedLane:

@@ -45,6 +45,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("flare_preemptions_total", Kind.COUNTER, "Running requests preempted for pages"),
     Family("flare_readmissions_total", Kind.COUNTER, "Preempted requests admitted again"),
     Family("flare_graph_launches_total", Kind.COUNTER, "Program submissions", ("operation",)),
+    Family("flare_second_frame_rounds_total", Kind.COUNTER,
+           "Decode rounds launched on the second execution frame before the previous completion"),
     Family("flare_generated_tokens_total", Kind.COUNTER, "Validated sampled tokens"),
     Family("flare_prefix_lookup_tokens_total", Kind.COUNTER, "Tokens looked up in the prefix cache at admission"),
     Family("flare_prefix_reused_tokens_total", Kind.COUNTER, "Tokens served from cached pages or snapshots"),

@@ -38,6 +38,7 @@ class RoundMetrics:
             ("flare_snapshots_evicted_total", "", "", s.snapshots.counters.evicted),
             ("flare_snapshots_restored_total", "", "", s.snapshots.counters.restored),
             ("flare_mixed_grammar_decode_steps_total", "", "", c.mixed_grammar_decode_steps),
+            ("flare_second_frame_rounds_total", "", "", c.pipelined),
         ]
         counters += [("flare_graph_launches_total", "operation", OPERATION_LABEL[op], n)
                      for op, n in c.launches.items()]

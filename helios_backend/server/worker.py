@@ -4,6 +4,9 @@
                                                                                    |
                                                             ResponseHub.deliver <--+
 
+Rounds use completion feedback, except plain decode rounds (device-owned pending tokens,
+no grammar, no host stops, nobody waiting): then round N+1 is packed and launched on the
+other frame before round N's completion is read (Scheduler.pipeline_next).
 A failing round ends its own lanes with a typed execution failure and the worker keeps
 serving the others; an unexpected error outside a round fails every request it knows.
 When the thread exits, whatever is left gets a terminal event, so every request always
@@ -13,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections import deque
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from helios_proto import transport_pb2 as tp
 
@@ -33,6 +37,8 @@ IDLE_WAIT_S = 0.05
 
 
 class RoundRunner(Protocol):
+    """run() = submit + collect with completion feedback; runners that also offer
+    submit(plan, frame) / collect(plan) let the worker use both execution frames."""
     def run(self, plan: RoundPlan) -> CompletionRows: ...
 
 
@@ -63,7 +69,7 @@ class _Stop:
 
 class Worker:
     def __init__(self, scheduler: Scheduler, runner: RoundRunner, sink: EventSink,
-                 metrics: MetricsQueue, on_idle: Callable[[], None] = lambda: None) -> None:
+                 metrics: MetricsQueue, two_frames: bool = True) -> None:
         self._scheduler = scheduler
         self._runner = runner
         self._sink = sink
@@ -72,7 +78,9 @@ class Worker:
         self._inbox: "queue.SimpleQueue[_Submit | _Cancel | _Stop]" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="helios-worker", daemon=True)
         self._stopping: _Stop | None = None
-        self._on_idle = on_idle
+        # two execution frames need a runner that can submit and collect separately
+        self._two_frames = two_frames and hasattr(runner, "submit") and hasattr(runner, "collect")
+        self._frame = 0
         self.rounds = 0
 
     # ---- any thread ------------------------------------------------------------------
@@ -108,30 +116,69 @@ class Worker:
 
     def _loop(self) -> None:
         s = self._scheduler
+        inflight: deque[RoundPlan] = deque()     # submitted rounds, oldest first (at most two)
         while True:
-            self._take_inbox(block=not s.has_work())
-            if self._stopping is not None and (not self._stopping.drain or not s.has_work()):
-                return
+            self._take_inbox(block=not s.has_work() and not inflight)
+            if not inflight:
+                if self._stopping is not None and (not self._stopping.drain or not s.has_work()):
+                    return
+                try:
+                    plan = s.schedule()
+                except Exception as exc:
+                    log.exception("scheduling failed; failing every request")
+                    self._sink.deliver(s.take_events() + s.fail_all(f"scheduling failed: {exc}"))
+                    continue
+                if plan is None:
+                    self._sink.deliver(s.take_events())
+                    self._metrics.push(self._round_metrics.collect())
+                    self._take_inbox(block=True, timeout=IDLE_WAIT_S)
+                    continue
+                if self._submit(plan):
+                    inflight.append(plan)
+                else:
+                    continue
+            if self._two_frames and len(inflight) == 1 and self._stopping is None:
+                # the second execution frame: the same decode lanes, before round N completes
+                nxt = s.pipeline_next(inflight[0])
+                if nxt is not None and self._submit(nxt):
+                    inflight.append(nxt)
+            plan = inflight.popleft()
             try:
-                plan = s.schedule()
-            except Exception as exc:
-                log.exception("scheduling failed; failing every request")
-                self._sink.deliver(s.take_events() + s.fail_all(f"scheduling failed: {exc}"))
-                continue
-            if plan is None:
-                self._sink.deliver(s.take_events())
-                self._metrics.push(self._round_metrics.collect())
-                self._take_inbox(block=True, timeout=IDLE_WAIT_S)
-                continue
-            try:
-                rows = self._runner.run(plan)
+                rows = self._collect(plan)
                 s.complete(plan, rows)
             except Exception as exc:
-                log.error("round failed (%s lanes): %s: %s", len(plan.main.lanes), type(exc).__name__, exc)
-                s.fail(plan, f"{type(exc).__name__}: {exc}")
+                message = f"{type(exc).__name__}: {exc}"
+                log.error("round failed (%s lanes): %s", len(plan.main.lanes), message)
+                s.fail(plan, message)
+                while inflight:                   # a round pipelined on a failed one is not trusted
+                    later = inflight.popleft()
+                    try:
+                        self._collect(later)
+                    except Exception:
+                        pass
+                    s.fail(later, message)
             self.rounds += 1
             self._sink.deliver(s.take_events())
             self._metrics.push(self._round_metrics.collect())
+
+    def _submit(self, plan: RoundPlan) -> bool:
+        """Launch a round (on the next frame); a failure fails its lanes at once."""
+        try:
+            if self._two_frames:
+                self._runner.submit(plan, self._frame)   # type: ignore[attr-defined]
+                self._frame ^= 1
+            return True
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            log.error("submission failed (%s lanes): %s", len(plan.main.lanes), message)
+            self._scheduler.fail(plan, message)
+            self._sink.deliver(self._scheduler.take_events())
+            return False
+
+    def _collect(self, plan: RoundPlan) -> CompletionRows:
+        if self._two_frames:
+            return self._runner.collect(plan)            # type: ignore[attr-defined]
+        return self._runner.run(plan)
 
     def _take_inbox(self, block: bool, timeout: float = IDLE_WAIT_S) -> None:
         try:
