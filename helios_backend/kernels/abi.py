@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernels import attention, linear, sampling, state
+from helios_backend.kernels import attention, cache, linear, sampling, state
 
 POINTER = manifest_pb2.PARAM_KIND_POINTER
 I32 = manifest_pb2.PARAM_KIND_I32
@@ -119,6 +119,13 @@ _SPECS: tuple[KernelSpec, ...] = (
         _i32("rows"), _i32("tokens"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
         _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("scale"),
     ), attention.paged_attention, "causal grouped-query attention over paged history"),
+    KernelSpec("attention.paged_split.v1", (
+        _ptr("out", F32_T, W), _ptr("q", F32_T), _ptr("k_cache", F16_T), _ptr("v_cache", F16_T),
+        _ptr("positions", I32_T), _ptr("page_table", I32_T), _ptr("row_slot", I32_T),
+        _ptr("geometry", I32_T), _ptr("partials", F32_T, RW), _ptr("arrivals", I32_T, RW),
+        _i32("rows"), _i32("tokens"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
+        _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("scale"), _i32("splits"),
+    ), attention.paged_attention_split, "split-KV attention for decode: partials merged by the last split"),
     KernelSpec("linear.residual.v1", (
         _ptr("hidden", F32_T, RW), _ptr("x", F32_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("in_dim"), _i32("out_dim"),
@@ -163,6 +170,20 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("row_generation", I32_T), _ptr("transport_header", I32_T), _ptr("live_rows", I32_T),
         _i32("rows"), _i32("eos_capacity"), _i32("histogram_bins"), _i32("operation"),
     ), state.admit_requests, "initialization: admission sampling state into the slot"),
+    KernelSpec("cache.snapshot_partial.v1", (
+        _ptr("k_continuation", F16_T, W), _ptr("v_continuation", F16_T, W), _ptr("k_cache", F16_T),
+        _ptr("v_cache", F16_T), _ptr("page_table", I32_T), _ptr("row_slot", I32_T), _ptr("snapshot_row", I32_T),
+        _ptr("consumed", I32_T), _ptr("query_length", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _i64("row_stride"),
+    ), cache.snapshot_partial_pages, "partial page at each snapshot endpoint -> continuation row"),
+    KernelSpec("cache.restore_partial.v1", (
+        _ptr("k_cache", F16_T, W), _ptr("v_cache", F16_T, W), _ptr("completion", I32_T, W),
+        _ptr("k_continuation", F16_T), _ptr("v_continuation", F16_T), _ptr("page_table", I32_T),
+        _ptr("row_slot", I32_T), _ptr("row_generation", I32_T), _ptr("restore_row", I32_T),
+        _ptr("consumed", I32_T), _ptr("transport_header", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _i64("row_stride"),
+        _i32("operation"),
+    ), cache.restore_partial_pages, "RESTORATION: continuation row -> private page at the endpoint"),
 )
 
 KERNELS: Mapping[str, KernelSpec] = {spec.id: spec for spec in _SPECS}

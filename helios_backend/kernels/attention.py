@@ -140,3 +140,16 @@ def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
         mixed = scores.reshape(kv_heads, group * count, context) @ values.transpose(1, 0, 2)
         mixed = mixed.reshape(kv_heads, group, count, head_dim).transpose(2, 0, 1, 3)
         outputs[first:end] = mixed.reshape(count, q_heads * head_dim)
+
+
+def paged_attention_split(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                          positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                          geometry: np.ndarray, partials: np.ndarray, arrivals: np.ndarray, rows: int,
+                          tokens: int, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+                          pages_per_row: int, page_stride: int, scale: float, splits: int) -> None:
+    """Split-KV variant of paged_attention (same result). On a GPU each of `splits` programs per query
+    block writes (acc, m, l) into `partials` [splits, tokens, q_heads, head_dim + 2] and the last to
+    bump `arrivals` [tokens, kv_heads] (zero between steps) merges in split order. Here both
+    scratch pointers stay untouched: the merge of exact partials is the unsplit softmax."""
+    paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows, tokens,
+                    q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale)

@@ -296,6 +296,7 @@ def initialization_bindings() -> list[C.ValueBinding]:
 class StepIO:
     """What a recipe's forward pass reads and writes; everything else is shared."""
 
+    operation: int
     rows: int
     tokens: int
     ids: Ref                 # i32 [tokens] input token ids
@@ -319,7 +320,7 @@ def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacit
                    row_slot=staged(transport, "row_slot"), prefill_row=staged(transport, "prefill_row"),
                    geometry=STEP_SCRATCH.geometry, rows=rows, tokens=tokens)
         ids = Ref(STEP_SCRATCH.ids)
-    return StepIO(rows=rows, tokens=tokens, ids=ids, positions=staged(transport, "positions"),
+    return StepIO(operation=operation, rows=rows, tokens=tokens, ids=ids, positions=staged(transport, "positions"),
                   page_table=staged(transport, "page_table"), row_slot=staged(transport, "row_slot"),
                   geometry=Ref(STEP_SCRATCH.geometry), logits=Ref(STEP_SCRATCH.logits),
                   page_tokens=cap.page_tokens, pages_per_row=cap.pages_per_row)

@@ -143,7 +143,7 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
     shared.declare_shared_buffers(rec, cap, transport)
     cache = recipe.paged_kv(shape, options)
     cache.declare(rec)
-    recipe.declare_scratch(rec, shape, cap.max_tokens)
+    recipe.declare_scratch(rec, shape, cap.max_tokens, options)
     weights, tensor_views = _pack_weights(rec, recipe, source, options, progress)
     graphs = _record_programs(rec, recipe, source, options, cap, transport, cache)
 

@@ -7,7 +7,8 @@ Admission, sampling, state transfer and paging come from ignition.preparation.co
 RoPE: the GGUF stores q/k rows permuted for llama.cpp's "NORM" rotation, so the weights
 are kept as stored and the kernels rotate ADJACENT pairs (2i, 2i+1).
 
-Node count per step: 5 per layer (norm+qkv+rope+cache write, attention, output projection
+Decode steps use split-KV attention (attention.paged_split.v1); prefill and mixed steps the
+unsplit kernel. Node count per step: 5 per layer (norm+qkv+rope+cache write, attention, output projection
 + residual, norm+gate/up+SiLU, down projection + residual), plus embedding, final
 norm+logits, the step prologue (geometry, input ids) and the sampling epilogue
 (penalties/mask, draw, commit): 5 * 30 + 2 + 2 + 3 = 157 for decode, 156 for prefill.
@@ -112,6 +113,8 @@ class Scratch:
     q: str = "scratch.q"                  # f32 [tokens, heads * head_dim]
     attention: str = "scratch.attention"  # f32 [tokens, heads * head_dim]
     mlp: str = "scratch.mlp"              # f32 [tokens, ffn]
+    partials: str = "scratch.attention_partials"   # f32 [MAX_SPLITS, decode tokens, heads, head_dim + 2]
+    arrivals: str = "scratch.attention_arrivals"   # i32 [decode tokens, kv_heads], zero between steps
 
 
 SCRATCH = Scratch()
@@ -122,8 +125,22 @@ def paged_kv(shape: LlamaShape, options: RecipeOptions) -> PagedKV:
                    page_tokens=options.page_tokens)
 
 
-def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int) -> None:
+# Split-KV decode attention: aim for about this many programs per layer (one per SM of an H200),
+# never more than MAX_SPLITS splits of one row's context; prefill and mixed steps do not split.
+TARGET_ATTENTION_PROGRAMS = 132
+MAX_SPLITS = 16
+
+
+def decode_splits(rows: int, shape: LlamaShape) -> int:
+    return max(1, min(MAX_SPLITS, TARGET_ATTENTION_PROGRAMS // (rows * shape.n_kv_heads)))
+
+
+def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int, options: RecipeOptions) -> None:
     f32 = C.DTYPE_F32
+    decode_tokens = max(options.decode_rows)
+    rec.declare(buffer(SCRATCH.partials, M.BUFFER_KIND_SCRATCH, f32,
+                       [MAX_SPLITS, decode_tokens, shape.n_heads, shape.head_dim + 2]))
+    rec.declare(buffer(SCRATCH.arrivals, M.BUFFER_KIND_SCRATCH, C.DTYPE_I32, [decode_tokens, shape.n_kv_heads]))
     rec.declare(buffer(SCRATCH.hidden, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.hidden]))
     rec.declare(buffer(SCRATCH.q, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
     rec.declare(buffer(SCRATCH.attention, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
@@ -145,10 +162,15 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
                    qkv_weight=_layer(i, "qkv"), rope_table="weights.rope_table", positions=io.positions,
                    page_table=io.page_table, row_slot=io.row_slot, geometry=io.geometry, tokens=T, dim=D,
                    eps=eps, rope_pairing=options.rope_pairing, **heads, **paging)
-        rec.launch("attention.paged.v1", f"layer{i}.attention", out=SCRATCH.attention, q=SCRATCH.q,
-                   k_cache=k_cache, v_cache=v_cache, positions=io.positions, page_table=io.page_table,
-                   row_slot=io.row_slot, geometry=io.geometry, rows=io.rows, tokens=T,
-                   scale=float(1.0 / np.sqrt(shape.head_dim)), **heads, **paging)
+        attention = dict(out=SCRATCH.attention, q=SCRATCH.q, k_cache=k_cache, v_cache=v_cache,
+                         positions=io.positions, page_table=io.page_table, row_slot=io.row_slot,
+                         geometry=io.geometry, rows=io.rows, tokens=T, scale=float(1.0 / np.sqrt(shape.head_dim)),
+                         **heads, **paging)
+        if io.operation == C.OPERATION_DECODE:
+            rec.launch("attention.paged_split.v1", f"layer{i}.attention", partials=SCRATCH.partials,
+                       arrivals=SCRATCH.arrivals, splits=decode_splits(io.rows, shape), **attention)
+        else:
+            rec.launch("attention.paged.v1", f"layer{i}.attention", **attention)
         rec.launch("linear.residual.v1", f"layer{i}.attn_output", hidden=SCRATCH.hidden, x=SCRATCH.attention,
                    weight=_layer(i, "attn_output"), geometry=io.geometry, tokens=T, in_dim=shape.q_dim, out_dim=D)
         rec.launch("mlp.norm_gate_up_silu.v1", f"layer{i}.gate_up", out=SCRATCH.mlp, hidden=SCRATCH.hidden,
