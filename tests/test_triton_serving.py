@@ -219,3 +219,21 @@ def test_bad_grammar_is_an_invalid_request(server: TritonServer) -> None:
     request.grammar.text = "start: ((("
     result = hc.run(hc.generate(server.grpc_url, [1, 2, 3], request))
     assert result.outcome == "invalid" and result.terminal.invalid.field == "grammar"
+
+
+def test_string_stop_is_decided_by_the_backend(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: STOP-11, STOP-19, STOP-21, STOP-22
+    prompt = tokenizer.encode_untrusted(COUNTING)
+    free = hc.run(hc.generate(server.grpc_url, prompt, hc.greedy(16)))
+    text = tokenizer.decode(free.tokens)
+    stop = "13,"                                              # inside the continuation " 11, 12, 13, 14,"
+    assert stop in text, text
+    request = hc.greedy(16)
+    request.stops.strings.append(stop)
+    stopped = hc.run(hc.generate(server.grpc_url, prompt, request))
+    fin = stopped.terminal.finished
+    assert fin.reason == tp.FINISH_REASON_STOP_STRING and fin.stop.matched_text == stop
+    visible = text.encode()[:fin.stop.visible_text_bytes].decode()
+    assert visible == text[:text.index(stop)]                  # the stop and its suffix removed
+    assert tokenizer.decode(stopped.tokens).startswith(visible + stop)   # the crossing token is counted
+    assert fin.usage.completion_tokens == len(stopped.tokens) < len(free.tokens)
+    assert stopped.tokens == free.tokens[:len(stopped.tokens)]

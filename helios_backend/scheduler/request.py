@@ -21,6 +21,8 @@ import numpy as np
 
 from helios_proto import transport_pb2 as tp
 
+from helios_backend.packing import SamplingParameters
+
 
 class Grammar(Protocol):
     """A constrained request's matcher (frontend/grammar_runtime.GrammarSession)."""
@@ -35,22 +37,10 @@ class RequestState(enum.Enum):
 
 
 @dataclass(frozen=True)
-class SamplingSettings:
-    """Resolved sampling (request values over core defaults)."""
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+class SamplingSettings(SamplingParameters):
+    """Resolved sampling (request values over core defaults) and the request's seed.
+    The parameter fields and their packed order are shared packing's SamplingParameters."""
     seed: int = 0
-
-    def as_row(self, top_logprobs: int) -> np.ndarray:
-        """[8] float32 in the order packing binds SAMPLING_PARAMETERS."""
-        return np.array([self.temperature, self.top_p, self.top_k, self.min_p,
-                         self.presence_penalty, self.frequency_penalty,
-                         self.repetition_penalty, top_logprobs], dtype=np.float32)
 
 
 @dataclass(frozen=True)

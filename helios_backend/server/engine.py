@@ -20,7 +20,7 @@ import numpy as np
 from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
-from helios_backend.packing import Admission, Lane as PackedLane, SamplingParameters
+from helios_backend.packing import Admission, Lane as PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
@@ -107,11 +107,8 @@ class ProgramRunner:
         if operation == cp.OPERATION_INITIALIZATION:
             s = req.spec.sampling
             # the full known token list: a readmitted request's histogram covers its output too
-            admission = Admission.for_prompt(
-                req.tokens, self.histogram_bins, s.seed,
-                SamplingParameters(s.temperature, s.top_p, s.top_k, s.min_p, s.presence_penalty,
-                                   s.frequency_penalty, s.repetition_penalty),
-                lane.output_limit, self.eos_ids)
+            admission = Admission.for_prompt(req.tokens, self.histogram_bins, s.seed, s,
+                                             lane.output_limit, self.eos_ids)
         mask = None
         if req.grammar is not None and lane.sample and operation != cp.OPERATION_INITIALIZATION:
             words = np.zeros(self.mask_words, dtype=np.int32)   # bit (id % 32) of word id // 32 = allowed
