@@ -189,6 +189,15 @@ def test_prompt_beyond_capacity_is_rejected_and_others_go_on() -> None:  # spec:
     assert tokens_of(events[0]) == reference_tokens(prompt_of(0, 5), 4, VOCAB)
 
 
+def test_logprobs_need_recorded_logprobs() -> None:  # spec: OWN-21
+    sched, _ = make()
+    with pytest.raises(AdmissionRejected) as info:
+        sched.add(0, spec([1, 2], logprobs=True))
+    assert info.value.reason == tp.REJECTION_REASON_UNSUPPORTED_FEATURE
+    with pytest.raises(AdmissionRejected):
+        sched.add(1, spec([1, 2], top_logprobs=2))
+
+
 def test_output_limit_is_clipped_to_the_context() -> None:
     sched, engine = make(context=16)
     sched.add(0, spec(prompt_of(0, 12), max_tokens=100))

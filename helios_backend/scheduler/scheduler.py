@@ -57,6 +57,7 @@ class SchedulerConfig:
     snapshot_capacity: int = 0           # 0: snapshots off (no RESTORATION program)
     cache_fingerprint: bytes = b""
     top_logprobs_capacity: int = 0
+    logprobs_recorded: bool = False      # the completion layout carries the sampled token's logprob
     device_pending_token: bool = True    # DECODE/MIXED read the slot's pending token on device
     clock_origin_ns: int = 0             # time.monotonic_ns() at runtime startup
 
@@ -182,6 +183,9 @@ class Scheduler:
                                     f"top_logprobs {spec.top_logprobs} exceeds the recorded "
                                     f"{cfg.top_logprobs_capacity}",
                                     limit=cfg.top_logprobs_capacity, requested=spec.top_logprobs)
+        if spec.logprobs and not cfg.logprobs_recorded:
+            raise AdmissionRejected(tp.REJECTION_REASON_UNSUPPORTED_FEATURE,
+                                    "this core's completion records carry no logprobs")
         if spec.max_tokens <= 0:
             raise InvalidRequestError("max_tokens", "the output limit must be positive")
         if len(self._waiting) >= cfg.queue_capacity:

@@ -84,6 +84,7 @@ class HeliosRuntime:
             eos_ids=tuple(contract.defaults.eos_token_ids), snapshot_capacity=settings.snapshot_capacity,
             cache_fingerprint=contract.cache_identity.fingerprint,
             top_logprobs_capacity=manifest.completion.top_logprobs,
+            logprobs_recorded=any(f.name == "logprob" for f in manifest.completion.row),
             device_pending_token=bool(decode) and all(g.pending_token.HasField("device_state_view") for g in decode),
             clock_origin_ns=origin)
         tokenizer = bootstrap.tokenizer
