@@ -115,7 +115,8 @@ class Bench:
             round_trip.append((time.perf_counter_ns() - t0) / 1e3)
         gpu = timing.gpu_us(load_driver(), executor, program, 50)
         self.release(lanes)
-        return {"program": program, "nodes": executor.node_count(program), "step_us": elapsed_us / steps,
+        return {"program": program, "nodes": executor.node_count(program), "staging_bytes": executor.staging_nbytes(program),
+                "step_us": elapsed_us / steps,
                 "tokens_per_s": batch * steps / (elapsed_us * 1e-6), "gpu_us": gpu,
                 "round_trip_us": statistics.median(round_trip), "pack_us": statistics.median(pack_us),
                 "launch_us": statistics.median(launch_us), "context": prompt + steps // 2}
@@ -177,7 +178,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     contract, manifest, read = load_bundle()
     started = time.perf_counter()
-    executor = CudaExecutor(manifest, read, CudaExecutorOptions())
+    executor = CudaExecutor(manifest, read, CudaExecutorOptions(),
+                            graphs=[g for g in contract.model.graphs if g.rank == 0])
     startup = time.perf_counter() - started
     model = ExecutorModel(contract, manifest, executor)
     bench = Bench(model)

@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
     contract, manifest, read = load_bundle()
-    executor = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=4096))
+    executor = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=4096),
+                            graphs=[g for g in contract.model.graphs if g.rank == 0])
     model = ExecutorModel(contract, manifest, executor)
     bench = Bench(model)
     lanes = bench.admit(list(range(args.batch)), 16, 16)

@@ -242,3 +242,28 @@ def test_geometry_reports_offsets_and_backed_bytes() -> None:
     assert offsets["weights"] == 0 and set(offsets) >= {"staging", "completion", "cache"}
     assert executor.arena_nbytes() >= offsets["scratch"] + 8 * N + 4 * (4 * N)
     executor.close()
+
+
+def test_binding_extents_limit_row_destinations_to_the_program_rows() -> None:
+    from helios_proto import contract_pb2 as C
+
+    transport = M.Transport(staging_buffer="staging", frame_nbytes=1 << 16, destinations=[
+        M.Destination(name="transport.header", dtype=C.DTYPE_I32, byte_offset=0, elements=2),
+        M.Destination(name="mask", dtype=C.DTYPE_U32, byte_offset=64, elements=8 * 100),
+        M.Destination(name="tokens", dtype=C.DTYPE_I32, byte_offset=8192, elements=512),
+        M.Destination(name="pages", dtype=C.DTYPE_I32, byte_offset=16384, elements=8 * 64)])
+
+    def graph(name: str, rows: int, tokens: int) -> C.GraphContract:
+        return C.GraphContract(program=name, capacity=C.Capacity(rows=rows, tokens=tokens), bindings=[
+            C.ValueBinding(destination="mask", index=C.INDEX_MODE_SUBMISSION_ROW),
+            C.ValueBinding(destination="tokens", index=C.INDEX_MODE_PACKED_TOKEN),
+            C.ValueBinding(destination="pages", index=C.INDEX_MODE_PHYSICAL_ROW)])
+
+    extents = tp.binding_extents([graph("one", 1, 1), graph("eight", 8, 40)], transport)
+    assert extents["one"] == {"mask": 4 * 100, "tokens": 4, "pages": 4 * 8 * 64}     # width = 800 / 8 rows
+    assert extents["eight"] == {"mask": 4 * 800, "tokens": 4 * 40, "pages": 4 * 8 * 64}
+    program = M.Program(name="one", nodes=[M.Node(kind=M.NODE_KIND_KERNEL, args=[
+        M.Arg(pointer=M.BufferRef(buffer="staging", byte_offset=offset)) for offset in (64, 8192, 16384)])])
+    runs = tp.staging_runs(program, transport, extents["one"])
+    assert runs == [(0, 464), (8192, 16), (16384, 2048)]
+    assert sum(n for _, n in tp.staging_runs(program, transport)) > sum(n for _, n in runs)

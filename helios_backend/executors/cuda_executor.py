@@ -84,10 +84,14 @@ class CudaExecutor:
     """Executor protocol over CUDA graphs; see the module docstring for the step's shape."""
 
     def __init__(self, manifest: manifest_pb2.ExecutionManifest, read_resource: ResourceReader,
-                 options: CudaExecutorOptions = CudaExecutorOptions(), driver: Any = None) -> None:
+                 options: CudaExecutorOptions = CudaExecutorOptions(), driver: Any = None,
+                 graphs: Optional[Sequence[Any]] = None) -> None:
+        """graphs: the contract's GraphContracts of the loaded programs; with them, each program's
+        staging copy covers only the bytes its bindings write (transport.binding_extents)."""
         self._d = driver if driver is not None else load_driver()
         self.manifest = manifest
         self.options = options
+        self._extents = tp.binding_extents(graphs, manifest.transport) if graphs else {}
         self.world_size = max(1, manifest.world_size)
         transport = manifest.transport
         self.frames = max(1, transport.frames)
@@ -208,7 +212,7 @@ class CudaExecutor:
             if not self.options.pdl:
                 launches = [dataclasses.replace(l, pdl=False) if isinstance(l, KernelLaunch) else l for l in launches]
             rank.plans[program.name] = launches
-            runs = tp.staging_runs(program, t)
+            runs = tp.staging_runs(program, t, self._extents.get(program.name))
             per_frame = []
             for frame in range(self.frames):
                 steps = self._transport_in(rank, runs, frame) + list(launches) + self._transport_out(rank, frame)
@@ -358,6 +362,11 @@ class CudaExecutor:
         r = self._ranks[rank]
         return r.arena.fixed_nbytes + sum(r.arena.buffer_nbytes(n) for n in r.arena.layout.cache_page_nbytes)
 
+    def staging_nbytes(self, program: str) -> int:
+        """Bytes of the frame that one step of `program` copies to the device."""
+        found = next(p for p in self.manifest.programs if p.name == program)
+        return sum(n for _, n in tp.staging_runs(found, self.manifest.transport, self._extents.get(program)))
+
     def node_count(self, program: str, rank: int = 0) -> int:
         """Graph nodes per step of `program` (copies and event included)."""
         return self._ranks[rank].node_counts[program]
@@ -374,7 +383,8 @@ class CudaExecutor:
         d = self._d
         r = self._ranks[rank]
         self._enter(r)
-        runs = tp.staging_runs(next(p for p in self.manifest.programs if p.name == program), self.manifest.transport)
+        runs = tp.staging_runs(next(p for p in self.manifest.programs if p.name == program), self.manifest.transport,
+                               self._extents.get(program))
         launches = self._transport_in(r, runs, frame) + list(r.plans[program]) + self._transport_out(r, frame)
         if self.world_size > 1:
             raise ValueError("profile_nodes runs one rank alone; all-reduce nodes need every rank")

@@ -207,7 +207,7 @@ def main() -> None:
     counting = CountingDriver(load_driver())
     cuda = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=CACHE_PAGES, pdl=not args.no_pdl,
                                                                  transport=args.transport),
-                        driver=counting)
+                        driver=counting, graphs=[g for g in contract.model.graphs if g.rank == 0])
     numpy_ex = NumpyExecutor(manifest, read, NumpyExecutorOptions(cache_pages=CACHE_PAGES,
                                                                    blas_threads=args.blas_threads))
     print(f"executors ready in {time.time() - started:.1f} s", flush=True)

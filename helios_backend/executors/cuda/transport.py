@@ -42,10 +42,57 @@ def _destination_nbytes(destination: manifest_pb2.Destination) -> int:
     return int(destination.elements) * itemsize
 
 
-def staging_runs(program: manifest_pb2.Program, transport: manifest_pb2.Transport) -> list[tuple[int, int]]:
-    """(offset, nbytes) runs of the frame that `program` reads, 16-byte aligned, <= MAX_RUNS."""
+_ROW_MODES = (contract_pb2.INDEX_MODE_SUBMISSION_ROW, contract_pb2.INDEX_MODE_ACTIVE_ROW)
+
+
+def binding_extents(graphs: Sequence[contract_pb2.GraphContract],
+                    transport: manifest_pb2.Transport) -> dict[str, dict[str, int]]:
+    """Bytes of each destination that a program's bindings can write: program -> name -> bytes.
+
+    Shared packing writes a row-indexed destination as [rows of the program, width] with
+    width = elements / (most rows of any graph binding it), and packed tokens up to the
+    program's token capacity; the rest of the destination is never written for that program,
+    so it need not be copied (a 1-row decode copies one grammar-mask row, not 128). Physical-row
+    and scalar bindings keep the whole destination.
+    """
+    destinations = {d.name: d for d in transport.destinations}
+    row_capacity: dict[str, int] = {}
+    for graph in graphs:
+        for b in graph.bindings:
+            if b.index in _ROW_MODES:
+                row_capacity[b.destination] = max(row_capacity.get(b.destination, 0), graph.capacity.rows)
+    extents: dict[str, dict[str, int]] = {}
+    for graph in graphs:
+        mine = extents.setdefault(graph.program, {})
+        for b in graph.bindings:
+            d = destinations.get(b.destination)
+            if d is None:
+                continue
+            full = _destination_nbytes(d)
+            itemsize = full // max(int(d.elements), 1)
+            if b.index in _ROW_MODES:
+                width = int(d.elements) // max(row_capacity[b.destination], 1)
+                nbytes = graph.capacity.rows * width * itemsize
+            elif b.index == contract_pb2.INDEX_MODE_PACKED_TOKEN:
+                nbytes = graph.capacity.tokens * itemsize
+            else:
+                nbytes = full
+            mine[d.name] = min(full, max(mine.get(d.name, 0), nbytes))
+    return extents
+
+
+def staging_runs(program: manifest_pb2.Program, transport: manifest_pb2.Transport,
+                 extents: dict[str, int] | None = None) -> list[tuple[int, int]]:
+    """(offset, nbytes) runs of the frame that `program` reads, 16-byte aligned, <= MAX_RUNS.
+
+    extents: bytes per destination that the program's bindings write (binding_extents);
+    a destination not in it is copied whole.
+    """
     frame = int(transport.frame_nbytes)
-    spans = sorted((int(d.byte_offset), int(d.byte_offset) + _destination_nbytes(d), d.name)
+    limits = extents or {}
+    spans = sorted((int(d.byte_offset),
+                    int(d.byte_offset) + min(_destination_nbytes(d), limits.get(d.name, _destination_nbytes(d))),
+                    d.name)
                    for d in transport.destinations)
     wanted: list[tuple[int, int]] = [(s, e) for s, e, name in spans if name == HEADER_DESTINATION]
     for node in program.nodes:
@@ -53,7 +100,7 @@ def staging_runs(program: manifest_pb2.Program, transport: manifest_pb2.Transpor
             if arg.WhichOneof("value") != "pointer" or arg.pointer.buffer != transport.staging_buffer:
                 continue
             offset = int(arg.pointer.byte_offset)
-            hit = [(s, e) for s, e, _ in spans if s <= offset < e]
+            hit = [(s, e) for s, e, _ in spans if s <= offset < max(e, s + 1)]
             if not hit:                          # a window no destination declares: copy it all
                 return [(0, align_up(frame, RUN_ALIGNMENT))]
             wanted.extend(hit)
