@@ -9,12 +9,12 @@ from fastapi import FastAPI
 
 from gateway.errors import install_error_handlers
 from gateway.routers import chat, completions, health, metrics, models
-from gateway.service import AdmissionOverrides, GatewayService, ParserFactory, plain_text_parsers
+from gateway.service import AdmissionOverrides, GatewayService, ParserFactory, syntax_parsers
 from gateway.triton_client import TritonBackend
 
 
 def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
-               parser_factory: ParserFactory = plain_text_parsers) -> FastAPI:
+               parser_factory: ParserFactory = syntax_parsers) -> FastAPI:
     """The gateway for the Triton gRPC endpoint at ``triton_url`` (HOST:PORT)."""
 
     @asynccontextmanager

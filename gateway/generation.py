@@ -136,7 +136,7 @@ class ChoiceTranslator:
 
 class RequestRun:
     def __init__(self, backend: TritonBackend, served: ServedModel, prepared: PreparedRequest,
-                 parser_factory: Callable[[], OutputParser], metrics: GatewayMetrics, prompt_param: str) -> None:
+                 parser_factory: Callable[[int], OutputParser], metrics: GatewayMetrics, prompt_param: str) -> None:
         self._backend = backend
         self._served = served
         self._prepared = prepared
@@ -173,7 +173,7 @@ class RequestRun:
 
     async def _pump(self, index: int, prompt: tuple[int, ...], request: tp.GenerateRequest) -> None:
         pipeline = OutputPipeline(self._served.tokenizer, self._prepared.stop_matcher(),
-                                  self._parser_factory(), self._served.eos_token_ids)
+                                  self._parser_factory(index), self._served.eos_token_ids)
         request.ingress_ns = self._prepared.ingress_ns
         enqueue_ns = self._served.clock.now_ns()  # immediately before submission (OBS-22)
         request.enqueue_ns = enqueue_ns

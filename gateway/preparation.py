@@ -16,6 +16,10 @@ from typing import Any
 from helios_backend.frontend.chat_template import TemplateError
 from helios_backend.frontend.prompt import UntrustedMarkupError, encode_chat
 from helios_backend.frontend.stops import StopMatcher, StopSpecError
+from helios_backend.frontend.syntax.grammar import (AnswerFormat, ConstraintRequest, InvalidToolChoiceError,
+                                                    ToolChoiceMode, ToolSpec)
+from helios_backend.frontend.syntax.request import RequestSyntax, plan_request
+from helios_backend.frontend.syntax.schema_check import GrammarRequestError
 from helios_backend.frontend.tokenizer import UnrepresentableTextError
 from helios_proto import transport_pb2 as tp
 
@@ -44,6 +48,7 @@ class PreparedRequest:
     stream: bool
     observation: Observation
     ingress_ns: int
+    syntax: RequestSyntax | None = None  # chat: reasoning/tool parsing and grammar; None: plain text
 
     @property
     def choice_count(self) -> int:
@@ -163,29 +168,48 @@ def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def _chat_grammar(body: ChatCompletionRequest) -> tp.Grammar | None:
-    """response_format -> a JSON-schema grammar the backend enforces with llguidance."""
+def _constraints(body: ChatCompletionRequest) -> ConstraintRequest:
+    """The request fields that shape the output grammar and the parser (the syntax seam)."""
+    tools = tuple(ToolSpec(t.function.name, t.function.parameters or {"type": "object", "properties": {}})
+                  for t in body.tools or ())
+    choice, named = ToolChoiceMode.AUTO, ""
+    if isinstance(body.tool_choice, str):
+        choice = ToolChoiceMode(body.tool_choice)
+    elif body.tool_choice is not None:
+        choice, named = ToolChoiceMode.NAMED, body.tool_choice.function.name
     fmt = body.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return tp.Grammar(kind=tp.GRAMMAR_KIND_JSON_SCHEMA, text=json.dumps({"type": "object"}))
-    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise InvalidRequestError("response_format json_schema needs json_schema.schema",
-                                  param="response_format.json_schema")
-    return tp.Grammar(kind=tp.GRAMMAR_KIND_JSON_SCHEMA, text=json.dumps(fmt.json_schema.schema_))
+    answer, schema = AnswerFormat.TEXT, None
+    if fmt is not None and fmt.type == "json_object":
+        answer = AnswerFormat.JSON_OBJECT
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise InvalidRequestError("response_format json_schema needs json_schema.schema",
+                                      param="response_format.json_schema")
+        answer, schema = AnswerFormat.JSON_SCHEMA, fmt.json_schema.schema_
+    return ConstraintRequest(tools=tools, tool_choice=choice, named_tool=named,
+                             parallel_tool_calls=body.parallel_tool_calls is not False,
+                             answer_format=answer, answer_schema=schema)
+
+
+def _plan(body: ChatCompletionRequest, served: ServedModel, prompt_text: str,
+          constraints: ConstraintRequest) -> RequestSyntax:
+    try:
+        return plan_request(served.syntax, prompt_text, constraints, served.grammar_tokenizer)
+    except InvalidToolChoiceError as exc:
+        raise InvalidRequestError(str(exc), param="tool_choice") from exc
+    except GrammarRequestError as exc:
+        param = "response_format" if constraints.structured_answer and not body.tools else "tools"
+        raise InvalidRequestError(str(exc), param=param) from exc
 
 
 def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: int) -> PreparedRequest:
-    grammar = _chat_grammar(body)
+    constraints = _constraints(body)
     top_logprobs = body.top_logprobs or 0
     if top_logprobs and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    generate, stops, observation = _common(body, served, max_tokens, grammar is not None,
+    generate, stops, observation = _common(body, served, max_tokens, constraints.structured_answer,
                                            bool(body.logprobs), top_logprobs, "top_logprobs")
-    if grammar is not None:
-        generate.grammar.CopyFrom(grammar)
     messages = [_message_dict(m, i) for i, m in enumerate(body.messages)]
     tools = None
     if body.tools and body.tool_choice != "none":
@@ -200,10 +224,13 @@ def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: i
                              add_generation_prompt=add_generation_prompt, **template_args)
     except (UntrustedMarkupError, TemplateError) as exc:
         raise InvalidRequestError(str(exc), param="messages") from exc
+    syntax = _plan(body, served, prompt.text, constraints)
+    if syntax.grammar is not None:  # the backend enforces it with llguidance
+        generate.grammar.CopyFrom(tp.Grammar(kind=tp.GRAMMAR_KIND_LLGUIDANCE, text=syntax.grammar.grammar))
     return PreparedRequest(
         request_id=f"chatcmpl-{uuid.uuid4().hex}", prompts=(tuple(prompt.ids),), n=body.n or 1,
         generate=generate, stop_strings=stops.strings, stop_sequences=stops.sequences,
-        stream=bool(body.stream), observation=observation, ingress_ns=ingress_ns)
+        stream=bool(body.stream), observation=observation, ingress_ns=ingress_ns, syntax=syntax)
 
 
 # ---- completions -------------------------------------------------------------------------

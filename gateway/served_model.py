@@ -10,7 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import llguidance as llg
+
 from helios_backend.frontend.chat_template import ChatTemplate
+from helios_backend.frontend.syntax.engine import ModelSyntax
+from helios_backend.frontend.syntax.markup import atomic_tokens_from_tokenizer_json
+from helios_backend.frontend.syntax.tables import FrontendSyntax
 from helios_backend.frontend.tokenizer import FrontendTokenizer
 from helios_proto import transport_pb2 as tp
 
@@ -36,12 +41,15 @@ class ServedModel:
     limits: tp.ServingLimits
     clock: BackendClock
     top_logprobs_capacity: int
-    assets: tp.FrontendAssets  # the typed frontend contract, for the syntax seam
+    syntax: ModelSyntax  # the served syntaxes (reasoning, tools) for parsers and grammars
+    grammar_tokenizer: llg.LLTokenizer | None  # validates request grammars; None without EOS ids
+    assets: tp.FrontendAssets
     created: int  # unix seconds the gateway learned the model (OpenAI "created")
 
     @classmethod
     def from_assets(cls, assets: tp.FrontendAssets) -> "ServedModel":
-        tokenizer = FrontendTokenizer.from_json(assets.tokenizer_json.decode("utf-8"))
+        tokenizer_json = assets.tokenizer_json.decode("utf-8")
+        tokenizer = FrontendTokenizer.from_json(tokenizer_json)
         tokens = assets.frontend.template_tokens
         special = {name: value for name, value in (
             ("bos_token", tokens.bos_token), ("eos_token", tokens.eos_token),
@@ -55,6 +63,11 @@ class ServedModel:
             limits=assets.limits,
             clock=BackendClock(assets.clock.origin_monotonic_ns),
             top_logprobs_capacity=assets.top_logprobs_capacity,
+            syntax=ModelSyntax.build(FrontendSyntax.from_contract(assets.frontend),
+                                     atomic_tokens_from_tokenizer_json(tokenizer_json)),
+            # llguidance's view of the vocabulary, built once (a few tenths of a second)
+            grammar_tokenizer=(llg.LLTokenizer(tokenizer_json, eos_token=int(assets.eos_token_ids[0]))
+                               if assets.eos_token_ids else None),
             assets=assets,
             created=int(time.time()),
         )

@@ -27,12 +27,15 @@ from gateway.triton_client import TritonBackend
 
 log = logging.getLogger(__name__)
 
-ParserFactory = Callable[[ServedModel, PreparedRequest], OutputParser]
+ParserFactory = Callable[[ServedModel, PreparedRequest, int], OutputParser]
 
 
-def plain_text_parsers(served: ServedModel, prepared: PreparedRequest) -> OutputParser:
-    """Default syntax seam: no reasoning or tool syntax."""
-    return PlainTextParser()
+def syntax_parsers(served: ServedModel, prepared: PreparedRequest, choice: int) -> OutputParser:
+    """Default syntax seam: the served model's reasoning/tool syntax for chat (one engine per
+    choice, with call ids unique in the response); plain text for raw completions."""
+    if prepared.syntax is None:
+        return PlainTextParser()
+    return prepared.syntax.parser(f"call_{prepared.request_id[-12:]}_{choice}_")
 
 
 @dataclass(slots=True)
@@ -53,7 +56,7 @@ class GatewayService:
     HEALTH_CACHE_S = 1.0  # a probe is one tiny inference; coalesce health-check storms
 
     def __init__(self, backend: TritonBackend, overrides: AdmissionOverrides,
-                 parser_factory: ParserFactory = plain_text_parsers) -> None:
+                 parser_factory: ParserFactory = syntax_parsers) -> None:
         self.backend = backend
         self.metrics = GatewayMetrics()
         self._overrides = overrides
@@ -138,8 +141,8 @@ class GatewayService:
                 endpoint: str, prompt_param: str) -> GenerationResponse:
         """Start the backend requests and return the response that delivers them."""
         served = self.served
-        run = RequestRun(self.backend, served, prepared, lambda: self._parser_factory(served, prepared),
-                         self.metrics, prompt_param)
+        run = RequestRun(self.backend, served, prepared,
+                         lambda choice: self._parser_factory(served, prepared, choice), self.metrics, prompt_param)
         run.start()
         outcome = _Outcome()
 

@@ -353,3 +353,33 @@ def test_client_disconnect_cancels_backend_request(stack: Stack) -> None:
     assert wait_until(lambda: stack.backend_metric("flare_requests_running") == 0)
     assert wait_until(lambda: stack.gateway.metric("helios_gateway_backend_streams_open") == 0)
     assert wait_until(lambda: stack.gateway.metric("helios_gateway_admission_permits_in_use") == 0)
+
+
+# ---- structured output and tools through the syntax seam -----------------------------------
+
+CITY_SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["Paris", "London", "Rome"]}},
+               "required": ["answer"], "additionalProperties": False}
+
+
+# spec: FE-41, FE-13
+def test_json_schema_response_format_is_enforced(http: httpx.Client) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}
+    one_shot, streamed = _stream_and_json(http, chat_body(QUESTION, 40, response_format=fmt))
+    document = json.loads(one_shot["message"]["content"])
+    assert document["answer"] in ("Paris", "London", "Rome")
+    assert streamed["content"] == one_shot["message"]["content"]
+
+
+def test_unenforceable_schema_is_400_naming_response_format(http: httpx.Client) -> None:
+    schema = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    response = http.post("/v1/chat/completions", json=chat_body(QUESTION, 4, response_format=fmt))
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "response_format"
+
+
+def test_required_tool_choice_without_tool_syntax_is_400(http: httpx.Client) -> None:
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    response = http.post("/v1/chat/completions", json=chat_body(QUESTION, 4, tools=tools, tool_choice="required"))
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "tool_choice"
