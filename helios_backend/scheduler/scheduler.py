@@ -24,87 +24,24 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-
-import numpy as np
 
 from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
+from helios_backend.scheduler.admission import check_admission, max_prompt_tokens
 from helios_backend.scheduler.completion import CompletionRows
-from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
+from helios_backend.scheduler.config import SchedulerConfig
+from helios_backend.scheduler.events import Emitted, Event, SchedulerCounters, Terminal
 from helios_backend.scheduler.host_stops import HostStopCheck
-from helios_backend.scheduler.pages import PagePool, PagesExhausted
+from helios_backend.scheduler.pages import PagePool
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
 from helios_backend.scheduler.prefix_hash import chain_keys, chain_seed, next_key
+from helios_backend.scheduler.prefix_match import match_prefix
 from helios_backend.scheduler.request import Grammar, Request, RequestSpec, RequestState
-from helios_backend.scheduler.snapshots import Snapshot, SnapshotStore
+from helios_backend.scheduler.snapshots import SnapshotStore
 from helios_backend.scheduler.variants import VariantTable
 
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    page_tokens: int
-    num_pages: int
-    request_slots: int
-    max_active: int
-    queue_capacity: int
-    context_tokens: int
-    max_pages_per_row: int
-    vocab_size: int                      # sampled ids are in [0, vocab_size)
-    input_vocab_size: int                # prompt ids are in [0, input_vocab_size)
-    eos_ids: tuple[int, ...]
-    snapshot_capacity: int = 0           # 0: snapshots off (no RESTORATION program)
-    cache_fingerprint: bytes = b""
-    top_logprobs_capacity: int = 0
-    logprobs_recorded: bool = False      # the completion layout carries the sampled token's logprob
-    device_pending_token: bool = True    # DECODE/MIXED read the slot's pending token on device
-    clock_origin_ns: int = 0             # time.monotonic_ns() at runtime startup
-
-    def __post_init__(self) -> None:
-        for name in ("page_tokens", "num_pages", "request_slots", "max_active", "context_tokens",
-                     "max_pages_per_row", "vocab_size", "input_vocab_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"scheduler {name} must be positive, got {getattr(self, name)}")
-        if self.queue_capacity < 0 or self.snapshot_capacity < 0:
-            raise ValueError("queue and snapshot capacities cannot be negative")
-
-
-@dataclass(frozen=True)
-class Emitted:
-    serial: int
-    token: int
-    timestamp_ns: int                    # -1 for unobserved requests (no clock read)
-    logprob: float
-    top_ids: np.ndarray | None
-    top_logprobs: np.ndarray | None
-
-
-@dataclass(frozen=True)
-class Terminal:
-    serial: int
-    event: tp.TerminalEvent
-    first_token: bool = False
-
-
-Event = Emitted | Terminal
-
-
-@dataclass
-class SchedulerCounters:
-    """Monotonic counters since startup; the server turns them into metrics."""
-    admitted: int = 0
-    preemptions: int = 0
-    readmissions: int = 0
-    lookup_tokens: int = 0               # prompt tokens looked up in the prefix cache
-    reused_tokens: int = 0               # of which served from pages or snapshots
-    launches: dict[int, int] = field(default_factory=dict)   # operation -> submissions
-    finished: dict[int, int] = field(default_factory=dict)   # FinishReason -> requests
-    failed: int = 0
-    mixed_grammar_decode_steps: int = 0
-    constrained_max_inflight: int = 0
-    generated_tokens: int = 0
-    pipelined: int = 0                   # rounds submitted on the second frame
+__all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounters", "Terminal"]
 
 
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
@@ -131,8 +68,7 @@ class Scheduler:
         self._admitted_ns: dict[int, int] = {}
         self._events: list[Event] = []
         self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
-        self._max_prompt = min(config.context_tokens - 1,
-                               config.page_tokens * min(config.num_pages, config.max_pages_per_row) - 1)
+        self._max_prompt = max_prompt_tokens(config)
 
     # ---- queries ---------------------------------------------------------------
     @property
@@ -166,35 +102,8 @@ class Scheduler:
     # ---- admission -------------------------------------------------------------
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
         """Queue a request or raise AdmissionRejected / InvalidRequestError (others go on)."""
-        cfg = self.config
-        if not spec.prompt:
-            raise InvalidRequestError("prompt_token_ids", "the prompt is empty")
-        prompt = np.asarray(spec.prompt, dtype=np.int64)
-        if prompt.min() < 0 or prompt.max() >= cfg.input_vocab_size:
-            raise InvalidRequestError("prompt_token_ids",
-                                      f"ids must lie in [0, {cfg.input_vocab_size})")
-        if len(spec.prompt) > self._max_prompt:
-            raise AdmissionRejected(tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY,
-                                    f"prompt of {len(spec.prompt)} tokens exceeds the prepared "
-                                    f"capacity of {self._max_prompt}",
-                                    limit=self._max_prompt, requested=len(spec.prompt))
-        if spec.top_logprobs > cfg.top_logprobs_capacity:
-            raise AdmissionRejected(tp.REJECTION_REASON_UNSUPPORTED_FEATURE,
-                                    f"top_logprobs {spec.top_logprobs} exceeds the recorded "
-                                    f"{cfg.top_logprobs_capacity}",
-                                    limit=cfg.top_logprobs_capacity, requested=spec.top_logprobs)
-        if spec.logprobs and not cfg.logprobs_recorded:
-            raise AdmissionRejected(tp.REJECTION_REASON_UNSUPPORTED_FEATURE,
-                                    "this core's completion records carry no logprobs")
-        if spec.max_tokens <= 0:
-            raise InvalidRequestError("max_tokens", "the output limit must be positive")
-        if len(self._waiting) >= cfg.queue_capacity:
-            raise AdmissionRejected(tp.REJECTION_REASON_QUEUE_FULL,
-                                    f"{cfg.queue_capacity} requests are already queued",
-                                    limit=cfg.queue_capacity, requested=len(self._waiting) + 1)
+        spec = check_admission(self.config, spec, self._max_prompt, queued=len(self._waiting))
         stop = self._stop_factory(spec) if (self._stop_factory and spec.stops.host_stops) else None
-        room = self._max_prompt + 1 - len(spec.prompt)   # context and page-table room
-        spec = _with_max_tokens(spec, min(spec.max_tokens, room))
         req = Request(serial, spec, self._arrivals, grammar=grammar)
         self._arrivals += 1
         self._by_serial[serial] = req
@@ -273,39 +182,34 @@ class Scheduler:
             self._waiting.pop(0)
 
     def _try_admit(self, req: Request, lanes: list[Lane]) -> bool:
-        cfg = self.config
-        pt = cfg.page_tokens
+        pt = self.config.page_tokens
         tokens = req.tokens
-        # keep at least one token to compute: its logits sample the next token
-        max_hit_pages = (len(tokens) - 1) // pt
-        keys = chain_keys(self._seed, tokens, pt, max_hit_pages)
-        hit = self.pool.match(keys)
-        snap: Snapshot | None = None
-        if self.snapshots.capacity:
-            after = keys[len(hit) - 1] if hit else self._seed
-            snap = self.snapshots.match(after, tokens[len(hit) * pt:len(tokens) - 1])
-        start = len(hit) * pt + (len(snap.partial) if snap else 0)
+        match = match_prefix(self.pool, self.snapshots, self._seed, tokens, pt)
+        snap = match.snapshot
+        start = match.start(pt)
         n = self._fit_chunk(lanes, req, len(tokens) - start)
         if n == 0:
             return False
-        need = -(-(start + n) // pt) - len(hit)
-        cached_hits = sum(1 for p in hit if self.pool.refcount(p) == 0)
-        while need > self.pool.available_pages - cached_hits:
-            if not self.snapshots.evict_for_pages():
+        if snap is not None:
+            self.snapshots.pin(snap)            # not evictable while we look for pages
+        need = -(-(start + n) // pt) - len(match.pages)
+        hit = match.pages
+        while need > self.pool.available_pages - sum(1 for p in hit if self.pool.refcount(p) == 0):
+            evicted = self.snapshots.evict_for_pages()
+            hit = self.pool.match(match.keys[:len(hit)]) if evicted else hit
+            if not evicted or len(hit) < len(match.pages):
+                if snap is not None:            # a temporary shortage: wait for the next round
+                    self.snapshots.unpin_row(snap.row)
                 return False
-            hit = self.pool.match(keys[:len(hit)])
-            if len(hit) * pt < start - (len(snap.partial) if snap else 0):
-                return False                    # the evicted snapshot held part of our match
-            cached_hits = sum(1 for p in hit if self.pool.refcount(p) == 0)
         self.pool.acquire(hit)
         req.pages = list(hit)
         req.published_pages = len(hit)
-        req.chain_keys = keys[:len(hit)]
+        req.chain_keys = match.keys[:len(hit)]
         restore = None
         if snap is not None:
             page = self.pool.allocate()
             req.pages.append(page)
-            self.snapshots.pin(snap)
+            self.snapshots.record_restore()
             restore = RestoreCopy(snap.row, page, len(hit), len(snap.partial))
         req.computed = start
         if not self._reserve_pages(req, start + n):
@@ -610,6 +514,3 @@ class Scheduler:
         self._free_slots.append(req.slot)
         req.slot = -1
 
-
-def _with_max_tokens(spec: RequestSpec, max_tokens: int) -> RequestSpec:
-    return replace(spec, max_tokens=max_tokens)

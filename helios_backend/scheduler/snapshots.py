@@ -107,7 +107,10 @@ class SnapshotStore:
         return best
 
     def pin(self, snap: Snapshot) -> None:
+        """Keep a snapshot (and its row) from eviction until unpin_row."""
         snap.pins += 1
+
+    def record_restore(self) -> None:
         self.counters.restored += 1
 
     def unpin_row(self, row: int) -> None:

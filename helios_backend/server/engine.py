@@ -23,7 +23,7 @@ from helios_proto import manifest_pb2 as mp
 from helios_backend.packing import Admission, Lane as PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
-from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
 
 
 class ExecutorLike(Protocol):

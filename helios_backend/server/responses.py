@@ -22,7 +22,7 @@ import numpy as np
 
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.scheduler.scheduler import Emitted, Event, Terminal
+from helios_backend.scheduler.scheduler import Emitted, Event
 from helios_backend.server.metrics import Op, Update, update
 from helios_backend.server.transport import OutputChunk
 

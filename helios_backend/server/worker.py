@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections import deque
 import threading
-import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 

@@ -1,0 +1,45 @@
+"""What the scheduler reports: token and terminal events, and its monotonic counters."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from helios_proto import transport_pb2 as tp
+
+
+@dataclass(frozen=True)
+class Emitted:
+    serial: int
+    token: int
+    timestamp_ns: int                    # -1 for unobserved requests (no clock read)
+    logprob: float
+    top_ids: np.ndarray | None
+    top_logprobs: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Terminal:
+    serial: int
+    event: tp.TerminalEvent
+    first_token: bool = False
+
+
+Event = Emitted | Terminal
+
+
+@dataclass
+class SchedulerCounters:
+    """Monotonic counters since startup; the server turns them into metrics."""
+    admitted: int = 0
+    preemptions: int = 0
+    readmissions: int = 0
+    lookup_tokens: int = 0               # prompt tokens looked up in the prefix cache
+    reused_tokens: int = 0               # of which served from pages or snapshots
+    launches: dict[int, int] = field(default_factory=dict)   # operation -> submissions
+    finished: dict[int, int] = field(default_factory=dict)   # FinishReason -> requests
+    failed: int = 0
+    mixed_grammar_decode_steps: int = 0
+    constrained_max_inflight: int = 0
+    generated_tokens: int = 0
+    pipelined: int = 0                   # rounds submitted on the second frame
