@@ -22,8 +22,8 @@ from helios_proto import manifest_pb2
 
 from ignition.kernels import compiler
 from ignition.kernels.signature import triton_signature
-from ignition.kernels.specs import (ALIGNMENT, KERNEL_SPECS, PROPOSED_SPECS, SPECS_BY_ID,
-                                    GeometryError, Grid, KernelSpec)
+from ignition.kernels.specs import (ALIGNMENT, KERNEL_SPECS, SPECS_BY_ID, GeometryError, Grid,
+                                    KernelSpec)
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Grid, Dim3, int]          # (grid, block, dynamic shared bytes)
@@ -68,12 +68,12 @@ class KernelLibrary:
         return self._cache.root
 
     def kernel_ids(self) -> list[str]:
-        """Every ABI id, plus proposed ids once abi.py defines them."""
+        """The ids of specs.KERNEL_SPECS that abi.py defines."""
         return [spec.kernel_id for spec in self._specs()]
 
     @staticmethod
     def _specs() -> list[KernelSpec]:
-        return list(KERNEL_SPECS) + [s for s in PROPOSED_SPECS if s.kernel_id in abi.KERNELS]
+        return [spec for spec in KERNEL_SPECS if spec.kernel_id in abi.KERNELS]
 
     def signature(self, kernel_id: str) -> tuple[tuple[str, str], ...]:
         """(param name, Triton type) in ABI order."""

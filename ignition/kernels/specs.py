@@ -100,6 +100,10 @@ def _histogram_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (cdiv(a["histogram_bins"], c["BLOCK_H"]), a["rows"], 1)
 
 
+def _page_chunks(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["page_stride"], c["BLOCK"]), a["rows"], 1)
+
+
 def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
     x, y, _ = _paged_attention(a, c)
     _require(a["splits"] >= 1, "splits must be >= 1")
@@ -114,8 +118,10 @@ def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
 # rows read the head once.
 _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}
 _DOWN_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}
-_HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32}
+_HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 
+# Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
+# before its ABI entry does.
 KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("step.geometry.v1", "tokens", "step_geometry",
                {"BLOCK_T": 128, "MAX_ROWS": 256}, _step_geometry),
@@ -127,7 +133,7 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64}, _qkv_rope_store,
                num_stages=3, divisible=("dim", "head_dim", "page_stride")),
     KernelSpec("attention.paged.v1", "attention", "paged_attention",
-               {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
+               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
                num_stages=3, divisible=("head_dim", "page_stride")),
     KernelSpec("linear.residual.v1", "matmul", "linear_residual", _DOWN_GEMM,
                _gemm("out_dim", "tokens"), num_stages=3, divisible=("in_dim", "out_dim")),
@@ -143,15 +149,13 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                _one_program_over_rows),
     KernelSpec("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
                _histogram_tiles, divisible=("histogram_bins",)),
-)
-
-# Kernels for ids proposed to the ABI owner (docs/kernels.md, "ABI change requests"). They
-# compile and ship as soon as abi.py defines the id; their parameter lists are in signature.py.
-PROPOSED_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("attention.paged_split.v1", "attention", "paged_attention_split",
                {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256},
                _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride")),
+    KernelSpec("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},
+               _page_chunks, divisible=("page_stride", "row_stride")),
+    KernelSpec("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},
+               _page_chunks, divisible=("page_stride", "row_stride")),
 )
 
-SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec
-                                         for spec in KERNEL_SPECS + PROPOSED_SPECS}
+SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ignition.kernels.triton.common import prefetch_l2
+from ignition.kernels.triton.common import DOT_PRECISION, prefetch_l2
 
 ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
 # any other value: ROPE_HALF_PAIRS (i, i + head_dim / 2): NeoX / Hugging Face order
@@ -69,9 +69,8 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
                               mask=w_mask, other=0.0)
             w_second = tl.load(qkv_weight + (head * head_dim + second)[None, :] * dim + k[:, None],
                                mask=w_mask, other=0.0)
-            # tf32: f16 weights widen exactly; activations keep f32 range
-            acc_first = tl.dot(a, w_first.to(tl.float32), acc_first, input_precision="tf32")
-            acc_second = tl.dot(a, w_second.to(tl.float32), acc_second, input_precision="tf32")
+            acc_first = tl.dot(a, w_first.to(tl.float32), acc_first, input_precision=DOT_PRECISION)
+            acc_second = tl.dot(a, w_second.to(tl.float32), acc_second, input_precision=DOT_PRECISION)
         rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
         acc_first = acc_first * rstd[:, None]
         acc_second = acc_second * rstd[:, None]
@@ -147,14 +146,15 @@ def _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads, head_dim,
         kv_mask = k_valid[:, None] & d_mask[None, :]
         keys = tl.load(k_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
         values = tl.load(v_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q_tile, tl.trans(keys)) * scale
+        scores = tl.dot(q_tile, tl.trans(keys).to(tl.float32), input_precision=DOT_PRECISION) * scale
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         scores = tl.where(causal, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), values)
+        acc = tl.dot(p, values.to(tl.float32), acc * alpha[:, None],
+                     input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -163,7 +163,7 @@ def _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads, head_dim,
 def _load_queries(q, positions, first, end, kv_head, group, q_heads, head_dim,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Query rows of one block: row i = (token first + i // group, head kv_head*group + i % group).
-    Returns (f16 q tile, positions (-1 for padding rows), element mask, q/out offsets, valid rows)."""
+    Returns (f32 q tile, positions (-1 for padding rows), element mask, q/out offsets, valid rows)."""
     m_idx = tl.arange(0, BLOCK_M)
     tok = first + m_idx // group
     valid = (m_idx < (BLOCK_M // group) * group) & (tok < end)
@@ -171,7 +171,7 @@ def _load_queries(q, positions, first, end, kv_head, group, q_heads, head_dim,
     d = tl.arange(0, BLOCK_D)
     offsets = tok[:, None] * (q_heads * head_dim) + head[:, None] * head_dim + d[None, :]
     mask = valid[:, None] & (d < head_dim)[None, :]
-    q_tile = tl.load(q + offsets, mask=mask, other=0.0).to(tl.float16)
+    q_tile = tl.load(q + offsets, mask=mask, other=0.0)
     q_pos = tl.load(positions + tok, mask=valid, other=-1)
     return q_tile, q_pos, mask, offsets, valid
 

@@ -3,6 +3,11 @@ import triton
 import triton.language as tl
 
 L2_LINE_BYTES = tl.constexpr(128)
+# Tensor-core precision of every dot: "tf32x3" splits f32 operands into tf32 hi + lo parts
+# (3 MMAs), giving ~f32 products, so logits track the f32 numpy executor closely enough for
+# identical greedy tokens; f16 weights/cache widen to f32 exactly. Decode is memory-bound,
+# so the extra MMAs are free there.
+DOT_PRECISION = tl.constexpr("tf32x3")
 
 
 @triton.jit

@@ -6,8 +6,8 @@ Layouts (row-major, contiguous, element strides = the row width):
   weight      f16 [out, in]        as stored in the core
   norm weight f16 [dim]
   geometry    i32 step geometry; geometry[0] = live tokens n (see helios_backend/kernels/state.py)
-Products run on tensor cores as tf32 dots with f32 accumulation: f16 weights widen exactly,
-f32 activations keep f16's 10-bit mantissa but f32's range (no overflow of large residuals). Grids are
+Products run on tensor cores with f32 accumulation at DOT_PRECISION (common.py: 3xTF32,
+~f32 accuracy and range; f16 weights widen exactly). Grids are
 (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1): one program owns one [BLOCK_M, BLOCK_N] output tile,
 so there are no atomics and results are bit-stable. M is the variant's token capacity; tiles
 past the live count n return before touching a weight. BLOCK_M = 16 suits decode and chunked
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ignition.kernels.triton.common import prefetch_l2
+from ignition.kernels.triton.common import DOT_PRECISION, prefetch_l2
 
 
 @triton.jit
@@ -48,8 +48,8 @@ def _rstd(sum_sq, K, eps):
 
 @triton.jit
 def _weight_tile(w_ptr, out_rows, out_mask, k0, K, BLOCK_K: tl.constexpr):
-    """Transposed tile [BLOCK_K, len(out_rows)] of an f16 [N, K] weight, widened to f32 for a
-    tf32 dot (exact: f16 and tf32 share the 10-bit mantissa)."""
+    """Transposed tile [BLOCK_K, len(out_rows)] of an f16 [N, K] weight, widened (exactly) to
+    f32 for a DOT_PRECISION dot."""
     k = k0 + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + out_rows[None, :].to(tl.int64) * K + k[:, None],
                 mask=out_mask[None, :] & (k[:, None] < K), other=0.0)
@@ -78,7 +78,7 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
             a = tl.load(x + rows[:, None] * in_dim + k[None, :],
                         mask=row_mask[:, None] & (k[None, :] < in_dim), other=0.0)
             acc = tl.dot(a, _weight_tile(weight, cols, col_mask, k0, in_dim, BLOCK_K), acc,
-                         input_precision="tf32")
+                         input_precision=DOT_PRECISION)
         out = hidden + rows[:, None] * out_dim + cols[None, :]
         out_mask = row_mask[:, None] & col_mask[None, :]
         tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
@@ -113,9 +113,9 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
             a, row_sq = _scaled_rows(hidden, norm_weight, rows, row_mask, k0, dim, BLOCK_K)
             sum_sq += row_sq
             acc_gate = tl.dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, BLOCK_K), acc_gate,
-                              input_precision="tf32")
+                              input_precision=DOT_PRECISION)
             acc_up = tl.dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, BLOCK_K),
-                            acc_up, input_precision="tf32")
+                            acc_up, input_precision=DOT_PRECISION)
         rstd = _rstd(sum_sq, dim, eps)[:, None]
         gate = acc_gate * rstd
         act = gate / (1.0 + tl.exp(-gate)) * (acc_up * rstd)
@@ -151,7 +151,7 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
         a, row_sq = _scaled_rows(hidden, norm_weight, last, live, k0, dim, BLOCK_K)
         sum_sq += row_sq
         acc = tl.dot(a, _weight_tile(head, cols, col_mask, k0, dim, BLOCK_K), acc,
-                     input_precision="tf32")
+                     input_precision=DOT_PRECISION)
     acc = tl.where(live[:, None], acc * _rstd(sum_sq, dim, eps)[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
              mask=r_mask[:, None] & col_mask[None, :])

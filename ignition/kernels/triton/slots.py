@@ -1,35 +1,14 @@
 """Per-slot state updates and completion records: admission and the end-of-step commit.
 
-Completion records (int32 words; drawn in helios_backend/kernels/state.py):
-    header = [ sequence | live_rows | operation | rows ]
-    row    = [ slot | generation | token | consumed | emitted | finish | draft_cursor | reserved_model ]
-Every one of the `rows` records is written each step: rows past live_rows (or with slot < 0)
-get the inactive record (-1 everywhere except consumed, emitted, finish = 0).
+Completion record layout: records.py. Every one of the `rows` records is written each step:
+rows past live_rows (or with slot < 0) get the inactive record.
 """
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-HEADER_WORDS = tl.constexpr(4)
-ROW_WORDS = tl.constexpr(8)
-FINISH_EOS = tl.constexpr(1)
-FINISH_LENGTH = tl.constexpr(2)
-
-
-@triton.jit
-def _write_records(completion, r, write, slot, generation, token, consumed, emitted, finish,
-                   active):
-    """One record per lane r (where `write`); inactive lanes get the inactive record."""
-    record = completion + HEADER_WORDS + r * ROW_WORDS
-    tl.store(record + 0, tl.where(active, slot, -1), mask=write)
-    tl.store(record + 1, tl.where(active, generation, -1), mask=write)
-    tl.store(record + 2, tl.where(active, token, -1), mask=write)
-    tl.store(record + 3, tl.where(active, consumed, 0), mask=write)
-    tl.store(record + 4, tl.where(active, emitted, 0), mask=write)
-    tl.store(record + 5, tl.where(active, finish, 0), mask=write)
-    tl.store(record + 6, tl.full(r.shape, -1, tl.int32), mask=write)     # draft_cursor
-    tl.store(record + 7, tl.full(r.shape, -1, tl.int32), mask=write)     # reserved_model
-
+from ignition.kernels.triton.records import (FINISH_EOS, FINISH_LENGTH, write_header,
+                                              write_records)
 
 @triton.jit
 def commit_samples(completion, pending, generated, output_histogram, sampled, eos_ids,
@@ -64,12 +43,9 @@ def commit_samples(completion, pending, generated, output_histogram, sampled, eo
     finish = tl.where(sampling, finish, 0)
     endpoint = (tl.load(consumed + r, mask=active, other=0)
                 + tl.load(query_length + r, mask=active, other=0))
-    _write_records(completion, r, lane, slot, tl.load(row_generation + r, mask=active, other=-1),
+    write_records(completion, r, lane, slot, tl.load(row_generation + r, mask=active, other=-1),
                    tl.where(sampling, token, -1), endpoint, sampling.to(tl.int32), finish, active)
-    tl.store(completion + 0, tl.load(transport_header))
-    tl.store(completion + 1, live)
-    tl.store(completion + 2, operation)
-    tl.store(completion + 3, rows)
+    write_header(completion, tl.load(transport_header), live, operation, rows)
 
 
 @triton.jit
@@ -110,12 +86,9 @@ def admit_requests(seeds, sampling, output_limit, eos_ids, prompt_histogram, out
             tl.store(generated + slot, 0)
             tl.store(pending + slot, -1)
         one = tl.arange(0, 1) + r
-        _write_records(completion, one, one < rows, tl.zeros((1,), tl.int32) + slot,
+        write_records(completion, one, one < rows, tl.zeros((1,), tl.int32) + slot,
                        tl.zeros((1,), tl.int32) + tl.load(row_generation + r),
                        tl.full((1,), -1, tl.int32), tl.zeros((1,), tl.int32),
                        tl.zeros((1,), tl.int32), tl.zeros((1,), tl.int32), active)
         if r == 0:
-            tl.store(completion + 0, tl.load(transport_header))
-            tl.store(completion + 1, live)
-            tl.store(completion + 2, operation)
-            tl.store(completion + 3, rows)
+            write_header(completion, tl.load(transport_header), live, operation, rows)
