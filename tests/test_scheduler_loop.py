@@ -381,3 +381,23 @@ def test_no_second_frame_with_host_stops_or_grammar() -> None:  # spec: STOP-17,
     sched.add(0, spec(prompt, max_tokens=8, constrained=True), grammar=AllowAll())
     run_two_frames(sched, engine)
     assert sched.counters.pipelined == 0 and sched.counters.constrained_max_inflight == 1
+
+
+def test_admission_waits_instead_of_evicting_the_snapshot_it_matched() -> None:  # spec: HTTP-20, CACHE-22
+    sched, engine = make(num_pages=9, page_tokens=4, snapshots=1)
+    turn1 = prompt_of(6, 10)
+    sched.add(0, spec(turn1, max_tokens=1))
+    run_all(sched, engine)
+    assert sched.snapshots.published == 1 and sched.pool.used_pages == 2    # the snapshot's pages
+    sched.add(1, spec(prompt_of(7, 20), max_tokens=7))
+    engine.step()
+    engine.step()                                       # request 1 holds 6 pages: 1 free
+    turn2 = turn1 + [3, 4, 5]                            # needs a restore page and one more
+    sched.add(2, spec(turn2, max_tokens=2))
+    engine.step()
+    assert sched.request(2).state.value == "waiting"    # a temporary shortage waits ...
+    assert sched.snapshots.counters.evicted == 0        # ... and keeps the snapshot it matched
+    events = run_all(sched, engine)
+    assert sched.snapshots.counters.restored == 1
+    assert terminal(events[2]).finished.usage.reused_prompt_tokens == 10
+    assert tokens_of(events[2]) == reference_tokens(turn2, 2, VOCAB)
