@@ -87,6 +87,8 @@ class Lane:
     pages: Sequence[int] = ()                 # the slot's page list, covering consumed + query_length
     grammar_mask: Optional[np.ndarray] = None  # uint32 [mask_words]; None = unconstrained
     admission: Optional[Admission] = None     # INITIALIZATION lanes only
+    snapshot_row: int = -1                    # continuation row receiving the partial page at the endpoint
+    restore_row: int = -1                     # RESTORATION: continuation row copied into the endpoint's page
 
     @property
     def query_length(self) -> int:
@@ -114,6 +116,8 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_PROMPT_TOKENS: lambda lane: lane.tokens,     # None -> padding (device token)
     C.VALUE_SOURCE_PROMPT_POSITIONS: lambda lane: np.arange(lane.consumed, lane.consumed + lane.query_length),
     C.VALUE_SOURCE_PAGE_TABLE: lambda lane: lane.pages,
+    C.VALUE_SOURCE_SNAPSHOT_DESTINATION: lambda lane: lane.snapshot_row,
+    C.VALUE_SOURCE_RESTORE_SOURCE: lambda lane: lane.restore_row,
     C.VALUE_SOURCE_GRAMMAR_MASK: lambda lane: lane.grammar_mask,  # None -> padding (all allowed)
     C.VALUE_SOURCE_SEED_BITS: lambda lane: np.array([_need_admission(lane).seed & 0xFFFFFFFF,
                                                      (_need_admission(lane).seed >> 32) & 0xFFFFFFFF]),
@@ -292,7 +296,7 @@ class Packer:
         rows, tokens, operation = self._capacity[program]
         if len(lanes) > rows:
             raise CapacityError(f"{program}: {len(lanes)} lanes > {rows} rows")
-        if operation != C.OPERATION_INITIALIZATION:
+        if tokens > 0:
             packed = sum(lane.query_length for lane in lanes)
             if packed > tokens:
                 raise CapacityError(f"{program}: {packed} packed tokens > {tokens}")

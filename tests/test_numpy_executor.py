@@ -233,3 +233,46 @@ def test_concurrency_may_be_reduced_never_raised(smollm2_bootstrap):
         assert contract.prepared_pages != 8
     finally:
         model.close()
+
+
+# ---- exact-endpoint snapshots ---------------------------------------------------------------------
+
+def test_snapshot_then_restoration_equals_recomputing_the_prefix():
+    # A request's prompt ends mid-page (24 tokens, 16 per page): its step copies the partial page to a
+    # continuation row. A second request sharing that prompt reuses the complete page, RESTORATION copies
+    # the partial payload into its own fresh page, and it computes only its new tokens.
+    prepared = prepared_in_memory(snapshot_rows=2)
+    model = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
+                             ModelOptions(cache_pages=16, concurrency=2))
+    try:
+        page_tokens = prepared.contract.model.cache.page_tokens
+        assert len(PROMPT) % page_tokens == 8
+        longer = PROMPT + [504, 3575, 282, 4649]
+        expected = prefill_logits(model, longer, chunk=64, slot=1)[len(longer) - 1]
+
+        driver = Driver(model, page_order=[5, 6, 9, 10, 11, 12])
+        first, second = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(longer, 4)], [0, 1])
+        driver._ensure_pages(first, len(PROMPT))                                   # pages 5, 6
+        driver.step(model.program(C.OPERATION_PREFILL, 1, len(PROMPT)),
+                    [Lane(slot=0, generation=first.generation, tokens=np.asarray(PROMPT, np.int32),
+                          pages=list(first.pages), snapshot_row=1)])
+        shared_page, private_page = first.pages[0], 9
+        restore = Lane(slot=1, generation=second.generation, consumed=len(PROMPT),
+                       pages=[shared_page, private_page], restore_row=1)
+        [record] = driver.step(model.program(C.OPERATION_RESTORATION, 1), [restore])
+        assert record[3] == len(PROMPT)                                              # consumed endpoint
+        tail = np.asarray(longer[len(PROMPT):], np.int32)
+        driver.step(model.program(C.OPERATION_PREFILL, 1, tail.size),
+                    [Lane(slot=1, generation=second.generation, consumed=len(PROMPT), tokens=tail,
+                          pages=[shared_page, private_page])])
+        restored = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB].copy()
+        np.testing.assert_allclose(restored, expected, atol=RESHAPE_TOLERANCE)
+
+        # without the restoration copy the private page lacks positions 16..23: results change
+        model.packer.forget_slot(2)
+        driver.step(model.program(C.OPERATION_PREFILL, 1, tail.size),
+                    [Lane(slot=2, generation=99, consumed=len(PROMPT), tokens=tail, pages=[shared_page, 10])])
+        unrestored = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
+        assert np.abs(unrestored - expected).max() > 1.0
+    finally:
+        model.close()

@@ -154,3 +154,23 @@ def test_a_recipe_forward_pass_cannot_write_slot_state_or_completion():
     with pytest.raises(RecordingError, match="may not write BUFFER_KIND_STATE"):
         forward.launch("tokens.select_input.v1", **{**args, "ids": "state.pending"})
     assert len(rec.end().nodes) == 1
+
+
+def test_snapshot_option_records_restoration_and_continuation_storage():
+    # spec: CON-7, STA-1, STA-2 (continuation rows are a declared history region; views lie inside buffers)
+    prepared = prepared_in_memory(snapshot_rows=2)
+    PreparedContract.decode(prepared.contract, prepared.manifest,
+                            resource_ids=frozenset(r.id for r in prepared.resources))
+    kinds = {r.kind for r in prepared.contract.model.cache.regions}
+    assert kinds == {C.HISTORY_KIND_PAGED_KV, C.HISTORY_KIND_CONTINUATION}
+    assert prepared.contract.prepared_snapshots == 2
+    programs = {p.name: p for p in prepared.manifest.programs}
+    assert [n.kernel for n in programs["restoration.r1"].nodes] == ["cache.restore_partial.v1"]
+    assert "cache.snapshot_partial.v1" in [n.kernel for n in programs["prefill.r1.t64"].nodes]
+    assert "cache.snapshot_partial.v1" not in [n.kernel for n in programs["decode.r1.t1"].nodes]
+    graphs = {g.program: g for g in prepared.contract.model.graphs}
+    restoration = graphs["restoration.r1"]
+    assert {b.source for b in restoration.bindings} >= {C.VALUE_SOURCE_RESTORE_SOURCE, C.VALUE_SOURCE_PAGE_TABLE}
+    assert C.VALUE_SOURCE_SNAPSHOT_DESTINATION in {b.source for b in graphs["prefill.r1.t64"].bindings}
+    # the default recipe records no snapshots (the AOT library does not implement the copy kernels yet)
+    assert all(p.operation != C.OPERATION_RESTORATION for p in prepared_in_memory().manifest.programs)

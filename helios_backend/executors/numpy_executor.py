@@ -10,12 +10,13 @@ then: copy the staging frame in, call each bound node, copy the completion buffe
 
 Weight buffers declared F16 get an f32 shadow copy (numpy has no f16 BLAS; converting
 per step would dominate the step time); kernels receive the shadow wherever a node
-passes a pointer into such a buffer. CACHE planes declared F16 are, by default, held
-widened to f32 (`widen_f16_cache`): kernels index cache planes by element, so the layout
-in elements is unchanged, and converting gathered pages back from f16 was the largest
-cost of a decode step. Widened planes skip the fp16 rounding of cached keys/values, so
-results differ from a device executor by that rounding (|dlogit| ~1e-2); with
-widen_f16_cache=False every buffer keeps its declared dtype. State keeps its dtype.
+passes a pointer into such a buffer. CACHE planes (and F16 STATE such as snapshot
+continuation rows) declared F16 are, by default, held widened to f32 (`widen_f16_cache`):
+kernels index cache planes by element, so the layout in elements is unchanged, and
+converting gathered pages back from f16 was the largest cost of a decode step. Widened
+planes skip the fp16 rounding of cached keys/values, so results differ from a device
+executor by that rounding (|dlogit| ~1e-2); with widen_f16_cache=False every buffer keeps
+its declared dtype. Other state keeps its dtype.
 
 Load errors (typed, all raised before any step): UnknownKernelIdError for a kernel id
 without a numpy reference, KernelArgumentError for args that do not fit the ABI,
@@ -115,10 +116,12 @@ class NumpyExecutor:
             raise MissingVariantError(f"programs absent from the execution catalog: {missing}")
         self._check_kernels(programs[name] for name in wanted)
         buffers = [b for b in manifest.buffers if b.rank == 0]
-        widened = [b for b in buffers if options.widen_f16_cache and b.kind == M.BUFFER_KIND_CACHE
-                   and b.dtype == C.DTYPE_F16]
-        # [pages * elements per page] f32 per widened plane, outside the arena
-        self._wide_cache = {b.name: np.zeros(options.cache_pages * (b.nbytes // 2), dtype=np.float32) for b in widened}
+        widened = [b for b in buffers if options.widen_f16_cache and b.dtype == C.DTYPE_F16
+                   and b.kind in (M.BUFFER_KIND_CACHE, M.BUFFER_KIND_STATE)]
+        # f32 per widened buffer, outside the arena: cache planes [pages * page elements], and f16 state
+        # (snapshot continuation rows hold cache pages, so they widen with the planes they copy)
+        self._wide_cache = {b.name: np.zeros((options.cache_pages if b.kind == M.BUFFER_KIND_CACHE else 1)
+                                             * (b.nbytes // 2), dtype=np.float32) for b in widened}
         self.arena = RankArena(buffers, options.cache_pages, frozenset(self._wide_cache))
         self._load_weights(read_resource)
         self._shadows = self._f32_shadows()

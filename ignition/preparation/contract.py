@@ -71,6 +71,7 @@ class TextCapacities:
     page_tokens: int
     context_tokens: int
     eos_capacity: int = 4
+    snapshot_rows: int = 0      # continuation rows for exact-endpoint snapshots; 0 = no snapshots
 
     @property
     def pages_per_row(self) -> int:
@@ -113,7 +114,8 @@ def destination_specs(cap: TextCapacities) -> list[DestinationSpec]:
         DestinationSpec("in_output_limit", i32, admit),
         DestinationSpec("in_eos_ids", i32, admit * cap.eos_capacity),
         DestinationSpec("in_histogram", i32, admit * cap.histogram_bins),
-    ]
+    ] + ([DestinationSpec("snapshot_row", i32, rows), DestinationSpec("restore_row", i32, rows)]
+         if cap.snapshot_rows else [])
 
 
 def build_transport(cap: TextCapacities, frames: int = 2) -> M.Transport:
@@ -217,6 +219,8 @@ class PagedKV:
     page_tokens: int
     k_plane: str = "cache.k"
     v_plane: str = "cache.v"
+    k_continuation: str = "continuation.k"   # STATE [snapshot rows, one page of the k plane]
+    v_continuation: str = "continuation.v"
 
     @property
     def layer_elements(self) -> int:
@@ -231,18 +235,27 @@ class PagedKV:
         offset = layer * self.layer_elements * 2  # f16 bytes
         return Ref(self.k_plane, offset), Ref(self.v_plane, offset)
 
-    def declare(self, rec: Recorder) -> None:
+    def declare(self, rec: Recorder, snapshot_rows: int = 0) -> None:
         shape = [self.layers, self.page_tokens, self.kv_heads, self.head_dim]
         rec.declare(buffer(self.k_plane, M.BUFFER_KIND_CACHE, C.DTYPE_F16, shape))
         rec.declare(buffer(self.v_plane, M.BUFFER_KIND_CACHE, C.DTYPE_F16, shape))
+        if snapshot_rows:
+            rows = [snapshot_rows] + shape
+            rec.declare(buffer(self.k_continuation, M.BUFFER_KIND_STATE, C.DTYPE_F16, rows))
+            rec.declare(buffer(self.v_continuation, M.BUFFER_KIND_STATE, C.DTYPE_F16, rows))
 
     def cache_contract(self, cap: TextCapacities) -> C.CacheContract:
         page_bytes = self.page_stride * 2
         region = C.HistoryRegion(name="attention", kind=C.HISTORY_KIND_PAGED_KV, tokens_per_record=1,
                                  planes=[C.CachePlane(buffer=self.k_plane, bytes_per_page=page_bytes),
                                          C.CachePlane(buffer=self.v_plane, bytes_per_page=page_bytes)])
+        regions = [region]
+        if cap.snapshot_rows:
+            # partial-page payloads of snapshots: one page of each plane per continuation row
+            regions.append(C.HistoryRegion(name="partial_pages", kind=C.HISTORY_KIND_CONTINUATION,
+                                           bytes_per_row=2 * page_bytes))
         view = C.PageTableView(destination="page_table", page_offset=0, pages_per_row=cap.pages_per_row)
-        return C.CacheContract(page_tokens=self.page_tokens, regions=[region], page_table_views=[view])
+        return C.CacheContract(page_tokens=self.page_tokens, regions=regions, page_table_views=[view])
 
 
 # ---- value bindings ------------------------------------------------------------------------
@@ -259,7 +272,7 @@ def _row_identity() -> list[C.ValueBinding]:
     ]
 
 
-def generation_bindings(operation: int) -> list[C.ValueBinding]:
+def generation_bindings(operation: int, snapshots: bool = False) -> list[C.ValueBinding]:
     """Bindings of PREFILL / DECODE / MIXED programs (one forward step plus one draw per row)."""
     bindings = _row_identity() + [
         _binding("query_length", C.VALUE_SOURCE_QUERY_LENGTH, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
@@ -277,7 +290,22 @@ def generation_bindings(operation: int) -> list[C.ValueBinding]:
     if operation == C.OPERATION_DECODE:
         # every decode row reads its device-owned pending token
         bindings.append(_binding("prefill_row", C.VALUE_SOURCE_CONSTANT, C.INDEX_MODE_SCALAR, constant=-1))
+    if snapshots and operation in SNAPSHOT_OPERATIONS:
+        bindings.append(_binding("snapshot_row", C.VALUE_SOURCE_SNAPSHOT_DESTINATION, C.INDEX_MODE_SUBMISSION_ROW,
+                                 padding=-1))
     return bindings
+
+
+# Steps that can end a prompt, so they may publish a snapshot at its endpoint.
+SNAPSHOT_OPERATIONS = (C.OPERATION_PREFILL, C.OPERATION_MIXED)
+
+
+def restoration_bindings() -> list[C.ValueBinding]:
+    return _row_identity() + [
+        _binding("restore_row", C.VALUE_SOURCE_RESTORE_SOURCE, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
+        _binding("consumed", C.VALUE_SOURCE_CONSUMED_TOKENS, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        _binding("page_table", C.VALUE_SOURCE_PAGE_TABLE, C.INDEX_MODE_PHYSICAL_ROW),
+    ]
 
 
 def initialization_bindings() -> list[C.ValueBinding]:
@@ -358,13 +386,41 @@ def record_initialization(rec: Recorder, transport: M.Transport, cap: TextCapaci
                histogram_bins=cap.histogram_bins, operation=C.OPERATION_INITIALIZATION)
 
 
+def _continuation_args(cache: PagedKV, cap: TextCapacities) -> dict:
+    return dict(k_continuation=cache.k_continuation, v_continuation=cache.v_continuation,
+                page_tokens=cap.page_tokens, pages_per_row=cap.pages_per_row, page_stride=cache.page_stride,
+                row_stride=cache.page_stride)
+
+
+def record_snapshot(rec: Recorder, transport: M.Transport, cap: TextCapacities, cache: PagedKV, rows: int) -> None:
+    """After the forward pass of a step that may end a prompt: its partial page -> continuation row."""
+    s = lambda name: staged(transport, name)  # noqa: E731
+    rec.launch("cache.snapshot_partial.v1", "cache.snapshot", k_cache=cache.k_plane, v_cache=cache.v_plane,
+               page_table=s("page_table"), row_slot=s("row_slot"), snapshot_row=s("snapshot_row"),
+               consumed=s("consumed"), query_length=s("query_length"), live_rows=s("live_rows"), rows=rows,
+               **_continuation_args(cache, cap))
+
+
+def record_restoration(rec: Recorder, transport: M.Transport, cap: TextCapacities, cache: PagedKV,
+                       rows: int) -> None:
+    s = lambda name: staged(transport, name)  # noqa: E731
+    rec.launch("cache.restore_partial.v1", "cache.restore", k_cache=cache.k_plane, v_cache=cache.v_plane,
+               completion=COMPLETION, page_table=s("page_table"), row_slot=s("row_slot"),
+               row_generation=s("row_generation"), restore_row=s("restore_row"), consumed=s("consumed"),
+               transport_header=s(TRANSPORT_HEADER), live_rows=s("live_rows"), rows=rows,
+               operation=C.OPERATION_RESTORATION, **_continuation_args(cache, cap))
+
+
 # ---- graph contracts -----------------------------------------------------------------------
 
 _ACCESS = {abi.Access.READ: C.ACCESS_READ, abi.Access.WRITE: C.ACCESS_WRITE, abi.Access.READ_WRITE: C.ACCESS_READ_WRITE}
 
 
-def state_accesses(program: M.Program, buffers: dict[str, M.Buffer]) -> list[C.StateAccess]:
-    """Per-graph accesses derived from the program's own nodes (never from another operation's)."""
+def state_accesses(program: M.Program, buffers: dict[str, M.Buffer], request_slots: int) -> list[C.StateAccess]:
+    """Per-graph accesses derived from the program's own nodes (never from another operation's).
+
+    Buffers with one row per physical slot get a per-row view; others (snapshot continuation rows,
+    indexed by snapshot row) one view over the whole buffer (row_stride 0)."""
     reads: dict[str, bool] = {}
     writes: dict[str, bool] = {}
     for node in program.nodes:
@@ -382,21 +438,24 @@ def state_accesses(program: M.Program, buffers: dict[str, M.Buffer]) -> list[C.S
     accesses = []
     for name in sorted(set(reads) | set(writes)):
         target = buffers[name]
-        row_bytes = target.nbytes // target.shape[0]
         access = C.ACCESS_READ_WRITE if name in reads and name in writes else (
             C.ACCESS_READ if name in reads else C.ACCESS_WRITE)
-        view = C.StateView(name=name, buffer=name, byte_offset=0, row_stride=row_bytes, byte_extent=row_bytes)
+        if target.shape[0] == request_slots:
+            row_bytes = target.nbytes // target.shape[0]
+            view = C.StateView(name=name, buffer=name, byte_offset=0, row_stride=row_bytes, byte_extent=row_bytes)
+        else:
+            view = C.StateView(name=name, buffer=name, byte_offset=0, row_stride=0, byte_extent=target.nbytes)
         accesses.append(C.StateAccess(view=view, access=access))
     return accesses
 
 
 def graph_contract(program: M.Program, bindings: list[C.ValueBinding], buffers: dict[str, M.Buffer],
-                   resources: list[str]) -> C.GraphContract:
+                   resources: list[str], request_slots: int) -> C.GraphContract:
     graph = C.GraphContract(program=program.name, operation=program.operation, rank=program.rank,
                             bindings=bindings, resources=resources, state_rows_per_request=1)
     graph.capacity.CopyFrom(program.capacity)
-    graph.state_accesses.extend(state_accesses(program, buffers))
-    if program.operation != C.OPERATION_INITIALIZATION:
+    graph.state_accesses.extend(state_accesses(program, buffers, request_slots))
+    if program.operation not in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
         graph.pending_token.device_state_view = SLOT_STATE.pending
     graph.cursor.CopyFrom(C.CompletionCursor(reports_draft_cursor=False, lag_tokens=0))
     return graph

@@ -54,8 +54,7 @@ class Variant:
     @property
     def name(self) -> str:
         op = C.Operation.Name(self.operation).removeprefix("OPERATION_").lower()
-        return f"{op}.r{self.rows}" if self.operation == C.OPERATION_INITIALIZATION else \
-            f"{op}.r{self.rows}.t{self.tokens}"
+        return f"{op}.r{self.rows}" if self.tokens == 0 else f"{op}.r{self.rows}.t{self.tokens}"
 
 
 def variants(options: Any) -> list[Variant]:
@@ -63,6 +62,8 @@ def variants(options: Any) -> list[Variant]:
     out += [Variant(C.OPERATION_PREFILL, rows, tokens) for rows, tokens in options.prefill_variants]
     out += [Variant(C.OPERATION_DECODE, rows, rows) for rows in options.decode_rows]
     out += [Variant(C.OPERATION_MIXED, rows, tokens) for rows, tokens in options.mixed_variants]
+    if options.snapshot_rows:
+        out += [Variant(C.OPERATION_RESTORATION, rows, 0) for rows in options.restoration_rows]
     return out
 
 
@@ -116,13 +117,19 @@ def _record_programs(rec: Recorder, recipe: ModuleType, source: Any, options: An
         if variant.operation == C.OPERATION_INITIALIZATION:
             shared.record_initialization(rec, transport, cap, variant.rows)
             bindings = shared.initialization_bindings()
+        elif variant.operation == C.OPERATION_RESTORATION:
+            shared.record_restoration(rec, transport, cap, cache, variant.rows)
+            bindings = shared.restoration_bindings()
         else:
             io = shared.record_step_prologue(rec, transport, cap, variant.operation, variant.rows, variant.tokens)
             recipe.forward(rec.forward_view(), io, source.shape, cache, options)
+            snapshots = bool(cap.snapshot_rows) and variant.operation in shared.SNAPSHOT_OPERATIONS
+            if snapshots:
+                shared.record_snapshot(rec, transport, cap, cache, variant.rows)
             shared.record_sampling_epilogue(rec, transport, cap, variant.operation, variant.rows)
-            bindings = shared.generation_bindings(variant.operation)
+            bindings = shared.generation_bindings(variant.operation, snapshots)
         program = rec.end()
-        graphs.append(shared.graph_contract(program, bindings, rec.buffers, [WEIGHTS_RESOURCE]))
+        graphs.append(shared.graph_contract(program, bindings, rec.buffers, [WEIGHTS_RESOURCE], cap.request_slots))
     return graphs
 
 
@@ -131,18 +138,18 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
     source = recipe.open_source(options)
     shape = source.shape
     all_variants = variants(options)
-    generation = [v for v in all_variants if v.operation != C.OPERATION_INITIALIZATION]
+    generation = [v for v in all_variants if v.tokens > 0]
     cap = shared.TextCapacities(
         vocab=shape.vocab, request_slots=max(v.rows for v in all_variants),
         max_tokens=max(v.tokens for v in generation),
         max_admission_rows=max(v.rows for v in all_variants if v.operation == C.OPERATION_INITIALIZATION),
-        page_tokens=options.page_tokens, context_tokens=options.context_tokens)
+        page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows)
     geometry = KernelLibraryGeometry(kernel_library)
     rec = Recorder(rank=0, geometry=geometry)
     transport = shared.build_transport(cap)
     shared.declare_shared_buffers(rec, cap, transport)
     cache = recipe.paged_kv(shape, options)
-    cache.declare(rec)
+    cache.declare(rec, cap.snapshot_rows)
     recipe.declare_scratch(rec, shape, cap.max_tokens, options)
     weights, tensor_views = _pack_weights(rec, recipe, source, options, progress)
     graphs = _record_programs(rec, recipe, source, options, cap, transport, cache)
@@ -186,7 +193,7 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
                                        fingerprint=fingerprint.digest()),
         context_tokens=options.context_tokens, prefill_tokens=max(v.tokens for v in generation
                                                                   if v.operation == C.OPERATION_PREFILL),
-        prepared_pages=options.prepared_pages, prepared_snapshots=0, concurrency=cap.request_slots,
+        prepared_pages=options.prepared_pages, prepared_snapshots=options.snapshot_rows, concurrency=cap.request_slots,
         defaults=defaults, model=model, rebuild=rebuild)
     return PreparedModel(contract=contract, manifest=manifest, resources=resources,
                          node_counts=dict(rec.node_counts()))
