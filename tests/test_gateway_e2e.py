@@ -137,7 +137,7 @@ def test_n_choices_each_complete(http: httpx.Client) -> None:
 
 # ---- observation ---------------------------------------------------------------------------
 
-# spec: OBS-1, OBS-2, OBS-3, OBS-11, OBS-18, OBS-19, OBS-20, OBS-24, OBS-7
+# spec: OBS-1, OBS-2, OBS-3, OBS-11, OBS-18, OBS-19, OBS-20, OBS-21, OBS-22, OBS-23, OBS-24, OBS-7
 def test_json_observation_shapes_and_alignment(http: httpx.Client) -> None:
     body = http.post("/v1/chat/completions", json=chat_body(
         QUESTION, 16, return_token_ids=True, return_token_timestamps=True)).json()
@@ -173,6 +173,33 @@ def test_sse_observation_chunks(http: httpx.Client) -> None:
     assert final["choices"] == [] and final["usage"]["completion_tokens"] == len(meta)
     assert final["usage"]["prompt_tokens"] == len(events[0]["prompt_token_ids"])
     assert sum("performance" in e for e in events) == 1
+
+
+# spec: OBS-9
+def test_observation_changes_no_output(http: httpx.Client) -> None:
+    plain = http.post("/v1/chat/completions", json=chat_body(CAFE, 12)).json()["choices"][0]
+    observed = http.post("/v1/chat/completions", json=chat_body(
+        CAFE, 12, return_token_ids=True, return_token_timestamps=True)).json()["choices"][0]
+    assert observed["message"]["content"] == plain["message"]["content"]
+    assert observed["finish_reason"] == plain["finish_reason"]
+
+
+# spec: HTTP-9, HTTP-10
+def test_paused_reader_loses_nothing_and_blocks_no_one(stack: Stack, http: httpx.Client) -> None:
+    expected = reference(http, CAFE, 16)
+    with httpx.Client(base_url=stack.gateway.base_url, timeout=120) as paused_client:
+        with paused_client.stream("POST", "/v1/chat/completions", json=chat_body(
+                CAFE, 16, stream=True, return_token_ids=True)) as paused:
+            lines = paused.iter_lines()
+            next(lines)  # the role chunk: the request is admitted and generating
+            # while this reader sleeps, another request runs to completion
+            other = http.post("/v1/chat/completions", json=chat_body(QUESTION, 6)).json()
+            assert other["choices"][0]["finish_reason"] in ("stop", "length")
+            events = [json.loads(line[6:]) for line in lines
+                      if line.startswith("data: {")]
+    view = streamed_view(events)
+    assert view["content"] == expected["message"]["content"]
+    assert view["ids"] == expected["token_ids"]
 
 
 # spec: OBS-27, OBS-18
@@ -254,7 +281,7 @@ def test_multibyte_stop_and_split_characters(http: httpx.Client) -> None:
     assert one_shot["finish_reason"] == "stop"
 
 
-# spec: STOP-29, STOP-20, STOP-26
+# spec: STOP-29, STOP-20, STOP-26, OBS-8
 def test_stop_token_ids_omitted_but_observed(http: httpx.Client) -> None:
     ref = reference(http, CAFE, 16)
     token = ref["token_ids"][4]

@@ -323,3 +323,58 @@ def test_n_fans_out_with_offset_seeds(served: ServedModel) -> None:
     assert [r.sampling.seed for _, _, r in choices] == [7, 8, 9]
     assert all(r.sampling.temperature == 0.5 for _, _, r in choices)
     assert not choices[0][2].sampling.HasField("top_p")  # unset: the core default applies (SRV-17)
+
+
+@pytest.fixture(scope="module")
+def served_with_reasoning(served: ServedModel) -> ServedModel:
+    """The same vocabulary, but the frontend declares think-tag reasoning and Qwen Coder tools."""
+    from helios_backend.frontend.syntax.tables import preset
+    from helios_proto import contract_pb2 as pb
+
+    assets = tp.FrontendAssets()
+    assets.CopyFrom(served.assets)
+    preset(pb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS, pb.REASONING_PARSER_THINK_TAGS).apply_to(assets.frontend)
+    return ServedModel.from_assets(assets)
+
+
+def syntax_run(served: ServedModel, text: str, stop: str | None, stream: bool) -> Any:
+    prepared = prepare_chat(ChatCompletionRequest.model_validate(
+        {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "stop": stop, "stream": stream}),
+        served, ingress_ns=0)
+    assert prepared.syntax is not None
+    ids = text_ids(served, text)
+    pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), prepared.syntax.parser("call_t_"),
+                              served.eos_token_ids)
+    translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
+    events = [translator.tokens(batch([t])) for t in ids]
+    reason = tp.FINISH_REASON_LENGTH if stop is None else tp.FINISH_REASON_STOP_STRING
+    events.append(translator.terminal(finished(reason, len(ids))))
+    presenter = ChatPresenter(prepared, "test-model", served.tokenizer)
+    if not stream:
+        for event in events:
+            presenter.fold(event)
+        return presenter.body()["choices"][0]
+    raw = b"".join(presenter.opening()) + b"".join(b"".join(presenter.stream(e)) for e in events)
+    return parse_sse(raw)[0]
+
+
+# spec: STOP-10, FE-38
+def test_stop_string_matches_inside_reasoning(served_with_reasoning: ServedModel) -> None:
+    text = "<think>I should say STOP right away</think>The answer is Paris."
+    plain = syntax_run(served_with_reasoning, text, None, stream=False)
+    assert plain["message"]["reasoning_content"].strip() == "I should say STOP right away"
+    assert plain["message"]["content"].strip() == "The answer is Paris."
+    stopped = syntax_run(served_with_reasoning, text, "STOP", stream=False)
+    assert stopped["message"]["reasoning_content"].strip() == "I should say"
+    assert stopped["message"]["content"] == "" and stopped["finish_reason"] == "stop"
+
+
+# spec: STOP-10, FE-40
+def test_stop_string_matches_inside_tool_envelope(served_with_reasoning: ServedModel) -> None:
+    text = "Let me check.<tool_call>\n<function=lookup>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+    stopped = syntax_run(served_with_reasoning, text, "<function=", stream=False)
+    assert "Let me check." in stopped["message"]["content"]
+    assert "function=" not in stopped["message"]["content"] and stopped["finish_reason"] == "stop"
+    chunks = syntax_run(served_with_reasoning, text, "<function=", stream=True)
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert streamed == stopped["message"]["content"]
