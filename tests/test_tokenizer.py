@@ -283,3 +283,12 @@ def test_continued_assistant_message_ends_without_im_end(tokenizer: FrontendToke
     prompt = encode_chat(template, tokenizer, messages, add_generation_prompt=False, continue_final_message=True)
     assert prompt.text.endswith("<|im_start|>assistant\nIt is <|im_end|>")
     assert [i for i in prompt.ids if i in tokenizer.special_ids] == [IM_START, IM_END, IM_START, IM_END, IM_START]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 49151), max_size=24))
+def test_streaming_without_specials_equals_one_shot(tokenizer: FrontendTokenizer, ids: list[int]) -> None:
+    decoder = tokenizer.incremental_decoder(skip_special_tokens=True)
+    streamed = "".join(decoder.feed_one(i) for i in ids) + decoder.finish()
+    assert streamed == tokenizer.decode(ids, skip_special_tokens=True)
+    assert "<|im_end|>" not in tokenizer.decode([i for i in ids if i == IM_END], skip_special_tokens=True)
