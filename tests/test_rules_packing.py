@@ -91,6 +91,24 @@ def test_token_position_and_cache_sources_are_packed(prepared):
     assert table[0:1].tolist() == [9]
 
 
+def test_snapshot_and_restore_sources_are_packed():
+    # spec: BND-8
+    prepared = prepared_in_memory(snapshot_rows=2)
+    manifest = prepared.manifest
+    frames = _frames(manifest)
+    packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
+    prefill = Lane(slot=1, generation=2, consumed=0, tokens=np.arange(5, dtype=np.int32), pages=[3], snapshot_row=1)
+    packer.pack("prefill.r2.t64", 0, [prefill])
+    assert _view(manifest, frames[0], "snapshot_row")[:2].tolist() == [1, -1]        # SNAPSHOT_DESTINATION
+    restoration = next(g.program for g in prepared.contract.model.graphs if g.operation == C.OPERATION_RESTORATION
+                       and g.capacity.rows >= 2)
+    lanes = [Lane(slot=0, generation=1, consumed=16, pages=[4, 5], restore_row=1),
+             Lane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=0)]
+    packer.pack(restoration, 1, lanes)
+    assert _view(manifest, frames[1], "restore_row")[:3].tolist() == [1, 0, -1]      # RESTORE_SOURCE
+    assert _view(manifest, frames[1], "consumed")[:2].tolist() == [16, 18]
+
+
 @pytest.mark.parametrize("group, sources", [
     ("BND-6", [C.VALUE_SOURCE_SLOT, C.VALUE_SOURCE_GENERATION, C.VALUE_SOURCE_LIVE_ROW_COUNT,
                C.VALUE_SOURCE_QUERY_LENGTH, C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
