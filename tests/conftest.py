@@ -17,15 +17,17 @@ for _module in ("tests.engine_fixtures", "tests.server_fixtures"):
 
 
 def _gpu_available() -> bool:
+    # cuda-bindings raises (rather than returning an error code) when libcuda is absent.
     try:
         from cuda.bindings import driver  # type: ignore[import-not-found]
-    except ImportError:
+
+        err, = driver.cuInit(0)[:1]
+        if int(err) != 0:
+            return False
+        err, count = driver.cuDeviceGetCount()
+        return int(err) == 0 and count > 0
+    except (ImportError, RuntimeError, OSError):
         return False
-    err, = driver.cuInit(0)[:1]
-    if int(err) != 0:
-        return False
-    err, count = driver.cuDeviceGetCount()
-    return int(err) == 0 and count > 0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
