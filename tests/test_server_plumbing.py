@@ -198,7 +198,12 @@ def test_option_precedence_explicit_core_builtin() -> None:  # spec: SRV-15, SRV
     s = resolve(StartupOptions(core, queue_capacity=5), _contract(queue_capacity=9, max_active=3))
     assert (s.queue_capacity, s.max_active, s.event_capacity) == (5, 3, 256)
     s = resolve(StartupOptions(core), _contract())
-    assert (s.queue_capacity, s.max_active, s.concurrency) == (64, 8, 8)
+    assert (s.queue_capacity, s.max_active, s.concurrency, s.snapshot_capacity) == (64, 8, 8, 0)
+    prepared = _contract()
+    prepared.prepared_snapshots = 6
+    assert resolve(StartupOptions(core), prepared).snapshot_capacity == 6            # prepared rows
+    assert resolve(StartupOptions(core, snapshot_capacity=2), prepared).snapshot_capacity == 2
+    assert resolve(StartupOptions(core, snapshot_capacity=9), prepared).snapshot_capacity == 6  # rows exist
     with pytest.raises(SettingsError, match="concurrency"):
         resolve(StartupOptions(core, concurrency=9), _contract())     # load may only reduce it
     with pytest.raises(SettingsError, match="history_drafting"):

@@ -11,6 +11,7 @@ count to check each completion's sequence (CACHE-16).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -21,6 +22,9 @@ from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
 from helios_backend.packing import Admission, Lane as PackedLane
+
+# packing lanes carry snapshot/restore rows once the engine's packing declares them
+SNAPSHOT_FIELDS = {f.name for f in dataclasses.fields(PackedLane)} >= {"snapshot_row", "restore_row"}
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
@@ -115,6 +119,15 @@ class ProgramRunner:
             req.grammar.fill_mask(words)
             mask = words.view(np.uint32)
         pending = lane.tokens == [PENDING_TOKEN]
+        rows: dict[str, int] = {}
+        if SNAPSHOT_FIELDS:
+            # the step ending at a prompt's endpoint writes its partial page to the snapshot's
+            # continuation row; RESTORATION copies a row into the page at `consumed`
+            if operation == cp.OPERATION_RESTORATION and lane.restore is not None:
+                rows["restore_row"] = lane.restore.source_row
+            elif operation != cp.OPERATION_INITIALIZATION:
+                rows["snapshot_row"] = lane.snapshot_row
         return PackedLane(slot=lane.slot, generation=lane.generation, consumed=lane.start,
                           tokens=None if pending else np.asarray(lane.tokens, dtype=np.int32),
-                          sample=lane.sample, pages=lane.page_table, grammar_mask=mask, admission=admission)
+                          sample=lane.sample, pages=lane.page_table, grammar_mask=mask, admission=admission,
+                          **rows)

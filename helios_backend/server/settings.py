@@ -96,7 +96,6 @@ class BuiltInDefaults:
     event_capacity: int = 256
     frontend_workers: int = 2
     max_output_tokens: int = 256
-    snapshot_capacity: int = 0
     cache_memory_share: float = 0.9
 
 
@@ -146,6 +145,10 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
                                                     "program and a speculative width above one)")
     page_capacity = options.page_capacity if options.page_capacity is not None else (
         d.page_capacity if d.HasField("page_capacity") else None)
+    # snapshot rows are continuation rows the core's state buffers hold: never more than prepared
+    snapshots = options.snapshot_capacity if options.snapshot_capacity is not None else (
+        d.snapshot_capacity if d.HasField("snapshot_capacity") else contract.prepared_snapshots)
+    snapshots = min(snapshots, contract.prepared_snapshots)
     return EffectiveSettings(
         queue_capacity=int(pick("queue_capacity")),  # type: ignore[arg-type]
         max_active=min(int(pick("max_active")), concurrency),  # type: ignore[arg-type]
@@ -153,6 +156,6 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         frontend_workers=int(d.frontend_workers if d.HasField("frontend_workers") else BUILT_IN.frontend_workers),
         max_output_tokens=int(d.max_output_tokens if d.HasField("max_output_tokens") else BUILT_IN.max_output_tokens),
         page_capacity=page_capacity,
-        snapshot_capacity=int(pick("snapshot_capacity")),  # type: ignore[arg-type]
+        snapshot_capacity=int(snapshots),
         cache_memory_share=float(pick("cache_memory_share")),  # type: ignore[arg-type]
         concurrency=concurrency, speculative_width=width, history_drafting=drafting)
