@@ -262,7 +262,7 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
             m_all = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
             l_all = tl.zeros((BLOCK_M,), dtype=tl.float32)
             merged = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-            for s in range(0, splits):
+            for s in range(0, tl.cdiv(context, chunk)):      # splits that held keys
                 theirs = partials + s * span
                 m_s = tl.load(theirs + unit + head_dim, mask=valid, other=-1.0e30,
                               cache_modifier=".cg")
