@@ -49,3 +49,30 @@ def test_helios_serve_runs_and_drains(default_core: Path, tmp_path: Path) -> Non
             proc.wait()
         log.close()
     assert not _ready(http)
+
+
+def test_helios_serve_starts_the_gateway_once_the_model_is_ready(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    http, grpc, metrics, gateway = free_ports(4)
+    serve = Path(sys.executable).parent / "helios-serve"
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([str(serve), "--core", str(default_core), "--workdir", str(tmp_path),
+                             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                             "--gateway-port", str(gateway)], stdout=log, stderr=subprocess.STDOUT)
+    models = None
+    try:
+        deadline = time.monotonic() + 300
+        while models is None and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{gateway}/v1/models", timeout=2) as r:
+                    models = r.read().decode()
+            except OSError:
+                time.sleep(0.5)
+        assert models is not None, (tmp_path / "serve.log").read_text()[-3000:]
+        assert "smollm2-135m-instruct" in models            # learned from the served model's assets
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
