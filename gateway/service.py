@@ -137,6 +137,21 @@ class GatewayService:
             self.metrics.ingress_full.inc()
             raise
 
+    async def handle(self, prepare: Callable[[ServedModel, int], PreparedRequest],
+                     presenter_type: type[Presenter], endpoint: str, prompt_param: str) -> GenerationResponse:
+        """The whole request path shared by the generation endpoints: stamp ingress, take a
+        permit (429 when none), prepare in a frontend slot (400s), start and respond."""
+        served = self.served
+        ingress_ns = served.clock.now_ns()  # after JSON decoding, before preparation (OBS-21)
+        permit = self.admit()
+        try:
+            prepared = await self.admission.prepare(lambda: prepare(served, ingress_ns))
+            presenter = presenter_type(prepared, served.served_id, served.tokenizer)
+            return self.respond(prepared, presenter, permit, endpoint, prompt_param)
+        except BaseException:
+            permit.release()
+            raise
+
     def respond(self, prepared: PreparedRequest, presenter: Presenter, permit: Permit,
                 endpoint: str, prompt_param: str) -> GenerationResponse:
         """Start the backend requests and return the response that delivers them."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helios_backend.frontend.stops import StopMatcher, StopSpecError
+from helios_backend.frontend.stops import StopDecision, StopMatcher, StopSpecError
 
 
 def run_text(matcher: StopMatcher, deltas: list[str], *, finish: bool = True) -> tuple[str, bool, list[str]]:
@@ -20,6 +22,17 @@ def run_text(matcher: StopMatcher, deltas: list[str], *, finish: bool = True) ->
     if finish:
         released.append(matcher.finish())
     return "".join(released), False, released
+
+
+def drain(matcher: StopMatcher, decisions: Iterator[StopDecision]) -> tuple[str, bool]:
+    """Consume decisions lazily up to the first match; (visible text, matched), flushed at the end."""
+    out: list[str] = []
+    for decision in decisions:
+        out.append(decision.text)
+        if decision.matched:
+            return "".join(out), True
+    out.append(matcher.finish())
+    return "".join(out), False
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -235,17 +248,8 @@ def test_any_byte_chunking_equals_one_shot(text: str, stops: list[str], cuts: li
     data = text.encode()
     bounds = sorted({0, len(data), *(c for c in cuts if c <= len(data))})
     matcher = StopMatcher(stops)
-    out: list[str] = []
-    matched = False
-    for token_id, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        decision = matcher.feed_bytes(token_id, data[a:b])
-        out.append(decision.text)
-        if decision.matched:
-            matched = True
-            break
-    if not matched:
-        out.append(matcher.finish())
-    assert ("".join(out), matched) == reference(text, stops)
+    decisions = (matcher.feed_bytes(token_id, data[a:b]) for token_id, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    assert drain(matcher, decisions) == reference(text, stops)
 
 
 # spec: STOP-29, STOP-30
@@ -255,16 +259,6 @@ def test_any_byte_chunking_equals_one_shot(text: str, stops: list[str], cuts: li
                      min_size=1, max_size=4))
 def test_token_sequences_equal_one_shot(tokens: list[int], seqs: list[list[int]]) -> None:
     matcher = StopMatcher(sequences=seqs)
-    out: list[str] = []
-    matched = False
-    for token in tokens:
-        decision = matcher.feed(token, str(token))
-        out.append(decision.text)
-        if decision.matched:
-            matched = True
-            break
-    if not matched:
-        out.append(matcher.finish())
+    result = drain(matcher, (matcher.feed(token, str(token)) for token in tokens))
     # oracle over the one-character-per-token spelling
-    expected = reference("".join(map(str, tokens)), ["".join(map(str, s)) for s in seqs])
-    assert ("".join(out), matched) == expected
+    assert result == reference("".join(map(str, tokens)), ["".join(map(str, s)) for s in seqs])

@@ -19,13 +19,5 @@ ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 404, 429
              responses={200: {"model": ChatCompletion, "content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     service: GatewayService = request.app.state.service
-    served = service.served
-    ingress_ns = served.clock.now_ns()  # after JSON decoding, before preparation (OBS-21)
-    permit = service.admit()
-    try:
-        prepared = await service.admission.prepare(lambda: prepare_chat(body, served, ingress_ns))
-        presenter = ChatPresenter(prepared, served.served_id, served.tokenizer)
-        return service.respond(prepared, presenter, permit, "chat", prompt_param="messages")
-    except BaseException:
-        permit.release()
-        raise
+    return await service.handle(lambda served, ingress_ns: prepare_chat(body, served, ingress_ns),
+                                ChatPresenter, "chat", prompt_param="messages")

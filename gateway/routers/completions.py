@@ -18,13 +18,5 @@ router = APIRouter()
              responses={200: {"model": Completion, "content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     service: GatewayService = request.app.state.service
-    served = service.served
-    ingress_ns = served.clock.now_ns()
-    permit = service.admit()
-    try:
-        prepared = await service.admission.prepare(lambda: prepare_completion(body, served, ingress_ns))
-        presenter = CompletionPresenter(prepared, served.served_id, served.tokenizer)
-        return service.respond(prepared, presenter, permit, "completions", prompt_param="prompt")
-    except BaseException:
-        permit.release()
-        raise
+    return await service.handle(lambda served, ingress_ns: prepare_completion(body, served, ingress_ns),
+                                CompletionPresenter, "completions", prompt_param="prompt")
