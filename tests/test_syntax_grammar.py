@@ -387,3 +387,17 @@ def test_request_plan_gives_the_grammar_and_a_parser_per_choice(tokenizer_json, 
     events = first.feed_many([(i, grammar_tokenizer.tokenizer.decode_str([i])) for i in ids]) + first.finish()
     assert collect(events).tool_calls[0].call_id == "call_a_0"
     assert second.finish() == []
+
+
+@pytest.mark.parametrize("pairing", ["qwen_coder+think", "xtml+xtml_think", "atem+recipient"])
+def test_reasoning_budget_forces_the_close(pairing, tokenizer_json, grammar_tokenizer):
+    # spec: FE-41
+    gt, ms = grammar_tokenizer, _model(pairing, tokenizer_json)
+    request = ConstraintRequest(answer_format=AnswerFormat.JSON_SCHEMA, answer_schema=ANSWER, reasoning_max_chars=40)
+    initial = (InitialState(ReasoningStart.FRAME_BODY, recipient="self") if PAIRINGS[pairing][1] == FRAMES
+               else InitialState(ReasoningStart.OPEN))
+    ids = walk(gt, _session(gt, ms, initial, request), seed=5)  # random text would never close by itself
+    out = _parse(ms, gt, ids, initial, request)
+    assert gt.tokenizer.decode_str(ids).count("to=self") <= 1  # one bounded reasoning frame at most
+    assert 0 < len(out.reasoning) <= 40 * 2 and out.errors == []
+    _validate(json.loads(out.content), ANSWER)

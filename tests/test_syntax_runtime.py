@@ -91,3 +91,13 @@ def test_mask_destination_is_checked(gt):
         session.fill_mask(np.zeros(gt.mask_words - 1, dtype=np.int32))
     with pytest.raises(ValueError):
         session.fill_mask(np.zeros(gt.mask_words, dtype=np.int64))
+
+
+def test_a_lexer_limit_hit_is_an_error_not_a_quiet_eos(gt):
+    from llguidance import LLParserLimits
+    grammar = llg.LLMatcher.grammar_from_lark('start: "a" BODY "b"\nBODY: /(?s:.){0,400}x/ & ~/(?s:.*)(yy|zz)(?s:.*)x/\n')
+    session = GrammarSession.create(gt, grammar, limits=LLParserLimits(step_lexer_fuel=10))
+    words = np.zeros(gt.mask_words, dtype=np.int32)
+    session.fill_mask(words)
+    assert session.error, "the limit must surface as an error"
+    assert allowed(gt, words) <= set(EOS_IDS)

@@ -14,8 +14,10 @@ immediately, and `fill_mask` only waits for (usually: copies) the finished words
 never touched by two threads at once: `consume` and `fill_mask` first wait for the pending mask.
 
 Error model (llguidance's): the matcher never raises on bad input; it enters an error state.
-`consume` returns False and `error` says why; a session in error allows only EOS, so the request
-ends instead of continuing unconstrained.
+`consume` returns False, or a later `fill_mask` hits a lexer/parser limit; then `error` is
+non-empty and the mask allows only EOS. The scheduler must check `error` after `fill_mask` and
+`consume` and end the request as an output error (HTTP 500 / terminal error event), never as a
+normal EOS finish, so a grammar failure is never mistaken for a completed answer.
 """
 
 from __future__ import annotations
@@ -84,15 +86,17 @@ class GrammarSession:
         grammar: str,
         executor: Executor | None = None,
         eos_token_ids: Sequence[int] = (),
+        limits: llg.LLParserLimits | None = None,
     ) -> "GrammarSession":
         """A session for one request. `tokenizer` is the model's GrammarTokenizer, or its
-        tokenizer JSON text plus `eos_token_ids` (built once per distinct text, then reused)."""
+        tokenizer JSON text plus `eos_token_ids` (built once per distinct text, then reused).
+        `limits`: llguidance's parser/lexer limits (its defaults when None)."""
         if isinstance(tokenizer, str):
             tokenizer = _cached_tokenizer(tokenizer, tuple(int(i) for i in eos_token_ids))
         error = llg.LLMatcher.validate_grammar(grammar, tokenizer.tokenizer)
         if error:
             raise GrammarSessionError(error)
-        matcher = llg.LLMatcher(tokenizer.tokenizer, grammar, log_level=0)
+        matcher = llg.LLMatcher(tokenizer.tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise GrammarSessionError(matcher.get_error())
         session = cls(tokenizer, matcher, executor)

@@ -71,6 +71,7 @@ class ConstraintRequest:
     parallel_tool_calls: bool = True
     answer_format: AnswerFormat = AnswerFormat.TEXT
     answer_schema: Mapping[str, Any] | None = None
+    reasoning_max_chars: int | None = None  # reasoning budget; then the close delimiter is forced
 
     def engine_tools(self) -> dict[str, Mapping[str, Any]]:
         """Tools the output parser accepts (none when tool_choice is none)."""
@@ -142,28 +143,35 @@ class _LarkWriter:
     def text_lit(self, text: str) -> str:
         return json.dumps(text, ensure_ascii=False) if text else ""
 
-    def text_until(self, end: str, forbid: Sequence[str] = (), wrap_newline: bool = False, no_leading: str = "") -> str:
-        """Free text up to and including the first `end` delimiter; `forbid` delimiters may not
-        occur in the text (they would end the span in the engine). `no_leading` is a regex class
-        body of characters a non-empty text may not start with."""
-        forbidden = [f for f in forbid if f and f != end]
+    def text_until(self, end: str | Sequence[str], forbid: Sequence[str] = (), wrap_newline: bool = False,
+                   no_leading: str = "", max_chars: int | None = None) -> str:
+        """Free text up to and including the first of the `end` delimiters; `forbid` delimiters
+        may not occur in the text (they would end the span in the engine). `no_leading` is a
+        regex class body of characters a non-empty text may not start with; `max_chars` bounds
+        the text (then an end delimiter is the only continuation). Several ends make ONE lexeme
+        (parallel bounded lexemes multiply llguidance's lexer states past its limit: measured)."""
+        ends = [end] if isinstance(end, str) else [e for e in end if e]
+        forbidden = [f for f in forbid if f and f not in ends]
+        span = _ANY_TEXT if max_chars is None else f"(?s:.){{0,{int(max_chars)}}}"
         lead = f" & ~/[{no_leading}]{_ANY_TEXT}/" if no_leading else ""
-        token = self._markup.token_of_spelling.get(end)
-        if token is not None:
+        tokens = [self._markup.token_of_spelling.get(e) for e in ends]
+        if all(t is not None for t in tokens):
             # Text can never contain a special token, so greedy text then the token is exact.
             terminal = self._name("TEXT").upper()
-            body = f"/{_ANY_TEXT}/" + lead
+            body = f"/{span}/" + lead
             if forbidden:
                 alts = "|".join(_regex_literal(f) for f in forbidden)
                 body += f" & ~/{_ANY_TEXT}({alts}){_ANY_TEXT}/"
             self._lines.append(f"{terminal}: {body}")
-            return f"{terminal} <[{token}]>"
+            return f"{terminal} " + _alt([f"<[{t}]>" for t in tokens])
+        if any(t is not None for t in tokens):
+            return _alt([self.text_until(e, forbid, wrap_newline, no_leading, max_chars) for e in ends])
         terminal = self._name("UPTO").upper()
-        ending = ("\\n" if wrap_newline else "") + _regex_literal(end)
-        alts = "|".join(_regex_literal(f) for f in [*forbidden, end])
-        # No forbidden pattern (nor `end` itself) before the final `end`; the final `end` may
-        # begin with a forbidden pattern ("</" before "</parameter>").
-        body = f"/{_ANY_TEXT}{ending}/ & ~/{_ANY_TEXT}({alts}){_ANY_TEXT}{ending}/"
+        ending = "(" + "|".join(("\\n" if wrap_newline else "") + _regex_literal(e) for e in ends) + ")"
+        alts = "|".join(_regex_literal(f) for f in [*forbidden, *ends])
+        # No forbidden pattern (nor an end) before the final end; the final end may begin with a
+        # forbidden pattern ("</" before "</parameter>").
+        body = f"/{span}{ending}/ & ~/{_ANY_TEXT}({alts}){_ANY_TEXT}{ending}/"
         if no_leading:
             body = f"({body}{lead}) | /{ending}/"  # the empty text stays allowed
         self._lines.append(f"{terminal}: {body}")
@@ -242,11 +250,11 @@ class _Builder:
         lead = ""
         if self.request.tool_choice in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
             # A forced call may come from a model that does not know the syntax: its string values
-            # may not start with whitespace or markup, nor contain a closing-tag start or markup at
-            # a line start other than the parameter close (measured with a 135M model: it closes
-            # values with invented tags, or opens new ones on the next line). Calls the model
-            # chose itself (auto) keep values free, so code values may contain "</".
-            forbid += [t.parameter_close[:2], "\n" + t.parameter_close[:1]]
+            # are one line that does not start with whitespace or markup and holds no closing-tag
+            # start other than the parameter close (measured with a 135M model: it closes values
+            # with invented tags, opens new ones on the next line, or writes paragraphs). Calls
+            # the model chose itself (auto) keep values free: multi-line, "</" allowed.
+            forbid += [t.parameter_close[:2], "\n"]
             lead = _NO_VALUE_LEAD
         value = w.text_until(t.parameter_close, forbid=forbid, wrap_newline=t.wrap_newlines, no_leading=lead)
         return _seq(head, wrap, value)
@@ -323,8 +331,11 @@ class _Builder:
     def _after_reasoning_open(self) -> str:
         r = self.reasoning
         terminal = r.terminal_marker if self._tools_allowed() else ""
-        options = [_seq(self.w.text_until(r.close, forbid=[terminal]), self.answer())]
-        if terminal:
+        budget = self.request.reasoning_max_chars
+        options = [_seq(self.w.text_until(r.close, forbid=[terminal], max_chars=budget), self.answer())]
+        if terminal and budget is None:
+            # Under a budget reasoning ends at its close only: a second bounded lexeme in parallel
+            # exceeds llguidance's lexer limits (measured), and the call still follows the close.
             options.append(_seq(self.w.text_until(terminal, forbid=[r.close]), self.tool_calls_after_open()))
         return _alt(options)
 
@@ -355,10 +366,9 @@ class _Builder:
         r = self.reasoning
         return _alt([self.w.lit(r.message_end), self.w.lit(r.message_continue)])
 
-    def _text_body(self) -> str:
+    def _text_body(self, max_chars: int | None = None) -> str:
         r, w = self.reasoning, self.w
-        ends = [r.message_end, r.message_continue, r.header_start]
-        return w.rule(_alt([w.text_until(e, forbid=ends) for e in ends[:2]]), "textbody")
+        return w.rule(w.text_until([r.message_end, r.message_continue], forbid=[r.header_start], max_chars=max_chars), "textbody")
 
     def _final_body(self) -> str:
         r, w = self.reasoning, self.w
@@ -376,10 +386,12 @@ class _Builder:
         """(prelude frames, tool frames, final frame) as (recipient, body expression) pairs."""
         r = self.reasoning
         text = self._text_body()
-        prelude = [(r.reasoning_recipient, text)]
-        if self.request.tool_choice not in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED) or not self._tools_allowed():
-            # Visible commentary only where a visible answer may follow; a forced call may only
-            # be preceded by reasoning.
+        prelude = [(r.reasoning_recipient, self._text_body(self.request.reasoning_max_chars))]
+        forced = self.request.tool_choice in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED) and self._tools_allowed()
+        if not forced and not self.request.structured_answer:
+            # Visible commentary only where a free-text answer may follow: commentary is content,
+            # so before a JSON document it would make the content invalid, and a forced call may
+            # only be preceded by reasoning.
             prelude += [(c, text) for c in r.content_recipients[:-1]]
         tools: list[tuple[str, str]] = []
         if self._tools_allowed():
@@ -402,7 +414,9 @@ class _Builder:
             ending = _seq(tool_rule, more_tools) if forced else _alt([_seq(tool_rule, more_tools), final_rule])
         else:
             more_tools, ending = "", final_rule
-        sequence = w.rule(_seq(f"{prelude_rule}*", ending), "frames")
+        # A reasoning budget bounds the response's reasoning: one bounded prelude frame at most.
+        repeat = "*" if self.request.reasoning_max_chars is None else "?"
+        sequence = w.rule(_seq(f"{prelude_rule}{repeat}", ending), "frames")
         start = self.initial.start
         if start is ReasoningStart.FRAME_HEADER_OPEN:
             r = self.reasoning
@@ -454,6 +468,8 @@ def _check_request(model: ModelSyntax, request: ConstraintRequest) -> None:
         if request.answer_schema is None:
             raise GrammarRequestError("response_format json_schema needs a schema")
         check_schema(request.answer_schema, "response_format.json_schema.schema")
+    if request.reasoning_max_chars is not None and request.reasoning_max_chars < 0:
+        raise GrammarRequestError("the reasoning budget cannot be negative")
     if request.tool_choice in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
         if not request.tools:
             raise InvalidToolChoiceError(f"tool_choice {request.tool_choice.value} needs tools")
