@@ -36,7 +36,8 @@ def engine_test_options(**overrides):
     from ignition.recipes.smollm2_135m_instruct import RecipeOptions
 
     base = RecipeOptions(context_tokens=512, decode_rows=(1, 2, 4), prefill_variants=((1, 16), (1, 64), (2, 64)),
-                         mixed_variants=((2, 17),), admission_rows=(1, 2), prepared_pages=96)
+                         mixed_variants=((2, 17),), admission_rows=(1, 2), restoration_rows=(1, 2),
+                         snapshot_rows=4, prepared_pages=96)
     return dataclasses.replace(base, **overrides)
 
 

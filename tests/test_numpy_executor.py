@@ -241,7 +241,7 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
     # A request's prompt ends mid-page (24 tokens, 16 per page): its step copies the partial page to a
     # continuation row. A second request sharing that prompt reuses the complete page, RESTORATION copies
     # the partial payload into its own fresh page, and it computes only its new tokens.
-    prepared = prepared_in_memory(snapshot_rows=2)
+    prepared = prepared_in_memory()
     model = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
                              ModelOptions(cache_pages=16, concurrency=2))
     try:

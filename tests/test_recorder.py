@@ -78,12 +78,13 @@ def test_node_count_per_step_is_five_per_layer_plus_shared(prepared):
     layers = 30
     for program in prepared.manifest.programs:
         count = len(program.nodes)
-        if program.operation == C.OPERATION_INITIALIZATION:
+        snapshot = 1 if program.operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED) else 0  # may end a prompt
+        if program.operation in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
             assert count == 1
         elif program.operation == C.OPERATION_PREFILL:
-            assert count == 5 * layers + 2 + 1 + 3   # model, geometry, sampling epilogue
+            assert count == 5 * layers + 2 + 1 + 3 + snapshot   # model, geometry, sampling epilogue
         else:
-            assert count == 5 * layers + 2 + 2 + 3   # plus the input-id selection
+            assert count == 5 * layers + 2 + 2 + 3 + snapshot   # plus the input-id selection
         assert prepared.node_counts[program.name] == count
 
 
@@ -158,12 +159,12 @@ def test_a_recipe_forward_pass_cannot_write_slot_state_or_completion():
 
 def test_snapshot_option_records_restoration_and_continuation_storage():
     # spec: CON-7, STA-1, STA-2 (continuation rows are a declared history region; views lie inside buffers)
-    prepared = prepared_in_memory(snapshot_rows=2)
+    prepared = prepared_in_memory()
     PreparedContract.decode(prepared.contract, prepared.manifest,
                             resource_ids=frozenset(r.id for r in prepared.resources))
     kinds = {r.kind for r in prepared.contract.model.cache.regions}
     assert kinds == {C.HISTORY_KIND_PAGED_KV, C.HISTORY_KIND_CONTINUATION}
-    assert prepared.contract.prepared_snapshots == 2
+    assert prepared.contract.prepared_snapshots == 4
     programs = {p.name: p for p in prepared.manifest.programs}
     assert [n.kernel for n in programs["restoration.r1"].nodes] == ["cache.restore_partial.v1"]
     assert "cache.snapshot_partial.v1" in [n.kernel for n in programs["prefill.r1.t64"].nodes]
@@ -172,5 +173,4 @@ def test_snapshot_option_records_restoration_and_continuation_storage():
     restoration = graphs["restoration.r1"]
     assert {b.source for b in restoration.bindings} >= {C.VALUE_SOURCE_RESTORE_SOURCE, C.VALUE_SOURCE_PAGE_TABLE}
     assert C.VALUE_SOURCE_SNAPSHOT_DESTINATION in {b.source for b in graphs["prefill.r1.t64"].bindings}
-    # the default recipe records no snapshots (the AOT library does not implement the copy kernels yet)
-    assert all(p.operation != C.OPERATION_RESTORATION for p in prepared_in_memory().manifest.programs)
+    assert all(p.operation != C.OPERATION_RESTORATION for p in prepared_in_memory(snapshot_rows=0).manifest.programs)

@@ -49,9 +49,8 @@ class RecipeOptions:
     prefill_variants: tuple[tuple[int, int], ...] = ((1, 32), (1, 128), (1, 512), (4, 512))  # (rows, tokens)
     mixed_variants: tuple[tuple[int, int], ...] = ((8, 135), (32, 159))   # decode rows + one prefill chunk
     admission_rows: tuple[int, ...] = (1, 4)
-    # exact-endpoint snapshots (continuation rows + RESTORATION programs); 0 = off. Off by default
-    # until the AOT library implements cache.snapshot_partial.v1 / cache.restore_partial.v1.
-    snapshot_rows: int = 0
+    # exact-endpoint snapshots: continuation rows (one cache page each) + RESTORATION programs; 0 = off
+    snapshot_rows: int = 16
     restoration_rows: tuple[int, ...] = (1, 4)
     prepared_pages: int = 512
     max_output_tokens: int = 512
