@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernels import attention, cache, linear, sampling, state
+from helios_backend.kernels import attention, cache, linear, sampling, speculative, state
 
 POINTER = manifest_pb2.PARAM_KIND_POINTER
 I32 = manifest_pb2.PARAM_KIND_I32
@@ -184,6 +184,31 @@ _SPECS: tuple[KernelSpec, ...] = (
         _i32("rows"), _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _i64("row_stride"),
         _i32("operation"),
     ), cache.restore_partial_pages, "RESTORATION: continuation row -> private page at the endpoint"),
+    # SPECULATIVE (kernels/speculative.py): allocation, verify-block layout, verification + commit
+    KernelSpec("speculative.allocate.v1", (
+        _ptr("lengths", I32_T, W), _ptr("confidence", F32_T), _ptr("prefix_limit", I32_T),
+        _ptr("row_slot", I32_T), _ptr("transport_header", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("request_slots"), _i32("draft_capacity"), _i32("confidence_width"),
+        _i32("packed_capacity"),
+    ), speculative.allocate_prefixes, "causal prefix allocation by FP64 survival within P; no draws"),
+    KernelSpec("speculative.expand.v1", (
+        _ptr("ids", I32_T, W), _ptr("positions", I32_T, W), _ptr("token_slot", I32_T, W),
+        _ptr("token_length", I32_T, W), _ptr("lengths", I32_T, W), _ptr("requested", I32_T),
+        _ptr("pending", I32_T), _ptr("proposal_ids", I32_T), _ptr("proposal_count", I32_T),
+        _ptr("proposal_generation", I32_T), _ptr("proposal_consumed", I32_T), _ptr("row_slot", I32_T),
+        _ptr("row_generation", I32_T), _ptr("consumed", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("tokens"), _i32("draft_stride"), _i32("draft_tokens"), _i32("width"),
+    ), speculative.expand_block, "pending + copied proposals -> one-token target rows"),
+    KernelSpec("speculative.verify_commit.v1", (
+        _ptr("completion", I32_T, W), _ptr("pending", I32_T, RW), _ptr("generated", I32_T, RW),
+        _ptr("output_histogram", I32_T, RW), _ptr("draft_cursor", I32_T, W), _ptr("logits", F32_T),
+        _ptr("sampling", F32_T), _ptr("seeds", U32_T), _ptr("prompt_histogram", I32_T),
+        _ptr("grammar_mask", U32_T), _ptr("eos_ids", I32_T), _ptr("output_limit", I32_T), _ptr("ids", I32_T),
+        _ptr("lengths", I32_T), _ptr("row_slot", I32_T), _ptr("row_generation", I32_T), _ptr("consumed", I32_T),
+        _ptr("transport_header", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("tokens"), _i32("vocab"), _i32("histogram_bins"), _i32("mask_words"),
+        _i32("eos_capacity"), _i32("lag_tokens"), _i32("completion_rows"), _i32("ext_width"), _i32("operation"),
+    ), speculative.verify_commit, "sample the target per position, accept the longest match, commit, one completion"),
 )
 
 KERNELS: Mapping[str, KernelSpec] = {spec.id: spec for spec in _SPECS}
