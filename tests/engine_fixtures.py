@@ -59,6 +59,9 @@ def smollm2_core(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     if not target.exists():
         key = tmp_path_factory.mktemp("publisher") / "publisher.pem"
         prepare_core("smollm2-135m-instruct", target, options, key_path=str(key), kernels=False)
+        for stale in TEST_CORE_DIR.glob("smollm2-test-*.core"):   # ~240 MB each; open readers keep theirs
+            if stale != target:
+                stale.unlink(missing_ok=True)
     return target
 
 
