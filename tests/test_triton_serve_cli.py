@@ -26,16 +26,21 @@ def _ready(port: int) -> bool:
 
 
 def test_helios_serve_runs_and_drains(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: OWN-13
-    http, grpc, metrics = free_ports(3)
     serve = Path(sys.executable).parent / "helios-serve"
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([str(serve), "--core", str(default_core), "--no-gateway", "--workdir", str(tmp_path),
-                             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--max-active", "4"], stdout=log, stderr=subprocess.STDOUT)
-    try:
+    for _attempt in range(3):      # a port released by free_ports() may be taken by another process
+        http, grpc, metrics = free_ports(3)
+        log = open(tmp_path / "serve.log", "wb")
+        proc = subprocess.Popen([str(serve), "--core", str(default_core), "--no-gateway", "--workdir",
+                                 str(tmp_path), "--http-port", str(http), "--grpc-port", str(grpc),
+                                 "--metrics-port", str(metrics), "--max-active", "4"],
+                                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while not _ready(http) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.3)
+        if proc.poll() is None or "already in use" not in (tmp_path / "serve.log").read_text():
+            break
+        log.close()
+    try:
         assert _ready(http), (tmp_path / "serve.log").read_text()[-3000:]
         assets = hc.run(hc.assets(f"127.0.0.1:{grpc}"))
         assert assets.limits.max_active == 4                # the explicit option beat the core default

@@ -54,6 +54,7 @@ class TritonServer:
         self.shm_prefix = f"helios-test-{uuid.uuid4().hex[:8]}-"
         self.exit_timeout_s = exit_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
+        self._restarts = 0
 
     @property
     def grpc_url(self) -> str:
@@ -77,6 +78,21 @@ class TritonServer:
                                         env=server_environment(install), cwd=self.workdir)
         return self
 
+    def _restart_if_port_taken(self) -> bool:
+        """free_ports() releases its sockets before tritonserver binds them; on a shared
+        machine another process may take one first. Then start again on new ports."""
+        if self.process is None or self.process.poll() is None or self._restarts >= 3:
+            return False
+        if "already in use" not in self.log() and "Address in use" not in self.log():
+            return False
+        self._log.close()
+        cleanup_shm(self.shm_prefix)
+        self._restarts += 1
+        self.ports = Ports(*free_ports(3))
+        self.log_path = self.workdir / f"tritonserver-{self.ports.grpc}.log"
+        self.start()
+        return True
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -92,6 +108,8 @@ class TritonServer:
     def wait_live(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self._restart_if_port_taken():
+                continue
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited ({self.process.returncode}):\n{self.log()[-4000:]}")
             if self._get("/v2/health/live") == 200:
@@ -105,6 +123,8 @@ class TritonServer:
     def wait_ready(self, model: str = "helios", timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self._restart_if_port_taken():
+                continue
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited ({self.process.returncode}):\n{self.log()[-4000:]}")
             if self.model_ready(model):
