@@ -89,10 +89,16 @@ class Lane:
     admission: Optional[Admission] = None     # INITIALIZATION lanes only
     snapshot_row: int = -1                    # continuation row receiving the partial page at the endpoint
     restore_row: int = -1                     # RESTORATION: continuation row copied into the endpoint's page
+    # SPECULATIVE lanes (pending token + copied proposals; docs/speculative.md)
+    proposals: Optional[np.ndarray] = None    # int32 copied candidate ids verified after the pending token
+    proposal_generation: int = -1             # generation / consumed endpoint the copies were made for
+    proposal_consumed: int = -1
 
     @property
     def query_length(self) -> int:
-        return 1 if self.tokens is None else len(self.tokens)
+        if self.tokens is None:
+            return 1 + (0 if self.proposals is None else len(self.proposals))
+        return len(self.tokens)
 
 
 def _need_admission(lane: Lane) -> Admission:
@@ -125,6 +131,10 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_OUTPUT_LIMIT: lambda lane: _need_admission(lane).output_limit,
     C.VALUE_SOURCE_EOS_IDS: lambda lane: np.asarray(_need_admission(lane).eos_ids, dtype=np.int64),
     C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_admission(lane).prompt_histogram,
+    C.VALUE_SOURCE_PROPOSAL_IDS: lambda lane: lane.proposals,      # None -> padding
+    C.VALUE_SOURCE_PROPOSAL_COUNT: lambda lane: 0 if lane.proposals is None else len(lane.proposals),
+    C.VALUE_SOURCE_PROPOSAL_GENERATION: lambda lane: lane.proposal_generation,
+    C.VALUE_SOURCE_PROPOSAL_CONSUMED: lambda lane: lane.proposal_consumed,
 }
 
 

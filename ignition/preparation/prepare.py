@@ -24,6 +24,7 @@ from helios_proto import manifest_pb2 as M
 from helios_backend.core import ResourceInput, ResourceKind
 from helios_backend.kernels import abi
 from ignition.preparation import contract as shared
+from ignition.preparation.speculative import SpeculativePlan
 from ignition.recorder import Geometry, Recorder, unit_geometry
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
@@ -147,12 +148,19 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
     geometry = KernelLibraryGeometry(kernel_library)
     rec = Recorder(rank=0, geometry=geometry)
     transport = shared.build_transport(cap)
+    speculative = SpeculativePlan.from_options(options, cap)   # None unless the recipe opts in
+    if speculative is not None:
+        speculative.extend_transport(transport, cap)
     shared.declare_shared_buffers(rec, cap, transport)
     cache = recipe.paged_kv(shape, options)
     cache.declare(rec, cap.snapshot_rows)
     recipe.declare_scratch(rec, shape, cap.max_tokens, options)
+    if speculative is not None:
+        speculative.declare_buffers(rec, cap)
     weights, tensor_views = _pack_weights(rec, recipe, source, options, progress)
     graphs = _record_programs(rec, recipe, source, options, cap, transport, cache)
+    if speculative is not None:
+        graphs += speculative.record_programs(rec, recipe, source, options, cap, transport, cache, [WEIGHTS_RESOURCE])
 
     tokenizer_json = tokenizer_json_from_gguf(source).encode()
     chat_template = (source.chat_template or "").encode()
@@ -194,6 +202,7 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         context_tokens=options.context_tokens, prefill_tokens=max(v.tokens for v in generation
                                                                   if v.operation == C.OPERATION_PREFILL),
         prepared_pages=options.prepared_pages, prepared_snapshots=options.snapshot_rows, concurrency=cap.request_slots,
-        defaults=defaults, model=model, rebuild=rebuild)
+        defaults=defaults, model=model, rebuild=rebuild,
+        speculative_widths=speculative.widths if speculative is not None else [])
     return PreparedModel(contract=contract, manifest=manifest, resources=resources,
                          node_counts=dict(rec.node_counts()))

@@ -52,6 +52,8 @@ class RecipeOptions:
     # exact-endpoint snapshots: continuation rows (one cache page each) + RESTORATION programs; 0 = off
     snapshot_rows: int = 16
     restoration_rows: tuple[int, ...] = (1, 4)
+    # SPECULATIVE programs with copied (history) proposals: (B, W, D, P) each; () = none recorded
+    speculative_variants: tuple[tuple[int, int, int, int], ...] = ()
     prepared_pages: int = 512
     max_output_tokens: int = 512
     rope_pairing: int = ROPE_ADJACENT_PAIRS

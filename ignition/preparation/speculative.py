@@ -1,0 +1,210 @@
+"""Reusable declarations of the complete SPECULATIVE operation with copied (history) proposals.
+
+A recipe opts in through its options: `speculative_variants = ((B, W, D, P), ...)`; nothing
+else is model specific, because the verify block runs the recipe's ordinary forward pass over
+P one-token rows (kernels/speculative.py explains why that is causal). One program per variant:
+
+    speculative.expand        pending token + copied proposal ids -> P one-token target rows
+    step.geometry             over the rows' token lengths
+    recipe forward            ids, positions, per-row slot, page table -> logits [P, vocab]
+    speculative.verify_commit target draws (DECODE's penalties and Philox keying), longest
+                              accepted prefix, commit, one completion per lane
+
+Staging destinations added after the shared ones (offsets of the shared ones do not move):
+
+    proposal_ids         i32 [B_max, D_max]  PROPOSAL_IDS         SUBMISSION_ROW, padding -1
+    proposal_count       i32 [B_max]         PROPOSAL_COUNT       SUBMISSION_ROW, padding 0
+    proposal_generation  i32 [B_max]         PROPOSAL_GENERATION  SUBMISSION_ROW, padding -1
+    proposal_consumed    i32 [B_max]         PROPOSAL_CONSUMED    SUBMISSION_ROW, padding -1
+
+Width-one programs (D = 0) bind none of them: they draw no proposals (SPEC-4) but still write
+the committed draft cursor (state.draft_cursor) that wider rounds continue from (SPEC-5).
+The length source is QUERY_LENGTH (host-selected exact lengths, total <= P). The completion
+buffer grows by one extension record per slot: [offers, accepted, tokens[W_max]].
+
+History drafting itself is a startup option of the server (never recorded here, SRV-14).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from helios_proto import contract_pb2 as C
+from helios_proto import manifest_pb2 as M
+
+from helios_backend.kernels.speculative import extension_words
+from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS, geometry_words
+from ignition.preparation import contract as shared
+from ignition.recorder import Recorder, RecordingError, Ref
+
+DRAFT_CURSOR_STATE = "state.draft_cursor"   # i32 [slots]: committed draft cursor per slot
+LAG_TOKENS = 0                              # copied proposals read the whole committed history
+
+
+@dataclass(frozen=True)
+class SpeculativeVariant:
+    rows: int          # B
+    width: int         # W, including the pending token
+    drafts: int        # D, declared (never inferred from W)
+    packed: int        # P, explicit even when P = B x W
+
+    @property
+    def name(self) -> str:
+        return f"speculative.r{self.rows}.w{self.width}.t{self.packed}"
+
+
+@dataclass(frozen=True)
+class SpeculativeScratch:
+    ids: str = "scratch.speculative.ids"                  # i32 [P_max] target-row input ids
+    positions: str = "scratch.speculative.positions"      # i32 [P_max]
+    token_slot: str = "scratch.speculative.token_slot"    # i32 [P_max] slot of each target row
+    token_length: str = "scratch.speculative.token_length"  # i32 [P_max] 1 per live row
+    lengths: str = "scratch.speculative.lengths"          # i32 [B_max] actual lane lengths
+    geometry: str = "scratch.speculative.geometry"        # step geometry of P one-token rows
+    logits: str = "scratch.speculative.logits"            # f32 [P_max, vocab]
+
+
+SCRATCH = SpeculativeScratch()
+PROPOSAL_DESTINATIONS = ("proposal_ids", "proposal_count", "proposal_generation", "proposal_consumed")
+
+
+@dataclass(frozen=True)
+class SpeculativePlan:
+    variants: tuple[SpeculativeVariant, ...]
+
+    @classmethod
+    def from_options(cls, options: Any, cap: shared.TextCapacities) -> "SpeculativePlan | None":
+        declared = tuple(SpeculativeVariant(*v) for v in getattr(options, "speculative_variants", ()))
+        if not declared:
+            return None
+        for v in declared:
+            if v.rows > cap.request_slots:
+                raise RecordingError(f"{v.name}: B={v.rows} exceeds the {cap.request_slots} request slots")
+            if v.packed > cap.max_tokens:
+                raise RecordingError(f"{v.name}: P={v.packed} exceeds the forward scratch of {cap.max_tokens} tokens")
+            if not (v.width >= 1 and v.rows <= v.packed <= v.rows * v.width):
+                raise RecordingError(f"{v.name}: needs W >= 1 and B <= P <= B x W")
+            if (v.width == 1) != (v.drafts == 0):
+                raise RecordingError(f"{v.name}: width one draws no proposals and wider programs declare D > 0")
+        return cls(declared)
+
+    @property
+    def max_rows(self) -> int:
+        return max(v.rows for v in self.variants)
+
+    @property
+    def max_drafts(self) -> int:
+        return max(1, max(v.drafts for v in self.variants))
+
+    @property
+    def max_width(self) -> int:
+        return max(v.width for v in self.variants)
+
+    @property
+    def max_packed(self) -> int:
+        return max(v.packed for v in self.variants)
+
+    @property
+    def widths(self) -> list[int]:
+        return sorted({v.width for v in self.variants})
+
+    # ---- transport and buffers -----------------------------------------------------------
+    def extend_transport(self, transport: M.Transport, cap: shared.TextCapacities) -> None:
+        """Append the proposal destinations and the completion extension (before buffers are declared)."""
+        offset = int(transport.frame_nbytes)
+        specs = [("proposal_ids", self.max_rows * self.max_drafts)] + [(n, self.max_rows) for n in
+                                                                        PROPOSAL_DESTINATIONS[1:]]
+        for name, elements in specs:
+            offset = -(-offset // shared.DESTINATION_ALIGNMENT) * shared.DESTINATION_ALIGNMENT
+            transport.destinations.append(M.Destination(name=name, dtype=C.DTYPE_I32, byte_offset=offset,
+                                                        elements=elements))
+            offset += 4 * elements
+        transport.frame_nbytes = -(-offset // shared.DESTINATION_ALIGNMENT) * shared.DESTINATION_ALIGNMENT
+        transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS
+                                           + cap.request_slots * extension_words(self.max_width))
+
+    def declare_buffers(self, rec: Recorder, cap: shared.TextCapacities) -> None:
+        P, B = self.max_packed, self.max_rows
+        scratch, i32 = M.BUFFER_KIND_SCRATCH, C.DTYPE_I32
+        rec.declare(shared.buffer(DRAFT_CURSOR_STATE, M.BUFFER_KIND_STATE, i32, [cap.request_slots]))
+        for name in (SCRATCH.ids, SCRATCH.positions, SCRATCH.token_slot, SCRATCH.token_length):
+            rec.declare(shared.buffer(name, scratch, i32, [P]))
+        rec.declare(shared.buffer(SCRATCH.lengths, scratch, i32, [B]))
+        rec.declare(shared.buffer(SCRATCH.geometry, scratch, i32, [geometry_words(P, P)]))
+        rec.declare(shared.buffer(SCRATCH.logits, scratch, C.DTYPE_F32, [P, cap.vocab]))
+
+    # ---- programs ------------------------------------------------------------------------
+    def record_programs(self, rec: Recorder, recipe: Any, source: Any, options: Any, cap: shared.TextCapacities,
+                        transport: M.Transport, cache: shared.PagedKV, resources: list[str]) -> list[C.GraphContract]:
+        graphs = []
+        for variant in self.variants:
+            rec.begin(variant.name, C.OPERATION_SPECULATIVE, C.Capacity(rows=variant.rows, tokens=variant.packed))
+            self._record(rec, recipe, source, options, cap, transport, cache, variant)
+            program = rec.end()
+            graph = shared.graph_contract(program, bindings(variant), rec.buffers, resources, cap.request_slots)
+            graph.speculative.CopyFrom(C.SpeculativeDescriptor(
+                batch_capacity=variant.rows, draft_tokens=variant.drafts, token_capacity=variant.width,
+                packed_token_capacity=variant.packed))
+            graph.cursor.CopyFrom(C.CompletionCursor(reports_draft_cursor=True, lag_tokens=LAG_TOKENS,
+                                                     state_view=DRAFT_CURSOR_STATE))
+            graphs.append(graph)
+        return graphs
+
+    def _record(self, rec: Recorder, recipe: Any, source: Any, options: Any, cap: shared.TextCapacities,
+                transport: M.Transport, cache: shared.PagedKV, v: SpeculativeVariant) -> None:
+        s = lambda name: shared.staged(transport, name)  # noqa: E731
+        slot_state = shared.SLOT_STATE
+        rec.launch("speculative.expand.v1", "speculative.expand", ids=SCRATCH.ids, positions=SCRATCH.positions,
+                   token_slot=SCRATCH.token_slot, token_length=SCRATCH.token_length, lengths=SCRATCH.lengths,
+                   requested=s("query_length"), pending=slot_state.pending, proposal_ids=s("proposal_ids"),
+                   proposal_count=s("proposal_count"), proposal_generation=s("proposal_generation"),
+                   proposal_consumed=s("proposal_consumed"), row_slot=s("row_slot"),
+                   row_generation=s("row_generation"), consumed=s("consumed"), live_rows=s("live_rows"),
+                   rows=v.rows, tokens=v.packed, draft_stride=self.max_drafts, draft_tokens=v.drafts,
+                   width=v.width)
+        rec.launch("step.geometry.v1", "step.geometry", geometry=SCRATCH.geometry, query_length=SCRATCH.token_length,
+                   rows=v.packed, tokens=v.packed)
+        io = shared.StepIO(operation=C.OPERATION_SPECULATIVE, rows=v.packed, tokens=v.packed, ids=Ref(SCRATCH.ids),
+                           positions=Ref(SCRATCH.positions), page_table=s("page_table"),
+                           row_slot=Ref(SCRATCH.token_slot), geometry=Ref(SCRATCH.geometry),
+                           logits=Ref(SCRATCH.logits), page_tokens=cap.page_tokens, pages_per_row=cap.pages_per_row)
+        recipe.forward(rec.forward_view(), io, source.shape, cache, options)
+        rec.launch("speculative.verify_commit.v1", "speculative.verify_commit", completion=shared.COMPLETION,
+                   pending=slot_state.pending, generated=slot_state.generated,
+                   output_histogram=slot_state.output_histogram, draft_cursor=DRAFT_CURSOR_STATE,
+                   logits=SCRATCH.logits, sampling=slot_state.sampling, seeds=slot_state.seeds,
+                   prompt_histogram=slot_state.prompt_histogram, grammar_mask=s("grammar_mask"),
+                   eos_ids=slot_state.eos_ids, output_limit=slot_state.output_limit, ids=SCRATCH.ids,
+                   lengths=SCRATCH.lengths, row_slot=s("row_slot"), row_generation=s("row_generation"),
+                   consumed=s("consumed"), transport_header=s(shared.TRANSPORT_HEADER), live_rows=s("live_rows"),
+                   rows=v.rows, tokens=v.packed, vocab=cap.vocab, histogram_bins=cap.histogram_bins,
+                   mask_words=cap.mask_words, eos_capacity=cap.eos_capacity, lag_tokens=LAG_TOKENS,
+                   completion_rows=cap.request_slots, ext_width=extension_words(self.max_width),
+                   operation=C.OPERATION_SPECULATIVE)
+
+
+def _binding(destination: str, source: int, padding: int = 0, index: int = C.INDEX_MODE_SUBMISSION_ROW
+             ) -> C.ValueBinding:
+    return C.ValueBinding(destination=destination, source=source, index=index, padding=padding)
+
+
+def bindings(variant: SpeculativeVariant) -> list[C.ValueBinding]:
+    """Row identity, exactly one length source (QUERY_LENGTH), consumed endpoints, page table,
+    the first position's grammar mask and, for wider programs, the copied proposals."""
+    out = [
+        _binding("row_slot", C.VALUE_SOURCE_SLOT, padding=-1),
+        _binding("row_generation", C.VALUE_SOURCE_GENERATION, padding=-1),
+        _binding("live_rows", C.VALUE_SOURCE_LIVE_ROW_COUNT, index=C.INDEX_MODE_SCALAR),
+        _binding("query_length", C.VALUE_SOURCE_QUERY_LENGTH, padding=0),
+        _binding("consumed", C.VALUE_SOURCE_CONSUMED_TOKENS, padding=0),
+        _binding("page_table", C.VALUE_SOURCE_PAGE_TABLE, index=C.INDEX_MODE_PHYSICAL_ROW),
+        _binding("grammar_mask", C.VALUE_SOURCE_GRAMMAR_MASK, padding=-1),
+    ]
+    if variant.drafts:
+        out += [
+            _binding("proposal_ids", C.VALUE_SOURCE_PROPOSAL_IDS, padding=-1),
+            _binding("proposal_count", C.VALUE_SOURCE_PROPOSAL_COUNT, padding=0),
+            _binding("proposal_generation", C.VALUE_SOURCE_PROPOSAL_GENERATION, padding=-1),
+            _binding("proposal_consumed", C.VALUE_SOURCE_PROPOSAL_CONSUMED, padding=-1),
+        ]
+    return out
