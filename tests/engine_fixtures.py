@@ -29,7 +29,8 @@ _PREPARATION_SOURCES = ("ignition/recorder.py", "ignition/preparation/contract.p
                         "ignition/recipes/smollm2_135m_instruct.py", "ignition/cli.py",
                         "helios_backend/kernels/abi.py", "helios_backend/kernels/state.py",
                         "helios_backend/kernels/rope.py", "proto/helios_proto/contract.proto",
-                        "proto/helios_proto/manifest.proto", "proto/helios_proto/core.proto")
+                        "proto/helios_proto/manifest.proto", "proto/helios_proto/core.proto",
+                        "helios_backend/core/*.py", "ignition/sources/*.py")
 
 
 def engine_test_options(**overrides):
@@ -43,9 +44,8 @@ def engine_test_options(**overrides):
 
 def _digest(options) -> str:
     h = hashlib.sha256(repr(options).encode())
-    for relative in _PREPARATION_SOURCES:
-        path = ROOT / relative
-        if path.exists():
+    for pattern in _PREPARATION_SOURCES:
+        for path in sorted(ROOT.glob(pattern)):
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
