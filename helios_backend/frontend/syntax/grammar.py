@@ -29,7 +29,8 @@ from typing import Any, Mapping, Sequence
 import llguidance as llg
 from helios_proto import contract_pb2 as pb
 
-from .engine import ModelSyntax, is_string_schema
+from .engine import ModelSyntax
+from .tool_phases import is_string_schema
 from .prompt_state import InitialState, ReasoningStart
 from .schema_check import GrammarRequestError, UnsupportedSchemaError, check_schema
 
