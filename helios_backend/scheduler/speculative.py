@@ -1,0 +1,360 @@
+"""Speculative rounds on the host: startup options, history drafting, cohort and program choice,
+cache reservations and completion validation (docs/speculative.md).
+
+    options = SpeculativeOptions(enabled=True, history_drafting=True)
+    table = SpeculativeTable.select(graphs, options)          # typed SpeculativeStartupError
+    round_ = table.plan([Candidate(...), ...])                 # from completed observations only
+    outcomes = validate_completion(fmt, words, round_, vocab)  # CompletionMismatch before any update
+
+Lane geometry (one lane = one request of the cohort):
+
+    target rows  | pending | proposal 0 | ... | proposal n-2 |      n = lane length <= ceiling
+    ceiling      = min(D + 1, W, output left, context left)      (SPEC-13/14)
+    reservation  = pages for consumed + ceiling                  (SPEC-21: the full ceiling)
+
+A lane's completion must satisfy, before request state changes (SPEC-40..42, CACHE-11..18):
+    1 <= offers <= ceiling, sum(offers) <= P, accepted <= offers - 1, the accepted tokens equal
+    the proposals they accept, emitted = accepted + 1 (fewer only when EOS/limit finished it),
+    consumed = start + accepted + 1, draft cursor = max(consumed - lag, 0) or -1 without one.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from helios_proto import contract_pb2 as cp
+
+from helios_backend.kernels.speculative import EXTENSION_FIXED_WORDS, extension_words
+from helios_backend.scheduler.completion import CompletionFormat, validate_header
+from helios_backend.scheduler.errors import CompletionMismatch, ConfigurationError
+from helios_backend.scheduler.plan import Submission, Variant
+
+NGRAM_SIZES = (3, 2, 1)          # longest suffix first
+HISTORY_WINDOW = 1024            # tokens searched per lookup: host work per round stays bounded
+
+
+class SpeculativeStartupError(ConfigurationError):
+    """Startup options that the selected speculative graphs cannot honour (SRV-8, SRV-11..13)."""
+
+
+@dataclass(frozen=True)
+class SpeculativeOptions:
+    """Startup options; never recorded in the core (SRV-11, SRV-14)."""
+    enabled: bool = False                      # learned (captured) speculation
+    history_drafting: bool = False             # copied proposals from the request's own history
+    widths: tuple[int, ...] | None = None      # load-time selection; None = every captured width
+
+
+@dataclass(frozen=True)
+class SpeculativeProgram:
+    program: str
+    rows: int                 # B
+    drafts: int               # D
+    width: int                # W
+    packed: int               # P
+    length_source: int        # VALUE_SOURCE_QUERY_LENGTH or VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT
+    reports_cursor: bool
+    lag: int
+
+    @property
+    def lane_limit(self) -> int:
+        return min(self.drafts + 1, self.width)
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(cp.OPERATION_SPECULATIVE, self.program, self.rows, self.packed)
+
+
+_LENGTH_SOURCES = (cp.VALUE_SOURCE_QUERY_LENGTH, cp.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT)
+_COPIED_INPUTS = (cp.VALUE_SOURCE_PROPOSAL_IDS, cp.VALUE_SOURCE_PROPOSAL_COUNT)
+
+
+def _program(graph: cp.GraphContract) -> SpeculativeProgram:
+    spec = graph.speculative
+    sources = {b.source for b in graph.bindings if b.source in _LENGTH_SOURCES}
+    if len(sources) != 1:
+        raise SpeculativeStartupError(f"{graph.program}: binds {len(sources)} length sources, not exactly one")
+    return SpeculativeProgram(graph.program, spec.batch_capacity, spec.draft_tokens, spec.token_capacity,
+                              spec.packed_token_capacity, sources.pop(), graph.cursor.reports_draft_cursor,
+                              int(graph.cursor.lag_tokens))
+
+
+class SpeculativeTable:
+    """The selected SPECULATIVE programs, by width; built once at startup."""
+
+    def __init__(self, programs: Sequence[SpeculativeProgram], options: SpeculativeOptions) -> None:
+        self.options = options
+        self.programs = sorted(programs, key=lambda p: (p.width, p.packed, p.rows))
+
+    @classmethod
+    def select(cls, graphs: Sequence[cp.GraphContract], options: SpeculativeOptions,
+               rank: int = 0) -> "SpeculativeTable":
+        """Apply the startup options to the captured graphs; a typed error on a contradiction.
+
+        History drafting requires enabled speculation (SRV-12) and, in every selected wider graph,
+        concrete copied-token inputs: PROPOSAL_IDS and PROPOSAL_COUNT bindings (SRV-13)."""
+        if options.history_drafting and not options.enabled:
+            raise SpeculativeStartupError("history drafting requires speculation to be enabled")
+        if not options.enabled:
+            return cls([], options)
+        captured = [g for g in graphs if g.rank == rank and g.operation == cp.OPERATION_SPECULATIVE]
+        widths = {g.speculative.token_capacity for g in captured}
+        if not captured:
+            raise SpeculativeStartupError("speculation is enabled but the core captured no SPECULATIVE graph")
+        chosen = widths if options.widths is None else set(options.widths)
+        if not chosen <= widths:
+            raise SpeculativeStartupError(f"widths {sorted(chosen - widths)} were not captured "
+                                          f"(load may only reduce them: {sorted(widths)})")
+        selected = [g for g in captured if g.speculative.token_capacity in chosen]
+        if options.history_drafting:
+            for g in selected:
+                if g.speculative.token_capacity <= 1:
+                    continue
+                bound = {b.source for b in g.bindings}
+                missing = [cp.ValueSource.Name(s) for s in _COPIED_INPUTS if s not in bound]
+                if missing:
+                    raise SpeculativeStartupError(f"{g.program}: history drafting needs copied-token inputs, "
+                                                  f"missing {missing}")
+        return cls([_program(g) for g in selected], options)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.programs)
+
+    @property
+    def max_width(self) -> int:
+        return max((p.width for p in self.programs), default=0)
+
+    def plan(self, candidates: Sequence["Candidate"]) -> "SpeculativeRound | None":
+        return plan_round(self, candidates)
+
+
+# ---- history drafting --------------------------------------------------------------------------
+
+def propose(history: Sequence[int], limit: int, ngram_sizes: Sequence[int] = NGRAM_SIZES,
+            window: int = HISTORY_WINDOW) -> list[int]:
+    """Prompt-lookup drafting: the tokens that followed the most recent earlier occurrence of the
+    history's last n tokens (longest n first), at most `limit`; [] when nothing matches.
+    Only the last `window` tokens are searched."""
+    if limit <= 0:
+        return []
+    tail = np.asarray(history[-window:], dtype=np.int64)
+    size = tail.size
+    for n in ngram_sizes:
+        if size <= n:
+            continue
+        suffix = tail[size - n:]
+        # candidate starts i < size - n whose n tokens equal the suffix, latest first
+        windows = np.lib.stride_tricks.sliding_window_view(tail[:size - 1], n)
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        hits = hits[hits + n < size]
+        if hits.size:
+            start = int(hits[-1]) + n
+            return [int(t) for t in tail[start:start + limit]]
+    return []
+
+
+# ---- cohort and program choice -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Candidate:
+    """A running request as of its last validated completion (SPEC-15: nothing in flight)."""
+    key: int                            # the scheduler's handle (request serial)
+    slot: int
+    generation: int
+    consumed: int                       # validated consumed endpoint
+    history: Sequence[int]              # prompt + validated output; history[-1] is the pending token
+    output_left: int                    # tokens the request may still emit
+    context_left: int                   # positions left in the context from `consumed`
+    inflight: int = 0
+    device_pending: bool = True         # the slot holds history[-1] as its device-owned pending token
+    constrained: bool = False
+    host_stops: bool = False
+
+
+@dataclass
+class SpeculativeLane:
+    candidate: Candidate
+    proposals: list[int]
+    ceiling: int                        # reserved lane limit (rows incl. the pending token)
+
+    @property
+    def length(self) -> int:
+        return 1 + len(self.proposals)
+
+    @property
+    def reserve_end(self) -> int:
+        """Cache positions to reserve: the whole ceiling (SPEC-21)."""
+        return self.candidate.consumed + self.ceiling
+
+
+@dataclass
+class SpeculativeRound:
+    program: SpeculativeProgram
+    lanes: list[SpeculativeLane]
+    sequence: int = 0
+    frame: int = 0
+    cancelled: set[int] = field(default_factory=set)    # keys cancelled while in flight (SPEC-50)
+
+    def submission(self) -> Submission:
+        return Submission(self.program.variant, [_SubmissionLane(lane) for lane in self.lanes],
+                          self.sequence, self.frame)
+
+
+@dataclass
+class _SubmissionLane:
+    """The slice of plan.Lane that completion.validate_header reads."""
+    lane: SpeculativeLane
+
+    @property
+    def slot(self) -> int:
+        return self.lane.candidate.slot
+
+    @property
+    def generation(self) -> int:
+        return self.lane.candidate.generation
+
+
+class FeedbackReason(enum.Enum):
+    """Why a lane's next round waits for its completion (SPEC-44..49)."""
+    HOST_FED_PENDING = "host-fed pending token"
+    GRAMMAR = "grammar"
+    HOST_STOPS = "host stops"
+    HISTORY_INPUTS = "history inputs"
+    STALE_COST = "unknown or stale cost"
+    PHASE_CHANGE = "phase change"
+
+
+def feedback_reasons(candidate: Candidate, proposals: Sequence[int] = (), phase_change: bool = False,
+                     cost_known: bool = True) -> list[FeedbackReason]:
+    """Reasons this lane cannot be planned ahead of its in-flight completion (empty: it may use
+    the second execution frame, SPEC-43)."""
+    reasons = []
+    if not candidate.device_pending:
+        reasons.append(FeedbackReason.HOST_FED_PENDING)
+    if candidate.constrained:
+        reasons.append(FeedbackReason.GRAMMAR)
+    if candidate.host_stops:
+        reasons.append(FeedbackReason.HOST_STOPS)
+    if proposals:
+        reasons.append(FeedbackReason.HISTORY_INPUTS)
+    if not cost_known:
+        reasons.append(FeedbackReason.STALE_COST)
+    if phase_change:
+        reasons.append(FeedbackReason.PHASE_CHANGE)
+    return reasons
+
+
+def lane_ceiling(program: SpeculativeProgram, candidate: Candidate) -> int:
+    """min(D + 1, W, output left, context left), at least 1 (SPEC-13/14)."""
+    return max(1, min(program.lane_limit, candidate.output_left, candidate.context_left))
+
+
+def plan_round(table: SpeculativeTable, candidates: Sequence[Candidate]) -> SpeculativeRound | None:
+    """Choose the cohort and the program from completed observations (SPEC-15), before any
+    proposal is generated on the device. Candidates with a round in flight are skipped.
+    Constrained, host-stop and host-fed lanes get no proposals (they need width one).
+    The widest program whose lane limit is still useful is taken; lane lengths are trimmed,
+    latest rows first, until they fit P (QUERY_LENGTH: exact lengths, SPEC-17)."""
+    ready = [c for c in candidates if c.inflight == 0]
+    if not table.active or not ready:
+        return None
+    history_on = table.options.history_drafting
+    wanted: list[list[int]] = []
+    for c in ready:
+        eligible = history_on and c.device_pending and not c.constrained and not c.host_stops
+        limit = min(table.max_width, c.output_left, c.context_left) - 1
+        wanted.append(propose(c.history, limit) if eligible else [])
+    need = 1 + max(len(w) for w in wanted)
+    fitting = [p for p in table.programs if p.rows >= len(ready)]
+    if not fitting:
+        fitting = [max(table.programs, key=lambda p: p.rows)]
+        ready, wanted = ready[:fitting[0].rows], wanted[:fitting[0].rows]
+    useful = [p for p in fitting if p.lane_limit >= need] or [max(fitting, key=lambda p: p.lane_limit)]
+    program = min(useful, key=lambda p: (p.width, p.packed, p.rows))
+    lanes = []
+    for c, proposals in zip(ready, wanted):
+        ceiling = lane_ceiling(program, c)
+        lanes.append(SpeculativeLane(c, proposals[:ceiling - 1], ceiling))
+    excess = sum(lane.length for lane in lanes) - program.packed
+    while excess > 0:
+        longest = max(lanes, key=lambda lane: lane.length)
+        longest.proposals.pop()
+        excess -= 1
+    return SpeculativeRound(program, lanes)
+
+
+# ---- completion validation -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaneOutcome:
+    key: int
+    tokens: list[int]           # emitted ids, accepted drafts first, then the target's own token
+    offers: int
+    accepted: int
+    consumed: int
+    finish: int                 # device view: 0 none, 1 EOS, 2 length
+    draft_cursor: int
+
+
+def validate_completion(fmt: CompletionFormat, words: np.ndarray, round_: SpeculativeRound, vocab_size: int,
+                        extension_width: int) -> list[LaneOutcome]:
+    """Check one speculative completion against what was submitted; raise CompletionMismatch on
+    any disagreement, before any request state changes. `extension_width` is the core's largest
+    speculative width W (the extension record holds [offers, accepted, tokens[W]])."""
+    sub = round_.submission()
+    body = validate_header(fmt, words, sub)          # sequence, operation, live rows, slot/generation order
+    words = np.asarray(words, dtype=np.int32).reshape(-1)
+    stride = extension_words(extension_width)
+    base = fmt.header_words + fmt.capacity * fmt.row_words
+    program = round_.program
+    ext = words[base:base + len(round_.lanes) * stride].reshape(len(round_.lanes), stride)
+    r = fmt.row
+    outcomes = []
+    total = 0
+    for i, (lane, row, extra) in enumerate(zip(round_.lanes, body, ext)):
+        c = lane.candidate
+        offers, accepted = int(extra[0]), int(extra[1])
+        emitted, finish = int(row[r["emitted"]]), int(row[r["finish"]])
+        if not 1 <= offers <= lane.ceiling:
+            raise CompletionMismatch(f"row {i}: {offers} offers outside the reserved ceiling {lane.ceiling}")
+        if program.length_source == cp.VALUE_SOURCE_QUERY_LENGTH and offers != lane.length:
+            raise CompletionMismatch(f"row {i}: {offers} offers, the host selected {lane.length}")
+        total += offers
+        if not 0 <= accepted <= offers - 1:
+            raise CompletionMismatch(f"row {i}: {accepted} accepted drafts of {offers} offers")
+        if finish == 0 and emitted != accepted + 1 or not 1 <= emitted <= accepted + 1:
+            raise CompletionMismatch(f"row {i}: {emitted} emitted with {accepted} accepted (finish {finish})")
+        tokens = [int(t) for t in extra[EXTENSION_FIXED_WORDS:EXTENSION_FIXED_WORDS + emitted]]
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise CompletionMismatch(f"row {i}: emitted ids {tokens} outside vocabulary [0, {vocab_size})")
+        if tokens[:accepted] != lane.proposals[:accepted]:
+            raise CompletionMismatch(f"row {i}: accepted ids {tokens[:accepted]} are not the proposals offered")
+        if int(row[r["token"]]) != tokens[-1]:
+            raise CompletionMismatch(f"row {i}: token word {int(row[r['token']])} != last emitted {tokens[-1]}")
+        consumed = int(row[r["consumed"]])
+        if consumed != c.consumed + accepted + 1:
+            raise CompletionMismatch(f"row {i}: consumed endpoint {consumed} != {c.consumed} + {accepted} + 1")
+        if int(row[r["reserved_model"]]) != -1:
+            raise CompletionMismatch(f"row {i}: reserved model field {int(row[r['reserved_model']])} != -1")
+        cursor = int(row[r["draft_cursor"]])
+        expected = max(consumed - program.lag, 0) if program.reports_cursor else -1
+        if cursor != expected:
+            raise CompletionMismatch(f"row {i}: draft cursor {cursor} != {expected}")
+        outcomes.append(LaneOutcome(c.key, tokens, offers, accepted, consumed, finish, cursor))
+    if total > program.packed:
+        raise CompletionMismatch(f"{total} offers exceed P={program.packed}")
+    return outcomes
+
+
+def publishable(round_: SpeculativeRound, outcomes: Sequence[LaneOutcome]) -> list[LaneOutcome]:
+    """Outcomes whose request was not cancelled while the round was in flight (SPEC-50): a
+    cancelled lane's tokens are dropped, its resources stay held until this fence (SPEC-51)."""
+    return [o for o in outcomes if o.key not in round_.cancelled]
+
+
+def ranks_agree(verdicts: Sequence[bool]) -> bool:
+    """Validation agreement (SPEC-31): commit only when every rank accepted the cohort."""
+    return bool(verdicts) and all(verdicts)
