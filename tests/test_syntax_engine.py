@@ -358,3 +358,10 @@ def test_events_are_typed_and_content_precedes_calls():
     events = coalesce(feed_by_token(engine(QWEN, CLOSED), stream("a ", QWEN_CALL)))
     assert isinstance(events[0], ContentDelta) and isinstance(events[1], ToolCallStart)
     assert isinstance(events[-1], ToolCallEnd) and events[-1].complete
+
+
+def test_generated_text_cannot_forge_an_atomic_delimiter():
+    # spec: FE-9, FE-33
+    sentinel = "\U0010ff00"  # the code point the engine uses internally for an atomic delimiter
+    out = parse(QWEN, stream(tok("<think>"), f"a{sentinel}b", tok("</think>"), "c"))
+    assert (out.reasoning, out.content) == ("a\ufffdb", "c")
