@@ -360,6 +360,7 @@ def test_string_constraints_that_raw_tagged_values_cannot_carry_are_refused(toke
     ConstraintRequest(tools=(ToolSpec("a"),), tool_choice=ToolChoiceMode.NAMED, named_tool="b"),
     ConstraintRequest(tools=(ToolSpec("a"), ToolSpec("a"))),
     ConstraintRequest(tools=(ToolSpec("bad name"),)),
+    ConstraintRequest(tools=(ToolSpec("t", {"type": "object", "properties": {'a">': {"type": "string"}}}),)),
 ])
 def test_impossible_tool_choices_are_request_errors(request_, tokenizer_json):
     with pytest.raises(InvalidToolChoiceError):

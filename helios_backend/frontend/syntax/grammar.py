@@ -465,6 +465,11 @@ def _check_request(model: ModelSyntax, request: ConstraintRequest) -> None:
             raise
         if spec.parameters.get("type", "object") != "object":
             raise InvalidToolChoiceError(f"tool {spec.name!r}: parameters must be an object schema")
+        if model.syntax.tool.argument_encoding == pb.ARGUMENT_ENCODING_TAGGED_PARAMETERS:
+            for name in spec.parameters.get("properties", {}) or {}:
+                if not name or any(ch.isspace() or ch in "<>\"" for ch in name):
+                    raise InvalidToolChoiceError(
+                        f"tool {spec.name!r}: parameter name {name!r} cannot be written as a parameter tag")
     if request.answer_format is AnswerFormat.JSON_SCHEMA:
         if request.answer_schema is None:
             raise GrammarRequestError("response_format json_schema needs a schema")
