@@ -103,3 +103,24 @@ def test_stopping_the_server_mid_stream_drains_cleanly(default_core: Path, tmp_p
         assert r.outcome == "finished" and len(r.tokens) == 30, r.error
     assert rc == 0
     assert "successfully unloaded 'helios'" in server.log()
+
+
+def test_snapshot_restores_a_partial_page_at_the_exact_endpoint(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: CACHE-19, CACHE-21, CACHE-22, OBS-18
+    with TritonServer(model_repository(tmp_path / "a", core_path=default_core)) as server:
+        server.wait_ready()
+        tok = tokenizer_of(server)
+        turn1 = tok.encode_untrusted("You are a helpful assistant. The user asks about the weather in Paris "
+                                     "today and later this week and")
+        assert len(turn1) % 16, "the first turn must end inside a page"
+        turn2 = turn1 + tok.encode_untrusted(" tomorrow, please answer")
+        first = hc.run(hc.generate(server.grpc_url, turn1, hc.greedy(4)))
+        restored = hc.run(hc.generate(server.grpc_url, turn2, hc.greedy(6)))
+        metrics = server.metrics()
+    with TritonServer(model_repository(tmp_path / "b", core_path=default_core, snapshot_capacity=0)) as cold_server:
+        cold_server.wait_ready()
+        cold = hc.run(hc.generate(cold_server.grpc_url, turn2, hc.greedy(6)))
+    assert first.outcome == "finished"
+    assert restored.terminal.finished.usage.reused_prompt_tokens == len(turn1)   # the exact endpoint
+    assert metric_value(metrics, "flare_snapshots_restored_total") == 1
+    assert metric_value(metrics, "flare_graph_launches_total", operation="restoration") == 1
+    assert restored.tokens == cold.tokens
