@@ -138,12 +138,12 @@ def test_cached_cubins_are_reused_without_recompiling(library, modules, tmp_path
 Array = np.ndarray | tuple[np.ndarray, int]     # a buffer, or (buffer, byte offset into it)
 
 
-def check_against_reference(library: KernelLibrary, interpreter: Interpreter, kernel_id: str,
+def check_against_reference(runner: "Runner", kernel_id: str,
                             buffers: dict[str, Array], immediates: dict[str, int | float],
                             atol: float = 0.0, rtol: float = 0.0,
                             spec: abi.KernelSpec | None = None) -> dict[str, np.ndarray]:
-    """Run `kernel_id` in the interpreter and its numpy reference on the same inputs; compare
-    every buffer the ABI says the kernel writes. Returns the interpreter's buffers by name.
+    """Run `kernel_id` (interpreter or GPU) and its numpy reference on the same inputs; compare
+    every buffer the ABI says the kernel writes. Returns the kernel's buffers by name.
 
     Each pointer param gets its own buffer in one uint8 arena (the numpy executor's layout);
     the reference receives flat views from the pointer to the end of its buffer, as abi.py
@@ -163,7 +163,7 @@ def check_against_reference(library: KernelLibrary, interpreter: Interpreter, ke
         arena[start:start + array.nbytes] = array.reshape(-1).view(np.uint8)
     args = [regions[p.name][0] + regions[p.name][2] if p.is_pointer else immediates[p.name]
             for p in spec.params]
-    interpret(library, interpreter, kernel_id, arena, args)
+    runner.run(kernel_id, arena, args)
 
     expected = {name: array.reshape(-1).copy() for name, (_, array, _) in regions.items()}
     reference_args = [expected[p.name][regions[p.name][2] // expected[p.name].itemsize:]
@@ -187,17 +187,95 @@ def interpreter():
         yield worker
 
 
-def interpret(library: KernelLibrary, interpreter: Interpreter, kernel_id: str,
-              arena: np.ndarray, args: list) -> None:
-    """Run one launch exactly as recorded: the library's grid, the ABI's argument order."""
-    spec = SPECS_BY_ID[kernel_id]
-    signature = library.signature(kernel_id)
+def launch_geometry(library: KernelLibrary, kernel_id: str, args: list):
+    """The recorded grid: library.geometry for ABI ids, the spec's rule for ids not yet in it."""
     if kernel_id in abi.KERNELS:
-        grid, _, _ = library.geometry(kernel_id, args)
-    else:                                # a proposed id: grid rule without a compiled cubin
-        immediates = {n: v for (n, t), v in zip(signature, args) if not t.startswith("*")}
-        grid = spec.grid(immediates, spec.constexprs)
-    interpreter.run(spec.module, spec.function, signature, grid, arena, args, spec.constexprs)
+        return library.geometry(kernel_id, args)[0]
+    spec = SPECS_BY_ID[kernel_id]
+    immediates = {name: value for (name, kind), value in zip(library.signature(kernel_id), args)
+                  if not kind.startswith("*")}
+    return spec.grid(immediates, spec.constexprs)
+
+
+class InterpreterRunner:
+    """One launch exactly as recorded (library grid, ABI argument order), in the interpreter."""
+
+    def __init__(self, library: KernelLibrary, interpreter: Interpreter) -> None:
+        self.library, self.interpreter = library, interpreter
+
+    def run(self, kernel_id: str, arena: np.ndarray, args: list) -> None:
+        spec = SPECS_BY_ID[kernel_id]
+        self.interpreter.run(spec.module, spec.function, self.library.signature(kernel_id),
+                             launch_geometry(self.library, kernel_id, args), arena, args,
+                             spec.constexprs)
+
+
+class GpuRunner:
+    """The same launch from the sm_90a cubin on a GPU (cuda-bindings driver API): the arena is
+    copied to a 256-byte aligned device allocation and back; params are the ABI args, then
+    the trailing null pointers. Runs where conftest finds a GPU (marker `gpu`)."""
+
+    def __init__(self, library: KernelLibrary) -> None:
+        from cuda.bindings import driver
+        self.library, self.driver = library, driver
+        self._check(driver.cuInit(0))
+        device = self._check(driver.cuDeviceGet(0))
+        self._check(driver.cuCtxSetCurrent(self._check(driver.cuDevicePrimaryCtxRetain(device))))
+        self._functions = {}
+        self._modules = []
+
+    @staticmethod
+    def _check(result):
+        if int(result[0]) != 0:
+            raise RuntimeError(f"CUDA driver error {result[0]}")
+        return result[1] if len(result) == 2 else result[1:]
+
+    def run(self, kernel_id: str, arena: np.ndarray, args: list) -> None:
+        from ignition.kernels import compiler
+        d, library = self.driver, self.library
+        if kernel_id in abi.KERNELS:
+            kernel = library.compile()[kernel_id]
+        else:
+            spec = SPECS_BY_ID[kernel_id]
+            kernel = compiler.compile_all([library._request(spec, "sm_90a")],
+                                          compiler.CubinCache(library.cache_dir))[kernel_id]
+        if kernel_id not in self._functions:
+            module = self._check(d.cuModuleLoadData(kernel.cubin))
+            self._modules.append(module)
+            self._functions[kernel_id] = self._check(d.cuModuleGetFunction(module,
+                                                                          kernel.symbol.encode()))
+        allocation = int(self._check(d.cuMemAlloc(arena.nbytes + 256)))
+        base = (allocation + 255) // 256 * 256
+        try:
+            self._check(d.cuMemcpyHtoD(base, arena, arena.nbytes))
+            # one 8-byte slot per param, value at the slot start (the driver reads 4 or 8 bytes)
+            slots = np.zeros(len(args) + kernel.trailing_null_pointers, np.uint64)
+            for index, ((_, kind), value) in enumerate(zip(library.signature(kernel_id), args)):
+                slot = slots[index:index + 1].view(np.uint8)
+                if kind.startswith("*"):
+                    slot.view(np.uint64)[0] = base + int(value)
+                else:
+                    dtype = {"i32": np.int32, "i64": np.int64, "fp32": np.float32}[kind]
+                    slot[:np.dtype(dtype).itemsize].view(dtype)[0] = value
+            argv = np.array([slots.ctypes.data + 8 * i for i in range(len(slots))], np.uint64)
+            grid = launch_geometry(library, kernel_id, args)
+            self._check(d.cuLaunchKernel(self._functions[kernel_id], *grid, 32 * kernel.num_warps,
+                                         1, 1, kernel.shared_bytes, 0, argv.ctypes.data, 0))
+            self._check(d.cuCtxSynchronize())
+            self._check(d.cuMemcpyDtoH(arena, base, arena.nbytes))
+        finally:
+            self._check(d.cuMemFree(allocation))
+
+
+Runner = InterpreterRunner | GpuRunner
+
+
+@pytest.fixture(scope="module", params=["interpreter", pytest.param("gpu", marks=pytest.mark.gpu)])
+def runner(request, library: KernelLibrary, interpreter: Interpreter) -> Runner:
+    if request.param == "gpu":
+        pytest.importorskip("cuda.bindings")
+        return GpuRunner(library)
+    return InterpreterRunner(library, interpreter)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,19 +295,19 @@ def step_geometry(query_length: list[int], tokens: int) -> np.ndarray:
 
 @pytest.mark.parametrize("query_length, tokens", [([3, 0, -1, 5, 1], 12), ([1] * 7, 8),
                                                    ([0, 0], 4), ([130, 2], 140)])
-def test_step_geometry(library, interpreter, query_length, tokens):
+def test_step_geometry(runner, query_length, tokens):
     from helios_backend.kernels.state import geometry_words
     rows = len(query_length)
-    check_against_reference(library, interpreter, "step.geometry.v1", {
+    check_against_reference(runner, "step.geometry.v1", {
         "geometry": np.full(geometry_words(rows, tokens), 77, np.int32),
         "query_length": np.array(query_length, np.int32)}, {"rows": rows, "tokens": tokens})
 
 
 @pytest.mark.parametrize("prefill_row", [1, -1])
-def test_select_input_takes_prompt_tokens_for_the_prefill_row_only(library, interpreter,
+def test_select_input_takes_prompt_tokens_for_the_prefill_row_only(runner,
                                                                     prefill_row):
     query_length, tokens = [1, 4, 1], 8
-    out = check_against_reference(library, interpreter, "tokens.select_input.v1", {
+    out = check_against_reference(runner, "tokens.select_input.v1", {
         "ids": np.full(tokens, -5, np.int32),
         "prompt_tokens": np.arange(100, 100 + tokens, dtype=np.int32),
         "pending": np.array([7, 8, 9, 10], np.int32),
@@ -239,9 +317,9 @@ def test_select_input_takes_prompt_tokens_for_the_prefill_row_only(library, inte
     assert (out["ids"][6:] == -5).all()                  # past the live tokens: untouched
 
 
-def test_embedding_gather(library, interpreter):
+def test_embedding_gather(runner):
     vocab, dim, tokens = 50, 208, 20
-    check_against_reference(library, interpreter, "embedding.gather.v1", {
+    check_against_reference(runner, "embedding.gather.v1", {
         "hidden": np.full((tokens, dim), 3.0, np.float32),
         "table": RNG.standard_normal((vocab, dim)).astype(np.float16),
         "ids": RNG.integers(0, vocab, tokens).astype(np.int32),
@@ -261,9 +339,9 @@ def _weight(out_dim: int, in_dim: int) -> np.ndarray:
     return (RNG.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float16)
 
 
-def test_linear_residual(library, interpreter):
+def test_linear_residual(runner):
     tokens, in_dim, out_dim = 20, 96, 80
-    check_against_reference(library, interpreter, "linear.residual.v1", {
+    check_against_reference(runner, "linear.residual.v1", {
         "hidden": RNG.standard_normal((tokens, out_dim)).astype(np.float32),
         "x": RNG.standard_normal((tokens, in_dim)).astype(np.float32),
         "weight": _weight(out_dim, in_dim),
@@ -271,20 +349,20 @@ def test_linear_residual(library, interpreter):
         {"tokens": tokens, "in_dim": in_dim, "out_dim": out_dim}, atol=2e-2, rtol=1e-2)
 
 
-def test_norm_gate_up_silu(library, interpreter):
+def test_norm_gate_up_silu(runner):
     tokens, dim, ffn = 18, 96, 48
     hidden, norm_weight = _normed_inputs(tokens, dim)
-    check_against_reference(library, interpreter, "mlp.norm_gate_up_silu.v1", {
+    check_against_reference(runner, "mlp.norm_gate_up_silu.v1", {
         "out": np.full((tokens, ffn), 9.0, np.float32), "hidden": hidden,
         "norm_weight": norm_weight, "gate_up": _weight(2 * ffn, dim),
         "geometry": step_geometry([17], tokens)},
         {"tokens": tokens, "dim": dim, "ffn_dim": ffn, "eps": 1e-5}, atol=2e-2, rtol=1e-2)
 
 
-def test_norm_head_reads_each_rows_last_token(library, interpreter):
+def test_norm_head_reads_each_rows_last_token(runner):
     rows, tokens, dim, vocab = 4, 9, 64, 304
     hidden, norm_weight = _normed_inputs(tokens, dim)
-    out = check_against_reference(library, interpreter, "logits.norm_head.v1", {
+    out = check_against_reference(runner, "logits.norm_head.v1", {
         "logits": np.full((rows, vocab), 5.0, np.float32), "hidden": hidden,
         "norm_weight": norm_weight, "head": _weight(vocab, dim),
         "geometry": step_geometry([3, 0, 5, 1], tokens)},
@@ -333,19 +411,19 @@ def _qkv_case(rope_pairing: int, head_dim: int = 64):
 
 @pytest.mark.parametrize("rope_pairing", [0, 1])
 @pytest.mark.parametrize("head_dim", [64, 96])
-def test_qkv_rope_store(library, interpreter, rope_pairing, head_dim):
+def test_qkv_rope_store(runner, rope_pairing, head_dim):
     buffers, immediates = _qkv_case(rope_pairing, head_dim)
-    check_against_reference(library, interpreter, "attention.qkv_rope_store.v1", buffers,
+    check_against_reference(runner, "attention.qkv_rope_store.v1", buffers,
                             immediates, atol=2e-2, rtol=1e-2)
 
 
-def test_a_wrong_rope_pairing_changes_q_and_k(library, interpreter):
+def test_a_wrong_rope_pairing_changes_q_and_k(runner):
     """The pairing immediate is honoured: adjacent and half-split pairings disagree, so a
     core recorded with the wrong pairing cannot pass the reference comparison above."""
     results = []
     for rope_pairing in (0, 1):
         buffers, immediates = _qkv_case(rope_pairing)
-        results.append(check_against_reference(library, interpreter,
+        results.append(check_against_reference(runner,
                                                "attention.qkv_rope_store.v1", buffers,
                                                immediates, atol=2e-2, rtol=1e-2))
     assert not np.allclose(results[0]["q_out"], results[1]["q_out"], atol=0.1)
@@ -383,10 +461,10 @@ def _paged_case(query_length, positions, page_tokens, q_heads, kv_heads):
 
 
 @pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads", PAGED_CASES)
-def test_paged_attention(library, interpreter, query_length, positions, page_tokens, q_heads,
+def test_paged_attention(runner, query_length, positions, page_tokens, q_heads,
                          kv_heads):
     buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads)
-    out = check_against_reference(library, interpreter, "attention.paged.v1", buffers,
+    out = check_against_reference(runner, "attention.paged.v1", buffers,
                                   immediates, atol=1e-2, rtol=1e-2)
     live = sum(max(n, 0) for n in query_length)
     assert (out["out"][live:] == 7.0).all()                  # padding tokens untouched
@@ -416,13 +494,13 @@ def _split_spec() -> abi.KernelSpec:
 @pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads",
                          [PAGED_CASES[0], PAGED_CASES[2], PAGED_CASES[3]])
 def test_split_kv_attention_matches_unsplit_and_resets_its_counters(
-        library, interpreter, splits, query_length, positions, page_tokens, q_heads, kv_heads):
+        runner, splits, query_length, positions, page_tokens, q_heads, kv_heads):
     buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads)
     tokens = immediates["tokens"]
     buffers["partials"] = np.zeros((splits, tokens, q_heads, 64 + 2), np.float32)
     buffers["arrivals"] = np.zeros((tokens, kv_heads), np.int32)
     immediates["splits"] = splits
-    out = check_against_reference(library, interpreter, "attention.paged_split.v1", buffers,
+    out = check_against_reference(runner, "attention.paged_split.v1", buffers,
                                   immediates, atol=1e-2, rtol=1e-2, spec=_split_spec())
     assert (out["arrivals"] == 0).all()          # self-resetting for the next launch
 
@@ -466,12 +544,12 @@ def _sampling_rows(rows: list[tuple]) -> np.ndarray:
     return table
 
 
-def test_adjust_logits_applies_penalties_and_the_grammar_mask(library, interpreter):
+def test_adjust_logits_applies_penalties_and_the_grammar_mask(runner):
     rows, vocab, bins, mask_words, slots = 4, 112, 128, 4, 4
     mask = np.full((rows, mask_words), 0xFFFFFFFF, np.uint32)
     mask[1] = RNG.integers(0, 2**32, mask_words, dtype=np.uint64).astype(np.uint32)
     mask[3, 0] = 0
-    check_against_reference(library, interpreter, "sampling.adjust.v1", {
+    check_against_reference(runner, "sampling.adjust.v1", {
         "logits": RNG.standard_normal((rows, vocab)).astype(np.float32) * 3,
         "sampling": _sampling_rows([(1, 1, 0, 0, 0.5, 0.25, 1.3), (1, 1, 0, 0, 0, 0, 1),
                                     (1, 1, 0, 0, 0.1, 0, 0.8), (1, 1, 0, 0, 0, 1.5, 1)]),
@@ -495,12 +573,12 @@ DRAW_SETTINGS = [
 
 
 @pytest.mark.parametrize("temperature, top_p, top_k, min_p", DRAW_SETTINGS)
-def test_draw_tokens_matches_the_reference(library, interpreter, temperature, top_p, top_k,
+def test_draw_tokens_matches_the_reference(runner, temperature, top_p, top_k,
                                            min_p):
     rows, vocab = 12, 304
     logits = RNG.standard_normal((rows, vocab)).astype(np.float32) * 2
     logits[0, [3, 77]] = logits[0].max() + 1           # a tie for the best token
-    out = check_against_reference(library, interpreter, "sampling.draw.v1", {
+    out = check_against_reference(runner, "sampling.draw.v1", {
         "sampled": np.full(rows, -9, np.int32), "logits": logits,
         "sampling": _sampling_rows([(temperature, top_p, top_k, min_p, 0, 0, 1)] * rows),
         "seeds": RNG.integers(0, 2**32, (rows, 2), dtype=np.uint64).astype(np.uint32),
@@ -511,11 +589,11 @@ def test_draw_tokens_matches_the_reference(library, interpreter, temperature, to
     assert out["sampled"][-1] == -1
 
 
-def test_draw_walks_tied_logits_in_id_order(library, interpreter):
+def test_draw_walks_tied_logits_in_id_order(runner):
     """Equal logits: the inverse CDF must step through the tie group by token id, so the
     draw covers the whole vocabulary (not just the lowest id)."""
     rows, vocab = 16, 4096
-    out = check_against_reference(library, interpreter, "sampling.draw.v1", {
+    out = check_against_reference(runner, "sampling.draw.v1", {
         "sampled": np.full(rows, -9, np.int32), "logits": np.zeros((rows, vocab), np.float32),
         "sampling": _sampling_rows([(1.0, 1.0, 0, 0.0, 0, 0, 1)] * rows),
         "seeds": np.tile(np.array([[5, 6]], np.uint32), (rows, 1)),
@@ -528,13 +606,13 @@ def test_draw_walks_tied_logits_in_id_order(library, interpreter):
 # ---------------------------------------------------------------------------------------------
 # slot state and completion records
 
-def test_commit_publishes_tokens_and_writes_every_record(library, interpreter):
+def test_commit_publishes_tokens_and_writes_every_record(runner):
     from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
     rows, slots, vocab, bins, eos_capacity = 6, 8, 50, 64, 3
     eos = np.full((slots, eos_capacity), -1, np.int32)
     eos[:, 0] = 2
     eos[3, 1] = 17
-    out = check_against_reference(library, interpreter, "state.commit.v1", {
+    out = check_against_reference(runner, "state.commit.v1", {
         "completion": np.full(COMPLETION_HEADER_WORDS + rows * COMPLETION_ROW_WORDS, 99,
                               np.int32),
         "pending": np.full(slots, 5, np.int32),
@@ -553,10 +631,10 @@ def test_commit_publishes_tokens_and_writes_every_record(library, interpreter):
     assert finish.tolist() == [1, 1, 0, 2, 0, 0]                 # eos, eos, -, length, -, -
 
 
-def test_admit_copies_the_rows_sampling_state_into_its_slot(library, interpreter):
+def test_admit_copies_the_rows_sampling_state_into_its_slot(runner):
     from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
     rows, slots, bins, eos_capacity = 3, 5, 2512, 4
-    check_against_reference(library, interpreter, "state.admit.v1", {
+    check_against_reference(runner, "state.admit.v1", {
         "seeds": np.zeros((slots, 2), np.uint32),
         "sampling": np.full((slots, 8), -1.0, np.float32),
         "output_limit": np.zeros(slots, np.int32),
@@ -600,10 +678,10 @@ def _continuation_case(rows: int):
         "page_stride": page_stride, "row_stride": row_stride}
 
 
-def test_snapshot_copies_the_partial_page_at_each_endpoint(library, interpreter):
+def test_snapshot_copies_the_partial_page_at_each_endpoint(runner):
     _cache_ids_defined()
     (k_cache, v_cache, k_cont, v_cont), page_table, immediates = _continuation_case(rows=5)
-    check_against_reference(library, interpreter, "cache.snapshot_partial.v1", {
+    check_against_reference(runner, "cache.snapshot_partial.v1", {
         "k_continuation": k_cont, "v_continuation": v_cont, "k_cache": k_cache, "v_cache": v_cache,
         "page_table": page_table, "row_slot": np.array([2, 0, 3, 1, 1], np.int32),
         "snapshot_row": np.array([1, -1, 0, 2, 3], np.int32),
@@ -612,12 +690,12 @@ def test_snapshot_copies_the_partial_page_at_each_endpoint(library, interpreter)
         "live_rows": np.array([4], np.int32)}, immediates)
 
 
-def test_restore_copies_continuation_rows_into_private_pages(library, interpreter):
+def test_restore_copies_continuation_rows_into_private_pages(runner):
     _cache_ids_defined()
     from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
     (k_cache, v_cache, k_cont, v_cont), page_table, immediates = _continuation_case(rows=4)
     immediates["operation"] = 7
-    check_against_reference(library, interpreter, "cache.restore_partial.v1", {
+    check_against_reference(runner, "cache.restore_partial.v1", {
         "k_cache": k_cache, "v_cache": v_cache,
         "completion": np.full(COMPLETION_HEADER_WORDS + 4 * COMPLETION_ROW_WORDS, 99, np.int32),
         "k_continuation": k_cont, "v_continuation": v_cont, "page_table": page_table,
@@ -627,3 +705,85 @@ def test_restore_copies_continuation_rows_into_private_pages(library, interprete
         "consumed": np.array([6, 9, 4, 13], np.int32),
         "transport_header": np.array([77, 0], np.int32), "live_rows": np.array([3], np.int32)},
         immediates)
+
+
+# ---------------------------------------------------------------------------------------------
+# speculative rounds
+
+def _speculative_ids_defined() -> None:
+    if "speculative.verify_commit.v1" not in abi.KERNELS:
+        pytest.skip("abi.py does not define the speculative kernels yet")
+
+
+@pytest.mark.parametrize("packed_capacity", [4, 9, 40])
+def test_allocate_prefixes_by_survival(runner, packed_capacity):
+    _speculative_ids_defined()
+    rows, request_slots, draft_capacity = 5, 6, 4
+    confidence = RNG.random((2, request_slots, draft_capacity)).astype(np.float32)
+    confidence[1, 3, 0] = confidence[1, 0, 0]                 # a survival tie between lanes
+    check_against_reference(runner, "speculative.allocate.v1", {
+        "lengths": np.full(rows + 1, 9, np.int32), "confidence": confidence,
+        "prefix_limit": np.array([4, 1, 3, 4, 2], np.int32),
+        "row_slot": np.array([0, 2, -1, 1, 3], np.int32),
+        "transport_header": np.array([11, 1], np.int32), "live_rows": np.array([5], np.int32)},
+        {"rows": rows, "request_slots": request_slots, "draft_capacity": draft_capacity,
+         "confidence_width": 3, "packed_capacity": packed_capacity})
+
+
+@pytest.mark.parametrize("tokens", [12, 7])
+def test_expand_lays_lanes_out_as_one_token_rows(runner, tokens):
+    _speculative_ids_defined()
+    rows, draft_stride = 5, 4
+    check_against_reference(runner, "speculative.expand.v1", {
+        "ids": np.full(tokens, 5, np.int32), "positions": np.full(tokens, 5, np.int32),
+        "token_slot": np.full(tokens, 5, np.int32), "token_length": np.full(tokens, 5, np.int32),
+        "lengths": np.full(rows, 5, np.int32), "requested": np.array([3, 4, 2, 9, 4], np.int32),
+        "pending": np.array([100, 101, 102, 103], np.int32),
+        "proposal_ids": np.arange(200, 200 + rows * draft_stride, dtype=np.int32),
+        "proposal_count": np.array([2, 3, 3, 4, 1], np.int32),
+        "proposal_generation": np.array([7, 1, 5, 3, 3], np.int32),
+        "proposal_consumed": np.array([10, 0, 20, 30, 40], np.int32),
+        "row_slot": np.array([1, -1, 0, 2, 3], np.int32),
+        "row_generation": np.array([7, 1, 6, 3, 3], np.int32),       # lane 2's copy is stale
+        "consumed": np.array([10, 0, 20, 30, 40], np.int32), "live_rows": np.array([5], np.int32)},
+        {"rows": rows, "tokens": tokens, "draft_stride": draft_stride, "draft_tokens": 3,
+         "width": 4})
+
+
+def test_verify_commit_accepts_the_matching_prefix(runner):
+    _speculative_ids_defined()
+    from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
+    rows, slots, vocab, bins, mask_words, eos_capacity, ext_width = 4, 4, 304, 304, 10, 2, 6
+    lengths = np.array([3, 0, 2, 3], np.int32)
+    tokens = int(lengths.sum()) + 1
+    logits = RNG.standard_normal((tokens, vocab)).astype(np.float32)
+    winners = np.array([40, 41, 42, 43, 44, 45, 46, 47, 48])[:tokens]
+    logits[np.arange(tokens), winners] += 8.0                 # clear greedy choices
+    ids = np.zeros(tokens, np.int32)
+    ids[1:3] = [40, 7]          # lane 0: accepts 40, rejects at position 1 (target 41 != 7)
+    ids[4] = 43                 # lane 2: accepts 43
+    ids[6:8] = [45, 46]         # lane 3: EOS at 46 ends it
+    eos = np.full((slots, eos_capacity), -1, np.int32)
+    eos[3] = [46, 3]
+    mask = np.full((rows, mask_words), 0xFFFFFFFF, np.uint32)
+    mask[2, 1] = 0              # lane 2, first position: tokens 32..63 disallowed (42 too)
+    sampling = _sampling_rows([(0, 1, 0, 0, 0, 0, 1), (0, 1, 0, 0, 0, 0, 1),
+                               (0, 1, 0, 0, 0.5, 0.5, 1.2), (0, 1, 0, 0, 0, 0, 1)])
+    out = check_against_reference(runner, "speculative.verify_commit.v1", {
+        "completion": np.full(COMPLETION_HEADER_WORDS + rows * (COMPLETION_ROW_WORDS + ext_width),
+                              99, np.int32),
+        "pending": np.full(slots, -1, np.int32), "generated": np.array([3, 0, 5, 1], np.int32),
+        "output_histogram": RNG.integers(0, 2, (slots, bins)).astype(np.int32),
+        "draft_cursor": np.full(slots, 9, np.int32), "logits": logits, "sampling": sampling,
+        "seeds": RNG.integers(0, 2**32, (slots, 2), dtype=np.uint64).astype(np.uint32),
+        "prompt_histogram": RNG.integers(0, 2, (slots, bins)).astype(np.int32),
+        "grammar_mask": mask, "eos_ids": eos, "output_limit": np.array([10, 10, 6, 10], np.int32),
+        "ids": ids, "lengths": lengths, "row_slot": np.array([0, -1, 2, 3], np.int32),
+        "row_generation": np.array([5, 6, 7, 8], np.int32),
+        "consumed": np.array([20, 0, 30, 40], np.int32),
+        "transport_header": np.array([321, 0], np.int32), "live_rows": np.array([4], np.int32)},
+        {"rows": rows, "tokens": tokens, "vocab": vocab, "histogram_bins": bins,
+         "mask_words": mask_words, "eos_capacity": eos_capacity, "lag_tokens": 2,
+         "completion_rows": rows, "ext_width": ext_width, "operation": 5}, rtol=1e-6)
+    ext = out["completion"][COMPLETION_HEADER_WORDS + rows * COMPLETION_ROW_WORDS:].reshape(rows, -1)
+    assert ext[0, :2].tolist() == [3, 1] and ext[3, :2].tolist() == [3, 1]

@@ -104,6 +104,21 @@ def _page_chunks(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (cdiv(a["page_stride"], c["BLOCK"]), a["rows"], 1)
 
 
+def _one_program(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return (1, 1, 1)
+
+
+def _token_tiles_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return _token_tiles(a, c)
+
+
+def _per_lane(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return (a["rows"], 1, 1)
+
+
 def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
     x, y, _ = _paged_attention(a, c)
     _require(a["splits"] >= 1, "splits must be >= 1")
@@ -156,6 +171,13 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                _page_chunks, divisible=("page_stride", "row_stride")),
     KernelSpec("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},
                _page_chunks, divisible=("page_stride", "row_stride")),
+    KernelSpec("speculative.allocate.v1", "speculative", "allocate_prefixes", {"MAX_ROWS": 256},
+               _one_program),
+    KernelSpec("speculative.expand.v1", "speculative", "expand_block",
+               {"BLOCK_T": 64, "MAX_ROWS": 256}, _token_tiles_over_rows),
+    KernelSpec("speculative.verify_commit.v1", "speculative", "verify_commit",
+               {"MAX_ROWS": 256, "BLOCK_V": 2048, "BLOCK_E": 8, "BLOCK_X": 16}, _per_lane,
+               num_warps=8, divisible=("vocab", "histogram_bins")),
 )
 
 SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}

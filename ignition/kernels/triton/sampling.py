@@ -11,6 +11,10 @@ The draw never sorts the vocabulary: every "prefix of the sorted order" the refe
 count(x) = #{s >= x} and mass(x) = sum_{s >= x} exp(s - max) evaluated by streaming the row
 (one pass per step: ~1 + 24 passes for plain temperature, up to ~75 with top-k and top-p).
 Tokens more than SPAN nats below the best (relative probability < 1e-13) are never drawn.
+
+The draw reads its row through _chunk, which can apply the penalties and the grammar mask on
+the fly (the adjustment adjust_logits applies in place): speculative verification samples
+positions whose penalties change as the lane commits tokens, over a read-only logits table.
 """
 import triton
 import triton.language as tl
@@ -22,13 +26,33 @@ BISECTION_STEPS = tl.constexpr(24)   # 30 nats / 2^24 = 1.8e-6: about one f32 ul
 
 
 @triton.jit
+def _penalized(x, v, in_vocab, prompt_bins, output_bins, presence, frequency, repetition):
+    """Repetition (prompt + output histograms), then frequency and presence (output)."""
+    out_count = tl.load(output_bins + v, mask=in_vocab, other=0)
+    prompt_count = tl.load(prompt_bins + v, mask=in_vocab, other=0)
+    seen = (prompt_count > 0) | (out_count > 0)
+    x = tl.where(seen, tl.where(x > 0, x / repetition, x * repetition), x)
+    x = x - frequency * out_count.to(tl.float32)
+    return x - presence * (out_count > 0).to(tl.float32)
+
+
+@triton.jit
+def _masked(x, v, in_vocab, mask_row, mask_words):
+    """Grammar mask: bit j of word w allows token 32 w + j; disallowed -> -inf."""
+    word_index = v // 32
+    words = tl.load(mask_row + word_index, mask=in_vocab & (word_index < mask_words),
+                    other=0xFFFFFFFF)
+    allowed = ((words >> (v % 32).to(tl.uint32)) & 1) != 0
+    return tl.where(allowed, x, float("-inf"))
+
+
+@triton.jit
 def adjust_logits(logits, sampling, prompt_histogram, output_histogram, grammar_mask, row_slot,
                   sample_flag, rows, vocab, histogram_bins, mask_words,
                   BLOCK_V: tl.constexpr, PDL: tl.constexpr):
-    """In place on logits f32 [rows, vocab]: repetition (prompt + output histograms),
-    frequency and presence (output histogram) penalties, then the grammar mask
-    u32 [rows, mask_words] (bit j of word w allows token 32 w + j; others -> -inf).
-    Grid (cdiv(vocab, BLOCK_V), rows). Histograms are i32 [slots, histogram_bins]."""
+    """In place on logits f32 [rows, vocab]: the penalties, then the grammar mask
+    u32 [rows, mask_words]. Grid (cdiv(vocab, BLOCK_V), rows). Histograms are
+    i32 [slots, histogram_bins]."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -40,23 +64,16 @@ def adjust_logits(logits, sampling, prompt_histogram, output_histogram, grammar_
         frequency = tl.load(params + 5)
         repetition = tl.load(params + 6)
         v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-        mask = v < vocab
+        in_vocab = v < vocab
         row = logits + r.to(tl.int64) * vocab + v
-        x = tl.load(row, mask=mask, other=0.0)
+        x = tl.load(row, mask=in_vocab, other=0.0)
         # neutral penalties leave x bit-identical: skip the two histogram streams
         if (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0):
-            bins = slot.to(tl.int64) * histogram_bins + v
-            out_count = tl.load(output_histogram + bins, mask=mask, other=0)
-            prompt_count = tl.load(prompt_histogram + bins, mask=mask, other=0)
-            seen = (prompt_count > 0) | (out_count > 0)
-            x = tl.where(seen, tl.where(x > 0, x / repetition, x * repetition), x)
-            x = x - frequency * out_count.to(tl.float32)
-            x = x - presence * (out_count > 0).to(tl.float32)
-        word_index = v // 32
-        words = tl.load(grammar_mask + r * mask_words + word_index,
-                        mask=mask & (word_index < mask_words), other=0xFFFFFFFF)
-        allowed = ((words >> (v % 32).to(tl.uint32)) & 1) != 0
-        tl.store(row, tl.where(allowed, x, float("-inf")), mask=mask)
+            bins = slot.to(tl.int64) * histogram_bins
+            x = _penalized(x, v, in_vocab, prompt_histogram + bins, output_histogram + bins,
+                           presence, frequency, repetition)
+        tl.store(row, _masked(x, v, in_vocab, grammar_mask + r * mask_words, mask_words),
+                 mask=in_vocab)
 
 
 @triton.jit
@@ -96,14 +113,28 @@ def philox_words(words, counters, seed, count, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _count_mass(row, vocab, rate, best, threshold, BLOCK_V: tl.constexpr):
+def _chunk(row, v0, vocab, prompt_bins, output_bins, mask_row, mask_words, presence, frequency,
+           repetition, penalize, masked, BLOCK_V: tl.constexpr):
+    """Token ids and (adjusted) logits of the row's chunk at v0; -inf past the vocabulary."""
+    v = v0 + tl.arange(0, BLOCK_V)
+    in_vocab = v < vocab
+    x = tl.load(row + v, mask=in_vocab, other=float("-inf"))
+    if penalize:
+        x = _penalized(x, v, in_vocab, prompt_bins, output_bins, presence, frequency, repetition)
+    if masked:
+        x = _masked(x, v, in_vocab, mask_row, mask_words)
+    return v, x
+
+
+@triton.jit
+def _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best, threshold,
+                BLOCK_V: tl.constexpr):
     """(count, mass) of the logits x >= threshold; mass in units of exp((x - best) / T),
     rate = log2(e) / T (so one FMA and one exp2 per element, no division)."""
     count = 0
     mass = 0.0
     for v0 in range(0, vocab, BLOCK_V):
-        v = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(row + v, mask=v < vocab, other=float("-inf"))
+        ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
         keep = x >= threshold
         count += tl.sum(keep.to(tl.int32), axis=0)
         mass += tl.sum(tl.where(keep, tl.exp2((x - best) * rate), 0.0), axis=0)
@@ -111,13 +142,14 @@ def _count_mass(row, vocab, rate, best, threshold, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _threshold(row, vocab, rate, best, low, high, goal, by_count: tl.constexpr,
-               strict: tl.constexpr, BLOCK_V: tl.constexpr):
+def _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best, low, high,
+               goal, by_count: tl.constexpr, strict: tl.constexpr, BLOCK_V: tl.constexpr):
     """Bisection for the largest x in [low, high] whose prefix {logits >= x} reaches `goal`
     (count >= goal, or mass >= goal; mass > goal when strict). `low` must reach it."""
     for _ in range(BISECTION_STEPS):
         middle = low + (high - low) * 0.5
-        count, mass = _count_mass(row, vocab, rate, best, middle, BLOCK_V)
+        count, mass = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate,
+                                  best, middle, BLOCK_V)
         if by_count:
             reached = count >= goal
         elif strict:
@@ -130,51 +162,44 @@ def _threshold(row, vocab, rate, best, low, high, goal, by_count: tl.constexpr,
 
 
 @triton.jit
-def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_flag, rows, vocab,
-                BLOCK_V: tl.constexpr, PDL: tl.constexpr):
-    """sampled i32 [rows] = a token in [0, vocab) for rows that sample, -1 otherwise.
-    Grid (rows,): one program streams its logits row (f32 [rows, vocab]).
+def sample_row(row, vocab, pb, ob, mr, mw, pen, msk, params, counter, key0, key1,
+               BLOCK_V: tl.constexpr):
+    """One token from a logits row read through _chunk (pb/ob: the slot's prompt and output
+    histogram rows, mr/mw: the mask row and its words; pen/msk: apply penalties / mask).
+    Greedy (temperature <= 0): argmax, lowest id on ties. Otherwise the inverse-CDF draw.
 
     Thresholds live in logit space: with T > 0, s = x / T is monotone in x, so the prefix
     {s >= t} is {x >= t T} and exp(s - s_best) = exp2((x - x_best) log2(e) / T)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    r = tl.program_id(0)
-    slot = tl.load(row_slot + r)
-    token = -1
-    if (slot >= 0) & (tl.load(sample_flag + r) != 0):
-        row = logits + r.to(tl.int64) * vocab
-        params = sampling + slot * SAMPLING_WORDS
-        temperature = tl.load(params)
-        rate = tl.where(temperature > 0.0, 1.4426950408889634 / temperature, 0.0)
-        # pass 1: best logit, its lowest id (greedy: argmax, lowest id on ties), and the total
-        # mass sum(exp((x - best) / T)) kept online (rescaled whenever the best moves)
-        best = float("-inf")
-        best_id = 0
-        total = 0.0
-        for v0 in range(0, vocab, BLOCK_V):
-            v = v0 + tl.arange(0, BLOCK_V)
-            x = tl.load(row + v, mask=v < vocab, other=float("-inf"))
-            chunk_best = tl.max(x, axis=0)
-            chunk_id = tl.min(tl.where(x == chunk_best, v, 0x7FFFFFFF), axis=0)
-            better = chunk_best > best
-            new_best = tl.maximum(best, chunk_best)
-            total = (total * tl.exp2((best - new_best) * rate)
-                     + tl.sum(tl.exp2((x - new_best) * rate), axis=0))
-            best_id = tl.where(better, chunk_id, best_id)
-            best = new_best
-        token = best_id
-        if temperature > 0.0:
-            token = _draw(row, vocab, temperature, rate, best, total, params,
-                          tl.load(generated + slot).to(tl.uint32),
-                          tl.load(seeds + 2 * slot), tl.load(seeds + 2 * slot + 1), BLOCK_V)
-    tl.store(sampled + r, token)
+    temperature = tl.load(params)
+    pres = tl.load(params + 4)
+    freq = tl.load(params + 5)
+    rep = tl.load(params + 6)
+    rate = tl.where(temperature > 0.0, 1.4426950408889634 / temperature, 0.0)
+    # pass 1: best logit, its lowest id, and the total mass sum(exp((x - best) / T)) kept
+    # online (rescaled whenever the best moves)
+    best = float("-inf")
+    best_id = 0
+    total = 0.0
+    for v0 in range(0, vocab, BLOCK_V):
+        v, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
+        chunk_best = tl.max(x, axis=0)
+        chunk_id = tl.min(tl.where(x == chunk_best, v, 0x7FFFFFFF), axis=0)
+        better = chunk_best > best
+        new_best = tl.maximum(best, chunk_best)
+        total = (total * tl.exp2((best - new_best) * rate)
+                 + tl.sum(tl.exp2((x - new_best) * rate), axis=0))
+        best_id = tl.where(better, chunk_id, best_id)
+        best = new_best
+    token = best_id
+    if temperature > 0.0:
+        token = _draw(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, temperature, rate,
+                      best, total, params, counter, key0, key1, BLOCK_V)
+    return token
 
 
 @triton.jit
-def _draw(row, vocab, temperature, rate, best, total, params, counter, key0, key1,
-          BLOCK_V: tl.constexpr):
+def _draw(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, temperature, rate, best, total,
+          params, counter, key0, key1, BLOCK_V: tl.constexpr):
     top_p = tl.load(params + 1)
     top_k = tl.load(params + 2).to(tl.int32)
     min_p = tl.load(params + 3)
@@ -182,28 +207,30 @@ def _draw(row, vocab, temperature, rate, best, total, params, counter, key0, key
     # kept prefix: top-k, then top-p relative to the top-k mass, then min-p
     keep = floor
     if (top_k > 0) & (top_k < vocab):
-        keep = _threshold(row, vocab, rate, best, floor, best, top_k, True, False, BLOCK_V)
-        _, total = _count_mass(row, vocab, rate, best, keep, BLOCK_V)
+        keep = _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best,
+                          floor, best, top_k, True, False, BLOCK_V)
+        top_count, total = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate,
+                               best, keep, BLOCK_V)
     if top_p < 1.0:
-        keep = _threshold(row, vocab, rate, best, keep, best, top_p * total, False, False,
-                          BLOCK_V)
+        keep = _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best,
+                          keep, best, top_p * total, False, False, BLOCK_V)
     if min_p > 0.0:
         keep = tl.maximum(keep, best + temperature * tl.log(min_p))
-    _, kept_mass = _count_mass(row, vocab, rate, best, keep, BLOCK_V)
+    kept_count, kept_mass = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate,
+                               best, keep, BLOCK_V)
     # inverse CDF: the first token (sorted order) whose cumulative mass exceeds the target
     target = _philox_uniform(counter, key0, key1) * kept_mass
-    cut = _threshold(row, vocab, rate, best, keep, best, target, False, True, BLOCK_V)
+    cut = _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best, keep,
+                     best, target, False, True, BLOCK_V)
     # the token group at the boundary value, entered in id order
     value = float("inf")
     for v0 in range(0, vocab, BLOCK_V):
-        v = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(row + v, mask=v < vocab, other=float("-inf"))
+        ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
         value = tl.minimum(value, tl.min(tl.where(x >= cut, x, float("inf")), axis=0))
     above = 0.0
     ties = 0
     for v0 in range(0, vocab, BLOCK_V):
-        v = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(row + v, mask=v < vocab, other=float("-inf"))
+        ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
         above += tl.sum(tl.where(x > value, tl.exp2((x - best) * rate), 0.0), axis=0)
         ties += tl.sum((x == value).to(tl.int32), axis=0)
     unit = tl.exp2((value - best) * rate)
@@ -211,9 +238,28 @@ def _draw(row, vocab, temperature, rate, best, total, params, counter, key0, key
     token = 0
     seen = 0
     for v0 in range(0, vocab, BLOCK_V):
-        v = v0 + tl.arange(0, BLOCK_V)
-        tie = tl.load(row + v, mask=v < vocab, other=float("-inf")) == value
+        v, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
+        tie = x == value
         position = seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
         token += tl.sum(tl.where(tie & (position == rank), v, 0), axis=0)
         seen += tl.sum(tie.to(tl.int32), axis=0)
     return token
+
+
+@triton.jit
+def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_flag, rows, vocab,
+                BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    """sampled i32 [rows] = a token in [0, vocab) for rows that sample, -1 otherwise.
+    Grid (rows,): one program streams its (already adjusted) logits row, f32 [rows, vocab]."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    slot = tl.load(row_slot + r)
+    token = -1
+    if (slot >= 0) & (tl.load(sample_flag + r) != 0):
+        token = sample_row(logits + r.to(tl.int64) * vocab, vocab, generated, generated, seeds, 0,
+                           False, False, sampling + slot * SAMPLING_WORDS,
+                           tl.load(generated + slot).to(tl.uint32), tl.load(seeds + 2 * slot),
+                           tl.load(seeds + 2 * slot + 1), BLOCK_V)
+    tl.store(sampled + r, token)
