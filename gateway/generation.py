@@ -136,13 +136,15 @@ class ChoiceTranslator:
 
 class RequestRun:
     def __init__(self, backend: TritonBackend, served: ServedModel, prepared: PreparedRequest,
-                 parser_factory: Callable[[int], OutputParser], metrics: GatewayMetrics, prompt_param: str) -> None:
+                 parser_factory: Callable[[int], OutputParser], metrics: GatewayMetrics, prompt_param: str,
+                 on_stream_failure: Callable[[], None] = lambda: None) -> None:
         self._backend = backend
         self._served = served
         self._prepared = prepared
         self._parser_factory = parser_factory
         self._metrics = metrics
         self._prompt_param = prompt_param
+        self._on_stream_failure = on_stream_failure  # lets readiness forget a stale "healthy"
         self._queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._first_token_seen = False
@@ -191,6 +193,7 @@ class RequestRun:
                     put(translator.terminal(event.event))
                     return
                 else:
+                    self._on_stream_failure()
                     put(translator.failure(event))
                     return
         except asyncio.CancelledError:

@@ -129,6 +129,10 @@ class GatewayService:
         self._health = (time.monotonic(), ok)
         return ok
 
+    def _forget_health(self) -> None:
+        """A backend stream broke: the next /health probes again instead of trusting its cache."""
+        self._health = (0.0, False)
+
     # ---- requests --------------------------------------------------------------------------
     def admit(self) -> Permit:
         try:
@@ -157,7 +161,8 @@ class GatewayService:
         """Start the backend requests and return the response that delivers them."""
         served = self.served
         run = RequestRun(self.backend, served, prepared,
-                         lambda choice: self._parser_factory(served, prepared, choice), self.metrics, prompt_param)
+                         lambda choice: self._parser_factory(served, prepared, choice), self.metrics, prompt_param,
+                         on_stream_failure=self._forget_health)
         run.start()
         outcome = _Outcome()
 
