@@ -48,13 +48,26 @@ class SpeculativeRun:
 
 
 class _CountingDriver(Driver):
-    """The plain driver, counting its launches: the executor numbers every submission (CACHE-16)."""
+    """The plain driver, counting launches: the executor numbers every submission (CACHE-16).
+    `launches` is the sequence the next submission gets; the count starts from the sequence of
+    this driver's first completion (a model may have served others before)."""
 
-    launches = 0
+    launches: int | None = None
+
+    def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
+        # each Driver numbers generations from 1, so a (slot, generation) pair may repeat across
+        # drivers of one model: forget the page-table entries packing remembers for those slots
+        for slot in slots:
+            self.model.packer.forget_slot(slot)
+        return super().admit(requests, slots)
 
     def step(self, program: str, lanes: Sequence[Lane], frame: int = 0) -> np.ndarray:
+        rows = super().step(program, lanes, frame)
+        if self.launches is None:
+            completion = self.model.manifest.transport.completion_buffer
+            self.launches = int(self.model.executor.read_buffer(completion).view(np.int32)[0])
         self.launches += 1
-        return super().step(program, lanes, frame)
+        return rows
 
 
 class SpeculativeDriver:

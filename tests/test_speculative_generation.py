@@ -1,0 +1,296 @@
+"""SPECULATIVE programs on the real SmolLM2 core with the numpy executor: history drafting,
+verification against the target, commit, completion validation, descriptors and startup options."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from helios_proto import contract_pb2 as C
+
+from helios_backend.contract import ContractError, PreparedContract, contract_to_json
+from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.packing import Lane, SamplingParameters
+from helios_backend.runtime.driver import Driver, GenerationRequest
+from helios_backend.runtime.speculative_driver import SpeculativeDriver
+from helios_backend.scheduler.errors import CompletionMismatch
+from helios_backend.scheduler.speculative import (
+    SpeculativeOptions,
+    SpeculativeStartupError,
+    SpeculativeTable,
+    publishable,
+    validate_completion,
+)
+from tests.engine_fixtures import prepared_in_memory, resource_reader
+
+VARIANTS = ((2, 1, 0, 2), (2, 4, 3, 8))       # (B, W, D, P): widths one and four
+HISTORY = SpeculativeOptions(enabled=True, history_drafting=True)
+REPEATING = list(range(100, 110)) * 3          # the model continues the cycle: drafts get accepted
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return prepared_in_memory(speculative_variants=VARIANTS)
+
+
+@pytest.fixture(scope="module")
+def model(prepared):
+    loaded = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
+                              ModelOptions(cache_pages=64))
+    yield loaded
+    loaded.close()
+
+
+def _plain(model, request: GenerationRequest) -> list[int]:
+    driver = Driver(model)
+    model.packer.forget_slot(0)          # every Driver numbers generations from 1
+    [active] = driver.admit([request], [0])
+    driver.prefill(active)
+    while not active.result.finish:
+        driver.decode_round([active])
+    return active.result.tokens
+
+
+def _graph(prepared, program: str) -> C.GraphContract:
+    return next(g for g in prepared.contract.model.graphs if g.program == program)
+
+
+def test_programs_are_recorded_with_explicit_descriptors(prepared):
+    # spec: SPEC-6
+    # spec: SPEC-10
+    # spec: SPEC-11
+    # spec: SPEC-16
+    # spec: SRV-5
+    assert list(prepared.contract.speculative_widths) == [1, 4]
+    for b, w, d, p in VARIANTS:
+        graph = _graph(prepared, f"speculative.r{b}.w{w}.t{p}")
+        assert graph.operation == C.OPERATION_SPECULATIVE
+        spec = graph.speculative
+        assert (spec.batch_capacity, spec.token_capacity, spec.draft_tokens, spec.packed_token_capacity) == (b, w, d, p)
+        sources = [x.source for x in graph.bindings]
+        assert sources.count(C.VALUE_SOURCE_QUERY_LENGTH) == 1
+        assert C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT not in sources
+        assert graph.cursor.reports_draft_cursor and graph.cursor.state_view == "state.draft_cursor"
+
+
+def test_one_complete_program_and_decode_stays_one_token(prepared):
+    # spec: SPEC-1
+    # spec: SPEC-2
+    # spec: SPEC-3
+    programs = {p.name: p for p in prepared.manifest.programs}
+    kernels = [n.kernel for n in programs["speculative.r2.w4.t8"].nodes]
+    assert kernels[0] == "speculative.expand.v1" and kernels[-1] == "speculative.verify_commit.v1"
+    operations = {g.operation for g in prepared.contract.model.graphs}
+    assert operations <= {C.OPERATION_INITIALIZATION, C.OPERATION_PREFILL, C.OPERATION_DECODE, C.OPERATION_MIXED,
+                          C.OPERATION_RESTORATION, C.OPERATION_SPECULATIVE}   # no proposal/verify-only programs
+    for name, program in programs.items():
+        if name.startswith("decode."):
+            assert "speculative.verify_commit.v1" not in {n.kernel for n in program.nodes}
+            assert program.capacity.rows == program.capacity.tokens
+
+
+def test_width_one_binds_no_proposals(prepared):
+    # spec: SPEC-4
+    graph = _graph(prepared, "speculative.r2.w1.t2")
+    assert graph.speculative.draft_tokens == 0
+    assert not {b.source for b in graph.bindings} & {C.VALUE_SOURCE_PROPOSAL_IDS, C.VALUE_SOURCE_PROPOSAL_COUNT}
+    wide = _graph(prepared, "speculative.r2.w4.t8")
+    assert {C.VALUE_SOURCE_PROPOSAL_IDS, C.VALUE_SOURCE_PROPOSAL_COUNT, C.VALUE_SOURCE_PROPOSAL_GENERATION,
+            C.VALUE_SOURCE_PROPOSAL_CONSUMED} <= {b.source for b in wide.bindings}
+
+
+def test_greedy_speculative_output_equals_plain_decode_with_accepted_drafts(model):
+    # spec: SPEC-40
+    # spec: SPEC-33
+    request = GenerationRequest(REPEATING, max_tokens=14)
+    plain = _plain(model, request)
+    run = SpeculativeDriver(model, HISTORY).generate([request])
+    assert run.results[0].tokens == plain
+    assert run.accepted > 0
+    assert len(run.rounds) < len(plain)           # fewer target passes than tokens
+
+
+def test_seeded_sampling_matches_plain_decode(model):
+    # spec: SPEC-33
+    request = GenerationRequest(REPEATING, max_tokens=10, seed=1234,
+                                sampling=SamplingParameters(temperature=0.7, top_p=0.95))
+    plain = _plain(model, request)
+    run = SpeculativeDriver(model, HISTORY).generate([request])
+    assert run.results[0].tokens == plain
+
+
+def test_two_lanes_and_width_one_rounds(model):
+    # spec: SPEC-5
+    # spec: SPEC-13
+    # spec: SPEC-14
+    requests = [GenerationRequest(REPEATING, max_tokens=9), GenerationRequest([1, 9690, 28, 2], max_tokens=3)]
+    expected = [_plain(model, r) for r in requests]
+    driver = SpeculativeDriver(model, HISTORY)
+    run = driver.generate(requests)
+    assert [r.tokens for r in run.results] == expected
+    assert all(len(r.tokens) == q.max_tokens for r, q in zip(run.results, requests))  # limits never exceeded
+    # without history matches the host picks the width-one program: no proposals, same output
+    alone = SpeculativeDriver(model, HISTORY).generate([requests[1]])
+    assert alone.results[0].tokens == expected[1]
+    assert {r.program for r in alone.rounds} == {"speculative.r2.w1.t2"}
+    # the committed draft cursor of each slot follows its consumed endpoint (lag 0), also at width one
+    cursor = model.executor.buffer_view("state.draft_cursor", np.int32)
+    assert cursor[0] == len(requests[1].prompt) + len(alone.results[0].tokens) - 1
+    assert cursor[1] == len(requests[1].prompt) + len(run.results[1].tokens) - 1
+
+
+def _one_round(model, prompt, max_tokens=8):
+    """Admit + prefill one request, plan one history-drafted round, return (driver, actives, round, words)."""
+    driver = SpeculativeDriver(model, HISTORY)
+    actives = driver.plain.admit([GenerationRequest(prompt, max_tokens=max_tokens)], [0])
+    driver.plain.prefill(actives[0])
+    round_ = driver.table.plan(driver.candidates(actives))
+    lane = round_.lanes[0]
+    active = actives[0]
+    driver.plain._ensure_pages(active, lane.reserve_end)
+    packed = Lane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
+                  proposals=np.asarray(lane.proposals, np.int32), proposal_generation=active.generation,
+                  proposal_consumed=active.consumed)
+    model.packer.pack(round_.program.program, 0, [packed])
+    model.executor.launch(round_.program.program, 0)
+    round_.sequence = driver.plain.launches
+    return driver, actives, round_, model.executor.wait(0)
+
+
+def test_completion_is_validated_before_request_state(model):
+    # spec: SPEC-41
+    # spec: SPEC-42
+    # spec: CACHE-11
+    # spec: CACHE-15
+    # spec: CACHE-16
+    # spec: CACHE-17
+    # spec: CACHE-18
+    driver, actives, round_, words = _one_round(model, REPEATING)
+    fmt, vocab = driver.format, driver.vocab
+    [outcome] = validate_completion(fmt, words, round_, vocab, driver.table.max_width)
+    assert outcome.offers == 4 and outcome.accepted == 3 and outcome.tokens == [101, 102, 103, 104]
+    assert outcome.draft_cursor == outcome.consumed == len(REPEATING) + 4
+    header, row_words = fmt.header_words, fmt.row_words
+    ext = header + fmt.capacity * row_words
+    row = {name: header + word for name, word in fmt.row.items()}
+
+    def broken(edit):
+        bad = words.copy()
+        edit(bad)
+        with pytest.raises(CompletionMismatch):
+            validate_completion(fmt, bad, round_, vocab, driver.table.max_width)
+
+    broken(lambda w: w.__setitem__(ext, 5))                    # offers above the lane's ceiling (SPEC-41)
+    broken(lambda w: w.__setitem__(ext + 1, 4))                # accepted > offers - 1
+    broken(lambda w: w.__setitem__(ext + 2, 7))                # an accepted id that was not proposed
+    broken(lambda w: w.__setitem__(row["draft_cursor"], outcome.consumed - 1))
+    broken(lambda w: w.__setitem__(row["consumed"], outcome.consumed + 1))
+    broken(lambda w: w.__setitem__(row["generation"], 99))
+    broken(lambda w: w.__setitem__(fmt.header["sequence"], round_.sequence + 1))
+    broken(lambda w: w.__setitem__(row["reserved_model"], 0))
+    # the total of offers against P: a program with a smaller P than this lane's offers
+    round_.program = type(round_.program)(**{**round_.program.__dict__, "packed": 3})
+    with pytest.raises(CompletionMismatch):
+        validate_completion(fmt, words, round_, vocab, driver.table.max_width)
+
+
+def test_cancelled_lane_publishes_nothing(model):
+    # spec: SPEC-50
+    # spec: SPEC-51
+    driver, actives, round_, words = _one_round(model, REPEATING)
+    outcomes = validate_completion(driver.format, words, round_, driver.vocab, driver.table.max_width)
+    pages = list(actives[0].pages)
+    round_.cancelled.add(round_.lanes[0].candidate.key)
+    before = list(actives[0].result.tokens)
+    driver.apply(actives, round_, outcomes)
+    assert publishable(round_, outcomes) == []
+    assert actives[0].result.tokens == before
+    assert actives[0].pages == pages                     # pages stay held through the fence
+
+
+def test_stale_copies_are_not_offered(model):
+    # spec: SPEC-15
+    driver, actives, round_, _ = _one_round(model, REPEATING)
+    active = actives[0]
+    lane = round_.lanes[0]
+    stale = Lane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
+                 proposals=np.asarray(lane.proposals, np.int32), proposal_generation=active.generation,
+                 proposal_consumed=active.consumed - 1)
+    model.packer.pack(round_.program.program, 0, [stale])
+    model.executor.launch(round_.program.program, 0)
+    words = model.executor.wait(0)
+    ext = driver.format.header_words + driver.format.capacity * driver.format.row_words
+    assert int(words[ext]) == 1 and int(words[ext + 1]) == 0       # pending only: no stale proposal verified
+
+
+# ---- descriptor validation ---------------------------------------------------------------------
+
+def _decode_with(prepared, program, edit):
+    contract = copy.deepcopy(prepared.contract)
+    graph = next(g for g in contract.model.graphs if g.program == program)
+    edit(graph)
+    return PreparedContract.decode(contract, prepared.manifest)
+
+
+def test_descriptor_rejections(prepared):
+    # spec: SPEC-11
+    # spec: SPEC-16
+    # spec: SPEC-10
+    wide = "speculative.r2.w4.t8"
+    PreparedContract.decode(prepared.contract, prepared.manifest)
+    with pytest.raises(ContractError):            # D is never inferred from W
+        _decode_with(prepared, wide, lambda g: setattr(g.speculative, "draft_tokens", 0))
+    with pytest.raises(ContractError):            # P is explicit
+        _decode_with(prepared, wide, lambda g: setattr(g.speculative, "packed_token_capacity", 0))
+    with pytest.raises(ContractError):            # both length sources
+        _decode_with(prepared, wide, lambda g: g.bindings.append(C.ValueBinding(
+            destination="query_length", source=C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
+            index=C.INDEX_MODE_SUBMISSION_ROW)))
+    with pytest.raises(ContractError):            # no length source
+        _decode_with(prepared, wide, lambda g: [g.bindings.remove(b) for b in list(g.bindings)
+                                                 if b.source == C.VALUE_SOURCE_QUERY_LENGTH])
+
+
+def test_d_other_than_w_minus_one_is_valid(prepared):
+    # spec: SPEC-12
+    _decode_with(prepared, "speculative.r2.w4.t8", lambda g: setattr(g.speculative, "draft_tokens", 2))
+
+
+# ---- startup options ----------------------------------------------------------------------------
+
+def test_history_drafting_is_a_startup_option(prepared, model):
+    # spec: SRV-11
+    # spec: SRV-12
+    # spec: SRV-14
+    assert "drafting" not in contract_to_json(prepared.contract).lower()
+    # no message of the contract schema has a field that could record a drafting preference
+    pending = list(C.DESCRIPTOR.message_types_by_name.values())
+    while pending:
+        message = pending.pop()
+        pending.extend(message.nested_types)
+        assert not [f.name for f in message.fields if "drafting" in f.name or "history_draft" in f.name]
+    with pytest.raises(SpeculativeStartupError):
+        SpeculativeTable.select(model.graphs, SpeculativeOptions(enabled=False, history_drafting=True))
+    assert not SpeculativeTable.select(model.graphs, SpeculativeOptions()).active
+
+
+def test_history_drafting_needs_copied_inputs_in_every_wider_graph(prepared):
+    # spec: SRV-13
+    graphs = [copy.deepcopy(g) for g in prepared.contract.model.graphs]
+    SpeculativeTable.select(graphs, HISTORY)
+    wide = next(g for g in graphs if g.program == "speculative.r2.w4.t8")
+    for b in [b for b in wide.bindings if b.source == C.VALUE_SOURCE_PROPOSAL_IDS]:
+        wide.bindings.remove(b)
+    with pytest.raises(SpeculativeStartupError):
+        SpeculativeTable.select(graphs, HISTORY)
+    # selecting width one only leaves no wider graph to check (SRV-8: load may reduce widths)
+    assert SpeculativeTable.select(graphs, SpeculativeOptions(True, True, widths=(1,))).max_width == 1
+    with pytest.raises(SpeculativeStartupError):
+        SpeculativeTable.select(graphs, SpeculativeOptions(True, True, widths=(8,)))
+
+
+def test_enabled_speculation_without_programs_fails_startup(prepared):
+    # spec: SRV-12
+    plain = [g for g in prepared.contract.model.graphs if g.operation != C.OPERATION_SPECULATIVE]
+    with pytest.raises(SpeculativeStartupError):
+        SpeculativeTable.select(plain, HISTORY)
