@@ -20,9 +20,10 @@ from tqdm import tqdm
 
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
 from ignition.preparation.prepare import PreparedModel, prepare
-from ignition.recipes import smollm2_135m_instruct
+from ignition.recipes import smollm2_135m_instruct, syntax_variants
 
-RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct}
+RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
+                                     **syntax_variants.recipes()}  # test cores: other syntax data
 
 
 class UnknownRecipeError(KeyError):
