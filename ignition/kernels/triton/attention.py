@@ -7,9 +7,9 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ignition.kernels.triton.common import DOT_PRECISION, prefetch_l2
+from ignition.kernels.triton.common import (DOT_PRECISION, prefetch_l2,
+                                             wait_for_predecessors)
 
 ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
 # any other value: ROPE_HALF_PAIRS (i, i + head_dim / 2): NeoX / Hugging Face order
@@ -35,8 +35,7 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
         chunks_per_head = tl.cdiv(head_dim // 2, BLOCK_P)
         prefetch_l2(qkv_weight + (tl.program_id(0) // chunks_per_head) * head_dim * dim,
                     head_dim * dim * 2, 256)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
         half = head_dim // 2
@@ -192,9 +191,7 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
     block); surplus programs exit at once. Keys/values are gathered per key through the
     page table, so any page_tokens works.
     """
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     group = q_heads // kv_heads
     row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:
@@ -226,9 +223,7 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
     the last split to arrive merges the partials in split order (deterministic), writes out
     and resets the counter to 0 for the next launch. arrivals must be zero at allocation.
     """
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     group = q_heads // kv_heads
     row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:

@@ -20,9 +20,9 @@ weight stream overlaps the current node.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ignition.kernels.triton.common import DOT_PRECISION, prefetch_l2
+from ignition.kernels.triton.common import (DOT_PRECISION, prefetch_l2,
+                                             wait_for_predecessors)
 
 
 @triton.jit
@@ -64,8 +64,7 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
     if PDL:
         prefetch_l2(weight + tl.program_id(0) * BLOCK_N * in_dim,
                     tl.minimum(BLOCK_N, out_dim - tl.program_id(0) * BLOCK_N) * in_dim * 2, 256)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -98,8 +97,7 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
         prefetch_l2(gate_up + tl.program_id(0) * BLOCK_N * dim, rows_here * dim * 2, 256)
         prefetch_l2(gate_up + (ffn_dim + tl.program_id(0) * BLOCK_N) * dim, rows_here * dim * 2,
                     256)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -135,8 +133,7 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     if PDL:
         prefetch_l2(head + tl.program_id(0).to(tl.int64) * BLOCK_N * dim,
                     tl.minimum(BLOCK_N, vocab - tl.program_id(0) * BLOCK_N) * dim * 2, 512)
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     r_mask = r < rows

@@ -8,8 +8,8 @@ Cache pointers are plane starts (layer offset 0). Both kernels run on the grid
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ignition.kernels.triton.common import live_lane, wait_for_predecessors
 from ignition.kernels.triton.records import write_header, write_records
 
 
@@ -30,13 +30,10 @@ def snapshot_partial_pages(k_continuation, v_continuation, k_cache, v_cache, pag
                            BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Rows with snapshot_row >= 0 whose endpoint (consumed + query_length) falls inside a page:
     that page -> continuation row snapshot_row."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.program_id(1)
-    live = tl.minimum(tl.load(live_rows), rows)
+    live, slot = live_lane(row_slot, live_rows, rows, r)
     row = tl.load(snapshot_row + r, mask=r < live, other=-1)
-    slot = tl.load(row_slot + r, mask=r < live, other=-1)
     endpoint = (tl.load(consumed + r, mask=r < live, other=0)
                 + tl.load(query_length + r, mask=r < live, other=0))
     if (row >= 0) & (slot >= 0) & (endpoint % page_tokens != 0):
@@ -53,12 +50,9 @@ def restore_partial_pages(k_cache, v_cache, completion, k_continuation, v_contin
                           BLOCK: tl.constexpr, PDL: tl.constexpr):
     """RESTORATION: continuation row restore_row -> the page holding the row's endpoint
     (consumed); one completion record per row (slot, generation, consumed), header by (0, 0)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.program_id(1)
-    live = tl.minimum(tl.load(live_rows), rows)
-    slot = tl.load(row_slot + r, mask=r < live, other=-1)
+    live, slot = live_lane(row_slot, live_rows, rows, r)
     row = tl.load(restore_row + r, mask=r < live, other=-1)
     endpoint = tl.load(consumed + r, mask=r < live, other=0)
     if (slot >= 0) & (row >= 0):

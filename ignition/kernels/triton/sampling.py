@@ -18,7 +18,8 @@ positions whose penalties change as the lane commits tokens, over a read-only lo
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ignition.kernels.triton.common import wait_for_predecessors
 
 SAMPLING_WORDS = tl.constexpr(8)     # temperature, top_p, top_k, min_p, presence, frequency, repetition, -
 SPAN = tl.constexpr(30.0)            # nats below the best (scaled) logit the bisection covers
@@ -53,9 +54,7 @@ def adjust_logits(logits, sampling, prompt_histogram, output_histogram, grammar_
     """In place on logits f32 [rows, vocab]: the penalties, then the grammar mask
     u32 [rows, mask_words]. Grid (cdiv(vocab, BLOCK_V), rows). Histograms are
     i32 [slots, histogram_bins]."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.program_id(1)
     slot = tl.load(row_slot + r)
     if (slot >= 0) & (tl.load(sample_flag + r) != 0):
@@ -251,9 +250,7 @@ def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_fl
                 BLOCK_V: tl.constexpr, PDL: tl.constexpr):
     """sampled i32 [rows] = a token in [0, vocab) for rows that sample, -1 otherwise.
     Grid (rows,): one program streams its (already adjusted) logits row, f32 [rows, vocab]."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.program_id(0)
     slot = tl.load(row_slot + r)
     token = -1

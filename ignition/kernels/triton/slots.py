@@ -5,8 +5,8 @@ rows past live_rows (or with slot < 0) get the inactive record.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ignition.kernels.triton.common import live_lane, wait_for_predecessors
 from ignition.kernels.triton.records import (FINISH_EOS, FINISH_LENGTH, write_header,
                                               write_records)
 
@@ -17,9 +17,7 @@ def commit_samples(completion, pending, generated, output_histogram, sampled, eo
                    MAX_ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
     """Publish sampled tokens (pending token, draw counter, output histogram) and write the
     completion record of every row. Grid (1,): rows <= MAX_ROWS lanes of one program."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     live = tl.minimum(tl.load(live_rows), rows)
     r = tl.arange(0, MAX_ROWS)
     lane = r < rows
@@ -58,12 +56,9 @@ def admit_requests(seeds, sampling, output_limit, eos_ids, prompt_histogram, out
     sampling f32 [8], output limit, EOS ids [eos_capacity], prompt histogram [bins]); zero the
     output histogram and draw counter; pending token -1. Grid (cdiv(bins, BLOCK_H), rows):
     program (b, r) copies histogram chunk b of row r; programs (0, r) do the rest."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.program_id(1)
-    live = tl.minimum(tl.load(live_rows), rows)
-    slot = tl.load(row_slot + r, mask=r < live, other=-1)
+    live, slot = live_lane(row_slot, live_rows, rows, r)
     active = (r < live) & (slot >= 0)
     if active:
         h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)

@@ -3,8 +3,8 @@ allocation, the verify block's token rows, and verification + commit of accepted
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ignition.kernels.triton.common import wait_for_predecessors
 from ignition.kernels.triton.records import (FINISH_EOS, FINISH_LENGTH, HEADER_WORDS, ROW_WORDS,
                                               write_header)
 from ignition.kernels.triton.sampling import SAMPLING_WORDS, sample_row
@@ -22,9 +22,7 @@ def allocate_prefixes(lengths, confidence, prefix_limit, row_slot, transport_hea
     step, the frontier row of largest survival (FP64 product of the lane's confidences) is
     admitted, ties to the shorter prefix, then the lower row. confidence f32
     [2 frames, request_slots, draft_capacity]; the frame is transport_header[1]."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     live = tl.minimum(tl.load(live_rows), rows)
     r = tl.arange(0, MAX_ROWS)
     lane = r < live
@@ -56,9 +54,7 @@ def expand_block(ids, positions, token_slot, token_length, lengths, requested, p
     min(width, 1 + usable proposals)) consecutive rows (pending token, then its proposals),
     cut at `tokens`. Grid (cdiv(tokens, BLOCK_T),); lane quantities are recomputed per program
     (rows <= MAX_ROWS); program 0 writes lengths."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     live = tl.minimum(tl.load(live_rows), rows)
     r = tl.arange(0, MAX_ROWS)
     lane = r < live
@@ -127,9 +123,7 @@ def verify_commit(completion, pending, generated, output_histogram, draft_cursor
     after the completion_rows standard records. Grid (rows,): one program per lane, walking
     its positions in order; lane r's first row is the sum of the earlier lanes' lengths.
     logits f32 [tokens, vocab] is read-only: adjustments apply on the fly (sampling._chunk)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.program_id(0)
     live = tl.minimum(tl.load(live_rows), rows)
     lanes = tl.arange(0, MAX_ROWS)

@@ -8,16 +8,15 @@ from query_length, which is cheaper than another node.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ignition.kernels.triton.common import wait_for_predecessors
 
 
 @triton.jit
 def step_geometry(geometry, query_length, rows, tokens,
                   BLOCK_T: tl.constexpr, MAX_ROWS: tl.constexpr, PDL: tl.constexpr):
     """n, token -> row map and row starts from query_length i32 [rows] (negative = 0)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     r = tl.arange(0, MAX_ROWS)
     r_mask = r < rows
     lengths = tl.maximum(tl.load(query_length + r, mask=r_mask, other=0), 0)
@@ -38,9 +37,7 @@ def step_geometry(geometry, query_length, rows, tokens,
 def select_input_ids(ids, prompt_tokens, pending, row_slot, prefill_row, geometry, rows, tokens,
                      BLOCK_T: tl.constexpr, PDL: tl.constexpr):
     """ids[t] = prompt_tokens[t] for the prefill row's tokens, else pending[row_slot[row]]."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     n = tl.load(geometry)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     live = t < n
@@ -56,9 +53,7 @@ def select_input_ids(ids, prompt_tokens, pending, row_slot, prefill_row, geometr
 def embed_tokens(hidden, table, ids, geometry, tokens, dim,
                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """hidden f32 [tokens, dim] = table f16 [vocab, dim] rows ids[t], for live tokens."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_for_predecessors(PDL)
     n = tl.load(geometry)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     live = t < n
