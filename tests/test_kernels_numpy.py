@@ -282,3 +282,37 @@ def test_abi_table_references_match_parameter_count():
         assert len(inspect.signature(spec.reference).parameters) == len(spec.params), spec.id
     with pytest.raises(abi.UnknownKernelError):
         abi.kernel("no.such.kernel.v1")
+
+
+# ---- snapshot continuation rows --------------------------------------------------------------
+
+def test_snapshot_then_restore_copies_the_endpoint_page_through_a_continuation_row():
+    from helios_backend.kernels import cache
+
+    page_tokens, pages_per_row, page_stride, rows = 4, 3, 10, 2
+    k_plane = RNG.standard_normal(8 * page_stride).astype(np.float32)
+    v_plane = RNG.standard_normal(8 * page_stride).astype(np.float32)
+    k_rows = np.zeros(3 * page_stride, np.float32)
+    v_rows = np.zeros(3 * page_stride, np.float32)
+    page_table = np.array([6, 2, 7, 0, 0, 0], np.int32)            # slot 0: pages 6, 2, 7
+    one = lambda *v: np.array(v, np.int32)  # noqa: E731
+    # slot 0 ends its prompt at 6 tokens (partial page index 1 -> physical page 2) -> continuation row 2
+    cache.snapshot_partial_pages(k_rows, v_rows, k_plane, v_plane, page_table, one(0, -1), one(2, -1), one(4, 0),
+                                 one(2, 0), one(1), rows, page_tokens, pages_per_row, page_stride, page_stride)
+    assert np.array_equal(k_rows[2 * page_stride:], k_plane[2 * page_stride:3 * page_stride])
+    assert not k_rows[:2 * page_stride].any()
+    # an endpoint on a page boundary has no partial page: nothing is copied
+    before = k_rows.copy()
+    cache.snapshot_partial_pages(k_rows, v_rows, k_plane, v_plane, page_table, one(0), one(0), one(4), one(4),
+                                 one(1), 1, page_tokens, pages_per_row, page_stride, page_stride)
+    assert np.array_equal(k_rows, before)
+    # slot 1 restores row 2 into its private page 5 at endpoint 6 (page index 1)
+    page_table[pages_per_row:] = [0, 5, 0]
+    completion = np.zeros(4 + 8 * rows, np.int32)
+    cache.restore_partial_pages(k_plane, v_plane, completion, k_rows, v_rows, page_table, one(1, -1), one(3, -1),
+                                one(2, -1), one(6, 0), one(11, 0), one(1), rows, page_tokens, pages_per_row,
+                                page_stride, page_stride, 8)
+    assert np.array_equal(k_plane[5 * page_stride:6 * page_stride], k_plane[2 * page_stride:3 * page_stride])
+    assert np.array_equal(v_plane[5 * page_stride:6 * page_stride], v_plane[2 * page_stride:3 * page_stride])
+    assert completion[:4].tolist() == [11, 1, 8, 2]
+    assert completion[4:12].tolist() == [1, 3, -1, 6, 0, 0, -1, -1]
