@@ -31,10 +31,12 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     qkv_weight f16 [(q_heads + 2 kv_heads) * head_dim, dim]; rope_table f32 [pos, head_dim/2, 2].
     """
     if PDL:
-        # the head's weight rows (shared by its pair chunks) into L2 before waiting
+        # the head's weight rows into L2 before waiting: once per head (first pair chunk,
+        # first token tile)
         chunks_per_head = tl.cdiv(head_dim // 2, BLOCK_P)
-        prefetch_l2(qkv_weight + (tl.program_id(0) // chunks_per_head) * head_dim * dim,
-                    head_dim * dim * 2, 256)
+        if (tl.program_id(1) == 0) & (tl.program_id(0) % chunks_per_head == 0):
+            prefetch_l2(qkv_weight + (tl.program_id(0) // chunks_per_head) * head_dim * dim,
+                        head_dim * dim * 2, 256)
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:

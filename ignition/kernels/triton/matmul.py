@@ -62,8 +62,10 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     PDL: tl.constexpr):
     """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T."""
     if PDL:
-        prefetch_l2(weight + tl.program_id(0) * BLOCK_N * in_dim,
-                    tl.minimum(BLOCK_N, out_dim - tl.program_id(0) * BLOCK_N) * in_dim * 2, 256)
+        if tl.program_id(1) == 0:           # one prefetch per weight slice, not per M tile
+            prefetch_l2(weight + tl.program_id(0) * BLOCK_N * in_dim,
+                        tl.minimum(BLOCK_N, out_dim - tl.program_id(0) * BLOCK_N) * in_dim * 2,
+                        256)
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
@@ -93,10 +95,11 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
     gate and up rows, so the product never leaves registers.
     """
     if PDL:
-        rows_here = tl.minimum(BLOCK_N, ffn_dim - tl.program_id(0) * BLOCK_N)
-        prefetch_l2(gate_up + tl.program_id(0) * BLOCK_N * dim, rows_here * dim * 2, 256)
-        prefetch_l2(gate_up + (ffn_dim + tl.program_id(0) * BLOCK_N) * dim, rows_here * dim * 2,
-                    256)
+        if tl.program_id(1) == 0:           # one prefetch per weight slice, not per M tile
+            rows_here = tl.minimum(BLOCK_N, ffn_dim - tl.program_id(0) * BLOCK_N)
+            prefetch_l2(gate_up + tl.program_id(0) * BLOCK_N * dim, rows_here * dim * 2, 256)
+            prefetch_l2(gate_up + (ffn_dim + tl.program_id(0) * BLOCK_N) * dim,
+                        rows_here * dim * 2, 256)
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
@@ -131,8 +134,9 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     rows without tokens get a zero logits row.
     """
     if PDL:
-        prefetch_l2(head + tl.program_id(0).to(tl.int64) * BLOCK_N * dim,
-                    tl.minimum(BLOCK_N, vocab - tl.program_id(0) * BLOCK_N) * dim * 2, 512)
+        if tl.program_id(1) == 0:           # one prefetch per head slice, not per M tile
+            prefetch_l2(head + tl.program_id(0).to(tl.int64) * BLOCK_N * dim,
+                        tl.minimum(BLOCK_N, vocab - tl.program_id(0) * BLOCK_N) * dim * 2, 512)
     wait_for_predecessors(PDL)
     r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
