@@ -39,7 +39,8 @@ class CompileRequest:
     num_stages: int
     pdl: bool
     capability: int                   # 90 for sm_90a
-    divisible_by_16: tuple[int, ...] = ()    # param indices (pointers: address) Triton may assume % 16 == 0
+    # indices of params Triton may assume divisible by 16 (pointers: their byte address)
+    divisible_by_16: tuple[int, ...] = ()
 
     def source_text(self) -> str:
         """Every kernel source file (a kernel may call helpers from a sibling module)."""
