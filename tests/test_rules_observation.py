@@ -260,8 +260,14 @@ def test_observation_changes_no_program_allocation_or_replay_abi(smollm2_model):
     # spec: OBS-31
     model = smollm2_model
     arena = model.executor.arena.memory.nbytes
-    plain_launches, plain_tokens, plain_stamps = _serve_on_numpy(model, observe=False)
-    observed_launches, observed_tokens, observed_stamps = _serve_on_numpy(model, observe=True)
+    frames = [model.executor.staging(f) for f in range(model.manifest.transport.frames)]
+    saved = [f.copy() for f in frames]       # the shared model's packer remembers what these hold
+    try:
+        plain_launches, plain_tokens, plain_stamps = _serve_on_numpy(model, observe=False)
+        observed_launches, observed_tokens, observed_stamps = _serve_on_numpy(model, observe=True)
+    finally:
+        for frame, bytes_ in zip(frames, saved):
+            frame[:] = bytes_
     assert (plain_stamps, observed_stamps) == (0, 6)
     assert observed_tokens == plain_tokens and len(plain_tokens) == 6
     assert [p for p, _ in observed_launches] == [p for p, _ in plain_launches]      # the same programs
