@@ -7,7 +7,7 @@ or let it start one (helios-serve on free ports, stopped afterwards):
     python -m bench.serve --core var/cores/smollm2-135m-instruct.core --num-prompts 16
 
 Two phases run the same greedy requests (same prompt ids, same output limit) under the same
-load, one after the other in the same process:
+load in the same process, in alternating rounds (the first phase of a round flips each round):
 - gateway: POST /v1/chat/completions with stream=true over HTTP (SSE), as a client would;
 - direct:  the same prepared prompt ids sent straight to Triton over gRPC (one stream per
            request, as the gateway does), bypassing HTTP, admission, rendering and presentation.
@@ -248,6 +248,11 @@ def started_stack(core: Path, timeout_s: float = 600) -> Iterator[tuple[str, str
             process.kill()
 
 
+def _rounds(count: int, rounds: int) -> list[list[int]]:
+    rounds = max(1, min(rounds, count))
+    return [list(range(count))[r::rounds] for r in range(rounds)]
+
+
 async def measure(gateway_url: str, triton_url: str, args: argparse.Namespace) -> str:
     backend = TritonBackend(triton_url)
     try:
@@ -263,12 +268,23 @@ async def measure(gateway_url: str, triton_url: str, args: argparse.Namespace) -
         async with httpx.AsyncClient(base_url=gateway_url, timeout=600,
                                      limits=httpx.Limits(max_connections=args.num_prompts)) as client:
             await gateway_request(client, served.served_id, prompts[0], 2)  # warm-up: the HTTP connection
-            gateway = await run_phase("gateway", lambda i: gateway_request(client, served.served_id, prompts[i],
-                                                                           args.max_tokens),
-                                      args.num_prompts, args.concurrency, args.request_rate, args.seed)
-        direct = await run_phase("direct", lambda i: direct_request(backend, prompt_ids[i], args.max_tokens,
-                                                                    f"bench-{i}"),
-                                 args.num_prompts, args.concurrency, args.request_rate, args.seed)
+
+            def through_gateway(i: int):  # type: ignore[no-untyped-def]
+                return gateway_request(client, served.served_id, prompts[i], args.max_tokens)
+
+            def straight_to_triton(i: int):  # type: ignore[no-untyped-def]
+                return direct_request(backend, prompt_ids[i], args.max_tokens, f"bench-{i}")
+
+            # rounds alternate which phase goes first, so drifting background load on a shared
+            # machine falls on both phases alike
+            gateway, direct = PhaseResult("gateway", [], 0.0), PhaseResult("direct", [], 0.0)
+            for r, batch in enumerate(_rounds(args.num_prompts, args.rounds)):
+                order = [(gateway, through_gateway), (direct, straight_to_triton)]
+                for phase, make in (order if r % 2 == 0 else order[::-1]):
+                    part = await run_phase(phase.name, lambda k: make(batch[k]), len(batch), args.concurrency,
+                                           args.request_rate, args.seed + r)
+                    phase.timings += part.timings
+                    phase.wall_s += part.wall_s
         return report(gateway, direct, args)
     finally:
         await backend.close()
@@ -285,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     load.add_argument("--request-rate", type=float, default=None, help="open loop: Poisson arrivals per second")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="alternate gateway/direct in this many rounds (order flips each round)")
     args = parser.parse_args(argv)
     if args.concurrency is None and args.request_rate is None:
         args.concurrency = 1
