@@ -93,10 +93,13 @@ class Lane:
     proposals: Optional[np.ndarray] = None    # int32 copied candidate ids verified after the pending token
     proposal_generation: int = -1             # generation / consumed endpoint the copies were made for
     proposal_consumed: int = -1
+    prefix_limit: int = 0                     # >0: device-allocated lane ceiling (SPECULATIVE_PREFIX_LIMIT)
 
     @property
     def query_length(self) -> int:
         if self.tokens is None:
+            if self.prefix_limit:             # the program writes the actual length (<= ceiling, total <= P)
+                return 1
             return 1 + (0 if self.proposals is None else len(self.proposals))
         return len(self.tokens)
 
@@ -135,6 +138,7 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_PROPOSAL_COUNT: lambda lane: 0 if lane.proposals is None else len(lane.proposals),
     C.VALUE_SOURCE_PROPOSAL_GENERATION: lambda lane: lane.proposal_generation,
     C.VALUE_SOURCE_PROPOSAL_CONSUMED: lambda lane: lane.proposal_consumed,
+    C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda lane: lane.prefix_limit,
 }
 
 

@@ -15,6 +15,7 @@ from helios_backend.runtime.driver import Driver, GenerationRequest
 from helios_backend.runtime.speculative_driver import SpeculativeDriver
 from helios_backend.scheduler.errors import CompletionMismatch
 from helios_backend.scheduler.speculative import (
+    SpeculativeLane,
     SpeculativeOptions,
     SpeculativeStartupError,
     SpeculativeTable,
@@ -23,7 +24,7 @@ from helios_backend.scheduler.speculative import (
 )
 from tests.engine_fixtures import prepared_in_memory, resource_reader
 
-VARIANTS = ((2, 1, 0, 2), (2, 4, 3, 8))       # (B, W, D, P): widths one and four
+VARIANTS = ((2, 1, 0, 2), (2, 4, 3, 8), (2, 4, 3, 5, 1))   # (B, W, D, P[, device allocation])
 HISTORY = SpeculativeOptions(enabled=True, history_drafting=True)
 REPEATING = list(range(100, 110)) * 3          # the model continues the cycle: drafts get accepted
 
@@ -62,7 +63,7 @@ def test_programs_are_recorded_with_explicit_descriptors(prepared):
     # spec: SPEC-16
     # spec: SRV-5
     assert list(prepared.contract.speculative_widths) == [1, 4]
-    for b, w, d, p in VARIANTS:
+    for b, w, d, p in (v for v in VARIANTS if len(v) == 4):
         graph = _graph(prepared, f"speculative.r{b}.w{w}.t{p}")
         assert graph.operation == C.OPERATION_SPECULATIVE
         spec = graph.speculative
@@ -142,6 +143,8 @@ def test_two_lanes_and_width_one_rounds(model):
 def _one_round(model, prompt, max_tokens=8):
     """Admit + prefill one request, plan one history-drafted round, return (driver, actives, round, words)."""
     driver = SpeculativeDriver(model, HISTORY)
+    driver.table = SpeculativeTable([p for p in driver.table.programs
+                                     if p.length_source == C.VALUE_SOURCE_QUERY_LENGTH], HISTORY)
     actives = driver.plain.admit([GenerationRequest(prompt, max_tokens=max_tokens)], [0])
     driver.plain.prefill(actives[0])
     round_ = driver.table.plan(driver.candidates(actives))
@@ -294,3 +297,52 @@ def test_enabled_speculation_without_programs_fails_startup(prepared):
     plain = [g for g in prepared.contract.model.graphs if g.operation != C.OPERATION_SPECULATIVE]
     with pytest.raises(SpeculativeStartupError):
         SpeculativeTable.select(plain, HISTORY)
+
+
+# ---- device allocation (SPECULATIVE_PREFIX_LIMIT) ------------------------------------------------
+
+ALLOCATING = "speculative.r2.w4.t5.alloc"
+
+
+def test_allocating_program_binds_the_prefix_limit(prepared):
+    # spec: SPEC-18
+    # spec: SPEC-22
+    # spec: SPEC-23
+    # spec: SPEC-34
+    graph = _graph(prepared, ALLOCATING)
+    sources = [b.source for b in graph.bindings]
+    assert sources.count(C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT) == 1 and C.VALUE_SOURCE_QUERY_LENGTH not in sources
+    assert graph.speculative.confidence_width == graph.speculative.draft_tokens == 3
+    kernels = [n.kernel for n in next(p for p in prepared.manifest.programs if p.name == ALLOCATING).nodes]
+    # confidence is produced and consumed inside the same complete graph, before the target pass
+    assert kernels[:3] == ["speculative.copy_confidence.v1", "speculative.allocate.v1", "speculative.expand.v1"]
+
+
+def test_device_allocation_fits_P_with_ceilings_above_it(model):
+    # spec: SPEC-19
+    # spec: SPEC-20
+    # spec: SPEC-21
+    # spec: SPEC-41
+    # spec: SPEC-42
+    requests = [GenerationRequest(REPEATING, max_tokens=10), GenerationRequest(list(range(200, 207)) * 3, max_tokens=6)]
+    expected = [_plain(model, r) for r in requests]
+    driver = SpeculativeDriver(model, HISTORY)
+    driver.table = SpeculativeTable([p for p in driver.table.programs
+                                     if p.program == ALLOCATING or p.width == 1], HISTORY)
+    planned: list[list[SpeculativeLane]] = []
+    plan = driver.table.plan
+    driver.table.plan = lambda candidates: _record(planned, plan(candidates))
+    run = driver.generate(requests)
+    assert [r.tokens for r in run.results] == expected
+    allocated = [(r, lanes) for r, lanes in zip(run.rounds, planned) if r.program == ALLOCATING]
+    assert allocated and run.accepted > 0
+    for stats, lanes in allocated:
+        assert sum(stats.offers) <= 5
+        assert all(o <= lane.ceiling for o, lane in zip(stats.offers, lanes))
+    # at least one round asked for more rows than P: the ceilings, not the lengths, were reserved
+    assert any(sum(lane.ceiling for lane in lanes) > 5 for _, lanes in allocated)
+
+
+def _record(planned, round_):
+    planned.append(list(round_.lanes))
+    return round_

@@ -130,7 +130,7 @@ def test_validation_agreement_suppresses_commit_on_every_rank():
 def prepared():
     from tests.engine_fixtures import prepared_in_memory
 
-    return prepared_in_memory(speculative_variants=((2, 1, 0, 2), (2, 4, 3, 8)))
+    return prepared_in_memory(speculative_variants=((2, 1, 0, 2), (2, 4, 3, 8), (2, 4, 3, 5, 1)))
 
 
 def _with_confidence(prepared, shape, width=3, capacity=3, dtype=C.DTYPE_F32):
@@ -139,11 +139,11 @@ def _with_confidence(prepared, shape, width=3, capacity=3, dtype=C.DTYPE_F32):
     count = 1
     for s in shape:
         count *= s
-    manifest.buffers.append(M.Buffer(name="state.proposal_confidence", kind=M.BUFFER_KIND_STATE, dtype=dtype,
+    manifest.buffers.append(M.Buffer(name="state.synthetic_confidence", kind=M.BUFFER_KIND_STATE, dtype=dtype,
                                      shape=list(shape), nbytes=4 * count, alignment=256))
     graph = next(g for g in contract.model.graphs if g.program == "speculative.r2.w4.t8")
     graph.speculative.confidence_width = width
-    graph.speculative.confidence_buffer = "state.proposal_confidence"
+    graph.speculative.confidence_buffer = "state.synthetic_confidence"
     graph.speculative.confidence_draft_capacity = capacity
     return PreparedContract.decode(contract, manifest)
 

@@ -191,6 +191,12 @@ _SPECS: tuple[KernelSpec, ...] = (
         _i32("rows"), _i32("request_slots"), _i32("draft_capacity"), _i32("confidence_width"),
         _i32("packed_capacity"),
     ), speculative.allocate_prefixes, "causal prefix allocation by FP64 survival within P; no draws"),
+    KernelSpec("speculative.copy_confidence.v1", (
+        _ptr("confidence", F32_T, W), _ptr("proposal_count", I32_T), _ptr("proposal_generation", I32_T),
+        _ptr("proposal_consumed", I32_T), _ptr("row_generation", I32_T), _ptr("consumed", I32_T),
+        _ptr("row_slot", I32_T), _ptr("transport_header", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("request_slots"), _i32("draft_capacity"), _i32("draft_tokens"),
+    ), speculative.copy_confidence, "framed confidence of copied proposals (1 per usable copy)"),
     KernelSpec("speculative.expand.v1", (
         _ptr("ids", I32_T, W), _ptr("positions", I32_T, W), _ptr("token_slot", I32_T, W),
         _ptr("token_length", I32_T, W), _ptr("lengths", I32_T, W), _ptr("requested", I32_T),

@@ -109,6 +109,24 @@ def allocate_prefixes(lengths: np.ndarray, confidence: np.ndarray, prefix_limit:
     lengths[:live] = allocate_lengths(table[:live, :confidence_width], ceilings, packed_capacity)
 
 
+def copy_confidence(confidence: np.ndarray, proposal_count: np.ndarray, proposal_generation: np.ndarray,
+                    proposal_consumed: np.ndarray, row_generation: np.ndarray, consumed: np.ndarray,
+                    row_slot: np.ndarray, transport_header: np.ndarray, live_rows: np.ndarray, rows: int,
+                    request_slots: int, draft_capacity: int, draft_tokens: int) -> None:
+    """Confidence of copied proposals, written in the graph for the allocation that follows:
+    1.0 for each usable copy (fresh generation and consumed endpoint, at most D), 0.0 past them.
+    Copies carry no learned probability, so equal confidence makes allocation breadth-first
+    (shorter prefixes, then lower rows). Writes frame header[1] of
+    confidence [2, request_slots, draft_capacity] f32, row r = submitted row r."""
+    frame = int(transport_header[1])
+    table = confidence[:2 * request_slots * draft_capacity].reshape(2, request_slots, draft_capacity)[frame]
+    table[:rows] = 0.0
+    for r in range(min(int(live_rows[0]), rows)):
+        fresh = int(proposal_generation[r]) == int(row_generation[r]) and int(proposal_consumed[r]) == int(consumed[r])
+        if int(row_slot[r]) >= 0 and fresh:
+            table[r, :min(int(proposal_count[r]), draft_tokens, draft_capacity)] = 1.0
+
+
 # ---- the verify block -------------------------------------------------------------------------
 
 def expand_block(ids: np.ndarray, positions: np.ndarray, token_slot: np.ndarray, token_length: np.ndarray,

@@ -93,12 +93,14 @@ class SpeculativeDriver:
     def run_round(self, actives: Sequence[_Active], round_: SpeculativeRound, frame: int = 0) -> list[LaneOutcome]:
         """Pack, launch, validate; request state changes only after validation."""
         lanes = []
+        allocates = round_.program.length_source == C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT
         for lane in round_.lanes:
             active = actives[lane.candidate.key]
             self.plain._ensure_pages(active, lane.reserve_end)          # the full ceiling (SPEC-21)
             lanes.append(Lane(slot=active.slot, generation=active.generation, consumed=active.consumed,
                               pages=list(active.pages), proposals=np.asarray(lane.proposals, dtype=np.int32),
-                              proposal_generation=active.generation, proposal_consumed=active.consumed))
+                              proposal_generation=active.generation, proposal_consumed=active.consumed,
+                              prefix_limit=lane.ceiling if allocates else 0))
         executor = self.model.executor
         self.model.packer.pack(round_.program.program, frame, lanes)
         executor.launch(round_.program.program, frame)

@@ -256,8 +256,9 @@ def plan_round(table: SpeculativeTable, candidates: Sequence[Candidate]) -> Spec
     """Choose the cohort and the program from completed observations (SPEC-15), before any
     proposal is generated on the device. Candidates with a round in flight are skipped.
     Constrained, host-stop and host-fed lanes get no proposals (they need width one).
-    The widest program whose lane limit is still useful is taken; lane lengths are trimmed,
-    latest rows first, until they fit P (QUERY_LENGTH: exact lengths, SPEC-17)."""
+    The smallest program whose lane limit covers the longest useful draft is taken. QUERY_LENGTH:
+    lane lengths are trimmed, longest lane first, until they fit P (exact lengths, SPEC-17);
+    SPECULATIVE_PREFIX_LIMIT: the ceilings are submitted as they are (SPEC-18..20)."""
     ready = [c for c in candidates if c.inflight == 0]
     if not table.active or not ready:
         return None
@@ -278,6 +279,8 @@ def plan_round(table: SpeculativeTable, candidates: Sequence[Candidate]) -> Spec
     for c, proposals in zip(ready, wanted):
         ceiling = lane_ceiling(program, c)
         lanes.append(SpeculativeLane(c, proposals[:ceiling - 1], ceiling))
+    if program.length_source != cp.VALUE_SOURCE_QUERY_LENGTH:
+        return SpeculativeRound(program, lanes)      # ceilings may exceed P: the device allocates (SPEC-20)
     excess = sum(lane.length for lane in lanes) - program.packed
     while excess > 0:
         longest = max(lanes, key=lambda lane: lane.length)

@@ -19,7 +19,10 @@ Staging destinations added after the shared ones (offsets of the shared ones do 
 
 Width-one programs (D = 0) bind none of them: they draw no proposals (SPEC-4) but still write
 the committed draft cursor (state.draft_cursor) that wider rounds continue from (SPEC-5).
-The length source is QUERY_LENGTH (host-selected exact lengths, total <= P). The completion
+The length source is QUERY_LENGTH (host-selected exact lengths, total <= P), or, for variants
+declared with a fifth element 1, SPECULATIVE_PREFIX_LIMIT: copy_confidence + allocate write the
+lengths inside the graph (`prefix_limit` i32 [B_max] destination, framed `state.proposal_confidence`).
+The completion
 buffer grows by one extension record per slot: [offers, accepted, tokens[W_max]].
 
 History drafting itself is a startup option of the server (never recorded here, SRV-14).
@@ -47,10 +50,12 @@ class SpeculativeVariant:
     width: int         # W, including the pending token
     drafts: int        # D, declared (never inferred from W)
     packed: int        # P, explicit even when P = B x W
+    device_allocation: bool = False   # SPECULATIVE_PREFIX_LIMIT: the program allocates lengths within P
 
     @property
     def name(self) -> str:
-        return f"speculative.r{self.rows}.w{self.width}.t{self.packed}"
+        suffix = ".alloc" if self.device_allocation else ""
+        return f"speculative.r{self.rows}.w{self.width}.t{self.packed}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,10 @@ class SpeculativeScratch:
     lengths: str = "scratch.speculative.lengths"          # i32 [B_max] actual lane lengths
     geometry: str = "scratch.speculative.geometry"        # step geometry of P one-token rows
     logits: str = "scratch.speculative.logits"            # f32 [P_max, vocab]
+    allocated: str = "scratch.speculative.allocated"      # i32 [B_max] device-allocated lane lengths
+
+
+CONFIDENCE_STATE = "state.proposal_confidence"   # f32 [2, request_slots, D_max], framed (SPEC-35..39)
 
 
 SCRATCH = SpeculativeScratch()
@@ -86,7 +95,13 @@ class SpeculativePlan:
                 raise RecordingError(f"{v.name}: needs W >= 1 and B <= P <= B x W")
             if (v.width == 1) != (v.drafts == 0):
                 raise RecordingError(f"{v.name}: width one draws no proposals and wider programs declare D > 0")
+            if v.device_allocation and v.width == 1:
+                raise RecordingError(f"{v.name}: device allocation needs proposals (W > 1)")
         return cls(declared)
+
+    @property
+    def allocates(self) -> bool:
+        return any(v.device_allocation for v in self.variants)
 
     @property
     def max_rows(self) -> int:
@@ -114,6 +129,8 @@ class SpeculativePlan:
         offset = int(transport.frame_nbytes)
         specs = [("proposal_ids", self.max_rows * self.max_drafts)] + [(n, self.max_rows) for n in
                                                                         PROPOSAL_DESTINATIONS[1:]]
+        if self.allocates:
+            specs.append(("prefix_limit", self.max_rows))
         for name, elements in specs:
             offset = -(-offset // shared.DESTINATION_ALIGNMENT) * shared.DESTINATION_ALIGNMENT
             transport.destinations.append(M.Destination(name=name, dtype=C.DTYPE_I32, byte_offset=offset,
@@ -132,6 +149,10 @@ class SpeculativePlan:
         rec.declare(shared.buffer(SCRATCH.lengths, scratch, i32, [B]))
         rec.declare(shared.buffer(SCRATCH.geometry, scratch, i32, [geometry_words(P, P)]))
         rec.declare(shared.buffer(SCRATCH.logits, scratch, C.DTYPE_F32, [P, cap.vocab]))
+        if self.allocates:
+            rec.declare(shared.buffer(SCRATCH.allocated, scratch, i32, [B]))
+            rec.declare(shared.buffer(CONFIDENCE_STATE, M.BUFFER_KIND_STATE, C.DTYPE_F32,
+                                      [2, cap.request_slots, self.max_drafts]))
 
     # ---- programs ------------------------------------------------------------------------
     def record_programs(self, rec: Recorder, recipe: Any, source: Any, options: Any, cap: shared.TextCapacities,
@@ -145,6 +166,10 @@ class SpeculativePlan:
             graph.speculative.CopyFrom(C.SpeculativeDescriptor(
                 batch_capacity=variant.rows, draft_tokens=variant.drafts, token_capacity=variant.width,
                 packed_token_capacity=variant.packed))
+            if variant.device_allocation:
+                graph.speculative.confidence_width = variant.drafts
+                graph.speculative.confidence_buffer = CONFIDENCE_STATE
+                graph.speculative.confidence_draft_capacity = self.max_drafts
             graph.cursor.CopyFrom(C.CompletionCursor(reports_draft_cursor=True, lag_tokens=LAG_TOKENS,
                                                      state_view=DRAFT_CURSOR_STATE))
             graphs.append(graph)
@@ -154,9 +179,23 @@ class SpeculativePlan:
                 transport: M.Transport, cache: shared.PagedKV, v: SpeculativeVariant) -> None:
         s = lambda name: shared.staged(transport, name)  # noqa: E731
         slot_state = shared.SLOT_STATE
+        requested = s("query_length")
+        if v.device_allocation:
+            rec.launch("speculative.copy_confidence.v1", "speculative.confidence", confidence=CONFIDENCE_STATE,
+                       proposal_count=s("proposal_count"), proposal_generation=s("proposal_generation"),
+                       proposal_consumed=s("proposal_consumed"), row_generation=s("row_generation"),
+                       consumed=s("consumed"), row_slot=s("row_slot"), transport_header=s(shared.TRANSPORT_HEADER),
+                       live_rows=s("live_rows"), rows=v.rows, request_slots=cap.request_slots,
+                       draft_capacity=self.max_drafts, draft_tokens=v.drafts)
+            rec.launch("speculative.allocate.v1", "speculative.allocate", lengths=SCRATCH.allocated,
+                       confidence=CONFIDENCE_STATE, prefix_limit=s("prefix_limit"), row_slot=s("row_slot"),
+                       transport_header=s(shared.TRANSPORT_HEADER), live_rows=s("live_rows"), rows=v.rows,
+                       request_slots=cap.request_slots, draft_capacity=self.max_drafts, confidence_width=v.drafts,
+                       packed_capacity=v.packed)
+            requested = Ref(SCRATCH.allocated)
         rec.launch("speculative.expand.v1", "speculative.expand", ids=SCRATCH.ids, positions=SCRATCH.positions,
                    token_slot=SCRATCH.token_slot, token_length=SCRATCH.token_length, lengths=SCRATCH.lengths,
-                   requested=s("query_length"), pending=slot_state.pending, proposal_ids=s("proposal_ids"),
+                   requested=requested, pending=slot_state.pending, proposal_ids=s("proposal_ids"),
                    proposal_count=s("proposal_count"), proposal_generation=s("proposal_generation"),
                    proposal_consumed=s("proposal_consumed"), row_slot=s("row_slot"),
                    row_generation=s("row_generation"), consumed=s("consumed"), live_rows=s("live_rows"),
@@ -189,13 +228,15 @@ def _binding(destination: str, source: int, padding: int = 0, index: int = C.IND
 
 
 def bindings(variant: SpeculativeVariant) -> list[C.ValueBinding]:
-    """Row identity, exactly one length source (QUERY_LENGTH), consumed endpoints, page table,
+    """Row identity, exactly one length source (QUERY_LENGTH, or SPECULATIVE_PREFIX_LIMIT for
+    device allocation), consumed endpoints, page table,
     the first position's grammar mask and, for wider programs, the copied proposals."""
     out = [
         _binding("row_slot", C.VALUE_SOURCE_SLOT, padding=-1),
         _binding("row_generation", C.VALUE_SOURCE_GENERATION, padding=-1),
         _binding("live_rows", C.VALUE_SOURCE_LIVE_ROW_COUNT, index=C.INDEX_MODE_SCALAR),
-        _binding("query_length", C.VALUE_SOURCE_QUERY_LENGTH, padding=0),
+        _binding("prefix_limit", C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT, padding=0) if variant.device_allocation
+        else _binding("query_length", C.VALUE_SOURCE_QUERY_LENGTH, padding=0),
         _binding("consumed", C.VALUE_SOURCE_CONSUMED_TOKENS, padding=0),
         _binding("page_table", C.VALUE_SOURCE_PAGE_TABLE, index=C.INDEX_MODE_PHYSICAL_ROW),
         _binding("grammar_mask", C.VALUE_SOURCE_GRAMMAR_MASK, padding=-1),
