@@ -186,7 +186,8 @@ def test_completion_records_follow_the_spec(smollm2_model):
 def test_unknown_kernel_id_is_reported_at_load():
     prepared = prepared_in_memory()
     manifest = copy.deepcopy(prepared.manifest)
-    manifest.programs[-1].nodes[3].kernel = "attention.imaginary.v7"
+    decode = next(p for p in manifest.programs if p.operation == C.OPERATION_DECODE)
+    decode.nodes[4].kernel = "attention.imaginary.v7"
     with pytest.raises(UnknownKernelIdError, match="attention.imaginary.v7"):
         NumpyExecutor(manifest, resource_reader(prepared), NumpyExecutorOptions(cache_pages=4))
 
