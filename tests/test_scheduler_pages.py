@@ -83,10 +83,12 @@ def test_snapshot_owns_complete_pages_and_publishes_after_validation() -> None: 
     assert store.match(key, [3, 4]) is None          # pending: not matchable before validation
     store.publish(snap.row)
     assert pool.refcount(page) == 2                  # the checkpoint owns the complete page
+    assert pool.request_pages == 1                   # ... and the writer still holds it
     assert store.match(key, [3, 4]) is snap
     assert store.match(key, [4]) is None             # partial tokens must match exactly
     pool.release([page])
     assert pool.refcount(page) == 1                  # still owned by the snapshot
+    assert pool.request_pages == 0 and pool.used_pages == 1   # no request holds pages: idle
     # the only row is taken: a new reservation evicts the old snapshot and its page reference
     snap2 = store.reserve(seed, [], [7], page_tokens=2)
     assert snap2 is not None and store.counters.evicted == 1 and pool.refcount(page) == 0

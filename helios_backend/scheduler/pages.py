@@ -43,6 +43,8 @@ class PagePool:
         self.num_pages = num_pages
         self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() gives 0, 1, 2, ...
         self._ref = [0] * num_pages
+        self._snapshot_ref = [0] * num_pages   # references held by published snapshots
+        self._request_held = 0                 # pages some request (not only a snapshot) holds
         self._key_of: dict[int, bytes] = {}
         self._page_of: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first
@@ -65,8 +67,13 @@ class PagePool:
 
     @property
     def used_pages(self) -> int:
-        """Pages referenced by at least one request."""
+        """Pages referenced by at least one request or snapshot."""
         return self.num_pages - self.available_pages
+
+    @property
+    def request_pages(self) -> int:
+        """Pages referenced by at least one request (0 when no request holds any)."""
+        return self._request_held
 
     def refcount(self, page: int) -> int:
         return self._ref[page]
@@ -90,18 +97,23 @@ class PagePool:
             self._free.append(page)
         page = self._free.pop()
         self._ref[page] = 1
+        self._request_held += 1
         return page
 
-    def release(self, pages: Sequence[int]) -> None:
+    def release(self, pages: Sequence[int], by_snapshot: bool = False) -> None:
         """Drop one reference from each page of a page table (head first in `pages`).
 
         Released in reverse, so the chain's tail is evicted before its head.
         """
         for page in reversed(pages):
             ref = self._ref[page] - 1
-            if ref < 0:
+            if ref < 0 or (by_snapshot and self._snapshot_ref[page] <= 0):
                 raise RuntimeError(f"page {page} released more often than referenced")
+            before = self._ref[page] > self._snapshot_ref[page]
             self._ref[page] = ref
+            if by_snapshot:
+                self._snapshot_ref[page] -= 1
+            self._request_held += (self._ref[page] > self._snapshot_ref[page]) - before
             if ref == 0:
                 if page in self._key_of:
                     self._lru[page] = None
@@ -134,10 +146,15 @@ class PagePool:
             pages.append(page)
         return pages
 
-    def acquire(self, pages: Sequence[int]) -> None:
+    def acquire(self, pages: Sequence[int], by_snapshot: bool = False) -> None:
         """Reference matched pages (removing cached ones from the LRU)."""
         for page in pages:
             if self._ref[page] == 0:
                 self._lru.pop(page, None)
+            before = self._ref[page] > self._snapshot_ref[page]
             self._ref[page] += 1
-        self.counters.hit_pages += len(pages)
+            if by_snapshot:
+                self._snapshot_ref[page] += 1
+            self._request_held += (self._ref[page] > self._snapshot_ref[page]) - before
+        if not by_snapshot:
+            self.counters.hit_pages += len(pages)

@@ -82,7 +82,7 @@ class SnapshotStore:
         """The step that wrote `row` was validated: the snapshot becomes matchable."""
         snap = self._pending.pop(row)
         # referenced only now: until the step is validated its writer holds the pages privately
-        self.pool.acquire(snap.pages)
+        self.pool.acquire(snap.pages, by_snapshot=True)
         self._by_key.setdefault(snap.chain_key, []).append(snap)
         self._lru[row] = snap
         self.counters.published += 1
@@ -131,7 +131,7 @@ class SnapshotStore:
                 same.remove(snap)
                 if not same:
                     del self._by_key[snap.chain_key]
-                self.pool.release(snap.pages)
+                self.pool.release(snap.pages, by_snapshot=True)
                 self._free_rows.append(row)
                 self.counters.evicted += 1
                 return True

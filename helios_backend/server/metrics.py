@@ -75,7 +75,7 @@ OPERATION_LABEL = {v: cp.Operation.Name(v).removeprefix("OPERATION_").lower() fo
 FINISH_LABEL = {v: tp.FinishReason.Name(v).removeprefix("FINISH_REASON_").lower() for v in tp.FinishReason.values()}
 REJECTION_LABEL = {v: tp.RejectionReason.Name(v).removeprefix("REJECTION_REASON_").lower()
                    for v in tp.RejectionReason.values()}
-PAGE_STATES = ("free", "used", "cached")
+PAGE_STATES = ("free", "used", "snapshot", "cached")   # used: held by requests; snapshot: only by snapshots
 
 
 class Op(enum.Enum):

@@ -54,7 +54,8 @@ class RoundMetrics:
             ("flare_requests_waiting", "", "", s.waiting),
             ("flare_requests_running", "", "", s.running),
             ("flare_cache_pages", "state", "free", s.pool.free_pages),
-            ("flare_cache_pages", "state", "used", s.pool.used_pages),
+            ("flare_cache_pages", "state", "used", s.pool.request_pages),
+            ("flare_cache_pages", "state", "snapshot", s.pool.used_pages - s.pool.request_pages),
             ("flare_cache_pages", "state", "cached", s.pool.cached_pages),
             ("flare_snapshot_rows", "", "", s.snapshots.used_rows),
         ]
