@@ -93,7 +93,7 @@ def error_for_terminal(event: tp.TerminalEvent, prompt_param: str) -> GatewayErr
 
 
 def error_for_stream_failure(failure: StreamFailure) -> GatewayError:
-    if failure.kind is StreamFailureKind.UNREACHABLE:
+    if failure.kind in (StreamFailureKind.UNREACHABLE, StreamFailureKind.REFUSED):
         return BackendUnavailableError(f"the model backend is unavailable: {failure.detail}")
     if failure.kind is StreamFailureKind.MALFORMED:
         return ExecutionFailedError(f"malformed backend response: {failure.detail}", code="output_error")

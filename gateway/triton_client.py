@@ -44,9 +44,10 @@ class Terminal:
 
 class StreamFailureKind(enum.Enum):
     UNREACHABLE = 1  # the request could not be sent (Triton down or refusing): nothing ran
-    IN_BAND_ERROR = 2  # Triton answered the request with an error instead of our event
-    LOST = 3  # the stream ended or broke before the terminal event
-    MALFORMED = 4  # a response did not follow the transport contract (output error)
+    REFUSED = 2  # Triton refused the request in-band before the model answered (not loaded, ...)
+    IN_BAND_ERROR = 3  # Triton reported an error after the model had answered
+    LOST = 4  # the stream ended or broke before the terminal event
+    MALFORMED = 5  # a response did not follow the transport contract (output error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +63,6 @@ def _parameters_input(params: tp.RequestParameters) -> InferInput:
     tensor = InferInput("parameters", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([params.SerializeToString()], dtype=np.object_))
     return tensor
-
-
-def _optional(result: grpcclient.InferResult, name: str) -> np.ndarray | None:
-    return result.as_numpy(name)
 
 
 class Generation:
@@ -110,7 +107,10 @@ class Generation:
         try:
             async for result, error in results:
                 if error is not None:
-                    yield StreamFailure(StreamFailureKind.IN_BAND_ERROR, str(error))
+                    # the model itself always answers with a typed terminal event; an in-band
+                    # error before any answer is Triton refusing the request, not an execution
+                    kind = StreamFailureKind.IN_BAND_ERROR if received else StreamFailureKind.REFUSED
+                    yield StreamFailure(kind, str(error))
                     return
                 received = True
                 batch, terminal = self._decode(result)
@@ -141,10 +141,10 @@ class Generation:
         if token_ids is not None and token_ids.size:
             batch = TokenBatch(
                 token_ids=token_ids.reshape(-1),
-                timestamps_ns=_optional(result, "token_timestamps_ns"),
-                logprobs=_optional(result, "logprobs"),
-                top_token_ids=_optional(result, "top_token_ids"),
-                top_logprobs=_optional(result, "top_logprobs"),
+                timestamps_ns=result.as_numpy("token_timestamps_ns"),  # None when not requested
+                logprobs=result.as_numpy("logprobs"),
+                top_token_ids=result.as_numpy("top_token_ids"),
+                top_logprobs=result.as_numpy("top_logprobs"),
             )
         event_tensor = result.as_numpy("event")
         terminal = None
