@@ -28,7 +28,7 @@ from helios_backend.frontend.syntax.events import (ContentDelta, ReasoningDelta,
 from helios_backend.frontend.tokenizer import FrontendTokenizer
 
 from gateway.errors import GatewayError
-from gateway.generation import ChoiceEvent, ChoiceFailed, ChoiceFinished, ChoiceSteps, PerformanceStamps
+from gateway.generation import ChoiceEvent, ChoiceFinished, ChoiceSteps, PerformanceStamps
 from gateway.output_pipeline import Delta, TokenStep
 from gateway.preparation import PreparedRequest
 

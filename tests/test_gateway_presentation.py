@@ -227,7 +227,6 @@ def sse_view(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 def test_stream_equals_json_for_every_chunking(served: ServedModel, text: str, stop: str | None,
                                                cuts: list[int], eos: bool) -> None:
     ids = text_ids(served, text)
-    matcher = prepare = None  # noqa: F841 - for readability below
     prepared_json = chat(served, stop=stop, return_token_ids=True, return_token_timestamps=True)
     prepared_sse = chat(served, stop=stop, return_token_ids=True, return_token_timestamps=True, stream=True,
                         stream_options={"include_usage": True})
