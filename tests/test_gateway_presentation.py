@@ -19,7 +19,7 @@ from gateway.errors import AdmissionRejectedError, ExecutionFailedError, Invalid
 from gateway.generation import ChoiceFailed, ChoiceTranslator
 from gateway.output_pipeline import OutputPipeline, PlainTextParser
 from gateway.preparation import PreparedRequest, prepare_chat, prepare_completion
-from gateway.presentation import DONE, ChatPresenter, CompletionPresenter, Presenter
+from gateway.presentation import ChatPresenter, CompletionPresenter, Presenter
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.served_model import ServedModel
 from gateway.triton_client import TokenBatch
