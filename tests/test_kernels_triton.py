@@ -589,6 +589,25 @@ def test_draw_tokens_matches_the_reference(runner, temperature, top_p, top_k,
     assert out["sampled"][-1] == -1
 
 
+@pytest.mark.parametrize("temperature, top_p, top_k, min_p", DRAW_SETTINGS[1:3] + DRAW_SETTINGS[4:5])
+def test_draw_over_several_chunks_matches_the_reference(runner, temperature, top_p, top_k,
+                                                       min_p):
+    """A vocabulary of 4 chunks whose head sits in one chunk: the passes skip chunks whose
+    maximum is below the threshold, which must not change the token."""
+    rows, vocab = 6, 8192
+    logits = RNG.standard_normal((rows, vocab)).astype(np.float32)
+    for r in range(rows):
+        head = RNG.integers(0, vocab - 64)
+        logits[r, head:head + 64] += 6 * RNG.random(64).astype(np.float32)
+    check_against_reference(runner, "sampling.draw.v1", {
+        "sampled": np.full(rows, -9, np.int32), "logits": logits,
+        "sampling": _sampling_rows([(temperature, top_p, top_k, min_p, 0, 0, 1)] * rows),
+        "seeds": RNG.integers(0, 2**32, (rows, 2), dtype=np.uint64).astype(np.uint32),
+        "generated": RNG.integers(0, 1000, rows).astype(np.int32),
+        "row_slot": np.arange(rows, dtype=np.int32), "sample_flag": np.ones(rows, np.int32)},
+        {"rows": rows, "vocab": vocab})
+
+
 def test_draw_walks_tied_logits_in_id_order(runner):
     """Equal logits: the inverse CDF must step through the tie group by token id, so the
     draw covers the whole vocabulary (not just the lowest id)."""

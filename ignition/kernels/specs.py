@@ -88,6 +88,8 @@ def _vocab_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
 
 
 def _per_row(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["vocab"] <= c["BLOCK_V"] * c["MAX_CHUNKS"],
+             f"vocab {a['vocab']} > BLOCK_V * MAX_CHUNKS = {c['BLOCK_V'] * c['MAX_CHUNKS']}")
     return (a["rows"], 1, 1)
 
 
@@ -116,7 +118,7 @@ def _token_tiles_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
 
 def _per_lane(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
-    return (a["rows"], 1, 1)
+    return _per_row(a, c)
 
 
 def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
@@ -158,7 +160,8 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                _gemm("vocab", "rows"), num_warps=8, num_stages=2, divisible=("dim", "vocab")),
     KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
                _vocab_tiles, divisible=("vocab", "histogram_bins")),
-    KernelSpec("sampling.draw.v1", "sampling", "draw_tokens", {"BLOCK_V": 2048}, _per_row,
+    KernelSpec("sampling.draw.v1", "sampling", "draw_tokens",
+               {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row,
                num_warps=8, divisible=("vocab",)),
     KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
                _one_program_over_rows),
@@ -176,7 +179,8 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("speculative.expand.v1", "speculative", "expand_block",
                {"BLOCK_T": 64, "MAX_ROWS": 256}, _token_tiles_over_rows),
     KernelSpec("speculative.verify_commit.v1", "speculative", "verify_commit",
-               {"MAX_ROWS": 256, "BLOCK_V": 2048, "BLOCK_E": 8, "BLOCK_X": 16}, _per_lane,
+               {"MAX_ROWS": 256, "BLOCK_V": 2048, "MAX_CHUNKS": 64, "BLOCK_E": 8, "BLOCK_X": 16},
+               _per_lane,
                num_warps=8, divisible=("vocab", "histogram_bins")),
 )
 

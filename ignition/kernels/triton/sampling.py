@@ -126,29 +126,40 @@ def _chunk(row, v0, vocab, prompt_bins, output_bins, mask_row, mask_words, prese
 
 
 @triton.jit
+def _chunk_max(maxima, v0, BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+    """The (adjusted) maximum of the row's chunk at v0, from pass 1's per-chunk maxima."""
+    index = tl.arange(0, MAX_CHUNKS)
+    return tl.max(tl.where(index == v0 // BLOCK_V, maxima, float("-inf")), axis=0)
+
+
+@triton.jit
 def _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best, threshold,
-                BLOCK_V: tl.constexpr):
+                maxima, BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
     """(count, mass) of the logits x >= threshold; mass in units of exp((x - best) / T),
-    rate = log2(e) / T (so one FMA and one exp2 per element, no division)."""
+    rate = log2(e) / T (so one FMA and one exp2 per element, no division). Chunks whose
+    maximum is below the threshold contribute nothing and are not read: as a bisection
+    narrows on the head of a peaked distribution, most of the vocabulary is skipped."""
     count = 0
     mass = 0.0
     for v0 in range(0, vocab, BLOCK_V):
-        ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
-        keep = x >= threshold
-        count += tl.sum(keep.to(tl.int32), axis=0)
-        mass += tl.sum(tl.where(keep, tl.exp2((x - best) * rate), 0.0), axis=0)
+        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= threshold:
+            ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
+            keep = x >= threshold
+            count += tl.sum(keep.to(tl.int32), axis=0)
+            mass += tl.sum(tl.where(keep, tl.exp2((x - best) * rate), 0.0), axis=0)
     return count, mass
 
 
 @triton.jit
 def _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best, low, high,
-               goal, by_count: tl.constexpr, strict: tl.constexpr, BLOCK_V: tl.constexpr):
+               goal, maxima, by_count: tl.constexpr, strict: tl.constexpr,
+               BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
     """Bisection for the largest x in [low, high] whose prefix {logits >= x} reaches `goal`
     (count >= goal, or mass >= goal; mass > goal when strict). `low` must reach it."""
     for _ in range(BISECTION_STEPS):
         middle = low + (high - low) * 0.5
         count, mass = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate,
-                                  best, middle, BLOCK_V)
+                                  best, middle, maxima, BLOCK_V, MAX_CHUNKS)
         if by_count:
             reached = count >= goal
         elif strict:
@@ -162,7 +173,7 @@ def _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best
 
 @triton.jit
 def sample_row(row, vocab, pb, ob, mr, mw, pen, msk, params, counter, key0, key1,
-               BLOCK_V: tl.constexpr):
+               BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
     """One token from a logits row read through _chunk (pb/ob: the slot's prompt and output
     histogram rows, mr/mw: the mask row and its words; pen/msk: apply penalties / mask).
     Greedy (temperature <= 0): argmax, lowest id on ties. Otherwise the inverse-CDF draw.
@@ -179,9 +190,11 @@ def sample_row(row, vocab, pb, ob, mr, mw, pen, msk, params, counter, key0, key1
     best = float("-inf")
     best_id = 0
     total = 0.0
+    maxima = tl.full((MAX_CHUNKS,), float("-inf"), tl.float32)    # per-chunk maxima
     for v0 in range(0, vocab, BLOCK_V):
         v, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
         chunk_best = tl.max(x, axis=0)
+        maxima = tl.where(tl.arange(0, MAX_CHUNKS) == v0 // BLOCK_V, chunk_best, maxima)
         chunk_id = tl.min(tl.where(x == chunk_best, v, 0x7FFFFFFF), axis=0)
         better = chunk_best > best
         new_best = tl.maximum(best, chunk_best)
@@ -192,13 +205,13 @@ def sample_row(row, vocab, pb, ob, mr, mw, pen, msk, params, counter, key0, key1
     token = best_id
     if temperature > 0.0:
         token = _draw(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, temperature, rate,
-                      best, total, params, counter, key0, key1, BLOCK_V)
+                      best, total, maxima, params, counter, key0, key1, BLOCK_V, MAX_CHUNKS)
     return token
 
 
 @triton.jit
 def _draw(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, temperature, rate, best, total,
-          params, counter, key0, key1, BLOCK_V: tl.constexpr):
+          maxima, params, counter, key0, key1, BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
     top_p = tl.load(params + 1)
     top_k = tl.load(params + 2).to(tl.int32)
     min_p = tl.load(params + 3)
@@ -207,47 +220,50 @@ def _draw(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, temperature, ra
     keep = floor
     if (top_k > 0) & (top_k < vocab):
         keep = _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best,
-                          floor, best, top_k, True, False, BLOCK_V)
-        top_count, total = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate,
-                               best, keep, BLOCK_V)
+                          floor, best, top_k, maxima, True, False, BLOCK_V, MAX_CHUNKS)
+        top_count, total = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk,
+                                       rate, best, keep, maxima, BLOCK_V, MAX_CHUNKS)
     if top_p < 1.0:
         keep = _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best,
-                          keep, best, top_p * total, False, False, BLOCK_V)
+                          keep, best, top_p * total, maxima, False, False, BLOCK_V, MAX_CHUNKS)
     if min_p > 0.0:
         keep = tl.maximum(keep, best + temperature * tl.log(min_p))
-    kept_count, kept_mass = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate,
-                               best, keep, BLOCK_V)
+    kept_count, kept_mass = _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk,
+                                        rate, best, keep, maxima, BLOCK_V, MAX_CHUNKS)
     # inverse CDF: the first token (sorted order) whose cumulative mass exceeds the target
     target = _philox_uniform(counter, key0, key1) * kept_mass
     cut = _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best, keep,
-                     best, target, False, True, BLOCK_V)
+                     best, target, maxima, False, True, BLOCK_V, MAX_CHUNKS)
     # the token group at the boundary value, entered in id order
     value = float("inf")
     for v0 in range(0, vocab, BLOCK_V):
-        ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
-        value = tl.minimum(value, tl.min(tl.where(x >= cut, x, float("inf")), axis=0))
+        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= cut:
+            ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
+            value = tl.minimum(value, tl.min(tl.where(x >= cut, x, float("inf")), axis=0))
     above = 0.0
     ties = 0
     for v0 in range(0, vocab, BLOCK_V):
-        ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
-        above += tl.sum(tl.where(x > value, tl.exp2((x - best) * rate), 0.0), axis=0)
-        ties += tl.sum((x == value).to(tl.int32), axis=0)
+        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= value:
+            ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
+            above += tl.sum(tl.where(x > value, tl.exp2((x - best) * rate), 0.0), axis=0)
+            ties += tl.sum((x == value).to(tl.int32), axis=0)
     unit = tl.exp2((value - best) * rate)
     rank = tl.minimum(tl.maximum(((target - above) / unit).to(tl.int32), 0), ties - 1)
     token = 0
     seen = 0
     for v0 in range(0, vocab, BLOCK_V):
-        v, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
-        tie = x == value
-        position = seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        token += tl.sum(tl.where(tie & (position == rank), v, 0), axis=0)
-        seen += tl.sum(tie.to(tl.int32), axis=0)
+        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= value:
+            v, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
+            tie = x == value
+            position = seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+            token += tl.sum(tl.where(tie & (position == rank), v, 0), axis=0)
+            seen += tl.sum(tie.to(tl.int32), axis=0)
     return token
 
 
 @triton.jit
 def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_flag, rows, vocab,
-                BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+                BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr, PDL: tl.constexpr):
     """sampled i32 [rows] = a token in [0, vocab) for rows that sample, -1 otherwise.
     Grid (rows,): one program streams its (already adjusted) logits row, f32 [rows, vocab]."""
     wait_for_predecessors(PDL)
@@ -258,5 +274,5 @@ def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_fl
         token = sample_row(logits + r.to(tl.int64) * vocab, vocab, generated, generated, seeds, 0,
                            False, False, sampling + slot * SAMPLING_WORDS,
                            tl.load(generated + slot).to(tl.uint32), tl.load(seeds + 2 * slot),
-                           tl.load(seeds + 2 * slot + 1), BLOCK_V)
+                           tl.load(seeds + 2 * slot + 1), BLOCK_V, MAX_CHUNKS)
     tl.store(sampled + r, token)

@@ -113,8 +113,8 @@ def verify_commit(completion, pending, generated, output_histogram, draft_cursor
                   lengths, row_slot, row_generation, consumed, transport_header, live_rows,
                   rows, tokens, vocab, histogram_bins, mask_words, eos_capacity, lag_tokens,
                   completion_rows, ext_width, operation,
-                  MAX_ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_X: tl.constexpr, PDL: tl.constexpr):
+                  MAX_ROWS: tl.constexpr, BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, PDL: tl.constexpr):
     """Sample the target at each of lane r's n positions (penalties over the output histogram
     as it grows, grammar mask at the first position only, Philox counter generated[slot] as in
     DECODE), accept the longest prefix matching the proposals ids[t + 1], commit accepted + 1
@@ -160,7 +160,7 @@ def verify_commit(completion, pending, generated, output_histogram, draft_cursor
                 token = sample_row(logits + (start + i).to(tl.int64) * vocab, vocab, prompt_bins,
                                    output_bins, grammar_mask + r * mask_words, mask_words,
                                    penalize, i == 0, params, count.to(tl.uint32), key0, key1,
-                                   BLOCK_V)
+                                   BLOCK_V, MAX_CHUNKS)
                 count += 1
                 tl.store(pending + slot, token)
                 tl.store(generated + slot, count)
