@@ -21,6 +21,7 @@ from helios_backend.scheduler.speculative import (
     SpeculativeTable,
     publishable,
     validate_completion,
+    validate_on_ranks,
 )
 from tests.engine_fixtures import prepared_in_memory, resource_reader
 
@@ -346,3 +347,15 @@ def test_device_allocation_fits_P_with_ceilings_above_it(model):
 def _record(planned, round_):
     planned.append(list(round_.lanes))
     return round_
+
+
+def test_one_rank_rejecting_suppresses_commit_on_all(model):
+    # spec: SPEC-31
+    driver, actives, round_, words = _one_round(model, REPEATING)
+    args = (driver.format, round_, driver.vocab, driver.table.max_width)
+    [outcome] = validate_on_ranks(args[0], [words, words.copy()], *args[1:])
+    assert outcome.accepted == 3
+    tampered = words.copy()
+    tampered[driver.format.header_words + driver.format.row["draft_cursor"]] += 1
+    with pytest.raises(CompletionMismatch, match="ranks \\[1\\]"):
+        validate_on_ranks(args[0], [words, tampered], *args[1:])

@@ -20,6 +20,7 @@ A lane's completion must satisfy, before request state changes (SPEC-40..42, CAC
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -361,3 +362,31 @@ def publishable(round_: SpeculativeRound, outcomes: Sequence[LaneOutcome]) -> li
 def ranks_agree(verdicts: Sequence[bool]) -> bool:
     """Validation agreement (SPEC-31): commit only when every rank accepted the cohort."""
     return bool(verdicts) and all(verdicts)
+
+
+def validate_on_ranks(fmt: CompletionFormat, rank_words: Sequence[np.ndarray], round_: SpeculativeRound,
+                      vocab_size: int, extension_width: int) -> list[LaneOutcome]:
+    """Each rank (a thread, as RankPeers::Threads) validates its own completion of the round; the
+    outcomes are committed only when every rank accepted it and all ranks report the same
+    outcomes. One rank's rejection suppresses the commit on all ranks (SPEC-31):
+    CompletionMismatch naming the rejecting ranks."""
+    results: list[list[LaneOutcome] | CompletionMismatch | None] = [None] * len(rank_words)
+
+    def check(rank: int) -> None:
+        try:
+            results[rank] = validate_completion(fmt, rank_words[rank], round_, vocab_size, extension_width)
+        except CompletionMismatch as error:
+            results[rank] = error
+
+    threads = [threading.Thread(target=check, args=(rank,), name=f"rank{rank}-validation")
+               for rank in range(len(rank_words))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rejected = [rank for rank, result in enumerate(results) if not isinstance(result, list)]
+    if not ranks_agree([not rejected]) or not results:
+        raise CompletionMismatch(f"ranks {rejected} rejected the cohort; no rank commits")
+    if any(result != results[0] for result in results[1:]):
+        raise CompletionMismatch("ranks disagree on the round's outcomes; no rank commits")
+    return results[0]
