@@ -370,3 +370,103 @@ def test_metrics_cover_lifecycle_launches_prefix_snapshots_and_capacity():
     assert gauges[("flare_request_slots_capacity", ())] == 8
     assert gauges[("flare_snapshot_rows_capacity", ())] == 1
     assert {("flare_cache_pages", (("state", s),)) for s in ("free", "used", "cached")} <= set(gauges)
+
+
+# ---- FE-42: distinct termination semantics, backend and gateway --------------------------
+
+class FailOnce:
+    def __init__(self, engine, serial: int) -> None:  # type: ignore[no-untyped-def]
+        self.engine, self.serial = engine, serial
+
+    def run(self, plan):  # type: ignore[no-untyped-def]
+        if any(lane.request.serial == self.serial and lane.request.output_len == 2 for lane in plan.main.lanes):
+            raise RuntimeError("device fault")
+        return self.engine.run(plan)
+
+
+def _backend_terminals() -> dict[str, tp.TerminalEvent]:
+    from helios_backend.scheduler.host_stops import HostStopCheck
+    from helios_backend.scheduler.request import StopSettings
+    from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+    from helios_backend.scheduler.variants import VariantTable
+    from tests.scheduler_sim import SimulatedEngine, variants
+    from tests.test_rules_scheduler import DigitDecoder
+
+    prompts = {name: prompt_of(i, 6) for i, name in enumerate(("eos", "length", "string", "token", "cancel", "fail"))}
+    refs = {name: reference_tokens(p, 40, VOCAB) for name, p in prompts.items()}
+    eos = refs["eos"][2]
+    assert all(eos not in refs[n][:12] for n in prompts if n != "eos")
+    cfg = SchedulerConfig(page_tokens=4, num_pages=64, request_slots=8, max_active=8, queue_capacity=16,
+                          context_tokens=256, max_pages_per_row=64, vocab_size=VOCAB, input_vocab_size=VOCAB,
+                          eos_ids=(eos,))
+    sched = Scheduler(cfg, VariantTable(variants()),
+                      stop_factory=lambda s: HostStopCheck(s.stops, DigitDecoder() if s.stops.strings else None))
+    engine = SimulatedEngine(sched)
+    stops = {"string": StopSettings(strings=(f"<{refs['string'][3]}>",)),
+             "token": StopSettings(token_ids=(refs["token"][4],))}
+    serials = dict(enumerate(prompts))
+    fail = [s for s, n in serials.items() if n == "fail"][0]
+    for serial, name in serials.items():
+        if serial != fail:                 # the failing request runs alone: a failed round fails its lanes
+            sched.add(serial, spec(prompts[name], max_tokens=12 if name != "length" else 5,
+                                   stops=stops.get(name, StopSettings())))
+    runner = FailOnce(engine, serial=fail)
+    out: dict[str, tp.TerminalEvent] = {}
+    for _ in range(200):
+        plan = sched.schedule()
+        if plan is None:
+            if fail in [s for s, n in serials.items() if n in out] or not len(out) == 5:
+                break
+            sched.add(fail, spec(prompts["fail"], max_tokens=12))
+            continue
+        try:
+            rows = runner.run(plan)
+        except RuntimeError as exc:
+            sched.fail(plan, str(exc))
+        else:
+            sched.complete(plan, rows)
+        for ev in sched.take_events():
+            if isinstance(ev, Terminal):
+                out[serials[ev.serial]] = ev.event
+        cancel = [s for s, n in serials.items() if n == "cancel"][0]
+        if (req := sched.request(cancel)) is not None and req.output_len == 3:
+            sched.cancel(cancel)
+    return out
+
+
+def test_termination_kinds_keep_distinct_semantics(served):
+    # spec: FE-42
+    from gateway.errors import GatewayError
+    from gateway.generation import ChoiceFailed, ChoiceFinished, ChoiceTranslator
+    from gateway.output_pipeline import OutputPipeline, PlainTextParser
+    from gateway.preparation import prepare_chat
+    from gateway.schemas import ChatCompletionRequest
+
+    terminals = _backend_terminals()
+    assert set(terminals) == {"eos", "length", "string", "token", "cancel", "fail"}
+    finished = {n: e.finished for n, e in terminals.items() if e.WhichOneof("outcome") == "finished"}
+    assert {n: f.reason for n, f in finished.items()} == {
+        "eos": tp.FINISH_REASON_EOS, "length": tp.FINISH_REASON_LENGTH, "string": tp.FINISH_REASON_STOP_STRING,
+        "token": tp.FINISH_REASON_STOP_TOKEN, "cancel": tp.FINISH_REASON_CANCELLED}
+    assert terminals["fail"].WhichOneof("outcome") == "failed"
+    assert finished["eos"].usage.completion_tokens == 3 and finished["length"].usage.completion_tokens == 5
+    assert finished["string"].stop.kind == tp.STOP_KIND_STRING and finished["token"].stop.kind == tp.STOP_KIND_TOKEN_ID
+    assert not finished["eos"].HasField("stop") and not finished["length"].HasField("stop")
+    # the gateway keeps them apart: EOS is not a user stop, a limit is not a stop, a backend
+    # cancellation and an execution failure are errors of their own
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
+    prepared = prepare_chat(ChatCompletionRequest.model_validate(body), served, ingress_ns=10)
+    seen = {}
+    for name, event in terminals.items():
+        pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), PlainTextParser(), served.eos_token_ids)
+        result = ChoiceTranslator(0, pipeline, "messages", 10, 20).terminal(event)
+        if isinstance(result, ChoiceFinished):
+            seen[name] = ("finished", result.finish_reason, result.ended_by_eos)
+        else:
+            assert isinstance(result, ChoiceFailed) and isinstance(result.error, GatewayError)
+            seen[name] = ("failed", result.error.status, result.error.code)
+    assert seen["eos"] == ("finished", "stop", True)
+    assert seen["string"] == seen["token"] == ("finished", "stop", False)
+    assert seen["length"] == ("finished", "length", False)
+    assert seen["cancel"][0] == seen["fail"][0] == "failed" and seen["cancel"] != seen["fail"]
+    assert seen["fail"][1] == 500
