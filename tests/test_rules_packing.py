@@ -368,3 +368,30 @@ def test_startup_runs_every_tuning_producer_before_serving_graphs_are_exposed():
     serving = [e for kind, e in driver.events[len(startup):] if kind == "launch"]
     assert serving and not set(serving) & set(tuning_execs)   # serving never re-runs tuning
     executor.close()
+
+
+# ---- CON-7 (re-checked): physical page ids do not change results -------------------------
+
+def test_results_do_not_depend_on_page_ids_when_the_page_table_really_changes(smollm2_model):
+    # spec: CON-7, BND-34
+    # Driver instances restart generations at 1, so the shared packer would skip re-uploading a
+    # slot's page table (docs/spec-gaps.md bug 4); forget the slot so each run uploads its own.
+    from helios_backend.runtime.driver import Driver, GenerationRequest
+
+    model = smollm2_model
+    manifest = model.manifest
+    width = manifest.max_pages_per_row
+    slot = 3
+    prompt = [1, 9690, 198, 2683, 359, 5356, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198]
+    runs = []
+    for order in ([0, 1, 2, 3, 4, 5], [97, 3, 41, 12, 100, 7]):
+        model.packer.forget_slot(slot)
+        [result] = Driver(model, page_order=order).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))],
+                                                            slots=[slot])
+        table = _view(manifest, model.executor.staging(0), "page_table")[slot * width:slot * width + 2].tolist()
+        logits = model.executor.buffer_view("scratch.logits", np.float32)[:model.contract.model.vocabulary.sampled_tokens]
+        runs.append((result.tokens, table, logits.copy()))
+    (tokens_a, table_a, logits_a), (tokens_b, table_b, logits_b) = runs
+    assert table_a == [0, 1] and table_b == [97, 3]           # the programs really read other pages
+    assert tokens_a == tokens_b and len(tokens_a) == 4
+    assert np.array_equal(logits_a, logits_b)
