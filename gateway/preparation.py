@@ -188,7 +188,8 @@ def _constraints(body: ChatCompletionRequest) -> ConstraintRequest:
         answer, schema = AnswerFormat.JSON_SCHEMA, fmt.json_schema.schema_
     return ConstraintRequest(tools=tools, tool_choice=choice, named_tool=named,
                              parallel_tool_calls=body.parallel_tool_calls is not False,
-                             answer_format=answer, answer_schema=schema)
+                             answer_format=answer, answer_schema=schema,
+                             reasoning_max_chars=body.reasoning_max_chars)
 
 
 def _plan(body: ChatCompletionRequest, served: ServedModel, prompt_text: str,

@@ -136,6 +136,7 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None
+    reasoning_max_chars: Annotated[StrictInt, Field(ge=0)] | None = None  # Helios: reasoning budget (grammar)
 
 
 class CompletionRequest(SamplingFields):
