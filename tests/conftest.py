@@ -10,7 +10,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # Each part contributes its fixtures in a module of its own; they are re-exported here so
 # every test file sees them without importing.
-for _module in ("tests.engine_fixtures", "tests.server_fixtures"):
+for _module in ("tests.engine_fixtures", "tests.server_fixtures", "tests.variant_fixtures"):
     if importlib.util.find_spec(_module) is not None:
         _fixtures = importlib.import_module(_module)
         globals().update({k: v for k, v in vars(_fixtures).items() if not k.startswith("_")})
