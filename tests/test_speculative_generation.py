@@ -13,6 +13,10 @@ from helios_backend.model import ModelOptions, NativeModel
 from helios_backend.packing import Lane, SamplingParameters
 from helios_backend.runtime.driver import Driver, GenerationRequest
 from helios_backend.runtime.speculative_driver import SpeculativeDriver
+from helios_backend.scheduler.events import Emitted, Terminal
+from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+from helios_backend.scheduler.scheduler import Scheduler
+from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.scheduler.errors import CompletionMismatch
 from helios_backend.scheduler.speculative import (
     SpeculativeLane,
@@ -359,3 +363,88 @@ def test_one_rank_rejecting_suppresses_commit_on_all(model):
     tampered[driver.format.header_words + driver.format.row["draft_cursor"]] += 1
     with pytest.raises(CompletionMismatch, match="ranks \\[1\\]"):
         validate_on_ranks(args[0], [words, tampered], *args[1:])
+
+
+# ---- the token-budget scheduler with speculative rounds ------------------------------------------
+
+def _serve(model, scheduler_factory, specs):
+    sched, runner = _scheduler(model, scheduler_factory)
+    for serial, spec in enumerate(specs):
+        sched.add(serial, spec)
+    tokens: dict[int, list[int]] = {serial: [] for serial in range(len(specs))}
+    finished = {}
+    while sched.has_work():
+        plan = sched.schedule()
+        sched.complete(plan, runner.run(plan))
+        for ev in sched.take_events():
+            if isinstance(ev, Emitted):
+                tokens[ev.serial].append(ev.token)
+            elif isinstance(ev, Terminal):
+                outcome = ev.event.WhichOneof("outcome")
+                finished[ev.serial] = ev.event.finished.reason if outcome == "finished" else outcome
+    return tokens, finished, sched.counters
+
+
+def _scheduler(model, scheduler_factory):
+    import time
+
+    from helios_backend.scheduler.config import SchedulerConfig
+    from helios_backend.scheduler.variants import VariantTable
+    from helios_backend.server.speculative_runner import SpeculativeProgramRunner
+
+    contract, manifest = model.contract, model.manifest
+    vocab = contract.model.vocabulary
+    table = SpeculativeTable.select(model.graphs, HISTORY)
+    runner = SpeculativeProgramRunner(model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
+                                      vocab.histogram_bins, tuple(contract.defaults.eos_token_ids),
+                                      mask_words=vocab.mask_words, max_width=table.max_width)
+    runner._sequence = model.executor._sequence     # the shared executor numbered earlier submissions
+    for slot in range(manifest.request_slots):
+        model.packer.forget_slot(slot)              # generations restart at 1 in a new scheduler
+    config = SchedulerConfig(page_tokens=contract.model.cache.page_tokens, num_pages=model.manifests[0].cache_pages,
+                             request_slots=manifest.request_slots, max_active=2, queue_capacity=8,
+                             context_tokens=contract.context_tokens, max_pages_per_row=manifest.max_pages_per_row,
+                             vocab_size=vocab.sampled_tokens, input_vocab_size=vocab.sampled_tokens,
+                             eos_ids=tuple(contract.defaults.eos_token_ids), clock_origin_ns=time.monotonic_ns())
+    return scheduler_factory(config, VariantTable.from_graphs(model.graphs), table), runner
+
+
+def test_scheduler_with_speculative_rounds_matches_plain_scheduling(model):
+    # spec: SPEC-15
+    # spec: SPEC-21
+    # spec: SPEC-40
+    specs = [RequestSpec(tuple(REPEATING), 12, SamplingSettings()),
+             RequestSpec((1, 9690, 28, 2), 5, SamplingSettings(temperature=0.7, seed=5)),
+             RequestSpec(tuple(range(300, 306)) * 3, 7, SamplingSettings())]
+    plain, plain_done, plain_counters = _serve(model, lambda c, v, t: Scheduler(c, v), specs)
+    spec, spec_done, counters = _serve(model, SpeculativeScheduler, specs)
+    assert spec == plain and spec_done == plain_done
+    assert counters.launches.get(C.OPERATION_SPECULATIVE, 0) > 0
+    assert counters.generated_tokens == plain_counters.generated_tokens
+    assert sum(counters.launches.values()) < sum(plain_counters.launches.values())
+
+
+def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(model):
+    # spec: SPEC-50
+    # spec: SPEC-51
+    from helios_proto import transport_pb2 as tp
+
+    sched, runner = _scheduler(model, SpeculativeScheduler)
+    sched.add(0, RequestSpec(tuple(REPEATING), 12, SamplingSettings()))
+    plan = sched.schedule()                                  # prefill + initialization
+    sched.complete(plan, runner.run(plan))
+    sched.take_events()
+    plan = sched.schedule()
+    assert plan.main.operation == C.OPERATION_SPECULATIVE
+    request = sched.request(0)
+    pages = list(request.pages)
+    runner.submit(plan, 0)
+    sched.cancel(0)                                          # while the round is in flight
+    assert sched.request(0) is request and request.pages == pages     # nothing released before the fence
+    assert sched.pool.refcount(pages[-1]) == 1
+    sched.complete(plan, runner.collect(plan))
+    events = sched.take_events()
+    assert not [e for e in events if isinstance(e, Emitted)]
+    [terminal] = [e for e in events if isinstance(e, Terminal)]
+    assert terminal.event.finished.reason == tp.FINISH_REASON_CANCELLED
+    assert sched.request(0) is None and not sched.has_work()
