@@ -2,7 +2,7 @@
 
     model = NativeModel.load(contract, manifest, read_resource, ModelOptions(concurrency=8))
     model.manifests        # per-rank execution geometry that loading produced (OWN-11)
-    model.executor         # Executor protocol (numpy here; the CUDA executor has the same surface)
+    model.executor         # Executor protocol: ModelOptions.executor selects "numpy" or "cuda"
     model.packer           # shared packing over the executor's staging frames
     model.program(operation, rows, tokens)  # smallest loaded variant that fits, else CapacityError
 
@@ -16,13 +16,13 @@ execution catalog fails the load (MissingVariantError, OWN-19).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.base import ExecutorLoadError, MissingVariantError, ResourceReader
-from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
+from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, RankArena
 from helios_backend.packing import CapacityError, Packer
 
 
@@ -36,6 +36,7 @@ class ModelOptions:
     cache_pages: Optional[int] = None   # physical pages per cache plane; None = core default
     rank: int = 0
     widen_f16_cache: bool = True        # numpy executor: hold f16 cache planes as f32 (speed)
+    executor: str = "numpy"             # a key of EXECUTORS: "numpy" (CPU) or "cuda" (GPU, CUDA graphs)
 
 
 @dataclass(frozen=True)
@@ -61,21 +62,57 @@ def _choose_pages(contract: C.ServingContract, options: ModelOptions) -> int:
     return contract.prepared_pages
 
 
+def _numpy_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
+                    options: ModelOptions, programs: frozenset[str]) -> Any:
+    return NumpyExecutor(manifest, read_resource, NumpyExecutorOptions(
+        cache_pages=_choose_pages(contract, options), programs=programs, widen_f16_cache=options.widen_f16_cache))
+
+
+def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
+                   options: ModelOptions, programs: frozenset[str]) -> Any:
+    """CUDA graphs; without an explicit page count the executor sizes the cache from the memory
+    left after its graphs (SRV-9), at the core's cache_memory_share when it declares one."""
+    from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # GPU builds only
+
+    pages = options.cache_pages
+    if pages is None and contract.defaults.HasField("page_capacity"):
+        pages = contract.defaults.page_capacity
+    share = contract.defaults.cache_memory_share if contract.defaults.HasField("cache_memory_share") else 0.90
+    return CudaExecutor(manifest, read_resource, CudaExecutorOptions(cache_pages=pages, cache_memory_share=share,
+                                                                     programs=programs))
+
+
+ExecutorFactory = Callable[[C.ServingContract, M.ExecutionManifest, ResourceReader, ModelOptions, frozenset[str]], Any]
+EXECUTORS: Mapping[str, ExecutorFactory] = {"numpy": _numpy_executor, "cuda": _cuda_executor}
+
+
+def _buffer_offsets(executor: Any, manifest: M.ExecutionManifest, rank: int) -> tuple[dict[str, int], int]:
+    """Arena byte offsets and size of one rank, from the executor that placed them."""
+    arena = getattr(executor, "arena", None)
+    if isinstance(arena, RankArena):
+        return dict(arena.offsets), int(arena.memory.nbytes)
+    from helios_backend.executors.cuda.plan import layout_arena
+
+    layout = layout_arena(manifest.buffers, rank)
+    return dict(layout.offsets), int(layout.fixed_nbytes + executor.cache_pages * layout.bytes_per_page)
+
+
 class NativeModel:
     def __init__(self, contract: C.ServingContract, manifest: M.ExecutionManifest, graphs: Sequence[C.GraphContract],
-                 executor: NumpyExecutor, packer: Packer, concurrency: int) -> None:
+                 executor: Any, packer: Packer, concurrency: int) -> None:
         self.contract = contract
         self.manifest = manifest
         self.graphs = tuple(graphs)
         self.executor = executor
         self.packer = packer
         self.concurrency = concurrency
-        arena = executor.arena
-        self.manifests: tuple[RankGeometry, ...] = (RankGeometry(
-            rank=0, request_slots=manifest.request_slots, concurrency=concurrency, cache_pages=executor.cache_pages,
-            page_tokens=contract.model.cache.page_tokens, pages_per_row=manifest.max_pages_per_row,
-            programs=tuple(g.program for g in graphs), buffer_offsets=dict(arena.offsets),
-            arena_nbytes=int(arena.memory.nbytes)),)
+        self.manifests: tuple[RankGeometry, ...] = tuple(
+            RankGeometry(rank=rank, request_slots=manifest.request_slots, concurrency=concurrency,
+                         cache_pages=executor.cache_pages, page_tokens=contract.model.cache.page_tokens,
+                         pages_per_row=manifest.max_pages_per_row, programs=tuple(g.program for g in graphs),
+                         buffer_offsets=offsets, arena_nbytes=nbytes)
+            for rank in range(max(1, manifest.world_size))
+            for offsets, nbytes in [_buffer_offsets(executor, manifest, rank)])
 
     @classmethod
     def load(cls, contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
@@ -91,9 +128,14 @@ class NativeModel:
             raise MissingVariantError(f"graphs name programs absent from the execution catalog: {missing}")
         if not any(g.operation == C.OPERATION_DECODE for g in graphs):
             raise MissingVariantError(f"no DECODE variant with at most {concurrency} rows")
-        executor = NumpyExecutor(manifest, read_resource, NumpyExecutorOptions(
-            cache_pages=_choose_pages(contract, options), programs=frozenset(g.program for g in graphs),
-            widen_f16_cache=options.widen_f16_cache))
+        factory = EXECUTORS.get(options.executor)
+        if factory is None:
+            raise ModelLoadError(f"unknown executor {options.executor!r}; known: {sorted(EXECUTORS)}")
+        # every rank's programs of the selected variants (the graphs above are rank `options.rank`'s)
+        selected = {(g.operation, g.capacity.rows, g.capacity.tokens) for g in graphs}
+        programs = frozenset(g.program for g in contract.model.graphs
+                             if (g.operation, g.capacity.rows, g.capacity.tokens) in selected)
+        executor = factory(contract, manifest, read_resource, options, programs)
         frames = [executor.staging(f) for f in range(max(1, manifest.transport.frames))]
         packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
         return cls(contract, manifest, graphs, executor, packer, concurrency)

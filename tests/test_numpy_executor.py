@@ -224,6 +224,8 @@ def test_concurrency_may_be_reduced_never_raised(smollm2_bootstrap):
     with pytest.raises(ModelLoadError):
         NativeModel.load(contract, manifest, smollm2_bootstrap.read_resource,
                          ModelOptions(concurrency=contract.concurrency + 1))
+    with pytest.raises(ModelLoadError, match="unknown executor"):
+        NativeModel.load(contract, manifest, smollm2_bootstrap.read_resource, ModelOptions(executor="abacus"))
     model = NativeModel.load(contract, manifest, smollm2_bootstrap.read_resource,
                              ModelOptions(concurrency=1, cache_pages=8))
     try:
