@@ -23,7 +23,7 @@ Staging frame (one per submission, copied to the `staging` buffer first; 16-byte
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 from helios_proto import contract_pb2, manifest_pb2

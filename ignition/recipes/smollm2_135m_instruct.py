@@ -15,7 +15,7 @@ norm+logits, the step prologue (geometry, input ids) and the sampling epilogue
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
