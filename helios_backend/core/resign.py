@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from helios_proto import core_pb2
+from helios_proto import contract_pb2, core_pb2
 
 from .constants import CHUNK_NBYTES, LOGICAL_MAGIC, PAYLOAD_MAGIC, PAYLOAD_SIGNING_TAG, logical_signing_tag
 from .errors import CoreFormatError
@@ -28,8 +29,12 @@ def resign_core(
     signing_key: Ed25519PrivateKey,
     namespace: str | None = None,
     content_key: bytes | None = None,
+    edit_contract: Callable[[contract_pb2.ServingContract], None] | None = None,
 ) -> None:
-    """Verify `source`, then write `target` signed by `signing_key` (namespace kept unless given)."""
+    """Verify `source`, then write `target` signed by `signing_key` (namespace kept unless given).
+
+    `edit_contract` may change the signed contract in place before signing (derived cores,
+    ignition/variants.py); resources are never touched."""
     with open_core(source, content_key=content_key) as core:
         core.verify()
     fd = os.open(source, os.O_RDONLY)
@@ -42,6 +47,8 @@ def resign_core(
         body = core_pb2.DeploymentBody.FromString(core_body.payload.body)
         if namespace is not None:
             body.publisher_namespace = namespace
+        if edit_contract is not None:
+            edit_contract(body.contract)
         body_bytes = body.SerializeToString(deterministic=True)
         signature, public_key = sign(signing_key, PAYLOAD_SIGNING_TAG, body_bytes)
         core_body.payload.CopyFrom(core_pb2.SignedPayload(body=body_bytes, signature=signature, public_key=public_key))
@@ -51,6 +58,8 @@ def resign_core(
         index = core_pb2.ModelIndex.FromString(protected.index)
         if namespace is not None:
             index.publisher_namespace = namespace
+        if edit_contract is not None:
+            edit_contract(index.contract)
         index_bytes = index.SerializeToString(deterministic=True)
         signature, public_key = sign(signing_key, logical_signing_tag(protected.version), index_bytes)
         protected.index, protected.signature, protected.public_key = index_bytes, signature, public_key
