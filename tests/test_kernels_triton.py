@@ -734,6 +734,22 @@ def _speculative_ids_defined() -> None:
         pytest.skip("abi.py does not define the speculative kernels yet")
 
 
+def test_copy_confidence_marks_usable_copies(runner):
+    _speculative_ids_defined()
+    rows, request_slots, draft_capacity = 5, 6, 4
+    check_against_reference(runner, "speculative.copy_confidence.v1", {
+        "confidence": np.full((2, request_slots, draft_capacity), 0.5, np.float32),
+        "proposal_count": np.array([2, 9, 3, 1, 4], np.int32),
+        "proposal_generation": np.array([7, 1, 5, 3, 3], np.int32),
+        "proposal_consumed": np.array([10, 0, 20, 30, 40], np.int32),
+        "row_generation": np.array([7, 1, 6, 3, 3], np.int32),       # row 2's copy is stale
+        "consumed": np.array([10, 0, 20, 30, 40], np.int32),
+        "row_slot": np.array([1, 0, 2, -1, 3], np.int32),
+        "transport_header": np.array([11, 1], np.int32), "live_rows": np.array([4], np.int32)},
+        {"rows": rows, "request_slots": request_slots, "draft_capacity": draft_capacity,
+         "draft_tokens": 3})
+
+
 @pytest.mark.parametrize("packed_capacity", [4, 9, 40])
 def test_allocate_prefixes_by_survival(runner, packed_capacity):
     _speculative_ids_defined()

@@ -88,6 +88,10 @@ def _vocab_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
 
 
 def _per_row(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (a["rows"], 1, 1)
+
+
+def _per_row_over_vocab(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["vocab"] <= c["BLOCK_V"] * c["MAX_CHUNKS"],
              f"vocab {a['vocab']} > BLOCK_V * MAX_CHUNKS = {c['BLOCK_V'] * c['MAX_CHUNKS']}")
     return (a["rows"], 1, 1)
@@ -118,7 +122,7 @@ def _token_tiles_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
 
 def _per_lane(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
-    return _per_row(a, c)
+    return _per_row_over_vocab(a, c)
 
 
 def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
@@ -161,7 +165,7 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
                _vocab_tiles, divisible=("vocab", "histogram_bins")),
     KernelSpec("sampling.draw.v1", "sampling", "draw_tokens",
-               {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row,
+               {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=8, divisible=("vocab",)),
     KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
                _one_program_over_rows),
@@ -174,6 +178,8 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                _page_chunks, divisible=("page_stride", "row_stride")),
     KernelSpec("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},
                _page_chunks, divisible=("page_stride", "row_stride")),
+    KernelSpec("speculative.copy_confidence.v1", "speculative", "copy_confidence",
+               {"BLOCK_K": 16}, _per_row),
     KernelSpec("speculative.allocate.v1", "speculative", "allocate_prefixes", {"MAX_ROWS": 256},
                _one_program),
     KernelSpec("speculative.expand.v1", "speculative", "expand_block",

@@ -46,6 +46,32 @@ def allocate_prefixes(lengths, confidence, prefix_limit, row_slot, transport_hea
 
 
 @triton.jit
+def copy_confidence(confidence, proposal_count, proposal_generation, proposal_consumed,
+                    row_generation, consumed, row_slot, transport_header, live_rows, rows,
+                    request_slots, draft_capacity, draft_tokens,
+                    BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """Confidence of copied proposals for the allocation that follows: 1.0 for each usable
+    copy (fresh generation and consumed endpoint, at most draft_tokens), 0.0 past them, in
+    frame transport_header[1] of confidence f32 [2, request_slots, draft_capacity].
+    Grid (rows,): program r writes row r."""
+    wait_for_predecessors(PDL)
+    r = tl.program_id(0)
+    live = tl.minimum(tl.load(live_rows), rows)
+    alive = r < live
+    fresh = ((tl.load(proposal_generation + r, mask=alive, other=0)
+              == tl.load(row_generation + r, mask=alive, other=1))
+             & (tl.load(proposal_consumed + r, mask=alive, other=0)
+                == tl.load(consumed + r, mask=alive, other=1)))
+    usable = tl.minimum(tl.load(proposal_count + r, mask=alive, other=0), draft_tokens)
+    usable = tl.where(alive & fresh & (tl.load(row_slot + r, mask=alive, other=-1) >= 0), usable,
+                      0)
+    row = confidence + (tl.load(transport_header + 1) * request_slots + r) * draft_capacity
+    for k0 in range(0, draft_capacity, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        tl.store(row + k, tl.where(k < usable, 1.0, 0.0), mask=k < draft_capacity)
+
+
+@triton.jit
 def expand_block(ids, positions, token_slot, token_length, lengths, requested, pending,
                  proposal_ids, proposal_count, proposal_generation, proposal_consumed, row_slot,
                  row_generation, consumed, live_rows, rows, tokens, draft_stride, draft_tokens,
