@@ -279,3 +279,51 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
         assert np.abs(unrestored - expected).max() > 1.0
     finally:
         model.close()
+
+
+# ---- declared accesses are truthful --------------------------------------------------------------
+
+def test_nodes_write_only_through_pointers_their_abi_declares_writable(smollm2_bootstrap):
+    # spec: STA-3, STA-7 (state accesses are derived from the ABI's access marks, so the marks must hold)
+    from helios_backend.kernels import abi
+
+    model = NativeModel.load(smollm2_bootstrap.contract, smollm2_bootstrap.manifest, smollm2_bootstrap.read_resource,
+                             ModelOptions(concurrency=2, cache_pages=8))
+    executor = model.executor
+    nodes_of = {p.name: p.nodes for p in model.manifest.programs}
+
+    def run_checked(program: str, lanes) -> None:
+        model.packer.pack(program, 0, lanes)
+        executor._staging[:] = executor.staging(0)
+        for (function, args), node in zip(executor._programs[program], nodes_of[program]):
+            params = abi.KERNELS[node.kernel].params
+            writable = [a for p, a in zip(params, args) if p.is_pointer and p.access != abi.Access.READ]
+            watched = [(p.name, a, a.copy()) for p, a in zip(params, args)
+                       if p.is_pointer and p.access == abi.Access.READ and a.nbytes < 64 * 2**20
+                       and not any(np.shares_memory(a, w) for w in writable)]
+            function(*args)
+            for name, after, before in watched:
+                assert np.array_equal(after, before, equal_nan=True), f"{node.kernel} wrote its READ param {name}"
+
+    driver = Driver(model)
+    first, second = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT, 4)], [0, 1])
+    from helios_backend.packing import Admission
+    run_checked(model.program(C.OPERATION_INITIALIZATION, 1),
+                [Lane(slot=0, generation=first.generation, admission=Admission.for_prompt(
+                    PROMPT, VOCAB, seed=5, sampling=SamplingParameters(0.5), output_limit=4, eos_ids=(2,)))])
+    for active, prompt, row in ((first, PROMPT, 0), (second, SECOND_PROMPT, -1)):
+        driver._ensure_pages(active, len(prompt) + 1)
+        run_checked(model.program(C.OPERATION_PREFILL, 1, len(prompt)),
+                    [Lane(slot=active.slot, generation=active.generation, tokens=np.asarray(prompt, np.int32),
+                          pages=list(active.pages), snapshot_row=row)])
+    decode = [Lane(slot=a.slot, generation=a.generation, consumed=len(p), pages=list(a.pages))
+              for a, p in ((first, PROMPT), (second, SECOND_PROMPT))]
+    run_checked(model.program(C.OPERATION_DECODE, 2, 2), decode)
+    run_checked(model.program(C.OPERATION_MIXED, 2, 3),
+                [Lane(slot=0, generation=first.generation, consumed=len(PROMPT) + 1, pages=list(first.pages)),
+                 Lane(slot=1, generation=second.generation, consumed=len(SECOND_PROMPT) + 1,
+                      tokens=np.asarray([17, 18], np.int32), pages=list(second.pages))])
+    run_checked(model.program(C.OPERATION_RESTORATION, 1),
+                [Lane(slot=1, generation=second.generation, consumed=len(PROMPT), pages=list(second.pages),
+                      restore_row=0)])
+    model.close()
