@@ -8,7 +8,7 @@ import pytest
 
 from helios_backend.kernels import abi
 from helios_backend.kernels import sampling as sampling_kernels
-from helios_backend.kernels.speculative import allocate_lengths, allocate_prefixes, expand_block
+from helios_backend.kernels.speculative import allocate_lengths, allocate_prefixes, broadcast_rank_zero, expand_block
 
 
 def _brute_force(conf: np.ndarray, ceilings, P: int) -> np.ndarray:
@@ -161,3 +161,37 @@ def test_kernels_are_in_the_abi_table():
         pointers = [p for p in spec.params if p.is_pointer]
         immediates = [p for p in spec.params if not p.is_pointer]
         assert spec.params == tuple(pointers + immediates)   # pointers first, then immediates
+
+
+def test_rank_zero_confidence_is_broadcast_before_allocation():
+    # spec: SPEC-30
+    import threading
+
+    slots, capacity, frame = 2, 3, 1
+    base = np.zeros((2, slots, capacity), np.float32)
+    base[frame] = [[0.6, 0.5, 0.5], [0.6, 0.5, 0.5]]
+    ranks = [base.ravel().copy(), base.ravel().copy()]
+    ranks[1].reshape(base.shape)[frame, 1, 0] = np.nextafter(np.float32(0.6), np.float32(1))  # last-bit drift
+    results: list[list[int] | None] = [None, None]
+    barrier = threading.Barrier(2)
+
+    def rank(r: int) -> None:
+        if r == 0:
+            broadcast_rank_zero(ranks, frame, slots, capacity)
+        barrier.wait()                                   # every rank allocates after the broadcast
+        lengths = np.zeros(2, np.int32)
+        allocate_prefixes(lengths, ranks[r], np.array([4, 4], np.int32), np.array([0, 1], np.int32),
+                          np.array([0, frame], np.int32), np.array([2], np.int32), rows=2,
+                          request_slots=slots, draft_capacity=capacity, confidence_width=3, packed_capacity=3)
+        results[r] = lengths.tolist()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0] == results[1] == [2, 1]
+    # without the broadcast, rank 1 would have admitted its own lane first
+    drifted = base.copy()
+    drifted[frame, 1, 0] = np.nextafter(np.float32(0.6), np.float32(1))
+    assert allocate_lengths(drifted[frame], [4, 4], 3).tolist() == [1, 2]

@@ -127,6 +127,18 @@ def copy_confidence(confidence: np.ndarray, proposal_count: np.ndarray, proposal
             table[r, :min(int(proposal_count[r]), draft_tokens, draft_capacity)] = 1.0
 
 
+def broadcast_rank_zero(rank_confidence: list[np.ndarray], frame: int, request_slots: int,
+                        draft_capacity: int) -> None:
+    """Rank-zero confidence broadcast before allocation (SPEC-30), for thread ranks sharing host
+    memory: every rank's frame of proposal_confidence [2, request_slots, draft_capacity] becomes
+    rank zero's, so every rank allocates the same prefixes even when their drafts' confidences
+    differ in the last bits. (A device executor does the same with an in-graph broadcast.)"""
+    shape = (2, request_slots, draft_capacity)
+    source = rank_confidence[0][:np.prod(shape)].reshape(shape)[frame]
+    for confidence in rank_confidence[1:]:
+        confidence[:np.prod(shape)].reshape(shape)[frame] = source
+
+
 # ---- the verify block -------------------------------------------------------------------------
 
 def expand_block(ids: np.ndarray, positions: np.ndarray, token_slot: np.ndarray, token_length: np.ndarray,
