@@ -19,7 +19,9 @@ Figures (per phase), as vllm reports them:
 - ITL: gap between consecutive token arrivals (tokens arriving together count as one gap
   spread over them, as vllm does for multi-token chunks);
 - TPOT: (E2E - TTFT) / (output tokens - 1), per request;
-- E2E: request start to the terminal event; output tokens/s over the phase's wall time.
+- E2E: request start to the terminal event; output tokens/s over the phase's wall time;
+- gateway CPU per output token, from the gateway's process_cpu_seconds_total: the figure that
+  does not drift with other load on a shared machine.
 p50 / p90 / p99 of each; "added" rows are gateway minus direct at each percentile.
 The gateway phase asks for return_token_ids so each token arrives as its own SSE event and
 counts exactly; that is the observation path a client would use to measure the same thing.
@@ -248,6 +250,14 @@ def started_stack(core: Path, timeout_s: float = 600) -> Iterator[tuple[str, str
             process.kill()
 
 
+async def gateway_cpu_seconds(client: httpx.AsyncClient) -> float:
+    """The gateway process's CPU seconds so far (its /metrics process collector), NaN if absent."""
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    return float("nan")
+
+
 def _rounds(count: int, rounds: int) -> list[list[int]]:
     rounds = max(1, min(rounds, count))
     return [list(range(count))[r::rounds] for r in range(rounds)]
@@ -275,6 +285,7 @@ async def measure(gateway_url: str, triton_url: str, args: argparse.Namespace) -
             def straight_to_triton(i: int):  # type: ignore[no-untyped-def]
                 return direct_request(backend, prompt_ids[i], args.max_tokens, f"bench-{i}")
 
+            cpu_before = await gateway_cpu_seconds(client)
             # rounds alternate which phase goes first, so drifting background load on a shared
             # machine falls on both phases alike
             gateway, direct = PhaseResult("gateway", [], 0.0), PhaseResult("direct", [], 0.0)
@@ -285,7 +296,13 @@ async def measure(gateway_url: str, triton_url: str, args: argparse.Namespace) -
                                            args.request_rate, args.seed + r)
                     phase.timings += part.timings
                     phase.wall_s += part.wall_s
-        return report(gateway, direct, args)
+            gateway_cpu = await gateway_cpu_seconds(client) - cpu_before
+        text = report(gateway, direct, args)
+        if gateway.output_tokens and gateway_cpu == gateway_cpu:  # NaN when the gateway has no such metric
+            # counts the gateway's CPU during both phases; the direct phase never touches it
+            text += (f"\ngateway CPU: {gateway_cpu:.2f} s for {gateway.output_tokens} tokens "
+                     f"= {gateway_cpu / gateway.output_tokens * 1e6:.0f} us per output token")
+        return text
     finally:
         await backend.close()
 

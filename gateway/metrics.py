@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -15,6 +15,8 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_cpu_seconds_total & co: bench/serve.py divides the gateway's CPU by its tokens
+        ProcessCollector(registry=r)
         self.requests = Counter("helios_gateway_requests", "HTTP generation requests by final status",
                                 ["endpoint", "status"], registry=r)
         self.ingress_full = Counter("helios_gateway_ingress_full", "requests refused with 429", registry=r)

@@ -177,16 +177,20 @@ class GatewayService:
 
         if prepared.stream:
             async def chunks():  # type: ignore[no-untyped-def]
-                for chunk in presenter.opening():
-                    yield chunk
+                # one write per backend event: the SSE events it produced (one per token and
+                # delta) go out together, which halves the writes of an observed stream
+                opening = b"".join(presenter.opening())
+                if opening:
+                    yield opening
                 async for event in run.events():
                     if isinstance(event, ChoiceFailed):
                         outcome.status = event.error.status
                         run.cancel()
                         yield presenter.error_event(event.error)
                         return
-                    for chunk in presenter.stream(event):
-                        yield chunk
+                    data = b"".join(presenter.stream(event))
+                    if data:
+                        yield data
 
             return GenerationResponse(permit, on_close, chunks=chunks())
 
