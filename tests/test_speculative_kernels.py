@@ -1,10 +1,7 @@
 """Reference kernels of the SPECULATIVE operation: device prefix allocation and the verify block."""
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
-import pytest
 
 from helios_backend.kernels import abi
 from helios_backend.kernels import sampling as sampling_kernels

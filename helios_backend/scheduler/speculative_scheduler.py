@@ -22,18 +22,17 @@ import numpy as np
 from helios_proto import contract_pb2 as cp
 
 from helios_backend.scheduler.completion import CompletionRows
-from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission, Variant
 from helios_backend.scheduler.request import Request, RequestState
 from helios_backend.scheduler.scheduler import Scheduler, StopFactory
 from helios_backend.scheduler.speculative import (
     Candidate,
     LaneOutcome,
-    SpeculativeLane,
     SpeculativeRound,
     SpeculativeTable,
 )
-from helios_backend.scheduler.variants import VariantTable
 from helios_backend.scheduler.config import SchedulerConfig
+from helios_backend.scheduler.variants import VariantTable
 
 
 @dataclass
@@ -103,7 +102,7 @@ class SpeculativeScheduler(Scheduler):
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
             self._apply(lane, outcome, decode)
 
-    def _apply(self, lane: Lane, outcome: LaneOutcome, decode) -> None:
+    def _apply(self, lane: Lane, outcome: LaneOutcome, decode: Variant) -> None:
         """Each emitted token through the base completion path, as a one-token decode step."""
         req: Request = lane.request
         for j, token in enumerate(outcome.tokens):

@@ -33,12 +33,11 @@ class SpeculativeProgramRunner(ProgramRunner):
         round_.sequence, round_.frame = main.sequence, main.frame
         words = self.executor.wait(main.frame)
         outcomes = validate_completion(self.fmt, words, round_, self.vocab_size, self.max_width)
-        n = len(outcomes)
+        # the base rows carry each lane's last emitted token; the outcomes carry all of them
         return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),
                                np.array([o.consumed for o in outcomes], np.int32),
                                np.array([o.finish for o in outcomes], np.int32), None, None, None,
-                               outcomes=outcomes) if n else SpeculativeRows(
-            np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32), None, None, None)
+                               outcomes=outcomes)
 
     def _packed(self, lane: Lane, operation: int) -> PackedLane:
         packed = super()._packed(lane, operation)
