@@ -339,8 +339,9 @@ def _weight(out_dim: int, in_dim: int) -> np.ndarray:
     return (RNG.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float16)
 
 
-def test_linear_residual(runner):
-    tokens, in_dim, out_dim = 20, 96, 80
+@pytest.mark.parametrize("in_dim", [96, 640])          # one K slice; three (split-K, atomics)
+def test_linear_residual(runner, in_dim):
+    tokens, out_dim = 20, 80
     check_against_reference(runner, "linear.residual.v1", {
         "hidden": RNG.standard_normal((tokens, out_dim)).astype(np.float32),
         "x": RNG.standard_normal((tokens, in_dim)).astype(np.float32),

@@ -66,6 +66,14 @@ def _gemm(n_name: str, m_name: str) -> GridFunction:
     return grid
 
 
+def _split_k_gemm(n_name: str, m_name: str, k_name: str) -> GridFunction:
+    """_gemm tiles times cdiv(K, K_SPLIT) K slices on grid z."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        x, y, _ = _gemm(n_name, m_name)(a, c)
+        return (x, y, cdiv(a[k_name], c["K_SPLIT"]))
+    return grid
+
+
 def _qkv_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["head_dim"] % 2 == 0, "head_dim must be even for RoPE")
     heads = a["q_heads"] + 2 * a["kv_heads"]
@@ -138,7 +146,8 @@ def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
 # (N = vocabulary, 56 MB) has programs to spare: wide N tiles, and BLOCK_M = 64 so up to 64
 # rows read the head once.
 _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}
-_DOWN_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}
+# split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6)
+_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "K_SPLIT": 256}
 _HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
@@ -152,14 +161,15 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                {"BLOCK_T": 16, "BLOCK_D": 128}, _token_tiles, divisible=("dim",)),
     KernelSpec("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
                {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64}, _qkv_rope_store,
-               num_stages=3, divisible=("dim", "head_dim", "page_stride")),
+               num_stages=5, divisible=("dim", "head_dim", "page_stride")),
     KernelSpec("attention.paged.v1", "attention", "paged_attention",
                {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
                num_stages=3, divisible=("head_dim", "page_stride")),
-    KernelSpec("linear.residual.v1", "matmul", "linear_residual", _DOWN_GEMM,
-               _gemm("out_dim", "tokens"), num_stages=3, divisible=("in_dim", "out_dim")),
+    KernelSpec("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
+               _split_k_gemm("out_dim", "tokens", "in_dim"), num_stages=4,
+               divisible=("in_dim", "out_dim")),
     KernelSpec("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
-               _gemm("ffn_dim", "tokens"), num_stages=3, divisible=("dim", "ffn_dim")),
+               _gemm("ffn_dim", "tokens"), num_stages=5, divisible=("dim", "ffn_dim")),
     KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
                _gemm("vocab", "rows"), num_warps=8, num_stages=2, divisible=("dim", "vocab")),
     KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},

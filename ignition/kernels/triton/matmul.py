@@ -47,22 +47,32 @@ def _rstd(sum_sq, K, eps):
 
 
 @triton.jit
-def _weight_tile(w_ptr, out_rows, out_mask, k0, K, BLOCK_K: tl.constexpr):
-    """Transposed tile [BLOCK_K, len(out_rows)] of an f16 [N, K] weight, widened (exactly) to
-    f32 for a DOT_PRECISION dot."""
+def _weight_tile(w_ptr, out_rows, out_mask, k0, k_end, row_stride, BLOCK_K: tl.constexpr):
+    """Transposed tile [BLOCK_K, len(out_rows)] of an f16 [N, row_stride] weight (columns
+    k0 .. min(k0 + BLOCK_K, k_end)), widened (exactly) to f32 for a DOT_PRECISION dot."""
     k = k0 + tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + out_rows[None, :].to(tl.int64) * K + k[:, None],
-                mask=out_mask[None, :] & (k[:, None] < K), other=0.0)
+    w = tl.load(w_ptr + out_rows[None, :].to(tl.int64) * row_stride + k[:, None],
+                mask=out_mask[None, :] & (k[:, None] < k_end), other=0.0)
     return w.to(tl.float32)
 
 
 @triton.jit
 def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PDL: tl.constexpr):
-    """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T."""
+                    K_SPLIT: tl.constexpr, PDL: tl.constexpr):
+    """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T.
+
+    Grid z splits K into K_SPLIT-wide slices (split-K): at decode this multiplies the
+    programs streaming the weight, so each streams less and all of it is in flight at once.
+    The output is an accumulation into the residual anyway, so slices add their partial sums
+    with f32 atomics (summation order, hence the last bits, may vary run to run); with one
+    slice (in_dim <= K_SPLIT) the tile is read, added and written: bit-stable.
+    """
+    k_begin = tl.program_id(2) * K_SPLIT
     if PDL:
-        if tl.program_id(1) == 0:           # one prefetch per weight slice, not per M tile
+        # one prefetch per contiguous [BLOCK_N, in_dim] weight slice (first M tile, first K
+        # slice), not per program
+        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
             prefetch_l2(weight + tl.program_id(0) * BLOCK_N * in_dim,
                         tl.minimum(BLOCK_N, out_dim - tl.program_id(0) * BLOCK_N) * in_dim * 2,
                         256)
@@ -73,16 +83,20 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < n
         col_mask = cols < out_dim
+        k_end = tl.minimum(k_begin + K_SPLIT, in_dim)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, in_dim, BLOCK_K):
+        for k0 in range(k_begin, k_end, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x + rows[:, None] * in_dim + k[None, :],
-                        mask=row_mask[:, None] & (k[None, :] < in_dim), other=0.0)
-            acc = tl.dot(a, _weight_tile(weight, cols, col_mask, k0, in_dim, BLOCK_K), acc,
-                         input_precision=DOT_PRECISION)
+                        mask=row_mask[:, None] & (k[None, :] < k_end), other=0.0)
+            acc = tl.dot(a, _weight_tile(weight, cols, col_mask, k0, k_end, in_dim, BLOCK_K),
+                         acc, input_precision=DOT_PRECISION)
         out = hidden + rows[:, None] * out_dim + cols[None, :]
         out_mask = row_mask[:, None] & col_mask[None, :]
-        tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
+        if tl.num_programs(2) == 1:
+            tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
+        else:
+            tl.atomic_add(out, acc, mask=out_mask, sem="relaxed")
 
 
 @triton.jit
@@ -113,9 +127,9 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
         for k0 in range(0, dim, BLOCK_K):
             a, row_sq = _scaled_rows(hidden, norm_weight, rows, row_mask, k0, dim, BLOCK_K)
             sum_sq += row_sq
-            acc_gate = tl.dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, BLOCK_K), acc_gate,
+            acc_gate = tl.dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, dim, BLOCK_K), acc_gate,
                               input_precision=DOT_PRECISION)
-            acc_up = tl.dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, BLOCK_K),
+            acc_up = tl.dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim, BLOCK_K),
                             acc_up, input_precision=DOT_PRECISION)
         rstd = _rstd(sum_sq, dim, eps)[:, None]
         gate = acc_gate * rstd
@@ -151,7 +165,7 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     for k0 in range(0, dim, BLOCK_K):
         a, row_sq = _scaled_rows(hidden, norm_weight, last, live, k0, dim, BLOCK_K)
         sum_sq += row_sq
-        acc = tl.dot(a, _weight_tile(head, cols, col_mask, k0, dim, BLOCK_K), acc,
+        acc = tl.dot(a, _weight_tile(head, cols, col_mask, k0, dim, dim, BLOCK_K), acc,
                      input_precision=DOT_PRECISION)
     acc = tl.where(live[:, None], acc * _rstd(sum_sq, dim, eps)[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
