@@ -126,6 +126,7 @@ def test_seeded_sampling_matches_plain_decode(model):
 
 
 def test_two_lanes_and_width_one_rounds(model):
+    # spec: CACHE-10
     # spec: SPEC-5
     # spec: SPEC-13
     # spec: SPEC-14
@@ -241,11 +242,14 @@ def _decode_with(prepared, program, edit):
 
 
 def test_descriptor_rejections(prepared):
+    # spec: SPEC-7
     # spec: SPEC-11
     # spec: SPEC-16
     # spec: SPEC-10
     wide = "speculative.r2.w4.t8"
     PreparedContract.decode(prepared.contract, prepared.manifest)
+    with pytest.raises(ContractError):            # B is the graph's captured rows
+        _decode_with(prepared, wide, lambda g: setattr(g.speculative, "batch_capacity", 1))
     with pytest.raises(ContractError):            # D is never inferred from W
         _decode_with(prepared, wide, lambda g: setattr(g.speculative, "draft_tokens", 0))
     with pytest.raises(ContractError):            # P is explicit
@@ -448,3 +452,16 @@ def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(
     [terminal] = [e for e in events if isinstance(e, Terminal)]
     assert terminal.event.finished.reason == tp.FINISH_REASON_CANCELLED
     assert sched.request(0) is None and not sched.has_work()
+
+
+def test_a_graph_without_draft_cursor_must_report_minus_one(model):
+    # spec: CACHE-12
+    driver, actives, round_, words = _one_round(model, REPEATING)
+    fmt = driver.format
+    round_.program = type(round_.program)(**{**round_.program.__dict__, "reports_cursor": False})
+    with pytest.raises(CompletionMismatch, match="draft cursor"):
+        validate_completion(fmt, words, round_, driver.vocab, driver.table.max_width)
+    words = words.copy()
+    words[fmt.header_words + fmt.row["draft_cursor"]] = -1
+    [outcome] = validate_completion(fmt, words, round_, driver.vocab, driver.table.max_width)
+    assert outcome.draft_cursor == -1

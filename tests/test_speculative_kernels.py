@@ -131,6 +131,8 @@ def test_abi_form_reads_the_frame_of_the_transport_header():
 
 
 def test_expand_discards_stale_copies_and_clamps_to_width():
+    # spec: SPEC-8
+    # spec: SPEC-9
     # spec: SPEC-13
     P, B, D = 8, 2, 3
     out = {k: np.zeros(P, np.int32) for k in ("ids", "positions", "token_slot", "token_length")}
@@ -192,3 +194,19 @@ def test_rank_zero_confidence_is_broadcast_before_allocation():
     drifted = base.copy()
     drifted[frame, 1, 0] = np.nextafter(np.float32(0.6), np.float32(1))
     assert allocate_lengths(drifted[frame], [4, 4], 3).tolist() == [1, 2]
+
+
+def test_expand_offers_at_most_D_proposals():
+    # spec: SPEC-8
+    P, D = 6, 2
+    out = {k: np.zeros(P, np.int32) for k in ("ids", "positions", "token_slot", "token_length")}
+    lengths = np.zeros(1, np.int32)
+    expand_block(out["ids"], out["positions"], out["token_slot"], out["token_length"], lengths,
+                 requested=np.array([6], np.int32), pending=np.array([9], np.int32),
+                 proposal_ids=np.array([1, 2, 3, 4], np.int32), proposal_count=np.array([4], np.int32),
+                 proposal_generation=np.array([1], np.int32), proposal_consumed=np.array([0], np.int32),
+                 row_slot=np.array([0], np.int32), row_generation=np.array([1], np.int32),
+                 consumed=np.array([0], np.int32), live_rows=np.array([1], np.int32), rows=1, tokens=P,
+                 draft_stride=4, draft_tokens=D, width=6)
+    assert lengths.tolist() == [D + 1]                    # W = 6 allows more; D = 2 draws are all there are
+    assert out["ids"][:3].tolist() == [9, 1, 2]
