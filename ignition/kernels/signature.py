@@ -16,19 +16,5 @@ def triton_type(param: abi.Param) -> str:
     return _SCALAR[param.kind]
 
 
-# Parameter lists proposed for ids abi.py does not define yet (docs/kernels.md).
-PROPOSED: dict[str, tuple[tuple[str, str], ...]] = {
-    "attention.paged_split.v1": (
-        ("out", "*fp32"), ("q", "*fp32"), ("k_cache", "*fp16"), ("v_cache", "*fp16"),
-        ("positions", "*i32"), ("page_table", "*i32"), ("row_slot", "*i32"),
-        ("geometry", "*i32"), ("partials", "*fp32"), ("arrivals", "*i32"),
-        ("rows", "i32"), ("tokens", "i32"), ("q_heads", "i32"), ("kv_heads", "i32"),
-        ("head_dim", "i32"), ("page_tokens", "i32"), ("pages_per_row", "i32"),
-        ("page_stride", "i64"), ("scale", "fp32"), ("splits", "i32")),
-}
-
-
 def triton_signature(kernel_id: str) -> tuple[tuple[str, str], ...]:
-    if kernel_id not in abi.KERNELS and kernel_id in PROPOSED:
-        return PROPOSED[kernel_id]
     return tuple((p.name, triton_type(p)) for p in abi.kernel(kernel_id).params)
