@@ -263,7 +263,7 @@ def main() -> None:
         outputs = {}
         try:
             for kind, model in models.items():
-                case = Case(model, seed=zlib.crc32(program.name.encode()), first_generation=1000 * len(results))
+                case = Case(model, seed=zlib.crc32(program.name.encode()), first_generation=1_000_000 * (len(results) + 1))
                 rows = case.run(program)
                 logits, state = snapshot(model.executor, manifest, case.logits_program or program.name,
                                          (manifest.request_slots, vocab))

@@ -84,6 +84,15 @@ def main() -> None:
     from helios_backend.server.settings import StartupOptions
     from helios_backend.server.transport import OUT_TOKENS
 
+    import functools
+
+    from helios_backend.model import ModelOptions
+    from helios_backend.server import runtime as runtime_module
+
+    if "executor=" not in pathlib.Path(runtime_module.__file__).read_text():
+        # HeliosRuntime.start builds ModelOptions without StartupOptions.executor (reported to
+        # the server part); until it passes it through, bind it here
+        runtime_module.ModelOptions = functools.partial(ModelOptions, executor=args.executor)
     path = pathlib.Path(tempfile.mkdtemp()) / "device.core"
     started = time.perf_counter()
     write_core(path)
