@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated program names to skip")
     parser.add_argument("--transport", default="auto", choices=["auto", "kernel", "memcpy"])
     parser.add_argument("--no-pdl", action="store_true", help="launch no node with PDL (race check)")
+    parser.add_argument("--greedy-only", action="store_true", help="only the greedy generation runs")
     parser.add_argument("--only", default="", help="comma-separated program names to run (no greedy runs)")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
@@ -259,7 +260,7 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
     for program in [p for p in manifest.programs if p.rank == 0 and p.name not in skip
-                    and (not only or p.name in only)]:
+                    and (not only or p.name in only) and not args.greedy_only]:
         outputs = {}
         try:
             for kind, model in models.items():
