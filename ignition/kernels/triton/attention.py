@@ -8,7 +8,7 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_PRECISION, prefetch_l2,
+from ignition.kernels.triton.common import (DOT_PRECISION, prefetch_l2, scaled_rows,
                                              wait_for_predecessors)
 
 ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
@@ -54,24 +54,35 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
         t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         live = t < n
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc_first = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-        acc_second = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-        for k0 in range(0, dim, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = k < dim
+        # two K-interleaved accumulator pairs: four independent MMA chains (decode latency)
+        first_even = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        first_odd = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        second_even = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        second_odd = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        first_rows = (head * head_dim + first)[None, :] * dim
+        second_rows = (head * head_dim + second)[None, :] * dim
+        for k0 in range(0, dim, 2 * BLOCK_K):
             # RMSNorm's 1/rms is a per-row scalar: multiply x * g now, scale rows at the end
-            x = tl.load(hidden + t[:, None] * dim + k[None, :],
-                        mask=live[:, None] & k_mask[None, :], other=0.0)
-            sum_sq += tl.sum(x * x, axis=1)
-            g = tl.load(norm_weight + k, mask=k_mask, other=0.0).to(tl.float32)
-            a = x * g[None, :]
-            w_mask = pair_mask[None, :] & k_mask[:, None]
-            w_first = tl.load(qkv_weight + (head * head_dim + first)[None, :] * dim + k[:, None],
-                              mask=w_mask, other=0.0)
-            w_second = tl.load(qkv_weight + (head * head_dim + second)[None, :] * dim + k[:, None],
-                               mask=w_mask, other=0.0)
-            acc_first = tl.dot(a, w_first.to(tl.float32), acc_first, input_precision=DOT_PRECISION)
-            acc_second = tl.dot(a, w_second.to(tl.float32), acc_second, input_precision=DOT_PRECISION)
+            a0, sq0 = scaled_rows(hidden, norm_weight, t, live, k0, dim, BLOCK_K)
+            a1, sq1 = scaled_rows(hidden, norm_weight, t, live, k0 + BLOCK_K, dim, BLOCK_K)
+            sum_sq += sq0 + sq1
+            k = k0 + tl.arange(0, BLOCK_K)
+            mask0 = pair_mask[None, :] & (k < dim)[:, None]
+            mask1 = pair_mask[None, :] & (k + BLOCK_K < dim)[:, None]
+            first_even = tl.dot(a0, tl.load(qkv_weight + first_rows + k[:, None], mask=mask0,
+                                            other=0.0).to(tl.float32), first_even,
+                                input_precision=DOT_PRECISION)
+            first_odd = tl.dot(a1, tl.load(qkv_weight + first_rows + (k + BLOCK_K)[:, None],
+                                           mask=mask1, other=0.0).to(tl.float32), first_odd,
+                               input_precision=DOT_PRECISION)
+            second_even = tl.dot(a0, tl.load(qkv_weight + second_rows + k[:, None], mask=mask0,
+                                             other=0.0).to(tl.float32), second_even,
+                                 input_precision=DOT_PRECISION)
+            second_odd = tl.dot(a1, tl.load(qkv_weight + second_rows + (k + BLOCK_K)[:, None],
+                                            mask=mask1, other=0.0).to(tl.float32), second_odd,
+                                input_precision=DOT_PRECISION)
+        acc_first = first_even + first_odd
+        acc_second = second_even + second_odd
         rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
         acc_first = acc_first * rstd[:, None]
         acc_second = acc_second * rstd[:, None]

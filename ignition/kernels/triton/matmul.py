@@ -21,24 +21,8 @@ weight stream overlaps the current node.
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_PRECISION, prefetch_l2,
+from ignition.kernels.triton.common import (DOT_PRECISION, prefetch_l2, scaled_rows,
                                              wait_for_predecessors)
-
-
-@triton.jit
-def _scaled_rows(x_ptr, norm_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr):
-    """(x * norm_weight) f32 [BLOCK_M, BLOCK_K] and its per-row sum of x^2 (for the rstd).
-
-    RMSNorm's 1/rms is a per-row scalar, so it factors out of the GEMM: the kernels multiply
-    x * g by the weights and scale the accumulator rows at the end. One pass over x, and the
-    weight stream starts at once instead of after a separate norm pass.
-    """
-    k = k0 + tl.arange(0, BLOCK_K)
-    k_mask = k < K
-    x = tl.load(x_ptr + rows[:, None] * K + k[None, :],
-                mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-    g = tl.load(norm_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-    return x * g[None, :], tl.sum(x * x, axis=1)
 
 
 @triton.jit
@@ -84,13 +68,20 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
         row_mask = rows < n
         col_mask = cols < out_dim
         k_end = tl.minimum(k_begin + K_SPLIT, in_dim)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(k_begin, k_end, BLOCK_K):
+        # two K-interleaved accumulators: two independent MMA chains
+        acc_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_odd = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_begin, k_end, 2 * BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(x + rows[:, None] * in_dim + k[None, :],
-                        mask=row_mask[:, None] & (k[None, :] < k_end), other=0.0)
-            acc = tl.dot(a, _weight_tile(weight, cols, col_mask, k0, k_end, in_dim, BLOCK_K),
-                         acc, input_precision=DOT_PRECISION)
+            a0 = tl.load(x + rows[:, None] * in_dim + k[None, :],
+                         mask=row_mask[:, None] & (k[None, :] < k_end), other=0.0)
+            a1 = tl.load(x + rows[:, None] * in_dim + (k + BLOCK_K)[None, :],
+                         mask=row_mask[:, None] & ((k + BLOCK_K)[None, :] < k_end), other=0.0)
+            acc_even = tl.dot(a0, _weight_tile(weight, cols, col_mask, k0, k_end, in_dim,
+                                               BLOCK_K), acc_even, input_precision=DOT_PRECISION)
+            acc_odd = tl.dot(a1, _weight_tile(weight, cols, col_mask, k0 + BLOCK_K, k_end, in_dim,
+                                              BLOCK_K), acc_odd, input_precision=DOT_PRECISION)
+        acc = acc_even + acc_odd
         out = hidden + rows[:, None] * out_dim + cols[None, :]
         out_mask = row_mask[:, None] & col_mask[None, :]
         if tl.num_programs(2) == 1:
@@ -122,18 +113,28 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
         row_mask = rows < n
         col_mask = cols < ffn_dim
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, dim, BLOCK_K):
-            a, row_sq = _scaled_rows(hidden, norm_weight, rows, row_mask, k0, dim, BLOCK_K)
-            sum_sq += row_sq
-            acc_gate = tl.dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, dim, BLOCK_K), acc_gate,
-                              input_precision=DOT_PRECISION)
-            acc_up = tl.dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim, BLOCK_K),
-                            acc_up, input_precision=DOT_PRECISION)
+        # two K-interleaved accumulator pairs: four independent MMA chains instead of two,
+        # since at decode the dependent chain, not bandwidth, bounds the kernel
+        gate_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        gate_odd = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up_odd = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, dim, 2 * BLOCK_K):
+            k1 = k0 + BLOCK_K
+            a0, sq0 = scaled_rows(hidden, norm_weight, rows, row_mask, k0, dim, BLOCK_K)
+            a1, sq1 = scaled_rows(hidden, norm_weight, rows, row_mask, k1, dim, BLOCK_K)
+            sum_sq += sq0 + sq1
+            gate_even = tl.dot(a0, _weight_tile(gate_up, cols, col_mask, k0, dim, dim, BLOCK_K),
+                               gate_even, input_precision=DOT_PRECISION)
+            gate_odd = tl.dot(a1, _weight_tile(gate_up, cols, col_mask, k1, dim, dim, BLOCK_K),
+                              gate_odd, input_precision=DOT_PRECISION)
+            up_even = tl.dot(a0, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim,
+                                              BLOCK_K), up_even, input_precision=DOT_PRECISION)
+            up_odd = tl.dot(a1, _weight_tile(gate_up, cols + ffn_dim, col_mask, k1, dim, dim,
+                                             BLOCK_K), up_odd, input_precision=DOT_PRECISION)
         rstd = _rstd(sum_sq, dim, eps)[:, None]
-        gate = acc_gate * rstd
-        act = gate / (1.0 + tl.exp(-gate)) * (acc_up * rstd)
+        gate = (gate_even + gate_odd) * rstd
+        act = gate / (1.0 + tl.exp(-gate)) * ((up_even + up_odd) * rstd)
         tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
                  mask=row_mask[:, None] & col_mask[None, :])
 
@@ -163,7 +164,7 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, dim, BLOCK_K):
-        a, row_sq = _scaled_rows(hidden, norm_weight, last, live, k0, dim, BLOCK_K)
+        a, row_sq = scaled_rows(hidden, norm_weight, last, live, k0, dim, BLOCK_K)
         sum_sq += row_sq
         acc = tl.dot(a, _weight_tile(head, cols, col_mask, k0, dim, dim, BLOCK_K), acc,
                      input_precision=DOT_PRECISION)
