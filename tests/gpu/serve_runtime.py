@@ -84,7 +84,7 @@ def main() -> None:
     from helios_backend.server.settings import StartupOptions
     from helios_backend.server.transport import OUT_TOKENS
 
-    import functools
+    import dataclasses
 
     from helios_backend.model import ModelOptions
     from helios_backend.server import runtime as runtime_module
@@ -92,7 +92,9 @@ def main() -> None:
     if "executor=" not in pathlib.Path(runtime_module.__file__).read_text():
         # HeliosRuntime.start builds ModelOptions without StartupOptions.executor (reported to
         # the server part); until it passes it through, bind it here
-        runtime_module.ModelOptions = functools.partial(ModelOptions, executor=args.executor)
+        runtime_module.ModelOptions = dataclasses.make_dataclass(
+            "ModelOptions", [("executor", str, dataclasses.field(default=args.executor))],
+            bases=(ModelOptions,), frozen=True)
     path = pathlib.Path(tempfile.mkdtemp()) / "device.core"
     started = time.perf_counter()
     write_core(path)
