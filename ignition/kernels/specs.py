@@ -153,8 +153,9 @@ _HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
 # before its ABI entry does.
 KERNEL_SPECS: tuple[KernelSpec, ...] = (
+    # BLOCK_T x MAX_ROWS compare matrix per program: keep it small for decode (tokens = rows)
     KernelSpec("step.geometry.v1", "tokens", "step_geometry",
-               {"BLOCK_T": 128, "MAX_ROWS": 256}, _step_geometry),
+               {"BLOCK_T": 32, "MAX_ROWS": 256}, _step_geometry),
     KernelSpec("tokens.select_input.v1", "tokens", "select_input_ids",
                {"BLOCK_T": 256}, _token_tiles),
     KernelSpec("embedding.gather.v1", "tokens", "embed_tokens",
