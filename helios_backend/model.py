@@ -106,6 +106,7 @@ class NativeModel:
         self.executor = executor
         self.packer = packer
         self.concurrency = concurrency
+        self._slot_generations = [0] * manifest.request_slots
         self.manifests: tuple[RankGeometry, ...] = tuple(
             RankGeometry(rank=rank, request_slots=manifest.request_slots, concurrency=concurrency,
                          cache_pages=executor.cache_pages, page_tokens=contract.model.cache.page_tokens,
@@ -137,8 +138,16 @@ class NativeModel:
                              if (g.operation, g.capacity.rows, g.capacity.tokens) in selected)
         executor = factory(contract, manifest, read_resource, options, programs)
         frames = [executor.staging(f) for f in range(max(1, manifest.transport.frames))]
-        packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
+        packer = Packer(graphs, manifest.transport, manifest.request_slots, frames,     # row widths of older cores:
+                        layout_graphs=[g for g in contract.model.graphs if g.rank == options.rank])  # every graph
         return cls(contract, manifest, graphs, executor, packer, concurrency)
+
+    def next_generation(self, slot: int) -> int:
+        """A fresh generation for a physical slot being (re)assigned: packing then forgets the
+        page-table entries it remembers for the slot (BND-34). One counter per model, so drivers
+        sharing a model never reuse a (slot, generation) pair."""
+        self._slot_generations[slot] += 1
+        return self._slot_generations[slot]
 
     def program(self, operation: int, rows: int, tokens: int = 0) -> str:
         """The smallest loaded variant of `operation` with >= rows rows and >= tokens packed tokens."""

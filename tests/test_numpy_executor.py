@@ -102,6 +102,11 @@ def test_results_do_not_depend_on_physical_page_ids(smollm2_model):
     order = first + [p for p in range(pages) if p not in first]
     scattered = prefill_logits(smollm2_model, PROMPT, chunk=64, page_order=order)[23]
     assert np.array_equal(ordered, scattered)
+    # the step really ran on the scattered pages: slot 0's page-table row in the frame
+    table = next(d for d in smollm2_model.manifest.transport.destinations if d.name == "page_table")
+    frame = smollm2_model.executor.staging(0)
+    row = frame[table.byte_offset:table.byte_offset + 8].view(np.int32)
+    assert row.tolist() == [97, 3]
 
 
 def test_results_do_not_depend_on_page_size(smollm2_model):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from helios_backend.bootstrap import Bootstrap
 from helios_backend.core import open_core
@@ -53,12 +53,25 @@ def sampling_from_args(args: argparse.Namespace, bootstrap: Bootstrap) -> Sampli
 
 
 def generate_reply(bootstrap: Bootstrap, model: NativeModel, prompt: str, max_tokens: int,
-                   sampling: SamplingParameters, seed: int = 0) -> tuple[str, GenerationResult]:
+                   sampling: SamplingParameters, seed: int = 0,
+                   on_text: Optional[Callable[[str], None]] = None) -> tuple[str, GenerationResult]:
+    """The reply text (EOS ids dropped); `on_text` receives it piece by piece as tokens arrive."""
     ids = encode_chat(bootstrap.chat_template, bootstrap.tokenizer, [{"role": "user", "content": prompt}]).ids
-    [result] = Driver(model).generate([GenerationRequest(ids, max_tokens, sampling, seed)])
     eos = set(bootstrap.eos_token_ids)
-    text_ids = [t for t in result.tokens if t not in eos]
-    return bootstrap.tokenizer.decode(text_ids), result
+    decoder = bootstrap.tokenizer.incremental_decoder()
+    pieces: list[str] = []
+
+    def on_token(_: int, token: int) -> None:
+        if token not in eos:
+            pieces.append(decoder.feed_one(token))
+            if on_text is not None and pieces[-1]:
+                on_text(pieces[-1])
+
+    [result] = Driver(model, on_token=on_token).generate([GenerationRequest(ids, max_tokens, sampling, seed)])
+    pieces.append(decoder.finish())
+    if on_text is not None and pieces[-1]:
+        on_text(pieces[-1])
+    return "".join(pieces), result
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -73,9 +86,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
                                  ModelOptions(concurrency=1, cache_pages=args.cache_pages))
         max_tokens = args.max_tokens or bootstrap.prepared.defaults.max_output_tokens or 256
-        text, _ = generate_reply(bootstrap, model, args.prompt, max_tokens, sampling_from_args(args, bootstrap),
-                                 args.seed)
-        print(text)
+        generate_reply(bootstrap, model, args.prompt, max_tokens, sampling_from_args(args, bootstrap), args.seed,
+                       on_text=lambda piece: print(piece, end="", flush=True))
+        print()
         model.close()
     finally:
         bootstrap.close()

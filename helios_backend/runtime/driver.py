@@ -11,7 +11,7 @@ and the completion records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -55,6 +55,7 @@ class _Active:
     generation: int
     pages: list[int] = field(default_factory=list)
     consumed: int = 0
+    index: int = 0                                  # position in the generate() request list
     result: GenerationResult = field(default_factory=GenerationResult)
 
 
@@ -73,10 +74,14 @@ class PageAllocator:
         self._free.extend(pages)
 
 
+TokenCallback = Callable[[int, int], None]   # (request index, token id), as each token is recorded
+
+
 class Driver:
     def __init__(self, model: NativeModel, page_order: Optional[Sequence[int]] = None,
-                 prefill_chunk: Optional[int] = None) -> None:
+                 prefill_chunk: Optional[int] = None, on_token: Optional[TokenCallback] = None) -> None:
         self.model = model
+        self.on_token = on_token
         self.page_tokens = model.contract.model.cache.page_tokens
         pages = model.manifests[0].cache_pages
         self.pages = PageAllocator(page_order if page_order is not None else range(pages))
@@ -84,7 +89,6 @@ class Driver:
         self.prefill_chunk = prefill_chunk or max(prefill)
         self.eos_ids = tuple(model.contract.defaults.eos_token_ids)
         self.histogram_bins = model.contract.model.vocabulary.histogram_bins
-        self._generation = 0
 
     # ---- one step ------------------------------------------------------------------------
     def step(self, program: str, lanes: Sequence[Lane], frame: int = 0) -> np.ndarray:
@@ -106,9 +110,8 @@ class Driver:
     # ---- phases --------------------------------------------------------------------------
     def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
         actives = []
-        for request, slot in zip(requests, slots):
-            self._generation += 1
-            active = _Active(request, slot, self._generation)
+        for index, (request, slot) in enumerate(zip(requests, slots)):
+            active = _Active(request, slot, self.model.next_generation(slot), index=index)
             admission = Admission.for_prompt(request.prompt, self.histogram_bins, request.seed, request.sampling,
                                              request.max_tokens, request.eos_ids or self.eos_ids)
             lane = Lane(slot=slot, generation=active.generation, admission=admission)
@@ -140,9 +143,10 @@ class Driver:
             active.consumed += 1
             self._record(active, row)
 
-    @staticmethod
-    def _record(active: _Active, row: np.ndarray) -> None:
+    def _record(self, active: _Active, row: np.ndarray) -> None:
         active.result.tokens.append(int(row[_ROW["token"]]))
+        if self.on_token is not None:
+            self.on_token(active.index, int(row[_ROW["token"]]))
         finish = int(row[_ROW["finish"]])
         if finish == FINISH_EOS:
             active.result.finish = "eos"
