@@ -316,3 +316,27 @@ def test_snapshot_then_restore_copies_the_endpoint_page_through_a_continuation_r
     assert np.array_equal(v_plane[5 * page_stride:6 * page_stride], v_plane[2 * page_stride:3 * page_stride])
     assert completion[:4].tolist() == [11, 1, 8, 2]
     assert completion[4:12].tolist() == [1, 3, -1, 6, 0, 0, -1, -1]
+
+
+def test_logprobs_are_the_log_softmax_of_the_sampled_token_and_the_top_n():
+    from helios_backend.kernels.logprobs import logprob_record_words, sampled_logprobs
+    rows, vocab, top_n, base = 3, 97, 20, 6
+    logits = (RNG.standard_normal((rows, vocab)) * 4).astype(np.float32)
+    logits[1, [5, 40]] = logits[1].max() + 2                 # a tie: lower id first
+    sampled = np.array([11, 40, 3], np.int32)
+    completion = np.full(base + rows * logprob_record_words(top_n), 77, np.int32)
+    sampled_logprobs(completion, logits.reshape(-1), sampled, np.array([2, 0, 1], np.int32),
+                     np.array([1, 1, 0], np.int32), np.array([rows], np.int32), rows, vocab, top_n, base)
+    assert (completion[:base] == 77).all()
+    records = completion[base:].reshape(rows, -1)
+    floats = records.view(np.float32)
+    for r in range(2):
+        x = logits[r].astype(np.float64)            # independent: log(exp(x) / sum(exp(x)))
+        expected = np.log(np.exp(x - x.max()) / np.exp(x - x.max()).sum())
+        assert floats[r, 0] == pytest.approx(expected[sampled[r]], abs=1e-6)
+        order = sorted(range(vocab), key=lambda i: (-x[i], i))[:top_n]
+        assert records[r, 1:1 + top_n].tolist() == order
+        np.testing.assert_allclose(floats[r, 1 + top_n:], expected[order], atol=1e-6)
+        assert floats[r, 0] <= 0 and np.all(np.diff(floats[r, 1 + top_n:]) <= 0)
+    assert records[1, 1:3].tolist() == [5, 40]
+    assert records[2, 0] == 0 and (records[2, 1:1 + top_n] == -1).all() and (records[2, 1 + top_n:] == 0).all()

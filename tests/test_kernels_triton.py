@@ -609,6 +609,52 @@ def test_draw_walks_tied_logits_in_id_order(runner):
     assert len(set(out["sampled"].tolist())) > rows // 2
 
 
+def _logprobs_case(runner: "Runner", logits: np.ndarray, sampled: np.ndarray, sample_flag: np.ndarray, top_n: int):
+    """Run sampling.logprobs.v1 and its reference; compare ids exactly, logprobs to 1e-5."""
+    from helios_backend.kernels.logprobs import logprob_record_words
+    rows, vocab = logits.shape
+    base = 12                                       # a header + records in front of the extension
+    completion = np.full(base + rows * logprob_record_words(top_n), 0x7EADBEEF, np.int32)
+    reference_out = {}
+    spec = abi.kernel("sampling.logprobs.v1")
+
+    def reference(completion, *rest):
+        spec.reference(completion, *rest)
+        reference_out["completion"] = completion.copy()
+    compared = abi.KernelSpec(spec.id, tuple(abi.Param(p.name, p.kind, p.dtype, abi.Access.READ)
+                                             for p in spec.params), reference, spec.summary)
+    produced = check_against_reference(runner, "sampling.logprobs.v1", {
+        "completion": completion, "logits": logits, "sampled": sampled,
+        "row_slot": np.arange(rows, dtype=np.int32)[::-1].copy(), "sample_flag": sample_flag,
+        "live_rows": np.array([rows], np.int32)},
+        {"rows": rows, "vocab": vocab, "top_n": top_n, "record_base": base}, spec=compared)
+    got, want = produced["completion"], reference_out["completion"]
+    np.testing.assert_array_equal(got[:base], want[:base])
+    width = logprob_record_words(top_n)
+    got_r = got[base:].reshape(rows, width)
+    want_r = want[base:].reshape(rows, width)
+    np.testing.assert_array_equal(got_r[:, 1:1 + top_n], want_r[:, 1:1 + top_n])       # ids
+    for cols in (slice(0, 1), slice(1 + top_n, width)):                                  # logprobs
+        np.testing.assert_allclose(got_r[:, cols].view(np.float32), want_r[:, cols].view(np.float32),
+                                   atol=1e-5, rtol=0)
+    return got_r
+
+
+@pytest.mark.parametrize("vocab", [304, 8192])
+def test_logprobs_match_the_reference(runner, vocab):
+    rows, top_n = 5, 20
+    logits = RNG.standard_normal((rows, vocab)).astype(np.float32) * 3
+    logits[0, [7, 200, 301]] = logits[0].max() + 1      # tied best: id order
+    logits[1, :] = 0.5                                  # all tied: ids 0..top_n-1
+    logits[2, ::2] = -np.inf                            # a grammar-masked row
+    sampled = np.array([7, 3, 1, 9, 11], np.int32)
+    flag = np.array([1, 1, 1, 1, 0], np.int32)          # the last row sampled nothing
+    records = _logprobs_case(runner, logits, sampled, flag, top_n)
+    assert list(records[0, 1:4]) == [7, 200, 301]
+    assert list(records[1, 1:1 + top_n]) == list(range(top_n))
+    assert (records[4, 1:1 + top_n] == -1).all() and records[4, 0] == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # slot state and completion records
 

@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernels import attention, cache, linear, sampling, speculative, state
+from helios_backend.kernels import attention, cache, linear, logprobs, sampling, speculative, state
 
 POINTER = manifest_pb2.PARAM_KIND_POINTER
 I32 = manifest_pb2.PARAM_KIND_I32
@@ -152,6 +152,11 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("sample_flag", I32_T),
         _i32("rows"), _i32("vocab"),
     ), sampling.draw_tokens, "temperature / top-k / top-p / min-p draw with Philox4x32-10"),
+    KernelSpec("sampling.logprobs.v1", (
+        _ptr("completion", I32_T, W), _ptr("logits", F32_T), _ptr("sampled", I32_T),
+        _ptr("row_slot", I32_T), _ptr("sample_flag", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("vocab"), _i32("top_n"), _i32("record_base"),
+    ), logprobs.sampled_logprobs, "sampled token's log-softmax + top-N alternatives -> logprob extension records"),
     KernelSpec("state.commit.v1", (
         _ptr("completion", I32_T, W), _ptr("pending", I32_T, RW), _ptr("generated", I32_T, RW),
         _ptr("output_histogram", I32_T, RW), _ptr("sampled", I32_T), _ptr("eos_ids", I32_T),

@@ -1,0 +1,76 @@
+"""Reference kernel for sampled-token log-probabilities and the top-N alternatives.
+
+`sampling.logprobs.v1` runs after `sampling.draw.v1` and writes one logprob extension record
+per row into the completion buffer, after the standard records:
+
+    completion = header | rows x standard record | record_base ... rows x logprob record
+    logprob record r = [ logprob f32 | top_ids i32[top_n] | top_logprobs f32[top_n] ]
+
+(f32 values as raw 32-bit words). The manifest's CompletionLayout declares the fields as row
+fields whose word index is past `row_words` (the extension record; the scheduler's
+CompletionFormat resolves them). For a row that sampled:
+
+    logprob        = log_softmax(logits[r])[sampled[r]]
+    top_ids        = the top_n token ids by logit descending, id ascending (the draw's order)
+    top_logprobs   = log_softmax(logits[r])[top_ids]
+
+Rows that sampled nothing (slot -1, a non-final prefill chunk) get logprob 0.0, ids -1 and
+top logprobs 0.0. `logits` is the step's logits buffer as the draw read it: the model's logits
+after `sampling.adjust.v1` (penalties, grammar mask) and before temperature / top-k / top-p /
+min-p. With neutral penalties and no grammar (the default) this is the raw model distribution,
+what vLLM returns by default (logprobs_mode "raw_logprobs"); with penalties or a grammar it is
+the penalized / masked distribution (masked tokens -inf). docs/programs.md discusses the choice.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from helios_backend.kernels.linear import _matrix
+
+
+def logprob_record_words(top_n: int) -> int:
+    return 1 + 2 * int(top_n)
+
+
+def log_softmax_row(x: np.ndarray) -> np.ndarray:
+    """log_softmax in float64 (masked -inf entries stay -inf)."""
+    x = x.astype(np.float64)
+    best = np.max(x)
+    if not np.isfinite(best):
+        return np.full_like(x, -np.inf)
+    return x - (best + np.log(np.sum(np.exp(x - best))))
+
+
+def top_ids_row(x: np.ndarray, top_n: int) -> np.ndarray:
+    """The top_n ids by value descending, id ascending on ties (no full sort)."""
+    vocab = x.size
+    n = min(int(top_n), vocab)
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    boundary = x[np.argpartition(-x, n - 1)[n - 1]]
+    candidates = np.nonzero(x >= boundary)[0]
+    ordered = candidates[np.lexsort((candidates, -x[candidates]))]
+    return ordered[:n]
+
+
+def sampled_logprobs(completion: np.ndarray, logits: np.ndarray, sampled: np.ndarray,
+                     row_slot: np.ndarray, sample_flag: np.ndarray, live_rows: np.ndarray,
+                     rows: int, vocab: int, top_n: int, record_base: int) -> None:
+    """Logprob extension records [rows, 1 + 2 top_n] at completion[record_base:]."""
+    table = _matrix(logits, rows, vocab)
+    width = logprob_record_words(top_n)
+    records = np.zeros((rows, width), dtype=np.int32)
+    records[:, 1:1 + top_n] = -1
+    floats = records.view(np.float32)
+    live = min(int(live_rows[0]), rows)
+    for r in range(live):
+        token = int(sampled[r])
+        if int(row_slot[r]) < 0 or not sample_flag[r] or not 0 <= token < vocab:
+            continue
+        row = table[r]
+        logp = log_softmax_row(row)
+        floats[r, 0] = np.float32(logp[token])
+        ids = top_ids_row(row, top_n)
+        records[r, 1:1 + ids.size] = ids
+        floats[r, 1 + top_n:1 + top_n + ids.size] = logp[ids].astype(np.float32)
+    completion[record_base:record_base + rows * width] = records.ravel()
