@@ -265,13 +265,19 @@ class Packer:
     """Writes the selected graphs' bindings into staging frames; one instance per model."""
 
     def __init__(self, graphs: Sequence[C.GraphContract], transport: M.Transport, request_slots: int,
-                 frames: Sequence[np.ndarray]) -> None:
+                 frames: Sequence[np.ndarray], layout_graphs: Sequence[C.GraphContract] = ()) -> None:
+        """Row widths come from Destination.row_elements. Cores prepared before that field
+        (FMT-8) derive them as elements // most rows of any graph binding the destination, over
+        `graphs` and `layout_graphs` (pass every graph of the contract when `graphs` is a
+        reduced selection)."""
         destinations = {d.name: d for d in transport.destinations}
         row_capacity: dict[str, int] = {}
         for graph in graphs:
             for b in graph.bindings:
                 if b.destination not in destinations:
                     raise PackingError(f"{graph.program}: destination {b.destination!r} is not registered")
+        for graph in list(graphs) + list(layout_graphs):
+            for b in graph.bindings:
                 if b.index in (C.INDEX_MODE_SUBMISSION_ROW, C.INDEX_MODE_ACTIVE_ROW):
                     row_capacity[b.destination] = max(row_capacity.get(b.destination, 0), graph.capacity.rows)
         self._capacity = {g.program: (g.capacity.rows, g.capacity.tokens, g.operation) for g in graphs}
@@ -288,9 +294,15 @@ class Packer:
                 if dtype is None:
                     raise PackingError(f"{where}: destination dtype {C.DType.Name(d.dtype)} is not packable")
                 if b.index in (C.INDEX_MODE_SUBMISSION_ROW, C.INDEX_MODE_ACTIVE_ROW):
-                    width = int(d.elements) // row_capacity[b.destination]
+                    width = int(d.row_elements) or int(d.elements) // row_capacity[b.destination]
+                    if width * graph.capacity.rows > d.elements:
+                        raise PackingError(f"{where}: {d.name} holds {d.elements} < {graph.capacity.rows} rows "
+                                           f"x {width} elements")
                 elif b.index == C.INDEX_MODE_PHYSICAL_ROW:
-                    width = int(d.elements) // request_slots
+                    width = int(d.row_elements) or int(d.elements) // request_slots
+                    if width * request_slots > d.elements:
+                        raise PackingError(f"{where}: {d.name} holds {d.elements} < {request_slots} slots "
+                                           f"x {width} elements")
                 else:
                     width = 1
                 if b.index == C.INDEX_MODE_PACKED_TOKEN and d.elements < graph.capacity.tokens:

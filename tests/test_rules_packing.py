@@ -105,7 +105,129 @@ def test_snapshot_and_restore_sources_are_packed():
     packer.pack(restoration, 1, lanes)
     assert _view(manifest, frames[1], "restore_row")[0] == 1                         # RESTORE_SOURCE
     assert _view(manifest, frames[1], "consumed")[0] == 18
-    # (rows beyond the first: docs/spec-gaps.md bug 1, the row width of these destinations)
+
+
+def test_row_destinations_use_their_declared_row_width(prepared):
+    # spec: BND-8, BND-13, BND-15, SRV-7
+    # row r of a row-indexed destination is element r * row_elements, even when no graph binding
+    # it has as many rows as the destination (docs/spec-gaps.md bug 1)
+    manifest = prepared.manifest
+    graphs = list(prepared.contract.model.graphs)
+    declared = {d.name: d.row_elements for d in manifest.transport.destinations}
+    vocab = prepared.contract.model.vocabulary
+    assert declared["restore_row"] == declared["snapshot_row"] == declared["row_slot"] == 1
+    assert declared["grammar_mask"] == -(-vocab.sampled_tokens // 32) and declared["in_seeds"] == 2
+    assert declared["page_table"] == manifest.max_pages_per_row and declared["prompt_tokens"] == 0
+    frames = _frames(manifest)
+    packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
+    restoration = next(g.program for g in graphs if g.operation == C.OPERATION_RESTORATION and g.capacity.rows == 2)
+    packer.pack(restoration, 1, [Lane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=1),
+                                 Lane(slot=0, generation=2, consumed=20, pages=[1, 2], restore_row=0)])
+    assert _view(manifest, frames[1], "restore_row")[:2].tolist() == [1, 0]
+    lanes = [Lane(slot=s, generation=1, tokens=np.arange(5, dtype=np.int32), pages=[s], snapshot_row=r)
+             for s, r in ((2, 3), (1, 2))]
+    packer.pack("prefill.r2.t64", 0, lanes)
+    assert _view(manifest, frames[0], "snapshot_row")[:2].tolist() == [3, 2]
+    # a reduced selection (concurrency 2) packs the same rows
+    selected = [g for g in graphs if g.capacity.rows <= 2]
+    frames = _frames(manifest)
+    Packer(selected, manifest.transport, manifest.request_slots, frames).pack(
+        "decode.r2.t2", 0, [Lane(slot=3, generation=1, consumed=4, pages=[0]),
+                            Lane(slot=1, generation=1, consumed=9, pages=[1])])
+    assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [3, 1]
+    assert _view(manifest, frames[0], "consumed")[:2].tolist() == [4, 9]
+
+
+def test_row_widths_of_cores_without_declared_widths_are_derived_from_every_graph(prepared):
+    # spec: FMT-8, SRV-7
+    # a core prepared before Destination.row_elements: widths come from the rows of every graph
+    # of the contract binding the destination, also when the selection is reduced
+    manifest = M.ExecutionManifest()
+    manifest.CopyFrom(prepared.manifest)
+    for d in manifest.transport.destinations:
+        d.ClearField("row_elements")
+    graphs = list(prepared.contract.model.graphs)
+    selected = [g for g in graphs if g.capacity.rows <= 2]
+    frames = _frames(manifest)
+    packer = Packer(selected, manifest.transport, manifest.request_slots, frames, layout_graphs=graphs)
+    packer.pack("decode.r2.t2", 0, [Lane(slot=3, generation=1, consumed=4, pages=[0]),
+                                    Lane(slot=1, generation=1, consumed=9, pages=[1])])
+    assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [3, 1]
+    width = manifest.max_pages_per_row
+    assert _view(manifest, frames[0], "page_table")[3 * width:3 * width + 1].tolist() == [0]
+
+
+def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
+    # spec: BND-8, SRV-7
+    # two prompts ending mid-page are snapshotted by one two-row PREFILL, and one two-row
+    # RESTORATION copies both partial pages: each restored lane then computes what recomputing
+    # its whole prompt computes (docs/spec-gaps.md bug 1: the second lane's rows were dropped)
+    from helios_backend.model import ModelOptions, NativeModel
+    from helios_backend.runtime.driver import Driver
+    from tests.engine_fixtures import resource_reader
+    from tests.test_numpy_executor import PROMPT, RESHAPE_TOLERANCE, VOCAB, prefill_logits
+
+    prepared = prepared_in_memory()
+    model = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
+                             ModelOptions(cache_pages=24))
+    try:
+        page_tokens = prepared.contract.model.cache.page_tokens
+        other = PROMPT[:8] + [504, 3575, 282, 4649, 314, 7042, 30, 2] + PROMPT[16:]
+        assert len(PROMPT) == len(other) and len(PROMPT) % page_tokens == 8
+        tails = [[504, 3575, 282, 4649], [1780, 314, 260]]
+        expected = [prefill_logits(model, prompt + tail, chunk=64, slot=0)[len(prompt) + len(tail) - 1]
+                    for prompt, tail in ((PROMPT, tails[0]), (other, tails[1]))]
+        prefill = model.program(C.OPERATION_PREFILL, 2, 2 * len(PROMPT))
+        restoration = model.program(C.OPERATION_RESTORATION, 2)
+        pages = {0: [1, 2], 1: [3, 4]}                       # slot -> pages of the snapshotted prompts
+        for slot in (0, 1, 2, 3):
+            model.packer.forget_slot(slot)
+        lanes = [Lane(slot=s, generation=100, tokens=np.asarray(p, np.int32), pages=pages[s], snapshot_row=r)
+                 for s, p, r in ((0, PROMPT, 2), (1, other, 1))]
+        driver = Driver(model)
+        driver.step(prefill, lanes)
+        # slots 2 and 3 share the complete first pages and restore the partial ones into fresh pages
+        restored = {2: [1, 10], 3: [3, 11]}
+        lanes = [Lane(slot=2, generation=100, consumed=len(PROMPT), pages=restored[2], restore_row=2),
+                 Lane(slot=3, generation=100, consumed=len(other), pages=restored[3], restore_row=1)]
+        assert [int(record[3]) for record in driver.step(restoration, lanes)] == [len(PROMPT)] * 2
+        for slot, tail, want in ((2, tails[0], expected[0]), (3, tails[1], expected[1])):
+            tokens = np.asarray(tail, np.int32)
+            program = model.program(C.OPERATION_PREFILL, 1, tokens.size)
+            driver.step(program, [Lane(slot=slot, generation=100, consumed=len(PROMPT), tokens=tokens,
+                                       pages=restored[slot])])
+            got = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
+            np.testing.assert_allclose(got, want, atol=RESHAPE_TOLERANCE, err_msg=f"slot {slot}")
+    finally:
+        model.close()
+
+
+def test_two_concurrent_requests_finish_with_reduced_concurrency(smollm2_core, smollm2_model):
+    # spec: SRV-7
+    # concurrency 2 selects graphs of at most 2 rows of a 4-slot core; two requests run together
+    from helios_backend.runtime.driver import Driver, GenerationRequest
+    from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+    from helios_backend.server.responses import Stream
+    from helios_backend.server.runtime import HeliosRuntime
+    from helios_backend.server.settings import StartupOptions
+    from tests.engine_fixtures import ACCEPTANCE
+    from tests.test_rules_scheduler import Sender
+
+    prompts = [(1, 9690, 253, 6), (1, 9690, 198, 2683, 359, 5356, 2)]
+    expected = [Driver(smollm2_model).generate([GenerationRequest(list(p), 5)])[0].tokens for p in prompts]
+    runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE, concurrency=2))
+    try:
+        assert runtime.model.concurrency == 2 < runtime.model.manifest.request_slots
+        senders = [Sender(), Sender()]
+        for serial, (sender, prompt) in enumerate(zip(senders, prompts), start=1):
+            runtime.submit(RequestSpec(prompt, 5, SamplingSettings()), Stream(serial, sender))
+        for sender in senders:
+            assert sender.done.wait(60)
+    finally:
+        runtime.stop(drain=True)
+    for sender, tokens in zip(senders, expected):
+        assert sender.finals[0].terminal.WhichOneof("outcome") == "finished", sender.finals[0]
+        assert sender.tokens == tokens and tokens
 
 
 @pytest.mark.parametrize("group, sources", [

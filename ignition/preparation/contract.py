@@ -91,30 +91,33 @@ class DestinationSpec:
     name: str
     dtype: int
     elements: int
+    row_elements: int = 0       # elements per row of a row-indexed destination (Destination.row_elements)
 
 
 def destination_specs(cap: TextCapacities) -> list[DestinationSpec]:
     rows, tokens, admit = cap.request_slots, cap.max_tokens, cap.max_admission_rows
     i32, u32, f32 = C.DTYPE_I32, C.DTYPE_U32, C.DTYPE_F32
+    # row-indexed destinations declare their row width: the packer never infers it from the
+    # rows of the graphs that bind them (those may be fewer than the destination's rows)
     return [
         DestinationSpec(TRANSPORT_HEADER, i32, TRANSPORT_HEADER_WORDS),
-        DestinationSpec("row_slot", i32, rows),
-        DestinationSpec("row_generation", i32, rows),
+        DestinationSpec("row_slot", i32, rows, 1),
+        DestinationSpec("row_generation", i32, rows, 1),
         DestinationSpec("live_rows", i32, 1),
-        DestinationSpec("query_length", i32, rows),
-        DestinationSpec("consumed", i32, rows),
-        DestinationSpec("sample_flag", i32, rows),
+        DestinationSpec("query_length", i32, rows, 1),
+        DestinationSpec("consumed", i32, rows, 1),
+        DestinationSpec("sample_flag", i32, rows, 1),
         DestinationSpec("prefill_row", i32, 1),
         DestinationSpec("prompt_tokens", i32, tokens),
         DestinationSpec("positions", i32, tokens),
-        DestinationSpec("page_table", i32, cap.request_slots * cap.pages_per_row),
-        DestinationSpec("grammar_mask", u32, rows * cap.mask_words),
-        DestinationSpec("in_seeds", u32, admit * 2),
-        DestinationSpec("in_sampling", f32, admit * SAMPLING_PARAMETER_WORDS),
-        DestinationSpec("in_output_limit", i32, admit),
-        DestinationSpec("in_eos_ids", i32, admit * cap.eos_capacity),
-        DestinationSpec("in_histogram", i32, admit * cap.histogram_bins),
-    ] + ([DestinationSpec("snapshot_row", i32, rows), DestinationSpec("restore_row", i32, rows)]
+        DestinationSpec("page_table", i32, cap.request_slots * cap.pages_per_row, cap.pages_per_row),
+        DestinationSpec("grammar_mask", u32, rows * cap.mask_words, cap.mask_words),
+        DestinationSpec("in_seeds", u32, admit * 2, 2),
+        DestinationSpec("in_sampling", f32, admit * SAMPLING_PARAMETER_WORDS, SAMPLING_PARAMETER_WORDS),
+        DestinationSpec("in_output_limit", i32, admit, 1),
+        DestinationSpec("in_eos_ids", i32, admit * cap.eos_capacity, cap.eos_capacity),
+        DestinationSpec("in_histogram", i32, admit * cap.histogram_bins, cap.histogram_bins),
+    ] + ([DestinationSpec("snapshot_row", i32, rows, 1), DestinationSpec("restore_row", i32, rows, 1)]
          if cap.snapshot_rows else [])
 
 
@@ -124,7 +127,7 @@ def build_transport(cap: TextCapacities, frames: int = 2) -> M.Transport:
     for spec in destination_specs(cap):
         offset = _align(offset, DESTINATION_ALIGNMENT)
         transport.destinations.append(M.Destination(name=spec.name, dtype=spec.dtype, byte_offset=offset,
-                                                    elements=spec.elements))
+                                                    elements=spec.elements, row_elements=spec.row_elements))
         offset += spec.elements * dtype_bytes(spec.dtype)
     transport.frame_nbytes = _align(offset, DESTINATION_ALIGNMENT)
     transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS)

@@ -127,14 +127,14 @@ class SpeculativePlan:
     def extend_transport(self, transport: M.Transport, cap: shared.TextCapacities) -> None:
         """Append the proposal destinations and the completion extension (before buffers are declared)."""
         offset = int(transport.frame_nbytes)
-        specs = [("proposal_ids", self.max_rows * self.max_drafts)] + [(n, self.max_rows) for n in
-                                                                        PROPOSAL_DESTINATIONS[1:]]
+        specs = [("proposal_ids", self.max_rows * self.max_drafts, self.max_drafts)] + [
+            (n, self.max_rows, 1) for n in PROPOSAL_DESTINATIONS[1:]]
         if self.allocates:
-            specs.append(("prefix_limit", self.max_rows))
-        for name, elements in specs:
+            specs.append(("prefix_limit", self.max_rows, 1))
+        for name, elements, row_elements in specs:   # row widths declared (Destination.row_elements)
             offset = -(-offset // shared.DESTINATION_ALIGNMENT) * shared.DESTINATION_ALIGNMENT
             transport.destinations.append(M.Destination(name=name, dtype=C.DTYPE_I32, byte_offset=offset,
-                                                        elements=elements))
+                                                        elements=elements, row_elements=row_elements))
             offset += 4 * elements
         transport.frame_nbytes = -(-offset // shared.DESTINATION_ALIGNMENT) * shared.DESTINATION_ALIGNMENT
         transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS

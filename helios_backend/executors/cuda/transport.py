@@ -50,10 +50,10 @@ def binding_extents(graphs: Sequence[contract_pb2.GraphContract],
     """Bytes of each destination that a program's bindings can write: program -> name -> bytes.
 
     Shared packing writes a row-indexed destination as [rows of the program, width] with
-    width = elements / (most rows of any graph binding it), and packed tokens up to the
-    program's token capacity; the rest of the destination is never written for that program,
-    so it need not be copied (a 1-row decode copies one grammar-mask row, not 128). Physical-row
-    and scalar bindings keep the whole destination.
+    width = Destination.row_elements (older cores: elements / most rows of any graph binding
+    it), and packed tokens up to the program's token capacity; the rest of the destination is
+    never written for that program, so it need not be copied (a 1-row decode copies one
+    grammar-mask row, not 128). Physical-row and scalar bindings keep the whole destination.
     """
     destinations = {d.name: d for d in transport.destinations}
     row_capacity: dict[str, int] = {}
@@ -71,7 +71,7 @@ def binding_extents(graphs: Sequence[contract_pb2.GraphContract],
             full = _destination_nbytes(d)
             itemsize = full // max(int(d.elements), 1)
             if b.index in _ROW_MODES:
-                width = int(d.elements) // max(row_capacity[b.destination], 1)
+                width = int(d.row_elements) or int(d.elements) // max(row_capacity[b.destination], 1)
                 nbytes = graph.capacity.rows * width * itemsize
             elif b.index == contract_pb2.INDEX_MODE_PACKED_TOKEN:
                 nbytes = graph.capacity.tokens * itemsize
