@@ -170,17 +170,18 @@ class Target:
 
 
 def _as_values(value, target: Target, length: int) -> np.ndarray:
-    """One lane's value as `length` elements of the destination dtype, padded, offset applied."""
+    """One lane's value as `length` elements of the destination dtype: the offset is added to the
+    values, then the row is padded with the bare padding value (BND-17; like padding rows)."""
     if value is None:
         out = np.full(length, target.binding.padding, dtype=np.int64)
     else:
         out = np.asarray(value)
         if out.ndim == 0:
             out = out.reshape(1)
+        if out.dtype.kind in "iu" and target.binding.offset:
+            out = out + target.binding.offset
         if out.size < length:
             out = np.concatenate([out, np.full(length - out.size, target.binding.padding, dtype=out.dtype)])
-    if out.dtype.kind in "iu" and target.binding.offset:
-        out = out + target.binding.offset
     return out.astype(target.view.dtype, copy=False)
 
 

@@ -325,6 +325,31 @@ def test_offset_and_padding_are_declared_apart_from_the_index_mode(prepared):
         assert {b.index for b in graph.bindings if b.destination == "row_slot"} == {C.INDEX_MODE_SUBMISSION_ROW}
 
 
+def test_offsets_apply_to_values_never_to_padding_inside_a_row(prepared):
+    # spec: BND-17
+    # padding entries inside a row (the short tail of a lane's value, a missing value) carry the
+    # bare declared padding, like padding rows (docs/spec-gaps.md bug 2)
+    manifest = prepared.manifest
+    width = next(d.row_elements for d in manifest.transport.destinations if d.name == "in_eos_ids")
+    assert width >= 3
+    admission = Admission.for_prompt([1, 2], prepared.contract.model.vocabulary.histogram_bins, seed=5,
+                                     sampling=SamplingParameters(), output_limit=9, eos_ids=(2, 0))
+    for offset, padding in ((100, -1), (7, 42), (0, -1)):
+        init, mixed = _graph(prepared, "initialization.r2"), _graph(prepared, "mixed.r2.t17")
+        _rebind(init, "in_eos_ids", offset=offset, padding=padding)
+        _rebind(mixed, "prompt_tokens", offset=offset, padding=padding)
+        graphs = [{init.program: init, mixed.program: mixed}.get(g.program, g) for g in prepared.contract.model.graphs]
+        frames = _frames(manifest)
+        packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
+        packer.pack("initialization.r2", 0, [Lane(slot=1, generation=1, admission=admission)])
+        eos = _view(manifest, frames[0], "in_eos_ids")[:2 * width].tolist()
+        assert eos == [2 + offset, 0 + offset] + [padding] * (width - 2) + [padding] * width
+        packer.pack("mixed.r2.t17", 1, [Lane(slot=2, generation=1, consumed=40, pages=[6]),     # pending token
+                                        Lane(slot=0, generation=5, consumed=3, tokens=np.array([21, 22], np.int32),
+                                             pages=[9])])
+        assert _view(manifest, frames[1], "prompt_tokens")[:3].tolist() == [padding, 21 + offset, 22 + offset]
+
+
 # ---- BND-18, BND-19, BND-31: omitted transfers, scratch, bounded staging ------------------
 
 def test_omitted_transfers_leave_destination_bytes_unchanged(prepared):
