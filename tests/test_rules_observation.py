@@ -320,6 +320,47 @@ def test_executor_ownership_follows_drain_confirmation_not_the_http_timeout(smol
     assert sender.finals[0].terminal.WhichOneof("outcome") == "finished" and len(sender.joined(OUT_TOKENS)) == 3
 
 
+def test_a_stop_timeout_never_releases_the_executor_under_a_running_round(smollm2_core, caplog):
+    # spec: OWN-16, HTTP-16
+    # the round outlives stop's timeout: stop stops admitting and fails the queued work, but the
+    # executor is released only once the worker left its round (docs/spec-gaps.md bug 3)
+    from helios_backend.server.runtime import HeliosRuntime
+    from helios_backend.server.settings import StartupOptions
+    from tests.engine_fixtures import ACCEPTANCE
+
+    runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE))
+    events: list[tuple[str, bool]] = []
+    collect, close = runtime.runner.collect, runtime.model.executor.close
+
+    def slow_collect(plan):  # type: ignore[no-untyped-def]
+        if not events:
+            events.append(("slow round", runtime.worker.alive))
+            time.sleep(2.0)
+            events.append(("round done", runtime.worker.alive))
+        return collect(plan)
+
+    def recording_close() -> None:
+        events.append(("close", runtime.worker.alive))
+        close()
+
+    runtime.runner.collect = slow_collect  # type: ignore[method-assign]
+    runtime.model.executor.close = recording_close  # type: ignore[method-assign]
+    senders = [Recorder(), Recorder()]
+    runtime.submit(RequestSpec((1, 9690, 253, 7), 8, SamplingSettings()), Stream(1, senders[0]))
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runtime.submit(RequestSpec((1, 9690, 253, 8), 8, SamplingSettings()), Stream(2, senders[1]))
+    started = time.monotonic()
+    with caplog.at_level("ERROR", logger="helios.worker"):
+        runtime.stop(drain=True, timeout=0.5)
+    assert time.monotonic() - started >= 1.0                          # joined past the timeout
+    assert events == [("slow round", True), ("round done", True), ("close", False)]
+    assert not [r for r in caplog.records if "submission failed" in r.getMessage()]
+    for sender in senders:                                            # queued work got its final
+        assert len(sender.finals) == 1 and sender.finals[0].terminal.WhichOneof("outcome")
+
+
 # ---- MET-2: what /metrics covers -----------------------------------------------------------
 
 def test_metrics_cover_lifecycle_launches_prefix_snapshots_and_capacity():

@@ -94,9 +94,18 @@ class Worker:
         self._inbox.put(_Cancel(serial))
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Drain: finish admitted requests first. Either way every request gets its final."""
+        """Drain: finish admitted requests first. Either way every request gets its final.
+
+        `timeout` bounds the drain, never the executor's ownership (OWN-16, HTTP-16): when it
+        passes, the worker stops admitting and fails what is left (as drain=False), and stop
+        still returns only once the thread exited, after the fence of its in-flight rounds."""
         self._inbox.put(_Stop(drain))
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("drain did not finish within %.1fs: failing the remaining requests, "
+                        "waiting for the round in flight", timeout)
+            self._inbox.put(_Stop(False))
+            self._thread.join()
 
     @property
     def alive(self) -> bool:
