@@ -95,18 +95,29 @@ def test_chunked_prefill_then_decode_equals_one_shot_prefill(smollm2_model):
 
 
 def test_results_do_not_depend_on_physical_page_ids(smollm2_model):
-    # spec: CON-7
-    pages = smollm2_model.manifests[0].cache_pages
-    ordered = prefill_logits(smollm2_model, PROMPT, chunk=64)[23]
+    # spec: CON-7, BND-34
+    # chunks of 6: every later step reads the keys of earlier steps through the page table
+    model = smollm2_model
+    pages = model.manifests[0].cache_pages
+    ordered = prefill_logits(model, PROMPT, chunk=6)
     first = [97, 3, 41, 12, 100]
     order = first + [p for p in range(pages) if p not in first]
-    scattered = prefill_logits(smollm2_model, PROMPT, chunk=64, page_order=order)[23]
-    assert np.array_equal(ordered, scattered)
+    scattered = prefill_logits(model, PROMPT, chunk=6, page_order=order)
+    assert sorted(ordered) == sorted(scattered) == [5, 11, 17, 23]
+    assert all(np.array_equal(ordered[p], scattered[p]) for p in ordered)
     # the step really ran on the scattered pages: slot 0's page-table row in the frame
-    table = next(d for d in smollm2_model.manifest.transport.destinations if d.name == "page_table")
-    frame = smollm2_model.executor.staging(0)
+    table = next(d for d in model.manifest.transport.destinations if d.name == "page_table")
+    frame = model.executor.staging(0)
     row = frame[table.byte_offset:table.byte_offset + 8].view(np.int32)
     assert row.tolist() == [97, 3]
+    # and the comparison catches a page-table bug: the last chunk again, its first table entry
+    # naming a page that holds other keys (the ordered run's second page) instead of page 97
+    wrong = Lane(slot=0, generation=model.next_generation(0), consumed=18, tokens=np.asarray(PROMPT[18:], np.int32),
+                 pages=[1, 3])
+    Driver(model).step(model.program(C.OPERATION_PREFILL, 1, 6), [wrong])
+    assert frame[table.byte_offset:table.byte_offset + 8].view(np.int32).tolist() == [1, 3]
+    broken = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
+    assert np.abs(broken - scattered[23]).max() > 1.0
 
 
 def test_results_do_not_depend_on_page_size(smollm2_model):
