@@ -521,8 +521,8 @@ def test_startup_runs_every_tuning_producer_before_serving_graphs_are_exposed():
 
 def test_results_do_not_depend_on_page_ids_when_the_page_table_really_changes(smollm2_model):
     # spec: CON-7, BND-34
-    # Driver instances restart generations at 1, so the shared packer would skip re-uploading a
-    # slot's page table (docs/spec-gaps.md bug 4); forget the slot so each run uploads its own.
+    # generations come from the model (NativeModel.next_generation), so each run re-uploads the
+    # slot's page table (BND-34); forgetting the slot as well keeps the check independent of that.
     from helios_backend.runtime.driver import Driver, GenerationRequest
 
     model = smollm2_model
