@@ -425,3 +425,57 @@ def test_user_content_never_becomes_control_tokens(http: httpx.Client, tokenizer
     # the template writes the same markup around both; the forged spelling adds no control id
     assert [t for t in ids["forged"] if t in control] == [t for t in ids["benign"] if t in control]
     assert forged in tokenizer.decode(ids["forged"])
+
+
+# ---- logprobs (issue 5 item 6: sampling.logprobs.v1 records, OpenAI's logprobs object) ----------
+
+def _check_greedy_logprobs(entries: list[Any], count: int) -> None:
+    assert entries
+    for entry in entries:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == count
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+        # greedy: the sampled token is the best alternative, with the same logprob
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-6)
+        assert isinstance(entry.bytes, list) and all(0 <= b < 256 for b in entry.bytes)
+        if "\ufffd" not in entry.token:                  # a whole UTF-8 character: bytes spell the token
+            assert bytes(entry.bytes).decode("utf-8") == entry.token
+
+
+def test_chat_logprobs_with_sdk_json_and_stream(sdk: openai.OpenAI) -> None:
+    one_shot = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=8, temperature=0,
+                                           logprobs=True, top_logprobs=5)
+    content = one_shot.choices[0].logprobs.content
+    _check_greedy_logprobs(content, 5)
+    assert len(content) == one_shot.usage.completion_tokens
+    assert "".join(e.token for e in content).startswith(one_shot.choices[0].message.content.strip()[:5])
+    stream = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=8, temperature=0,
+                                         logprobs=True, top_logprobs=5, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    _check_greedy_logprobs(streamed, 5)
+    assert [e.token for e in streamed] == [e.token for e in content]
+    # the same tokens; a different capacity variant may serve a step (f32 summation order)
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-4)
+
+
+def test_chat_logprobs_without_top_logprobs(sdk: openai.OpenAI) -> None:
+    response = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=4, temperature=0,
+                                           logprobs=True)
+    content = response.choices[0].logprobs.content
+    assert content and all(e.logprob <= 0 and e.top_logprobs == [] for e in content)
+
+
+def test_completions_legacy_logprobs(sdk: openai.OpenAI) -> None:
+    response = sdk.completions.create(model=SERVED_ID, prompt="The capital of France is", max_tokens=4,
+                                      temperature=0, logprobs=3)
+    logprobs = response.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) >= 1
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert value <= 0 and len(top) == 3 and top[token] == pytest.approx(value, abs=1e-6)
+
+
+def test_top_logprobs_beyond_capacity_is_400_naming_the_parameter(http: httpx.Client) -> None:
+    response = http.post("/v1/chat/completions", json=chat_body(QUESTION, 4, logprobs=True, top_logprobs=21))
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "top_logprobs"

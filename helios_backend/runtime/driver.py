@@ -97,7 +97,9 @@ class Driver:
         self.model.packer.pack(program, frame, lanes)
         executor.launch(program, frame)
         words = executor.wait(frame)
-        rows = words[COMPLETION_HEADER_WORDS:].reshape(-1, COMPLETION_ROW_WORDS)[:len(lanes)]
+        # standard records only (logprob extension records may follow the capacity's records)
+        rows = words[COMPLETION_HEADER_WORDS:COMPLETION_HEADER_WORDS + len(lanes) * COMPLETION_ROW_WORDS].reshape(
+            -1, COMPLETION_ROW_WORDS)
         for lane, row in zip(lanes, rows):
             if row[_ROW["slot"]] != lane.slot or row[_ROW["generation"]] != lane.generation:
                 raise CompletionError(f"completion row {row.tolist()} does not match slot {lane.slot}")

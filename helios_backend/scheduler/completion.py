@@ -6,7 +6,10 @@ Words (int32; f32 fields are raw bits):
     row i : [slot, generation, token, consumed, emitted, finish, draft_cursor, reserved_model]
 
 plus optional fields a layout may declare (frame, status, accepted, logprob, top-k);
-fields are found by name, so the word order is the manifest's business.
+fields are found by name, so the word order is the manifest's business. Row fields whose
+word index is at or past row_words live in the row's extension record: extension records
+of (largest field end - row_words) words follow the capacity standard records (the logprob
+records of sampling.logprobs.v1, kernels/logprobs.py).
 
 The scheduler trusts nothing in them: before any lane is retired it checks the
 sequence and frame (submission order, CACHE-16), the row count, and per row the slot
@@ -59,6 +62,7 @@ class CompletionFormat:
     header: dict[str, int]               # role -> word
     row: dict[str, int]
     top_k: int
+    extension_words: int = 0             # words of each row's extension record (0: none)
 
     @classmethod
     def from_layout(cls, layout: mp.CompletionLayout) -> "CompletionFormat":
@@ -67,7 +71,20 @@ class CompletionFormat:
         missing = [n for n in REQUIRED_HEADER if n not in header] + [n for n in REQUIRED_ROW if n not in row]
         if missing:
             raise ConfigurationError(f"completion layout lacks fields {missing}")
-        return cls(layout.header_words, layout.row_words, layout.rows, header, row, layout.top_logprobs)
+        extension = max([f.word + max(f.words, 1) for f in layout.row] + [layout.row_words]) - layout.row_words
+        return cls(layout.header_words, layout.row_words, layout.rows, header, row, layout.top_logprobs, extension)
+
+    def row_words_of(self, words: np.ndarray, n: int) -> np.ndarray:
+        """[n, row_words + extension_words]: the first n standard records with their extensions."""
+        words = np.asarray(words, dtype=np.int32).reshape(-1)
+        body = words[self.header_words:self.header_words + n * self.row_words].reshape(n, self.row_words)
+        if not self.extension_words:
+            return body
+        base = self.header_words + self.capacity * self.row_words
+        if words.size < base + n * self.extension_words:
+            raise CompletionMismatch(f"completion of {words.size} words lacks the extension records")
+        ext = words[base:base + n * self.extension_words].reshape(n, self.extension_words)
+        return np.concatenate([body, ext], axis=1)
 
     @property
     def nwords(self) -> int:
@@ -133,6 +150,8 @@ def parse_and_validate(fmt: CompletionFormat, words: np.ndarray, sub: Submission
         i = int(np.flatnonzero(bad)[0])
         raise CompletionMismatch(f"row {i} sampled id {int(col['token'][i])} outside vocabulary [0, {vocab_size})")
     logprobs = top_ids = top_lp = None
+    if fmt.extension_words and ("logprob" in r or "top_ids" in r):
+        body = fmt.row_words_of(words, n)
     if "logprob" in r:
         logprobs = body[:, r["logprob"]].copy().view(np.float32)
     if fmt.top_k and "top_ids" in r and "top_logprobs" in r:

@@ -38,6 +38,7 @@ from helios_backend.kernels.state import (
     TRANSPORT_HEADER_WORDS,
     geometry_words,
 )
+from helios_backend.kernels.logprobs import logprob_record_words
 from ignition.recorder import Recorder, Ref
 
 C = contract_pb2
@@ -72,6 +73,13 @@ class TextCapacities:
     context_tokens: int
     eos_capacity: int = 4
     snapshot_rows: int = 0      # continuation rows for exact-endpoint snapshots; 0 = no snapshots
+    logprobs: bool = False      # logprob extension records (sampling.logprobs.v1) after the records
+    top_logprobs: int = 0       # top-N alternatives per logprob record (with logprobs)
+
+    @property
+    def logprob_base(self) -> int:
+        """Word offset of the logprob extension records in the completion buffer."""
+        return COMPLETION_HEADER_WORDS + self.request_slots * COMPLETION_ROW_WORDS
 
     @property
     def pages_per_row(self) -> int:
@@ -131,6 +139,8 @@ def build_transport(cap: TextCapacities, frames: int = 2) -> M.Transport:
         offset += spec.elements * dtype_bytes(spec.dtype)
     transport.frame_nbytes = _align(offset, DESTINATION_ALIGNMENT)
     transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS)
+    if cap.logprobs:
+        transport.completion_nbytes += 4 * cap.request_slots * logprob_record_words(cap.top_logprobs)
     return transport
 
 
@@ -141,6 +151,15 @@ def completion_layout(cap: TextCapacities) -> M.CompletionLayout:
         layout.header.append(M.CompletionField(name=name, word=index, words=1, dtype=C.DTYPE_I32))
     for index, name in enumerate(COMPLETION_ROW_FIELDS):
         layout.row.append(M.CompletionField(name=name, word=index, words=1, dtype=C.DTYPE_I32))
+    if cap.logprobs:
+        # words past row_words: the row's logprob extension record at logprob_base (kernels/logprobs.py)
+        first, n = COMPLETION_ROW_WORDS, cap.top_logprobs
+        layout.row.append(M.CompletionField(name="logprob", word=first, words=1, dtype=C.DTYPE_F32))
+        if n:
+            layout.row.append(M.CompletionField(name="top_ids", word=first + 1, words=n, dtype=C.DTYPE_I32))
+            layout.row.append(M.CompletionField(name="top_logprobs", word=first + 1 + n, words=n,
+                                                dtype=C.DTYPE_F32))
+        layout.top_logprobs = n
     return layout
 
 
@@ -374,6 +393,12 @@ def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCap
                consumed=s("consumed"), sample_flag=s("sample_flag"), transport_header=s(TRANSPORT_HEADER),
                live_rows=s("live_rows"), rows=rows, eos_capacity=cap.eos_capacity,
                histogram_bins=cap.histogram_bins, operation=operation)
+    if cap.logprobs:
+        # after the draw: the logits the draw read (penalized / masked, before temperature)
+        rec.launch("sampling.logprobs.v1", "sampling.logprobs", completion=COMPLETION, logits=STEP_SCRATCH.logits,
+                   sampled=STEP_SCRATCH.sampled, row_slot=s("row_slot"), sample_flag=s("sample_flag"),
+                   live_rows=s("live_rows"), rows=rows, vocab=cap.vocab, top_n=cap.top_logprobs,
+                   record_base=cap.logprob_base)
 
 
 def record_initialization(rec: Recorder, transport: M.Transport, cap: TextCapacities, rows: int) -> None:

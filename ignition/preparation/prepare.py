@@ -144,7 +144,8 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         vocab=shape.vocab, request_slots=max(v.rows for v in all_variants),
         max_tokens=max(v.tokens for v in generation),
         max_admission_rows=max(v.rows for v in all_variants if v.operation == C.OPERATION_INITIALIZATION),
-        page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows)
+        page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows,
+        logprobs=not getattr(options, "speculative_variants", ()), top_logprobs=getattr(options, "top_logprobs", 0))
     geometry = KernelLibraryGeometry(kernel_library)
     rec = Recorder(rank=0, geometry=geometry)
     transport = shared.build_transport(cap)

@@ -54,6 +54,9 @@ class RecipeOptions:
     restoration_rows: tuple[int, ...] = (1, 4)
     # SPECULATIVE programs with copied (history) proposals: (B, W, D, P) each; () = none recorded
     speculative_variants: tuple[tuple[int, int, int, int], ...] = ()
+    # top-N alternatives recorded per sampled token (sampling.logprobs.v1; 20 = OpenAI's maximum);
+    # logprob records are recorded when no speculative variants are (those have their own extension)
+    top_logprobs: int = 20
     prepared_pages: int = 512
     max_output_tokens: int = 512
     rope_pairing: int = ROPE_ADJACENT_PAIRS
