@@ -340,3 +340,34 @@ def test_grammar_metrics_on_the_metrics_endpoint(stack: VariantStack) -> None:
     time.sleep(0.5)
     assert stack.backend_metric(suffix, "flare_mixed_grammar_decode_steps_total") >= mixed
     assert stack.backend_metric(suffix, "flare_constrained_max_inflight") == 1
+
+
+# ---- refusals and unconstrained modes ---------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", ["qwen-coder-think", "atem-recipient"])
+@pytest.mark.triton
+@pytest.mark.slow
+# spec: FE-41
+def test_unenforceable_schema_keywords_are_400_naming_the_keyword(stack: VariantStack, suffix: str) -> None:
+    """Never an unconstrained success: a keyword llguidance would not enforce is refused."""
+    refused_answer = {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}
+    with pytest.raises(openai.BadRequestError) as answer:
+        create(stack, suffix, JSON_QUESTION, 8,
+               response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": refused_answer}})
+    assert "not" in answer.value.message and answer.value.body["param"] == "response_format"
+    refused_tool = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    tools = [{"type": "function", "function": {"name": "tag", "parameters": refused_tool}}]
+    with pytest.raises(openai.BadRequestError) as tool:
+        create(stack, suffix, WEATHER_QUESTION, 8, tools=tools, tool_choice="required")
+    assert "uniqueItems" in tool.value.message and tool.value.body["param"] == "tools"
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+@pytest.mark.triton
+@pytest.mark.slow
+# spec: FE-38, FE-41
+def test_tool_choice_none_is_unconstrained_text(stack: VariantStack, suffix: str) -> None:
+    response = create(stack, suffix, WEATHER_QUESTION, 16, tools=TOOLS, tool_choice="none")
+    choice = response.choices[0]
+    assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
+    assert (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
