@@ -27,7 +27,7 @@ import pytest
 from tests.gateway_harness import GatewayProcess
 from tests.triton_server import TritonServer, free_ports, metric_value, model_repository
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +81,7 @@ class VariantGateway(GatewayProcess):
         self.process = subprocess.Popen(
             [sys.executable, "-c", _GATEWAY_FOR_MODEL, model, "--triton", triton_url, "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning"],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=_ROOT)
 
 
 @dataclass
