@@ -267,7 +267,7 @@ class ChatPresenter(Presenter):
             return {"content": delta.text} if delta.text else None
         if isinstance(delta, ReasoningDelta):
             state.reasoning.append(delta.text)
-            return {"reasoning_content": delta.text} if delta.text else None
+            return {"reasoning_content": delta.text, "reasoning": delta.text} if delta.text else None
         if isinstance(delta, ToolCallStart):
             state.tool_calls.append({"id": delta.call_id, "type": "function",
                                      "function": {"name": delta.name, "arguments": ""}})
@@ -291,7 +291,7 @@ class ChatPresenter(Presenter):
     def choice_json(self, index: int, state: _ChoiceState) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(state.content)}
         if state.reasoning:
-            message["reasoning_content"] = "".join(state.reasoning)
+            message["reasoning_content"] = message["reasoning"] = "".join(state.reasoning)
         if state.tool_calls:
             message["tool_calls"] = state.tool_calls
         choice = {"index": index, "message": message,

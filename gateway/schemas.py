@@ -167,6 +167,7 @@ class ResponseMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # the same text (newer clients read this name)
     tool_calls: list[dict[str, Any]] | None = None
 
 
