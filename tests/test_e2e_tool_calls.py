@@ -98,12 +98,14 @@ def create(stack: VariantStack, suffix: str, messages: list[dict[str, Any]], max
 
 def reassemble(chunks: list[Any]) -> dict[str, Any]:
     """The streamed view: content, reasoning, per-index tool calls (every id seen, name, fragments)."""
-    view: dict[str, Any] = {"content": "", "reasoning": "", "calls": {}, "finish": None, "token_ids": []}
+    view: dict[str, Any] = {"content": "", "reasoning": "", "reasoning_alias": "", "calls": {}, "finish": None,
+                            "token_ids": []}
     for chunk in chunks:
         for choice in chunk.choices:
             delta = choice.delta
             view["content"] += delta.content or ""
             view["reasoning"] += getattr(delta, "reasoning_content", None) or ""
+            view["reasoning_alias"] += getattr(delta, "reasoning", None) or ""
             view["token_ids"] += (choice.model_extra or {}).get("token_ids") or []
             for tc in delta.tool_calls or []:
                 call = view["calls"].setdefault(tc.index, {"ids": [], "name": "", "fragments": []})
@@ -241,7 +243,8 @@ def test_named_tool_call_streams_the_same_call(stack: VariantStack, tokenizer: F
     assert streamed["name"] == "get_time" and len(set(streamed["ids"])) == 1 and streamed["ids"][0]
     assert len(streamed["ids"]) >= 1 and streamed["fragments"]
     assert "".join(streamed["fragments"]) == message.tool_calls[0].function.arguments
-    assert view["reasoning"] == (getattr(message, "reasoning_content", None) or "")
+    assert view["reasoning"] == view["reasoning_alias"] == (getattr(message, "reasoning_content", None) or "")
+    assert getattr(message, "reasoning", None) == getattr(message, "reasoning_content", None)
     assert view["content"] == (message.content or "")
     assert view["token_ids"] == one_shot.choices[0].model_extra["token_ids"]
 
@@ -279,6 +282,7 @@ def test_open_reasoning_then_forced_call_streams_reasoning_content(stack: Varian
     print(f"\n[{suffix}] open reasoning: {raw!r}")
     assert view["finish"] == "tool_calls", raw
     assert view["reasoning"].strip(), raw                 # reasoning_content deltas
+    assert view["reasoning_alias"] == view["reasoning"]    # and the same text as `reasoning`
     assert reasoning_markup(variant) in raw and call_markup(variant) in raw
     assert all(line in raw for line in view["reasoning"].split("\n"))   # (ATEM: may span two self frames)
     assert reasoning_markup(variant) not in view["reasoning"] and call_markup(variant) not in view["reasoning"]
