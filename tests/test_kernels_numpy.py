@@ -318,6 +318,15 @@ def test_snapshot_then_restore_copies_the_endpoint_page_through_a_continuation_r
     assert completion[4:12].tolist() == [1, 3, -1, 6, 0, 0, -1, -1]
 
 
+def test_keep_logits_copies_live_sampling_rows_only():
+    from helios_backend.kernels.logprobs import keep_logits
+    logits = RNG.standard_normal((3, 8)).astype(np.float32)
+    raw = np.zeros((3, 8), np.float32)
+    keep_logits(raw.reshape(-1), logits.reshape(-1), np.array([0, 1, 2], np.int32), np.array([1, 0, 1], np.int32),
+                np.array([2], np.int32), 3, 8)
+    assert (raw[0] == logits[0]).all() and (raw[1:] == 0).all()      # row 1 does not sample, row 2 is not live
+
+
 def test_logprobs_are_the_log_softmax_of_the_sampled_token_and_the_top_n():
     from helios_backend.kernels.logprobs import logprob_record_words, sampled_logprobs
     rows, vocab, top_n, base = 3, 97, 20, 6

@@ -640,6 +640,16 @@ def _logprobs_case(runner: "Runner", logits: np.ndarray, sampled: np.ndarray, sa
     return got_r
 
 
+def test_keep_logits_copies_the_sampling_rows(runner):
+    rows, vocab = 4, 2048 + 64
+    raw = np.full((rows, vocab), 9.0, np.float32)
+    out = check_against_reference(runner, "sampling.keep_logits.v1", {
+        "raw_logits": raw, "logits": RNG.standard_normal((rows, vocab)).astype(np.float32),
+        "row_slot": np.array([3, -1, 0, 1], np.int32), "sample_flag": np.array([1, 1, 0, 1], np.int32),
+        "live_rows": np.array([4], np.int32)}, {"rows": rows, "vocab": vocab})
+    assert (out["raw_logits"][1:3] == 9.0).all() and not (out["raw_logits"][[0, 3]] == 9.0).any()
+
+
 @pytest.mark.parametrize("vocab", [304, 8192])
 def test_logprobs_match_the_reference(runner, vocab):
     rows, top_n = 5, 20

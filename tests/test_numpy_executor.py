@@ -197,21 +197,27 @@ def test_completion_records_follow_the_spec(smollm2_model):
     assert row[6] == -1 and row[7] == -1                                     # draft cursor, reserved model field
 
 
-def test_completion_records_carry_the_log_softmax_of_the_step_logits(smollm2_model):
-    # issue 5 item 6: sampling.logprobs.v1 after the draw; logits read back through read_buffer
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2_model, penalty):
+    # issue 5 item 6: sampling.logprobs.v1 after the draw, over the raw logits (vLLM's default)
+    # that sampling.keep_logits.v1 copied before the penalties; read back through read_buffer
+    from helios_backend.packing import SamplingParameters
     from helios_backend.scheduler.completion import CompletionFormat
     fmt = CompletionFormat.from_layout(smollm2_model.manifest.completion)
     top = fmt.top_k
     assert top == 20 and fmt.extension_words == 1 + 2 * top
     driver = Driver(smollm2_model)
-    [active] = driver.admit([GenerationRequest(PROMPT, 4)], [1])
+    sampling = SamplingParameters(repetition_penalty=penalty)
+    [active] = driver.admit([GenerationRequest(PROMPT, 4, sampling=sampling)], [1])
     driver._ensure_pages(active, len(PROMPT) + 1)
     lanes = [Lane(slot=1, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))]
     for program in (smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT)), smollm2_model.program(C.OPERATION_DECODE, 1, 1)):
         smollm2_model.packer.pack(program, 0, lanes)
         smollm2_model.executor.launch(program, 0)
         words = smollm2_model.executor.wait(0)
-        logits = smollm2_model.executor.read_buffer("scratch.logits").view(np.float32)[:VOCAB].astype(np.float64)
+        logits = smollm2_model.executor.read_buffer("scratch.raw_logits").view(np.float32)[:VOCAB].astype(np.float64)
+        adjusted = smollm2_model.executor.read_buffer("scratch.logits").view(np.float32)[:VOCAB]
+        assert np.array_equal(adjusted, logits.astype(np.float32)) == (penalty == 1.0)   # adjust: in place
         expected = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
         row = fmt.row_words_of(words, 1)[0]
         token = int(row[fmt.row["token"]])
@@ -221,7 +227,10 @@ def test_completion_records_carry_the_log_softmax_of_the_step_logits(smollm2_mod
         assert logprob <= 0 and abs(logprob - expected[token]) <= 1e-4
         assert top_ids.tolist() == sorted(range(VOCAB), key=lambda i: (-logits[i], i))[:top]
         np.testing.assert_allclose(top_lps, expected[top_ids], atol=1e-4)
-        assert token == top_ids[0] and logprob == top_lps[0]                  # greedy: the best alternative
+        if penalty == 1.0:
+            assert token == top_ids[0] and logprob == top_lps[0]              # greedy: the best alternative
+        else:                                                                 # greedy over the penalized logits
+            assert token == int(np.argmax(adjusted))
         lanes = [Lane(slot=1, generation=active.generation, consumed=len(PROMPT), tokens=None, pages=list(active.pages))]
 
 

@@ -82,9 +82,9 @@ def test_node_count_per_step_is_five_per_layer_plus_shared(prepared):
         if program.operation in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
             assert count == 1
         elif program.operation == C.OPERATION_PREFILL:
-            assert count == 5 * layers + 2 + 1 + 4 + snapshot   # model, geometry, sampling epilogue (+ logprobs)
+            assert count == 5 * layers + 2 + 1 + 5 + snapshot   # model, geometry, sampling epilogue (+ logprobs: 2)
         else:
-            assert count == 5 * layers + 2 + 2 + 4 + snapshot   # plus the input-id selection
+            assert count == 5 * layers + 2 + 2 + 5 + snapshot   # plus the input-id selection
         assert prepared.node_counts[program.name] == count
 
 

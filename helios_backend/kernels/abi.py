@@ -152,6 +152,11 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("sample_flag", I32_T),
         _i32("rows"), _i32("vocab"),
     ), sampling.draw_tokens, "temperature / top-k / top-p / min-p draw with Philox4x32-10"),
+    KernelSpec("sampling.keep_logits.v1", (
+        _ptr("raw_logits", F32_T, W), _ptr("logits", F32_T), _ptr("row_slot", I32_T),
+        _ptr("sample_flag", I32_T), _ptr("live_rows", I32_T),
+        _i32("rows"), _i32("vocab"),
+    ), logprobs.keep_logits, "copy the sampling rows' raw logits before sampling.adjust (for the logprobs)"),
     KernelSpec("sampling.logprobs.v1", (
         _ptr("completion", I32_T, W), _ptr("logits", F32_T), _ptr("sampled", I32_T),
         _ptr("row_slot", I32_T), _ptr("sample_flag", I32_T), _ptr("live_rows", I32_T),

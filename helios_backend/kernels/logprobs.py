@@ -15,11 +15,12 @@ CompletionFormat resolves them). For a row that sampled:
     top_logprobs   = log_softmax(logits[r])[top_ids]
 
 Rows that sampled nothing (slot -1, a non-final prefill chunk) get logprob 0.0, ids -1 and
-top logprobs 0.0. `logits` is the step's logits buffer as the draw read it: the model's logits
-after `sampling.adjust.v1` (penalties, grammar mask) and before temperature / top-k / top-p /
-min-p. With neutral penalties and no grammar (the default) this is the raw model distribution,
-what vLLM returns by default (logprobs_mode "raw_logprobs"); with penalties or a grammar it is
-the penalized / masked distribution (masked tokens -inf). docs/programs.md discusses the choice.
+top logprobs 0.0. `logits` are the raw model logits: `sampling.adjust.v1` rewrites the step's
+logits in place (penalties, grammar mask), so `sampling.keep_logits.v1` copies the sampling
+rows before it, and the logprobs read that copy. This is what vLLM returns by default
+(logprobs_mode "raw_logprobs": before penalties, temperature, top-k / top-p and masks), so a
+token the grammar or a penalty made impossible still shows its model probability, and
+temperature never changes reported logprobs. docs/programs.md discusses the choice.
 """
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def top_ids_row(x: np.ndarray, top_n: int) -> np.ndarray:
     candidates = np.nonzero(x >= boundary)[0]
     ordered = candidates[np.lexsort((candidates, -x[candidates]))]
     return ordered[:n]
+
+
+def keep_logits(raw_logits: np.ndarray, logits: np.ndarray, row_slot: np.ndarray, sample_flag: np.ndarray,
+                live_rows: np.ndarray, rows: int, vocab: int) -> None:
+    """raw_logits[r] = logits[r] for the live rows that sample (the others are left as they are)."""
+    src, dst = _matrix(logits, rows, vocab), _matrix(raw_logits, rows, vocab)
+    for r in range(min(int(live_rows[0]), rows)):
+        if int(row_slot[r]) >= 0 and sample_flag[r]:
+            dst[r] = src[r]
 
 
 def sampled_logprobs(completion: np.ndarray, logits: np.ndarray, sampled: np.ndarray,

@@ -178,6 +178,8 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("sampling.draw.v1", "sampling", "draw_tokens",
                {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=8, divisible=("vocab",)),
+    KernelSpec("sampling.keep_logits.v1", "logprobs", "keep_logits", {"BLOCK_V": 1024},
+               _vocab_tiles, divisible=("vocab",)),
     KernelSpec("sampling.logprobs.v1", "logprobs", "sampled_logprobs",
                {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=4, divisible=("vocab",)),

@@ -197,6 +197,7 @@ class StepScratch:
     ids: str = "scratch.ids"
     logits: str = "scratch.logits"
     sampled: str = "scratch.sampled"
+    raw_logits: str = "scratch.raw_logits"      # with logprobs: the logits before sampling.adjust
 
 
 STEP_SCRATCH = StepScratch()
@@ -220,6 +221,8 @@ def declare_shared_buffers(rec: Recorder, cap: TextCapacities, transport: M.Tran
     rec.declare(buffer(STEP_SCRATCH.ids, scratch, C.DTYPE_I32, [T]))
     rec.declare(buffer(STEP_SCRATCH.logits, scratch, C.DTYPE_F32, [B, cap.vocab]))
     rec.declare(buffer(STEP_SCRATCH.sampled, scratch, C.DTYPE_I32, [B]))
+    if cap.logprobs:
+        rec.declare(buffer(STEP_SCRATCH.raw_logits, scratch, C.DTYPE_F32, [B, cap.vocab]))
 
 
 def staged(transport: M.Transport, name: str) -> Ref:
@@ -379,6 +382,11 @@ def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacit
 def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCapacities, operation: int,
                              rows: int) -> None:
     s = lambda name: staged(transport, name)  # noqa: E731 - short local alias
+    if cap.logprobs:
+        # logprobs are of the raw model logits (vLLM's default); sampling.adjust works in place
+        rec.launch("sampling.keep_logits.v1", "sampling.keep_logits", raw_logits=STEP_SCRATCH.raw_logits,
+                   logits=STEP_SCRATCH.logits, row_slot=s("row_slot"), sample_flag=s("sample_flag"),
+                   live_rows=s("live_rows"), rows=rows, vocab=cap.vocab)
     rec.launch("sampling.adjust.v1", "sampling.adjust", logits=STEP_SCRATCH.logits, sampling=SLOT_STATE.sampling,
                prompt_histogram=SLOT_STATE.prompt_histogram, output_histogram=SLOT_STATE.output_histogram,
                grammar_mask=s("grammar_mask"), row_slot=s("row_slot"), sample_flag=s("sample_flag"),
@@ -394,8 +402,7 @@ def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCap
                live_rows=s("live_rows"), rows=rows, eos_capacity=cap.eos_capacity,
                histogram_bins=cap.histogram_bins, operation=operation)
     if cap.logprobs:
-        # after the draw: the logits the draw read (penalized / masked, before temperature)
-        rec.launch("sampling.logprobs.v1", "sampling.logprobs", completion=COMPLETION, logits=STEP_SCRATCH.logits,
+        rec.launch("sampling.logprobs.v1", "sampling.logprobs", completion=COMPLETION, logits=STEP_SCRATCH.raw_logits,
                    sampled=STEP_SCRATCH.sampled, row_slot=s("row_slot"), sample_flag=s("sample_flag"),
                    live_rows=s("live_rows"), rows=rows, vocab=cap.vocab, top_n=cap.top_logprobs,
                    record_base=cap.logprob_base)

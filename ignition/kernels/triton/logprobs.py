@@ -1,4 +1,5 @@
-"""sampling.logprobs.v1: the sampled token's log-softmax and the top-N alternatives.
+"""sampling.logprobs.v1: the sampled token's log-softmax and the top-N alternatives, and
+sampling.keep_logits.v1: the raw logits copy they read (sampling.adjust works in place).
 
 Semantics follow helios_backend/kernels/logprobs.py (record layout, ordering: logit
 descending, token id ascending; rows that sampled nothing get logprob 0, ids -1, 0s).
@@ -15,6 +16,21 @@ import triton
 import triton.language as tl
 
 from ignition.kernels.triton.common import wait_for_predecessors
+
+
+@triton.jit
+def keep_logits(raw_logits, logits, row_slot, sample_flag, live_rows, rows, vocab,
+                BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    """sampling.keep_logits.v1: raw_logits[r] = logits[r] for live sampling rows, before
+    sampling.adjust rewrites logits in place. Grid (cdiv(vocab, BLOCK_V), rows)."""
+    wait_for_predecessors(PDL)
+    r = tl.program_id(1)
+    live = tl.minimum(tl.load(live_rows), rows)
+    slot = tl.load(row_slot + r, mask=r < live, other=-1)
+    if (slot >= 0) & (tl.load(sample_flag + r) != 0):
+        v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+        offset = r.to(tl.int64) * vocab + v
+        tl.store(raw_logits + offset, tl.load(logits + offset, mask=v < vocab), mask=v < vocab)
 
 
 @triton.jit
