@@ -80,8 +80,11 @@ async def stream(client: grpcclient.InferenceServerClient, arrays: dict[str, np.
             result.timestamps += stamps.tolist()
         event = item.as_numpy(OUT_EVENT)
         if event is not None:
+            # keep reading until the server closes the stream: cancelling a stream whose
+            # final response was just written races Triton 2.51's shutdown (the model then
+            # stays UNLOADING until the exit timeout)
             result.event = decode_event(event)
-            break
+            continue
         if cancel_after is not None and len(result.tokens) >= cancel_after:
             responses.cancel()
             break

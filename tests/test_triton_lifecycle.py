@@ -11,7 +11,7 @@ import pytest
 from helios_backend.frontend.tokenizer import FrontendTokenizer
 from tests import helios_client as hc
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
-from tests.triton_server import TritonServer, metric_value, model_repository
+from tests.triton_server import TritonServer, metric_value, model_repository, wait_for_metric
 
 pytestmark = pytest.mark.triton
 
@@ -32,8 +32,7 @@ def test_small_cache_preempts_and_every_request_completes(default_core: Path, tm
         prompts = [counting(tok, start) for start in (1, 20, 300, 4000)]
         alone = [hc.run(hc.generate(server.grpc_url, p, hc.greedy(40))) for p in prompts]
         together = hc.run(hc.generate_many(server.grpc_url, [(p, hc.greedy(40)) for p in prompts]))
-        metrics = server.metrics()
-    assert metric_value(metrics, "flare_preemptions_total") > 0
+        assert wait_for_metric(server, "flare_preemptions_total", lambda v: v > 0) > 0
     for a, b in zip(alone, together):
         assert a.outcome == b.outcome == "finished"
         assert len(a.tokens) == 40 and b.tokens == a.tokens
@@ -115,6 +114,7 @@ def test_snapshot_restores_a_partial_page_at_the_exact_endpoint(default_core: Pa
         turn2 = turn1 + tok.encode_untrusted(" tomorrow, please answer")
         first = hc.run(hc.generate(server.grpc_url, turn1, hc.greedy(4)))
         restored = hc.run(hc.generate(server.grpc_url, turn2, hc.greedy(6)))
+        assert wait_for_metric(server, "flare_snapshots_restored_total", lambda v: v >= 1) == 1
         metrics = server.metrics()
     with TritonServer(model_repository(tmp_path / "b", core_path=default_core, snapshot_capacity=0)) as cold_server:
         cold_server.wait_ready()

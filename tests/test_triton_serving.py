@@ -13,9 +13,10 @@ import pytest
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.frontend.tokenizer import FrontendTokenizer
+from helios_backend.server.metrics import FLUSH_S
 from tests import helios_client as hc
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
-from tests.triton_server import TritonServer, metric_value, model_repository
+from tests.triton_server import TritonServer, metric_value, model_repository, wait_for_metric
 
 pytestmark = pytest.mark.triton
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"                  # greedy continues it for a long time
@@ -33,6 +34,12 @@ def server(default_core: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def tokenizer(server: TritonServer) -> FrontendTokenizer:
     assets = hc.run(hc.assets(server.grpc_url))
     return FrontendTokenizer.from_json(assets.tokenizer_json.decode())
+
+
+def settled_metrics(server: TritonServer) -> str:
+    """Metrics once earlier updates were applied (the backend flushes them every 0.25 s)."""
+    time.sleep(3 * FLUSH_S)
+    return server.metrics()
 
 
 def wait_metric(server: TritonServer, name: str, value: float, timeout: float = 30, **labels: str) -> float:
@@ -67,13 +74,13 @@ def test_32_concurrent_streams_match_one_at_a_time(server: TritonServer, tokeniz
     assert sum(len(a.tokens) for a in alone) > 3 * 32           # real generations, not bare EOS
     assert len({tuple(a.tokens) for a in alone}) > 1          # distinct prompts, distinct answers
     assert wait_metric(server, "flare_requests_running", 0) == 0
-    assert metric_value(server.metrics(), "flare_second_frame_rounds_total") > 0   # both frames used
+    assert wait_for_metric(server, "flare_second_frame_rounds_total", lambda v: v > 0) > 0   # both frames used
 
 
 def test_shared_prefix_is_reused_and_reported(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: CACHE-9, OBS-18
     shared = tokenizer.encode_untrusted("You are a terse assistant that answers in one word. " * 4)
     assert len(shared) >= 40                                   # > two complete 16-token pages
-    before = metric_value(server.metrics(), "flare_prefix_reused_tokens_total")
+    before = metric_value(settled_metrics(server), "flare_prefix_reused_tokens_total")
     first = hc.run(hc.generate(server.grpc_url, shared + tokenizer.encode_untrusted(" Sky color?"), hc.greedy(4)))
     again = hc.run(hc.generate(server.grpc_url, shared + tokenizer.encode_untrusted(" Sky color?"), hc.greedy(4)))
     other = hc.run(hc.generate(server.grpc_url, shared + tokenizer.encode_untrusted(" Grass?"), hc.greedy(4)))
@@ -88,7 +95,7 @@ def test_shared_prefix_is_reused_and_reported(server: TritonServer, tokenizer: F
 
 
 def test_cancel_mid_stream_frees_pages(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: CACHE-23, HTTP-6
-    cancelled_before = metric_value(server.metrics(), "flare_requests_finished_total", reason="cancelled")
+    cancelled_before = metric_value(settled_metrics(server), "flare_requests_finished_total", reason="cancelled")
     prompt = tokenizer.encode_untrusted(COUNTING)
     result = hc.run(hc.generate(server.grpc_url, prompt, hc.greedy(1500), cancel_after=3))
     assert len(result.tokens) >= 3 and result.event is None   # the client went away mid-stream
@@ -116,7 +123,8 @@ def test_prompt_beyond_capacity_is_rejected_while_others_continue(server: Triton
     assert (rejection.limit, rejection.requested) == (2047, 2100)
     assert ok.outcome == "finished" and len(ok.tokens) == 12
     assert server.model_ready()
-    assert metric_value(server.metrics(), "flare_requests_rejected_total", reason="prompt_beyond_capacity") >= 1
+    assert wait_for_metric(server, "flare_requests_rejected_total", lambda v: v >= 1,
+                           reason="prompt_beyond_capacity") >= 1
 
 
 def test_invalid_request_gets_a_typed_event(server: TritonServer) -> None:  # spec: HTTP-18, OBS-10
@@ -155,7 +163,7 @@ def test_paused_reader_loses_nothing_and_does_not_stall(server: TritonServer,
                                                         tokenizer: FrontendTokenizer) -> None:  # spec: HTTP-9, HTTP-10
     prompt = tokenizer.encode_untrusted(COUNTING)
     fast = hc.run(hc.generate(server.grpc_url, prompt, hc.greedy(16)))
-    finished = metric_value(server.metrics(), "flare_requests_finished_total")
+    finished = metric_value(settled_metrics(server), "flare_requests_finished_total")
 
     async def until_generation_finished() -> None:
         # the reader stops after its first response; the request must still run to its end
@@ -193,7 +201,7 @@ def test_grammar_constrains_the_output(server: TritonServer, tokenizer: Frontend
 
 
 def test_constrained_and_free_lanes_decode_together(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: MET-6, MET-11
-    before = metric_value(server.metrics(), "flare_mixed_grammar_decode_steps_total")
+    before = metric_value(settled_metrics(server), "flare_mixed_grammar_decode_steps_total")
     constrained = hc.greedy(12)
     constrained.grammar.kind = tp.GRAMMAR_KIND_LARK
     constrained.grammar.text = r'start: /[0-9]+(, [0-9]+)*/'
@@ -205,12 +213,8 @@ def test_constrained_and_free_lanes_decode_together(server: TritonServer, tokeni
         tokens = tokens[:-1]
     # the output is a prefix of the grammar's language (LENGTH may cut it after ", ")
     assert re.fullmatch(r"[0-9]+(, [0-9]+)*(, ?)?", tokenizer.decode(tokens)), tokenizer.decode(tokens)
-    deadline = time.monotonic() + 30
-    while metric_value(server.metrics(), "flare_mixed_grammar_decode_steps_total") == before \
-            and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metric_value(server.metrics(), "flare_mixed_grammar_decode_steps_total") > before
-    assert metric_value(server.metrics(), "flare_constrained_max_inflight") == 1
+    assert wait_for_metric(server, "flare_mixed_grammar_decode_steps_total", lambda v: v > before) > before
+    assert wait_for_metric(server, "flare_constrained_max_inflight", lambda v: v == 1) == 1
 
 
 def test_bad_grammar_is_an_invalid_request(server: TritonServer) -> None:

@@ -175,6 +175,17 @@ class TritonServer:
         self.stop()
 
 
+def wait_for_metric(server: "TritonServer", name: str, predicate, timeout: float = 30, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    """Poll a metric until predicate(value) holds (metrics are applied every ~0.25 s);
+    returns the last value. A bound on waiting, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    value = metric_value(server.metrics(), name, **labels)
+    while not predicate(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = metric_value(server.metrics(), name, **labels)
+    return value
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """Sum of a metric's samples whose labels include `labels` (0 when absent)."""
     total, found = 0.0, False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -23,6 +24,7 @@ class Kind(enum.Enum):
     HISTOGRAM = "histogram"
 
 
+FLUSH_S = 0.25   # coalescing period of metric updates (seconds)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -99,14 +101,32 @@ class MetricBackend(Protocol):
     def create(self, family: Family, labels: dict[str, str]) -> Any: ...
 
 
+def label_sets(family: Family) -> list[dict[str, str]]:
+    """Every label combination a family can take (labels are bounded enums)."""
+    values = {"operation": [v for k, v in OPERATION_LABEL.items() if k], "reason": None, "state": list(PAGE_STATES)}
+    if not family.labels:
+        return [{}]
+    (label,) = family.labels
+    if label == "reason":
+        table = FINISH_LABEL if "finished" in family.name else REJECTION_LABEL
+        return [{label: v} for k, v in table.items() if k]
+    return [{label: v} for v in values[label]]
+
+
 class MetricsThread:
-    """Applies queued updates; handles are created lazily per (family, labels)."""
+    """Applies queued updates. Every handle is created up front, on the thread that builds
+    the MetricsThread (the stub's main thread in `initialize`): creating metrics from a
+    background thread raced with model unload in Triton 2.51 and hung it."""
 
     def __init__(self, backend: MetricBackend, on_error: Callable[[str], None] = lambda m: None) -> None:
         self._backend = backend
         self._on_error = on_error
         self._queue: "queue.SimpleQueue[list[Update] | None]" = queue.SimpleQueue()
         self._handles: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._discard = threading.Event()
+        for family in FAMILIES:
+            for labels in label_sets(family):
+                self._handles[(family.name, tuple(sorted(labels.items())))] = backend.create(family, labels)
         self._thread = threading.Thread(target=self._run, name="helios-metrics", daemon=True)
 
     def start(self) -> None:
@@ -116,26 +136,64 @@ class MetricsThread:
         if updates:
             self._queue.put(updates)
 
-    def stop(self) -> None:
+    def discard(self) -> None:
+        """From now on drop every update (model unload: no more IPC to the server)."""
+        self._discard.set()
+
+    def stop(self, discard: bool = False, timeout: float = 10.0) -> None:
+        """End the thread; with `discard`, queued updates are dropped (model unload)."""
+        if discard:
+            self._discard.set()
         self._queue.put(None)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout)
 
     def _run(self) -> None:
+        # Updates are coalesced and applied at most every FLUSH_S: counters summed, gauges
+        # last value, observations kept. Fewer IPC round trips, and fewer in flight when the
+        # server starts unloading the model (an IPC then blocks the stub until the exit timeout).
+        counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        observed: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
+        deadline = time.monotonic() + FLUSH_S
         while True:
-            batch = self._queue.get()
+            try:
+                batch = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                batch = []
             if batch is None:
+                if not self._discard.is_set():
+                    self._apply(counters, gauges, observed)
                 return
             for name, labels, op, value in batch:
-                try:
-                    handle = self._handle(name, labels)
-                    if op is Op.ADD:
-                        handle.increment(value)
-                    elif op is Op.SET:
-                        handle.set(value)
-                    else:
-                        handle.observe(value)
-                except Exception as exc:  # a broken metric must never stop serving
-                    self._on_error(f"metric {name}: {type(exc).__name__}: {exc}")
+                key = (name, labels)
+                if op is Op.ADD:
+                    counters[key] = counters.get(key, 0.0) + value
+                elif op is Op.SET:
+                    gauges[key] = value
+                else:
+                    observed.append((name, labels, value))
+            if time.monotonic() >= deadline:
+                if not self._discard.is_set():
+                    self._apply(counters, gauges, observed)
+                counters, gauges, observed = {}, {}, []
+                deadline = time.monotonic() + FLUSH_S
+
+    def _apply(self, counters: dict, gauges: dict, observed: list) -> None:  # type: ignore[type-arg]
+        work = ([(k, Op.ADD, v) for k, v in counters.items()] + [(k, Op.SET, v) for k, v in gauges.items()]
+                + [((n, l), Op.OBSERVE, v) for n, l, v in observed])
+        for (name, labels), op, value in work:
+            if self._discard.is_set():
+                return
+            try:
+                handle = self._handle(name, labels)
+                if op is Op.ADD:
+                    handle.increment(value)
+                elif op is Op.SET:
+                    handle.set(value)
+                else:
+                    handle.observe(value)
+            except Exception as exc:  # a broken metric must never stop serving
+                self._on_error(f"metric {name}: {type(exc).__name__}: {exc}")
 
     def _handle(self, name: str, labels: tuple[tuple[str, str], ...]) -> Any:
         key = (name, labels)

@@ -153,12 +153,22 @@ class HeliosRuntime:
         self.worker.cancel(serial)
 
     def stop(self, drain: bool = True, timeout: float = 60.0) -> None:
-        self.worker.stop(drain=drain, timeout=timeout)
-        self.hub.stop()
+        """Drain the worker, deliver every final response, then release the model.
+
+        Metric updates still queued are dropped: during unload each one would be an IPC
+        round trip to a server that is waiting for this very call to return."""
+        start = time.monotonic()
         if isinstance(self.metrics, MetricsThread):
-            self.metrics.stop()
+            self.metrics.discard()
+        self.worker.stop(drain=drain, timeout=timeout)
+        log.info("helios worker stopped after %.2fs", time.monotonic() - start)
+        self.hub.stop()
+        log.info("helios responses flushed after %.2fs", time.monotonic() - start)
+        if isinstance(self.metrics, MetricsThread):
+            self.metrics.stop(discard=True, timeout=1.0)
         self.model.close()
         self.bootstrap.close()
+        log.info("helios runtime stopped after %.2fs", time.monotonic() - start)
 
 
 def _stage(name: str, fn):  # type: ignore[no-untyped-def]
