@@ -479,3 +479,16 @@ def test_top_logprobs_beyond_capacity_is_400_naming_the_parameter(http: httpx.Cl
     response = http.post("/v1/chat/completions", json=chat_body(QUESTION, 4, logprobs=True, top_logprobs=21))
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "top_logprobs"
+
+
+def test_logprobs_are_of_the_raw_distribution_whatever_the_penalty_or_temperature(http: httpx.Client) -> None:
+    # the first token: a repetition penalty rewrites the prompt tokens' logits and temperature
+    # rescales them, but the reported logprobs are of the raw model logits (vLLM's default)
+    def first(**fields: Any) -> dict[str, Any]:
+        body = http.post("/v1/chat/completions", json=chat_body(QUESTION, 1, logprobs=True, top_logprobs=5,
+                                                               **fields)).json()
+        return body["choices"][0]["logprobs"]["content"][0]
+    plain, penalized = first(), first(repetition_penalty=1.8, temperature=0.7, seed=3)
+    assert [t["token"] for t in plain["top_logprobs"]] == [t["token"] for t in penalized["top_logprobs"]]
+    assert [t["logprob"] for t in plain["top_logprobs"]] == pytest.approx(
+        [t["logprob"] for t in penalized["top_logprobs"]], abs=1e-4)
