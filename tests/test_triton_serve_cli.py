@@ -47,7 +47,7 @@ def test_helios_serve_runs_and_drains(default_core: Path, tmp_path: Path) -> Non
         result = hc.run(hc.generate(f"127.0.0.1:{grpc}", [1, 2, 3, 4], hc.greedy(3)))
         assert result.outcome == "finished"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(120) == 0
+        assert proc.wait(120) == 0, (tmp_path / "serve.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
