@@ -10,7 +10,6 @@ same object. Nothing here dispatches on a model name: the core's contract decide
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -26,9 +25,12 @@ from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarSessionError, GrammarTokenizer
 from helios_backend.scheduler.request import RequestSpec
 from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+from helios_backend.scheduler.speculative import SpeculativeOptions, SpeculativeTable
+from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.scheduler.variants import VariantTable
 from helios_backend.server.assets import frontend_assets
 from helios_backend.server.engine import ProgramRunner
+from helios_backend.server.speculative_runner import SpeculativeProgramRunner
 from helios_backend.server.metrics import MetricBackend, MetricsThread, NullMetrics
 from helios_backend.server.responses import ResponseHub, Stream
 from helios_backend.server.settings import EffectiveSettings, SettingsError, StartupOptions, resolve
@@ -62,12 +64,10 @@ class HeliosRuntime:
         bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
         try:
             settings = _stage("startup options", lambda: resolve(options, bootstrap.contract))
-            if options.executor != "numpy" and "executor" not in {f.name for f in dataclasses.fields(ModelOptions)}:
-                raise StartupError(f"startup options: executor {options.executor!r} is not available from "
-                                   "NativeModel.load in this build")
             model = _stage("NativeModel.load", lambda: NativeModel.load(
                 bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
-                ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity)))
+                ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity,
+                             executor=options.executor)))
         except BaseException:
             bootstrap.close()
             raise
@@ -93,10 +93,26 @@ class HeliosRuntime:
             decoder = tokenizer.incremental_decoder() if spec.stops.strings else None
             return HostStopCheck(spec.stops, decoder)
 
-        scheduler = _stage("scheduler", lambda: Scheduler(config, VariantTable.from_graphs(model.graphs), stop_factory))
-        runner = ProgramRunner(model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
-                               vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids),
-                               mask_words=vocab.mask_words or -(-vocab.sampled_tokens // 32))
+        # Speculation is a startup choice (SRV-11): rounds go speculative only when the selected
+        # width exceeds one and the core captured SPECULATIVE programs of those widths.
+        captured_widths = sorted({g.speculative.token_capacity for g in model.graphs
+                                  if g.operation == cp.OPERATION_SPECULATIVE})
+        speculative_options = SpeculativeOptions(
+            enabled=settings.speculative_width > 1 and bool(captured_widths),
+            history_drafting=settings.history_drafting,
+            widths=tuple(w for w in captured_widths if w <= settings.speculative_width) or None)
+        table = _stage("speculative selection", lambda: SpeculativeTable.select(model.graphs, speculative_options))
+        variants = VariantTable.from_graphs(model.graphs)
+        runner_args = (model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
+                       vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids))
+        mask_words = vocab.mask_words or -(-vocab.sampled_tokens // 32)
+        if table.active:
+            scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory))
+            runner: ProgramRunner = SpeculativeProgramRunner(*runner_args, mask_words=mask_words,
+                                                             max_width=table.max_width)
+        else:
+            scheduler = _stage("scheduler", lambda: Scheduler(config, variants, stop_factory))
+            runner = ProgramRunner(*runner_args, mask_words=mask_words)
         grammar_tokenizer = _stage("grammar tokenizer", lambda: GrammarTokenizer.from_json(
             bootstrap.read_resource(contract.model.frontend.tokenizer_resource).decode("utf-8"),
             tuple(contract.defaults.eos_token_ids)))

@@ -1,0 +1,96 @@
+"""Speculation as a startup choice of the serving runtime (HeliosRuntime), on a real core.
+
+A core prepared with SPECULATIVE programs serves speculative rounds only when the startup
+options select a width above one; history drafting is a startup option that needs them.
+The served tokens equal plain serving of the same core token for token.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+from helios_backend.scheduler.scheduler import Scheduler
+from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.server.responses import Stream
+from helios_backend.server.runtime import HeliosRuntime, StartupError
+from helios_backend.server.settings import StartupOptions
+from tests.engine_fixtures import ACCEPTANCE, engine_test_options
+
+VARIANTS = ((2, 1, 0, 2), (2, 4, 3, 8))        # (B, W, D, P)
+REPEATING = tuple(range(100, 110)) * 3          # the model continues the cycle: drafts get accepted
+
+
+class _Sender:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finals: list[object] = []
+        self.done = threading.Event()
+
+    def send(self, arrays, final):  # type: ignore[no-untyped-def]
+        from helios_backend.server.transport import OUT_EVENT, OUT_TOKENS, decode_event
+        self.tokens.extend(arrays[OUT_TOKENS].tolist())
+        if final:
+            self.finals.append(decode_event(arrays[OUT_EVENT]))
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+@pytest.fixture(scope="module")
+def speculative_core(tmp_path_factory: pytest.TempPathFactory):
+    from ignition.cli import prepare_core
+
+    directory = tmp_path_factory.mktemp("speculative-core")
+    target = directory / "speculative.core"
+    prepare_core("smollm2-135m-instruct", target, engine_test_options(speculative_variants=VARIANTS),
+                 key_path=str(directory / "publisher.pem"), kernels=False)
+    return target
+
+
+def _serve(core, **options) -> tuple[list[int], list[str], type]:
+    runtime = HeliosRuntime.start(StartupOptions(core, ACCEPTANCE, **options))
+    launched: list[str] = []
+    launch = runtime.model.executor.launch
+
+    def recording_launch(program, frame):  # type: ignore[no-untyped-def]
+        launched.append(program)
+        return launch(program, frame)
+
+    runtime.model.executor.launch = recording_launch  # type: ignore[method-assign]
+    sender = _Sender()
+    try:
+        runtime.submit(RequestSpec(REPEATING, 12, SamplingSettings()), Stream(1, sender))
+        assert sender.done.wait(120)
+    finally:
+        runtime.stop(drain=True)
+    assert sender.finals[0].terminal.WhichOneof("outcome") == "finished", sender.finals[0]
+    return sender.tokens, launched, type(runtime.scheduler)
+
+
+def test_served_speculation_equals_plain_serving(speculative_core):
+    # spec: SPEC-1, SPEC-3, SRV-8, SRV-11, SRV-13
+    plain, plain_programs, plain_kind = _serve(speculative_core, speculative_width=1)
+    drafted, drafted_programs, drafted_kind = _serve(speculative_core, speculative_width=4, history_drafting=True)
+    assert plain_kind is Scheduler and drafted_kind is SpeculativeScheduler
+    assert not any(p.startswith("speculative") for p in plain_programs)
+    assert any(p.startswith("speculative") for p in drafted_programs)
+    assert drafted == plain and len(plain) == 12
+    # accepted drafts emit several tokens per launch: fewer launches than plain decode
+    assert len(drafted_programs) < len(plain_programs)
+
+
+def test_history_drafting_without_a_wider_width_fails_startup(speculative_core):
+    # spec: SRV-12
+    with pytest.raises(StartupError, match="history_drafting"):
+        HeliosRuntime.start(StartupOptions(speculative_core, ACCEPTANCE, speculative_width=1,
+                                           history_drafting=True))
+
+
+def test_a_core_without_speculative_programs_serves_plain_rounds(smollm2_core):
+    # spec: SPEC-3, SRV-15
+    tokens, programs, kind = _serve(smollm2_core)
+    assert kind is Scheduler and tokens
+    assert not any(p.startswith("speculative") for p in programs)
