@@ -34,28 +34,17 @@ from helios_backend.frontend.tokenizer import FrontendTokenizer
 from ignition.recipes.syntax_variants import VARIANTS, SyntaxVariant, recipe_name, variant_frontend
 from tests.variant_fixtures import VariantStack, model_name, variant_stack
 from tests.gateway_harness import wait_until
+from tests.test_syntax_model import VERDICT, WEATHER  # the schemas the in-process model test uses
 from tests.triton_server import metric_value
 
 SUFFIXES = [v.suffix for v in VARIANTS]
 BY_SUFFIX = {v.suffix: v for v in VARIANTS}
 
 REASONING_BUDGET = 200  # characters per reasoning span (gateway field reasoning_max_chars)
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 TIME = {
     "type": "object",
     "properties": {"timezone": {"type": "string", "enum": ["Europe/Paris", "Asia/Tokyo"]}},
     "required": ["timezone"],
-    "additionalProperties": False,
-}
-VERDICT = {
-    "type": "object",
-    "properties": {"capital": {"type": "string", "maxLength": 20}, "confident": {"type": "boolean"}},
-    "required": ["capital", "confident"],
     "additionalProperties": False,
 }
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
