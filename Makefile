@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 PROTO_STAMP := helios_proto/.generated
 PROTOS := $(wildcard proto/helios_proto/*.proto)
 CORE ?= var/cores/smollm2-135m-instruct.core
+EXECUTOR ?= numpy
 PYTEST_ARGS ?=
 
 .PHONY: install proto test serve core bench clean
@@ -27,14 +28,20 @@ $(PROTO_STAMP): $(PROTOS) tools/gen_proto.py $(STAMP)
 
 proto: $(PROTO_STAMP)
 
-core: install
-	test -f $(CORE) || $(VENV)/bin/helios-prepare smollm2-135m-instruct --out $(CORE)
+# The default core is re-prepared whenever preparation code or the schema changed.
+CORE_SOURCES := $(shell find ignition -name '*.py') $(wildcard helios_backend/kernels/*.py) $(PROTOS)
+
+$(CORE): $(CORE_SOURCES) $(STAMP) $(PROTO_STAMP)
+	mkdir -p $(dir $(CORE))
+	$(VENV)/bin/helios-prepare smollm2-135m-instruct --out $(CORE)
+
+core: install $(CORE)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 serve: core
-	$(VENV)/bin/helios-serve --core $(CORE)
+	$(VENV)/bin/helios-serve --core $(CORE) --executor $(EXECUTOR)
 
 bench: install
 	$(PY) -m bench
