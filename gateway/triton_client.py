@@ -92,6 +92,13 @@ class Generation:
         if self._call is not None:
             self._call.cancel()  # type: ignore[attr-defined]
 
+    def finish(self) -> None:
+        """Half-close the stream after the terminal event: the server ends it on its own.
+
+        A cancel here would reach Triton as a cancellation of a request that already
+        finished; during server shutdown that keeps the model UNLOADING until the exit timeout."""
+        self._closed.set()
+
     def results(self) -> AsyncIterator[tuple[grpcclient.InferResult | None, Exception | None]]:
         """The raw (result, in-band error) pairs of the stream; opens it on first use."""
         self._call = self._client.stream_infer(inputs_iterator=self._requests())
@@ -103,7 +110,7 @@ class Generation:
         except Exception as exc:  # tritonclient wraps connection errors in its own type
             yield StreamFailure(StreamFailureKind.UNREACHABLE, str(exc))
             return
-        received = False
+        received = finished = False
         try:
             async for result, error in results:
                 if error is not None:
@@ -117,6 +124,7 @@ class Generation:
                 if batch is not None:
                     yield batch
                 if terminal is not None:
+                    finished = True
                     yield terminal
                     return
             yield StreamFailure(StreamFailureKind.LOST, "the stream ended without a terminal event")
@@ -132,7 +140,10 @@ class Generation:
         except (ValueError, TypeError) as exc:  # protobuf DecodeError is a ValueError subclass
             yield StreamFailure(StreamFailureKind.MALFORMED, str(exc))
         finally:
-            self.cancel()
+            if finished:
+                self.finish()
+            else:
+                self.cancel()
 
     @staticmethod
     def _decode(result: grpcclient.InferResult) -> tuple[TokenBatch | None, Terminal | None]:
