@@ -68,8 +68,13 @@ class _Stop:
 
 class Worker:
     def __init__(self, scheduler: Scheduler, runner: RoundRunner, sink: EventSink,
-                 metrics: MetricsQueue, two_frames: bool = True) -> None:
+                 metrics: MetricsQueue, two_frames: bool = True, ingress_capacity: int | None = None) -> None:
         self._scheduler = scheduler
+        # The ingress channel holds at most queue_capacity submissions (HTTP-4): a submission
+        # beyond it is rejected at once, even while a long round keeps the worker busy.
+        self._ingress_capacity = ingress_capacity if ingress_capacity is not None else scheduler.config.queue_capacity
+        self._ingress_pending = 0
+        self._ingress_lock = threading.Lock()
         self._runner = runner
         self._sink = sink
         self._metrics = metrics
@@ -88,6 +93,15 @@ class Worker:
         self._thread.start()
 
     def submit(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> None:
+        with self._ingress_lock:
+            full = self._ingress_pending >= self._ingress_capacity
+            if not full:
+                self._ingress_pending += 1
+        if full:
+            self._reject(serial, AdmissionRejected(
+                tp.REJECTION_REASON_QUEUE_FULL, f"the ingress channel holds {self._ingress_capacity} requests",
+                limit=self._ingress_capacity, requested=self._ingress_capacity + 1))
+            return
         self._inbox.put(_Submit(serial, spec, grammar))
 
     def cancel(self, serial: int) -> None:
@@ -201,6 +215,9 @@ class Worker:
                 return
 
     def _apply(self, item: "_Submit | _Cancel | _Stop") -> None:
+        if isinstance(item, _Submit):
+            with self._ingress_lock:
+                self._ingress_pending -= 1
         if isinstance(item, _Stop):
             self._stopping = item
         elif isinstance(item, _Cancel):
