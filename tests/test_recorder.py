@@ -81,7 +81,7 @@ def test_node_count_per_step_is_five_per_layer_plus_shared(prepared):
         snapshot = 1 if program.operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED) else 0  # may end a prompt
         if program.operation in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
             assert count == 1
-        elif program.operation == C.OPERATION_PREFILL:
+        elif program.operation in (C.OPERATION_PREFILL, C.OPERATION_RESUME):   # host input ids: no selection
             assert count == 5 * layers + 2 + 1 + 5 + snapshot   # model, geometry, sampling epilogue (+ logprobs: 2)
         else:
             assert count == 5 * layers + 2 + 2 + 5 + snapshot   # plus the input-id selection

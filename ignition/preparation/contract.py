@@ -310,6 +310,10 @@ def generation_bindings(operation: int, snapshots: bool = False) -> list[C.Value
     if operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED):
         bindings.append(_binding("prompt_tokens", C.VALUE_SOURCE_PROMPT_TOKENS, C.INDEX_MODE_PACKED_TOKEN,
                                  padding=-1))
+    if operation == C.OPERATION_RESUME:
+        # host-owned pending token (STA-6): one token per row, packed like prompt tokens
+        bindings.append(_binding(RESUME_PENDING_DESTINATION, C.VALUE_SOURCE_PENDING_TOKEN,
+                                 C.INDEX_MODE_PACKED_TOKEN, padding=-1))
     if operation == C.OPERATION_MIXED:
         bindings.append(_binding("prefill_row", C.VALUE_SOURCE_MIXED_PREFILL_ROW, C.INDEX_MODE_SCALAR, padding=-1))
     if operation == C.OPERATION_DECODE:
@@ -323,6 +327,10 @@ def generation_bindings(operation: int, snapshots: bool = False) -> list[C.Value
 
 # Steps that can end a prompt, so they may publish a snapshot at its endpoint.
 SNAPSHOT_OPERATIONS = (C.OPERATION_PREFILL, C.OPERATION_MIXED)
+# Steps whose input ids are all host tokens in `prompt_tokens` (no tokens.select_input node);
+# RESUME feeds each row's host-owned pending token there (its GraphContract.pending_token names it).
+HOST_INPUT_OPERATIONS = (C.OPERATION_PREFILL, C.OPERATION_RESUME)
+RESUME_PENDING_DESTINATION = "prompt_tokens"
 
 
 def restoration_bindings() -> list[C.ValueBinding]:
@@ -367,7 +375,7 @@ def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacit
     rec.launch("step.geometry.v1", "step.geometry", geometry=STEP_SCRATCH.geometry,
                query_length=staged(transport, "query_length"), rows=rows, tokens=tokens)
     ids = staged(transport, "prompt_tokens")
-    if operation != C.OPERATION_PREFILL:
+    if operation not in HOST_INPUT_OPERATIONS:
         rec.launch("tokens.select_input.v1", "step.input_ids", ids=STEP_SCRATCH.ids,
                    prompt_tokens=staged(transport, "prompt_tokens"), pending=SLOT_STATE.pending,
                    row_slot=staged(transport, "row_slot"), prefill_row=staged(transport, "prefill_row"),
@@ -490,7 +498,10 @@ def graph_contract(program: M.Program, bindings: list[C.ValueBinding], buffers: 
                             bindings=bindings, resources=resources, state_rows_per_request=1)
     graph.capacity.CopyFrom(program.capacity)
     graph.state_accesses.extend(state_accesses(program, buffers, request_slots))
-    if program.operation not in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
+    if program.operation == C.OPERATION_RESUME:
+        # the host feeds the pending token (STA-6); state.commit still writes state.pending (STA-5)
+        graph.pending_token.host_destination = RESUME_PENDING_DESTINATION
+    elif program.operation not in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
         graph.pending_token.device_state_view = SLOT_STATE.pending
     graph.cursor.CopyFrom(C.CompletionCursor(reports_draft_cursor=False, lag_tokens=0))
     return graph

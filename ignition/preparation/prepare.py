@@ -63,6 +63,8 @@ def variants(options: Any) -> list[Variant]:
     out += [Variant(C.OPERATION_PREFILL, rows, tokens) for rows, tokens in options.prefill_variants]
     out += [Variant(C.OPERATION_DECODE, rows, rows) for rows in options.decode_rows]
     out += [Variant(C.OPERATION_MIXED, rows, tokens) for rows, tokens in options.mixed_variants]
+    # RESUME: decode-shaped steps whose pending token the host feeds (readmitted / restored requests)
+    out += [Variant(C.OPERATION_RESUME, rows, rows) for rows in getattr(options, "resume_rows", ())]
     if options.snapshot_rows:
         out += [Variant(C.OPERATION_RESTORATION, rows, 0) for rows in options.restoration_rows]
     return out

@@ -49,6 +49,7 @@ class RecipeOptions:
     prefill_variants: tuple[tuple[int, int], ...] = ((1, 32), (1, 128), (1, 512), (4, 512))  # (rows, tokens)
     mixed_variants: tuple[tuple[int, int], ...] = ((8, 135), (32, 159))   # decode rows + one prefill chunk
     admission_rows: tuple[int, ...] = (1, 4)
+    resume_rows: tuple[int, ...] = (1, 4)   # RESUME (host-fed pending token, one token per row)
     # exact-endpoint snapshots: continuation rows (one cache page each) + RESTORATION programs; 0 = off
     snapshot_rows: int = 16
     restoration_rows: tuple[int, ...] = (1, 4)
