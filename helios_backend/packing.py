@@ -90,6 +90,7 @@ class Lane:
     snapshot_row: int = -1                    # continuation row receiving the partial page at the endpoint
     restore_row: int = -1                     # RESTORATION: continuation row copied into the endpoint's page
     pending_token: int = -1                   # RESUME: the host-owned pending token (tokens stays None)
+    scored_targets: Optional[np.ndarray] = None   # SCORED_PREFILL: target token per query token (-1: none)
     # SPECULATIVE lanes (pending token + copied proposals; docs/speculative.md)
     proposals: Optional[np.ndarray] = None    # int32 copied candidate ids verified after the pending token
     proposal_generation: int = -1             # generation / consumed endpoint the copies were made for
@@ -129,6 +130,7 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_SNAPSHOT_DESTINATION: lambda lane: lane.snapshot_row,
     C.VALUE_SOURCE_RESTORE_SOURCE: lambda lane: lane.restore_row,
     C.VALUE_SOURCE_PENDING_TOKEN: lambda lane: lane.pending_token,   # RESUME: host-owned pending token
+    C.VALUE_SOURCE_SCORED_TARGET_TOKENS: lambda lane: lane.scored_targets,   # None -> padding (-1)
     C.VALUE_SOURCE_GRAMMAR_MASK: lambda lane: lane.grammar_mask,  # None -> padding (all allowed)
     C.VALUE_SOURCE_SEED_BITS: lambda lane: np.array([_need_admission(lane).seed & 0xFFFFFFFF,
                                                      (_need_admission(lane).seed >> 32) & 0xFFFFFFFF]),

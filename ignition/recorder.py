@@ -137,6 +137,20 @@ class Recorder:
                 f"{contract_pb2.DType.Name(buffer.dtype)}, parameter wants {contract_pb2.DType.Name(param.dtype)}")
         return manifest_pb2.Arg(pointer=manifest_pb2.BufferRef(buffer=value.buffer, byte_offset=value.byte_offset))
 
+    def last_args(self, kernel_id: str) -> dict[str, object]:
+        """Args (Ref or immediate, by ABI name) of the open program's last node of `kernel_id`."""
+        if self._current is None:
+            raise RecordingError("no open program")
+        for node in reversed(self._current.nodes):
+            if node.kernel == kernel_id:
+                out: dict[str, object] = {}
+                for param, arg in zip(abi.kernel(kernel_id).params, node.args):
+                    which = arg.WhichOneof("value")
+                    out[param.name] = (Ref(arg.pointer.buffer, arg.pointer.byte_offset) if which == "pointer"
+                                       else getattr(arg, which))
+                return out
+        raise RecordingError(f"{self._current.name}: no {kernel_id} node recorded")
+
     def node_counts(self) -> Mapping[str, int]:
         return {p.name: len(p.nodes) for p in self.programs}
 

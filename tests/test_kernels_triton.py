@@ -665,6 +665,32 @@ def test_logprobs_match_the_reference(runner, vocab):
     assert (records[4, 1:1 + top_n] == -1).all() and records[4, 0] == 0
 
 
+def test_score_targets_matches_the_reference(runner):
+    # SCORED_PREFILL: log_softmax(norm + head of every live packed token)[target]; others read 0
+    tokens, dim, vocab, base = 9, 64, 304, 12
+    hidden, norm_weight = _normed_inputs(tokens, dim)
+    targets = RNG.integers(0, vocab, tokens).astype(np.int32)
+    targets[2], targets[4] = -1, vocab                   # padding and out-of-range targets
+    completion = np.full(base + tokens, 0x7EADBEEF, np.int32)
+    reference_out = {}
+    spec = abi.kernel("logits.score_targets.v1")
+
+    def reference(completion, *rest):
+        spec.reference(completion, *rest)
+        reference_out["completion"] = completion.copy()
+    compared = abi.KernelSpec(spec.id, tuple(abi.Param(p.name, p.kind, p.dtype, abi.Access.READ)
+                                             for p in spec.params), reference, spec.summary)
+    produced = check_against_reference(runner, "logits.score_targets.v1", {
+        "completion": completion, "hidden": hidden, "norm_weight": norm_weight, "head": _weight(vocab, dim),
+        "targets": targets, "geometry": step_geometry([7], tokens)},                  # 7 live tokens of 9
+        {"tokens": tokens, "dim": dim, "vocab": vocab, "eps": 1e-5, "record_base": base}, spec=compared)
+    got, want = produced["completion"], reference_out["completion"]
+    np.testing.assert_array_equal(got[:base], want[:base])
+    scores = got[base:].view(np.float32)
+    np.testing.assert_allclose(scores, want[base:].view(np.float32), atol=1e-4, rtol=0)
+    assert (scores[[2, 4, 7, 8]] == 0).all() and (scores[[0, 1, 3, 5, 6]] < 0).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # slot state and completion records
 

@@ -3,6 +3,10 @@
 RESUME: a one-token-per-row step whose pending token the host feeds (a PENDING_TOKEN binding,
 GraphContract.pending_token.host_destination) instead of reading state.pending; it writes the
 device pending-token state, so later DECODE rounds continue device-owned.
+
+SCORED_PREFILL: a prefill chunk that also writes, per packed token, the log-probability of a
+given target token (log_softmax of the raw logits at that position; logits.score_targets.v1)
+into the completion words the layout's `scores` field declares.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from helios_backend.contract import PreparedContract
 from helios_backend.packing import Lane
 from helios_backend.runtime.driver import Driver, GenerationRequest
 from tests.engine_fixtures import prepared_in_memory
-from tests.test_numpy_executor import PROMPT
+from tests.test_numpy_executor import LOGIT_TOLERANCE, PROMPT, VOCAB
 
 
 def _graphs(prepared, operation):
@@ -68,3 +72,56 @@ def test_resume_with_the_host_fed_token_continues_like_decode(smollm2_model):
     driver.decode_round([b])                                                  # DECODE reads state.pending
     assert b.result.tokens[-1] == expected[2]
     driver.pages.give_back(b.pages)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+
+
+def test_scored_prefill_graph_declares_targets_and_the_scores_field():
+    # spec: BND-7, STA-5
+    prepared = prepared_in_memory()
+    PreparedContract.decode(prepared.contract, prepared.manifest,
+                            resource_ids=frozenset(r.id for r in prepared.resources))
+    [graph] = _graphs(prepared, C.OPERATION_SCORED_PREFILL)
+    assert (graph.capacity.rows, graph.capacity.tokens) == (1, 64)
+    sources = {b.source: b for b in graph.bindings}
+    assert sources[C.VALUE_SOURCE_SCORED_TARGET_TOKENS].index == C.INDEX_MODE_PACKED_TOKEN
+    assert C.VALUE_SOURCE_PROMPT_TOKENS in sources
+    assert graph.pending_token.device_state_view == "state.pending"
+    assert {a.view.name: a.access for a in graph.state_accesses}["state.pending"] == C.ACCESS_READ_WRITE
+    [scores] = [f for f in prepared.manifest.completion.header if f.name == "scores"]
+    assert scores.words == 64 and scores.dtype == C.DTYPE_F32
+    assert 4 * (scores.word + scores.words) <= prepared.manifest.transport.completion_nbytes
+    [program] = [p for p in prepared.manifest.programs if p.name == graph.program]
+    assert [n.kernel for n in program.nodes].count("logits.score_targets.v1") == 1
+
+
+def test_scored_prefill_scores_are_the_log_softmax_of_the_logits_at_each_position(smollm2_model, reference_llama):
+    # spec: BND-7
+    model = smollm2_model
+    chunk = np.asarray(PROMPT[:-1], np.int32)                # score every next prompt token
+    targets = np.asarray(PROMPT[1:], np.int32)
+    driver = Driver(model)
+    [active] = driver.admit([GenerationRequest(PROMPT, 4)], [2])
+    driver._ensure_pages(active, chunk.size)
+    lane = Lane(slot=2, generation=active.generation, tokens=chunk, pages=list(active.pages),
+                scored_targets=targets)
+    program = model.program(C.OPERATION_SCORED_PREFILL, 1, chunk.size)
+    model.packer.pack(program, 0, [lane])
+    model.executor.launch(program, 0)
+    words = model.executor.wait(0)
+    [field] = [f for f in model.manifest.completion.header if f.name == "scores"]
+    scores = np.asarray(words[field.word:field.word + chunk.size], np.int32).view(np.float32)
+    # against the independent oracle at every position (logits within LOGIT_TOLERANCE -> 2x in logprobs)
+    expected_logits = reference_llama.forward(list(chunk), 0)
+    expected = np.array([_log_softmax(expected_logits[t])[targets[t]] for t in range(chunk.size)])
+    np.testing.assert_allclose(scores, expected, atol=2 * LOGIT_TOLERANCE, rtol=0)
+    # against the executor's own last-token logits of the same step (same arithmetic, f32)
+    logits = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
+    assert abs(scores[-1] - _log_softmax(logits)[targets[-1]]) <= 1e-3
+    # the normal prefill effects: the row sampled from the last position and is consumed
+    row = words[4:12]
+    assert int(row[3]) == chunk.size and int(row[2]) == int(np.argmax(logits))
+    driver.pages.give_back(active.pages)

@@ -83,6 +83,8 @@ def test_node_count_per_step_is_five_per_layer_plus_shared(prepared):
             assert count == 1
         elif program.operation in (C.OPERATION_PREFILL, C.OPERATION_RESUME):   # host input ids: no selection
             assert count == 5 * layers + 2 + 1 + 5 + snapshot   # model, geometry, sampling epilogue (+ logprobs: 2)
+        elif program.operation == C.OPERATION_SCORED_PREFILL:                 # prefill + logits.score_targets
+            assert count == 5 * layers + 2 + 1 + 5 + 1
         else:
             assert count == 5 * layers + 2 + 2 + 5 + snapshot   # plus the input-id selection
         assert prepared.node_counts[program.name] == count

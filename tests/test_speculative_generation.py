@@ -88,7 +88,8 @@ def test_one_complete_program_and_decode_stays_one_token(prepared):
     assert kernels[0] == "speculative.expand.v1" and kernels[-1] == "speculative.verify_commit.v1"
     operations = {g.operation for g in prepared.contract.model.graphs}
     assert operations <= {C.OPERATION_INITIALIZATION, C.OPERATION_PREFILL, C.OPERATION_DECODE, C.OPERATION_MIXED,
-                          C.OPERATION_RESTORATION, C.OPERATION_SPECULATIVE}   # no proposal/verify-only programs
+                          C.OPERATION_RESTORATION, C.OPERATION_SPECULATIVE,
+                          C.OPERATION_RESUME}                                 # no proposal/verify-only programs
     for name, program in programs.items():
         if name.startswith("decode."):
             assert "speculative.verify_commit.v1" not in {n.kernel for n in program.nodes}

@@ -162,6 +162,11 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("row_slot", I32_T), _ptr("sample_flag", I32_T), _ptr("live_rows", I32_T),
         _i32("rows"), _i32("vocab"), _i32("top_n"), _i32("record_base"),
     ), logprobs.sampled_logprobs, "sampled token's log-softmax + top-N alternatives -> logprob extension records"),
+    KernelSpec("logits.score_targets.v1", (
+        _ptr("completion", I32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T), _ptr("head", F16_T),
+        _ptr("targets", I32_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("dim"), _i32("vocab"), _f32("eps"), _i32("record_base"),
+    ), logprobs.score_targets, "SCORED_PREFILL: log_softmax(norm + LM head of each packed token)[target] -> scores"),
     KernelSpec("state.commit.v1", (
         _ptr("completion", I32_T, W), _ptr("pending", I32_T, RW), _ptr("generated", I32_T, RW),
         _ptr("output_histogram", I32_T, RW), _ptr("sampled", I32_T), _ptr("eos_ids", I32_T),

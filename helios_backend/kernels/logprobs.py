@@ -84,3 +84,27 @@ def sampled_logprobs(completion: np.ndarray, logits: np.ndarray, sampled: np.nda
         records[r, 1:1 + ids.size] = ids
         floats[r, 1 + top_n:1 + top_n + ids.size] = logp[ids].astype(np.float32)
     completion[record_base:record_base + rows * width] = records.ravel()
+
+
+def score_targets(completion: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: np.ndarray,
+                  targets: np.ndarray, geometry: np.ndarray, tokens: int, dim: int, vocab: int, eps: float,
+                  record_base: int) -> None:
+    """SCORED_PREFILL: completion[record_base + t] = log_softmax(logits of packed token t)[targets[t]].
+
+    logits = rms_norm(hidden[t]) @ head.T (the model's raw logits at that position, as
+    `logits.norm_head.v1` computes them for a row's last token). One f32 word per packed token
+    (`tokens` words); tokens past the step's live count and targets outside [0, vocab) read 0.0.
+    """
+    from helios_backend.kernels.linear import rms_norm
+    from helios_backend.kernels.state import live_tokens
+
+    scores = np.zeros(tokens, dtype=np.float32)
+    n = min(live_tokens(geometry), tokens)
+    wanted = np.asarray(targets[:n], dtype=np.int64)
+    live = np.nonzero((wanted >= 0) & (wanted < vocab))[0]
+    if live.size:
+        normed = rms_norm(_matrix(hidden, tokens, dim)[live], norm_weight[:dim], eps)
+        logits = normed @ _matrix(head, vocab, dim).T
+        for i, t in enumerate(live):
+            scores[t] = np.float32(log_softmax_row(logits[i])[wanted[t]])
+    completion[record_base:record_base + tokens] = scores.view(np.int32)

@@ -99,6 +99,10 @@ def _per_row(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (a["rows"], 1, 1)
 
 
+def _per_token(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (a["tokens"], 1, 1)
+
+
 def _per_row_over_vocab(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["vocab"] <= c["BLOCK_V"] * c["MAX_CHUNKS"],
              f"vocab {a['vocab']} > BLOCK_V * MAX_CHUNKS = {c['BLOCK_V'] * c['MAX_CHUNKS']}")
@@ -183,6 +187,8 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("sampling.logprobs.v1", "logprobs", "sampled_logprobs",
                {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=4, divisible=("vocab",)),
+    KernelSpec("logits.score_targets.v1", "logprobs", "score_targets", {"BLOCK_V": 64, "BLOCK_K": 64},
+               _per_token, num_warps=4, divisible=("dim",)),
     KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
                _one_program_over_rows),
     KernelSpec("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},

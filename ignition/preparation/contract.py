@@ -75,11 +75,18 @@ class TextCapacities:
     snapshot_rows: int = 0      # continuation rows for exact-endpoint snapshots; 0 = no snapshots
     logprobs: bool = False      # logprob extension records (sampling.logprobs.v1) after the records
     top_logprobs: int = 0       # top-N alternatives per logprob record (with logprobs)
+    scored_tokens: int = 0      # largest SCORED_PREFILL packed tokens: one f32 score word each; 0 = none
 
     @property
     def logprob_base(self) -> int:
         """Word offset of the logprob extension records in the completion buffer."""
         return COMPLETION_HEADER_WORDS + self.request_slots * COMPLETION_ROW_WORDS
+
+    @property
+    def score_base(self) -> int:
+        """Word offset of the SCORED_PREFILL scores (after the records and any logprob records)."""
+        return self.logprob_base + (self.request_slots * logprob_record_words(self.top_logprobs)
+                                    if self.logprobs else 0)
 
     @property
     def pages_per_row(self) -> int:
@@ -126,7 +133,8 @@ def destination_specs(cap: TextCapacities) -> list[DestinationSpec]:
         DestinationSpec("in_eos_ids", i32, admit * cap.eos_capacity, cap.eos_capacity),
         DestinationSpec("in_histogram", i32, admit * cap.histogram_bins, cap.histogram_bins),
     ] + ([DestinationSpec("snapshot_row", i32, rows, 1), DestinationSpec("restore_row", i32, rows, 1)]
-         if cap.snapshot_rows else [])
+         if cap.snapshot_rows else []) + (
+        [DestinationSpec("scored_targets", i32, cap.scored_tokens)] if cap.scored_tokens else [])
 
 
 def build_transport(cap: TextCapacities, frames: int = 2) -> M.Transport:
@@ -141,6 +149,7 @@ def build_transport(cap: TextCapacities, frames: int = 2) -> M.Transport:
     transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS)
     if cap.logprobs:
         transport.completion_nbytes += 4 * cap.request_slots * logprob_record_words(cap.top_logprobs)
+    transport.completion_nbytes += 4 * cap.scored_tokens
     return transport
 
 
@@ -160,6 +169,11 @@ def completion_layout(cap: TextCapacities) -> M.CompletionLayout:
             layout.row.append(M.CompletionField(name="top_logprobs", word=first + 1 + n, words=n,
                                                 dtype=C.DTYPE_F32))
         layout.top_logprobs = n
+    if cap.scored_tokens:
+        # SCORED_PREFILL scores: one f32 per packed token at an absolute word of the completion buffer
+        # (past the header, the records and the logprob records), written by logits.score_targets.v1
+        layout.header.append(M.CompletionField(name="scores", word=cap.score_base, words=cap.scored_tokens,
+                                               dtype=C.DTYPE_F32))
     return layout
 
 
@@ -307,8 +321,11 @@ def generation_bindings(operation: int, snapshots: bool = False) -> list[C.Value
         _binding("page_table", C.VALUE_SOURCE_PAGE_TABLE, C.INDEX_MODE_PHYSICAL_ROW),
         _binding("grammar_mask", C.VALUE_SOURCE_GRAMMAR_MASK, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
     ]
-    if operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED):
+    if operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED, C.OPERATION_SCORED_PREFILL):
         bindings.append(_binding("prompt_tokens", C.VALUE_SOURCE_PROMPT_TOKENS, C.INDEX_MODE_PACKED_TOKEN,
+                                 padding=-1))
+    if operation == C.OPERATION_SCORED_PREFILL:
+        bindings.append(_binding("scored_targets", C.VALUE_SOURCE_SCORED_TARGET_TOKENS, C.INDEX_MODE_PACKED_TOKEN,
                                  padding=-1))
     if operation == C.OPERATION_RESUME:
         # host-owned pending token (STA-6): one token per row, packed like prompt tokens
@@ -329,7 +346,7 @@ def generation_bindings(operation: int, snapshots: bool = False) -> list[C.Value
 SNAPSHOT_OPERATIONS = (C.OPERATION_PREFILL, C.OPERATION_MIXED)
 # Steps whose input ids are all host tokens in `prompt_tokens` (no tokens.select_input node);
 # RESUME feeds each row's host-owned pending token there (its GraphContract.pending_token names it).
-HOST_INPUT_OPERATIONS = (C.OPERATION_PREFILL, C.OPERATION_RESUME)
+HOST_INPUT_OPERATIONS = (C.OPERATION_PREFILL, C.OPERATION_RESUME, C.OPERATION_SCORED_PREFILL)
 RESUME_PENDING_DESTINATION = "prompt_tokens"
 
 
@@ -414,6 +431,21 @@ def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCap
                    sampled=STEP_SCRATCH.sampled, row_slot=s("row_slot"), sample_flag=s("sample_flag"),
                    live_rows=s("live_rows"), rows=rows, vocab=cap.vocab, top_n=cap.top_logprobs,
                    record_base=cap.logprob_base)
+
+
+LOGITS_KERNEL = "logits.norm_head.v1"
+
+
+def record_scoring(rec: Recorder, transport: M.Transport, cap: TextCapacities, io: StepIO) -> None:
+    """SCORED_PREFILL, after the forward pass: each packed token's log-probability of its target.
+
+    Reads the recipe's own final norm and LM head from the forward pass's `logits.norm_head.v1`
+    node (no per-recipe declaration); writes one f32 per packed token at `cap.score_base`."""
+    head = rec.last_args(LOGITS_KERNEL)
+    rec.launch("logits.score_targets.v1", "logits.score_targets", completion=COMPLETION, hidden=head["hidden"],
+               norm_weight=head["norm_weight"], head=head["head"], targets=staged(transport, "scored_targets"),
+               geometry=io.geometry, tokens=io.tokens, dim=head["dim"], vocab=head["vocab"], eps=head["eps"],
+               record_base=cap.score_base)
 
 
 def record_initialization(rec: Recorder, transport: M.Transport, cap: TextCapacities, rows: int) -> None:

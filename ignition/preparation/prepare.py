@@ -65,6 +65,11 @@ def variants(options: Any) -> list[Variant]:
     out += [Variant(C.OPERATION_MIXED, rows, tokens) for rows, tokens in options.mixed_variants]
     # RESUME: decode-shaped steps whose pending token the host feeds (readmitted / restored requests)
     out += [Variant(C.OPERATION_RESUME, rows, rows) for rows in getattr(options, "resume_rows", ())]
+    # SCORED_PREFILL: scores live after the logprob records, whose words a speculative core's
+    # completion extension occupies instead, so cores with speculative variants record none
+    if not getattr(options, "speculative_variants", ()):
+        out += [Variant(C.OPERATION_SCORED_PREFILL, rows, tokens)
+                for rows, tokens in getattr(options, "scored_prefill_variants", ())]
     if options.snapshot_rows:
         out += [Variant(C.OPERATION_RESTORATION, rows, 0) for rows in options.restoration_rows]
     return out
@@ -126,6 +131,8 @@ def _record_programs(rec: Recorder, recipe: ModuleType, source: Any, options: An
         else:
             io = shared.record_step_prologue(rec, transport, cap, variant.operation, variant.rows, variant.tokens)
             recipe.forward(rec.forward_view(), io, source.shape, cache, options)
+            if variant.operation == C.OPERATION_SCORED_PREFILL:
+                shared.record_scoring(rec, transport, cap, io)
             snapshots = bool(cap.snapshot_rows) and variant.operation in shared.SNAPSHOT_OPERATIONS
             if snapshots:
                 shared.record_snapshot(rec, transport, cap, cache, variant.rows)
@@ -147,7 +154,8 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         max_tokens=max(v.tokens for v in generation),
         max_admission_rows=max(v.rows for v in all_variants if v.operation == C.OPERATION_INITIALIZATION),
         page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows,
-        logprobs=not getattr(options, "speculative_variants", ()), top_logprobs=getattr(options, "top_logprobs", 0))
+        logprobs=not getattr(options, "speculative_variants", ()), top_logprobs=getattr(options, "top_logprobs", 0),
+        scored_tokens=max((v.tokens for v in all_variants if v.operation == C.OPERATION_SCORED_PREFILL), default=0))
     geometry = KernelLibraryGeometry(kernel_library)
     rec = Recorder(rank=0, geometry=geometry)
     transport = shared.build_transport(cap)

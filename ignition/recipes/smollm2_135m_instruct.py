@@ -50,6 +50,8 @@ class RecipeOptions:
     mixed_variants: tuple[tuple[int, int], ...] = ((8, 135), (32, 159))   # decode rows + one prefill chunk
     admission_rows: tuple[int, ...] = (1, 4)
     resume_rows: tuple[int, ...] = (1, 4)   # RESUME (host-fed pending token, one token per row)
+    # SCORED_PREFILL (rows, tokens): prefill chunks that also score target tokens; small t keeps it cheap
+    scored_prefill_variants: tuple[tuple[int, int], ...] = ((1, 64),)
     # exact-endpoint snapshots: continuation rows (one cache page each) + RESTORATION programs; 0 = off
     snapshot_rows: int = 16
     restoration_rows: tuple[int, ...] = (1, 4)

@@ -95,3 +95,49 @@ def sampled_logprobs(completion, logits, sampled, row_slot, sample_flag, live_ro
         for k in range(0, top_n):
             tl.store(record + 1 + k, -1)
             tl.store(record + 1 + top_n + k, 0)
+
+
+@triton.jit
+def score_targets(completion, hidden, norm_weight, head, targets, geometry,
+                  tokens, dim, vocab, eps, record_base,
+                  BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """logits.score_targets.v1 (SCORED_PREFILL). Grid (tokens,): program t computes the logits of
+    packed token t chunk by chunk (rms_norm(hidden[t]) @ head^T, never stored), an online
+    log-sum-exp, and stores logit[target] - lse as f32 at completion + record_base + t; tokens
+    past the live count or with a target outside [0, vocab) store 0.0. Simple, not fast: each
+    program streams the whole head."""
+    wait_for_predecessors(PDL)
+    t = tl.program_id(0)
+    n = tl.load(geometry)
+    target = tl.load(targets + t)
+    out = completion.to(tl.pointer_type(tl.float32)) + record_base + t
+    if (t < n) & (target >= 0) & (target < vocab):
+        row = hidden + t.to(tl.int64) * dim
+        ks = tl.arange(0, BLOCK_K)
+        sum_sq = 0.0
+        for k0 in range(0, dim, BLOCK_K):
+            x = tl.load(row + k0 + ks, mask=k0 + ks < dim, other=0.0)
+            sum_sq += tl.sum(x * x, axis=0)
+        rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
+        lanes = tl.arange(0, BLOCK_V)
+        best = -float("inf")
+        total = 0.0
+        picked = 0.0
+        for v0 in range(0, vocab, BLOCK_V):
+            v = v0 + lanes
+            acc = tl.zeros([BLOCK_V], tl.float32)
+            for k0 in range(0, dim, BLOCK_K):
+                k = k0 + ks
+                x = tl.load(row + k, mask=k < dim, other=0.0) * rstd
+                x = x * tl.load(norm_weight + k, mask=k < dim, other=0.0).to(tl.float32)
+                w = tl.load(head + v[:, None].to(tl.int64) * dim + k[None, :],
+                            mask=(v[:, None] < vocab) & (k[None, :] < dim), other=0.0).to(tl.float32)
+                acc += tl.sum(w * x[None, :], axis=1)
+            acc = tl.where(v < vocab, acc, float("-inf"))
+            new_best = tl.maximum(best, tl.max(acc, axis=0))
+            total = total * tl.exp(best - new_best) + tl.sum(tl.exp(acc - new_best), axis=0)
+            best = new_best
+            picked += tl.sum(tl.where(v == target, acc, 0.0), axis=0)
+        tl.store(out, picked - (best + tl.log(total)))
+    else:
+        tl.store(out, 0.0)
