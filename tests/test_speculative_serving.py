@@ -6,8 +6,6 @@ The served tokens equal plain serving of the same core token for token.
 """
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
@@ -17,26 +15,10 @@ from helios_backend.server.responses import Stream
 from helios_backend.server.runtime import HeliosRuntime, StartupError
 from helios_backend.server.settings import StartupOptions
 from tests.engine_fixtures import ACCEPTANCE, engine_test_options
+from tests.test_rules_scheduler import Sender
 
 VARIANTS = ((2, 1, 0, 2), (2, 4, 3, 8))        # (B, W, D, P)
 REPEATING = tuple(range(100, 110)) * 3          # the model continues the cycle: drafts get accepted
-
-
-class _Sender:
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.finals: list[object] = []
-        self.done = threading.Event()
-
-    def send(self, arrays, final):  # type: ignore[no-untyped-def]
-        from helios_backend.server.transport import OUT_EVENT, OUT_TOKENS, decode_event
-        self.tokens.extend(arrays[OUT_TOKENS].tolist())
-        if final:
-            self.finals.append(decode_event(arrays[OUT_EVENT]))
-            self.done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +42,7 @@ def _serve(core, **options) -> tuple[list[int], list[str], type]:
         return launch(program, frame)
 
     runtime.model.executor.launch = recording_launch  # type: ignore[method-assign]
-    sender = _Sender()
+    sender = Sender()
     try:
         runtime.submit(RequestSpec(REPEATING, 12, SamplingSettings()), Stream(1, sender))
         assert sender.done.wait(120)
