@@ -114,10 +114,12 @@ def test_scored_prefill_scores_are_the_log_softmax_of_the_logits_at_each_positio
     words = model.executor.wait(0)
     [field] = [f for f in model.manifest.completion.header if f.name == "scores"]
     scores = np.asarray(words[field.word:field.word + chunk.size], np.int32).view(np.float32)
-    # against the independent oracle at every position (logits within LOGIT_TOLERANCE -> 2x in logprobs)
+    # against the independent oracle at every position: logits agree within LOGIT_TOLERANCE, so
+    # logprobs within 2x that; measured 0.014 (fp16 weights and cache), asserted 0.05
     expected_logits = reference_llama.forward(list(chunk), 0)
     expected = np.array([_log_softmax(expected_logits[t])[targets[t]] for t in range(chunk.size)])
-    np.testing.assert_allclose(scores, expected, atol=2 * LOGIT_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(scores, expected, atol=0.05, rtol=0)
+    assert 0.05 < 2 * LOGIT_TOLERANCE
     # against the executor's own last-token logits of the same step (same arithmetic, f32)
     logits = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
     assert abs(scores[-1] - _log_softmax(logits)[targets[-1]]) <= 1e-3
