@@ -10,16 +10,16 @@ from fastapi import FastAPI
 from gateway.errors import install_error_handlers
 from gateway.routers import chat, completions, health, metrics, models
 from gateway.service import AdmissionOverrides, GatewayService, ParserFactory, syntax_parsers
-from gateway.triton_client import TritonBackend
+from gateway.triton_client import MODEL_NAME, TritonBackend
 
 
 def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
-               parser_factory: ParserFactory = syntax_parsers) -> FastAPI:
-    """The gateway for the Triton gRPC endpoint at ``triton_url`` (HOST:PORT)."""
+               parser_factory: ParserFactory = syntax_parsers, triton_model: str = MODEL_NAME) -> FastAPI:
+    """The gateway for the Triton model ``triton_model`` at the gRPC endpoint ``triton_url`` (HOST:PORT)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service = GatewayService(TritonBackend(triton_url), overrides or AdmissionOverrides(), parser_factory)
+        service = GatewayService(TritonBackend(triton_url, triton_model), overrides or AdmissionOverrides(), parser_factory)
         app.state.service = service
         service.start()
         try:

@@ -9,6 +9,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.service import AdmissionOverrides
+from gateway.triton_client import MODEL_NAME
 
 SHUTDOWN_DRAIN_S = 5  # HTTP-15: connections get five seconds to drain, then are dropped
 
@@ -16,6 +17,7 @@ SHUTDOWN_DRAIN_S = 5  # HTTP-15: connections get five seconds to drain, then are
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-gateway", description=__doc__)
     parser.add_argument("--triton", default="localhost:8001", help="Triton gRPC address HOST:PORT")
+    parser.add_argument("--triton-model", default=MODEL_NAME, help="name of the Triton model serving the core")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--queue-capacity", type=int, default=None,
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     overrides = AdmissionOverrides(args.queue_capacity, args.max_active, args.frontend_workers)
-    app = create_app(args.triton, overrides)
+    app = create_app(args.triton, overrides, triton_model=args.triton_model)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=SHUTDOWN_DRAIN_S, access_log=False)
 

@@ -25,7 +25,7 @@ from tritonclient.grpc import InferInput
 
 from helios_proto import transport_pb2 as tp
 
-MODEL_NAME = "helios"
+MODEL_NAME = "helios"          # the default Triton model name (model_repository/helios)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +69,9 @@ class Generation:
     """One backend request on its own gRPC stream. Iterate once; ``cancel`` at any time."""
 
     def __init__(self, client: grpcclient.InferenceServerClient, inputs: list[InferInput],
-                 request_id: str) -> None:
+                 request_id: str, model_name: str = MODEL_NAME) -> None:
         self._client = client
+        self._model_name = model_name
         self._inputs = inputs
         self._request_id = request_id
         self._closed = asyncio.Event()
@@ -79,7 +80,7 @@ class Generation:
         self._sent = False
 
     async def _requests(self) -> AsyncIterator[dict]:
-        yield {"model_name": MODEL_NAME, "inputs": self._inputs, "request_id": self._request_id}
+        yield {"model_name": self._model_name, "inputs": self._inputs, "request_id": self._request_id}
         # gRPC asks for the next message only once the first is written: the request is out,
         # so a broken stream from here on is a failure of submitted work, not unavailability
         self._sent = True
@@ -173,8 +174,9 @@ class Generation:
 class TritonBackend:
     """Shares one gRPC channel; every generation opens its own stream on it."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, model_name: str = MODEL_NAME) -> None:
         self.url = url
+        self.model_name = model_name
         self._client = grpcclient.InferenceServerClient(url)
 
     async def close(self) -> None:
@@ -185,7 +187,7 @@ class TritonBackend:
         params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate=request)
         prompt = InferInput("prompt_token_ids", [len(prompt_token_ids)], "INT32")
         prompt.set_data_from_numpy(np.asarray(prompt_token_ids, dtype=np.int32))
-        return Generation(self._client, [_parameters_input(params), prompt], request_id)
+        return Generation(self._client, [_parameters_input(params), prompt], request_id, self.model_name)
 
     async def fetch_assets(self, timeout_s: float) -> tp.FrontendAssets:
         """Ask the served model for its frontend assets (a tiny inference on the model).
@@ -193,7 +195,7 @@ class TritonBackend:
         Raises ConnectionError when Triton or the model cannot answer within ``timeout_s``.
         """
         params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, assets=tp.AssetsRequest())
-        generation = Generation(self._client, [_parameters_input(params)], "assets")
+        generation = Generation(self._client, [_parameters_input(params)], "assets", self.model_name)
         try:
             async with asyncio.timeout(timeout_s):
                 async for result, error in generation.results():
@@ -216,6 +218,6 @@ class TritonBackend:
         try:
             async with asyncio.timeout(timeout_s):
                 return bool(await self._client.is_server_ready()) and bool(
-                    await self._client.is_model_ready(MODEL_NAME))
+                    await self._client.is_model_ready(self.model_name))
         except Exception:  # any failure to answer means not ready; the probe never raises
             return False

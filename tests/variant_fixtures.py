@@ -7,9 +7,8 @@ signed in the same namespace. Deriving is a verify plus a copy (seconds), not a 
 
 Helpers to serve them: `variant_stack(cores, workdir)` starts ONE tritonserver whose model
 repository holds one model directory per variant (`helios_<suffix>`, each with its own
-core_path), and one gateway process per variant pointed at its model. The gateway speaks to a
-fixed Triton model name (gateway/triton_client.py MODEL_NAME = "helios", no CLI option), so each
-gateway process sets that module constant before it starts; nothing else of the gateway changes.
+core_path), and one gateway process per variant pointed at its model. Each gateway
+process names its Triton model with `helios-gateway --triton-model`.
 """
 from __future__ import annotations
 
@@ -66,8 +65,6 @@ def variant_repository(workdir: pathlib.Path, cores: Mapping[str, pathlib.Path],
     return repo
 
 
-_GATEWAY_FOR_MODEL = ("import sys, gateway.triton_client as t; t.MODEL_NAME = sys.argv[1]; "
-                      "from gateway.cli import main; main(sys.argv[2:])")
 
 
 class VariantGateway(GatewayProcess):
@@ -79,7 +76,7 @@ class VariantGateway(GatewayProcess):
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _GATEWAY_FOR_MODEL, model, "--triton", triton_url, "--host", "127.0.0.1",
+            [sys.executable, "-m", "gateway.cli", "--triton-model", model, "--triton", triton_url, "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning"],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=_ROOT)
 
