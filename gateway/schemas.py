@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 _REQUEST_CONFIG = ConfigDict(strict=True, extra="ignore")
 
 UINT64_MAX = 2**64 - 1
+# integers travel in int32/uint32 protobuf fields: larger values are a 400, never a 500
+INT32_MAX = 2**31 - 1
 
 
 class StreamOptions(BaseModel):
@@ -95,7 +97,7 @@ class ResponseFormat(BaseModel):
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-TokenId = Annotated[StrictInt, Field(ge=0)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
 
 
 class SamplingFields(BaseModel):
@@ -105,13 +107,13 @@ class SamplingFields(BaseModel):
     model: StrictStr
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 and 0 = off
+    top_k: Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)] | None = None  # -1 and 0 = off
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
     seed: Annotated[StrictInt, Field(ge=0, le=UINT64_MAX)] | None = None
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
     n: Annotated[StrictInt, Field(ge=1, le=16)] | None = None
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -122,12 +124,12 @@ class SamplingFields(BaseModel):
     return_token_timestamps: StrictBool | None = None
     logit_bias: dict[str, float] | None = None
     user: StrictStr | None = None
-    priority: StrictInt | None = None
+    priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     tools: list[ToolDefinition] | None = None
@@ -136,7 +138,7 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None
-    reasoning_max_chars: Annotated[StrictInt, Field(ge=0)] | None = None  # Helios: reasoning budget (grammar)
+    reasoning_max_chars: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] | None = None  # Helios: reasoning budget (grammar)
 
 
 class CompletionRequest(SamplingFields):
@@ -145,7 +147,7 @@ class CompletionRequest(SamplingFields):
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     echo: StrictBool | None = None
     suffix: StrictStr | None = None
-    best_of: StrictInt | None = None
+    best_of: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
 
 
 # ---- responses (documentation of the shapes presentation.py builds) -----------------------
