@@ -46,7 +46,7 @@ def keep_it_small(body: dict[str, Any]) -> None:
 
 # spec: HTTP-18, HTTP-27
 @schema.parametrize()
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_generated_requests_never_get_a_server_error(case: schemathesis.Case, stack: Stack) -> None:
     if isinstance(case.body, dict):
         keep_it_small(case.body)
