@@ -216,12 +216,8 @@ class SyntaxEngine(FramePhases):
 
     def _reasoning(self) -> bool:
         wrap = self._syntax.reasoning.wrap_newlines
-        if self._strip_lead:
-            if not self._buf:
-                return False
-            if self._buf[0] == "\n":
-                self._take(1)
-            self._strip_lead = False
+        if not self._drop_wrapping_newline():
+            return False
         ends = [self._p_close, *self._p_stray_markup]
         if self._tools_enabled and self._p_terminal:
             ends.append(self._p_terminal)

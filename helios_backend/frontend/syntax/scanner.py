@@ -64,6 +64,17 @@ class ScannerBase:
         self._raw += taken
         return taken
 
+    def _drop_wrapping_newline(self) -> bool:
+        """After an open tag whose syntax wraps values in newlines, drop one leading newline.
+        False while that cannot be decided yet (nothing buffered)."""
+        if self._strip_lead:
+            if not self._buf:
+                return False
+            if self._buf[0] == "\n":
+                self._take(1)
+            self._strip_lead = False
+        return True
+
     def _skip_space(self) -> bool:
         n = len(self._buf) - len(self._buf.lstrip())
         if n:

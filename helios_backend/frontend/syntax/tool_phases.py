@@ -193,12 +193,8 @@ class ToolPhases(ScannerBase):
 
     def _param_value(self) -> bool:
         wrap = self._syntax.tool.wrap_newlines
-        if self._strip_lead:
-            if not self._buf:
-                return False
-            if self._buf[0] == "\n":
-                self._take(1)
-            self._strip_lead = False
+        if not self._drop_wrapping_newline():
+            return False
         ends = [self._p_param_close, *self._interrupts()]
         hit = earliest(self._buf, ends)
         if hit is not None:
