@@ -40,14 +40,20 @@ class ToolPhases(ScannerBase):
     def _invocation_end(self) -> str:
         return self._p_inv_close or self._p_block_close
 
-    def _block(self) -> bool:
+    def _closes_block(self) -> bool:
+        """Skip whitespace; if the block's closing tag follows, consume it and end the block."""
         self._skip_space()
-        if not self._buf:
-            return False
         if self._p_block_close and self._buf.startswith(self._p_block_close):
             self._take(len(self._p_block_close))
             self._end_block()
             return True
+        return False
+
+    def _block(self) -> bool:
+        if self._closes_block():
+            return True
+        if not self._buf:
+            return False
         if self._p_inv_prefix:
             if self._buf.startswith(self._p_inv_prefix):
                 self._take(len(self._p_inv_prefix))
@@ -240,13 +246,10 @@ class ToolPhases(ScannerBase):
             self._events.append(ParseError(ParseErrorKind.INVALID_ARGUMENTS, "parameter value is not JSON", value))
 
     def _after_invocation(self) -> bool:
-        self._skip_space()
+        if self._closes_block():
+            return True
         if not self._buf:
             return False
-        if self._p_block_close and self._buf.startswith(self._p_block_close):
-            self._take(len(self._p_block_close))
-            self._end_block()
-            return True
         if self._p_inv_prefix and self._buf.startswith(self._p_inv_prefix):
             self._take(len(self._p_inv_prefix))
             self._phase = Phase.INVOKE_NAME
