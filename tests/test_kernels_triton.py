@@ -339,34 +339,42 @@ def _weight(out_dim: int, in_dim: int) -> np.ndarray:
     return (RNG.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float16)
 
 
+# Token capacities on both sides of GEMV_TOKENS (specs.py): up to it the dense kernels take
+# the decode (GEMV) path, above it the tensor-core tiles; live counts below capacity too.
+DENSE_SHAPES = [(20, [16, 1]), (7, [5, 1]), (1, [1])]
+
+
+@pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
 @pytest.mark.parametrize("in_dim", [96, 640])          # one K slice; three (split-K, atomics)
-def test_linear_residual(runner, in_dim):
-    tokens, out_dim = 20, 80
+def test_linear_residual(runner, in_dim, tokens, query_length):
+    out_dim = 80
     check_against_reference(runner, "linear.residual.v1", {
         "hidden": RNG.standard_normal((tokens, out_dim)).astype(np.float32),
         "x": RNG.standard_normal((tokens, in_dim)).astype(np.float32),
         "weight": _weight(out_dim, in_dim),
-        "geometry": step_geometry([16, 1], tokens)},
+        "geometry": step_geometry(query_length, tokens)},
         {"tokens": tokens, "in_dim": in_dim, "out_dim": out_dim}, atol=2e-2, rtol=1e-2)
 
 
-def test_norm_gate_up_silu(runner):
-    tokens, dim, ffn = 18, 96, 48
+@pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
+def test_norm_gate_up_silu(runner, tokens, query_length):
+    dim, ffn = 96, 48
     hidden, norm_weight = _normed_inputs(tokens, dim)
     check_against_reference(runner, "mlp.norm_gate_up_silu.v1", {
         "out": np.full((tokens, ffn), 9.0, np.float32), "hidden": hidden,
         "norm_weight": norm_weight, "gate_up": _weight(2 * ffn, dim),
-        "geometry": step_geometry([17], tokens)},
+        "geometry": step_geometry(query_length, tokens)},
         {"tokens": tokens, "dim": dim, "ffn_dim": ffn, "eps": 1e-5}, atol=2e-2, rtol=1e-2)
 
 
-def test_norm_head_reads_each_rows_last_token(runner):
-    rows, tokens, dim, vocab = 4, 9, 64, 304
+@pytest.mark.parametrize("query_length", [[3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2]])
+def test_norm_head_reads_each_rows_last_token(runner, query_length):
+    rows, tokens, dim, vocab = len(query_length), 14, 64, 304
     hidden, norm_weight = _normed_inputs(tokens, dim)
     out = check_against_reference(runner, "logits.norm_head.v1", {
         "logits": np.full((rows, vocab), 5.0, np.float32), "hidden": hidden,
         "norm_weight": norm_weight, "head": _weight(vocab, dim),
-        "geometry": step_geometry([3, 0, 5, 1], tokens)},
+        "geometry": step_geometry(query_length, tokens)},
         {"rows": rows, "tokens": tokens, "dim": dim, "vocab": vocab, "eps": 1e-5},
         atol=2e-2, rtol=1e-2)
     assert (out["logits"][1] == 0).all()
@@ -387,14 +395,14 @@ def _paged_cache(slots: int, pages_per_row: int, page_tokens: int, kv_heads: int
     return planes, page_table, page_stride, layer_offset
 
 
-def _qkv_case(rope_pairing: int, head_dim: int = 64):
+def _qkv_case(rope_pairing: int, head_dim: int = 64, query_length=(1, 6, 2), tokens: int = 10):
     from helios_backend.kernels.rope import rope_table
-    query_length, tokens, dim, q_heads, kv_heads = [1, 6, 2], 10, 96, 3, 1
+    dim, q_heads, kv_heads = 96, 3, 1
     slots, pages_per_row, page_tokens = 4, 4, 4
     (k_cache, v_cache), page_table, page_stride, layer = _paged_cache(
         slots, pages_per_row, page_tokens, kv_heads, head_dim)
     hidden, norm_weight = _normed_inputs(tokens, dim)
-    positions = np.array([5, 0, 1, 2, 3, 4, 5, 9, 10, 0], np.int32)
+    positions = np.array([5, 0, 1, 2, 3, 4, 5, 9, 10, 0], np.int32)[:tokens]
     buffers = {
         "q_out": np.zeros((tokens, q_heads * head_dim), np.float32),
         "k_cache": (k_cache, layer), "v_cache": (v_cache, layer),
@@ -402,7 +410,7 @@ def _qkv_case(rope_pairing: int, head_dim: int = 64):
         "qkv_weight": _weight((q_heads + 2 * kv_heads) * head_dim, dim),
         "rope_table": rope_table(32, head_dim, 10000.0), "positions": positions,
         "page_table": page_table, "row_slot": np.array([2, 0, 3], np.int32),
-        "geometry": step_geometry(query_length, tokens)}
+        "geometry": step_geometry(list(query_length), tokens)}
     immediates = {"tokens": tokens, "dim": dim, "q_heads": q_heads, "kv_heads": kv_heads,
                   "head_dim": head_dim, "page_tokens": page_tokens,
                   "pages_per_row": pages_per_row, "page_stride": page_stride, "eps": 1e-5,
@@ -410,10 +418,11 @@ def _qkv_case(rope_pairing: int, head_dim: int = 64):
     return buffers, immediates
 
 
+@pytest.mark.parametrize("query_length, tokens", [((1, 6, 2), 10), ((1, 1, 2), 5)])
 @pytest.mark.parametrize("rope_pairing", [0, 1])
 @pytest.mark.parametrize("head_dim", [64, 96])
-def test_qkv_rope_store(runner, rope_pairing, head_dim):
-    buffers, immediates = _qkv_case(rope_pairing, head_dim)
+def test_qkv_rope_store(runner, rope_pairing, head_dim, query_length, tokens):
+    buffers, immediates = _qkv_case(rope_pairing, head_dim, query_length, tokens)
     check_against_reference(runner, "attention.qkv_rope_store.v1", buffers,
                             immediates, atol=2e-2, rtol=1e-2)
 

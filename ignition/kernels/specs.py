@@ -77,7 +77,21 @@ def _split_k_gemm(n_name: str, m_name: str, k_name: str) -> GridFunction:
 def _qkv_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["head_dim"] % 2 == 0, "head_dim must be even for RoPE")
     heads = a["q_heads"] + 2 * a["kv_heads"]
+    if a["tokens"] <= c["GEMV_TOKENS"]:
+        return (heads * cdiv(a["head_dim"] // 2, c["GEMV_P"]), 1, 1)
     return (heads * cdiv(a["head_dim"] // 2, c["BLOCK_P"]), cdiv(a["tokens"], c["BLOCK_M"]), 1)
+
+
+def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction) -> GridFunction:
+    """Decode shapes (count <= GEMV_TOKENS: the kernel branches on the same immediate) run
+    GEMV_N output columns per program over all live rows; larger ones use `tiles`. The
+    GEMV grid keeps `tiles`' grid z (K slices), since both paths split K alike."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        x, y, z = tiles(a, c)
+        if a[count] <= c["GEMV_TOKENS"]:
+            return (cdiv(a[n_name], c["GEMV_N"]), 1, z)
+        return (x, y, z)
+    return grid
 
 
 def _paged_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
@@ -149,10 +163,18 @@ def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
 # and deep K tiles with 3 pipeline stages (many bytes in flight per program). The LM head
 # (N = vocabulary, 56 MB) has programs to spare: wide N tiles, and BLOCK_M = 64 so up to 64
 # rows read the head once.
-_LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}
-# split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6)
-_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "K_SPLIT": 256}
-_HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
+# Up to GEMV_TOKENS rows (decode of a few sequences) the products run without tensor cores:
+# GEMV_N output columns per program, GEMV_M rows at a time, K unrolled GEMV_STEPS x GEMV_K
+# (8 f16 = 16 bytes per lane and step), so one layer's 1-4 MB spread over 100-400 programs.
+_GEMV = {"GEMV_TOKENS": 8, "GEMV_M": 4, "GEMV_K": 128}
+_LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5}
+# split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
+# unrolls its whole K_SPLIT slice
+_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
+                  "GEMV_N": 8}
+_HEAD_GEMM = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, **_GEMV, "GEMV_N": 16,
+              "GEMV_STEPS": 5}
+_QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, "GEMV_STEPS": 5}
 
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
 # before its ABI entry does.
@@ -165,18 +187,21 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("embedding.gather.v1", "tokens", "embed_tokens",
                {"BLOCK_T": 16, "BLOCK_D": 128}, _token_tiles, divisible=("dim",)),
     KernelSpec("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
-               {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64}, _qkv_rope_store,
+               _QKV_GEMM, _qkv_rope_store,
                num_stages=3, divisible=("dim", "head_dim", "page_stride")),
     KernelSpec("attention.paged.v1", "attention", "paged_attention",
                {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
                num_stages=3, divisible=("head_dim", "page_stride")),
     KernelSpec("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
-               _split_k_gemm("out_dim", "tokens", "in_dim"), num_stages=3,
+               _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim")),
+               num_stages=3,
                divisible=("in_dim", "out_dim")),
     KernelSpec("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
-               _gemm("ffn_dim", "tokens"), num_stages=3, divisible=("dim", "ffn_dim")),
+               _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens")), num_stages=3,
+               divisible=("dim", "ffn_dim")),
     KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
-               _gemm("vocab", "rows"), num_warps=8, num_stages=2, divisible=("dim", "vocab")),
+               _gemv_or_tiles("rows", "vocab", _gemm("vocab", "rows")), num_warps=8, num_stages=2,
+               divisible=("dim", "vocab")),
     KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
                _vocab_tiles, divisible=("vocab", "histogram_bins")),
     KernelSpec("sampling.draw.v1", "sampling", "draw_tokens",

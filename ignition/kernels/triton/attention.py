@@ -8,7 +8,8 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_PRECISION, prefetch_l2, scaled_rows,
+from ignition.kernels.triton.common import (DOT_PRECISION, gemv_rows, prefetch_l2,
+                                             row_sum_squares, scaled_rows,
                                              wait_for_predecessors)
 
 ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
@@ -21,7 +22,8 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
                    tokens, dim, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                    page_stride, eps, rope_pairing,
                    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr):
+                   GEMV_TOKENS: tl.constexpr, GEMV_M: tl.constexpr, GEMV_K: tl.constexpr,
+                   GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """rms_norm -> [q | k | v] projection -> RoPE(q, k) -> q_out, k and v into their pages.
 
     Grid ((q_heads + 2 kv_heads) * cdiv(head_dim / 2, BLOCK_P), cdiv(tokens, BLOCK_M)).
@@ -30,6 +32,102 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     accumulators), so the rotation needs no data exchange. v heads use the same path unrotated.
     qkv_weight f16 [(q_heads + 2 kv_heads) * head_dim, dim]; rope_table f32 [pos, head_dim/2, 2].
     """
+    if tokens <= GEMV_TOKENS:
+        _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
+                             positions, page_table, row_slot, geometry, dim, q_heads, kv_heads,
+                             head_dim, page_tokens, pages_per_row, page_stride, eps,
+                             rope_pairing, GEMV_M, GEMV_P, GEMV_K, GEMV_STEPS, PDL)
+    else:
+        _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight,
+                              rope_table, positions, page_table, row_slot, geometry, dim,
+                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                              page_stride, eps, rope_pairing, BLOCK_M, BLOCK_P, BLOCK_K, PDL)
+
+
+@triton.jit
+def _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,
+                    q_out, k_cache, v_cache, rope_table, positions, page_table, row_slot,
+                    geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                    page_stride):
+    """Rotate q and k pairs by their token's position, then write q rows or cache entries."""
+    half = head_dim // 2
+    pos = tl.load(positions + t, mask=live, other=0)
+    mask = live[:, None] & pair_mask[None, :]
+    if head < q_heads + kv_heads:
+        cs = rope_table + (pos[:, None] * half + pair[None, :]) * 2
+        cos = tl.load(cs, mask=mask, other=1.0)
+        sin = tl.load(cs + 1, mask=mask, other=0.0)
+        out_first = acc_first * cos - acc_second * sin
+        out_second = acc_first * sin + acc_second * cos
+    else:
+        out_first = acc_first
+        out_second = acc_second
+    if head < q_heads:
+        q_row = q_out + t[:, None] * (q_heads * head_dim) + head * head_dim
+        tl.store(q_row + first[None, :], out_first, mask=mask)
+        tl.store(q_row + second[None, :], out_second, mask=mask)
+    else:
+        kv_head = head - q_heads
+        plane = k_cache
+        if kv_head >= kv_heads:
+            kv_head -= kv_heads
+            plane = v_cache
+        row = tl.load(geometry + 1 + t, mask=live, other=0)
+        slot = tl.load(row_slot + row, mask=live, other=0)
+        page = tl.load(page_table + slot * pages_per_row + pos // page_tokens, mask=live, other=0)
+        base = (page.to(tl.int64) * page_stride
+                + ((pos % page_tokens) * kv_heads + kv_head) * head_dim)
+        tl.store(plane + base[:, None] + first[None, :], out_first.to(tl.float16), mask=mask)
+        tl.store(plane + base[:, None] + second[None, :], out_second.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
+                         positions, page_table, row_slot, geometry, dim, q_heads, kv_heads,
+                         head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing,
+                         GEMV_M: tl.constexpr, GEMV_P: tl.constexpr, GEMV_K: tl.constexpr,
+                         GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+    """Decode shape: grid (heads * cdiv(head_dim / 2, GEMV_P), 1, 1); GEMV_P pairs of one head
+    for all live tokens, GEMV_M tokens at a time."""
+    half = head_dim // 2
+    chunks = tl.cdiv(half, GEMV_P)
+    head = tl.program_id(0) // chunks
+    pair = (tl.program_id(0) % chunks) * GEMV_P + tl.arange(0, GEMV_P)
+    pair_mask = pair < half
+    if rope_pairing == ROPE_ADJACENT_PAIRS:
+        first = 2 * pair
+        second = 2 * pair + 1
+    else:
+        first = pair
+        second = pair + half
+    if PDL:
+        if tl.program_id(0) % chunks == 0:      # the head's weight rows, once per head
+            prefetch_l2(qkv_weight + head * head_dim * dim, head_dim * dim * 2, 256)
+    wait_for_predecessors(PDL)
+    n = tl.load(geometry)
+    for m0 in range(0, n, GEMV_M):
+        t = m0 + tl.arange(0, GEMV_M)
+        live = t < n
+        acc_first = gemv_rows(hidden, t, live, dim, qkv_weight, head * head_dim + first,
+                              pair_mask, 0, dim, norm_weight, True, GEMV_M, GEMV_P, GEMV_K,
+                              GEMV_STEPS)
+        acc_second = gemv_rows(hidden, t, live, dim, qkv_weight, head * head_dim + second,
+                               pair_mask, 0, dim, norm_weight, True, GEMV_M, GEMV_P, GEMV_K,
+                               GEMV_STEPS)
+        sum_sq = row_sum_squares(hidden, t, live, dim, GEMV_M, GEMV_K)
+        rstd = (1.0 / tl.sqrt(sum_sq / dim + eps))[:, None]
+        _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,
+                        second, head, q_out, k_cache, v_cache, rope_table, positions, page_table,
+                        row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
+                        pages_per_row, page_stride)
+
+
+@triton.jit
+def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
+                          positions, page_table, row_slot, geometry, dim, q_heads, kv_heads,
+                          head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing,
+                          BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr):
     if PDL:
         # the head's weight rows into L2 before waiting: once per head (first pair chunk,
         # first token tile)
@@ -86,34 +184,10 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
         rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
         acc_first = acc_first * rstd[:, None]
         acc_second = acc_second * rstd[:, None]
-        pos = tl.load(positions + t, mask=live, other=0)
-        mask = live[:, None] & pair_mask[None, :]
-        if head < q_heads + kv_heads:
-            cs = rope_table + (pos[:, None] * half + pair[None, :]) * 2
-            cos = tl.load(cs, mask=mask, other=1.0)
-            sin = tl.load(cs + 1, mask=mask, other=0.0)
-            out_first = acc_first * cos - acc_second * sin
-            out_second = acc_first * sin + acc_second * cos
-        else:
-            out_first = acc_first
-            out_second = acc_second
-        if head < q_heads:
-            q_row = q_out + t[:, None] * (q_heads * head_dim) + head * head_dim
-            tl.store(q_row + first[None, :], out_first, mask=mask)
-            tl.store(q_row + second[None, :], out_second, mask=mask)
-        else:
-            kv_head = head - q_heads
-            plane = k_cache
-            if kv_head >= kv_heads:
-                kv_head -= kv_heads
-                plane = v_cache
-            row = tl.load(geometry + 1 + t, mask=live, other=0)
-            slot = tl.load(row_slot + row, mask=live, other=0)
-            page = tl.load(page_table + slot * pages_per_row + pos // page_tokens, mask=live, other=0)
-            base = (page.to(tl.int64) * page_stride
-                    + ((pos % page_tokens) * kv_heads + kv_head) * head_dim)
-            tl.store(plane + base[:, None] + first[None, :], out_first.to(tl.float16), mask=mask)
-            tl.store(plane + base[:, None] + second[None, :], out_second.to(tl.float16), mask=mask)
+        _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,
+                        q_out, k_cache, v_cache, rope_table, positions, page_table, row_slot,
+                        geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                        page_stride)
 
 
 @triton.jit
