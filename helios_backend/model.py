@@ -88,8 +88,9 @@ EXECUTORS: Mapping[str, ExecutorFactory] = {"numpy": _numpy_executor, "cuda": _c
 
 def _buffer_offsets(executor: Any, manifest: M.ExecutionManifest, rank: int) -> tuple[dict[str, int], int]:
     """Arena byte offsets and size of one rank, from the executor that placed them."""
-    arena = getattr(executor, "arena", None)
-    if isinstance(arena, RankArena):
+    ranks = getattr(executor, "ranks", None)     # the numpy executor: one RankReplay per rank
+    if ranks and isinstance(ranks[rank].arena, RankArena):
+        arena = ranks[rank].arena
         return dict(arena.offsets), int(arena.memory.nbytes)
     from helios_backend.executors.cuda.plan import layout_arena
 

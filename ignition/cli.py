@@ -1,6 +1,7 @@
 """helios-prepare: turn a recipe into a signed payload core.
 
     helios-prepare smollm2-135m-instruct --out var/cores/smollm2-135m-instruct.core
+    helios-prepare smollm2-135m-instruct --tensor-parallel 2 --out var/cores/smollm2-tp2.core
 
 A local Ed25519 publisher key is created on first use (helios_backend.core.keys). The
 AOT kernel library (ignition.kernels) contributes cubin modules for the kernel ids it
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
 from ignition.preparation.prepare import PreparedModel, prepare
+from ignition.preparation.tensor_parallel import TensorParallelError
 from ignition.recipes import smollm2_135m_instruct, syntax_variants
 
 RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
@@ -85,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--page-tokens", type=int, default=None, help="logical tokens per cache page")
     parser.add_argument("--context-tokens", type=int, default=None, help="context extent per request")
     parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules")
+    parser.add_argument("--tensor-parallel", type=int, default=None, metavar="RANKS",
+                        help="ranks the model is divided among (per-rank programs and weights; default 1)")
     return parser
 
 
@@ -95,15 +99,20 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
     except UnknownRecipeError as exc:
         print(f"helios-prepare: {exc}", file=sys.stderr)
         return 2
-    overrides = {k: v for k, v in (("page_tokens", args.page_tokens), ("context_tokens", args.context_tokens))
-                 if v is not None}
+    overrides = {k: v for k, v in (("page_tokens", args.page_tokens), ("context_tokens", args.context_tokens),
+                                   ("tensor_parallel", args.tensor_parallel)) if v is not None}
     options = dataclasses.replace(recipe.RecipeOptions(), **overrides)
-    prepared = prepare_core(args.recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
-                            show_progress=True)
+    try:
+        prepared = prepare_core(args.recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
+                                show_progress=True)
+    except TensorParallelError as exc:
+        print(f"helios-prepare: {exc}", file=sys.stderr)
+        return 2
     for name, count in prepared.node_counts.items():
         print(f"{name}: {count} nodes per step")
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB, "
-          f"{len(prepared.manifest.programs)} programs, {len(prepared.manifest.modules)} kernel modules)")
+          f"{len(prepared.manifest.programs)} programs over {max(1, prepared.manifest.world_size)} rank(s), "
+          f"{len(prepared.manifest.modules)} kernel modules)")
     return 0
 
 

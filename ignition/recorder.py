@@ -4,12 +4,18 @@
     rec.declare(buffer)                      # physical buffers, shared by all programs of a rank
     rec.begin("decode.b8", OPERATION_DECODE, Capacity(rows=8, tokens=8))
     rec.launch("linear.residual.v1", hidden=rec.ref("hidden"), x=..., tokens=8, ...)
+    rec.all_reduce("layer0.down", rec.ref("hidden"), count=8 * 576)   # world_size > 1 only
     program = rec.end()                      # manifest_pb2.Program with ordered nodes
 
 `launch` checks every argument against the kernel ABI (helios_backend/kernels/abi.py) at
 record time: every parameter present, pointers into declared buffers and inside them,
 immediates of the right kind. Launch geometry comes from one indirection (`geometry`),
 so the AOT kernel library plugs in when it exists; without it every node gets (1,1,1).
+
+One Recorder per tensor-parallel rank (`rank`, `world_size`): its buffers and programs are
+that rank's. `all_reduce` records a NODE_KIND_ALL_REDUCE node (args: pointer, i64 element
+count, i32 dtype), the in-place sum of a region across the ranks, which each executor
+performs between the rank's neighbouring kernel nodes.
 """
 from __future__ import annotations
 
@@ -35,6 +41,10 @@ class Ref:
 
     buffer: str
     byte_offset: int = 0
+
+
+# Elements an all-reduce may sum: floating-point scratch (partial products of a rank)
+_REDUCIBLE_DTYPES = {contract_pb2.DTYPE_F32: 4, contract_pb2.DTYPE_F16: 2}
 
 
 def unit_geometry(kernel_id: str, args: Sequence[object]) -> Geometry:
@@ -63,10 +73,13 @@ def _immediate(param: abi.Param, value: object) -> manifest_pb2.Arg:
 
 
 class Recorder:
-    """Collects buffers and programs for one rank."""
+    """Collects buffers and programs for one rank of `world_size`."""
 
-    def __init__(self, rank: int = 0, geometry: GeometryFunction = unit_geometry) -> None:
+    def __init__(self, rank: int = 0, geometry: GeometryFunction = unit_geometry, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise RecordingError(f"rank {rank} outside a world of {world_size}")
         self.rank = rank
+        self.world_size = world_size
         self._geometry = geometry
         self.buffers: dict[str, manifest_pb2.Buffer] = {}
         self.programs: list[manifest_pb2.Program] = []
@@ -121,6 +134,25 @@ class Recorder:
         node.shared_bytes = int(shared)
         self._current.nodes.append(node)
 
+    def all_reduce(self, label: str, region: Ref, count: int) -> None:
+        """Append an in-place sum across ranks of `count` elements at `region` (its buffer's dtype)."""
+        if self._current is None:
+            raise RecordingError("all_reduce outside begin()/end()")
+        if self.world_size < 2:
+            raise RecordingError(f"{label}: an all-reduce needs more than one rank")
+        buffer = self.buffers.get(region.buffer)
+        if buffer is None:
+            raise RecordingError(f"{label}: no buffer named {region.buffer!r}")
+        itemsize = _REDUCIBLE_DTYPES.get(buffer.dtype)
+        if itemsize is None:
+            raise RecordingError(f"{label}: cannot sum {contract_pb2.DType.Name(buffer.dtype)} buffer {buffer.name!r}")
+        if count < 1 or region.byte_offset % itemsize or region.byte_offset + count * itemsize > buffer.nbytes:
+            raise RecordingError(f"{label}: {count} elements at byte {region.byte_offset} do not fit {buffer.name!r}")
+        pointer = manifest_pb2.BufferRef(buffer=region.buffer, byte_offset=region.byte_offset)
+        self._current.nodes.append(manifest_pb2.Node(
+            kind=manifest_pb2.NODE_KIND_ALL_REDUCE, label=label,
+            args=[manifest_pb2.Arg(pointer=pointer), manifest_pb2.Arg(i64=count), manifest_pb2.Arg(i32=buffer.dtype)]))
+
     def _pointer(self, kernel_id: str, param: abi.Param, value: object) -> manifest_pb2.Arg:
         if isinstance(value, str):
             value = Ref(value)
@@ -170,8 +202,27 @@ class ForwardRecorder:
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
 
+    @property
+    def rank(self) -> int:
+        return self._recorder.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._recorder.world_size
+
     def ref(self, name: str, byte_offset: int = 0) -> Ref:
         return self._recorder.ref(name, byte_offset)
+
+    def all_reduce(self, label: str, region: Ref, count: int) -> None:
+        """Sum a scratch region across ranks (a forward pass may not sum state or weights)."""
+        self._writable(f"all_reduce {label}", region.buffer)
+        self._recorder.all_reduce(label, region, count)
+
+    def _writable(self, what: str, name: object) -> None:
+        buffer = self._recorder.buffers.get(name) if isinstance(name, str) else None
+        if buffer is not None and buffer.kind in _FORWARD_READ_ONLY_KINDS:
+            raise RecordingError(f"{what}: a recipe's forward pass may not write "
+                                 f"{manifest_pb2.BufferKind.Name(buffer.kind)} buffer {name!r}")
 
     def launch(self, kernel_id: str, label: str = "", **args: object) -> None:
         spec = abi.kernel(kernel_id)
@@ -179,9 +230,5 @@ class ForwardRecorder:
             if not param.is_pointer or param.access == abi.Access.READ or param.name not in args:
                 continue
             value = args[param.name]
-            name = value.buffer if isinstance(value, Ref) else value
-            buffer = self._recorder.buffers.get(name) if isinstance(name, str) else None
-            if buffer is not None and buffer.kind in _FORWARD_READ_ONLY_KINDS:
-                raise RecordingError(f"{kernel_id}.{param.name}: a recipe's forward pass may not write "
-                                     f"{manifest_pb2.BufferKind.Name(buffer.kind)} buffer {name!r}")
+            self._writable(f"{kernel_id}.{param.name}", value.buffer if isinstance(value, Ref) else value)
         self._recorder.launch(kernel_id, label, **args)

@@ -143,6 +143,10 @@ def _two_ranks(contract, manifest):
         copy = manifest.programs.add()
         copy.CopyFrom(program)
         copy.rank, copy.name = 1, program.name + ".rank1"
+    for program in list(manifest.tuning):   # each rank's tuned buffers are filled by that rank's producer
+        copy = manifest.tuning.add()
+        copy.CopyFrom(program)
+        copy.rank = 1
     for graph in list(contract.model.graphs):
         copy = contract.model.graphs.add()
         copy.CopyFrom(graph)

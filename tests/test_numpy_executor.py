@@ -347,8 +347,9 @@ def test_nodes_write_only_through_pointers_their_abi_declares_writable(smollm2_b
 
     def run_checked(program: str, lanes) -> None:
         model.packer.pack(program, 0, lanes)
-        executor._staging[:] = executor.staging(0)
-        for (function, args), node in zip(executor._programs[program], nodes_of[program]):
+        rank = executor.ranks[0]
+        rank.staging[:] = executor.staging(0)
+        for (function, args), node in zip(rank.programs[program].kernel_nodes, nodes_of[program]):
             params = abi.KERNELS[node.kernel].params
             writable = [a for p, a in zip(params, args) if p.is_pointer and p.access != abi.Access.READ]
             watched = [(p.name, a, a.copy()) for p, a in zip(params, args)

@@ -14,8 +14,8 @@ class CheckContext:
 
     contract: contract_pb2.ServingContract
     manifest: manifest_pb2.ExecutionManifest
-    programs: dict[str, manifest_pb2.Program]          # serving catalog by name
-    tuning: dict[str, manifest_pb2.Program]            # tuning catalog by name
+    programs: dict[tuple[str, int], manifest_pb2.Program]   # serving catalog by (name, rank)
+    tuning: dict[tuple[str, int], manifest_pb2.Program]     # tuning catalog by (name, rank)
     buffers: dict[tuple[str, int], manifest_pb2.Buffer]  # (name, rank)
     destinations: dict[str, manifest_pb2.Destination]
     resource_ids: frozenset[str] | None                 # None: not checked (no core at hand)
@@ -33,6 +33,10 @@ class CheckContext:
     def buffer_names(self) -> frozenset[str]:
         return frozenset(name for name, _ in self.buffers)
 
+    @property
+    def world_size(self) -> int:
+        return max(self.manifest.world_size, 1)
+
 
 def _unique(items, key, field: str) -> dict:
     out: dict = {}
@@ -49,10 +53,12 @@ def build_context(
     manifest: manifest_pb2.ExecutionManifest,
     resource_ids: frozenset[str] | None,
 ) -> CheckContext:
-    programs = _unique(manifest.programs, lambda p: p.name, "manifest.programs")
-    tuning = _unique(manifest.tuning, lambda p: p.name, "manifest.tuning")
+    # per-rank programs share their name (tensor parallelism): a name is unique within a rank
+    programs = _unique(manifest.programs, lambda p: (p.name, p.rank), "manifest.programs")
+    tuning = _unique(manifest.tuning, lambda p: (p.name, p.rank), "manifest.tuning")
+    serving_names = {name for name, _ in programs}
     for index, program in enumerate(manifest.tuning):
-        if program.name in programs:
+        if program.name in serving_names:
             raise ContractError(f"manifest.tuning[{index}].name", f"{program.name!r} is also a serving program")
     buffers = _unique(manifest.buffers, lambda b: (b.name, b.rank), "manifest.buffers")
     destinations = _unique(manifest.transport.destinations, lambda d: d.name, "manifest.transport.destinations")

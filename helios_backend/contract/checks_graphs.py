@@ -27,18 +27,27 @@ def graphs(ctx: CheckContext) -> Iterator[tuple[str, c.GraphContract]]:
 
 
 def check_catalog(ctx: CheckContext) -> None:
-    """Each graph names one serving program whose operation, rank and capacity agree (BND-1..3)."""
+    """Each graph names one serving program of its own rank whose operation and capacity agree
+    (BND-1..3). Program names are unique within a rank; tensor-parallel ranks may record the same
+    step under the same name (Program.rank tells them apart)."""
     if not ctx.model.graphs:
         raise ContractError("model.graphs", "a contract declares at least one graph")
-    claimed: dict[str, str] = {}
-    world = max(ctx.manifest.world_size, 1)
+    claimed: dict[tuple[str, int], str] = {}
+    world = ctx.world_size
+    tuning_names = {name for name, _ in ctx.tuning}
     for path, graph in graphs(ctx):
-        if graph.program in claimed:
-            raise ContractError(f"{path}.program", f"{graph.program!r} is already described by {claimed[graph.program]}")
-        claimed[graph.program] = path
-        program = ctx.programs.get(graph.program)
+        key = (graph.program, graph.rank)
+        if key in claimed:
+            raise ContractError(f"{path}.program", f"{graph.program!r} is already described by {claimed[key]}")
+        claimed[key] = path
+        if graph.rank >= world:
+            raise ContractError(f"{path}.rank", f"rank {graph.rank} outside the manifest's world of {world}")
+        program = ctx.programs.get(key)
         if program is None:
-            where = "the tuning catalog, not the serving catalog" if graph.program in ctx.tuning else "no catalog"
+            ranks = sorted(rank for name, rank in ctx.programs if name == graph.program)
+            if ranks:
+                raise ContractError(f"{path}.rank", f"rank {graph.rank} disagrees with the catalog's {ranks}")
+            where = "the tuning catalog, not the serving catalog" if graph.program in tuning_names else "no catalog"
             raise ContractError(f"{path}.program", f"{graph.program!r} is in {where}")
         if program.operation != graph.operation:
             raise ContractError(
@@ -46,8 +55,6 @@ def check_catalog(ctx: CheckContext) -> None:
                 f"{c.Operation.Name(graph.operation)} disagrees with the catalog's "
                 f"{c.Operation.Name(program.operation) if program.operation in c.Operation.values() else program.operation}",
             )
-        if program.rank != graph.rank or graph.rank >= world:
-            raise ContractError(f"{path}.rank", f"rank {graph.rank} disagrees with the catalog's {program.rank} (world {world})")
         if (program.capacity.rows, program.capacity.tokens) != (graph.capacity.rows, graph.capacity.tokens):
             raise ContractError(f"{path}.capacity", "capacity disagrees with the catalog's program")
         if graph.capacity.rows == 0:
@@ -162,9 +169,9 @@ def check_tuned_bindings(ctx: CheckContext) -> None:
     for path, graph in graphs(ctx):
         for index, tuned in enumerate(graph.tuned_bindings):
             field = f"{path}.tuned_bindings[{index}]"
-            producer = ctx.tuning.get(tuned.producer)
+            producer = ctx.tuning.get((tuned.producer, graph.rank))
             if producer is None:
-                where = " (it is a serving program)" if tuned.producer in ctx.programs else ""
+                where = " (it is a serving program)" if (tuned.producer, graph.rank) in ctx.programs else ""
                 raise ContractError(f"{field}.producer", f"{tuned.producer!r} is not in the tuning catalog{where}")
             if tuned.buffer not in producer.outputs:
                 raise ContractError(f"{field}.buffer", f"{tuned.buffer!r} is not an output of producer {tuned.producer!r}")

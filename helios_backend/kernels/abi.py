@@ -130,6 +130,10 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("hidden", F32_T, RW), _ptr("x", F32_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("in_dim"), _i32("out_dim"),
     ), linear.linear_residual, "hidden += x @ weight.T (output / down projection + residual)"),
+    KernelSpec("linear.project.v1", (
+        _ptr("out", F32_T, W), _ptr("x", F32_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("in_dim"), _i32("out_dim"),
+    ), linear.linear_project, "out = x @ weight.T, rows past the live count 0 (a rank's partial before an all-reduce)"),
     KernelSpec("mlp.norm_gate_up_silu.v1", (
         _ptr("out", F32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T),
         _ptr("gate_up", F16_T), _ptr("geometry", I32_T),

@@ -48,6 +48,19 @@ def linear_residual(hidden: np.ndarray, x: np.ndarray, weight: np.ndarray, geome
     h[:n] += _matrix(x, tokens, in_dim)[:n] @ _matrix(weight, out_dim, in_dim).T
 
 
+def linear_project(out: np.ndarray, x: np.ndarray, weight: np.ndarray, geometry: np.ndarray,
+                   tokens: int, in_dim: int, out_dim: int) -> None:
+    """out[:n] = x[:n] @ weight.T and out[n:tokens] = 0; out [tokens, out_dim], x [tokens, in_dim].
+
+    A rank's partial product before an all-reduce sums it across ranks: rows past the live
+    count are zeroed (not left stale) so the all-reduce of the whole capacity adds nothing there.
+    """
+    n = live_tokens(geometry)
+    o = _matrix(out, tokens, out_dim)
+    o[:n] = _matrix(x, tokens, in_dim)[:n] @ _matrix(weight, out_dim, in_dim).T
+    o[n:] = 0.0
+
+
 def norm_gate_up_silu(out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray,
                       gate_up: np.ndarray, geometry: np.ndarray, tokens: int, dim: int,
                       ffn_dim: int, eps: float) -> None:

@@ -235,6 +235,11 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                {"MAX_ROWS": 256, "BLOCK_V": 2048, "MAX_CHUNKS": 64, "BLOCK_E": 8, "BLOCK_X": 16},
                _per_lane,
                num_warps=8, divisible=("vocab", "histogram_bins")),
+    # tensor parallelism: a rank's partial projection stored over the whole token capacity
+    # (rows past the live count 0) before its all-reduce (ignition/preparation/tensor_parallel.py)
+    KernelSpec("linear.project.v1", "projection", "linear_project",
+               {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}, _gemm("out_dim", "tokens"),
+               num_stages=3, divisible=("in_dim", "out_dim")),
 )
 
 SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}

@@ -499,6 +499,8 @@ def state_accesses(program: M.Program, buffers: dict[str, M.Buffer], request_slo
     reads: dict[str, bool] = {}
     writes: dict[str, bool] = {}
     for node in program.nodes:
+        if node.kind != M.NODE_KIND_KERNEL:   # an all-reduce sums scratch, never slot state
+            continue
         spec = abi.kernel(node.kernel)
         for param, arg in zip(spec.params, node.args):
             if not param.is_pointer:

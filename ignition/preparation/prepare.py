@@ -5,10 +5,16 @@
                        resources=prepared.resources, namespace=..., signing_key=...)
 
 Steps: open the recipe's source; turn its tensors into fp16 weight buffers packed into
-one weight resource (256-byte aligned, WeightSource offsets); record one program per
+one weight resource per rank (256-byte aligned, WeightSource offsets); record one program per
 (operation, capacity variant, rank) with the recipe's forward pass between the shared
 prologue and epilogue; declare bindings, state accesses, cache and completion layout.
 Runs without a GPU. Kernel modules are added when a kernel library is supplied.
+
+Tensor parallelism (`options.tensor_parallel` = W ranks, default 1; tensor_parallel.py): the
+recipe's divided dimensions are partitioned, each rank gets its own weight resource
+"weights.rank{r}" (its shards plus the replicated tensors), its own buffers (same names, its
+sizes) and its own copy of every program (same name, Program.rank = r) and graph contract.
+The staging frame, completion layout, slot state and sampling are the same on every rank.
 """
 from __future__ import annotations
 
@@ -24,13 +30,21 @@ from helios_proto import manifest_pb2 as M
 from helios_backend.core import ResourceInput, ResourceKind
 from helios_backend.kernels import abi
 from ignition.preparation import contract as shared
+from ignition.preparation import tensor_parallel
 from ignition.preparation.speculative import SpeculativePlan
+from ignition.preparation.tensor_parallel import Partition
 from ignition.recorder import Geometry, Recorder, unit_geometry
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
 EXECUTION_ABI = "helios-abi-1"
 CONTRACT_VERSION = 3
-WEIGHTS_RESOURCE = "weights.rank0"
+
+
+def weights_resource(rank: int) -> str:
+    return f"weights.rank{rank}"
+
+
+WEIGHTS_RESOURCE = weights_resource(0)
 TOKENIZER_RESOURCE = "tokenizer.json"
 CHAT_TEMPLATE_RESOURCE = "chat_template.jinja"
 WEIGHT_ALIGNMENT = 256
@@ -94,30 +108,46 @@ class KernelLibraryGeometry:
                 if all(k.id in self._ids for k in module.kernels)]
 
 
-def _pack_weights(rec: Recorder, recipe: ModuleType, source: Any, options: Any, progress: Progress | None
-                  ) -> tuple[bytes, list[C.TensorView]]:
-    total = recipe.weight_tensor_count(source.shape)
-    blob = bytearray()
-    views: list[C.TensorView] = []
-    for done, tensor in enumerate(recipe.weight_tensors(source, options), start=1):
-        offset = -(-len(blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
-        blob.extend(b"\0" * (offset - len(blob)))
-        data = np.ascontiguousarray(tensor.array)
+@dataclass
+class RankWeights:
+    """One rank's weight resource: its bytes, the WEIGHT buffers placed in it, its catalog views."""
+
+    resource: str
+    blob: bytearray = field(default_factory=bytearray)
+    buffers: list[M.Buffer] = field(default_factory=list)
+    views: list[C.TensorView] = field(default_factory=list)
+
+    def append(self, name: str, array: np.ndarray, sources: Sequence[str]) -> None:
+        offset = -(-len(self.blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
+        self.blob.extend(b"\0" * (offset - len(self.blob)))
+        data = np.ascontiguousarray(array)
         dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32}[data.dtype]
-        declared = shared.buffer(tensor.buffer, M.BUFFER_KIND_WEIGHT, dtype, data.shape)
-        declared.weight.CopyFrom(M.WeightSource(resource=WEIGHTS_RESOURCE, byte_offset=offset))
-        rec.declare(declared)
-        blob.extend(data.tobytes())
-        for name in tensor.sources:
-            views.append(C.TensorView(name=name, buffer=tensor.buffer, byte_offset=offset,
-                                      shape=list(data.shape), dtype=dtype))
+        declared = shared.buffer(name, M.BUFFER_KIND_WEIGHT, dtype, data.shape)
+        declared.weight.CopyFrom(M.WeightSource(resource=self.resource, byte_offset=offset))
+        self.buffers.append(declared)
+        self.blob.extend(data.tobytes())
+        for source in sources:
+            self.views.append(C.TensorView(name=source, buffer=name, byte_offset=offset,
+                                           shape=list(data.shape), dtype=dtype))
+
+
+def pack_weights(recipe: ModuleType, source: Any, options: Any, partition: Partition,
+                 progress: Progress | None = None) -> list[RankWeights]:
+    """Every rank's weight resource, from one pass over the recipe's (dequantized) tensors."""
+    total = recipe.weight_tensor_count(source.shape)
+    ranks = [RankWeights(weights_resource(rank)) for rank in range(partition.degree)]
+    for done, tensor in enumerate(recipe.weight_tensors(source, options), start=1):
+        for rank, weights in enumerate(ranks):
+            weights.append(tensor.buffer, partition.shard(tensor.array, getattr(tensor, "split", None), rank),
+                           tensor.sources)
         if progress is not None:
             progress("weights", done, total)
-    return bytes(blob), views
+    return ranks
 
 
-def _record_programs(rec: Recorder, recipe: ModuleType, source: Any, options: Any, cap: shared.TextCapacities,
-                     transport: M.Transport, cache: shared.PagedKV) -> list[C.GraphContract]:
+def _record_programs(rec: Recorder, recipe: ModuleType, shape: Any, options: Any, cap: shared.TextCapacities,
+                     transport: M.Transport, cache: shared.PagedKV, resource: str) -> list[C.GraphContract]:
+    """Every variant's program on `rec`'s rank; `shape` is that rank's model shape."""
     graphs = []
     for variant in variants(options):
         capacity = C.Capacity(rows=variant.rows, tokens=variant.tokens)
@@ -130,7 +160,7 @@ def _record_programs(rec: Recorder, recipe: ModuleType, source: Any, options: An
             bindings = shared.restoration_bindings()
         else:
             io = shared.record_step_prologue(rec, transport, cap, variant.operation, variant.rows, variant.tokens)
-            recipe.forward(rec.forward_view(), io, source.shape, cache, options)
+            recipe.forward(rec.forward_view(), io, shape, cache, options)
             if variant.operation == C.OPERATION_SCORED_PREFILL:
                 shared.record_scoring(rec, transport, cap, io)
             snapshots = bool(cap.snapshot_rows) and variant.operation in shared.SNAPSHOT_OPERATIONS
@@ -139,7 +169,7 @@ def _record_programs(rec: Recorder, recipe: ModuleType, source: Any, options: An
             shared.record_sampling_epilogue(rec, transport, cap, variant.operation, variant.rows)
             bindings = shared.generation_bindings(variant.operation, snapshots)
         program = rec.end()
-        graphs.append(shared.graph_contract(program, bindings, rec.buffers, [WEIGHTS_RESOURCE], cap.request_slots))
+        graphs.append(shared.graph_contract(program, bindings, rec.buffers, [resource], cap.request_slots))
     return graphs
 
 
@@ -156,31 +186,42 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows,
         logprobs=not getattr(options, "speculative_variants", ()), top_logprobs=getattr(options, "top_logprobs", 0),
         scored_tokens=max((v.tokens for v in all_variants if v.operation == C.OPERATION_SCORED_PREFILL), default=0))
+    degree = getattr(options, tensor_parallel.OPTION, 1)
+    partition = tensor_parallel.plan_for(recipe, shape, degree)
     geometry = KernelLibraryGeometry(kernel_library)
-    rec = Recorder(rank=0, geometry=geometry)
     transport = shared.build_transport(cap)
     speculative = SpeculativePlan.from_options(options, cap)   # None unless the recipe opts in
     if speculative is not None:
         speculative.extend_transport(transport, cap)
-    shared.declare_shared_buffers(rec, cap, transport)
-    cache = recipe.paged_kv(shape, options)
-    cache.declare(rec, cap.snapshot_rows)
-    recipe.declare_scratch(rec, shape, cap.max_tokens, options)
-    if speculative is not None:
-        speculative.declare_buffers(rec, cap)
-    weights, tensor_views = _pack_weights(rec, recipe, source, options, progress)
-    graphs = _record_programs(rec, recipe, source, options, cap, transport, cache)
-    if speculative is not None:
-        graphs += speculative.record_programs(rec, recipe, source, options, cap, transport, cache, [WEIGHTS_RESOURCE])
+    weights = pack_weights(recipe, source, options, partition, progress)
+    recorders: list[Recorder] = []
+    graphs: list[C.GraphContract] = []
+    for rank, rank_weights in enumerate(weights):
+        rec = Recorder(rank=rank, geometry=geometry, world_size=degree)
+        own_shape = tensor_parallel.rank_shape(recipe, shape, partition, rank)
+        shared.declare_shared_buffers(rec, cap, transport)
+        cache = recipe.paged_kv(own_shape, options)
+        cache.declare(rec, cap.snapshot_rows)
+        recipe.declare_scratch(rec, own_shape, cap.max_tokens, options)
+        if speculative is not None:
+            speculative.declare_buffers(rec, cap)
+        for declared in rank_weights.buffers:
+            rec.declare(declared)
+        graphs += _record_programs(rec, recipe, own_shape, options, cap, transport, cache, rank_weights.resource)
+        if speculative is not None:
+            graphs += speculative.record_programs(rec, recipe, own_shape, options, cap, transport, cache,
+                                                  [rank_weights.resource])
+        recorders.append(rec)
 
     tokenizer_json = tokenizer_json_from_gguf(source).encode()
     chat_template = (source.chat_template or "").encode()
-    resources = [ResourceInput(WEIGHTS_RESOURCE, ResourceKind.RESOURCE_KIND_WEIGHTS, weights),
-                 ResourceInput(TOKENIZER_RESOURCE, ResourceKind.RESOURCE_KIND_TOKENIZER, tokenizer_json),
-                 ResourceInput(CHAT_TEMPLATE_RESOURCE, ResourceKind.RESOURCE_KIND_CHAT_TEMPLATE, chat_template)]
+    resources = [ResourceInput(w.resource, ResourceKind.RESOURCE_KIND_WEIGHTS, bytes(w.blob)) for w in weights]
+    resources += [ResourceInput(TOKENIZER_RESOURCE, ResourceKind.RESOURCE_KIND_TOKENIZER, tokenizer_json),
+                  ResourceInput(CHAT_TEMPLATE_RESOURCE, ResourceKind.RESOURCE_KIND_CHAT_TEMPLATE, chat_template)]
 
-    manifest = M.ExecutionManifest(abi=EXECUTION_ABI, world_size=1, buffers=list(rec.buffers.values()),
-                                   programs=rec.programs, transport=transport,
+    manifest = M.ExecutionManifest(abi=EXECUTION_ABI, world_size=degree,
+                                   buffers=[b for rec in recorders for b in rec.buffers.values()],
+                                   programs=[p for rec in recorders for p in rec.programs], transport=transport,
                                    completion=shared.completion_layout(cap), request_slots=cap.request_slots,
                                    max_pages_per_row=cap.pages_per_row)
     for index, (cubin, module) in enumerate(geometry.modules()):
@@ -188,9 +229,11 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         manifest.modules.append(module)
         resources.append(ResourceInput(module.resource, ResourceKind.RESOURCE_KIND_KERNEL_MODULE, cubin))
 
+    # the cache contract describes a whole logical page: every rank holds its KV heads' share
+    cache_contract = recipe.paged_kv(shape, options).cache_contract(cap)
     fingerprint = hashlib.sha256()
-    for part in (hashlib.sha256(weights).digest(), tokenizer_json,
-                 cache.cache_contract(cap).SerializeToString(deterministic=True)):
+    for part in ([hashlib.sha256(w.blob).digest() for w in weights]
+                 + [tokenizer_json, cache_contract.SerializeToString(deterministic=True)]):
         fingerprint.update(part)
     frontend = recipe.frontend()
     frontend.tokenizer_resource = TOKENIZER_RESOURCE
@@ -200,20 +243,21 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         vocabulary=C.Vocabulary(sampled_tokens=shape.vocab, histogram_bins=cap.histogram_bins,
                                 mask_words=cap.mask_words),
         input_vocabulary=C.InputVocabulary(input_tokens=shape.vocab),
-        cache=cache.cache_contract(cap), graphs=graphs, frontend=frontend)
+        cache=cache_contract, graphs=graphs, frontend=frontend)
     defaults = C.ServingDefaults(sampling=recipe.SAMPLING_DEFAULTS, eos_token_ids=list(recipe.EOS_TOKEN_IDS),
                                  max_output_tokens=options.max_output_tokens)
     rebuild = C.RebuildManifest(catalog_version=1, recipe=recipe.NAME,
                                 sources=[C.SourceFile(name=source.path.name, nbytes=source.path.stat().st_size)],
-                                weight_catalogs=[C.WeightCatalog(rank=0, tensors=tensor_views)])
+                                weight_catalogs=[C.WeightCatalog(rank=rank, tensors=w.views)
+                                                 for rank, w in enumerate(weights)])
+    layout = f"{recipe.NAME}/fp16/page{options.page_tokens}" + (f"/tp{degree}" if degree > 1 else "")
     contract = C.ServingContract(
         served_id=recipe.SERVED_ID, aliases=list(recipe.ALIASES),
-        cache_identity=C.CacheIdentity(label=f"{recipe.NAME}/fp16/page{options.page_tokens}",
-                                       fingerprint=fingerprint.digest()),
+        cache_identity=C.CacheIdentity(label=layout, fingerprint=fingerprint.digest()),
         context_tokens=options.context_tokens, prefill_tokens=max(v.tokens for v in generation
                                                                   if v.operation == C.OPERATION_PREFILL),
         prepared_pages=options.prepared_pages, prepared_snapshots=options.snapshot_rows, concurrency=cap.request_slots,
         defaults=defaults, model=model, rebuild=rebuild,
         speculative_widths=speculative.widths if speculative is not None else [])
     return PreparedModel(contract=contract, manifest=manifest, resources=resources,
-                         node_counts=dict(rec.node_counts()))
+                         node_counts=dict(recorders[0].node_counts()))

@@ -155,12 +155,13 @@ class SpeculativePlan:
                                       [2, cap.request_slots, self.max_drafts]))
 
     # ---- programs ------------------------------------------------------------------------
-    def record_programs(self, rec: Recorder, recipe: Any, source: Any, options: Any, cap: shared.TextCapacities,
+    def record_programs(self, rec: Recorder, recipe: Any, shape: Any, options: Any, cap: shared.TextCapacities,
                         transport: M.Transport, cache: shared.PagedKV, resources: list[str]) -> list[C.GraphContract]:
+        """Every speculative variant on `rec`'s rank; `shape` is that rank's model shape."""
         graphs = []
         for variant in self.variants:
             rec.begin(variant.name, C.OPERATION_SPECULATIVE, C.Capacity(rows=variant.rows, tokens=variant.packed))
-            self._record(rec, recipe, source, options, cap, transport, cache, variant)
+            self._record(rec, recipe, shape, options, cap, transport, cache, variant)
             program = rec.end()
             graph = shared.graph_contract(program, bindings(variant), rec.buffers, resources, cap.request_slots)
             graph.speculative.CopyFrom(C.SpeculativeDescriptor(
@@ -175,7 +176,7 @@ class SpeculativePlan:
             graphs.append(graph)
         return graphs
 
-    def _record(self, rec: Recorder, recipe: Any, source: Any, options: Any, cap: shared.TextCapacities,
+    def _record(self, rec: Recorder, recipe: Any, shape: Any, options: Any, cap: shared.TextCapacities,
                 transport: M.Transport, cache: shared.PagedKV, v: SpeculativeVariant) -> None:
         s = lambda name: shared.staged(transport, name)  # noqa: E731
         slot_state = shared.SLOT_STATE
@@ -207,7 +208,7 @@ class SpeculativePlan:
                            positions=Ref(SCRATCH.positions), page_table=s("page_table"),
                            row_slot=Ref(SCRATCH.token_slot), geometry=Ref(SCRATCH.geometry),
                            logits=Ref(SCRATCH.logits), page_tokens=cap.page_tokens, pages_per_row=cap.pages_per_row)
-        recipe.forward(rec.forward_view(), io, source.shape, cache, options)
+        recipe.forward(rec.forward_view(), io, shape, cache, options)
         rec.launch("speculative.verify_commit.v1", "speculative.verify_commit", completion=shared.COMPLETION,
                    pending=slot_state.pending, generated=slot_state.generated,
                    output_histogram=slot_state.output_histogram, draft_cursor=DRAFT_CURSOR_STATE,

@@ -7,6 +7,10 @@ Admission, sampling, state transfer and paging come from ignition.preparation.co
 RoPE: the GGUF stores q/k rows permuted for llama.cpp's "NORM" rotation, so the weights
 are kept as stored and the kernels rotate ADJACENT pairs (2i, 2i+1).
 
+Tensor parallelism (RecipeOptions.tensor_parallel ranks): the recipe declares which dimensions
+ranks divide (KV-head groups, unevenly; ffn columns, evenly), the Split of each weight it cuts,
+and the per-rank shape; ignition/preparation/tensor_parallel.py does the rest.
+
 Decode steps use split-KV attention (attention.paged_split.v1); prefill and mixed steps the
 unsplit kernel. Node count per step: 5 per layer (norm+qkv+rope+cache write, attention, output projection
 + residual, norm+gate/up+SiLU, down projection + residual), plus embedding, final
@@ -15,8 +19,8 @@ norm+logits, the step prologue (geometry, input ids) and the sampling epilogue
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator, Mapping
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -24,6 +28,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
 from ignition.preparation.contract import PagedKV, StepIO, buffer
+from ignition.preparation.tensor_parallel import PartitionedDimension, Split, add_to_residual
 from ignition.recorder import ForwardRecorder, Recorder
 from ignition.sources.gguf import GGUFModel, LlamaShape, default_gguf_path
 
@@ -64,6 +69,7 @@ class RecipeOptions:
     max_output_tokens: int = 512
     rope_pairing: int = ROPE_ADJACENT_PAIRS
     gguf_path: str | None = None
+    tensor_parallel: int = 1    # ranks the model is divided among (KV-head groups, ffn columns)
 
 
 def open_source(options: RecipeOptions) -> GGUFModel:
@@ -84,6 +90,32 @@ class WeightTensor:
     buffer: str
     array: np.ndarray           # already in its stored dtype
     sources: tuple[str, ...]    # GGUF tensor names it came from
+    split: Split | None = None  # how tensor parallelism cuts it; None: replicated on every rank
+
+
+# ---- tensor parallelism: the divided dimensions and the per-rank shape --------------------------
+
+KV_GROUPS = "kv_groups"   # a KV head with the query heads that read it (the attention unit)
+FFN = "ffn"               # one MLP column: a gate row, an up row, a down column
+
+
+def tensor_parallel_dimensions(shape: LlamaShape) -> tuple[PartitionedDimension, ...]:
+    # heads may split unevenly (each launch takes its own q_heads / kv_heads); ffn columns evenly,
+    # so every rank's MLP width keeps the kernels' 16-element alignment
+    return (PartitionedDimension(KV_GROUPS, shape.n_kv_heads, uneven=True),
+            PartitionedDimension(FFN, shape.ffn, uneven=False))
+
+
+def rank_shape(shape: LlamaShape, units: Mapping[str, int]) -> LlamaShape:
+    """What one rank computes with: its KV heads and their query heads, its ffn columns."""
+    return replace(shape, n_heads=units[KV_GROUPS] * shape.gqa_group, n_kv_heads=units[KV_GROUPS], ffn=units[FFN])
+
+
+def _splits(shape: LlamaShape) -> dict[str, Split]:
+    """Cut weights by name: output rows of q/k/v and gate/up, input columns of the output and down projections."""
+    hd, group = shape.head_dim, shape.gqa_group
+    return {"qkv": Split(0, KV_GROUPS, (group * hd, hd, hd)), "attn_output": Split(1, KV_GROUPS, (group * hd,)),
+            "gate_up": Split(0, FFN, (1, 1)), "ffn_down": Split(1, FFN, (1,))}
 
 
 def _layer(i: int, name: str) -> str:
@@ -93,18 +125,23 @@ def _layer(i: int, name: str) -> str:
 def weight_tensors(source: GGUFModel, options: RecipeOptions) -> Iterator[WeightTensor]:
     """fp16 (dequantized) model weights, fused where one kernel reads them together."""
     shape = source.shape
+    split = _splits(shape)
     f16 = lambda name: source.tensor(name).astype(np.float16)  # noqa: E731
     yield WeightTensor("weights.token_embedding", f16("token_embd.weight"), ("token_embd.weight",))
     for i in range(shape.n_layers):
         b = f"blk.{i}."
         qkv = np.concatenate([f16(b + "attn_q.weight"), f16(b + "attn_k.weight"), f16(b + "attn_v.weight")])
         yield WeightTensor(_layer(i, "attn_norm"), f16(b + "attn_norm.weight"), (b + "attn_norm.weight",))
-        yield WeightTensor(_layer(i, "qkv"), qkv, (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"))
-        yield WeightTensor(_layer(i, "attn_output"), f16(b + "attn_output.weight"), (b + "attn_output.weight",))
+        yield WeightTensor(_layer(i, "qkv"), qkv, (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"),
+                           split["qkv"])
+        yield WeightTensor(_layer(i, "attn_output"), f16(b + "attn_output.weight"), (b + "attn_output.weight",),
+                           split["attn_output"])
         yield WeightTensor(_layer(i, "ffn_norm"), f16(b + "ffn_norm.weight"), (b + "ffn_norm.weight",))
         gate_up = np.concatenate([f16(b + "ffn_gate.weight"), f16(b + "ffn_up.weight")])
-        yield WeightTensor(_layer(i, "gate_up"), gate_up, (b + "ffn_gate.weight", b + "ffn_up.weight"))
-        yield WeightTensor(_layer(i, "ffn_down"), f16(b + "ffn_down.weight"), (b + "ffn_down.weight",))
+        yield WeightTensor(_layer(i, "gate_up"), gate_up, (b + "ffn_gate.weight", b + "ffn_up.weight"),
+                           split["gate_up"])
+        yield WeightTensor(_layer(i, "ffn_down"), f16(b + "ffn_down.weight"), (b + "ffn_down.weight",),
+                           split["ffn_down"])
     yield WeightTensor("weights.output_norm", f16("output_norm.weight"), ("output_norm.weight",))
     if not shape.tied_embeddings:
         yield WeightTensor("weights.output", f16("output.weight"), ("output.weight",))
@@ -159,7 +196,10 @@ def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int, options: 
 
 
 def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: RecipeOptions) -> None:
-    """One step of the Llama forward pass over io.tokens packed tokens; logits of each row's last token."""
+    """One step of the Llama forward pass over io.tokens packed tokens; logits of each row's last token.
+
+    `shape` is the rank's (tensor_parallel.rank_shape): its heads and ffn columns; the hidden size,
+    vocabulary and everything after the final norm are whole on every rank."""
     T, D = io.tokens, shape.hidden
     eps = float(shape.rms_eps)
     paging = dict(page_tokens=io.page_tokens, pages_per_row=io.pages_per_row, page_stride=cache.page_stride)
@@ -182,13 +222,13 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
                        arrivals=SCRATCH.arrivals, splits=decode_splits(io.rows, shape), **attention)
         else:
             rec.launch("attention.paged.v1", f"layer{i}.attention", **attention)
-        rec.launch("linear.residual.v1", f"layer{i}.attn_output", hidden=SCRATCH.hidden, x=SCRATCH.attention,
-                   weight=_layer(i, "attn_output"), geometry=io.geometry, tokens=T, in_dim=shape.q_dim, out_dim=D)
+        add_to_residual(rec, f"layer{i}.attn_output", hidden=SCRATCH.hidden, x=SCRATCH.attention,
+                        weight=_layer(i, "attn_output"), geometry=io.geometry, tokens=T, in_dim=shape.q_dim, out_dim=D)
         rec.launch("mlp.norm_gate_up_silu.v1", f"layer{i}.gate_up", out=SCRATCH.mlp, hidden=SCRATCH.hidden,
                    norm_weight=_layer(i, "ffn_norm"), gate_up=_layer(i, "gate_up"), geometry=io.geometry,
                    tokens=T, dim=D, ffn_dim=shape.ffn, eps=eps)
-        rec.launch("linear.residual.v1", f"layer{i}.down", hidden=SCRATCH.hidden, x=SCRATCH.mlp,
-                   weight=_layer(i, "ffn_down"), geometry=io.geometry, tokens=T, in_dim=shape.ffn, out_dim=D)
+        add_to_residual(rec, f"layer{i}.down", hidden=SCRATCH.hidden, x=SCRATCH.mlp,
+                        weight=_layer(i, "ffn_down"), geometry=io.geometry, tokens=T, in_dim=shape.ffn, out_dim=D)
     head = "weights.token_embedding" if shape.tied_embeddings else "weights.output"
     rec.launch("logits.norm_head.v1", "logits", logits=io.logits, hidden=SCRATCH.hidden,
                norm_weight="weights.output_norm", head=head, geometry=io.geometry, rows=io.rows, tokens=T,
