@@ -341,7 +341,7 @@ def _weight(out_dim: int, in_dim: int) -> np.ndarray:
 
 # Token capacities on both sides of GEMV_TOKENS (specs.py): up to it the dense kernels take
 # the decode (GEMV) path, above it the tensor-core tiles; live counts below capacity too.
-DENSE_SHAPES = [(20, [16, 1]), (7, [5, 1]), (1, [1])]
+DENSE_SHAPES = [(20, [16, 1]), (7, [5, 1]), (4, [2, 1]), (1, [1])]
 
 
 @pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
@@ -418,7 +418,7 @@ def _qkv_case(rope_pairing: int, head_dim: int = 64, query_length=(1, 6, 2), tok
     return buffers, immediates
 
 
-@pytest.mark.parametrize("query_length, tokens", [((1, 6, 2), 10), ((1, 1, 2), 5)])
+@pytest.mark.parametrize("query_length, tokens", [((1, 6, 2), 10), ((1, 1, 1), 4)])
 @pytest.mark.parametrize("rope_pairing", [0, 1])
 @pytest.mark.parametrize("head_dim", [64, 96])
 def test_qkv_rope_store(runner, rope_pairing, head_dim, query_length, tokens):

@@ -8,7 +8,7 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_PRECISION, gemv_rows, prefetch_l2,
+from ignition.kernels.triton.common import (DOT_PRECISION, gemv_rows, gemv_tiles, prefetch_l2,
                                              row_sum_squares, scaled_rows,
                                              wait_for_predecessors)
 
@@ -22,8 +22,8 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
                    tokens, dim, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                    page_stride, eps, rope_pairing,
                    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GEMV_TOKENS: tl.constexpr, GEMV_M: tl.constexpr, GEMV_K: tl.constexpr,
-                   GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                   GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_P: tl.constexpr,
+                   GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """rms_norm -> [q | k | v] projection -> RoPE(q, k) -> q_out, k and v into their pages.
 
     Grid ((q_heads + 2 kv_heads) * cdiv(head_dim / 2, BLOCK_P), cdiv(tokens, BLOCK_M)).
@@ -32,11 +32,11 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     accumulators), so the rotation needs no data exchange. v heads use the same path unrotated.
     qkv_weight f16 [(q_heads + 2 kv_heads) * head_dim, dim]; rope_table f32 [pos, head_dim/2, 2].
     """
-    if tokens <= GEMV_TOKENS:
+    if (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
-                             positions, page_table, row_slot, geometry, dim, q_heads, kv_heads,
-                             head_dim, page_tokens, pages_per_row, page_stride, eps,
-                             rope_pairing, GEMV_M, GEMV_P, GEMV_K, GEMV_STEPS, PDL)
+                             positions, page_table, row_slot, geometry, tokens, dim, q_heads,
+                             kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
+                             rope_pairing, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
     else:
         _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight,
                               rope_table, positions, page_table, row_slot, geometry, dim,
@@ -83,12 +83,12 @@ def _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, seco
 
 @triton.jit
 def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
-                         positions, page_table, row_slot, geometry, dim, q_heads, kv_heads,
-                         head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing,
-                         GEMV_M: tl.constexpr, GEMV_P: tl.constexpr, GEMV_K: tl.constexpr,
-                         GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                         positions, page_table, row_slot, geometry, tokens, dim, q_heads,
+                         kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
+                         rope_pairing, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                         GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Decode shape: grid (heads * cdiv(head_dim / 2, GEMV_P), 1, 1); GEMV_P pairs of one head
-    for all live tokens, GEMV_M tokens at a time."""
+    for every token of the capacity (only live ones are stored)."""
     half = head_dim // 2
     chunks = tl.cdiv(half, GEMV_P)
     head = tl.program_id(0) // chunks
@@ -100,26 +100,26 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
     else:
         first = pair
         second = pair + half
-    if PDL:
-        if tl.program_id(0) % chunks == 0:      # the head's weight rows, once per head
-            prefetch_l2(qkv_weight + head * head_dim * dim, head_dim * dim * 2, 256)
+    first_w = gemv_tiles(qkv_weight, head * head_dim + first, pair_mask, dim, 0, dim, GEMV_P,
+                         GEMV_K, GEMV_STEPS)
+    second_w = gemv_tiles(qkv_weight, head * head_dim + second, pair_mask, dim, 0, dim, GEMV_P,
+                          GEMV_K, GEMV_STEPS)
+    same = tl.zeros((GEMV_P,), dtype=tl.int32)
+    norms = gemv_tiles(norm_weight, same, same == 0, 0, 0, dim, GEMV_P, GEMV_K, GEMV_STEPS)
     wait_for_predecessors(PDL)
-    n = tl.load(geometry)
-    for m0 in range(0, n, GEMV_M):
-        t = m0 + tl.arange(0, GEMV_M)
-        live = t < n
-        acc_first = gemv_rows(hidden, t, live, dim, qkv_weight, head * head_dim + first,
-                              pair_mask, 0, dim, norm_weight, True, GEMV_M, GEMV_P, GEMV_K,
-                              GEMV_STEPS)
-        acc_second = gemv_rows(hidden, t, live, dim, qkv_weight, head * head_dim + second,
-                               pair_mask, 0, dim, norm_weight, True, GEMV_M, GEMV_P, GEMV_K,
-                               GEMV_STEPS)
-        sum_sq = row_sum_squares(hidden, t, live, dim, GEMV_M, GEMV_K)
-        rstd = (1.0 / tl.sqrt(sum_sq / dim + eps))[:, None]
-        _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,
-                        second, head, q_out, k_cache, v_cache, rope_table, positions, page_table,
-                        row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
-                        pages_per_row, page_stride)
+    t = tl.arange(0, GEMV_TOKENS)
+    computed = t < tokens
+    acc_first = gemv_rows(first_w, norms, hidden, t, computed, dim, 0, dim, True, GEMV_TOKENS,
+                          GEMV_P, GEMV_K, GEMV_STEPS)
+    acc_second = gemv_rows(second_w, norms, hidden, t, computed, dim, 0, dim, True, GEMV_TOKENS,
+                           GEMV_P, GEMV_K, GEMV_STEPS)
+    sum_sq = row_sum_squares(hidden, t, computed, dim, GEMV_TOKENS, GEMV_K)
+    rstd = (1.0 / tl.sqrt(sum_sq / dim + eps))[:, None]
+    live = t < tl.load(geometry)
+    _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,
+                    second, head, q_out, k_cache, v_cache, rope_table, positions, page_table,
+                    row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
+                    pages_per_row, page_stride)
 
 
 @triton.jit

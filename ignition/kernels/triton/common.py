@@ -59,42 +59,50 @@ def scaled_rows(x_ptr, norm_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def gemv_rows(x_ptr, rows, row_mask, k_dim, w_ptr, w_rows, w_mask, k_begin, k_end,
-              norm_ptr, NORM: tl.constexpr, M_T: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr, K_STEPS: tl.constexpr):
-    """Decode-shaped product without tensor cores: acc f32 [M_T, BN].
+def gemv_tiles(ptr, rows, row_mask, k_dim, k_begin, k_end, BN: tl.constexpr, BK: tl.constexpr,
+               K_STEPS: tl.constexpr):
+    """K_STEPS f16 tiles [1, BN, BK] of rows `rows` (row stride k_dim) covering k in
+    [k_begin, min(k_begin + K_STEPS * BK, k_end)); zero outside. Rows may repeat (BN copies of
+    one vector): a load of the weight tile's shape gets its register layout.
 
-    acc[m, j] = sum over k in [k_begin, k_end) of x[rows[m], k] (* norm[k] when NORM) *
-    w[w_rows[j], k]; x f32 and w f16 both have row stride k_dim.
+    Decode kernels load their weight (and norm weight) tiles with this BEFORE the PDL wait:
+    weights are never written by a node, so their latency overlaps the previous node and
+    only the activations are read after the wait."""
+    tiles = ()
+    for step in tl.static_range(K_STEPS):
+        k = k_begin + step * BK + tl.arange(0, BK)
+        # 4 f16 (8 bytes) per lane, like the f32 activation loads (16 bytes): both then get
+        # the same register layout and nothing is exchanged through shared memory
+        tiles = tiles + (tl.load(ptr + rows[None, :, None].to(tl.int64) * k_dim
+                                 + tl.max_contiguous(k, 4)[None, None, :],
+                                 mask=row_mask[None, :, None] & (k < k_end)[None, None, :],
+                                 other=0.0),)
+    return tiles
 
-    For a few rows a [16, N] tensor-core tile wastes 15/16 of its work and serializes the K
-    loop through one MMA chain; here every K step of K_STEPS * BK elements is unrolled, so
-    all of a program's loads are in flight at once, and the products accumulate per lane
-    with one reduction at the end.
-    """
+
+@triton.jit
+def gemv_rows(weights, norms, x_ptr, rows, row_mask, k_dim, k_begin, k_end,
+              NORM: tl.constexpr, M_T: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              K_STEPS: tl.constexpr):
+    """Decode-shaped product without tensor cores: acc f32 [M_T, BN],
+    acc[m, j] = sum over k of x[rows[m], k] (* norm[k] when NORM) * weight[j, k]
+    for the K_STEPS tiles of `weights` / `norms` (gemv_tiles, same k range); x f32, row
+    stride k_dim.
+
+    For a few rows a [16, N] tensor-core tile wastes most of its work and serializes the K
+    loop through one MMA chain; here every step is unrolled, so all of a program's loads
+    are in flight at once, and the products accumulate per lane with one reduction at the
+    end. x is loaded as [M_T, BN, BK] (the same row for every column: L1 hits) so that it
+    has the weight tile's register layout."""
     acc = tl.zeros((M_T, BN, BK), dtype=tl.float32)
-    # x and the norm weight are loaded as [M_T, BN, BK] / [1, BN, BK] (the same values for
-    # every column: L1 hits), not [M_T, 1, BK]: loads of the weight tile's shape get its
-    # register layout, so nothing is exchanged through shared memory (no barrier between
-    # the unrolled steps' loads)
-    along_n = tl.zeros((1, BN, 1), dtype=tl.int64)
-    x_rows = rows[:, None, None].to(tl.int64) * k_dim + along_n
-    w_offsets = w_rows[None, :, None].to(tl.int64) * k_dim
-    for k_outer in range(k_begin, k_end, K_STEPS * BK):
-        for step in tl.static_range(K_STEPS):
-            k = k_outer + step * BK + tl.arange(0, BK)
-            k_mask = k < k_end
-            x = tl.load(x_ptr + x_rows + k[None, None, :],
-                        mask=row_mask[:, None, None] & k_mask[None, None, :], other=0.0)
-            # 4 f16 (8 bytes) per lane, like the f32 x loads (16 bytes): both operands then
-            # get the same register layout
-            w = tl.load(w_ptr + w_offsets + tl.max_contiguous(k, 4)[None, None, :],
-                        mask=w_mask[None, :, None] & k_mask[None, None, :], other=0.0)
-            if NORM:
-                g = tl.load(norm_ptr + along_n + k[None, None, :], mask=k_mask[None, None, :],
-                            other=0.0)
-                x = x * g.to(tl.float32)
-            acc += x * w.to(tl.float32)
+    x_rows = rows[:, None, None].to(tl.int64) * k_dim + tl.zeros((1, BN, 1), dtype=tl.int64)
+    for step in tl.static_range(K_STEPS):
+        k = k_begin + step * BK + tl.arange(0, BK)
+        x = tl.load(x_ptr + x_rows + k[None, None, :],
+                    mask=row_mask[:, None, None] & (k < k_end)[None, None, :], other=0.0)
+        if NORM:
+            x = x * norms[step].to(tl.float32)
+        acc += x * weights[step].to(tl.float32)
     return tl.sum(acc, axis=2)
 
 

@@ -21,7 +21,7 @@ weight stream overlaps the current node.
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_PRECISION, gemv_rows, prefetch_l2,
+from ignition.kernels.triton.common import (DOT_PRECISION, gemv_rows, gemv_tiles, prefetch_l2,
                                              row_sum_squares, scaled_rows,
                                              wait_for_predecessors)
 
@@ -44,8 +44,8 @@ def _weight_tile(w_ptr, out_rows, out_mask, k0, k_end, row_stride, BLOCK_K: tl.c
 @triton.jit
 def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_M: tl.constexpr,
-                    GEMV_K: tl.constexpr, GEMV_N: tl.constexpr, PDL: tl.constexpr):
+                    K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                    GEMV_N: tl.constexpr, PDL: tl.constexpr):
     """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T.
 
     Grid z splits K into K_SPLIT-wide slices (split-K): at decode this multiplies the
@@ -56,39 +56,35 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
     """
     k_begin = tl.program_id(2) * K_SPLIT
     if tokens <= GEMV_TOKENS:
-        _linear_residual_gemv(hidden, x, weight, geometry, in_dim, out_dim, k_begin,
-                              K_SPLIT, GEMV_M, GEMV_N, GEMV_K, PDL)
+        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
+                              K_SPLIT, GEMV_TOKENS, GEMV_K, GEMV_N, PDL)
     else:
         _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin,
                                BLOCK_M, BLOCK_N, BLOCK_K, K_SPLIT, PDL)
 
 
 @triton.jit
-def _linear_residual_gemv(hidden, x, weight, geometry, in_dim, out_dim, k_begin,
-                          K_SPLIT: tl.constexpr, GEMV_M: tl.constexpr, GEMV_N: tl.constexpr,
-                          GEMV_K: tl.constexpr, PDL: tl.constexpr):
-    """Decode shape (a few tokens): grid (cdiv(out_dim, GEMV_N), 1, K slices); every program
-    owns GEMV_N output columns of one K slice for all live tokens, GEMV_M tokens at a time."""
+def _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
+                          K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                          GEMV_N: tl.constexpr, PDL: tl.constexpr):
+    """Decode shape (tokens <= GEMV_TOKENS): grid (cdiv(out_dim, GEMV_N), 1, K slices); a
+    program owns GEMV_N output columns of one K slice for every token of the capacity
+    (rows past the live count are computed from stale scratch and never stored)."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
     col_mask = cols < out_dim
-    if PDL:
-        if tl.program_id(2) == 0:
-            prefetch_l2(weight + tl.program_id(0) * GEMV_N * in_dim,
-                        tl.minimum(GEMV_N, out_dim - tl.program_id(0) * GEMV_N) * in_dim * 2, 256)
-    wait_for_predecessors(PDL)
-    n = tl.load(geometry)
     k_end = tl.minimum(k_begin + K_SPLIT, in_dim)
-    for m0 in range(0, n, GEMV_M):
-        rows = m0 + tl.arange(0, GEMV_M)
-        row_mask = rows < n
-        acc = gemv_rows(x, rows, row_mask, in_dim, weight, cols, col_mask, k_begin, k_end,
-                        weight, False, GEMV_M, GEMV_N, GEMV_K, K_SPLIT // GEMV_K)
-        out = hidden + rows[:, None] * out_dim + cols[None, :]
-        out_mask = row_mask[:, None] & col_mask[None, :]
-        if tl.num_programs(2) == 1:
-            tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
-        else:
-            tl.atomic_add(out, acc, mask=out_mask, sem="relaxed")
+    weights = gemv_tiles(weight, cols, col_mask, in_dim, k_begin, k_end, GEMV_N, GEMV_K,
+                         K_SPLIT // GEMV_K)
+    wait_for_predecessors(PDL)
+    rows = tl.arange(0, GEMV_TOKENS)
+    acc = gemv_rows(weights, weights, x, rows, rows < tokens, in_dim, k_begin, k_end, False,
+                    GEMV_TOKENS, GEMV_N, GEMV_K, K_SPLIT // GEMV_K)
+    out = hidden + rows[:, None] * out_dim + cols[None, :]
+    out_mask = (rows < tl.load(geometry))[:, None] & col_mask[None, :]
+    if tl.num_programs(2) == 1:
+        tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
+    else:
+        tl.atomic_add(out, acc, mask=out_mask, sem="relaxed")
 
 
 @triton.jit
@@ -135,48 +131,45 @@ def _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin
 @triton.jit
 def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      GEMV_TOKENS: tl.constexpr, GEMV_M: tl.constexpr, GEMV_K: tl.constexpr,
-                      GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                      GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
+                      GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """out f32 [tokens, ffn_dim] = silu(h @ gate^T) * (h @ up^T), h = rms_norm(hidden) * norm_weight.
 
     gate_up f16 [2 ffn_dim, dim]: gate rows first, then up rows; one program reads matching
     gate and up rows, so the product never leaves registers. Decode shapes (tokens <=
     GEMV_TOKENS) take the tensor-core-free path with GEMV_N columns per program.
     """
-    if tokens <= GEMV_TOKENS:
-        _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
-                                GEMV_M, GEMV_N, GEMV_K, GEMV_STEPS, PDL)
+    if (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+        _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
+                                ffn_dim, eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
     else:
         _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
                                  BLOCK_M, BLOCK_N, BLOCK_K, PDL)
 
 
 @triton.jit
-def _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
-                            GEMV_M: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
-                            GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+def _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim,
+                            eps, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(ffn_dim, GEMV_N), 1, 1): GEMV_N gate columns and their up columns."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
     col_mask = cols < ffn_dim
-    if PDL:
-        rows_here = tl.minimum(GEMV_N, ffn_dim - tl.program_id(0) * GEMV_N)
-        prefetch_l2(gate_up + tl.program_id(0) * GEMV_N * dim, rows_here * dim * 2, 256)
-        prefetch_l2(gate_up + (ffn_dim + tl.program_id(0) * GEMV_N) * dim, rows_here * dim * 2, 256)
+    gate_w = gemv_tiles(gate_up, cols, col_mask, dim, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
+    up_w = gemv_tiles(gate_up, cols + ffn_dim, col_mask, dim, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
+    same = tl.zeros((GEMV_N,), dtype=tl.int32)
+    norms = gemv_tiles(norm_weight, same, same == 0, 0, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
     wait_for_predecessors(PDL)
-    n = tl.load(geometry)
-    for m0 in range(0, n, GEMV_M):
-        rows = m0 + tl.arange(0, GEMV_M)
-        row_mask = rows < n
-        gate = gemv_rows(hidden, rows, row_mask, dim, gate_up, cols, col_mask, 0, dim,
-                         norm_weight, True, GEMV_M, GEMV_N, GEMV_K, GEMV_STEPS)
-        up = gemv_rows(hidden, rows, row_mask, dim, gate_up, cols + ffn_dim, col_mask, 0, dim,
-                       norm_weight, True, GEMV_M, GEMV_N, GEMV_K, GEMV_STEPS)
-        rstd = _rstd(row_sum_squares(hidden, rows, row_mask, dim, GEMV_M, GEMV_K), dim, eps)
-        rstd = rstd[:, None]
-        gate = gate * rstd
-        act = gate / (1.0 + tl.exp(-gate)) * (up * rstd)
-        tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
-                 mask=row_mask[:, None] & col_mask[None, :])
+    rows = tl.arange(0, GEMV_TOKENS)
+    live = rows < tokens
+    gate = gemv_rows(gate_w, norms, hidden, rows, live, dim, 0, dim, True, GEMV_TOKENS, GEMV_N,
+                     GEMV_K, GEMV_STEPS)
+    up = gemv_rows(up_w, norms, hidden, rows, live, dim, 0, dim, True, GEMV_TOKENS, GEMV_N,
+                   GEMV_K, GEMV_STEPS)
+    rstd = _rstd(row_sum_squares(hidden, rows, live, dim, GEMV_TOKENS, GEMV_K), dim, eps)[:, None]
+    gate = gate * rstd
+    act = gate / (1.0 + tl.exp(-gate)) * (up * rstd)
+    tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
+             mask=(rows < tl.load(geometry))[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -226,17 +219,17 @@ def _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, f
 @triton.jit
 def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab, eps,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              GEMV_TOKENS: tl.constexpr, GEMV_M: tl.constexpr, GEMV_K: tl.constexpr,
-              GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+              GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
+              GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """logits f32 [rows, vocab] = rms_norm(hidden[last token of row r]) @ head[vocab, dim]^T.
 
     The last token of row r is row_start[r + 1] - 1 (geometry words 1 + tokens + r ...);
     rows without tokens get a zero logits row. Up to GEMV_TOKENS rows take the tensor-core-free
     path: GEMV_N vocabulary entries per program, so the 49k-row head spreads over every SM.
     """
-    if rows <= GEMV_TOKENS:
+    if (rows <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
-                        eps, GEMV_M, GEMV_N, GEMV_K, GEMV_STEPS, PDL)
+                        eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
     else:
         _norm_head_tiles(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
                          eps, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
@@ -244,26 +237,28 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
 
 @triton.jit
 def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab, eps,
-                    GEMV_M: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
+                    GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
                     GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
-    """Grid (cdiv(vocab, GEMV_N), 1, 1). The head is larger than L2, so no prefetch: the
-    programs' own loads keep enough bytes in flight."""
+    """Grid (cdiv(vocab, GEMV_N), 1, 1): GEMV_N vocabulary entries per program, so the
+    head (larger than L2) streams through every SM."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
     col_mask = cols < vocab
+    weights = gemv_tiles(head, cols, col_mask, dim, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
+    same = tl.zeros((GEMV_N,), dtype=tl.int32)
+    norms = gemv_tiles(norm_weight, same, same == 0, 0, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
     wait_for_predecessors(PDL)
-    for r0 in range(0, rows, GEMV_M):
-        r = r0 + tl.arange(0, GEMV_M)
-        r_mask = r < rows
-        start = tl.load(geometry + 1 + tokens + r, mask=r_mask, other=0)
-        end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
-        live = r_mask & (end > start)
-        last = tl.where(live, end - 1, 0)
-        acc = gemv_rows(hidden, last, live, dim, head, cols, col_mask, 0, dim,
-                        norm_weight, True, GEMV_M, GEMV_N, GEMV_K, GEMV_STEPS)
-        rstd = _rstd(row_sum_squares(hidden, last, live, dim, GEMV_M, GEMV_K), dim, eps)
-        acc = tl.where(live[:, None], acc * rstd[:, None], 0.0)
-        tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
-                 mask=r_mask[:, None] & col_mask[None, :])
+    r = tl.arange(0, GEMV_TOKENS)
+    r_mask = r < rows
+    start = tl.load(geometry + 1 + tokens + r, mask=r_mask, other=0)
+    end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
+    live = r_mask & (end > start)
+    last = tl.where(live, end - 1, 0)
+    acc = gemv_rows(weights, norms, hidden, last, live, dim, 0, dim, True, GEMV_TOKENS, GEMV_N,
+                    GEMV_K, GEMV_STEPS)
+    rstd = _rstd(row_sum_squares(hidden, last, live, dim, GEMV_TOKENS, GEMV_K), dim, eps)
+    acc = tl.where(live[:, None], acc * rstd[:, None], 0.0)
+    tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
+             mask=r_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
