@@ -23,7 +23,9 @@ and travel only in the INITIALIZATION program.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -113,157 +115,307 @@ def _need_admission(lane: Lane) -> Admission:
 
 
 # ---- value sources ---------------------------------------------------------------------------
-# Per-lane sources: lane -> int or 1-D array. Scalar sources: (lanes, binding) -> int.
+# LANE_SOURCES: lane -> its value. Sources in INTEGER_SOURCES give one integer per lane and are
+# gathered for all lanes of a step into one int64 column; the others give 1-D values or None
+# (None = the binding's padding). SCALAR_SOURCES: (step, binding) -> one integer.
 
-LaneSource = Callable[[Lane], "int | np.ndarray | Sequence[int]"]
-ScalarSource = Callable[[Sequence[Lane], C.ValueBinding], int]
+LaneSource = Callable[[Lane], "int | np.ndarray | Sequence[int] | None"]
+
+
+def _seed_bits(lane: Lane) -> np.ndarray:
+    seed = _need_admission(lane).seed
+    return np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF])
+
 
 LANE_SOURCES: Mapping[int, LaneSource] = {
-    C.VALUE_SOURCE_SLOT: lambda lane: lane.slot,
-    C.VALUE_SOURCE_GENERATION: lambda lane: lane.generation,
-    C.VALUE_SOURCE_QUERY_LENGTH: lambda lane: lane.query_length,
-    C.VALUE_SOURCE_SAMPLING_DECISION: lambda lane: int(lane.sample),
-    C.VALUE_SOURCE_CONSUMED_TOKENS: lambda lane: lane.consumed,
-    C.VALUE_SOURCE_PROMPT_TOKENS: lambda lane: lane.tokens,     # None -> padding (device token)
+    C.VALUE_SOURCE_SLOT: attrgetter("slot"),
+    C.VALUE_SOURCE_GENERATION: attrgetter("generation"),
+    C.VALUE_SOURCE_QUERY_LENGTH: attrgetter("query_length"),
+    C.VALUE_SOURCE_SAMPLING_DECISION: attrgetter("sample"),          # bool: 0 / 1 in the column
+    C.VALUE_SOURCE_CONSUMED_TOKENS: attrgetter("consumed"),
+    C.VALUE_SOURCE_PROMPT_TOKENS: attrgetter("tokens"),              # None -> padding (device token)
     C.VALUE_SOURCE_PROMPT_POSITIONS: lambda lane: np.arange(lane.consumed, lane.consumed + lane.query_length),
-    C.VALUE_SOURCE_PAGE_TABLE: lambda lane: lane.pages,
-    C.VALUE_SOURCE_SNAPSHOT_DESTINATION: lambda lane: lane.snapshot_row,
-    C.VALUE_SOURCE_RESTORE_SOURCE: lambda lane: lane.restore_row,
-    C.VALUE_SOURCE_PENDING_TOKEN: lambda lane: lane.pending_token,   # RESUME: host-owned pending token
-    C.VALUE_SOURCE_SCORED_TARGET_TOKENS: lambda lane: lane.scored_targets,   # None -> padding (-1)
-    C.VALUE_SOURCE_GRAMMAR_MASK: lambda lane: lane.grammar_mask,  # None -> padding (all allowed)
-    C.VALUE_SOURCE_SEED_BITS: lambda lane: np.array([_need_admission(lane).seed & 0xFFFFFFFF,
-                                                     (_need_admission(lane).seed >> 32) & 0xFFFFFFFF]),
+    C.VALUE_SOURCE_PAGE_TABLE: attrgetter("pages"),
+    C.VALUE_SOURCE_SNAPSHOT_DESTINATION: attrgetter("snapshot_row"),
+    C.VALUE_SOURCE_RESTORE_SOURCE: attrgetter("restore_row"),
+    C.VALUE_SOURCE_PENDING_TOKEN: attrgetter("pending_token"),       # RESUME: host-owned pending token
+    C.VALUE_SOURCE_SCORED_TARGET_TOKENS: attrgetter("scored_targets"),   # None -> padding (-1)
+    C.VALUE_SOURCE_GRAMMAR_MASK: attrgetter("grammar_mask"),         # None -> padding (all allowed)
+    C.VALUE_SOURCE_SEED_BITS: _seed_bits,
     C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda lane: _need_admission(lane).sampling.vector(),
     C.VALUE_SOURCE_OUTPUT_LIMIT: lambda lane: _need_admission(lane).output_limit,
     C.VALUE_SOURCE_EOS_IDS: lambda lane: np.asarray(_need_admission(lane).eos_ids, dtype=np.int64),
     C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_admission(lane).prompt_histogram,
-    C.VALUE_SOURCE_PROPOSAL_IDS: lambda lane: lane.proposals,      # None -> padding
+    C.VALUE_SOURCE_PROPOSAL_IDS: attrgetter("proposals"),           # None -> padding
     C.VALUE_SOURCE_PROPOSAL_COUNT: lambda lane: 0 if lane.proposals is None else len(lane.proposals),
-    C.VALUE_SOURCE_PROPOSAL_GENERATION: lambda lane: lane.proposal_generation,
-    C.VALUE_SOURCE_PROPOSAL_CONSUMED: lambda lane: lane.proposal_consumed,
-    C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda lane: lane.prefix_limit,
+    C.VALUE_SOURCE_PROPOSAL_GENERATION: attrgetter("proposal_generation"),
+    C.VALUE_SOURCE_PROPOSAL_CONSUMED: attrgetter("proposal_consumed"),
+    C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: attrgetter("prefix_limit"),
+}
+
+INTEGER_SOURCES = frozenset({
+    C.VALUE_SOURCE_SLOT, C.VALUE_SOURCE_GENERATION, C.VALUE_SOURCE_QUERY_LENGTH, C.VALUE_SOURCE_SAMPLING_DECISION,
+    C.VALUE_SOURCE_CONSUMED_TOKENS, C.VALUE_SOURCE_SNAPSHOT_DESTINATION, C.VALUE_SOURCE_RESTORE_SOURCE,
+    C.VALUE_SOURCE_PENDING_TOKEN, C.VALUE_SOURCE_OUTPUT_LIMIT, C.VALUE_SOURCE_PROPOSAL_COUNT,
+    C.VALUE_SOURCE_PROPOSAL_GENERATION, C.VALUE_SOURCE_PROPOSAL_CONSUMED, C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
+})
+
+
+class _Step:
+    """One submission's lanes; each source's values are gathered at most once per pack():
+    integer sources as an int64 column [lanes], the others as a list (None = padding)."""
+
+    __slots__ = ("lanes", "count", "_columns", "_values", "_starts")
+
+    def __init__(self, lanes: Sequence[Lane]) -> None:
+        self.lanes = lanes
+        self.count = len(lanes)
+        self._columns: dict[int, np.ndarray] = {}
+        self._values: dict[int, list] = {}
+        self._starts: Optional[np.ndarray] = None
+
+    def column(self, source: int) -> np.ndarray:
+        column = self._columns.get(source)
+        if column is None:
+            column = np.fromiter(map(LANE_SOURCES[source], self.lanes), np.int64, self.count)
+            self._columns[source] = column
+        return column
+
+    def values(self, source: int) -> list:
+        values = self._values.get(source)
+        if values is None:
+            values = self._values[source] = list(map(LANE_SOURCES[source], self.lanes))
+        return values
+
+    def token_starts(self) -> np.ndarray:
+        """int64 [lanes + 1]: where each lane's packed tokens begin; the last entry is their total."""
+        if self._starts is None:
+            self._starts = np.zeros(self.count + 1, np.int64)
+            np.cumsum(self.column(C.VALUE_SOURCE_QUERY_LENGTH), out=self._starts[1:])
+        return self._starts
+
+
+def _positions(step: _Step) -> np.ndarray:
+    """int64 [packed tokens]: consumed, consumed + 1, ... for each lane's query tokens, back to back."""
+    starts = step.token_starts()
+    lengths = step.column(C.VALUE_SOURCE_QUERY_LENGTH)
+    return np.repeat(step.column(C.VALUE_SOURCE_CONSUMED_TOKENS) - starts[:-1], lengths) + np.arange(starts[-1])
+
+
+# Sources of PACKED_TOKEN destinations computed for every packed token at once.
+TOKEN_VECTORS: Mapping[int, Callable[[_Step], np.ndarray]] = {
+    C.VALUE_SOURCE_PROMPT_POSITIONS: _positions,
 }
 
 
-def _mixed_prefill_row(lanes: Sequence[Lane], binding: C.ValueBinding) -> int:
-    rows = [i for i, lane in enumerate(lanes) if lane.tokens is not None]
+def _mixed_prefill_row(step: _Step, binding: C.ValueBinding) -> int:
+    rows = [i for i, tokens in enumerate(step.values(C.VALUE_SOURCE_PROMPT_TOKENS)) if tokens is not None]
     if len(rows) > 1:
         raise CapacityError(f"a mixed step carries one prefill row, got {len(rows)}")
     return rows[0] if rows else int(binding.padding)
 
 
+ScalarSource = Callable[[_Step, C.ValueBinding], int]
 SCALAR_SOURCES: Mapping[int, ScalarSource] = {
-    C.VALUE_SOURCE_LIVE_ROW_COUNT: lambda lanes, binding: len(lanes),
+    C.VALUE_SOURCE_LIVE_ROW_COUNT: lambda step, binding: step.count,
     C.VALUE_SOURCE_MIXED_PREFILL_ROW: _mixed_prefill_row,
-    C.VALUE_SOURCE_CONSTANT: lambda lanes, binding: int(binding.constant),
+    C.VALUE_SOURCE_CONSTANT: lambda step, binding: int(binding.constant),
 }
+
+
+# ---- destinations ----------------------------------------------------------------------------
+
+_ROW_MODES = (C.INDEX_MODE_SUBMISSION_ROW, C.INDEX_MODE_ACTIVE_ROW)
+
+
+class _PageMemory:
+    """What one frame holds of one PHYSICAL_ROW destination (BND-33/34), per physical slot: the
+    generation its entries belong to and how many entries are written (0: none known)."""
+
+    def __init__(self, slots: int) -> None:
+        self.generation = np.zeros(slots, np.int64)    # [S]
+        self.written = np.zeros(slots, np.int64)       # [S] entries from the row's start
+        self.stamp = np.zeros(slots, np.int64)         # [S] scratch: finds a slot named twice in one step
+
+    def forget(self, slot: int) -> None:
+        if 0 <= slot < self.written.size:
+            self.written[slot] = 0
+
+
+class Target:
+    """A resolved destination inside one frame.
+
+        view   typed 1-D view of the destination's elements in the frame
+        table  row modes: view[:rows * width] as [rows, width]; row r = submission row r
+        pad    the binding's bare padding in the destination dtype (BND-17)
+    """
+
+    def __init__(self, view: np.ndarray, width: int, rows: int, binding: C.ValueBinding,
+                 memory: Optional[_PageMemory] = None) -> None:
+        self.view, self.width, self.rows, self.binding, self.memory = view, width, rows, binding, memory
+        self.table = view[:rows * width].reshape(rows, width) if binding.index in _ROW_MODES else None
+        self.offset = int(binding.offset)              # a Python int: numpy keeps the values' dtype
+        self.pad = np.array(binding.padding).astype(view.dtype)
+        self._pads: dict[np.dtype, np.ndarray] = {}
+
+    def pad_as(self, dtype: np.dtype) -> np.ndarray:
+        """The padding that ends a short row of values of `dtype` (held in their dtype first)."""
+        pad = self._pads.get(dtype)
+        if pad is None:
+            pad = self._pads[dtype] = np.full(1, self.binding.padding, dtype=dtype)
+        return pad
+
+
+def _put(dst: np.ndarray, value, target: Target, cut: bool = False) -> None:
+    """One lane's values into `dst` (its row, or its span of packed tokens): the offset is added
+    to integer values, the rest of `dst` gets the bare padding (BND-17). Values beyond `dst` are
+    an error in a row, cut off in a span (`cut`: a span follows the lane's query length)."""
+    values = np.asarray(value)
+    if values.ndim != 1:
+        values = values.reshape(-1)
+    if target.offset and values.dtype.kind in "iu":
+        values = values + target.offset
+    size = values.size
+    if size > dst.size:
+        if not cut:
+            raise CapacityError(f"{target.binding.destination}: {size} values exceed the row width {dst.size}")
+        values, size = values[:dst.size], dst.size
+    dst[:size] = values
+    if size < dst.size:
+        dst[size:] = target.pad_as(values.dtype)
 
 
 # ---- index modes -----------------------------------------------------------------------------
+# One writer per (index mode, kind of source): (target, step, source) -> None. Kinds: "integer"
+# (INTEGER_SOURCES: one column write), "values" (per-lane arrays: padding rows in one write,
+# then the lanes that carry values), "vector" (TOKEN_VECTORS: every packed token at once).
 
-@dataclass
-class Target:
-    """A resolved destination inside one frame."""
-
-    view: np.ndarray          # typed view of the destination in the frame
-    width: int                # elements per row (row modes) or 1
-    rows: int                 # program's captured rows
-    binding: C.ValueBinding
-    memory: dict = field(default_factory=dict)   # PHYSICAL_ROW page tables: slot -> (generation, written)
-
-
-def _as_values(value, target: Target, length: int) -> np.ndarray:
-    """One lane's value as `length` elements of the destination dtype: the offset is added to the
-    values, then the row is padded with the bare padding value (BND-17; like padding rows)."""
-    if value is None:
-        out = np.full(length, target.binding.padding, dtype=np.int64)
-    else:
-        out = np.asarray(value)
-        if out.ndim == 0:
-            out = out.reshape(1)
-        if out.dtype.kind in "iu" and target.binding.offset:
-            out = out + target.binding.offset
-        if out.size < length:
-            out = np.concatenate([out, np.full(length - out.size, target.binding.padding, dtype=out.dtype)])
-    return out.astype(target.view.dtype, copy=False)
+def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
+    n, table = step.count, target.table
+    values = step.column(source)
+    if target.offset:
+        values = values + target.offset
+    table[:n, 0] = values
+    if target.width > 1:
+        table[:n, 1:] = target.pad
+    if pad_tail:
+        table[n:] = target.pad
 
 
-def _write_rows(target: Target, lanes: Sequence[Lane], source: LaneSource, pad_tail: bool) -> None:
-    width = target.width
-    rows = target.view[: target.rows * width].reshape(target.rows, width)
-    for r, lane in enumerate(lanes):
-        rows[r] = _as_values(source(lane), target, width)
-    if pad_tail and len(lanes) < target.rows:
-        rows[len(lanes):] = np.array(target.binding.padding).astype(target.view.dtype)
+def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
+    n, table = step.count, target.table
+    values = step.values(source)
+    missing = [r for r, value in enumerate(values) if value is None]
+    if len(missing) == n:
+        table[:n] = target.pad
+    elif missing:
+        table[missing] = target.pad
+    for r, value in enumerate(values):
+        if value is not None:
+            _put(table[r], value, target)
+    if pad_tail:
+        table[n:] = target.pad
 
 
-def _write_submission_rows(target: Target, lanes: Sequence[Lane], source: LaneSource) -> None:
-    _write_rows(target, lanes, source, pad_tail=True)
+def _integer_tokens(target: Target, step: _Step, source: int) -> None:
+    """One value per lane at its first packed token; its further tokens get padding."""
+    starts, lengths = step.token_starts(), step.column(C.VALUE_SOURCE_QUERY_LENGTH)
+    values = step.column(source)
+    if target.offset:
+        values = values + target.offset
+    target.view[:starts[-1]] = target.pad
+    live = lengths > 0
+    target.view[starts[:-1][live]] = values[live]
 
 
-def _write_active_rows(target: Target, lanes: Sequence[Lane], source: LaneSource) -> None:
-    _write_rows(target, lanes, source, pad_tail=False)
+def _vector_tokens(target: Target, step: _Step, source: int) -> None:
+    values = TOKEN_VECTORS[source](step)
+    if target.offset:
+        values = values + target.offset
+    target.view[:values.size] = values
 
 
-def _write_packed_tokens(target: Target, lanes: Sequence[Lane], source: LaneSource) -> None:
-    cursor = 0
-    for lane in lanes:
-        count = lane.query_length
-        target.view[cursor:cursor + count] = _as_values(source(lane), target, count)[:count]
-        cursor += count
+def _value_tokens(target: Target, step: _Step, source: int) -> None:
+    """Each lane's values over its span of packed tokens; lanes without values read padding."""
+    starts, values = step.token_starts(), step.values(source)
+    if any(value is None for value in values):
+        target.view[:starts[-1]] = target.pad          # lanes with values overwrite their spans
+    for r, value in enumerate(values):
+        if value is not None:
+            _put(target.view[starts[r]:starts[r + 1]], value, target, cut=True)
 
 
-def _write_physical_rows(target: Target, lanes: Sequence[Lane], source: LaneSource) -> None:
-    """Each lane's values at its physical slot; entries already in this frame are skipped."""
-    width = target.width
-    for lane in lanes:
-        values = np.asarray(source(lane))
-        if values.size > width:
-            raise CapacityError(f"slot {lane.slot}: {values.size} entries exceed the row width {width}")
-        generation, written = target.memory.get(lane.slot, (None, 0))
-        if generation != lane.generation:
-            written = 0
-        if values.size > written:
-            start = lane.slot * width
-            target.view[start + written:start + values.size] = _as_values(values[written:], target,
-                                                                          values.size - written)
-        target.memory[lane.slot] = (lane.generation, max(written, values.size))
+def _physical_rows(target: Target, step: _Step, source: int) -> None:
+    """Each lane's values at its physical slot; entries this frame already holds are skipped."""
+    n, memory, width = step.count, target.memory, target.width
+    if n == 0:
+        return
+    values = step.values(source)
+    sizes = np.fromiter(map(len, values), np.int64, n)
+    slots, generations = step.column(C.VALUE_SOURCE_SLOT), step.column(C.VALUE_SOURCE_GENERATION)
+    if sizes.max() > width:
+        r = int(np.argmax(sizes > width))
+        raise CapacityError(f"slot {slots[r]}: {sizes[r]} entries exceed the row width {width}")
+    if slots.min() < 0 or slots.max() >= memory.written.size:
+        raise CapacityError(f"slots {slots.tolist()} outside the {memory.written.size} physical slots")
+    order = np.arange(n)
+    memory.stamp[slots] = order
+    if (memory.stamp[slots] == order).all():
+        _upload(target, values, sizes, slots, generations)
+    else:                        # a slot named twice: in lane order, each lane sees the one before
+        for r in range(n):
+            _upload(target, values[r:r + 1], sizes[r:r + 1], slots[r:r + 1], generations[r:r + 1])
 
 
-def _write_scalar(target: Target, lanes: Sequence[Lane], value: int) -> None:
-    target.view[0] = _as_values(value, target, 1)[0]
+def _upload(target: Target, values: list, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
+    """Lanes of distinct slots: write entries [held, size) of each; a new generation holds none."""
+    memory, width = target.memory, target.width
+    held = np.where(memory.generation[slots] == generations, memory.written[slots], 0)
+    for r in np.flatnonzero(sizes > held).tolist():
+        start = int(slots[r]) * width
+        _put(target.view[start + held[r]:start + sizes[r]], np.asarray(values[r])[held[r]:], target)
+    memory.generation[slots] = generations
+    memory.written[slots] = np.maximum(held, sizes)
 
 
-RowWriter = Callable[[Target, Sequence[Lane], LaneSource], None]
-INDEX_WRITERS: Mapping[int, RowWriter] = {
-    C.INDEX_MODE_SUBMISSION_ROW: _write_submission_rows,
-    C.INDEX_MODE_ACTIVE_ROW: _write_active_rows,
-    C.INDEX_MODE_PACKED_TOKEN: _write_packed_tokens,
-    C.INDEX_MODE_PHYSICAL_ROW: _write_physical_rows,
+RowWriter = Callable[[Target, _Step, int], None]
+INDEX_WRITERS: Mapping[tuple[int, str], RowWriter] = {
+    (C.INDEX_MODE_SUBMISSION_ROW, "integer"): partial(_integer_rows, pad_tail=True),
+    (C.INDEX_MODE_SUBMISSION_ROW, "values"): partial(_value_rows, pad_tail=True),
+    (C.INDEX_MODE_ACTIVE_ROW, "integer"): partial(_integer_rows, pad_tail=False),
+    (C.INDEX_MODE_ACTIVE_ROW, "values"): partial(_value_rows, pad_tail=False),
+    (C.INDEX_MODE_PACKED_TOKEN, "integer"): _integer_tokens,
+    (C.INDEX_MODE_PACKED_TOKEN, "vector"): _vector_tokens,
+    (C.INDEX_MODE_PACKED_TOKEN, "values"): _value_tokens,
+    (C.INDEX_MODE_PHYSICAL_ROW, "values"): _physical_rows,
 }
+
+
+def _write_scalar(target: Target, value: int) -> None:
+    _put(target.view[:1], value, target)
 
 
 # ---- the packer ------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Resolved:
-    destination: str
-    write: Callable[[Target, Sequence[Lane]], None]
+Write = Callable[[Target, _Step], None]
 
 
-def _resolve(binding: C.ValueBinding, where: str) -> Callable[[Target, Sequence[Lane]], None]:
-    if binding.index == C.INDEX_MODE_SCALAR:
-        scalar = SCALAR_SOURCES.get(binding.source)
+def _resolve(binding: C.ValueBinding, where: str) -> Write:
+    source, index = binding.source, binding.index
+    if index == C.INDEX_MODE_SCALAR:
+        scalar = SCALAR_SOURCES.get(source)
         if scalar is None:
-            raise PackingError(f"{where}: source {C.ValueSource.Name(binding.source)} has no scalar value")
-        return lambda target, lanes: _write_scalar(target, lanes, scalar(lanes, binding))
-    source = LANE_SOURCES.get(binding.source)
-    writer = INDEX_WRITERS.get(binding.index)
-    if source is None or writer is None:
-        raise PackingError(f"{where}: no packing for {C.ValueSource.Name(binding.source)} "
-                           f"indexed {C.IndexMode.Name(binding.index)}")
-    return lambda target, lanes: writer(target, lanes, source)
+            raise PackingError(f"{where}: source {C.ValueSource.Name(source)} has no scalar value")
+        return lambda target, step: _write_scalar(target, scalar(step, binding))
+    if index == C.INDEX_MODE_PACKED_TOKEN and source in TOKEN_VECTORS:
+        kind = "vector"
+    else:
+        kind = "integer" if source in INTEGER_SOURCES else "values"
+    writer = INDEX_WRITERS.get((index, kind))
+    if source not in LANE_SOURCES or writer is None:
+        raise PackingError(f"{where}: no packing for {C.ValueSource.Name(source)} "
+                           f"indexed {C.IndexMode.Name(index)}")
+    return lambda target, step: writer(target, step, source)
 
 
 class Packer:
@@ -283,22 +435,21 @@ class Packer:
                     raise PackingError(f"{graph.program}: destination {b.destination!r} is not registered")
         for graph in list(graphs) + list(layout_graphs):
             for b in graph.bindings:
-                if b.index in (C.INDEX_MODE_SUBMISSION_ROW, C.INDEX_MODE_ACTIVE_ROW):
+                if b.index in _ROW_MODES:
                     row_capacity[b.destination] = max(row_capacity.get(b.destination, 0), graph.capacity.rows)
         self._capacity = {g.program: (g.capacity.rows, g.capacity.tokens, g.operation) for g in graphs}
-        self._plans: dict[str, tuple[_Resolved, ...]] = {}
-        # targets[frame][(program, destination)]: typed views and page-table memory, built once
-        self._targets: list[dict[tuple[str, str], Target]] = [dict() for _ in frames]
-        page_memory: list[dict[str, dict]] = [dict() for _ in frames]
+        # writes[frame][program]: (target, write) per binding, in binding order, built once
+        self._writes: list[dict[str, tuple[tuple[Target, Write], ...]]] = [dict() for _ in frames]
+        page_memory: list[dict[str, _PageMemory]] = [dict() for _ in frames]
         for graph in graphs:
-            plan = []
+            plans: list[list[tuple[Target, Write]]] = [[] for _ in frames]
             for index, b in enumerate(graph.bindings):
                 where = f"{graph.program}.bindings[{index}]"
                 d = destinations[b.destination]
                 dtype = _NUMPY.get(d.dtype)
                 if dtype is None:
                     raise PackingError(f"{where}: destination dtype {C.DType.Name(d.dtype)} is not packable")
-                if b.index in (C.INDEX_MODE_SUBMISSION_ROW, C.INDEX_MODE_ACTIVE_ROW):
+                if b.index in _ROW_MODES:
                     width = int(d.row_elements) or int(d.elements) // row_capacity[b.destination]
                     if width * graph.capacity.rows > d.elements:
                         raise PackingError(f"{where}: {d.name} holds {d.elements} < {graph.capacity.rows} rows "
@@ -312,12 +463,16 @@ class Packer:
                     width = 1
                 if b.index == C.INDEX_MODE_PACKED_TOKEN and d.elements < graph.capacity.tokens:
                     raise PackingError(f"{where}: {d.name} holds {d.elements} < {graph.capacity.tokens} tokens")
+                write = _resolve(b, where)
                 for f, frame in enumerate(frames):
                     view = frame[d.byte_offset:d.byte_offset + d.elements * np.dtype(dtype).itemsize].view(dtype)
-                    memory = page_memory[f].setdefault(d.name, {}) if b.index == C.INDEX_MODE_PHYSICAL_ROW else {}
-                    self._targets[f][(graph.program, d.name)] = Target(view, width, graph.capacity.rows, b, memory)
-                plan.append(_Resolved(d.name, _resolve(b, where)))
-            self._plans[graph.program] = tuple(plan)
+                    memory = None
+                    if b.index == C.INDEX_MODE_PHYSICAL_ROW:
+                        memory = page_memory[f].setdefault(d.name, _PageMemory(request_slots))
+                    plans[f].append((Target(view, width, graph.capacity.rows, b, memory), write))
+            for f, plan in enumerate(plans):
+                self._writes[f][graph.program] = tuple(plan)
+        self._page_memory = [memory for frame_memory in page_memory for memory in frame_memory.values()]
 
     def capacity(self, program: str) -> tuple[int, int]:
         rows, tokens, _ = self._capacity[program]
@@ -327,17 +482,15 @@ class Packer:
         rows, tokens, operation = self._capacity[program]
         if len(lanes) > rows:
             raise CapacityError(f"{program}: {len(lanes)} lanes > {rows} rows")
+        step = _Step(lanes)
         if tokens > 0:
-            packed = sum(lane.query_length for lane in lanes)
+            packed = int(step.token_starts()[-1])
             if packed > tokens:
                 raise CapacityError(f"{program}: {packed} packed tokens > {tokens}")
-        targets = self._targets[frame]
-        for resolved in self._plans[program]:
-            resolved.write(targets[(program, resolved.destination)], lanes)
+        for target, write in self._writes[frame][program]:
+            write(target, step)
 
     def forget_slot(self, slot: int) -> None:
         """Drop remembered page-table lengths of a slot in every frame (e.g. after its pages moved)."""
-        for frame_targets in self._targets:
-            for target in frame_targets.values():
-                target.memory.pop(slot, None)
-
+        for memory in self._page_memory:
+            memory.forget(slot)

@@ -1,0 +1,120 @@
+"""The vectorized Packer writes exactly the bytes of the straightforward per-row writer.
+
+Random sequences of submissions (every recorded program of the test core and of a core with
+speculative variants; random lanes; bindings re-tuned with offsets, paddings and ACTIVE_ROW)
+go through both packers over frames that start with the same random bytes; after every pack
+both frames must be equal byte for byte, page-table memory and forget_slot included.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helios_proto import contract_pb2 as C
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helios_backend.packing import Admission, Lane, Packer, PackingError, SamplingParameters
+from tests.engine_fixtures import prepared_in_memory
+from tests.packing_reference import ReferencePacker
+
+SPECULATIVE = ((2, 1, 0, 2), (2, 4, 3, 8), (2, 4, 3, 5, 1))     # as tests/test_speculative_host.py
+
+
+@pytest.fixture(scope="module", params=["plain", "speculative"])
+def prepared(request):
+    return prepared_in_memory() if request.param == "plain" else prepared_in_memory(speculative_variants=SPECULATIVE)
+
+
+def _tuned(graphs, rng: np.random.Generator) -> list[C.GraphContract]:
+    """Copies of the graphs with random offsets and paddings, some row bindings ACTIVE_ROW."""
+    out = []
+    for graph in graphs:
+        g = C.GraphContract()
+        g.CopyFrom(graph)
+        for b in g.bindings:
+            if rng.random() < 0.5:
+                b.offset = int(rng.choice([0, 7, -3, 100, 1 << 20]))
+                b.padding = int(rng.choice([0, -1, 42, -9]))
+            if b.index == C.INDEX_MODE_SUBMISSION_ROW and rng.random() < 0.3:
+                b.index = C.INDEX_MODE_ACTIVE_ROW
+        out.append(g)
+    return out
+
+
+def _maybe(rng: np.random.Generator, p: float, make):
+    return make() if rng.random() < p else None
+
+
+def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[Lane]:
+    manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
+    slots, width = manifest.request_slots, manifest.max_pages_per_row
+    mask_words = -(-vocab.sampled_tokens // 32)
+    rows, tokens = graph.capacity.rows, graph.capacity.tokens
+    count = int(rng.integers(0, rows + 1))
+    slot_ids = rng.choice(slots, count, replace=rng.random() < 0.15)       # sometimes one slot twice
+    lanes = []
+    for slot in slot_ids.tolist():
+        token_lane = graph.operation not in (C.OPERATION_DECODE, C.OPERATION_RESUME) and rng.random() < 0.6
+        lane = Lane(slot=slot, generation=int(rng.integers(1, 4)), consumed=int(rng.integers(0, 400)),
+                    tokens=rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 20))).astype(np.int32)
+                    if token_lane else None,
+                    sample=bool(rng.random() < 0.7),
+                    pages=[int(p) for p in rng.integers(0, 96, int(rng.integers(0, width + 1 + (rng.random() < 0.02))))],
+                    grammar_mask=_maybe(rng, 0.3, lambda: rng.integers(0, 1 << 32, int(rng.choice(
+                        [mask_words, mask_words - 5])), dtype=np.uint64).astype(np.uint32)),
+                    snapshot_row=int(rng.integers(-1, 4)), restore_row=int(rng.integers(-1, 4)),
+                    pending_token=int(rng.integers(-1, vocab.sampled_tokens)),
+                    scored_targets=_maybe(rng, 0.5, lambda: rng.integers(-1, 100, int(rng.integers(0, 25)))),
+                    proposals=_maybe(rng, 0.5, lambda: rng.integers(0, 100, int(rng.integers(0, 4))).astype(np.int32)),
+                    proposal_generation=int(rng.integers(-1, 4)), proposal_consumed=int(rng.integers(-1, 400)),
+                    prefix_limit=int(rng.choice([0, 0, 2, 5])))
+        if graph.operation == C.OPERATION_INITIALIZATION:
+            prompt = rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 30)))
+            lane.admission = Admission.for_prompt(
+                prompt, vocab.histogram_bins, int(rng.integers(0, 1 << 62)),
+                SamplingParameters(float(rng.random()), float(rng.random()), int(rng.integers(0, 50))),
+                int(rng.integers(1, 500)), tuple(int(e) for e in rng.integers(0, 100, int(rng.integers(1, 5)))))
+        lanes.append(lane)
+    if graph.operation == C.OPERATION_MIXED:            # one prefill row at most
+        for lane in [lane for lane in lanes if lane.tokens is not None][1:]:
+            lane.tokens = None
+    if tokens:
+        while lanes and sum(lane.query_length for lane in lanes) > tokens:
+            lanes.pop()
+    return lanes
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_packer_writes_the_bytes_of_the_per_row_writer(prepared, seed):
+    rng = np.random.default_rng(seed)
+    manifest = prepared.manifest
+    graphs = _tuned(prepared.contract.model.graphs, rng) if rng.random() < 0.7 else list(prepared.contract.model.graphs)
+    start = rng.integers(0, 256, manifest.transport.frame_nbytes, dtype=np.uint8)
+    frames = [start.copy() for _ in range(2)]
+    expected = [start.copy() for _ in range(2)]
+    packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
+    reference = ReferencePacker(graphs, manifest.transport, manifest.request_slots, expected)
+    destinations = list(manifest.transport.destinations)
+    for _ in range(12):
+        graph = graphs[int(rng.integers(len(graphs)))]
+        frame = int(rng.integers(2))
+        lanes = _lanes(rng, graph, prepared)
+        if rng.random() < 0.1:
+            slot = int(rng.integers(manifest.request_slots))
+            packer.forget_slot(slot)
+            reference.forget_slot(slot)
+        try:
+            reference.pack(graph.program, frame, lanes)
+        except ValueError as error:                     # both refuse it (the frames are then unspecified)
+            with pytest.raises(type(error) if isinstance(error, PackingError) else ValueError):
+                packer.pack(graph.program, frame, lanes)
+            return
+        packer.pack(graph.program, frame, lanes)
+        for f in range(2):
+            if not np.array_equal(frames[f], expected[f]):
+                differ = [d.name for d in destinations
+                          if not np.array_equal(frames[f][d.byte_offset:d.byte_offset + d.elements * 4],
+                                                expected[f][d.byte_offset:d.byte_offset + d.elements * 4])]
+                pytest.fail(f"{graph.program} frame {f}: destinations differ: {differ}")
+
