@@ -32,7 +32,12 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     accumulators), so the rotation needs no data exchange. v heads use the same path unrotated.
     qkv_weight f16 [(q_heads + 2 kv_heads) * head_dim, dim]; rope_table f32 [pos, head_dim/2, 2].
     """
-    if (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+    if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):     # batch-1 decode: a 1-row tile
+        _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
+                             positions, page_table, row_slot, geometry, tokens, dim, q_heads,
+                             kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
+                             rope_pairing, 1, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
                              positions, page_table, row_slot, geometry, tokens, dim, q_heads,
                              kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
@@ -85,7 +90,7 @@ def _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, seco
 def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
                          positions, page_table, row_slot, geometry, tokens, dim, q_heads,
                          kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
-                         rope_pairing, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                         rope_pairing, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
                          GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Decode shape: grid (heads * cdiv(head_dim / 2, GEMV_P), 1, 1); GEMV_P pairs of one head
     for every token of the capacity (only live ones are stored)."""
@@ -107,13 +112,13 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
     same = tl.zeros((GEMV_P,), dtype=tl.int32)
     norms = gemv_tiles(norm_weight, same, same == 0, 0, 0, dim, GEMV_P, GEMV_K, GEMV_STEPS)
     wait_for_predecessors(PDL)
-    t = tl.arange(0, GEMV_TOKENS)
+    t = tl.arange(0, ROWS)
     computed = t < tokens
-    acc_first = gemv_rows(first_w, norms, hidden, t, computed, dim, 0, dim, True, GEMV_TOKENS,
-                          GEMV_P, GEMV_K, GEMV_STEPS)
-    acc_second = gemv_rows(second_w, norms, hidden, t, computed, dim, 0, dim, True, GEMV_TOKENS,
-                           GEMV_P, GEMV_K, GEMV_STEPS)
-    sum_sq = row_sum_squares(hidden, t, computed, dim, GEMV_TOKENS, GEMV_K)
+    acc_first = gemv_rows(first_w, norms, hidden, t, computed, dim, 0, dim, True, ROWS, GEMV_P,
+                          GEMV_K, GEMV_STEPS)
+    acc_second = gemv_rows(second_w, norms, hidden, t, computed, dim, 0, dim, True, ROWS, GEMV_P,
+                           GEMV_K, GEMV_STEPS)
+    sum_sq = row_sum_squares(hidden, t, computed, dim, ROWS, GEMV_K)
     rstd = (1.0 / tl.sqrt(sum_sq / dim + eps))[:, None]
     live = t < tl.load(geometry)
     _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,

@@ -55,7 +55,12 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
     slice (in_dim <= K_SPLIT) the tile is read, added and written: bit-stable.
     """
     k_begin = tl.program_id(2) * K_SPLIT
-    if tokens <= GEMV_TOKENS:
+    # one row (batch-1 decode) gets its own instantiation: a 1-row tile needs a quarter of
+    # the registers and FMAs of the GEMV_TOKENS-row one
+    if tokens <= 1:
+        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
+                              K_SPLIT, 1, GEMV_K, GEMV_N, PDL)
+    elif tokens <= GEMV_TOKENS:
         _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
                               K_SPLIT, GEMV_TOKENS, GEMV_K, GEMV_N, PDL)
     else:
@@ -65,20 +70,20 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
 
 @triton.jit
 def _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
-                          K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                          K_SPLIT: tl.constexpr, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
                           GEMV_N: tl.constexpr, PDL: tl.constexpr):
-    """Decode shape (tokens <= GEMV_TOKENS): grid (cdiv(out_dim, GEMV_N), 1, K slices); a
-    program owns GEMV_N output columns of one K slice for every token of the capacity
-    (rows past the live count are computed from stale scratch and never stored)."""
+    """Decode shape (tokens <= ROWS): grid (cdiv(out_dim, GEMV_N), 1, K slices); a program
+    owns GEMV_N output columns of one K slice for every token of the capacity (rows past
+    the live count are computed from stale scratch and never stored)."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
     col_mask = cols < out_dim
     k_end = tl.minimum(k_begin + K_SPLIT, in_dim)
     weights = gemv_tiles(weight, cols, col_mask, in_dim, k_begin, k_end, GEMV_N, GEMV_K,
                          K_SPLIT // GEMV_K)
     wait_for_predecessors(PDL)
-    rows = tl.arange(0, GEMV_TOKENS)
+    rows = tl.arange(0, ROWS)
     acc = gemv_rows(weights, weights, x, rows, rows < tokens, in_dim, k_begin, k_end, False,
-                    GEMV_TOKENS, GEMV_N, GEMV_K, K_SPLIT // GEMV_K)
+                    ROWS, GEMV_N, GEMV_K, K_SPLIT // GEMV_K)
     out = hidden + rows[:, None] * out_dim + cols[None, :]
     out_mask = (rows < tl.load(geometry))[:, None] & col_mask[None, :]
     if tl.num_programs(2) == 1:
@@ -139,7 +144,10 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
     gate and up rows, so the product never leaves registers. Decode shapes (tokens <=
     GEMV_TOKENS) take the tensor-core-free path with GEMV_N columns per program.
     """
-    if (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+    if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):
+        _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
+                                ffn_dim, eps, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
+    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
                                 ffn_dim, eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
     else:
@@ -149,7 +157,7 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
 
 @triton.jit
 def _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim,
-                            eps, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                            eps, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
                             GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(ffn_dim, GEMV_N), 1, 1): GEMV_N gate columns and their up columns."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
@@ -159,13 +167,13 @@ def _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens,
     same = tl.zeros((GEMV_N,), dtype=tl.int32)
     norms = gemv_tiles(norm_weight, same, same == 0, 0, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
     wait_for_predecessors(PDL)
-    rows = tl.arange(0, GEMV_TOKENS)
+    rows = tl.arange(0, ROWS)
     live = rows < tokens
-    gate = gemv_rows(gate_w, norms, hidden, rows, live, dim, 0, dim, True, GEMV_TOKENS, GEMV_N,
-                     GEMV_K, GEMV_STEPS)
-    up = gemv_rows(up_w, norms, hidden, rows, live, dim, 0, dim, True, GEMV_TOKENS, GEMV_N,
-                   GEMV_K, GEMV_STEPS)
-    rstd = _rstd(row_sum_squares(hidden, rows, live, dim, GEMV_TOKENS, GEMV_K), dim, eps)[:, None]
+    gate = gemv_rows(gate_w, norms, hidden, rows, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
+                     GEMV_STEPS)
+    up = gemv_rows(up_w, norms, hidden, rows, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
+                   GEMV_STEPS)
+    rstd = _rstd(row_sum_squares(hidden, rows, live, dim, ROWS, GEMV_K), dim, eps)[:, None]
     gate = gate * rstd
     act = gate / (1.0 + tl.exp(-gate)) * (up * rstd)
     tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
@@ -227,7 +235,10 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     rows without tokens get a zero logits row. Up to GEMV_TOKENS rows take the tensor-core-free
     path: GEMV_N vocabulary entries per program, so the 49k-row head spreads over every SM.
     """
-    if (rows <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+    if (rows <= 1) & (dim <= GEMV_K * GEMV_STEPS):
+        _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
+                        eps, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
+    elif (rows <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
                         eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
     else:
@@ -237,7 +248,7 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
 
 @triton.jit
 def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab, eps,
-                    GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
+                    ROWS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
                     GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(vocab, GEMV_N), 1, 1): GEMV_N vocabulary entries per program, so the
     head (larger than L2) streams through every SM."""
@@ -247,15 +258,15 @@ def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, d
     same = tl.zeros((GEMV_N,), dtype=tl.int32)
     norms = gemv_tiles(norm_weight, same, same == 0, 0, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
     wait_for_predecessors(PDL)
-    r = tl.arange(0, GEMV_TOKENS)
+    r = tl.arange(0, ROWS)
     r_mask = r < rows
     start = tl.load(geometry + 1 + tokens + r, mask=r_mask, other=0)
     end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
     live = r_mask & (end > start)
     last = tl.where(live, end - 1, 0)
-    acc = gemv_rows(weights, norms, hidden, last, live, dim, 0, dim, True, GEMV_TOKENS, GEMV_N,
-                    GEMV_K, GEMV_STEPS)
-    rstd = _rstd(row_sum_squares(hidden, last, live, dim, GEMV_TOKENS, GEMV_K), dim, eps)
+    acc = gemv_rows(weights, norms, hidden, last, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
+                    GEMV_STEPS)
+    rstd = _rstd(row_sum_squares(hidden, last, live, dim, ROWS, GEMV_K), dim, eps)
     acc = tl.where(live[:, None], acc * rstd[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
              mask=r_mask[:, None] & col_mask[None, :])
