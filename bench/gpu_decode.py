@@ -206,7 +206,7 @@ def main() -> None:
     print(f"{'batch':>5} {'nodes':>5} {'tok/s':>9} {'step us':>8} {'gpu us':>7} {'rt us':>7} {'pack us':>7} "
           f"{'launch us':>9} {'roofline':>9} {'llama.cpp':>10} {'HF':>14}")
     for batch, r in report["decode"].items():
-        peer = PEERS[batch]
+        peer = PEERS.get(batch, ("-", "-"))
         print(f"{batch:>5} {r['nodes']:>5} {r['tokens_per_s']:>9.0f} {r['step_us']:>8.1f} {r['gpu_us']:>7.1f} "
               f"{r['round_trip_us']:>7.1f} {r['pack_us']:>7.1f} {r['launch_us']:>9.1f} "
               f"{r['roofline_tokens_per_s']:>9.0f} {peer[0]:>10} {peer[1]:>14}")
