@@ -17,18 +17,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import lzma
 import os
 import pathlib
 import pickle
 import sys
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 BUNDLE_DIR = ROOT / ".carry_model"
 GGUF_HALVES = (ROOT / ".carry_gguf1" / "part_a", ROOT / ".carry_gguf2" / "part_b")
+_XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def bench_options(recipe, gguf_path: str | None):
@@ -41,9 +43,10 @@ def bench_options(recipe, gguf_path: str | None):
         context_tokens=8192, prepared_pages=4096, gguf_path=gguf_path)
 
 
-def write_bundle(prepared, options, path: pathlib.Path) -> dict:
+def write_bundle(prepared, options, path: pathlib.Path, compress: bool = False) -> dict:
     """Everything of `prepared` except its weight resources (their sha256 instead) and the recipe
-    options that rebuild them; returns the payload written to `path`."""
+    options that rebuild them; returns the payload written to `path` (xz-compressed with `compress`:
+    manifests and the tokenizer shrink several times, which matters under the 64 MiB carry)."""
     from helios_backend.core import ResourceKind
 
     small, weights_sha = {}, {}
@@ -57,8 +60,33 @@ def write_bundle(prepared, options, path: pathlib.Path) -> dict:
                "resources": small, "weights_sha256": weights_sha, "recipe_options": fields,
                "node_counts": prepared.node_counts}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(payload))
+    data = pickle.dumps(payload)
+    path.write_bytes(lzma.compress(data) if compress else data)
     return payload
+
+
+def read_payload(path: pathlib.Path) -> dict:
+    data = path.read_bytes()
+    return pickle.loads(lzma.decompress(data) if data.startswith(_XZ_MAGIC) else data)
+
+
+def write_core(path: pathlib.Path, contract, manifest, resources: Mapping[str, bytes], namespace: str) -> None:
+    """A signed payload core of a bundle's contract, manifest and resources (a fresh publisher key)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from helios_backend.core import ResourceInput, ResourceKind, write_payload_core
+
+    frontend = contract.model.frontend
+    kinds = {m.resource: ResourceKind.RESOURCE_KIND_KERNEL_MODULE for m in manifest.modules}
+    kinds.update({b.weight.resource: ResourceKind.RESOURCE_KIND_WEIGHTS for b in manifest.buffers if b.weight.resource})
+    kinds[frontend.tokenizer_resource] = ResourceKind.RESOURCE_KIND_TOKENIZER
+    kinds[frontend.chat_template_resource] = ResourceKind.RESOURCE_KIND_CHAT_TEMPLATE
+    unknown = sorted(set(resources) - set(kinds))
+    if unknown:
+        raise ValueError(f"resources of unknown kind: {unknown}")
+    inputs = [ResourceInput(rid, kinds[rid], bytes(data)) for rid, data in resources.items()]
+    write_payload_core(path, contract=contract, manifest=manifest, resources=inputs, namespace=namespace,
+                       signing_key=Ed25519PrivateKey.generate())
 
 
 def split_gguf() -> None:
@@ -107,10 +135,14 @@ def load_bundle(directory: pathlib.Path | None = None, name: str = "bundle.bin",
     the weight resources are rebuilt from.
     """
     directory = pathlib.Path(os.environ.get("HELIOS_BUNDLE_DIR", directory or BUNDLE_DIR))
+    return materialize(read_payload(directory / name), gguf)
+
+
+def materialize(payload: dict, gguf: pathlib.Path | None = None):
+    """A bundle's (contract, manifest, read_resource), its weight resources rebuilt from `gguf`."""
     import numpy as np
     from helios_proto import contract_pb2, manifest_pb2
 
-    payload = pickle.loads((directory / name).read_bytes())
     contract = contract_pb2.ServingContract.FromString(payload["contract"])
     manifest = manifest_pb2.ExecutionManifest.FromString(payload["manifest"])
     resources = dict(payload["resources"])

@@ -43,30 +43,10 @@ class Sender:
 
 
 def write_core(path: pathlib.Path) -> None:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from helios_backend.core import ResourceInput, ResourceKind, write_payload_core
+    from model_bundle import write_core as write_bundle_core
 
     contract, manifest, read = load_bundle()
-    resources = read.__self__                       # the bundle's id -> bytes dict
-    frontend = contract.model.frontend
-    modules = {m.resource for m in manifest.modules}
-    weights = {b.weight.resource for b in manifest.buffers if b.weight.resource}
-
-    def kind(rid: str) -> int:
-        if rid in modules:
-            return ResourceKind.RESOURCE_KIND_KERNEL_MODULE
-        if rid in weights:
-            return ResourceKind.RESOURCE_KIND_WEIGHTS
-        if rid == frontend.tokenizer_resource:
-            return ResourceKind.RESOURCE_KIND_TOKENIZER
-        if rid == frontend.chat_template_resource:
-            return ResourceKind.RESOURCE_KIND_CHAT_TEMPLATE
-        raise ValueError(f"resource {rid}: unknown kind")
-
-    inputs = [ResourceInput(rid, kind(rid), bytes(data)) for rid, data in resources.items()]
-    write_payload_core(path, contract=contract, manifest=manifest, resources=inputs, namespace=NAMESPACE,
-                       signing_key=Ed25519PrivateKey.generate())
+    write_bundle_core(path, contract, manifest, read.__self__, NAMESPACE)   # read.__self__: id -> bytes
 
 
 def main() -> None:
