@@ -1,22 +1,31 @@
 """Shared packing: the declared value bindings of a program, written into a staging frame.
 
-Startup (Packer.__init__) resolves every binding of every selected graph once:
-destination -> (frame byte offset, dtype, capacity in elements, per-row width), and the
-(source, index mode) pair -> one small function from two tables. Per step, `pack`
-only evaluates those functions for the submitted lanes and writes values.
+Startup (Packer.__init__) resolves every binding of every selected graph once, per frame:
+destination -> Target (typed view of the frame, per-row width, [rows, width] table, padding and
+offset), and the (source, index mode) pair -> one writer from two tables. Per step, `pack`
+gathers each source the program binds once for all lanes (`_Step`: integer sources as one
+int64 column, others as a list) and every writer places a whole destination at once:
 
-    VALUE_SOURCES   source -> value of one lane (row modes, packed tokens) or of the whole
-                    submission (scalar sources)
-    INDEX_WRITERS   index mode -> how values land in the destination:
+    LANE_SOURCES    source -> value of one lane: an integer (INTEGER_SOURCES) or 1-D values / None
+    SCALAR_SOURCES  source -> value of the whole submission
+    TOKEN_VECTORS   source -> values of every packed token at once (positions)
+    INDEX_WRITERS   (index mode, kind of source) -> how values land in the destination:
         SCALAR          dest[0] = value
         SUBMISSION_ROW  dest[r * w:(r + 1) * w] for r < lanes; rows lanes..capacity get padding
         ACTIVE_ROW      same, inactive tail untouched
         PHYSICAL_ROW    dest[slot * w:(slot + 1) * w]; page tables: only entries not yet written
         PACKED_TOKEN    lanes' values back to back, following each lane's actual token count
 
+Integer sources take one column write per destination; lanes without values (None: no grammar
+mask, a decode lane's prompt tokens) take one padding write; only lanes that carry arrays
+(prefill tokens, grammar masks, admission values, new page-table entries) are written one by
+one. The bytes are those of the straightforward per-row writer (tests/packing_reference.py;
+tests/test_packing_equivalence.py compares them over random lanes).
+
 Page tables (BND-33/34): each frame remembers, per physical slot, the generation and the
-number of page-table entries already written into that frame; a step writes only the new
-entries. A different generation on the slot forgets the remembered length and rewrites.
+number of page-table entries already written into that frame (`_PageMemory`, arrays over the
+slots); a step writes only the new entries. A different generation on the slot forgets the
+remembered length and rewrites.
 
 Admission histograms (BND-32) are built once per request from its prompt (`Admission.for_prompt`)
 and travel only in the INITIALIZATION program.
@@ -198,8 +207,12 @@ class _Step:
 def _positions(step: _Step) -> np.ndarray:
     """int64 [packed tokens]: consumed, consumed + 1, ... for each lane's query tokens, back to back."""
     starts = step.token_starts()
+    consumed = step.column(C.VALUE_SOURCE_CONSUMED_TOKENS)
+    if starts[-1] == step.count:          # one token per lane (lengths >= 0 summing to the lane count, ...
+        if step.count == 0 or step.column(C.VALUE_SOURCE_QUERY_LENGTH).max() == 1:   # ... none above 1)
+            return consumed
     lengths = step.column(C.VALUE_SOURCE_QUERY_LENGTH)
-    return np.repeat(step.column(C.VALUE_SOURCE_CONSUMED_TOKENS) - starts[:-1], lengths) + np.arange(starts[-1])
+    return np.repeat(consumed - starts[:-1], lengths) + np.arange(starts[-1])
 
 
 # Sources of PACKED_TOKEN destinations computed for every packed token at once.
@@ -235,7 +248,6 @@ class _PageMemory:
     def __init__(self, slots: int) -> None:
         self.generation = np.zeros(slots, np.int64)    # [S]
         self.written = np.zeros(slots, np.int64)       # [S] entries from the row's start
-        self.stamp = np.zeros(slots, np.int64)         # [S] scratch: finds a slot named twice in one step
 
     def forget(self, slot: int) -> None:
         if 0 <= slot < self.written.size:
@@ -298,22 +310,21 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
     table[:n, 0] = values
     if target.width > 1:
         table[:n, 1:] = target.pad
-    if pad_tail:
+    if pad_tail and n < target.rows:
         table[n:] = target.pad
 
 
 def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
     n, table = step.count, target.table
     values = step.values(source)
-    missing = [r for r, value in enumerate(values) if value is None]
-    if len(missing) == n:
+    present = [r for r, value in enumerate(values) if value is not None]
+    if not present:
         table[:n] = target.pad
-    elif missing:
-        table[missing] = target.pad
-    for r, value in enumerate(values):
-        if value is not None:
-            _put(table[r], value, target)
-    if pad_tail:
+    elif len(present) < n:
+        table[[r for r, value in enumerate(values) if value is None]] = target.pad
+    for r in present:
+        _put(table[r], values[r], target)
+    if pad_tail and n < target.rows:
         table[n:] = target.pad
 
 
@@ -347,20 +358,19 @@ def _value_tokens(target: Target, step: _Step, source: int) -> None:
 
 def _physical_rows(target: Target, step: _Step, source: int) -> None:
     """Each lane's values at its physical slot; entries this frame already holds are skipped."""
-    n, memory, width = step.count, target.memory, target.width
+    n, memory = step.count, target.memory
     if n == 0:
         return
     values = step.values(source)
     sizes = np.fromiter(map(len, values), np.int64, n)
     slots, generations = step.column(C.VALUE_SOURCE_SLOT), step.column(C.VALUE_SOURCE_GENERATION)
-    if sizes.max() > width:
-        r = int(np.argmax(sizes > width))
-        raise CapacityError(f"slot {slots[r]}: {sizes[r]} entries exceed the row width {width}")
-    if slots.min() < 0 or slots.max() >= memory.written.size:
+    try:
+        lanes_per_slot = np.bincount(slots)              # raises on a negative slot
+    except ValueError:
+        lanes_per_slot = None
+    if lanes_per_slot is None or lanes_per_slot.size > memory.written.size:
         raise CapacityError(f"slots {slots.tolist()} outside the {memory.written.size} physical slots")
-    order = np.arange(n)
-    memory.stamp[slots] = order
-    if (memory.stamp[slots] == order).all():
+    if lanes_per_slot.max() == 1:
         _upload(target, values, sizes, slots, generations)
     else:                        # a slot named twice: in lane order, each lane sees the one before
         for r in range(n):
@@ -368,14 +378,18 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
 
 
 def _upload(target: Target, values: list, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
-    """Lanes of distinct slots: write entries [held, size) of each; a new generation holds none."""
+    """Lanes of distinct slots: entries [held, size) of each lane that has new ones (in decode,
+    the few lanes that just took a page); a new generation holds none."""
     memory, width = target.memory, target.width
     held = np.where(memory.generation[slots] == generations, memory.written[slots], 0)
-    for r in np.flatnonzero(sizes > held).tolist():
-        start = int(slots[r]) * width
-        _put(target.view[start + held[r]:start + sizes[r]], np.asarray(values[r])[held[r]:], target)
-    memory.generation[slots] = generations
+    new = sizes - held
+    for r in np.flatnonzero(new > 0).tolist():
+        start, size = int(slots[r]) * width, int(sizes[r])
+        if size > width:
+            raise CapacityError(f"slot {slots[r]}: {size} entries exceed the row width {width}")
+        _put(target.view[start + held[r]:start + size], values[r][held[r]:], target)
     memory.written[slots] = np.maximum(held, sizes)
+    memory.generation[slots] = generations
 
 
 RowWriter = Callable[[Target, _Step, int], None]
@@ -391,8 +405,8 @@ INDEX_WRITERS: Mapping[tuple[int, str], RowWriter] = {
 }
 
 
-def _write_scalar(target: Target, value: int) -> None:
-    _put(target.view[:1], value, target)
+def _write_scalar(target: Target, step: _Step, scalar: ScalarSource) -> None:
+    _put(target.view[:1], scalar(step, target.binding), target)
 
 
 # ---- the packer ------------------------------------------------------------------------------
@@ -406,7 +420,7 @@ def _resolve(binding: C.ValueBinding, where: str) -> Write:
         scalar = SCALAR_SOURCES.get(source)
         if scalar is None:
             raise PackingError(f"{where}: source {C.ValueSource.Name(source)} has no scalar value")
-        return lambda target, step: _write_scalar(target, scalar(step, binding))
+        return partial(_write_scalar, scalar=scalar)
     if index == C.INDEX_MODE_PACKED_TOKEN and source in TOKEN_VECTORS:
         kind = "vector"
     else:
@@ -415,7 +429,7 @@ def _resolve(binding: C.ValueBinding, where: str) -> Write:
     if source not in LANE_SOURCES or writer is None:
         raise PackingError(f"{where}: no packing for {C.ValueSource.Name(source)} "
                            f"indexed {C.IndexMode.Name(index)}")
-    return lambda target, step: writer(target, step, source)
+    return partial(writer, source=source)
 
 
 class Packer:
@@ -479,7 +493,7 @@ class Packer:
         return rows, tokens
 
     def pack(self, program: str, frame: int, lanes: Sequence[Lane]) -> None:
-        rows, tokens, operation = self._capacity[program]
+        rows, tokens, _ = self._capacity[program]
         if len(lanes) > rows:
             raise CapacityError(f"{program}: {len(lanes)} lanes > {rows} rows")
         step = _Step(lanes)

@@ -11,7 +11,6 @@ count to check each completion's sequence (CACHE-16).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -22,12 +21,11 @@ from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
 from helios_backend.packing import Admission, Lane as PackedLane
-
-# packing lanes carry snapshot/restore rows once the engine's packing declares them
-SNAPSHOT_FIELDS = {f.name for f in dataclasses.fields(PackedLane)} >= {"snapshot_row", "restore_row"}
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
+
+_PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
 
 
 class ExecutorLike(Protocol):
@@ -76,7 +74,8 @@ class ProgramRunner:
         t = RoundTimings()
         for sub in plan.submissions():
             t0 = time.perf_counter_ns()
-            lanes = [self._packed(lane, sub.operation) for lane in sub.lanes]
+            operation = sub.operation
+            lanes = [self._packed(lane, operation) for lane in sub.lanes]
             self.packer.pack(sub.variant.program, frame, lanes)
             sub.sequence, sub.frame = self._sequence, frame
             t1 = time.perf_counter_ns()
@@ -106,28 +105,27 @@ class ProgramRunner:
         return rows
 
     def _packed(self, lane: Lane, operation: int) -> PackedLane:
+        """The packing lane of one scheduler lane (once per lane per round: kept lean)."""
         req = lane.request
-        admission = None
+        tokens = lane.tokens
+        packed = PackedLane(slot=lane.slot, generation=lane.generation, consumed=lane.start,
+                            tokens=None if tokens == _PENDING else np.asarray(tokens, dtype=np.int32),
+                            sample=lane.sample, pages=lane.page_table)
         if operation == cp.OPERATION_INITIALIZATION:
             s = req.spec.sampling
             # the full known token list: a readmitted request's histogram covers its output too
-            admission = Admission.for_prompt(req.tokens, self.histogram_bins, s.seed, s,
-                                             lane.output_limit, self.eos_ids)
-        mask = None
-        if req.grammar is not None and lane.sample and operation != cp.OPERATION_INITIALIZATION:
+            packed.admission = Admission.for_prompt(req.tokens, self.histogram_bins, s.seed, s,
+                                                    lane.output_limit, self.eos_ids)
+            return packed
+        # the step ending at a prompt's endpoint writes its partial page to the snapshot's
+        # continuation row; RESTORATION copies a row into the page at `consumed`
+        if operation == cp.OPERATION_RESTORATION:
+            if lane.restore is not None:
+                packed.restore_row = lane.restore.source_row
+        else:
+            packed.snapshot_row = lane.snapshot_row
+        if req.grammar is not None and lane.sample:
             words = np.zeros(self.mask_words, dtype=np.int32)   # bit (id % 32) of word id // 32 = allowed
             req.grammar.fill_mask(words)
-            mask = words.view(np.uint32)
-        pending = lane.tokens == [PENDING_TOKEN]
-        rows: dict[str, int] = {}
-        if SNAPSHOT_FIELDS:
-            # the step ending at a prompt's endpoint writes its partial page to the snapshot's
-            # continuation row; RESTORATION copies a row into the page at `consumed`
-            if operation == cp.OPERATION_RESTORATION and lane.restore is not None:
-                rows["restore_row"] = lane.restore.source_row
-            elif operation != cp.OPERATION_INITIALIZATION:
-                rows["snapshot_row"] = lane.snapshot_row
-        return PackedLane(slot=lane.slot, generation=lane.generation, consumed=lane.start,
-                          tokens=None if pending else np.asarray(lane.tokens, dtype=np.int32),
-                          sample=lane.sample, pages=lane.page_table, grammar_mask=mask, admission=admission,
-                          **rows)
+            packed.grammar_mask = words.view(np.uint32)
+        return packed
