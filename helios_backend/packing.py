@@ -200,7 +200,7 @@ class _Step:
         """int64 [lanes + 1]: where each lane's packed tokens begin; the last entry is their total."""
         if self._starts is None:
             self._starts = np.zeros(self.count + 1, np.int64)
-            np.cumsum(self.column(C.VALUE_SOURCE_QUERY_LENGTH), out=self._starts[1:])
+            self._starts[1:] = self.column(C.VALUE_SOURCE_QUERY_LENGTH).cumsum()
         return self._starts
 
 
@@ -212,7 +212,7 @@ def _positions(step: _Step) -> np.ndarray:
         if step.count == 0 or step.column(C.VALUE_SOURCE_QUERY_LENGTH).max() == 1:   # ... none above 1)
             return consumed
     lengths = step.column(C.VALUE_SOURCE_QUERY_LENGTH)
-    return np.repeat(consumed - starts[:-1], lengths) + np.arange(starts[-1])
+    return (consumed - starts[:-1]).repeat(lengths) + np.arange(starts[-1])
 
 
 # Sources of PACKED_TOKEN destinations computed for every packed token at once.
@@ -383,7 +383,7 @@ def _upload(target: Target, values: list, sizes: np.ndarray, slots: np.ndarray, 
     memory, width = target.memory, target.width
     held = np.where(memory.generation[slots] == generations, memory.written[slots], 0)
     new = sizes - held
-    for r in np.flatnonzero(new > 0).tolist():
+    for r in (new > 0).nonzero()[0].tolist():
         start, size = int(slots[r]) * width, int(sizes[r])
         if size > width:
             raise CapacityError(f"slot {slots[r]}: {size} entries exceed the row width {width}")
