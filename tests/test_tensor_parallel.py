@@ -353,3 +353,121 @@ def test_the_device_scripts_program_comparison_passes_on_the_cpu_oracle(tp_model
     result = compare_program({1: smollm2_model, 2: tp_model}, program, index=7)
     assert result["pass"], result
     assert result["logit_rel_err"] <= LOGIT_TOLERANCE / 10
+
+
+# ---- the CUDA executor's two-rank startup and serving, over a fake driver and a fake NCCL ----------
+
+class _StreamCaptureDriver:
+    """FakeDriver whose captures are kept per stream: the ranks capture at once on their own threads.
+    Weight copies are counted, not kept. NCCL calls made while a stream captures become its nodes."""
+
+    def __new__(cls):
+        import threading
+
+        from tests.gpu.fake_driver import OK, FakeDriver, Launch
+
+        class Driver(FakeDriver):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lock = threading.Lock()
+                self.open: dict[object, list] = {}
+                self.graph_streams: list[object] = []
+                self.copied_bytes = 0
+
+            def cuMemcpyHtoD(self, dst, src, nbytes):
+                self.copied_bytes += nbytes
+                return OK
+
+            def cuStreamBeginCapture(self, stream, mode):
+                with self.lock:
+                    self.open[stream] = []
+                return OK
+
+            def cuLaunchKernelEx(self, config, function, argv, extra):
+                with self.lock:
+                    self.open[config.hStream].append(Launch(config, function, int(argv)))
+                return OK
+
+            def cuStreamEndCapture(self, stream):
+                with self.lock:
+                    self.graphs.append(self.open.pop(stream))
+                    self.graph_streams.append(stream)
+                    return (0, len(self.graphs) - 1)
+
+        return Driver()
+
+
+class _FakeNccl:
+    def __init__(self, driver) -> None:
+        self.driver = driver
+        self.eager: list[tuple] = []
+
+    def unique_id(self) -> bytes:
+        return b"uid"
+
+    def init_rank(self, world_size: int, uid: bytes, rank: int) -> int:
+        return 100 + rank
+
+    def all_reduce(self, address: int, count: int, dtype: int, comm: int, stream) -> None:
+        with self.driver.lock:
+            captured = self.driver.open.get(stream)
+            (captured if captured is not None else self.eager).append(("all_reduce", address, count, dtype, comm))
+
+    def destroy(self, comm: int) -> None:
+        pass
+
+
+def test_the_cuda_executor_starts_both_ranks_and_captures_their_all_reduces(tp_bootstrap, monkeypatch):
+    # spec: OWN-10, OWN-14, OWN-18
+    from helios_backend.executors import cuda_executor
+    from helios_backend.executors.cuda.driver import CountingDriver
+    from helios_backend.kernels import abi
+
+    manifest = M.ExecutionManifest()
+    manifest.CopyFrom(tp_bootstrap.manifest)
+    # the test core has no cubins: one stand-in module whose symbols are the kernel ids
+    manifest.modules.add(resource="fake.cubin", arch="sm_90a", kernels=[
+        M.Kernel(id=k, symbol=k, params=[p.kind for p in spec.params], num_warps=4, trailing_null_pointers=2)
+        for k, spec in abi.KERNELS.items()])
+    for program in manifest.programs:
+        for node in program.nodes:
+            node.block.x = 0                     # unit geometry from a library-less recording
+    fake = _StreamCaptureDriver()
+    nccl = _FakeNccl(fake)
+    monkeypatch.setattr(cuda_executor, "Nccl", lambda: nccl)
+
+    def read(resource: str) -> bytes:
+        return b"\0" * 64 if resource == "fake.cubin" else tp_bootstrap.read_resource(resource)
+
+    programs = frozenset({"decode.r1.t1", "prefill.r1.t16"})
+    counting = CountingDriver(fake)
+    executor = cuda_executor.CudaExecutor(manifest, read, cuda_executor.CudaExecutorOptions(
+        cache_pages=4, programs=programs), driver=counting)
+    try:
+        assert executor.world_size == DEGREE and set(executor.programs) == programs
+        weights = sum(b.nbytes for b in manifest.buffers if b.kind == M.BUFFER_KIND_WEIGHT)
+        assert fake.copied_bytes >= weights                          # both ranks' weight resources
+        assert sorted(e[4] for e in nccl.eager) == [100, 101]      # each rank connected once, eagerly
+        graphs = list(zip(fake.graph_streams, fake.graphs))
+        assert len(graphs) == DEGREE * len(programs) * manifest.transport.frames
+        streams = [r.stream for r in executor._ranks]
+        for rank, stream in enumerate(streams):
+            decode = [g for s, g in graphs if s == stream and any(
+                getattr(x, "function", None) == "attention.paged_split.v1" for x in g)]
+            assert len(decode) == manifest.transport.frames
+            nodes = decode[0]
+            reduces = [i for i, x in enumerate(nodes) if isinstance(x, tuple)]
+            assert len(reduces) == 2 * LAYERS
+            for i in reduces:
+                _, address, count, dtype, comm = nodes[i]
+                assert nodes[i - 1].function == PROJECTION_KERNELS[min(rank, 1)]
+                assert (count, dtype, comm) == (HIDDEN, C.DTYPE_F32, 100 + rank)
+                assert address == executor._ranks[rank].addresses.base["scratch.hidden"]
+        counting.counting = True
+        executor.staging(0)[:] = 0
+        executor.launch("decode.r1.t1", 0)
+        executor.wait(0)
+        counting.counting = False
+        assert dict(counting.calls) == {"cuGraphLaunch": DEGREE, "cuEventSynchronize": DEGREE}
+    finally:
+        executor.close()

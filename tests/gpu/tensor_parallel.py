@@ -206,7 +206,8 @@ def compare_greedy(models: dict[int, Any], prompts: list[list[int]], steps: int)
         if step >= 1:       # step 0 comes from the prefill; round `step - 1` produced token `step`
             result["first_difference"]["near_tie"] = tokens_tie((tokens2[row][step], tokens1[row][step]),
                                                                 logits1[step - 1][row])
-    rounds = min(len(logits1), len(logits2)) if first is None else max(0, first[1] - 1)
+    # rounds before the first differing token saw identical inputs on both cores (round r makes token r + 1)
+    rounds = min(len(logits1), len(logits2)) if first is None else first[1]
     result["logit_rel_err"] = relative_error(logits2[:rounds], logits1[:rounds])
     result["rank_disagreements"] = rank_disagreements(models[2], RANK_STATE + ("scratch.logits",))
     result["pass"] = (result["tokens_equal"] and result["logit_rel_err"] <= LOGIT_TOLERANCE
