@@ -471,3 +471,32 @@ def test_the_cuda_executor_starts_both_ranks_and_captures_their_all_reduces(tp_b
         assert dict(counting.calls) == {"cuGraphLaunch": DEGREE, "cuEventSynchronize": DEGREE}
     finally:
         executor.close()
+
+
+def test_speculative_programs_run_on_both_ranks():
+    # SPECULATIVE programs record per rank through the same forward pass: history-drafted rounds on
+    # the TP=2 numpy oracle give the plain greedy tokens (the model continues the repeated cycle)
+    from helios_backend.runtime.driver import Driver, GenerationRequest
+    from helios_backend.runtime.speculative_driver import SpeculativeDriver
+    from helios_backend.scheduler.speculative import SpeculativeOptions
+    from ignition.preparation.prepare import prepare
+    from ignition.recipes import smollm2_135m_instruct
+    from tests.engine_fixtures import resource_reader
+
+    options = engine_test_options(tensor_parallel=DEGREE, decode_rows=(1, 2), prefill_variants=((1, 64),),
+                                  mixed_variants=(), admission_rows=(1, 2), snapshot_rows=0, resume_rows=(),
+                                  speculative_variants=((2, 1, 0, 2), (2, 4, 3, 8)))
+    prepared = prepare(smollm2_135m_instruct, options)
+    assert {p.rank for p in prepared.manifest.programs if p.operation == C.OPERATION_SPECULATIVE} == {0, 1}
+    model = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
+                             ModelOptions(cache_pages=32))
+    try:
+        repeating = list(range(100, 110)) * 3
+        request = GenerationRequest(repeating, max_tokens=14)
+        [plain] = Driver(model).generate([request])
+        run = SpeculativeDriver(model, SpeculativeOptions(enabled=True, history_drafting=True)).generate([request])
+        assert plain.tokens == run.results[0].tokens == list(range(100, 110)) + list(range(100, 104))
+        assert run.accepted > 0
+        assert rank_disagreements(model, RANK_STATE + ("state.draft_cursor",)) == []
+    finally:
+        model.close()

@@ -173,6 +173,24 @@ def _record_programs(rec: Recorder, recipe: ModuleType, shape: Any, options: Any
     return graphs
 
 
+def _record_rank(rec: Recorder, recipe: ModuleType, shape: Any, options: Any, cap: shared.TextCapacities,
+                 transport: M.Transport, speculative: SpeculativePlan | None, weights: RankWeights
+                 ) -> list[C.GraphContract]:
+    """One rank's buffers and programs: `shape` is the rank's model shape, `weights` its resource."""
+    shared.declare_shared_buffers(rec, cap, transport)
+    cache = recipe.paged_kv(shape, options)
+    cache.declare(rec, cap.snapshot_rows)
+    recipe.declare_scratch(rec, shape, cap.max_tokens, options)
+    if speculative is not None:
+        speculative.declare_buffers(rec, cap)
+    for declared in weights.buffers:
+        rec.declare(declared)
+    graphs = _record_programs(rec, recipe, shape, options, cap, transport, cache, weights.resource)
+    if speculative is not None:
+        graphs += speculative.record_programs(rec, recipe, shape, options, cap, transport, cache, [weights.resource])
+    return graphs
+
+
 def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
             kernel_library: Any | None = None) -> PreparedModel:
     source = recipe.open_source(options)
@@ -198,19 +216,8 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
     graphs: list[C.GraphContract] = []
     for rank, rank_weights in enumerate(weights):
         rec = Recorder(rank=rank, geometry=geometry, world_size=degree)
-        own_shape = tensor_parallel.rank_shape(recipe, shape, partition, rank)
-        shared.declare_shared_buffers(rec, cap, transport)
-        cache = recipe.paged_kv(own_shape, options)
-        cache.declare(rec, cap.snapshot_rows)
-        recipe.declare_scratch(rec, own_shape, cap.max_tokens, options)
-        if speculative is not None:
-            speculative.declare_buffers(rec, cap)
-        for declared in rank_weights.buffers:
-            rec.declare(declared)
-        graphs += _record_programs(rec, recipe, own_shape, options, cap, transport, cache, rank_weights.resource)
-        if speculative is not None:
-            graphs += speculative.record_programs(rec, recipe, own_shape, options, cap, transport, cache,
-                                                  [rank_weights.resource])
+        graphs += _record_rank(rec, recipe, tensor_parallel.rank_shape(recipe, shape, partition, rank), options,
+                               cap, transport, speculative, rank_weights)
         recorders.append(rec)
 
     tokenizer_json = tokenizer_json_from_gguf(source).encode()
