@@ -448,6 +448,7 @@ PAGED_CASES = [
     ([2, 1], [63, 64, 100, 0], 16, 6, 2),                          # longer contexts
     ([1, 23], [9] + list(range(40, 63)) + [0], 8, 8, 2),           # chunk continuing a prompt
     ([3, 2], [5, 6, 7, 30, 31, 0], 16, 2, 2),                      # no grouping (MHA)
+    ([1] * 17 + [2], list(range(3, 22)) + [0], 4, 6, 2),           # more than 16 rows
 ]
 
 
@@ -503,7 +504,7 @@ def _split_spec() -> abi.KernelSpec:
 
 @pytest.mark.parametrize("splits", [1, 3, 8])
 @pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads",
-                         [PAGED_CASES[0], PAGED_CASES[2], PAGED_CASES[3]])
+                         [PAGED_CASES[0], PAGED_CASES[2], PAGED_CASES[3], PAGED_CASES[5]])
 def test_split_kv_attention_matches_unsplit_and_resets_its_counters(
         runner, splits, query_length, positions, page_tokens, q_heads, kv_heads):
     buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads)

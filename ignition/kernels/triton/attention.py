@@ -197,6 +197,16 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
 
 @triton.jit
 def _query_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr):
+    """_row_block over the narrowest row vector that holds `rows`: a decode step of a few rows
+    scans 16 geometry entries instead of MAX_ROWS (one load round and a short prefix sum)."""
+    if rows <= 16:
+        return _row_block(geometry, rows, tokens, group, BLOCK_M, 16)
+    else:
+        return _row_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
+
+
+@triton.jit
+def _row_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr):
     """(row, first token, row end) of program_id(0)'s query block; row == rows if none.
 
     Rows are cut into blocks of BLOCK_M // group consecutive queries; program p takes the
