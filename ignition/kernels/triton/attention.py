@@ -324,6 +324,9 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
     then increments arrivals i32 [tokens, kv_heads] at (first token of the block, kv head);
     the last split to arrive merges the partials in split order (deterministic), writes out
     and resets the counter to 0 for the next launch. arrivals must be zero at allocation.
+    When one key block (chunk >= context) holds the whole context, split 0 writes the output
+    directly and no split touches partials or arrivals: a short decode context costs no
+    merge round trips.
     """
     wait_for_predecessors(PDL)
     group = q_heads // kv_heads
@@ -337,41 +340,63 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
         table = page_table + tl.load(row_slot + row) * pages_per_row
         context = tl.max(q_pos, axis=0) + 1
         chunk = tl.cdiv(tl.cdiv(context, splits), BLOCK_N) * BLOCK_N
-        key_begin = tl.minimum(split * chunk, context)
-        key_end = tl.minimum(key_begin + chunk, context)
-        acc, m_i, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
-                                head_dim, page_tokens, page_stride, scale, key_begin, key_end,
-                                BLOCK_M, BLOCK_N, BLOCK_D)
-        # partial rows: [split][token][q head][head_dim + 2]
-        width = head_dim + 2
-        m_idx = tl.arange(0, BLOCK_M)
-        d = tl.arange(0, BLOCK_D)
-        unit = ((first + m_idx // group) * q_heads + kv_head * group + m_idx % group) * width
-        span = tokens * q_heads * width
-        mine = partials + split.to(tl.int64) * span
-        tl.store(mine + unit[:, None] + d[None, :], acc, mask=mask)
-        tl.store(mine + unit + head_dim, m_i, mask=valid)
-        tl.store(mine + unit + head_dim + 1, l_i, mask=valid)
-        tl.debug_barrier()          # every thread's partial stores precede the release below
-        counter = arrivals + first * kv_heads + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            tl.debug_barrier()
-            m_all = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
-            l_all = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            merged = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-            for s in range(0, tl.cdiv(context, chunk)):      # splits that held keys
-                theirs = partials + s * span
-                m_s = tl.load(theirs + unit + head_dim, mask=valid, other=-1.0e30,
-                              cache_modifier=".cg")
-                l_s = tl.load(theirs + unit + head_dim + 1, mask=valid, other=0.0,
-                              cache_modifier=".cg")
-                acc_s = tl.load(theirs + unit[:, None] + d[None, :], mask=mask, other=0.0,
-                                cache_modifier=".cg")
-                m_new = tl.maximum(m_all, m_s)
-                alpha = tl.exp(m_all - m_new)
-                beta = tl.exp(m_s - m_new)
-                l_all = l_all * alpha + l_s * beta
-                merged = merged * alpha[:, None] + acc_s * beta[:, None]
-                m_all = m_new
-            tl.store(out + offsets, merged / tl.where(l_all > 0, l_all, 1.0)[:, None], mask=mask)
-            tl.store(counter, 0)
+        if chunk >= context:
+            # one key block holds the whole context: split 0 attends and writes the output,
+            # the other splits leave at once (no partials, no arrival, no merge round trips)
+            if split == 0:
+                acc, _, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
+                                      head_dim, page_tokens, page_stride, scale, 0, context,
+                                      BLOCK_M, BLOCK_N, BLOCK_D)
+                tl.store(out + offsets, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], mask=mask)
+        else:
+            _attend_split(out, q_tile, q_pos, mask, offsets, valid, table, k_cache, v_cache,
+                          partials, arrivals, first, kv_head, split, splits, context, chunk,
+                          group, tokens, q_heads, kv_heads, head_dim, page_tokens, page_stride,
+                          scale, BLOCK_M, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def _attend_split(out, q_tile, q_pos, mask, offsets, valid, table, k_cache, v_cache, partials,
+                  arrivals, first, kv_head, split, splits, context, chunk, group, tokens,
+                  q_heads, kv_heads, head_dim, page_tokens, page_stride, scale,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One split's partial, and the merge by the split that arrives last (see
+    paged_attention_split)."""
+    key_begin = tl.minimum(split * chunk, context)
+    key_end = tl.minimum(key_begin + chunk, context)
+    acc, m_i, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
+                            head_dim, page_tokens, page_stride, scale, key_begin, key_end,
+                            BLOCK_M, BLOCK_N, BLOCK_D)
+    # partial rows: [split][token][q head][head_dim + 2]
+    width = head_dim + 2
+    m_idx = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    unit = ((first + m_idx // group) * q_heads + kv_head * group + m_idx % group) * width
+    span = tokens * q_heads * width
+    mine = partials + split.to(tl.int64) * span
+    tl.store(mine + unit[:, None] + d[None, :], acc, mask=mask)
+    tl.store(mine + unit + head_dim, m_i, mask=valid)
+    tl.store(mine + unit + head_dim + 1, l_i, mask=valid)
+    tl.debug_barrier()          # every thread's partial stores precede the release below
+    counter = arrivals + first * kv_heads + kv_head
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        tl.debug_barrier()
+        m_all = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+        l_all = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        merged = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for s in range(0, tl.cdiv(context, chunk)):      # splits that held keys
+            theirs = partials + s * span
+            m_s = tl.load(theirs + unit + head_dim, mask=valid, other=-1.0e30,
+                          cache_modifier=".cg")
+            l_s = tl.load(theirs + unit + head_dim + 1, mask=valid, other=0.0,
+                          cache_modifier=".cg")
+            acc_s = tl.load(theirs + unit[:, None] + d[None, :], mask=mask, other=0.0,
+                            cache_modifier=".cg")
+            m_new = tl.maximum(m_all, m_s)
+            alpha = tl.exp(m_all - m_new)
+            beta = tl.exp(m_s - m_new)
+            l_all = l_all * alpha + l_s * beta
+            merged = merged * alpha[:, None] + acc_s * beta[:, None]
+            m_all = m_new
+        tl.store(out + offsets, merged / tl.where(l_all > 0, l_all, 1.0)[:, None], mask=mask)
+        tl.store(counter, 0)
