@@ -8,9 +8,9 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_PRECISION, gemv_rows, gemv_tiles, prefetch_l2,
-                                             row_sum_squares, scaled_rows,
-                                             wait_for_predecessors)
+from ignition.kernels.triton.common import (DOT_F16, DOT_PRECISION, gemv_rows, gemv_tiles,
+                                             prefetch_l2, row_sum_squares, scaled_rows,
+                                             tile_dot, wait_for_predecessors)
 
 ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
 # any other value: ROPE_HALF_PAIRS (i, i + head_dim / 2): NeoX / Hugging Face order
@@ -156,6 +156,11 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
             second = pair + half
         t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         live = t < n
+        if DOT_F16:     # f16 operands: 1/rms first, so the products' inputs are near unit scale
+            pre = (1.0 / tl.sqrt(row_sum_squares(hidden, t, live, dim, BLOCK_M, BLOCK_K) / dim
+                                 + eps))[:, None]
+        else:
+            pre = tl.full((BLOCK_M, 1), 1.0, dtype=tl.float32)
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         # two K-interleaved accumulator pairs: four independent MMA chains (decode latency)
         first_even = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
@@ -168,25 +173,26 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
             # RMSNorm's 1/rms is a per-row scalar: multiply x * g now, scale rows at the end
             a0, sq0 = scaled_rows(hidden, norm_weight, t, live, k0, dim, BLOCK_K)
             a1, sq1 = scaled_rows(hidden, norm_weight, t, live, k0 + BLOCK_K, dim, BLOCK_K)
+            a0 = a0 * pre
+            a1 = a1 * pre
             sum_sq += sq0 + sq1
             k = k0 + tl.arange(0, BLOCK_K)
             mask0 = pair_mask[None, :] & (k < dim)[:, None]
             mask1 = pair_mask[None, :] & (k + BLOCK_K < dim)[:, None]
-            first_even = tl.dot(a0, tl.load(qkv_weight + first_rows + k[:, None], mask=mask0,
-                                            other=0.0).to(tl.float32), first_even,
-                                input_precision=DOT_PRECISION)
-            first_odd = tl.dot(a1, tl.load(qkv_weight + first_rows + (k + BLOCK_K)[:, None],
-                                           mask=mask1, other=0.0).to(tl.float32), first_odd,
-                               input_precision=DOT_PRECISION)
-            second_even = tl.dot(a0, tl.load(qkv_weight + second_rows + k[:, None], mask=mask0,
-                                             other=0.0).to(tl.float32), second_even,
-                                 input_precision=DOT_PRECISION)
-            second_odd = tl.dot(a1, tl.load(qkv_weight + second_rows + (k + BLOCK_K)[:, None],
-                                            mask=mask1, other=0.0).to(tl.float32), second_odd,
-                                input_precision=DOT_PRECISION)
+            first_even = tile_dot(a0, tl.load(qkv_weight + first_rows + k[:, None], mask=mask0,
+                                              other=0.0), first_even)
+            first_odd = tile_dot(a1, tl.load(qkv_weight + first_rows + (k + BLOCK_K)[:, None],
+                                             mask=mask1, other=0.0), first_odd)
+            second_even = tile_dot(a0, tl.load(qkv_weight + second_rows + k[:, None], mask=mask0,
+                                               other=0.0), second_even)
+            second_odd = tile_dot(a1, tl.load(qkv_weight + second_rows + (k + BLOCK_K)[:, None],
+                                              mask=mask1, other=0.0), second_odd)
         acc_first = first_even + first_odd
         acc_second = second_even + second_odd
-        rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
+        if DOT_F16:
+            rstd = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+        else:
+            rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
         acc_first = acc_first * rstd[:, None]
         acc_second = acc_second * rstd[:, None]
         _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,

@@ -9,6 +9,20 @@ L2_LINE_BYTES = tl.constexpr(128)
 # greedy tokens equal). "tf32x3" (~f32 products) triples every MMA and the dependent MMA
 # chain that bounds decode latency, so it is not the default.
 DOT_PRECISION = tl.constexpr("tf32")
+# The tensor-core tiles' operands: 0 = tf32 x tf32 (f16 weights widened), 1 = f16 x f16 with
+# f32 accumulation (activations rounded to f16 after RMSNorm's 1/rms is applied, so they
+# stay near unit scale; same 10-bit mantissa as tf32, half the MMA steps per K and no
+# widening of the weight tile).
+DOT_F16 = tl.constexpr(0)
+
+
+@triton.jit
+def tile_dot(a, w, acc):
+    """acc + a @ w on tensor cores; a f32 activations, w an f16 weight tile (DOT_F16)."""
+    if DOT_F16:
+        return tl.dot(a.to(tl.float16), w, acc)
+    else:
+        return tl.dot(a, w.to(tl.float32), acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit

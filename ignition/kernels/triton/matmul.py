@@ -21,8 +21,8 @@ weight stream overlaps the current node.
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_PRECISION, gemv_rows, gemv_tiles, prefetch_l2,
-                                             row_sum_squares, scaled_rows,
+from ignition.kernels.triton.common import (DOT_F16, gemv_rows, gemv_tiles, prefetch_l2,
+                                             row_sum_squares, scaled_rows, tile_dot,
                                              wait_for_predecessors)
 
 
@@ -33,12 +33,32 @@ def _rstd(sum_sq, K, eps):
 
 @triton.jit
 def _weight_tile(w_ptr, out_rows, out_mask, k0, k_end, row_stride, BLOCK_K: tl.constexpr):
-    """Transposed tile [BLOCK_K, len(out_rows)] of an f16 [N, row_stride] weight (columns
-    k0 .. min(k0 + BLOCK_K, k_end)), widened (exactly) to f32 for a DOT_PRECISION dot."""
+    """Transposed f16 tile [BLOCK_K, len(out_rows)] of an f16 [N, row_stride] weight (columns
+    k0 .. min(k0 + BLOCK_K, k_end)), for tile_dot."""
     k = k0 + tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + out_rows[None, :].to(tl.int64) * row_stride + k[:, None],
-                mask=out_mask[None, :] & (k[:, None] < k_end), other=0.0)
-    return w.to(tl.float32)
+    return tl.load(w_ptr + out_rows[None, :].to(tl.int64) * row_stride + k[:, None],
+                   mask=out_mask[None, :] & (k[:, None] < k_end), other=0.0)
+
+
+@triton.jit
+def _norm_scales(x_ptr, rows, row_mask, dim, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(scale applied to x * g before the products, scale applied to the accumulator):
+    (1/rms, 1) for f16 operands, which must be near unit scale; (1, -) for tf32, whose f32
+    range lets 1/rms factor out of the product (the accumulator scale then comes from the
+    sum of squares gathered in the K loop)."""
+    if DOT_F16:
+        rstd = _rstd(row_sum_squares(x_ptr, rows, row_mask, dim, BLOCK_M, BLOCK_K), dim, eps)
+    else:
+        rstd = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+    return rstd
+
+
+@triton.jit
+def _accumulator_scale(pre_scale, sum_sq, dim, eps):
+    if DOT_F16:
+        return tl.full(pre_scale.shape, 1.0, dtype=tl.float32)
+    else:
+        return _rstd(sum_sq, dim, eps)
 
 
 @triton.jit
@@ -120,10 +140,10 @@ def _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin
                          mask=row_mask[:, None] & (k[None, :] < k_end), other=0.0)
             a1 = tl.load(x + rows[:, None] * in_dim + (k + BLOCK_K)[None, :],
                          mask=row_mask[:, None] & ((k + BLOCK_K)[None, :] < k_end), other=0.0)
-            acc_even = tl.dot(a0, _weight_tile(weight, cols, col_mask, k0, k_end, in_dim,
-                                               BLOCK_K), acc_even, input_precision=DOT_PRECISION)
-            acc_odd = tl.dot(a1, _weight_tile(weight, cols, col_mask, k0 + BLOCK_K, k_end, in_dim,
-                                              BLOCK_K), acc_odd, input_precision=DOT_PRECISION)
+            acc_even = tile_dot(a0, _weight_tile(weight, cols, col_mask, k0, k_end, in_dim,
+                                                 BLOCK_K), acc_even)
+            acc_odd = tile_dot(a1, _weight_tile(weight, cols, col_mask, k0 + BLOCK_K, k_end,
+                                                in_dim, BLOCK_K), acc_odd)
         acc = acc_even + acc_odd
         out = hidden + rows[:, None] * out_dim + cols[None, :]
         out_mask = row_mask[:, None] & col_mask[None, :]
@@ -197,6 +217,7 @@ def _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, f
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < n
         col_mask = cols < ffn_dim
+        pre = _norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         # two K-interleaved accumulator pairs: four independent MMA chains instead of two,
         # since at decode the dependent chain, not bandwidth, bounds the kernel
@@ -208,16 +229,18 @@ def _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, f
             k1 = k0 + BLOCK_K
             a0, sq0 = scaled_rows(hidden, norm_weight, rows, row_mask, k0, dim, BLOCK_K)
             a1, sq1 = scaled_rows(hidden, norm_weight, rows, row_mask, k1, dim, BLOCK_K)
+            a0 = a0 * pre
+            a1 = a1 * pre
             sum_sq += sq0 + sq1
-            gate_even = tl.dot(a0, _weight_tile(gate_up, cols, col_mask, k0, dim, dim, BLOCK_K),
-                               gate_even, input_precision=DOT_PRECISION)
-            gate_odd = tl.dot(a1, _weight_tile(gate_up, cols, col_mask, k1, dim, dim, BLOCK_K),
-                              gate_odd, input_precision=DOT_PRECISION)
-            up_even = tl.dot(a0, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim,
-                                              BLOCK_K), up_even, input_precision=DOT_PRECISION)
-            up_odd = tl.dot(a1, _weight_tile(gate_up, cols + ffn_dim, col_mask, k1, dim, dim,
-                                             BLOCK_K), up_odd, input_precision=DOT_PRECISION)
-        rstd = _rstd(sum_sq, dim, eps)[:, None]
+            gate_even = tile_dot(a0, _weight_tile(gate_up, cols, col_mask, k0, dim, dim, BLOCK_K),
+                                 gate_even)
+            gate_odd = tile_dot(a1, _weight_tile(gate_up, cols, col_mask, k1, dim, dim, BLOCK_K),
+                                gate_odd)
+            up_even = tile_dot(a0, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim,
+                                                BLOCK_K), up_even)
+            up_odd = tile_dot(a1, _weight_tile(gate_up, cols + ffn_dim, col_mask, k1, dim, dim,
+                                               BLOCK_K), up_odd)
+        rstd = _accumulator_scale(pre, sum_sq[:, None], dim, eps)
         gate = (gate_even + gate_odd) * rstd
         act = gate / (1.0 + tl.exp(-gate)) * ((up_even + up_odd) * rstd)
         tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
@@ -289,13 +312,13 @@ def _norm_head_tiles(logits, hidden, norm_weight, head, geometry, rows, tokens, 
     end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
     live = r_mask & (end > start)
     last = tl.where(live, end - 1, 0)
+    pre = _norm_scales(hidden, last, live, dim, eps, BLOCK_M, BLOCK_K)[:, None]
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, dim, BLOCK_K):
         a, row_sq = scaled_rows(hidden, norm_weight, last, live, k0, dim, BLOCK_K)
         sum_sq += row_sq
-        acc = tl.dot(a, _weight_tile(head, cols, col_mask, k0, dim, dim, BLOCK_K), acc,
-                     input_precision=DOT_PRECISION)
-    acc = tl.where(live[:, None], acc * _rstd(sum_sq, dim, eps)[:, None], 0.0)
+        acc = tile_dot(a * pre, _weight_tile(head, cols, col_mask, k0, dim, dim, BLOCK_K), acc)
+    acc = tl.where(live[:, None], acc * _accumulator_scale(pre, sum_sq[:, None], dim, eps), 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
              mask=r_mask[:, None] & col_mask[None, :])
