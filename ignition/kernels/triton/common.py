@@ -12,8 +12,10 @@ DOT_PRECISION = tl.constexpr("tf32")
 # The tensor-core tiles' operands: 0 = tf32 x tf32 (f16 weights widened), 1 = f16 x f16 with
 # f32 accumulation (activations rounded to f16 after RMSNorm's 1/rms is applied, so they
 # stay near unit scale; same 10-bit mantissa as tf32, half the MMA steps per K and no
-# widening of the weight tile).
-DOT_F16 = tl.constexpr(0)
+# widening of the weight tile). Measured on the H200 (random weights, same run): f16 gave
+# batch-64 decode 46.9k vs 39.9k tokens/s, batch 128 73.6k vs 61.1k, prefill of 512 tokens
+# 149k vs 119k; conformance against the numpy executor passed with logits within 4e-4.
+DOT_F16 = tl.constexpr(1)
 
 
 @triton.jit
