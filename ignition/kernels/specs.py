@@ -176,12 +176,14 @@ def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
 # over 100-400 programs. (Measured on the H200: at 8 rows this path and the tiles are equal,
 # at 32+ rows the tiles are 2-7x faster.)
 _GEMV = {"GEMV_TOKENS": 4, "GEMV_K": 128}
-# Tiles: [32, 32] measured best on the H200 against [16, 16], [64, 16] and [64, 32] (batch 64
-# decode 37.3k vs 32.8k / 33.5k / 35.0k tokens/s, prefill of 512 118k vs 68k / 99k / 120k).
-_LAYER_GEMM = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5}
+# Tiles (f16 operands, common.DOT_F16): [16, 32] measured best on the H200 against [32, 32]
+# and [64, 32] for decode (batch 8 / 64 / 128: 9.1k / 48.9k / 80.0k tokens/s against 7.6k /
+# 46.9k / 73.5k for [32, 32]); [64, 32] prefills 512 tokens faster (170k vs 152k tokens/s)
+# but loses at every decode batch.
+_LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5}
 # split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
 # unrolls its whole K_SPLIT slice
-_RESIDUAL_GEMM = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
+_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
                   "GEMV_N": 8}
 # the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
 # program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
