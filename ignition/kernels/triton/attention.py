@@ -8,7 +8,7 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_F16, DOT_PRECISION, gemv_rows, gemv_tiles,
+from ignition.kernels.triton.common import (DOT_F16, gemv_rows, gemv_tiles,
                                              prefetch_l2, row_sum_squares, scaled_rows,
                                              tile_dot, wait_for_predecessors)
 
@@ -253,15 +253,14 @@ def _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads, head_dim,
         kv_mask = k_valid[:, None] & d_mask[None, :]
         keys = tl.load(k_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
         values = tl.load(v_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q_tile, tl.trans(keys).to(tl.float32), input_precision=DOT_PRECISION) * scale
+        scores = tile_dot(q_tile, tl.trans(keys), tl.zeros((BLOCK_M, BLOCK_N), tl.float32)) * scale
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         scores = tl.where(causal, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p, values.to(tl.float32), acc * alpha[:, None],
-                     input_precision=DOT_PRECISION)
+        acc = tile_dot(p, values, acc * alpha[:, None])      # p in [0, 1]: f16-safe
         m_i = m_new
     return acc, m_i, l_i
 
