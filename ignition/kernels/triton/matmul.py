@@ -6,12 +6,14 @@ Layouts (row-major, contiguous, element strides = the row width):
   weight      f16 [out, in]        as stored in the core
   norm weight f16 [dim]
   geometry    i32 step geometry; geometry[0] = live tokens n (see helios_backend/kernels/state.py)
-Products run on tensor cores with f32 accumulation at DOT_PRECISION (common.py: 3xTF32,
-~f32 accuracy and range; f16 weights widen exactly). Grids are
-(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1): one program owns one [BLOCK_M, BLOCK_N] output tile,
-so there are no atomics and results are bit-stable. M is the variant's token capacity; tiles
-past the live count n return before touching a weight. BLOCK_M = 16 suits decode and chunked
-prefill alike; a weight tile streams once per M tile and stays L2-resident across tiles.
+Two implementations per kernel, chosen by the same immediate the grid function reads
+(specs._gemv_or_tiles): up to GEMV_TOKENS rows a tensor-core-free product (common.gemv_tiles /
+gemv_rows: a few output columns per program, weight tiles loaded before the PDL wait), above
+it tensor-core tiles (common.tile_dot: f16 x f16 with f32 accumulation, activations scaled
+by RMSNorm's 1/rms before they are rounded). Tile grids are (cdiv(N, BLOCK_N),
+cdiv(M, BLOCK_M), K slices); M is the variant's token capacity; tiles past the live count n
+return before touching a weight. The residual GEMMs split K over grid z and add their
+partial sums with f32 atomics (last-bit summation order may vary run to run).
 
 PDL: a kernel first prefetches its weight slice into L2 (weights are never written by a
 node), then waits (griddepcontrol.wait) before its first read of data written by an earlier
