@@ -21,6 +21,16 @@ Prints a pass/fail table and writes tensor_parallel.json under --out.
             python tests/gpu/tensor_parallel.py run --executor numpy --steps 8 --batches 1,2 --out /tmp/tp
 
 The GGUF the weights are rebuilt from is model_bundle.joined_gguf() (HELIOS_GGUF_PARTS).
+
+On the nvidia-h200-x2 machine (64 MiB per call: the GGUF halves travel in two calls, back to back
+while the machine is warm; NCCL_NVLS_ENABLE=0 is set by the executor):
+
+    call 1, carry [.carry_gguf1, .carry_model]:
+        mkdir -p /tmp/tp && cp .carry_gguf1/part_a .carry_model/tp1.bin .carry_model/tp2.bin /tmp/tp/
+    call 2, carry [.carry_gguf2, .carry_cuda, helios_proto]:
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
+        .carry_cuda/*.whl && export PYTHONPATH=/tmp/site && HELIOS_GGUF_PARTS=/tmp/tp/part_a:.carry_gguf2/part_b
+        PYTHONUNBUFFERED=1 python3 tests/gpu/tensor_parallel.py run --bundles /tmp/tp --out $OUT
 """
 from __future__ import annotations
 
