@@ -50,8 +50,9 @@ def test_every_kernel_compiles_to_an_sm90a_cubin(library, modules, tmp_path):
         kernel = module.kernels[0]
         assert kernel.symbol.encode() + b"\x00" in cubin
         assert kernel.num_warps in (1, 2, 4, 8, 16)
-        # below the 48 KiB default (minus the 1 KiB the driver reserves): no opt-in attribute
-        assert kernel.shared_bytes <= 47 * 1024
+        # within an H200 SM's 227 KiB opt-in limit (the executor opts in above 48 KiB), and
+        # small enough that two programs share an SM
+        assert kernel.shared_bytes <= 113 * 1024
         assert kernel.trailing_null_pointers == 2
         assert kernel.programmatic_dependent_launch
 
@@ -71,7 +72,7 @@ def _sass(cubin: bytes, tmp_path: Path) -> str:
 def test_sass_has_pdl_wait_tensor_cores_and_pipelined_vector_loads(modules, tmp_path):
     """What the performance design relies on, read back from the machine code: every kernel
     waits on its PDL predecessor (ACQBULK = griddepcontrol.wait); weight-streaming kernels
-    prefetch into L2 before that wait, run HMMA, and load through 16-byte cp.async."""
+    start their weight traffic before that wait, run HMMA, and load through 16-byte cp.async."""
     for cubin, module in modules:
         kernel_id = module.kernels[0].id
         sass = _sass(cubin, tmp_path)
@@ -80,7 +81,11 @@ def test_sass_has_pdl_wait_tensor_cores_and_pipelined_vector_loads(modules, tmp_
             assert "HMMA" in sass or "HGMMA" in sass, kernel_id      # HGMMA: wgmma, M >= 64
             assert "LDGSTS.E.BYPASS.128" in sass, kernel_id
         if kernel_id in WEIGHT_STREAMING:
-            assert 0 <= sass.find("CCTL.E.PF2") < sass.find("ACQBULK"), kernel_id
+            # weight traffic starts before the first wait: the decode path's weight loads
+            # (LDG) and the tile path's L2 prefetch (CCTL.E.PF2) both precede their ACQBULK
+            before_wait = sass[:sass.find("ACQBULK")]
+            assert "LDG" in before_wait or "CCTL.E.PF2" in before_wait, kernel_id
+            assert "CCTL.E.PF2" in sass, kernel_id
 
 
 def test_parameter_lists_match_the_abi_plus_two_scratch_pointers(library, modules):
