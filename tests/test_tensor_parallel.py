@@ -500,3 +500,28 @@ def test_speculative_programs_run_on_both_ranks():
         assert rank_disagreements(model, RANK_STATE + ("state.draft_cursor",)) == []
     finally:
         model.close()
+
+
+def _served_tokens(core: pathlib.Path) -> list[int]:
+    from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+    from helios_backend.server.responses import Stream
+    from helios_backend.server.runtime import HeliosRuntime
+    from helios_backend.server.settings import StartupOptions
+    from tests.test_rules_scheduler import Sender
+
+    runtime = HeliosRuntime.start(StartupOptions(core, ACCEPTANCE))
+    sender = Sender()
+    try:
+        assert runtime.model.manifest.world_size == (DEGREE if core.name.startswith("smollm2-tp") else 1)
+        runtime.submit(RequestSpec(tuple(PROMPT), 12, SamplingSettings(temperature=0.7, seed=5)), Stream(1, sender))
+        assert sender.done.wait(120)
+    finally:
+        runtime.stop(drain=True)
+    assert sender.finals[0].terminal.WhichOneof("outcome") == "finished", sender.finals[0]
+    return sender.tokens
+
+
+def test_the_serving_runtime_serves_a_tp2_core_like_the_tp1_core(tp_core, smollm2_core):
+    # spec: OWN-13, OWN-14: startup, scheduler and worker unchanged; completion words from rank 0
+    tp2 = _served_tokens(tp_core)
+    assert tp2 == _served_tokens(smollm2_core) and len(tp2) == 12
