@@ -50,19 +50,24 @@ def _digest(options) -> str:
     return h.hexdigest()[:16]
 
 
-@pytest.fixture(scope="session")
-def smollm2_core(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+def cached_core(prefix: str, options, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The SmolLM2 core of `options` at var/test-cores/<prefix>-<digest>.core, prepared once per
+    version of the preparation sources; older cores of the same prefix are removed."""
     from ignition.cli import prepare_core
 
-    options = engine_test_options()
-    target = TEST_CORE_DIR / f"smollm2-test-{_digest(options)}.core"
+    target = TEST_CORE_DIR / f"{prefix}-{_digest(options)}.core"
     if not target.exists():
         key = tmp_path_factory.mktemp("publisher") / "publisher.pem"
         prepare_core("smollm2-135m-instruct", target, options, key_path=str(key), kernels=False)
-        for stale in TEST_CORE_DIR.glob("smollm2-test-*.core"):   # ~240 MB each; open readers keep theirs
+        for stale in TEST_CORE_DIR.glob(f"{prefix}-*.core"):   # ~240 MB each; open readers keep theirs
             if stale != target:
                 stale.unlink(missing_ok=True)
     return target
+
+
+@pytest.fixture(scope="session")
+def smollm2_core(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return cached_core("smollm2-test", engine_test_options(), tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from helios_backend.model import ModelOptions, NativeModel
 from ignition.preparation import contract as shared
 from ignition.preparation.tensor_parallel import Partition, PartitionedDimension, Split, TensorParallelError
 from ignition.recorder import Recorder, RecordingError
-from tests.engine_fixtures import ACCEPTANCE, TEST_CORE_DIR, _digest, engine_test_options
+from tests.engine_fixtures import ACCEPTANCE, cached_core, engine_test_options
 from tests.gpu.tensor_parallel import RANK_STATE, greedy_with_logits, rank_disagreements   # the device script's
 from tests.test_numpy_executor import PROMPT, VOCAB, prefill_logits
 
@@ -44,17 +44,7 @@ def tp_options():
 
 @pytest.fixture(scope="module")
 def tp_core(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    from ignition.cli import prepare_core
-
-    options = tp_options()
-    target = TEST_CORE_DIR / f"smollm2-tp{DEGREE}-test-{_digest(options)}.core"
-    if not target.exists():
-        key = tmp_path_factory.mktemp("publisher") / "publisher.pem"
-        prepare_core("smollm2-135m-instruct", target, options, key_path=str(key), kernels=False)
-        for stale in TEST_CORE_DIR.glob(f"smollm2-tp{DEGREE}-test-*.core"):
-            if stale != target:
-                stale.unlink(missing_ok=True)
-    return target
+    return cached_core(f"smollm2-tp{DEGREE}-test", tp_options(), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
