@@ -97,6 +97,7 @@ class Driver:
         self.model.packer.pack(program, frame, lanes)
         executor.launch(program, frame)
         words = executor.wait(frame)
+        self.last_words = words            # the whole completion (header fields such as scores)
         # standard records only (logprob extension records may follow the capacity's records)
         rows = words[COMPLETION_HEADER_WORDS:COMPLETION_HEADER_WORDS + len(lanes) * COMPLETION_ROW_WORDS].reshape(
             -1, COMPLETION_ROW_WORDS)

@@ -68,6 +68,7 @@ class Case:
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.generation = first_generation
         self.logits_program = ""              # program whose logits buffer to compare ("" = the case's)
+        self.scores: np.ndarray | None = None  # SCORED_PREFILL: the completion header's scores
 
     def admit(self, slots: list[int], prompts: list[np.ndarray]) -> None:
         bins = self.model.contract.model.vocabulary.histogram_bins
@@ -106,8 +107,10 @@ class Case:
             lanes = [Lane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
                           pages=self.pages_for(per_row)) for s, p in enumerate(prompts)]
             return self.driver.step(program.name, lanes)
-        if op in (C.OPERATION_DECODE, C.OPERATION_MIXED):
-            decode_rows = rows if op == C.OPERATION_DECODE else rows - 1
+        if op == C.OPERATION_SCORED_PREFILL:
+            return self._scored_prefill(program)
+        if op in (C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_RESUME):
+            decode_rows = rows if op != C.OPERATION_MIXED else rows - 1
             history = 9
             prompts = [self.rng.integers(0, self.vocab, history).astype(np.int32) for _ in range(rows)]
             self.admit(list(range(rows)), prompts)
@@ -119,6 +122,9 @@ class Case:
                 self.driver.step(prefill, [Lane(slot=s, generation=first + s, consumed=0, tokens=prompts[s],
                                                 sample=True, pages=pages[s])])
             lanes = [Lane(slot=s, generation=first + s, consumed=history, pages=pages[s]) for s in range(decode_rows)]
+            if op == C.OPERATION_RESUME:      # the host feeds each row's pending token
+                for lane in lanes:
+                    lane.pending_token = int(self.rng.integers(0, self.vocab))
             if op == C.OPERATION_MIXED:
                 chunk = tokens - decode_rows
                 s = rows - 1
@@ -129,6 +135,23 @@ class Case:
         if op == C.OPERATION_RESTORATION:
             return self._restoration(program)
         raise ValueError(f"no conformance case for {C.Operation.Name(op)}")
+
+    def _scored_prefill(self, program: M.Program) -> np.ndarray:
+        """A prefill chunk per row whose every token also scores a random target token; the
+        scores (completion header words) are compared beside the logits and state."""
+        rows, tokens = program.capacity.rows, program.capacity.tokens
+        per_row = tokens // rows
+        prompts = [self.rng.integers(0, self.vocab, per_row).astype(np.int32) for _ in range(rows)]
+        self.admit(list(range(rows)), prompts)
+        lanes = [Lane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
+                      pages=self.pages_for(per_row),
+                      scored_targets=self.rng.integers(0, self.vocab, per_row).astype(np.int32))
+                 for s, p in enumerate(prompts)]
+        rows_out = self.driver.step(program.name, lanes)
+        [field] = [f for f in self.model.manifest.completion.header if f.name == "scores"]
+        words = self.driver.last_words
+        self.scores = np.asarray(words[field.word:field.word + tokens], np.int32).view(np.float32).copy()
+        return rows_out
 
     def _restoration(self, program: M.Program) -> np.ndarray:
         """Prompts ending mid-page publish their partial page (snapshot rows); new slots reuse the
@@ -268,6 +291,8 @@ def main() -> None:
                 rows = case.run(program)
                 logits, state = snapshot(model.executor, manifest, case.logits_program or program.name,
                                          (manifest.request_slots, vocab))
+                if case.scores is not None:       # float state: compared within the logit tolerance
+                    state["completion:scores"] = case.scores
                 outputs[kind] = (rows.copy(), logits, state)
             results.append(compare(program.name, program, outputs, manifest))
         except Exception as error:  # a failing case is a FAIL row, the others still run

@@ -55,7 +55,11 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 DEGREES = (1, 2)
 NAMESPACE = "helios.local/tensor-parallel-check"
 CACHE_PAGES = 1024            # explicit: two models share device 0, neither may take the free memory
-LOGIT_TOLERANCE = 2e-3        # max |TP2 - TP1| / max |TP1| per row: f32 partial sums, NCCL order
+# max |TP2 - TP1| / max |TP1| per row. The tensor-core tiles round activations to f16 (measured
+# against the f32 numpy oracle: up to ~5e-3 of a row's largest logit at 8 rows), and the two
+# ranks round different partial sums, so TP2 and TP1 differ by that order; the GEMV paths
+# (up to 4 rows) stay near 1e-3. Same order as tests/gpu/conformance.py's fp16 tolerance.
+LOGIT_TOLERANCE = 1e-2
 TIE_TOLERANCE = 5e-3          # |logit gap| / max |logit| under which two tokens tie
 TOKEN_WORD = 2                # completion row word holding the sampled token
 RANK_STATE = ("state.pending", "state.generated", "state.output_histogram", "state.seeds", "completion")

@@ -17,7 +17,7 @@ walks all of K (no split-K, no atomics: the store is bit-stable). Tiles past n o
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import DOT_PRECISION, prefetch_l2, wait_for_predecessors
+from ignition.kernels.triton.common import prefetch_l2, tile_dot, wait_for_predecessors
 
 
 @triton.jit
@@ -47,7 +47,7 @@ def linear_project(out, x, weight, geometry, tokens, in_dim, out_dim,
                         mask=live[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(weight + cols[None, :].to(tl.int64) * in_dim + k[:, None],
                         mask=col_mask[None, :] & k_mask[:, None], other=0.0)
-            acc = tl.dot(a, w.to(tl.float32), acc, input_precision=DOT_PRECISION)
+            acc = tile_dot(a, w, acc)     # the operand type of linear.residual's tiles
     # masked-off rows of `a` were 0, so acc rows past n are 0: one store covers both cases
     target = out + rows[:, None].to(tl.int64) * out_dim + cols[None, :]
     tl.store(target, acc, mask=(rows < tokens)[:, None] & col_mask[None, :])
