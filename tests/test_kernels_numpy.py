@@ -349,3 +349,46 @@ def test_logprobs_are_the_log_softmax_of_the_sampled_token_and_the_top_n():
         assert floats[r, 0] <= 0 and np.all(np.diff(floats[r, 1 + top_n:]) <= 0)
     assert records[1, 1:3].tolist() == [5, 40]
     assert records[2, 0] == 0 and (records[2, 1:1 + top_n] == -1).all() and (records[2, 1 + top_n:] == 0).all()
+
+
+def test_draw_v2_is_adjust_then_draw_over_a_copy_of_the_logits():
+    rows, vocab, mask_words = 3, 64, 2
+    logits = (RNG.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    params = np.zeros((rows, 8), np.float32)
+    params[:, :7] = [(0, 1, 0, 0, 0.5, 0.5, 1.3), (0.9, 0.9, 0, 0, 0, 0, 1), (0, 1, 0, 0, 0, 0, 1)]
+    prompt_hist = RNG.integers(0, 2, (rows, vocab)).astype(np.int32)
+    output_hist = RNG.integers(0, 3, (rows, vocab)).astype(np.int32)
+    mask = np.full((rows, mask_words), 0xFFFFFFFF, np.uint32)
+    mask[2, 0] = 0                                              # tokens 0..31 disallowed for row 2
+    seeds = np.arange(2 * rows, dtype=np.uint32)
+    generated = np.array([3, 4, 5], np.int32)
+    slots, flags = np.arange(rows, dtype=np.int32), np.ones(rows, np.int32)
+    raw = logits.copy()
+    got = np.full(rows, -9, np.int32)
+    sampling.draw_adjusted_tokens(got, logits.reshape(-1), params.reshape(-1), seeds, generated, prompt_hist.reshape(-1),
+                                  output_hist.reshape(-1), mask.reshape(-1), slots, flags, None, None, rows, vocab,
+                                  vocab, mask_words)
+    assert np.array_equal(logits, raw)                          # the raw logits stay (the logprobs read them)
+    adjusted = raw.reshape(-1).copy()
+    sampling.adjust_logits(adjusted, params.reshape(-1), prompt_hist.reshape(-1), output_hist.reshape(-1),
+                           mask.reshape(-1), slots, flags, rows, vocab, vocab, mask_words)
+    want = np.full(rows, -9, np.int32)
+    sampling.draw_tokens(want, adjusted, params.reshape(-1), seeds, generated, slots, flags, rows, vocab)
+    assert np.array_equal(got, want) and got[2] >= 32
+
+
+def test_logprobs_v2_write_only_the_rows_that_asked():
+    from helios_backend.kernels.logprobs import logprob_record_words, requested_logprobs, sampled_logprobs
+    rows, vocab, top_n = 3, 50, 4
+    logits = RNG.standard_normal((rows, vocab)).astype(np.float32).reshape(-1)
+    params = np.zeros((rows, 8), np.float32)
+    params[:, state.LOGPROBS_WORD] = [0.0, -1.0, 1.0]           # unspecified (written), none, asked
+    sampled, slots = np.array([4, 5, 6], np.int32), np.array([0, 1, 2], np.int32)
+    live, width = np.array([rows], np.int32), logprob_record_words(top_n)
+    got = np.full(rows * width, 77, np.int32)
+    requested_logprobs(got, logits, sampled, params.reshape(-1), slots, np.ones(rows, np.int32), live, None, None,
+                       rows, vocab, top_n, 0)
+    want = np.full(rows * width, 77, np.int32)
+    sampled_logprobs(want, logits, sampled, slots, np.array([1, 0, 1], np.int32), live, rows, vocab, top_n, 0)
+    assert np.array_equal(got, want)
+    assert got.reshape(rows, width)[1, 0] == 0 and (got.reshape(rows, width)[1, 1:1 + top_n] == -1).all()

@@ -322,13 +322,16 @@ def test_select_input_takes_prompt_tokens_for_the_prefill_row_only(runner,
     assert (out["ids"][6:] == -5).all()                  # past the live tokens: untouched
 
 
-def test_embedding_gather(runner):
-    vocab, dim, tokens = 50, 208, 20
-    check_against_reference(runner, "embedding.gather.v1", {
+@pytest.mark.parametrize("dim", [208, 576])       # one and three 256-wide dim tiles
+def test_embedding_gather(runner, dim):
+    vocab, tokens = 50, 20
+    ids = RNG.integers(0, vocab, tokens).astype(np.int32)
+    ids[17:] = -1                                    # padding past the 17 live tokens
+    out = check_against_reference(runner, "embedding.gather.v1", {
         "hidden": np.full((tokens, dim), 3.0, np.float32),
         "table": RNG.standard_normal((vocab, dim)).astype(np.float16),
-        "ids": RNG.integers(0, vocab, tokens).astype(np.int32),
-        "geometry": step_geometry([5, 12], tokens)}, {"tokens": tokens, "dim": dim})
+        "ids": ids, "geometry": step_geometry([5, 12], tokens)}, {"tokens": tokens, "dim": dim})
+    assert (out["hidden"][17:] == 3.0).all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -199,9 +199,9 @@ def test_completion_records_follow_the_spec(smollm2_model):
 
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2_model, penalty):
-    # issue 5 item 6: sampling.logprobs.v1 after the draw, over the raw logits (vLLM's default)
-    # that sampling.keep_logits.v1 copied before the penalties; read back through read_buffer
-    from helios_backend.packing import SamplingParameters
+    # issue 5 item 6: sampling.logprobs.v2 after the draw, over the raw logits (vLLM's default):
+    # sampling.draw.v2 applies the penalties on the fly, so scratch.logits keeps the raw logits
+    from helios_backend.kernels.sampling import adjust_logits
     from helios_backend.scheduler.completion import CompletionFormat
     fmt = CompletionFormat.from_layout(smollm2_model.manifest.completion)
     top = fmt.top_k
@@ -211,13 +211,19 @@ def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2
     [active] = driver.admit([GenerationRequest(PROMPT, 4, sampling=sampling)], [1])
     driver._ensure_pages(active, len(PROMPT) + 1)
     lanes = [Lane(slot=1, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))]
+    slot_bins = slice(VOCAB, 2 * VOCAB)                                       # slot 1's histogram row
     for program in (smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT)), smollm2_model.program(C.OPERATION_DECODE, 1, 1)):
+        state = {name: smollm2_model.executor.read_buffer(f"state.{name}_histogram").view(np.int32)[slot_bins].copy()
+                 for name in ("prompt", "output")}
         smollm2_model.packer.pack(program, 0, lanes)
         smollm2_model.executor.launch(program, 0)
         words = smollm2_model.executor.wait(0)
-        logits = smollm2_model.executor.read_buffer("scratch.raw_logits").view(np.float32)[:VOCAB].astype(np.float64)
-        adjusted = smollm2_model.executor.read_buffer("scratch.logits").view(np.float32)[:VOCAB]
-        assert np.array_equal(adjusted, logits.astype(np.float32)) == (penalty == 1.0)   # adjust: in place
+        raw = smollm2_model.executor.read_buffer("scratch.logits").view(np.float32)[:VOCAB].copy()
+        logits = raw.astype(np.float64)
+        adjusted = raw.copy()                                                 # what the draw sampled from
+        adjust_logits(adjusted, sampling.vector(), state["prompt"], state["output"], np.full(VOCAB // 32, 0xFFFFFFFF, np.uint32),
+                      np.array([0], np.int32), np.array([1], np.int32), 1, VOCAB, VOCAB, VOCAB // 32)
+        assert np.array_equal(adjusted, raw) == (penalty == 1.0)
         expected = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
         row = fmt.row_words_of(words, 1)[0]
         token = int(row[fmt.row["token"]])

@@ -166,6 +166,23 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("row_slot", I32_T), _ptr("sample_flag", I32_T), _ptr("live_rows", I32_T),
         _i32("rows"), _i32("vocab"), _i32("top_n"), _i32("record_base"),
     ), logprobs.sampled_logprobs, "sampled token's log-softmax + top-N alternatives -> logprob extension records"),
+    # v2 of the draw and the logprobs: many programs per row over one scratch `partials`
+    # (i32 [rows, sampling.partial_words(vocab)]) and `arrivals` (i32 [rows], zero between
+    # steps); the draw applies the penalties and grammar mask itself (logits stay raw, no
+    # sampling.adjust / sampling.keep_logits nodes), the logprobs skip rows that did not ask
+    KernelSpec("sampling.draw.v2", (
+        _ptr("sampled", I32_T, W), _ptr("logits", F32_T), _ptr("sampling", F32_T),
+        _ptr("seeds", U32_T), _ptr("generated", I32_T), _ptr("prompt_histogram", I32_T),
+        _ptr("output_histogram", I32_T), _ptr("grammar_mask", U32_T), _ptr("row_slot", I32_T),
+        _ptr("sample_flag", I32_T), _ptr("partials", I32_T, RW), _ptr("arrivals", I32_T, RW),
+        _i32("rows"), _i32("vocab"), _i32("histogram_bins"), _i32("mask_words"),
+    ), sampling.draw_adjusted_tokens, "penalties + grammar mask + draw, the vocabulary spread over programs"),
+    KernelSpec("sampling.logprobs.v2", (
+        _ptr("completion", I32_T, W), _ptr("logits", F32_T), _ptr("sampled", I32_T),
+        _ptr("sampling", F32_T), _ptr("row_slot", I32_T), _ptr("sample_flag", I32_T),
+        _ptr("live_rows", I32_T), _ptr("partials", I32_T, RW), _ptr("arrivals", I32_T, RW),
+        _i32("rows"), _i32("vocab"), _i32("top_n"), _i32("record_base"),
+    ), logprobs.requested_logprobs, "logprob records of the rows that asked, the vocabulary spread over programs"),
     KernelSpec("logits.score_targets.v1", (
         _ptr("completion", I32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T), _ptr("head", F16_T),
         _ptr("targets", I32_T), _ptr("geometry", I32_T),

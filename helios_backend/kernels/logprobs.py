@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from helios_backend.kernels.linear import _matrix
+from helios_backend.kernels.state import LOGPROBS_WORD, SAMPLING_PARAMETER_WORDS
 
 
 def logprob_record_words(top_n: int) -> int:
@@ -108,3 +109,19 @@ def score_targets(completion: np.ndarray, hidden: np.ndarray, norm_weight: np.nd
         for i, t in enumerate(live):
             scores[t] = np.float32(log_softmax_row(logits[i])[wanted[t]])
     completion[record_base:record_base + tokens] = scores.view(np.int32)
+
+
+def requested_logprobs(completion: np.ndarray, logits: np.ndarray, sampled: np.ndarray, sampling: np.ndarray,
+                       row_slot: np.ndarray, sample_flag: np.ndarray, live_rows: np.ndarray,
+                       partials: np.ndarray, arrivals: np.ndarray, rows: int, vocab: int, top_n: int,
+                       record_base: int) -> None:
+    """sampling.logprobs.v2: sampled_logprobs for the rows whose request wants logprobs
+    (sampling word LOGPROBS_WORD of the slot not negative); the others get the record of a row
+    that sampled nothing. `partials` / `arrivals` are the GPU's scratch (as sampling.draw.v2's),
+    untouched here."""
+    flags = np.array(sample_flag[:rows], copy=True)
+    for r in range(min(int(live_rows[0]), rows)):
+        slot = int(row_slot[r])
+        if slot >= 0 and sampling[slot * SAMPLING_PARAMETER_WORDS + LOGPROBS_WORD] < 0:
+            flags[r] = 0
+    sampled_logprobs(completion, logits, sampled, row_slot, flags, live_rows, rows, vocab, top_n, record_base)

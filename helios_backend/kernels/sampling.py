@@ -1,7 +1,7 @@
 """Reference sampling kernels and the Philox4x32-10 counter-based RNG.
 
 Per-slot sampling state (written at admission by state.admit_requests):
-    sampling [slots, 8] f32  temperature, top_p, top_k, min_p, presence, frequency, repetition, reserved
+    sampling [slots, 8] f32  temperature, top_p, top_k, min_p, presence, frequency, repetition, logprobs
     seeds    [slots, 2] u32  Philox key (the request's 64 seed bits, low word first)
     generated [slots] i32    tokens sampled so far; the draw counter
 
@@ -115,12 +115,11 @@ def _ordered_candidates(scaled: np.ndarray, top_k: int, top_p: float) -> np.ndar
     return ordered[:limit]
 
 
-def sample_row(logits_row: np.ndarray, params: np.ndarray, seed: np.ndarray, draw_index: int) -> int:
-    temperature = float(params[0])
-    if temperature <= 0.0:
-        return int(np.argmax(logits_row))
+def kept_distribution(logits_row: np.ndarray, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, their f32 CDF) that a temperature draw (params[0] > 0) chooses from: the
+    candidates in sorted order after temperature, top-k, top-p and min-p."""
     top_p, top_k, min_p = float(params[1]), int(params[2]), float(params[3])
-    scaled = logits_row / np.float32(temperature)
+    scaled = logits_row / np.float32(params[0])
     candidates = _ordered_candidates(scaled, top_k, top_p)
     probs = np.exp(scaled[candidates] - scaled[candidates[0]])
     total = np.exp(scaled - scaled[candidates[0]]).sum(dtype=np.float32) if top_k <= 0 else probs.sum(dtype=np.float32)
@@ -131,9 +130,15 @@ def sample_row(logits_row: np.ndarray, params: np.ndarray, seed: np.ndarray, dra
     if min_p > 0.0:
         keep = min(keep, int(np.count_nonzero(probs >= np.float32(min_p) * probs[0])))
     keep = max(keep, 1)
-    cdf = np.cumsum(probs[:keep], dtype=np.float32)
+    return candidates[:keep], np.cumsum(probs[:keep], dtype=np.float32)
+
+
+def sample_row(logits_row: np.ndarray, params: np.ndarray, seed: np.ndarray, draw_index: int) -> int:
+    if float(params[0]) <= 0.0:
+        return int(np.argmax(logits_row))
+    candidates, cdf = kept_distribution(logits_row, params)
     target = np.float32(draw_uniform(seed, draw_index)) * cdf[-1]
-    index = min(int(np.searchsorted(cdf, target, side="right")), keep - 1)
+    index = min(int(np.searchsorted(cdf, target, side="right")), cdf.size - 1)
     return int(candidates[index])
 
 
@@ -149,3 +154,29 @@ def draw_tokens(sampled: np.ndarray, logits: np.ndarray, sampling: np.ndarray, s
             continue
         params = sampling[slot * SAMPLING_PARAMETER_WORDS:(slot + 1) * SAMPLING_PARAMETER_WORDS]
         sampled[r] = sample_row(table[r], params, seeds[2 * slot:2 * slot + 2], int(generated[slot]))
+
+
+def partial_words(vocab: int) -> int:
+    """Words per row of `partials`, the scratch of the multi-program sampling kernels
+    (sampling.draw.v2, sampling.logprobs.v2; one buffer serves both, they run one after the
+    other): vocab / 8, at least 1024, a multiple of 16. The kernels compute the same row stride;
+    the kernel table (ignition specs.py) checks at preparation that their per-chunk records
+    fit in it."""
+    return -(-max(1024, int(vocab) // 8) // 16) * 16
+
+
+def draw_adjusted_tokens(sampled: np.ndarray, logits: np.ndarray, sampling: np.ndarray,
+                         seeds: np.ndarray, generated: np.ndarray, prompt_histogram: np.ndarray,
+                         output_histogram: np.ndarray, grammar_mask: np.ndarray, row_slot: np.ndarray,
+                         sample_flag: np.ndarray, partials: np.ndarray, arrivals: np.ndarray, rows: int,
+                         vocab: int, histogram_bins: int, mask_words: int) -> None:
+    """sampling.draw.v2: adjust_logits then draw_tokens, with `logits` left as they are (the raw
+    model logits, which the logprobs read): the adjustment applies to a copy here and on the
+    fly on the GPU. On a GPU the row's vocabulary is spread over many programs that leave
+    per-chunk records in `partials` [rows, partial_words(vocab)] and count themselves in `arrivals`
+    [rows] (zero between steps); here both scratch pointers stay untouched."""
+    adjusted = _matrix(logits, rows, vocab).copy()
+    adjust_logits(adjusted.reshape(-1), sampling, prompt_histogram, output_histogram, grammar_mask,
+                  row_slot, sample_flag, rows, vocab, histogram_bins, mask_words)
+    draw_tokens(sampled, adjusted.reshape(-1), sampling, seeds, generated, row_slot, sample_flag, rows,
+                vocab)

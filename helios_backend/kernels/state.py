@@ -33,9 +33,13 @@ FINISH_LENGTH = 2
 TRANSPORT_HEADER_WORDS = 2
 
 # Sampling parameter vector per slot, float32 [SAMPLING_PARAMETER_WORDS].
+# Word 7 ("logprobs") says whether the request wants logprob records: < 0 it asked for none
+# (sampling.logprobs.v2 skips the row: its record reads as a non-sampling row's); 0 (what a
+# packer that leaves the word zero writes) or > 0: the records are written.
 SAMPLING_PARAMETER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                             "frequency_penalty", "repetition_penalty", "reserved")
+                             "frequency_penalty", "repetition_penalty", "logprobs")
 SAMPLING_PARAMETER_WORDS = len(SAMPLING_PARAMETER_FIELDS)
+LOGPROBS_WORD = SAMPLING_PARAMETER_FIELDS.index("logprobs")
 
 
 def live_tokens(geometry: np.ndarray) -> int:

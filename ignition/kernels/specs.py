@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping
 
+from helios_backend.kernels.sampling import partial_words
+
 Grid = tuple[int, int, int]
 Immediates = Mapping[str, int | float]
 GridFunction = Callable[[Immediates, Mapping[str, int]], Grid]
@@ -52,6 +54,10 @@ def _require(condition: bool, message: str) -> None:
 
 def _token_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (cdiv(a["tokens"], c["BLOCK_T"]), 1, 1)
+
+
+def _token_dim_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["tokens"], c["BLOCK_T"]), cdiv(a["dim"], c["BLOCK_D"]), 1)
 
 
 def _step_geometry(a: Immediates, c: Mapping[str, int]) -> Grid:
@@ -130,6 +136,21 @@ def _per_row_over_vocab(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (a["rows"], 1, 1)
 
 
+def _vocab_chunks(keys: str) -> GridFunction:
+    """(cdiv(vocab, BLOCK_V), rows) for the multi-program sampling kernels: each chunk leaves a
+    record of 8 words + c[keys] int64 keys in its row of `partials` (partial_words(vocab) words),
+    and the row's last program reads up to MAX_CHUNKS of them."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        chunks = cdiv(a["vocab"], c["BLOCK_V"])
+        _require(chunks <= c["MAX_CHUNKS"],
+                 f"vocab {a['vocab']} > BLOCK_V * MAX_CHUNKS = {c['BLOCK_V'] * c['MAX_CHUNKS']}")
+        _require(chunks * (8 + 2 * c[keys]) <= partial_words(a["vocab"]),
+                 f"{chunks} chunk records exceed partial_words({a['vocab']})")
+        _require(a.get("top_n", 0) <= c.get("TOP_C", 0), f"top_n {a.get('top_n')} > TOP_C")
+        return (chunks, a["rows"], 1)
+    return grid
+
+
 def _one_program_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
     return (1, 1, 1)
@@ -200,8 +221,9 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                {"BLOCK_T": 32, "MAX_ROWS": 256}, _step_geometry),
     KernelSpec("tokens.select_input.v1", "tokens", "select_input_ids",
                {"BLOCK_T": 256}, _token_tiles),
+    # one [4 tokens, 256 dims] tile per program (16-byte f16 loads), no loop over dim
     KernelSpec("embedding.gather.v1", "tokens", "embed_tokens",
-               {"BLOCK_T": 16, "BLOCK_D": 128}, _token_tiles, divisible=("dim",)),
+               {"BLOCK_T": 4, "BLOCK_D": 256}, _token_dim_tiles, divisible=("dim",)),
     KernelSpec("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
                _QKV_GEMM, _qkv_rope_store,
                num_stages=3, divisible=("dim", "head_dim", "page_stride")),
@@ -229,6 +251,14 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("sampling.logprobs.v1", "logprobs", "sampled_logprobs",
                {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=4, divisible=("vocab",)),
+    # many programs per row (a 1024- / 2048-token chunk each) and a last-arriving finisher;
+    # sampling.draw.v2 also applies the penalties and grammar mask (no adjust node)
+    KernelSpec("sampling.draw.v2", "sampling", "draw_adjusted_tokens",
+               {"BLOCK_V": 1024, "CANDIDATES": 16, "MAX_CHUNKS": 64}, _vocab_chunks("CANDIDATES"),
+               num_warps=8, divisible=("vocab", "histogram_bins")),
+    KernelSpec("sampling.logprobs.v2", "logprobs", "requested_logprobs",
+               {"BLOCK_V": 2048, "TOP_C": 32, "MAX_CHUNKS": 32}, _vocab_chunks("TOP_C"),
+               num_warps=8, divisible=("vocab",)),
     KernelSpec("logits.score_targets.v1", "logprobs", "score_targets", {"BLOCK_V": 64, "BLOCK_K": 64},
                _per_token, num_warps=4, divisible=("dim",)),
     KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},

@@ -39,6 +39,7 @@ from helios_backend.kernels.state import (
     geometry_words,
 )
 from helios_backend.kernels.logprobs import logprob_record_words
+from helios_backend.kernels.sampling import partial_words
 from ignition.recorder import Recorder, Ref
 
 C = contract_pb2
@@ -73,7 +74,7 @@ class TextCapacities:
     context_tokens: int
     eos_capacity: int = 4
     snapshot_rows: int = 0      # continuation rows for exact-endpoint snapshots; 0 = no snapshots
-    logprobs: bool = False      # logprob extension records (sampling.logprobs.v1) after the records
+    logprobs: bool = False      # logprob extension records (sampling.logprobs.v2) after the records
     top_logprobs: int = 0       # top-N alternatives per logprob record (with logprobs)
     scored_tokens: int = 0      # largest SCORED_PREFILL packed tokens: one f32 score word each; 0 = none
 
@@ -211,7 +212,10 @@ class StepScratch:
     ids: str = "scratch.ids"
     logits: str = "scratch.logits"
     sampled: str = "scratch.sampled"
-    raw_logits: str = "scratch.raw_logits"      # with logprobs: the logits before sampling.adjust
+    # the multi-program sampling kernels' per-chunk records and per-row arrival counters (zero
+    # between steps: each kernel's last program of a row resets its counter)
+    sampling_partials: str = "scratch.sampling_partials"    # i32 [rows, partial_words(vocab)]
+    sampling_arrivals: str = "scratch.sampling_arrivals"    # i32 [rows]
 
 
 STEP_SCRATCH = StepScratch()
@@ -235,8 +239,8 @@ def declare_shared_buffers(rec: Recorder, cap: TextCapacities, transport: M.Tran
     rec.declare(buffer(STEP_SCRATCH.ids, scratch, C.DTYPE_I32, [T]))
     rec.declare(buffer(STEP_SCRATCH.logits, scratch, C.DTYPE_F32, [B, cap.vocab]))
     rec.declare(buffer(STEP_SCRATCH.sampled, scratch, C.DTYPE_I32, [B]))
-    if cap.logprobs:
-        rec.declare(buffer(STEP_SCRATCH.raw_logits, scratch, C.DTYPE_F32, [B, cap.vocab]))
+    rec.declare(buffer(STEP_SCRATCH.sampling_partials, scratch, C.DTYPE_I32, [B, partial_words(cap.vocab)]))
+    rec.declare(buffer(STEP_SCRATCH.sampling_arrivals, scratch, C.DTYPE_I32, [B]))
 
 
 def staged(transport: M.Transport, name: str) -> Ref:
@@ -407,18 +411,14 @@ def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacit
 def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCapacities, operation: int,
                              rows: int) -> None:
     s = lambda name: staged(transport, name)  # noqa: E731 - short local alias
-    if cap.logprobs:
-        # logprobs are of the raw model logits (vLLM's default); sampling.adjust works in place
-        rec.launch("sampling.keep_logits.v1", "sampling.keep_logits", raw_logits=STEP_SCRATCH.raw_logits,
-                   logits=STEP_SCRATCH.logits, row_slot=s("row_slot"), sample_flag=s("sample_flag"),
-                   live_rows=s("live_rows"), rows=rows, vocab=cap.vocab)
-    rec.launch("sampling.adjust.v1", "sampling.adjust", logits=STEP_SCRATCH.logits, sampling=SLOT_STATE.sampling,
-               prompt_histogram=SLOT_STATE.prompt_histogram, output_histogram=SLOT_STATE.output_histogram,
-               grammar_mask=s("grammar_mask"), row_slot=s("row_slot"), sample_flag=s("sample_flag"),
-               rows=rows, vocab=cap.vocab, histogram_bins=cap.histogram_bins, mask_words=cap.mask_words)
-    rec.launch("sampling.draw.v1", "sampling.draw", sampled=STEP_SCRATCH.sampled, logits=STEP_SCRATCH.logits,
+    scratch = dict(partials=STEP_SCRATCH.sampling_partials, arrivals=STEP_SCRATCH.sampling_arrivals)
+    # the draw applies the penalties and grammar mask on the fly: the logits stay the raw model
+    # logits, which the logprobs report (vLLM's default)
+    rec.launch("sampling.draw.v2", "sampling.draw", sampled=STEP_SCRATCH.sampled, logits=STEP_SCRATCH.logits,
                sampling=SLOT_STATE.sampling, seeds=SLOT_STATE.seeds, generated=SLOT_STATE.generated,
-               row_slot=s("row_slot"), sample_flag=s("sample_flag"), rows=rows, vocab=cap.vocab)
+               prompt_histogram=SLOT_STATE.prompt_histogram, output_histogram=SLOT_STATE.output_histogram,
+               grammar_mask=s("grammar_mask"), row_slot=s("row_slot"), sample_flag=s("sample_flag"), **scratch,
+               rows=rows, vocab=cap.vocab, histogram_bins=cap.histogram_bins, mask_words=cap.mask_words)
     rec.launch("state.commit.v1", "state.commit", completion=COMPLETION, pending=SLOT_STATE.pending,
                generated=SLOT_STATE.generated, output_histogram=SLOT_STATE.output_histogram,
                sampled=STEP_SCRATCH.sampled, eos_ids=SLOT_STATE.eos_ids, output_limit=SLOT_STATE.output_limit,
@@ -427,10 +427,10 @@ def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCap
                live_rows=s("live_rows"), rows=rows, eos_capacity=cap.eos_capacity,
                histogram_bins=cap.histogram_bins, operation=operation)
     if cap.logprobs:
-        rec.launch("sampling.logprobs.v1", "sampling.logprobs", completion=COMPLETION, logits=STEP_SCRATCH.raw_logits,
-                   sampled=STEP_SCRATCH.sampled, row_slot=s("row_slot"), sample_flag=s("sample_flag"),
-                   live_rows=s("live_rows"), rows=rows, vocab=cap.vocab, top_n=cap.top_logprobs,
-                   record_base=cap.logprob_base)
+        rec.launch("sampling.logprobs.v2", "sampling.logprobs", completion=COMPLETION, logits=STEP_SCRATCH.logits,
+                   sampled=STEP_SCRATCH.sampled, sampling=SLOT_STATE.sampling, row_slot=s("row_slot"),
+                   sample_flag=s("sample_flag"), live_rows=s("live_rows"), **scratch, rows=rows, vocab=cap.vocab,
+                   top_n=cap.top_logprobs, record_base=cap.logprob_base)
 
 
 LOGITS_KERNEL = "logits.norm_head.v1"

@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 
 from ignition.kernels.triton.common import wait_for_predecessors
+from ignition.kernels.triton.sampling import (KEY_NONE, SAMPLING_WORDS, STAT_WORDS, _key_token,
+                                              _key_value, _order_key, _partial_words)
 
 
 @triton.jit
@@ -141,3 +143,83 @@ def score_targets(completion, hidden, norm_weight, head, targets, geometry,
         tl.store(out, picked - (best + tl.log(total)))
     else:
         tl.store(out, 0.0)
+
+
+# ---- sampling.logprobs.v2: only the rows that asked, the vocabulary spread over programs -----
+#
+# Grid (chunks = cdiv(vocab, BLOCK_V), rows). A row is worked on only when its request wants
+# logprobs (word LOGPROBS_WORD of its slot's sampling vector not negative) and it sampled a
+# token; other rows' programs exit after reading that (program 0 writes the empty record), so a
+# step where no row asks costs two dependent loads. Program (c, r) of a working row leaves in
+# partials i32 [rows, _partial_words(vocab)] (the scratch sampling.draw.v2 uses before it):
+#
+#   row r = stats[chunks][STAT_WORDS] | keys[chunks][TOP_C] (int64)
+#   stats = [ x_max f32 | sum exp(x - x_max) f32 | - ... ]
+#
+# keys = the chunk's TOP_C best order keys (logit descending, id ascending; tl.topk). Since
+# top_n <= TOP_C, the row's top_n are among them; the last program of the row to arrive (the
+# arrival counter, reset to 0 after) merges the log-sum-exp, takes the TOP_C best keys of all
+# chunks and writes the record.
+
+LOGPROBS_WORD = tl.constexpr(7)              # of the slot's sampling vector (SAMPLING_WORDS f32)
+
+
+@triton.jit
+def requested_logprobs(completion, logits, sampled, sampling, row_slot, sample_flag, live_rows,
+                       partials, arrivals, rows, vocab, top_n, record_base,
+                       BLOCK_V: tl.constexpr, TOP_C: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+                       PDL: tl.constexpr):
+    """Record r at completion + record_base + r * (1 + 2 top_n) (words), from the raw logits
+    f32 [rows, vocab]. Grid (cdiv(vocab, BLOCK_V), rows); see above."""
+    wait_for_predecessors(PDL)
+    c = tl.program_id(0)
+    r = tl.program_id(1)
+    chunks = tl.num_programs(0)
+    live = tl.minimum(tl.load(live_rows), rows)
+    slot = tl.load(row_slot + r)
+    flag = tl.load(sample_flag + r)
+    token = tl.load(sampled + r)
+    active = (r < live) & (slot >= 0) & (flag != 0) & (token >= 0) & (token < vocab)
+    wanted = tl.load(sampling + slot * SAMPLING_WORDS + LOGPROBS_WORD, mask=active,
+                     other=-1.0) >= 0.0
+    record = completion + record_base + r * (1 + 2 * top_n)
+    floats = record.to(tl.pointer_type(tl.float32))
+    k = tl.arange(0, TOP_C)
+    if active & wanted:
+        row = logits + r.to(tl.int64) * vocab
+        v = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        in_vocab = v < vocab
+        x = tl.load(row + v, mask=in_vocab, other=float("-inf"))
+        x_max = tl.max(x, axis=0)
+        shift = tl.where(x_max == float("-inf"), 0.0, x_max)
+        base = partials + r.to(tl.int64) * _partial_words(vocab)
+        stats = (base + c * STAT_WORDS).to(tl.pointer_type(tl.float32))
+        keys = (base + chunks * STAT_WORDS).to(tl.pointer_type(tl.int64))
+        tl.store(stats, x_max)
+        tl.store(stats + 1, tl.sum(tl.exp(x - shift), axis=0))
+        best_keys = tl.topk(tl.where(in_vocab, _order_key(x, v), KEY_NONE), TOP_C)
+        tl.store(keys + c * TOP_C + k, best_keys)
+        tl.debug_barrier()          # every thread's record stores precede the release below
+        if tl.atomic_add(arrivals + r, 1, sem="acq_rel", scope="gpu") == chunks - 1:
+            tl.debug_barrier()
+            index = tl.arange(0, MAX_CHUNKS)
+            present = index < chunks
+            records = (base + index * STAT_WORDS).to(tl.pointer_type(tl.float32))
+            maxima = tl.load(records, mask=present, other=float("-inf"), cache_modifier=".cg")
+            sums = tl.load(records + 1, mask=present, other=0.0, cache_modifier=".cg")
+            best = tl.max(maxima, axis=0)
+            total = tl.sum(tl.where(sums > 0.0, sums * tl.exp(maxima - best), 0.0), axis=0)
+            lse = best + tl.log(total)
+            slots = tl.arange(0, MAX_CHUNKS * TOP_C)
+            top = tl.topk(tl.load(keys + slots, mask=slots < chunks * TOP_C, other=KEY_NONE,
+                                  cache_modifier=".cg"), TOP_C)
+            real = top != KEY_NONE                  # fewer tokens than TOP_C in the row
+            tl.store(floats, tl.load(row + token) - lse)
+            tl.store(record + 1 + k, tl.where(real, _key_token(top), -1), mask=k < top_n)
+            tl.store(floats + 1 + top_n + k, tl.where(real, _key_value(top) - lse, 0.0),
+                     mask=k < top_n)
+            tl.store(arrivals + r, 0)
+    elif c == 0:                    # top_n <= TOP_C (the kernel table checks it)
+        tl.store(record, 0)
+        tl.store(record + 1 + k, tl.full((TOP_C,), -1, tl.int32), mask=k < top_n)
+        tl.store(record + 1 + top_n + k, tl.zeros((TOP_C,), tl.int32), mask=k < top_n)

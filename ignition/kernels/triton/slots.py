@@ -16,34 +16,41 @@ def commit_samples(completion, pending, generated, output_histogram, sampled, eo
                    transport_header, live_rows, rows, eos_capacity, histogram_bins, operation,
                    MAX_ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
     """Publish sampled tokens (pending token, draw counter, output histogram) and write the
-    completion record of every row. Grid (1,): rows <= MAX_ROWS lanes of one program."""
+    completion record of every row. Grid (1,): rows <= MAX_ROWS lanes of one program.
+
+    Two dependent loads: every per-row value is loaded at once (masked by the capacity, not by
+    what another load returns), then the sampling rows' slot state."""
     wait_for_predecessors(PDL)
-    live = tl.minimum(tl.load(live_rows), rows)
     r = tl.arange(0, MAX_ROWS)
     lane = r < rows
-    slot = tl.load(row_slot + r, mask=r < live, other=-1)
+    live = tl.minimum(tl.load(live_rows), rows)
+    slot = tl.load(row_slot + r, mask=lane, other=-1)
+    flag = tl.load(sample_flag + r, mask=lane, other=0)
+    drawn = tl.load(sampled + r, mask=lane, other=-1)
+    generation = tl.load(row_generation + r, mask=lane, other=-1)
+    endpoint = (tl.load(consumed + r, mask=lane, other=0)
+                + tl.load(query_length + r, mask=lane, other=0))
+    sequence = tl.load(transport_header)
     active = (r < live) & (slot >= 0)
-    sampling = active & (tl.load(sample_flag + r, mask=active, other=0) != 0)
-    token = tl.load(sampled + r, mask=sampling, other=-1)
+    sampling = active & (flag != 0)
+    token = tl.where(sampling, drawn, -1)
     count = tl.load(generated + slot, mask=sampling, other=0) + 1
-    tl.store(pending + slot, token, mask=sampling)
-    tl.store(generated + slot, count, mask=sampling)
-    tl.atomic_add(output_histogram + slot.to(tl.int64) * histogram_bins + token,
-                  tl.full((MAX_ROWS,), 1, tl.int32), mask=sampling)
+    limit = tl.load(output_limit + slot, mask=sampling, other=0)
     is_eos = tl.zeros((MAX_ROWS,), dtype=tl.int1)
     for e0 in range(0, eos_capacity, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         ids = tl.load(eos_ids + slot[:, None] * eos_capacity + e[None, :],
                       mask=sampling[:, None] & (e[None, :] < eos_capacity), other=-1)
         is_eos = is_eos | (tl.max((ids == token[:, None]).to(tl.int32), axis=1) != 0)
-    limit = tl.load(output_limit + slot, mask=sampling, other=0)
+    tl.store(pending + slot, token, mask=sampling)
+    tl.store(generated + slot, count, mask=sampling)
+    tl.atomic_add(output_histogram + slot.to(tl.int64) * histogram_bins + token,
+                  tl.full((MAX_ROWS,), 1, tl.int32), mask=sampling)
     finish = tl.where(is_eos, FINISH_EOS, tl.where(count >= limit, FINISH_LENGTH, 0))
     finish = tl.where(sampling, finish, 0)
-    endpoint = (tl.load(consumed + r, mask=active, other=0)
-                + tl.load(query_length + r, mask=active, other=0))
-    write_records(completion, r, lane, slot, tl.load(row_generation + r, mask=active, other=-1),
-                   tl.where(sampling, token, -1), endpoint, sampling.to(tl.int32), finish, active)
-    write_header(completion, tl.load(transport_header), live, operation, rows)
+    write_records(completion, r, lane, slot, generation, token, endpoint, sampling.to(tl.int32),
+                  finish, active)
+    write_header(completion, sequence, live, operation, rows)
 
 
 @triton.jit

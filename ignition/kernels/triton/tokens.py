@@ -2,9 +2,9 @@
 
 Step geometry (int32, drawn in helios_backend/kernels/state.py):
     geometry = [ n | token_row[0 .. tokens) | row_start[0 .. rows] ]
-Every kernel here is launched on (cdiv(tokens, BLOCK_T), 1, 1) and handles BLOCK_T packed
-tokens per program; row-level quantities (rows <= MAX_ROWS) are recomputed per program
-from query_length, which is cheaper than another node.
+Every kernel here handles BLOCK_T packed tokens per program on grid x = cdiv(tokens, BLOCK_T)
+(the embedding also splits dim over grid y); row-level quantities (rows <= MAX_ROWS) are
+recomputed per program from query_length, which is cheaper than another node.
 """
 import triton
 import triton.language as tl
@@ -36,14 +36,17 @@ def step_geometry(geometry, query_length, rows, tokens,
 @triton.jit
 def select_input_ids(ids, prompt_tokens, pending, row_slot, prefill_row, geometry, rows, tokens,
                      BLOCK_T: tl.constexpr, PDL: tl.constexpr):
-    """ids[t] = prompt_tokens[t] for the prefill row's tokens, else pending[row_slot[row]]."""
+    """ids[t] = prompt_tokens[t] for the prefill row's tokens, else pending[row_slot[row]].
+    Three dependent loads: (n, token rows, prefill row, prompt tokens), slots, pending tokens."""
     wait_for_predecessors(PDL)
-    n = tl.load(geometry)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = t < n
-    row = tl.load(geometry + 1 + t, mask=live, other=0)
-    from_host = row == tl.load(prefill_row)
-    prompt = tl.load(prompt_tokens + t, mask=live & from_host, other=0)
+    in_capacity = t < tokens
+    n = tl.load(geometry)
+    row = tl.load(geometry + 1 + t, mask=in_capacity, other=-1)     # -1 past n
+    prefill = tl.load(prefill_row)
+    prompt = tl.load(prompt_tokens + t, mask=in_capacity, other=0)
+    live = (t < n) & (row >= 0)
+    from_host = row == prefill
     slot = tl.load(row_slot + row, mask=live & ~from_host, other=0)
     device = tl.load(pending + slot, mask=live & ~from_host, other=0)
     tl.store(ids + t, tl.where(from_host, prompt, device), mask=live)
@@ -52,14 +55,16 @@ def select_input_ids(ids, prompt_tokens, pending, row_slot, prefill_row, geometr
 @triton.jit
 def embed_tokens(hidden, table, ids, geometry, tokens, dim,
                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """hidden f32 [tokens, dim] = table f16 [vocab, dim] rows ids[t], for live tokens."""
+    """hidden f32 [tokens, dim] = table f16 [vocab, dim] rows ids[t], for live tokens.
+    Grid (cdiv(tokens, BLOCK_T), cdiv(dim, BLOCK_D)): one [BLOCK_T, BLOCK_D] tile per program,
+    two dependent loads (n and the ids together, then the table rows)."""
     wait_for_predecessors(PDL)
-    n = tl.load(geometry)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    n = tl.load(geometry)
+    token = tl.load(ids + t, mask=t < tokens, other=0)
     live = t < n
-    token = tl.load(ids + t, mask=live, other=0).to(tl.int64)
-    for d0 in range(0, dim, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        mask = live[:, None] & (d[None, :] < dim)
-        row = tl.load(table + token[:, None] * dim + d[None, :], mask=mask, other=0.0)
-        tl.store(hidden + t[:, None] * dim + d[None, :], row.to(tl.float32), mask=mask)
+    token = tl.where(live & (token >= 0), token, 0).to(tl.int64)
+    mask = live[:, None] & (d[None, :] < dim)
+    row = tl.load(table + token[:, None] * dim + d[None, :], mask=mask, other=0.0)
+    tl.store(hidden + t[:, None] * dim + d[None, :], row.to(tl.float32), mask=mask)
