@@ -65,7 +65,8 @@ class Bench:
         for slot in slots:
             self.generation += 1
             prompt = self.rng.integers(0, self.vocab, prompt_tokens).astype(np.int32)
-            admission = Admission.for_prompt(prompt, self.bins, slot, SamplingParameters(), 1 << 20, (self.vocab - 1,))
+            admission = Admission.for_prompt(prompt, self.bins, slot, SamplingParameters(logprobs=-1), 1 << 20,
+                                             (self.vocab - 1,))   # no logprobs asked, as by default in the API
             self.driver.step(init, [Lane(slot=slot, generation=self.generation, admission=admission)])
             pages = [self.driver.pages.take()
                      for _ in range(-(-(prompt_tokens + extra_tokens) // self.driver.page_tokens))]

@@ -63,10 +63,13 @@ class SamplingParameters:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # logprob records wanted for this request's tokens: the top-N alternatives (0 = only the
+    # sampled token's), or -1 = none, and sampling.logprobs.v2 skips the row
+    logprobs: int = 0
 
     def vector(self) -> np.ndarray:
         return np.array([self.temperature, self.top_p, self.top_k, self.min_p, self.presence_penalty,
-                         self.frequency_penalty, self.repetition_penalty, 0.0], dtype=np.float32)
+                         self.frequency_penalty, self.repetition_penalty, self.logprobs], dtype=np.float32)
 
 
 @dataclass(frozen=True)

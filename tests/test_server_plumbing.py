@@ -253,3 +253,15 @@ def test_metrics_thread_applies_updates_and_checks_labels() -> None:  # spec: ME
     with pytest.raises(ValueError):
         update("flare_graph_launches_total", Op.ADD, 1, request_id="x")
     assert all(not {"request_id", "prompt", "token"} & set(f.labels) for f in FAMILY.values())
+
+
+@pytest.mark.parametrize("wanted, top, packed", [(False, 0, -1), (True, 0, 0), (True, 5, 5)])
+def test_the_packed_sampling_vector_says_whether_a_request_wants_logprob_records(wanted, top, packed):
+    """sampling.logprobs.v2 skips rows whose word 7 is negative: only requests that asked for
+    logprobs pay for the records."""
+    from helios_backend.server.transport import SpecDefaults, request_spec
+    gen = tp.GenerateRequest()
+    gen.logprobs.logprobs = wanted
+    gen.logprobs.top_logprobs = top
+    spec = request_spec(gen, np.array([1, 2, 3]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100))
+    assert spec.sampling.vector()[7] == packed

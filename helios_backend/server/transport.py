@@ -79,6 +79,7 @@ def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: S
         temperature=float(pick("temperature")), top_p=float(pick("top_p")), top_k=int(pick("top_k")),
         min_p=float(pick("min_p")), presence_penalty=float(pick("presence_penalty")),
         frequency_penalty=float(pick("frequency_penalty")), repetition_penalty=float(pick("repetition_penalty")),
+        logprobs=gen.logprobs.top_logprobs if gen.logprobs.logprobs else -1,
         seed=s.seed if s.HasField("seed") else secrets.randbits(64))
     if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.min_p < 0:
         raise TransportError("sampling", "temperature >= 0, 0 < top_p <= 1 and min_p >= 0 are required")
