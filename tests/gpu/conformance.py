@@ -72,11 +72,13 @@ class Case:
         # token each preparation prefill sampled per slot: the case's input for decode-like rows.
         # An executor that breaks a near tie differently there feeds that row another token.
         self.prepared_tokens: dict[int, int] = {}
+        self.slots: set[int] = set()          # slots this case admitted: the state it may compare
 
     def admit(self, slots: list[int], prompts: list[np.ndarray]) -> None:
         bins = self.model.contract.model.vocabulary.histogram_bins
         eos = tuple(self.model.contract.defaults.eos_token_ids)
         init = self.model.program(C.OPERATION_INITIALIZATION, 1)
+        self.slots.update(slots)
         for slot, prompt in zip(slots, prompts):
             self.generation += 1
             admission = Admission.for_prompt(prompt, bins, 1234 + slot, self.driver_sampling(), 4096, eos)
@@ -97,6 +99,7 @@ class Case:
         if op == C.OPERATION_INITIALIZATION:
             bins = self.model.contract.model.vocabulary.histogram_bins
             lanes = []
+            self.slots.update(range(rows))
             for slot in range(rows):
                 self.generation += 1
                 prompt = self.rng.integers(0, self.vocab, 17)
@@ -189,9 +192,17 @@ class Case:
 
 
 def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionManifest,
-            prepared: dict | None = None) -> dict:
+            prepared: dict | None = None, slots: set[int] | None = None) -> dict:
     (cuda_rows, cuda_logits, cuda_state), (np_rows, np_logits, np_state) = outputs["cuda"], outputs["numpy"]
     result = {"program": name}
+    if slots is not None and manifest is not None:
+        # per-slot state of slots this case never admitted is an earlier case's (which may have
+        # reported a diverged row there): compare only the case's own slots
+        own = sorted(slots)
+        def own_rows(states: dict) -> dict:
+            return {k: (v[own] if not k.startswith("scratch:") and v.ndim and v.shape[0] == manifest.request_slots
+                        else v) for k, v in states.items()}
+        cuda_state, np_state = own_rows(cuda_state), own_rows(np_state)
     diverged = sorted(s for s, t in (prepared or {}).get("cuda", {}).items()
                       if prepared["numpy"].get(s) != t)
     if diverged:
@@ -315,7 +326,7 @@ def main() -> None:
                     state["completion:scores"] = case.scores
                 outputs[kind] = (rows.copy(), logits, state)
                 prepared[kind] = case.prepared_tokens
-            results.append(compare(program.name, program, outputs, manifest, prepared))
+            results.append(compare(program.name, program, outputs, manifest, prepared, case.slots))
         except Exception as error:  # a failing case is a FAIL row, the others still run
             results.append({"program": program.name, "pass": False, "error": repr(error),
                             "trace": traceback.format_exc()[-800:]})
