@@ -144,10 +144,10 @@ def test_draw_v2_one_chunk_matches_the_reference(runner, temperature, top_p, top
 
 @pytest.mark.parametrize("temperature, top_p, top_k, min_p", DRAW_SETTINGS[:3] + DRAW_SETTINGS[4:5])
 def test_draw_v2_over_many_programs_matches_the_reference(runner, temperature, top_p, top_k, min_p):
-    """8 chunks per row (several programs and one finisher per row); each row's head sits in
+    """4 chunks per row (several programs and one finisher per row); each row's head sits in
     one place or is spread over the vocabulary."""
     rows, vocab = 4, 8192
-    assert _chunks(DRAW, vocab) == 8
+    assert _chunks(DRAW, vocab) == 4
     logits = RNG.standard_normal((rows, vocab)).astype(np.float32)
     for r in range(rows):
         if r % 2:
@@ -155,7 +155,7 @@ def test_draw_v2_over_many_programs_matches_the_reference(runner, temperature, t
             logits[r, head:head + 64] += 6 * RNG.random(64).astype(np.float32)
         else:
             logits[r, RNG.integers(0, vocab, 40)] += 4 + 4 * RNG.random(40).astype(np.float32)
-    logits[3, [100, 5000, 8000]] = logits[3].max() + 0.5   # tied best tokens in three chunks
+    logits[3, [100, 5000, 8016]] = logits[3].max() + 0.5   # tied best tokens in chunks 0, 1 and 2
     buffers, immediates = _draw_case(logits, [(temperature, top_p, top_k, min_p)] * rows)
     check_draw(runner, buffers, immediates, launches=1)
 
@@ -190,7 +190,7 @@ def test_draw_v2_past_the_prefix_bisects_the_row(runner):
 
 
 def test_draw_v2_applies_penalties_and_the_grammar_mask_itself(runner):
-    rows, vocab = 5, 2304                                  # 3 chunks, the last one partial
+    rows, vocab = 5, 2304                                  # 2 chunks of 144 interleaved groups
     logits = (RNG.standard_normal((rows, vocab)) * 3).astype(np.float32)
     mask = np.full((rows, vocab // 32), 0xFFFFFFFF, np.uint32)
     mask[1] = RNG.integers(0, 2**32, vocab // 32, dtype=np.uint64).astype(np.uint32)
@@ -203,7 +203,7 @@ def test_draw_v2_applies_penalties_and_the_grammar_mask_itself(runner):
 
 
 def test_draw_v2_walks_tied_logits_in_id_order(runner):
-    """All logits equal over 4 chunks: the candidate prefix holds only the 64 lowest ids (1.6 %
+    """All logits equal over 2 chunks: the candidate prefix holds only the 64 lowest ids (1.6 %
     of the mass), so nearly every draw comes from the finishing program's bisection, which
     enters the tie group in id order."""
     rows, vocab = 8, 4096

@@ -251,10 +251,10 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
     KernelSpec("sampling.logprobs.v1", "logprobs", "sampled_logprobs",
                {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=4, divisible=("vocab",)),
-    # many programs per row (a 1024- / 2048-token chunk each) and a last-arriving finisher;
+    # many programs per row (a 2048-token chunk each) and a last-arriving finisher;
     # sampling.draw.v2 also applies the penalties and grammar mask (no adjust node)
     KernelSpec("sampling.draw.v2", "sampling", "draw_adjusted_tokens",
-               {"BLOCK_V": 1024, "CANDIDATES": 16, "MAX_CHUNKS": 64}, _vocab_chunks("CANDIDATES"),
+               {"BLOCK_V": 2048, "CANDIDATES": 32, "MAX_CHUNKS": 32}, _vocab_chunks("CANDIDATES"),
                num_warps=8, divisible=("vocab", "histogram_bins")),
     KernelSpec("sampling.logprobs.v2", "logprobs", "requested_logprobs",
                {"BLOCK_V": 2048, "TOP_C": 32, "MAX_CHUNKS": 32}, _vocab_chunks("TOP_C"),
