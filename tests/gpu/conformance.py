@@ -274,8 +274,13 @@ def snapshot(executor, manifest: M.ExecutionManifest, program: str, rows_vocab: 
         raw = executor.read_buffer(logits)
         logit_rows = raw.view(np.float32)[: rows_vocab[0] * rows_vocab[1]].reshape(rows_vocab)
     floats = {C.DTYPE_F32: np.float32, C.DTYPE_F16: np.float16}
-    state = {b.name: executor.read_buffer(b.name).view(floats.get(b.dtype, np.uint8)) for b in manifest.buffers
-             if b.rank == 0 and b.kind == M.BUFFER_KIND_STATE}
+    state = {}
+    for b in manifest.buffers:
+        if b.rank == 0 and b.kind == M.BUFFER_KIND_STATE:
+            values = executor.read_buffer(b.name).view(floats.get(b.dtype, np.uint8))
+            if b.shape and b.shape[0] == manifest.request_slots:     # per-slot state: one row per slot
+                values = values.reshape(manifest.request_slots, -1)
+            state[b.name] = values
     # float scratch (per-step intermediates): where two executors first differ localizes a kernel
     for b in manifest.buffers:
         if b.rank == 0 and b.kind == M.BUFFER_KIND_SCRATCH and b.dtype in (C.DTYPE_F32, C.DTYPE_F16):
