@@ -87,6 +87,23 @@ def _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, seco
 
 
 @triton.jit
+def _rotation_pairs(head_dim, rope_pairing, BLOCK_P: tl.constexpr):
+    """(head, pair indices, pair mask, first dims, second dims) of program_id(0)'s BLOCK_P
+    rotation pairs: program p takes pairs [(p % chunks) * BLOCK_P, ...) of head p // chunks."""
+    half = head_dim // 2
+    chunks = tl.cdiv(half, BLOCK_P)
+    head = tl.program_id(0) // chunks
+    pair = (tl.program_id(0) % chunks) * BLOCK_P + tl.arange(0, BLOCK_P)
+    if rope_pairing == ROPE_ADJACENT_PAIRS:
+        first = 2 * pair
+        second = 2 * pair + 1
+    else:
+        first = pair
+        second = pair + half
+    return head, pair, pair < half, first, second
+
+
+@triton.jit
 def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
                          positions, page_table, row_slot, geometry, tokens, dim, q_heads,
                          kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
@@ -94,17 +111,7 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
                          GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Decode shape: grid (heads * cdiv(head_dim / 2, GEMV_P), 1, 1); GEMV_P pairs of one head
     for every token of the capacity (only live ones are stored)."""
-    half = head_dim // 2
-    chunks = tl.cdiv(half, GEMV_P)
-    head = tl.program_id(0) // chunks
-    pair = (tl.program_id(0) % chunks) * GEMV_P + tl.arange(0, GEMV_P)
-    pair_mask = pair < half
-    if rope_pairing == ROPE_ADJACENT_PAIRS:
-        first = 2 * pair
-        second = 2 * pair + 1
-    else:
-        first = pair
-        second = pair + half
+    head, pair, pair_mask, first, second = _rotation_pairs(head_dim, rope_pairing, GEMV_P)
     first_w = gemv_tiles(qkv_weight, head * head_dim + first, pair_mask, dim, 0, dim, GEMV_P,
                          GEMV_K, GEMV_STEPS)
     second_w = gemv_tiles(qkv_weight, head * head_dim + second, pair_mask, dim, 0, dim, GEMV_P,
@@ -143,17 +150,7 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        half = head_dim // 2
-        chunks = tl.cdiv(half, BLOCK_P)
-        head = tl.program_id(0) // chunks
-        pair = (tl.program_id(0) % chunks) * BLOCK_P + tl.arange(0, BLOCK_P)
-        pair_mask = pair < half
-        if rope_pairing == ROPE_ADJACENT_PAIRS:
-            first = 2 * pair
-            second = 2 * pair + 1
-        else:
-            first = pair
-            second = pair + half
+        head, pair, pair_mask, first, second = _rotation_pairs(head_dim, rope_pairing, BLOCK_P)
         t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         live = t < n
         if DOT_F16:     # f16 operands: 1/rms first, so the products' inputs are near unit scale
