@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ignition.kernels.triton.common import wait_for_predecessors
 from ignition.kernels.triton.sampling import (KEY_NONE, SAMPLING_WORDS, STAT_WORDS, _key_token,
-                                              _key_value, _order_key, _partial_words)
+                                              _key_value, _partial_words, _select_top)
 
 
 @triton.jit
@@ -156,7 +156,7 @@ def score_targets(completion, hidden, norm_weight, head, targets, geometry,
 #   row r = stats[chunks][STAT_WORDS] | keys[chunks][TOP_C] (int64)
 #   stats = [ x_max f32 | sum exp(x - x_max) f32 | - ... ]
 #
-# keys = the chunk's TOP_C best order keys (logit descending, id ascending; tl.topk). Since
+# keys = the chunk's TOP_C best order keys (logit descending, id ascending; _select_top). Since
 # top_n <= TOP_C, the row's top_n are among them; the last program of the row to arrive (the
 # arrival counter, reset to 0 after) merges the log-sum-exp, takes the TOP_C best keys of all
 # chunks and writes the record.
@@ -197,8 +197,7 @@ def requested_logprobs(completion, logits, sampled, sampling, row_slot, sample_f
         keys = (base + chunks * STAT_WORDS).to(tl.pointer_type(tl.int64))
         tl.store(stats, x_max)
         tl.store(stats + 1, tl.sum(tl.exp(x - shift), axis=0))
-        best_keys = tl.topk(tl.where(in_vocab, _order_key(x, v), KEY_NONE), TOP_C)
-        tl.store(keys + c * TOP_C + k, best_keys)
+        _select_top(x, v, in_vocab, keys + c * TOP_C, TOP_C)
         tl.debug_barrier()          # every thread's record stores precede the release below
         if tl.atomic_add(arrivals + r, 1, sem="acq_rel", scope="gpu") == chunks - 1:
             tl.debug_barrier()

@@ -290,8 +290,8 @@ def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_fl
 #   stats = [ x_max f32 | s_max f32 | mass f32 | argmax i32 | - | path | bound i64 ]
 #
 # x = adjusted logit, s = x / temperature, mass = sum exp(s - s_max) over the chunk, keys = the
-# chunk's CANDIDATES best order keys (s descending, id ascending: _order_key), bound = its next
-# best key. It then bumps arrivals[r]; the last program of the row to arrive finishes the row
+# chunk's CANDIDATES best order keys (s descending, id ascending: _order_key; _select_top),
+# bound = its next best key. It then bumps arrivals[r]; the last program of the row to arrive finishes the row
 # (reading every record) and sets the counter back to 0 for the next step.
 #
 # Finishing. Greedy: the best chunk maximum, lowest id on ties. Temperature: every key above
@@ -337,6 +337,40 @@ def _key_value(key):
 @triton.jit
 def _key_token(key):
     return 0x7FFFFFFF - key.to(tl.int32)
+
+
+@triton.jit
+def _select_top(value, token, valid, keys, K: tl.constexpr):
+    """Store the order keys of the K best valid entries (value descending, token ascending; all
+    of them when fewer are valid) at keys[0 .. K) in token order, KEY_NONE in the slots left;
+    return the largest valid key left out (KEY_NONE when none): every entry above it is stored.
+    value, token, valid: 1-D, in token order.
+
+    Exact radix selection instead of a bitonic top-k (about a third of the instructions):
+    four passes over 8 bits of the values' order-preserving image, each a 256-bin shared-memory
+    histogram of the entries still tied with the K-th best, find the K-th best value; entries
+    above it are taken, entries equal to it lowest token first."""
+    bits = (value + 0.0).to(tl.int32, bitcast=True)
+    image = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    need = tl.minimum(tl.sum(valid.to(tl.int32), axis=0), K)
+    digits = tl.arange(0, 256)
+    live = valid
+    taken = valid & (bits != bits)
+    for shift in tl.static_range(24, -8, -8):
+        digit = ((image >> shift) & 255).to(tl.int32)
+        counts = tl.histogram(digit, 256, mask=live)
+        above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)     # entries in higher digits
+        pick = tl.max(tl.where((above < need) & (above + counts >= need), digits, -1), axis=0)
+        need -= tl.sum(tl.where(digits == pick, above, 0), axis=0)
+        taken = taken | (live & (digit > pick))
+        live = live & (digit == pick)
+    chosen = taken | (live & (tl.cumsum(live.to(tl.int32), axis=0) <= need))
+    key = _order_key(value, token)
+    tl.store(keys + tl.cumsum(chosen.to(tl.int32), axis=0) - 1, key, mask=chosen)
+    slots = tl.arange(0, K)
+    tl.store(keys + slots, tl.full((K,), KEY_NONE, tl.int64),
+             mask=slots >= tl.sum(chosen.to(tl.int32), axis=0))
+    return tl.max(tl.where(valid & ~chosen, key, KEY_NONE), axis=0)
 
 
 @triton.jit
@@ -439,14 +473,11 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
             s = x / temperature
             s_max = tl.max(tl.max(s, axis=1), axis=0)
             shift = tl.where(s_max == float("-inf"), 0.0, s_max)
-            order = tl.reshape(tl.where(in_vocab, _order_key(s, v), KEY_NONE), [BLOCK_V])
-            best = tl.topk(order, CANDIDATES)                    # sorted, descending
-            last = tl.min(best, axis=0)
-            tl.store(keys + c * CANDIDATES + tl.arange(0, CANDIDATES), best)
+            bound = _select_top(tl.reshape(s, [BLOCK_V]), tl.reshape(v, [BLOCK_V]),
+                                tl.reshape(in_vocab, [BLOCK_V]), keys + c * CANDIDATES, CANDIDATES)
             tl.store(stats_f + 1, s_max)
             tl.store(stats_f + 2, tl.sum(tl.sum(tl.exp(s - shift), axis=1), axis=0))
-            tl.store(stats.to(tl.pointer_type(tl.int64)) + 3,
-                     tl.max(tl.where(order < last, order, KEY_NONE), axis=0))
+            tl.store(stats.to(tl.pointer_type(tl.int64)) + 3, bound)
         else:
             x_max = tl.max(tl.max(x, axis=1), axis=0)
             tl.store(stats_f, x_max)
