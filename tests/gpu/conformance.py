@@ -191,6 +191,23 @@ class Case:
         return np.concatenate([restored] + tails)
 
 
+def logprob_records(manifest: M.ExecutionManifest, driver, rows: int) -> dict:
+    """The step's logprob extension records (sampled token's logprob, top-N logprobs) per row,
+    as float "rows:" state compared within the logit tolerance (top ids are left out: ties
+    may order them differently)."""
+    from helios_backend.scheduler.completion import CompletionFormat
+    fmt = CompletionFormat.from_layout(manifest.completion)
+    words = getattr(driver, "last_words", None)
+    if words is None or "logprob" not in fmt.row or not fmt.extension_words:
+        return {}
+    body = fmt.row_words_of(words, rows)
+    out = {"rows:logprob": body[:, fmt.row["logprob"]].copy().view(np.float32)}
+    if fmt.top_k and "top_logprobs" in fmt.row:
+        top = fmt.row["top_logprobs"]
+        out["rows:top_logprobs"] = body[:, top:top + fmt.top_k].copy().view(np.float32)
+    return out
+
+
 def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionManifest,
             prepared: dict | None = None, slots: set[int] | None = None) -> dict:
     (cuda_rows, cuda_logits, cuda_state), (np_rows, np_logits, np_state) = outputs["cuda"], outputs["numpy"]
@@ -213,7 +230,9 @@ def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionM
         cuda_rows, np_rows = cuda_rows[keep], np_rows[keep]
         if np_logits is not None:
             cuda_logits, np_logits = cuda_logits[keep], np_logits[keep]
-        np_state = {k: v for k, v in np_state.items() if k not in TOKEN_STATE and not k.startswith("scratch:")}
+        np_state = {k: (v[keep] if k.startswith("rows:") else v) for k, v in np_state.items()
+                    if k not in TOKEN_STATE and not k.startswith("scratch:")}
+        cuda_state = {k: (v[keep] if k.startswith("rows:") else v) for k, v in cuda_state.items()}
     result["tokens_equal"] = bool(np.array_equal(cuda_rows, np_rows))
     near_ties = 0
     if not result["tokens_equal"] and np_logits is not None:
@@ -329,6 +348,7 @@ def main() -> None:
                                          (manifest.request_slots, vocab))
                 if case.scores is not None:       # float state: compared within the logit tolerance
                     state["completion:scores"] = case.scores
+                state.update(logprob_records(manifest, case.driver, len(rows)))
                 outputs[kind] = (rows.copy(), logits, state)
                 prepared[kind] = case.prepared_tokens
             results.append(compare(program.name, program, outputs, manifest, prepared, case.slots))
