@@ -383,6 +383,13 @@ def _allowed(v, in_vocab, mask_row, mask_words):
 
 
 @triton.jit
+def _chunk_best(x, v):
+    """(max, lowest token at the max) of a [groups, GROUP] chunk."""
+    best = tl.max(tl.max(x, axis=1), axis=0)
+    return best, tl.min(tl.min(tl.where(x == best, v, 0x7FFFFFFF), axis=1), axis=0)
+
+
+@triton.jit
 def _prefix_draw(keys, bound, best_s, total_all, vocab, top_p, top_k, min_p, u):
     """(token, resolved) of the reference draw (helios_backend/kernels/sampling.sample_row) from
     an exact sorted prefix: `keys` sorted descending, the prefix is the keys above `bound`;
@@ -448,9 +455,10 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
     groups = c + chunks * tl.arange(0, BLOCK_V // GROUP)
     v = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]      # [BLOCK_V / GROUP, GROUP]
     in_vocab = v < vocab
-    # issued before the row's slot is known: the chunk and its mask bits need only r
+    # issued before the row's slot is known: the chunk and its mask bits need only r. The mask
+    # goes first (the reference masks after the penalties; they leave -inf at -inf)
     x = tl.load(row + v, mask=in_vocab, other=float("-inf"))
-    allowed = _allowed(v, in_vocab, mask_row, mask_words)
+    x = tl.where(_allowed(v, in_vocab, mask_row, mask_words), x, float("-inf"))
     slot = tl.load(row_slot + r)
     flag = tl.load(sample_flag + r)
     if (slot >= 0) & (flag != 0):
@@ -459,12 +467,14 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
         pres = tl.load(params + 4)
         freq = tl.load(params + 5)
         rep = tl.load(params + 6)
+        # the greedy answer of the unpenalized chunk while the sampling vector is in flight
+        x_max, first = _chunk_best(x, v)
         penalize = (rep != 1.0) | (freq != 0.0) | (pres != 0.0)
         prompt_bins = prompt_histogram + slot.to(tl.int64) * histogram_bins
         output_bins = output_histogram + slot.to(tl.int64) * histogram_bins
         if penalize:
             x = _penalized(x, v, in_vocab, prompt_bins, output_bins, pres, freq, rep)
-        x = tl.where(allowed, x, float("-inf"))
+            x_max, first = _chunk_best(x, v)
         base = partials + r.to(tl.int64) * _partial_words(vocab)
         stats = base + c * STAT_WORDS
         stats_f = stats.to(tl.pointer_type(tl.float32))
@@ -479,10 +489,8 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
             tl.store(stats_f + 2, tl.sum(tl.sum(tl.exp(s - shift), axis=1), axis=0))
             tl.store(stats.to(tl.pointer_type(tl.int64)) + 3, bound)
         else:
-            x_max = tl.max(tl.max(x, axis=1), axis=0)
             tl.store(stats_f, x_max)
-            tl.store(stats + 3, tl.min(tl.min(tl.where(x == x_max, v, 0x7FFFFFFF), axis=1),
-                                       axis=0))
+            tl.store(stats + 3, first)
         tl.debug_barrier()          # every thread's record stores precede the release below
         if tl.atomic_add(arrivals + r, 1, sem="acq_rel", scope="gpu") == chunks - 1:
             tl.debug_barrier()
