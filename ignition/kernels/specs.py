@@ -261,8 +261,10 @@ KERNEL_SPECS: tuple[KernelSpec, ...] = (
                num_warps=8, divisible=("vocab",)),
     KernelSpec("logits.score_targets.v1", "logprobs", "score_targets", {"BLOCK_V": 64, "BLOCK_K": 64},
                _per_token, num_warps=4, divisible=("dim",)),
+    # 8 warps: one row per thread, so every per-row value shares one layout (no shared-memory
+    # conversions between the loads and the scattered stores)
     KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
-               _one_program_over_rows),
+               _one_program_over_rows, num_warps=8),
     KernelSpec("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
                _histogram_tiles, divisible=("histogram_bins",)),
     KernelSpec("attention.paged_split.v1", "attention", "paged_attention_split",

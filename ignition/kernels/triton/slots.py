@@ -36,16 +36,20 @@ def commit_samples(completion, pending, generated, output_histogram, sampled, eo
     token = tl.where(sampling, drawn, -1)
     count = tl.load(generated + slot, mask=sampling, other=0) + 1
     limit = tl.load(output_limit + slot, mask=sampling, other=0)
+    # EOS ids as BLOCK_E one-dimensional loads per pass: every [MAX_ROWS] value keeps one
+    # layout (a [rows, ids] tile cost layout conversions through shared memory)
     is_eos = tl.zeros((MAX_ROWS,), dtype=tl.int1)
+    eos_row = eos_ids + slot * eos_capacity
     for e0 in range(0, eos_capacity, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)
-        ids = tl.load(eos_ids + slot[:, None] * eos_capacity + e[None, :],
-                      mask=sampling[:, None] & (e[None, :] < eos_capacity), other=-1)
-        is_eos = is_eos | (tl.max((ids == token[:, None]).to(tl.int32), axis=1) != 0)
+        for e in tl.static_range(BLOCK_E):
+            present = sampling & (slot * 0 + (e0 + e) < eos_capacity)
+            ids = tl.load(eos_row + e0 + e, mask=present, other=-1)
+            is_eos = is_eos | (ids == token)
     tl.store(pending + slot, token, mask=sampling)
     tl.store(generated + slot, count, mask=sampling)
+    # relaxed: later nodes read the histogram after this kernel completes (no fence needed)
     tl.atomic_add(output_histogram + slot.to(tl.int64) * histogram_bins + token,
-                  tl.full((MAX_ROWS,), 1, tl.int32), mask=sampling)
+                  tl.full((MAX_ROWS,), 1, tl.int32), mask=sampling, sem="relaxed")
     finish = tl.where(is_eos, FINISH_EOS, tl.where(count >= limit, FINISH_LENGTH, 0))
     finish = tl.where(sampling, finish, 0)
     write_records(completion, r, lane, slot, generation, token, endpoint, sampling.to(tl.int32),
