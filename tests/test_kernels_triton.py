@@ -628,20 +628,28 @@ def test_draw_walks_tied_logits_in_id_order(runner):
     assert len(set(out["sampled"].tolist())) > rows // 2
 
 
-def _logprobs_case(runner: "Runner", logits: np.ndarray, sampled: np.ndarray, sample_flag: np.ndarray, top_n: int):
-    """Run sampling.logprobs.v1 and its reference; compare ids exactly, logprobs to 1e-5."""
-    from helios_backend.kernels.logprobs import logprob_record_words
-    rows, vocab = logits.shape
-    base = 12                                       # a header + records in front of the extension
-    completion = np.full(base + rows * logprob_record_words(top_n), 0x7EADBEEF, np.int32)
-    reference_out = {}
-    spec = abi.kernel("sampling.logprobs.v1")
+def _completion_kept_apart(kernel_id: str) -> tuple[abi.KernelSpec, dict]:
+    """The kernel's spec with every param READ (the generic comparison skips them) and a
+    reference that leaves its completion words in the returned dict: the caller compares the
+    words itself (ids exactly, floats within a tolerance)."""
+    spec = abi.kernel(kernel_id)
+    reference_out: dict = {}
 
     def reference(completion, *rest):
         spec.reference(completion, *rest)
         reference_out["completion"] = completion.copy()
     compared = abi.KernelSpec(spec.id, tuple(abi.Param(p.name, p.kind, p.dtype, abi.Access.READ)
                                              for p in spec.params), reference, spec.summary)
+    return compared, reference_out
+
+
+def _logprobs_case(runner: "Runner", logits: np.ndarray, sampled: np.ndarray, sample_flag: np.ndarray, top_n: int):
+    """Run sampling.logprobs.v1 and its reference; compare ids exactly, logprobs to 1e-5."""
+    from helios_backend.kernels.logprobs import logprob_record_words
+    rows, vocab = logits.shape
+    base = 12                                       # a header + records in front of the extension
+    completion = np.full(base + rows * logprob_record_words(top_n), 0x7EADBEEF, np.int32)
+    compared, reference_out = _completion_kept_apart("sampling.logprobs.v1")
     produced = check_against_reference(runner, "sampling.logprobs.v1", {
         "completion": completion, "logits": logits, "sampled": sampled,
         "row_slot": np.arange(rows, dtype=np.int32)[::-1].copy(), "sample_flag": sample_flag,
@@ -691,14 +699,7 @@ def test_score_targets_matches_the_reference(runner):
     targets = RNG.integers(0, vocab, tokens).astype(np.int32)
     targets[2], targets[4] = -1, vocab                   # padding and out-of-range targets
     completion = np.full(base + tokens, 0x7EADBEEF, np.int32)
-    reference_out = {}
-    spec = abi.kernel("logits.score_targets.v1")
-
-    def reference(completion, *rest):
-        spec.reference(completion, *rest)
-        reference_out["completion"] = completion.copy()
-    compared = abi.KernelSpec(spec.id, tuple(abi.Param(p.name, p.kind, p.dtype, abi.Access.READ)
-                                             for p in spec.params), reference, spec.summary)
+    compared, reference_out = _completion_kept_apart("logits.score_targets.v1")
     produced = check_against_reference(runner, "logits.score_targets.v1", {
         "completion": completion, "hidden": hidden, "norm_weight": norm_weight, "head": _weight(vocab, dim),
         "targets": targets, "geometry": step_geometry([7], tokens)},                  # 7 live tokens of 9
