@@ -18,8 +18,8 @@ from helios_backend.kernels.sampling import partial_words  # noqa: E402
 from helios_backend.kernels.state import LOGPROBS_WORD  # noqa: E402
 from ignition.kernels.specs import SPECS_BY_ID  # noqa: E402
 from tests.test_kernels_triton import DRAW_SETTINGS as V1_DRAW_SETTINGS  # noqa: E402
-from tests.test_kernels_triton import (_sampling_rows, check_against_reference,  # noqa: E402,F401
-                                       interpreter, library, runner)
+from tests.test_kernels_triton import (_completion_kept_apart, _sampling_rows,  # noqa: E402,F401
+                                       check_against_reference, interpreter, library, runner)
 
 RNG = np.random.default_rng(2026)
 DRAW = "sampling.draw.v2"
@@ -239,14 +239,7 @@ def _logprobs_case(runner, logits: np.ndarray, sampled: np.ndarray, sample_flag:
     sampling = _sampling_rows([(1, 1, 0, 0, 0, 0, 1)] * rows)
     row_slot = np.arange(rows, dtype=np.int32)[::-1].copy()
     sampling[row_slot, LOGPROBS_WORD] = wants
-    spec = abi.kernel(LOGPROBS)
-    reference_out = {}
-
-    def reference(completion, *rest):
-        spec.reference(completion, *rest)
-        reference_out["completion"] = completion.copy()
-    params = tuple(abi.Param(p.name, p.kind, p.dtype, abi.Access.READ) for p in spec.params)
-    compared = abi.KernelSpec(spec.id, params, reference, spec.summary)
+    compared, reference_out = _completion_kept_apart(LOGPROBS)
     scratch = _scratch(rows, vocab)
     for _ in range(launches):
         produced = check_against_reference(runner, LOGPROBS, {
