@@ -280,6 +280,29 @@ def test_observation_changes_no_program_allocation_or_replay_abi(smollm2_model):
 
 # ---- HTTP-16: CUDA ownership follows the stream-drain confirmation ------------------------
 
+def _slow_first_round(runtime, seconds: float, mark_done: bool = False) -> list[tuple[str, bool]]:
+    """Make the runtime's first round take `seconds` and record, with whether the worker was
+    alive then, when that round started (and ended) and when the executor was released."""
+    events: list[tuple[str, bool]] = []
+    collect, close = runtime.runner.collect, runtime.model.executor.close
+
+    def slow_collect(plan):  # type: ignore[no-untyped-def]
+        if not events:
+            events.append(("slow round", runtime.worker.alive))
+            time.sleep(seconds)
+            if mark_done:
+                events.append(("round done", runtime.worker.alive))
+        return collect(plan)
+
+    def recording_close() -> None:
+        events.append(("close", runtime.worker.alive))
+        close()
+
+    runtime.runner.collect = slow_collect  # type: ignore[method-assign]
+    runtime.model.executor.close = recording_close  # type: ignore[method-assign]
+    return events
+
+
 def test_executor_ownership_follows_drain_confirmation_not_the_http_timeout(smollm2_core):
     # spec: HTTP-16, OWN-16
     from gateway.cli import SHUTDOWN_DRAIN_S
@@ -293,21 +316,7 @@ def test_executor_ownership_follows_drain_confirmation_not_the_http_timeout(smol
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 assert not any(m.startswith(("gateway", "uvicorn")) for m in modules), path
     runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE))
-    events: list[tuple[str, bool]] = []
-    collect, close = runtime.runner.collect, runtime.model.executor.close
-
-    def slow_collect(plan):  # type: ignore[no-untyped-def]
-        if not events:
-            events.append(("slow round", runtime.worker.alive))
-            time.sleep(SHUTDOWN_DRAIN_S + 0.3)                 # one round outlives the HTTP drain
-        return collect(plan)
-
-    def recording_close() -> None:
-        events.append(("close", runtime.worker.alive))
-        close()
-
-    runtime.runner.collect = slow_collect  # type: ignore[method-assign]
-    runtime.model.executor.close = recording_close  # type: ignore[method-assign]
+    events = _slow_first_round(runtime, SHUTDOWN_DRAIN_S + 0.3)   # one round outlives the HTTP drain
     sender = Recorder()
     runtime.submit(RequestSpec((1, 9690, 253, 7), 3, SamplingSettings()), Stream(1, sender))
     deadline = time.monotonic() + 10
@@ -329,22 +338,7 @@ def test_a_stop_timeout_never_releases_the_executor_under_a_running_round(smollm
     from tests.engine_fixtures import ACCEPTANCE
 
     runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE))
-    events: list[tuple[str, bool]] = []
-    collect, close = runtime.runner.collect, runtime.model.executor.close
-
-    def slow_collect(plan):  # type: ignore[no-untyped-def]
-        if not events:
-            events.append(("slow round", runtime.worker.alive))
-            time.sleep(2.0)
-            events.append(("round done", runtime.worker.alive))
-        return collect(plan)
-
-    def recording_close() -> None:
-        events.append(("close", runtime.worker.alive))
-        close()
-
-    runtime.runner.collect = slow_collect  # type: ignore[method-assign]
-    runtime.model.executor.close = recording_close  # type: ignore[method-assign]
+    events = _slow_first_round(runtime, 2.0, mark_done=True)
     senders = [Recorder(), Recorder()]
     runtime.submit(RequestSpec((1, 9690, 253, 7), 8, SamplingSettings()), Stream(1, senders[0]))
     deadline = time.monotonic() + 10
