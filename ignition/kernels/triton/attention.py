@@ -8,9 +8,10 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_F16, gemv_rows, gemv_tiles,
-                                             prefetch_l2, row_sum_squares, scaled_rows,
-                                             tile_dot, wait_for_predecessors)
+from ignition.kernels.triton.common import (accumulator_scale, gemv_rows, gemv_tiles,
+                                             inverse_rms, norm_scales, prefetch_l2,
+                                             row_sum_squares, scaled_rows, tile_dot,
+                                             wait_for_predecessors)
 
 ROPE_ADJACENT_PAIRS = tl.constexpr(0)   # (2i, 2i + 1): llama.cpp / GGUF order
 # any other value: ROPE_HALF_PAIRS (i, i + head_dim / 2): NeoX / Hugging Face order
@@ -125,8 +126,7 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
                           GEMV_K, GEMV_STEPS)
     acc_second = gemv_rows(second_w, norms, hidden, t, computed, dim, 0, dim, True, ROWS, GEMV_P,
                            GEMV_K, GEMV_STEPS)
-    sum_sq = row_sum_squares(hidden, t, computed, dim, ROWS, GEMV_K)
-    rstd = (1.0 / tl.sqrt(sum_sq / dim + eps))[:, None]
+    rstd = inverse_rms(row_sum_squares(hidden, t, computed, dim, ROWS, GEMV_K), dim, eps)[:, None]
     live = t < tl.load(geometry)
     _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,
                     second, head, q_out, k_cache, v_cache, rope_table, positions, page_table,
@@ -153,11 +153,7 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
         head, pair, pair_mask, first, second = _rotation_pairs(head_dim, rope_pairing, BLOCK_P)
         t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         live = t < n
-        if DOT_F16:     # f16 operands: 1/rms first, so the products' inputs are near unit scale
-            pre = (1.0 / tl.sqrt(row_sum_squares(hidden, t, live, dim, BLOCK_M, BLOCK_K) / dim
-                                 + eps))[:, None]
-        else:
-            pre = tl.full((BLOCK_M, 1), 1.0, dtype=tl.float32)
+        pre = norm_scales(hidden, t, live, dim, eps, BLOCK_M, BLOCK_K)[:, None]
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         # two K-interleaved accumulator pairs: four independent MMA chains (decode latency)
         first_even = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
@@ -186,12 +182,9 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
                                               mask=mask1, other=0.0), second_odd)
         acc_first = first_even + first_odd
         acc_second = second_even + second_odd
-        if DOT_F16:
-            rstd = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-        else:
-            rstd = 1.0 / tl.sqrt(sum_sq / dim + eps)
-        acc_first = acc_first * rstd[:, None]
-        acc_second = acc_second * rstd[:, None]
+        scale = accumulator_scale(pre, sum_sq[:, None], dim, eps)
+        acc_first = acc_first * scale
+        acc_second = acc_second * scale
         _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,
                         q_out, k_cache, v_cache, rope_table, positions, page_table, row_slot,
                         geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,

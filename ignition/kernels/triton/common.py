@@ -132,3 +132,30 @@ def row_sum_squares(x_ptr, rows, row_mask, k_dim, M_T: tl.constexpr, BK: tl.cons
                     mask=row_mask[:, None] & (k < k_dim)[None, :], other=0.0)
         sq += x * x
     return tl.sum(sq, axis=1)
+
+
+@triton.jit
+def inverse_rms(sum_sq, K, eps):
+    """RMSNorm's per-row scale 1 / sqrt(mean(x^2) + eps) from the row's sum of squares."""
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def norm_scales(x_ptr, rows, row_mask, dim, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The scale a tile path applies to x * g before its products: 1/rms for f16 operands,
+    which must be near unit scale (a separate sum of squares of the tile's rows); 1 for tf32,
+    whose f32 range lets 1/rms factor out of the product (accumulator_scale applies it)."""
+    if DOT_F16:
+        scale = inverse_rms(row_sum_squares(x_ptr, rows, row_mask, dim, BLOCK_M, BLOCK_K), dim, eps)
+    else:
+        scale = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+    return scale
+
+
+@triton.jit
+def accumulator_scale(pre_scale, sum_sq, dim, eps):
+    """The scale a tile path applies to its accumulator: the other half of norm_scales."""
+    if DOT_F16:
+        return tl.full(pre_scale.shape, 1.0, dtype=tl.float32)
+    else:
+        return inverse_rms(sum_sq, dim, eps)

@@ -23,14 +23,9 @@ weight stream overlaps the current node.
 import triton
 import triton.language as tl
 
-from ignition.kernels.triton.common import (DOT_F16, gemv_rows, gemv_tiles, prefetch_l2,
-                                             row_sum_squares, scaled_rows, tile_dot,
-                                             wait_for_predecessors)
-
-
-@triton.jit
-def _rstd(sum_sq, K, eps):
-    return 1.0 / tl.sqrt(sum_sq / K + eps)
+from ignition.kernels.triton.common import (accumulator_scale, gemv_rows, gemv_tiles, inverse_rms,
+                                             norm_scales, prefetch_l2, row_sum_squares,
+                                             scaled_rows, tile_dot, wait_for_predecessors)
 
 
 @triton.jit
@@ -40,27 +35,6 @@ def _weight_tile(w_ptr, out_rows, out_mask, k0, k_end, row_stride, BLOCK_K: tl.c
     k = k0 + tl.arange(0, BLOCK_K)
     return tl.load(w_ptr + out_rows[None, :].to(tl.int64) * row_stride + k[:, None],
                    mask=out_mask[None, :] & (k[:, None] < k_end), other=0.0)
-
-
-@triton.jit
-def _norm_scales(x_ptr, rows, row_mask, dim, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(scale applied to x * g before the products, scale applied to the accumulator):
-    (1/rms, 1) for f16 operands, which must be near unit scale; (1, -) for tf32, whose f32
-    range lets 1/rms factor out of the product (the accumulator scale then comes from the
-    sum of squares gathered in the K loop)."""
-    if DOT_F16:
-        rstd = _rstd(row_sum_squares(x_ptr, rows, row_mask, dim, BLOCK_M, BLOCK_K), dim, eps)
-    else:
-        rstd = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-    return rstd
-
-
-@triton.jit
-def _accumulator_scale(pre_scale, sum_sq, dim, eps):
-    if DOT_F16:
-        return tl.full(pre_scale.shape, 1.0, dtype=tl.float32)
-    else:
-        return _rstd(sum_sq, dim, eps)
 
 
 @triton.jit
@@ -106,12 +80,17 @@ def _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, 
     rows = tl.arange(0, ROWS)
     acc = gemv_rows(weights, weights, x, rows, rows < tokens, in_dim, k_begin, k_end, False,
                     ROWS, GEMV_N, GEMV_K, K_SPLIT // GEMV_K)
-    out = hidden + rows[:, None] * out_dim + cols[None, :]
-    out_mask = (rows < tl.load(geometry))[:, None] & col_mask[None, :]
+    _add_into(hidden + rows[:, None] * out_dim + cols[None, :], acc,
+              (rows < tl.load(geometry))[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _add_into(out, acc, mask):
+    """out += acc: read-add-write with one K slice (bit-stable), f32 atomics with several."""
     if tl.num_programs(2) == 1:
-        tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
+        tl.store(out, tl.load(out, mask=mask, other=0.0) + acc, mask=mask)
     else:
-        tl.atomic_add(out, acc, mask=out_mask, sem="relaxed")
+        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -147,12 +126,8 @@ def _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin
             acc_odd = tile_dot(a1, _weight_tile(weight, cols, col_mask, k0 + BLOCK_K, k_end,
                                                 in_dim, BLOCK_K), acc_odd)
         acc = acc_even + acc_odd
-        out = hidden + rows[:, None] * out_dim + cols[None, :]
-        out_mask = row_mask[:, None] & col_mask[None, :]
-        if tl.num_programs(2) == 1:
-            tl.store(out, tl.load(out, mask=out_mask, other=0.0) + acc, mask=out_mask)
-        else:
-            tl.atomic_add(out, acc, mask=out_mask, sem="relaxed")
+        _add_into(hidden + rows[:, None] * out_dim + cols[None, :], acc,
+                  row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -195,7 +170,7 @@ def _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens,
                      GEMV_STEPS)
     up = gemv_rows(up_w, norms, hidden, rows, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
                    GEMV_STEPS)
-    rstd = _rstd(row_sum_squares(hidden, rows, live, dim, ROWS, GEMV_K), dim, eps)[:, None]
+    rstd = inverse_rms(row_sum_squares(hidden, rows, live, dim, ROWS, GEMV_K), dim, eps)[:, None]
     gate = gate * rstd
     act = gate / (1.0 + tl.exp(-gate)) * (up * rstd)
     tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
@@ -219,7 +194,7 @@ def _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, f
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < n
         col_mask = cols < ffn_dim
-        pre = _norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
+        pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         # two K-interleaved accumulator pairs: four independent MMA chains instead of two,
         # since at decode the dependent chain, not bandwidth, bounds the kernel
@@ -242,7 +217,7 @@ def _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, f
                                                 BLOCK_K), up_even)
             up_odd = tile_dot(a1, _weight_tile(gate_up, cols + ffn_dim, col_mask, k1, dim, dim,
                                                BLOCK_K), up_odd)
-        rstd = _accumulator_scale(pre, sum_sq[:, None], dim, eps)
+        rstd = accumulator_scale(pre, sum_sq[:, None], dim, eps)
         gate = (gate_even + gate_odd) * rstd
         act = gate / (1.0 + tl.exp(-gate)) * ((up_even + up_odd) * rstd)
         tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
@@ -291,7 +266,7 @@ def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, d
     last = tl.where(live, end - 1, 0)
     acc = gemv_rows(weights, norms, hidden, last, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
                     GEMV_STEPS)
-    rstd = _rstd(row_sum_squares(hidden, last, live, dim, ROWS, GEMV_K), dim, eps)
+    rstd = inverse_rms(row_sum_squares(hidden, last, live, dim, ROWS, GEMV_K), dim, eps)
     acc = tl.where(live[:, None], acc * rstd[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
              mask=r_mask[:, None] & col_mask[None, :])
@@ -314,13 +289,13 @@ def _norm_head_tiles(logits, hidden, norm_weight, head, geometry, rows, tokens, 
     end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
     live = r_mask & (end > start)
     last = tl.where(live, end - 1, 0)
-    pre = _norm_scales(hidden, last, live, dim, eps, BLOCK_M, BLOCK_K)[:, None]
+    pre = norm_scales(hidden, last, live, dim, eps, BLOCK_M, BLOCK_K)[:, None]
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, dim, BLOCK_K):
         a, row_sq = scaled_rows(hidden, norm_weight, last, live, k0, dim, BLOCK_K)
         sum_sq += row_sq
         acc = tile_dot(a * pre, _weight_tile(head, cols, col_mask, k0, dim, dim, BLOCK_K), acc)
-    acc = tl.where(live[:, None], acc * _accumulator_scale(pre, sum_sq[:, None], dim, eps), 0.0)
+    acc = tl.where(live[:, None], acc * accumulator_scale(pre, sum_sq[:, None], dim, eps), 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
              mask=r_mask[:, None] & col_mask[None, :])
