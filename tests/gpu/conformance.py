@@ -106,15 +106,23 @@ class Case:
                 lanes.append(Lane(slot=slot, generation=self.generation, admission=Admission.for_prompt(
                     prompt, bins, 99 + slot, self.driver_sampling(), 100, (2,))))
             return self.driver.step(program.name, lanes)
-        if op == C.OPERATION_PREFILL:
+        if op in (C.OPERATION_PREFILL, C.OPERATION_SCORED_PREFILL):
+            # SCORED_PREFILL: every token also scores a random target; the scores (completion
+            # header words) are compared beside the logits and state
+            scored = op == C.OPERATION_SCORED_PREFILL
             per_row = tokens // rows
             prompts = [self.rng.integers(0, self.vocab, per_row).astype(np.int32) for _ in range(rows)]
             self.admit(list(range(rows)), prompts)
             lanes = [Lane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
-                          pages=self.pages_for(per_row)) for s, p in enumerate(prompts)]
-            return self.driver.step(program.name, lanes)
-        if op == C.OPERATION_SCORED_PREFILL:
-            return self._scored_prefill(program)
+                          pages=self.pages_for(per_row),
+                          scored_targets=self.rng.integers(0, self.vocab, per_row).astype(np.int32) if scored else None)
+                     for s, p in enumerate(prompts)]
+            completed = self.driver.step(program.name, lanes)
+            if scored:
+                [field] = [f for f in self.model.manifest.completion.header if f.name == "scores"]
+                words = self.driver.last_words[field.word:field.word + tokens]
+                self.scores = np.asarray(words, np.int32).view(np.float32).copy()
+            return completed
         if op in (C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_RESUME):
             decode_rows = rows if op != C.OPERATION_MIXED else rows - 1
             history = 9
@@ -142,23 +150,6 @@ class Case:
         if op == C.OPERATION_RESTORATION:
             return self._restoration(program)
         raise ValueError(f"no conformance case for {C.Operation.Name(op)}")
-
-    def _scored_prefill(self, program: M.Program) -> np.ndarray:
-        """A prefill chunk per row whose every token also scores a random target token; the
-        scores (completion header words) are compared beside the logits and state."""
-        rows, tokens = program.capacity.rows, program.capacity.tokens
-        per_row = tokens // rows
-        prompts = [self.rng.integers(0, self.vocab, per_row).astype(np.int32) for _ in range(rows)]
-        self.admit(list(range(rows)), prompts)
-        lanes = [Lane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
-                      pages=self.pages_for(per_row),
-                      scored_targets=self.rng.integers(0, self.vocab, per_row).astype(np.int32))
-                 for s, p in enumerate(prompts)]
-        rows_out = self.driver.step(program.name, lanes)
-        [field] = [f for f in self.model.manifest.completion.header if f.name == "scores"]
-        words = self.driver.last_words
-        self.scores = np.asarray(words[field.word:field.word + tokens], np.int32).view(np.float32).copy()
-        return rows_out
 
     def _restoration(self, program: M.Program) -> np.ndarray:
         """Prompts ending mid-page publish their partial page (snapshot rows); new slots reuse the
