@@ -26,12 +26,12 @@ from pathlib import Path
 
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.bootstrap import Bootstrap
-from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.engine.bootstrap import Bootstrap
+from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
 from helios_backend.scheduler.variants import VariantTable
-from helios_backend.server.engine import ProgramRunner
+from helios_backend.engine.runner import ProgramRunner
 
 DEFAULT_CORE = Path("var/cores/smollm2-135m-instruct.core")
 

@@ -37,7 +37,7 @@ from model_bundle import load_bundle  # noqa: E402
 from helios_backend.executors.cuda.driver import load_driver  # noqa: E402
 from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
 from helios_backend.packing import Admission, Lane, SamplingParameters  # noqa: E402
-from helios_backend.runtime.driver import Driver  # noqa: E402
+from helios_backend.lockstep.generator import Driver  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 from helios_proto import manifest_pb2 as M  # noqa: E402
 

@@ -24,9 +24,9 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 
 from bench.cpu_peer import DecodeFigure, PeerFigures, bench_prompt_ids, format_ratios, format_table, measure_llama_cpp
-from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.packing import Lane
-from helios_backend.runtime.driver import Driver, GenerationRequest
+from helios_backend.lockstep.generator import Driver, GenerationRequest
 from ignition.preparation.prepare import prepare
 from ignition.recipes import smollm2_135m_instruct as recipe
 

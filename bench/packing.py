@@ -41,7 +41,7 @@ from model_bundle import bench_options  # noqa: E402
 from helios_backend.packing import Lane, Packer  # noqa: E402
 from helios_backend.scheduler import plan as sp  # noqa: E402
 from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings  # noqa: E402
-from helios_backend.server.engine import ProgramRunner  # noqa: E402
+from helios_backend.engine.runner import ProgramRunner  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 from tests.packing_reference import ReferencePacker  # noqa: E402
 

@@ -72,7 +72,7 @@ def smollm2_core(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def smollm2_bootstrap(smollm2_core: pathlib.Path) -> Iterator[object]:
-    from helios_backend.bootstrap import Bootstrap
+    from helios_backend.engine.bootstrap import Bootstrap
 
     bootstrap = Bootstrap.load(smollm2_core, ACCEPTANCE)
     yield bootstrap
@@ -81,7 +81,7 @@ def smollm2_bootstrap(smollm2_core: pathlib.Path) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def smollm2_model(smollm2_bootstrap) -> Iterator[object]:
-    from helios_backend.model import ModelOptions, NativeModel
+    from helios_backend.engine.model import ModelOptions, NativeModel
 
     model = NativeModel.load(smollm2_bootstrap.contract, smollm2_bootstrap.manifest, smollm2_bootstrap.read_resource,
                              ModelOptions(cache_pages=128))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from helios_backend.bootstrap import Bootstrap
+from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.cli import generate
 from helios_backend.core import AuthorizationError
 from helios_backend.packing import SamplingParameters

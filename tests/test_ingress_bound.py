@@ -8,8 +8,8 @@ import threading
 
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.server.responses import ResponseHub, Stream
-from helios_backend.server.worker import Worker
+from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.engine.loop import Worker
 from tests.test_rules_observation import Recorder, Updates
 from tests.test_rules_scheduler import make, prompt_of, spec
 

@@ -16,9 +16,9 @@ from helios_proto import contract_pb2 as C
 from helios_backend.executors.base import MissingVariantError, UnknownKernelIdError
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
 from helios_backend.kernels.rope import ROPE_HALF_PAIRS
-from helios_backend.model import ModelLoadError, ModelOptions, NativeModel
+from helios_backend.engine.model import ModelLoadError, ModelOptions, NativeModel
 from helios_backend.packing import Lane, SamplingParameters
-from helios_backend.runtime.driver import Driver, GenerationRequest
+from helios_backend.lockstep.generator import Driver, GenerationRequest
 from tests.engine_fixtures import prepared_in_memory, resource_reader
 
 # "What is the capital of France?" through the SmolLM2 chat template (notes: model-tokenizer-grammar.md)

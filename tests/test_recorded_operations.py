@@ -15,7 +15,7 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.contract import PreparedContract
 from helios_backend.packing import Lane
-from helios_backend.runtime.driver import Driver, GenerationRequest
+from helios_backend.lockstep.generator import Driver, GenerationRequest
 from tests.engine_fixtures import prepared_in_memory
 from tests.test_numpy_executor import LOGIT_TOLERANCE, PROMPT, VOCAB
 

@@ -17,9 +17,9 @@ from helios_proto import transport_pb2 as tp
 
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Emitted, Terminal
-from helios_backend.server.responses import ResponseHub, Stream
-from helios_backend.server.transport import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
-from helios_backend.server.worker import Worker
+from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.transport import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
+from helios_backend.engine.loop import Worker
 from tests.scheduler_sim import reference_tokens
 from tests.test_rules_scheduler import VOCAB, make, prompt_of, spec
 
@@ -116,7 +116,7 @@ def test_token_timestamps_mark_neither_kernel_completion_nor_delivery():
 
 def test_event_queue_holds_the_whole_budget_and_grows_as_events_arrive():
     # spec: HTTP-7, HTTP-8, HTTP-14
-    from helios_backend.server.settings import StartupOptions, resolve
+    from helios_backend.engine.settings import StartupOptions, resolve
 
     settings = resolve(StartupOptions(pathlib.Path("/x.core"), event_capacity=16),
                        C.ServingContract(concurrency=4))
@@ -223,7 +223,7 @@ def _serve_on_numpy(model, observe: bool) -> tuple[list[tuple[str, bytes]], list
     from helios_backend.packing import Packer
     from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
     from helios_backend.scheduler.variants import VariantTable
-    from helios_backend.server.engine import ProgramRunner
+    from helios_backend.engine.runner import ProgramRunner
 
     contract, manifest = model.contract, model.manifest
     vocab = contract.model.vocabulary
@@ -306,8 +306,8 @@ def _slow_first_round(runtime, seconds: float, mark_done: bool = False) -> list[
 def test_executor_ownership_follows_drain_confirmation_not_the_http_timeout(smollm2_core):
     # spec: HTTP-16, OWN-16
     from gateway.cli import SHUTDOWN_DRAIN_S
-    from helios_backend.server.runtime import HeliosRuntime
-    from helios_backend.server.settings import StartupOptions
+    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
 
     for path in sorted((ROOT / "helios_backend").rglob("*.py")):       # the backend knows no HTTP timeout
@@ -333,8 +333,8 @@ def test_a_stop_timeout_never_releases_the_executor_under_a_running_round(smollm
     # spec: OWN-16, HTTP-16
     # the round outlives stop's timeout: stop stops admitting and fails the queued work, but the
     # executor is released only once the worker left its round (docs/spec-gaps.md bug 3)
-    from helios_backend.server.runtime import HeliosRuntime
-    from helios_backend.server.settings import StartupOptions
+    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
 
     runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE))

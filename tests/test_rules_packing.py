@@ -162,8 +162,8 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
     # two prompts ending mid-page are snapshotted by one two-row PREFILL, and one two-row
     # RESTORATION copies both partial pages: each restored lane then computes what recomputing
     # its whole prompt computes (docs/spec-gaps.md bug 1: the second lane's rows were dropped)
-    from helios_backend.model import ModelOptions, NativeModel
-    from helios_backend.runtime.driver import Driver
+    from helios_backend.engine.model import ModelOptions, NativeModel
+    from helios_backend.lockstep.generator import Driver
     from tests.engine_fixtures import resource_reader
     from tests.test_numpy_executor import PROMPT, RESHAPE_TOLERANCE, VOCAB, prefill_logits
 
@@ -205,11 +205,11 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
 def test_two_concurrent_requests_finish_with_reduced_concurrency(smollm2_core, smollm2_model):
     # spec: SRV-7
     # concurrency 2 selects graphs of at most 2 rows of a 4-slot core; two requests run together
-    from helios_backend.runtime.driver import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import Driver, GenerationRequest
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
-    from helios_backend.server.responses import Stream
-    from helios_backend.server.runtime import HeliosRuntime
-    from helios_backend.server.settings import StartupOptions
+    from helios_backend.engine.responses import Stream
+    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
     from tests.test_rules_scheduler import Sender
 
@@ -377,7 +377,7 @@ def test_omitted_transfers_leave_destination_bytes_unchanged(prepared):
 
 def test_scratch_buffers_have_no_host_source_and_their_bytes_do_not_matter(smollm2_model):
     # spec: BND-19
-    from helios_backend.runtime.driver import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import Driver, GenerationRequest
 
     model = smollm2_model
     manifest = model.manifest
@@ -420,8 +420,8 @@ def test_host_staging_is_bounded_and_allocated_once(prepared):
 def test_bound_buffers_stay_alive_until_the_worker_drained(smollm2_core):
     # spec: BND-35
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
-    from helios_backend.server.runtime import HeliosRuntime
-    from helios_backend.server.settings import StartupOptions
+    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
     from tests.test_rules_scheduler import Sender
 
@@ -434,7 +434,7 @@ def test_bound_buffers_stay_alive_until_the_worker_drained(smollm2_core):
         original_close()
 
     runtime.model.executor.close = close  # type: ignore[method-assign]
-    from helios_backend.server.responses import Stream
+    from helios_backend.engine.responses import Stream
     senders = [Sender(), Sender()]
     for serial, sender in enumerate(senders, start=1):
         runtime.submit(RequestSpec((1, 9690, 253, 5 + serial), 5, SamplingSettings()), Stream(serial, sender))
@@ -523,7 +523,7 @@ def test_results_do_not_depend_on_page_ids_when_the_page_table_really_changes(sm
     # spec: CON-7, BND-34
     # generations come from the model (NativeModel.next_generation), so each run re-uploads the
     # slot's page table (BND-34); forgetting the slot as well keeps the check independent of that.
-    from helios_backend.runtime.driver import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import Driver, GenerationRequest
 
     model = smollm2_model
     manifest = model.manifest

@@ -23,8 +23,8 @@ from helios_backend.scheduler.plan import PENDING_TOKEN, RoundPlan, Submission
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings, StopSettings
 from helios_backend.scheduler.scheduler import Emitted, Scheduler, SchedulerConfig, Terminal
 from helios_backend.scheduler.variants import VariantTable
-from helios_backend.server.responses import ResponseHub, Stream
-from helios_backend.server.worker import Worker
+from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.engine.loop import Worker
 from tests.scheduler_sim import HEADER_FIELDS, ROW_FIELDS, SimulatedEngine, completion_layout, reference_tokens, variants
 
 VOCAB = 1000
@@ -268,7 +268,7 @@ class Sender:
         self.done = threading.Event()
 
     def send(self, arrays, final):  # type: ignore[no-untyped-def]
-        from helios_backend.server.transport import OUT_EVENT, OUT_TOKENS, decode_event
+        from helios_backend.transport import OUT_EVENT, OUT_TOKENS, decode_event
         self.tokens.extend(arrays[OUT_TOKENS].tolist())
         if final:
             self.finals.append(decode_event(arrays[OUT_EVENT]))

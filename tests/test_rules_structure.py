@@ -59,7 +59,7 @@ def _decode(contract: C.ServingContract, manifest: M.ExecutionManifest, resource
 
 def test_serving_goes_through_one_runtime_and_one_server():
     # spec: OWN-1
-    sources = _sources("helios_backend/server", "model_repository")
+    sources = _sources("helios_backend/engine", "helios_backend/triton", "model_repository")
     where: dict[str, list[str]] = {}
     for path, module in sources.items():
         for name in _calls(module):
@@ -67,10 +67,10 @@ def test_serving_goes_through_one_runtime_and_one_server():
                            "Bootstrap.load"):
                 if name == wanted:
                     where.setdefault(wanted, []).append(path)
-    runtime = "helios_backend/server/runtime.py"
+    runtime = "helios_backend/engine/engine.py"
     for part in ("NativeModel.load", "Scheduler", "Worker", "ResponseHub", "Bootstrap.load"):
         assert where.get(part) == [runtime], (part, where.get(part))
-    assert where.get("HeliosRuntime.start") == ["helios_backend/server/triton_model.py"]
+    assert where.get("HeliosRuntime.start") == ["helios_backend/triton/adapter.py"]
     # the Triton model is the adapter and nothing else
     model_py = sources["model_repository/helios/1/model.py"]
     classes = [n for n in model_py.body if isinstance(n, ast.ClassDef)]
@@ -205,9 +205,9 @@ def test_recipes_cannot_install_scheduling_or_state_update_code(prepared):
     for path, module in _sources("ignition/recipes").items():
         for node in ast.walk(module):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith(("helios_backend.scheduler", "helios_backend.server",
+                assert not node.module.startswith(("helios_backend.scheduler", "helios_backend.engine", "helios_backend.triton",
                                                    "helios_backend.packing", "helios_backend.executors",
-                                                   "helios_backend.model")), (path, node.module)
+                                                   "helios_backend.engine.model")), (path, node.module)
     # a core carries data only: the serving side never runs code from it
     for path, module in _sources("helios_backend").items():
         for name in _calls(module):
@@ -249,7 +249,7 @@ def test_one_package_whose_extras_select_serving_and_the_cuda_executor():
 def _core_modules() -> dict[str, ast.Module]:
     out = _sources("helios_backend/core", "helios_backend/contract", "helios_backend/scheduler",
                    "helios_backend/kernels")
-    for single in ("helios_backend/packing.py", "helios_backend/model.py", "helios_backend/bootstrap.py",
+    for single in ("helios_backend/packing.py", "helios_backend/engine/model.py", "helios_backend/engine/bootstrap.py",
                    "helios_backend/executors/numpy_executor.py"):
         out[single] = ast.parse((ROOT / single).read_text(), single)
     return out
@@ -259,7 +259,7 @@ def _core_modules() -> dict[str, ast.Module]:
 
 def test_runtime_reads_no_checkpoint_config_or_model_card(smollm2_core):
     # spec: FE-46
-    from helios_backend.bootstrap import Bootstrap
+    from helios_backend.engine.bootstrap import Bootstrap
 
     opened: list[str] = []
     recording = [False]
@@ -366,8 +366,8 @@ def test_frontend_identifiers_select_no_scheduling_cache_packing_or_completion(p
         assert _schedule_everything(contract) == scheduled       # FE-47/50: rounds, preemption, finishes
     # and no scheduling, cache, packing or completion module reads a frontend field
     modules = _sources("helios_backend/scheduler", "helios_backend/executors")
-    for single in ("helios_backend/packing.py", "helios_backend/model.py", "helios_backend/server/engine.py",
-                   "helios_backend/server/worker.py"):
+    for single in ("helios_backend/packing.py", "helios_backend/engine/model.py", "helios_backend/engine/runner.py",
+                   "helios_backend/engine/loop.py"):
         modules[single] = ast.parse((ROOT / single).read_text(), single)
     for path, module in modules.items():
         for node in ast.walk(module):
@@ -433,21 +433,21 @@ def test_prepared_page_and_snapshot_capacities_are_held(prepared):
     decoded = _decode(sample_contract(3), sample_manifest(3), SAMPLE_RESOURCE_IDS)
     assert (decoded.extents.prepared_pages, decoded.extents.prepared_snapshots) == (32, 4)
     assert prepared.contract.prepared_pages == 96          # engine_test_options(prepared_pages=96)
-    from helios_backend.model import ModelOptions, _choose_pages
+    from helios_backend.engine.model import ModelOptions, _choose_pages
     assert _choose_pages(prepared.contract, ModelOptions()) == 96   # preparation's count, until load replaces it
     snapshots = prepared_in_memory(snapshot_rows=2).contract
     assert snapshots.prepared_snapshots == 2
 
 
 def _startup(**options: object):
-    from helios_backend.server.settings import StartupOptions, resolve
+    from helios_backend.engine.settings import StartupOptions, resolve
 
     return resolve(StartupOptions(pathlib.Path("/x.core"), **options), sample_contract(3))  # type: ignore[arg-type]
 
 
 def test_speculative_width_may_be_reduced_never_raised():
     # spec: SRV-8
-    from helios_backend.server.settings import SettingsError
+    from helios_backend.engine.settings import SettingsError
 
     assert sample_contract(3).speculative_widths == [4]
     assert _startup().speculative_width == 4
@@ -460,7 +460,7 @@ def test_speculative_width_may_be_reduced_never_raised():
 
 def test_history_drafting_is_a_startup_option_that_export_never_records(prepared):
     # spec: SRV-11, SRV-14
-    from helios_backend.server.settings import StartupOptions
+    from helios_backend.engine.settings import StartupOptions
 
     assert "history_drafting" in {f.name for f in dataclasses.fields(StartupOptions)}
     assert StartupOptions.from_parameters({"history_drafting": "true"}, ROOT).history_drafting is True
@@ -593,7 +593,7 @@ def test_state_is_updated_by_captured_programs_only(smollm2_model):
     declared = {a.view.buffer for a in graph.state_accesses if a.access in (C.ACCESS_WRITE, C.ACCESS_READ_WRITE)}
     assert changed and changed <= declared                 # the program wrote only what it declares
     # the serving host code never writes device state: no arena or buffer access outside executors
-    for path, module in _sources("helios_backend/scheduler", "helios_backend/server").items():
+    for path, module in _sources("helios_backend/scheduler", "helios_backend/engine", "helios_backend/triton").items():
         for node in ast.walk(module):
             if isinstance(node, ast.Attribute):
                 assert node.attr not in ("arena", "buffer_view", "read_buffer"), (path, node.lineno)
@@ -657,8 +657,8 @@ def test_shifted_page_table_view_is_a_declared_offset(prepared):
 
 def test_continuation_rows_hold_the_partial_page_computed_by_the_program():
     # spec: CACHE-6
-    from helios_backend.model import ModelOptions, NativeModel
-    from helios_backend.runtime.driver import Driver, GenerationRequest
+    from helios_backend.engine.model import ModelOptions, NativeModel
+    from helios_backend.lockstep.generator import Driver, GenerationRequest
     from tests.engine_fixtures import resource_reader
 
     prepared = prepared_in_memory(snapshot_rows=2)

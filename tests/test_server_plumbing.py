@@ -14,11 +14,11 @@ from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.scheduler.scheduler import Emitted, Terminal
-from helios_backend.server.metrics import FAMILY, MetricsThread, Op, update
-from helios_backend.server.responses import ResponseHub, Stream
-from helios_backend.server.settings import SettingsError, StartupOptions, resolve
-from helios_backend.server.transport import OUT_EVENT, OUT_TOKENS, decode_event
-from helios_backend.server.worker import Worker
+from helios_backend.engine.metrics import FAMILY, MetricsThread, Op, update
+from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.engine.settings import SettingsError, StartupOptions, resolve
+from helios_backend.transport import OUT_EVENT, OUT_TOKENS, decode_event
+from helios_backend.engine.loop import Worker
 from tests.scheduler_sim import reference_tokens
 from tests.test_scheduler_loop import VOCAB, make, prompt_of, spec
 
@@ -259,7 +259,7 @@ def test_metrics_thread_applies_updates_and_checks_labels() -> None:  # spec: ME
 def test_the_packed_sampling_vector_says_whether_a_request_wants_logprob_records(wanted, top, packed):
     """sampling.logprobs.v2 skips rows whose word 7 is negative: only requests that asked for
     logprobs pay for the records."""
-    from helios_backend.server.transport import SpecDefaults, request_spec
+    from helios_backend.transport import SpecDefaults, request_spec
     gen = tp.GenerateRequest()
     gen.logprobs.logprobs = wanted
     gen.logprobs.top_logprobs = top

@@ -9,10 +9,10 @@ import pytest
 from helios_proto import contract_pb2 as C
 
 from helios_backend.contract import ContractError, PreparedContract, contract_to_json
-from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.packing import Lane, SamplingParameters
-from helios_backend.runtime.driver import Driver, GenerationRequest
-from helios_backend.runtime.speculative_driver import SpeculativeDriver
+from helios_backend.lockstep.generator import Driver, GenerationRequest
+from helios_backend.lockstep.speculative import SpeculativeDriver
 from helios_backend.scheduler.events import Emitted, Terminal
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
@@ -395,7 +395,7 @@ def _scheduler(model, scheduler_factory):
 
     from helios_backend.scheduler.config import SchedulerConfig
     from helios_backend.scheduler.variants import VariantTable
-    from helios_backend.server.speculative_runner import SpeculativeProgramRunner
+    from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 
     contract, manifest = model.contract, model.manifest
     vocab = contract.model.vocabulary

@@ -11,9 +11,9 @@ import pytest
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
-from helios_backend.server.responses import Stream
-from helios_backend.server.runtime import HeliosRuntime, StartupError
-from helios_backend.server.settings import StartupOptions
+from helios_backend.engine.responses import Stream
+from helios_backend.engine.engine import HeliosRuntime, StartupError
+from helios_backend.engine.settings import StartupOptions
 from tests.engine_fixtures import ACCEPTANCE, engine_test_options
 from tests.test_rules_scheduler import Sender
 

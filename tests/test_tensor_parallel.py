@@ -18,7 +18,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.base import KernelArgumentError
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
-from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.engine.model import ModelOptions, NativeModel
 from ignition.preparation import contract as shared
 from ignition.preparation.tensor_parallel import Partition, PartitionedDimension, Split, TensorParallelError
 from ignition.recorder import Recorder, RecordingError
@@ -49,7 +49,7 @@ def tp_core(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def tp_bootstrap(tp_core: pathlib.Path) -> Iterator[object]:
-    from helios_backend.bootstrap import Bootstrap
+    from helios_backend.engine.bootstrap import Bootstrap
 
     bootstrap = Bootstrap.load(tp_core, ACCEPTANCE)      # verify, authorize, decode + validate the contract
     yield bootstrap
@@ -466,8 +466,8 @@ def test_the_cuda_executor_starts_both_ranks_and_captures_their_all_reduces(tp_b
 def test_speculative_programs_run_on_both_ranks():
     # SPECULATIVE programs record per rank through the same forward pass: history-drafted rounds on
     # the TP=2 numpy oracle give the plain greedy tokens (the model continues the repeated cycle)
-    from helios_backend.runtime.driver import Driver, GenerationRequest
-    from helios_backend.runtime.speculative_driver import SpeculativeDriver
+    from helios_backend.lockstep.generator import Driver, GenerationRequest
+    from helios_backend.lockstep.speculative import SpeculativeDriver
     from helios_backend.scheduler.speculative import SpeculativeOptions
     from ignition.preparation.prepare import prepare
     from ignition.recipes import smollm2_135m_instruct
@@ -494,9 +494,9 @@ def test_speculative_programs_run_on_both_ranks():
 
 def _served_tokens(core: pathlib.Path) -> list[int]:
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
-    from helios_backend.server.responses import Stream
-    from helios_backend.server.runtime import HeliosRuntime
-    from helios_backend.server.settings import StartupOptions
+    from helios_backend.engine.responses import Stream
+    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.settings import StartupOptions
     from tests.test_rules_scheduler import Sender
 
     runtime = HeliosRuntime.start(StartupOptions(core, ACCEPTANCE))

@@ -13,7 +13,7 @@ import pytest
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.frontend.tokenizer import FrontendTokenizer
-from helios_backend.server.metrics import FLUSH_S
+from helios_backend.engine.metrics import FLUSH_S
 from tests import helios_client as hc
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
 from tests.triton_server import TritonServer, metric_value, model_repository, wait_for_metric

@@ -21,7 +21,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from helios_backend.server.launcher import (
+from helios_backend.triton.launcher import (
     Ports, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command, server_environment,
     write_model_repository)
 

@@ -15,12 +15,12 @@ import dataclasses
 import sys
 from typing import Callable, Optional
 
-from helios_backend.bootstrap import Bootstrap
+from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.core import open_core
 from helios_backend.frontend.prompt import encode_chat
-from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.packing import SamplingParameters
-from helios_backend.runtime.driver import Driver, GenerationRequest, GenerationResult
+from helios_backend.lockstep.generator import Driver, GenerationRequest, GenerationResult
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -23,10 +23,10 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from helios_backend.server.launcher import (
+from helios_backend.triton.launcher import (
     Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
     server_environment, which_gateway, write_model_repository)
-from helios_backend.server.settings import DEFAULT_ACCEPTANCE, EXECUTORS
+from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS
 
 # CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core default)
 OPTION_PARAMETERS = ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",

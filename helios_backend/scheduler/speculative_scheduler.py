@@ -1,7 +1,7 @@
 """The token-budget scheduler with speculative rounds: a subclass, so the loop itself is unchanged.
 
     scheduler = SpeculativeScheduler(config, variants, SpeculativeTable.select(graphs, options))
-    runner = SpeculativeProgramRunner(...)          # helios_backend/server/speculative_runner.py
+    runner = SpeculativeProgramRunner(...)          # helios_backend/engine/speculative_runner.py
 
 A round that the base scheduler planned as plain DECODE (every lane reads its device-owned
 pending token, nothing to restore or initialize) becomes a SPECULATIVE round when every lane may

@@ -33,7 +33,7 @@ from helios_backend.executors.cuda.driver import CountingDriver, load_driver  # 
 from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions  # noqa: E402
 from helios_backend.packing import Admission, Lane  # noqa: E402
-from helios_backend.runtime.driver import Driver, GenerationRequest  # noqa: E402
+from helios_backend.lockstep.generator import Driver, GenerationRequest  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 from helios_proto import manifest_pb2 as M  # noqa: E402
 

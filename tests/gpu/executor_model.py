@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from helios_backend.model import NativeModel
+from helios_backend.engine.model import NativeModel
 from helios_backend.packing import Packer
 from helios_proto import contract_pb2, manifest_pb2
 

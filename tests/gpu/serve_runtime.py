@@ -59,15 +59,15 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
-    from helios_backend.server.responses import Stream
-    from helios_backend.server.runtime import HeliosRuntime
-    from helios_backend.server.settings import StartupOptions
-    from helios_backend.server.transport import OUT_TOKENS
+    from helios_backend.engine.responses import Stream
+    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.settings import StartupOptions
+    from helios_backend.transport import OUT_TOKENS
 
     import dataclasses
 
-    from helios_backend.model import ModelOptions
-    from helios_backend.server import runtime as runtime_module
+    from helios_backend.engine.model import ModelOptions
+    from helios_backend.engine import engine as runtime_module
 
     if "executor=" not in pathlib.Path(runtime_module.__file__).read_text():
         # HeliosRuntime.start builds ModelOptions without StartupOptions.executor (reported to

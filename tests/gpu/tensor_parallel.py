@@ -116,11 +116,11 @@ def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pat
     from model_bundle import materialize, read_payload, write_core
 
     from helios_backend.contract import PreparedContract
-    from helios_backend.model import ModelOptions, NativeModel
+    from helios_backend.engine.model import ModelOptions, NativeModel
 
     contract, manifest, read = materialize(read_payload(bundle))
     if via_core:
-        from helios_backend.bootstrap import Bootstrap
+        from helios_backend.engine.bootstrap import Bootstrap
 
         core = workdir / (bundle.stem + ".core")
         write_core(core, contract, manifest, read.__self__, NAMESPACE)
@@ -136,7 +136,7 @@ def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pat
 def greedy_with_logits(model: Any, prompts: Sequence[Sequence[int]], steps: int) -> tuple[list[list[int]], np.ndarray]:
     """Greedy tokens of every prompt for `steps` steps (no EOS stop) and rank 0's logits
     [rounds, rows, vocab] after every decode round."""
-    from helios_backend.runtime.driver import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import Driver, GenerationRequest
 
     vocab = model.contract.model.vocabulary.sampled_tokens
     driver = Driver(model)

@@ -1,11 +1,11 @@
 """Triton's entry point for the `helios` model: a thin adapter, nothing else.
 
-Everything lives in helios_backend.server (docs/triton-backend.md). The stub finds the
+Everything lives in helios_backend.triton and helios_backend.engine (docs/triton-backend.md). The stub finds the
 project's environment because tritonserver runs with the venv's bin first on PATH.
 """
 import triton_python_backend_utils as pb_utils
 
-from helios_backend.server.triton_model import TritonHeliosModel
+from helios_backend.triton.adapter import TritonHeliosModel
 
 
 class TritonPythonModel(TritonHeliosModel):

@@ -15,9 +15,9 @@ from typing import Sequence
 import numpy as np
 from helios_proto import contract_pb2 as C
 
-from helios_backend.model import NativeModel
+from helios_backend.engine.model import NativeModel
 from helios_backend.packing import Lane
-from helios_backend.runtime.driver import Driver, GenerationRequest, GenerationResult, _Active
+from helios_backend.lockstep.generator import Driver, GenerationRequest, GenerationResult, _Active
 from helios_backend.scheduler.completion import CompletionFormat
 from helios_backend.scheduler.speculative import (
     Candidate,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from helios_backend.scheduler.scheduler import Scheduler
-from helios_backend.server.metrics import FAMILIES, FINISH_LABEL, OPERATION_LABEL, Kind, Op, Update, update
+from helios_backend.engine.metrics import FAMILIES, FINISH_LABEL, OPERATION_LABEL, Kind, Op, Update, update
 
 
 class RoundMetrics:

@@ -28,8 +28,8 @@ from helios_backend.scheduler.plan import RoundPlan
 from helios_backend.scheduler.request import Grammar, RequestSpec
 from helios_backend.scheduler.scheduler import Event, Scheduler, Terminal
 from helios_backend.scheduler.completion import CompletionRows
-from helios_backend.server.metrics import REJECTION_LABEL, Op, Update, update
-from helios_backend.server.round_metrics import RoundMetrics
+from helios_backend.engine.metrics import REJECTION_LABEL, Op, Update, update
+from helios_backend.engine.round_metrics import RoundMetrics
 
 log = logging.getLogger("helios.worker")
 IDLE_WAIT_S = 0.05

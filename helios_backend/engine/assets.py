@@ -4,7 +4,7 @@ from __future__ import annotations
 from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.server.settings import EffectiveSettings
+from helios_backend.engine.settings import EffectiveSettings
 
 
 def frontend_assets(contract: cp.ServingContract, tokenizer_json: bytes, chat_template: str,

@@ -19,8 +19,8 @@ import llguidance as llg
 from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.bootstrap import Bootstrap
-from helios_backend.model import ModelOptions, NativeModel
+from helios_backend.engine.bootstrap import Bootstrap
+from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarSessionError, GrammarTokenizer
 from helios_backend.scheduler.request import RequestSpec
@@ -28,14 +28,14 @@ from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
 from helios_backend.scheduler.speculative import SpeculativeOptions, SpeculativeTable
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.scheduler.variants import VariantTable
-from helios_backend.server.assets import frontend_assets
-from helios_backend.server.engine import ProgramRunner
-from helios_backend.server.speculative_runner import SpeculativeProgramRunner
-from helios_backend.server.metrics import MetricBackend, MetricsThread, NullMetrics
-from helios_backend.server.responses import ResponseHub, Stream
-from helios_backend.server.settings import EffectiveSettings, SettingsError, StartupOptions, resolve
-from helios_backend.server.transport import SpecDefaults, TransportError
-from helios_backend.server.worker import Worker
+from helios_backend.engine.assets import frontend_assets
+from helios_backend.engine.runner import ProgramRunner
+from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
+from helios_backend.engine.metrics import MetricBackend, MetricsThread, NullMetrics
+from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions, resolve
+from helios_backend.transport import SpecDefaults, TransportError
+from helios_backend.engine.loop import Worker
 
 log = logging.getLogger("helios.runtime")
 

@@ -17,11 +17,11 @@ import numpy as np
 
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.server.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
-from helios_backend.server.responses import Stream
-from helios_backend.server.runtime import HeliosRuntime, StartupError
-from helios_backend.server.settings import SettingsError, StartupOptions
-from helios_backend.server.transport import (
+from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
+from helios_backend.engine.responses import Stream
+from helios_backend.engine.engine import HeliosRuntime, StartupError
+from helios_backend.engine.settings import SettingsError, StartupOptions
+from helios_backend.transport import (
     IN_PARAMETERS, IN_PROMPT, OutputChunk, TransportError, decode_parameters, request_spec)
 
 log = logging.getLogger("helios.triton")

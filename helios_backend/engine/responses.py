@@ -23,8 +23,8 @@ import numpy as np
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.scheduler.scheduler import Emitted, Event
-from helios_backend.server.metrics import Op, Update, update
-from helios_backend.server.transport import OutputChunk
+from helios_backend.engine.metrics import Op, Update, update
+from helios_backend.transport import OutputChunk
 
 log = logging.getLogger("helios.responses")
 CANCEL_POLL_S = 0.02

@@ -18,7 +18,7 @@ from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import Lane, RoundPlan
 from helios_backend.scheduler.speculative import validate_completion
 from helios_backend.scheduler.speculative_scheduler import ScheduledSpeculativeLane, SpeculativeRows
-from helios_backend.server.engine import ProgramRunner
+from helios_backend.engine.runner import ProgramRunner
 
 
 @dataclass

@@ -23,7 +23,7 @@ from helios_backend.kernels.state import (
     FINISH_EOS,
     FINISH_LENGTH,
 )
-from helios_backend.model import NativeModel
+from helios_backend.engine.model import NativeModel
 from helios_backend.packing import Admission, CapacityError, Lane, SamplingParameters
 
 _ROW = {name: index for index, name in enumerate(COMPLETION_ROW_FIELDS)}

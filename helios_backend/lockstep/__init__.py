@@ -1,0 +1,1 @@
+"""The lockstep generator: admit, prefill, decode all lanes together (CLI, benchmarks, tests)."""

@@ -1,0 +1,1 @@
+"""Serving through Triton: the Python-backend adapter and the tritonserver launcher."""
