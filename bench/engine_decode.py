@@ -20,6 +20,7 @@ shared, so medians, not sums).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -27,25 +28,23 @@ from pathlib import Path
 from helios_proto import contract_pb2 as cp
 
 from helios_backend.engine.bootstrap import Bootstrap
-from helios_backend.engine.model import ModelOptions, NativeModel
+from helios_backend.engine.settings import StartupOptions
+from helios_backend.engine.setup import EngineSetup, derive_setup
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
-from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.variants import VariantTable
 from helios_backend.engine.runner import ProgramRunner
 
 DEFAULT_CORE = Path("var/cores/smollm2-135m-instruct.core")
 
 
-def build(model: NativeModel, bootstrap: Bootstrap) -> tuple[Scheduler, ProgramRunner]:
+def build(setup: EngineSetup, bootstrap: Bootstrap) -> tuple[Scheduler, ProgramRunner]:
     """One scheduler and runner per loaded model: slot generations and the executor's
-    submission sequence continue across batches (packing remembers page tables by them)."""
-    contract, manifest = bootstrap.contract, bootstrap.manifest
+    submission sequence continue across batches (packing remembers page tables by them).
+    The server's configuration, less EOS, so every lane runs its full length."""
+    contract, manifest, model = bootstrap.contract, bootstrap.manifest, setup.model
     vocab = contract.model.vocabulary
-    config = SchedulerConfig(page_tokens=contract.model.cache.page_tokens, num_pages=model.manifests[0].cache_pages,
-                             request_slots=manifest.request_slots, max_active=manifest.request_slots,
-                             queue_capacity=manifest.request_slots, context_tokens=contract.context_tokens,
-                             max_pages_per_row=manifest.max_pages_per_row, vocab_size=vocab.sampled_tokens,
-                             input_vocab_size=vocab.sampled_tokens, eos_ids=())
+    config = dataclasses.replace(setup.scheduler, eos_ids=())
     scheduler = Scheduler(config, VariantTable.from_graphs(model.graphs))
     runner = ProgramRunner(model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
                            vocab.histogram_bins or vocab.sampled_tokens, ())
@@ -107,9 +106,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     args = parser.parse_args()
     bootstrap = Bootstrap.load(args.core, args.acceptance)
-    model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource, ModelOptions())
+    slots = bootstrap.manifest.request_slots
+    setup = derive_setup(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
+                         StartupOptions(core_path=args.core, acceptance=args.acceptance,
+                                        max_active=slots, queue_capacity=slots))
+    model = setup.model
     try:
-        scheduler, runner = build(model, bootstrap)
+        scheduler, runner = build(setup, bootstrap)
         rows = []
         for i, b in enumerate(int(b) for b in args.batches.split(",")):
             rows.append(measure(scheduler, runner, b, args.steps, args.prompt_tokens, first_serial=1000 * i))

@@ -31,13 +31,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
 import timing  # noqa: E402
-from executor_model import ExecutorModel  # noqa: E402
 from model_bundle import load_bundle  # noqa: E402
 
 from helios_backend.executors.cuda.driver import load_driver  # noqa: E402
-from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
-from helios_backend.packing import Admission, Lane, SamplingParameters  # noqa: E402
-from helios_backend.lockstep.generator import Driver  # noqa: E402
+from helios_backend.engine.settings import StartupOptions  # noqa: E402
+from helios_backend.engine.setup import derive_setup  # noqa: E402
+from helios_backend.packing import SlotInitialization, PackedLane, SamplingParameters  # noqa: E402
+from helios_backend.lockstep.generator import LockstepGenerator  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 from helios_proto import manifest_pb2 as M  # noqa: E402
 
@@ -51,13 +51,13 @@ PEERS = {1: ("827-970", "376-384"), 8: ("3,989", "3,230"), 32: ("10,988", "11,10
 class Bench:
     def __init__(self, model: ExecutorModel) -> None:
         self.model = model
-        self.driver = Driver(model)
+        self.driver = LockstepGenerator(model)
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.bins = model.contract.model.vocabulary.histogram_bins
         self.generation = 0
         self.rng = np.random.default_rng(0)
 
-    def admit(self, slots: list[int], prompt_tokens: int, extra_tokens: int) -> list[Lane]:
+    def admit(self, slots: list[int], prompt_tokens: int, extra_tokens: int) -> list[PackedLane]:
         """Admit and prefill one request per slot; lanes ready to decode (pages for extra tokens)."""
         init = self.model.program(C.OPERATION_INITIALIZATION, 1)
         prefill = self.model.program(C.OPERATION_PREFILL, 1, prompt_tokens)
@@ -65,17 +65,17 @@ class Bench:
         for slot in slots:
             self.generation += 1
             prompt = self.rng.integers(0, self.vocab, prompt_tokens).astype(np.int32)
-            admission = Admission.for_prompt(prompt, self.bins, slot, SamplingParameters(logprobs=-1), 1 << 20,
+            admission = SlotInitialization.for_prompt(prompt, self.bins, slot, SamplingParameters(logprobs=-1), 1 << 20,
                                              (self.vocab - 1,))   # no logprobs asked, as by default in the API
-            self.driver.step(init, [Lane(slot=slot, generation=self.generation, admission=admission)])
+            self.driver.step(init, [PackedLane(slot=slot, generation=self.generation, initialization=admission)])
             pages = [self.driver.pages.take()
                      for _ in range(-(-(prompt_tokens + extra_tokens) // self.driver.page_tokens))]
-            self.driver.step(prefill, [Lane(slot=slot, generation=self.generation, consumed=0, tokens=prompt,
+            self.driver.step(prefill, [PackedLane(slot=slot, generation=self.generation, consumed=0, tokens=prompt,
                                             sample=True, pages=pages)])
-            lanes.append(Lane(slot=slot, generation=self.generation, consumed=prompt_tokens, pages=pages))
+            lanes.append(PackedLane(slot=slot, generation=self.generation, consumed=prompt_tokens, pages=pages))
         return lanes
 
-    def release(self, lanes: list[Lane]) -> None:
+    def release(self, lanes: list[PackedLane]) -> None:
         for lane in lanes:
             self.driver.pages.give_back(lane.pages)
 
@@ -84,7 +84,7 @@ class Bench:
         program = self.model.program(C.OPERATION_DECODE, batch, batch)
         lanes = self.admit(list(range(batch)), prompt, steps + 16)
         # lane lists per step, built before timing: the scheduler's bookkeeping is not measured here
-        per_step = [[Lane(slot=l.slot, generation=l.generation, consumed=l.consumed + k, pages=l.pages)
+        per_step = [[PackedLane(slot=l.slot, generation=l.generation, consumed=l.consumed + k, pages=l.pages)
                      for l in lanes] for k in range(steps + 8)]
         for k in range(8):                               # warm-up, synchronous
             packer.pack(program, 0, per_step[k])
@@ -127,7 +127,7 @@ class Bench:
         program = self.model.program(C.OPERATION_PREFILL, 1, tokens)
         [lane] = self.admit([0], 16, tokens)
         prompt = self.rng.integers(0, self.vocab, tokens).astype(np.int32)
-        chunk = Lane(slot=0, generation=lane.generation, consumed=0, tokens=prompt, sample=True, pages=lane.pages)
+        chunk = PackedLane(slot=0, generation=lane.generation, consumed=0, tokens=prompt, sample=True, pages=lane.pages)
         samples = []
         for k in range(repeats + 2):
             t0 = time.perf_counter_ns()
@@ -179,10 +179,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     contract, manifest, read = load_bundle()
     started = time.perf_counter()
-    executor = CudaExecutor(manifest, read, CudaExecutorOptions(),
-                            graphs=[g for g in contract.model.graphs if g.rank == 0])
+    # the server's own setup: the same graphs, executor options and staging extents
+    model = derive_setup(contract, manifest, read, StartupOptions(core_path=pathlib.Path("bundle"),
+                                                                  executor="cuda")).model
+    executor = model.executor
     startup = time.perf_counter() - started
-    model = ExecutorModel(contract, manifest, executor)
     bench = Bench(model)
     gbps = timing.copy_bandwidth_gbs(load_driver())
     page_tokens = contract.model.cache.page_tokens

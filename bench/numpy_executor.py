@@ -25,8 +25,8 @@ from helios_proto import contract_pb2 as C
 
 from bench.cpu_peer import DecodeFigure, PeerFigures, bench_prompt_ids, format_ratios, format_table, measure_llama_cpp
 from helios_backend.engine.model import ModelOptions, NativeModel
-from helios_backend.packing import Lane
-from helios_backend.lockstep.generator import Driver, GenerationRequest
+from helios_backend.packing import PackedLane
+from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 from ignition.preparation.prepare import prepare
 from ignition.recipes import smollm2_135m_instruct as recipe
 
@@ -39,12 +39,12 @@ def _options(prefill_tokens: int, batch_prefill_tokens: int, batches: Sequence[i
 
 def _timed_prefill(model: NativeModel, prompts: Sequence[Sequence[int]]) -> float:
     """Seconds of one multi-row PREFILL step over `prompts` (admission and page setup untimed)."""
-    driver = Driver(model)
+    driver = LockstepGenerator(model)
     actives = driver.admit([GenerationRequest(p, 1) for p in prompts], list(range(len(prompts))))
     lanes = []
     for active, prompt in zip(actives, prompts):
         driver._ensure_pages(active, len(prompt))
-        lanes.append(Lane(slot=active.slot, generation=active.generation,
+        lanes.append(PackedLane(slot=active.slot, generation=active.generation,
                           tokens=np.asarray(prompt, dtype=np.int32), pages=list(active.pages)))
     program = model.program(C.OPERATION_PREFILL, len(prompts), sum(len(p) for p in prompts))
     start = time.perf_counter()
@@ -55,7 +55,7 @@ def _timed_prefill(model: NativeModel, prompts: Sequence[Sequence[int]]) -> floa
 
 
 def _timed_decode(model: NativeModel, prompt: Sequence[int], batch: int, steps: int) -> float:
-    driver = Driver(model)
+    driver = LockstepGenerator(model)
     actives = driver.admit([GenerationRequest(prompt, steps + 1, eos_ids=(-1,)) for _ in range(batch)],
                            list(range(batch)))
     for active in actives:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
 from model_bundle import bench_options  # noqa: E402
 
-from helios_backend.packing import Lane, Packer  # noqa: E402
+from helios_backend.packing import PackedLane, Packer  # noqa: E402
 from helios_backend.scheduler import plan as sp  # noqa: E402
 from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings  # noqa: E402
 from helios_backend.engine.runner import ProgramRunner  # noqa: E402
@@ -94,10 +94,10 @@ class Bench:
                  for s in range(batch)]
         return prompts, pages
 
-    def decode_lanes(self, batch: int) -> list[list[Lane]]:
+    def decode_lanes(self, batch: int) -> list[list[PackedLane]]:
         prompts, pages = self._decode_state(batch)
         pt = self.page_tokens
-        return [[Lane(slot=s, generation=1, consumed=prompts[s] + k, pages=pages[s][:(prompts[s] + k) // pt + 1])
+        return [[PackedLane(slot=s, generation=1, consumed=prompts[s] + k, pages=pages[s][:(prompts[s] + k) // pt + 1])
                  for s in range(batch)] for k in range(WARMUP + self.calls)]
 
     def decode(self, batch: int) -> dict:
@@ -129,7 +129,7 @@ class Bench:
                 lanes.append(sp.Lane(req, s, 1, consumed, [sp.PENDING_TOKEN], True, 1 << 19))
             plan = sp.RoundPlan(sp.Submission(variant, lanes))
             t0 = time.perf_counter_ns()
-            runner.submit(plan, k % frames)
+            runner.launch(plan, k % frames)
             if k >= WARMUP:
                 samples.append((time.perf_counter_ns() - t0) / 1e3)
         return statistics.median(samples)
@@ -142,7 +142,7 @@ class Bench:
         out = {"program": graph.program}
         for name, kind in (("pack_us", Packer), ("per_row_us", ReferencePacker)):
             packer, frames = self.packer(kind)
-            lanes = [[Lane(slot=0, generation=k + 1, consumed=0, tokens=prompt, sample=True, pages=pages)]
+            lanes = [[PackedLane(slot=0, generation=k + 1, consumed=0, tokens=prompt, sample=True, pages=pages)]
                      for k in range(WARMUP + self.calls)]
             out[name] = self._time(lambda k, f: packer.pack(graph.program, f, lanes[k]), frames)
         packer, frames = self.packer()
@@ -158,7 +158,7 @@ class Bench:
             lane = sp.Lane(req, 0, k + 1, 0, ids[:tokens], True, 16)
             plan = sp.RoundPlan(sp.Submission(variant, [lane]))
             t0 = time.perf_counter_ns()
-            runner.submit(plan, k % frames)
+            runner.launch(plan, k % frames)
             if k >= WARMUP:
                 samples.append((time.perf_counter_ns() - t0) / 1e3)
         out["engine_us"] = statistics.median(samples)

@@ -49,7 +49,7 @@ import numpy as np
 from gateway.preparation import prepare_chat
 from gateway.schemas import ChatCompletionRequest
 from gateway.served_model import ServedModel
-from gateway.triton_client import Terminal, TokenBatch, TritonBackend
+from gateway.triton_client import StreamTerminal, TokenBatch, TritonBackend
 from helios_proto import transport_pb2 as tp
 
 PROMPTS = [
@@ -153,7 +153,7 @@ async def direct_request(backend: TritonBackend, prompt_ids: tuple[int, ...], ma
         if isinstance(event, TokenBatch):
             now = time.perf_counter() - start
             timing.token_times_s += [now] * int(event.token_ids.size)
-        elif isinstance(event, Terminal):
+        elif isinstance(event, StreamTerminal):
             timing.ok = event.event.WhichOneof("outcome") == "finished"
             break
         else:

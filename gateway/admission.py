@@ -46,7 +46,7 @@ class Permit:
 
     __slots__ = ("_admission", "_released")
 
-    def __init__(self, admission: "Admission") -> None:
+    def __init__(self, admission: "AdmissionPermits") -> None:
         self._admission = admission
         self._released = False
 
@@ -60,7 +60,7 @@ class Permit:
         return self._released
 
 
-class Admission:
+class AdmissionPermits:
     def __init__(self, settings: AdmissionSettings) -> None:
         self.settings = settings
         self._in_use = 0

@@ -24,7 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.output_pipeline import Delta, OutputParser, OutputPipeline, TokenStep
 from gateway.preparation import PreparedRequest
 from gateway.served_model import ServedModel
-from gateway.triton_client import StreamFailure, StreamFailureKind, Terminal, TokenBatch, TritonBackend
+from gateway.triton_client import StreamFailure, StreamFailureKind, StreamTerminal, TokenBatch, TritonBackend
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class RequestRun:
                 if isinstance(event, TokenBatch):
                     self._observe_tokens(int(event.token_ids.size))
                     put(translator.tokens(event))
-                elif isinstance(event, Terminal):
+                elif isinstance(event, StreamTerminal):
                     put(translator.terminal(event.event))
                     return
                 else:

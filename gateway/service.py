@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.admission import Admission, AdmissionSettings, Permit
+from gateway.admission import AdmissionPermits, AdmissionSettings, Permit
 from gateway.errors import BackendUnavailableError, IngressFullError
 from gateway.generation import ChoiceFailed, RequestRun
 from gateway.metrics import GatewayMetrics
@@ -62,7 +62,7 @@ class GatewayService:
         self._overrides = overrides
         self._parser_factory = parser_factory
         self._served: ServedModel | None = None
-        self._admission: Admission | None = None
+        self._admission: AdmissionPermits | None = None
         self._loader: asyncio.Task[None] | None = None
         self._health: tuple[float, bool] = (0.0, False)
 
@@ -90,7 +90,7 @@ class GatewayService:
             max_active=o.max_active if o.max_active is not None else max(limits.max_active, 1),
             frontend_workers=o.frontend_workers if o.frontend_workers is not None
             else max(limits.frontend_workers, 1))
-        self._admission = Admission(settings)
+        self._admission = AdmissionPermits(settings)
         self.metrics.track_permits(lambda: self._admission.in_use if self._admission else 0, settings.permits)
         self._served = served
 
@@ -109,7 +109,7 @@ class GatewayService:
         return self._served
 
     @property
-    def admission(self) -> Admission:
+    def admission(self) -> AdmissionPermits:
         if self._admission is None:
             raise BackendUnavailableError("the model is still loading; retry later")
         return self._admission

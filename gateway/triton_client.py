@@ -6,7 +6,7 @@ request (HTTP-6). The request side of the stream stays open until the caller is 
 Triton never sees a half-close while responses are still due.
 
 A generation yields, in order: zero or more ``TokenBatch`` (coalesced ids, aligned
-timestamps and logprobs) and then exactly one ``Terminal`` (the backend's typed
+timestamps and logprobs) and then exactly one ``StreamTerminal`` (the backend's typed
 TerminalEvent) or one ``StreamFailure`` (the stream broke or Triton refused in-band).
 Tensor names and messages: docs/transport.md.
 """
@@ -38,7 +38,7 @@ class TokenBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class Terminal:
+class StreamTerminal:
     event: tp.TerminalEvent
 
 
@@ -56,7 +56,7 @@ class StreamFailure:
     detail: str
 
 
-GenerationEvent = TokenBatch | Terminal | StreamFailure
+GenerationEvent = TokenBatch | StreamTerminal | StreamFailure
 
 
 def _parameters_input(params: tp.RequestParameters) -> InferInput:
@@ -147,7 +147,7 @@ class Generation:
                 self.cancel()
 
     @staticmethod
-    def _decode(result: grpcclient.InferResult) -> tuple[TokenBatch | None, Terminal | None]:
+    def _decode(result: grpcclient.InferResult) -> tuple[TokenBatch | None, StreamTerminal | None]:
         token_ids = result.as_numpy("token_ids")
         batch = None
         if token_ids is not None and token_ids.size:
@@ -164,7 +164,7 @@ class Generation:
             event = tp.ResponseEvent.FromString(bytes(event_tensor.reshape(-1)[0]))
             if event.WhichOneof("kind") != "terminal":
                 raise ValueError(f"expected a terminal event, got {event.WhichOneof('kind')}")
-            terminal = Terminal(event.terminal)
+            terminal = StreamTerminal(event.terminal)
         final = result.get_response().parameters.get("triton_final_response")
         if final is not None and final.bool_param and terminal is None:
             raise ValueError("FINAL response without a terminal event")

@@ -27,7 +27,7 @@ number of page-table entries already written into that frame (`_PageMemory`, arr
 slots); a step writes only the new entries. A different generation on the slot forgets the
 remembered length and rewrites.
 
-Admission histograms (BND-32) are built once per request from its prompt (`Admission.for_prompt`)
+SlotInitialization histograms (BND-32) are built once per request from its prompt (`SlotInitialization.for_prompt`)
 and travel only in the INITIALIZATION program.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ class SamplingParameters:
 
 
 @dataclass(frozen=True)
-class Admission:
+class SlotInitialization:
     """What INITIALIZATION copies into a slot: sampling state of one request."""
 
     seed: int                       # 64 bits; Philox key = (low word, high word)
@@ -84,13 +84,13 @@ class Admission:
 
     @staticmethod
     def for_prompt(prompt: Sequence[int], histogram_bins: int, seed: int, sampling: SamplingParameters,
-                   output_limit: int, eos_ids: Sequence[int]) -> "Admission":
+                   output_limit: int, eos_ids: Sequence[int]) -> "SlotInitialization":
         histogram = np.bincount(np.asarray(prompt, dtype=np.int64), minlength=histogram_bins)
-        return Admission(seed, sampling, output_limit, tuple(eos_ids), histogram[:histogram_bins].astype(np.int32))
+        return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids), histogram[:histogram_bins].astype(np.int32))
 
 
 @dataclass
-class Lane:
+class PackedLane:
     """One request row of a submission."""
 
     slot: int
@@ -100,7 +100,7 @@ class Lane:
     sample: bool = True                       # draw a token after this step
     pages: Sequence[int] = ()                 # the slot's page list, covering consumed + query_length
     grammar_mask: Optional[np.ndarray] = None  # uint32 [mask_words]; None = unconstrained
-    admission: Optional[Admission] = None     # INITIALIZATION lanes only
+    initialization: Optional[SlotInitialization] = None   # INITIALIZATION lanes only
     snapshot_row: int = -1                    # continuation row receiving the partial page at the endpoint
     restore_row: int = -1                     # RESTORATION: continuation row copied into the endpoint's page
     pending_token: int = -1                   # RESUME: the host-owned pending token (tokens stays None)
@@ -120,10 +120,10 @@ class Lane:
         return len(self.tokens)
 
 
-def _need_admission(lane: Lane) -> Admission:
-    if lane.admission is None:
-        raise PackingError(f"lane of slot {lane.slot} has no admission values")
-    return lane.admission
+def _need_initialization(lane: PackedLane) -> SlotInitialization:
+    if lane.initialization is None:
+        raise PackingError(f"lane of slot {lane.slot} has no initialization values")
+    return lane.initialization
 
 
 # ---- value sources ---------------------------------------------------------------------------
@@ -131,11 +131,11 @@ def _need_admission(lane: Lane) -> Admission:
 # gathered for all lanes of a step into one int64 column; the others give 1-D values or None
 # (None = the binding's padding). SCALAR_SOURCES: (step, binding) -> one integer.
 
-LaneSource = Callable[[Lane], "int | np.ndarray | Sequence[int] | None"]
+LaneSource = Callable[[PackedLane], "int | np.ndarray | Sequence[int] | None"]
 
 
-def _seed_bits(lane: Lane) -> np.ndarray:
-    seed = _need_admission(lane).seed
+def _seed_bits(lane: PackedLane) -> np.ndarray:
+    seed = _need_initialization(lane).seed
     return np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF])
 
 
@@ -154,10 +154,10 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_SCORED_TARGET_TOKENS: attrgetter("scored_targets"),   # None -> padding (-1)
     C.VALUE_SOURCE_GRAMMAR_MASK: attrgetter("grammar_mask"),         # None -> padding (all allowed)
     C.VALUE_SOURCE_SEED_BITS: _seed_bits,
-    C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda lane: _need_admission(lane).sampling.vector(),
-    C.VALUE_SOURCE_OUTPUT_LIMIT: lambda lane: _need_admission(lane).output_limit,
-    C.VALUE_SOURCE_EOS_IDS: lambda lane: np.asarray(_need_admission(lane).eos_ids, dtype=np.int64),
-    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_admission(lane).prompt_histogram,
+    C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda lane: _need_initialization(lane).sampling.vector(),
+    C.VALUE_SOURCE_OUTPUT_LIMIT: lambda lane: _need_initialization(lane).output_limit,
+    C.VALUE_SOURCE_EOS_IDS: lambda lane: np.asarray(_need_initialization(lane).eos_ids, dtype=np.int64),
+    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_initialization(lane).prompt_histogram,
     C.VALUE_SOURCE_PROPOSAL_IDS: attrgetter("proposals"),           # None -> padding
     C.VALUE_SOURCE_PROPOSAL_COUNT: lambda lane: 0 if lane.proposals is None else len(lane.proposals),
     C.VALUE_SOURCE_PROPOSAL_GENERATION: attrgetter("proposal_generation"),
@@ -179,7 +179,7 @@ class _Step:
 
     __slots__ = ("lanes", "count", "_columns", "_values", "_starts")
 
-    def __init__(self, lanes: Sequence[Lane]) -> None:
+    def __init__(self, lanes: Sequence[PackedLane]) -> None:
         self.lanes = lanes
         self.count = len(lanes)
         self._columns: dict[int, np.ndarray] = {}
@@ -495,7 +495,7 @@ class Packer:
         rows, tokens, _ = self._capacity[program]
         return rows, tokens
 
-    def pack(self, program: str, frame: int, lanes: Sequence[Lane]) -> None:
+    def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None:
         rows, tokens, _ = self._capacity[program]
         if len(lanes) > rows:
             raise CapacityError(f"{program}: {len(lanes)} lanes > {rows} rows")

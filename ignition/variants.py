@@ -1,4 +1,4 @@
-"""Variant cores: an already-prepared core with other frontend syntax data, without re-preparing.
+"""CaptureVariant cores: an already-prepared core with other frontend syntax data, without re-preparing.
 
     derive_variant_core(base_core, out, variant_frontend(variant), signing_key, served_id=...)
 

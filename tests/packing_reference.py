@@ -13,20 +13,20 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
-from helios_backend.packing import CapacityError, Lane, PackingError
+from helios_backend.packing import CapacityError, PackedLane, PackingError
 
 _NUMPY = {C.DTYPE_I32: np.int32, C.DTYPE_U32: np.uint32, C.DTYPE_F32: np.float32, C.DTYPE_I64: np.int64,
           C.DTYPE_U64: np.uint64, C.DTYPE_U8: np.uint8, C.DTYPE_I8: np.int8, C.DTYPE_I16: np.int16}
 _ROW_MODES = (C.INDEX_MODE_SUBMISSION_ROW, C.INDEX_MODE_ACTIVE_ROW)
 
 
-def _admission(lane: Lane):
-    if lane.admission is None:
-        raise PackingError(f"lane of slot {lane.slot} has no admission values")
-    return lane.admission
+def _initialization(lane: PackedLane):
+    if lane.initialization is None:
+        raise PackingError(f"lane of slot {lane.slot} has no initialization values")
+    return lane.initialization
 
 
-def _query_length(lane: Lane) -> int:
+def _query_length(lane: PackedLane) -> int:
     if lane.tokens is not None:
         return len(lane.tokens)
     if lane.prefix_limit:
@@ -48,12 +48,12 @@ SOURCES = {
     C.VALUE_SOURCE_PENDING_TOKEN: lambda l: l.pending_token,
     C.VALUE_SOURCE_SCORED_TARGET_TOKENS: lambda l: l.scored_targets,
     C.VALUE_SOURCE_GRAMMAR_MASK: lambda l: l.grammar_mask,
-    C.VALUE_SOURCE_SEED_BITS: lambda l: np.array([_admission(l).seed & 0xFFFFFFFF,
-                                               (_admission(l).seed >> 32) & 0xFFFFFFFF]),
-    C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda l: _admission(l).sampling.vector(),
-    C.VALUE_SOURCE_OUTPUT_LIMIT: lambda l: _admission(l).output_limit,
-    C.VALUE_SOURCE_EOS_IDS: lambda l: np.asarray(_admission(l).eos_ids, dtype=np.int64),
-    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda l: _admission(l).prompt_histogram,
+    C.VALUE_SOURCE_SEED_BITS: lambda l: np.array([_initialization(l).seed & 0xFFFFFFFF,
+                                               (_initialization(l).seed >> 32) & 0xFFFFFFFF]),
+    C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda l: _initialization(l).sampling.vector(),
+    C.VALUE_SOURCE_OUTPUT_LIMIT: lambda l: _initialization(l).output_limit,
+    C.VALUE_SOURCE_EOS_IDS: lambda l: np.asarray(_initialization(l).eos_ids, dtype=np.int64),
+    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda l: _initialization(l).prompt_histogram,
     C.VALUE_SOURCE_PROPOSAL_IDS: lambda l: l.proposals,
     C.VALUE_SOURCE_PROPOSAL_COUNT: lambda l: 0 if l.proposals is None else len(l.proposals),
     C.VALUE_SOURCE_PROPOSAL_GENERATION: lambda l: l.proposal_generation,
@@ -62,7 +62,7 @@ SOURCES = {
 }
 
 
-def _scalar(lanes: Sequence[Lane], b: C.ValueBinding) -> int:
+def _scalar(lanes: Sequence[PackedLane], b: C.ValueBinding) -> int:
     if b.source == C.VALUE_SOURCE_LIVE_ROW_COUNT:
         return len(lanes)
     if b.source == C.VALUE_SOURCE_CONSTANT:
@@ -105,7 +105,7 @@ class ReferencePacker:
         dtype = _NUMPY[d.dtype]
         return self.frames[frame][d.byte_offset:d.byte_offset + d.elements * np.dtype(dtype).itemsize].view(dtype)
 
-    def pack(self, program: str, frame: int, lanes: Sequence[Lane]) -> None:
+    def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None:
         g = self.graphs[program]
         if len(lanes) > g.capacity.rows:
             raise CapacityError(f"{program}: {len(lanes)} lanes > {g.capacity.rows} rows")

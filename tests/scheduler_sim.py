@@ -95,7 +95,7 @@ class SimulatedEngine:
         return rows
 
     # two execution frames: the simulated device runs a round at submit; collect returns it
-    def submit(self, plan: RoundPlan, frame: int) -> None:
+    def launch(self, plan: RoundPlan, frame: int) -> None:
         try:
             self._results[id(plan)] = self.run(plan)
         except Exception as exc:  # reported at collect, like a device fault seen at the fence

@@ -7,14 +7,14 @@ import threading
 
 import pytest
 
-from gateway.admission import Admission, AdmissionSettings
+from gateway.admission import AdmissionPermits, AdmissionSettings
 from gateway.errors import IngressFullError
 
 
 # spec: HTTP-1, HTTP-17
 def test_permits_are_queue_capacity_plus_max_active() -> None:
     async def scenario() -> None:
-        admission = Admission(AdmissionSettings(queue_capacity=2, max_active=1, frontend_workers=1))
+        admission = AdmissionPermits(AdmissionSettings(queue_capacity=2, max_active=1, frontend_workers=1))
         permits = [admission.admit() for _ in range(3)]
         with pytest.raises(IngressFullError) as err:
             admission.admit()
@@ -48,7 +48,7 @@ def test_preparation_waits_for_one_of_frontend_workers_slots() -> None:
         return 1
 
     async def scenario() -> int:
-        admission = Admission(AdmissionSettings(queue_capacity=8, max_active=8, frontend_workers=2))
+        admission = AdmissionPermits(AdmissionSettings(queue_capacity=8, max_active=8, frontend_workers=2))
         tasks = [asyncio.create_task(admission.prepare(work)) for _ in range(5)]
         # waiting preparations leave the event loop free: this coroutine keeps running
         for _ in range(2000):

@@ -1,6 +1,6 @@
 """The native ingress channel holds at most queue_capacity submissions (HTTP-4).
 
-The real Worker and Scheduler over the simulated executor; the round in flight is held open
+The real EngineLoop and Scheduler over the simulated executor; the round in flight is held open
 so that submissions pile up in the channel in front of the scheduler."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.engine.responses import ResponseHub, Stream
-from helios_backend.engine.loop import Worker
+from helios_backend.engine.loop import EngineLoop, SynchronousRunner
 from tests.test_rules_observation import Recorder, Updates
 from tests.test_rules_scheduler import make, prompt_of, spec
 
@@ -34,17 +34,17 @@ def test_ingress_channel_rejects_beyond_queue_capacity_while_a_round_runs():
     capacity = 4
     runner = HeldRunner(engine)
     hub = ResponseHub(on_cancel=lambda s: None, metrics=Updates())
-    worker = Worker(sched, runner, hub, Updates(), two_frames=False, ingress_capacity=capacity)
+    worker = EngineLoop(sched, SynchronousRunner(runner.run), hub, Updates(), two_frames=False, ingress_capacity=capacity)
     hub.start()
     worker.start()
     senders = {serial: Recorder() for serial in range(1, capacity + 5)}
     for serial, sender in senders.items():
         hub.register(Stream(serial, sender))
     try:
-        worker.submit(1, spec(prompt_of(1, 6), max_tokens=3))
+        worker.enqueue(1, spec(prompt_of(1, 6), max_tokens=3))
         assert runner.started.wait(10)               # request 1 is inside a held round
         for serial in range(2, capacity + 5):        # capacity + 3 more while the worker is busy
-            worker.submit(serial, spec(prompt_of(serial, 6), max_tokens=3))
+            worker.enqueue(serial, spec(prompt_of(serial, 6), max_tokens=3))
         rejected_now = [s for s in range(2, capacity + 5) if senders[s].done.wait(2)]
         assert rejected_now == [capacity + 2, capacity + 3, capacity + 4]
         for serial in rejected_now:

@@ -17,8 +17,8 @@ from helios_backend.executors.base import MissingVariantError, UnknownKernelIdEr
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
 from helios_backend.kernels.rope import ROPE_HALF_PAIRS
 from helios_backend.engine.model import ModelLoadError, ModelOptions, NativeModel
-from helios_backend.packing import Lane, SamplingParameters
-from helios_backend.lockstep.generator import Driver, GenerationRequest
+from helios_backend.packing import PackedLane, SamplingParameters
+from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 from tests.engine_fixtures import prepared_in_memory, resource_reader
 
 # "What is the capital of France?" through the SmolLM2 chat template (notes: model-tokenizer-grammar.md)
@@ -34,14 +34,14 @@ VOCAB = 49152
 
 def prefill_logits(model: NativeModel, prompt, chunk: int, slot: int = 0, page_order=None) -> dict[int, np.ndarray]:
     """Prefill `prompt` in chunks; logits of the last token of every chunk, by position."""
-    driver = Driver(model, page_order=page_order, prefill_chunk=chunk)
+    driver = LockstepGenerator(model, page_order=page_order, prefill_chunk=chunk)
     [active] = driver.admit([GenerationRequest(prompt, 8)], [slot])
     logits = model.executor.buffer_view("scratch.logits", np.float32)
     out = {}
     while active.consumed < len(prompt):
         tokens = np.asarray(prompt[active.consumed:active.consumed + chunk], dtype=np.int32)
         driver._ensure_pages(active, active.consumed + tokens.size)
-        lane = Lane(slot=slot, generation=active.generation, consumed=active.consumed, tokens=tokens,
+        lane = PackedLane(slot=slot, generation=active.generation, consumed=active.consumed, tokens=tokens,
                     pages=list(active.pages))
         driver.step(model.program(C.OPERATION_PREFILL, 1, tokens.size), [lane])
         active.consumed += tokens.size
@@ -50,7 +50,7 @@ def prefill_logits(model: NativeModel, prompt, chunk: int, slot: int = 0, page_o
 
 
 def greedy(model: NativeModel, prompt=PROMPT, max_tokens=8, **driver_args) -> list[int]:
-    [result] = Driver(model, **driver_args).generate([GenerationRequest(prompt, max_tokens)])
+    [result] = LockstepGenerator(model, **driver_args).generate([GenerationRequest(prompt, max_tokens)])
     return result.tokens
 
 
@@ -106,15 +106,15 @@ def test_results_do_not_depend_on_physical_page_ids(smollm2_model):
     assert sorted(ordered) == sorted(scattered) == [5, 11, 17, 23]
     assert all(np.array_equal(ordered[p], scattered[p]) for p in ordered)
     # the step really ran on the scattered pages: slot 0's page-table row in the frame
-    table = next(d for d in model.manifest.transport.destinations if d.name == "page_table")
+    table = next(d for d in model.execution_manifest.transport.destinations if d.name == "page_table")
     frame = model.executor.staging(0)
     row = frame[table.byte_offset:table.byte_offset + 8].view(np.int32)
     assert row.tolist() == [97, 3]
     # and the comparison catches a page-table bug: the last chunk again, its first table entry
     # naming a page that holds other keys (the ordered run's second page) instead of page 97
-    wrong = Lane(slot=0, generation=model.next_generation(0), consumed=18, tokens=np.asarray(PROMPT[18:], np.int32),
+    wrong = PackedLane(slot=0, generation=model.next_generation(0), consumed=18, tokens=np.asarray(PROMPT[18:], np.int32),
                  pages=[1, 3])
-    Driver(model).step(model.program(C.OPERATION_PREFILL, 1, 6), [wrong])
+    LockstepGenerator(model).step(model.program(C.OPERATION_PREFILL, 1, 6), [wrong])
     assert frame[table.byte_offset:table.byte_offset + 8].view(np.int32).tolist() == [1, 3]
     broken = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
     assert np.abs(broken - scattered[23]).max() > 1.0
@@ -137,9 +137,9 @@ SECOND_PROMPT = [1, 4093, 198, 19556, 17, 2, 198, 1, 520, 9531, 198]   # a short
 
 
 def test_results_do_not_depend_on_row_slot_or_variant(smollm2_model):
-    driver = Driver(smollm2_model)
+    driver = LockstepGenerator(smollm2_model)
     requests = [GenerationRequest(PROMPT, 6), GenerationRequest(SECOND_PROMPT, 6)]
-    alone = [Driver(smollm2_model).generate([r])[0].tokens for r in requests]           # decode.r1
+    alone = [LockstepGenerator(smollm2_model).generate([r])[0].tokens for r in requests]           # decode.r1
     together = [r.tokens for r in driver.generate(requests, slots=[2, 0])]               # decode.r2, rows 0/1
     swapped = [r.tokens for r in driver.generate(requests, slots=[1, 3], row_order=[1, 0])]
     assert together == alone and swapped == alone
@@ -150,7 +150,7 @@ def test_results_do_not_depend_on_row_slot_or_variant(smollm2_model):
 
 def test_same_seed_same_tokens_different_seed_different_tokens(smollm2_model):
     sampling = SamplingParameters(temperature=1.0, top_p=0.95)
-    run = lambda seed, slot: Driver(smollm2_model).generate(  # noqa: E731
+    run = lambda seed, slot: LockstepGenerator(smollm2_model).generate(  # noqa: E731
         [GenerationRequest(PROMPT, 12, sampling, seed=seed, eos_ids=(-1,))], slots=[slot])[0].tokens
     first = run(1234, 0)
     assert run(1234, 3) == first            # another slot, same draws
@@ -160,20 +160,20 @@ def test_same_seed_same_tokens_different_seed_different_tokens(smollm2_model):
 
 def test_mixed_step_equals_separate_prefill_and_decode(smollm2_model):
     # one decode row and one prefill row in a MIXED program give the tokens of separate steps
-    separate_driver = Driver(smollm2_model)
+    separate_driver = LockstepGenerator(smollm2_model)
     a, b = separate_driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4)], [0, 1])
     separate_driver.prefill(a)
     separate_driver.decode_round([a])
     separate_driver.prefill(b)
     expected = (a.result.tokens[-1], b.result.tokens[-1])
 
-    driver = Driver(smollm2_model)
+    driver = LockstepGenerator(smollm2_model)
     a2, b2 = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4)], [0, 1])
     driver.prefill(a2)
     driver._ensure_pages(a2, a2.consumed + 1)
     driver._ensure_pages(b2, 9)
-    lanes = [Lane(slot=0, generation=a2.generation, consumed=a2.consumed, pages=list(a2.pages)),
-             Lane(slot=1, generation=b2.generation, consumed=0, tokens=np.asarray(SECOND_PROMPT[:9], np.int32),
+    lanes = [PackedLane(slot=0, generation=a2.generation, consumed=a2.consumed, pages=list(a2.pages)),
+             PackedLane(slot=1, generation=b2.generation, consumed=0, tokens=np.asarray(SECOND_PROMPT[:9], np.int32),
                   pages=list(b2.pages))]
     rows = driver.step(smollm2_model.program(C.OPERATION_MIXED, 2, 10), lanes)
     assert (int(rows[0][2]), int(rows[1][2])) == expected
@@ -182,10 +182,10 @@ def test_mixed_step_equals_separate_prefill_and_decode(smollm2_model):
 
 def test_completion_records_follow_the_spec(smollm2_model):
     # spec: STA-4, BND-20 (sampled ids in the vocabulary, reserved model field -1, no draft cursor)
-    driver = Driver(smollm2_model)
+    driver = LockstepGenerator(smollm2_model)
     [active] = driver.admit([GenerationRequest(PROMPT, 1)], [0])
     driver._ensure_pages(active, len(PROMPT))
-    lane = Lane(slot=0, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))
+    lane = PackedLane(slot=0, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))
     program = smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT))
     smollm2_model.packer.pack(program, 1, [lane])
     smollm2_model.executor.launch(program, 1)
@@ -203,14 +203,14 @@ def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2
     # sampling.draw.v2 applies the penalties on the fly, so scratch.logits keeps the raw logits
     from helios_backend.kernels.sampling import adjust_logits
     from helios_backend.scheduler.completion import CompletionFormat
-    fmt = CompletionFormat.from_layout(smollm2_model.manifest.completion)
+    fmt = CompletionFormat.from_layout(smollm2_model.execution_manifest.completion)
     top = fmt.top_k
     assert top == 20 and fmt.extension_words == 1 + 2 * top
-    driver = Driver(smollm2_model)
+    driver = LockstepGenerator(smollm2_model)
     sampling = SamplingParameters(repetition_penalty=penalty)
     [active] = driver.admit([GenerationRequest(PROMPT, 4, sampling=sampling)], [1])
     driver._ensure_pages(active, len(PROMPT) + 1)
-    lanes = [Lane(slot=1, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))]
+    lanes = [PackedLane(slot=1, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))]
     slot_bins = slice(VOCAB, 2 * VOCAB)                                       # slot 1's histogram row
     for program in (smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT)), smollm2_model.program(C.OPERATION_DECODE, 1, 1)):
         state = {name: smollm2_model.executor.read_buffer(f"state.{name}_histogram").view(np.int32)[slot_bins].copy()
@@ -237,7 +237,7 @@ def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2
             assert token == top_ids[0] and logprob == top_lps[0]              # greedy: the best alternative
         else:                                                                 # greedy over the penalized logits
             assert token == int(np.argmax(adjusted))
-        lanes = [Lane(slot=1, generation=active.generation, consumed=len(PROMPT), tokens=None, pages=list(active.pages))]
+        lanes = [PackedLane(slot=1, generation=active.generation, consumed=len(PROMPT), tokens=None, pages=list(active.pages))]
 
 
 # ---- load-time failures -------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_declared_fp16_cache_also_matches_the_oracle(smollm2_bootstrap, referenc
     model = NativeModel.load(smollm2_bootstrap.contract, smollm2_bootstrap.manifest, smollm2_bootstrap.read_resource,
                              ModelOptions(concurrency=1, cache_pages=8, widen_f16_cache=False))
     try:
-        page_nbytes = next(b.nbytes for b in model.manifest.buffers if b.name == "cache.k")
+        page_nbytes = next(b.nbytes for b in model.execution_manifest.buffers if b.name == "cache.k")
         assert model.executor.read_buffer("cache.k").size == 8 * page_nbytes
         logits = prefill_logits(model, PROMPT, chunk=64)[23]
         assert np.abs(logits - reference_llama.forward(PROMPT, 0)[23]).max() <= LOGIT_TOLERANCE
@@ -312,20 +312,20 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
         longer = PROMPT + [504, 3575, 282, 4649]
         expected = prefill_logits(model, longer, chunk=64, slot=1)[len(longer) - 1]
 
-        driver = Driver(model, page_order=[5, 6, 9, 10, 11, 12])
+        driver = LockstepGenerator(model, page_order=[5, 6, 9, 10, 11, 12])
         first, second = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(longer, 4)], [0, 1])
         driver._ensure_pages(first, len(PROMPT))                                   # pages 5, 6
         driver.step(model.program(C.OPERATION_PREFILL, 1, len(PROMPT)),
-                    [Lane(slot=0, generation=first.generation, tokens=np.asarray(PROMPT, np.int32),
+                    [PackedLane(slot=0, generation=first.generation, tokens=np.asarray(PROMPT, np.int32),
                           pages=list(first.pages), snapshot_row=1)])
         shared_page, private_page = first.pages[0], 9
-        restore = Lane(slot=1, generation=second.generation, consumed=len(PROMPT),
+        restore = PackedLane(slot=1, generation=second.generation, consumed=len(PROMPT),
                        pages=[shared_page, private_page], restore_row=1)
         [record] = driver.step(model.program(C.OPERATION_RESTORATION, 1), [restore])
         assert record[3] == len(PROMPT)                                              # consumed endpoint
         tail = np.asarray(longer[len(PROMPT):], np.int32)
         driver.step(model.program(C.OPERATION_PREFILL, 1, tail.size),
-                    [Lane(slot=1, generation=second.generation, consumed=len(PROMPT), tokens=tail,
+                    [PackedLane(slot=1, generation=second.generation, consumed=len(PROMPT), tokens=tail,
                           pages=[shared_page, private_page])])
         restored = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB].copy()
         np.testing.assert_allclose(restored, expected, atol=RESHAPE_TOLERANCE)
@@ -333,7 +333,7 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
         # without the restoration copy the private page lacks positions 16..23: results change
         model.packer.forget_slot(2)
         driver.step(model.program(C.OPERATION_PREFILL, 1, tail.size),
-                    [Lane(slot=2, generation=99, consumed=len(PROMPT), tokens=tail, pages=[shared_page, 10])])
+                    [PackedLane(slot=2, generation=99, consumed=len(PROMPT), tokens=tail, pages=[shared_page, 10])])
         unrestored = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
         assert np.abs(unrestored - expected).max() > 1.0
     finally:
@@ -349,7 +349,7 @@ def test_nodes_write_only_through_pointers_their_abi_declares_writable(smollm2_b
     model = NativeModel.load(smollm2_bootstrap.contract, smollm2_bootstrap.manifest, smollm2_bootstrap.read_resource,
                              ModelOptions(concurrency=2, cache_pages=8))
     executor = model.executor
-    nodes_of = {p.name: p.nodes for p in model.manifest.programs}
+    nodes_of = {p.name: p.nodes for p in model.execution_manifest.programs}
 
     def run_checked(program: str, lanes) -> None:
         model.packer.pack(program, 0, lanes)
@@ -365,25 +365,25 @@ def test_nodes_write_only_through_pointers_their_abi_declares_writable(smollm2_b
             for name, after, before in watched:
                 assert np.array_equal(after, before, equal_nan=True), f"{node.kernel} wrote its READ param {name}"
 
-    driver = Driver(model)
+    driver = LockstepGenerator(model)
     first, second = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT, 4)], [0, 1])
-    from helios_backend.packing import Admission
+    from helios_backend.packing import SlotInitialization
     run_checked(model.program(C.OPERATION_INITIALIZATION, 1),
-                [Lane(slot=0, generation=first.generation, admission=Admission.for_prompt(
+                [PackedLane(slot=0, generation=first.generation, initialization=SlotInitialization.for_prompt(
                     PROMPT, VOCAB, seed=5, sampling=SamplingParameters(0.5), output_limit=4, eos_ids=(2,)))])
     for active, prompt, row in ((first, PROMPT, 0), (second, SECOND_PROMPT, -1)):
         driver._ensure_pages(active, len(prompt) + 1)
         run_checked(model.program(C.OPERATION_PREFILL, 1, len(prompt)),
-                    [Lane(slot=active.slot, generation=active.generation, tokens=np.asarray(prompt, np.int32),
+                    [PackedLane(slot=active.slot, generation=active.generation, tokens=np.asarray(prompt, np.int32),
                           pages=list(active.pages), snapshot_row=row)])
-    decode = [Lane(slot=a.slot, generation=a.generation, consumed=len(p), pages=list(a.pages))
+    decode = [PackedLane(slot=a.slot, generation=a.generation, consumed=len(p), pages=list(a.pages))
               for a, p in ((first, PROMPT), (second, SECOND_PROMPT))]
     run_checked(model.program(C.OPERATION_DECODE, 2, 2), decode)
     run_checked(model.program(C.OPERATION_MIXED, 2, 3),
-                [Lane(slot=0, generation=first.generation, consumed=len(PROMPT) + 1, pages=list(first.pages)),
-                 Lane(slot=1, generation=second.generation, consumed=len(SECOND_PROMPT) + 1,
+                [PackedLane(slot=0, generation=first.generation, consumed=len(PROMPT) + 1, pages=list(first.pages)),
+                 PackedLane(slot=1, generation=second.generation, consumed=len(SECOND_PROMPT) + 1,
                       tokens=np.asarray([17, 18], np.int32), pages=list(second.pages))])
     run_checked(model.program(C.OPERATION_RESTORATION, 1),
-                [Lane(slot=1, generation=second.generation, consumed=len(PROMPT), pages=list(second.pages),
+                [PackedLane(slot=1, generation=second.generation, consumed=len(PROMPT), pages=list(second.pages),
                       restore_row=0)])
     model.close()

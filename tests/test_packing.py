@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from helios_proto import contract_pb2 as C
 
-from helios_backend.packing import Admission, CapacityError, Lane, Packer, PackingError, SamplingParameters
+from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, Packer, PackingError, SamplingParameters
 from tests.engine_fixtures import prepared_in_memory
 
 SENTINEL = 0x5A
@@ -29,7 +29,7 @@ def setup():
 def test_submission_rows_pad_the_whole_capacity(setup):
     # spec: BND-15, BND-16, BND-13
     _, packer, _, view = setup
-    lanes = [Lane(slot=2, generation=7, consumed=5, tokens=np.array([11, 12, 13], np.int32), pages=[4])]
+    lanes = [PackedLane(slot=2, generation=7, consumed=5, tokens=np.array([11, 12, 13], np.int32), pages=[4])]
     packer.pack("prefill.r2.t64", 0, lanes)
     assert view(0, "row_slot")[:2].tolist() == [2, -1]
     assert view(0, "query_length")[:2].tolist() == [3, 0]
@@ -42,8 +42,8 @@ def test_submission_rows_pad_the_whole_capacity(setup):
 def test_packed_tokens_follow_each_lanes_actual_count(setup):
     # spec: BND-16
     _, packer, _, view = setup
-    lanes = [Lane(slot=0, generation=1, consumed=9, pages=[1]),                       # device pending token
-             Lane(slot=1, generation=1, consumed=0, tokens=np.array([5, 6, 7, 8], np.int32), pages=[2])]
+    lanes = [PackedLane(slot=0, generation=1, consumed=9, pages=[1]),                       # device pending token
+             PackedLane(slot=1, generation=1, consumed=0, tokens=np.array([5, 6, 7, 8], np.int32), pages=[2])]
     packer.pack("mixed.r2.t17", 1, lanes)
     assert view(1, "prompt_tokens")[:5].tolist() == [-1, 5, 6, 7, 8]
     assert view(1, "positions")[:5].tolist() == [9, 0, 1, 2, 3]
@@ -58,15 +58,15 @@ def test_page_tables_upload_only_new_entries_and_generation_resets(setup):
     width = prepared.manifest.max_pages_per_row
     slot = 3
     row = lambda: view(0, "page_table")[slot * width:(slot + 1) * width]  # noqa: E731
-    packer.pack("decode.r1.t1", 0, [Lane(slot=slot, generation=1, consumed=0, pages=[10, 11])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=1, consumed=0, pages=[10, 11])])
     assert row()[:2].tolist() == [10, 11]
     row()[:2] = -7                                   # pretend the host bytes were reused: only new entries move
-    packer.pack("decode.r1.t1", 0, [Lane(slot=slot, generation=1, consumed=20, pages=[10, 11, 12])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=1, consumed=20, pages=[10, 11, 12])])
     assert row()[:3].tolist() == [-7, -7, 12]
-    packer.pack("decode.r1.t1", 0, [Lane(slot=slot, generation=2, consumed=0, pages=[30])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=2, consumed=0, pages=[30])])
     assert row()[:3].tolist() == [30, -7, 12]        # new generation: rewritten from entry 0
     # the other frame remembers separately
-    packer.pack("decode.r1.t1", 1, [Lane(slot=slot, generation=2, consumed=0, pages=[30])])
+    packer.pack("decode.r1.t1", 1, [PackedLane(slot=slot, generation=2, consumed=0, pages=[30])])
     assert view(1, "page_table")[slot * width] == 30
 
 
@@ -74,9 +74,9 @@ def test_admission_values_for_initialization(setup):
     # spec: BND-9, BND-32
     prepared, packer, _, view = setup
     bins = prepared.contract.model.vocabulary.histogram_bins
-    admission = Admission.for_prompt([5, 5, 9], bins, seed=(7 << 32) | 3, sampling=SamplingParameters(0.5, 0.9),
+    admission = SlotInitialization.for_prompt([5, 5, 9], bins, seed=(7 << 32) | 3, sampling=SamplingParameters(0.5, 0.9),
                                      output_limit=17, eos_ids=(2, 0))
-    packer.pack("initialization.r2", 0, [Lane(slot=1, generation=4, admission=admission)])
+    packer.pack("initialization.r2", 0, [PackedLane(slot=1, generation=4, initialization=admission)])
     assert view(0, "in_seeds", np.uint32)[:2].tolist() == [3, 7]
     assert view(0, "in_output_limit")[0] == 17
     assert view(0, "in_eos_ids")[:4].tolist() == [2, 0, -1, -1]
@@ -88,9 +88,9 @@ def test_admission_values_for_initialization(setup):
 def test_capacity_is_checked(setup):
     _, packer, _, _ = setup
     with pytest.raises(CapacityError):
-        packer.pack("decode.r1.t1", 0, [Lane(slot=0, generation=1), Lane(slot=1, generation=1)])
+        packer.pack("decode.r1.t1", 0, [PackedLane(slot=0, generation=1), PackedLane(slot=1, generation=1)])
     with pytest.raises(CapacityError):
-        packer.pack("prefill.r1.t16", 0, [Lane(slot=0, generation=1, tokens=np.arange(17, dtype=np.int32))])
+        packer.pack("prefill.r1.t16", 0, [PackedLane(slot=0, generation=1, tokens=np.arange(17, dtype=np.int32))])
 
 
 def test_unregistered_destination_and_unpackable_pairs_fail_at_startup(setup):

@@ -13,7 +13,7 @@ from helios_proto import contract_pb2 as C
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helios_backend.packing import Admission, Lane, Packer, PackingError, SamplingParameters
+from helios_backend.packing import SlotInitialization, PackedLane, Packer, PackingError, SamplingParameters
 from tests.engine_fixtures import prepared_in_memory
 from tests.packing_reference import ReferencePacker
 
@@ -45,7 +45,7 @@ def _maybe(rng: np.random.Generator, p: float, make):
     return make() if rng.random() < p else None
 
 
-def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[Lane]:
+def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[PackedLane]:
     manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
     slots, width = manifest.request_slots, manifest.max_pages_per_row
     mask_words = -(-vocab.sampled_tokens // 32)
@@ -55,7 +55,7 @@ def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[L
     lanes = []
     for slot in slot_ids.tolist():
         token_lane = graph.operation not in (C.OPERATION_DECODE, C.OPERATION_RESUME) and rng.random() < 0.6
-        lane = Lane(slot=slot, generation=int(rng.integers(1, 4)), consumed=int(rng.integers(0, 400)),
+        lane = PackedLane(slot=slot, generation=int(rng.integers(1, 4)), consumed=int(rng.integers(0, 400)),
                     tokens=rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 20))).astype(np.int32)
                     if token_lane else None,
                     sample=bool(rng.random() < 0.7),
@@ -70,7 +70,7 @@ def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[L
                     prefix_limit=int(rng.choice([0, 0, 2, 5])))
         if graph.operation == C.OPERATION_INITIALIZATION:
             prompt = rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 30)))
-            lane.admission = Admission.for_prompt(
+            lane.initialization = SlotInitialization.for_prompt(
                 prompt, vocab.histogram_bins, int(rng.integers(0, 1 << 62)),
                 SamplingParameters(float(rng.random()), float(rng.random()), int(rng.integers(0, 50))),
                 int(rng.integers(1, 500)), tuple(int(e) for e in rng.integers(0, 100, int(rng.integers(1, 5)))))

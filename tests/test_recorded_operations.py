@@ -14,8 +14,8 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 
 from helios_backend.contract import PreparedContract
-from helios_backend.packing import Lane
-from helios_backend.lockstep.generator import Driver, GenerationRequest
+from helios_backend.packing import PackedLane
+from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 from tests.engine_fixtures import prepared_in_memory
 from tests.test_numpy_executor import LOGIT_TOLERANCE, PROMPT, VOCAB
 
@@ -48,7 +48,7 @@ def test_resume_graphs_bind_a_host_owned_pending_token_and_write_device_state():
 def test_resume_with_the_host_fed_token_continues_like_decode(smollm2_model):
     # spec: STA-5, STA-6
     model = smollm2_model
-    reference = Driver(model)
+    reference = LockstepGenerator(model)
     [a] = reference.admit([GenerationRequest(PROMPT, 4)], [0])
     reference.prefill(a)
     reference.decode_round([a])
@@ -56,14 +56,14 @@ def test_resume_with_the_host_fed_token_continues_like_decode(smollm2_model):
     expected = list(a.result.tokens)                                          # prefill + 2 decode tokens
     reference.pages.give_back(a.pages)
 
-    driver = Driver(model)
+    driver = LockstepGenerator(model)
     [b] = driver.admit([GenerationRequest(PROMPT, 4)], [1])
     driver.prefill(b)
     assert b.result.tokens == expected[:1]
     pending = model.executor.buffer_view("state.pending", np.int32)
     pending[1] = 7                          # the device no longer holds the pending token
     driver._ensure_pages(b, b.consumed + 1)
-    lane = Lane(slot=1, generation=b.generation, consumed=b.consumed, pages=list(b.pages),
+    lane = PackedLane(slot=1, generation=b.generation, consumed=b.consumed, pages=list(b.pages),
                 pending_token=b.result.tokens[-1])
     [row] = driver.step(model.program(C.OPERATION_RESUME, 1, 1), [lane])
     b.consumed += 1
@@ -103,16 +103,16 @@ def test_scored_prefill_scores_are_the_log_softmax_of_the_logits_at_each_positio
     model = smollm2_model
     chunk = np.asarray(PROMPT[:-1], np.int32)                # score every next prompt token
     targets = np.asarray(PROMPT[1:], np.int32)
-    driver = Driver(model)
+    driver = LockstepGenerator(model)
     [active] = driver.admit([GenerationRequest(PROMPT, 4)], [2])
     driver._ensure_pages(active, chunk.size)
-    lane = Lane(slot=2, generation=active.generation, tokens=chunk, pages=list(active.pages),
+    lane = PackedLane(slot=2, generation=active.generation, tokens=chunk, pages=list(active.pages),
                 scored_targets=targets)
     program = model.program(C.OPERATION_SCORED_PREFILL, 1, chunk.size)
     model.packer.pack(program, 0, [lane])
     model.executor.launch(program, 0)
     words = model.executor.wait(0)
-    [field] = [f for f in model.manifest.completion.header if f.name == "scores"]
+    [field] = [f for f in model.execution_manifest.completion.header if f.name == "scores"]
     scores = np.asarray(words[field.word:field.word + chunk.size], np.int32).view(np.float32)
     # against the independent oracle at every position: logits agree within LOGIT_TOLERANCE, so
     # logprobs within 2x that; measured 0.014 (fp16 weights and cache), asserted 0.05

@@ -1,6 +1,6 @@
 """Spec rules of observation, response event queues, shutdown ownership and metrics: the real
-Worker, ResponseHub and Scheduler over the simulated executor, the real numpy executor through
-ProgramRunner, the real HeliosRuntime on the test core, and the gateway's presenters."""
+EngineLoop, ResponseHub and Scheduler over the simulated executor, the real numpy executor through
+ProgramRunner, the real Engine on the test core, and the gateway's presenters."""
 from __future__ import annotations
 
 import ast
@@ -19,7 +19,7 @@ from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Emitted, Terminal
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.transport import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
-from helios_backend.engine.loop import Worker
+from helios_backend.engine.loop import EngineLoop, SynchronousRunner
 from tests.scheduler_sim import reference_tokens
 from tests.test_rules_scheduler import VOCAB, make, prompt_of, spec
 
@@ -86,11 +86,11 @@ def test_token_timestamps_mark_neither_kernel_completion_nor_delivery():
     gate = threading.Event()
     sender = Recorder(gate)
     hub = ResponseHub(on_cancel=lambda s: None, metrics=Updates())
-    worker = Worker(sched, runner, hub, Updates(), two_frames=False)
+    worker = EngineLoop(sched, SynchronousRunner(runner.run), hub, Updates(), two_frames=False)
     hub.start()
     worker.start()
     hub.register(Stream(1, sender, timestamps=True))
-    worker.submit(1, spec(prompt_of(2, 6), max_tokens=5, observe_timestamps=True))
+    worker.enqueue(1, spec(prompt_of(2, 6), max_tokens=5, observe_timestamps=True))
     try:
         deadline = time.monotonic() + 10
         while sched.has_work() and time.monotonic() < deadline:
@@ -225,7 +225,7 @@ def _serve_on_numpy(model, observe: bool) -> tuple[list[tuple[str, bytes]], list
     from helios_backend.scheduler.variants import VariantTable
     from helios_backend.engine.runner import ProgramRunner
 
-    contract, manifest = model.contract, model.manifest
+    contract, manifest = model.contract, model.execution_manifest
     vocab = contract.model.vocabulary
     frames = [model.executor.staging(f) for f in range(manifest.transport.frames)]
     for frame in frames:
@@ -260,7 +260,7 @@ def test_observation_changes_no_program_allocation_or_replay_abi(smollm2_model):
     # spec: OBS-31
     model = smollm2_model
     arena = model.executor.arena.memory.nbytes
-    frames = [model.executor.staging(f) for f in range(model.manifest.transport.frames)]
+    frames = [model.executor.staging(f) for f in range(model.execution_manifest.transport.frames)]
     saved = [f.copy() for f in frames]       # the shared model's packer remembers what these hold
     try:
         plain_launches, plain_tokens, plain_stamps = _serve_on_numpy(model, observe=False)
@@ -273,8 +273,8 @@ def test_observation_changes_no_program_allocation_or_replay_abi(smollm2_model):
     assert [p for p, _ in observed_launches] == [p for p, _ in plain_launches]      # the same programs
     assert [b for _, b in observed_launches] == [b for _, b in plain_launches]      # byte-identical staging
     assert model.executor.arena.memory.nbytes == arena                              # no allocation
-    names = [d.name for d in model.manifest.transport.destinations] + [b.name for b in model.manifest.buffers]
-    names += [f.name for f in model.manifest.completion.row] + [f.name for f in model.manifest.completion.header]
+    names = [d.name for d in model.execution_manifest.transport.destinations] + [b.name for b in model.execution_manifest.buffers]
+    names += [f.name for f in model.execution_manifest.completion.row] + [f.name for f in model.execution_manifest.completion.header]
     assert not [n for n in names if "timestamp" in n or "observ" in n]               # nothing in the ABI
 
 
@@ -288,14 +288,14 @@ def _slow_first_round(runtime, seconds: float, mark_done: bool = False) -> list[
 
     def slow_collect(plan):  # type: ignore[no-untyped-def]
         if not events:
-            events.append(("slow round", runtime.worker.alive))
+            events.append(("slow round", runtime.loop.alive))
             time.sleep(seconds)
             if mark_done:
-                events.append(("round done", runtime.worker.alive))
+                events.append(("round done", runtime.loop.alive))
         return collect(plan)
 
     def recording_close() -> None:
-        events.append(("close", runtime.worker.alive))
+        events.append(("close", runtime.loop.alive))
         close()
 
     runtime.runner.collect = slow_collect  # type: ignore[method-assign]
@@ -306,7 +306,7 @@ def _slow_first_round(runtime, seconds: float, mark_done: bool = False) -> list[
 def test_executor_ownership_follows_drain_confirmation_not_the_http_timeout(smollm2_core):
     # spec: HTTP-16, OWN-16
     from gateway.cli import SHUTDOWN_DRAIN_S
-    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.engine import Engine
     from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
 
@@ -315,10 +315,10 @@ def test_executor_ownership_follows_drain_confirmation_not_the_http_timeout(smol
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 assert not any(m.startswith(("gateway", "uvicorn")) for m in modules), path
-    runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE))
+    runtime = Engine.start(StartupOptions(smollm2_core, ACCEPTANCE))
     events = _slow_first_round(runtime, SHUTDOWN_DRAIN_S + 0.3)   # one round outlives the HTTP drain
     sender = Recorder()
-    runtime.submit(RequestSpec((1, 9690, 253, 7), 3, SamplingSettings()), Stream(1, sender))
+    runtime.add_request(RequestSpec((1, 9690, 253, 7), 3, SamplingSettings()), Stream(1, sender))
     deadline = time.monotonic() + 10
     while not events and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -333,18 +333,18 @@ def test_a_stop_timeout_never_releases_the_executor_under_a_running_round(smollm
     # spec: OWN-16, HTTP-16
     # the round outlives stop's timeout: stop stops admitting and fails the queued work, but the
     # executor is released only once the worker left its round (docs/spec-gaps.md bug 3)
-    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.engine import Engine
     from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
 
-    runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE))
+    runtime = Engine.start(StartupOptions(smollm2_core, ACCEPTANCE))
     events = _slow_first_round(runtime, 2.0, mark_done=True)
     senders = [Recorder(), Recorder()]
-    runtime.submit(RequestSpec((1, 9690, 253, 7), 8, SamplingSettings()), Stream(1, senders[0]))
+    runtime.add_request(RequestSpec((1, 9690, 253, 7), 8, SamplingSettings()), Stream(1, senders[0]))
     deadline = time.monotonic() + 10
     while not events and time.monotonic() < deadline:
         time.sleep(0.01)
-    runtime.submit(RequestSpec((1, 9690, 253, 8), 8, SamplingSettings()), Stream(2, senders[1]))
+    runtime.add_request(RequestSpec((1, 9690, 253, 8), 8, SamplingSettings()), Stream(2, senders[1]))
     started = time.monotonic()
     with caplog.at_level("ERROR", logger="helios.worker"):
         runtime.stop(drain=True, timeout=0.5)
@@ -362,7 +362,7 @@ def test_metrics_cover_lifecycle_launches_prefix_snapshots_and_capacity():
     sched, engine = make(num_pages=40, page_tokens=4, snapshots=1)
     updates = Updates()
     hub = ResponseHub(on_cancel=lambda s: None, metrics=Updates())
-    worker = Worker(sched, engine, hub, updates, two_frames=False)
+    worker = EngineLoop(sched, engine, hub, updates, two_frames=False)
     hub.start()
     worker.start()
     senders = []
@@ -372,7 +372,7 @@ def test_metrics_cover_lifecycle_launches_prefix_snapshots_and_capacity():
         sender = Recorder()
         senders.append(sender)
         hub.register(Stream(serial, sender))
-        worker.submit(serial, spec(prompt, max_tokens=4))
+        worker.enqueue(serial, spec(prompt, max_tokens=4))
         assert sender.done.wait(10)
     worker.stop()
     hub.stop()

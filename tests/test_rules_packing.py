@@ -9,7 +9,7 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.contract import ContractError, PreparedContract
-from helios_backend.packing import Admission, CapacityError, Lane, Packer, SamplingParameters
+from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, Packer, SamplingParameters
 from tests.contract_samples import SAMPLE_RESOURCE_IDS, sample_contract, sample_manifest
 from tests.engine_fixtures import prepared_in_memory
 
@@ -59,8 +59,8 @@ def test_lane_geometry_sources_are_packed_per_lane(prepared):
     manifest = prepared.manifest
     frames = _frames(manifest)
     packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
-    lanes = [Lane(slot=3, generation=9, consumed=12, pages=[1]),                                  # decode lane
-             Lane(slot=1, generation=4, consumed=16, tokens=np.array([7, 8, 9], np.int32), sample=False, pages=[2, 5])]
+    lanes = [PackedLane(slot=3, generation=9, consumed=12, pages=[1]),                                  # decode lane
+             PackedLane(slot=1, generation=4, consumed=16, tokens=np.array([7, 8, 9], np.int32), sample=False, pages=[2, 5])]
     packer.pack("mixed.r2.t17", 0, lanes)
     v = lambda name: _view(manifest, frames[0], name)  # noqa: E731
     assert v("row_slot")[:2].tolist() == [3, 1]                        # SLOT
@@ -79,8 +79,8 @@ def test_token_position_and_cache_sources_are_packed(prepared):
     frames = _frames(manifest)
     packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
     width = manifest.max_pages_per_row
-    lanes = [Lane(slot=2, generation=1, consumed=40, pages=[6, 7, 8]),                    # pending token
-             Lane(slot=0, generation=5, consumed=3, tokens=np.array([21, 22], np.int32), pages=[9])]
+    lanes = [PackedLane(slot=2, generation=1, consumed=40, pages=[6, 7, 8]),                    # pending token
+             PackedLane(slot=0, generation=5, consumed=3, tokens=np.array([21, 22], np.int32), pages=[9])]
     packer.pack("mixed.r2.t17", 1, lanes)
     v = lambda name: _view(manifest, frames[1], name)  # noqa: E731
     assert v("prompt_tokens")[:3].tolist() == [-1, 21, 22]             # PROMPT_TOKENS (-1: device pending)
@@ -97,11 +97,11 @@ def test_snapshot_and_restore_sources_are_packed():
     manifest = prepared.manifest
     frames = _frames(manifest)
     packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
-    prefill = Lane(slot=1, generation=2, consumed=0, tokens=np.arange(5, dtype=np.int32), pages=[3], snapshot_row=1)
+    prefill = PackedLane(slot=1, generation=2, consumed=0, tokens=np.arange(5, dtype=np.int32), pages=[3], snapshot_row=1)
     packer.pack("prefill.r2.t64", 0, [prefill])
     assert _view(manifest, frames[0], "snapshot_row")[0] == 1                        # SNAPSHOT_DESTINATION
     restoration = next(g.program for g in prepared.contract.model.graphs if g.operation == C.OPERATION_RESTORATION)
-    lanes = [Lane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=1)]
+    lanes = [PackedLane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=1)]
     packer.pack(restoration, 1, lanes)
     assert _view(manifest, frames[1], "restore_row")[0] == 1                         # RESTORE_SOURCE
     assert _view(manifest, frames[1], "consumed")[0] == 18
@@ -121,10 +121,10 @@ def test_row_destinations_use_their_declared_row_width(prepared):
     frames = _frames(manifest)
     packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
     restoration = next(g.program for g in graphs if g.operation == C.OPERATION_RESTORATION and g.capacity.rows == 2)
-    packer.pack(restoration, 1, [Lane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=1),
-                                 Lane(slot=0, generation=2, consumed=20, pages=[1, 2], restore_row=0)])
+    packer.pack(restoration, 1, [PackedLane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=1),
+                                 PackedLane(slot=0, generation=2, consumed=20, pages=[1, 2], restore_row=0)])
     assert _view(manifest, frames[1], "restore_row")[:2].tolist() == [1, 0]
-    lanes = [Lane(slot=s, generation=1, tokens=np.arange(5, dtype=np.int32), pages=[s], snapshot_row=r)
+    lanes = [PackedLane(slot=s, generation=1, tokens=np.arange(5, dtype=np.int32), pages=[s], snapshot_row=r)
              for s, r in ((2, 3), (1, 2))]
     packer.pack("prefill.r2.t64", 0, lanes)
     assert _view(manifest, frames[0], "snapshot_row")[:2].tolist() == [3, 2]
@@ -132,8 +132,8 @@ def test_row_destinations_use_their_declared_row_width(prepared):
     selected = [g for g in graphs if g.capacity.rows <= 2]
     frames = _frames(manifest)
     Packer(selected, manifest.transport, manifest.request_slots, frames).pack(
-        "decode.r2.t2", 0, [Lane(slot=3, generation=1, consumed=4, pages=[0]),
-                            Lane(slot=1, generation=1, consumed=9, pages=[1])])
+        "decode.r2.t2", 0, [PackedLane(slot=3, generation=1, consumed=4, pages=[0]),
+                            PackedLane(slot=1, generation=1, consumed=9, pages=[1])])
     assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [3, 1]
     assert _view(manifest, frames[0], "consumed")[:2].tolist() == [4, 9]
 
@@ -150,8 +150,8 @@ def test_row_widths_of_cores_without_declared_widths_are_derived_from_every_grap
     selected = [g for g in graphs if g.capacity.rows <= 2]
     frames = _frames(manifest)
     packer = Packer(selected, manifest.transport, manifest.request_slots, frames, layout_graphs=graphs)
-    packer.pack("decode.r2.t2", 0, [Lane(slot=3, generation=1, consumed=4, pages=[0]),
-                                    Lane(slot=1, generation=1, consumed=9, pages=[1])])
+    packer.pack("decode.r2.t2", 0, [PackedLane(slot=3, generation=1, consumed=4, pages=[0]),
+                                    PackedLane(slot=1, generation=1, consumed=9, pages=[1])])
     assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [3, 1]
     width = manifest.max_pages_per_row
     assert _view(manifest, frames[0], "page_table")[3 * width:3 * width + 1].tolist() == [0]
@@ -163,7 +163,7 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
     # RESTORATION copies both partial pages: each restored lane then computes what recomputing
     # its whole prompt computes (docs/spec-gaps.md bug 1: the second lane's rows were dropped)
     from helios_backend.engine.model import ModelOptions, NativeModel
-    from helios_backend.lockstep.generator import Driver
+    from helios_backend.lockstep.generator import LockstepGenerator
     from tests.engine_fixtures import resource_reader
     from tests.test_numpy_executor import PROMPT, RESHAPE_TOLERANCE, VOCAB, prefill_logits
 
@@ -182,19 +182,19 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
         pages = {0: [1, 2], 1: [3, 4]}                       # slot -> pages of the snapshotted prompts
         for slot in (0, 1, 2, 3):
             model.packer.forget_slot(slot)
-        lanes = [Lane(slot=s, generation=100, tokens=np.asarray(p, np.int32), pages=pages[s], snapshot_row=r)
+        lanes = [PackedLane(slot=s, generation=100, tokens=np.asarray(p, np.int32), pages=pages[s], snapshot_row=r)
                  for s, p, r in ((0, PROMPT, 2), (1, other, 1))]
-        driver = Driver(model)
+        driver = LockstepGenerator(model)
         driver.step(prefill, lanes)
         # slots 2 and 3 share the complete first pages and restore the partial ones into fresh pages
         restored = {2: [1, 10], 3: [3, 11]}
-        lanes = [Lane(slot=2, generation=100, consumed=len(PROMPT), pages=restored[2], restore_row=2),
-                 Lane(slot=3, generation=100, consumed=len(other), pages=restored[3], restore_row=1)]
+        lanes = [PackedLane(slot=2, generation=100, consumed=len(PROMPT), pages=restored[2], restore_row=2),
+                 PackedLane(slot=3, generation=100, consumed=len(other), pages=restored[3], restore_row=1)]
         assert [int(record[3]) for record in driver.step(restoration, lanes)] == [len(PROMPT)] * 2
         for slot, tail, want in ((2, tails[0], expected[0]), (3, tails[1], expected[1])):
             tokens = np.asarray(tail, np.int32)
             program = model.program(C.OPERATION_PREFILL, 1, tokens.size)
-            driver.step(program, [Lane(slot=slot, generation=100, consumed=len(PROMPT), tokens=tokens,
+            driver.step(program, [PackedLane(slot=slot, generation=100, consumed=len(PROMPT), tokens=tokens,
                                        pages=restored[slot])])
             got = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
             np.testing.assert_allclose(got, want, atol=RESHAPE_TOLERANCE, err_msg=f"slot {slot}")
@@ -205,22 +205,22 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
 def test_two_concurrent_requests_finish_with_reduced_concurrency(smollm2_core, smollm2_model):
     # spec: SRV-7
     # concurrency 2 selects graphs of at most 2 rows of a 4-slot core; two requests run together
-    from helios_backend.lockstep.generator import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
     from helios_backend.engine.responses import Stream
-    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.engine import Engine
     from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
     from tests.test_rules_scheduler import Sender
 
     prompts = [(1, 9690, 253, 6), (1, 9690, 198, 2683, 359, 5356, 2)]
-    expected = [Driver(smollm2_model).generate([GenerationRequest(list(p), 5)])[0].tokens for p in prompts]
-    runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE, concurrency=2))
+    expected = [LockstepGenerator(smollm2_model).generate([GenerationRequest(list(p), 5)])[0].tokens for p in prompts]
+    runtime = Engine.start(StartupOptions(smollm2_core, ACCEPTANCE, concurrency=2))
     try:
-        assert runtime.model.concurrency == 2 < runtime.model.manifest.request_slots
+        assert runtime.model.concurrency == 2 < runtime.model.execution_manifest.request_slots
         senders = [Sender(), Sender()]
         for serial, (sender, prompt) in enumerate(zip(senders, prompts), start=1):
-            runtime.submit(RequestSpec(prompt, 5, SamplingSettings()), Stream(serial, sender))
+            runtime.add_request(RequestSpec(prompt, 5, SamplingSettings()), Stream(serial, sender))
         for sender in senders:
             assert sender.done.wait(60)
     finally:
@@ -274,11 +274,11 @@ def test_constant_sources_write_their_declared_value(prepared):
     binding = next(b for b in graph.bindings if b.destination == "prefill_row")
     assert binding.source == C.VALUE_SOURCE_CONSTANT
     packer = Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames)
-    packer.pack("decode.r2.t2", 0, [Lane(slot=0, generation=1, consumed=4, pages=[1])])
+    packer.pack("decode.r2.t2", 0, [PackedLane(slot=0, generation=1, consumed=4, pages=[1])])
     assert _view(manifest, frames[0], "prefill_row")[0] == binding.constant == -1
     binding.constant = 77
     packer = Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames)
-    packer.pack("decode.r2.t2", 0, [Lane(slot=0, generation=1, consumed=4, pages=[1])])
+    packer.pack("decode.r2.t2", 0, [PackedLane(slot=0, generation=1, consumed=4, pages=[1])])
     assert _view(manifest, frames[0], "prefill_row")[0] == 77
 
 
@@ -287,7 +287,7 @@ def test_constant_sources_write_their_declared_value(prepared):
 def test_active_rows_leave_the_inactive_tail_untouched(prepared):
     # spec: BND-14
     manifest = prepared.manifest
-    lane = [Lane(slot=2, generation=3, consumed=0, tokens=np.array([5], np.int32), pages=[1])]
+    lane = [PackedLane(slot=2, generation=3, consumed=0, tokens=np.array([5], np.int32), pages=[1])]
     graph = _graph(prepared, "prefill.r2.t64")
     frames = _frames(manifest)
     Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames).pack("prefill.r2.t64", 0, lane)
@@ -300,7 +300,7 @@ def test_active_rows_leave_the_inactive_tail_untouched(prepared):
     assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [2, untouched]
     assert _view(manifest, frames[0], "query_length")[:2].tolist() == [1, untouched]
     # the inactive tail keeps whatever an earlier, wider submission wrote there
-    two = lane + [Lane(slot=0, generation=1, consumed=0, tokens=np.array([6], np.int32), pages=[2])]
+    two = lane + [PackedLane(slot=0, generation=1, consumed=0, tokens=np.array([6], np.int32), pages=[2])]
     packer = Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames)
     packer.pack("prefill.r2.t64", 0, two)
     packer.pack("prefill.r2.t64", 0, lane)
@@ -310,7 +310,7 @@ def test_active_rows_leave_the_inactive_tail_untouched(prepared):
 def test_offset_and_padding_are_declared_apart_from_the_index_mode(prepared):
     # spec: BND-17
     manifest = prepared.manifest
-    lanes = [Lane(slot=1, generation=2, consumed=10, tokens=np.array([4, 5], np.int32), pages=[3])]
+    lanes = [PackedLane(slot=1, generation=2, consumed=10, tokens=np.array([4, 5], np.int32), pages=[3])]
     for offset, padding in ((0, -1), (100, -1), (0, -9), (7, 42)):
         graph = _graph(prepared, "prefill.r2.t64")
         _rebind(graph, "row_slot", offset=offset, padding=padding)            # SUBMISSION_ROW
@@ -332,7 +332,7 @@ def test_offsets_apply_to_values_never_to_padding_inside_a_row(prepared):
     manifest = prepared.manifest
     width = next(d.row_elements for d in manifest.transport.destinations if d.name == "in_eos_ids")
     assert width >= 3
-    admission = Admission.for_prompt([1, 2], prepared.contract.model.vocabulary.histogram_bins, seed=5,
+    admission = SlotInitialization.for_prompt([1, 2], prepared.contract.model.vocabulary.histogram_bins, seed=5,
                                      sampling=SamplingParameters(), output_limit=9, eos_ids=(2, 0))
     for offset, padding in ((100, -1), (7, 42), (0, -1)):
         init, mixed = _graph(prepared, "initialization.r2"), _graph(prepared, "mixed.r2.t17")
@@ -341,11 +341,11 @@ def test_offsets_apply_to_values_never_to_padding_inside_a_row(prepared):
         graphs = [{init.program: init, mixed.program: mixed}.get(g.program, g) for g in prepared.contract.model.graphs]
         frames = _frames(manifest)
         packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
-        packer.pack("initialization.r2", 0, [Lane(slot=1, generation=1, admission=admission)])
+        packer.pack("initialization.r2", 0, [PackedLane(slot=1, generation=1, initialization=admission)])
         eos = _view(manifest, frames[0], "in_eos_ids")[:2 * width].tolist()
         assert eos == [2 + offset, 0 + offset] + [padding] * (width - 2) + [padding] * width
-        packer.pack("mixed.r2.t17", 1, [Lane(slot=2, generation=1, consumed=40, pages=[6]),     # pending token
-                                        Lane(slot=0, generation=5, consumed=3, tokens=np.array([21, 22], np.int32),
+        packer.pack("mixed.r2.t17", 1, [PackedLane(slot=2, generation=1, consumed=40, pages=[6]),     # pending token
+                                        PackedLane(slot=0, generation=5, consumed=3, tokens=np.array([21, 22], np.int32),
                                              pages=[9])])
         assert _view(manifest, frames[1], "prompt_tokens")[:3].tolist() == [padding, 21 + offset, 22 + offset]
 
@@ -357,11 +357,11 @@ def test_omitted_transfers_leave_destination_bytes_unchanged(prepared):
     manifest = prepared.manifest
     frames = _frames(manifest)
     packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
-    admission = Admission.for_prompt([1, 2, 3], prepared.contract.model.vocabulary.histogram_bins, seed=5,
+    admission = SlotInitialization.for_prompt([1, 2, 3], prepared.contract.model.vocabulary.histogram_bins, seed=5,
                                      sampling=SamplingParameters(), output_limit=9, eos_ids=(2,))
-    packer.pack("initialization.r1", 0, [Lane(slot=1, generation=1, admission=admission)])
+    packer.pack("initialization.r1", 0, [PackedLane(slot=1, generation=1, initialization=admission)])
     before = frames[0].copy()
-    packer.pack("decode.r1.t1", 0, [Lane(slot=1, generation=1, consumed=3, pages=[4])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=1, generation=1, consumed=3, pages=[4])])
     bound = {b.destination for g in prepared.contract.model.graphs if g.program == "decode.r1.t1" for b in g.bindings}
     assert "in_histogram" not in bound and "in_seeds" not in bound
     changed = np.flatnonzero(frames[0] != before)
@@ -377,21 +377,21 @@ def test_omitted_transfers_leave_destination_bytes_unchanged(prepared):
 
 def test_scratch_buffers_have_no_host_source_and_their_bytes_do_not_matter(smollm2_model):
     # spec: BND-19
-    from helios_backend.lockstep.generator import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 
     model = smollm2_model
-    manifest = model.manifest
+    manifest = model.execution_manifest
     scratch = [b.name for b in manifest.buffers if b.kind == M.BUFFER_KIND_SCRATCH]
     destinations = {d.name for d in manifest.transport.destinations}
     assert scratch and not set(scratch) & destinations
     assert all(b.destination in destinations for g in model.graphs for b in g.bindings)
     prompt = [1, 9690, 253, 2, 28, 5, 17]
-    [first] = Driver(model).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))])
+    [first] = LockstepGenerator(model).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))])
     rng = np.random.default_rng(3)
     for name in scratch:                     # garbage in every scratch byte: no host value needed
         view = model.executor.buffer_view(name, np.uint8)
         view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
-    [second] = Driver(model).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))])
+    [second] = LockstepGenerator(model).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))])
     assert second.tokens == first.tokens and len(first.tokens) == 4
 
 
@@ -406,11 +406,11 @@ def test_host_staging_is_bounded_and_allocated_once(prepared):
     for d in manifest.transport.destinations:
         assert d.byte_offset + d.elements * 4 <= manifest.transport.frame_nbytes
     for step in range(20):
-        lanes = [Lane(slot=s, generation=step + 1, consumed=step, tokens=np.arange(1 + s, dtype=np.int32),
+        lanes = [PackedLane(slot=s, generation=step + 1, consumed=step, tokens=np.arange(1 + s, dtype=np.int32),
                       pages=list(range(1 + step // 4))) for s in range(2)]
         packer.pack("prefill.r2.t64", step % 2, lanes)
     with pytest.raises(CapacityError):       # more than the largest variant is refused, never grown
-        packer.pack("prefill.r2.t64", 0, [Lane(slot=0, generation=1, tokens=np.arange(65, dtype=np.int32))])
+        packer.pack("prefill.r2.t64", 0, [PackedLane(slot=0, generation=1, tokens=np.arange(65, dtype=np.int32))])
     assert [id(f) for f in frames] == ids
     assert all(f.nbytes == manifest.transport.frame_nbytes for f in frames)
 
@@ -420,24 +420,24 @@ def test_host_staging_is_bounded_and_allocated_once(prepared):
 def test_bound_buffers_stay_alive_until_the_worker_drained(smollm2_core):
     # spec: BND-35
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
-    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.engine import Engine
     from helios_backend.engine.settings import StartupOptions
     from tests.engine_fixtures import ACCEPTANCE
     from tests.test_rules_scheduler import Sender
 
-    runtime = HeliosRuntime.start(StartupOptions(smollm2_core, ACCEPTANCE))
+    runtime = Engine.start(StartupOptions(smollm2_core, ACCEPTANCE))
     closed_while_worker_alive: list[bool] = []
     original_close = runtime.model.executor.close
 
     def close() -> None:
-        closed_while_worker_alive.append(runtime.worker.alive)
+        closed_while_worker_alive.append(runtime.loop.alive)
         original_close()
 
     runtime.model.executor.close = close  # type: ignore[method-assign]
     from helios_backend.engine.responses import Stream
     senders = [Sender(), Sender()]
     for serial, sender in enumerate(senders, start=1):
-        runtime.submit(RequestSpec((1, 9690, 253, 5 + serial), 5, SamplingSettings()), Stream(serial, sender))
+        runtime.add_request(RequestSpec((1, 9690, 253, 5 + serial), 5, SamplingSettings()), Stream(serial, sender))
     runtime.stop(drain=True)
     assert closed_while_worker_alive == [False]          # released only after the drain
     for sender in senders:
@@ -523,17 +523,17 @@ def test_results_do_not_depend_on_page_ids_when_the_page_table_really_changes(sm
     # spec: CON-7, BND-34
     # generations come from the model (NativeModel.next_generation), so each run re-uploads the
     # slot's page table (BND-34); forgetting the slot as well keeps the check independent of that.
-    from helios_backend.lockstep.generator import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 
     model = smollm2_model
-    manifest = model.manifest
+    manifest = model.execution_manifest
     width = manifest.max_pages_per_row
     slot = 3
     prompt = [1, 9690, 198, 2683, 359, 5356, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198]
     runs = []
     for order in ([0, 1, 2, 3, 4, 5], [97, 3, 41, 12, 100, 7]):
         model.packer.forget_slot(slot)
-        [result] = Driver(model, page_order=order).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))],
+        [result] = LockstepGenerator(model, page_order=order).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))],
                                                             slots=[slot])
         table = _view(manifest, model.executor.staging(0), "page_table")[slot * width:slot * width + 2].tolist()
         logits = model.executor.buffer_view("scratch.logits", np.float32)[:model.contract.model.vocabulary.sampled_tokens]

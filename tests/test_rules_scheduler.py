@@ -1,4 +1,4 @@
-"""Spec rules of the scheduler and worker, on the real Scheduler and Worker driven by the
+"""Spec rules of the scheduler and worker, on the real Scheduler and EngineLoop driven by the
 simulated paged executor (tests/scheduler_sim.py): completion validation before retiring
 (CACHE-16..18), the host-stop barrier (STOP-16..18), what a host stop keeps and discards
 (STOP-23, 24, 32..34), observation that changes nothing (OBS-9, 13, 16) and bounded
@@ -24,7 +24,7 @@ from helios_backend.scheduler.request import RequestSpec, SamplingSettings, Stop
 from helios_backend.scheduler.scheduler import Emitted, Scheduler, SchedulerConfig, Terminal
 from helios_backend.scheduler.variants import VariantTable
 from helios_backend.engine.responses import ResponseHub, Stream
-from helios_backend.engine.loop import Worker
+from helios_backend.engine.loop import EngineLoop
 from tests.scheduler_sim import HEADER_FIELDS, ROW_FIELDS, SimulatedEngine, completion_layout, reference_tokens, variants
 
 VOCAB = 1000
@@ -243,7 +243,7 @@ class TwoFrameRunner:
         self.rounds_of: dict[int, int] = {}
         self.lock = threading.Lock()
 
-    def submit(self, plan: RoundPlan, frame: int) -> None:
+    def launch(self, plan: RoundPlan, frame: int) -> None:
         with self.lock:
             self.outstanding += 1
             barrier = self.engine.scheduler.host_stop_barrier
@@ -287,14 +287,14 @@ def _serve(jobs: list[tuple[int, RequestSpec]]) -> tuple[TwoFrameRunner, dict[in
     sched, engine = make()
     runner = TwoFrameRunner(engine)
     hub = ResponseHub(on_cancel=lambda s: None, metrics=NullMetrics())
-    worker = Worker(sched, runner, hub, NullMetrics(), two_frames=True)
+    worker = EngineLoop(sched, runner, hub, NullMetrics(), two_frames=True)
     hub.start()
     worker.start()
     senders = {}
     for serial, request_spec in jobs:
         senders[serial] = Sender()
         hub.register(Stream(serial, senders[serial]))
-        worker.submit(serial, request_spec)
+        worker.enqueue(serial, request_spec)
     try:
         for sender in senders.values():
             assert sender.done.wait(30)

@@ -17,7 +17,7 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.contract import ContractError, PreparedContract
-from helios_backend.packing import Admission, Lane, Packer, SamplingParameters
+from helios_backend.packing import SlotInitialization, PackedLane, Packer, SamplingParameters
 from helios_backend.scheduler.variants import VariantTable
 from tests.contract_samples import SAMPLE_RESOURCE_IDS, sample_contract, sample_manifest
 from tests.engine_fixtures import ACCEPTANCE, prepared_in_memory
@@ -63,14 +63,15 @@ def test_serving_goes_through_one_runtime_and_one_server():
     where: dict[str, list[str]] = {}
     for path, module in sources.items():
         for name in _calls(module):
-            for wanted in ("NativeModel.load", "Scheduler", "Worker", "ResponseHub", "HeliosRuntime.start",
+            for wanted in ("NativeModel.load", "Scheduler", "EngineLoop", "ResponseHub", "Engine.start",
                            "Bootstrap.load"):
                 if name == wanted:
                     where.setdefault(wanted, []).append(path)
     runtime = "helios_backend/engine/engine.py"
-    for part in ("NativeModel.load", "Scheduler", "Worker", "ResponseHub", "Bootstrap.load"):
+    for part in ("Scheduler", "EngineLoop", "ResponseHub", "Bootstrap.load"):
         assert where.get(part) == [runtime], (part, where.get(part))
-    assert where.get("HeliosRuntime.start") == ["helios_backend/triton/adapter.py"]
+    assert where.get("NativeModel.load") == ["helios_backend/engine/setup.py"]   # setup derived once
+    assert where.get("Engine.start") == ["helios_backend/triton/adapter.py"]
     # the Triton model is the adapter and nothing else
     model_py = sources["model_repository/helios/1/model.py"]
     classes = [n for n in model_py.body if isinstance(n, ast.ClassDef)]
@@ -308,15 +309,15 @@ def _pack_everything(contract: C.ServingContract, manifest: M.ExecutionManifest)
     frames = [np.zeros(manifest.transport.frame_nbytes, np.uint8) for _ in range(2)]
     packer = Packer(list(contract.model.graphs), manifest.transport, manifest.request_slots, frames)
     bins = contract.model.vocabulary.histogram_bins
-    admission = Admission.for_prompt([5, 9, 9], bins, 3, SamplingParameters(0.5), 7, (2,))
+    admission = SlotInitialization.for_prompt([5, 9, 9], bins, 3, SamplingParameters(0.5), 7, (2,))
     out = []
     for graph in contract.model.graphs:
         if graph.operation == C.OPERATION_SPECULATIVE:
             continue                      # proposal lanes: tests/test_speculative_generation.py
-        lanes = [Lane(slot=1, generation=2, consumed=4, pages=[3], admission=admission)]
+        lanes = [PackedLane(slot=1, generation=2, consumed=4, pages=[3], initialization=admission)]
         if graph.operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED):
-            lanes.append(Lane(slot=0, generation=5, consumed=0, tokens=np.arange(3, dtype=np.int32), pages=[6],
-                              admission=admission))
+            lanes.append(PackedLane(slot=0, generation=5, consumed=0, tokens=np.arange(3, dtype=np.int32), pages=[6],
+                              initialization=admission))
         if graph.operation == C.OPERATION_PREFILL:
             lanes = lanes[1:]
         packer.pack(graph.program, 0, lanes[:graph.capacity.rows])
@@ -506,7 +507,7 @@ def test_input_vocabulary_covers_declared_nonsampled_sentinels():
     with pytest.raises(ContractError):
         _decode(contract, sample_manifest(3), SAMPLE_RESOURCE_IDS)
     # the scheduler admits ids of the input range (sentinels included), nothing beyond it
-    from helios_backend.scheduler.errors import InvalidRequestError
+    from helios_backend.scheduler.errors import InvalidSpecError
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
     from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
     from tests.scheduler_sim import variants
@@ -516,7 +517,7 @@ def test_input_vocabulary_covers_declared_nonsampled_sentinels():
                           input_vocab_size=vocab.input_tokens, eos_ids=())
     sched = Scheduler(cfg, VariantTable(variants()))
     sched.add(0, RequestSpec((1, 100, 3), 2, SamplingSettings()))
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidSpecError):
         sched.add(1, RequestSpec((1, 101, 3), 2, SamplingSettings()))
 
 
@@ -576,13 +577,13 @@ def test_state_rows_per_request_is_storage_not_a_capability(prepared):
 def test_state_is_updated_by_captured_programs_only(smollm2_model):
     # spec: STA-12
     model = smollm2_model
-    state = [b.name for b in model.manifest.buffers if b.kind == M.BUFFER_KIND_STATE]
+    state = [b.name for b in model.execution_manifest.buffers if b.kind == M.BUFFER_KIND_STATE]
     snapshot = lambda: {name: model.executor.read_buffer(name) for name in state}  # noqa: E731
     before = snapshot()
     init = model.program(C.OPERATION_INITIALIZATION, 1)
     bins = model.contract.model.vocabulary.histogram_bins
-    lane = Lane(slot=2, generation=77,
-                admission=Admission.for_prompt([1, 9690, 253, 28], bins, 0, SamplingParameters(), 3, (49151,)))
+    lane = PackedLane(slot=2, generation=77,
+                initialization=SlotInitialization.for_prompt([1, 9690, 253, 28], bins, 0, SamplingParameters(), 3, (49151,)))
     model.packer.pack(init, 0, [lane])
     assert all(np.array_equal(before[n], b) for n, b in snapshot().items())   # host packing: no state change
     model.executor.launch(init, 0)
@@ -658,7 +659,7 @@ def test_shifted_page_table_view_is_a_declared_offset(prepared):
 def test_continuation_rows_hold_the_partial_page_computed_by_the_program():
     # spec: CACHE-6
     from helios_backend.engine.model import ModelOptions, NativeModel
-    from helios_backend.lockstep.generator import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
     from tests.engine_fixtures import resource_reader
 
     prepared = prepared_in_memory(snapshot_rows=2)
@@ -673,11 +674,11 @@ def test_continuation_rows_hold_the_partial_page_computed_by_the_program():
     try:
         pt = cache.page_tokens
         prompt = [1, 9690, 253, 28] * 6                                    # 24 tokens: 8 on the second page
-        driver = Driver(model, page_order=[5, 7, 9, 10])
+        driver = LockstepGenerator(model, page_order=[5, 7, 9, 10])
         [active] = driver.admit([GenerationRequest(prompt, 2, eos_ids=(49151,))], [0])
         driver._ensure_pages(active, len(prompt))
         driver.step(model.program(C.OPERATION_PREFILL, 1, len(prompt)),
-                    [Lane(slot=0, generation=active.generation, tokens=np.asarray(prompt, np.int32),
+                    [PackedLane(slot=0, generation=active.generation, tokens=np.asarray(prompt, np.int32),
                           pages=list(active.pages), snapshot_row=1)])
         partial = len(prompt) % pt
         for plane, row_name in (("cache.k", "continuation.k"), ("cache.v", "continuation.v")):

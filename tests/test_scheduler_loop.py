@@ -6,7 +6,7 @@ import pytest
 from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
+from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings, StopSettings
 from helios_backend.scheduler.scheduler import Emitted, Scheduler, SchedulerConfig, Terminal
@@ -212,7 +212,7 @@ def test_queue_capacity_and_invalid_ids() -> None:  # spec: HTTP-5
     with pytest.raises(AdmissionRejected) as info:
         sched.add(1, spec([1, 2]))
     assert info.value.reason == tp.REJECTION_REASON_QUEUE_FULL
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidSpecError):
         make()[0].add(2, spec([VOCAB + 5]))
 
 
@@ -325,12 +325,12 @@ def run_two_frames(sched: Scheduler, engine: SimulatedEngine) -> dict[int, list[
             plan = sched.schedule()
             if plan is None:
                 break
-            engine.submit(plan, 0)
+            engine.launch(plan, 0)
             inflight.append(plan)
         if len(inflight) == 1:
             nxt = sched.pipeline_next(inflight[0])
             if nxt is not None:
-                engine.submit(nxt, 1)
+                engine.launch(nxt, 1)
                 inflight.append(nxt)
         plan = inflight.pop(0)
         sched.complete(plan, engine.collect(plan))

@@ -18,7 +18,7 @@ from helios_backend.engine.metrics import FAMILY, MetricsThread, Op, update
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import SettingsError, StartupOptions, resolve
 from helios_backend.transport import OUT_EVENT, OUT_TOKENS, decode_event
-from helios_backend.engine.loop import Worker
+from helios_backend.engine.loop import EngineLoop, SynchronousRunner
 from tests.scheduler_sim import reference_tokens
 from tests.test_scheduler_loop import VOCAB, make, prompt_of, spec
 
@@ -122,14 +122,14 @@ class FailingRunner:
 def _serve(worker_scheduler_engine, jobs, runner=None):  # type: ignore[no-untyped-def]
     sched, engine = worker_scheduler_engine
     hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
-    worker = Worker(sched, runner or engine, hub, Metrics())
+    worker = EngineLoop(sched, SynchronousRunner(runner.run) if runner is not None else engine, hub, Metrics())
     hub.start()
     worker.start()
     senders = {}
     for serial, request_spec in jobs:
         senders[serial] = RecordingSender()
         hub.register(Stream(serial, senders[serial]))
-        worker.submit(serial, request_spec)
+        worker.enqueue(serial, request_spec)
     return worker, hub, senders
 
 
@@ -138,7 +138,7 @@ def test_a_failing_round_fails_its_lanes_and_the_worker_goes_on() -> None:  # sp
     worker, hub, senders = _serve((sched, engine), [(1, spec(prompt_of(1, 6), max_tokens=5))],
                                   runner=FailingRunner(engine, poison=1))
     assert senders[1].done.wait(10)
-    worker.submit(2, spec(prompt_of(2, 6), max_tokens=5))
+    worker.enqueue(2, spec(prompt_of(2, 6), max_tokens=5))
     senders[2] = RecordingSender()
     hub.register(Stream(2, senders[2]))
     assert senders[2].done.wait(10)
@@ -157,7 +157,7 @@ def test_drain_finishes_admitted_requests_then_refuses() -> None:  # spec: OWN-1
     worker.stop(drain=True, timeout=30)
     late = RecordingSender()
     hub.register(Stream(99, late))
-    worker.submit(99, spec(prompt_of(9, 6)))
+    worker.enqueue(99, spec(prompt_of(9, 6)))
     hub.stop()
     for serial, request_spec in jobs:
         assert senders[serial].tokens == reference_tokens(list(request_spec.prompt), 8, VOCAB)

@@ -10,9 +10,9 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.contract import ContractError, PreparedContract, contract_to_json
 from helios_backend.engine.model import ModelOptions, NativeModel
-from helios_backend.packing import Lane, SamplingParameters
-from helios_backend.lockstep.generator import Driver, GenerationRequest
-from helios_backend.lockstep.speculative import SpeculativeDriver
+from helios_backend.packing import PackedLane, SamplingParameters
+from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+from helios_backend.lockstep.speculative import SpeculativeLockstepGenerator
 from helios_backend.scheduler.events import Emitted, Terminal
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
@@ -48,8 +48,8 @@ def model(prepared):
 
 
 def _plain(model, request: GenerationRequest) -> list[int]:
-    driver = Driver(model)
-    model.packer.forget_slot(0)          # every Driver numbers generations from 1
+    driver = LockstepGenerator(model)
+    model.packer.forget_slot(0)          # every LockstepGenerator numbers generations from 1
     [active] = driver.admit([request], [0])
     driver.prefill(active)
     while not active.result.finish:
@@ -111,7 +111,7 @@ def test_greedy_speculative_output_equals_plain_decode_with_accepted_drafts(mode
     # spec: SPEC-33
     request = GenerationRequest(REPEATING, max_tokens=14)
     plain = _plain(model, request)
-    run = SpeculativeDriver(model, HISTORY).generate([request])
+    run = SpeculativeLockstepGenerator(model, HISTORY).generate([request])
     assert run.results[0].tokens == plain
     assert run.accepted > 0
     assert len(run.rounds) < len(plain)           # fewer target passes than tokens
@@ -122,7 +122,7 @@ def test_seeded_sampling_matches_plain_decode(model):
     request = GenerationRequest(REPEATING, max_tokens=10, seed=1234,
                                 sampling=SamplingParameters(temperature=0.7, top_p=0.95))
     plain = _plain(model, request)
-    run = SpeculativeDriver(model, HISTORY).generate([request])
+    run = SpeculativeLockstepGenerator(model, HISTORY).generate([request])
     assert run.results[0].tokens == plain
 
 
@@ -133,12 +133,12 @@ def test_two_lanes_and_width_one_rounds(model):
     # spec: SPEC-14
     requests = [GenerationRequest(REPEATING, max_tokens=9), GenerationRequest([1, 9690, 28, 2], max_tokens=3)]
     expected = [_plain(model, r) for r in requests]
-    driver = SpeculativeDriver(model, HISTORY)
+    driver = SpeculativeLockstepGenerator(model, HISTORY)
     run = driver.generate(requests)
     assert [r.tokens for r in run.results] == expected
     assert all(len(r.tokens) == q.max_tokens for r, q in zip(run.results, requests))  # limits never exceeded
     # without history matches the host picks the width-one program: no proposals, same output
-    alone = SpeculativeDriver(model, HISTORY).generate([requests[1]])
+    alone = SpeculativeLockstepGenerator(model, HISTORY).generate([requests[1]])
     assert alone.results[0].tokens == expected[1]
     assert {r.program for r in alone.rounds} == {"speculative.r2.w1.t2"}
     # the committed draft cursor of each slot follows its consumed endpoint (lag 0), also at width one
@@ -149,7 +149,7 @@ def test_two_lanes_and_width_one_rounds(model):
 
 def _one_round(model, prompt, max_tokens=8):
     """Admit + prefill one request, plan one history-drafted round, return (driver, actives, round, words)."""
-    driver = SpeculativeDriver(model, HISTORY)
+    driver = SpeculativeLockstepGenerator(model, HISTORY)
     driver.table = SpeculativeTable([p for p in driver.table.programs
                                      if p.length_source == C.VALUE_SOURCE_QUERY_LENGTH], HISTORY)
     actives = driver.plain.admit([GenerationRequest(prompt, max_tokens=max_tokens)], [0])
@@ -158,7 +158,7 @@ def _one_round(model, prompt, max_tokens=8):
     lane = round_.lanes[0]
     active = actives[0]
     driver.plain._ensure_pages(active, lane.reserve_end)
-    packed = Lane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
+    packed = PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
                   proposals=np.asarray(lane.proposals, np.int32), proposal_generation=active.generation,
                   proposal_consumed=active.consumed)
     model.packer.pack(round_.program.program, 0, [packed])
@@ -223,7 +223,7 @@ def test_stale_copies_are_not_offered(model):
     driver, actives, round_, _ = _one_round(model, REPEATING)
     active = actives[0]
     lane = round_.lanes[0]
-    stale = Lane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
+    stale = PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
                  proposals=np.asarray(lane.proposals, np.int32), proposal_generation=active.generation,
                  proposal_consumed=active.consumed - 1)
     model.packer.pack(round_.program.program, 0, [stale])
@@ -336,7 +336,7 @@ def test_device_allocation_fits_P_with_ceilings_above_it(model):
     # spec: SPEC-42
     requests = [GenerationRequest(REPEATING, max_tokens=10), GenerationRequest(list(range(200, 207)) * 3, max_tokens=6)]
     expected = [_plain(model, r) for r in requests]
-    driver = SpeculativeDriver(model, HISTORY)
+    driver = SpeculativeLockstepGenerator(model, HISTORY)
     driver.table = SpeculativeTable([p for p in driver.table.programs
                                      if p.program == ALLOCATING or p.width == 1], HISTORY)
     planned: list[list[SpeculativeLane]] = []
@@ -397,7 +397,7 @@ def _scheduler(model, scheduler_factory):
     from helios_backend.scheduler.variants import VariantTable
     from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 
-    contract, manifest = model.contract, model.manifest
+    contract, manifest = model.contract, model.execution_manifest
     vocab = contract.model.vocabulary
     table = SpeculativeTable.select(model.graphs, HISTORY)
     runner = SpeculativeProgramRunner(model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
@@ -443,7 +443,7 @@ def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(
     assert plan.main.operation == C.OPERATION_SPECULATIVE
     request = sched.request(0)
     pages = list(request.pages)
-    runner.submit(plan, 0)
+    runner.launch(plan, 0)
     sched.cancel(0)                                          # while the round is in flight
     assert sched.request(0) is request and request.pages == pages     # nothing released before the fence
     assert sched.pool.refcount(pages[-1]) == 1

@@ -1,4 +1,4 @@
-"""Speculation as a startup choice of the serving runtime (HeliosRuntime), on a real core.
+"""Speculation as a startup choice of the serving runtime (Engine), on a real core.
 
 A core prepared with SPECULATIVE programs serves speculative rounds only when the startup
 options select a width above one; history drafting is a startup option that needs them.
@@ -12,7 +12,7 @@ from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.engine.responses import Stream
-from helios_backend.engine.engine import HeliosRuntime, StartupError
+from helios_backend.engine.engine import Engine, StartupError
 from helios_backend.engine.settings import StartupOptions
 from tests.engine_fixtures import ACCEPTANCE, engine_test_options
 from tests.test_rules_scheduler import Sender
@@ -33,7 +33,7 @@ def speculative_core(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _serve(core, **options) -> tuple[list[int], list[str], type]:
-    runtime = HeliosRuntime.start(StartupOptions(core, ACCEPTANCE, **options))
+    runtime = Engine.start(StartupOptions(core, ACCEPTANCE, **options))
     launched: list[str] = []
     launch = runtime.model.executor.launch
 
@@ -44,7 +44,7 @@ def _serve(core, **options) -> tuple[list[int], list[str], type]:
     runtime.model.executor.launch = recording_launch  # type: ignore[method-assign]
     sender = Sender()
     try:
-        runtime.submit(RequestSpec(REPEATING, 12, SamplingSettings()), Stream(1, sender))
+        runtime.add_request(RequestSpec(REPEATING, 12, SamplingSettings()), Stream(1, sender))
         assert sender.done.wait(120)
     finally:
         runtime.stop(drain=True)
@@ -67,7 +67,7 @@ def test_served_speculation_equals_plain_serving(speculative_core):
 def test_history_drafting_without_a_wider_width_fails_startup(speculative_core):
     # spec: SRV-12
     with pytest.raises(StartupError, match="history_drafting"):
-        HeliosRuntime.start(StartupOptions(speculative_core, ACCEPTANCE, speculative_width=1,
+        Engine.start(StartupOptions(speculative_core, ACCEPTANCE, speculative_width=1,
                                            history_drafting=True))
 
 

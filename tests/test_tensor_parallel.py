@@ -339,7 +339,7 @@ def test_the_device_scripts_program_comparison_passes_on_the_cpu_oracle(tp_model
     """tests/gpu/tensor_parallel.py compares per program exactly so on the GPU (there: the CUDA executor)."""
     from tests.gpu.tensor_parallel import compare_program
 
-    program = next(p for p in tp_model.manifest.programs if p.name == name and p.rank == 0)
+    program = next(p for p in tp_model.execution_manifest.programs if p.name == name and p.rank == 0)
     result = compare_program({1: smollm2_model, 2: tp_model}, program, index=7)
     assert result["pass"], result
     assert result["logit_rel_err"] <= LOGIT_TOLERANCE / 10
@@ -356,7 +356,7 @@ class _StreamCaptureDriver:
 
         from tests.gpu.fake_driver import OK, FakeDriver, Launch
 
-        class Driver(FakeDriver):
+        class LockstepGenerator(FakeDriver):
             def __init__(self) -> None:
                 super().__init__()
                 self.lock = threading.Lock()
@@ -384,7 +384,7 @@ class _StreamCaptureDriver:
                     self.graph_streams.append(stream)
                     return (0, len(self.graphs) - 1)
 
-        return Driver()
+        return LockstepGenerator()
 
 
 class _FakeNccl:
@@ -466,8 +466,8 @@ def test_the_cuda_executor_starts_both_ranks_and_captures_their_all_reduces(tp_b
 def test_speculative_programs_run_on_both_ranks():
     # SPECULATIVE programs record per rank through the same forward pass: history-drafted rounds on
     # the TP=2 numpy oracle give the plain greedy tokens (the model continues the repeated cycle)
-    from helios_backend.lockstep.generator import Driver, GenerationRequest
-    from helios_backend.lockstep.speculative import SpeculativeDriver
+    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+    from helios_backend.lockstep.speculative import SpeculativeLockstepGenerator
     from helios_backend.scheduler.speculative import SpeculativeOptions
     from ignition.preparation.prepare import prepare
     from ignition.recipes import smollm2_135m_instruct
@@ -483,8 +483,8 @@ def test_speculative_programs_run_on_both_ranks():
     try:
         repeating = list(range(100, 110)) * 3
         request = GenerationRequest(repeating, max_tokens=14)
-        [plain] = Driver(model).generate([request])
-        run = SpeculativeDriver(model, SpeculativeOptions(enabled=True, history_drafting=True)).generate([request])
+        [plain] = LockstepGenerator(model).generate([request])
+        run = SpeculativeLockstepGenerator(model, SpeculativeOptions(enabled=True, history_drafting=True)).generate([request])
         assert plain.tokens == run.results[0].tokens == list(range(100, 110)) + list(range(100, 104))
         assert run.accepted > 0
         assert rank_disagreements(model, RANK_STATE + ("state.draft_cursor",)) == []
@@ -495,15 +495,15 @@ def test_speculative_programs_run_on_both_ranks():
 def _served_tokens(core: pathlib.Path) -> list[int]:
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
     from helios_backend.engine.responses import Stream
-    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.engine import Engine
     from helios_backend.engine.settings import StartupOptions
     from tests.test_rules_scheduler import Sender
 
-    runtime = HeliosRuntime.start(StartupOptions(core, ACCEPTANCE))
+    runtime = Engine.start(StartupOptions(core, ACCEPTANCE))
     sender = Sender()
     try:
-        assert runtime.model.manifest.world_size == (DEGREE if core.name.startswith("smollm2-tp") else 1)
-        runtime.submit(RequestSpec(tuple(PROMPT), 12, SamplingSettings(temperature=0.7, seed=5)), Stream(1, sender))
+        assert runtime.model.execution_manifest.world_size == (DEGREE if core.name.startswith("smollm2-tp") else 1)
+        runtime.add_request(RequestSpec(tuple(PROMPT), 12, SamplingSettings(temperature=0.7, seed=5)), Stream(1, sender))
         assert sender.done.wait(120)
     finally:
         runtime.stop(drain=True)

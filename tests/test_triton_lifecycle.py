@@ -71,7 +71,7 @@ def test_unknown_startup_option_value_fails_startup(default_core: Path, tmp_path
         server.wait_load_attempt()
         assert not server.model_ready()
         log = server.log()
-    assert "helios startup failed: startup options: startup option concurrency: 64 outside 1..32" in log
+    assert "helios startup failed: engine setup: startup option concurrency: 64 outside 1..32" in log
 
 
 def test_stopping_the_server_mid_stream_drains_cleanly(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: OWN-16, HTTP-15

@@ -20,7 +20,7 @@ from helios_backend.core import open_core
 from helios_backend.frontend.prompt import encode_chat
 from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.packing import SamplingParameters
-from helios_backend.lockstep.generator import Driver, GenerationRequest, GenerationResult
+from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest, GenerationResult
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +67,7 @@ def generate_reply(bootstrap: Bootstrap, model: NativeModel, prompt: str, max_to
             if on_text is not None and pieces[-1]:
                 on_text(pieces[-1])
 
-    [result] = Driver(model, on_token=on_token).generate([GenerationRequest(ids, max_tokens, sampling, seed)])
+    [result] = LockstepGenerator(model, on_token=on_token).generate([GenerationRequest(ids, max_tokens, sampling, seed)])
     pieces.append(decoder.finish())
     if on_text is not None and pieces[-1]:
         on_text(pieces[-1])

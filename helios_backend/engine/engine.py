@@ -1,7 +1,7 @@
 """The serving runtime: Bootstrap.load, then NativeModel.load, then the threads.
 
-    runtime = HeliosRuntime.start(options, metrics_backend)   # raises StartupError naming the cause
-    runtime.submit(serial, spec, stream)                       # any thread
+    runtime = Engine.start(options, metrics_backend)   # raises StartupError naming the cause
+    runtime.add_request(serial, spec, stream)                       # any thread
     runtime.cancel(serial)
     runtime.stop()                                             # drain, then every stream gets its final
 
@@ -20,11 +20,12 @@ from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.engine.bootstrap import Bootstrap
-from helios_backend.engine.model import ModelOptions, NativeModel
+from helios_backend.engine.model import NativeModel
+from helios_backend.engine.setup import derive_setup
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarSessionError, GrammarTokenizer
 from helios_backend.scheduler.request import RequestSpec
-from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative import SpeculativeOptions, SpeculativeTable
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.scheduler.variants import VariantTable
@@ -33,9 +34,9 @@ from helios_backend.engine.runner import ProgramRunner
 from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 from helios_backend.engine.metrics import MetricBackend, MetricsThread, NullMetrics
 from helios_backend.engine.responses import ResponseHub, Stream
-from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions, resolve
+from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions
 from helios_backend.transport import SpecDefaults, TransportError
-from helios_backend.engine.loop import Worker
+from helios_backend.engine.loop import EngineLoop
 
 log = logging.getLogger("helios.runtime")
 
@@ -45,13 +46,13 @@ class StartupError(Exception):
 
 
 @dataclass
-class HeliosRuntime:
+class Engine:
     bootstrap: Bootstrap
     model: NativeModel
     settings: EffectiveSettings
     scheduler: Scheduler
     runner: ProgramRunner
-    worker: Worker
+    loop: EngineLoop
     hub: ResponseHub
     metrics: MetricsThread | NullMetrics
     spec_defaults: SpecDefaults
@@ -59,34 +60,18 @@ class HeliosRuntime:
     grammar_tokenizer: GrammarTokenizer | None = None
 
     @classmethod
-    def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None) -> "HeliosRuntime":
+    def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None) -> "Engine":
         origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
         bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
         try:
-            settings = _stage("startup options", lambda: resolve(options, bootstrap.contract))
-            model = _stage("NativeModel.load", lambda: NativeModel.load(
-                bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
-                ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity,
-                             executor=options.executor)))
+            setup = _stage("engine setup", lambda: derive_setup(
+                bootstrap.contract, bootstrap.manifest, bootstrap.read_resource, options, origin))
         except BaseException:
             bootstrap.close()
             raise
         contract, manifest = bootstrap.contract, bootstrap.manifest
+        settings, model, config = setup.settings, setup.model, setup.scheduler
         vocab = contract.model.vocabulary
-        geometry = model.manifests[0]
-        decode = [g for g in model.graphs if g.operation == cp.OPERATION_DECODE]
-        config = SchedulerConfig(
-            page_tokens=contract.model.cache.page_tokens, num_pages=geometry.cache_pages,
-            request_slots=manifest.request_slots, max_active=settings.max_active,
-            queue_capacity=settings.queue_capacity, context_tokens=contract.context_tokens,
-            max_pages_per_row=manifest.max_pages_per_row, vocab_size=vocab.sampled_tokens,
-            input_vocab_size=contract.model.input_vocabulary.input_tokens or vocab.sampled_tokens,
-            eos_ids=tuple(contract.defaults.eos_token_ids), snapshot_capacity=settings.snapshot_capacity,
-            cache_fingerprint=contract.cache_identity.fingerprint,
-            top_logprobs_capacity=manifest.completion.top_logprobs,
-            logprobs_recorded=any(f.name == "logprob" for f in manifest.completion.row),
-            device_pending_token=bool(decode) and all(g.pending_token.HasField("device_state_view") for g in decode),
-            clock_origin_ns=origin)
         tokenizer = bootstrap.tokenizer
 
         def stop_factory(spec: RequestSpec) -> HostStopCheck:
@@ -118,9 +103,9 @@ class HeliosRuntime:
             tuple(contract.defaults.eos_token_ids)))
         metrics: MetricsThread | NullMetrics = (
             MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
-        worker_ref: list[Worker] = []
+        worker_ref: list[EngineLoop] = []
         hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics)
-        worker = Worker(scheduler, runner, hub, metrics)
+        worker = EngineLoop(scheduler, runner, hub, metrics)
         worker_ref.append(worker)
         if isinstance(metrics, MetricsThread):
             metrics.start()
@@ -161,12 +146,12 @@ class HeliosRuntime:
         except (GrammarSessionError, ValueError) as exc:
             raise TransportError("grammar", str(exc)) from None
 
-    def submit(self, spec: RequestSpec, stream: Stream, grammar: GrammarSession | None = None) -> None:
+    def add_request(self, spec: RequestSpec, stream: Stream, grammar: GrammarSession | None = None) -> None:
         self.hub.register(stream)
-        self.worker.submit(stream.serial, spec, grammar)
+        self.loop.enqueue(stream.serial, spec, grammar)
 
     def cancel(self, serial: int) -> None:
-        self.worker.cancel(serial)
+        self.loop.cancel(serial)
 
     def stop(self, drain: bool = True, timeout: float = 60.0) -> None:
         """Drain the worker, deliver every final response, then release the model.
@@ -176,7 +161,7 @@ class HeliosRuntime:
         start = time.monotonic()
         if isinstance(self.metrics, MetricsThread):
             self.metrics.discard()
-        self.worker.stop(drain=drain, timeout=timeout)
+        self.loop.stop(drain=drain, timeout=timeout)
         log.info("helios worker stopped after %.2fs", time.monotonic() - start)
         self.hub.stop()
         log.info("helios responses flushed after %.2fs", time.monotonic() - start)

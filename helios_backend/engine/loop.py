@@ -19,16 +19,16 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
+from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.plan import RoundPlan
 from helios_backend.scheduler.request import Grammar, RequestSpec
 from helios_backend.scheduler.scheduler import Event, Scheduler, Terminal
 from helios_backend.scheduler.completion import CompletionRows
-from helios_backend.engine.metrics import REJECTION_LABEL, Op, Update, update
+from helios_backend.engine.metrics import REJECTION_LABEL, MetricsQueue, Op, update
 from helios_backend.engine.round_metrics import RoundMetrics
 
 log = logging.getLogger("helios.worker")
@@ -36,17 +36,27 @@ IDLE_WAIT_S = 0.05
 
 
 class RoundRunner(Protocol):
-    """run() = submit + collect with completion feedback; runners that also offer
-    submit(plan, frame) / collect(plan) let the worker use both execution frames."""
-    def run(self, plan: RoundPlan) -> CompletionRows: ...
+    """launch() packs and starts a round on a frame; collect() waits for it and returns its
+    validated rows. With two frames the loop launches round N+1 before collecting round N."""
+    def launch(self, plan: RoundPlan, frame: int) -> None: ...
+    def collect(self, plan: RoundPlan) -> CompletionRows: ...
+
+
+class SynchronousRunner:
+    """A RoundRunner over a run(plan) callable: the round runs inside collect()."""
+
+    def __init__(self, run: Callable[[RoundPlan], CompletionRows]) -> None:
+        self._run = run
+
+    def launch(self, plan: RoundPlan, frame: int) -> None:
+        pass
+
+    def collect(self, plan: RoundPlan) -> CompletionRows:
+        return self._run(plan)
 
 
 class EventSink(Protocol):
     def deliver(self, events: list[Event]) -> None: ...
-
-
-class MetricsQueue(Protocol):
-    def push(self, updates: list[Update]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class _Stop:
     drain: bool
 
 
-class Worker:
+class EngineLoop:
     def __init__(self, scheduler: Scheduler, runner: RoundRunner, sink: EventSink,
                  metrics: MetricsQueue, two_frames: bool = True, ingress_capacity: int | None = None) -> None:
         self._scheduler = scheduler
@@ -82,8 +92,7 @@ class Worker:
         self._inbox: "queue.SimpleQueue[_Submit | _Cancel | _Stop]" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="helios-worker", daemon=True)
         self._stopping: _Stop | None = None
-        # two execution frames need a runner that can submit and collect separately
-        self._two_frames = two_frames and hasattr(runner, "submit") and hasattr(runner, "collect")
+        self._two_frames = two_frames
         self._frame = 0
         self.rounds = 0
 
@@ -92,7 +101,7 @@ class Worker:
         self._metrics.push(self._round_metrics.capacity() + self._round_metrics.collect())
         self._thread.start()
 
-    def submit(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> None:
+    def enqueue(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> None:
         with self._ingress_lock:
             full = self._ingress_pending >= self._ingress_capacity
             if not full:
@@ -186,8 +195,8 @@ class Worker:
     def _submit(self, plan: RoundPlan) -> bool:
         """Launch a round (on the next frame); a failure fails its lanes at once."""
         try:
+            self._runner.launch(plan, self._frame)
             if self._two_frames:
-                self._runner.submit(plan, self._frame)   # type: ignore[attr-defined]
                 self._frame ^= 1
             return True
         except Exception as exc:
@@ -198,9 +207,7 @@ class Worker:
             return False
 
     def _collect(self, plan: RoundPlan) -> CompletionRows:
-        if self._two_frames:
-            return self._runner.collect(plan)            # type: ignore[attr-defined]
-        return self._runner.run(plan)
+        return self._runner.collect(plan)
 
     def _take_inbox(self, block: bool, timeout: float = IDLE_WAIT_S) -> None:
         try:
@@ -229,7 +236,7 @@ class Worker:
                 self._scheduler.add(item.serial, item.spec, item.grammar)
             except AdmissionRejected as exc:
                 self._reject(item.serial, exc)
-            except InvalidRequestError as exc:
+            except InvalidSpecError as exc:
                 self._sink.deliver([Terminal(item.serial, tp.TerminalEvent(
                     invalid=tp.InvalidRequest(field=exc.field, message=exc.message)))])
                 self._metrics.push([update("flare_requests_invalid_total", Op.ADD, 1)])

@@ -96,6 +96,11 @@ def update(name: str, op: Op, value: float, **labels: str) -> Update:
     return (name, tuple(sorted(labels.items())), op, float(value))
 
 
+class MetricsQueue(Protocol):
+    """Where the worker and response threads push updates (MetricsThread, NullMetrics, tests)."""
+    def push(self, updates: list[Update]) -> None: ...
+
+
 class MetricBackend(Protocol):
     """Creates one metric handle; the Triton adapter implements it with pb_utils."""
     def create(self, family: Family, labels: dict[str, str]) -> Any: ...

@@ -16,13 +16,13 @@ execution catalog fails the load (MissingVariantError, OWN-19).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
-from helios_backend.executors.base import ExecutorLoadError, MissingVariantError, ResourceReader
-from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, RankArena
+from helios_backend.executors.base import Executor, ExecutorLoadError, MissingVariantError, ResourceReader
+from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
 from helios_backend.packing import CapacityError, Packer
 
 
@@ -34,6 +34,7 @@ class ModelLoadError(ExecutorLoadError):
 class ModelOptions:
     concurrency: Optional[int] = None   # request rows to serve; None = the captured concurrency
     cache_pages: Optional[int] = None   # physical pages per cache plane; None = core default
+    cache_memory_share: Optional[float] = None   # cuda: share of free memory for pages; None = core default
     rank: int = 0
     widen_f16_cache: bool = True        # numpy executor: hold f16 cache planes as f32 (speed)
     executor: str = "numpy"             # a key of EXECUTORS: "numpy" (CPU) or "cuda" (GPU, CUDA graphs)
@@ -63,46 +64,40 @@ def _choose_pages(contract: C.ServingContract, options: ModelOptions) -> int:
 
 
 def _numpy_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
-                    options: ModelOptions, programs: frozenset[str]) -> Any:
+                    options: ModelOptions, graphs: Sequence[C.GraphContract]) -> Executor:
     return NumpyExecutor(manifest, read_resource, NumpyExecutorOptions(
-        cache_pages=_choose_pages(contract, options), programs=programs, widen_f16_cache=options.widen_f16_cache))
+        cache_pages=_choose_pages(contract, options), programs=frozenset(g.program for g in graphs),
+        widen_f16_cache=options.widen_f16_cache))
 
 
 def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
-                   options: ModelOptions, programs: frozenset[str]) -> Any:
+                   options: ModelOptions, graphs: Sequence[C.GraphContract]) -> Executor:
     """CUDA graphs; without an explicit page count the executor sizes the cache from the memory
-    left after its graphs (SRV-9), at the core's cache_memory_share when it declares one."""
+    left after its graphs (SRV-9), at the core's cache_memory_share when it declares one. The
+    graphs trim each program's staging copy to the bytes its bindings write."""
     from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # GPU builds only
 
     pages = options.cache_pages
     if pages is None and contract.defaults.HasField("page_capacity"):
         pages = contract.defaults.page_capacity
-    share = contract.defaults.cache_memory_share if contract.defaults.HasField("cache_memory_share") else 0.90
-    return CudaExecutor(manifest, read_resource, CudaExecutorOptions(cache_pages=pages, cache_memory_share=share,
-                                                                     programs=programs))
+    share = options.cache_memory_share if options.cache_memory_share is not None else (
+        contract.defaults.cache_memory_share if contract.defaults.HasField("cache_memory_share") else 0.90)
+    return CudaExecutor(manifest, read_resource,
+                        CudaExecutorOptions(cache_pages=pages, cache_memory_share=share,
+                                            programs=frozenset(g.program for g in graphs)),
+                        graphs=[g for g in graphs if g.rank == options.rank])
 
 
-ExecutorFactory = Callable[[C.ServingContract, M.ExecutionManifest, ResourceReader, ModelOptions, frozenset[str]], Any]
+ExecutorFactory = Callable[[C.ServingContract, M.ExecutionManifest, ResourceReader, ModelOptions,
+                            Sequence[C.GraphContract]], Executor]
 EXECUTORS: Mapping[str, ExecutorFactory] = {"numpy": _numpy_executor, "cuda": _cuda_executor}
-
-
-def _buffer_offsets(executor: Any, manifest: M.ExecutionManifest, rank: int) -> tuple[dict[str, int], int]:
-    """Arena byte offsets and size of one rank, from the executor that placed them."""
-    ranks = getattr(executor, "ranks", None)     # the numpy executor: one RankReplay per rank
-    if ranks and isinstance(ranks[rank].arena, RankArena):
-        arena = ranks[rank].arena
-        return dict(arena.offsets), int(arena.memory.nbytes)
-    from helios_backend.executors.cuda.plan import layout_arena
-
-    layout = layout_arena(manifest.buffers, rank)
-    return dict(layout.offsets), int(layout.fixed_nbytes + executor.cache_pages * layout.bytes_per_page)
 
 
 class NativeModel:
     def __init__(self, contract: C.ServingContract, manifest: M.ExecutionManifest, graphs: Sequence[C.GraphContract],
-                 executor: Any, packer: Packer, concurrency: int) -> None:
+                 executor: Executor, packer: Packer, concurrency: int) -> None:
         self.contract = contract
-        self.manifest = manifest
+        self.execution_manifest = manifest        # the proto; .manifests is the per-rank geometry
         self.graphs = tuple(graphs)
         self.executor = executor
         self.packer = packer
@@ -112,9 +107,8 @@ class NativeModel:
             RankGeometry(rank=rank, request_slots=manifest.request_slots, concurrency=concurrency,
                          cache_pages=executor.cache_pages, page_tokens=contract.model.cache.page_tokens,
                          pages_per_row=manifest.max_pages_per_row, programs=tuple(g.program for g in graphs),
-                         buffer_offsets=offsets, arena_nbytes=nbytes)
-            for rank in range(max(1, manifest.world_size))
-            for offsets, nbytes in [_buffer_offsets(executor, manifest, rank)])
+                         buffer_offsets=executor.buffer_offsets(rank), arena_nbytes=executor.arena_nbytes(rank))
+            for rank in range(max(1, manifest.world_size)))
 
     @classmethod
     def load(cls, contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
@@ -135,9 +129,8 @@ class NativeModel:
             raise ModelLoadError(f"unknown executor {options.executor!r}; known: {sorted(EXECUTORS)}")
         # every rank's programs of the selected variants (the graphs above are rank `options.rank`'s)
         selected = {(g.operation, g.capacity.rows, g.capacity.tokens) for g in graphs}
-        programs = frozenset(g.program for g in contract.model.graphs
-                             if (g.operation, g.capacity.rows, g.capacity.tokens) in selected)
-        executor = factory(contract, manifest, read_resource, options, programs)
+        every_rank = [g for g in contract.model.graphs if (g.operation, g.capacity.rows, g.capacity.tokens) in selected]
+        executor = factory(contract, manifest, read_resource, options, every_rank)
         frames = [executor.staging(f) for f in range(max(1, manifest.transport.frames))]
         packer = Packer(graphs, manifest.transport, manifest.request_slots, frames,     # row widths of older cores:
                         layout_graphs=[g for g in contract.model.graphs if g.rank == options.rank])  # every graph

@@ -23,7 +23,7 @@ import numpy as np
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.scheduler.scheduler import Emitted, Event
-from helios_backend.engine.metrics import Op, Update, update
+from helios_backend.engine.metrics import MetricsQueue, Op, Update, update
 from helios_backend.transport import OutputChunk
 
 log = logging.getLogger("helios.responses")
@@ -33,10 +33,6 @@ CANCEL_POLL_S = 0.02
 class Sender(Protocol):
     def send(self, arrays: dict[str, np.ndarray], final: bool) -> None: ...
     def is_cancelled(self) -> bool: ...
-
-
-class MetricsQueue(Protocol):
-    def push(self, updates: list[Update]) -> None: ...
 
 
 @dataclass

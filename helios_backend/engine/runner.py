@@ -4,7 +4,7 @@ Executor-agnostic: it only uses the Executor protocol (staging/launch/wait) and 
 Packer, so the numpy and CUDA executors serve through the same code.
 
 One round = its submissions in order (restoration, initialization, main step), each one
-`pack -> launch -> wait -> validate`. submit() launches a round's main step on a frame and
+`pack -> launch -> wait -> validate`. launch() launches a round's main step on a frame and
 collect() waits for it, so the worker can pack and launch round N+1 on the other frame
 while round N runs. The executor numbers submissions (BND-20); this runner mirrors that
 count to check each completion's sequence (CACHE-16).
@@ -20,7 +20,7 @@ import numpy as np
 from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
-from helios_backend.packing import Admission, Lane as PackedLane
+from helios_backend.packing import SlotInitialization, PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
@@ -64,10 +64,10 @@ class ProgramRunner:
 
     def run(self, plan: RoundPlan) -> CompletionRows:
         """Submit and collect one round on frame 0 (completion feedback)."""
-        self.submit(plan, 0)
+        self.launch(plan, 0)
         return self.collect(plan)
 
-    def submit(self, plan: RoundPlan, frame: int) -> None:
+    def launch(self, plan: RoundPlan, frame: int) -> None:
         """Pack and launch the round's submissions on `frame`. Auxiliary submissions
         (restoration, initialization) are collected and checked here, in order; the main
         submission is left running for collect()."""
@@ -114,7 +114,7 @@ class ProgramRunner:
         if operation == cp.OPERATION_INITIALIZATION:
             s = req.spec.sampling
             # the full known token list: a readmitted request's histogram covers its output too
-            packed.admission = Admission.for_prompt(req.tokens, self.histogram_bins, s.seed, s,
+            packed.initialization = SlotInitialization.for_prompt(req.tokens, self.histogram_bins, s.seed, s,
                                                     lane.output_limit, self.eos_ids)
             return packed
         # the step ending at a prompt's endpoint writes its partial page to the snapshot's

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.packing import Lane as PackedLane
+from helios_backend.packing import PackedLane
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import Lane, RoundPlan
 from helios_backend.scheduler.speculative import validate_completion

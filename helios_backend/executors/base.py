@@ -14,7 +14,7 @@ The executor owns the frame index and the submission sequence (BND-20): it write
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol, Union
+from typing import Callable, Collection, Protocol, Union
 
 import numpy as np
 
@@ -22,6 +22,17 @@ ResourceReader = Callable[[str], Union[bytes, bytearray, memoryview]]
 
 
 class Executor(Protocol):
+    """What serving needs of an executor. Everything here is required; diagnostics that only
+    one executor offers (CUDA node profiles, buffer writes) are methods of that class, used
+    by the benchmarks and tests that construct it, never probed for by serving code."""
+
+    frames: int            # staging frames (two let the host pack one while the other runs)
+    cache_pages: int       # physical pages backed per cache plane (chosen at load)
+
+    @property
+    def programs(self) -> Collection[str]:
+        """The loaded programs, by name."""
+
     def staging(self, frame: int) -> np.ndarray:
         """The host staging frame `frame` (uint8), written in place by packing."""
 
@@ -30,6 +41,15 @@ class Executor(Protocol):
 
     def wait(self, frame: int) -> np.ndarray:
         """Block until frame's submission finished; its completion words (int32, a copy)."""
+
+    def node_count(self, program: str) -> int:
+        """Nodes of rank 0's copy of `program` (kernels and collectives)."""
+
+    def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
+        """Byte offset of every buffer in the rank's arena (OWN-11: the geometry loading produced)."""
+
+    def arena_nbytes(self, rank: int = 0) -> int:
+        """Bytes the rank's arena backs: fixed buffers plus the chosen cache pages."""
 
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
         """A copy of a buffer's bytes (uint8), for tests and diagnostics."""

@@ -30,7 +30,7 @@ from helios_proto import manifest_pb2
 from .cuda.arena import DeviceArena, PinnedFrames
 from .cuda.driver import check, load_driver
 from .cuda import transport as tp
-from .cuda.errors import CapacityError, FrameStateError, ManifestError, MissingVariantError, UnknownProgramError
+from .cuda.errors import DeviceMemoryError, FrameStateError, ManifestError, MissingVariantError, UnknownProgramError
 from .cuda.graphs import Copy, RankResources, capture_graph
 from .cuda.nccl import Nccl
 from .cuda.plan import BufferAddresses, KernelLaunch, kernel_table, layout_arena, plan_program
@@ -287,7 +287,7 @@ class CudaExecutor:
             pages.append(rank.arena.pages_that_fit(int(free), self.options.cache_memory_share))
         chosen = min(pages)
         if chosen == 0 and any(r.arena.layout.bytes_per_page for r in self._ranks):
-            raise CapacityError("no memory left for cache pages after graphs load")
+            raise DeviceMemoryError("no memory left for cache pages after graphs load")
         return chosen
 
     def _back_cache(self, rank: _Rank) -> None:

@@ -111,6 +111,16 @@ class NumpyExecutor:
         """Rank 0's arena (the one whose completion words the host reads)."""
         return self.ranks[0].arena
 
+    @property
+    def frames(self) -> int:
+        return len(self._frames)
+
+    def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
+        return dict(self.ranks[rank].arena.offsets)
+
+    def arena_nbytes(self, rank: int = 0) -> int:
+        return int(self.ranks[rank].arena.memory.nbytes)
+
     def node_count(self, program: str) -> int:
         """Nodes of rank 0's program: kernels plus all-reduces."""
         bound = self.ranks[0].programs[program]

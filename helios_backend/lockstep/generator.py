@@ -5,7 +5,7 @@ benchmarks: no prefix reuse, no preemption, one frame in flight. It uses exactly
 surfaces the scheduler uses: NativeModel.program, Packer.pack, Executor.launch/wait,
 and the completion records.
 
-    driver = Driver(model)
+    driver = LockstepGenerator(model)
     [result] = driver.generate([GenerationRequest(prompt_ids, max_tokens=64)])
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from helios_backend.kernels.state import (
     FINISH_LENGTH,
 )
 from helios_backend.engine.model import NativeModel
-from helios_backend.packing import Admission, CapacityError, Lane, SamplingParameters
+from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, SamplingParameters
 
 _ROW = {name: index for index, name in enumerate(COMPLETION_ROW_FIELDS)}
 
@@ -77,7 +77,7 @@ class PageAllocator:
 TokenCallback = Callable[[int, int], None]   # (request index, token id), as each token is recorded
 
 
-class Driver:
+class LockstepGenerator:
     def __init__(self, model: NativeModel, page_order: Optional[Sequence[int]] = None,
                  prefill_chunk: Optional[int] = None, on_token: Optional[TokenCallback] = None) -> None:
         self.model = model
@@ -91,7 +91,7 @@ class Driver:
         self.histogram_bins = model.contract.model.vocabulary.histogram_bins
 
     # ---- one step ------------------------------------------------------------------------
-    def step(self, program: str, lanes: Sequence[Lane], frame: int = 0) -> np.ndarray:
+    def step(self, program: str, lanes: Sequence[PackedLane], frame: int = 0) -> np.ndarray:
         """Pack, launch, wait; returns the completion rows [len(lanes), row_words] after checking them."""
         executor = self.model.executor
         self.model.packer.pack(program, frame, lanes)
@@ -115,9 +115,9 @@ class Driver:
         actives = []
         for index, (request, slot) in enumerate(zip(requests, slots)):
             active = _Active(request, slot, self.model.next_generation(slot), index=index)
-            admission = Admission.for_prompt(request.prompt, self.histogram_bins, request.seed, request.sampling,
+            admission = SlotInitialization.for_prompt(request.prompt, self.histogram_bins, request.seed, request.sampling,
                                              request.max_tokens, request.eos_ids or self.eos_ids)
-            lane = Lane(slot=slot, generation=active.generation, admission=admission)
+            lane = PackedLane(slot=slot, generation=active.generation, initialization=admission)
             self.step(self.model.program(C.OPERATION_INITIALIZATION, 1), [lane])
             actives.append(active)
         return actives
@@ -128,7 +128,7 @@ class Driver:
             chunk = prompt[active.consumed:active.consumed + self.prefill_chunk]
             last = active.consumed + chunk.size == prompt.size
             self._ensure_pages(active, active.consumed + chunk.size)
-            lane = Lane(slot=active.slot, generation=active.generation, consumed=active.consumed, tokens=chunk,
+            lane = PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed, tokens=chunk,
                         sample=last, pages=list(active.pages))
             [row] = self.step(self.model.program(C.OPERATION_PREFILL, 1, chunk.size), [lane])
             active.consumed += chunk.size
@@ -139,7 +139,7 @@ class Driver:
         lanes = []
         for active in actives:
             self._ensure_pages(active, active.consumed + 1)
-            lanes.append(Lane(slot=active.slot, generation=active.generation, consumed=active.consumed,
+            lanes.append(PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed,
                               pages=list(active.pages)))
         rows = self.step(self.model.program(C.OPERATION_DECODE, len(lanes), len(lanes)), lanes)
         for active, row in zip(actives, rows):

@@ -1,10 +1,10 @@
 """Speculative generation over a NativeModel, synchronously (the CPU path of docs/speculative.md).
 
-Admission and prefill come from the plain Driver; then each round is planned from validated
+SlotInitialization and prefill come from the plain LockstepGenerator; then each round is planned from validated
 completions only (SPEC-15), packed with the copied proposals, launched, validated
 (scheduler/speculative.validate_completion) and only then applied to the requests.
 
-    driver = SpeculativeDriver(model, SpeculativeOptions(enabled=True, history_drafting=True))
+    driver = SpeculativeLockstepGenerator(model, SpeculativeOptions(enabled=True, history_drafting=True))
     [result] = driver.generate([GenerationRequest(prompt, max_tokens=32)])
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 
 from helios_backend.engine.model import NativeModel
-from helios_backend.packing import Lane
-from helios_backend.lockstep.generator import Driver, GenerationRequest, GenerationResult, _Active
+from helios_backend.packing import PackedLane
+from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest, GenerationResult, _Active
 from helios_backend.scheduler.completion import CompletionFormat
 from helios_backend.scheduler.speculative import (
     Candidate,
@@ -47,7 +47,7 @@ class SpeculativeRun:
         return sum(sum(r.accepted) for r in self.rounds)
 
 
-class _CountingDriver(Driver):
+class _CountingDriver(LockstepGenerator):
     """The plain driver, counting launches: the executor numbers every submission (CACHE-16).
     `launches` is the sequence the next submission gets; the count starts from the sequence of
     this driver's first completion (a model may have served others before)."""
@@ -55,27 +55,27 @@ class _CountingDriver(Driver):
     launches: int | None = None
 
     def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
-        # each Driver numbers generations from 1, so a (slot, generation) pair may repeat across
+        # each LockstepGenerator numbers generations from 1, so a (slot, generation) pair may repeat across
         # drivers of one model: forget the page-table entries packing remembers for those slots
         for slot in slots:
             self.model.packer.forget_slot(slot)
         return super().admit(requests, slots)
 
-    def step(self, program: str, lanes: Sequence[Lane], frame: int = 0) -> np.ndarray:
+    def step(self, program: str, lanes: Sequence[PackedLane], frame: int = 0) -> np.ndarray:
         rows = super().step(program, lanes, frame)
         if self.launches is None:
-            completion = self.model.manifest.transport.completion_buffer
+            completion = self.model.execution_manifest.transport.completion_buffer
             self.launches = int(self.model.executor.read_buffer(completion).view(np.int32)[0])
         self.launches += 1
         return rows
 
 
-class SpeculativeDriver:
+class SpeculativeLockstepGenerator:
     def __init__(self, model: NativeModel, options: SpeculativeOptions) -> None:
         self.model = model
         self.table = SpeculativeTable.select(model.graphs, options)
         self.plain = _CountingDriver(model)
-        self.format = CompletionFormat.from_layout(model.manifest.completion)
+        self.format = CompletionFormat.from_layout(model.execution_manifest.completion)
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.context = model.contract.context_tokens
 
@@ -97,7 +97,7 @@ class SpeculativeDriver:
         for lane in round_.lanes:
             active = actives[lane.candidate.key]
             self.plain._ensure_pages(active, lane.reserve_end)          # the full ceiling (SPEC-21)
-            lanes.append(Lane(slot=active.slot, generation=active.generation, consumed=active.consumed,
+            lanes.append(PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed,
                               pages=list(active.pages), proposals=np.asarray(lane.proposals, dtype=np.int32),
                               proposal_generation=active.generation, proposal_consumed=active.consumed,
                               prefix_limit=lane.ceiling if allocates else 0))

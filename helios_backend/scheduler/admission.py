@@ -9,7 +9,7 @@ import numpy as np
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.scheduler.config import SchedulerConfig
-from helios_backend.scheduler.errors import AdmissionRejected, InvalidRequestError
+from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.request import RequestSpec
 
 
@@ -20,14 +20,14 @@ def max_prompt_tokens(config: SchedulerConfig) -> int:
 
 
 def check_admission(config: SchedulerConfig, spec: RequestSpec, max_prompt: int, queued: int) -> RequestSpec:
-    """The spec with its output limit clipped, or AdmissionRejected / InvalidRequestError."""
+    """The spec with its output limit clipped, or AdmissionRejected / InvalidSpecError."""
     if not spec.prompt:
-        raise InvalidRequestError("prompt_token_ids", "the prompt is empty")
+        raise InvalidSpecError("prompt_token_ids", "the prompt is empty")
     prompt = np.asarray(spec.prompt, dtype=np.int64)
     if prompt.min() < 0 or prompt.max() >= config.input_vocab_size:
-        raise InvalidRequestError("prompt_token_ids", f"ids must lie in [0, {config.input_vocab_size})")
+        raise InvalidSpecError("prompt_token_ids", f"ids must lie in [0, {config.input_vocab_size})")
     if spec.max_tokens <= 0:
-        raise InvalidRequestError("max_tokens", "the output limit must be positive")
+        raise InvalidSpecError("max_tokens", "the output limit must be positive")
     if len(spec.prompt) > max_prompt:
         raise AdmissionRejected(tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY,
                                 f"prompt of {len(spec.prompt)} tokens exceeds the prepared capacity of {max_prompt}",

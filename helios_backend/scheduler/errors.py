@@ -22,7 +22,7 @@ class AdmissionRejected(SchedulerError):
         self.requested = requested
 
 
-class InvalidRequestError(SchedulerError):
+class InvalidSpecError(SchedulerError):
     """A malformed request (a field the gateway should have refused)."""
 
     def __init__(self, field: str, message: str) -> None:

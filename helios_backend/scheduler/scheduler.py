@@ -101,7 +101,7 @@ class Scheduler:
 
     # ---- admission -------------------------------------------------------------
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
-        """Queue a request or raise AdmissionRejected / InvalidRequestError (others go on)."""
+        """Queue a request or raise AdmissionRejected / InvalidSpecError (others go on)."""
         spec = check_admission(self.config, spec, self._max_prompt, queued=len(self._waiting))
         stop = self._stop_factory(spec) if (self._stop_factory and spec.stops.host_stops) else None
         req = Request(serial, spec, self._arrivals, grammar=grammar)

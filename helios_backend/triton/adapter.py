@@ -1,4 +1,4 @@
-"""The Triton Python-backend adapter: only translates between Triton and HeliosRuntime.
+"""The Triton Python-backend adapter: only translates between Triton and Engine.
 
 model_repository/helios/1/model.py subclasses this with the stub's
 triton_python_backend_utils module (only importable inside the stub). `execute` admits
@@ -19,7 +19,7 @@ from helios_proto import transport_pb2 as tp
 
 from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
 from helios_backend.engine.responses import Stream
-from helios_backend.engine.engine import HeliosRuntime, StartupError
+from helios_backend.engine.engine import Engine, StartupError
 from helios_backend.engine.settings import SettingsError, StartupOptions
 from helios_backend.transport import (
     IN_PARAMETERS, IN_PROMPT, OutputChunk, TransportError, decode_parameters, request_spec)
@@ -66,7 +66,7 @@ class TritonHeliosModel:
     def __init__(self, pb_utils: Any) -> None:
         self._pb = pb_utils
         self._serials = itertools.count(1)
-        self.runtime: HeliosRuntime | None = None
+        self.runtime: Engine | None = None
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
@@ -78,7 +78,7 @@ class TritonHeliosModel:
             options = StartupOptions.from_parameters(parameters, project_root=model_dir.parent.parent)
             backend = TritonMetricBackend(self._pb, {"model": args["model_name"],
                                                      "version": str(args["model_version"])})
-            self.runtime = HeliosRuntime.start(options, backend)
+            self.runtime = Engine.start(options, backend)
         except (StartupError, SettingsError) as exc:
             message = f"helios startup failed: {exc}"
             self._pb.Logger.log_error(message)
@@ -108,7 +108,7 @@ class TritonHeliosModel:
                             top_k=spec.top_logprobs,
                             ingress_ns=gen.ingress_ns if gen.HasField("ingress_ns") else None,
                             enqueue_ns=gen.enqueue_ns if gen.HasField("enqueue_ns") else None)
-            runtime.submit(spec, stream, grammar)
+            runtime.add_request(spec, stream, grammar)
         return None
 
     def finalize(self) -> None:

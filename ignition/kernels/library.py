@@ -23,7 +23,7 @@ from helios_proto import manifest_pb2
 from ignition.kernels import compiler
 from ignition.kernels.signature import triton_signature
 from ignition.kernels.specs import (ALIGNMENT, KERNEL_SPECS, SPECS_BY_ID, GeometryError, Grid,
-                                    KernelSpec)
+                                    KernelBuild)
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Grid, Dim3, int]          # (grid, block, dynamic shared bytes)
@@ -72,7 +72,7 @@ class KernelLibrary:
         return [spec.kernel_id for spec in self._specs()]
 
     @staticmethod
-    def _specs() -> list[KernelSpec]:
+    def _specs() -> list[KernelBuild]:
         return [spec for spec in KERNEL_SPECS if spec.kernel_id in abi.KERNELS]
 
     def signature(self, kernel_id: str) -> tuple[tuple[str, str], ...]:
@@ -129,7 +129,7 @@ class KernelLibrary:
                 arch=arch, toolchain=kernel.toolchain, kernels=[entry])))
         return modules
 
-    def _request(self, spec: KernelSpec, arch: str) -> compiler.CompileRequest:
+    def _request(self, spec: KernelBuild, arch: str) -> compiler.CompileRequest:
         return compiler.CompileRequest(
             kernel_id=spec.kernel_id, module=spec.module, function=spec.function,
             signature=tuple(self.signature(spec.kernel_id)),

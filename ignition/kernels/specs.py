@@ -32,7 +32,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelSpec:
+class KernelBuild:
     kernel_id: str                                # ABI id (helios_backend/kernels/abi.py)
     module: str                                   # ignition.kernels.triton.<module>
     function: str                                 # @triton.jit function = cubin symbol
@@ -215,80 +215,80 @@ _QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, 
 
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
 # before its ABI entry does.
-KERNEL_SPECS: tuple[KernelSpec, ...] = (
+KERNEL_SPECS: tuple[KernelBuild, ...] = (
     # BLOCK_T x MAX_ROWS compare matrix per program: keep it small for decode (tokens = rows)
-    KernelSpec("step.geometry.v1", "tokens", "step_geometry",
+    KernelBuild("step.geometry.v1", "tokens", "step_geometry",
                {"BLOCK_T": 32, "MAX_ROWS": 256}, _step_geometry),
-    KernelSpec("tokens.select_input.v1", "tokens", "select_input_ids",
+    KernelBuild("tokens.select_input.v1", "tokens", "select_input_ids",
                {"BLOCK_T": 256}, _token_tiles),
     # one [4 tokens, 256 dims] tile per program (16-byte f16 loads), no loop over dim
-    KernelSpec("embedding.gather.v1", "tokens", "embed_tokens",
+    KernelBuild("embedding.gather.v1", "tokens", "embed_tokens",
                {"BLOCK_T": 4, "BLOCK_D": 256}, _token_dim_tiles, divisible=("dim",)),
-    KernelSpec("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
+    KernelBuild("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
                _QKV_GEMM, _qkv_rope_store,
                num_stages=3, divisible=("dim", "head_dim", "page_stride")),
-    KernelSpec("attention.paged.v1", "attention", "paged_attention",
+    KernelBuild("attention.paged.v1", "attention", "paged_attention",
                {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
                num_stages=3, divisible=("head_dim", "page_stride")),
-    KernelSpec("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
+    KernelBuild("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
                _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim")),
                num_stages=3,
                divisible=("in_dim", "out_dim")),
-    KernelSpec("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
+    KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
                _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
                divisible=("dim", "ffn_dim")),
-    KernelSpec("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
+    KernelBuild("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
                _gemv_or_tiles("rows", "vocab", _gemm("vocab", "rows"), "dim"), num_warps=8,
                num_stages=2,
                divisible=("dim", "vocab")),
-    KernelSpec("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
+    KernelBuild("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
                _vocab_tiles, divisible=("vocab", "histogram_bins")),
-    KernelSpec("sampling.draw.v1", "sampling", "draw_tokens",
+    KernelBuild("sampling.draw.v1", "sampling", "draw_tokens",
                {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=8, divisible=("vocab",)),
-    KernelSpec("sampling.keep_logits.v1", "logprobs", "keep_logits", {"BLOCK_V": 1024},
+    KernelBuild("sampling.keep_logits.v1", "logprobs", "keep_logits", {"BLOCK_V": 1024},
                _vocab_tiles, divisible=("vocab",)),
-    KernelSpec("sampling.logprobs.v1", "logprobs", "sampled_logprobs",
+    KernelBuild("sampling.logprobs.v1", "logprobs", "sampled_logprobs",
                {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
                num_warps=4, divisible=("vocab",)),
     # many programs per row (a 2048-token chunk each) and a last-arriving finisher;
     # sampling.draw.v2 also applies the penalties and grammar mask (no adjust node)
-    KernelSpec("sampling.draw.v2", "sampling", "draw_adjusted_tokens",
+    KernelBuild("sampling.draw.v2", "sampling", "draw_adjusted_tokens",
                {"BLOCK_V": 2048, "CANDIDATES": 32, "MAX_CHUNKS": 32}, _vocab_chunks("CANDIDATES"),
                num_warps=8, divisible=("vocab", "histogram_bins")),
-    KernelSpec("sampling.logprobs.v2", "logprobs", "requested_logprobs",
+    KernelBuild("sampling.logprobs.v2", "logprobs", "requested_logprobs",
                {"BLOCK_V": 2048, "TOP_C": 32, "MAX_CHUNKS": 32}, _vocab_chunks("TOP_C"),
                num_warps=8, divisible=("vocab",)),
-    KernelSpec("logits.score_targets.v1", "logprobs", "score_targets", {"BLOCK_V": 64, "BLOCK_K": 64},
+    KernelBuild("logits.score_targets.v1", "logprobs", "score_targets", {"BLOCK_V": 64, "BLOCK_K": 64},
                _per_token, num_warps=4, divisible=("dim",)),
     # 8 warps: one row per thread, so every per-row value shares one layout (no shared-memory
     # conversions between the loads and the scattered stores)
-    KernelSpec("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
+    KernelBuild("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
                _one_program_over_rows, num_warps=8),
-    KernelSpec("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
+    KernelBuild("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
                _histogram_tiles, divisible=("histogram_bins",)),
-    KernelSpec("attention.paged_split.v1", "attention", "paged_attention_split",
+    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split",
                {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256},
                _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride")),
-    KernelSpec("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},
+    KernelBuild("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},
                _page_chunks, divisible=("page_stride", "row_stride")),
-    KernelSpec("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},
+    KernelBuild("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},
                _page_chunks, divisible=("page_stride", "row_stride")),
-    KernelSpec("speculative.copy_confidence.v1", "speculative", "copy_confidence",
+    KernelBuild("speculative.copy_confidence.v1", "speculative", "copy_confidence",
                {"BLOCK_K": 16}, _per_row),
-    KernelSpec("speculative.allocate.v1", "speculative", "allocate_prefixes", {"MAX_ROWS": 256},
+    KernelBuild("speculative.allocate.v1", "speculative", "allocate_prefixes", {"MAX_ROWS": 256},
                _one_program),
-    KernelSpec("speculative.expand.v1", "speculative", "expand_block",
+    KernelBuild("speculative.expand.v1", "speculative", "expand_block",
                {"BLOCK_T": 64, "MAX_ROWS": 256}, _token_tiles_over_rows),
-    KernelSpec("speculative.verify_commit.v1", "speculative", "verify_commit",
+    KernelBuild("speculative.verify_commit.v1", "speculative", "verify_commit",
                {"MAX_ROWS": 256, "BLOCK_V": 2048, "MAX_CHUNKS": 64, "BLOCK_E": 8, "BLOCK_X": 16},
                _per_lane,
                num_warps=8, divisible=("vocab", "histogram_bins")),
     # tensor parallelism: a rank's partial projection stored over the whole token capacity
     # (rows past the live count 0) before its all-reduce (ignition/preparation/tensor_parallel.py)
-    KernelSpec("linear.project.v1", "projection", "linear_project",
+    KernelBuild("linear.project.v1", "projection", "linear_project",
                {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}, _gemm("out_dim", "tokens"),
                num_stages=3, divisible=("in_dim", "out_dim")),
 )
 
-SPECS_BY_ID: Mapping[str, KernelSpec] = {spec.kernel_id: spec for spec in KERNEL_SPECS}
+SPECS_BY_ID: Mapping[str, KernelBuild] = {spec.kernel_id: spec for spec in KERNEL_SPECS}

@@ -61,7 +61,7 @@ class PreparedModel:
 
 
 @dataclass(frozen=True)
-class Variant:
+class CaptureVariant:
     operation: int
     rows: int
     tokens: int
@@ -72,20 +72,20 @@ class Variant:
         return f"{op}.r{self.rows}" if self.tokens == 0 else f"{op}.r{self.rows}.t{self.tokens}"
 
 
-def variants(options: Any) -> list[Variant]:
-    out = [Variant(C.OPERATION_INITIALIZATION, rows, 0) for rows in options.admission_rows]
-    out += [Variant(C.OPERATION_PREFILL, rows, tokens) for rows, tokens in options.prefill_variants]
-    out += [Variant(C.OPERATION_DECODE, rows, rows) for rows in options.decode_rows]
-    out += [Variant(C.OPERATION_MIXED, rows, tokens) for rows, tokens in options.mixed_variants]
+def variants(options: Any) -> list[CaptureVariant]:
+    out = [CaptureVariant(C.OPERATION_INITIALIZATION, rows, 0) for rows in options.admission_rows]
+    out += [CaptureVariant(C.OPERATION_PREFILL, rows, tokens) for rows, tokens in options.prefill_variants]
+    out += [CaptureVariant(C.OPERATION_DECODE, rows, rows) for rows in options.decode_rows]
+    out += [CaptureVariant(C.OPERATION_MIXED, rows, tokens) for rows, tokens in options.mixed_variants]
     # RESUME: decode-shaped steps whose pending token the host feeds (readmitted / restored requests)
-    out += [Variant(C.OPERATION_RESUME, rows, rows) for rows in getattr(options, "resume_rows", ())]
+    out += [CaptureVariant(C.OPERATION_RESUME, rows, rows) for rows in getattr(options, "resume_rows", ())]
     # SCORED_PREFILL: scores live after the logprob records, whose words a speculative core's
     # completion extension occupies instead, so cores with speculative variants record none
     if not getattr(options, "speculative_variants", ()):
-        out += [Variant(C.OPERATION_SCORED_PREFILL, rows, tokens)
+        out += [CaptureVariant(C.OPERATION_SCORED_PREFILL, rows, tokens)
                 for rows, tokens in getattr(options, "scored_prefill_variants", ())]
     if options.snapshot_rows:
-        out += [Variant(C.OPERATION_RESTORATION, rows, 0) for rows in options.restoration_rows]
+        out += [CaptureVariant(C.OPERATION_RESTORATION, rows, 0) for rows in options.restoration_rows]
     return out
 
 

@@ -32,8 +32,8 @@ from model_bundle import load_bundle  # noqa: E402
 from helios_backend.executors.cuda.driver import CountingDriver, load_driver  # noqa: E402
 from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions  # noqa: E402
-from helios_backend.packing import Admission, Lane  # noqa: E402
-from helios_backend.lockstep.generator import Driver, GenerationRequest  # noqa: E402
+from helios_backend.packing import SlotInitialization, PackedLane  # noqa: E402
+from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 from helios_proto import manifest_pb2 as M  # noqa: E402
 
@@ -63,7 +63,7 @@ class Case:
 
     def __init__(self, model: ExecutorModel, seed: int, first_generation: int) -> None:
         self.model = model
-        self.driver = Driver(model)
+        self.driver = LockstepGenerator(model)
         self.rng = np.random.default_rng(seed)
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.generation = first_generation
@@ -81,8 +81,8 @@ class Case:
         self.slots.update(slots)
         for slot, prompt in zip(slots, prompts):
             self.generation += 1
-            admission = Admission.for_prompt(prompt, bins, 1234 + slot, self.driver_sampling(), 4096, eos)
-            self.driver.step(init, [Lane(slot=slot, generation=self.generation, admission=admission)])
+            admission = SlotInitialization.for_prompt(prompt, bins, 1234 + slot, self.driver_sampling(), 4096, eos)
+            self.driver.step(init, [PackedLane(slot=slot, generation=self.generation, initialization=admission)])
 
     @staticmethod
     def driver_sampling():
@@ -103,7 +103,7 @@ class Case:
             for slot in range(rows):
                 self.generation += 1
                 prompt = self.rng.integers(0, self.vocab, 17)
-                lanes.append(Lane(slot=slot, generation=self.generation, admission=Admission.for_prompt(
+                lanes.append(PackedLane(slot=slot, generation=self.generation, initialization=SlotInitialization.for_prompt(
                     prompt, bins, 99 + slot, self.driver_sampling(), 100, (2,))))
             return self.driver.step(program.name, lanes)
         if op in (C.OPERATION_PREFILL, C.OPERATION_SCORED_PREFILL):
@@ -113,13 +113,13 @@ class Case:
             per_row = tokens // rows
             prompts = [self.rng.integers(0, self.vocab, per_row).astype(np.int32) for _ in range(rows)]
             self.admit(list(range(rows)), prompts)
-            lanes = [Lane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
+            lanes = [PackedLane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
                           pages=self.pages_for(per_row),
                           scored_targets=self.rng.integers(0, self.vocab, per_row).astype(np.int32) if scored else None)
                      for s, p in enumerate(prompts)]
             completed = self.driver.step(program.name, lanes)
             if scored:
-                [field] = [f for f in self.model.manifest.completion.header if f.name == "scores"]
+                [field] = [f for f in self.model.execution_manifest.completion.header if f.name == "scores"]
                 words = self.driver.last_words[field.word:field.word + tokens]
                 self.scores = np.asarray(words, np.int32).view(np.float32).copy()
             return completed
@@ -133,17 +133,17 @@ class Case:
             prefill = self.model.program(C.OPERATION_PREFILL, 1, history)
             for s in range(decode_rows):       # history for the decode rows, one sampled pending token each
                 pages[s] = self.pages_for(history + 1)
-                [row] = self.driver.step(prefill, [Lane(slot=s, generation=first + s, consumed=0,
+                [row] = self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, consumed=0,
                                                         tokens=prompts[s], sample=True, pages=pages[s])])
                 self.prepared_tokens[s] = int(row[TOKEN_WORD])
-            lanes = [Lane(slot=s, generation=first + s, consumed=history, pages=pages[s]) for s in range(decode_rows)]
+            lanes = [PackedLane(slot=s, generation=first + s, consumed=history, pages=pages[s]) for s in range(decode_rows)]
             if op == C.OPERATION_RESUME:      # the host feeds each row's pending token
                 for lane in lanes:
                     lane.pending_token = int(self.rng.integers(0, self.vocab))
             if op == C.OPERATION_MIXED:
                 chunk = tokens - decode_rows
                 s = rows - 1
-                lanes.append(Lane(slot=s, generation=first + s, consumed=0,
+                lanes.append(PackedLane(slot=s, generation=first + s, consumed=0,
                                   tokens=self.rng.integers(0, self.vocab, chunk).astype(np.int32), sample=True,
                                   pages=self.pages_for(chunk)))
             return self.driver.step(program.name, lanes)
@@ -164,19 +164,19 @@ class Case:
         pages = {}
         for s in range(rows):
             pages[s] = self.pages_for(length)
-            self.driver.step(prefill, [Lane(slot=s, generation=first + s, tokens=prompts[s], pages=pages[s],
+            self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, tokens=prompts[s], pages=pages[s],
                                             snapshot_row=s)])
         self.admit(list(range(rows, 2 * rows)), prompts)
         second = self.generation - rows + 1
         private = {s: [pages[s][0]] + self.pages_for(1) for s in range(rows)}
         restored = self.driver.step(program.name, [
-            Lane(slot=rows + s, generation=second + s, consumed=length, pages=private[s], restore_row=s)
+            PackedLane(slot=rows + s, generation=second + s, consumed=length, pages=private[s], restore_row=s)
             for s in range(rows)])
         tail_program = self.model.program(C.OPERATION_PREFILL, 1, 4)
         tails = []
         for s in range(rows):
             tail = self.rng.integers(0, self.vocab, 4).astype(np.int32)
-            tails.append(self.driver.step(tail_program, [Lane(slot=rows + s, generation=second + s, consumed=length,
+            tails.append(self.driver.step(tail_program, [PackedLane(slot=rows + s, generation=second + s, consumed=length,
                                                                tokens=tail, pages=private[s])]))
         self.logits_program = tail_program
         return np.concatenate([restored] + tails)
@@ -359,7 +359,7 @@ def main() -> None:
         try:
             for kind, model in models.items():
                 requests = [GenerationRequest(p, max_tokens=args.steps, eos_ids=(vocab - 1,)) for p in prompts]
-                tokens[kind] = [r.tokens for r in Driver(model).generate(requests)]
+                tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
             same = tokens["cuda"] == tokens["numpy"]
             first_diff = None
             if not same:

@@ -1,4 +1,4 @@
-"""Device script: the backend's serving loop (HeliosRuntime: bootstrap, NativeModel.load with
+"""Device script: the backend's serving loop (Engine: bootstrap, NativeModel.load with
 the chosen executor, scheduler, worker, response hub) on a core written from the model bundle.
 
     python tests/gpu/serve_runtime.py [--executor cuda] [--requests 8] [--max-tokens 64]
@@ -60,7 +60,7 @@ def main() -> None:
 
     from helios_backend.scheduler.request import RequestSpec, SamplingSettings
     from helios_backend.engine.responses import Stream
-    from helios_backend.engine.engine import HeliosRuntime
+    from helios_backend.engine.engine import Engine
     from helios_backend.engine.settings import StartupOptions
     from helios_backend.transport import OUT_TOKENS
 
@@ -70,7 +70,7 @@ def main() -> None:
     from helios_backend.engine import engine as runtime_module
 
     if "executor=" not in pathlib.Path(runtime_module.__file__).read_text():
-        # HeliosRuntime.start builds ModelOptions without StartupOptions.executor (reported to
+        # Engine.start builds ModelOptions without StartupOptions.executor (reported to
         # the server part); until it passes it through, bind it here
         runtime_module.ModelOptions = dataclasses.make_dataclass(
             "ModelOptions", [("executor", str, dataclasses.field(default=args.executor))],
@@ -80,7 +80,7 @@ def main() -> None:
     write_core(path)
     print(f"core written: {path.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - started:.1f} s", flush=True)
     started = time.perf_counter()
-    runtime = HeliosRuntime.start(StartupOptions(path, NAMESPACE, executor=args.executor,
+    runtime = Engine.start(StartupOptions(path, NAMESPACE, executor=args.executor,
                                                  page_capacity=args.page_capacity))
     print(f"runtime ready in {time.perf_counter() - started:.1f} s: executor {type(runtime.model.executor).__name__}, "
           f"{runtime.model.manifests[0].cache_pages} cache pages", flush=True)
@@ -91,7 +91,7 @@ def main() -> None:
         prompt = tokenizer.encode(PROMPTS[serial % len(PROMPTS)]).ids
         sender = Sender()
         senders.append(sender)
-        runtime.submit(RequestSpec(tuple(prompt), args.max_tokens, SamplingSettings()), Stream(serial + 1, sender))
+        runtime.add_request(RequestSpec(tuple(prompt), args.max_tokens, SamplingSettings()), Stream(serial + 1, sender))
     for sender in senders:
         sender.done.wait(120)
     elapsed = time.perf_counter() - started

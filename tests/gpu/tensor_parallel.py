@@ -136,10 +136,10 @@ def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pat
 def greedy_with_logits(model: Any, prompts: Sequence[Sequence[int]], steps: int) -> tuple[list[list[int]], np.ndarray]:
     """Greedy tokens of every prompt for `steps` steps (no EOS stop) and rank 0's logits
     [rounds, rows, vocab] after every decode round."""
-    from helios_backend.lockstep.generator import Driver, GenerationRequest
+    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 
     vocab = model.contract.model.vocabulary.sampled_tokens
-    driver = Driver(model)
+    driver = LockstepGenerator(model)
     requests = [GenerationRequest(list(p), steps, eos_ids=(vocab - 1,)) for p in prompts]
     actives = driver.admit(requests, list(range(len(prompts))))
     for active in actives:
@@ -155,8 +155,8 @@ def greedy_with_logits(model: Any, prompts: Sequence[Sequence[int]], steps: int)
 
 def rank_disagreements(model: Any, buffers: Sequence[str]) -> list[str]:
     """Buffers whose bytes differ between rank 0 and any other rank (empty: the ranks agree)."""
-    world = max(1, model.manifest.world_size)
-    names = {b.name for b in model.manifest.buffers}
+    world = max(1, model.execution_manifest.world_size)
+    names = {b.name for b in model.execution_manifest.buffers}
     executor = model.executor
     return [name for name in buffers if name in names
             for rank in range(1, world)
@@ -184,11 +184,11 @@ def compare_program(models: dict[int, Any], program: Any, index: int) -> dict:
     for degree, model in models.items():
         case = Case(model, seed=zlib.crc32(program.name.encode()), first_generation=1_000_000 * (index + 1))
         rows = case.run(program).copy()
-        name = logits_buffer(model.manifest, case.logits_program or program.name)
+        name = logits_buffer(model.execution_manifest, case.logits_program or program.name)
         logits = None
         if name is not None:
             raw = model.executor.read_buffer(name).view(np.float32)
-            logits = raw[:model.manifest.request_slots * vocab].reshape(-1, vocab)[:program.capacity.rows].copy()
+            logits = raw[:model.execution_manifest.request_slots * vocab].reshape(-1, vocab)[:program.capacity.rows].copy()
         outputs[degree] = (rows, logits)
     (rows2, logits2), (rows1, logits1) = outputs[2], outputs[1]
     result: dict = {"case": program.name}
@@ -248,9 +248,9 @@ def run(args: argparse.Namespace) -> int:
                                                  workdir)
             print(f"TP={degree} ({args.executor}) loaded at {time.time() - started:.1f} s: "
                   f"{len(models[degree].executor.programs)} programs, world size "
-                  f"{models[degree].manifest.world_size}", flush=True)
-        names = {p.name for p in models[1].manifest.programs}
-        programs = [p for p in models[2].manifest.programs if p.rank == 0 and p.name in names
+                  f"{models[degree].execution_manifest.world_size}", flush=True)
+        names = {p.name for p in models[1].execution_manifest.programs}
+        programs = [p for p in models[2].execution_manifest.programs if p.rank == 0 and p.name in names
                     and (not args.only or p.name in args.only.split(","))]
         for index, program in enumerate([] if args.greedy_only else programs):
             results.append(_guarded(program.name, lambda: compare_program(models, program, index)))

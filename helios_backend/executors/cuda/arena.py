@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .driver import check
-from .errors import CapacityError
+from .errors import DeviceMemoryError
 from .plan import ArenaLayout, BufferAddresses, align_up
 
 
@@ -56,7 +56,7 @@ class DeviceArena:
         try:
             handle = check(d.cuMemCreate(size, self._prop, 0), "cuMemCreate")
         except Exception as error:
-            raise CapacityError(f"rank {self.layout.rank}: cannot back {size} bytes") from error
+            raise DeviceMemoryError(f"rank {self.layout.rank}: cannot back {size} bytes") from error
         check(d.cuMemMap(address, size, 0, handle, 0), "cuMemMap")
         access = d.CUmemAccessDesc()
         access.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -86,9 +86,9 @@ class DeviceArena:
     def map_cache(self, pages: int) -> None:
         """Back `pages` pages of every CACHE window (once, after graphs load)."""
         if self.cache_pages:
-            raise CapacityError("cache already backed")
+            raise DeviceMemoryError("cache already backed")
         if pages > self.max_pages:
-            raise CapacityError(f"{pages} pages exceed the device ({self.max_pages})")
+            raise DeviceMemoryError(f"{pages} pages exceed the device ({self.max_pages})")
         addresses = self.addresses()
         for name, page_nbytes in self.layout.cache_page_nbytes.items():
             if pages:

@@ -10,7 +10,7 @@ from helios_backend.executors.base import (ExecutorLoadError, FrameStateError, K
                                            MissingVariantError, UnknownProgramError)
 
 __all__ = ["CudaExecutorError", "DriverUnavailableError", "CudaCallError", "ManifestError", "ProgramError",
-           "CapacityError", "MissingVariantError", "UnknownProgramError", "FrameStateError"]
+           "DeviceMemoryError", "MissingVariantError", "UnknownProgramError", "FrameStateError"]
 
 
 class CudaExecutorError(RuntimeError):
@@ -39,5 +39,5 @@ class ProgramError(ManifestError, KernelArgumentError):
     """A recorded program does not match the kernel ABI or the buffer layout."""
 
 
-class CapacityError(CudaExecutorError):
+class DeviceMemoryError(CudaExecutorError):
     """The device has too little memory for the manifest and the chosen capacities."""
