@@ -1,31 +1,43 @@
-"""The gateway's Triton client: one gRPC stream per backend request, typed events out.
+"""The gateway's Triton client: generations multiplexed on one channel, typed events out.
 
-Why one stream per request: Triton's gRPC protocol has no per-request cancel inside a
-stream, so cancelling the stream is how a disconnected client cancels exactly its own
-request (HTTP-6). The request side of the stream stays open until the caller is done, so
-Triton never sees a half-close while responses are still due.
+Generations travel on a channel (docs/transport.md): one long-lived gRPC stream per gateway
+process carries the channel request, every generate request (each tagged) and the cancels.
+The backend answers each generate request at once with a flag-only FINAL (which Triton does
+not forward) and sends the output of all of them as channel batches, one message per
+backend pass instead of one per request per token. The stream is read by one task that
+routes each request's output, in order, to its generation; a client that goes away cancels
+exactly its own request with a CancelRequest naming its tag (HTTP-6). The assets request,
+asked once at startup, keeps a stream of its own.
 
 A generation yields, in order: zero or more ``TokenBatch`` (coalesced ids, aligned
 timestamps and logprobs) and then exactly one ``StreamTerminal`` (the backend's typed
 TerminalEvent) or one ``StreamFailure`` (the stream broke or Triton refused in-band).
-Tensor names and messages: docs/transport.md.
+If the channel's stream breaks, every generation on it fails at once with LOST (UNREACHABLE
+when the channel never opened), and the next generation opens a new channel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
+import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import InferInput, service_pb2, service_pb2_grpc
 
+from helios_backend.transport import (IN_PARAMETERS, IN_PROMPT, MODEL_NAME, OUT_CHANNEL_BATCH, OUT_EVENT,
+                                      OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, OUT_TOP_IDS, OUT_TOP_LOGPROBS,
+                                      array_message, parameters_array)
 from helios_proto import transport_pb2 as tp
 
-MODEL_NAME = "helios"          # the default Triton model name (model_repository/helios)
+log = logging.getLogger("helios.gateway.triton")
+_UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +72,222 @@ GenerationEvent = TokenBatch | StreamTerminal | StreamFailure
 
 
 def _parameters_input(params: tp.RequestParameters) -> InferInput:
-    tensor = InferInput("parameters", [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([params.SerializeToString()], dtype=np.object_))
+    payload = parameters_array(params)
+    tensor = InferInput(IN_PARAMETERS, [payload.size], "UINT8")
+    tensor.set_data_from_numpy(payload)
     return tensor
+
+
+def _infer_request(model_name: str, request_id: str, params: tp.RequestParameters,
+                   prompt: Sequence[int] | None = None, output: str | None = None) -> service_pb2.ModelInferRequest:
+    """A raw ModelInferRequest (the channel path skips tritonclient's per-message wrappers)."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    payload = params.SerializeToString()
+    tensor = request.inputs.add(name=IN_PARAMETERS, datatype="UINT8")
+    tensor.shape.append(len(payload))
+    request.raw_input_contents.append(payload)
+    if prompt is not None:
+        ids = np.asarray(prompt, dtype="<i4")
+        tensor = request.inputs.add(name=IN_PROMPT, datatype="INT32")
+        tensor.shape.append(ids.size)
+        request.raw_input_contents.append(ids.tobytes())
+    if output is not None:
+        request.outputs.add(name=output)
+    return request
+
+
+def _token_batch(out: tp.ChannelOutput) -> TokenBatch | None:
+    if not out.token_ids:
+        return None
+    ids = np.array(out.token_ids, dtype=np.int32)
+    k = out.top_k
+    return TokenBatch(
+        token_ids=ids,
+        timestamps_ns=np.array(out.timestamps_ns, dtype=np.int64) if out.timestamps_ns else None,
+        logprobs=np.array(out.logprobs, dtype=np.float32) if out.logprobs else None,
+        top_token_ids=np.array(out.top_token_ids, dtype=np.int32).reshape(-1, k) if k else None,
+        top_logprobs=np.array(out.top_logprobs, dtype=np.float32).reshape(-1, k) if k else None)
+
+
+class ChannelGeneration:
+    """One generate request on a channel. Iterate ``events`` once; ``cancel`` at any time."""
+
+    def __init__(self, mux: "ChannelMux", prompt: Sequence[int], request: tp.GenerateRequest,
+                 request_id: str) -> None:
+        self._mux = mux
+        self._prompt = prompt
+        self._request = request
+        self._request_id = request_id
+        self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        self.tag = 0
+        self._ended = False
+
+    def push(self, event: GenerationEvent) -> None:
+        """From the channel reader, in arrival order."""
+        if not self._ended:
+            self._ended = not isinstance(event, TokenBatch)
+            self._queue.put_nowait(event)
+
+    def deliver(self, out: tp.ChannelOutput) -> None:
+        batch = _token_batch(out)
+        if batch is not None:
+            self.push(batch)
+        if out.HasField("event"):
+            if out.event.WhichOneof("kind") != "terminal":
+                self.push(StreamFailure(StreamFailureKind.MALFORMED,
+                                        f"expected a terminal event, got {out.event.WhichOneof('kind')}"))
+            else:
+                self.push(StreamTerminal(out.event.terminal))
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        try:
+            await self._mux.submit(self)
+        except ConnectionError as exc:
+            self._ended = True
+            yield StreamFailure(StreamFailureKind.UNREACHABLE, str(exc))
+            return
+        while True:
+            event = await self._queue.get()
+            yield event
+            if not isinstance(event, TokenBatch):
+                return
+
+    def request_message(self, model_name: str, channel_id: str) -> service_pb2.ModelInferRequest:
+        self._request.channel, self._request.tag = channel_id, self.tag
+        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate=self._request)
+        return _infer_request(model_name, self._request_id, params, self._prompt)
+
+    def cancel(self) -> None:
+        """Cancel the backend request unless it already ended (idempotent)."""
+        if not self._ended:
+            self._ended = True
+            self._mux.cancel(self)
+
+
+class ChannelMux:
+    """One channel: a gRPC stream to Triton, its open generations by tag, one reader task."""
+
+    def __init__(self, url: str, model_name: str) -> None:
+        self._url = url
+        self._model_name = model_name
+        self._grpc: grpc.aio.Channel | None = None
+        self._outbox: asyncio.Queue[service_pb2.ModelInferRequest | None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._routes: dict[int, ChannelGeneration] = {}
+        self._tags = itertools.count(1)
+        self._channel_id = ""
+        self._opened = False                 # a response of the channel's stream arrived
+        self._lock = asyncio.Lock()
+
+    @property
+    def open_generations(self) -> int:
+        return len(self._routes)
+
+    async def submit(self, generation: ChannelGeneration) -> None:
+        async with self._lock:
+            if self._reader is None or self._reader.done():
+                await self._open()
+        assert self._outbox is not None
+        generation.tag = next(self._tags)
+        self._routes[generation.tag] = generation
+        self._outbox.put_nowait(generation.request_message(self._model_name, self._channel_id))
+
+    def cancel(self, generation: ChannelGeneration) -> None:
+        if self._routes.pop(generation.tag, None) is None or self._outbox is None:
+            return
+        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1,
+                                      cancel=tp.CancelRequest(channel=self._channel_id, tags=[generation.tag]))
+        self._outbox.put_nowait(_infer_request(self._model_name, f"cancel-{generation.tag}", params))
+
+    async def _open(self) -> None:
+        if self._grpc is None:
+            self._grpc = grpc.aio.insecure_channel(self._url, options=_UNLIMITED)
+        self._channel_id = uuid.uuid4().hex
+        self._opened = False
+        outbox: asyncio.Queue[service_pb2.ModelInferRequest | None] = asyncio.Queue()
+        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, channel=tp.ChannelRequest(id=self._channel_id))
+        outbox.put_nowait(_infer_request(self._model_name, self._channel_id, params, output=OUT_CHANNEL_BATCH))
+        self._outbox = outbox
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(self._grpc)
+        call = stub.ModelStreamInfer(self._requests(outbox))
+        self._reader = asyncio.create_task(self._read(call, self._channel_id))
+
+    @staticmethod
+    async def _requests(outbox: asyncio.Queue[service_pb2.ModelInferRequest | None]
+                        ) -> AsyncIterator[service_pb2.ModelInferRequest]:
+        while True:
+            message = await outbox.get()
+            if message is None:
+                return
+            yield message
+
+    async def _read(self, call: object, channel_id: str) -> None:
+        failure = StreamFailure(StreamFailureKind.LOST, "the channel ended")
+        try:
+            async for response in call:  # type: ignore[attr-defined]
+                self._opened = True
+                infer = response.infer_response
+                if response.error_message:
+                    # an in-band error names a request only by its id; the channel's own, or an
+                    # id we cannot route, leaves the channel unusable
+                    target = next((g for g in self._routes.values() if g._request_id == infer.id), None)
+                    if target is not None and infer.id != channel_id:
+                        self._routes.pop(target.tag, None)
+                        target.push(StreamFailure(StreamFailureKind.REFUSED, response.error_message))
+                        continue
+                    failure = StreamFailure(StreamFailureKind.IN_BAND_ERROR, response.error_message)
+                    return
+                if infer.id != channel_id:
+                    continue                  # never sent: generate and cancel FINALs are flag-only
+                self._dispatch(infer)
+                final = infer.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    failure = StreamFailure(StreamFailureKind.LOST, "the backend closed the channel")
+                    return
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            kind = (StreamFailureKind.UNREACHABLE if exc.code() == grpc.StatusCode.UNAVAILABLE and not self._opened
+                    else StreamFailureKind.LOST)
+            failure = StreamFailure(kind, f"{exc.code().name}: {exc.details()}")
+        except (ValueError, TypeError) as exc:       # a malformed batch
+            failure = StreamFailure(StreamFailureKind.MALFORMED, str(exc))
+        finally:
+            routes, self._routes = self._routes, {}
+            if self._outbox is not None:
+                self._outbox.put_nowait(None)
+            for generation in routes.values():
+                generation.push(failure)
+            if routes:
+                log.warning("channel %s ended with %d open requests: %s", channel_id, len(routes), failure.detail)
+
+    def _dispatch(self, infer: service_pb2.ModelInferResponse) -> None:
+        for index, output in enumerate(infer.outputs):
+            if output.name == OUT_EVENT:          # the backend refused the channel itself
+                event = tp.ResponseEvent.FromString(infer.raw_output_contents[index])
+                raise ValueError(f"channel refused: {event}")
+            if output.name != OUT_CHANNEL_BATCH:
+                continue
+            batch = tp.ChannelBatch.FromString(infer.raw_output_contents[index])
+            for out in batch.outputs:
+                generation = self._routes.get(out.tag)
+                if generation is None:
+                    continue                  # cancelled here already
+                generation.deliver(out)
+                if out.HasField("event"):
+                    del self._routes[out.tag]
+
+    async def close(self) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(None)
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._grpc is not None:
+            await self._grpc.close()
 
 
 class Generation:
@@ -148,20 +373,20 @@ class Generation:
 
     @staticmethod
     def _decode(result: grpcclient.InferResult) -> tuple[TokenBatch | None, StreamTerminal | None]:
-        token_ids = result.as_numpy("token_ids")
+        token_ids = result.as_numpy(OUT_TOKENS)
         batch = None
         if token_ids is not None and token_ids.size:
             batch = TokenBatch(
                 token_ids=token_ids.reshape(-1),
-                timestamps_ns=result.as_numpy("token_timestamps_ns"),  # None when not requested
-                logprobs=result.as_numpy("logprobs"),
-                top_token_ids=result.as_numpy("top_token_ids"),
-                top_logprobs=result.as_numpy("top_logprobs"),
+                timestamps_ns=result.as_numpy(OUT_TIMESTAMPS),  # None when not requested
+                logprobs=result.as_numpy(OUT_LOGPROBS),
+                top_token_ids=result.as_numpy(OUT_TOP_IDS),
+                top_logprobs=result.as_numpy(OUT_TOP_LOGPROBS),
             )
-        event_tensor = result.as_numpy("event")
+        event_tensor = result.as_numpy(OUT_EVENT)
         terminal = None
         if event_tensor is not None and event_tensor.size:
-            event = tp.ResponseEvent.FromString(bytes(event_tensor.reshape(-1)[0]))
+            event = tp.ResponseEvent.FromString(array_message(event_tensor))
             if event.WhichOneof("kind") != "terminal":
                 raise ValueError(f"expected a terminal event, got {event.WhichOneof('kind')}")
             terminal = StreamTerminal(event.terminal)
@@ -172,22 +397,22 @@ class Generation:
 
 
 class TritonBackend:
-    """Shares one gRPC channel; every generation opens its own stream on it."""
+    """Generations go on this process's channel; the assets request and readiness probes use
+    tritonclient on the same server."""
 
     def __init__(self, url: str, model_name: str = MODEL_NAME) -> None:
         self.url = url
         self.model_name = model_name
         self._client = grpcclient.InferenceServerClient(url)
+        self._mux = ChannelMux(url, model_name)
 
     async def close(self) -> None:
+        await self._mux.close()
         await self._client.close()
 
     def generate(self, prompt_token_ids: Sequence[int], request: tp.GenerateRequest,
-                 request_id: str) -> Generation:
-        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate=request)
-        prompt = InferInput("prompt_token_ids", [len(prompt_token_ids)], "INT32")
-        prompt.set_data_from_numpy(np.asarray(prompt_token_ids, dtype=np.int32))
-        return Generation(self._client, [_parameters_input(params), prompt], request_id, self.model_name)
+                 request_id: str) -> ChannelGeneration:
+        return ChannelGeneration(self._mux, prompt_token_ids, request, request_id)
 
     async def fetch_assets(self, timeout_s: float) -> tp.FrontendAssets:
         """Ask the served model for its frontend assets (a tiny inference on the model).
@@ -201,10 +426,10 @@ class TritonBackend:
                 async for result, error in generation.results():
                     if error is not None:
                         raise ConnectionError(f"assets request refused: {error}")
-                    tensor = result.as_numpy("event")
+                    tensor = result.as_numpy(OUT_EVENT)
                     if tensor is None or not tensor.size:
                         continue
-                    event = tp.ResponseEvent.FromString(bytes(tensor.reshape(-1)[0]))
+                    event = tp.ResponseEvent.FromString(array_message(tensor))
                     if event.WhichOneof("kind") != "assets":
                         raise ConnectionError(f"assets request answered with {event.WhichOneof('kind')}")
                     return event.assets

@@ -1,8 +1,13 @@
-"""The transport tensors (proto/helios_proto/transport.proto, docs/transport.md).
+"""The transport, declared once: tensor names and types, request decoding, response encoding
+(proto/helios_proto/transport.proto, docs/transport.md).
 
-Backend side: decode a request's tensors into a RequestSpec (or an assets request) and
-turn coalesced output into response arrays. Client side (gateway, tests): build the
-request arrays and decode the event of a response. No Triton import here.
+Backend side: decode a request's tensors into a RequestSpec (or an assets, channel or
+cancel request) and turn coalesced output into response arrays or channel outputs. Client
+side (gateway, tests): build the request arrays and decode responses. No Triton import here;
+model_repository/helios/config.pbtxt declares exactly TENSORS (a test checks it).
+
+Every serialized message travels as a UINT8 tensor, never BYTES: the Python backend stub of
+Triton 2.51 cannot deserialize BYTES tensors under numpy 2.
 """
 from __future__ import annotations
 
@@ -27,7 +32,37 @@ OUT_LOGPROBS = "logprobs"
 OUT_TOP_IDS = "top_token_ids"
 OUT_TOP_LOGPROBS = "top_logprobs"
 OUT_EVENT = "event"
-OUTPUTS = (OUT_TOKENS, OUT_TIMESTAMPS, OUT_LOGPROBS, OUT_TOP_IDS, OUT_TOP_LOGPROBS, OUT_EVENT)
+OUT_CHANNEL_BATCH = "channel_batch"
+OUTPUTS = (OUT_TOKENS, OUT_TIMESTAMPS, OUT_LOGPROBS, OUT_TOP_IDS, OUT_TOP_LOGPROBS, OUT_EVENT, OUT_CHANNEL_BATCH)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str                          # Triton data type without the TYPE_ prefix
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+INPUTS = (TensorSpec(IN_PARAMETERS, "UINT8", (-1,)),
+          TensorSpec(IN_PROMPT, "INT32", (-1,), optional=True))
+OUTPUT_TENSORS = (TensorSpec(OUT_TOKENS, "INT32", (-1,)),
+                  TensorSpec(OUT_TIMESTAMPS, "INT64", (-1,)),
+                  TensorSpec(OUT_LOGPROBS, "FP32", (-1,)),
+                  TensorSpec(OUT_TOP_IDS, "INT32", (-1, -1)),
+                  TensorSpec(OUT_TOP_LOGPROBS, "FP32", (-1, -1)),
+                  TensorSpec(OUT_EVENT, "UINT8", (-1,)),
+                  TensorSpec(OUT_CHANNEL_BATCH, "UINT8", (-1,)))
+TENSORS = INPUTS + OUTPUT_TENSORS
+
+
+def message_array(message: bytes) -> np.ndarray:
+    """A serialized message as the UINT8 tensor that carries it."""
+    return np.frombuffer(message, dtype=np.uint8)
+
+
+def array_message(raw: np.ndarray) -> bytes:
+    return np.ascontiguousarray(raw, dtype=np.uint8).tobytes()
 
 
 class TransportError(ValueError):
@@ -43,18 +78,16 @@ class TransportError(ValueError):
 
 
 def decode_parameters(raw: np.ndarray | None) -> tp.RequestParameters:
-    if raw is None or raw.size != 1:
-        raise TransportError(IN_PARAMETERS, "exactly one serialized RequestParameters is required")
-    value = raw.reshape(-1)[0]
-    data = value if isinstance(value, (bytes, bytearray)) else str(value).encode()
+    if raw is None or raw.dtype != np.uint8 or raw.size == 0:
+        raise TransportError(IN_PARAMETERS, "one serialized RequestParameters (UINT8) is required")
     try:
-        params = tp.RequestParameters.FromString(bytes(data))
+        params = tp.RequestParameters.FromString(array_message(raw))
     except DecodeError as exc:
         raise TransportError(IN_PARAMETERS, f"not a RequestParameters message ({exc})") from None
     if params.version != tp.TRANSPORT_VERSION_1:
         raise TransportError("parameters.version", f"unsupported transport version {params.version}")
     if params.WhichOneof("kind") is None:
-        raise TransportError("parameters.kind", "neither generate nor assets")
+        raise TransportError("parameters.kind", "no request kind (generate, assets, channel or cancel)")
     return params
 
 
@@ -69,6 +102,8 @@ class SpecDefaults:
 def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: SpecDefaults) -> RequestSpec:
     if prompt is None:
         raise TransportError(IN_PROMPT, "a generate request needs prompt_token_ids")
+    if gen.channel and gen.tag == 0:
+        raise TransportError("tag", "a request on a channel needs a nonzero tag")
     ids = tuple(int(t) for t in np.asarray(prompt).reshape(-1))
     s, d = gen.sampling, defaults.sampling
 
@@ -132,23 +167,43 @@ class OutputChunk:
             out[OUT_TOP_LOGPROBS] = (np.stack(self.top_logprobs).astype(np.float32) if self.top_logprobs
                                      else np.zeros((0, top_k), np.float32))
         if self.event is not None:
-            out[OUT_EVENT] = np.array([self.event.SerializeToString()], dtype=np.object_)
+            out[OUT_EVENT] = message_array(self.event.SerializeToString())
         return out
+
+    def fill(self, out: tp.ChannelOutput, timestamps: bool, logprobs: bool, top_k: int) -> None:
+        """This chunk as one request's entry of a channel batch."""
+        out.token_ids.extend(self.tokens)
+        if timestamps:
+            out.timestamps_ns.extend(self.timestamps)
+        if logprobs:
+            out.logprobs.extend(self.logprobs)
+        if top_k and self.top_ids:
+            out.top_k = top_k
+            out.top_token_ids.extend(np.concatenate(self.top_ids).astype(np.int32).tolist())
+            out.top_logprobs.extend(np.concatenate(self.top_logprobs).astype(np.float32).tolist())
+        if self.event is not None:
+            out.event.CopyFrom(self.event)
 
 
 # ---- client side ---------------------------------------------------------------------------
 
+def parameters_array(params: tp.RequestParameters) -> np.ndarray:
+    return message_array(params.SerializeToString())
+
+
 def generate_arrays(prompt: list[int] | np.ndarray, request: tp.GenerateRequest) -> dict[str, np.ndarray]:
     params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate=request)
-    return {IN_PARAMETERS: np.array([params.SerializeToString()], dtype=np.object_),
-            IN_PROMPT: np.asarray(prompt, dtype=np.int32)}
+    return {IN_PARAMETERS: parameters_array(params), IN_PROMPT: np.asarray(prompt, dtype=np.int32)}
 
 
 def assets_arrays() -> dict[str, np.ndarray]:
     params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, assets=tp.AssetsRequest())
-    return {IN_PARAMETERS: np.array([params.SerializeToString()], dtype=np.object_)}
+    return {IN_PARAMETERS: parameters_array(params)}
 
 
 def decode_event(raw: np.ndarray) -> tp.ResponseEvent:
-    value = raw.reshape(-1)[0]
-    return tp.ResponseEvent.FromString(bytes(value))
+    return tp.ResponseEvent.FromString(array_message(raw))
+
+
+def decode_channel_batch(raw: bytes) -> tp.ChannelBatch:
+    return tp.ChannelBatch.FromString(raw)

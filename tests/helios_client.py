@@ -17,7 +17,7 @@ from helios_proto import transport_pb2 as tp
 from helios_backend.transport import (
     MODEL_NAME, OUT_EVENT, OUT_TIMESTAMPS, OUT_TOKENS, assets_arrays, decode_event, generate_arrays)
 
-TRITON_TYPES = {np.dtype(np.int32): "INT32", np.dtype(np.object_): "BYTES"}
+TRITON_TYPES = {np.dtype(np.int32): "INT32", np.dtype(np.uint8): "UINT8"}
 
 
 @dataclass

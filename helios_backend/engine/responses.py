@@ -3,12 +3,22 @@
 The worker appends events (deliver) and never waits on a client. The response thread
 sends each request's accumulated output as ONE response: when a reader (or the stub,
 ~0.25 ms per send) is behind, tokens coalesce instead of queueing sends, so a paused
-reader loses nothing and never stalls scheduling (HTTP-9, HTTP-10). The terminal event
-rides on the last data response with the FINAL flag (a flag-only FINAL is invisible to
-the aio gRPC client). It also polls `is_cancelled()` and reports cancellations.
+reader loses nothing and never stalls scheduling (HTTP-9: a paused reader loses no
+output; HTTP-10: it does not block graph scheduling).
 
-Invariant: every registered stream gets exactly one final response: from its terminal
-event, or, if the backend stops first, a typed execution failure.
+Two ways out. A request with its own Triton stream gets its own responses; the terminal
+event rides on the last one with the FINAL flag. A request on a channel (docs/transport.md)
+has its output gathered, with every other request of that channel that produced some in
+this pass, into ONE channel response: per pass one stub send per channel instead of one
+per request, which is what lets the served rate follow the engine's. Per-request order
+holds because one thread sends everything, in pass order.
+
+Cancellation is polled at most every CANCEL_POLL_S: `is_cancelled()` of each own-stream
+request, and of each channel once (a channel's client gone cancels all of its requests).
+
+Invariant: every registered stream gets exactly one final response (its terminal event,
+or, if the backend stops first, a typed execution failure), and every channel gets a
+FINAL once its client is gone or the backend stops.
 """
 from __future__ import annotations
 
@@ -35,15 +45,31 @@ class Sender(Protocol):
     def is_cancelled(self) -> bool: ...
 
 
+class ChannelSink(Protocol):
+    def send_batch(self, payload: bytes) -> None: ...
+    def close(self) -> None: ...          # the channel request's FINAL
+    def is_cancelled(self) -> bool: ...
+
+
+@dataclass
+class Channel:
+    id: str
+    sink: ChannelSink
+    tags: dict[int, int] = field(default_factory=dict)   # tag -> serial of its open requests
+    closed: bool = False
+
+
 @dataclass
 class Stream:
     serial: int
-    sender: Sender
+    sender: Sender | None                # None: the request's output travels on `channel`
     timestamps: bool = False
     logprobs: bool = False
     top_k: int = 0
     ingress_ns: int | None = None        # gateway stamps echoed into Performance
     enqueue_ns: int | None = None
+    channel: Channel | None = None
+    tag: int = 0
     received_ns: int = field(default_factory=time.monotonic_ns)
     first_token_ns: int = 0
     pending: OutputChunk = field(default_factory=OutputChunk)
@@ -52,21 +78,62 @@ class Stream:
     sent_responses: int = 0
 
 
+class ChannelError(ValueError):
+    """A channel request the hub cannot honour (duplicate id, unknown channel)."""
+
+
 class ResponseHub:
     def __init__(self, on_cancel: Callable[[int], None], metrics: MetricsQueue) -> None:
         self._on_cancel = on_cancel
         self._metrics = metrics
         self._lock = threading.Condition()
         self._streams: dict[int, Stream] = {}
+        self._channels: dict[str, Channel] = {}
         self._dirty: set[int] = set()
         self._stopping = False
+        self._next_poll = 0.0
         self._thread = threading.Thread(target=self._run, name="helios-responses", daemon=True)
+        self.channel_responses = 0           # channel sends so far (tests, diagnostics)
 
     def start(self) -> None:
         self._thread.start()
 
+    # ---- channels --------------------------------------------------------------------------
+    def open_channel(self, channel_id: str, sink: ChannelSink) -> Channel:
+        with self._lock:
+            if not channel_id:
+                raise ChannelError("a channel needs an id")
+            if channel_id in self._channels or self._stopping:
+                raise ChannelError(f"channel {channel_id!r} is already open" if not self._stopping
+                                   else "the backend is stopping")
+            channel = self._channels[channel_id] = Channel(channel_id, sink)
+            return channel
+
+    def channel(self, channel_id: str) -> Channel:
+        with self._lock:
+            channel = self._channels.get(channel_id)
+        if channel is None or channel.closed:
+            raise ChannelError(f"no open channel {channel_id!r}")
+        return channel
+
+    def cancel_tags(self, channel: Channel, tags: list[int]) -> None:
+        with self._lock:
+            serials = [channel.tags[t] for t in tags if t in channel.tags]
+            streams = [self._streams[s] for s in serials if s in self._streams]
+            for stream in streams:
+                stream.cancel_reported = True
+        for stream in streams:
+            self._on_cancel(stream.serial)
+
+    # ---- streams ---------------------------------------------------------------------------
     def register(self, stream: Stream) -> None:
         with self._lock:
+            if stream.channel is not None:
+                if stream.channel.closed:
+                    raise ChannelError(f"channel {stream.channel.id!r} is closed")
+                if stream.tag in stream.channel.tags:
+                    raise ChannelError(f"tag {stream.tag} is already in use on channel {stream.channel.id!r}")
+                stream.channel.tags[stream.tag] = stream.serial
             self._streams[stream.serial] = stream
 
     @property
@@ -152,19 +219,48 @@ class ResponseHub:
                     batch.append((stream, chunk, stream.final))
                     if stream.final:
                         del self._streams[serial]
+                        if stream.channel is not None:
+                            stream.channel.tags.pop(stream.tag, None)
                 self._dirty.clear()
                 done = self._stopping and not self._streams and not batch
-                watch = [s for s in self._streams.values() if not s.final and not s.cancel_reported]
+                now = time.monotonic()
+                poll = now >= self._next_poll
+                if poll:
+                    self._next_poll = now + CANCEL_POLL_S
+                    watch = [s for s in self._streams.values()
+                             if s.channel is None and not s.final and not s.cancel_reported]
+                    channels = [c for c in self._channels.values() if not c.closed]
+                if done:
+                    ending = [c for c in self._channels.values() if not c.closed]
+            by_channel: dict[str, tuple[Channel, tp.ChannelBatch]] = {}
             for stream, chunk, final in batch:
-                self._send(stream, chunk, final)
-            for stream in watch:
-                if self._cancelled(stream):
-                    stream.cancel_reported = True
-                    self._on_cancel(stream.serial)
+                if stream.channel is None:
+                    self._send(stream, chunk, final)
+                    continue
+                entry = by_channel.get(stream.channel.id)
+                if entry is None:
+                    entry = by_channel[stream.channel.id] = (stream.channel, tp.ChannelBatch())
+                out = entry[1].outputs.add()
+                out.tag = stream.tag
+                chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
+                stream.sent_responses += 1
+            for channel, message in by_channel.values():
+                self._send_channel(channel, message)
+            if poll:
+                for stream in watch:
+                    if self._cancelled(stream):
+                        stream.cancel_reported = True
+                        self._on_cancel(stream.serial)
+                for channel in channels:
+                    if self._channel_gone(channel):
+                        self._drop_channel(channel)
             if done:
+                for channel in ending:
+                    self._close_channel(channel)
                 return
 
     def _send(self, stream: Stream, chunk: OutputChunk, final: bool) -> None:
+        assert stream.sender is not None
         try:
             stream.sender.send(chunk.arrays(stream.timestamps, stream.logprobs, stream.top_k), final)
             stream.sent_responses += 1
@@ -174,9 +270,48 @@ class ResponseHub:
                 stream.cancel_reported = True
                 self._on_cancel(stream.serial)
 
+    def _send_channel(self, channel: Channel, message: tp.ChannelBatch) -> None:
+        if channel.closed:
+            return                          # its client is gone: the output has no reader
+        try:
+            channel.sink.send_batch(message.SerializeToString())
+            self.channel_responses += 1
+        except Exception as exc:
+            log.warning("channel %s: response not delivered (%s); cancelling its requests", channel.id, exc)
+            self._drop_channel(channel)
+
+    def _drop_channel(self, channel: Channel) -> None:
+        """The channel's client is gone: cancel every request on it and end the channel."""
+        with self._lock:
+            streams = [self._streams[s] for s in channel.tags.values() if s in self._streams]
+            for stream in streams:
+                stream.cancel_reported = True
+        for stream in streams:
+            self._on_cancel(stream.serial)
+        self._close_channel(channel)
+
+    def _close_channel(self, channel: Channel) -> None:
+        with self._lock:
+            if channel.closed:
+                return
+            channel.closed = True
+            self._channels.pop(channel.id, None)
+        try:
+            channel.sink.close()
+        except Exception as exc:
+            log.warning("channel %s: FINAL not delivered: %s", channel.id, exc)
+
     @staticmethod
     def _cancelled(stream: Stream) -> bool:
+        assert stream.sender is not None
         try:
             return bool(stream.sender.is_cancelled())
+        except Exception:
+            return True
+
+    @staticmethod
+    def _channel_gone(channel: Channel) -> bool:
+        try:
+            return bool(channel.sink.is_cancelled())
         except Exception:
             return True

@@ -18,11 +18,12 @@ import numpy as np
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
-from helios_backend.engine.responses import Stream
+from helios_backend.engine.responses import Channel, ChannelError, Stream
 from helios_backend.engine.engine import Engine, StartupError
 from helios_backend.engine.settings import SettingsError, StartupOptions
 from helios_backend.transport import (
-    IN_PARAMETERS, IN_PROMPT, OutputChunk, TransportError, decode_parameters, request_spec)
+    IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, TransportError, decode_parameters, message_array,
+    request_spec)
 
 log = logging.getLogger("helios.triton")
 
@@ -39,6 +40,24 @@ class TritonSender:
                    if not self._requested or name in self._requested]
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         self._sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
+
+    def is_cancelled(self) -> bool:
+        return bool(self._sender.is_cancelled())
+
+
+class TritonChannelSink:
+    """ChannelSink over the response sender of a channel request: batches without the FINAL
+    flag, then one flag-only FINAL when the channel ends."""
+
+    def __init__(self, pb: Any, sender: Any) -> None:
+        self._pb, self._sender = pb, sender
+
+    def send_batch(self, payload: bytes) -> None:
+        tensor = self._pb.Tensor(OUT_CHANNEL_BATCH, message_array(payload))
+        self._sender.send(self._pb.InferenceResponse(output_tensors=[tensor]), flags=0)
+
+    def close(self) -> None:
+        self._sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def is_cancelled(self) -> bool:
         return bool(self._sender.is_cancelled())
@@ -91,25 +110,74 @@ class TritonHeliosModel:
             raise RuntimeError("the helios runtime is not running")
         for request in requests:
             serial = next(self._serials)
-            sender = TritonSender(self._pb, request.get_response_sender(),
-                                  set(request.requested_output_names()))
+            sender = request.get_response_sender()
             try:
                 params = decode_parameters(self._input(request, IN_PARAMETERS))
-                if params.WhichOneof("kind") == "assets":
-                    self._answer(sender, tp.ResponseEvent(assets=runtime.assets()))
-                    continue
-                gen = params.generate
-                spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
-                grammar = runtime.grammar_session(gen.grammar)
             except TransportError as exc:
                 self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
                 continue
-            stream = Stream(serial, sender, timestamps=spec.observe_timestamps, logprobs=spec.logprobs,
-                            top_k=spec.top_logprobs,
-                            ingress_ns=gen.ingress_ns if gen.HasField("ingress_ns") else None,
-                            enqueue_ns=gen.enqueue_ns if gen.HasField("enqueue_ns") else None)
-            runtime.add_request(spec, stream, grammar)
+            kind = params.WhichOneof("kind")
+            if kind == "generate" and params.generate.channel:
+                self._generate_on_channel(runtime, serial, request, params.generate)
+                sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)   # output goes by the channel
+            elif kind == "generate":
+                self._generate(runtime, serial, request, params.generate, sender)
+            elif kind == "channel":
+                try:
+                    runtime.hub.open_channel(params.channel.id, TritonChannelSink(self._pb, sender))
+                except ChannelError as exc:
+                    self._answer(sender, tp.ResponseEvent(terminal=TransportError("channel.id", str(exc)).event()))
+            elif kind == "cancel":
+                try:
+                    runtime.hub.cancel_tags(runtime.hub.channel(params.cancel.channel), list(params.cancel.tags))
+                except ChannelError:
+                    pass                             # the channel ended: its requests are gone already
+                sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                self._answer(sender, tp.ResponseEvent(assets=runtime.assets()))
         return None
+
+    def _generate(self, runtime: Engine, serial: int, request: Any, gen: tp.GenerateRequest, sender: Any) -> None:
+        """A request on its own stream: its responses go to its own sender."""
+        try:
+            spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
+            grammar = runtime.grammar_session(gen.grammar)
+        except TransportError as exc:
+            self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
+            return
+        own = TritonSender(self._pb, sender, set(request.requested_output_names()))
+        runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), grammar)
+
+    def _generate_on_channel(self, runtime: Engine, serial: int, request: Any, gen: tp.GenerateRequest) -> None:
+        """Everything this request produces, invalid-request answers included, goes by its channel."""
+        try:
+            channel = runtime.hub.channel(gen.channel)
+        except ChannelError as exc:
+            log.warning("request %s names %s", gen.request_id, exc)
+            return                                   # nobody reads a closed channel
+        stream: Stream | None = None
+        try:
+            spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
+            grammar = runtime.grammar_session(gen.grammar)
+            stream = self._stream(serial, spec, gen, channel=channel)
+            runtime.add_request(spec, stream, grammar)
+        except (TransportError, ChannelError) as exc:
+            event = exc.event() if isinstance(exc, TransportError) else TransportError("tag", str(exc)).event()
+            if stream is None:
+                stream = Stream(serial, None, channel=channel, tag=gen.tag)
+                try:
+                    runtime.hub.register(stream)
+                except ChannelError:
+                    return
+            runtime.hub.finish_now(serial, tp.ResponseEvent(terminal=event))
+
+    @staticmethod
+    def _stream(serial: int, spec: Any, gen: tp.GenerateRequest, sender: "TritonSender | None" = None,
+                channel: Channel | None = None) -> Stream:
+        return Stream(serial, sender, timestamps=spec.observe_timestamps, logprobs=spec.logprobs,
+                      top_k=spec.top_logprobs, channel=channel, tag=gen.tag,
+                      ingress_ns=gen.ingress_ns if gen.HasField("ingress_ns") else None,
+                      enqueue_ns=gen.enqueue_ns if gen.HasField("enqueue_ns") else None)
 
     def finalize(self) -> None:
         if self.runtime is not None:
@@ -120,7 +188,8 @@ class TritonHeliosModel:
         tensor = self._pb.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
 
-    @staticmethod
-    def _answer(sender: TritonSender, event: tp.ResponseEvent) -> None:
-        chunk = OutputChunk(event=event)
-        sender.send(chunk.arrays(False, False, 0), final=True)
+    def _answer(self, sender: Any, event: tp.ResponseEvent) -> None:
+        """The single FINAL response of a request answered without the engine."""
+        tensor = self._pb.Tensor(OUT_EVENT, message_array(event.SerializeToString()))
+        sender.send(self._pb.InferenceResponse(output_tensors=[tensor]),
+                    flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

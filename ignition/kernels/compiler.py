@@ -48,8 +48,10 @@ class CompileRequest:
         return "".join(path.read_text() for path in sorted(package.glob("*.py")))
 
     def cache_key(self, triton_version: str) -> str:
+        # the metadata's field names too: checkouts whose CompiledKernel differs never share an entry
         text = json.dumps({"request": dataclasses.asdict(self), "source": self.source_text(),
-                           "triton": triton_version, "env": dict(COMPILE_ENVIRONMENT)},
+                           "triton": triton_version, "env": dict(COMPILE_ENVIRONMENT),
+                           "metadata": sorted(f.name for f in dataclasses.fields(CompiledKernel))},
                           sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 

@@ -36,7 +36,7 @@ _XZ_MAGIC = b"\xfd7zXZ\x00"
 def bench_options(recipe, gguf_path: str | None):
     """Variants the conformance script and the benchmark need (decode to 128 rows, 4096 prefill)."""
     return recipe.RecipeOptions(
-        decode_rows=(1, 2, 4, 8, 16, 32, 64, 128),
+        decode_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         prefill_variants=((1, 32), (1, 128), (1, 512), (4, 512), (1, 4096)),
         mixed_variants=((8, 135), (32, 159)),
         admission_rows=(1, 4),

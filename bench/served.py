@@ -1,0 +1,393 @@
+"""Served throughput on the device: what a client measures through the gateway and tritonserver,
+beside the engine and llama-server measured in the same run.
+
+    python bench/served.py --out DIR [--llama-server BIN --llama-gguf F16.gguf]
+                           [--concurrency 1,8,16,32,64,128,256] [--prompts 32,1024] [--output-tokens 128]
+
+Runs on the GPU machine with the model bundle (tests/gpu/model_bundle.py; HELIOS_RANDOM_WEIGHTS=1
+gives seeded random weights of the real layout: decode speed does not depend on the values). In
+order, each phase owning the GPU alone:
+
+1. engine: the CUDA executor through the server's own setup (engine/setup.py), B lanes decoding
+   together for each concurrency B (capped at the captured rows), per prompt length: the
+   ceiling the served figures are compared with (the same measurement as bench/gpu_decode.py);
+2. served: `helios-serve --executor cuda` (tritonserver from the wheel, the Helios model, the
+   gateway), driven by closed-loop streaming /v1/chat/completions clients (several client
+   processes, so the load generator is never the limit), greedy, `ignore_eos` with `max_tokens`
+   so every request yields the same number of tokens; per level: output tokens/s over the
+   level's wall time, TTFT p50/p99, ITL p50/p99, TPOT p50, and the CPU seconds per output token
+   of the gateway processes and of the backend stub, from /proc;
+3. llama-server (llama.cpp built on the device, same shape, F16, the same load and prompts).
+
+Prints one table per prompt length and writes DIR/served_h200.jsonl, one object per
+(prompt length, concurrency), and DIR/served_h200.json (everything).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import pathlib
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+NAMESPACE = "helios.local/served-bench"
+WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
+         "government company number group problem fact water story night money river ocean city music paper").split()
+
+
+# ---- the load generator ------------------------------------------------------------------
+
+@dataclass
+class Timing:
+    ok: bool = False
+    ttft_s: float = float("nan")
+    e2e_s: float = float("nan")
+    token_times_s: list[float] = field(default_factory=list)
+    status: int = 0
+
+
+def prompt_text(index: int, words: int) -> str:
+    """A distinct prompt per request (no prefix reuse beyond the template)."""
+    rng = random.Random(index)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+async def _one(client, url: str, body: dict, ours: bool) -> Timing:  # type: ignore[no-untyped-def]
+    timing = Timing()
+    start = time.perf_counter()
+    async with client.stream("POST", url, json=body) as response:
+        timing.status = response.status_code
+        if response.status_code != 200:
+            await response.aread()
+            return timing
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                timing.ok = True
+                break
+            event = json.loads(line[6:])
+            if "error" in event:
+                return timing
+            now = time.perf_counter() - start
+            for choice in event.get("choices", []):
+                if ours:
+                    count = len(choice.get("token_ids") or ())
+                else:                       # llama-server: one token per content chunk
+                    count = 1 if (choice.get("delta") or {}).get("content") else 0
+                timing.token_times_s += [now] * count
+    timing.e2e_s = time.perf_counter() - start
+    if timing.token_times_s:
+        timing.ttft_s = timing.token_times_s[0]
+    return timing
+
+
+async def _client_loop(base: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
+                       ours: bool) -> list[dict]:
+    import httpx
+
+    queue = list(enumerate(prompts))
+    results: list[dict] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
+        async def worker() -> None:
+            while queue:
+                _, text = queue.pop()
+                body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                        "temperature": 0, "stream": True, "ignore_eos": True}
+                if ours:
+                    body["return_token_ids"] = True
+                results.append(asdict(await _one(client, "/v1/chat/completions", body, ours)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
+def _client_process(args: tuple) -> list[dict]:  # type: ignore[type-arg]
+    return asyncio.run(_client_loop(*args))
+
+
+def drive(base: str, model: str, prompt_words: int, concurrency: int, requests: int, max_tokens: int,
+          ours: bool, seed: int) -> tuple[list[dict], float]:
+    """Closed loop at `concurrency` over `requests` requests, spread over client processes."""
+    processes = max(1, min(8, concurrency // 16))
+    prompts = [prompt_text(seed + i, prompt_words) for i in range(requests)]
+    shares = [prompts[i::processes] for i in range(processes)]
+    per = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(processes) as pool:
+        start = time.perf_counter()
+        parts = pool.map(_client_process, [(base, model, s, c, max_tokens, ours) for s, c in zip(shares, per)])
+        wall = time.perf_counter() - start
+    return [t for part in parts for t in part], wall
+
+
+def figures(timings: list[dict], wall_s: float) -> dict:
+    ok = [t for t in timings if t["ok"] and t["token_times_s"]]
+    tokens = [len(t["token_times_s"]) for t in ok]
+    itl = [b - a for t in ok for a, b in zip(t["token_times_s"], t["token_times_s"][1:]) if b > a]
+    tpot = [(t["e2e_s"] - t["ttft_s"]) / (len(t["token_times_s"]) - 1) for t in ok if len(t["token_times_s"]) > 1]
+
+    def pct(values: list[float], q: float) -> float:
+        return float(np.percentile(values, q)) * 1e3 if values else float("nan")
+
+    return {"requests": len(timings), "ok": len(ok), "output_tokens": int(sum(tokens)),
+            "tokens_per_request_min": min(tokens, default=0), "tokens_per_request_max": max(tokens, default=0),
+            "tok_s": sum(tokens) / wall_s if wall_s else 0.0, "wall_s": wall_s,
+            "ttft_p50_ms": pct([t["ttft_s"] for t in ok], 50), "ttft_p99_ms": pct([t["ttft_s"] for t in ok], 99),
+            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "tpot_p50_ms": pct(tpot, 50)}
+
+
+# ---- processes and CPU -------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def pids_named(*names: str) -> list[int]:
+    out = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(n in cmd for n in names):
+                out.append(int(entry.name))
+    return out
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:  # type: ignore[type-arg]
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---- phases --------------------------------------------------------------------------------
+
+def engine_phase(batches: list[int], prompts: list[int], steps: int, queue) -> None:  # type: ignore[no-untyped-def]
+    """In a child process, so the GPU is free afterwards."""
+    from model_bundle import load_bundle
+
+    from bench.gpu_decode import Bench
+    from helios_backend.engine.settings import StartupOptions
+    from helios_backend.engine.setup import derive_setup
+
+    contract, manifest, read = load_bundle()
+    model = derive_setup(contract, manifest, read, StartupOptions(core_path=pathlib.Path("bundle"),
+                                                                  executor="cuda")).model
+    bench = Bench(model)
+    rows = max(g.capacity.rows for g in model.graphs)
+    out = {}
+    for prompt in prompts:
+        for batch in batches:
+            result = bench.decode(min(batch, rows), prompt, steps)
+            out[f"{prompt}:{batch}"] = result["tokens_per_s"]
+            print(f"engine prompt {prompt} batch {min(batch, rows)}: {result['tokens_per_s']:.0f} tok/s "
+                  f"(step {result['step_us']:.0f} us)", flush=True)
+    model.close()
+    queue.put(out)
+
+
+def write_core(path: pathlib.Path) -> None:
+    from model_bundle import load_bundle, read_payload, write_core as write, BUNDLE_DIR
+
+    contract, manifest, read = load_bundle()
+    payload = read_payload(BUNDLE_DIR / "bundle.bin")
+    resources = {rid: read(rid) for rid in list(payload["resources"]) + list(payload["weights_sha256"])}
+    write(path, contract, manifest, resources, NAMESPACE)
+
+
+def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int], prompts: list[int]) -> dict:
+    port, grpc, http, metrics = free_port(), free_port(), free_port(), free_port()
+    top = max(levels)
+    cmd = ["helios-serve", "--core", str(core), "--executor", "cuda", "--acceptance", NAMESPACE,
+           "--concurrency", str(min(top, 256)), "--max-active", str(min(top, 256)),
+           "--queue-capacity", str(2 * top), "--gateway-port", str(port), "--grpc-port", str(grpc),
+           "--http-port", str(http), "--metrics-port", str(metrics)] + args.serve_args
+    log = open(pathlib.Path(args.out) / "served_stack.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    out: dict = {}
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 600, proc)
+        base = f"http://127.0.0.1:{port}"
+        model = json_get(f"{base}/v1/models")["data"][0]["id"]
+        drive(base, model, 16, 8, 16, 16, True, 10_000)           # warm-up
+        gateway = pids_named("helios-gateway")
+        stub = pids_named("triton_python_backend_stub")
+        for words in prompts:
+            for c in levels:
+                before = (cpu_seconds(gateway), cpu_seconds(stub))
+                timings, wall = drive(base, model, words, c, max(4 * c, 32), args.output_tokens, True, 1000 * c)
+                after = (cpu_seconds(gateway), cpu_seconds(stub))
+                f = figures(timings, wall)
+                tokens = max(f["output_tokens"], 1)
+                f["gateway_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
+                f["backend_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6
+                out[f"{words}:{c}"] = f
+                print(f"served prompt~{words} c={c}: {f['tok_s']:.0f} tok/s, TTFT p50 {f['ttft_p50_ms']:.1f} ms, "
+                      f"TPOT p50 {f['tpot_p50_ms']:.2f} ms, gateway {f['gateway_cpu_us_per_token']:.0f} us/tok, "
+                      f"backend {f['backend_cpu_us_per_token']:.0f} us/tok, ok {f['ok']}/{f['requests']}, "
+                      f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}", flush=True)
+                if args.profile and c == args.profile:
+                    profile(args, gateway + stub, base, model, words, c)
+    finally:
+        stop(proc)
+        log.close()
+    return out
+
+
+def profile(args: argparse.Namespace, pids: list[int], base: str, model: str, words: int, c: int) -> None:
+    """py-spy of the stub and the gateway under the same load (10 s each, raw stacks)."""
+    procs = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", "10", "-r", "200", "-f", "raw",
+                               "-o", str(pathlib.Path(args.out) / f"pyspy_{pid}.txt"), "--nonblocking"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
+    drive(base, model, words, c, 12 * c, args.output_tokens, True, 77_000)
+    for p in procs:
+        p.wait()
+
+
+def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int]) -> dict:
+    port = free_port()
+    slots = min(max(levels), 256)
+    ctx = slots * (max(prompts) * 2 + args.output_tokens + 128)
+    cmd = [args.llama_server, "-m", args.llama_gguf, "-ngl", "99", "-fa", "on", "-np", str(slots), "-c", str(ctx),
+           "--port", str(port), "--host", "127.0.0.1"]
+    log = open(pathlib.Path(args.out) / "llama_server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    out: dict = {}
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 300, proc)
+        base = f"http://127.0.0.1:{port}"
+        drive(base, "peer", 16, 4, 8, 16, False, 10_000)
+        for words in prompts:
+            for c in levels:
+                timings, wall = drive(base, "peer", words, c, max(4 * c, 32), args.output_tokens, False, 1000 * c)
+                out[f"{words}:{c}"] = figures(timings, wall)
+                print(f"llama-server prompt~{words} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
+    finally:
+        stop(proc)
+        log.close()
+    return out
+
+
+def json_get(url: str) -> dict:
+    import httpx
+
+    return httpx.get(url, timeout=10).json()
+
+
+def prompt_words(prompt_tokens: int) -> int:
+    """Words of the generated prompts for about `prompt_tokens` prompt tokens: the chat template
+    adds ~30 tokens (SmolLM2's system turn), each vocabulary word is one token with its space."""
+    return max(1, prompt_tokens - 30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--concurrency", default="1,8,16,32,64,128,256")
+    parser.add_argument("--prompts", default="32,1024", help="prompt tokens (approximate: template included)")
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=128, help="engine decode steps per batch")
+    parser.add_argument("--llama-server", default=None)
+    parser.add_argument("--llama-gguf", default=None)
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--profile", type=int, default=0, help="py-spy the stack at this concurrency")
+    parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    prompt_tokens = [int(p) for p in args.prompts.split(",") if p]
+    words = [prompt_words(p) for p in prompt_tokens]
+    report: dict = {"levels": levels, "prompt_tokens": prompt_tokens, "output_tokens": args.output_tokens}
+    if not args.skip_engine:
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        child = context.Process(target=engine_phase, args=(levels, prompt_tokens, args.steps, queue))
+        child.start()
+        report["engine"] = queue.get()
+        child.join()
+    with tempfile.TemporaryDirectory() as tmp:
+        core = pathlib.Path(tmp) / "served.core"
+        write_core(core)
+        report["served"] = served_phase(args, core, levels, words)
+    if args.llama_server and args.llama_gguf:
+        report["llama_server"] = llama_phase(args, levels, words)
+    (out / "served_h200.json").write_text(json.dumps(report, indent=1))
+    lines = []
+    for p, w in zip(prompt_tokens, words):
+        print(f"\nprompt ~{p} tokens, {args.output_tokens} output tokens, greedy, streaming chat through the gateway")
+        print(f"{'conc':>5} {'served tok/s':>12} {'engine':>9} {'ratio':>6} {'llama-srv':>9} {'x llama':>7} "
+              f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'TPOT p50':>9} {'gw us/tok':>9} "
+              f"{'be us/tok':>9}")
+        for c in levels:
+            s = report["served"][f"{w}:{c}"]
+            e = report.get("engine", {}).get(f"{p}:{c}")
+            l_ = report.get("llama_server", {}).get(f"{w}:{c}", {}).get("tok_s")
+            row = {"prompt_tokens": p, "concurrency": c, "output_tokens": args.output_tokens,
+                   "served_tok_s": s["tok_s"], "engine_tok_s": e, "llama_server_tok_s": l_,
+                   "served_over_engine": s["tok_s"] / e if e else None,
+                   "served_over_llama_server": s["tok_s"] / l_ if l_ else None,
+                   **{k: s[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
+                                        "gateway_cpu_us_per_token", "backend_cpu_us_per_token", "ok", "requests",
+                                        "tokens_per_request_min", "tokens_per_request_max")}}
+            lines.append(json.dumps(row))
+            print(f"{c:>5} {s['tok_s']:>12.0f} {e or float('nan'):>9.0f} {row['served_over_engine'] or float('nan'):>6.2f} "
+                  f"{l_ or float('nan'):>9.0f} {row['served_over_llama_server'] or float('nan'):>7.1f} "
+                  f"{s['ttft_p50_ms']:>9.1f} {s['ttft_p99_ms']:>9.1f} {s['itl_p50_ms']:>8.2f} {s['itl_p99_ms']:>8.2f} "
+                  f"{s['tpot_p50_ms']:>9.2f} {s['gateway_cpu_us_per_token']:>9.0f} {s['backend_cpu_us_per_token']:>9.0f}")
+    (out / "served_h200.jsonl").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
