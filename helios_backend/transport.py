@@ -57,8 +57,9 @@ TENSORS = INPUTS + OUTPUT_TENSORS
 
 
 def message_array(message: bytes) -> np.ndarray:
-    """A serialized message as the UINT8 tensor that carries it."""
-    return np.frombuffer(message, dtype=np.uint8)
+    """A serialized message as the UINT8 tensor that carries it. An owned, writable copy: under
+    numpy 2 the Python backend stub sends a read-only view over `bytes` as an empty tensor."""
+    return np.frombuffer(message, dtype=np.uint8).copy()
 
 
 def array_message(raw: np.ndarray) -> bytes:

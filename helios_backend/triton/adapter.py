@@ -28,6 +28,23 @@ from helios_backend.transport import (
 log = logging.getLogger("helios.triton")
 
 
+# The stub of Triton 2.51 is built with pybind11 2.10, which reads numpy 2's array descriptors
+# wrongly (empty or garbage tensors, the BYTES deserialization crash), so under numpy 2 tensors
+# cross the stub through DLPack. Under numpy 1 the stub's own conversion is right, and DLPack is
+# not: the stub renames consumed capsules "used_dlpack", which numpy 1's capsule deleter rejects.
+_DLPACK = int(np.__version__.split(".")[0]) >= 2
+
+
+def output_tensor(pb: Any, name: str, value: np.ndarray) -> Any:
+    value = np.ascontiguousarray(value)
+    return pb.Tensor.from_dlpack(name, value) if _DLPACK else pb.Tensor(name, value)
+
+
+def input_array(tensor: Any) -> np.ndarray:
+    """A request tensor as numpy (a copy under DLPack: the stub owns that memory)."""
+    return np.from_dlpack(tensor).copy() if _DLPACK else tensor.as_numpy()
+
+
 class TritonSender:
     """Sender protocol over a pb_utils response sender; builds only requested outputs."""
 
@@ -36,7 +53,7 @@ class TritonSender:
 
     def send(self, arrays: dict[str, np.ndarray], final: bool) -> None:
         pb = self._pb
-        tensors = [pb.Tensor(name, value) for name, value in arrays.items()
+        tensors = [output_tensor(pb, name, value) for name, value in arrays.items()
                    if not self._requested or name in self._requested]
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         self._sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
@@ -53,7 +70,7 @@ class TritonChannelSink:
         self._pb, self._sender = pb, sender
 
     def send_batch(self, payload: bytes) -> None:
-        tensor = self._pb.Tensor(OUT_CHANNEL_BATCH, message_array(payload))
+        tensor = output_tensor(self._pb, OUT_CHANNEL_BATCH, message_array(payload))
         self._sender.send(self._pb.InferenceResponse(output_tensors=[tensor]), flags=0)
 
     def close(self) -> None:
@@ -186,10 +203,10 @@ class TritonHeliosModel:
 
     def _input(self, request: Any, name: str) -> np.ndarray | None:
         tensor = self._pb.get_input_tensor_by_name(request, name)
-        return None if tensor is None else tensor.as_numpy()
+        return None if tensor is None else input_array(tensor)
 
     def _answer(self, sender: Any, event: tp.ResponseEvent) -> None:
         """The single FINAL response of a request answered without the engine."""
-        tensor = self._pb.Tensor(OUT_EVENT, message_array(event.SerializeToString()))
+        tensor = output_tensor(self._pb, OUT_EVENT, message_array(event.SerializeToString()))
         sender.send(self._pb.InferenceResponse(output_tensors=[tensor]),
                     flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
