@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gateway.errors import IngressFullError
+from gateway.shared_permits import SharedPermits
 
 T = TypeVar("T")
 
@@ -61,21 +62,27 @@ class Permit:
 
 
 class AdmissionPermits:
-    def __init__(self, settings: AdmissionSettings) -> None:
+    """The permits of this gateway: counted here, or in a budget shared with the other worker
+    processes of one gateway (gateway/shared_permits.py)."""
+
+    def __init__(self, settings: AdmissionSettings, shared: SharedPermits | None = None) -> None:
         self.settings = settings
+        self._shared = shared
         self._in_use = 0
         self._slots = asyncio.Semaphore(settings.frontend_workers)
         self._pool = ThreadPoolExecutor(settings.frontend_workers, thread_name_prefix="frontend")
 
     @property
     def in_use(self) -> int:
-        return self._in_use
+        return self._shared.held() if self._shared is not None else self._in_use
 
     def admit(self) -> Permit:
         """Take a permit now or raise IngressFullError (never waits)."""
-        if self._in_use >= self.settings.permits:
+        limit = self.settings.permits
+        full = not self._shared.try_take(limit) if self._shared is not None else self._in_use >= limit
+        if full:
             raise IngressFullError(
-                f"the gateway holds {self._in_use} requests (queue_capacity "
+                f"the gateway holds {limit} requests (queue_capacity "
                 f"{self.settings.queue_capacity} + max_active {self.settings.max_active}); retry later",
                 retry_after_s=self.settings.retry_after_s)
         self._in_use += 1
@@ -91,3 +98,5 @@ class AdmissionPermits:
 
     def _return_permit(self) -> None:
         self._in_use -= 1
+        if self._shared is not None:
+            self._shared.give_back()

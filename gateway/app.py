@@ -1,7 +1,10 @@
-"""FastAPI application factory."""
+"""FastAPI application factory (and the one uvicorn's worker processes call)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -33,3 +36,19 @@ def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
     for router in (chat.router, completions.router, models.router, health.router, metrics.router):
         app.include_router(router)
     return app
+
+
+WORKER_CONFIG = "HELIOS_GATEWAY_CONFIG"   # JSON of the settings below, set by helios-gateway --workers
+
+
+def worker_config(triton_url: str, triton_model: str, overrides: AdmissionOverrides) -> str:
+    return json.dumps({"triton_url": triton_url, "triton_model": triton_model,
+                       "overrides": dataclasses.asdict(overrides)})
+
+
+def app_from_environment() -> FastAPI:
+    """The gateway of one worker process: every worker serves the same Triton model and
+    shares the parent's admission budget (overrides.shared_budget)."""
+    config = json.loads(os.environ[WORKER_CONFIG])
+    return create_app(config["triton_url"], AdmissionOverrides(**config["overrides"]),
+                      triton_model=config["triton_model"])

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
+import tempfile
+from pathlib import Path
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import WORKER_CONFIG, create_app, worker_config
 from gateway.service import AdmissionOverrides
+from gateway.shared_permits import SharedPermits
 from gateway.triton_client import MODEL_NAME
 
 SHUTDOWN_DRAIN_S = 5  # HTTP-15: connections get five seconds to drain, then are dropped
@@ -25,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-active", type=int, default=None, help="override the served model's max_active")
     parser.add_argument("--frontend-workers", type=int, default=None,
                         help="override the served model's frontend_workers (preparation slots)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="gateway worker processes sharing one admission budget (for rates one "
+                             "process cannot carry: each streamed token costs the gateway CPU)")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -33,9 +41,26 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     overrides = AdmissionOverrides(args.queue_capacity, args.max_active, args.frontend_workers)
-    app = create_app(args.triton, overrides, triton_model=args.triton_model)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=SHUTDOWN_DRAIN_S, access_log=False)
+    if args.workers < 1:
+        raise SystemExit("helios-gateway: --workers must be at least 1")
+    if args.workers == 1:
+        app = create_app(args.triton, overrides, triton_model=args.triton_model)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=SHUTDOWN_DRAIN_S, access_log=False)
+        return
+    with tempfile.TemporaryDirectory(prefix="helios-gateway-", dir=_budget_dir()) as tmp:
+        budget = Path(tmp) / "permits"
+        SharedPermits.create(budget).close()
+        overrides = dataclasses.replace(overrides, shared_budget=str(budget))
+        os.environ[WORKER_CONFIG] = worker_config(args.triton, args.triton_model, overrides)
+        uvicorn.run("gateway.app:app_from_environment", factory=True, workers=args.workers, host=args.host,
+                    port=args.port, log_level=args.log_level, timeout_graceful_shutdown=SHUTDOWN_DRAIN_S,
+                    access_log=False)
+
+
+def _budget_dir() -> str | None:
+    """/dev/shm when present: the permit file is touched on every admission."""
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 if __name__ == "__main__":

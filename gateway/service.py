@@ -8,6 +8,8 @@ before tritonserver has loaded the model.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import asyncio
 import logging
 import time
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.admission import AdmissionPermits, AdmissionSettings, Permit
+from gateway.shared_permits import SharedPermits
 from gateway.errors import BackendUnavailableError, IngressFullError
 from gateway.generation import ChoiceFailed, RequestRun
 from gateway.metrics import GatewayMetrics
@@ -50,6 +53,7 @@ class AdmissionOverrides:
     queue_capacity: int | None = None
     max_active: int | None = None
     frontend_workers: int | None = None
+    shared_budget: str | None = None    # the permit file of a multi-worker gateway (shared_permits.py)
 
 
 class GatewayService:
@@ -90,7 +94,8 @@ class GatewayService:
             max_active=o.max_active if o.max_active is not None else max(limits.max_active, 1),
             frontend_workers=o.frontend_workers if o.frontend_workers is not None
             else max(limits.frontend_workers, 1))
-        self._admission = AdmissionPermits(settings)
+        shared = SharedPermits(Path(o.shared_budget)) if o.shared_budget else None
+        self._admission = AdmissionPermits(settings, shared)
         self.metrics.track_permits(lambda: self._admission.in_use if self._admission else 0, settings.permits)
         self._served = served
 

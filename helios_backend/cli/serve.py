@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--gateway-port", type=int, default=9000)
+    p.add_argument("--gateway-workers", type=int, default=1,
+                   help="gateway worker processes (one admission budget); each streamed token costs "
+                        "gateway CPU, so rates beyond one core's need several")
     p.add_argument("--workdir", type=Path, default=None, help="model repository and backend dir (default: temp)")
     p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None)
     for name in OPTION_PARAMETERS:
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.5)
                 if not stopping and triton.poll() is None and _status(ready) == 200:
                     children.append(subprocess.Popen([gateway, "--triton", f"127.0.0.1:{ports.grpc}",
-                                                      "--port", str(args.gateway_port)]))
+                                                      "--port", str(args.gateway_port),
+                                                      "--workers", str(args.gateway_workers)]))
                 elif not stopping:
                     print("helios-serve: the helios model is not ready; see the tritonserver log above "
                           "(the gateway was not started)", file=sys.stderr)

@@ -52,6 +52,7 @@ class Scheduler:
                  stop_factory: StopFactory | None = None) -> None:
         self.config = config
         self.variants = variants
+        self._shape: tuple[list[Lane], int, int, int] = ([], 0, 0, 0)   # _round_shape's running sums
         self.pool = PagePool(config.num_pages)
         snapshots_on = config.snapshot_capacity > 0 and variants.has(cp.OPERATION_RESTORATION)
         self.snapshots = SnapshotStore(config.snapshot_capacity if snapshots_on else 0, self.pool)
@@ -124,6 +125,7 @@ class Scheduler:
     def schedule(self) -> RoundPlan | None:
         self._retire_cancelled()
         lanes: list[Lane] = []
+        self._shape = (lanes, 0, 0, 0)
         preempted: list[Request] = []
         row_limit = self.max_active
         i = 0
@@ -152,17 +154,30 @@ class Scheduler:
         """The largest chunk <= want that keeps the round inside some prepared variant."""
         if want <= 0:
             return 0
-        shapes = [(lane.query_len, self._pending_ok(lane.request, lane.query_len)) for lane in lanes]
-        used = sum(q for q, _ in shapes)
+        rows, used, host_fed = self._round_shape(lanes)
         candidates = {want, 1}
-        for op in (cp.OPERATION_DECODE, cp.OPERATION_PREFILL, cp.OPERATION_MIXED):
-            for v in self.variants.variants(op):
-                if 0 < v.tokens - used < want:
-                    candidates.add(v.tokens - used)
+        for v in self.variants.main_variants:
+            if 0 < v.tokens - used < want:
+                candidates.add(v.tokens - used)
         for n in sorted(candidates, reverse=True):
-            if self.variants.choose(shapes + [(n, self._pending_ok(req, n))]) is not None:
+            fed = host_fed + (0 if self._pending_ok(req, n) else 1)
+            if self.variants.choose_shape(rows + 1, used + n, fed) is not None:
                 return n
         return 0
+
+    def _round_shape(self, lanes: list[Lane]) -> tuple[int, int, int]:
+        """(rows, tokens, host-fed lanes) of the round being built. A round's lane list only
+        grows while it is built, so the sums extend from the last call: fitting N lanes is
+        O(N), not O(N^2)."""
+        known, counted, tokens, host_fed = self._shape
+        if known is not lanes or counted > len(lanes):
+            counted = tokens = host_fed = 0
+        for lane in lanes[counted:]:
+            q = lane.query_len
+            tokens += q
+            host_fed += 0 if self._pending_ok(lane.request, q) else 1
+        self._shape = (lanes, len(lanes), tokens, host_fed)
+        return len(lanes), tokens, host_fed
 
     def _pending_ok(self, req: Request, n: int) -> bool:
         """A one-token decode whose input is the slot's device-owned pending token."""

@@ -35,6 +35,7 @@ class VariantTable:
             vs.sort(key=lambda v: (v.tokens, v.rows))
         if cp.OPERATION_PREFILL not in self._by_op:
             raise ConfigurationError("no PREFILL program: prompts cannot be consumed")
+        self.main_variants = tuple(v for op in MAIN_OPERATIONS for v in self._by_op.get(op, ()))
 
     @classmethod
     def from_graphs(cls, graphs: Iterable[cp.GraphContract], rank: int = 0) -> "VariantTable":
@@ -68,21 +69,20 @@ class VariantTable:
                 return v
         return None
 
-    def operation_for(self, lanes: list[tuple[int, bool]]) -> "cp.Operation.ValueType":
-        """The operation for lanes given as (query length, pending)."""
-        host_fed = sum(1 for _, pending in lanes if not pending)
-        if host_fed == 0 and self.has(cp.OPERATION_DECODE):
-            return cp.OPERATION_DECODE
-        if host_fed == 1 and len(lanes) > 1 and self.has(cp.OPERATION_MIXED):
-            return cp.OPERATION_MIXED
-        return cp.OPERATION_PREFILL
-
     def choose(self, lanes: list[tuple[int, bool]]) -> Variant | None:
         """The smallest variant of the right operation holding these lanes, or None
         (falling back to PREFILL, where every lane is host-fed)."""
-        op = self.operation_for(lanes)
-        tokens = sum(q for q, _ in lanes)
-        fit = self.fit(op, len(lanes), tokens)
+        return self.choose_shape(len(lanes), sum(q for q, _ in lanes), sum(1 for _, pending in lanes if not pending))
+
+    def choose_shape(self, rows: int, tokens: int, host_fed: int) -> Variant | None:
+        """choose() from the round's aggregates: rows, packed tokens, host-fed lanes."""
+        if host_fed == 0 and self.has(cp.OPERATION_DECODE):
+            op = cp.OPERATION_DECODE
+        elif host_fed == 1 and rows > 1 and self.has(cp.OPERATION_MIXED):
+            op = cp.OPERATION_MIXED
+        else:
+            op = cp.OPERATION_PREFILL
+        fit = self.fit(op, rows, tokens)
         if fit is None and op != cp.OPERATION_PREFILL:
-            fit = self.fit(cp.OPERATION_PREFILL, len(lanes), tokens)
+            fit = self.fit(cp.OPERATION_PREFILL, rows, tokens)
         return fit

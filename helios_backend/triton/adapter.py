@@ -6,6 +6,7 @@ and returns at once (decoupled); responses come from the response thread.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import logging
@@ -30,14 +31,25 @@ log = logging.getLogger("helios.triton")
 
 # The stub of Triton 2.51 is built with pybind11 2.10, which reads numpy 2's array descriptors
 # wrongly (empty or garbage tensors, the BYTES deserialization crash), so under numpy 2 tensors
-# cross the stub through DLPack. Under numpy 1 the stub's own conversion is right, and DLPack is
-# not: the stub renames consumed capsules "used_dlpack", which numpy 1's capsule deleter rejects.
+# cross the stub through DLPack. Under numpy 1 the stub's own conversion is right and is kept.
 _DLPACK = int(np.__version__.split(".")[0]) >= 2
+# The stub renames a capsule it consumed "used_dlpack" where the DLPack protocol says
+# "used_dltensor": numpy's capsule destructor then raises (an unraisable traceback per tensor).
+# Naming it as the protocol does tells numpy the consumer owns the tensor now, as it does.
+_USED_CAPSULE = ctypes.c_char_p(b"used_dltensor")
+_capsule_set_name = ctypes.pythonapi.PyCapsule_SetName
+_capsule_set_name.argtypes = (ctypes.py_object, ctypes.c_char_p)
+_capsule_set_name.restype = ctypes.c_int
 
 
 def output_tensor(pb: Any, name: str, value: np.ndarray) -> Any:
     value = np.ascontiguousarray(value)
-    return pb.Tensor.from_dlpack(name, value) if _DLPACK else pb.Tensor(name, value)
+    if not _DLPACK:
+        return pb.Tensor(name, value)
+    capsule = value.__dlpack__()
+    tensor = pb.Tensor.from_dlpack(name, capsule)
+    _capsule_set_name(capsule, _USED_CAPSULE)
+    return tensor
 
 
 def input_array(tensor: Any) -> np.ndarray:

@@ -38,7 +38,7 @@ def bench_options(recipe, gguf_path: str | None):
     return recipe.RecipeOptions(
         decode_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         prefill_variants=((1, 32), (1, 128), (1, 512), (4, 512), (1, 4096)),
-        mixed_variants=((8, 135), (32, 159)),
+        mixed_variants=((8, 135), (32, 159), (64, 191), (128, 255), (256, 383)),
         admission_rows=(1, 4),
         context_tokens=8192, prepared_pages=4096, gguf_path=gguf_path)
 
