@@ -56,13 +56,25 @@ def test_helios_serve_runs_and_drains(default_core: Path, tmp_path: Path) -> Non
     assert not _ready(http)
 
 
-def test_helios_serve_starts_the_gateway_once_the_model_is_ready(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+def _bare_script(tmp_path: Path) -> Path:
+    """helios-serve as a console script without a __main__ guard (as some installers write them):
+    the gateway's spawned worker processes must not start gateways again."""
+    script = tmp_path / "helios-serve-bare"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom helios_backend.cli.serve import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_helios_serve_starts_the_gateway_once_the_model_is_ready(default_core: Path, tmp_path: Path,  # noqa: F811
+                                                                 workers: int) -> None:
     http, grpc, metrics, gateway = free_ports(4)
-    serve = Path(sys.executable).parent / "helios-serve"
+    serve = Path(sys.executable).parent / "helios-serve" if workers == 1 else _bare_script(tmp_path)
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([str(serve), "--core", str(default_core), "--workdir", str(tmp_path),
                              "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--gateway-port", str(gateway)], stdout=log, stderr=subprocess.STDOUT)
+                             "--gateway-port", str(gateway), "--gateway-workers", str(workers)],
+                            stdout=log, stderr=subprocess.STDOUT)
     models = None
     try:
         deadline = time.monotonic() + 300
@@ -74,6 +86,7 @@ def test_helios_serve_starts_the_gateway_once_the_model_is_ready(default_core: P
                 time.sleep(0.5)
         assert models is not None, (tmp_path / "serve.log").read_text()[-3000:]
         assert "smollm2-135m-instruct" in models            # learned from the served model's assets
+        assert (tmp_path / "serve.log").read_text().count("Started server process") == workers
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) == 0
     finally:

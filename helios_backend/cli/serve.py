@@ -25,7 +25,7 @@ from pathlib import Path
 
 from helios_backend.triton.launcher import (
     Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
-    server_environment, which_gateway, write_model_repository)
+    server_environment, gateway_command, write_model_repository)
 from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS
 
 # CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core default)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     try:
         if args.gateway:
-            gateway = which_gateway()
+            gateway = gateway_command()
             if gateway is None:
                 print("helios-serve: helios-gateway is not installed; serving Triton only", file=sys.stderr)
             else:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                         and _status(ready) != 200:
                     time.sleep(0.5)
                 if not stopping and triton.poll() is None and _status(ready) == 200:
-                    children.append(subprocess.Popen([gateway, "--triton", f"127.0.0.1:{ports.grpc}",
+                    children.append(subprocess.Popen([*gateway, "--triton", f"127.0.0.1:{ports.grpc}",
                                                       "--port", str(args.gateway_port),
                                                       "--workers", str(args.gateway_workers)]))
                 elif not stopping:

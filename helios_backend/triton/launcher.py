@@ -112,8 +112,14 @@ def cleanup_shm(shm_prefix: str) -> None:
             pass
 
 
-def which_gateway() -> str | None:
-    return shutil.which("helios-gateway", path=str(Path(sys.executable).parent))
+def gateway_command() -> list[str] | None:
+    """How helios-serve starts the gateway: this interpreter running gateway.cli as a module.
+    Not the console script: its gateway worker processes are spawned, and a spawned process
+    re-runs the parent's main file; a module keeps its `__main__` guard, a console script
+    written without one would start a gateway again in every worker."""
+    import importlib.util
+
+    return [sys.executable, "-m", "gateway.cli"] if importlib.util.find_spec("gateway.cli") else None
 
 
 def write_model_repository(target_root: Path, parameters: dict[str, str], template: Path = MODEL_TEMPLATE) -> Path:
