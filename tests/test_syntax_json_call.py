@@ -82,3 +82,12 @@ def test_extent_finds_where_the_object_closes(text: str, closes_at: int | None):
     scan = JsonExtent()
     scan.advance(text[:4])   # state carries across pieces
     assert scan.end_search_start(text[4:]) == (closes_at if closes_at in (None, 0) else closes_at - 4)
+
+
+def test_a_model_without_tool_syntax_refuses_forced_calls():
+    from helios_backend.frontend.syntax.grammar import (ConstraintRequest, InvalidToolChoiceError, ToolChoiceMode,
+                                                        ToolSpec, build_request_grammar)
+
+    request = ConstraintRequest(tools=(ToolSpec("get_time"),), tool_choice=ToolChoiceMode.REQUIRED)
+    with pytest.raises(InvalidToolChoiceError, match="declares no tool syntax"):
+        build_request_grammar(model(pb.TOOL_PARSER_NONE, NONE), START, request)

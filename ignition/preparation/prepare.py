@@ -221,7 +221,9 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         recorders.append(rec)
 
     tokenizer_json = tokenizer_json_from_gguf(source).encode()
-    chat_template = (source.chat_template or "").encode()
+    # a recipe may carry its own template (e.g. one that presents tools), else the source's
+    chat_template = (recipe.chat_template(source) if hasattr(recipe, "chat_template")
+                     else source.chat_template or "").encode()
     resources = [ResourceInput(w.resource, ResourceKind.RESOURCE_KIND_WEIGHTS, bytes(w.blob)) for w in weights]
     resources += [ResourceInput(TOKENIZER_RESOURCE, ResourceKind.RESOURCE_KIND_TOKENIZER, tokenizer_json),
                   ResourceInput(CHAT_TEMPLATE_RESOURCE, ResourceKind.RESOURCE_KIND_CHAT_TEMPLATE, chat_template)]

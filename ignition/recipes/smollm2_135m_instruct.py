@@ -30,7 +30,10 @@ from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
 from ignition.preparation.contract import PagedKV, StepIO, buffer
 from ignition.preparation.tensor_parallel import PartitionedDimension, Split, add_to_residual
 from ignition.recorder import ForwardRecorder, Recorder
-from ignition.sources.gguf import GGUFModel, LlamaShape, default_gguf_path
+from helios_backend.frontend.syntax.tables import chatml_prefix_rules, preset
+from helios_backend.frontend.syntax.validate import validate_frontend
+from ignition.recipes.chatml_tool_template import chatml_tool_template
+from ignition.sources.gguf import GGUFError, GGUFModel, LlamaShape, default_gguf_path
 
 NAME = "smollm2-135m-instruct"
 SERVED_ID = "smollm2-135m-instruct"
@@ -77,10 +80,32 @@ def open_source(options: RecipeOptions) -> GGUFModel:
 
 
 def frontend() -> C.FrontendContract:
-    """ChatML without tool or reasoning syntax: the template ignores tools (see notes)."""
-    return C.FrontendContract(tool_parser=C.TOOL_PARSER_NONE, reasoning_parser=C.REASONING_PARSER_NONE,
-                              image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
-                              template_tokens=TEMPLATE_TOKENS)
+    """ChatML with the JSON-call tool syntax and no reasoning syntax.
+
+    The checkpoint's template ignores tools, so the core carries `chat_template()`'s instead: it
+    lists the tools in the system turn and asks for JSON-call blocks, the syntax declared here,
+    which the output parser reads and the request grammar forces (tool_choice required/named)."""
+    contract = C.FrontendContract(image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
+                                  template_tokens=TEMPLATE_TOKENS)
+    syntax = preset(C.TOOL_PARSER_JSON_CALL_TAGS, C.REASONING_PARSER_NONE, prefix_rules=chatml_prefix_rules())
+    validate_frontend(syntax)
+    syntax.apply_to(contract)
+    return contract
+
+
+# The checkpoint's own template (ChatML, tools ignored) and its default system prompt.
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+CHECKPOINT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    + DEFAULT_SYSTEM + "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def chat_template(source: GGUFModel) -> str:
+    """The template the core carries: the checkpoint's ChatML plus tools (chatml_tool_template)."""
+    if source.chat_template != CHECKPOINT_TEMPLATE:
+        raise GGUFError(f"{source.path}: tokenizer.chat_template is not the SmolLM2 template this recipe extends")
+    return chatml_tool_template(DEFAULT_SYSTEM)
 
 
 # ---- weights ---------------------------------------------------------------------------------
