@@ -22,9 +22,12 @@ from tqdm import tqdm
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
-from ignition.recipes import smollm2_135m_instruct, syntax_variants
+from ignition.recipes import qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct, syntax_variants
+from ignition.sources.gguf import GGUFError
+from ignition.sources.packaged import PackagedSourceError
 
 RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
+                                     qwen2_5_coder_0_5b_instruct.NAME: qwen2_5_coder_0_5b_instruct,
                                      **syntax_variants.recipes()}  # test cores: other syntax data
 
 
@@ -105,7 +108,7 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
     try:
         prepared = prepare_core(args.recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
                                 show_progress=True)
-    except TensorParallelError as exc:
+    except (TensorParallelError, GGUFError, PackagedSourceError) as exc:   # a source or option the recipe cannot use
         print(f"helios-prepare: {exc}", file=sys.stderr)
         return 2
     for name, count in prepared.node_counts.items():
