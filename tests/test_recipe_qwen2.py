@@ -155,7 +155,7 @@ def test_packaged_file_reassembles_checks_and_names_what_is_wrong(tmp_path, monk
         missing.assemble(tmp_path / "cache")
 
 
-def _packages_installed() -> bool:
+def packages_installed() -> bool:
     try:
         recipe.SOURCE.piece_paths()
         return True
@@ -163,7 +163,7 @@ def _packages_installed() -> bool:
         return False
 
 
-@pytest.mark.skipif(_packages_installed(), reason="the packages are installed here")
+@pytest.mark.skipif(packages_installed(), reason="the packages are installed here")
 def test_prepare_without_the_packages_fails_naming_them(tmp_path, capsys, monkeypatch) -> None:
     from ignition.cli import prepare_main
 

@@ -12,6 +12,11 @@ caching and every earlier measurement are unchanged for requests without tools.
 """
 from __future__ import annotations
 
+from helios_proto import contract_pb2 as C
+
+from helios_backend.frontend.syntax.tables import chatml_prefix_rules, preset
+from helios_backend.frontend.syntax.validate import validate_frontend
+
 TOOLS_PREAMBLE = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
@@ -58,3 +63,14 @@ def chatml_tool_template(default_system: str) -> str:
         "{%- endfor %}"
         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
     )
+
+
+def chatml_frontend(tool_parser: int, template_tokens: C.TemplateTokens) -> C.FrontendContract:
+    """The FrontendContract of a ChatML recipe without images or reasoning: `tool_parser`'s
+    syntax table (JSON-call for these templates, or TOOL_PARSER_NONE), ChatML prefix rules."""
+    contract = C.FrontendContract(image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
+                                  template_tokens=template_tokens)
+    syntax = preset(tool_parser, C.REASONING_PARSER_NONE, prefix_rules=chatml_prefix_rules())
+    validate_frontend(syntax)
+    syntax.apply_to(contract)
+    return contract

@@ -26,10 +26,9 @@ from types import ModuleType
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.frontend.syntax.tables import chatml_prefix_rules, preset
-from helios_backend.frontend.syntax.validate import validate_frontend
 from helios_backend.kernels.rope import ROPE_HALF_PAIRS
 from ignition.recipes import llama_decoder
+from ignition.recipes.chatml_tool_template import chatml_frontend
 from ignition.sources.hf_checkpoint import HFCheckpoint
 
 NAMESPACE = "helios.local/checkpoints"
@@ -45,14 +44,8 @@ def _frontend(checkpoint: HFCheckpoint) -> C.FrontendContract:
                               eos_token=checkpoint.special_token("eos_token"),
                               pad_token=checkpoint.special_token("pad_token"),
                               unk_token=checkpoint.special_token("unk_token"))
-    contract = C.FrontendContract(image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
-                                  template_tokens=tokens)
     writes_calls = "<tool_call>" in (checkpoint.chat_template or "")
-    syntax = preset(C.TOOL_PARSER_JSON_CALL_TAGS if writes_calls else C.TOOL_PARSER_NONE, C.REASONING_PARSER_NONE,
-                    prefix_rules=chatml_prefix_rules())
-    validate_frontend(syntax)
-    syntax.apply_to(contract)
-    return contract
+    return chatml_frontend(C.TOOL_PARSER_JSON_CALL_TAGS if writes_calls else C.TOOL_PARSER_NONE, tokens)
 
 
 def _sampling(checkpoint: HFCheckpoint) -> C.SamplingDefaults:

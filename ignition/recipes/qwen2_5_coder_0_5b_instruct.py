@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.frontend.syntax.tables import chatml_prefix_rules, preset
-from helios_backend.frontend.syntax.validate import validate_frontend
 from helios_backend.kernels.rope import ROPE_HALF_PAIRS
+from ignition.recipes.chatml_tool_template import chatml_frontend
 from ignition.recipes.llama_decoder import (  # noqa: F401  (the recipe's declarations)
     SCRATCH, DecoderOptions, WeightTensor, declare_scratch, forward, paged_kv, rank_shape, tensor_parallel_dimensions,
     weight_tensor_count, weight_tensors)
@@ -70,12 +69,7 @@ def open_source(options: RecipeOptions) -> GGUFModel:
 
 
 def frontend() -> C.FrontendContract:
-    contract = C.FrontendContract(image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
-                                  template_tokens=TEMPLATE_TOKENS)
-    syntax = preset(C.TOOL_PARSER_JSON_CALL_TAGS, C.REASONING_PARSER_NONE, prefix_rules=chatml_prefix_rules())
-    validate_frontend(syntax)
-    syntax.apply_to(contract)
-    return contract
+    return chatml_frontend(C.TOOL_PARSER_JSON_CALL_TAGS, TEMPLATE_TOKENS)
 
 
 def chat_template(source: GGUFModel) -> str:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.frontend.syntax.tables import chatml_prefix_rules, preset
-from helios_backend.frontend.syntax.validate import validate_frontend
-from ignition.recipes.chatml_tool_template import chatml_tool_template
+from ignition.recipes.chatml_tool_template import chatml_frontend, chatml_tool_template
 from ignition.recipes.llama_decoder import (  # noqa: F401  (the recipe's declarations)
     FFN, KV_GROUPS, DecoderOptions, MAX_SPLITS, SCRATCH, TARGET_ATTENTION_PROGRAMS, Scratch, WeightTensor, decode_splits,
     declare_scratch, forward, paged_kv, rank_shape, tensor_parallel_dimensions, weight_tensor_count, weight_tensors)
@@ -48,12 +46,7 @@ def frontend() -> C.FrontendContract:
     The checkpoint's template ignores tools, so the core carries `chat_template()`'s instead: it
     lists the tools in the system turn and asks for JSON-call blocks, the syntax declared here,
     which the output parser reads and the request grammar forces (tool_choice required/named)."""
-    contract = C.FrontendContract(image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
-                                  template_tokens=TEMPLATE_TOKENS)
-    syntax = preset(C.TOOL_PARSER_JSON_CALL_TAGS, C.REASONING_PARSER_NONE, prefix_rules=chatml_prefix_rules())
-    validate_frontend(syntax)
-    syntax.apply_to(contract)
-    return contract
+    return chatml_frontend(C.TOOL_PARSER_JSON_CALL_TAGS, TEMPLATE_TOKENS)
 
 
 # The checkpoint's own template (ChatML, tools ignored) and its default system prompt.
