@@ -22,9 +22,12 @@ from tqdm import tqdm
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
-from ignition.recipes import smollm2_135m_instruct, syntax_variants
+from ignition.recipes import hf_checkpoint, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct, syntax_variants
+from ignition.sources.gguf import GGUFError
+from ignition.sources.packaged import PackagedSourceError
 
 RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
+                                     qwen2_5_coder_0_5b_instruct.NAME: qwen2_5_coder_0_5b_instruct,
                                      **syntax_variants.recipes()}  # test cores: other syntax data
 
 
@@ -33,10 +36,12 @@ class UnknownRecipeError(KeyError):
 
 
 def recipe_module(name: str) -> ModuleType:
-    try:
+    """A named recipe, or a local Hugging Face checkpoint directory (hf_checkpoint.recipe_for)."""
+    if name in RECIPES:
         return RECIPES[name]
-    except KeyError:
-        raise UnknownRecipeError(f"unknown recipe {name!r}; known: {sorted(RECIPES)}") from None
+    if pathlib.Path(name).is_dir():
+        return hf_checkpoint.recipe_for(name)
+    raise UnknownRecipeError(f"unknown recipe {name!r} (and no checkpoint directory there); known: {sorted(RECIPES)}")
 
 
 def _kernel_library() -> Optional[Any]:
@@ -81,7 +86,8 @@ def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = N
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("recipe", help=f"one of {sorted(RECIPES)}")
+    parser.add_argument("recipe", help=f"one of {sorted(RECIPES)}, or a local Hugging Face checkpoint directory "
+                                       "(llama or qwen2 family: config.json, safetensors, tokenizer.json)")
     parser.add_argument("--out", required=True, type=pathlib.Path, help="core file to write")
     parser.add_argument("--key", default=None, help="publisher key (PEM); created on first use")
     parser.add_argument("--page-tokens", type=int, default=None, help="logical tokens per cache page")
@@ -96,7 +102,7 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         recipe = recipe_module(args.recipe)
-    except UnknownRecipeError as exc:
+    except (UnknownRecipeError, GGUFError) as exc:   # CheckpointError is a GGUFError
         print(f"helios-prepare: {exc}", file=sys.stderr)
         return 2
     overrides = {k: v for k, v in (("page_tokens", args.page_tokens), ("context_tokens", args.context_tokens),
@@ -105,7 +111,7 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
     try:
         prepared = prepare_core(args.recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
                                 show_progress=True)
-    except TensorParallelError as exc:
+    except (TensorParallelError, GGUFError, PackagedSourceError) as exc:   # a source or option the recipe cannot use
         print(f"helios-prepare: {exc}", file=sys.stderr)
         return 2
     for name, count in prepared.node_counts.items():

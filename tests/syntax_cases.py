@@ -46,6 +46,7 @@ G = pb.TOOL_PARSER_GLM_ARGUMENT_TAGS
 D = pb.TOOL_PARSER_DSML
 X = pb.TOOL_PARSER_XTML
 A = pb.TOOL_PARSER_ATEM
+J = pb.TOOL_PARSER_JSON_CALL_TAGS
 THINK = pb.REASONING_PARSER_THINK_TAGS
 XTHINK = pb.REASONING_PARSER_XTML_THINK
 FRAMES = pb.REASONING_PARSER_RECIPIENT_HEADER
@@ -57,6 +58,7 @@ PAIRINGS = {
     "dsml+think": (D, THINK),
     "xtml+xtml_think": (X, XTHINK),
     "atem+recipient": (A, FRAMES),
+    "json_call+think": (J, THINK),
 }
 
 

@@ -405,9 +405,10 @@ def test_unenforceable_schema_is_400_naming_response_format(http: httpx.Client) 
     assert response.json()["error"]["param"] == "response_format"
 
 
-def test_required_tool_choice_without_tool_syntax_is_400(http: httpx.Client) -> None:
+def test_named_tool_choice_of_an_unregistered_tool_is_400(http: httpx.Client) -> None:
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
-    response = http.post("/v1/chat/completions", json=chat_body(QUESTION, 4, tools=tools, tool_choice="required"))
+    choice = {"type": "function", "function": {"name": "launch"}}
+    response = http.post("/v1/chat/completions", json=chat_body(QUESTION, 4, tools=tools, tool_choice=choice))
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "tool_choice"
 

@@ -436,6 +436,21 @@ def test_qkv_rope_store(runner, rope_pairing, head_dim, query_length, tokens):
                             immediates, atol=2e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("query_length, tokens", [((1, 6, 2), 10), ((1, 1, 1), 4)])
+@pytest.mark.parametrize("rope_pairing", [0, 1])
+def test_qkv_bias_rope_store(runner, rope_pairing, query_length, tokens):
+    """The bias variant (q/k/v biases, f32, added before RoPE): large key biases as in Qwen2."""
+    buffers, immediates = _qkv_case(rope_pairing, 64, query_length, tokens)
+    width = buffers["qkv_weight"].shape[0]
+    buffers["qkv_bias"] = (RNG.standard_normal(width) * 40).astype(np.float32)
+    result = check_against_reference(runner, "attention.qkv_bias_rope_store.v1", buffers,
+                                     immediates, atol=5e-2, rtol=1e-2)
+    unbiased = {name: value for name, value in buffers.items() if name != "qkv_bias"}
+    plain = check_against_reference(runner, "attention.qkv_rope_store.v1", unbiased, immediates,
+                                    atol=2e-2, rtol=1e-2)
+    assert not np.allclose(result["q_out"], plain["q_out"], atol=1.0)   # the bias is applied
+
+
 def test_a_wrong_rope_pairing_changes_q_and_k(runner):
     """The pairing immediate is honoured: adjacent and half-split pairings disagree, so a
     core recorded with the wrong pairing cannot pass the reference comparison above."""

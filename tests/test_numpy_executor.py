@@ -32,7 +32,8 @@ RESHAPE_TOLERANCE = 0.02
 VOCAB = 49152
 
 
-def prefill_logits(model: NativeModel, prompt, chunk: int, slot: int = 0, page_order=None) -> dict[int, np.ndarray]:
+def prefill_logits(model: NativeModel, prompt, chunk: int, slot: int = 0, page_order=None,
+                   vocab: int = VOCAB) -> dict[int, np.ndarray]:
     """Prefill `prompt` in chunks; logits of the last token of every chunk, by position."""
     driver = LockstepGenerator(model, page_order=page_order, prefill_chunk=chunk)
     [active] = driver.admit([GenerationRequest(prompt, 8)], [slot])
@@ -45,7 +46,7 @@ def prefill_logits(model: NativeModel, prompt, chunk: int, slot: int = 0, page_o
                     pages=list(active.pages))
         driver.step(model.program(C.OPERATION_PREFILL, 1, tokens.size), [lane])
         active.consumed += tokens.size
-        out[active.consumed - 1] = logits[:VOCAB].copy()
+        out[active.consumed - 1] = logits[:vocab].copy()
     return out
 
 

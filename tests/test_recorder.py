@@ -130,7 +130,7 @@ def test_prepared_contract_decodes_and_declares_metadata(prepared):
     assert decoded.defaults.eos_token_ids == (2, 0)
     assert decoded.defaults.sampling.temperature == pytest.approx(0.2)
     assert decoded.defaults.sampling.top_p == pytest.approx(0.9)
-    assert prepared.contract.model.frontend.tool_parser == C.TOOL_PARSER_NONE
+    assert prepared.contract.model.frontend.tool_parser == C.TOOL_PARSER_JSON_CALL_TAGS
     assert prepared.contract.model.cache.page_tokens == 16
     assert prepared.manifest.completion.row[6].name == "draft_cursor"
     assert prepared.manifest.completion.row[7].name == "reserved_model"

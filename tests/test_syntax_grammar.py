@@ -155,6 +155,7 @@ CANONICAL = {
     "atem+recipient": '<|start|>assistant to=functions.forecast<|message|><atem:function_calls>\n<atem:invoke name="forecast">\n'
                       '<atem:parameter name="city">Paris</atem:parameter>\n<atem:parameter name="days">3</atem:parameter>\n'
                       '</atem:invoke>\n</atem:function_calls><|eom|>',
+    "json_call+think": '<tool_call>\n{"name": "forecast", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>',
 }
 
 

@@ -93,6 +93,8 @@ WELL_FORMED = {
                        "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Paris"
                        "</atem:parameter>\n<atem:parameter name=\"days\">3</atem:parameter>\n</atem:invoke>\n"
                        "</atem:function_calls>", "<|eom|>"],
+    "json_call+think": ["<think>", "\nplan\n", "</think>", "\n\n",
+                        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'],
 }
 
 

@@ -112,6 +112,14 @@ _SPECS: tuple[KernelSpec, ...] = (
         _i32("tokens"), _i32("dim"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
         _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("eps"), _i32("rope_pairing"),
     ), attention.qkv_rope_store, "rms_norm + fused qkv projection + RoPE + paged cache write"),
+    KernelSpec("attention.qkv_bias_rope_store.v1", (
+        _ptr("q_out", F32_T, W), _ptr("k_cache", F16_T, W), _ptr("v_cache", F16_T, W),
+        _ptr("hidden", F32_T), _ptr("norm_weight", F16_T), _ptr("qkv_weight", F16_T), _ptr("qkv_bias", F32_T),
+        _ptr("rope_table", F32_T), _ptr("positions", I32_T), _ptr("page_table", I32_T),
+        _ptr("row_slot", I32_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("dim"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
+        _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("eps"), _i32("rope_pairing"),
+    ), attention.qkv_bias_rope_store, "qkv_rope_store plus an f32 q/k/v bias added before RoPE"),
     KernelSpec("attention.paged.v1", (
         _ptr("out", F32_T, W), _ptr("q", F32_T), _ptr("k_cache", F16_T), _ptr("v_cache", F16_T),
         _ptr("positions", I32_T), _ptr("page_table", I32_T), _ptr("row_slot", I32_T),

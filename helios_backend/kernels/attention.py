@@ -45,6 +45,32 @@ def qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
 
     q_out [tokens, q_heads * head_dim] f32; qkv_weight [(q_heads + 2 kv_heads) * head_dim, dim].
     """
+    _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, None, rope_table, positions,
+                    page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads, head_dim, page_tokens,
+                    pages_per_row, page_stride, eps, rope_pairing)
+
+
+def qkv_bias_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
+                        norm_weight: np.ndarray, qkv_weight: np.ndarray, qkv_bias: np.ndarray,
+                        rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray,
+                        row_slot: np.ndarray, geometry: np.ndarray, tokens: int, dim: int, q_heads: int,
+                        kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                        eps: float, rope_pairing: int) -> None:
+    """qkv_rope_store with a bias added to the projection before RoPE.
+
+    qkv_bias f32 [(q_heads + 2 kv_heads) * head_dim]: f32 because key biases reach |145|
+    (Qwen2-family checkpoints), where f16 keeps only 0.125 steps.
+    """
+    _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias, rope_table, positions,
+                    page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads, head_dim, page_tokens,
+                    pages_per_row, page_stride, eps, rope_pairing)
+
+
+def _qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
+                    norm_weight: np.ndarray, qkv_weight: np.ndarray, qkv_bias: np.ndarray | None,
+                    rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                    geometry: np.ndarray, tokens: int, dim: int, q_heads: int, kv_heads: int, head_dim: int,
+                    page_tokens: int, pages_per_row: int, page_stride: int, eps: float, rope_pairing: int) -> None:
     n = live_tokens(geometry)
     if n == 0:
         return
@@ -52,6 +78,8 @@ def qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     kv_width = kv_heads * head_dim
     normed = rms_norm(_matrix(hidden, tokens, dim)[:n], norm_weight[:dim], eps)
     projected = normed @ _matrix(qkv_weight, q_width + 2 * kv_width, dim).T
+    if qkv_bias is not None:
+        projected += qkv_bias[:q_width + 2 * kv_width].astype(np.float32, copy=False)
     token_positions = positions[:n]
     cos_sin = rope_table.reshape(-1, head_dim // 2, 2)[token_positions]
     q = apply_rope(np.ascontiguousarray(projected[:, :q_width]).reshape(n, q_heads, head_dim), cos_sin, rope_pairing)

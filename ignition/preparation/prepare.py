@@ -220,8 +220,12 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
                                cap, transport, speculative, rank_weights)
         recorders.append(rec)
 
-    tokenizer_json = tokenizer_json_from_gguf(source).encode()
-    chat_template = (source.chat_template or "").encode()
+    # a checkpoint that carries tokenizer.json gives it verbatim; a GGUF's fields are converted
+    tokenizer_json = (source.tokenizer_json() if hasattr(source, "tokenizer_json")
+                      else tokenizer_json_from_gguf(source)).encode()
+    # a recipe may carry its own template (e.g. one that presents tools), else the source's
+    chat_template = (recipe.chat_template(source) if hasattr(recipe, "chat_template")
+                     else source.chat_template or "").encode()
     resources = [ResourceInput(w.resource, ResourceKind.RESOURCE_KIND_WEIGHTS, bytes(w.blob)) for w in weights]
     resources += [ResourceInput(TOKENIZER_RESOURCE, ResourceKind.RESOURCE_KIND_TOKENIZER, tokenizer_json),
                   ResourceInput(CHAT_TEMPLATE_RESOURCE, ResourceKind.RESOURCE_KIND_CHAT_TEMPLATE, chat_template)]
@@ -254,7 +258,9 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
     defaults = C.ServingDefaults(sampling=recipe.SAMPLING_DEFAULTS, eos_token_ids=list(recipe.EOS_TOKEN_IDS),
                                  max_output_tokens=options.max_output_tokens)
     rebuild = C.RebuildManifest(catalog_version=1, recipe=recipe.NAME,
-                                sources=[C.SourceFile(name=source.path.name, nbytes=source.path.stat().st_size)],
+                                sources=[C.SourceFile(name=path.name, nbytes=path.stat().st_size)
+                                         for path in (source.source_files() if hasattr(source, "source_files")
+                                                      else [source.path])],
                                 weight_catalogs=[C.WeightCatalog(rank=rank, tensors=w.views)
                                                  for rank, w in enumerate(weights)])
     layout = f"{recipe.NAME}/fp16/page{options.page_tokens}" + (f"/tp{degree}" if degree > 1 else "")

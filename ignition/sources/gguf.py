@@ -46,6 +46,12 @@ TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
 
 
+# Architectures whose metadata keys and tensor names are the Llama ones under their own prefix
+# (`<arch>.block_count`, `blk.N.attn_q.weight`, ...). qwen2 adds q/k/v biases and is stored for
+# NEOX rotation (its converter does not permute q/k): recipes read that from the shape/options.
+LLAMA_SHAPED = frozenset({"llama", "qwen2"})
+
+
 class GGUFError(Exception):
     """The GGUF file is missing, unreadable, or lacks metadata this reader needs."""
 
@@ -75,6 +81,7 @@ class LlamaShape:
     rms_eps: float  # the float32 value stored in the file, widened (1e-5 reads 9.9999997e-06)
     context_length: int
     tied_embeddings: bool  # True when there is no `output.weight`: logits use token_embd
+    qkv_bias: bool = False  # the q/k/v projections carry biases (`attn_q.bias`, ...; Qwen2 family)
 
     @property
     def q_dim(self) -> int:
@@ -196,8 +203,9 @@ class GGUFModel:
 
     def _read_shape(self) -> LlamaShape:
         arch = self.architecture
-        if arch != "llama":
-            raise UnsupportedArchitectureError(f"architecture {arch!r}; this reader maps 'llama' only")
+        if arch not in LLAMA_SHAPED:
+            raise UnsupportedArchitectureError(
+                f"architecture {arch!r}; this reader maps {', '.join(sorted(LLAMA_SHAPED))} only")
         n_heads = int(self.field(f"{arch}.attention.head_count"))
         hidden = int(self.field(f"{arch}.embedding_length"))
         head_dim = int(self._optional(f"{arch}.attention.key_length", hidden // n_heads))
@@ -218,6 +226,7 @@ class GGUFModel:
             rms_eps=float(self.field(f"{arch}.attention.layer_norm_rms_epsilon")),
             context_length=int(self.field(f"{arch}.context_length")),
             tied_embeddings="output.weight" not in self._tensors,
+            qkv_bias="blk.0.attn_q.bias" in self._tensors,
         )
 
     @property

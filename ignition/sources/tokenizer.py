@@ -13,7 +13,7 @@ Untrusted text must be encoded with specials NOT parsed; that is the frontend's 
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from ignition.sources.gguf import (
     TOKEN_TYPE_CONTROL,
@@ -31,6 +31,13 @@ class UnsupportedTokenizerError(Exception):
 _DIGITS_THEN_GPT2 = frozenset({"smollm"})
 # llama.cpp pre-tokenizer names that are the plain GPT-2 regex.
 _GPT2 = frozenset({"gpt2", "default"})
+# llama.cpp's "qwen2" pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_QWEN2): contractions, letter runs with one
+# leading non-letter, single digits, punctuation runs, newlines; the same regex as the HF
+# tokenizer.json of that family, whose Split(isolated) + ByteLevel(use_regex=False) this is.
+# HF's NFC normalizer is left out, as llama.cpp does: it would break decode(encode(s)) == s.
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLIT_THEN_BYTES = {"qwen2": _QWEN2_SPLIT}
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -39,6 +46,10 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     if pre in _GPT2:
         return byte_level
+    if pre in _SPLIT_THEN_BYTES:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_SPLIT_THEN_BYTES[pre]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
     raise UnsupportedTokenizerError(f"pre-tokenizer {pre!r} has no mapping")
 
 

@@ -5,6 +5,9 @@ Deliberately shares no code with the engine or with `ignition.sources`: it opens
 RoPE, SwiGLU, tied or separate output). If the engine and this file agree, two separate readings
 of the GGUF agree.
 
+Q/K/V biases are read when the file has them (`blk.N.attn_q.bias`, the Qwen2 family's published
+layout) and added right after the projections, before RoPE.
+
 RoPE pairing: GGUF stores q/k rows permuted by llama.cpp's converter so that RoPE rotates
 ADJACENT pairs (2i, 2i+1) of each head (`RopePairing.ADJACENT`, the correct choice here).
 `RopePairing.HALF_SPLIT` rotates (i, i + head_dim/2) ("rotate_half", HF layout) on the same
@@ -54,6 +57,9 @@ class _Layer:
     w_gate_t: np.ndarray  # [hidden, ffn]
     w_up_t: np.ndarray  # [hidden, ffn]
     w_down_t: np.ndarray  # [ffn, hidden]
+    bq: np.ndarray | None = None  # [H*hd] q/k/v biases (Qwen2 family: added after the projection)
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,9 @@ class _Weights:
     output_t: np.ndarray  # [hidden, V] (the embedding transposed when tied)
     output_norm: np.ndarray  # [hidden]
     layers: tuple[_Layer, ...]
+
+
+_BIASES = ("bq", "bk", "bv")   # kept f32 by engines too (key biases reach |145|)
 
 
 def _scalar(reader: GGUFReader, key: str) -> float:
@@ -104,6 +113,8 @@ def _read(path: Path) -> tuple[_Config, _Weights]:
             w_gate_t=wt(f"blk.{i}.ffn_gate.weight"),
             w_up_t=wt(f"blk.{i}.ffn_up.weight"),
             w_down_t=wt(f"blk.{i}.ffn_down.weight"),
+            **{name: w(f"blk.{i}.attn_{name[1]}.bias") for name in ("bq", "bk", "bv")
+               if f"blk.{i}.attn_{name[1]}.bias" in raw},
         )
         for i in range(cfg.n_layers)
     )
@@ -171,7 +182,8 @@ class ReferenceLlama:
             return a.astype(dtype).astype(np.float32)
 
         layers = tuple(
-            _Layer(**{name: rounded(getattr(layer, name)) for name in _Layer.__dataclass_fields__})
+            _Layer(**{name: rounded(getattr(layer, name)) if name not in _BIASES else getattr(layer, name)
+                      for name in _Layer.__dataclass_fields__})
             for layer in self._w.layers
         )
         weights = _Weights(rounded(self._w.embed), rounded(self._w.output_t), rounded(self._w.output_norm), layers)
@@ -218,9 +230,12 @@ class ReferenceLlama:
         x = self._w.embed[ids]  # [T, hidden]
         for i, layer in enumerate(self._w.layers):
             h = _rms_norm(x, layer.attn_norm, c.eps)
-            q = (h @ layer.wq_t).reshape(T, H, hd).transpose(1, 0, 2)  # [H, T, hd]
-            k = (h @ layer.wk_t).reshape(T, KV, hd).transpose(1, 0, 2)  # [KV, T, hd]
-            v = (h @ layer.wv_t).reshape(T, KV, hd).transpose(1, 0, 2)
+            q, k, v = h @ layer.wq_t, h @ layer.wk_t, h @ layer.wv_t
+            if layer.bq is not None:
+                q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+            q = q.reshape(T, H, hd).transpose(1, 0, 2)  # [H, T, hd]
+            k = k.reshape(T, KV, hd).transpose(1, 0, 2)  # [KV, T, hd]
+            v = v.reshape(T, KV, hd).transpose(1, 0, 2)
             q = _rope(q, positions, c.rope_theta, self.rope_pairing)
             k = _rope(k, positions, c.rope_theta, self.rope_pairing)
             self._k_cache[i, :, p0:S] = k

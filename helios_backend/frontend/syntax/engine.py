@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping
 
 from .events import ContentDelta, ParseError, ParseErrorKind, ReasoningDelta, SyntaxEvent
 from .frame_phases import FramePhases
+from .json_extent import JsonExtent
 from .markup import Markup, earliest, partial_suffix
 from .phases import TOOL_PHASES, Phase
 from .prompt_state import InitialState, ReasoningStart
@@ -127,6 +128,7 @@ class SyntaxEngine(FramePhases):
         self._call_ok = True
         self._call_schema: Mapping[str, Any] = {}
         self._args_text = ""
+        self._args_extent = JsonExtent()
         self._value = ""
         self._value_is_string = True
         self._reported_unterminated = False

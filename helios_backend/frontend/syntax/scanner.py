@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from .events import SyntaxEvent, ToolCallArgumentsDelta
+from .json_extent import JsonExtent
 from .markup import Markup
 from .phases import Phase
 from .tables import FrontendSyntax
@@ -55,6 +56,7 @@ class ScannerBase:
     _call_ok: bool
     _call_schema: Mapping[str, Any]
     _args_text: str
+    _args_extent: JsonExtent  # where the JSON arguments object ends
     _value: str
     _value_is_string: bool
     _reported_unterminated: bool

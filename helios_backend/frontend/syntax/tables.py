@@ -94,6 +94,27 @@ def xtml_tools() -> pb.ToolSyntax:
     )
 
 
+def json_call_tags() -> pb.ToolSyntax:
+    """<tool_call>\n{"name": "NAME", "arguments": {JSON arguments}}\n</tool_call>
+
+    The name is a member of the invocation's JSON object, so the invocation opens with the start
+    of that object and closes with its final brace; the engine finds the end of the arguments
+    object by counting braces (JSON arguments may themselves hold "}"). One invocation per block;
+    parallel calls repeat the block.
+    """
+    return pb.ToolSyntax(
+        block_open="<tool_call>",
+        block_close="</tool_call>",
+        invocation_open_prefix='{"name": "',
+        invocation_open_suffix='", "arguments": ',
+        invocation_close="}",
+        tag_separator="\n",
+        wrap_newlines=False,
+        argument_encoding=JSON_OBJECT,
+        invocations_per_block=1,
+    )
+
+
 def atem() -> pb.ToolSyntax:
     """<atem:function_calls><atem:invoke name="NAME"><atem:parameter name="P">VALUE</atem:parameter>
     </atem:invoke></atem:function_calls>, one invocation per recipient frame."""
@@ -174,6 +195,7 @@ _TOOL_TABLES = {
     pb.TOOL_PARSER_DSML: dsml,
     pb.TOOL_PARSER_XTML: xtml_tools,
     pb.TOOL_PARSER_ATEM: atem,
+    pb.TOOL_PARSER_JSON_CALL_TAGS: json_call_tags,
 }
 
 

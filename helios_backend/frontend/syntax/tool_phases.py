@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from helios_proto import contract_pb2 as pb
 
 from .events import ContentDelta, ParseError, ParseErrorKind, ToolCallEnd, ToolCallStart
+from .json_extent import JsonExtent
 from .markup import earliest, partial_suffix
 from .phases import MAX_NAME, Phase
 from .scanner import ScannerBase
@@ -104,6 +105,7 @@ class ToolPhases(ScannerBase):
         self._frame_invocations += 1
         self._call_open, self._call_params, self._call_ok = True, 0, True
         self._args_text = ""
+        self._args_extent = JsonExtent()
         params = self._tools.get(name) or {}
         self._call_schema = params.get("properties", {}) if isinstance(params, Mapping) else {}
         self._raw = ""
@@ -125,7 +127,7 @@ class ToolPhases(ScannerBase):
         end = self._invocation_end()
         if not self._args_text:
             self._skip_space()
-        hit = earliest(self._buf, [end, *self._interrupts()])
+        hit = self._json_arguments_end(end)
         if hit is not None:
             at, pattern = hit
             if pattern != end:
@@ -154,8 +156,25 @@ class ToolPhases(ScannerBase):
         text = self._markup.render(emit)
         self._args_text += text
         self._args(text)
+        self._args_extent.advance(emit)
         self._take(len(emit))
         return False
+
+    def _json_arguments_end(self, end: str) -> tuple[int, str] | None:
+        """The first interrupt or invocation end. An end delimiter that starts like a JSON closer
+        ("}": the JSON-call syntax) only counts after the arguments object's final brace; any
+        other delimiter ends the arguments wherever it appears (a truncated object included)."""
+        hit = earliest(self._buf, self._interrupts())
+        start = self._args_extent.end_search_start(self._buf) if end[:1] in "}]" else 0
+        if start is None:
+            return hit
+        found = earliest(self._buf[start:], [end])
+        if found is None:
+            return hit
+        at = found[0] + start
+        if hit is None or at < hit[0] or (at == hit[0] and len(end) > len(hit[1])):
+            return at, end
+        return hit
 
     def _args_tagged(self) -> bool:
         self._skip_space()

@@ -33,29 +33,64 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     accumulators), so the rotation needs no data exchange. v heads use the same path unrotated.
     qkv_weight f16 [(q_heads + 2 kv_heads) * head_dim, dim]; rope_table f32 [pos, head_dim/2, 2].
     """
+    _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_weight, rope_table,
+                    positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
+                    head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, False,
+                    BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+
+
+@triton.jit
+def qkv_bias_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
+                        rope_table, positions, page_table, row_slot, geometry,
+                        tokens, dim, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                        page_stride, eps, rope_pairing,
+                        BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_P: tl.constexpr,
+                        GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+    """qkv_rope_store with qkv_bias (f32 [(q_heads + 2 kv_heads) * head_dim]) added to the
+    projection before the rotation, in f32 (key biases of Qwen2-family models reach |145|)."""
+    _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias, rope_table,
+                    positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
+                    head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, True,
+                    BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+
+
+@triton.jit
+def _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias, rope_table,
+                    positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
+                    head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                    GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):     # batch-1 decode: a 1-row tile
-        _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
-                             positions, page_table, row_slot, geometry, tokens, dim, q_heads,
-                             kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
-                             rope_pairing, 1, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+        _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
+                             rope_table, positions, page_table, row_slot, geometry, tokens, dim,
+                             q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                             eps, rope_pairing, HAS_BIAS, 1, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
     elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
-        _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
-                             positions, page_table, row_slot, geometry, tokens, dim, q_heads,
-                             kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
-                             rope_pairing, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+        _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
+                             rope_table, positions, page_table, row_slot, geometry, tokens, dim,
+                             q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                             eps, rope_pairing, HAS_BIAS, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS,
+                             PDL)
     else:
-        _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight,
+        _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                               rope_table, positions, page_table, row_slot, geometry, dim,
                               q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                              page_stride, eps, rope_pairing, BLOCK_M, BLOCK_P, BLOCK_K, PDL)
+                              page_stride, eps, rope_pairing, HAS_BIAS, BLOCK_M, BLOCK_P, BLOCK_K,
+                              PDL)
 
 
 @triton.jit
 def _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,
-                    q_out, k_cache, v_cache, rope_table, positions, page_table, row_slot,
+                    q_out, k_cache, v_cache, qkv_bias, rope_table, positions, page_table, row_slot,
                     geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                    page_stride):
-    """Rotate q and k pairs by their token's position, then write q rows or cache entries."""
+                    page_stride, HAS_BIAS: tl.constexpr):
+    """Add the bias (HAS_BIAS), rotate q and k pairs by their token's position, then write q
+    rows or cache entries."""
+    if HAS_BIAS:
+        acc_first += tl.load(qkv_bias + head * head_dim + first, mask=pair_mask, other=0.0)[None, :]
+        acc_second += tl.load(qkv_bias + head * head_dim + second, mask=pair_mask, other=0.0)[None, :]
     half = head_dim // 2
     pos = tl.load(positions + t, mask=live, other=0)
     mask = live[:, None] & pair_mask[None, :]
@@ -105,10 +140,10 @@ def _rotation_pairs(head_dim, rope_pairing, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
-                         positions, page_table, row_slot, geometry, tokens, dim, q_heads,
-                         kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
-                         rope_pairing, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
+def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
+                         rope_table, positions, page_table, row_slot, geometry, tokens, dim,
+                         q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
+                         rope_pairing, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
                          GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Decode shape: grid (heads * cdiv(head_dim / 2, GEMV_P), 1, 1); GEMV_P pairs of one head
     for every token of the capacity (only live ones are stored)."""
@@ -129,16 +164,16 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
     rstd = inverse_rms(row_sum_squares(hidden, t, computed, dim, ROWS, GEMV_K), dim, eps)[:, None]
     live = t < tl.load(geometry)
     _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,
-                    second, head, q_out, k_cache, v_cache, rope_table, positions, page_table,
-                    row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
-                    pages_per_row, page_stride)
+                    second, head, q_out, k_cache, v_cache, qkv_bias, rope_table, positions,
+                    page_table, row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
+                    pages_per_row, page_stride, HAS_BIAS)
 
 
 @triton.jit
-def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rope_table,
-                          positions, page_table, row_slot, geometry, dim, q_heads, kv_heads,
-                          head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing,
-                          BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
+                          rope_table, positions, page_table, row_slot, geometry, dim, q_heads,
+                          kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
+                          rope_pairing, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                           PDL: tl.constexpr):
     if PDL:
         # the head's weight rows into L2 before waiting: once per head (first pair chunk,
@@ -186,9 +221,9 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
         acc_first = acc_first * scale
         acc_second = acc_second * scale
         _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,
-                        q_out, k_cache, v_cache, rope_table, positions, page_table, row_slot,
-                        geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                        page_stride)
+                        q_out, k_cache, v_cache, qkv_bias, rope_table, positions, page_table,
+                        row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
+                        pages_per_row, page_stride, HAS_BIAS)
 
 
 @triton.jit

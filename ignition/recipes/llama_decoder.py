@@ -1,0 +1,225 @@
+"""The Llama-family decoder shared by recipes: weights, tensor parallelism, scratch, forward pass.
+
+Recipes whose checkpoints are Llama-shaped (RMSNorm, GQA attention with RoPE, SwiGLU MLP, tied
+or separate head) declare their source, frontend and capacities and take these functions as
+they are. What differs between such checkpoints is data on the `LlamaShape` (read from the
+source) and the recipe's options, never a branch on a model:
+
+  * `shape.qkv_bias`: the q/k/v projections carry biases; the fused projection then runs
+    attention.qkv_bias_rope_store.v1 with the f32 bias buffer `weights.layers.N.qkv_bias`;
+  * `shape.tied_embeddings`: the logits read the embedding table, else `weights.output`;
+  * `options.rope_pairing`: which dimensions RoPE rotates together, as the weights are stored
+    (adjacent pairs for llama.cpp's permuted Llama q/k, half-split pairs for NEOX checkpoints);
+  * `shape.rope_theta`, head counts, widths and the vocabulary size.
+
+Decode steps use split-KV attention (attention.paged_split.v1); prefill and mixed steps the
+unsplit kernel. Node count per step: 5 per layer (norm+qkv+rope+cache write, attention, output
+projection + residual, norm+gate/up+SiLU, down projection + residual), plus embedding, final
+norm+logits, the step prologue (geometry, input ids) and the sampling epilogue.
+
+Tensor parallelism (options.tensor_parallel ranks): the decoder declares which dimensions
+ranks divide (KV-head groups, unevenly; ffn columns, evenly), the Split of each weight it cuts,
+and the per-rank shape; ignition/preparation/tensor_parallel.py does the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+from helios_proto import contract_pb2 as C
+from helios_proto import manifest_pb2 as M
+
+from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
+from ignition.preparation.contract import PagedKV, StepIO, buffer
+from ignition.preparation.tensor_parallel import PartitionedDimension, Split, add_to_residual
+from ignition.recorder import ForwardRecorder, Recorder
+from ignition.sources.gguf import LlamaShape
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Capacity variants, paging and the RoPE pairing; tests restrict variants to keep preparation small.
+
+    `gguf_path` overrides where the recipe finds its source file."""
+
+    page_tokens: int = 16
+    context_tokens: int = 2048
+    decode_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    prefill_variants: tuple[tuple[int, int], ...] = ((1, 32), (1, 128), (1, 512), (4, 512))  # (rows, tokens)
+    mixed_variants: tuple[tuple[int, int], ...] = ((8, 135), (32, 159))   # decode rows + one prefill chunk
+    admission_rows: tuple[int, ...] = (1, 4)
+    resume_rows: tuple[int, ...] = (1, 4)   # RESUME (host-fed pending token, one token per row)
+    # SCORED_PREFILL (rows, tokens): prefill chunks that also score target tokens; small t keeps it cheap
+    scored_prefill_variants: tuple[tuple[int, int], ...] = ((1, 64),)
+    # exact-endpoint snapshots: continuation rows (one cache page each) + RESTORATION programs; 0 = off
+    snapshot_rows: int = 16
+    restoration_rows: tuple[int, ...] = (1, 4)
+    # SPECULATIVE programs with copied (history) proposals: (B, W, D, P) each; () = none recorded
+    speculative_variants: tuple[tuple[int, int, int, int], ...] = ()
+    # top-N alternatives recorded per sampled token (sampling.logprobs.v1; 20 = OpenAI's maximum);
+    # logprob records are recorded when no speculative variants are (those have their own extension)
+    top_logprobs: int = 20
+    prepared_pages: int = 512
+    max_output_tokens: int = 512
+    rope_pairing: int = ROPE_ADJACENT_PAIRS
+    gguf_path: str | None = None
+    tensor_parallel: int = 1    # ranks the model is divided among (KV-head groups, ffn columns)
+
+
+# ---- weights ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WeightTensor:
+    buffer: str
+    array: np.ndarray           # already in its stored dtype
+    sources: tuple[str, ...]    # GGUF tensor names it came from
+    split: Split | None = None  # how tensor parallelism cuts it; None: replicated on every rank
+
+
+# ---- tensor parallelism: the divided dimensions and the per-rank shape --------------------------
+
+KV_GROUPS = "kv_groups"   # a KV head with the query heads that read it (the attention unit)
+FFN = "ffn"               # one MLP column: a gate row, an up row, a down column
+
+
+def tensor_parallel_dimensions(shape: LlamaShape) -> tuple[PartitionedDimension, ...]:
+    # heads may split unevenly (each launch takes its own q_heads / kv_heads); ffn columns evenly,
+    # so every rank's MLP width keeps the kernels' 16-element alignment
+    return (PartitionedDimension(KV_GROUPS, shape.n_kv_heads, uneven=True),
+            PartitionedDimension(FFN, shape.ffn, uneven=False))
+
+
+def rank_shape(shape: LlamaShape, units: Mapping[str, int]) -> LlamaShape:
+    """What one rank computes with: its KV heads and their query heads, its ffn columns."""
+    return replace(shape, n_heads=units[KV_GROUPS] * shape.gqa_group, n_kv_heads=units[KV_GROUPS], ffn=units[FFN])
+
+
+def _splits(shape: LlamaShape) -> dict[str, Split]:
+    """Cut weights by name: output rows of q/k/v and gate/up, input columns of the output and down projections."""
+    hd, group = shape.head_dim, shape.gqa_group
+    return {"qkv": Split(0, KV_GROUPS, (group * hd, hd, hd)), "attn_output": Split(1, KV_GROUPS, (group * hd,)),
+            "gate_up": Split(0, FFN, (1, 1)), "ffn_down": Split(1, FFN, (1,))}
+
+
+def _layer(i: int, name: str) -> str:
+    return f"weights.layers.{i}.{name}"
+
+
+def weight_tensors(source: Any, options: Any) -> Iterator[WeightTensor]:
+    """fp16 (dequantized) model weights, fused where one kernel reads them together."""
+    shape = source.shape
+    split = _splits(shape)
+    f16 = lambda name: source.tensor(name).astype(np.float16)  # noqa: E731
+    yield WeightTensor("weights.token_embedding", f16("token_embd.weight"), ("token_embd.weight",))
+    for i in range(shape.n_layers):
+        b = f"blk.{i}."
+        qkv = np.concatenate([f16(b + "attn_q.weight"), f16(b + "attn_k.weight"), f16(b + "attn_v.weight")])
+        yield WeightTensor(_layer(i, "attn_norm"), f16(b + "attn_norm.weight"), (b + "attn_norm.weight",))
+        yield WeightTensor(_layer(i, "qkv"), qkv, (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"),
+                           split["qkv"])
+        if shape.qkv_bias:   # f32: key biases reach |145| (Qwen2 family), beyond f16's fine steps
+            names = (b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias")
+            bias = np.concatenate([source.tensor(n).astype(np.float32) for n in names])
+            yield WeightTensor(_layer(i, "qkv_bias"), bias, names, split["qkv"])
+        yield WeightTensor(_layer(i, "attn_output"), f16(b + "attn_output.weight"), (b + "attn_output.weight",),
+                           split["attn_output"])
+        yield WeightTensor(_layer(i, "ffn_norm"), f16(b + "ffn_norm.weight"), (b + "ffn_norm.weight",))
+        gate_up = np.concatenate([f16(b + "ffn_gate.weight"), f16(b + "ffn_up.weight")])
+        yield WeightTensor(_layer(i, "gate_up"), gate_up, (b + "ffn_gate.weight", b + "ffn_up.weight"),
+                           split["gate_up"])
+        yield WeightTensor(_layer(i, "ffn_down"), f16(b + "ffn_down.weight"), (b + "ffn_down.weight",),
+                           split["ffn_down"])
+    yield WeightTensor("weights.output_norm", f16("output_norm.weight"), ("output_norm.weight",))
+    if not shape.tied_embeddings:
+        yield WeightTensor("weights.output", f16("output.weight"), ("output.weight",))
+    yield WeightTensor("weights.rope_table",
+                       rope_table(options.context_tokens, shape.head_dim, shape.rope_theta), ())
+
+
+def weight_tensor_count(shape: LlamaShape) -> int:
+    return (7 if shape.qkv_bias else 6) * shape.n_layers + 3 + (0 if shape.tied_embeddings else 1)
+
+
+# ---- forward pass ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scratch:
+    hidden: str = "scratch.hidden"        # f32 [tokens, hidden]  residual stream
+    q: str = "scratch.q"                  # f32 [tokens, heads * head_dim]
+    attention: str = "scratch.attention"  # f32 [tokens, heads * head_dim]
+    mlp: str = "scratch.mlp"              # f32 [tokens, ffn]
+    partials: str = "scratch.attention_partials"   # f32 [MAX_SPLITS, decode tokens, heads, head_dim + 2]
+    arrivals: str = "scratch.attention_arrivals"   # i32 [decode tokens, kv_heads], zero between steps
+
+
+SCRATCH = Scratch()
+
+
+def paged_kv(shape: LlamaShape, options: Any) -> PagedKV:
+    return PagedKV(layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                   page_tokens=options.page_tokens)
+
+
+# Split-KV decode attention: aim for about this many programs per layer (one per SM of an H200),
+# never more than MAX_SPLITS splits of one row's context; prefill and mixed steps do not split.
+TARGET_ATTENTION_PROGRAMS = 132
+MAX_SPLITS = 16
+
+
+def decode_splits(rows: int, shape: LlamaShape) -> int:
+    return max(1, min(MAX_SPLITS, TARGET_ATTENTION_PROGRAMS // (rows * shape.n_kv_heads)))
+
+
+def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int, options: Any) -> None:
+    f32 = C.DTYPE_F32
+    decode_tokens = max(options.decode_rows)
+    rec.declare(buffer(SCRATCH.partials, M.BUFFER_KIND_SCRATCH, f32,
+                       [MAX_SPLITS, decode_tokens, shape.n_heads, shape.head_dim + 2]))
+    rec.declare(buffer(SCRATCH.arrivals, M.BUFFER_KIND_SCRATCH, C.DTYPE_I32, [decode_tokens, shape.n_kv_heads]))
+    rec.declare(buffer(SCRATCH.hidden, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.hidden]))
+    rec.declare(buffer(SCRATCH.q, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
+    rec.declare(buffer(SCRATCH.attention, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
+    rec.declare(buffer(SCRATCH.mlp, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.ffn]))
+
+
+def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: Any) -> None:
+    """One step of the Llama forward pass over io.tokens packed tokens; logits of each row's last token.
+
+    `shape` is the rank's (tensor_parallel.rank_shape): its heads and ffn columns; the hidden size,
+    vocabulary and everything after the final norm are whole on every rank."""
+    T, D = io.tokens, shape.hidden
+    eps = float(shape.rms_eps)
+    paging = dict(page_tokens=io.page_tokens, pages_per_row=io.pages_per_row, page_stride=cache.page_stride)
+    heads = dict(q_heads=shape.n_heads, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim)
+    rec.launch("embedding.gather.v1", "embedding", hidden=SCRATCH.hidden, table="weights.token_embedding",
+               ids=io.ids, geometry=io.geometry, tokens=T, dim=D)
+    for i in range(shape.n_layers):
+        k_cache, v_cache = cache.layer_refs(i)
+        bias = dict(qkv_bias=_layer(i, "qkv_bias")) if shape.qkv_bias else {}
+        rec.launch("attention.qkv_bias_rope_store.v1" if shape.qkv_bias else "attention.qkv_rope_store.v1",
+                   f"layer{i}.qkv", q_out=SCRATCH.q, k_cache=k_cache,
+                   v_cache=v_cache, hidden=SCRATCH.hidden, norm_weight=_layer(i, "attn_norm"),
+                   qkv_weight=_layer(i, "qkv"), **bias, rope_table="weights.rope_table", positions=io.positions,
+                   page_table=io.page_table, row_slot=io.row_slot, geometry=io.geometry, tokens=T, dim=D,
+                   eps=eps, rope_pairing=options.rope_pairing, **heads, **paging)
+        attention = dict(out=SCRATCH.attention, q=SCRATCH.q, k_cache=k_cache, v_cache=v_cache,
+                         positions=io.positions, page_table=io.page_table, row_slot=io.row_slot,
+                         geometry=io.geometry, rows=io.rows, tokens=T, scale=float(1.0 / np.sqrt(shape.head_dim)),
+                         **heads, **paging)
+        if io.operation == C.OPERATION_DECODE:
+            rec.launch("attention.paged_split.v1", f"layer{i}.attention", partials=SCRATCH.partials,
+                       arrivals=SCRATCH.arrivals, splits=decode_splits(io.rows, shape), **attention)
+        else:
+            rec.launch("attention.paged.v1", f"layer{i}.attention", **attention)
+        add_to_residual(rec, f"layer{i}.attn_output", hidden=SCRATCH.hidden, x=SCRATCH.attention,
+                        weight=_layer(i, "attn_output"), geometry=io.geometry, tokens=T, in_dim=shape.q_dim, out_dim=D)
+        rec.launch("mlp.norm_gate_up_silu.v1", f"layer{i}.gate_up", out=SCRATCH.mlp, hidden=SCRATCH.hidden,
+                   norm_weight=_layer(i, "ffn_norm"), gate_up=_layer(i, "gate_up"), geometry=io.geometry,
+                   tokens=T, dim=D, ffn_dim=shape.ffn, eps=eps)
+        add_to_residual(rec, f"layer{i}.down", hidden=SCRATCH.hidden, x=SCRATCH.mlp,
+                        weight=_layer(i, "ffn_down"), geometry=io.geometry, tokens=T, in_dim=shape.ffn, out_dim=D)
+    head = "weights.token_embedding" if shape.tied_embeddings else "weights.output"
+    rec.launch("logits.norm_head.v1", "logits", logits=io.logits, hidden=SCRATCH.hidden,
+               norm_weight="weights.output_norm", head=head, geometry=io.geometry, rows=io.rows, tokens=T,
+               dim=D, vocab=shape.vocab, eps=eps)

