@@ -401,3 +401,42 @@ def test_admission_waits_instead_of_evicting_the_snapshot_it_matched() -> None: 
     assert sched.snapshots.counters.restored == 1
     assert terminal(events[2]).finished.usage.reused_prompt_tokens == 10
     assert tokens_of(events[2]) == reference_tokens(turn2, 2, VOCAB)
+
+
+@pytest.mark.parametrize("initialization", [False, True])
+def test_arrivals_join_the_second_frame_and_every_output_matches_feedback(initialization: bool) -> None:  # spec: SPEC-43, CACHE-23
+    # requests arrive while others decode: each may join the round behind the one in flight as
+    # its one host-fed lane (MIXED, with its INITIALIZATION first when the core has one); the
+    # outputs equal completion feedback's, no page leaks
+    prompts = [prompt_of(10 + i, 6 + i) for i in range(5)]
+    sched, engine = make(initialization=initialization)
+    sched.add(0, spec(prompts[0], max_tokens=14))
+    events: dict[int, list[object]] = {}
+    inflight: list = []
+    arrived, joined = 1, 0
+    for step in range(10_000):
+        if arrived < len(prompts) and step % 3 == 2:
+            sched.add(arrived, spec(prompts[arrived], max_tokens=10 + arrived))
+            arrived += 1
+        if not inflight:
+            plan = sched.schedule()
+            if plan is None:
+                if arrived == len(prompts):
+                    break
+                continue
+            engine.launch(plan, 0)
+            inflight.append(plan)
+        if len(inflight) == 1:
+            nxt = sched.pipeline_next(inflight[0])
+            if nxt is not None:
+                joined += nxt.main.operation == cp.OPERATION_MIXED
+                engine.launch(nxt, 1)
+                inflight.append(nxt)
+        plan = inflight.pop(0)
+        sched.complete(plan, engine.collect(plan))
+        for ev in sched.take_events():
+            events.setdefault(ev.serial, []).append(ev)
+    assert not sched.has_work() and joined > 0
+    for i, p in enumerate(prompts):
+        assert tokens_of(events[i]) == reference_tokens(p, (14 if i == 0 else 10 + i), VOCAB)
+    assert sched.pool.used_pages == 0 and engine.writes_to_shared == []

@@ -53,6 +53,7 @@ class Scheduler:
         self.config = config
         self.variants = variants
         self._shape: tuple[list[Lane], int, int, int] = ([], 0, 0, 0)   # _round_shape's running sums
+        self._pipelining = False             # building a round behind one in flight (pipeline_next)
         self.pool = PagePool(config.num_pages)
         snapshots_on = config.snapshot_capacity > 0 and variants.has(cp.OPERATION_RESTORATION)
         self.snapshots = SnapshotStore(config.snapshot_capacity if snapshots_on else 0, self.pool)
@@ -161,7 +162,8 @@ class Scheduler:
                 candidates.add(v.tokens - used)
         for n in sorted(candidates, reverse=True):
             fed = host_fed + (0 if self._pending_ok(req, n) else 1)
-            if self.variants.choose_shape(rows + 1, used + n, fed) is not None:
+            variant = self.variants.choose_shape(rows + 1, used + n, fed)
+            if variant is not None and not (self._pipelining and variant.operation == cp.OPERATION_PREFILL):
                 return n
         return 0
 
@@ -309,15 +311,17 @@ class Scheduler:
         """The next DECODE round for the same lanes, to occupy the second execution frame
         while `plan` runs; None unless every condition for skipping completion feedback holds.
 
-        Allowed only for plain decode: every lane reads its device-owned pending token, no
-        grammar, no host stops, nobody waiting (an admission changes phase), every running
-        request in the round, room for two more tokens, pages without preemption. A lane
-        that the in-flight round ends has this round's token discarded (suppressed).
+        Allowed only after plain decode: every lane reads its device-owned pending token, no
+        grammar, no host stops, every running request in the round, room for two more tokens,
+        pages without preemption. A lane that the in-flight round ends has this round's token
+        discarded (suppressed). A waiting request may join the next round as its one host-fed
+        lane (a MIXED round, its initialization before it): its prompt needs nothing from the
+        round in flight, so arrivals no longer stop the second frame.
         """
         main = plan.main
         if plan.restoration or plan.initialization or main.operation != cp.OPERATION_DECODE:
             return None
-        if self._waiting or self._stops or len(main.lanes) != len(self._running):
+        if self._stops or len(main.lanes) != len(self._running):
             return None
         for lane in main.lanes:
             req = lane.request
@@ -337,6 +341,17 @@ class Scheduler:
                 raise RuntimeError("page availability was checked before pipelining")
             lanes.append(Lane(req, lane.slot, lane.generation, lane.end, [PENDING_TOKEN], sample=True,
                               output_limit=lane.output_limit - 1))
+        if self._waiting and self.variants.has(cp.OPERATION_MIXED):
+            decode_lanes = len(lanes)
+            self._shape = (lanes, 0, 0, 0)
+            self._pipelining = True          # no PREFILL fallback: these lanes' tokens are on the device
+            try:
+                self._admit_waiting(lanes, self.max_active)
+            finally:
+                self._pipelining = False
+            if len(lanes) > decode_lanes:
+                self.counters.pipelined += 1
+                return self._plan(lanes, [])
         nxt = RoundPlan(Submission(main.variant, lanes))
         self.counters.launches[main.operation] = self.counters.launches.get(main.operation, 0) + 1
         self.counters.pipelined += 1
