@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import pathlib
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -124,7 +125,7 @@ def _client_process(args: tuple) -> list[dict]:  # type: ignore[type-arg]
 def drive(base: str, model: str, prompt_words: int, concurrency: int, requests: int, max_tokens: int,
           ours: bool, seed: int) -> tuple[list[dict], float]:
     """Closed loop at `concurrency` over `requests` requests, spread over client processes."""
-    processes = max(1, min(8, concurrency // 16))
+    processes = max(1, min(6, concurrency // 16))
     prompts = [prompt_text(seed + i, prompt_words) for i in range(requests)]
     shares = [prompts[i::processes] for i in range(processes)]
     per = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
@@ -183,6 +184,38 @@ def pids_named(*names: str) -> list[int]:
             if any(n in cmd for n in names):
                 out.append(int(entry.name))
     return out
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def stack_pids(serve: int) -> tuple[list[int], list[int]]:
+    """(gateway processes, backend stubs) of one helios-serve: its gateway parent and workers."""
+    tree = descendants(serve)
+    gateways = [pid for pid in tree if "gateway.cli" in cmdline(pid)]
+    return ([pid for g in gateways for pid in descendants(g)],
+            [pid for pid in tree if "triton_python_backend_stub" in cmdline(pid)])
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:  # type: ignore[type-arg]
@@ -249,8 +282,8 @@ def write_core(path: pathlib.Path) -> None:
 def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int], prompts: list[int]) -> dict:
     port, grpc, http, metrics = free_port(), free_port(), free_port(), free_port()
     top = max(levels)
-    cmd = ["helios-serve", "--core", str(core), "--executor", "cuda", "--acceptance", NAMESPACE,
-           "--concurrency", str(min(top, 256)), "--max-active", str(min(top, 256)),
+    cmd = ["helios-serve", "--core", str(core), "--executor", args.executor, "--acceptance", args.acceptance,
+           "--concurrency", str(min(top, args.rows)), "--max-active", str(min(top, args.rows)),
            "--queue-capacity", str(2 * top), "--gateway-port", str(port), "--grpc-port", str(grpc),
            "--http-port", str(http), "--metrics-port", str(metrics)] + args.serve_args
     log = open(pathlib.Path(args.out) / "served_stack.log", "w")
@@ -261,12 +294,12 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
         base = f"http://127.0.0.1:{port}"
         model = json_get(f"{base}/v1/models")["data"][0]["id"]
         drive(base, model, 16, 8, 16, 16, True, 10_000)           # warm-up
-        gateway = pids_named("helios-gateway")
-        stub = pids_named("triton_python_backend_stub")
+        gateway, stub = stack_pids(proc.pid)
+        print(f"gateway processes {gateway}, backend stub {stub}", flush=True)
         for words in prompts:
             for c in levels:
                 before = (cpu_seconds(gateway), cpu_seconds(stub))
-                timings, wall = drive(base, model, words, c, max(4 * c, 32), args.output_tokens, True, 1000 * c)
+                timings, wall = drive(base, model, words, c, requests_at(c), args.output_tokens, True, 1000 * c)
                 after = (cpu_seconds(gateway), cpu_seconds(stub))
                 f = figures(timings, wall)
                 tokens = max(f["output_tokens"], 1)
@@ -277,20 +310,26 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"TPOT p50 {f['tpot_p50_ms']:.2f} ms, gateway {f['gateway_cpu_us_per_token']:.0f} us/tok, "
                       f"backend {f['backend_cpu_us_per_token']:.0f} us/tok, ok {f['ok']}/{f['requests']}, "
                       f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}", flush=True)
-                if args.profile and c == args.profile:
-                    profile(args, gateway + stub, base, model, words, c)
+                if args.profile and c == args.profile and words == min(prompts):
+                    # the stub and one gateway worker (the busiest): at most 8 files come back
+                    busiest = max(gateway, key=lambda pid: cpu_seconds([pid]))
+                    profile(args, {"stub": stub[0], "gateway": busiest}, base, model, words, c)
+                checkpoint(args, "served", out)
     finally:
         stop(proc)
         log.close()
     return out
 
 
-def profile(args: argparse.Namespace, pids: list[int], base: str, model: str, words: int, c: int) -> None:
-    """py-spy of the stub and the gateway under the same load (10 s each, raw stacks)."""
-    procs = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", "10", "-r", "200", "-f", "raw",
-                               "-o", str(pathlib.Path(args.out) / f"pyspy_{pid}.txt"), "--nonblocking"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
-    drive(base, model, words, c, 12 * c, args.output_tokens, True, 77_000)
+def profile(args: argparse.Namespace, pids: dict[str, int], base: str, model: str, words: int, c: int) -> None:
+    """py-spy of the stub and a gateway worker under the same load (8 s, raw stacks)."""
+    if shutil.which("py-spy") is None:
+        print("profile skipped: py-spy is not installed", flush=True)
+        return
+    procs = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", "8", "-r", "200", "-f", "raw",
+                               "-o", str(pathlib.Path(args.out) / f"pyspy_{name}.txt"), "--nonblocking"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in pids.items()]
+    drive(base, model, words, c, 8 * c, args.output_tokens, True, 77_000)
     for p in procs:
         p.wait()
 
@@ -310,13 +349,30 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
         drive(base, "peer", 16, 4, 8, 16, False, 10_000)
         for words in prompts:
             for c in levels:
-                timings, wall = drive(base, "peer", words, c, max(4 * c, 32), args.output_tokens, False, 1000 * c)
+                if time.monotonic() > args.deadline:
+                    print(f"llama-server prompt~{words} c={c}: skipped (the run's deadline)", flush=True)
+                    continue
+                timings, wall = drive(base, "peer", words, c, requests_at(c), args.output_tokens, False, 1000 * c)
                 out[f"{words}:{c}"] = figures(timings, wall)
+                checkpoint(args, "llama_server", out)
                 print(f"llama-server prompt~{words} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
     finally:
         stop(proc)
         log.close()
     return out
+
+
+def requests_at(concurrency: int) -> int:
+    """Requests per level: two per client stream, at least 16 (so p99 means something)."""
+    return max(2 * concurrency, 16)
+
+
+def checkpoint(args: argparse.Namespace, phase: str, figures_so_far: dict) -> None:
+    """Partial results after every level: a run cut short still leaves its figures."""
+    path = pathlib.Path(args.out) / "served_h200.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report[phase] = figures_so_far
+    path.write_text(json.dumps(report, indent=1))
 
 
 def json_get(url: str) -> dict:
@@ -341,9 +397,15 @@ def main() -> None:
     parser.add_argument("--llama-server", default=None)
     parser.add_argument("--llama-gguf", default=None)
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--core", type=pathlib.Path, default=None, help="serve this core (default: the bundle's)")
+    parser.add_argument("--acceptance", default=NAMESPACE)
+    parser.add_argument("--executor", default="cuda")
+    parser.add_argument("--rows", type=int, default=256, help="request rows the served core captured")
     parser.add_argument("--profile", type=int, default=0, help="py-spy the stack at this concurrency")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="skip peer levels past this many seconds")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
     args = parser.parse_args()
+    args.deadline = time.monotonic() + args.budget_s
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -357,12 +419,22 @@ def main() -> None:
         child.start()
         report["engine"] = queue.get()
         child.join()
+        checkpoint(args, "engine", report["engine"])
     with tempfile.TemporaryDirectory() as tmp:
-        core = pathlib.Path(tmp) / "served.core"
-        write_core(core)
-        report["served"] = served_phase(args, core, levels, words)
+        core = args.core or pathlib.Path(tmp) / "served.core"
+        if args.core is None:
+            write_core(core)
+        try:
+            report["served"] = served_phase(args, core, levels, words)
+        except Exception as exc:             # the peer still runs; the table shows what was measured
+            print(f"served phase failed: {exc!r}", flush=True)
+            report["served"] = json.loads((out / "served_h200.json").read_text()).get("served", {}) \
+                if (out / "served_h200.json").exists() else {}
     if args.llama_server and args.llama_gguf:
-        report["llama_server"] = llama_phase(args, levels, words)
+        try:
+            report["llama_server"] = llama_phase(args, levels, words)
+        except Exception as exc:
+            print(f"llama-server phase failed: {exc!r}", flush=True)
     (out / "served_h200.json").write_text(json.dumps(report, indent=1))
     lines = []
     for p, w in zip(prompt_tokens, words):
@@ -371,7 +443,9 @@ def main() -> None:
               f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'TPOT p50':>9} {'gw us/tok':>9} "
               f"{'be us/tok':>9}")
         for c in levels:
-            s = report["served"][f"{w}:{c}"]
+            s = report["served"].get(f"{w}:{c}")
+            if s is None:
+                continue
             e = report.get("engine", {}).get(f"{p}:{c}")
             l_ = report.get("llama_server", {}).get(f"{w}:{c}", {}).get("tok_s")
             row = {"prompt_tokens": p, "concurrency": c, "output_tokens": args.output_tokens,
