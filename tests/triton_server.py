@@ -46,8 +46,10 @@ def model_repository(workdir: Path, **parameters: str | int | float | bool | Pat
 
 
 class TritonServer:
-    def __init__(self, repository: Path, workdir: Path | None = None, exit_timeout_s: int = 30) -> None:
+    def __init__(self, repository: Path, workdir: Path | None = None, exit_timeout_s: int = 30,
+                 python_bin: Path | None = None) -> None:
         self.repository = repository
+        self.python_bin = python_bin          # the stub's Python environment (default: this one's)
         self.workdir = workdir or repository.parent
         self.ports = Ports(*free_ports(3))
         self.log_path = self.workdir / f"tritonserver-{self.ports.grpc}.log"
@@ -75,7 +77,8 @@ class TritonServer:
                              exit_timeout_s=self.exit_timeout_s)
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=server_environment(install), cwd=self.workdir)
+                                        env=server_environment(install, python_bin=self.python_bin),
+                                        cwd=self.workdir)
         return self
 
     def _restart_if_port_taken(self) -> bool:

@@ -131,7 +131,8 @@ class TritonHeliosModel:
             message = f"helios startup failed: {exc}"
             self._pb.Logger.log_error(message)
             raise RuntimeError(message) from None
-        self._pb.Logger.log_info(f"helios model ready: core {options.core_path}")
+        self._pb.Logger.log_info(f"helios model ready: core {options.core_path}; numpy {np.__version__}, "
+                                 f"tensors through {'DLPack' if _DLPACK else 'the stub'}")
 
     def execute(self, requests: list[Any]) -> None:
         runtime = self.runtime

@@ -75,11 +75,13 @@ def prepare_backend_directory(install: TritonInstall, workdir: Path) -> Path:
     return workdir / "backends"
 
 
-def server_environment(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
-    """PATH with this environment's bin first (the stub finds our site-packages), and the
-    wheel's bundled libraries plus libpython's directory on LD_LIBRARY_PATH."""
+def server_environment(install: TritonInstall, base: dict[str, str] | None = None,
+                       python_bin: Path | None = None) -> dict[str, str]:
+    """PATH with the Python environment's bin first (the stub finds its site-packages there;
+    default: this process's environment), and the wheel's bundled libraries plus libpython's
+    directory on LD_LIBRARY_PATH."""
     env = dict(os.environ if base is None else base)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{python_bin or Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     libdirs = [str(p) for p in (install.libraries, sysconfig.get_config_var("LIBDIR")) if p]
     if env.get("LD_LIBRARY_PATH"):
         libdirs.append(env["LD_LIBRARY_PATH"])
