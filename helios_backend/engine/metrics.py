@@ -67,6 +67,9 @@ FAMILIES: tuple[Family, ...] = (
            "Successful decode submissions mixing constrained and unconstrained lanes"),
     Family("flare_constrained_max_inflight", Kind.GAUGE,
            "Maximum outstanding executor frames right after a constrained submission"),
+    Family("flare_channel_responses_total", Kind.COUNTER, "Responses sent on channels (docs/transport.md)"),
+    Family("flare_channel_outputs_total", Kind.COUNTER,
+           "Request outputs those responses carried (outputs / responses = requests per message)"),
     Family("flare_time_to_first_token_seconds", Kind.HISTOGRAM, "Backend receipt to first validated token"),
     Family("flare_e2e_request_latency_seconds", Kind.HISTOGRAM, "Backend receipt to the terminal event"),
 )

@@ -276,6 +276,8 @@ class ResponseHub:
         try:
             channel.sink.send_batch(message.SerializeToString())
             self.channel_responses += 1
+            self._metrics.push([update("flare_channel_responses_total", Op.ADD, 1),
+                                update("flare_channel_outputs_total", Op.ADD, len(message.outputs))])
         except Exception as exc:
             log.warning("channel %s: response not delivered (%s); cancelling its requests", channel.id, exc)
             self._drop_channel(channel)

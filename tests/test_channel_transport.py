@@ -1,0 +1,96 @@
+"""The channel transport against a real tritonserver (docs/transport.md: channels): many
+requests' output per message, per-request order, cancellation by tag, a paused reader."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.triton_client import StreamFailure, StreamTerminal, TokenBatch, TritonBackend
+from helios_proto import transport_pb2 as tp
+from tests import helios_client as hc
+from tests.server_fixtures import default_core  # noqa: F401 - fixture
+from tests.gateway_harness import wait_until
+from tests.triton_server import TritonServer, metric_value, model_repository
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+PROMPTS = [[1, 9690, 253, 5, 17, 23, 8 + i] for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def server(default_core: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:  # noqa: F811
+    work = tmp_path_factory.mktemp("channel")
+    with TritonServer(model_repository(work, core_path=str(default_core)), work) as running:
+        running.wait_ready("helios")
+        yield running
+
+
+async def _collect(generation, pause_s: float = 0.0) -> tuple[list[int], tp.TerminalEvent | None]:  # type: ignore[no-untyped-def]
+    tokens: list[int] = []
+    async for event in generation.events():
+        if isinstance(event, TokenBatch):
+            tokens += event.token_ids.tolist()
+            if pause_s:
+                await asyncio.sleep(pause_s)      # a reader that falls behind, then catches up
+                pause_s = 0.0
+        elif isinstance(event, StreamTerminal):
+            return tokens, event.event
+        else:
+            assert not isinstance(event, StreamFailure), event
+    return tokens, None
+
+
+def _metric(server: TritonServer, name: str, **labels: str) -> float:
+    return metric_value(server.metrics(), name, **labels)
+
+
+def test_many_requests_per_message_in_order(server: TritonServer) -> None:  # spec: HTTP-9, HTTP-10
+    # the same greedy requests on their own streams are the reference for each one's order
+    reference = [hc.run(hc.generate(server.grpc_url, p, hc.greedy(16))).tokens for p in PROMPTS]
+    responses0 = _metric(server, "flare_channel_responses_total")
+    outputs0 = _metric(server, "flare_channel_outputs_total")
+
+    async def scenario() -> list[tuple[list[int], tp.TerminalEvent | None]]:
+        backend = TritonBackend(server.grpc_url)
+        try:
+            runs = [backend.generate(p, hc.greedy(16), f"r{i}") for i, p in enumerate(PROMPTS)]
+            # one reader pauses after its first tokens: its output waits for it, nobody else does
+            return await asyncio.gather(*(_collect(g, pause_s=1.0 if i == 0 else 0.0) for i, g in enumerate(runs)))
+        finally:
+            await backend.close()
+
+    results = asyncio.run(scenario())
+    for (tokens, terminal), expected in zip(results, reference):
+        assert terminal is not None and terminal.HasField("finished")
+        assert tokens == expected
+        assert terminal.finished.usage.completion_tokens == len(expected)
+    responses = _metric(server, "flare_channel_responses_total") - responses0
+    outputs = _metric(server, "flare_channel_outputs_total") - outputs0
+    assert outputs > responses > 0                 # messages carried several requests' output
+
+
+def test_cancel_by_tag_ends_only_that_request(server: TritonServer) -> None:  # spec: HTTP-6, HTTP-11, HTTP-21
+    cancelled0 = _metric(server, "flare_requests_finished_total", reason="cancelled")
+
+    async def scenario() -> tuple[list[int], tp.TerminalEvent | None]:
+        backend = TritonBackend(server.grpc_url)
+        try:
+            doomed = backend.generate(PROMPTS[0], hc.greedy(400), "doomed")
+            kept = backend.generate(PROMPTS[1], hc.greedy(24), "kept")
+            kept_task = asyncio.create_task(_collect(kept))
+            async for event in doomed.events():
+                assert isinstance(event, TokenBatch), event
+                doomed.cancel()                      # the client went away after its first tokens
+                break
+            return await kept_task
+        finally:
+            await backend.close()
+
+    tokens, terminal = asyncio.run(scenario())
+    assert terminal is not None and terminal.HasField("finished") and tokens
+    assert tokens == hc.run(hc.generate(server.grpc_url, PROMPTS[1], hc.greedy(24))).tokens
+    # the backend retires the cancelled lane after its fence and frees its slot
+    assert wait_until(lambda: _metric(server, "flare_requests_finished_total", reason="cancelled") == cancelled0 + 1
+                      and _metric(server, "flare_requests_running") == 0)
