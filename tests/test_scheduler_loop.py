@@ -440,3 +440,34 @@ def test_arrivals_join_the_second_frame_and_every_output_matches_feedback(initia
     for i, p in enumerate(prompts):
         assert tokens_of(events[i]) == reference_tokens(p, (14 if i == 0 else 10 + i), VOCAB)
     assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
+
+
+def test_a_burst_of_arrivals_is_admitted_by_prompt_rounds_between_decode_rounds() -> None:  # spec: HTTP-20
+    # six requests arrive while two decode: a MIXED round admits one of them beside the decode
+    # lanes; a round of prompts only (PREFILL, several rows) takes several at once, and never
+    # two such rounds in a row, so the decoding requests keep advancing
+    sched, engine = make(slots=8, initialization=True)
+    for i in range(2):
+        sched.add(i, spec(prompt_of(i, 6), max_tokens=30))
+    for _ in range(4):
+        engine.step()
+    for i in range(2, 8):
+        sched.add(i, spec(prompt_of(i, 6), max_tokens=6))
+    kinds = []
+    events: dict[int, list[object]] = {}
+    for ev in sched.take_events():
+        events.setdefault(ev.serial, []).append(ev)
+    while sched.has_work():
+        plan = sched.schedule()
+        if plan is None:
+            break
+        kinds.append((plan.main.operation, len(plan.main.lanes)))
+        sched.complete(plan, engine.run(plan))
+        for ev in sched.take_events():
+            events.setdefault(ev.serial, []).append(ev)
+    for i in range(2, 8):
+        assert tokens_of(events[i]) == reference_tokens(prompt_of(i, 6), 6, VOCAB)
+    prompt_rounds = [n for op, n in kinds if op == cp.OPERATION_PREFILL]
+    assert prompt_rounds and max(prompt_rounds) >= 2
+    assert all(not (a[0] == b[0] == cp.OPERATION_PREFILL) for a, b in zip(kinds, kinds[1:]))
+    assert sched.pool.used_pages == 0 and engine.writes_to_shared == []

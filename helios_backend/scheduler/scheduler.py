@@ -54,6 +54,7 @@ class Scheduler:
         self.variants = variants
         self._shape: tuple[list[Lane], int, int, int] = ([], 0, 0, 0)   # _round_shape's running sums
         self._pipelining = False             # building a round behind one in flight (pipeline_next)
+        self._admission_round = False        # the last round was prompts only (schedule)
         self.pool = PagePool(config.num_pages)
         snapshots_on = config.snapshot_capacity > 0 and variants.has(cp.OPERATION_RESTORATION)
         self.snapshots = SnapshotStore(config.snapshot_capacity if snapshots_on else 0, self.pool)
@@ -127,6 +128,14 @@ class Scheduler:
         self._retire_cancelled()
         lanes: list[Lane] = []
         self._shape = (lanes, 0, 0, 0)
+        if self._admission_round_due():
+            # a round of prompts only: a MIXED round admits one request beside the decode lanes,
+            # which falls behind arrivals at high concurrency; every other round at most
+            self._admit_waiting(lanes, self.variants.max_rows(cp.OPERATION_PREFILL))
+            if lanes:
+                self._admission_round = True
+                return self._plan(lanes, [])
+        self._admission_round = False
         preempted: list[Request] = []
         row_limit = self.max_active
         i = 0
@@ -150,6 +159,13 @@ class Scheduler:
         if not lanes:
             return None
         return self._plan(lanes, preempted)
+
+    def _admission_round_due(self) -> bool:
+        """Two or more requests wait, slots are free for them, the previous round was not one
+        already, and a PREFILL variant takes more than one of them."""
+        return (len(self._waiting) >= 2 and bool(self._running) and not self._admission_round
+                and len(self._free_slots) >= 2 and len(self._running) + 2 <= self.max_active
+                and self.variants.max_rows(cp.OPERATION_PREFILL) >= 2)
 
     def _fit_chunk(self, lanes: list[Lane], req: Request, want: int) -> int:
         """The largest chunk <= want that keeps the round inside some prepared variant."""

@@ -1,0 +1,120 @@
+"""Host time of the serving loop's scheduling per round, on the CPU, under closed-loop load.
+
+    python bench/scheduler_round.py [--concurrency 16,64,128,256] [--requests-per-slot 3] [--json PATH]
+
+What the GPU step has to hide besides packing (bench/packing.py): the engine loop's
+Scheduler.schedule / pipeline_next / complete for every round, exactly as EngineLoop calls
+them (two frames: round N+1 is planned while round N runs). The device is the simulated
+engine of tests/scheduler_sim.py (a real paged history, completions through the real
+parse_and_validate), whose own time is not counted. Load: C clients, each request a
+distinct ~30-token prompt and 128 output tokens, a new request the moment one ends.
+The variant table is the device bundle's (tests/gpu/model_bundle.bench_options): decode to
+256 rows, MIXED to 256 rows with a 128-token chunk, prefill 32/128/512.
+
+Columns: rounds and how many were planned on the second frame; host us per round and per
+generated token; tokens per round (the batch the loop keeps). `--root DIR` measures the
+scheduler of another checkout (same load, same simulated engine) for a before/after figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", default="16,64,128,256")
+    parser.add_argument("--requests-per-slot", type=int, default=3)
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--root", type=pathlib.Path, default=ROOT)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.root))
+    from helios_proto import contract_pb2 as cp
+
+    from helios_backend.scheduler.completion import CompletionFormat
+    from helios_backend.scheduler.plan import Variant
+    from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+    from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+    from helios_backend.scheduler.variants import VariantTable
+    from tests.scheduler_sim import SimulatedEngine, completion_layout
+
+    rows = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    table = [Variant(cp.OPERATION_DECODE, f"decode.r{r}", r, r) for r in rows]
+    table += [Variant(cp.OPERATION_PREFILL, f"prefill.r{r}.t{t}", r, t) for r, t in ((1, 32), (1, 128), (1, 512), (4, 512))]
+    table += [Variant(cp.OPERATION_MIXED, f"mixed.r{r}.t{t}", r, t)
+              for r, t in ((8, 135), (32, 159), (64, 191), (128, 255), (256, 383))]
+    table += [Variant(cp.OPERATION_INITIALIZATION, f"initialization.r{r}", r, 0) for r in (1, 4)]
+    report = {}
+    print(f"{'conc':>5} {'rounds':>7} {'2nd frame':>9} {'us/round':>9} {'us/token':>9} {'tokens/round':>12}")
+    for concurrency in [int(c) for c in args.concurrency.split(",") if c]:
+        config = SchedulerConfig(page_tokens=16, num_pages=16384, request_slots=256, max_active=256,
+                                 queue_capacity=1024, context_tokens=2048, max_pages_per_row=128, vocab_size=49152,
+                                 input_vocab_size=49152, eos_ids=())
+        sched = Scheduler(config, VariantTable(table))
+        engine = SimulatedEngine(sched)
+        engine.fmt = CompletionFormat.from_layout(completion_layout(256))
+        total = concurrency * args.requests_per_slot
+        submitted = 0
+
+        def arrive() -> None:
+            nonlocal submitted
+            prompt = tuple((7919 * submitted + 104729 * j) % 49000 + 3 for j in range(30))
+            sched.add(submitted, RequestSpec(prompt, args.output_tokens, SamplingSettings()))
+            submitted += 1
+
+        for _ in range(concurrency):
+            arrive()
+        inflight: list = []
+        host_ns: list[int] = []
+        tokens = rounds = 0
+        while True:
+            t0 = time.perf_counter_ns()
+            if not inflight:
+                plan = sched.schedule()
+                if plan is None:
+                    break
+                host_ns.append(time.perf_counter_ns() - t0)
+                engine.launch(plan, 0)
+                inflight.append(plan)
+                t0 = time.perf_counter_ns()
+            if len(inflight) == 1:
+                nxt = sched.pipeline_next(inflight[0])
+                spent = time.perf_counter_ns() - t0
+                if nxt is not None:
+                    engine.launch(nxt, 1)
+                    inflight.append(nxt)
+                host_ns[-1] += spent
+            plan = inflight.pop(0)
+            rows_ = engine.collect(plan)
+            t0 = time.perf_counter_ns()
+            sched.complete(plan, rows_)
+            finished = 0
+            for event in sched.take_events():
+                if hasattr(event, "token"):
+                    tokens += 1
+                else:
+                    finished += 1
+            host_ns[-1] += time.perf_counter_ns() - t0
+            rounds += 1
+            for _ in range(finished):
+                if submitted < total:
+                    arrive()
+        per_round = sum(host_ns) / 1e3 / max(rounds, 1)
+        report[concurrency] = {"rounds": rounds, "pipelined": sched.counters.pipelined,
+                               "host_us_per_round": per_round, "host_us_per_token": sum(host_ns) / 1e3 / max(tokens, 1),
+                               "tokens_per_round": tokens / max(rounds, 1)}
+        r = report[concurrency]
+        print(f"{concurrency:>5} {rounds:>7} {r['pipelined']:>9} {per_round:>9.0f} {r['host_us_per_token']:>9.1f} "
+              f"{r['tokens_per_round']:>12.1f}", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
