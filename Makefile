@@ -10,7 +10,7 @@ CORE ?= var/cores/smollm2-135m-instruct.core
 EXECUTOR ?= numpy
 PYTEST_ARGS ?=
 
-.PHONY: install proto test serve core bench clean
+.PHONY: install proto typecheck test serve core bench clean
 
 install: $(STAMP) $(PROTO_STAMP)
 
@@ -41,7 +41,11 @@ $(CORE): $(CORE_SOURCES) $(STAMP) $(PROTO_STAMP)
 
 core: install $(CORE)
 
-test: install
+# [tool.mypy] in pyproject.toml says what is checked; a type error fails `make test`.
+typecheck: install
+	$(VENV)/bin/mypy
+
+test: install typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 serve: core
