@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# bindings first: the Python backend stub imports them from the installed project
-	$(PIP) install -q grpcio-tools==1.75.1 'protobuf>=6.31.1,<7'
+	$(PIP) install -q grpcio-tools==1.75.1 mypy-protobuf==5.1.0 'protobuf>=6.31.1,<7'
 	$(PY) tools/gen_proto.py >/dev/null
 	# compat mode puts the repository root on sys.path, so packages generated later are found too
 	$(PIP) install -q -e '.[serve,prepare,test]' --config-settings editable_mode=compat

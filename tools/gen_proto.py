@@ -3,6 +3,9 @@
 `make proto` writes them to helios_proto/ in the repository root (ignored by git):
 the bindings are build output, never edited by hand. tests/test_proto_bindings.py
 regenerates them into a temporary directory and fails when the two differ.
+The .pyi stubs come from mypy-protobuf's protoc plugin (installed beside grpcio-tools):
+unlike protoc's own --pyi_out they type each enum's values (`Enum.ValueType`), which
+the type checker needs to tell an enum field from a plain int.
 """
 from __future__ import annotations
 
@@ -21,11 +24,20 @@ def proto_files() -> list[pathlib.Path]:
     return sorted((PROTO_ROOT / PACKAGE).glob("*.proto"))
 
 
+def stub_plugin() -> pathlib.Path:
+    """mypy-protobuf's protoc plugin, installed into the same environment as this interpreter."""
+    plugin = pathlib.Path(sys.executable).parent / "protoc-gen-mypy"
+    if not plugin.exists():
+        raise SystemExit(f"{plugin} not found: install mypy-protobuf (see the Makefile's install step)")
+    return plugin
+
+
 def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
     """Run protoc over every schema file; return the generated files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
-    args = ["protoc", f"-I{PROTO_ROOT}", f"--python_out={out_dir}", f"--pyi_out={out_dir}", *files]
+    args = ["protoc", f"-I{PROTO_ROOT}", f"--python_out={out_dir}",
+            f"--plugin=protoc-gen-mypy={stub_plugin()}", f"--mypy_out={out_dir}", *files]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     package = out_dir / PACKAGE
