@@ -69,6 +69,14 @@ class _CountingDriver(LockstepGenerator):
         self.launches += 1
         return rows
 
+    def take_sequence(self) -> int:
+        """The sequence of a submission made outside `step` (a speculative round), counted."""
+        if self.launches is None:
+            raise RuntimeError("a speculative round before the first plain step: its sequence is unknown")
+        sequence = self.launches
+        self.launches += 1
+        return sequence
+
 
 class SpeculativeLockstepGenerator:
     def __init__(self, model: NativeModel, options: SpeculativeOptions) -> None:
@@ -104,8 +112,7 @@ class SpeculativeLockstepGenerator:
         executor = self.model.executor
         self.model.packer.pack(round_.program.program, frame, lanes)
         executor.launch(round_.program.program, frame)
-        round_.sequence, round_.frame = self.plain.launches, frame
-        self.plain.launches += 1
+        round_.sequence, round_.frame = self.plain.take_sequence(), frame
         words = executor.wait(frame)
         return validate_completion(self.format, words, round_, self.vocab, self.table.max_width)
 

@@ -12,6 +12,7 @@ in that order and are validated against it before any lane is retired.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from helios_proto import contract_pb2 as cp
 
@@ -69,7 +70,7 @@ class Lane:
 @dataclass
 class Submission:
     variant: Variant
-    lanes: list[Lane]
+    lanes: Sequence[Lane]
     sequence: int = 0                    # assigned by the executor adapter (transport-owned)
     frame: int = 0
 
