@@ -7,8 +7,13 @@ not mutate them).
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from helios_proto import contract_pb2 as c
+
+# The ServingDefaults counts a core may leave unset (optional fields: HasField tells).
+OptionalCount = Literal["queue_capacity", "max_active", "event_capacity", "frontend_workers", "max_output_tokens",
+                        "page_capacity", "snapshot_capacity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +166,7 @@ class PendingToken:
 @dataclasses.dataclass(frozen=True)
 class Graph:
     program: str
-    operation: int               # c.Operation
+    operation: c.Operation.ValueType
     rank: int
     rows: int                    # captured request rows
     tokens: int                  # packed query tokens
@@ -185,8 +190,8 @@ class Graph:
 
 @dataclasses.dataclass(frozen=True)
 class Frontend:
-    tool_parser: int             # c.ToolParser
-    reasoning_parser: int        # c.ReasoningParser
+    tool_parser: c.ToolParser.ValueType
+    reasoning_parser: c.ReasoningParser.ValueType
     image_preparation: int       # c.ImagePreparation
     image_layout: int            # c.ImageLayout
     tool_syntax: c.ToolSyntax | None
