@@ -31,7 +31,7 @@ class SpeculativeProgramRunner(ProgramRunner):
             return super().collect(plan)
         round_ = _round_of(main.lanes[0])
         round_.sequence, round_.frame = main.sequence, main.frame
-        words = self.executor.wait(main.frame)
+        words = self._wait(main.frame)
         outcomes = validate_completion(self.fmt, words, round_, self.vocab_size, self.max_width)
         # the base rows carry each lane's last emitted token; the outcomes carry all of them
         return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),
@@ -39,7 +39,7 @@ class SpeculativeProgramRunner(ProgramRunner):
                                np.array([o.finish for o in outcomes], np.int32), None, None, None,
                                outcomes=outcomes)
 
-    def _packed(self, lane: Lane, operation: int) -> PackedLane:
+    def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:
         packed = super()._packed(lane, operation)
         if operation == cp.OPERATION_SPECULATIVE and isinstance(lane, ScheduledSpeculativeLane):
             packed.proposals = np.asarray(lane.proposals, dtype=np.int32)

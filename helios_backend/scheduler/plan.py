@@ -73,6 +73,7 @@ class Submission:
     lanes: Sequence[Lane]
     sequence: int = 0                    # assigned by the executor adapter (transport-owned)
     frame: int = 0
+    frames_outstanding: int = 0          # executor frames in flight right after its launch (the runner counts)
 
     @property
     def operation(self) -> "cp.Operation.ValueType":
