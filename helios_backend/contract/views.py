@@ -100,14 +100,6 @@ class StateAccess:
     view: StateView
     access: int              # c.Access
 
-    @property
-    def reads(self) -> bool:
-        return self.access in (c.ACCESS_READ, c.ACCESS_READ_WRITE)
-
-    @property
-    def writes(self) -> bool:
-        return self.access in (c.ACCESS_WRITE, c.ACCESS_READ_WRITE)
-
 
 @dataclasses.dataclass(frozen=True)
 class TunedBinding:
@@ -179,10 +171,6 @@ class Graph:
     pending_token: PendingToken | None
     cursor: Cursor
     rng_draws_per_row: int       # the program's declared RNG reservation (SPEC-33)
-
-    @property
-    def operation_name(self) -> str:
-        return c.Operation.Name(self.operation)
 
     def sources(self) -> frozenset[int]:
         return frozenset(binding.source for binding in self.bindings)

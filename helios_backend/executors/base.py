@@ -23,7 +23,7 @@ ResourceReader = Callable[[str], Union[bytes, bytearray, memoryview]]
 
 class Executor(Protocol):
     """What serving needs of an executor. Everything here is required; diagnostics that only
-    one executor offers (CUDA node profiles, buffer writes) are methods of that class, used
+    one executor offers (CUDA node profiles, staging sizes) are methods of that class, used
     by the benchmarks and tests that construct it, never probed for by serving code."""
 
     @property

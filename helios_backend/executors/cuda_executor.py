@@ -363,11 +363,6 @@ class CudaExecutor:
                 check(result, "cuEventSynchronize")
         return self._completion_words[frame].copy()
 
-    def ready(self, frame: int) -> bool:
-        """Non-blocking: has frame `frame` completed on every rank?"""
-        query = self._d.cuEventQuery
-        return all(not int(query(event)[0]) for event in self._events[frame])
-
     # ---- inspection (not for the hot path) ----------------------------------------------
 
     @property
@@ -450,24 +445,10 @@ class CudaExecutor:
             check(self._d.cuMemcpyDtoH(out.ctypes.data, r.addresses.base[name], nbytes), "cuMemcpyDtoH")
         return out
 
-    def write_buffer(self, name: str, data: np.ndarray, rank: int = 0, byte_offset: int = 0) -> None:
-        """Copy host bytes into a buffer (tests and startup only, never while serving)."""
-        r = self._ranks[rank]
-        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if byte_offset + raw.nbytes > r.arena.buffer_nbytes(name):
-            raise ValueError(f"{name}: write past the end")
-        self._enter(r)
-        check(self._d.cuStreamSynchronize(r.stream), "cuStreamSynchronize")
-        check(self._d.cuMemcpyHtoD(r.addresses.base[name] + byte_offset, raw.ctypes.data, raw.nbytes),
-              "cuMemcpyHtoD")
-
     def context(self, rank: int = 0) -> tuple[Any, Any]:
         """(CUcontext, CUstream) of a rank, for tests and benchmarks that time on its stream."""
         r = self._ranks[rank]
         return r.context, r.stream
-
-    def buffer_address(self, name: str, rank: int = 0) -> int:
-        return self._ranks[rank].addresses.base[name]
 
     # ---- teardown ------------------------------------------------------------------------
 

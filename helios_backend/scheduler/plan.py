@@ -79,10 +79,6 @@ class Submission:
     def operation(self) -> "cp.Operation.ValueType":
         return self.variant.operation
 
-    @property
-    def packed_tokens(self) -> int:
-        return sum(lane.query_len for lane in self.lanes)
-
 
 @dataclass
 class RoundPlan:
