@@ -151,7 +151,7 @@ class GatewayService:
         """The whole request path shared by the generation endpoints: stamp ingress, take a
         permit (429 when none), prepare in a frontend slot (400s), start and respond."""
         served = self.served
-        ingress_ns = served.clock.now_ns()  # after JSON decoding, before preparation (OBS-21)
+        ingress_ns = served.clock.now_ns()  # ingress: after JSON decoding, before waiting for preparation (OBS-21)
         permit = self.admit()
         try:
             prepared = await self.admission.prepare(lambda: prepare(served, ingress_ns))

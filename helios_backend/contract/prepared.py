@@ -237,6 +237,7 @@ class PreparedContract:
         return min(fitting, key=lambda g: (g.rows, g.tokens), default=None)
 
     def state_rows_per_request(self, selected: tuple[v.Graph, ...] | None = None) -> int:
-        """The maximum state_rows_per_request among the selected graphs (STA-10)."""
+        """The maximum state_rows_per_request among the selected graphs: what partitions the
+        execution and snapshot rows (STA-10)."""
         chosen = self.graphs if selected is None else selected
         return max((g.state_rows_per_request for g in chosen), default=0)

@@ -170,7 +170,7 @@ class Graph:
     state_rows_per_request: int
     pending_token: PendingToken | None
     cursor: Cursor
-    rng_draws_per_row: int       # the program's declared RNG reservation (SPEC-33)
+    rng_draws_per_row: int       # declared RNG reservation, kept whether or not allocation runs (SPEC-33)
 
     def sources(self) -> frozenset[int]:
         return frozenset(binding.source for binding in self.bindings)

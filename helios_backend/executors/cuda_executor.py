@@ -370,8 +370,8 @@ class CudaExecutor:
         return tuple(self._launch_plan)
 
     def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
-        """Byte offset of every buffer from the rank's arena base (CACHE: its window), for
-        NativeModel.manifests (OWN-11)."""
+        """Byte offset of every buffer from the rank's arena base (CACHE: its window): the
+        geometry loading produced, which NativeModel.manifests exposes (OWN-11)."""
         r = self._ranks[rank]
         return {name: address - r.arena.base for name, address in r.addresses.base.items()}
 

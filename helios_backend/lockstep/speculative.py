@@ -104,7 +104,7 @@ class SpeculativeLockstepGenerator:
         allocates = round_.program.length_source == C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT
         for lane in round_.lanes:
             active = actives[lane.candidate.key]
-            self.plain._ensure_pages(active, lane.reserve_end)          # the full ceiling (SPEC-21)
+            self.plain._ensure_pages(active, lane.reserve_end)   # pages cover the lane's full ceiling (SPEC-21)
             lanes.append(PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed,
                               pages=list(active.pages), proposals=np.asarray(lane.proposals, dtype=np.int32),
                               proposal_generation=active.generation, proposal_consumed=active.consumed,

@@ -197,7 +197,7 @@ class SpeculativeRound:
     lanes: list[SpeculativeLane]
     sequence: int = 0
     frame: int = 0
-    cancelled: set[int] = field(default_factory=set)    # keys cancelled while in flight (SPEC-50)
+    cancelled: set[int] = field(default_factory=set)    # cancelled in flight: nothing of theirs publishes (SPEC-50)
 
     def submission(self) -> _SubmittedRound:
         return _SubmittedRound(self.sequence, self.frame, self.program.variant.operation,
