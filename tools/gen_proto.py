@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import shutil
 import sys
+import sysconfig
 
 from grpc_tools import protoc
 
@@ -25,11 +27,16 @@ def proto_files() -> list[pathlib.Path]:
 
 
 def stub_plugin() -> pathlib.Path:
-    """mypy-protobuf's protoc plugin, installed into the same environment as this interpreter."""
-    plugin = pathlib.Path(sys.executable).parent / "protoc-gen-mypy"
-    if not plugin.exists():
-        raise SystemExit(f"{plugin} not found: install mypy-protobuf (see the Makefile's install step)")
-    return plugin
+    """mypy-protobuf's protoc plugin, from the environment of this interpreter (its scripts
+    folder: a venv's bin/, or /usr/local/bin for a system pip), else from PATH."""
+    for folder in (sysconfig.get_path("scripts"), str(pathlib.Path(sys.executable).parent)):
+        plugin = pathlib.Path(folder) / "protoc-gen-mypy"
+        if plugin.exists():
+            return plugin
+    found = shutil.which("protoc-gen-mypy")
+    if found is None:
+        raise SystemExit("protoc-gen-mypy not found: install mypy-protobuf (see the Makefile's install step)")
+    return pathlib.Path(found)
 
 
 def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -37,7 +44,7 @@ def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
     args = ["protoc", f"-I{PROTO_ROOT}", f"--python_out={out_dir}",
-            f"--plugin=protoc-gen-mypy={stub_plugin()}", f"--mypy_out={out_dir}", *files]
+            f"--plugin=protoc-gen-mypy={stub_plugin()}", f"--mypy_out=quiet:{out_dir}", *files]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     package = out_dir / PACKAGE
