@@ -10,7 +10,7 @@ CORE ?= var/cores/smollm2-135m-instruct.core
 EXECUTOR ?= numpy
 PYTEST_ARGS ?=
 
-.PHONY: install proto test serve core bench clean
+.PHONY: install proto typecheck test serve core bench clean
 
 install: $(STAMP) $(PROTO_STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# bindings first: the Python backend stub imports them from the installed project
-	$(PIP) install -q grpcio-tools==1.75.1 'protobuf>=6.31.1,<7'
+	$(PIP) install -q grpcio-tools==1.75.1 mypy-protobuf==5.1.0 'protobuf>=6.31.1,<7'
 	$(PY) tools/gen_proto.py >/dev/null
 	# compat mode puts the repository root on sys.path, so packages generated later are found too
 	$(PIP) install -q -e '.[serve,prepare,test]' --config-settings editable_mode=compat
@@ -41,7 +41,11 @@ $(CORE): $(CORE_SOURCES) $(STAMP) $(PROTO_STAMP)
 
 core: install $(CORE)
 
-test: install
+# [tool.mypy] in pyproject.toml says what is checked; a type error fails `make test`.
+typecheck: install
+	$(VENV)/bin/mypy
+
+test: install typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 serve: core

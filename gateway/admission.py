@@ -56,10 +56,6 @@ class Permit:
             self._released = True
             self._admission._return_permit()
 
-    @property
-    def released(self) -> bool:
-        return self._released
-
 
 class AdmissionPermits:
     """The permits of this gateway: counted here, or in a budget shared with the other worker

@@ -11,7 +11,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from helios_backend.frontend.chat_template import TemplateError
 from helios_backend.frontend.prompt import UntrustedMarkupError, encode_chat
@@ -236,22 +236,24 @@ def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: i
 
 # ---- completions -------------------------------------------------------------------------
 
-def _completion_prompts(prompt: object, served: ServedModel) -> tuple[tuple[int, ...], ...]:
+def _completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
+                        served: ServedModel) -> tuple[tuple[int, ...], ...]:
     """The raw completion prompt is the whole model input, so its control-token spellings
     are parsed as control tokens (as HF and vLLM do); chat content never is."""
+    prompts: Sequence[str | list[int]]
     if isinstance(prompt, str):
-        prompts: Sequence[object] = [prompt]
-    elif prompt and isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]
+    elif _is_token_list(prompt):
         prompts = [prompt]
     else:
-        prompts = prompt  # type: ignore[assignment]
+        prompts = [p for p in prompt if isinstance(p, (str, list))]
     if not prompts:
         raise InvalidRequestError("prompt is empty", param="prompt")
     encoded: list[tuple[int, ...]] = []
     input_size = served.tokenizer.vocab_size
     for item in prompts:
         try:
-            ids = served.tokenizer.encode_template(item) if isinstance(item, str) else list(item)  # type: ignore[arg-type]
+            ids = served.tokenizer.encode_template(item) if isinstance(item, str) else list(item)
         except UnrepresentableTextError as exc:
             raise InvalidRequestError(str(exc), param="prompt") from exc
         if not ids:
@@ -260,6 +262,10 @@ def _completion_prompts(prompt: object, served: ServedModel) -> tuple[tuple[int,
             raise InvalidRequestError(f"prompt token ids must be in [0, {input_size})", param="prompt")
         encoded.append(tuple(ids))
     return tuple(encoded)
+
+
+def _is_token_list(prompt: list[str] | list[int] | list[list[int]]) -> TypeGuard[list[int]]:
+    return bool(prompt) and all(isinstance(p, int) for p in prompt)
 
 
 def prepare_completion(body: CompletionRequest, served: ServedModel, ingress_ns: int) -> PreparedRequest:

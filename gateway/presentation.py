@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from helios_backend.frontend.syntax.events import (ContentDelta, ReasoningDelta, ToolCallArgumentsDelta,
                                                    ToolCallStart)
 from helios_backend.frontend.tokenizer import FrontendTokenizer
+from helios_proto import transport_pb2 as tp
 
 from gateway.errors import GatewayError
 from gateway.generation import ChoiceEvent, ChoiceFinished, ChoiceSteps, PerformanceStamps
@@ -50,7 +51,7 @@ class _ChoiceState:
     timestamps: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
-    usage: Any = None
+    usage: tp.Usage | None = None
     performance: PerformanceStamps | None = None
 
 
@@ -212,7 +213,7 @@ class Presenter:
             yield self._chunk([meta])
         yield from self._stream_deltas(index, state, step.deltas, logprobs)
 
-    def _stream_deltas(self, index: int, state: _ChoiceState, deltas: Any,
+    def _stream_deltas(self, index: int, state: _ChoiceState, deltas: Sequence[Delta],
                        logprobs: dict[str, Any] | None) -> Iterator[bytes]:
         for delta in deltas:
             payload = self.delta_payload(delta, state)
@@ -234,7 +235,7 @@ class Presenter:
         if observed and not self.observation.include_usage:
             top["usage"] = self.usage_json([state])
         if observed:
-            top["reused_prompt_tokens"] = state.usage.reused_prompt_tokens
+            top["reused_prompt_tokens"] = self._reused([state])
         last = self._finished == len(self.states)
         if last and self.observation.timestamps and not self.observation.include_usage:
             top["performance"] = self._performance_json()

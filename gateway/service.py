@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from gateway.admission import AdmissionPermits, AdmissionSettings, Permit
@@ -151,7 +151,7 @@ class GatewayService:
         """The whole request path shared by the generation endpoints: stamp ingress, take a
         permit (429 when none), prepare in a frontend slot (400s), start and respond."""
         served = self.served
-        ingress_ns = served.clock.now_ns()  # after JSON decoding, before preparation (OBS-21)
+        ingress_ns = served.clock.now_ns()  # ingress: after JSON decoding, before waiting for preparation (OBS-21)
         permit = self.admit()
         try:
             prepared = await self.admission.prepare(lambda: prepare(served, ingress_ns))
@@ -181,7 +181,7 @@ class GatewayService:
             self.metrics.duration.labels(endpoint).observe(max(elapsed, 0.0))
 
         if prepared.stream:
-            async def chunks():  # type: ignore[no-untyped-def]
+            async def chunks() -> AsyncIterator[bytes]:
                 # one write per backend event: the SSE events it produced (one per token and
                 # delta) go out together, which halves the writes of an observed stream
                 opening = b"".join(presenter.opening())

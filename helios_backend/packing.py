@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -267,11 +267,26 @@ class Target:
 
     def __init__(self, view: np.ndarray, width: int, rows: int, binding: C.ValueBinding,
                  memory: Optional[_PageMemory] = None) -> None:
-        self.view, self.width, self.rows, self.binding, self.memory = view, width, rows, binding, memory
-        self.table = view[:rows * width].reshape(rows, width) if binding.index in _ROW_MODES else None
+        self.view, self.width, self.rows, self.binding = view, width, rows, binding
+        self._memory = memory
+        self._table = view[:rows * width].reshape(rows, width) if binding.index in _ROW_MODES else None
         self.offset = int(binding.offset)              # a Python int: numpy keeps the values' dtype
         self.pad = np.array(binding.padding).astype(view.dtype)
         self._pads: dict[np.dtype, np.ndarray] = {}
+
+    @property
+    def table(self) -> np.ndarray:
+        """The [rows, width] table of a row mode (the row writers' view)."""
+        if self._table is None:
+            raise PackingError(f"{self.binding.destination}: not indexed by row")
+        return self._table
+
+    @property
+    def memory(self) -> _PageMemory:
+        """What a PHYSICAL_ROW destination of this frame already holds per slot."""
+        if self._memory is None:
+            raise PackingError(f"{self.binding.destination}: not indexed by physical row")
+        return self._memory
 
     def pad_as(self, dtype: np.dtype) -> np.ndarray:
         """The padding that ends a short row of values of `dtype` (held in their dtype first)."""
@@ -395,7 +410,10 @@ def _upload(target: Target, values: list, sizes: np.ndarray, slots: np.ndarray, 
     memory.generation[slots] = generations
 
 
-RowWriter = Callable[[Target, _Step, int], None]
+class RowWriter(Protocol):
+    def __call__(self, target: Target, step: _Step, source: int) -> None: ...
+
+
 INDEX_WRITERS: Mapping[tuple[int, str], RowWriter] = {
     (C.INDEX_MODE_SUBMISSION_ROW, "integer"): partial(_integer_rows, pad_tail=True),
     (C.INDEX_MODE_SUBMISSION_ROW, "values"): partial(_value_rows, pad_tail=True),

@@ -100,7 +100,7 @@ class Recorder:
         return Ref(name, byte_offset)
 
     # ---- programs -------------------------------------------------------------------------
-    def begin(self, name: str, operation: int, capacity: contract_pb2.Capacity) -> None:
+    def begin(self, name: str, operation: contract_pb2.Operation.ValueType, capacity: contract_pb2.Capacity) -> None:
         if self._current is not None:
             raise RecordingError(f"program {self._current.name!r} is still open")
         if any(p.name == name for p in self.programs):
@@ -178,6 +178,8 @@ class Recorder:
                 out: dict[str, object] = {}
                 for param, arg in zip(abi.kernel(kernel_id).params, node.args):
                     which = arg.WhichOneof("value")
+                    if which is None:
+                        raise RecordingError(f"{self._current.name}: {kernel_id}.{param.name} has no value")
                     out[param.name] = (Ref(arg.pointer.buffer, arg.pointer.byte_offset) if which == "pointer"
                                        else getattr(arg, which))
                 return out

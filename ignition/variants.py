@@ -20,6 +20,7 @@ import functools
 import os
 import pathlib
 from collections.abc import Sequence
+from typing import Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -27,7 +28,8 @@ from helios_backend.core import resign_core
 from helios_proto import contract_pb2
 
 # The syntax data of a FrontendContract: the fields a syntax variant may change.
-SYNTAX_FIELDS = ("tool_parser", "reasoning_parser", "tool_syntax", "reasoning_syntax", "prefix_rules")
+SYNTAX_FIELDS: tuple[Literal["tool_parser", "reasoning_parser", "tool_syntax", "reasoning_syntax", "prefix_rules"], ...] = (
+    "tool_parser", "reasoning_parser", "tool_syntax", "reasoning_syntax", "prefix_rules")
 
 
 def replace_frontend_syntax(contract: contract_pb2.ServingContract, frontend: contract_pb2.FrontendContract, *,

@@ -82,11 +82,13 @@ class SimulatedEngine:
         self.writes_to_shared: list[int] = []
         self._results: dict[int, object] = {}
 
-    def run(self, plan: RoundPlan) -> CompletionRows:
+    def run(self, plan: RoundPlan, in_flight: int = 0) -> CompletionRows:
+        """`in_flight`: rounds launched before this one and not collected yet."""
         rows = None
         for sub in plan.submissions():
             self.sequence += 1
             sub.sequence, sub.frame = self.sequence, self.sequence % 2
+            sub.frames_outstanding = in_flight + 1
             self.launched.append(sub.variant.program)
             words = self._execute(sub)
             if sub is plan.main:
@@ -97,7 +99,7 @@ class SimulatedEngine:
     # two execution frames: the simulated device runs a round at submit; collect returns it
     def launch(self, plan: RoundPlan, frame: int) -> None:
         try:
-            self._results[id(plan)] = self.run(plan)
+            self._results[id(plan)] = self.run(plan, in_flight=len(self._results))
         except Exception as exc:  # reported at collect, like a device fault seen at the fence
             self._results[id(plan)] = exc
 

@@ -193,13 +193,8 @@ def interpreter():
 
 
 def launch_geometry(library: KernelLibrary, kernel_id: str, args: list):
-    """The recorded grid: library.geometry for ABI ids, the spec's rule for ids not yet in it."""
-    if kernel_id in abi.KERNELS:
-        return library.geometry(kernel_id, args)[0]
-    spec = SPECS_BY_ID[kernel_id]
-    immediates = {name: value for (name, kind), value in zip(library.signature(kernel_id), args)
-                  if not kind.startswith("*")}
-    return spec.grid(immediates, spec.constexprs)
+    """The recorded grid (library.geometry: every kernel id is an ABI id)."""
+    return library.geometry(kernel_id, args)[0]
 
 
 class InterpreterRunner:
@@ -236,14 +231,8 @@ class GpuRunner:
         return result[1] if len(result) == 2 else result[1:]
 
     def run(self, kernel_id: str, arena: np.ndarray, args: list) -> None:
-        from ignition.kernels import compiler
         d, library = self.driver, self.library
-        if kernel_id in abi.KERNELS:
-            kernel = library.compile()[kernel_id]
-        else:
-            spec = SPECS_BY_ID[kernel_id]
-            kernel = compiler.compile_all([library._request(spec, "sm_90a")],
-                                          compiler.CubinCache(library.cache_dir))[kernel_id]
+        kernel = library.compile()[kernel_id]
         if kernel_id not in self._functions:
             module = self._check(d.cuModuleLoadData(kernel.cubin))
             self._modules.append(module)
@@ -785,11 +774,6 @@ def test_the_library_implements_every_abi_kernel_id(library):
 # ---------------------------------------------------------------------------------------------
 # page payload copies (snapshots at exact token endpoints)
 
-def _cache_ids_defined() -> None:
-    if "cache.snapshot_partial.v1" not in abi.KERNELS:
-        pytest.skip("abi.py does not define the cache payload kernels yet")
-
-
 def _continuation_case(rows: int):
     slots, pages_per_row, page_tokens, layers, kv_width = 4, 4, 4, 2, 16
     page_stride = layers * page_tokens * kv_width
@@ -802,7 +786,6 @@ def _continuation_case(rows: int):
 
 
 def test_snapshot_copies_the_partial_page_at_each_endpoint(runner):
-    _cache_ids_defined()
     (k_cache, v_cache, k_cont, v_cont), page_table, immediates = _continuation_case(rows=5)
     check_against_reference(runner, "cache.snapshot_partial.v1", {
         "k_continuation": k_cont, "v_continuation": v_cont, "k_cache": k_cache, "v_cache": v_cache,
@@ -814,7 +797,6 @@ def test_snapshot_copies_the_partial_page_at_each_endpoint(runner):
 
 
 def test_restore_copies_continuation_rows_into_private_pages(runner):
-    _cache_ids_defined()
     from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
     (k_cache, v_cache, k_cont, v_cont), page_table, immediates = _continuation_case(rows=4)
     immediates["operation"] = 7
@@ -833,13 +815,7 @@ def test_restore_copies_continuation_rows_into_private_pages(runner):
 # ---------------------------------------------------------------------------------------------
 # speculative rounds
 
-def _speculative_ids_defined() -> None:
-    if "speculative.verify_commit.v1" not in abi.KERNELS:
-        pytest.skip("abi.py does not define the speculative kernels yet")
-
-
 def test_copy_confidence_marks_usable_copies(runner):
-    _speculative_ids_defined()
     rows, request_slots, draft_capacity = 5, 6, 4
     check_against_reference(runner, "speculative.copy_confidence.v1", {
         "confidence": np.full((2, request_slots, draft_capacity), 0.5, np.float32),
@@ -856,7 +832,6 @@ def test_copy_confidence_marks_usable_copies(runner):
 
 @pytest.mark.parametrize("packed_capacity", [4, 9, 40])
 def test_allocate_prefixes_by_survival(runner, packed_capacity):
-    _speculative_ids_defined()
     rows, request_slots, draft_capacity = 5, 6, 4
     confidence = RNG.random((2, request_slots, draft_capacity)).astype(np.float32)
     confidence[1, 3, 0] = confidence[1, 0, 0]                 # a survival tie between lanes
@@ -871,7 +846,6 @@ def test_allocate_prefixes_by_survival(runner, packed_capacity):
 
 @pytest.mark.parametrize("tokens", [12, 7])
 def test_expand_lays_lanes_out_as_one_token_rows(runner, tokens):
-    _speculative_ids_defined()
     rows, draft_stride = 5, 4
     check_against_reference(runner, "speculative.expand.v1", {
         "ids": np.full(tokens, 5, np.int32), "positions": np.full(tokens, 5, np.int32),
@@ -890,7 +864,6 @@ def test_expand_lays_lanes_out_as_one_token_rows(runner, tokens):
 
 
 def test_verify_commit_accepts_the_matching_prefix(runner):
-    _speculative_ids_defined()
     from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS
     rows, slots, vocab, bins, mask_words, eos_capacity, ext_width = 4, 4, 304, 304, 10, 2, 6
     lengths = np.array([3, 0, 2, 3], np.int32)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -12,7 +14,8 @@ from gateway.service import GatewayService
 
 router = APIRouter()
 
-ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 404, 429, 500, 503)}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 404, 429, 500, 503)}   # FastAPI's `responses` type
 
 
 @router.post("/v1/chat/completions", response_model=None,

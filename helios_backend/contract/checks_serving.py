@@ -5,6 +5,7 @@ import math
 
 
 from .catalog import CheckContext
+from .views import OptionalCount
 from .errors import ContractError
 
 
@@ -98,7 +99,9 @@ def check_defaults(ctx: CheckContext) -> None:
             raise ContractError(f"defaults.eos_token_ids[{index}]", f"{token} is outside the sampled vocabulary")
     if defaults.HasField("cache_memory_share") and not 0 < defaults.cache_memory_share <= 1:
         raise ContractError("defaults.cache_memory_share", "must lie in (0, 1]")
-    for name in ("queue_capacity", "max_active", "event_capacity", "frontend_workers", "max_output_tokens"):
+    counts: tuple[OptionalCount, ...] = (
+        "queue_capacity", "max_active", "event_capacity", "frontend_workers", "max_output_tokens")
+    for name in counts:
         if defaults.HasField(name) and getattr(defaults, name) == 0:
             raise ContractError(f"defaults.{name}", "must be positive when set")
 

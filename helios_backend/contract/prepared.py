@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Mapping
+from typing import Literal, Mapping
 
 from helios_proto import contract_pb2 as c
 from helios_proto import manifest_pb2
@@ -80,7 +80,7 @@ def _graph_view(graph: c.GraphContract) -> v.Graph:
 
 
 def _frontend_view(fe: c.FrontendContract) -> v.Frontend:
-    def optional(name: str):
+    def optional(name: Literal["tool_syntax", "reasoning_syntax", "image_layout_data", "image_preparation_settings"]):
         return _copy(getattr(fe, name)) if fe.HasField(name) else None
 
     return v.Frontend(
@@ -102,8 +102,8 @@ def _frontend_view(fe: c.FrontendContract) -> v.Frontend:
 def _defaults_view(d: c.ServingDefaults) -> v.Defaults:
     s = d.sampling
 
-    def optional(name: str):
-        return getattr(d, name) if d.HasField(name) else None
+    def optional(name: v.OptionalCount) -> int | None:
+        return int(getattr(d, name)) if d.HasField(name) else None
 
     return v.Defaults(
         sampling=v.Sampling(
@@ -115,7 +115,7 @@ def _defaults_view(d: c.ServingDefaults) -> v.Defaults:
         event_capacity=optional("event_capacity"),
         frontend_workers=optional("frontend_workers"),
         max_output_tokens=optional("max_output_tokens"),
-        cache_memory_share=optional("cache_memory_share"),
+        cache_memory_share=d.cache_memory_share if d.HasField("cache_memory_share") else None,
         page_capacity=optional("page_capacity"),
         snapshot_capacity=optional("snapshot_capacity"),
     )
@@ -226,17 +226,18 @@ class PreparedContract:
         """Every id a request may name: the served id, then the aliases."""
         return (self.served_id, *self.aliases)
 
-    def graphs_for(self, operation: int, rank: int = 0) -> tuple[v.Graph, ...]:
+    def graphs_for(self, operation: c.Operation.ValueType, rank: int = 0) -> tuple[v.Graph, ...]:
         """The captured variants of one operation on one rank, smallest capacity first."""
         return tuple(g for g in self.graphs_by_operation.get(operation, ()) if g.rank == rank)
 
-    def select(self, operation: int, rows: int, tokens: int = 0, rank: int = 0) -> v.Graph | None:
+    def select(self, operation: c.Operation.ValueType, rows: int, tokens: int = 0, rank: int = 0) -> v.Graph | None:
         """The smallest captured variant with at least `rows` rows and `tokens` packed
         tokens, or None (the request is outside the prepared capacities)."""
         fitting = [g for g in self.graphs_for(operation, rank) if g.rows >= rows and g.tokens >= tokens]
         return min(fitting, key=lambda g: (g.rows, g.tokens), default=None)
 
     def state_rows_per_request(self, selected: tuple[v.Graph, ...] | None = None) -> int:
-        """The maximum state_rows_per_request among the selected graphs (STA-10)."""
+        """The maximum state_rows_per_request among the selected graphs: what partitions the
+        execution and snapshot rows (STA-10)."""
         chosen = self.graphs if selected is None else selected
         return max((g.state_rows_per_request for g in chosen), default=0)

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 
 from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import message as pb_message
-from google.protobuf import unknown_fields
+import google.protobuf.unknown_fields as unknown_fields
 
 from .errors import ContractError
 

@@ -7,8 +7,13 @@ not mutate them).
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from helios_proto import contract_pb2 as c
+
+# The ServingDefaults counts a core may leave unset (optional fields: HasField tells).
+OptionalCount = Literal["queue_capacity", "max_active", "event_capacity", "frontend_workers", "max_output_tokens",
+                        "page_capacity", "snapshot_capacity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +100,6 @@ class StateAccess:
     view: StateView
     access: int              # c.Access
 
-    @property
-    def reads(self) -> bool:
-        return self.access in (c.ACCESS_READ, c.ACCESS_READ_WRITE)
-
-    @property
-    def writes(self) -> bool:
-        return self.access in (c.ACCESS_WRITE, c.ACCESS_READ_WRITE)
-
 
 @dataclasses.dataclass(frozen=True)
 class TunedBinding:
@@ -161,7 +158,7 @@ class PendingToken:
 @dataclasses.dataclass(frozen=True)
 class Graph:
     program: str
-    operation: int               # c.Operation
+    operation: c.Operation.ValueType
     rank: int
     rows: int                    # captured request rows
     tokens: int                  # packed query tokens
@@ -173,11 +170,7 @@ class Graph:
     state_rows_per_request: int
     pending_token: PendingToken | None
     cursor: Cursor
-    rng_draws_per_row: int       # the program's declared RNG reservation (SPEC-33)
-
-    @property
-    def operation_name(self) -> str:
-        return c.Operation.Name(self.operation)
+    rng_draws_per_row: int       # declared RNG reservation, kept whether or not allocation runs (SPEC-33)
 
     def sources(self) -> frozenset[int]:
         return frozenset(binding.source for binding in self.bindings)
@@ -185,8 +178,8 @@ class Graph:
 
 @dataclasses.dataclass(frozen=True)
 class Frontend:
-    tool_parser: int             # c.ToolParser
-    reasoning_parser: int        # c.ReasoningParser
+    tool_parser: c.ToolParser.ValueType
+    reasoning_parser: c.ReasoningParser.ValueType
     image_preparation: int       # c.ImagePreparation
     image_layout: int            # c.ImageLayout
     tool_syntax: c.ToolSyntax | None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator, cast
 
 import zstandard
 
@@ -57,7 +57,7 @@ class _SinkWriter:
     def __init__(self, sink: Callable[[bytes], None]) -> None:
         self._sink = sink
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         self._sink(bytes(data))
         return len(data)
 
@@ -68,7 +68,9 @@ def compress_stream(pieces: Iterable[bytes], decoded_nbytes: int, sink: Callable
     The stream writer hands output on as each multi-threaded job completes (a
     compressobj would hold the whole frame until flush), so memory stays bounded.
     """
-    writer = new_compressor().stream_writer(_SinkWriter(sink), size=decoded_nbytes, closefd=False)
+    # zstandard calls only write() on its writer: _SinkWriter is that much of an IO[bytes]
+    writer = new_compressor().stream_writer(cast(IO[bytes], _SinkWriter(sink)), size=decoded_nbytes,
+                                            closefd=False)
     for piece in pieces:
         writer.write(piece)
     writer.flush(zstandard.FLUSH_FRAME)
@@ -269,7 +271,8 @@ def decode_frame(stored_chunks: Iterable[bytes], decoded_nbytes: int) -> Iterato
     dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_NBYTES)
     produced = 0
     try:
-        reader = dctx.stream_reader(source, read_size=READ_NBYTES, read_across_frames=False)
+        # zstandard calls only read() on its source: _ChunkSource is that much of an IO[bytes]
+        reader = dctx.stream_reader(cast(IO[bytes], source), read_size=READ_NBYTES, read_across_frames=False)
         while True:
             piece = reader.read(READ_NBYTES)
             if not piece:

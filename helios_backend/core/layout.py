@@ -10,10 +10,10 @@
 from __future__ import annotations
 
 import os
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, TypeVar
 
 from google.protobuf import message as pb_message
-from google.protobuf import unknown_fields
+import google.protobuf.unknown_fields as unknown_fields
 
 from .constants import HEADER_LENGTH_NBYTES, MAGIC_NBYTES, MAX_HEADER_NBYTES
 from .errors import CoreFormatError
@@ -41,7 +41,10 @@ def read_header(fd: int, file_nbytes: int) -> tuple[bytes, bytes, int]:
     return magic, header, data_offset
 
 
-def parse_message(cls: type, data: bytes, what: str) -> pb_message.Message:
+ParsedMessage = TypeVar("ParsedMessage", bound=pb_message.Message)
+
+
+def parse_message(cls: type[ParsedMessage], data: bytes, what: str) -> ParsedMessage:
     """Parse `data` as `cls`; a parse failure or unknown field is a CoreFormatError."""
     msg = cls()
     try:

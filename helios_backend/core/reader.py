@@ -83,7 +83,7 @@ class Core:
         magic, header, data_offset = read_header(self._fd, file_nbytes)
         self._data_offset = data_offset
         self._data_nbytes = file_nbytes - data_offset
-        self._aead = None
+        self._aead: gcm.AESGCM | None = None
         if magic == PAYLOAD_MAGIC:
             self._load_payload(header)
         elif magic == LOGICAL_MAGIC:
@@ -128,9 +128,10 @@ class Core:
         entries: dict[str, _Entry] = {}
         for resource in body.resources:
             self._check_identity(resource.id, resource.kind, entries)
-            location = locations.pop(resource.id, None)
-            if location is None:
+            located = locations.pop(resource.id, None)
+            if located is None:
                 raise CoreFormatError(f"resource {resource.id!r} has no location")
+            location = located
             if location.nbytes != resource.stored_nbytes:
                 raise CoreFormatError(
                     f"resource {resource.id!r}: location says {location.nbytes} bytes, signed {resource.stored_nbytes}"

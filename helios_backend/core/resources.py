@@ -23,7 +23,7 @@ class ResourceInput:
     """
 
     id: str
-    kind: int  # a ResourceKind value (nonzero)
+    kind: core_pb2.ResourceKind.ValueType  # nonzero
     data: bytes | pathlib.Path
 
     def decoded_nbytes(self) -> int:
@@ -51,7 +51,7 @@ class ResourceInfo:
     """
 
     id: str
-    kind: int
+    kind: core_pb2.ResourceKind.ValueType
     decoded_nbytes: int
     stored_nbytes: int
     chunks: int

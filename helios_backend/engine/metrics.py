@@ -90,6 +90,7 @@ class Op(enum.Enum):
 
 
 Update = tuple[str, tuple[tuple[str, str], ...], Op, float]
+MetricKey = tuple[str, tuple[tuple[str, str], ...]]          # (family name, label pairs)
 
 
 def update(name: str, op: Op, value: float, **labels: str) -> Update:
@@ -111,13 +112,13 @@ class MetricBackend(Protocol):
 
 def label_sets(family: Family) -> list[dict[str, str]]:
     """Every label combination a family can take (labels are bounded enums)."""
-    values = {"operation": [v for k, v in OPERATION_LABEL.items() if k], "reason": None, "state": list(PAGE_STATES)}
     if not family.labels:
         return [{}]
     (label,) = family.labels
     if label == "reason":
-        table = FINISH_LABEL if "finished" in family.name else REJECTION_LABEL
-        return [{label: v} for k, v in table.items() if k]
+        reasons = FINISH_LABEL.items() if "finished" in family.name else REJECTION_LABEL.items()
+        return [{label: v} for k, v in reasons if k]
+    values = {"operation": [v for k, v in OPERATION_LABEL.items() if k], "state": list(PAGE_STATES)}
     return [{label: v} for v in values[label]]
 
 
@@ -159,8 +160,8 @@ class MetricsThread:
         # Updates are coalesced and applied at most every FLUSH_S: counters summed, gauges
         # last value, observations kept. Fewer IPC round trips, and fewer in flight when the
         # server starts unloading the model (an IPC then blocks the stub until the exit timeout).
-        counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        counters: dict[MetricKey, float] = {}
+        gauges: dict[MetricKey, float] = {}
         observed: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
         deadline = time.monotonic() + FLUSH_S
         while True:
@@ -186,7 +187,8 @@ class MetricsThread:
                 counters, gauges, observed = {}, {}, []
                 deadline = time.monotonic() + FLUSH_S
 
-    def _apply(self, counters: dict, gauges: dict, observed: list) -> None:  # type: ignore[type-arg]
+    def _apply(self, counters: dict[MetricKey, float], gauges: dict[MetricKey, float],
+               observed: list[tuple[str, tuple[tuple[str, str], ...], float]]) -> None:
         work = ([(k, Op.ADD, v) for k, v in counters.items()] + [(k, Op.SET, v) for k, v in gauges.items()]
                 + [((n, l), Op.OBSERVE, v) for n, l, v in observed])
         for (name, labels), op, value in work:

@@ -143,7 +143,7 @@ class NativeModel:
         self._slot_generations[slot] += 1
         return self._slot_generations[slot]
 
-    def program(self, operation: int, rows: int, tokens: int = 0) -> str:
+    def program(self, operation: C.Operation.ValueType, rows: int, tokens: int = 0) -> str:
         """The smallest loaded variant of `operation` with >= rows rows and >= tokens packed tokens."""
         fitting = [g for g in self.graphs if g.operation == operation and g.capacity.rows >= rows
                    and g.capacity.tokens >= tokens]

@@ -7,7 +7,10 @@ One round = its submissions in order (restoration, initialization, main step), e
 `pack -> launch -> wait -> validate`. launch() launches a round's main step on a frame and
 collect() waits for it, so the worker can pack and launch round N+1 on the other frame
 while round N runs. The executor numbers submissions (BND-20); this runner mirrors that
-count to check each completion's sequence (CACHE-16).
+count to check each completion's sequence (CACHE-16). It also counts the executor frames
+in flight (launched, not yet waited for) and writes that count into each submission right
+after its launch: the scheduler reports the largest one after a constrained submission
+(flare_constrained_max_inflight, MET-8).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import numpy as np
 from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
+from helios_backend.executors.base import FrameStateError
 from helios_backend.packing import SlotInitialization, PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
@@ -60,6 +64,7 @@ class ProgramRunner:
     def __post_init__(self) -> None:
         self.fmt = CompletionFormat.from_layout(self.layout)
         self._sequence = 0
+        self._outstanding = 0            # frames launched and not yet waited for
         self._timings: dict[int, RoundTimings] = {}
 
     def run(self, plan: RoundPlan) -> CompletionRows:
@@ -81,11 +86,13 @@ class ProgramRunner:
             t1 = time.perf_counter_ns()
             self._sequence += 1
             self.executor.launch(sub.variant.program, frame)
+            self._outstanding += 1
+            sub.frames_outstanding = self._outstanding
             t.packing_ns += t1 - t0
             t.execution_ns += time.perf_counter_ns() - t1
             if sub is not plan.main:
                 t2 = time.perf_counter_ns()
-                words = self.executor.wait(frame)
+                words = self._wait(frame)
                 t3 = time.perf_counter_ns()
                 validate_header(self.fmt, words, sub)
                 t.execution_ns += t3 - t2
@@ -96,7 +103,7 @@ class ProgramRunner:
         """Wait for the round's main submission; its validated rows."""
         t = self._timings.pop(id(plan), RoundTimings())
         t0 = time.perf_counter_ns()
-        words = self.executor.wait(plan.main.frame)
+        words = self._wait(plan.main.frame)
         t1 = time.perf_counter_ns()
         rows = parse_and_validate(self.fmt, words, plan.main, vocab_size=self.vocab_size)
         t.execution_ns += t1 - t0
@@ -104,7 +111,20 @@ class ProgramRunner:
         self.timings = t
         return rows
 
-    def _packed(self, lane: Lane, operation: int) -> PackedLane:
+    def _wait(self, frame: int) -> np.ndarray:
+        """The executor's wait for `frame`. The frame is no longer in flight afterwards, also
+        when the wait failed on the device; FrameStateError means nothing was in flight."""
+        try:
+            words = self.executor.wait(frame)
+        except FrameStateError:
+            raise
+        except BaseException:
+            self._outstanding -= 1
+            raise
+        self._outstanding -= 1
+        return words
+
+    def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:
         """The packing lane of one scheduler lane (once per lane per round: kept lean)."""
         req = lane.request
         tokens = lane.tokens

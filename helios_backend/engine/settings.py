@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, Mapping
 
 from helios_proto import contract_pb2 as cp
 
@@ -117,17 +117,23 @@ class EffectiveSettings:
     history_drafting: bool
 
 
+# settings an option, the core's ServingDefaults and BUILT_IN all name the same way
+_LayeredSetting = Literal["queue_capacity", "max_active", "event_capacity", "cache_memory_share"]
+
+
 def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveSettings:
     d = contract.defaults
 
-    def pick(name: str, core_field: str | None = None) -> object:
-        explicit = getattr(options, name, None)
+    def pick(name: _LayeredSetting) -> int | float:
+        """The explicit option, else the core's default, else the built-in one."""
+        explicit: int | float | None = getattr(options, name)
         if explicit is not None:
             return explicit
-        field = core_field or name
-        if d.HasField(field):
-            return getattr(d, field)
-        return getattr(BUILT_IN, name)
+        if d.HasField(name):
+            core_default: int | float = getattr(d, name)
+            return core_default
+        built_in: int | float = getattr(BUILT_IN, name)
+        return built_in
 
     concurrency = options.concurrency if options.concurrency is not None else contract.concurrency
     if not 1 <= concurrency <= contract.concurrency:
@@ -150,12 +156,12 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         d.snapshot_capacity if d.HasField("snapshot_capacity") else contract.prepared_snapshots)
     snapshots = min(snapshots, contract.prepared_snapshots)
     return EffectiveSettings(
-        queue_capacity=int(pick("queue_capacity")),  # type: ignore[arg-type]
-        max_active=min(int(pick("max_active")), concurrency),  # type: ignore[arg-type]
-        event_capacity=int(pick("event_capacity")),  # type: ignore[arg-type]
+        queue_capacity=int(pick("queue_capacity")),
+        max_active=min(int(pick("max_active")), concurrency),
+        event_capacity=int(pick("event_capacity")),
         frontend_workers=int(d.frontend_workers if d.HasField("frontend_workers") else BUILT_IN.frontend_workers),
         max_output_tokens=int(d.max_output_tokens if d.HasField("max_output_tokens") else BUILT_IN.max_output_tokens),
         page_capacity=page_capacity,
         snapshot_capacity=int(snapshots),
-        cache_memory_share=float(pick("cache_memory_share")),  # type: ignore[arg-type]
+        cache_memory_share=float(pick("cache_memory_share")),
         concurrency=concurrency, speculative_width=width, history_drafting=drafting)

@@ -16,7 +16,7 @@ from helios_proto import contract_pb2 as cp
 from helios_backend.packing import PackedLane
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import Lane, RoundPlan
-from helios_backend.scheduler.speculative import validate_completion
+from helios_backend.scheduler.speculative import SpeculativeRound, validate_completion
 from helios_backend.scheduler.speculative_scheduler import ScheduledSpeculativeLane, SpeculativeRows
 from helios_backend.engine.runner import ProgramRunner
 
@@ -29,9 +29,9 @@ class SpeculativeProgramRunner(ProgramRunner):
         main = plan.main
         if main.operation != cp.OPERATION_SPECULATIVE:
             return super().collect(plan)
-        round_ = main.lanes[0].round
+        round_ = _round_of(main.lanes[0])
         round_.sequence, round_.frame = main.sequence, main.frame
-        words = self.executor.wait(main.frame)
+        words = self._wait(main.frame)
         outcomes = validate_completion(self.fmt, words, round_, self.vocab_size, self.max_width)
         # the base rows carry each lane's last emitted token; the outcomes carry all of them
         return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),
@@ -39,12 +39,19 @@ class SpeculativeProgramRunner(ProgramRunner):
                                np.array([o.finish for o in outcomes], np.int32), None, None, None,
                                outcomes=outcomes)
 
-    def _packed(self, lane: Lane, operation: int) -> PackedLane:
+    def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:
         packed = super()._packed(lane, operation)
         if operation == cp.OPERATION_SPECULATIVE and isinstance(lane, ScheduledSpeculativeLane):
             packed.proposals = np.asarray(lane.proposals, dtype=np.int32)
             packed.proposal_generation = lane.generation
             packed.proposal_consumed = lane.start
-            if lane.round.program.length_source == cp.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT:
+            if _round_of(lane).program.length_source == cp.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT:
                 packed.prefix_limit = lane.ceiling
         return packed
+
+
+def _round_of(lane: Lane) -> SpeculativeRound:
+    """The speculative round a SPECULATIVE submission's lane belongs to (set by the scheduler)."""
+    if not isinstance(lane, ScheduledSpeculativeLane) or lane.round is None:
+        raise TypeError("a SPECULATIVE submission's lanes are ScheduledSpeculativeLanes with their round")
+    return lane.round

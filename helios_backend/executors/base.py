@@ -23,11 +23,16 @@ ResourceReader = Callable[[str], Union[bytes, bytearray, memoryview]]
 
 class Executor(Protocol):
     """What serving needs of an executor. Everything here is required; diagnostics that only
-    one executor offers (CUDA node profiles, buffer writes) are methods of that class, used
+    one executor offers (CUDA node profiles, staging sizes) are methods of that class, used
     by the benchmarks and tests that construct it, never probed for by serving code."""
 
-    frames: int            # staging frames (two let the host pack one while the other runs)
-    cache_pages: int       # physical pages backed per cache plane (chosen at load)
+    @property
+    def frames(self) -> int:
+        """Staging frames (two let the host pack one while the other runs)."""
+
+    @property
+    def cache_pages(self) -> int:
+        """Physical pages backed per cache plane (chosen at load)."""
 
     @property
     def programs(self) -> Collection[str]:

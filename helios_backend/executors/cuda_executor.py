@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 
@@ -66,18 +66,41 @@ class _Rank:
         self.device: Any = None
         self.context: Any = None
         self.stream: Any = None
-        self.arena: Optional[DeviceArena] = None
-        self.addresses: Optional[BufferAddresses] = None
+        # set once by startup (_start_rank); None only before it and for teardown after a failure
+        self.arena_or_none: Optional[DeviceArena] = None
+        self.addresses_or_none: Optional[BufferAddresses] = None
+        self.completion_or_none: Optional[PinnedFrames] = None
         self.modules: list[Any] = []
         self.functions: dict[str, Any] = {}
         self.comm = 0
         self.events: list[Any] = []              # one per frame, recorded inside the graphs
-        self.completion: Optional[PinnedFrames] = None
         self.graphs: list[Any] = []
         self.execs: dict[str, list[Any]] = {}    # program name -> graph exec per frame
         self.node_counts: dict[str, int] = {}
         self.plans: dict[str, list[Any]] = {}    # program name -> launches (for profiling)
         self.tuning: list[tuple[Any, Any]] = []  # (graph, exec) of tuning producers
+
+    @property
+    def arena(self) -> DeviceArena:
+        return _started(self.arena_or_none, self.rank, "arena")
+
+    @property
+    def addresses(self) -> BufferAddresses:
+        return _started(self.addresses_or_none, self.rank, "buffer addresses")
+
+    @property
+    def completion(self) -> PinnedFrames:
+        return _started(self.completion_or_none, self.rank, "completion frames")
+
+
+T = TypeVar("T")
+
+
+def _started(member: Optional[T], rank: int, what: str) -> T:
+    """A member startup sets; reading it before startup set it is a bug in this module."""
+    if member is None:
+        raise RuntimeError(f"rank {rank}: {what} read before startup set them")
+    return member
 
 
 class CudaExecutor:
@@ -98,12 +121,12 @@ class CudaExecutor:
         self._validate()
         self._ranks = [_Rank(r) for r in range(self.world_size)]
         self._nccl: Optional[Nccl] = Nccl() if self.world_size > 1 else None
-        self._staging = None
+        self._pinned_staging: Optional[PinnedFrames] = None
         self._launch_plan: dict[str, tuple[tuple[Any, ...], ...]] = {}
         self.startup_seconds: dict[str, float] = {}
         check(self._d.cuInit(0), "cuInit")
         self._enter(self._ranks[0])            # pinned memory needs a current context
-        self._staging = PinnedFrames(self._d, self.frames, transport.frame_nbytes)
+        self._staging = self._pinned_staging = PinnedFrames(self._d, self.frames, transport.frame_nbytes)
         resources = _ResourceCache(read_resource)
         uid = self._nccl.unique_id() if self._nccl else None
         started = time.perf_counter()
@@ -186,8 +209,8 @@ class CudaExecutor:
         d, m = self._d, self.manifest
         ordinal = (self.options.devices or range(self.world_size))[rank.rank]
         layout = layout_arena(m.buffers, rank.rank)
-        rank.arena = DeviceArena(d, rank.device, ordinal, layout)
-        rank.addresses = rank.arena.addresses()
+        rank.arena_or_none = DeviceArena(d, rank.device, ordinal, layout)
+        rank.addresses_or_none = rank.arena.addresses()
         self._fill_weights(rank, resources)
         self._load_modules(rank, resources)
         rank.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
@@ -201,7 +224,7 @@ class CudaExecutor:
             check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self.frames)]
-        rank.completion = PinnedFrames(d, self.frames, t.completion_nbytes)
+        rank.completion_or_none = PinnedFrames(d, self.frames, t.completion_nbytes)
         kernels = kernel_table(m.modules)
         resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm)
         wanted = set(self.options.programs) if self.options.programs is not None else None
@@ -340,11 +363,6 @@ class CudaExecutor:
                 check(result, "cuEventSynchronize")
         return self._completion_words[frame].copy()
 
-    def ready(self, frame: int) -> bool:
-        """Non-blocking: has frame `frame` completed on every rank?"""
-        query = self._d.cuEventQuery
-        return all(not int(query(event)[0]) for event in self._events[frame])
-
     # ---- inspection (not for the hot path) ----------------------------------------------
 
     @property
@@ -352,8 +370,8 @@ class CudaExecutor:
         return tuple(self._launch_plan)
 
     def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
-        """Byte offset of every buffer from the rank's arena base (CACHE: its window), for
-        NativeModel.manifests (OWN-11)."""
+        """Byte offset of every buffer from the rank's arena base (CACHE: its window): the
+        geometry loading produced, which NativeModel.manifests exposes (OWN-11)."""
         r = self._ranks[rank]
         return {name: address - r.arena.base for name, address in r.addresses.base.items()}
 
@@ -410,7 +428,7 @@ class CudaExecutor:
         def name(launch: Any) -> tuple[str, str]:
             if isinstance(launch, Copy):
                 return "transport.memcpy", "memcpy"
-            return launch.label, getattr(launch, "kernel_id", "all_reduce")
+            return launch.label, launch.kernel_id if isinstance(launch, KernelLaunch) else "all_reduce"
 
         return [(*name(launch), float(t)) for launch, t in zip(launches, medians)]
 
@@ -427,24 +445,10 @@ class CudaExecutor:
             check(self._d.cuMemcpyDtoH(out.ctypes.data, r.addresses.base[name], nbytes), "cuMemcpyDtoH")
         return out
 
-    def write_buffer(self, name: str, data: np.ndarray, rank: int = 0, byte_offset: int = 0) -> None:
-        """Copy host bytes into a buffer (tests and startup only, never while serving)."""
-        r = self._ranks[rank]
-        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if byte_offset + raw.nbytes > r.arena.buffer_nbytes(name):
-            raise ValueError(f"{name}: write past the end")
-        self._enter(r)
-        check(self._d.cuStreamSynchronize(r.stream), "cuStreamSynchronize")
-        check(self._d.cuMemcpyHtoD(r.addresses.base[name] + byte_offset, raw.ctypes.data, raw.nbytes),
-              "cuMemcpyHtoD")
-
     def context(self, rank: int = 0) -> tuple[Any, Any]:
         """(CUcontext, CUstream) of a rank, for tests and benchmarks that time on its stream."""
         r = self._ranks[rank]
         return r.context, r.stream
-
-    def buffer_address(self, name: str, rank: int = 0) -> int:
-        return self._ranks[rank].addresses.base[name]
 
     # ---- teardown ------------------------------------------------------------------------
 
@@ -452,7 +456,7 @@ class CudaExecutor:
         """Drain every rank, then free graphs, events, modules, NCCL, memory, contexts."""
         d = self._d
         self._launch_plan = {}
-        for rank in self._ranks if hasattr(self, "_ranks") else ():
+        for rank in self._ranks:
             if rank.context is None:
                 continue
             d.cuCtxSetCurrent(rank.context)
@@ -475,18 +479,18 @@ class CudaExecutor:
             for module in rank.modules:
                 d.cuModuleUnload(module)
             rank.modules = []
-            if rank.completion is not None:
-                rank.completion.close()
-            if rank.arena is not None:
-                rank.arena.close()
+            if rank.completion_or_none is not None:
+                rank.completion_or_none.close()
+            if rank.arena_or_none is not None:
+                rank.arena_or_none.close()
             if rank.stream is not None:
                 d.cuStreamDestroy(rank.stream)
                 rank.stream = None
             d.cuDevicePrimaryCtxRelease(rank.device)
             rank.context = None
-        if self._staging is not None:
-            self._staging.close()
-            self._staging = None
+        if self._pinned_staging is not None:
+            self._pinned_staging.close()
+            self._pinned_staging = None
 
     def __enter__(self) -> "CudaExecutor":
         return self

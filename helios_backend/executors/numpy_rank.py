@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
@@ -69,7 +70,7 @@ class RankArena:
         start = self.offsets[name]
         return self.memory[start:start + self.nbytes[name]]
 
-    def typed(self, name: str, dtype: np.dtype, byte_offset: int = 0) -> np.ndarray:
+    def typed(self, name: str, dtype: npt.DTypeLike, byte_offset: int = 0) -> np.ndarray:
         region = self.bytes(name)[byte_offset:]
         usable = region.size - region.size % np.dtype(dtype).itemsize
         return region[:usable].view(dtype)

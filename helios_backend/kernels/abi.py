@@ -50,8 +50,8 @@ class Access(enum.Enum):
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: int                   # manifest_pb2.ParamKind
-    dtype: int = 0              # contract_pb2.DType of the pointed elements (POINTER only)
+    kind: manifest_pb2.ParamKind.ValueType
+    dtype: contract_pb2.DType.ValueType = contract_pb2.DTYPE_UNSPECIFIED  # pointed elements (POINTER only)
     access: Access = Access.READ
 
     @property
@@ -73,7 +73,7 @@ class KernelSpec:
         raise KeyError(f"{self.id} has no parameter {name!r}")
 
 
-def _ptr(name: str, dtype: int, access: Access = Access.READ) -> Param:
+def _ptr(name: str, dtype: contract_pb2.DType.ValueType, access: Access = Access.READ) -> Param:
     return Param(name, POINTER, dtype, access)
 
 

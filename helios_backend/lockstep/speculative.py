@@ -69,6 +69,14 @@ class _CountingDriver(LockstepGenerator):
         self.launches += 1
         return rows
 
+    def take_sequence(self) -> int:
+        """The sequence of a submission made outside `step` (a speculative round), counted."""
+        if self.launches is None:
+            raise RuntimeError("a speculative round before the first plain step: its sequence is unknown")
+        sequence = self.launches
+        self.launches += 1
+        return sequence
+
 
 class SpeculativeLockstepGenerator:
     def __init__(self, model: NativeModel, options: SpeculativeOptions) -> None:
@@ -96,7 +104,7 @@ class SpeculativeLockstepGenerator:
         allocates = round_.program.length_source == C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT
         for lane in round_.lanes:
             active = actives[lane.candidate.key]
-            self.plain._ensure_pages(active, lane.reserve_end)          # the full ceiling (SPEC-21)
+            self.plain._ensure_pages(active, lane.reserve_end)   # pages cover the lane's full ceiling (SPEC-21)
             lanes.append(PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed,
                               pages=list(active.pages), proposals=np.asarray(lane.proposals, dtype=np.int32),
                               proposal_generation=active.generation, proposal_consumed=active.consumed,
@@ -104,8 +112,7 @@ class SpeculativeLockstepGenerator:
         executor = self.model.executor
         self.model.packer.pack(round_.program.program, frame, lanes)
         executor.launch(round_.program.program, frame)
-        round_.sequence, round_.frame = self.plain.launches, frame
-        self.plain.launches += 1
+        round_.sequence, round_.frame = self.plain.take_sequence(), frame
         words = executor.wait(frame)
         return validate_completion(self.format, words, round_, self.vocab, self.table.max_width)
 

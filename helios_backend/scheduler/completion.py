@@ -21,9 +21,11 @@ reserved model field -1 (CACHE-14) and the draft cursor -1 for graphs without on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 import numpy as np
 
+from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
 from helios_backend.scheduler.errors import CompletionMismatch, ConfigurationError
@@ -102,7 +104,27 @@ class CompletionRows:
     top_logprobs: np.ndarray | None     # [n, k] float32
 
 
-def validate_header(fmt: CompletionFormat, words: np.ndarray, sub: Submission) -> np.ndarray:
+class SubmittedLane(Protocol):
+    """What the header check reads of one submitted lane."""
+    @property
+    def slot(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+
+
+class SubmittedCohort(Protocol):
+    """What the header check reads of a submission (a plan Submission, a speculative round)."""
+    @property
+    def sequence(self) -> int: ...
+    @property
+    def frame(self) -> int: ...
+    @property
+    def operation(self) -> cp.Operation.ValueType: ...
+    @property
+    def lanes(self) -> Sequence[SubmittedLane]: ...
+
+
+def validate_header(fmt: CompletionFormat, words: np.ndarray, sub: SubmittedCohort) -> np.ndarray:
     """Header checks shared by every submission; returns the rows' words [n, row_words]."""
     words = np.asarray(words, dtype=np.int32).reshape(-1)
     n = len(sub.lanes)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
 
@@ -36,8 +37,8 @@ class SchedulerCounters:
     readmissions: int = 0
     lookup_tokens: int = 0               # prompt tokens looked up in the prefix cache
     reused_tokens: int = 0               # of which served from pages or snapshots
-    launches: dict[int, int] = field(default_factory=dict)   # operation -> submissions
-    finished: dict[int, int] = field(default_factory=dict)   # FinishReason -> requests
+    launches: dict[cp.Operation.ValueType, int] = field(default_factory=dict)   # submissions
+    finished: dict[tp.FinishReason.ValueType, int] = field(default_factory=dict)   # requests
     failed: int = 0
     mixed_grammar_decode_steps: int = 0
     constrained_max_inflight: int = 0

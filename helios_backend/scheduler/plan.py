@@ -12,6 +12,7 @@ in that order and are validated against it before any lane is retired.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from helios_proto import contract_pb2 as cp
 
@@ -69,17 +70,14 @@ class Lane:
 @dataclass
 class Submission:
     variant: Variant
-    lanes: list[Lane]
+    lanes: Sequence[Lane]
     sequence: int = 0                    # assigned by the executor adapter (transport-owned)
     frame: int = 0
+    frames_outstanding: int = 0          # executor frames in flight right after its launch (the runner counts)
 
     @property
     def operation(self) -> "cp.Operation.ValueType":
         return self.variant.operation
-
-    @property
-    def packed_tokens(self) -> int:
-        return sum(lane.query_len for lane in self.lanes)
 
 
 @dataclass

@@ -387,10 +387,12 @@ class Scheduler:
         constrained = [lane.request.spec.constrained for lane in main.lanes]
         if main.operation == cp.OPERATION_DECODE and any(constrained) and not all(constrained):
             self.counters.mixed_grammar_decode_steps += 1
-        if any(constrained):
-            # rounds run with completion feedback: exactly one executor frame was outstanding
-            # right after this successful constrained submission (MET-8..10)
-            self.counters.constrained_max_inflight = max(self.counters.constrained_max_inflight, 1)
+        for sub in plan.submissions():
+            if any(lane.request.spec.constrained for lane in sub.lanes):
+                # the most executor frames the runner saw in flight right after a successful
+                # constrained submission (MET-8); completion feedback keeps it at one (MET-10)
+                self.counters.constrained_max_inflight = max(self.counters.constrained_max_inflight,
+                                                             sub.frames_outstanding)
         stamp = None
         for i, lane in enumerate(main.lanes):
             req = lane.request

@@ -30,7 +30,7 @@ from helios_proto import contract_pb2 as cp
 from helios_backend.kernels.speculative import EXTENSION_FIXED_WORDS, extension_words
 from helios_backend.scheduler.completion import CompletionFormat, validate_header
 from helios_backend.scheduler.errors import CompletionMismatch, ConfigurationError
-from helios_backend.scheduler.plan import Submission, Variant
+from helios_backend.scheduler.plan import Variant
 
 NGRAM_SIZES = (3, 2, 1)          # longest suffix first
 HISTORY_WINDOW = 1024            # tokens searched per lookup: host work per round stays bounded
@@ -197,14 +197,14 @@ class SpeculativeRound:
     lanes: list[SpeculativeLane]
     sequence: int = 0
     frame: int = 0
-    cancelled: set[int] = field(default_factory=set)    # keys cancelled while in flight (SPEC-50)
+    cancelled: set[int] = field(default_factory=set)    # cancelled in flight: nothing of theirs publishes (SPEC-50)
 
-    def submission(self) -> Submission:
-        return Submission(self.program.variant, [_SubmissionLane(lane) for lane in self.lanes],
-                          self.sequence, self.frame)
+    def submission(self) -> _SubmittedRound:
+        return _SubmittedRound(self.sequence, self.frame, self.program.variant.operation,
+                               [_SubmissionLane(lane) for lane in self.lanes])
 
 
-@dataclass
+@dataclass(frozen=True)
 class _SubmissionLane:
     """The slice of plan.Lane that completion.validate_header reads."""
     lane: SpeculativeLane
@@ -216,6 +216,15 @@ class _SubmissionLane:
     @property
     def generation(self) -> int:
         return self.lane.candidate.generation
+
+
+@dataclass(frozen=True)
+class _SubmittedRound:
+    """The round as completion.validate_header reads a submission."""
+    sequence: int
+    frame: int
+    operation: cp.Operation.ValueType
+    lanes: list[_SubmissionLane]
 
 
 class FeedbackReason(enum.Enum):
@@ -385,8 +394,9 @@ def validate_on_ranks(fmt: CompletionFormat, rank_words: Sequence[np.ndarray], r
     for thread in threads:
         thread.join()
     rejected = [rank for rank, result in enumerate(results) if not isinstance(result, list)]
-    if not ranks_agree([not rejected]) or not results:
+    accepted = [result for result in results if isinstance(result, list)]
+    if not ranks_agree([not rejected]) or not accepted:
         raise CompletionMismatch(f"ranks {rejected} rejected the cohort; no rank commits")
-    if any(result != results[0] for result in results[1:]):
+    if any(result != accepted[0] for result in accepted[1:]):
         raise CompletionMismatch("ranks disagree on the round's outcomes; no rank commits")
-    return results[0]
+    return accepted[0]

@@ -32,6 +32,7 @@ from helios_backend.scheduler.speculative import (
     SpeculativeTable,
 )
 from helios_backend.scheduler.config import SchedulerConfig
+from helios_backend.scheduler.errors import ConfigurationError
 from helios_backend.scheduler.variants import VariantTable
 
 
@@ -99,6 +100,8 @@ class SpeculativeScheduler(Scheduler):
         if not isinstance(rows, SpeculativeRows):
             raise TypeError("a SPECULATIVE round completes with SpeculativeRows (validated outcomes)")
         decode = self.variants.fit(cp.OPERATION_DECODE, 1, 1)
+        if decode is None:
+            raise ConfigurationError("a SPECULATIVE round completed without a DECODE variant to retire it")
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
             self._apply(lane, outcome, decode)
 

@@ -59,10 +59,6 @@ class VariantTable:
     def main_rows(self) -> int:
         return max(self.max_rows(op) for op in MAIN_OPERATIONS)
 
-    @property
-    def main_tokens(self) -> int:
-        return max(self.max_tokens(op) for op in MAIN_OPERATIONS)
-
     def fit(self, operation: "cp.Operation.ValueType", rows: int, tokens: int) -> Variant | None:
         for v in self._by_op.get(operation, ()):
             if v.rows >= rows and v.tokens >= tokens:

@@ -44,7 +44,7 @@ def locate_tritonserver() -> TritonInstall:
     """The wheel's tritonserver first (it matches this Python), else /opt/tritonserver."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     try:
-        import pytriton  # type: ignore[import-not-found]
+        import pytriton
         root = Path(pytriton.__file__).resolve().parent / "tritonserver"
         libs = root.parent.parent / "nvidia_pytriton.libs"
         install = TritonInstall(root / "bin" / "tritonserver", root / "backends" / "python",

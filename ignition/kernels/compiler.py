@@ -44,7 +44,10 @@ class CompileRequest:
 
     def source_text(self) -> str:
         """Every kernel source file (a kernel may call helpers from a sibling module)."""
-        package = Path(importlib.util.find_spec(SOURCE_PACKAGE).origin).parent
+        found = importlib.util.find_spec(SOURCE_PACKAGE)
+        if found is None or found.origin is None:
+            raise FileNotFoundError(f"kernel sources {SOURCE_PACKAGE} not found")
+        package = Path(found.origin).parent
         return "".join(path.read_text() for path in sorted(package.glob("*.py")))
 
     def cache_key(self, triton_version: str) -> str:

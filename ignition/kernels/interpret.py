@@ -18,7 +18,7 @@ import pickle
 import subprocess
 import sys
 import traceback
-from typing import Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
 import numpy as np
 
@@ -77,6 +77,10 @@ class Interpreter:
         env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(sys.path))
         self._worker = subprocess.Popen([sys.executable, "-m", __name__],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        if self._worker.stdin is None or self._worker.stdout is None:
+            raise InterpreterError("the interpreter worker has no pipes")
+        self._requests: IO[bytes] = self._worker.stdin
+        self._replies: IO[bytes] = self._worker.stdout
 
     def __enter__(self) -> "Interpreter":
         return self
@@ -86,7 +90,7 @@ class Interpreter:
 
     def close(self) -> None:
         if self._worker.poll() is None:
-            self._worker.stdin.close()
+            self._requests.close()
             self._worker.wait(timeout=60)
 
     def run(self, module: str, function: str, signature: Sequence[tuple[str, str]],
@@ -97,9 +101,9 @@ class Interpreter:
             raise ValueError("arena must be a contiguous uint8 array")
         request = (module, function, tuple(signature), tuple(grid), arena, tuple(args),
                    dict(constexprs))
-        pickle.dump(request, self._worker.stdin)
-        self._worker.stdin.flush()
-        status, payload = pickle.load(self._worker.stdout)
+        pickle.dump(request, self._requests)
+        self._requests.flush()
+        status, payload = pickle.load(self._replies)
         if status != "ok":
             raise InterpreterError(payload)
         arena[...] = payload
@@ -114,6 +118,7 @@ def _serve() -> None:
             request = pickle.load(requests)
         except EOFError:
             return
+        reply: tuple[str, np.ndarray | str]
         try:
             reply = ("ok", _run_in_worker(*request))
         except Exception:

@@ -13,6 +13,7 @@ programmatic_dependent_launch = true.
 """
 from __future__ import annotations
 
+import numbers
 import re
 from pathlib import Path
 from typing import Callable, Sequence
@@ -106,7 +107,8 @@ class KernelLibrary:
             if int(immediates[name]) % ALIGNMENT:
                 raise GeometryError(f"{kernel_id}.{name} = {immediates[name]} is not a multiple "
                                     f"of {ALIGNMENT} (the cubin assumes it)")
-        grid = tuple(int(d) for d in spec.grid(immediates, spec.constexprs))
+        integers = {name: int(value) for name, value in immediates.items() if isinstance(value, numbers.Integral)}
+        grid = spec.grid(integers, spec.constexprs)
         if any(d < 1 or d >= 2**31 for d in grid) or grid[1] > 65535 or grid[2] > 65535:
             raise ValueError(f"{kernel_id}: grid {grid} outside CUDA limits")
         kernel = self.compile(arch)[kernel_id]

@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 from helios_backend.kernels.sampling import partial_words
 
 Grid = tuple[int, int, int]
-Immediates = Mapping[str, int | float]
+Immediates = Mapping[str, int]     # a launch's integer immediates (grids depend on no float)
 GridFunction = Callable[[Immediates, Mapping[str, int]], Grid]
 
 

@@ -54,7 +54,7 @@ _DTYPE_BYTES = {C.DTYPE_F16: 2, C.DTYPE_BF16: 2, C.DTYPE_F32: 4, C.DTYPE_F64: 8,
                 C.DTYPE_I16: 2, C.DTYPE_I32: 4, C.DTYPE_U32: 4, C.DTYPE_I64: 8, C.DTYPE_U64: 8}
 
 
-def dtype_bytes(dtype: int) -> int:
+def dtype_bytes(dtype: C.DType.ValueType) -> int:
     return _DTYPE_BYTES[dtype]
 
 
@@ -105,7 +105,7 @@ class TextCapacities:
 @dataclass(frozen=True)
 class DestinationSpec:
     name: str
-    dtype: int
+    dtype: C.DType.ValueType
     elements: int
     row_elements: int = 0       # elements per row of a row-indexed destination (Destination.row_elements)
 
@@ -178,7 +178,7 @@ def completion_layout(cap: TextCapacities) -> M.CompletionLayout:
     return layout
 
 
-def buffer(name: str, kind: int, dtype: int, shape: Iterable[int]) -> M.Buffer:
+def buffer(name: str, kind: M.BufferKind.ValueType, dtype: C.DType.ValueType, shape: Iterable[int]) -> M.Buffer:
     shape = [int(s) for s in shape]
     count = 1
     for s in shape:
@@ -303,7 +303,7 @@ class PagedKV:
 
 # ---- value bindings ------------------------------------------------------------------------
 
-def _binding(destination: str, source: int, index: int, padding: int = 0, constant: int = 0) -> C.ValueBinding:
+def _binding(destination: str, source: C.ValueSource.ValueType, index: C.IndexMode.ValueType, padding: int = 0, constant: int = 0) -> C.ValueBinding:
     return C.ValueBinding(destination=destination, source=source, index=index, padding=padding, constant=constant)
 
 
@@ -315,7 +315,7 @@ def _row_identity() -> list[C.ValueBinding]:
     ]
 
 
-def generation_bindings(operation: int, snapshots: bool = False) -> list[C.ValueBinding]:
+def generation_bindings(operation: C.Operation.ValueType, snapshots: bool = False) -> list[C.ValueBinding]:
     """Bindings of PREFILL / DECODE / MIXED programs (one forward step plus one draw per row)."""
     bindings = _row_identity() + [
         _binding("query_length", C.VALUE_SOURCE_QUERY_LENGTH, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
@@ -391,7 +391,7 @@ class StepIO:
     pages_per_row: int
 
 
-def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacities, operation: int,
+def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacities, operation: C.Operation.ValueType,
                          rows: int, tokens: int) -> StepIO:
     rec.launch("step.geometry.v1", "step.geometry", geometry=STEP_SCRATCH.geometry,
                query_length=staged(transport, "query_length"), rows=rows, tokens=tokens)
@@ -408,7 +408,8 @@ def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacit
                   page_tokens=cap.page_tokens, pages_per_row=cap.pages_per_row)
 
 
-def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCapacities, operation: int,
+def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCapacities,
+                             operation: C.Operation.ValueType,
                              rows: int) -> None:
     s = lambda name: staged(transport, name)  # noqa: E731 - short local alias
     scratch = dict(partials=STEP_SCRATCH.sampling_partials, arrivals=STEP_SCRATCH.sampling_arrivals)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -35,6 +35,9 @@ from ignition.preparation.speculative import SpeculativePlan
 from ignition.preparation.tensor_parallel import Partition
 from ignition.recorder import Geometry, Recorder, unit_geometry
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
+
+if TYPE_CHECKING:                   # the library imports Triton: only preparation with kernels loads it
+    from ignition.kernels.library import KernelLibrary
 
 EXECUTION_ABI = "helios-abi-1"
 CONTRACT_VERSION = 3
@@ -62,7 +65,7 @@ class PreparedModel:
 
 @dataclass(frozen=True)
 class CaptureVariant:
-    operation: int
+    operation: C.Operation.ValueType
     rows: int
     tokens: int
 
@@ -92,12 +95,12 @@ def variants(options: Any) -> list[CaptureVariant]:
 class KernelLibraryGeometry:
     """Launch geometry from the AOT kernel library for the ids it implements, else (1,1,1)."""
 
-    def __init__(self, library: Any | None) -> None:
+    def __init__(self, library: KernelLibrary | None) -> None:
         self._library = library
         self._ids = set(library.kernel_ids()) & set(abi.KERNELS) if library is not None else set()
 
     def __call__(self, kernel_id: str, args: Sequence[object]) -> Geometry:
-        if kernel_id in self._ids:
+        if self._library is not None and kernel_id in self._ids:
             return self._library.geometry(kernel_id, args)
         return unit_geometry(kernel_id, args)
 
@@ -192,7 +195,7 @@ def _record_rank(rec: Recorder, recipe: ModuleType, shape: Any, options: Any, ca
 
 
 def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
-            kernel_library: Any | None = None) -> PreparedModel:
+            kernel_library: KernelLibrary | None = None) -> PreparedModel:
     source = recipe.open_source(options)
     shape = source.shape
     all_variants = variants(options)

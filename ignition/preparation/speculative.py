@@ -223,7 +223,8 @@ class SpeculativePlan:
                    operation=C.OPERATION_SPECULATIVE)
 
 
-def _binding(destination: str, source: int, padding: int = 0, index: int = C.INDEX_MODE_SUBMISSION_ROW
+def _binding(destination: str, source: C.ValueSource.ValueType, padding: int = 0,
+             index: C.IndexMode.ValueType = C.INDEX_MODE_SUBMISSION_ROW
              ) -> C.ValueBinding:
     return C.ValueBinding(destination=destination, source=source, index=index, padding=padding)
 

@@ -65,7 +65,7 @@ def chatml_tool_template(default_system: str) -> str:
     )
 
 
-def chatml_frontend(tool_parser: int, template_tokens: C.TemplateTokens) -> C.FrontendContract:
+def chatml_frontend(tool_parser: C.ToolParser.ValueType, template_tokens: C.TemplateTokens) -> C.FrontendContract:
     """The FrontendContract of a ChatML recipe without images or reasoning: `tool_parser`'s
     syntax table (JSON-call for these templates, or TOOL_PARSER_NONE), ChatML prefix rules."""
     contract = C.FrontendContract(image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,

@@ -66,14 +66,10 @@ def recipe_for(directory: str | Path) -> ModuleType:
         "WeightTensor", "SCRATCH", "weight_tensors", "weight_tensor_count", "declare_scratch", "forward", "paged_kv",
         "rank_shape", "tensor_parallel_dimensions")})
     module.__doc__ = f"The {checkpoint.family} checkpoint at {path}."
-    module.NAME = module.SERVED_ID = name
-    module.ALIASES = ()
-    module.PUBLISHER_NAMESPACE = NAMESPACE
-    module.RecipeOptions = RecipeOptions
-    module.EOS_TOKEN_IDS = checkpoint.generation_config().eos_token_ids
-    module.SAMPLING_DEFAULTS = _sampling(checkpoint)
-    module.open_source = lambda options: HFCheckpoint.open(path)
-    module.frontend = lambda: _frontend(checkpoint)
-    module.TEMPLATE_TOKENS = _frontend(checkpoint).template_tokens
-    module.chat_template = lambda source: source.chat_template or ""
+    module.__dict__.update(
+        NAME=name, SERVED_ID=name, ALIASES=(), PUBLISHER_NAMESPACE=NAMESPACE, RecipeOptions=RecipeOptions,
+        EOS_TOKEN_IDS=checkpoint.generation_config().eos_token_ids, SAMPLING_DEFAULTS=_sampling(checkpoint),
+        open_source=lambda options: HFCheckpoint.open(path), frontend=lambda: _frontend(checkpoint),
+        TEMPLATE_TOKENS=_frontend(checkpoint).template_tokens,
+        chat_template=lambda source: source.chat_template or "")
     return module

@@ -27,8 +27,8 @@ from ignition.recipes import smollm2_135m_instruct as base
 @dataclass(frozen=True)
 class SyntaxVariant:
     suffix: str  # appended to the base recipe name (the syntax pairing, never a model)
-    tool_parser: int
-    reasoning_parser: int
+    tool_parser: C.ToolParser.ValueType
+    reasoning_parser: C.ReasoningParser.ValueType
 
 
 VARIANTS: tuple[SyntaxVariant, ...] = (
@@ -61,10 +61,8 @@ def recipe_module(variant: SyntaxVariant) -> ModuleType:
     """A recipe module for `ignition.preparation.prepare`: the base recipe, another frontend."""
     module = ModuleType(f"{__name__}.{variant.suffix.replace('-', '_')}")
     module.__dict__.update({k: v for k, v in vars(base).items() if not k.startswith("__")})
-    module.NAME = recipe_name(variant)
-    module.SERVED_ID = recipe_name(variant)
-    module.ALIASES = ()
-    module.frontend = lambda: variant_frontend(variant)
+    module.__dict__.update(NAME=recipe_name(variant), SERVED_ID=recipe_name(variant), ALIASES=(),
+                           frontend=lambda: variant_frontend(variant))
     module.__doc__ = f"{base.NAME} with the {variant.suffix} frontend syntax (test core)."
     return module
 

@@ -168,9 +168,6 @@ class GGUFModel:
         return cls(path, reader)
 
     # ---- metadata -------------------------------------------------------------------------
-    def has_field(self, key: str) -> bool:
-        return key in self._fields
-
     def field(self, key: str) -> Any:
         """A scalar or array metadata value, decoded (strings as str, arrays as lists)."""
         try:

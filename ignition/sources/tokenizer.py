@@ -59,7 +59,12 @@ def tokenizer_from_fields(fields: TokenizerFields) -> Tokenizer:
     vocab = {tok: i for i, tok in enumerate(fields.tokens)}
     if len(vocab) != len(fields.tokens):
         raise UnsupportedTokenizerError("duplicate token strings in tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in fields.merges]
+    merges: list[tuple[str, str]] = []
+    for merge in fields.merges:
+        left, space, right = merge.partition(" ")
+        if not space:
+            raise UnsupportedTokenizerError(f"tokenizer.ggml.merges entry {merge!r} is not two tokens")
+        merges.append((left, right))
     tk = Tokenizer(
         models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, fuse_unk=False, byte_fallback=False)
     )

@@ -75,9 +75,11 @@ class Nccl:
         comm = ctypes.c_void_p()
         self._check(self._lib.ncclCommInitRank(ctypes.byref(comm), world_size, uid, rank),
                     "ncclCommInitRank")
-        return int(comm.value)
+        if comm.value is None:
+            raise CudaCallError("ncclCommInitRank", 0, "returned success without a communicator")
+        return comm.value
 
-    def all_reduce(self, address: int, count: int, dtype: int, comm: int, stream: Any) -> None:
+    def all_reduce(self, address: int, count: int, dtype: contract_pb2.DType.ValueType, comm: int, stream: Any) -> None:
         """In-place sum; during capture this records NCCL's kernels into the graph."""
         self._check(self._lib.ncclAllReduce(address, address, count, NCCL_DTYPES[dtype], NCCL_SUM,
                                             comm, int(stream)), "ncclAllReduce")

@@ -17,7 +17,7 @@ Arena of one rank (fixed part, mapped at startup; cache windows follow, mapped l
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -113,6 +113,12 @@ class BufferAddresses:
         return self.base[ref.buffer] + int(ref.byte_offset)
 
 
+class KernelParams(Protocol):
+    """What a launch hands cuLaunchKernelEx: `argv`, the void*[] over the parameter values
+    (ParamPack for recorded kernels, transport.RawParams for the transport's own kernels)."""
+    argv: np.ndarray
+
+
 class ParamPack:
     """One launch's kernel parameters, packed once: 8-byte slots plus the void*[] over them.
 
@@ -162,7 +168,7 @@ class KernelLaunch:
     block: tuple[int, int, int]
     shared_bytes: int
     pdl: bool                          # launch with programmatic stream serialization
-    params: ParamPack
+    params: KernelParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +176,7 @@ class AllReduceLaunch:
     label: str
     address: int                       # in-place buffer
     count: int                         # elements
-    dtype: int                         # contract DType
+    dtype: contract_pb2.DType.ValueType
 
 
 Launch = Union[KernelLaunch, AllReduceLaunch]
@@ -226,14 +232,14 @@ def _plan_all_reduce(node: manifest_pb2.Node, addresses: BufferAddresses, where:
         raise ProgramError(f"{where}: an all-reduce takes (pointer, count, dtype)")
     count_arg, dtype_arg = node.args[1], node.args[2]
     count = getattr(count_arg, count_arg.WhichOneof("value") or "i64")
-    dtype = getattr(dtype_arg, dtype_arg.WhichOneof("value") or "i32")
+    dtype = contract_pb2.DType.ValueType(int(getattr(dtype_arg, dtype_arg.WhichOneof("value") or "i32")))
     if dtype not in NUMPY_DTYPES:
         raise ProgramError(f"{where}: all-reduce of unsupported dtype {dtype}")
     address = addresses.resolve(node.args[0].pointer, where)
     buffer_end = addresses.base[node.args[0].pointer.buffer] + addresses.nbytes[node.args[0].pointer.buffer]
     if address + int(count) * NUMPY_DTYPES[dtype].itemsize > buffer_end:
         raise ProgramError(f"{where}: all-reduce runs past its buffer")
-    return AllReduceLaunch(node.label, address, int(count), int(dtype))
+    return AllReduceLaunch(node.label, address, int(count), dtype)
 
 
 def plan_program(program: manifest_pb2.Program,

@@ -169,10 +169,6 @@ class SyntaxEngine(FramePhases):
                 self._events.append(ParseError(ParseErrorKind.UNTERMINATED_REASONING, "output ended inside reasoning"))
         return self._drain()
 
-    @property
-    def phase(self) -> Phase:
-        return self._phase
-
     # ---- plumbing -----------------------------------------------------------------------------
     def _initial_phase(self, initial: InitialState) -> Phase:
         start = initial.start

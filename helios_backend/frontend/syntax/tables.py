@@ -203,8 +203,8 @@ _TOOL_TABLES = {
 class FrontendSyntax:
     """The selectors plus the syntax data of one prepared model (read-only after load)."""
 
-    tool_parser: int  # pb.ToolParser
-    reasoning_parser: int  # pb.ReasoningParser
+    tool_parser: pb.ToolParser.ValueType
+    reasoning_parser: pb.ReasoningParser.ValueType
     tool: pb.ToolSyntax = field(default_factory=pb.ToolSyntax)
     reasoning: pb.ReasoningSyntax = field(default_factory=pb.ReasoningSyntax)
     prefix_rules: tuple[pb.PrefixBoundaryRule, ...] = ()
@@ -246,7 +246,8 @@ class FrontendSyntax:
         return self.reasoning_parser in (pb.REASONING_PARSER_THINK_TAGS, pb.REASONING_PARSER_XTML_THINK)
 
 
-def preset(tool_parser: int, reasoning_parser: int, prefix_rules: list[pb.PrefixBoundaryRule] | None = None) -> FrontendSyntax:
+def preset(tool_parser: pb.ToolParser.ValueType, reasoning_parser: pb.ReasoningParser.ValueType,
+           prefix_rules: list[pb.PrefixBoundaryRule] | None = None) -> FrontendSyntax:
     """Build the syntax bundle for a selector pair from the tables above.
 
     Think tags take the paired tool opener as their terminal marker (FE-8), so a tool block opened
