@@ -177,7 +177,7 @@ class RequestRun:
         pipeline = OutputPipeline(self._served.tokenizer, self._prepared.stop_matcher(),
                                   self._parser_factory(index), self._served.eos_token_ids)
         request.ingress_ns = self._prepared.ingress_ns
-        enqueue_ns = self._served.clock.now_ns()  # immediately before submission (OBS-22)
+        enqueue_ns = self._served.clock.now_ns()  # OBS-22: the enqueue stamp is taken immediately before submission
         request.enqueue_ns = enqueue_ns
         translator = ChoiceTranslator(index, pipeline, self._prompt_param, self._prepared.ingress_ns, enqueue_ns)
         generation = self._backend.generate(prompt, request, request.request_id)

@@ -179,10 +179,6 @@ class ChannelMux:
         self._opened = False                 # a response of the channel's stream arrived
         self._lock = asyncio.Lock()
 
-    @property
-    def open_generations(self) -> int:
-        return len(self._routes)
-
     async def submit(self, generation: ChannelGeneration) -> None:
         async with self._lock:
             if self._reader is None or self._reader.done():
@@ -424,7 +420,7 @@ class TritonBackend:
         try:
             async with asyncio.timeout(timeout_s):
                 async for result, error in generation.results():
-                    if error is not None:
+                    if error is not None or result is None:
                         raise ConnectionError(f"assets request refused: {error}")
                     tensor = result.as_numpy(OUT_EVENT)
                     if tensor is None or not tensor.size:

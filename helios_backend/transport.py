@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -92,6 +93,10 @@ def decode_parameters(raw: np.ndarray | None) -> tp.RequestParameters:
     return params
 
 
+SamplingField = Literal["temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                        "repetition_penalty"]
+
+
 @dataclass(frozen=True)
 class SpecDefaults:
     """Core sampling defaults and limits that fill what a request leaves unset (SRV-17)."""
@@ -108,7 +113,7 @@ def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: S
     ids = tuple(int(t) for t in np.asarray(prompt).reshape(-1))
     s, d = gen.sampling, defaults.sampling
 
-    def pick(name: str) -> float:
+    def pick(name: SamplingField) -> float:
         return getattr(s, name) if s.HasField(name) else getattr(d, name)
 
     sampling = SamplingSettings(

@@ -43,14 +43,14 @@ def _check_message(node: Any, descriptor: pb_descriptor.Descriptor, path: str, l
         by_key[field.json_name] = field
     out = {}
     for key, value in node.items():
-        field = by_key.get(key)
+        known = by_key.get(key)
         key_path = _path(path, key)
-        if field is None:
+        if known is None:
             if lenient:
                 continue
             raise ContractError(key_path, f"unknown field of {descriptor.name}")
-        child_lenient = lenient or (not path and field.name in LENIENT_SUBTREES)
-        out[key] = _check_value(value, field, key_path, child_lenient)
+        child_lenient = lenient or (not path and known.name in LENIENT_SUBTREES)
+        out[key] = _check_value(value, known, key_path, child_lenient)
     return out
 
 

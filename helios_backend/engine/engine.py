@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import llguidance as llg
 
@@ -39,6 +40,7 @@ from helios_backend.transport import SpecDefaults, TransportError
 from helios_backend.engine.loop import EngineLoop
 
 log = logging.getLogger("helios.runtime")
+T = TypeVar("T")
 
 
 class StartupError(Exception):
@@ -91,6 +93,7 @@ class Engine:
         runner_args = (model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
                        vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids))
         mask_words = vocab.mask_words or -(-vocab.sampled_tokens // 32)
+        scheduler: Scheduler
         if table.active:
             scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory))
             runner: ProgramRunner = SpeculativeProgramRunner(*runner_args, mask_words=mask_words,
@@ -172,7 +175,7 @@ class Engine:
         log.info("helios runtime stopped after %.2fs", time.monotonic() - start)
 
 
-def _stage(name: str, fn):  # type: ignore[no-untyped-def]
+def _stage(name: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except StartupError:
