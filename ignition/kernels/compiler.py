@@ -124,8 +124,8 @@ def _worker_init() -> None:
 
 
 class CubinCache:
-    """cubin + PTX + metadata files under one directory, keyed by CompileRequest.cache_key.
-    An entry missing a file (written before PTX was kept) counts as absent."""
+    """cubin + PTX + metadata files under one directory, keyed by CompileRequest.cache_key
+    (whose metadata field names keep other CompiledKernel layouts apart)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -135,10 +135,7 @@ class CubinCache:
         if not all(path.exists() for path in paths):
             return None
         meta, cubin, ptx = paths
-        fields = json.loads(meta.read_text())
-        if set(fields) != {f.name for f in dataclasses.fields(CompiledKernel)} - {"cubin", "ptx"}:
-            return None                                      # written by an older library
-        return CompiledKernel(cubin=cubin.read_bytes(), ptx=ptx.read_bytes(), **fields)
+        return CompiledKernel(cubin=cubin.read_bytes(), ptx=ptx.read_bytes(), **json.loads(meta.read_text()))
 
     def store(self, key: str, kernel: CompiledKernel) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
