@@ -12,7 +12,8 @@ is its own process, so every executor starts on a clean device:
   3. bench/gpu_decode.py --kernel-arch NATIVE
   4. bench/gpu_decode.py --kernel-arch PORTABLE
 
-Then prints the two side by side, each portable figure as a ratio of the native one measured
+The driver's JIT cache is off (CUDA_CACHE_DISABLE=1), so the portable module load time is a
+first start's. Then prints the two side by side, each portable figure as a ratio of the native one measured
 in the same run (decode tokens/s and device time per batch, prefill, module load time: the
 JIT), and writes architectures.json beside architectures.txt under --out (default $OUT).
 """
@@ -36,7 +37,8 @@ def run(part: str, arch: str, out: pathlib.Path, extra: list[str]) -> dict:
     command = [sys.executable, str(SCRIPTS[part]), "--kernel-arch", arch, "--out", str(out)] + extra
     print(f"$ {' '.join(command)}", flush=True)
     started = time.time()
-    finished = subprocess.run(command, cwd=ROOT)
+    # no driver JIT cache: the module load time is what a first start on the device costs
+    finished = subprocess.run(command, cwd=ROOT, env=dict(os.environ, CUDA_CACHE_DISABLE="1"))
     path = out / RESULT[part].format(arch=arch)
     if finished.returncode or not path.exists():
         return {"failed": f"exit status {finished.returncode}", "seconds": time.time() - started}
