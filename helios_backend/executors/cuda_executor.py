@@ -1,10 +1,11 @@
 """The CUDA executor: replays recorded programs as CUDA graphs through the driver API.
 
 Startup (constructor), once per rank on the rank's own thread:
-  primary context -> arena (fixed part backed, weights copied in) -> kernel modules of the
-  architecture the device runs (cuda/modules.py: its exact cubins, else a PTX copy the driver
-  JIT-compiles here, else startup fails naming both sides) -> NCCL communicator (world_size > 1) -> every serving program
-  captured as one graph per (program, frame) -> graphs uploaded. Then, for all ranks:
+  primary context -> the architecture the device runs (cuda/modules.py: its exact cubins, else
+  a PTX copy the driver JIT-compiles here, else startup fails naming both sides) -> arena
+  (fixed part backed, weights copied in) -> that architecture's kernel modules -> NCCL
+  communicator (world_size > 1) -> every serving program captured as one graph per
+  (program, frame) -> graphs uploaded. Then, for all ranks:
   cache windows backed with the pages the remaining memory holds -> tuning producers run
   once -> serving graphs exposed.
 
@@ -195,11 +196,12 @@ class CudaExecutor:
         d, m = self._d, self.manifest
         ordinal = (self.options.devices or range(self.world_size))[rank.rank]
         layout = layout_arena(m.buffers, rank.rank)
+        # a core with nothing for this device fails before any memory is taken
+        rank.capability = self._capability(rank)
+        rank.architecture = select(m.modules, rank.capability, self.options.kernel_arch)
         rank.arena = DeviceArena(d, rank.device, ordinal, layout)
         rank.addresses = rank.arena.addresses()
         self._fill_weights(rank, resources)
-        rank.capability = self._capability(rank)
-        rank.architecture = select(m.modules, rank.capability, self.options.kernel_arch)
         self._load_modules(rank, resources)
         rank.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         t = m.transport
