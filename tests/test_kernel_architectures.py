@@ -234,7 +234,7 @@ def test_inspect_lists_the_architectures(default_core) -> None:
 
 def test_the_ptx_assembles_for_a_newer_architecture(default_manifest, default_core, tmp_path) -> None:
     """What the driver's JIT does at startup on a newer device, done by ptxas here (for two
-    kernel sets: a weight-streaming GEMM and the sampler; all 25 take ~20 s)."""
+    kernel sets: a weight-streaming GEMM and the sampler; all of them take ~20 s)."""
     triton = pytest.importorskip("triton")
     from helios_backend.core import open_core
 
