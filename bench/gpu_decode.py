@@ -1,6 +1,6 @@
 """Decode and prefill throughput of the CUDA executor on the H200, beside the roofline and peers.
 
-    python bench/gpu_decode.py [--out DIR] [--steps 128] [--prompt 128]
+    python bench/gpu_decode.py [--out DIR] [--steps 128] [--prompt 128] [--kernel-arch compute_80]
 
 Runs on the device machine with the model bundle (tests/gpu/model_bundle.py: the real
 weights rebuilt from the GGUF). For each decode batch B in 1, 8, 32, 64, 128: B requests
@@ -174,6 +174,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--prefills", default=",".join(map(str, PREFILLS)))
+    parser.add_argument("--kernel-arch", default=None,
+                        help="KernelModule.arch to load (default: the device's own; e.g. compute_80); "
+                             "the JSON is then gpu_decode_<arch>.json")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,13 +184,14 @@ def main() -> None:
     started = time.perf_counter()
     # the server's own setup: the same graphs, executor options and staging extents
     model = derive_setup(contract, manifest, read, StartupOptions(core_path=pathlib.Path("bundle"),
-                                                                  executor="cuda")).model
+                                                                  executor="cuda", kernel_arch=args.kernel_arch)).model
     executor = model.executor
     startup = time.perf_counter() - started
     bench = Bench(model)
     gbps = timing.copy_bandwidth_gbs(load_driver())
     page_tokens = contract.model.cache.page_tokens
-    report = {"startup_s": startup, "startup_detail": executor.startup_seconds, "cache_pages": executor.cache_pages,
+    report = {"architecture": executor.architecture(), "startup_s": startup,
+              "startup_detail": executor.startup_seconds, "cache_pages": executor.cache_pages,
               "copy_GBps": gbps, "decode": {}, "prefill": {}, "profile": {}}
     for batch in (1, 64):
         program, result = profile(bench, batch, args.prompt)
@@ -203,8 +207,9 @@ def main() -> None:
     for tokens in [int(t) for t in args.prefills.split(",") if t]:
         report["prefill"][tokens] = bench.prefill(tokens)
         print(json.dumps({tokens: report["prefill"][tokens]}), flush=True)
-    (out / "gpu_decode.json").write_text(json.dumps(report, indent=1, default=str))
-    print(f"\nstartup {startup:.2f} s, cache pages {executor.cache_pages}, device copy {gbps:.0f} GB/s (read+write)")
+    name = f"gpu_decode_{args.kernel_arch}" if args.kernel_arch else "gpu_decode"
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nkernels {executor.architecture()}, startup {startup:.2f} s, cache pages {executor.cache_pages}, device copy {gbps:.0f} GB/s (read+write)")
     print(f"{'batch':>5} {'nodes':>5} {'tok/s':>9} {'step us':>8} {'gpu us':>7} {'rt us':>7} {'pack us':>7} "
           f"{'launch us':>9} {'roofline':>9} {'llama.cpp':>10} {'HF':>14}")
     for batch, r in report["decode"].items():

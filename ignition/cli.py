@@ -2,10 +2,14 @@
 
     helios-prepare smollm2-135m-instruct --out var/cores/smollm2-135m-instruct.core
     helios-prepare smollm2-135m-instruct --tensor-parallel 2 --out var/cores/smollm2-tp2.core
+    helios-prepare smollm2-135m-instruct --arch sm_90a --arch compute_80 --out h100-and-ptx.core
 
 A local Ed25519 publisher key is created on first use (helios_backend.core.keys). The
-AOT kernel library (ignition.kernels) contributes cubin modules for the kernel ids it
-implements; preparation needs no GPU and works without it (--no-kernels skips it).
+AOT kernel library (ignition.kernels) contributes kernel modules for the kernel ids it
+implements, one per kernel set and architecture: by default cubins for sm_80, sm_86, sm_89,
+sm_90a and sm_100a plus compute_80 PTX (the portable fallback), less what the installed
+Triton cannot target; `--arch` (repeatable) names the architectures instead. Preparation
+needs no GPU and works without the library (--no-kernels skips it).
 """
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ import os
 import pathlib
 import sys
 from types import ModuleType
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
+from ignition.kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
 from ignition.recipes import hf_checkpoint, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct, syntax_variants
@@ -44,18 +49,21 @@ def recipe_module(name: str) -> ModuleType:
     raise UnknownRecipeError(f"unknown recipe {name!r} (and no checkpoint directory there); known: {sorted(RECIPES)}")
 
 
-def _kernel_library() -> Optional[Any]:
-    """The AOT kernel library when its package is importable, else None."""
+def _kernel_library(archs: Optional[Sequence[str]]) -> Optional[Any]:
+    """The AOT kernel library for `archs` (None: its default set) when its package is
+    importable, else None. TargetError for an architecture it cannot compile for."""
     try:
         from ignition.kernels.library import KernelLibrary
     except ImportError:
         return None
-    return KernelLibrary()
+    return KernelLibrary(archs=archs)
 
 
 def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = None, *,
-                 key_path: Optional[str] = None, kernels: bool = True, show_progress: bool = False) -> PreparedModel:
-    """Prepare `recipe_name` and write the signed core to `out` (atomically, via the core writer)."""
+                 key_path: Optional[str] = None, kernels: bool = True, show_progress: bool = False,
+                 archs: Optional[Sequence[str]] = None) -> PreparedModel:
+    """Prepare `recipe_name` and write the signed core to `out` (atomically, via the core writer);
+    `archs`: the kernel architectures (default: every one the kernel library can target)."""
     recipe = recipe_module(recipe_name)
     options = options or recipe.RecipeOptions()
     bars: dict[str, tqdm] = {}
@@ -71,7 +79,8 @@ def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = N
         if done >= total:
             bar.close()
 
-    prepared = prepare(recipe, options, progress=progress, kernel_library=_kernel_library() if kernels else None)
+    prepared = prepare(recipe, options, progress=progress,
+                       kernel_library=_kernel_library(archs) if kernels else None)
     target = pathlib.Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_payload_core(target, contract=prepared.contract, manifest=prepared.manifest,
@@ -93,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--page-tokens", type=int, default=None, help="logical tokens per cache page")
     parser.add_argument("--context-tokens", type=int, default=None, help="context extent per request")
     parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules")
+    parser.add_argument("--arch", action="append", default=None, metavar="ARCH",
+                        help="kernel architecture to compile for, repeatable: sm_80, sm_86, sm_89, sm_90a, "
+                             "sm_100a, compute_80 (PTX, JIT-compiled at startup on any newer device); "
+                             "default: all of them the installed Triton can target")
     parser.add_argument("--tensor-parallel", type=int, default=None, metavar="RANKS",
                         help="ranks the model is divided among (per-rank programs and weights; default 1)")
     return parser
@@ -110,15 +123,16 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
     options = dataclasses.replace(recipe.RecipeOptions(), **overrides)
     try:
         prepared = prepare_core(args.recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
-                                show_progress=True)
-    except (TensorParallelError, GGUFError, PackagedSourceError) as exc:   # a source or option the recipe cannot use
+                                show_progress=True, archs=args.arch)
+    except (TensorParallelError, GGUFError, PackagedSourceError, TargetError) as exc:   # a source or option the recipe cannot use
         print(f"helios-prepare: {exc}", file=sys.stderr)
         return 2
     for name, count in prepared.node_counts.items():
         print(f"{name}: {count} nodes per step")
+    archs = list(dict.fromkeys(m.arch for m in prepared.manifest.modules))
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB, "
           f"{len(prepared.manifest.programs)} programs over {max(1, prepared.manifest.world_size)} rank(s), "
-          f"{len(prepared.manifest.modules)} kernel modules)")
+          f"{len(prepared.manifest.modules)} kernel modules for {', '.join(archs) or 'no architecture'})")
     return 0
 
 

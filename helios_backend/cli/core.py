@@ -69,6 +69,7 @@ def _print_summary(core: Core, out: TextIO) -> None:
         ratio = info.decoded_nbytes / info.stored_nbytes if info.stored_nbytes else 0.0
         print(f"  {info.id:<28} {info.kind_name:<30} {info.decoded_nbytes:>14,d} B decoded "
               f"{info.stored_nbytes:>14,d} B stored  x{ratio:5.2f}  {info.chunks} chunk(s)", file=out)
+    _print_architectures(core, out)
     print("graphs", file=out)
     for graph in model.graphs:
         line = (f"  {graph.program:<28} {_enum_name(c.Operation, graph.operation):<26} rank {graph.rank} "
@@ -82,6 +83,29 @@ def _print_summary(core: Core, out: TextIO) -> None:
           f"tools {_enum_name(c.ToolParser, fe.tool_parser)} | reasoning {_enum_name(c.ReasoningParser, fe.reasoning_parser)} | "
           f"image preparation {_enum_name(c.ImagePreparation, fe.image_preparation)} | "
           f"image layout {_enum_name(c.ImageLayout, fe.image_layout)}", file=out)
+
+
+def _print_architectures(core: Core, out: TextIO) -> None:
+    """One line per kernel architecture the core serves (the CUDA executor loads one of them)."""
+    from helios_backend.executors.cuda.errors import ManifestError
+    from helios_backend.executors.cuda.modules import architectures, capability_name
+
+    try:
+        found = architectures(core.manifest.modules)
+    except ManifestError as exc:
+        print(f"architectures   INVALID: {exc}", file=out)
+        return
+    print(f"architectures   {', '.join(a.name for a in found) or 'none (no kernel modules)'}", file=out)
+    sizes = {info.id: info.decoded_nbytes for info in core.resources}
+    for arch in found:
+        kernels = [k for module in arch.modules for k in module.kernels]
+        runs = (f"PTX for >= {capability_name(arch.capability)}, JIT at startup" if arch.portable
+                else f"cubin for {capability_name(arch.capability)}")
+        toolchains = sorted({module.toolchain for module in arch.modules})
+        print(f"  {arch.name:<11} {runs:<42} {len(arch.modules):>3} modules {len(kernels):>3} kernels "
+              f"{sum(sizes.get(m.resource, 0) for m in arch.modules):>12,d} B  "
+              f"PDL {sum(k.programmatic_dependent_launch for k in kernels)}/{len(kernels)}  {', '.join(toolchains)}",
+              file=out)
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ class ModelOptions:
     rank: int = 0
     widen_f16_cache: bool = True        # numpy executor: hold f16 cache planes as f32 (speed)
     executor: str = "numpy"             # a key of EXECUTORS: "numpy" (CPU) or "cuda" (GPU, CUDA graphs)
+    kernel_arch: Optional[str] = None   # cuda: KernelModule.arch to load; None: the device's own
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, r
         contract.defaults.cache_memory_share if contract.defaults.HasField("cache_memory_share") else 0.90)
     return CudaExecutor(manifest, read_resource,
                         CudaExecutorOptions(cache_pages=pages, cache_memory_share=share,
-                                            programs=frozenset(g.program for g in graphs)),
+                                            programs=frozenset(g.program for g in graphs),
+                                            kernel_arch=options.kernel_arch),
                         graphs=[g for g in graphs if g.rank == options.rank])
 
 

@@ -40,6 +40,7 @@ class StartupOptions:
     page_capacity: int | None = None
     snapshot_capacity: int | None = None
     cache_memory_share: float | None = None
+    kernel_arch: str | None = None      # cuda: KernelModule.arch to load (e.g. "compute_80"); None: the device's
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -76,7 +77,7 @@ class StartupOptions:
 
 def _parse(name: str, raw: str) -> object:
     try:
-        if name in ("core_path", "acceptance", "executor"):
+        if name in ("core_path", "acceptance", "executor", "kernel_arch"):
             return raw
         if name == "history_drafting":
             if raw.lower() not in ("true", "false"):

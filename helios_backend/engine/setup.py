@@ -30,9 +30,9 @@ class EngineSetup:
     scheduler: SchedulerConfig
 
 
-def model_options(settings: EffectiveSettings, executor: str) -> ModelOptions:
+def model_options(settings: EffectiveSettings, executor: str, kernel_arch: str | None = None) -> ModelOptions:
     return ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity,
-                        cache_memory_share=settings.cache_memory_share, executor=executor)
+                        cache_memory_share=settings.cache_memory_share, executor=executor, kernel_arch=kernel_arch)
 
 
 def scheduler_config(contract: cp.ServingContract, manifest: mp.ExecutionManifest, model: NativeModel,
@@ -58,7 +58,8 @@ def derive_setup(contract: cp.ServingContract, manifest: mp.ExecutionManifest, r
     """Resolve the options against the core, load the model, size the scheduler (SettingsError
     names a bad option; ExecutorLoadError a core the executor cannot run)."""
     settings = resolve(options, contract)
-    model = NativeModel.load(contract, manifest, read_resource, model_options(settings, options.executor))
+    model = NativeModel.load(contract, manifest, read_resource,
+                             model_options(settings, options.executor, options.kernel_arch))
     try:
         config = scheduler_config(contract, manifest, model, settings, clock_origin_ns)
     except BaseException:

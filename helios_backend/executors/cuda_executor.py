@@ -1,9 +1,11 @@
 """The CUDA executor: replays recorded programs as CUDA graphs through the driver API.
 
 Startup (constructor), once per rank on the rank's own thread:
-  primary context -> arena (fixed part backed, weights copied in) -> kernel modules from the
-  core's cubin resources -> NCCL communicator (world_size > 1) -> every serving program
-  captured as one graph per (program, frame) -> graphs uploaded. Then, for all ranks:
+  primary context -> the architecture the device runs (cuda/modules.py: its exact cubins, else
+  a PTX copy the driver JIT-compiles here, else startup fails naming both sides) -> arena
+  (fixed part backed, weights copied in) -> that architecture's kernel modules -> NCCL
+  communicator (world_size > 1) -> every serving program captured as one graph per
+  (program, frame) -> graphs uploaded. Then, for all ranks:
   cache windows backed with the pages the remaining memory holds -> tuning producers run
   once -> serving graphs exposed.
 
@@ -32,11 +34,13 @@ from .cuda.driver import check, load_driver
 from .cuda import transport as tp
 from .cuda.errors import DeviceMemoryError, FrameStateError, ManifestError, MissingVariantError, UnknownProgramError
 from .cuda.graphs import Copy, RankResources, capture_graph
+from .cuda.modules import Architecture, select
 from .cuda.nccl import Nccl
 from .cuda.plan import BufferAddresses, KernelLaunch, kernel_table, layout_arena, plan_program
 
 ResourceReader = Callable[[str], "bytes | bytearray | memoryview | np.ndarray"]
 STATIC_SHARED_LIMIT = 48 * 1024        # above this a kernel must opt in to dynamic shared memory
+PDL_CAPABILITY = 90                    # programmatic dependent launch exists from sm_90 on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,8 @@ class CudaExecutorOptions:
     programs: Optional[Iterable[str]] = None  # program names to load; default every program
     transport: str = "auto"                # "kernel", "memcpy", or "auto" (by bytes; transport.py)
     pdl: bool = True                       # False: no node gets programmatic dependent launch
+    kernel_arch: Optional[str] = None      # load this KernelModule.arch (e.g. "compute_80", the
+                                           # portable path); default: chosen by the device (modules.py)
 
     def __post_init__(self) -> None:
         if self.transport not in ("kernel", "memcpy", "auto"):
@@ -66,10 +72,18 @@ class _Rank:
         self.device: Any = None
         self.context: Any = None
         self.stream: Any = None
+<<<<<<< HEAD
         # set once by startup (_start_rank); None only before it and for teardown after a failure
         self.arena_or_none: Optional[DeviceArena] = None
         self.addresses_or_none: Optional[BufferAddresses] = None
         self.completion_or_none: Optional[PinnedFrames] = None
+=======
+        self.arena: Optional[DeviceArena] = None
+        self.addresses: Optional[BufferAddresses] = None
+        self.capability = 0                      # the device's compute capability, major * 10 + minor
+        self.architecture: Optional[Architecture] = None   # the kernel modules this device loads
+        self.module_seconds = 0.0                # loading them (PTX: the JIT compile included)
+>>>>>>> issue-18
         self.modules: list[Any] = []
         self.functions: dict[str, Any] = {}
         self.comm = 0
@@ -133,6 +147,7 @@ class CudaExecutor:
         try:
             self._on_ranks(lambda rank: self._start_rank(rank, resources, uid))
             resources.clear()
+            self.startup_seconds["modules"] = max(rank.module_seconds for rank in self._ranks)
             self.startup_seconds["graphs"] = time.perf_counter() - started
             self.cache_pages = self._choose_pages()
             self._on_ranks(lambda rank: self._back_cache(rank))
@@ -209,8 +224,16 @@ class CudaExecutor:
         d, m = self._d, self.manifest
         ordinal = (self.options.devices or range(self.world_size))[rank.rank]
         layout = layout_arena(m.buffers, rank.rank)
+<<<<<<< HEAD
         rank.arena_or_none = DeviceArena(d, rank.device, ordinal, layout)
         rank.addresses_or_none = rank.arena.addresses()
+=======
+        # a core with nothing for this device fails before any memory is taken
+        rank.capability = self._capability(rank)
+        rank.architecture = select(m.modules, rank.capability, self.options.kernel_arch)
+        rank.arena = DeviceArena(d, rank.device, ordinal, layout)
+        rank.addresses = rank.arena.addresses()
+>>>>>>> issue-18
         self._fill_weights(rank, resources)
         self._load_modules(rank, resources)
         rank.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
@@ -224,8 +247,13 @@ class CudaExecutor:
             check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self.frames)]
+<<<<<<< HEAD
         rank.completion_or_none = PinnedFrames(d, self.frames, t.completion_nbytes)
         kernels = kernel_table(m.modules)
+=======
+        rank.completion = PinnedFrames(d, self.frames, t.completion_nbytes)
+        kernels = kernel_table(rank.architecture.modules)
+>>>>>>> issue-18
         resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm)
         wanted = set(self.options.programs) if self.options.programs is not None else None
         for program in (p for p in m.programs if p.rank == rank.rank):
@@ -264,7 +292,7 @@ class CudaExecutor:
         completion = rank.addresses.base[t.completion_buffer]
         if self.options.transport != "memcpy":           # completion records are small
             return [tp.complete_out_launch(rank.completion.device_address(frame), completion,
-                                           int(t.completion_nbytes))]
+                                           int(t.completion_nbytes), pdl=rank.capability >= PDL_CAPABILITY)]
         return [Copy(rank.completion.frame_address(frame), completion, int(t.completion_nbytes), False)]
 
     def _fill_weights(self, rank: _Rank, resources: "_ResourceCache") -> None:
@@ -280,10 +308,21 @@ class CudaExecutor:
             check(self._d.cuMemcpyHtoD(rank.addresses.base[buffer.name], piece.ctypes.data, piece.nbytes),
                   "cuMemcpyHtoD")
 
+    def _capability(self, rank: _Rank) -> int:
+        """The rank's device compute capability as major * 10 + minor."""
+        attribute = self._d.CUdevice_attribute
+        major, minor = (check(self._d.cuDeviceGetAttribute(which, rank.device), "cuDeviceGetAttribute")
+                        for which in (attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                      attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        return 10 * int(major) + int(minor)
+
     def _load_modules(self, rank: _Rank, resources: "_ResourceCache") -> None:
         d = self._d
-        for module in self.manifest.modules:
+        started = time.perf_counter()
+        for module in rank.architecture.modules:
             image = resources.get(module.resource).tobytes()   # cubin/fatbin image, as the driver reads it
+            if module.portable and not image.endswith(b"\0"):
+                image += b"\0"                                 # the driver reads PTX as a C string
             handle = check(d.cuModuleLoadData(image), f"cuModuleLoadData {module.resource}")
             rank.modules.append(handle)
             for kernel in module.kernels:
@@ -294,7 +333,8 @@ class CudaExecutor:
                         function, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         kernel.shared_bytes), "cuFuncSetAttribute")
                 rank.functions[kernel.id] = function
-        transport = check(d.cuModuleLoadData(tp.CUBIN_PATH.read_bytes()), "cuModuleLoadData transport")
+        rank.module_seconds = time.perf_counter() - started
+        transport = check(d.cuModuleLoadData(tp.IMAGE_PATH.read_bytes()), "cuModuleLoadData transport")
         rank.modules.append(transport)
         for symbol in (tp.STAGE_IN, tp.COMPLETE_OUT):
             rank.functions[symbol] = check(d.cuModuleGetFunction(transport, symbol.encode()),
@@ -368,6 +408,10 @@ class CudaExecutor:
     @property
     def programs(self) -> tuple[str, ...]:
         return tuple(self._launch_plan)
+
+    def architecture(self, rank: int = 0) -> str:
+        """The KernelModule.arch the rank's device loaded (e.g. "sm_90a", "compute_80")."""
+        return self._ranks[rank].architecture.name
 
     def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
         """Byte offset of every buffer from the rank's arena base (CACHE: its window): the

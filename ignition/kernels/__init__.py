@@ -1,4 +1,4 @@
-"""Ahead-of-time kernel library: Triton sources compiled to sm_90a cubins without a GPU."""
+"""Ahead-of-time kernel library: Triton sources compiled without a GPU, per architecture (targets.py)."""
 from ignition.kernels.library import KernelLibrary
 
 __all__ = ["KernelLibrary"]

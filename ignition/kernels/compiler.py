@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of one Triton kernel into a cubin, with an on-disk cache.
+"""Ahead-of-time compilation of one Triton kernel into a cubin and its PTX, with an on-disk cache.
 
 Runs without a GPU: triton.compile with an explicit GPUTarget. Compilation happens in worker
 processes (spawned, so the parent's Triton knobs and environment stay untouched) whose
@@ -38,7 +38,7 @@ class CompileRequest:
     num_warps: int
     num_stages: int
     pdl: bool
-    capability: int                   # 90 for sm_90a
+    capability: int                   # 90 for sm_90a, 80 for sm_80 (and its PTX, compute_80)
     # indices of params Triton may assume divisible by 16 (pointers: their byte address)
     divisible_by_16: tuple[int, ...] = ()
 
@@ -64,7 +64,9 @@ class CompiledKernel:
     kernel_id: str
     symbol: str
     cubin: bytes
+    ptx: bytes                        # the PTX the cubin was assembled from (the portable image)
     num_warps: int
+    num_stages: int
     shared_bytes: int                 # dynamic shared memory to pass at launch
     pdl: bool
     trailing_null_pointers: int       # Triton's global + profile scratch slots
@@ -74,6 +76,7 @@ class CompiledKernel:
     def to_json(self) -> dict:
         fields = dataclasses.asdict(self)
         fields.pop("cubin")
+        fields.pop("ptx")
         return fields
 
 
@@ -113,7 +116,8 @@ def _compile_in_worker(request: CompileRequest) -> CompiledKernel:
     ptx_params = len(re.findall(r"\.param\s", compiled.asm["ptx"].split(")")[0]))
     return CompiledKernel(
         kernel_id=request.kernel_id, symbol=md.name, cubin=compiled.asm["cubin"],
-        num_warps=md.num_warps, shared_bytes=md.shared, pdl=bool(md.launch_pdl),
+        ptx=compiled.asm["ptx"].encode(), num_warps=md.num_warps, num_stages=md.num_stages,
+        shared_bytes=md.shared, pdl=bool(md.launch_pdl),
         trailing_null_pointers=2, ptx_params=ptx_params,
         toolchain=f"triton {triton.__version__} / ptxas {_ptxas_version(request.capability)}")
 
@@ -123,21 +127,23 @@ def _worker_init() -> None:
 
 
 class CubinCache:
-    """cubin + metadata files under one directory, keyed by CompileRequest.cache_key."""
+    """cubin + PTX + metadata files under one directory, keyed by CompileRequest.cache_key
+    (whose metadata field names keep other CompiledKernel layouts apart)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
     def load(self, key: str) -> CompiledKernel | None:
-        meta_path, cubin_path = self.root / f"{key}.json", self.root / f"{key}.cubin"
-        if not (meta_path.exists() and cubin_path.exists()):
+        paths = [self.root / f"{key}{suffix}" for suffix in (".json", ".cubin", ".ptx")]
+        if not all(path.exists() for path in paths):
             return None
-        return CompiledKernel(cubin=cubin_path.read_bytes(), **json.loads(meta_path.read_text()))
+        meta, cubin, ptx = paths
+        return CompiledKernel(cubin=cubin.read_bytes(), ptx=ptx.read_bytes(), **json.loads(meta.read_text()))
 
     def store(self, key: str, kernel: CompiledKernel) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        # write-then-rename so a concurrent reader never sees half a file
-        for suffix, data in ((".cubin", kernel.cubin),
+        # write-then-rename so a concurrent reader never sees half a file; metadata last
+        for suffix, data in ((".cubin", kernel.cubin), (".ptx", kernel.ptx),
                              (".json", json.dumps(kernel.to_json()).encode())):
             tmp = self.root / f"{key}{suffix}.tmp{os.getpid()}"
             tmp.write_bytes(data)
@@ -146,32 +152,33 @@ class CubinCache:
 
 def compile_all(requests: Sequence[CompileRequest], cache: CubinCache,
                 progress: Callable[[str], None] | None = None,
-                workers: int | None = None) -> dict[str, CompiledKernel]:
-    """Compile (or load from cache) every request; returns kernel id -> CompiledKernel."""
+                workers: int | None = None) -> list[CompiledKernel]:
+    """Compile (or load from cache) every request, all in one pool of worker processes;
+    returns one CompiledKernel per request, in request order."""
     import triton
-    results: dict[str, CompiledKernel] = {}
-    pending: dict[str, tuple[CompileRequest, str]] = {}
+    results: dict[CompileRequest, CompiledKernel] = {}
+    pending: dict[CompileRequest, str] = {}
     for request in requests:
         key = request.cache_key(triton.__version__)
         cached = cache.load(key)
         if cached is not None:
-            results[request.kernel_id] = cached
+            results[request] = cached
             if progress:
                 progress(request.kernel_id)
         else:
-            pending[request.kernel_id] = (request, key)
+            pending[request] = key
     if pending:
         count = workers or max(1, min(len(pending), os.cpu_count() or 1))
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(count, mp_context=context,
                                                     initializer=_worker_init) as pool:
             futures = {pool.submit(_compile_in_worker, request): (request, key)
-                       for request, key in pending.values()}
+                       for request, key in pending.items()}
             for future in concurrent.futures.as_completed(futures):
                 request, key = futures[future]
                 kernel = future.result()
                 cache.store(key, kernel)
-                results[request.kernel_id] = kernel
+                results[request] = kernel
                 if progress:
                     progress(request.kernel_id)
-    return {request.kernel_id: results[request.kernel_id] for request in requests}
+    return [results[request] for request in requests]

@@ -1,27 +1,33 @@
 """KernelLibrary: the ahead-of-time compiled kernel set as the recorder and the core see it.
 
-    library = KernelLibrary()
+    library = KernelLibrary(archs=("sm_90a", "compute_80"))   # default: targets.default_archs()
     grid, block, shared = library.geometry("attention.paged.v1", args)   # args in ABI order
-    for cubin, module in library.build_modules("sm_90a", progress=print):
-        ...  # store cubin as a resource, set module.resource to its id
+    for image, module in library.build_modules(progress=print):
+        ...  # store image as a resource, set module.resource to its id
 
-One KernelModule (one cubin) per kernel id. Kernel.params lists the ABI params only; Triton
-appends two pointer params (global and profile scratch, both unused: sizes are checked to be
-0), recorded as trailing_null_pointers = 2 and passed as 0 at launch. Every kernel executes
-griddepcontrol.wait before reading predecessor output, so it is recorded with
-programmatic_dependent_launch = true.
+One kernel set per kernel id, and one KernelModule per (kernel set, architecture): a cubin for
+each cubin target, the PTX of the same compilation for a portable one (targets.py). Every
+copy of a set declares the same kernel table (id, symbol, parameters, warps, trailing
+pointers; checked here); what may differ is declared per module: programmatic dependent
+launch (sm_90 and later), pipeline depth and dynamic shared memory. Kernel.params lists the
+ABI params only; Triton appends two pointer params (global and profile scratch, both unused:
+sizes are checked to be 0), recorded as trailing_null_pointers = 2 and passed as 0 at launch.
+
+Geometry needs no compilation: grids follow the spec's tiles (the same for every target) and
+the block its warps; nodes record no shared memory, so the chosen module's applies.
 """
 from __future__ import annotations
 
 import numbers
 import re
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from helios_backend.kernels import abi
 from helios_proto import manifest_pb2
 
-from ignition.kernels import compiler
+from helios_backend.executors.cuda.modules import kernel_table_disagreements
+from ignition.kernels import compiler, targets
 from ignition.kernels.signature import triton_signature
 from ignition.kernels.specs import (ALIGNMENT, KERNEL_SPECS, SPECS_BY_ID, GeometryError, Grid,
                                     KernelBuild)
@@ -31,12 +37,9 @@ Geometry = tuple[Grid, Dim3, int]          # (grid, block, dynamic shared bytes)
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "helios" / "kernels"
 
 
-def capability_of(arch: str) -> int:
-    """'sm_90a' -> 90. Triton emits arch-specific ('a') code for Hopper and later."""
-    found = re.fullmatch(r"sm_(\d+)a", arch)
-    if not found or int(found.group(1)) < 90:
-        raise ValueError(f"unsupported arch {arch!r}; expected e.g. 'sm_90a'")
-    return int(found.group(1))
+class KernelTargetError(ValueError):
+    """A compiled kernel does not fit its target (shared memory), or the copies of a kernel
+    set disagree between targets."""
 
 
 def _immediate(value) -> int | float:
@@ -58,15 +61,20 @@ def _byte_offset(pointer) -> int:
 
 
 class KernelLibrary:
-    """Compiles every ABI kernel id once per arch (cubins cached on disk under cache_dir)."""
+    """Compiles every ABI kernel id once per target (cached on disk under cache_dir)."""
 
-    def __init__(self, cache_dir: Path | None = None) -> None:
+    def __init__(self, cache_dir: Path | None = None, archs: Iterable[str] | None = None) -> None:
         self._cache = compiler.CubinCache(Path(cache_dir) if cache_dir else DEFAULT_CACHE_DIR)
-        self._compiled: dict[str, dict[str, compiler.CompiledKernel]] = {}   # arch -> id -> kernel
+        self.targets = targets.resolve(archs)
+        self._compiled: dict[int, dict[str, compiler.CompiledKernel]] = {}   # capability -> id -> kernel
 
     @property
     def cache_dir(self) -> Path:
         return self._cache.root
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        return tuple(target.name for target in self.targets)
 
     def kernel_ids(self) -> list[str]:
         """The ids of specs.KERNEL_SPECS that abi.py defines."""
@@ -82,14 +90,27 @@ class KernelLibrary:
 
     def compile(self, arch: str = "sm_90a", progress: Callable[[str], None] | None = None,
                 ) -> dict[str, compiler.CompiledKernel]:
-        """kernel id -> CompiledKernel; compiles what the disk cache lacks (worker processes)."""
-        if arch not in self._compiled:
-            requests = [self._request(spec, arch) for spec in self._specs()]
-            self._compiled[arch] = compiler.compile_all(requests, self._cache, progress)
-        return self._compiled[arch]
+        """kernel id -> CompiledKernel of `arch` (a portable arch: the compilation holding its
+        PTX); compiles what the disk cache lacks."""
+        return self._compile_targets([targets.target(arch)], progress)[targets.compiled_target(
+            targets.target(arch)).capability]
 
-    def geometry(self, kernel_id: str, args: Sequence, arch: str = "sm_90a") -> Geometry:
-        """Launch geometry of one node from its args in ABI order (pointers are not read).
+    def _compile_targets(self, wanted: Sequence[targets.Target],
+                         progress: Callable[[str], None] | None = None,
+                         ) -> dict[int, dict[str, compiler.CompiledKernel]]:
+        """capability -> id -> CompiledKernel for every compilation `wanted` needs, all
+        missing ones in one pool of workers."""
+        compiled = {targets.compiled_target(t).capability: targets.compiled_target(t) for t in wanted}
+        missing = [t for capability, t in compiled.items() if capability not in self._compiled]
+        requests = [self._request(spec, t) for t in missing for spec in self._specs()]
+        kernels = iter(compiler.compile_all(requests, self._cache, progress))
+        for t in missing:
+            self._compiled[t.capability] = {spec.kernel_id: next(kernels) for spec in self._specs()}
+        return {capability: self._compiled[capability] for capability in compiled}
+
+    def geometry(self, kernel_id: str, args: Sequence) -> Geometry:
+        """Launch geometry of one node from its args in ABI order (pointers are not read):
+        (grid, block, 0); dynamic shared memory is declared per module (Kernel.shared_bytes).
 
         Raises specs.GeometryError when the immediates exceed the compiled tiles (e.g. more
         rows than MAX_ROWS), so a bad variant fails at preparation, not on the GPU."""
@@ -111,32 +132,56 @@ class KernelLibrary:
         grid = spec.grid(integers, spec.constexprs)
         if any(d < 1 or d >= 2**31 for d in grid) or grid[1] > 65535 or grid[2] > 65535:
             raise ValueError(f"{kernel_id}: grid {grid} outside CUDA limits")
-        kernel = self.compile(arch)[kernel_id]
-        return grid, (32 * kernel.num_warps, 1, 1), kernel.shared_bytes
+        return grid, (32 * spec.num_warps, 1, 1), 0
 
-    def build_modules(self, arch: str = "sm_90a", progress: Callable[[str], None] | None = None,
+    def build_modules(self, archs: Iterable[str] | None = None,
+                      progress: Callable[[str], None] | None = None,
                       ) -> list[tuple[bytes, manifest_pb2.KernelModule]]:
-        """One (cubin bytes, KernelModule) per kernel id, in kernel_ids() order.
-        KernelModule.resource is left empty: the caller names the resource holding the cubin.
-        progress(kernel_id) is called as each kernel is compiled or found in the cache."""
+        """One (image bytes, KernelModule) per (target, kernel set), targets in table order
+        (default: this library's), kernel sets in kernel_ids() order. KernelModule.resource
+        is left empty: the caller names the resource holding the image. progress(kernel_id)
+        is called as each kernel is compiled or found in the cache. KernelTargetError when a
+        kernel exceeds its target's shared memory or the sets' kernel tables disagree."""
+        wanted = targets.resolve(archs) if archs is not None else self.targets
+        compiled = self._compile_targets(wanted, progress)
         modules = []
-        for kernel_id, kernel in self.compile(arch, progress).items():
-            entry = manifest_pb2.Kernel(
-                id=kernel_id, symbol=kernel.symbol,
-                params=[p.kind for p in abi.kernel(kernel_id).params],
-                shared_bytes=kernel.shared_bytes, num_warps=kernel.num_warps,
-                trailing_null_pointers=kernel.trailing_null_pointers,
-                programmatic_dependent_launch=kernel.pdl)
-            modules.append((kernel.cubin, manifest_pb2.KernelModule(
-                arch=arch, toolchain=kernel.toolchain, kernels=[entry])))
+        for target in wanted:
+            kernels = compiled[targets.compiled_target(target).capability]
+            for index, kernel_id in enumerate(self.kernel_ids()):
+                modules.append(self._module(target, f"kernels.{index}", kernels[kernel_id]))
+        problems = kernel_table_disagreements([module for _, module in modules])
+        if problems:
+            raise KernelTargetError("; ".join(problems))
         return modules
 
-    def _request(self, spec: KernelBuild, arch: str) -> compiler.CompileRequest:
+    @staticmethod
+    def _module(target: targets.Target, kernel_set: str, kernel: compiler.CompiledKernel,
+                ) -> tuple[bytes, manifest_pb2.KernelModule]:
+        if kernel.shared_bytes > target.shared_limit:
+            raise KernelTargetError(f"{kernel.kernel_id} on {target.name}: {kernel.shared_bytes} "
+                                    f"bytes of shared memory > the {target.shared_limit} it allows")
+        entry = manifest_pb2.Kernel(
+            id=kernel.kernel_id, symbol=kernel.symbol,
+            params=[p.kind for p in abi.kernel(kernel.kernel_id).params],
+            shared_bytes=kernel.shared_bytes, num_warps=kernel.num_warps,
+            trailing_null_pointers=kernel.trailing_null_pointers,
+            programmatic_dependent_launch=kernel.pdl, num_stages=kernel.num_stages)
+        if target.portable:
+            image = kernel.ptx
+            found = re.search(rb"^\.version (\S+)", kernel.ptx, re.M)
+            toolchain = f"{kernel.toolchain.split(' / ')[0]} / PTX {found.group(1).decode() if found else '?'}"
+        else:
+            image, toolchain = kernel.cubin, kernel.toolchain
+        return image, manifest_pb2.KernelModule(
+            arch=target.name, toolchain=toolchain, kernels=[entry], portable=target.portable,
+            capability=target.capability, kernel_set=kernel_set)
+
+    def _request(self, spec: KernelBuild, target: targets.Target) -> compiler.CompileRequest:
         return compiler.CompileRequest(
             kernel_id=spec.kernel_id, module=spec.module, function=spec.function,
             signature=tuple(self.signature(spec.kernel_id)),
-            constexprs=tuple(spec.constexprs.items()) + (("PDL", 1),),
-            num_warps=spec.num_warps, num_stages=spec.num_stages, pdl=True,
-            capability=capability_of(arch),
+            constexprs=tuple(spec.constexprs.items()) + (("PDL", int(target.pdl)),),
+            num_warps=spec.num_warps, num_stages=spec.num_stages, pdl=target.pdl,
+            capability=target.capability,
             divisible_by_16=tuple(i for i, (name, kind) in enumerate(self.signature(spec.kernel_id))
                                   if kind.startswith("*") or name in spec.divisible))

@@ -8,7 +8,8 @@ Steps: open the recipe's source; turn its tensors into fp16 weight buffers packe
 one weight resource per rank (256-byte aligned, WeightSource offsets); record one program per
 (operation, capacity variant, rank) with the recipe's forward pass between the shared
 prologue and epilogue; declare bindings, state accesses, cache and completion layout.
-Runs without a GPU. Kernel modules are added when a kernel library is supplied.
+Runs without a GPU. Kernel modules are added when a kernel library is supplied: one per
+(architecture, kernel set) for the library's architectures (ignition/kernels/targets.py).
 
 Tensor parallelism (`options.tensor_parallel` = W ranks, default 1; tensor_parallel.py): the
 recipe's divided dimensions are partitioned, each rank gets its own weight resource
@@ -105,6 +106,7 @@ class KernelLibraryGeometry:
         return unit_geometry(kernel_id, args)
 
     def modules(self) -> list[tuple[bytes, M.KernelModule]]:
+        """One (image, module) per (architecture, kernel set) of the library's architectures."""
         if self._library is None or not self._ids:
             return []
         return [(cubin, module) for cubin, module in self._library.build_modules()
@@ -238,10 +240,10 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
                                    programs=[p for rec in recorders for p in rec.programs], transport=transport,
                                    completion=shared.completion_layout(cap), request_slots=cap.request_slots,
                                    max_pages_per_row=cap.pages_per_row)
-    for index, (cubin, module) in enumerate(geometry.modules()):
-        module.resource = f"kernels.{index}.{module.arch}"
+    for image, module in geometry.modules():
+        module.resource = f"{module.kernel_set}.{module.arch}"          # e.g. kernels.3.sm_90a
         manifest.modules.append(module)
-        resources.append(ResourceInput(module.resource, ResourceKind.RESOURCE_KIND_KERNEL_MODULE, cubin))
+        resources.append(ResourceInput(module.resource, ResourceKind.RESOURCE_KIND_KERNEL_MODULE, image))
 
     # the cache contract describes a whole logical page: every rank holds its KV heads' share
     cache_contract = recipe.paged_kv(shape, options).cache_contract(cap)

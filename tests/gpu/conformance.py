@@ -7,7 +7,11 @@ for several batches must give identical tokens for >= 64 steps. The CUDA executo
 driver is wrapped in a counting proxy while serving: no allocation, module load, graph
 instantiation or capture may happen. Prints a pass/fail table; writes JSON under $OUT.
 
-    python tests/gpu/conformance.py [--out DIR] [--steps 64]
+    python tests/gpu/conformance.py [--out DIR] [--steps 64] [--kernel-arch compute_80]
+
+--kernel-arch loads that architecture's kernel modules instead of the device's own (e.g. the
+compute_80 PTX, JIT-compiled at startup: the Ampere code path on a newer GPU); the JSON is
+then conformance_<arch>.json.
 """
 from __future__ import annotations
 
@@ -309,6 +313,8 @@ def main() -> None:
     parser.add_argument("--no-pdl", action="store_true", help="launch no node with PDL (race check)")
     parser.add_argument("--greedy-only", action="store_true", help="only the greedy generation runs")
     parser.add_argument("--only", default="", help="comma-separated program names to run (no greedy runs)")
+    parser.add_argument("--kernel-arch", default=None,
+                        help="KernelModule.arch to load (default: the device's own; e.g. compute_80)")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,11 +323,12 @@ def main() -> None:
     print(f"bundle loaded in {time.time() - started:.1f} s", flush=True)
     counting = CountingDriver(load_driver())
     cuda = CudaExecutor(manifest, read, CudaExecutorOptions(cache_pages=CACHE_PAGES, pdl=not args.no_pdl,
-                                                                 transport=args.transport),
+                                                                 transport=args.transport, kernel_arch=args.kernel_arch),
                         driver=counting, graphs=[g for g in contract.model.graphs if g.rank == 0])
     numpy_ex = NumpyExecutor(manifest, read, NumpyExecutorOptions(cache_pages=CACHE_PAGES,
                                                                    blas_threads=args.blas_threads))
-    print(f"executors ready in {time.time() - started:.1f} s", flush=True)
+    print(f"executors ready in {time.time() - started:.1f} s; kernels {cuda.architecture()} "
+          f"(modules loaded in {cuda.startup_seconds['modules']:.2f} s)", flush=True)
     models = {"cuda": ExecutorModel(contract, manifest, cuda), "numpy": ExecutorModel(contract, manifest, numpy_ex)}
     vocab = contract.model.vocabulary.sampled_tokens
     counting.counting = True
@@ -379,8 +386,11 @@ def main() -> None:
     results.append({"program": "serving.driver_calls", "pass": not forbidden, "forbidden": forbidden,
                     "calls": dict(counting.calls)})
     node_counts = {p: cuda.node_count(p) for p in cuda.programs}
-    (out / f"conformance{'_nopdl' if args.no_pdl else ''}.json").write_text(json.dumps({"results": results, "node_counts": node_counts,
-                                                      "seconds": time.time() - started}, indent=1, default=str))
+    name = "conformance" + ("_nopdl" if args.no_pdl else "") + (f"_{args.kernel_arch}" if args.kernel_arch else "")
+    (out / f"{name}.json").write_text(json.dumps({"results": results, "node_counts": node_counts,
+                                                  "architecture": cuda.architecture(),
+                                                  "startup_seconds": cuda.startup_seconds,
+                                                  "seconds": time.time() - started}, indent=1, default=str))
     print(f"\n{'case':34s} {'result':6s} detail")
     for r in results:
         detail = {k: r[k] for k in ("logit_rel_err", "steps", "first_difference", "error", "state_differs", "bad_rows",

@@ -56,11 +56,13 @@ class FakeDriver:
     CU_MEMHOSTALLOC_PORTABLE = 1
     CU_MEMHOSTALLOC_DEVICEMAP = 2
 
-    def __init__(self, total_memory: int = 8 << 30) -> None:
+    def __init__(self, total_memory: int = 8 << 30, capability: tuple[int, int] = (9, 0)) -> None:
         self._addresses = itertools.count(1 << 40, 1 << 36)
         self._handles = itertools.count(1)
         self._host: dict[int, np.ndarray] = {}
         self.total_memory = total_memory
+        self.capability = capability            # (major, minor) every device reports
+        self.module_images: list[bytes] = []    # what cuModuleLoadData was given, in order
         self.capturing = False
         self.launches: list[Launch] = []        # recorded during capture
         self.graphs: list[list[Launch]] = []
@@ -78,6 +80,13 @@ class FakeDriver:
     def cuInit(self, flags): return OK
     def cuDeviceGet(self, ordinal): return (0, ordinal)
     def cuDeviceGetCount(self): return (0, 1)
+
+    def cuDeviceGetAttribute(self, attribute, device):
+        names = self.CUdevice_attribute
+        values = {names.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: self.capability[0],
+                  names.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: self.capability[1]}
+        return (0, values[attribute])
+
     def cuDevicePrimaryCtxRetain(self, device): return (0, f"ctx{device}")
     def cuDevicePrimaryCtxRelease(self, device): return OK
     def cuCtxSetCurrent(self, context): return OK
@@ -112,7 +121,9 @@ class FakeDriver:
         return OK
 
     # ---- modules, streams, events ---------------------------------------------------------
-    def cuModuleLoadData(self, image): return (0, f"module{next(self._handles)}")
+    def cuModuleLoadData(self, image):
+        self.module_images.append(bytes(image))
+        return (0, f"module{next(self._handles)}")
     def cuModuleGetFunction(self, module, symbol): return (0, symbol.decode())
     def cuModuleUnload(self, module): return OK
     def cuFuncSetAttribute(self, function, attribute, value): return OK

@@ -2,7 +2,8 @@
 
 The real GGUF (98 MB) and a prepared core (~270 MB of fp16 weights) are too large to travel
 in one call. So:
-  here  (`python tests/gpu/model_bundle.py build`): prepare with the AOT kernel library,
+  here  (`python tests/gpu/model_bundle.py build [--arch sm_90a --arch compute_80]`): prepare
+        with the AOT kernel library (for the named architectures; default: its full set),
         keep contract + manifest + every resource except the fp16 weights in bundle.bin,
         record the recipe options and each weight resource's sha256, and split the GGUF into
         two halves for two calls;
@@ -100,14 +101,14 @@ def split_gguf() -> None:
         path.write_bytes(piece)
 
 
-def build(out: pathlib.Path = BUNDLE_DIR) -> None:
+def build(out: pathlib.Path = BUNDLE_DIR, archs=None) -> None:
     from ignition.kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
     from ignition.recipes import smollm2_135m_instruct as recipe
 
     started = time.time()
     options = bench_options(recipe, None)
-    prepared = prepare(recipe, options, kernel_library=KernelLibrary())
+    prepared = prepare(recipe, options, kernel_library=KernelLibrary(archs=archs))
     payload = write_bundle(prepared, options, out / "bundle.bin")
     split_gguf()
     small = payload["resources"]
@@ -182,5 +183,5 @@ def materialize(payload: dict, gguf: pathlib.Path | None = None):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["build"])
-    parser.parse_args()
-    build()
+    parser.add_argument("--arch", action="append", default=None, help="kernel architecture (repeatable)")
+    build(archs=parser.parse_args().arch)

@@ -10,7 +10,7 @@ from helios_backend.executors.base import (ExecutorLoadError, FrameStateError, K
                                            MissingVariantError, UnknownProgramError)
 
 __all__ = ["CudaExecutorError", "DriverUnavailableError", "CudaCallError", "ManifestError", "ProgramError",
-           "DeviceMemoryError", "MissingVariantError", "UnknownProgramError", "FrameStateError"]
+           "ArchitectureError", "DeviceMemoryError", "MissingVariantError", "UnknownProgramError", "FrameStateError"]
 
 
 class CudaExecutorError(RuntimeError):
@@ -41,3 +41,7 @@ class ProgramError(ManifestError, KernelArgumentError):
 
 class DeviceMemoryError(CudaExecutorError):
     """The device has too little memory for the manifest and the chosen capacities."""
+
+
+class ArchitectureError(ManifestError):
+    """No kernel module of the core runs on the device (startup fails, naming both sides)."""

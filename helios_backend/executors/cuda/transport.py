@@ -9,7 +9,7 @@ Two ways to move them, chosen at load (CudaExecutorOptions.transport; "auto" pic
 program by the bytes to move, see KERNEL_COPY_LIMIT):
   "kernel": one `helios_stage_in` kernel node reading the mapped pinned frame, one
             `helios_complete_out` node writing the mapped pinned completion frame
-            (transport.cu; about a microsecond each, PDL-aware);
+            (transport.cu; about a microsecond each, PDL-aware where the device has PDL);
   "memcpy": one H2D memcpy node per run and one D2H memcpy node.
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ from helios_proto import contract_pb2, manifest_pb2
 
 from .plan import NUMPY_DTYPES, KernelLaunch, align_up
 
-CUBIN_PATH = pathlib.Path(__file__).with_name("transport.cubin")
+# sm_80 .. sm_100a machine code and compute_80 PTX: the driver loads the device's image
+IMAGE_PATH = pathlib.Path(__file__).with_name("transport.fatbin")
 STAGE_IN, COMPLETE_OUT = "helios_stage_in", "helios_complete_out"
 MAX_RUNS = 4
 RUN_ALIGNMENT = 16                 # uint4 copies
@@ -149,11 +150,12 @@ def stage_in_launch(staging: int, frame_device: int, runs: Sequence[tuple[int, i
                         False, params)  # first node: no predecessor to overlap with
 
 
-def complete_out_launch(host_device: int, completion: int, nbytes: int) -> KernelLaunch:
+def complete_out_launch(host_device: int, completion: int, nbytes: int, pdl: bool = True) -> KernelLaunch:
+    """The completion copy; `pdl`: overlap its launch with the last node (devices from sm_90)."""
     nbytes = align_up(nbytes, RUN_ALIGNMENT)
     params = RawParams([_u64(host_device), _u64(completion), int(nbytes).to_bytes(4, "little")])
     return KernelLaunch(COMPLETE_OUT, "transport.complete_out", (_grid(nbytes), 1, 1), (THREADS, 1, 1), 0,
-                        True, params)
+                        pdl, params)
 
 
 @dataclasses.dataclass(frozen=True)
