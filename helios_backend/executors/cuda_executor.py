@@ -72,18 +72,13 @@ class _Rank:
         self.device: Any = None
         self.context: Any = None
         self.stream: Any = None
-<<<<<<< HEAD
         # set once by startup (_start_rank); None only before it and for teardown after a failure
         self.arena_or_none: Optional[DeviceArena] = None
         self.addresses_or_none: Optional[BufferAddresses] = None
         self.completion_or_none: Optional[PinnedFrames] = None
-=======
-        self.arena: Optional[DeviceArena] = None
-        self.addresses: Optional[BufferAddresses] = None
         self.capability = 0                      # the device's compute capability, major * 10 + minor
-        self.architecture: Optional[Architecture] = None   # the kernel modules this device loads
+        self.architecture_or_none: Optional[Architecture] = None   # the kernel modules this device loads
         self.module_seconds = 0.0                # loading them (PTX: the JIT compile included)
->>>>>>> issue-18
         self.modules: list[Any] = []
         self.functions: dict[str, Any] = {}
         self.comm = 0
@@ -105,6 +100,10 @@ class _Rank:
     @property
     def completion(self) -> PinnedFrames:
         return _started(self.completion_or_none, self.rank, "completion frames")
+
+    @property
+    def architecture(self) -> Architecture:
+        return _started(self.architecture_or_none, self.rank, "kernel architecture")
 
 
 T = TypeVar("T")
@@ -224,16 +223,11 @@ class CudaExecutor:
         d, m = self._d, self.manifest
         ordinal = (self.options.devices or range(self.world_size))[rank.rank]
         layout = layout_arena(m.buffers, rank.rank)
-<<<<<<< HEAD
-        rank.arena_or_none = DeviceArena(d, rank.device, ordinal, layout)
-        rank.addresses_or_none = rank.arena.addresses()
-=======
         # a core with nothing for this device fails before any memory is taken
         rank.capability = self._capability(rank)
-        rank.architecture = select(m.modules, rank.capability, self.options.kernel_arch)
-        rank.arena = DeviceArena(d, rank.device, ordinal, layout)
-        rank.addresses = rank.arena.addresses()
->>>>>>> issue-18
+        rank.architecture_or_none = select(m.modules, rank.capability, self.options.kernel_arch)
+        rank.arena_or_none = DeviceArena(d, rank.device, ordinal, layout)
+        rank.addresses_or_none = rank.arena.addresses()
         self._fill_weights(rank, resources)
         self._load_modules(rank, resources)
         rank.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
@@ -247,13 +241,8 @@ class CudaExecutor:
             check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self.frames)]
-<<<<<<< HEAD
         rank.completion_or_none = PinnedFrames(d, self.frames, t.completion_nbytes)
-        kernels = kernel_table(m.modules)
-=======
-        rank.completion = PinnedFrames(d, self.frames, t.completion_nbytes)
         kernels = kernel_table(rank.architecture.modules)
->>>>>>> issue-18
         resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm)
         wanted = set(self.options.programs) if self.options.programs is not None else None
         for program in (p for p in m.programs if p.rank == rank.rank):
