@@ -98,6 +98,24 @@ def _stops(body: SamplingFields, served: ServedModel, structured: bool) -> StopM
         raise InvalidRequestError(str(exc), param=exc.param) from exc
 
 
+def _fixed_length(body: SamplingFields, served: ServedModel, max_tokens: int | None, stops: StopMatcher,
+                  generate: tp.GenerateRequest) -> None:
+    """vLLM's ignore_eos and min_tokens (the backend withholds EOS and stop ids until
+    min_tokens; docs/gateway.md)."""
+    generate.ignore_eos = bool(body.ignore_eos)
+    min_tokens = body.min_tokens or 0
+    if not min_tokens:
+        return
+    limit = max_tokens if max_tokens is not None else served.limits.max_output_tokens
+    if min_tokens > limit:
+        raise InvalidRequestError(f"min_tokens ({min_tokens}) must not exceed max_tokens ({limit})",
+                                  param="min_tokens")
+    if stops.strings or body.stop_token_sequences:
+        raise InvalidRequestError("min_tokens cannot be combined with stop strings or stop_token_sequences",
+                                  param="min_tokens")
+    generate.min_tokens = min_tokens
+
+
 def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, structured: bool,
             logprobs: bool, top_logprobs: int, top_logprobs_param: str,
             ) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
@@ -116,6 +134,7 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
     generate = tp.GenerateRequest(priority=body.priority or 0, sampling=_sampling(body))
     if max_tokens is not None:
         generate.max_tokens = max_tokens
+    _fixed_length(body, served, max_tokens, stops, generate)
     generate.stops.strings.extend(stops.strings)
     generate.stops.token_ids.extend(body.stop_token_ids or ())
     for sequence in body.stop_token_sequences or ():

@@ -122,6 +122,8 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
+    ignore_eos: StrictBool | None = None  # vLLM: EOS does not end the output
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] | None = None  # vLLM: EOS/stop ids withheld until then
     logit_bias: dict[str, float] | None = None
     user: StrictStr | None = None
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = None
