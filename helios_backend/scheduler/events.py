@@ -44,3 +44,4 @@ class SchedulerCounters:
     constrained_max_inflight: int = 0
     generated_tokens: int = 0
     pipelined: int = 0                   # rounds submitted on the second frame
+    queue_waits_ns: list[int] = field(default_factory=list)  # receipt -> first admission; drained by metrics

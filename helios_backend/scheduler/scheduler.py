@@ -255,7 +255,8 @@ class Scheduler:
         self._running.append(req)
         self.counters.lookup_tokens += len(tokens)
         self.counters.reused_tokens += start
-        if req.reused_prompt_tokens < 0:
+        if req.reused_prompt_tokens < 0:           # the first admission: its wait ends here
+            self.counters.queue_waits_ns.append(time.monotonic_ns() - self._admitted_ns.get(req.serial, 0))
             req.reused_prompt_tokens = min(start, req.prompt_len)
         else:
             self.counters.readmissions += 1
