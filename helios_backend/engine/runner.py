@@ -146,24 +146,29 @@ class ProgramRunner:
                 packed.restore_row = lane.restore.source_row
         else:
             packed.snapshot_row = lane.snapshot_row
-        if lane.sample and (req.grammar is not None or req.withholds(self.eos_ids)):
-            packed.grammar_mask = self._mask(req)
+        if lane.sample:
+            packed.grammar_mask = sampling_mask(req, self.eos_ids, self.mask_words)
         return packed
 
-    def _mask(self, req: Request) -> np.ndarray:
-        """The sampling mask of a lane's next token: the grammar's, less the ids withheld
-        until min_tokens (unless that leaves nothing: a finished grammar's EOS wins)."""
-        if req.grammar is not None:
-            words = np.zeros(self.mask_words, dtype=np.int32)   # bit (id % 32) of word id // 32 = allowed
-            req.grammar.fill_mask(words)
-            words = words.view(np.uint32)
-        else:
-            words = np.full(self.mask_words, 0xFFFFFFFF, dtype=np.uint32)
-        if req.withholds(self.eos_ids):
-            withheld = words.copy()
-            for token in req.spec.withheld_ids(self.eos_ids):
-                if token < 32 * self.mask_words:
-                    withheld[token // 32] &= np.uint32(~(1 << (token % 32)) & 0xFFFFFFFF)
-            if withheld.any():
-                words = withheld
-        return words
+
+def sampling_mask(req: Request, eos_ids: tuple[int, ...], mask_words: int) -> np.ndarray | None:
+    """The mask of a lane's next sampled token (bit id % 32 of word id // 32 = allowed), or
+    None when nothing constrains it: the grammar's, less the ids withheld until min_tokens
+    (unless that leaves nothing: a finished grammar's EOS wins)."""
+    withholds = req.withholds(eos_ids)
+    if req.grammar is None and not withholds:
+        return None
+    if req.grammar is not None:
+        words = np.zeros(mask_words, dtype=np.int32)
+        req.grammar.fill_mask(words)
+        words = words.view(np.uint32)
+    else:
+        words = np.full(mask_words, 0xFFFFFFFF, dtype=np.uint32)
+    if withholds:
+        withheld = words.copy()
+        for token in req.spec.withheld_ids(eos_ids):
+            if token < 32 * mask_words:
+                withheld[token // 32] &= np.uint32(~(1 << (token % 32)) & 0xFFFFFFFF)
+        if withheld.any():
+            words = withheld
+    return words
