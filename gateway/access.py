@@ -35,6 +35,13 @@ ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "
              "/health": "health", "/metrics": "metrics"}
 
 
+def configure_logging(level: str, access_log: bool) -> None:
+    """The gateway process's logging (each uvicorn worker process calls it too): `level` for
+    everything, and the access log at info unless turned off."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("helios.access").setLevel(logging.INFO if access_log else logging.CRITICAL)
+
+
 @dataclass(slots=True)
 class AccessRecord:
     request_id: str

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.access import AccessMiddleware
+from gateway.access import AccessMiddleware, configure_logging
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routers import chat, completions, health, metrics, models, tokens
@@ -51,16 +51,18 @@ WORKER_CONFIG = "HELIOS_GATEWAY_CONFIG"   # JSON of the settings below, set by h
 
 
 def worker_config(triton_url: str, triton_model: str, overrides: AdmissionOverrides,
-                  security: SecuritySettings | None = None) -> str:
+                  security: SecuritySettings | None = None, log_level: str = "info", access_log: bool = True) -> str:
     return json.dumps({"triton_url": triton_url, "triton_model": triton_model,
                        "overrides": dataclasses.asdict(overrides),
-                       "security": dataclasses.asdict(security or SecuritySettings())})
+                       "security": dataclasses.asdict(security or SecuritySettings()),
+                       "log_level": log_level, "access_log": access_log})
 
 
 def app_from_environment() -> FastAPI:
     """The gateway of one worker process: every worker serves the same Triton model and
     shares the parent's admission budget (overrides.shared_budget)."""
     config = json.loads(os.environ[WORKER_CONFIG])
+    configure_logging(config["log_level"], config["access_log"])  # a spawned process: nothing inherited
     security = SecuritySettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["security"].items()})
     return create_app(config["triton_url"], AdmissionOverrides(**config["overrides"]),
                       triton_model=config["triton_model"], security=security)

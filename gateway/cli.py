@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import os
 import tempfile
 from pathlib import Path
 
 import uvicorn
 
+from gateway.access import configure_logging
 from gateway.app import WORKER_CONFIG, create_app, worker_config
 from gateway.security import DEFAULT_PUBLIC_PATHS, SecuritySettings
 from gateway.service import AdmissionOverrides
@@ -77,9 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     security = security_settings(parser, args)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # the access log is info-level: kept when asked for even if the rest logs warnings only
-    logging.getLogger("helios.access").setLevel(logging.INFO if args.access_log else logging.CRITICAL)
+    configure_logging(args.log_level, args.access_log)
     overrides = AdmissionOverrides(args.queue_capacity, args.max_active, args.frontend_workers)
     if args.workers < 1:
         raise SystemExit("helios-gateway: --workers must be at least 1")
@@ -92,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         budget = Path(tmp) / "permits"
         SharedPermits.create(budget).close()
         overrides = dataclasses.replace(overrides, shared_budget=str(budget))
-        os.environ[WORKER_CONFIG] = worker_config(args.triton, args.triton_model, overrides, security)
+        os.environ[WORKER_CONFIG] = worker_config(args.triton, args.triton_model, overrides, security,
+                                                   args.log_level, args.access_log)
         uvicorn.run("gateway.app:app_from_environment", factory=True, workers=args.workers, host=args.host,
                     port=args.port, log_level=args.log_level, timeout_graceful_shutdown=SHUTDOWN_DRAIN_S,
                     access_log=False)

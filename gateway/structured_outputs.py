@@ -96,6 +96,9 @@ def check_grammar(grammar: str, tokenizer: llg.LLTokenizer | None, param: str) -
 
 def completion_grammar(constraint: OutputConstraint, tokenizer: llg.LLTokenizer | None) -> tp.Grammar:
     """The whole-output grammar of a raw completion (validated)."""
-    text = llg.grammar_from("lark", "start: " + _lark_expression(constraint))
+    try:
+        text = llg.grammar_from("lark", "start: " + _lark_expression(constraint))
+    except (ValueError, RuntimeError) as exc:  # llguidance refuses the source it would compile
+        raise InvalidRequestError(f"the constraint cannot be compiled: {exc}", param=constraint.param) from exc
     check_grammar(text, tokenizer, constraint.param)
     return tp.Grammar(kind=tp.GRAMMAR_KIND_LLGUIDANCE, text=text)

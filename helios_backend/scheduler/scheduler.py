@@ -256,7 +256,8 @@ class Scheduler:
         self.counters.lookup_tokens += len(tokens)
         self.counters.reused_tokens += start
         if req.reused_prompt_tokens < 0:           # the first admission: its wait ends here
-            self.counters.queue_waits_ns.append(time.monotonic_ns() - self._admitted_ns.get(req.serial, 0))
+            # the receipt stamp only: no clock read in the loop (OBS-16); metrics take "now"
+            self.counters.first_admission_receipts_ns.append(self._admitted_ns.get(req.serial, 0))
             req.reused_prompt_tokens = min(start, req.prompt_len)
         else:
             self.counters.readmissions += 1
