@@ -310,11 +310,12 @@ def _free_ports(n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def started_stack(core: Path, timeout_s: float = 600) -> Iterator[tuple[str, str]]:
+def started_stack(core: Path, timeout_s: float = 600, executor: str = "numpy") -> Iterator[tuple[str, str]]:
     http, grpc_port, metrics, gateway = _free_ports(4)
     serve = Path(sys.executable).with_name("helios-serve")
-    process = subprocess.Popen([str(serve), "--core", str(core), "--http-port", str(http), "--grpc-port",
-                                str(grpc_port), "--metrics-port", str(metrics), "--gateway-port", str(gateway)],
+    process = subprocess.Popen([str(serve), "--core", str(core), "--executor", executor, "--http-port", str(http),
+                                "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
+                                "--gateway-port", str(gateway)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{gateway}"
     try:
@@ -414,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway", help="gateway base URL, e.g. http://127.0.0.1:9000")
     parser.add_argument("--triton", help="Triton gRPC HOST:PORT of the same stack")
     parser.add_argument("--core", type=Path, help="start helios-serve on this core instead")
+    parser.add_argument("--executor", default="numpy", help="with --core: helios-serve's executor (numpy, cuda)")
     parser.add_argument("--num-prompts", type=int, default=16)
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--concurrency", default=None,
@@ -434,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     if args.core is not None:
-        with started_stack(args.core) as (gateway_url, triton_url):
+        with started_stack(args.core, executor=args.executor) as (gateway_url, triton_url):
             text, levels = asyncio.run(measure(gateway_url, triton_url, args))
     elif args.gateway and args.triton:
         text, levels = asyncio.run(measure(args.gateway, args.triton, args))

@@ -23,7 +23,7 @@ SHUTDOWN_DRAIN_S = 5  # HTTP-15: connections get five seconds to drain, then are
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-gateway", description=__doc__)
-    parser.add_argument("--triton", default="localhost:8001", help="Triton gRPC address HOST:PORT")
+    parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC address HOST:PORT")
     parser.add_argument("--triton-model", default=MODEL_NAME, help="name of the Triton model serving the core")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=9000)
