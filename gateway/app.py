@@ -63,6 +63,6 @@ def app_from_environment() -> FastAPI:
     shares the parent's admission budget (overrides.shared_budget)."""
     config = json.loads(os.environ[WORKER_CONFIG])
     configure_logging(config["log_level"], config["access_log"])  # a spawned process: nothing inherited
-    security = SecuritySettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["security"].items()})
+    security = SecuritySettings.from_json(config["security"])
     return create_app(config["triton_url"], AdmissionOverrides(**config["overrides"]),
                       triton_model=config["triton_model"], security=security)

@@ -236,7 +236,7 @@ def _constraints(body: ChatCompletionRequest, served: ServedModel) -> Constraint
             raise InvalidRequestError("response_format json_schema needs json_schema.schema",
                                       param="response_format.json_schema")
         answer, schema = AnswerFormat.JSON_SCHEMA, fmt.json_schema.schema_
-    pattern, choices = "", ()
+    pattern, choices = "", tuple[str, ...]()
     constraint = requested_constraint(body)
     if constraint is not None:
         if answer is not AnswerFormat.TEXT:
@@ -391,5 +391,5 @@ def _echo_texts(prompt: object, prompts: tuple[tuple[int, ...], ...], served: Se
     if isinstance(prompt, str):
         return (prompt,)
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return tuple(prompt)  # type: ignore[arg-type]
+        return tuple(str(p) for p in prompt)
     return tuple(served.tokenizer.decode(ids) for ids in prompts)

@@ -30,6 +30,16 @@ class SecuritySettings:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
 
+    @classmethod
+    def from_json(cls, value: dict[str, object]) -> "SecuritySettings":
+        """The settings from their JSON form (dataclasses.asdict: tuples became lists)."""
+        def strings(name: str) -> tuple[str, ...]:
+            items = value.get(name, ())
+            return tuple(str(v) for v in items) if isinstance(items, (list, tuple)) else ()
+        return cls(api_keys=strings("api_keys"), public_paths=strings("public_paths"),
+                   allowed_origins=strings("allowed_origins"), allowed_methods=strings("allowed_methods"),
+                   allowed_headers=strings("allowed_headers"), allow_credentials=bool(value.get("allow_credentials")))
+
 
 _UNAUTHORIZED = json.dumps({"error": {"message": "a valid API key is required (Authorization: Bearer KEY)",
                                       "type": "invalid_request_error", "param": None,

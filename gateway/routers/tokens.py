@@ -8,6 +8,7 @@ encodes it, or `messages` rendered through the chat template as /v1/chat/complet
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.preparation import chat_prompt, completion_prompts
 from gateway.schemas import ChatMessage, TokenId
+from gateway.served_model import ServedModel
 from gateway.service import GatewayService
 
 router = APIRouter()
@@ -39,7 +41,7 @@ class DetokenizeRequest(BaseModel):
     tokens: Annotated[list[TokenId], Field(max_length=1 << 20)]
 
 
-def _served(request: Request, model: str | None):  # type: ignore[no-untyped-def]
+def _served(request: Request, model: str | None) -> ServedModel:
     service: GatewayService = request.app.state.service
     served = service.served
     if model is not None and not served.serves(model):
@@ -53,7 +55,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequestError("exactly one of prompt and messages is required", param="prompt")
     if body.prompt is not None:
-        ids = completion_prompts(body.prompt, served)[0]
+        ids: Sequence[int] = completion_prompts(body.prompt, served)[0]
     else:
         ids = chat_prompt(body.messages or [], served, None, body.add_generation_prompt,
                           body.continue_final_message, body.chat_template_kwargs).ids
