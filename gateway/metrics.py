@@ -1,6 +1,8 @@
 """The gateway's own Prometheus metrics (the backend's flare_* families live on Triton's
-metrics endpoint). Labels are bounded: endpoint and status class only, never request ids,
-prompt contents or token ids."""
+metrics endpoint). Labels are bounded: endpoint, status and the served model id only, never
+request ids, prompt contents or token ids. The latency and length histograms are vLLM's set
+(TTFT, inter-token latency, end-to-end latency, queue time, prompt and output lengths) under
+a `model` label, so one dashboard (docs/grafana/helios.json) serves several models."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
 class GatewayMetrics:
@@ -17,7 +21,8 @@ class GatewayMetrics:
         r = self.registry
         # process_cpu_seconds_total & co: bench/serve.py divides the gateway's CPU by its tokens
         ProcessCollector(registry=r)
-        self.requests = Counter("helios_gateway_requests", "HTTP generation requests by final status",
+        self.requests = Counter("helios_gateway_requests", "HTTP responses by endpoint and final status "
+                                "(gateway/access.py: 400s, 404s and SSE error events included)",
                                 ["endpoint", "status"], registry=r)
         self.ingress_full = Counter("helios_gateway_ingress_full", "requests refused with 429", registry=r)
         self.disconnects = Counter("helios_gateway_client_disconnects",
@@ -30,10 +35,27 @@ class GatewayMetrics:
         self.open_streams = Gauge("helios_gateway_backend_streams_open",
                                   "Triton gRPC streams currently open (one per backend request)", registry=r)
         self.ttft = Histogram("helios_gateway_time_to_first_token_seconds",
-                              "ingress to first generated token", buckets=_LATENCY_BUCKETS, registry=r)
+                              "ingress to first generated token", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("helios_gateway_inter_token_latency_seconds",
+                             "gap between a choice's token arrivals, spread over the tokens that arrived "
+                             "together", ["model"], buckets=_TOKEN_GAP_BUCKETS, registry=r)
+        self.e2e = Histogram("helios_gateway_e2e_request_latency_seconds", "ingress to the response's end",
+                             ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("helios_gateway_request_queue_time_seconds",
+                                    "ingress to the backend submission: permit, preparation slot, rendering "
+                                    "(the scheduler's own wait is flare_request_queue_time_seconds)",
+                                    ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_length = Histogram("helios_gateway_request_prompt_tokens", "prompt tokens per prompt",
+                                       ["model"], buckets=_LENGTH_BUCKETS, registry=r)
+        self.output_length = Histogram("helios_gateway_request_generation_tokens", "generated tokens per choice",
+                                       ["model"], buckets=_LENGTH_BUCKETS, registry=r)
         self.duration = Histogram("helios_gateway_request_duration_seconds", "ingress to terminal event",
                                   ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("helios_gateway_prompt_tokens", "prompt tokens submitted", registry=r)
+        self.unknown_fields = Counter("helios_gateway_unknown_fields",
+                                      "request fields neither implemented, declared unused nor refused "
+                                      "(their names are logged, never labels)", ["endpoint"], registry=r)
+        self.prompt_tokens = Counter("helios_gateway_prompt_tokens",
+                                     "prompt tokens submitted (each prompt once, whatever n)", registry=r)
         self.output_tokens = Counter("helios_gateway_output_tokens", "generated tokens received", registry=r)
 
     def track_permits(self, in_use: Callable[[], int], total: int) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from helios_backend.frontend.chat_template import TemplateError
-from helios_backend.frontend.prompt import UntrustedMarkupError, encode_chat
+from helios_backend.frontend.prompt import PromptIds, UntrustedMarkupError, encode_chat
 from helios_backend.frontend.stops import StopMatcher, StopSpecError
 from helios_backend.frontend.syntax.grammar import (AnswerFormat, ConstraintRequest, InvalidToolChoiceError,
                                                     ToolChoiceMode, ToolSpec)
@@ -24,7 +24,9 @@ from helios_backend.frontend.tokenizer import UnrepresentableTextError
 from helios_proto import transport_pb2 as tp
 
 from gateway.errors import InvalidRequestError, ModelNotFoundError
-from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from gateway.schemas import (INT32_MAX, VLLM_UNSUPPORTED_FIELDS, ChatCompletionRequest, ChatMessage, CompletionRequest,
+                             SamplingFields)
+from gateway.structured_outputs import completion_grammar, requested_constraint
 from gateway.served_model import ServedModel
 
 
@@ -49,6 +51,7 @@ class PreparedRequest:
     observation: Observation
     ingress_ns: int
     syntax: RequestSyntax | None = None  # chat: reasoning/tool parsing and grammar; None: plain text
+    echo_texts: tuple[str, ...] = ()  # completions with echo: each prompt's text, which starts its choices
 
     @property
     def choice_count(self) -> int:
@@ -98,10 +101,55 @@ def _stops(body: SamplingFields, served: ServedModel, structured: bool) -> StopM
         raise InvalidRequestError(str(exc), param=exc.param) from exc
 
 
+class ContextLengthError(InvalidRequestError):
+    """A prompt or an explicit output limit that can never fit the served context: a 400
+    (as vLLM and OpenAI), not the scheduler's 503 (docs/spec-resolutions.md)."""
+
+    code = "context_length_exceeded"
+
+
+def check_context(prompts: Sequence[Sequence[int]], max_tokens: int | None, served: ServedModel,
+                  prompt_param: str, max_tokens_param: str) -> None:
+    limits = served.limits
+    context = limits.context_tokens
+    for prompt in prompts:
+        # proto3 zeros are "not reported" (assets of older backends): nothing to check against
+        if limits.max_prompt_tokens and len(prompt) > limits.max_prompt_tokens:
+            raise ContextLengthError(
+                f"This model's maximum context length is {context} tokens (prompts of at most "
+                f"{limits.max_prompt_tokens}); the prompt has {len(prompt)} tokens", param=prompt_param)
+        if context and max_tokens is not None and len(prompt) + max_tokens > context:
+            raise ContextLengthError(
+                f"This model's maximum context length is {context} tokens; {len(prompt) + max_tokens} were "
+                f"requested ({len(prompt)} in the prompt, {max_tokens} in the completion)", param=max_tokens_param)
+
+
+def _fixed_length(body: SamplingFields, served: ServedModel, max_tokens: int | None, stops: StopMatcher,
+                  generate: tp.GenerateRequest) -> None:
+    """vLLM's ignore_eos and min_tokens (the backend withholds EOS and stop ids until
+    min_tokens; docs/gateway.md)."""
+    generate.ignore_eos = bool(body.ignore_eos)
+    min_tokens = body.min_tokens or 0
+    if not min_tokens:
+        return
+    limit = max_tokens if max_tokens is not None else served.limits.max_output_tokens
+    if min_tokens > limit:
+        raise InvalidRequestError(f"min_tokens ({min_tokens}) must not exceed max_tokens ({limit})",
+                                  param="min_tokens")
+    if stops.strings or body.stop_token_sequences:
+        raise InvalidRequestError("min_tokens cannot be combined with stop strings or stop_token_sequences",
+                                  param="min_tokens")
+    generate.min_tokens = min_tokens
+
+
 def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, structured: bool,
             logprobs: bool, top_logprobs: int, top_logprobs_param: str,
             ) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
     _check_model(body, served)
+    unsupported = sorted(set(body.model_extra or ()) & VLLM_UNSUPPORTED_FIELDS)
+    if unsupported:
+        raise InvalidRequestError(f"{', '.join(unsupported)}: vLLM extension not implemented here",
+                                  param=unsupported[0])
     if body.logit_bias:
         raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     if body.stream_options is not None and not body.stream:
@@ -113,9 +161,11 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
         raise InvalidRequestError(f"at most {served.top_logprobs_capacity} top logprobs are served",
                                   param=top_logprobs_param)
     stops = _stops(body, served, structured)
-    generate = tp.GenerateRequest(priority=body.priority or 0, sampling=_sampling(body))
+    # HTTP priority follows vLLM (lower is served first); the scheduler admits higher first
+    generate = tp.GenerateRequest(priority=min(-(body.priority or 0), INT32_MAX), sampling=_sampling(body))
     if max_tokens is not None:
         generate.max_tokens = max_tokens
+    _fixed_length(body, served, max_tokens, stops, generate)
     generate.stops.strings.extend(stops.strings)
     generate.stops.token_ids.extend(body.stop_token_ids or ())
     for sequence in body.stop_token_sequences or ():
@@ -168,7 +218,7 @@ def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def _constraints(body: ChatCompletionRequest) -> ConstraintRequest:
+def _constraints(body: ChatCompletionRequest, served: ServedModel) -> ConstraintRequest:
     """The request fields that shape the output grammar and the parser (the syntax seam)."""
     tools = tuple(ToolSpec(t.function.name, t.function.parameters or {"type": "object", "properties": {}})
                   for t in body.tools or ())
@@ -186,10 +236,37 @@ def _constraints(body: ChatCompletionRequest) -> ConstraintRequest:
             raise InvalidRequestError("response_format json_schema needs json_schema.schema",
                                       param="response_format.json_schema")
         answer, schema = AnswerFormat.JSON_SCHEMA, fmt.json_schema.schema_
+    pattern, choices = "", tuple[str, ...]()
+    constraint = requested_constraint(body)
+    if constraint is not None:
+        if answer is not AnswerFormat.TEXT:
+            raise InvalidRequestError("response_format and a structured-output field cannot be combined",
+                                      param=constraint.param)
+        completion_grammar(constraint, served.grammar_tokenizer)  # validates the regex / schema alone
+        answer, schema, pattern, choices = constraint.format, constraint.schema, constraint.pattern, constraint.choices
     return ConstraintRequest(tools=tools, tool_choice=choice, named_tool=named,
                              parallel_tool_calls=body.parallel_tool_calls is not False,
-                             answer_format=answer, answer_schema=schema,
-                             reasoning_max_chars=body.reasoning_max_chars)
+                             answer_format=answer, answer_schema=schema, answer_pattern=pattern,
+                             answer_choices=choices, reasoning_max_chars=body.reasoning_max_chars)
+
+
+_TEMPLATE_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"})
+
+
+def _template_kwargs(kwargs: dict[str, Any] | None, served: ServedModel) -> dict[str, Any]:
+    """chat_template_kwargs as template variables (vLLM). Template variables are trusted
+    markup (encode_chat), so a string value may not spell a control token; the names that
+    have their own request field are refused rather than silently overridden."""
+    out: dict[str, Any] = {}
+    for name, value in (kwargs or {}).items():
+        param = f"chat_template_kwargs.{name}"
+        if name in _TEMPLATE_RESERVED or not name.isidentifier():
+            raise InvalidRequestError(f"{name!r} cannot be set through chat_template_kwargs", param=param)
+        text = json.dumps(value, ensure_ascii=False)
+        if any(special in text for special in served.tokenizer.special_tokens):
+            raise InvalidRequestError("template variables may not contain control-token spellings", param=param)
+        out[name] = value
+    return out
 
 
 def _plan(body: ChatCompletionRequest, served: ServedModel, prompt_text: str,
@@ -203,41 +280,52 @@ def _plan(body: ChatCompletionRequest, served: ServedModel, prompt_text: str,
         raise InvalidRequestError(str(exc), param=param) from exc
 
 
-def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: int) -> PreparedRequest:
-    constraints = _constraints(body)
+def chat_prompt(messages: Sequence[ChatMessage], served: ServedModel, tools: list[dict[str, Any]] | None,
+                add_generation_prompt: bool | None, continue_final_message: bool | None,
+                chat_template_kwargs: dict[str, Any] | None) -> PromptIds:
+    """Render the messages with the served chat template and encode them (chat, /tokenize)."""
+    rendered = [_message_dict(m, i) for i, m in enumerate(messages)]
+    template_args = _template_kwargs(chat_template_kwargs, served)
+    if continue_final_message:
+        template_args["continue_final_message"] = True
+    if add_generation_prompt is None:
+        add_generation_prompt = not continue_final_message
+    try:
+        return encode_chat(served.chat_template, served.tokenizer, rendered, tools=tools,
+                           add_generation_prompt=add_generation_prompt, **template_args)
+    except (UntrustedMarkupError, TemplateError) as exc:
+        raise InvalidRequestError(str(exc), param="messages") from exc
+
+
+def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: int,
+                 request_id: str | None = None) -> PreparedRequest:
+    constraints = _constraints(body, served)
     top_logprobs = body.top_logprobs or 0
-    if top_logprobs and not body.logprobs:
+    if body.top_logprobs is not None and not body.logprobs:  # 0 included, as vLLM and OpenAI
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     generate, stops, observation = _common(body, served, max_tokens, constraints.structured_answer,
                                            bool(body.logprobs), top_logprobs, "top_logprobs")
-    messages = [_message_dict(m, i) for i, m in enumerate(body.messages)]
     tools = None
     if body.tools and body.tool_choice != "none":
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
-    template_args: dict[str, Any] = {}
-    if body.continue_final_message:
-        template_args["continue_final_message"] = True
-    add_generation_prompt = body.add_generation_prompt if body.add_generation_prompt is not None \
-        else not body.continue_final_message
-    try:
-        prompt = encode_chat(served.chat_template, served.tokenizer, messages, tools=tools,
-                             add_generation_prompt=add_generation_prompt, **template_args)
-    except (UntrustedMarkupError, TemplateError) as exc:
-        raise InvalidRequestError(str(exc), param="messages") from exc
+    prompt = chat_prompt(body.messages, served, tools, body.add_generation_prompt, body.continue_final_message,
+                         body.chat_template_kwargs)
+    check_context((prompt.ids,), max_tokens, served, "messages",
+                  "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
     syntax = _plan(body, served, prompt.text, constraints)
     if syntax.grammar is not None:  # the backend enforces it with llguidance
         generate.grammar.CopyFrom(tp.Grammar(kind=tp.GRAMMAR_KIND_LLGUIDANCE, text=syntax.grammar.grammar))
     return PreparedRequest(
-        request_id=f"chatcmpl-{uuid.uuid4().hex}", prompts=(tuple(prompt.ids),), n=body.n or 1,
+        request_id=f"chatcmpl-{request_id or uuid.uuid4().hex}", prompts=(tuple(prompt.ids),), n=body.n or 1,
         generate=generate, stop_strings=stops.strings, stop_sequences=stops.sequences,
         stream=bool(body.stream), observation=observation, ingress_ns=ingress_ns, syntax=syntax)
 
 
 # ---- completions -------------------------------------------------------------------------
 
-def _completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
-                        served: ServedModel) -> tuple[tuple[int, ...], ...]:
+def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
+                       served: ServedModel) -> tuple[tuple[int, ...], ...]:
     """The raw completion prompt is the whole model input, so its control-token spellings
     are parsed as control tokens (as HF and vLLM do); chat content never is."""
     prompts: Sequence[str | list[int]]
@@ -268,16 +356,40 @@ def _is_token_list(prompt: list[str] | list[int] | list[list[int]]) -> TypeGuard
     return bool(prompt) and all(isinstance(p, int) for p in prompt)
 
 
-def prepare_completion(body: CompletionRequest, served: ServedModel, ingress_ns: int) -> PreparedRequest:
-    for field in ("echo", "suffix"):
-        if getattr(body, field):
-            raise InvalidRequestError(f"{field} is not supported", param=field)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default (chat's is the core's max_output_tokens)
+
+
+def prepare_completion(body: CompletionRequest, served: ServedModel, ingress_ns: int,
+                       request_id: str | None = None) -> PreparedRequest:
+    if body.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if body.echo and body.logprobs is not None:
+        raise InvalidRequestError("echo with logprobs would need prompt logprobs, which are not served",
+                                  param="echo")
     if body.best_of is not None and body.best_of != (body.n or 1):
         raise InvalidRequestError("best_of is not supported", param="best_of")
+    prompts = completion_prompts(body.prompt, served)
+    # only an explicit limit must fit the context; the default is clipped by the backend
+    check_context(prompts, body.max_tokens, served, "prompt", "max_tokens")
+    max_tokens = body.max_tokens if body.max_tokens is not None else min(
+        COMPLETIONS_DEFAULT_MAX_TOKENS, served.limits.max_output_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS)
     top_logprobs = body.logprobs or 0
-    generate, stops, observation = _common(body, served, body.max_tokens, False,
+    constraint = requested_constraint(body)
+    generate, stops, observation = _common(body, served, max_tokens, constraint is not None,
                                            body.logprobs is not None, top_logprobs, "logprobs")
+    if constraint is not None:
+        generate.grammar.CopyFrom(completion_grammar(constraint, served.grammar_tokenizer))
     return PreparedRequest(
-        request_id=f"cmpl-{uuid.uuid4().hex}", prompts=_completion_prompts(body.prompt, served),
+        request_id=f"cmpl-{request_id or uuid.uuid4().hex}", prompts=prompts,
         n=body.n or 1, generate=generate, stop_strings=stops.strings, stop_sequences=stops.sequences,
-        stream=bool(body.stream), observation=observation, ingress_ns=ingress_ns)
+        stream=bool(body.stream), observation=observation, ingress_ns=ingress_ns,
+        echo_texts=_echo_texts(body.prompt, prompts, served) if body.echo else ())
+
+
+def _echo_texts(prompt: object, prompts: tuple[tuple[int, ...], ...], served: ServedModel) -> tuple[str, ...]:
+    """The prompt as the client wrote it (strings verbatim; token ids decoded)."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return tuple(str(p) for p in prompt)
+    return tuple(served.tokenizer.decode(ids) for ids in prompts)

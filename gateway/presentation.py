@@ -50,6 +50,7 @@ class _ChoiceState:
     token_ids: list[int] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    text_offset: int = 0  # completions: characters of text before the next token's
     finish_reason: str | None = None
     usage: tp.Usage | None = None
     performance: PerformanceStamps | None = None
@@ -93,7 +94,7 @@ class Presenter:
         prompts = [list(p) for p in self.prepared.prompts]
         return prompts[0] if len(prompts) == 1 else prompts
 
-    def _logprob_entry(self, step: TokenStep) -> dict[str, Any]:
+    def _logprob_entry(self, step: TokenStep, state: _ChoiceState) -> dict[str, Any]:
         tokenizer = self.tokenizer
         return {"token": tokenizer.token_text(step.token_id), "logprob": step.logprob,
                 "bytes": list(tokenizer.token_bytes(step.token_id)),
@@ -130,7 +131,7 @@ class Presenter:
             for step in event.steps:
                 self._observe(state, step)
                 if self.observation.logprobs:
-                    state.logprobs.append(self._logprob_entry(step))
+                    state.logprobs.append(self._logprob_entry(step, state))
                 for delta in step.deltas:
                     self.delta_payload(delta, state)
         elif isinstance(event, ChoiceFinished):
@@ -201,7 +202,7 @@ class Presenter:
                 yield DONE
 
     def _stream_step(self, index: int, state: _ChoiceState, step: TokenStep) -> Iterator[bytes]:
-        logprobs = self.logprobs_json([self._logprob_entry(step)]) if self.observation.logprobs else None
+        logprobs = self.logprobs_json([self._logprob_entry(step, state)]) if self.observation.logprobs else None
         if self.observation.token_ids:
             meta = self.chunk_choice(index, {})
             meta["token_ids"] = [step.token_id]
@@ -313,15 +314,39 @@ class CompletionPresenter(Presenter):
         state.content.append(text)
         return {"text": text}
 
+    def __init__(self, prepared: PreparedRequest, served_id: str, tokenizer: FrontendTokenizer) -> None:
+        super().__init__(prepared, served_id, tokenizer)
+        for index, state in enumerate(self.states):
+            state.text_offset = len(self._echo(index))
+
+    def _echo(self, index: int) -> str:
+        """The echoed prompt text of a choice ("" without echo); choices are prompt-major."""
+        texts = self.prepared.echo_texts
+        return texts[index // self.prepared.n] if texts else ""
+
+    def opening(self) -> Iterator[bytes]:
+        yield from super().opening()
+        for index in range(len(self.states)):   # echo: the prompt is each choice's first text
+            if self._echo(index):
+                yield self._chunk([self.chunk_choice(index, {"text": self._echo(index)})])
+
+    def _logprob_entry(self, step: TokenStep, state: _ChoiceState) -> dict[str, Any]:
+        # OpenAI's text_offset: where the token's text starts in the choice's text (echo included)
+        entry = super()._logprob_entry(step, state)
+        entry["text_offset"] = state.text_offset
+        state.text_offset += len(entry["token"])
+        return entry
+
     def chunk_choice(self, index: int, payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {"index": index, "text": payload.get("text", ""), "logprobs": None, "finish_reason": finish_reason}
 
     def logprobs_json(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries]}
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": [e["text_offset"] for e in entries]}
 
     def choice_json(self, index: int, state: _ChoiceState) -> dict[str, Any]:
-        choice = {"index": index, "text": "".join(state.content),
+        choice = {"index": index, "text": self._echo(index) + "".join(state.content),
                   "logprobs": self.logprobs_json(state.logprobs) if self.observation.logprobs else None,
                   "finish_reason": state.finish_reason}
         choice.update(self._observation_fields(state))

@@ -1,8 +1,11 @@
 """Pydantic models at the HTTP edge: OpenAI chat/completions requests and response shapes.
 
 Requests validate strictly (no "1" -> 1 coercion; observation flags are booleans or null
-only, OBS-28) so a bad field becomes a 400 naming it. Unknown fields are ignored, as
-OpenAI does, so newer SDKs keep working. Cross-field rules (stops vs token stops vs
+only, OBS-28) so a bad field becomes a 400 naming it. No field is silently dropped
+(docs/gateway.md, "Request fields"): OpenAI fields accepted without effect are declared in
+OPENAI_UNUSED_FIELDS; vLLM extension fields not implemented here are refused by name
+(VLLM_UNSUPPORTED_FIELDS); any other top-level field is kept in `model_extra`, so newer SDKs
+keep working, and the gateway logs and counts it. Cross-field rules (stops vs token stops vs
 structured output, timestamps requiring ids, ...) live in preparation, which names the
 parameter in its error. Response models exist for the OpenAPI document; handlers build
 plain dicts (presentation.py) so streaming stays cheap.
@@ -15,6 +18,21 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 _REQUEST_CONFIG = ConfigDict(strict=True, extra="ignore")
+_TOP_LEVEL_CONFIG = ConfigDict(strict=True, extra="allow")  # unknown names are seen, then logged
+
+# OpenAI request fields accepted and not acted on (docs/gateway.md lists them with the reason).
+OPENAI_UNUSED_FIELDS = ("user", "store", "metadata", "service_tier", "prediction", "modalities", "audio",
+                        "web_search_options", "reasoning_effort", "verbosity", "prompt_cache_key",
+                        "safety_identifier", "functions", "function_call")
+# vLLM extension fields this gateway does not implement: a 400 naming them, never a silent no-op.
+VLLM_UNSUPPORTED_FIELDS = frozenset({
+    "use_beam_search", "length_penalty", "include_stop_str_in_output", "skip_special_tokens",
+    "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
+    "bad_words", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "structural_tag",
+    "documents", "chat_template", "mm_processor_kwargs", "media_io_kwargs", "cache_salt", "kv_transfer_params",
+    "vllm_xargs", "return_tokens_as_token_ids", "add_special_tokens", "logits_processors",
+    "thinking_token_budget", "prompt_embeds", "request_id", "return_prompt_text",
+})
 
 UINT64_MAX = 2**64 - 1
 # integers travel in int32/uint32 protobuf fields: larger values are a 400, never a 500
@@ -94,6 +112,17 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` object; exactly one constraint (checked in preparation)."""
+    model_config = _REQUEST_CONFIG
+    json_: StrictStr | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    json_object: StrictBool | None = None
+    grammar: StrictStr | None = None
+    structural_tag: StrictStr | None = None
+
+
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -103,7 +132,7 @@ TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
 class SamplingFields(BaseModel):
     """Fields shared by chat and completions; None = take the core's prepared default."""
 
-    model_config = _REQUEST_CONFIG
+    model_config = _TOP_LEVEL_CONFIG
     model: StrictStr
     temperature: Temperature | None = None
     top_p: Probability | None = None
@@ -122,8 +151,29 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
+    ignore_eos: StrictBool | None = None  # vLLM: EOS does not end the output
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] | None = None  # vLLM: EOS/stop ids withheld until then
     logit_bias: dict[str, float] | None = None
-    user: StrictStr | None = None
+    # accepted, no effect (OPENAI_UNUSED_FIELDS): any JSON value
+    user: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prediction: Any = None
+    modalities: Any = None
+    audio: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    functions: Any = None
+    function_call: Any = None
+    # vLLM structured outputs (gateway/structured_outputs.py)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: StrictStr | dict[str, Any] | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = None
 
 
@@ -138,6 +188,7 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (vLLM)
     reasoning_max_chars: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] | None = None  # Helios: reasoning budget (grammar)
 
 
@@ -220,6 +271,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    max_model_len: int | None = None  # the served context (prompt + output), as vLLM reports it
 
 
 class ModelList(BaseModel):

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from gateway.access import AccessRecord
 from gateway.admission import AdmissionPermits, AdmissionSettings, Permit
 from gateway.shared_permits import SharedPermits
 from gateway.errors import BackendUnavailableError, IngressFullError
@@ -25,6 +26,7 @@ from gateway.output_pipeline import OutputParser, PlainTextParser
 from gateway.preparation import PreparedRequest
 from gateway.presentation import Presenter
 from gateway.responses import GenerationResponse
+from gateway.schemas import VLLM_UNSUPPORTED_FIELDS, SamplingFields
 from gateway.served_model import ServedModel
 from gateway.triton_client import TritonBackend
 
@@ -60,9 +62,9 @@ class GatewayService:
     HEALTH_CACHE_S = 1.0  # a probe is one tiny inference; coalesce health-check storms
 
     def __init__(self, backend: TritonBackend, overrides: AdmissionOverrides,
-                 parser_factory: ParserFactory = syntax_parsers) -> None:
+                 parser_factory: ParserFactory = syntax_parsers, metrics: GatewayMetrics | None = None) -> None:
         self.backend = backend
-        self.metrics = GatewayMetrics()
+        self.metrics = metrics or GatewayMetrics()
         self._overrides = overrides
         self._parser_factory = parser_factory
         self._served: ServedModel | None = None
@@ -146,23 +148,32 @@ class GatewayService:
             self.metrics.ingress_full.inc()
             raise
 
-    async def handle(self, prepare: Callable[[ServedModel, int], PreparedRequest],
-                     presenter_type: type[Presenter], endpoint: str, prompt_param: str) -> GenerationResponse:
+    def note_unknown_fields(self, body: SamplingFields, endpoint: str) -> None:
+        """Fields no table names (schemas.py): kept working, but logged and counted."""
+        unknown = sorted(set(body.model_extra or ()) - VLLM_UNSUPPORTED_FIELDS)
+        if unknown:
+            self.metrics.unknown_fields.labels(endpoint).inc(len(unknown))
+            log.warning("%s: ignored unknown request fields %s", endpoint, unknown)
+
+    async def handle(self, body: SamplingFields, prepare: Callable[[ServedModel, int], PreparedRequest],
+                     presenter_type: type[Presenter], endpoint: str, prompt_param: str,
+                     record: AccessRecord) -> GenerationResponse:
         """The whole request path shared by the generation endpoints: stamp ingress, take a
         permit (429 when none), prepare in a frontend slot (400s), start and respond."""
+        self.note_unknown_fields(body, endpoint)
         served = self.served
         ingress_ns = served.clock.now_ns()  # ingress: after JSON decoding, before waiting for preparation (OBS-21)
         permit = self.admit()
         try:
             prepared = await self.admission.prepare(lambda: prepare(served, ingress_ns))
             presenter = presenter_type(prepared, served.served_id, served.tokenizer)
-            return self.respond(prepared, presenter, permit, endpoint, prompt_param)
+            return self.respond(prepared, presenter, permit, endpoint, prompt_param, record)
         except BaseException:
             permit.release()
             raise
 
     def respond(self, prepared: PreparedRequest, presenter: Presenter, permit: Permit,
-                endpoint: str, prompt_param: str) -> GenerationResponse:
+                endpoint: str, prompt_param: str, record: AccessRecord) -> GenerationResponse:
         """Start the backend requests and return the response that delivers them."""
         served = self.served
         run = RequestRun(self.backend, served, prepared,
@@ -176,9 +187,10 @@ class GatewayService:
             if disconnected:
                 self.metrics.disconnects.inc()
                 outcome.status = 499  # nginx's "client closed request"
-            self.metrics.requests.labels(endpoint, str(outcome.status)).inc()
+            record.outcome = outcome.status  # counted by the access middleware
             elapsed = (served.clock.now_ns() - prepared.ingress_ns) / 1e9
             self.metrics.duration.labels(endpoint).observe(max(elapsed, 0.0))
+            self.metrics.e2e.labels(served.served_id).observe(max(elapsed, 0.0))
 
         if prepared.stream:
             async def chunks() -> AsyncIterator[bytes]:

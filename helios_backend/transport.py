@@ -142,13 +142,18 @@ def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: S
     max_tokens = gen.max_tokens if gen.HasField("max_tokens") else defaults.max_output_tokens
     if max_tokens <= 0:
         raise TransportError("max_tokens", "must be positive")
+    if gen.min_tokens > max_tokens:
+        raise TransportError("min_tokens", f"{gen.min_tokens} exceeds max_tokens {max_tokens}")
+    if gen.min_tokens and (strings or gen.stops.token_sequences):
+        raise TransportError("min_tokens", "cannot be combined with string stops or stop token sequences")
     return RequestSpec(
         prompt=ids, max_tokens=max_tokens, sampling=sampling,
         stops=StopSettings(strings=strings, token_ids=tuple(gen.stops.token_ids),
                            token_sequences=tuple(tuple(q.token_ids) for q in gen.stops.token_sequences)),
         logprobs=gen.logprobs.logprobs, top_logprobs=gen.logprobs.top_logprobs,
         observe_timestamps=obs.return_token_timestamps, constrained=constrained,
-        priority=gen.priority, external_id=gen.request_id)
+        priority=gen.priority, external_id=gen.request_id,
+        ignore_eos=gen.ignore_eos, min_tokens=gen.min_tokens)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.shared_permits import SharedPermits
 from tests.engine_fixtures import smollm2_core  # noqa: F401  (session fixture: the test core)
-from tests.gateway_harness import SERVED_ID, Stack, gateway_stack
+from tests.gateway_harness import SERVED_ID, Stack, gateway_stack, wait_until
 
 STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
 
@@ -61,6 +61,9 @@ def test_two_workers_serve_chat(stack: Stack) -> None:  # spec: HTTP-1
     reply = client.chat.completions.create(model=SERVED_ID, max_tokens=8, temperature=0,
                                            messages=[{"role": "user", "content": "What is 2 + 2?"}])
     assert reply.choices[0].message.content and reply.usage is not None and reply.usage.completion_tokens > 0
+    # worker processes configure their own logging: the access log names the request
+    rid = reply.id.removeprefix("chatcmpl-")
+    assert wait_until(lambda: f"{rid} POST /v1/chat/completions 200" in stack.gateway.log(), 10)
 
 
 @pytest.mark.triton

@@ -1,6 +1,7 @@
 """The token-budget loop driven by a simulated executor: exact outputs, pages, order."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from helios_proto import contract_pb2 as cp
@@ -471,3 +472,46 @@ def test_a_burst_of_arrivals_is_admitted_by_prompt_rounds_between_decode_rounds(
     assert prompt_rounds and max(prompt_rounds) >= 2
     assert all(not (a[0] == b[0] == cp.OPERATION_PREFILL) for a, b in zip(kinds, kinds[1:]))
     assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
+
+
+def test_ignore_eos_runs_to_the_output_limit_pipelined() -> None:
+    prompt = prompt_of(3, 6)
+    ref = reference_tokens(prompt, 12, VOCAB)
+    sched, engine = make(eos=(ref[5],))
+    sched.add(0, spec(prompt, max_tokens=12, ignore_eos=True))
+    events = run_two_frames(sched, engine)
+    assert tokens_of(events[0]) == ref                                   # the EOS id did not end it
+    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_LENGTH
+    assert sched.counters.pipelined > 0                                  # no host feedback needed
+
+
+def test_min_tokens_needs_feedback_only_until_reached() -> None:
+    prompt = prompt_of(4, 6)
+    sched, engine = make()
+    sched.add(0, spec(prompt, max_tokens=12, min_tokens=12, stops=StopSettings(token_ids=(VOCAB - 1,))))
+    run_two_frames(sched, engine)
+    assert sched.counters.pipelined == 0                                 # a mask every round
+    sched, engine = make(eos=(VOCAB - 2,))
+    sched.add(0, spec(prompt, max_tokens=12, min_tokens=2))
+    run_two_frames(sched, engine)
+    assert sched.counters.pipelined > 0                                  # plain decode after the minimum
+
+
+def test_sampling_mask_withholds_eos_and_stop_ids_until_min_tokens() -> None:
+    from helios_backend.engine.runner import sampling_mask
+    from helios_backend.scheduler.request import Request
+
+    def withheld(words: np.ndarray) -> set[int]:
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+        return {int(i) for i in np.flatnonzero(bits == 0)}
+
+    eos = (2, 40)
+    request = Request(0, spec([1, 2, 3], max_tokens=8, min_tokens=2, stops=StopSettings(token_ids=(7,))), 0)
+    words = sampling_mask(request, eos, 2)
+    assert words is not None and withheld(words) == {2, 40, 7}
+    ignoring = Request(1, spec([1, 2, 3], max_tokens=8, min_tokens=2, ignore_eos=True,
+                               stops=StopSettings(token_ids=(7,))), 0)
+    assert withheld(sampling_mask(ignoring, eos, 2)) == {7}             # type: ignore[arg-type]
+    request.tokens += [5, 6]                                            # two outputs: the minimum is met
+    assert sampling_mask(request, eos, 2) is None
+    assert sampling_mask(Request(2, spec([1], max_tokens=8), 0), eos, 2) is None

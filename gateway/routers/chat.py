@@ -10,6 +10,7 @@ from starlette.responses import Response
 from gateway.preparation import prepare_chat
 from gateway.presentation import ChatPresenter
 from gateway.schemas import ChatCompletion, ChatCompletionRequest, ErrorResponse
+from gateway.access import access_record
 from gateway.service import GatewayService
 
 router = APIRouter()
@@ -22,5 +23,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
              responses={200: {"model": ChatCompletion, "content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     service: GatewayService = request.app.state.service
-    return await service.handle(lambda served, ingress_ns: prepare_chat(body, served, ingress_ns),
-                                ChatPresenter, "chat", prompt_param="messages")
+    record = access_record(request)
+    return await service.handle(body, lambda served, ingress_ns: prepare_chat(body, served, ingress_ns, record.request_id),
+                                ChatPresenter, "chat", prompt_param="messages", record=record)

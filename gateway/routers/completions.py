@@ -9,6 +9,7 @@ from gateway.preparation import prepare_completion
 from gateway.presentation import CompletionPresenter
 from gateway.routers.chat import ERROR_RESPONSES
 from gateway.schemas import Completion, CompletionRequest
+from gateway.access import access_record
 from gateway.service import GatewayService
 
 router = APIRouter()
@@ -18,5 +19,6 @@ router = APIRouter()
              responses={200: {"model": Completion, "content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     service: GatewayService = request.app.state.service
-    return await service.handle(lambda served, ingress_ns: prepare_completion(body, served, ingress_ns),
-                                CompletionPresenter, "completions", prompt_param="prompt")
+    record = access_record(request)
+    return await service.handle(body, lambda served, ingress_ns: prepare_completion(body, served, ingress_ns, record.request_id),
+                                CompletionPresenter, "completions", prompt_param="prompt", record=record)

@@ -14,6 +14,7 @@ router = APIRouter()
 async def list_models(request: Request) -> ModelList:
     service: GatewayService = request.app.state.service
     served = service.served
-    cards = [{"id": model_id, "object": "model", "created": served.created, "owned_by": "helios"}
+    cards = [{"id": model_id, "object": "model", "created": served.created, "owned_by": "helios",
+              "max_model_len": served.limits.context_tokens}
              for model_id in (served.served_id, *served.aliases)]
     return ModelList.model_validate({"object": "list", "data": cards})

@@ -1,14 +1,15 @@
 """helios-serve: start tritonserver with the helios model (and the gateway) on a prepared core.
 
     helios-serve --core var/cores/smollm2-135m-instruct.core [--executor numpy|cuda]
-                 [--gateway/--no-gateway] [--concurrency N] [--page-capacity N] ...
+                 [--gateway/--no-gateway] [--host ADDR] [--api-key KEY] [--tritonserver PATH]
+                 [--concurrency N] [--page-capacity N] ...
 
 It prepares nothing (`make core` / helios-prepare does). It locates tritonserver (the
 nvidia-pytriton wheel, else /opt/tritonserver), builds a backend directory with the python
 backend and the stub for the running Python, writes a model repository whose config
 carries the options, and starts tritonserver with this environment's bin first on PATH
-(HTTP 8000, gRPC 8001, metrics 8002), then `helios-gateway` (port 9000) once the model is
-ready. SIGINT/SIGTERM are forwarded: Triton drains its streams, the gateway its connections.
+(HTTP 8000, gRPC 8001, metrics 8002, bound to 127.0.0.1 unless --triton-host says otherwise),
+then `helios-gateway` (port 9000 on --host) once the model is ready. SIGINT/SIGTERM are forwarded: Triton drains its streams, the gateway its connections.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from helios_backend.triton.launcher import (
-    Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
+    LOOPBACK, Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
     server_environment, gateway_command, write_model_repository)
 from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS
 
@@ -47,6 +48,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-workers", type=int, default=1,
                    help="gateway worker processes (one admission budget); each streamed token costs "
                         "gateway CPU, so rates beyond one core's need several")
+    p.add_argument("--host", default="0.0.0.0", help="address the gateway listens on")
+    p.add_argument("--triton-host", default=LOOPBACK,
+                   help="address tritonserver's HTTP, gRPC and metrics ports bind to (they carry no "
+                        "authentication: loopback unless asked otherwise)")
+    p.add_argument("--tritonserver", type=Path, default=None,
+                   help="the tritonserver binary (default: the nvidia-pytriton wheel's, else /opt/tritonserver)")
+    p.add_argument("--api-key", action="append", default=None,
+                   help="gateway: require 'Authorization: Bearer KEY' (repeatable; default $HELIOS_API_KEY)")
+    p.add_argument("--allowed-origins", default=None, help="gateway: CORS origins, a JSON list")
     p.add_argument("--workdir", type=Path, default=None, help="model repository and backend dir (default: temp)")
     p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None)
     for name in OPTION_PARAMETERS:
@@ -54,6 +64,22 @@ def parser() -> argparse.ArgumentParser:
                        default=None)
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model")
     return p
+
+
+def _local_triton_host(args: argparse.Namespace) -> str:
+    """Where this host reaches tritonserver (a wildcard bind is reached on the loopback)."""
+    return LOOPBACK if args.triton_host in ("0.0.0.0", "::") else args.triton_host
+
+
+def gateway_arguments(args: argparse.Namespace, ports: Ports) -> list[str]:
+    """helios-gateway's command line (after its program name) for these options."""
+    out = ["--triton", f"{_local_triton_host(args)}:{ports.grpc}", "--host", args.host, "--port", str(args.gateway_port),
+           "--workers", str(args.gateway_workers)]
+    for key in args.api_key or ():
+        out += ["--api-key", key]
+    if args.allowed_origins is not None:
+        out += ["--allowed-origins", args.allowed_origins]
+    return out
 
 
 def _status(url: str) -> int:
@@ -73,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"helios-serve: no core at {core} (prepare one: make core, or helios-prepare)", file=sys.stderr)
         return 2
     try:
-        install = locate_tritonserver()
+        install = locate_tritonserver(args.tritonserver)
     except TritonNotFound as exc:
         print(f"helios-serve: {exc}", file=sys.stderr)
         return 2
@@ -88,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     backends = prepare_backend_directory(install, workdir / "triton")
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     shm_prefix = f"helios-serve-{uuid.uuid4().hex[:8]}-"
-    triton = subprocess.Popen(server_command(install, backends, repository, ports, shm_prefix=shm_prefix),
+    triton = subprocess.Popen(server_command(install, backends, repository, ports, shm_prefix=shm_prefix,
+                                             address=args.triton_host),
                               env=server_environment(install))
     children: list[subprocess.Popen[bytes]] = [triton]
     stopping = False
@@ -109,14 +136,12 @@ def main(argv: list[str] | None = None) -> int:
                 print("helios-serve: helios-gateway is not installed; serving Triton only", file=sys.stderr)
             else:
                 deadline = time.monotonic() + args.ready_timeout
-                ready = f"http://127.0.0.1:{ports.http}/v2/models/helios/ready"
+                ready = f"http://{_local_triton_host(args)}:{ports.http}/v2/models/helios/ready"
                 while not stopping and triton.poll() is None and time.monotonic() < deadline \
                         and _status(ready) != 200:
                     time.sleep(0.5)
                 if not stopping and triton.poll() is None and _status(ready) == 200:
-                    children.append(subprocess.Popen([*gateway, "--triton", f"127.0.0.1:{ports.grpc}",
-                                                      "--port", str(args.gateway_port),
-                                                      "--workers", str(args.gateway_workers)]))
+                    children.append(subprocess.Popen([*gateway, *gateway_arguments(args, ports)]))
                 elif not stopping:
                     print("helios-serve: the helios model is not ready; see the tritonserver log above "
                           "(the gateway was not started)", file=sys.stderr)

@@ -1,6 +1,8 @@
 """Scheduler counters and gauges -> metric updates (deltas since the previous round)."""
 from __future__ import annotations
 
+import time
+
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.engine.metrics import FAMILIES, FINISH_LABEL, OPERATION_LABEL, Kind, Op, Update, update
 
@@ -18,7 +20,8 @@ class RoundMetrics:
         return zeros + [update("flare_cache_pages_capacity", Op.SET, s.pool.num_pages),
                 update("flare_request_slots_capacity", Op.SET, s.config.request_slots),
                 update("flare_snapshot_rows_capacity", Op.SET, s.snapshots.capacity),
-                update("flare_constrained_max_inflight", Op.SET, 0)]
+                update("flare_constrained_max_inflight", Op.SET, 0),
+                update("flare_kv_cache_usage_ratio", Op.SET, 0), update("flare_prefix_cache_hit_ratio", Op.SET, 0)]
 
     def collect(self) -> list[Update]:
         s, c = self._s, self._s.counters
@@ -59,6 +62,16 @@ class RoundMetrics:
             ("flare_cache_pages", "state", "cached", s.pool.cached_pages),
             ("flare_snapshot_rows", "", "", s.snapshots.used_rows),
         ]
+        pool = s.pool
+        gauges.append(("flare_kv_cache_usage_ratio", "", "", pool.used_pages / pool.num_pages if pool.num_pages else 0.0))
+        if c.lookup_tokens:
+            gauges.append(("flare_prefix_cache_hit_ratio", "", "", c.reused_tokens / c.lookup_tokens))
+        if c.first_admission_receipts_ns:
+            # read once per collection, after the admitting round: a wait is exact to one round
+            now = time.monotonic_ns()
+            out += [update("flare_request_queue_time_seconds", Op.OBSERVE, max(now - receipt, 0) / 1e9)
+                    for receipt in c.first_admission_receipts_ns]
+            c.first_admission_receipts_ns.clear()
         if c.constrained_max_inflight:
             gauges.append(("flare_constrained_max_inflight", "", "", c.constrained_max_inflight))
         for name, label, value, level in gauges:

@@ -28,6 +28,7 @@ from helios_backend.packing import SlotInitialization, PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
+from helios_backend.scheduler.request import Request
 
 _PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
 
@@ -134,8 +135,9 @@ class ProgramRunner:
         if operation == cp.OPERATION_INITIALIZATION:
             s = req.spec.sampling
             # the full known token list: a readmitted request's histogram covers its output too
+            # ignore_eos: the slot's program has no EOS ids, so only the output limit ends it
             packed.initialization = SlotInitialization.for_prompt(req.tokens, self.histogram_bins, s.seed, s,
-                                                    lane.output_limit, self.eos_ids)
+                                                    lane.output_limit, () if req.spec.ignore_eos else self.eos_ids)
             return packed
         # the step ending at a prompt's endpoint writes its partial page to the snapshot's
         # continuation row; RESTORATION copies a row into the page at `consumed`
@@ -144,8 +146,29 @@ class ProgramRunner:
                 packed.restore_row = lane.restore.source_row
         else:
             packed.snapshot_row = lane.snapshot_row
-        if req.grammar is not None and lane.sample:
-            words = np.zeros(self.mask_words, dtype=np.int32)   # bit (id % 32) of word id // 32 = allowed
-            req.grammar.fill_mask(words)
-            packed.grammar_mask = words.view(np.uint32)
+        if lane.sample:
+            packed.grammar_mask = sampling_mask(req, self.eos_ids, self.mask_words)
         return packed
+
+
+def sampling_mask(req: Request, eos_ids: tuple[int, ...], mask_words: int) -> np.ndarray | None:
+    """The mask of a lane's next sampled token (bit id % 32 of word id // 32 = allowed), or
+    None when nothing constrains it: the grammar's, less the ids withheld until min_tokens
+    (unless that leaves nothing: a finished grammar's EOS wins)."""
+    withholds = req.withholds(eos_ids)
+    if req.grammar is None and not withholds:
+        return None
+    if req.grammar is not None:
+        words = np.zeros(mask_words, dtype=np.int32)
+        req.grammar.fill_mask(words)
+        words = words.view(np.uint32)
+    else:
+        words = np.full(mask_words, 0xFFFFFFFF, dtype=np.uint32)
+    if withholds:
+        withheld = words.copy()
+        for token in req.spec.withheld_ids(eos_ids):
+            if token < 32 * mask_words:
+                withheld[token // 32] &= np.uint32(~(1 << (token % 32)) & 0xFFFFFFFF)
+        if withheld.any():
+            words = withheld
+    return words

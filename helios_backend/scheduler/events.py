@@ -44,3 +44,5 @@ class SchedulerCounters:
     constrained_max_inflight: int = 0
     generated_tokens: int = 0
     pipelined: int = 0                   # rounds submitted on the second frame
+    # receipt stamps (monotonic ns) of requests first admitted since the metrics last drained them
+    first_admission_receipts_ns: list[int] = field(default_factory=list)

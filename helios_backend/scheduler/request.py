@@ -68,6 +68,15 @@ class RequestSpec:
     constrained: bool = False            # a grammar constrains this request
     priority: int = 0
     external_id: str = ""
+    ignore_eos: bool = False             # EOS ids neither end the request nor are withheld
+    min_tokens: int = 0                  # outputs before EOS or a stop token id may be sampled
+
+    def withheld_ids(self, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """Ids masked out of sampling until min_tokens outputs exist (vLLM's min_tokens):
+        the core's EOS ids (unless ignore_eos) and the request's stop token ids."""
+        if self.min_tokens <= 0:
+            return ()
+        return (() if self.ignore_eos else eos_ids) + self.stops.token_ids
 
 
 @dataclass
@@ -108,6 +117,11 @@ class Request:
     @property
     def output_len(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    def withholds(self, eos_ids: tuple[int, ...]) -> bool:
+        """The next sampled token must not be an EOS or stop id (min_tokens not reached):
+        its round needs a host mask, so completion feedback, as a grammar does."""
+        return self.output_len < self.spec.min_tokens and bool(self.spec.withheld_ids(eos_ids))
 
     @property
     def remaining_tokens(self) -> int:

@@ -255,7 +255,9 @@ class Scheduler:
         self._running.append(req)
         self.counters.lookup_tokens += len(tokens)
         self.counters.reused_tokens += start
-        if req.reused_prompt_tokens < 0:
+        if req.reused_prompt_tokens < 0:           # the first admission: its wait ends here
+            # the receipt stamp only: no clock read in the loop (OBS-16); metrics take "now"
+            self.counters.first_admission_receipts_ns.append(self._admitted_ns.get(req.serial, 0))
             req.reused_prompt_tokens = min(start, req.prompt_len)
         else:
             self.counters.readmissions += 1
@@ -328,11 +330,11 @@ class Scheduler:
         while `plan` runs; None unless every condition for skipping completion feedback holds.
 
         Allowed only after plain decode: every lane reads its device-owned pending token, no
-        grammar, no host stops, every running request in the round, room for two more tokens,
-        pages without preemption. A lane that the in-flight round ends has this round's token
-        discarded (suppressed). A waiting request may join the next round as its one host-fed
-        lane (a MIXED round, its initialization before it): its prompt needs nothing from the
-        round in flight, so arrivals no longer stop the second frame.
+        grammar or withheld ids (min_tokens), no host stops, every running request in the round,
+        room for two more tokens, pages without preemption. A lane that the in-flight round ends
+        has this round's token discarded (suppressed). A waiting request may join the next round
+        as its one host-fed lane (a MIXED round, its initialization before it): its prompt needs
+        nothing from the round in flight, so arrivals no longer stop the second frame.
         """
         main = plan.main
         if plan.restoration or plan.initialization or main.operation != cp.OPERATION_DECODE:
@@ -342,6 +344,7 @@ class Scheduler:
         for lane in main.lanes:
             req = lane.request
             if (lane.tokens != [PENDING_TOKEN] or req.grammar is not None or req.cancelled
+                    or req.withholds(self.config.eos_ids)
                     or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.inflight != 1
                     or req.output_len + 2 > req.spec.max_tokens
                     or len(req.tokens) + 2 > self.config.context_tokens):
@@ -478,7 +481,7 @@ class Scheduler:
 
     # ---- helpers -------------------------------------------------------------------
     def _finish_reason(self, req: Request, token: int) -> "tp.FinishReason.ValueType":
-        if token in self.config.eos_ids:
+        if token in self.config.eos_ids and not req.spec.ignore_eos:
             return tp.FINISH_REASON_EOS
         stop = self._stops.get(req.serial)
         if stop is not None:

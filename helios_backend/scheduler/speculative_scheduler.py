@@ -90,7 +90,7 @@ class SpeculativeScheduler(Scheduler):
                          output_left=req.spec.max_tokens - req.output_len,
                          context_left=self.config.context_tokens - len(req.tokens),
                          inflight=req.inflight - 1,          # this round, planned but not submitted
-                         device_pending=req.device_pending, constrained=req.grammar is not None,
+                         device_pending=req.device_pending, constrained=req.grammar is not None or req.withholds(self.config.eos_ids),
                          host_stops=req.serial in self._stops)
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:

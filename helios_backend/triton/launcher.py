@@ -8,6 +8,7 @@ built for the running Python (shared/notes/triton-backend.md, section 3).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -17,8 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SYSTEM_TRITON = Path("/opt/tritonserver")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-MODEL_TEMPLATE = PROJECT_ROOT / "model_repository" / "helios"
+LOOPBACK = "127.0.0.1"   # tritonserver's ports carry no authentication: local unless asked otherwise
+
+
+def _model_template() -> Path:
+    """model_repository/helios: a package of its own, so a plain (non-editable) install
+    ships it too; found without importing it (its directory only holds Triton files)."""
+    spec = importlib.util.find_spec("model_repository")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the model_repository package is not installed")
+    return Path(list(spec.submodule_search_locations)[0]) / "helios"
+
+
+MODEL_TEMPLATE = _model_template()
 
 
 class TritonNotFound(Exception):
@@ -40,22 +52,35 @@ class Ports:
     metrics: int = 8002
 
 
-def locate_tritonserver() -> TritonInstall:
-    """The wheel's tritonserver first (it matches this Python), else /opt/tritonserver."""
+def _install_at(root: Path, version: str) -> TritonInstall:
+    """The layout under a tritonserver root: the wheel's (stubs per Python version and
+    bundled libraries beside the package) or NGC's (/opt/tritonserver, one stub)."""
+    python = root / "backends" / "python"
+    wheel_stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if wheel_stub.is_file():
+        libs = root.parent.parent / "nvidia_pytriton.libs"
+        return TritonInstall(root / "bin" / "tritonserver", python, wheel_stub, libs if libs.is_dir() else None)
+    return TritonInstall(root / "bin" / "tritonserver", python, python / "triton_python_backend_stub", None)
+
+
+def locate_tritonserver(binary: Path | None = None) -> TritonInstall:
+    """`binary` when given (its root's python backend and stub); else the wheel's
+    tritonserver first (it matches this Python), else /opt/tritonserver."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if binary is not None:
+        install = _install_at(binary.resolve().parent.parent, version)
+        if not (install.binary.is_file() and install.stub.is_file()):
+            raise TritonNotFound(f"--tritonserver {binary}: no tritonserver with a python backend stub there "
+                                 f"(looked for {install.binary} and {install.stub})")
+        return install
     try:
         import pytriton
-        root = Path(pytriton.__file__).resolve().parent / "tritonserver"
-        libs = root.parent.parent / "nvidia_pytriton.libs"
-        install = TritonInstall(root / "bin" / "tritonserver", root / "backends" / "python",
-                                root / "python_backend_stubs" / version / "triton_python_backend_stub",
-                                libs if libs.is_dir() else None)
+        install = _install_at(Path(pytriton.__file__).resolve().parent / "tritonserver", version)
         if install.binary.is_file() and install.stub.is_file():
             return install
     except ImportError:
         pass
-    system = TritonInstall(SYSTEM_TRITON / "bin" / "tritonserver", SYSTEM_TRITON / "backends" / "python",
-                           SYSTEM_TRITON / "backends" / "python" / "triton_python_backend_stub", None)
+    system = _install_at(SYSTEM_TRITON, version)
     if system.binary.is_file():
         return system
     raise TritonNotFound(f"no tritonserver: install nvidia-pytriton (stub for Python {version}) "
@@ -91,9 +116,11 @@ def server_environment(install: TritonInstall, base: dict[str, str] | None = Non
 
 
 def server_command(install: TritonInstall, backends: Path, model_repository: Path, ports: Ports, *,
-                   shm_prefix: str, exit_timeout_s: int = 30, log_verbose: int = 0) -> list[str]:
+                   shm_prefix: str, exit_timeout_s: int = 30, log_verbose: int = 0,
+                   address: str = LOOPBACK) -> list[str]:
     return [str(install.binary), f"--model-repository={model_repository}",
             f"--backend-directory={backends}",
+            f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
             f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
             "--allow-metrics=true", "--allow-gpu-metrics=false", "--metrics-interval-ms=500",
             # a model that fails to load stays not ready (its log line names the cause)

@@ -46,6 +46,8 @@ class AnswerFormat(enum.Enum):
     TEXT = "text"
     JSON_OBJECT = "json_object"
     JSON_SCHEMA = "json_schema"
+    REGEX = "regex"                      # vLLM structured_outputs.regex / guided_regex
+    CHOICE = "choice"                    # vLLM structured_outputs.choice / guided_choice
 
 
 class InvalidToolChoiceError(GrammarRequestError):
@@ -72,6 +74,8 @@ class ConstraintRequest:
     parallel_tool_calls: bool = True
     answer_format: AnswerFormat = AnswerFormat.TEXT
     answer_schema: Mapping[str, Any] | None = None
+    answer_pattern: str = ""             # REGEX: the answer matches it whole
+    answer_choices: tuple[str, ...] = ()  # CHOICE: the answer is exactly one of them
     reasoning_max_chars: int | None = None  # reasoning budget; then the close delimiter is forced
 
     def engine_tools(self) -> dict[str, Mapping[str, Any]]:
@@ -201,6 +205,16 @@ class _LarkWriter:
         return "\n".join([f"start: {start}", *self._lines]) + "\n"
 
 
+def answer_regex(pattern: str) -> str:
+    """A Lark expression matching the whole of a regex (llguidance's regex syntax)."""
+    return "/" + llg.regex_to_lark(pattern) + "/"
+
+
+def answer_choice(choices: Sequence[str]) -> str:
+    """A Lark expression matching exactly one of the strings."""
+    return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
 def _seq(*parts: str) -> str:
     return " ".join(p for p in parts if p)
 
@@ -308,8 +322,13 @@ class _Builder:
 
     # ---- answers ------------------------------------------------------------------------------
     def _document(self) -> str:
-        if self.request.answer_format is AnswerFormat.JSON_SCHEMA:
+        fmt = self.request.answer_format
+        if fmt is AnswerFormat.JSON_SCHEMA:
             return self.w.json(self.request.answer_schema or {})
+        if fmt is AnswerFormat.REGEX:
+            return self.w.rule(answer_regex(self.request.answer_pattern), "answer")
+        if fmt is AnswerFormat.CHOICE:
+            return self.w.rule(answer_choice(self.request.answer_choices), "answer")
         return self.w.json({"type": "object"})
 
     def _tools_allowed(self) -> bool:
