@@ -133,3 +133,15 @@ def test_model_load_selects_the_cpu_executor(tiny_prepared):
         assert model.manifests[0].cache_pages == 64
     finally:
         model.close()
+
+
+def test_serving_defaults_to_the_cpu_executor_without_a_gpu(tmp_path: pathlib.Path):
+    from helios_backend.cli.serve import parser, resolve_executor
+    from helios_backend.executors.cuda.driver import gpu_available
+    from helios_backend.server.settings import StartupOptions
+
+    assert parser().parse_args(["--core", "x.core"]).executor == "auto"
+    assert resolve_executor("auto") == ("cuda" if gpu_available() else "cpu")
+    assert resolve_executor("numpy") == "numpy"
+    assert StartupOptions(tmp_path / "x.core").executor == "cpu"     # a config without the parameter
+    assert StartupOptions.from_parameters({"executor": "cpu"}, tmp_path).executor == "cpu"
