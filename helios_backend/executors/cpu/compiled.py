@@ -6,7 +6,7 @@ registers by `f16_bits_to_f32`, an LLVM `fpext half -> float` that the loop vect
 into vcvtph2ps (F16C / AVX-512). Nothing streams an f32 copy of a weight per step: a decode
 step reads each weight byte once.
 
-Parallel loops (`prange`) split output rows (projections) or (row, query head) pairs
+Parallel loops (`prange`) split output rows (projections) or (token, query head) pairs
 (attention) over numba's threads; every function writes into arrays it is given, so the
 hot path allocates nothing. The functions mirror kernels/ references (the conformance
 oracle); only the summation order differs.
@@ -172,54 +172,51 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
 
 
 @njit(parallel=True, **_JIT)
-def decode_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                     tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray, page_table: np.ndarray,
-                     scores: np.ndarray, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
-                     pages_per_row: int, page_stride: int, scale: float) -> None:
-    """One query per row: out[t] = softmax(q k^T * scale) v over positions 0..positions[t] of the slot.
+def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n: int,
+                     positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
+                     q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
+                     page_stride: int, scale: float) -> None:
+    """out[t] = softmax(q[t] k^T * scale) v over positions 0..positions[t] of token t's slot, t < n.
 
-    tokens [r] is row r's packed token; scores is scratch [rows * q_heads, context capacity].
-    Threads split (row, query head) pairs; query head h reads kv head h // (q_heads / kv_heads).
+    Every live token at once, decode rows and prefill chunks alike (the step's keys are already
+    in the cache). Threads split (token, query head) pairs; query head h reads kv head
+    h // (q_heads / kv_heads). The softmax is accumulated online (running max and sum, the
+    weighted values rescaled when the max grows) straight into `out`: no scores scratch.
     """
     group = q_heads // kv_heads
     kv_width = kv_heads * head_dim
     q_width = q_heads * head_dim
-    context_capacity = scores.size // max(1, tokens.size * q_heads)
-    for pair in prange(tokens.size * q_heads):
-        r = pair // q_heads
+    for pair in prange(n * q_heads):
+        t = pair // q_heads
         head = pair % q_heads
-        t = tokens[r]
-        context = positions[t] + 1
+        slot = row_slot[token_row[t]]
         query = q[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
-        row_scores = scores[pair * context_capacity:pair * context_capacity + context]
-        head_offset = (head // group) * head_dim
-        best = np.float32(0.0)
-        for j in range(context):
-            page = page_table[slots[r] * pages_per_row + j // page_tokens]
-            start = page * page_stride + (j % page_tokens) * kv_width + head_offset
-            key = k_cache[start:start + head_dim]    # a slice: indexing by a computed signed
-            total = np.float32(0.0)                   # offset would keep the loop scalar
-            for d in range(head_dim):
-                total += query[d] * key[d]
-            total *= np.float32(scale)
-            row_scores[j] = total
-            if j == 0 or total > best:    # no -inf start: fastmath assumes finite values
-                best = total
-        norm = np.float32(0.0)
-        for j in range(context):
-            e = np.exp(row_scores[j] - best)
-            row_scores[j] = e
-            norm += e
         target = out[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
+        head_offset = (head // group) * head_dim
         target[:] = 0.0
-        for j in range(context):
-            page = page_table[slots[r] * pages_per_row + j // page_tokens]
+        best = np.float32(0.0)
+        norm = np.float32(0.0)
+        for j in range(positions[t] + 1):
+            page = page_table[slot * pages_per_row + j // page_tokens]
             start = page * page_stride + (j % page_tokens) * kv_width + head_offset
-            value = v_cache[start:start + head_dim]
-            weight = row_scores[j] / norm
+            key = k_cache[start:start + head_dim]    # slices: indexing by a computed signed
+            value = v_cache[start:start + head_dim]  # offset would keep the loops scalar
+            score = np.float32(0.0)
             for d in range(head_dim):
-                target[d] += weight * value[d]
-
+                score += query[d] * key[d]
+            score *= np.float32(scale)
+            if j == 0:                               # no -inf start: fastmath assumes finite values
+                best = score
+            grown = max(best, score)
+            correction = np.exp(best - grown)
+            weight = np.exp(score - grown)
+            best = grown
+            norm = norm * correction + weight
+            for d in range(head_dim):
+                target[d] = target[d] * correction + weight * value[d]
+        inverse = np.float32(1.0) / norm
+        for d in range(head_dim):
+            target[d] *= inverse
 
 def warm_up() -> None:
     """Compile every primitive for the argument types the kernels pass (numba caches the machine
@@ -234,4 +231,4 @@ def warm_up() -> None:
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)
     rope_store(f32, f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
-    decode_attention(f32, f32, f32, f32, i32[:1], i32, i32, i32, f32, 1, 1, 2, 1, 1, 32, 1.0)
+    causal_attention(f32, f32, f32, f32, 1, i32, i32, i32, i32, 1, 1, 2, 1, 1, 32, 1.0)

@@ -11,8 +11,7 @@ compiled primitives (compiled.py), which widen them in registers.
 Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
 there a weight is widened tile by tile into a preallocated f32 tile and multiplied by BLAS
 (sgemm beats a hand loop by several times), so a prefill step reads each weight once too.
-Attention over rows of one query (decode) is compiled; rows of several queries (prefill)
-use the reference, whose batched matmuls are BLAS as well.
+Attention is one compiled kernel for every live token (decode rows and prefill chunks).
 
 Workspace: one set of scratch arrays sized at load from the largest program (tokens, widths,
 context), owned by the instance; the hot path allocates nothing but small index arrays.
@@ -25,7 +24,6 @@ from typing import Callable, Mapping
 import numpy as np
 
 from helios_backend.executors.cpu import compiled
-from helios_backend.kernels import attention
 from helios_backend.kernels.state import live_tokens, row_starts, token_rows
 
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
@@ -57,7 +55,6 @@ class CpuKernels:
         self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._tile = np.zeros(TILE_ELEMENTS, dtype=np.float32)
-        self._scores = np.zeros(capacity.rows * capacity.heads * capacity.context, dtype=np.float32)
         self._identity = np.arange(capacity.tokens, dtype=np.int64)
 
     @property
@@ -123,19 +120,9 @@ class CpuKernels:
                         geometry: np.ndarray, rows: int, tokens: int, q_heads: int, kv_heads: int,
                         head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
                         scale: float) -> None:
-        starts = row_starts(geometry, rows, tokens)
-        lengths = starts[1:] - starts[:-1]
-        if int(lengths.max(initial=0)) > 1:   # a row of several queries: the reference's BLAS path
-            attention.paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
-                                      tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                                      page_stride, scale)
-            return
-        single = np.flatnonzero(lengths == 1)
-        if single.size == 0:
-            return
-        compiled.decode_attention(out, q, k_cache, v_cache, starts[single], positions, row_slot[single],
-                                  page_table, self._scores, q_heads, kv_heads, head_dim, page_tokens,
-                                  pages_per_row, page_stride, scale)
+        compiled.causal_attention(out, q, k_cache, v_cache, live_tokens(geometry), positions,
+                                  token_rows(geometry, tokens), row_slot, page_table, q_heads, kv_heads, head_dim,
+                                  page_tokens, pages_per_row, page_stride, scale)
 
     def paged_attention_split(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                               positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
