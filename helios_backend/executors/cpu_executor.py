@@ -35,7 +35,7 @@ __all__ = ["CpuExecutor", "CpuExecutorOptions"]
 class CpuExecutorOptions:
     cache_pages: int = 64                         # physical pages backing each CACHE plane (every rank)
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
-    threads: int = 2                              # compiled loops and BLAS; capped at the CPU count
+    threads: int = 2                              # compiled loops and product workers; capped at the CPU count
 
     def __post_init__(self) -> None:
         if self.cache_pages < 1:
@@ -79,13 +79,17 @@ class CpuExecutor(NumpyExecutor):
         warm_up()                          # compile (or load from numba's cache) before the first step
         wanted = options.programs if options.programs is not None else {
             p.name for p in manifest.programs if p.rank == 0}
-        self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted))
+        self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads)
         self.cpu_options = options
         # the compiled attention reads f32 cache planes: F16 planes are held widened, as numpy's default
         super().__init__(manifest, read_resource,
                          NumpyExecutorOptions(cache_pages=options.cache_pages, programs=options.programs,
-                                              blas_threads=threads, widen_f16_cache=True),
+                                              blas_threads=1, widen_f16_cache=True),
                          implementations=self.kernels.table, weight_shadows=False)
+
+    def close(self) -> None:
+        super().close()
+        self.kernels.close()
 
     def resident_weight_bytes(self) -> int:
         """Bytes of weights held (declared layouts, no shadows): rank 0's, for the memory figures."""

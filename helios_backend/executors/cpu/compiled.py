@@ -38,10 +38,11 @@ def f32_to_f16_bits(typingctx, value):  # type: ignore[no-untyped-def]
     return types.uint16(types.float32), codegen
 
 
-@njit(parallel=True, **_JIT)
+@njit(**_JIT)
 def widen(out: np.ndarray, bits: np.ndarray, count: int) -> None:
-    """out[:count] = f32(bits[:count]) (a weight tile for a BLAS product)."""
-    for i in prange(count):
+    """out[:count] = f32(bits[:count]) (a weight tile for a BLAS product). Serial and without the
+    GIL: the product's worker threads each widen their own tiles."""
+    for i in range(count):
         out[i] = f16_bits_to_f32(bits[i])
 
 
@@ -180,8 +181,8 @@ def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cach
 
     Every live token at once, decode rows and prefill chunks alike (the step's keys are already
     in the cache). Threads split (token, query head) pairs; query head h reads kv head
-    h // (q_heads / kv_heads). The softmax is accumulated online (running max and sum, the
-    weighted values rescaled when the max grows) straight into `out`: no scores scratch.
+    h // (q_heads / kv_heads). Three passes per pair (scores and max, exp and sum, weighted
+    values) over a scores array of its own; one exp per key.
     """
     group = q_heads // kv_heads
     kv_width = kv_heads * head_dim
@@ -190,33 +191,36 @@ def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cach
         t = pair // q_heads
         head = pair % q_heads
         slot = row_slot[token_row[t]]
+        context = positions[t] + 1
         query = q[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
         target = out[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
         head_offset = (head // group) * head_dim
-        target[:] = 0.0
+        scores = np.empty(context, dtype=np.float32)   # per pair: threads never share it
         best = np.float32(0.0)
-        norm = np.float32(0.0)
-        for j in range(positions[t] + 1):
+        for j in range(context):
             page = page_table[slot * pages_per_row + j // page_tokens]
             start = page * page_stride + (j % page_tokens) * kv_width + head_offset
-            key = k_cache[start:start + head_dim]    # slices: indexing by a computed signed
-            value = v_cache[start:start + head_dim]  # offset would keep the loops scalar
-            score = np.float32(0.0)
+            key = k_cache[start:start + head_dim]    # a slice: indexing by a computed signed
+            score = np.float32(0.0)                  # offset would keep the loop scalar
             for d in range(head_dim):
                 score += query[d] * key[d]
             score *= np.float32(scale)
-            if j == 0:                               # no -inf start: fastmath assumes finite values
+            scores[j] = score
+            if j == 0 or score > best:               # no -inf start: fastmath assumes finite values
                 best = score
-            grown = max(best, score)
-            correction = np.exp(best - grown)
-            weight = np.exp(score - grown)
-            best = grown
-            norm = norm * correction + weight
+        norm = np.float32(0.0)
+        for j in range(context):
+            weight = np.exp(scores[j] - best)
+            scores[j] = weight
+            norm += weight
+        target[:] = 0.0
+        for j in range(context):
+            page = page_table[slot * pages_per_row + j // page_tokens]
+            start = page * page_stride + (j % page_tokens) * kv_width + head_offset
+            value = v_cache[start:start + head_dim]
+            weight = scores[j] / norm
             for d in range(head_dim):
-                target[d] = target[d] * correction + weight * value[d]
-        inverse = np.float32(1.0) / norm
-        for d in range(head_dim):
-            target[d] *= inverse
+                target[d] += weight * value[d]
 
 def warm_up() -> None:
     """Compile every primitive for the argument types the kernels pass (numba caches the machine

@@ -9,8 +9,11 @@ arrive as the declared f16 arrays (no f32 shadow); the methods pass their uint16
 compiled primitives (compiled.py), which widen them in registers.
 
 Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
-there a weight is widened tile by tile into a preallocated f32 tile and multiplied by BLAS
+there a weight is widened tile by tile into preallocated f32 tiles and multiplied by BLAS
 (sgemm beats a hand loop by several times), so a prefill step reads each weight once too.
+The tiles are split over `threads` Python workers, each calling single-threaded BLAS (numpy
+releases the GIL): OpenBLAS's own threads measured 7-20 GFLOP/s on the shared 2-core machine
+where one thread gave 47-52.
 Attention is one compiled kernel for every live token (decode rows and prefill chunks).
 
 Workspace: one set of scratch arrays sized at load from the largest program (tokens, widths,
@@ -18,6 +21,7 @@ context), owned by the instance; the hot path allocates nothing but small index 
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -50,11 +54,14 @@ def _bits(weight: np.ndarray) -> np.ndarray:
 class CpuKernels:
     """Compiled implementations of the hot kernel ids over one workspace."""
 
-    def __init__(self, capacity: Capacity) -> None:
+    def __init__(self, capacity: Capacity, threads: int) -> None:
         self.capacity = capacity
+        self.threads = threads
+        # large products: one Python worker per thread, each with its own tile and a 1-thread BLAS
+        self._workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="helios-cpu-product")
+        self._tiles = [np.zeros(TILE_ELEMENTS, dtype=np.float32) for _ in range(threads)]
         self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
-        self._tile = np.zeros(TILE_ELEMENTS, dtype=np.float32)
         self._identity = np.arange(capacity.tokens, dtype=np.int64)
 
     @property
@@ -80,15 +87,25 @@ class CpuKernels:
             return
         inputs = x[:n * k].reshape(n, k)
         outputs = out[:n * m].reshape(n, m)
-        tile_rows = max(1, min(m, TILE_ELEMENTS // k))
-        for start in range(0, m, tile_rows):
-            rows = min(tile_rows, m - start)
-            compiled.widen(self._tile, bits[start * k:], rows * k)
-            tile = self._tile[:rows * k].reshape(rows, k)
-            if accumulate:
-                outputs[:, start:start + rows] += inputs @ tile.T
-            else:
-                np.matmul(inputs, tile.T, out=outputs[:, start:start + rows])
+        tile_rows = max(1, min(-(-m // self.threads), TILE_ELEMENTS // k))
+        starts = list(range(0, m, tile_rows))
+
+        def worker(index: int) -> None:
+            tile_memory = self._tiles[index]
+            for start in starts[index::self.threads]:
+                rows = min(tile_rows, m - start)
+                compiled.widen(tile_memory, bits[start * k:], rows * k)
+                tile = tile_memory[:rows * k].reshape(rows, k)
+                if accumulate:
+                    outputs[:, start:start + rows] += inputs @ tile.T
+                else:
+                    np.matmul(inputs, tile.T, out=outputs[:, start:start + rows])
+
+        for done in [self._workers.submit(worker, i) for i in range(min(self.threads, len(starts)))]:
+            done.result()
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True)
 
     def _norm(self, hidden: np.ndarray, rows: np.ndarray, weight: np.ndarray, dim: int, eps: float) -> np.ndarray:
         compiled.rms_norm(self._normed, hidden, rows, _bits(weight), dim, eps)
