@@ -68,10 +68,12 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
         prefill_runs = [_timed_prefill(model, [prefill_ids]) for _ in range(repeats)]
         _timed_decode(model, decode_ids, 1, 4)                                  # warm-up
         decode = {b: [_timed_decode(model, decode_ids, b, new_tokens) for _ in range(repeats)] for b in batches}
+        measured = _memory()                                                    # the model still loaded
     finally:
         model.close()
+        bootstrap.close()
     figures = _figures(prefill_runs, len(prefill_ids), decode, new_tokens)
-    figures.update(engine="helios cpu executor", threads=threads, after_load=loaded, **_memory())
+    figures.update(engine="helios cpu executor", threads=threads, after_load=loaded, **measured)
     return figures
 
 

@@ -51,47 +51,86 @@ def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m
     """out[t, o] (+)= sum_i x[t, i] * weight[o, i] for t < n; out [n, m], x [n, k], weight [m, k] f16 bits.
 
     Output rows are split over threads; each weight row (k halves, L1-resident) is widened
-    once per token block of 4, so the weight is read once per call whatever n is.
+    once per token block of 8 (then 4, then 1), so the weight is read once per call whatever n is.
     """
     for o in prange(m):
         row = weight[o * k:(o + 1) * k]
         t = 0
+        while t + 8 <= n:
+            _dot8(out, x, row, t, k, m, o, accumulate)
+            t += 8
         while t + 4 <= n:
-            x0 = x[t * k:(t + 1) * k]
-            x1 = x[(t + 1) * k:(t + 2) * k]
-            x2 = x[(t + 2) * k:(t + 3) * k]
-            x3 = x[(t + 3) * k:(t + 4) * k]
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            for i in range(k):
-                w = f16_bits_to_f32(row[i])
-                a0 += w * x0[i]
-                a1 += w * x1[i]
-                a2 += w * x2[i]
-                a3 += w * x3[i]
-            if accumulate:
-                out[t * m + o] += a0
-                out[(t + 1) * m + o] += a1
-                out[(t + 2) * m + o] += a2
-                out[(t + 3) * m + o] += a3
-            else:
-                out[t * m + o] = a0
-                out[(t + 1) * m + o] = a1
-                out[(t + 2) * m + o] = a2
-                out[(t + 3) * m + o] = a3
+            _dot4(out, x, row, t, k, m, o, accumulate)
             t += 4
         while t < n:
             xs = x[t * k:(t + 1) * k]
             acc = np.float32(0.0)
             for i in range(k):
                 acc += f16_bits_to_f32(row[i]) * xs[i]
-            if accumulate:
-                out[t * m + o] += acc
-            else:
-                out[t * m + o] = acc
+            _store(out, t * m + o, acc, accumulate)
             t += 1
+
+
+@njit(inline="always", **_JIT)
+def _store(out: np.ndarray, index: int, value: np.float32, accumulate: bool) -> None:
+    if accumulate:
+        out[index] += value
+    else:
+        out[index] = value
+
+
+@njit(inline="always", **_JIT)
+def _dot4(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: int, o: int,
+          accumulate: bool) -> None:
+    """Tokens t..t+3 against one weight row: each half widened once, four accumulators."""
+    x0 = x[t * k:(t + 1) * k]
+    x1 = x[(t + 1) * k:(t + 2) * k]
+    x2 = x[(t + 2) * k:(t + 3) * k]
+    x3 = x[(t + 3) * k:(t + 4) * k]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for i in range(k):
+        w = f16_bits_to_f32(row[i])
+        a0 += w * x0[i]
+        a1 += w * x1[i]
+        a2 += w * x2[i]
+        a3 += w * x3[i]
+    _store(out, t * m + o, a0, accumulate)
+    _store(out, (t + 1) * m + o, a1, accumulate)
+    _store(out, (t + 2) * m + o, a2, accumulate)
+    _store(out, (t + 3) * m + o, a3, accumulate)
+
+
+@njit(inline="always", **_JIT)
+def _dot8(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: int, o: int,
+          accumulate: bool) -> None:
+    """Tokens t..t+7 against one weight row (a decode step of 8 rows: one pass over the weight)."""
+    x0 = x[t * k:(t + 1) * k]
+    x1 = x[(t + 1) * k:(t + 2) * k]
+    x2 = x[(t + 2) * k:(t + 3) * k]
+    x3 = x[(t + 3) * k:(t + 4) * k]
+    x4 = x[(t + 4) * k:(t + 5) * k]
+    x5 = x[(t + 5) * k:(t + 6) * k]
+    x6 = x[(t + 6) * k:(t + 7) * k]
+    x7 = x[(t + 7) * k:(t + 8) * k]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    for i in range(k):
+        w = f16_bits_to_f32(row[i])
+        a0 += w * x0[i]
+        a1 += w * x1[i]
+        a2 += w * x2[i]
+        a3 += w * x3[i]
+        a4 += w * x4[i]
+        a5 += w * x5[i]
+        a6 += w * x6[i]
+        a7 += w * x7[i]
+    _store(out, t * m + o, a0, accumulate)
+    _store(out, (t + 1) * m + o, a1, accumulate)
+    _store(out, (t + 2) * m + o, a2, accumulate)
+    _store(out, (t + 3) * m + o, a3, accumulate)
+    _store(out, (t + 4) * m + o, a4, accumulate)
+    _store(out, (t + 5) * m + o, a5, accumulate)
+    _store(out, (t + 6) * m + o, a6, accumulate)
+    _store(out, (t + 7) * m + o, a7, accumulate)
 
 
 @njit(**_JIT)
