@@ -53,8 +53,8 @@ def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: dict[in
 
 def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[int], batches: Sequence[int],
                    new_tokens: int, repeats: int, threads: int) -> dict[str, Any]:
-    from helios_backend.bootstrap import Bootstrap
-    from helios_backend.model import ModelOptions, NativeModel
+    from helios_backend.engine.bootstrap import Bootstrap
+    from helios_backend.engine.model import ModelOptions, NativeModel
     from bench.numpy_executor import _timed_decode, _timed_prefill
 
     bootstrap = Bootstrap.load(core, "helios.local/smollm2")

@@ -1,7 +1,9 @@
 """The CPU executor (compiled kernels) against the numpy executor, its conformance oracle.
 
-On a small random-weight llama (tests/tiny_gguf.py: 2 layers, 64 wide, the real tokenizer's
-49,152-token vocabulary) prepared with every operation the recipe records, the same harness
+On small random-weight stand-ins (tests/tiny_checkpoints.py: 2 layers, 64 wide, a tiny byte-level
+vocabulary) of both families the recipes prepare (llama through the SmolLM2 recipe; qwen2, with
+q/k/v biases and a separate head, through its recipe), prepared with every operation the
+recipe records, the same harness
 as the CUDA conformance script (tests/gpu/conformance.py) runs each program on both
 executors from fresh slots and compares completion records (tokens exactly), logits and
 float state within CPU_LOGIT_TOLERANCE of each row's largest magnitude, integer state
@@ -25,9 +27,9 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu_executor import CpuExecutor, CpuExecutorOptions, program_capacity
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
-from helios_backend.model import ModelOptions, NativeModel
-from helios_backend.runtime.driver import Driver, GenerationRequest
-from tests.tiny_gguf import write_tiny_gguf
+from helios_backend.engine.model import ModelOptions, NativeModel
+from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
+from tests.tiny_checkpoints import TinyShape, tiny_vocabulary, tiny_weights, write_tiny_gguf
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "gpu"))
 import conformance  # noqa: E402  (the executor-agnostic harness of the CUDA conformance script)
@@ -38,16 +40,24 @@ CACHE_PAGES = 256
 STEPS = 64
 
 
-@pytest.fixture(scope="module")
-def tiny_prepared(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from ignition.preparation.prepare import prepare
-    from ignition.recipes import smollm2_135m_instruct as recipe
+    from ignition.recipes import qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
 
-    gguf = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-random.gguf")
+    directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    if request.param == "llama":     # SmolLM2's conventions: no biases, the head tied to the embedding
+        recipe = smollm2_135m_instruct
+        weights = tiny_weights(TinyShape(), len(tiny_vocabulary()[0]), biases=False, tied=True)
+        gguf = write_tiny_gguf(directory / "tiny-llama.gguf", arch="llama", weights=weights,
+                               chat_template=recipe.CHECKPOINT_TEMPLATE)
+    else:
+        recipe = qwen2_5_coder_0_5b_instruct
+        gguf = write_tiny_gguf(directory / "tiny-qwen2.gguf")
     options = dataclasses.replace(
         recipe.RecipeOptions(), gguf_path=str(gguf), context_tokens=512, prepared_pages=CACHE_PAGES,
         decode_rows=(1, 2, 8), prefill_variants=((1, 16), (1, 64), (2, 64)), mixed_variants=((2, 17),),
-        admission_rows=(1, 2), resume_rows=(1,), restoration_rows=(1,), snapshot_rows=4)
+        admission_rows=(1, 2), resume_rows=(1,), restoration_rows=(1,), snapshot_rows=4, top_logprobs=4)
     return prepare(recipe, options)
 
 
@@ -102,9 +112,9 @@ def test_greedy_generation_is_identical_for_64_steps(tiny_prepared, executors, b
     prompts = [rng.integers(0, vocab, 5 + 3 * i).tolist() for i in range(batch)]
     tokens = {}
     for kind, model in executors.items():
-        requests = [GenerationRequest(p, max_tokens=STEPS, eos_ids=(vocab - 1,)) for p in prompts]
-        tokens[kind] = [r.tokens for r in Driver(model).generate(requests)]
-    assert all(len(t) == STEPS for t in tokens["numpy"])
+        requests = [GenerationRequest(p, max_tokens=STEPS, eos_ids=(-1,)) for p in prompts]   # no EOS: 64 steps
+        tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
+    assert all(len(t) == STEPS for t in tokens["numpy"]), [len(t) for t in tokens["numpy"]]
     assert tokens["cpu"] == tokens["numpy"]
     assert len({tuple(t) for t in tokens["cpu"]}) == batch    # distinct prompts, distinct outputs
 
@@ -122,7 +132,7 @@ def test_weights_stay_in_their_declared_f16_layout(tiny_prepared, executors):
 def test_workspace_is_sized_from_the_largest_program(tiny_prepared):
     capacity = program_capacity(_programs(tiny_prepared))
     assert capacity.tokens == 64 and capacity.heads == 4
-    assert capacity.width == 2 * 128                       # the fused gate/up product
+    assert capacity.width == 2 * TinyShape().ffn             # the fused gate/up product
     assert capacity.context == 512
 
 
@@ -140,7 +150,7 @@ def test_model_load_selects_the_cpu_executor(tiny_prepared):
 def test_serving_defaults_to_the_cpu_executor_without_a_gpu(tmp_path: pathlib.Path):
     from helios_backend.cli.serve import parser, resolve_executor
     from helios_backend.executors.cuda.driver import gpu_available
-    from helios_backend.server.settings import StartupOptions
+    from helios_backend.engine.settings import StartupOptions
 
     assert parser().parse_args(["--core", "x.core"]).executor == "auto"
     assert resolve_executor("auto") == ("cuda" if gpu_available() else "cpu")

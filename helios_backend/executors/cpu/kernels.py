@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class CpuKernels:
         return {
             "embedding.gather.v1": self.embed_tokens,
             "attention.qkv_rope_store.v1": self.qkv_rope_store,
+            "attention.qkv_bias_rope_store.v1": self.qkv_bias_rope_store,
             "attention.paged.v1": self.paged_attention,
             "attention.paged_split.v1": self.paged_attention_split,
             "linear.residual.v1": self.linear_residual,
@@ -122,12 +123,26 @@ class CpuKernels:
                        geometry: np.ndarray, tokens: int, dim: int, q_heads: int, kv_heads: int,
                        head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
                        eps: float, rope_pairing: int) -> None:
+        self.qkv_bias_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, None, rope_table,
+                                 positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads, head_dim,
+                                 page_tokens, pages_per_row, page_stride, eps, rope_pairing)
+
+    def qkv_bias_rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
+                            norm_weight: np.ndarray, qkv_weight: np.ndarray, qkv_bias: Optional[np.ndarray],
+                            rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray,
+                            row_slot: np.ndarray, geometry: np.ndarray, tokens: int, dim: int, q_heads: int,
+                            kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                            eps: float, rope_pairing: int) -> None:
+        """The projection plus an f32 bias (None: no bias) before RoPE, as the reference."""
         n = live_tokens(geometry)
         if n == 0:
             return
         width = (q_heads + 2 * kv_heads) * head_dim
         normed = self._norm(hidden, self._identity[:n], norm_weight, dim, eps)
         self._product(self._projected, normed, qkv_weight, n, dim, width, False)
+        if qkv_bias is not None:
+            projected = self._projected[:n * width].reshape(n, width)
+            projected += qkv_bias[:width]
         compiled.rope_store(q_out, k_cache, v_cache, self._projected, rope_table, positions,
                             token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
                             page_tokens, pages_per_row, page_stride, rope_pairing)
