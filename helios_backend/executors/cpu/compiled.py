@@ -103,7 +103,9 @@ def _dot4(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: in
 @njit(inline="always", **_JIT)
 def _dot8(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: int, o: int,
           accumulate: bool) -> None:
-    """Tokens t..t+7 against one weight row (a decode step of 8 rows: one pass over the weight)."""
+    """Tokens t..t+7 against one weight row (a decode step of 8 rows: one pass over the weight).
+    _dot4's shape with eight accumulators: measured 0.56 ms vs 0.68 ms for two _dot4 blocks on a
+    [3072, 576] product of 8 tokens, one thread."""
     x0 = x[t * k:(t + 1) * k]
     x1 = x[(t + 1) * k:(t + 2) * k]
     x2 = x[(t + 2) * k:(t + 3) * k]
