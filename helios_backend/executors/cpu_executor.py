@@ -73,8 +73,8 @@ class CpuExecutor(NumpyExecutor):
                  options: CpuExecutorOptions = CpuExecutorOptions()) -> None:
         # numba's own work queue: with the OpenMP layer, idle workers spin (OMP_WAIT_POLICY=ACTIVE)
         # and stole the cores from the next kernel, 1.3 ms per node instead of 15 us (measured on 2 cores)
-        numba.config.THREADING_LAYER = "workqueue"
-        threads = min(options.threads, numba.config.NUMBA_NUM_THREADS)
+        setattr(numba.config, "THREADING_LAYER", "workqueue")   # config attributes are set at import
+        threads = min(options.threads, int(getattr(numba.config, "NUMBA_NUM_THREADS")))
         numba.set_num_threads(threads)     # process-wide: numba has one thread pool
         warm_up()                          # compile (or load from numba's cache) before the first step
         wanted = options.programs if options.programs is not None else {

@@ -13,32 +13,36 @@ oracle); only the summation order differs.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, cast
+
 import numpy as np
-from llvmlite import ir
+from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
-_JIT = dict(cache=True, fastmath=True, nogil=True)
 
 
-@intrinsic
-def f16_bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
-    """The float32 value of an IEEE half given as its uint16 bits (exact, subnormals included)."""
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+def _widen_half(typingctx: Any, bits: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
     return types.float32(types.uint16), codegen
 
 
-@intrinsic
-def f32_to_f16_bits(typingctx, value):  # type: ignore[no-untyped-def]
-    """The uint16 bits of a float32 rounded to the nearest half (round to nearest even)."""
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+def _narrow_to_half(typingctx: Any, value: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
     return types.uint16(types.float32), codegen
 
 
-@njit(**_JIT)
+# typed as plain callables: numba's intrinsic objects confuse static checkers
+f16_bits_to_f32 = cast(Callable[[Any], Any], intrinsic(_widen_half))
+"""The float32 value of an IEEE half given as its uint16 bits (exact, subnormals included)."""
+f32_to_f16_bits = cast(Callable[[Any], Any], intrinsic(_narrow_to_half))
+"""The uint16 bits of a float32 rounded to the nearest half (round to nearest even)."""
+
+
+@njit(cache=True, fastmath=True, nogil=True)
 def widen(out: np.ndarray, bits: np.ndarray, count: int) -> None:
     """out[:count] = f32(bits[:count]) (a weight tile for a BLAS product). Serial and without the
     GIL: the product's worker threads each widen their own tiles."""
@@ -46,7 +50,7 @@ def widen(out: np.ndarray, bits: np.ndarray, count: int) -> None:
         out[i] = f16_bits_to_f32(bits[i])
 
 
-@njit(parallel=True, **_JIT)
+@njit(parallel=True, cache=True, fastmath=True, nogil=True)
 def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool) -> None:
     """out[t, o] (+)= sum_i x[t, i] * weight[o, i] for t < n; out [n, m], x [n, k], weight [m, k] f16 bits.
 
@@ -71,7 +75,7 @@ def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m
             t += 1
 
 
-@njit(inline="always", **_JIT)
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
 def _store(out: np.ndarray, index: int, value: np.float32, accumulate: bool) -> None:
     if accumulate:
         out[index] += value
@@ -79,7 +83,7 @@ def _store(out: np.ndarray, index: int, value: np.float32, accumulate: bool) -> 
         out[index] = value
 
 
-@njit(inline="always", **_JIT)
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
 def _dot4(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: int, o: int,
           accumulate: bool) -> None:
     """Tokens t..t+3 against one weight row: each half widened once, four accumulators."""
@@ -100,7 +104,7 @@ def _dot4(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: in
     _store(out, (t + 3) * m + o, a3, accumulate)
 
 
-@njit(inline="always", **_JIT)
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
 def _dot8(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: int, o: int,
           accumulate: bool) -> None:
     """Tokens t..t+7 against one weight row (a decode step of 8 rows: one pass over the weight).
@@ -135,7 +139,7 @@ def _dot8(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: in
     _store(out, (t + 7) * m + o, a7, accumulate)
 
 
-@njit(**_JIT)
+@njit(cache=True, fastmath=True, nogil=True)
 def rms_norm(out: np.ndarray, x: np.ndarray, rows: np.ndarray, weight: np.ndarray, k: int, eps: float) -> None:
     """out[j] = x[rows[j]] * rsqrt(mean(x^2) + eps) * weight, weight f16 bits [k]; out [len(rows), k]."""
     for j in range(rows.size):
@@ -148,7 +152,7 @@ def rms_norm(out: np.ndarray, x: np.ndarray, rows: np.ndarray, weight: np.ndarra
             out[j * k + i] = (src[i] * inverse) * f16_bits_to_f32(weight[i])
 
 
-@njit(**_JIT)
+@njit(cache=True, fastmath=True, nogil=True)
 def gather_rows(out: np.ndarray, table: np.ndarray, ids: np.ndarray, n: int, k: int) -> None:
     """out[t] = f32(table[ids[t]]) for t < n; table f16 bits [vocab, k]."""
     for t in range(n):
@@ -158,7 +162,7 @@ def gather_rows(out: np.ndarray, table: np.ndarray, ids: np.ndarray, n: int, k: 
             target[i] = f16_bits_to_f32(row[i])
 
 
-@njit(**_JIT)
+@njit(cache=True, fastmath=True, nogil=True)
 def silu_gate(out: np.ndarray, projected: np.ndarray, n: int, ffn: int) -> None:
     """out[t] = silu(gate) * up with projected[t] = [gate | up] ([n, 2 * ffn])."""
     for t in range(n):
@@ -168,7 +172,7 @@ def silu_gate(out: np.ndarray, projected: np.ndarray, n: int, ffn: int) -> None:
             out[t * ffn + i] = g / (np.float32(1.0) + np.exp(-g)) * projected[base + ffn + i]
 
 
-@njit(**_JIT)
+@njit(cache=True, fastmath=True, nogil=True)
 def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
                rope_table: np.ndarray, positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray,
                page_table: np.ndarray,
@@ -213,7 +217,7 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
             v_target[i] = values[i]
 
 
-@njit(parallel=True, **_JIT)
+@njit(parallel=True, cache=True, fastmath=True, nogil=True)
 def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n: int,
                      positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
                      q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
