@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CORE ?= var/cores/smollm2-135m-instruct.core
-EXECUTOR ?= numpy
+# auto: cuda where a GPU is usable, else cpu (the compiled CPU executor); EXECUTOR=cuda also
+# installs the gpu extra, without which auto picks cpu
+EXECUTOR ?= auto
 comma := ,
 # the CUDA executor needs the gpu extra (cuda-bindings, NCCL); one stamp per extras set, so
 # `EXECUTOR=cuda make serve` on a machine installed for numpy adds what is missing

@@ -25,7 +25,7 @@ from helios_proto import contract_pb2 as C
 
 from bench.cpu_peer import DecodeFigure, PeerFigures, bench_prompt_ids, format_ratios, format_table, measure_llama_cpp
 from helios_backend.engine.model import ModelOptions, NativeModel
-from helios_backend.packing import PackedLane
+from helios_backend.packing import PackedLane, SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 from ignition.preparation.prepare import prepare
 from ignition.recipes import smollm2_135m_instruct as recipe
@@ -56,8 +56,9 @@ def _timed_prefill(model: NativeModel, prompts: Sequence[Sequence[int]]) -> floa
 
 def _timed_decode(model: NativeModel, prompt: Sequence[int], batch: int, steps: int) -> float:
     driver = LockstepGenerator(model)
-    actives = driver.admit([GenerationRequest(prompt, steps + 1, eos_ids=(-1,)) for _ in range(batch)],
-                           list(range(batch)))
+    # requests that asked for no logprobs (llama.cpp's peer computes none either)
+    actives = driver.admit([GenerationRequest(prompt, steps + 1, SamplingParameters(logprobs=-1), eos_ids=(-1,))
+                            for _ in range(batch)], list(range(batch)))
     for active in actives:
         driver.prefill(active)
     start = time.perf_counter()

@@ -91,9 +91,10 @@ def tiny_weights(shape: TinyShape, vocab: int, seed: int = 0, biases: bool = Tru
 
 
 def write_tiny_gguf(path: Path, shape: TinyShape = TinyShape(), seed: int = 0, arch: str = "qwen2",
-                    weights: dict[str, np.ndarray] | None = None) -> Path:
+                    weights: dict[str, np.ndarray] | None = None, chat_template: str | None = None) -> Path:
     """A GGUF of `arch` with random weights (f32 tensors, PyTorch (out, in) layout, q/k rows as
-    given: no permutation)."""
+    given: no permutation); `chat_template` replaces the ChatML tool template (a recipe that
+    checks its checkpoint's template gets that one)."""
     tokens, merges, types = tiny_vocabulary()
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny random qwen2 stand-in")
@@ -114,7 +115,7 @@ def write_tiny_gguf(path: Path, shape: TinyShape = TinyShape(), seed: int = 0, a
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_pad_token_id(tokens.index("<|endoftext|>"))
     writer.add_add_bos_token(False)
-    writer.add_chat_template(chatml_tool_template("You are a tiny random model."))
+    writer.add_chat_template(chat_template or chatml_tool_template("You are a tiny random model."))
     for name, array in (weights if weights is not None else tiny_weights(shape, len(tokens), seed)).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()

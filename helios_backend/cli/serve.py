@@ -1,6 +1,6 @@
 """helios-serve: start tritonserver with the helios model (and the gateway) on a prepared core.
 
-    helios-serve --core var/cores/smollm2-135m-instruct.core [--executor numpy|cuda]
+    helios-serve --core var/cores/smollm2-135m-instruct.core [--executor auto|cpu|numpy|cuda]
                  [--gateway/--no-gateway] [--host ADDR] [--api-key KEY] [--tritonserver PATH]
                  [--concurrency N] [--page-capacity N] ...
 
@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helios-serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--core", required=True, type=Path, help="prepared core file")
     p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="publisher namespace you accept")
-    p.add_argument("--executor", choices=EXECUTORS, default="numpy")
+    p.add_argument("--executor", choices=("auto",) + EXECUTORS, default="auto",
+                   help="auto (default): cuda where a GPU is usable, else cpu (compiled CPU kernels)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
                    help="also start helios-gateway (default: on when installed)")
     p.add_argument("--http-port", type=int, default=8000)
@@ -82,6 +83,15 @@ def gateway_arguments(args: argparse.Namespace, ports: Ports) -> list[str]:
     return out
 
 
+def resolve_executor(name: str) -> str:
+    """`auto`: the CUDA executor where cuda-bindings sees a device, else the CPU executor."""
+    if name != "auto":
+        return name
+    from helios_backend.executors.cuda.driver import gpu_available
+
+    return "cuda" if gpu_available() else "cpu"
+
+
 def _status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -104,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"helios-serve: {exc}", file=sys.stderr)
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="helios-serve-"))
-    parameters = {"core_path": str(core), "acceptance": args.acceptance, "executor": args.executor}
+    parameters = {"core_path": str(core), "acceptance": args.acceptance, "executor": resolve_executor(args.executor)}
     for name in OPTION_PARAMETERS:
         if getattr(args, name) is not None:
             parameters[name] = str(getattr(args, name))

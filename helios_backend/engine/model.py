@@ -2,7 +2,7 @@
 
     model = NativeModel.load(contract, manifest, read_resource, ModelOptions(concurrency=8))
     model.manifests        # per-rank execution geometry that loading produced (OWN-11)
-    model.executor         # Executor protocol: ModelOptions.executor selects "numpy" or "cuda"
+    model.executor         # Executor protocol: ModelOptions.executor selects "numpy", "cpu" or "cuda"
     model.packer           # shared packing over the executor's staging frames
     model.program(operation, rows, tokens)  # smallest loaded variant that fits, else CapacityError
 
@@ -37,8 +37,10 @@ class ModelOptions:
     cache_memory_share: Optional[float] = None   # cuda: share of free memory for pages; None = core default
     rank: int = 0
     widen_f16_cache: bool = True        # numpy executor: hold f16 cache planes as f32 (speed)
-    executor: str = "numpy"             # a key of EXECUTORS: "numpy" (CPU) or "cuda" (GPU, CUDA graphs)
+    executor: str = "numpy"             # a key of EXECUTORS: "numpy" (CPU oracle), "cpu" (CPU, compiled
+                                        # kernels) or "cuda" (GPU, CUDA graphs)
     kernel_arch: Optional[str] = None   # cuda: KernelModule.arch to load; None: the device's own
+    threads: int = 2                    # cpu executor: threads of its compiled kernels and product workers
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,16 @@ def _numpy_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, 
         widen_f16_cache=options.widen_f16_cache))
 
 
+def _cpu_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
+                  options: ModelOptions, graphs: Sequence[C.GraphContract]) -> Executor:
+    """Compiled CPU kernels over the numpy executor's replay (F16 cache planes held as f32)."""
+    from helios_backend.executors.cpu_executor import CpuExecutor, CpuExecutorOptions
+
+    return CpuExecutor(manifest, read_resource, CpuExecutorOptions(
+        cache_pages=_choose_pages(contract, options), programs=frozenset(g.program for g in graphs),
+        threads=options.threads))
+
+
 def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
                    options: ModelOptions, graphs: Sequence[C.GraphContract]) -> Executor:
     """CUDA graphs; without an explicit page count the executor sizes the cache from the memory
@@ -92,7 +104,7 @@ def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, r
 
 ExecutorFactory = Callable[[C.ServingContract, M.ExecutionManifest, ResourceReader, ModelOptions,
                             Sequence[C.GraphContract]], Executor]
-EXECUTORS: Mapping[str, ExecutorFactory] = {"numpy": _numpy_executor, "cuda": _cuda_executor}
+EXECUTORS: Mapping[str, ExecutorFactory] = {"numpy": _numpy_executor, "cpu": _cpu_executor, "cuda": _cuda_executor}
 
 
 class NativeModel:

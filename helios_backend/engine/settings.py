@@ -14,7 +14,7 @@ from helios_proto import contract_pb2 as cp
 
 DEFAULT_CORE = "var/cores/smollm2-135m-instruct.core"   # what `make serve` prepares
 DEFAULT_ACCEPTANCE = "helios.local/smollm2"              # the embedded default's namespace
-EXECUTORS = ("numpy", "cuda")
+EXECUTORS = ("cpu", "numpy", "cuda")   # cpu: compiled CPU kernels; numpy: the CPU oracle; cuda: GPU
 
 
 class SettingsError(ValueError):
@@ -30,7 +30,7 @@ class StartupOptions:
     """Explicit options; None = not set (the core default or a built-in applies)."""
     core_path: Path
     acceptance: str = DEFAULT_ACCEPTANCE
-    executor: str = "numpy"
+    executor: str = "cpu"
     concurrency: int | None = None
     speculative_width: int | None = None
     history_drafting: bool | None = None

@@ -22,7 +22,7 @@ absent from the manifest on any rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import numpy as np
 from helios_proto import manifest_pb2 as M
@@ -58,7 +58,9 @@ class NumpyExecutor:
     """Executor protocol over numpy reference kernels, every rank of the manifest in one process."""
 
     def __init__(self, manifest: M.ExecutionManifest, read_resource: ResourceReader,
-                 options: NumpyExecutorOptions = NumpyExecutorOptions()) -> None:
+                 options: NumpyExecutorOptions = NumpyExecutorOptions(), *,
+                 implementations: Mapping[str, Callable[..., None]] = {}, weight_shadows: bool = True) -> None:
+        """`implementations` and `weight_shadows` are the CPU executor's (numpy_rank.RankReplay)."""
         self.manifest = manifest
         self.options = options
         self.cache_pages = options.cache_pages
@@ -71,7 +73,8 @@ class NumpyExecutor:
                 raise MissingVariantError(f"programs absent from the execution catalog of rank {rank}: {missing}")
             self._check_kernels(programs[name] for name in wanted)
         self.ranks = tuple(RankReplay(manifest, rank, read_resource, options.cache_pages, options.widen_f16_cache,
-                                      {name: per_rank[rank][name] for name in sorted(wanted)})
+                                      {name: per_rank[rank][name] for name in sorted(wanted)},
+                                      implementations, weight_shadows)
                            for rank in range(self.world_size))
         self._check_reductions(sorted(wanted))
         transport = manifest.transport

@@ -11,7 +11,9 @@ the region it sums), so the executor can run every rank up to the next all-reduc
 
 Weight buffers declared F16 get an f32 shadow copy (numpy has no f16 BLAS; converting
 per step would dominate the step time); kernels receive the shadow wherever a node
-passes a pointer into such a buffer. CACHE planes (and F16 STATE such as snapshot
+passes a pointer into such a buffer. The CPU executor (executors/cpu/) binds through the
+same class with `weight_shadows=False` (its compiled kernels read the f16 bytes in place)
+and `implementations` replacing the references of the kernel ids it compiles. CACHE planes (and F16 STATE such as snapshot
 continuation rows) declared F16 are, by default, held widened to f32 (`widen_f16_cache`):
 kernels index cache planes by element, so the layout in elements is unchanged, and
 converting gathered pages back from f16 was the largest cost of a decode step. Widened
@@ -93,8 +95,10 @@ class RankReplay:
     """Everything one rank owns in the numpy executor."""
 
     def __init__(self, manifest: M.ExecutionManifest, rank: int, read_resource: ResourceReader,
-                 cache_pages: int, widen_f16_cache: bool, programs: Mapping[str, M.Program]) -> None:
+                 cache_pages: int, widen_f16_cache: bool, programs: Mapping[str, M.Program],
+                 implementations: Mapping[str, Callable[..., None]] = {}, weight_shadows: bool = True) -> None:
         self.rank = rank
+        self.implementations = implementations    # kernel id -> function replacing its reference
         buffers = [b for b in manifest.buffers if b.rank == rank]
         widened = [b for b in buffers if widen_f16_cache and b.dtype == C.DTYPE_F16
                    and b.kind in (M.BUFFER_KIND_CACHE, M.BUFFER_KIND_STATE)]
@@ -106,7 +110,7 @@ class RankReplay:
         self._load_weights(read_resource)
         self.shadows = {b.name: self.arena.typed(b.name, np.float16).astype(np.float32)
                         for b in self.arena.buffers.values()
-                        if b.kind == M.BUFFER_KIND_WEIGHT and b.dtype == C.DTYPE_F16}
+                        if weight_shadows and b.kind == M.BUFFER_KIND_WEIGHT and b.dtype == C.DTYPE_F16}
         transport = manifest.transport
         self.staging = self.arena.bytes(transport.staging_buffer)[:transport.frame_nbytes]
         self.completion = self.arena.typed(transport.completion_buffer, np.int32)[:transport.completion_nbytes // 4]
@@ -194,7 +198,7 @@ class RankReplay:
                 if kind != _IMMEDIATE_FIELD[param.kind]:
                     raise KernelArgumentError(f"{where}.{param.name}: expected {_IMMEDIATE_FIELD[param.kind]}, got {kind}")
                 args.append(getattr(arg, kind))
-        return spec.reference, tuple(args)
+        return self.implementations.get(node.kernel, spec.reference), tuple(args)
 
     # ---- diagnostics ---------------------------------------------------------------------
     def read_buffer(self, name: str) -> np.ndarray:

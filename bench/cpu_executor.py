@@ -1,0 +1,194 @@
+"""CPU executor throughput and memory beside llama.cpp on the same GGUF, in the same run.
+
+Run:  python -m bench.cpu_executor [--core var/cores/smollm2-135m-instruct.core] [--rounds 2]
+
+Each engine runs in its own child process, so each resident set is its own, alternately
+(llama.cpp, helios, llama.cpp, helios, ... for `rounds`), both with 2 threads:
+- helios: the prepared core loaded as serving loads it (Bootstrap + NativeModel, executor
+  "cpu"); prefill = one PREFILL step of `prefill_tokens` prompt ids (program r1.t512) with one
+  draw; decode at B = B lanes prefilled (untimed) with the same `decode_prompt_tokens` ids, then
+  `new_tokens` greedy DECODE rounds of B rows (requests that asked for no logprobs, as
+  llama.cpp's peer computes none); tokens/s = B * steps / seconds, the median of `repeats`.
+- llama.cpp: bench/cpu_peer.py's measurement (llama-cpp-python, same prompt ids, Q4_1 GGUF).
+Memory: the child's resident set (VmRSS) after its last measurement and its peak (VmHWM).
+
+Ratios are helios / llama.cpp of the medians over rounds; every run's figure is kept. The
+machine is shared: the load average before and after is recorded, and the text output flags
+rounds whose runs differ by more than 1.5x. Writes bench/results/cpu_ratios.json and .txt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+GOALS = {"decode_b1": 0.6, "decode_b8": 1.5, "prefill": 1.5, "decode_b1_tokens_per_s": 60.0, "rss_ratio": 1.5}
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_CORE = Path("var/cores/smollm2-135m-instruct.core")
+
+
+def _memory() -> dict[str, int]:
+    """This process's resident set now and at its peak, bytes (Linux /proc)."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024
+    return {"rss_bytes": fields["VmRSS"], "peak_rss_bytes": fields["VmHWM"]}
+
+
+def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: dict[int, Sequence[float]],
+             steps: int) -> dict[str, Any]:
+    return {"prefill_tokens": prefill_tokens, "prefill_runs_s": list(prefill_runs),
+            "prefill_tokens_per_s": prefill_tokens / statistics.median(prefill_runs),
+            "decode": {str(b): {"steps": steps, "runs_s": list(runs),
+                                "tokens_per_s": b * steps / statistics.median(runs)} for b, runs in decode.items()}}
+
+
+def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[int], batches: Sequence[int],
+                   new_tokens: int, repeats: int, threads: int) -> dict[str, Any]:
+    from helios_backend.engine.bootstrap import Bootstrap
+    from helios_backend.engine.model import ModelOptions, NativeModel
+    from bench.numpy_executor import _timed_decode, _timed_prefill
+
+    bootstrap = Bootstrap.load(core, "helios.local/smollm2")
+    pages = max(batches) * (-(-(len(decode_ids) + new_tokens + 1) // 16)) + 64
+    model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
+                             ModelOptions(executor="cpu", threads=threads, concurrency=max(batches),
+                                          cache_pages=max(pages, len(prefill_ids) // 16 + 8)))
+    loaded = _memory()
+    try:
+        _timed_prefill(model, [prefill_ids])                                    # warm-up
+        prefill_runs = [_timed_prefill(model, [prefill_ids]) for _ in range(repeats)]
+        _timed_decode(model, decode_ids, 1, 4)                                  # warm-up
+        decode = {b: [_timed_decode(model, decode_ids, b, new_tokens) for _ in range(repeats)] for b in batches}
+        measured = _memory()                                                    # the model still loaded
+    finally:
+        model.close()
+        bootstrap.close()
+    figures = _figures(prefill_runs, len(prefill_ids), decode, new_tokens)
+    figures.update(engine="helios cpu executor", threads=threads, after_load=loaded, **measured)
+    return figures
+
+
+def measure_llama(prefill_ids: Sequence[int], decode_ids: Sequence[int], batches: Sequence[int],
+                  new_tokens: int, repeats: int, threads: int) -> dict[str, Any]:
+    from bench.cpu_peer import measure_llama_cpp
+
+    peer = measure_llama_cpp(prefill_ids=prefill_ids, decode_prompt_ids=decode_ids, batches=batches,
+                             new_tokens=new_tokens, threads=threads, repeats=repeats)
+    figures = _figures(peer.prefill_runs, peer.prefill_tokens, {d.batch: d.runs for d in peer.decode}, new_tokens)
+    figures.update(engine=peer.engine, threads=threads, **_memory())
+    return figures
+
+
+def _child(args: argparse.Namespace) -> None:
+    from bench.cpu_peer import bench_prompt_ids
+
+    prefill_ids = bench_prompt_ids(args.prefill_tokens)
+    decode_ids = bench_prompt_ids(args.decode_prompt_tokens)
+    if args.engine == "helios":
+        figures = measure_helios(args.core, prefill_ids, decode_ids, args.batches, args.new_tokens, args.repeats,
+                                 args.threads)
+    else:
+        figures = measure_llama(prefill_ids, decode_ids, args.batches, args.new_tokens, args.repeats, args.threads)
+    print(json.dumps(figures))
+
+
+def _run_child(engine: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, "-m", "bench.cpu_executor", "--engine", engine, "--core", str(args.core),
+               "--threads", str(args.threads), "--repeats", str(args.repeats), "--new-tokens", str(args.new_tokens),
+               "--prefill-tokens", str(args.prefill_tokens), "--decode-prompt-tokens", str(args.decode_prompt_tokens),
+               "--batches", *map(str, args.batches)]
+    environment = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads))
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _median_of(rounds: list[dict[str, Any]], *path: str) -> float:
+    values = []
+    for figures in rounds:
+        value: Any = figures
+        for key in path:
+            value = value[key]
+        values.append(float(value))
+    return statistics.median(values)
+
+
+def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches: Sequence[int],
+              load: dict[str, Any]) -> dict[str, Any]:
+    ratios = {"prefill": _median_of(helios, "prefill_tokens_per_s") / _median_of(llama, "prefill_tokens_per_s")}
+    for b in batches:
+        ratios[f"decode_b{b}"] = (_median_of(helios, "decode", str(b), "tokens_per_s")
+                                  / _median_of(llama, "decode", str(b), "tokens_per_s"))
+    memory = {"helios_rss_bytes": _median_of(helios, "rss_bytes"), "llama_cpp_rss_bytes": _median_of(llama, "rss_bytes"),
+              "helios_peak_rss_bytes": _median_of(helios, "peak_rss_bytes"),
+              "llama_cpp_peak_rss_bytes": _median_of(llama, "peak_rss_bytes")}
+    memory["rss_ratio"] = memory["helios_rss_bytes"] / memory["llama_cpp_rss_bytes"]
+    b1 = _median_of(helios, "decode", "1", "tokens_per_s") if 1 in batches else 0.0
+    met = {"decode_b1": ratios.get("decode_b1", 0.0) >= GOALS["decode_b1"],
+           "decode_b1_tokens_per_s": b1 >= GOALS["decode_b1_tokens_per_s"],
+           "decode_b8": ratios.get("decode_b8", 0.0) >= GOALS["decode_b8"],
+           "prefill": ratios["prefill"] >= GOALS["prefill"],
+           "rss": memory["rss_ratio"] <= GOALS["rss_ratio"]}
+    return {"ratios": ratios, "goals": GOALS, "goals_met": met, "memory": memory, "load_average": load,
+            "helios": helios, "llama_cpp": llama, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
+    lines = [f"CPU executor vs llama.cpp, {summary['date']}, 2 threads each, load average "
+             f"{summary['load_average']['before']} -> {summary['load_average']['after']}"]
+    for name, rounds in (("helios cpu", summary["helios"]), ("llama.cpp", summary["llama_cpp"])):
+        for i, f in enumerate(rounds):
+            cells = [f"prefill {f['prefill_tokens_per_s']:,.0f}"]
+            cells += [f"b={b} {f['decode'][str(b)]['tokens_per_s']:,.1f}" for b in batches]
+            runs = [f["prefill_runs_s"]] + [f["decode"][str(b)]["runs_s"] for b in batches]
+            noisy = any(max(r) > 1.5 * min(r) for r in runs if r)
+            lines.append(f"  {name:10s} round {i}: tok/s " + ", ".join(cells)
+                         + f", rss {f['rss_bytes'] / 2**20:,.0f} MiB (peak {f['peak_rss_bytes'] / 2**20:,.0f})"
+                         + ("  [runs differ > 1.5x: busy machine]" if noisy else ""))
+    lines.append("ratios (helios / llama.cpp, medians over rounds): "
+                 + ", ".join(f"{k} x{v:.2f}" for k, v in summary["ratios"].items())
+                 + f", rss x{summary['memory']['rss_ratio']:.2f}")
+    lines.append("goals met: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in summary["goals_met"].items()))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--engine", choices=["helios", "llama"], help=argparse.SUPPRESS)   # child mode
+    parser.add_argument("--core", type=Path, default=DEFAULT_CORE)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prefill-tokens", type=int, default=512)
+    parser.add_argument("--decode-prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS / "cpu_ratios.json")
+    args = parser.parse_args(argv)
+    if args.engine:
+        _child(args)
+        return
+    before = os.getloadavg()
+    helios, llama = [], []
+    for _ in range(args.rounds):
+        llama.append(_run_child("llama", args))
+        helios.append(_run_child("helios", args))
+    load = {"before": [round(x, 2) for x in before], "after": [round(x, 2) for x in os.getloadavg()]}
+    summary = summarize(helios, llama, args.batches, load)
+    text = format_text(summary, args.batches)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    args.out.with_suffix(".txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

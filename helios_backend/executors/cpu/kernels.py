@@ -1,0 +1,200 @@
+"""The CPU executor's kernel implementations: the ABI's signatures (kernels/abi.py), compiled bodies.
+
+`CpuKernels(capacity).table` maps the kernel ids whose time dominates a step (the weight
+products and attention) to methods taking exactly the reference's arguments; every other id
+keeps its numpy reference (kernels/), which the executor binds as the numpy executor does.
+
+Arguments differ from the numpy executor's in one way: pointers into F16 WEIGHT buffers
+arrive as the declared f16 arrays (no f32 shadow); the methods pass their uint16 bits to the
+compiled primitives (compiled.py), which widen them in registers.
+
+Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
+there a weight is widened tile by tile into preallocated f32 tiles and multiplied by BLAS
+(sgemm beats a hand loop by several times), so a prefill step reads each weight once too.
+The tiles are split over `threads` Python workers, each calling single-threaded BLAS (numpy
+releases the GIL): OpenBLAS's own threads measured 7-20 GFLOP/s on the shared 2-core machine
+where one thread gave 47-52.
+Attention is one compiled kernel for every live token (decode rows and prefill chunks).
+
+Workspace: one set of scratch arrays sized at load from the largest program (tokens, widths,
+context), owned by the instance; the hot path allocates nothing but small index arrays.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+import numpy as np
+
+from helios_backend.executors.cpu import compiled
+from helios_backend.kernels.state import live_tokens, row_starts, token_rows
+
+# Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
+# (memory-bound); above it the widened-tile BLAS product wins (measured: docs/cpu-executor.md).
+SMALL_PRODUCT_TOKENS = 32
+TILE_ELEMENTS = 1 << 20          # f32 elements of one widened weight tile (4 MiB, fits L2 + L3 slices)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The largest shapes any loaded program passes, which size the workspace."""
+
+    tokens: int            # packed tokens of the largest program
+    rows: int              # rows of the largest program
+    width: int             # widest product output or input (elements per token, 2 * ffn_dim included)
+    heads: int             # query heads
+    context: int           # cache positions a row can attend to (pages_per_row * page_tokens)
+
+
+def _bits(weight: np.ndarray) -> np.ndarray:
+    return weight.view(np.uint16)
+
+
+class CpuKernels:
+    """Compiled implementations of the hot kernel ids over one workspace."""
+
+    def __init__(self, capacity: Capacity, threads: int) -> None:
+        self.capacity = capacity
+        self.threads = threads
+        # large products: one Python worker per thread, each with its own tile and a 1-thread BLAS
+        self._workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="helios-cpu-product")
+        self._tiles = [np.zeros(TILE_ELEMENTS, dtype=np.float32) for _ in range(threads)]
+        self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
+        self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
+        self._identity = np.arange(capacity.tokens, dtype=np.int64)
+
+    @property
+    def table(self) -> Mapping[str, Callable[..., None]]:
+        return {
+            "embedding.gather.v1": self.embed_tokens,
+            "attention.qkv_rope_store.v1": self.qkv_rope_store,
+            "attention.qkv_bias_rope_store.v1": self.qkv_bias_rope_store,
+            "attention.paged.v1": self.paged_attention,
+            "attention.paged_split.v1": self.paged_attention_split,
+            "linear.residual.v1": self.linear_residual,
+            "linear.project.v1": self.linear_project,
+            "mlp.norm_gate_up_silu.v1": self.norm_gate_up_silu,
+            "logits.norm_head.v1": self.norm_logits,
+        }
+
+    # ---- shared -------------------------------------------------------------------------
+    def _product(self, out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int,
+                 accumulate: bool) -> None:
+        """out[:n] (+)= x[:n] @ weight.T; out [n, m] f32 flat, x [n, k] f32 flat, weight [m, k] f16."""
+        bits = _bits(weight)
+        if n <= SMALL_PRODUCT_TOKENS:
+            compiled.linear(out, x, bits, n, k, m, accumulate)
+            return
+        inputs = x[:n * k].reshape(n, k)
+        outputs = out[:n * m].reshape(n, m)
+        tile_rows = max(1, min(-(-m // self.threads), TILE_ELEMENTS // k))
+        starts = list(range(0, m, tile_rows))
+
+        def worker(index: int) -> None:
+            tile_memory = self._tiles[index]
+            for start in starts[index::self.threads]:
+                rows = min(tile_rows, m - start)
+                compiled.widen(tile_memory, bits[start * k:], rows * k)
+                tile = tile_memory[:rows * k].reshape(rows, k)
+                if accumulate:
+                    outputs[:, start:start + rows] += inputs @ tile.T
+                else:
+                    np.matmul(inputs, tile.T, out=outputs[:, start:start + rows])
+
+        for done in [self._workers.submit(worker, i) for i in range(min(self.threads, len(starts)))]:
+            done.result()
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True)
+
+    def _norm(self, hidden: np.ndarray, rows: np.ndarray, weight: np.ndarray, dim: int, eps: float) -> np.ndarray:
+        compiled.rms_norm(self._normed, hidden, rows, _bits(weight), dim, eps)
+        return self._normed
+
+    # ---- kernel ids ---------------------------------------------------------------------
+    def embed_tokens(self, hidden: np.ndarray, table: np.ndarray, ids: np.ndarray, geometry: np.ndarray,
+                     tokens: int, dim: int) -> None:
+        compiled.gather_rows(hidden, _bits(table), ids, live_tokens(geometry), dim)
+
+    def qkv_rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
+                       norm_weight: np.ndarray, qkv_weight: np.ndarray, rope_table: np.ndarray,
+                       positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                       geometry: np.ndarray, tokens: int, dim: int, q_heads: int, kv_heads: int,
+                       head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                       eps: float, rope_pairing: int) -> None:
+        self.qkv_bias_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, None, rope_table,
+                                 positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads, head_dim,
+                                 page_tokens, pages_per_row, page_stride, eps, rope_pairing)
+
+    def qkv_bias_rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
+                            norm_weight: np.ndarray, qkv_weight: np.ndarray, qkv_bias: Optional[np.ndarray],
+                            rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray,
+                            row_slot: np.ndarray, geometry: np.ndarray, tokens: int, dim: int, q_heads: int,
+                            kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                            eps: float, rope_pairing: int) -> None:
+        """The projection plus an f32 bias (None: no bias) before RoPE, as the reference."""
+        n = live_tokens(geometry)
+        if n == 0:
+            return
+        width = (q_heads + 2 * kv_heads) * head_dim
+        normed = self._norm(hidden, self._identity[:n], norm_weight, dim, eps)
+        self._product(self._projected, normed, qkv_weight, n, dim, width, False)
+        if qkv_bias is not None:
+            projected = self._projected[:n * width].reshape(n, width)
+            projected += qkv_bias[:width]
+        compiled.rope_store(q_out, k_cache, v_cache, self._projected, rope_table, positions,
+                            token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
+                            page_tokens, pages_per_row, page_stride, rope_pairing)
+
+    def paged_attention(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                        positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                        geometry: np.ndarray, rows: int, tokens: int, q_heads: int, kv_heads: int,
+                        head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                        scale: float) -> None:
+        compiled.causal_attention(out, q, k_cache, v_cache, live_tokens(geometry), positions,
+                                  token_rows(geometry, tokens), row_slot, page_table, q_heads, kv_heads, head_dim,
+                                  page_tokens, pages_per_row, page_stride, scale)
+
+    def paged_attention_split(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                              positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                              geometry: np.ndarray, partials: np.ndarray, arrivals: np.ndarray, rows: int,
+                              tokens: int, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+                              pages_per_row: int, page_stride: int, scale: float, splits: int) -> None:
+        """Same result as the unsplit kernel; the split scratch stays untouched (as in the reference)."""
+        self.paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows, tokens,
+                             q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale)
+
+    def linear_residual(self, hidden: np.ndarray, x: np.ndarray, weight: np.ndarray, geometry: np.ndarray,
+                        tokens: int, in_dim: int, out_dim: int) -> None:
+        self._product(hidden, x, weight, live_tokens(geometry), in_dim, out_dim, True)
+
+    def linear_project(self, out: np.ndarray, x: np.ndarray, weight: np.ndarray, geometry: np.ndarray,
+                       tokens: int, in_dim: int, out_dim: int) -> None:
+        n = live_tokens(geometry)
+        self._product(out, x, weight, n, in_dim, out_dim, False)
+        out[n * out_dim:tokens * out_dim] = 0.0
+
+    def norm_gate_up_silu(self, out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray,
+                          gate_up: np.ndarray, geometry: np.ndarray, tokens: int, dim: int,
+                          ffn_dim: int, eps: float) -> None:
+        n = live_tokens(geometry)
+        normed = self._norm(hidden, self._identity[:n], norm_weight, dim, eps)
+        self._product(self._projected, normed, gate_up, n, dim, 2 * ffn_dim, False)
+        compiled.silu_gate(out, self._projected, n, ffn_dim)
+
+    def norm_logits(self, logits: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: np.ndarray,
+                    geometry: np.ndarray, rows: int, tokens: int, dim: int, vocab: int, eps: float) -> None:
+        starts = row_starts(geometry, rows, tokens)
+        lengths = starts[1:] - starts[:-1]
+        live = np.flatnonzero(lengths > 0)
+        out = logits[:rows * vocab].reshape(rows, vocab)
+        out[lengths == 0] = 0.0
+        if live.size == 0:
+            return
+        normed = self._norm(hidden, (starts[live + 1] - 1).astype(np.int64), norm_weight, dim, eps)
+        if live.size == rows:        # every row live (decode): straight into the logits
+            self._product(logits, normed, head, rows, dim, vocab, False)
+            return
+        for j, row in enumerate(live):   # a few rows of a prefill or mixed step
+            self._product(out[row], normed[j * dim:(j + 1) * dim], head, 1, dim, vocab, False)

@@ -1,0 +1,97 @@
+"""The CPU executor: the numpy executor's replay with compiled kernels for the hot kernel ids.
+
+It replays the same recorded programs through the same binding (numpy_rank.RankReplay: one
+arena per rank, nodes resolved to (function, args) at load, lockstep all-reduces), with two
+differences, both decided at load:
+
+  * F16 weight buffers are kept as loaded, in their declared layout (no f32 shadow: half the
+    resident weight bytes of the numpy executor's f16 + f32 pair, and a decode step streams
+    each weight byte once);
+  * the kernel ids that dominate a step (projections, attention, embedding, LM head) run
+    CpuKernels' compiled implementations (executors/cpu/), on `threads` threads (numba's
+    parallel loops and BLAS both); every other id keeps its numpy reference.
+
+The numpy executor stays the conformance oracle: tests/test_cpu_executor.py compares logits
+per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import numba
+from helios_proto import manifest_pb2 as M
+
+from helios_backend.executors.cpu.compiled import warm_up
+from helios_backend.executors.cpu.kernels import Capacity, CpuKernels
+from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
+from helios_backend.executors.base import ResourceReader
+from helios_backend.kernels import abi
+
+__all__ = ["CpuExecutor", "CpuExecutorOptions"]
+
+
+@dataclass(frozen=True)
+class CpuExecutorOptions:
+    cache_pages: int = 64                         # physical pages backing each CACHE plane (every rank)
+    programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
+    threads: int = 2                              # compiled loops and product workers; capped at the CPU count
+
+    def __post_init__(self) -> None:
+        if self.cache_pages < 1:
+            raise ValueError("cache_pages must be >= 1")
+        if self.threads < 1:
+            raise ValueError("threads must be >= 1")
+
+
+def program_capacity(programs: Iterable[M.Program]) -> Capacity:
+    """The largest tokens, rows, product width, heads and context that the programs' nodes pass."""
+    tokens = rows = heads = context = 1
+    width = 1
+    for program in programs:
+        for node in program.nodes:
+            spec = abi.KERNELS.get(node.kernel)
+            if node.kind != M.NODE_KIND_KERNEL or spec is None:
+                continue
+            values = {p.name: getattr(a, a.WhichOneof("value") or "i32")
+                      for p, a in zip(spec.params, node.args) if not p.is_pointer}
+            tokens = max(tokens, int(values.get("tokens", 1)))
+            rows = max(rows, int(values.get("rows", 1)))
+            heads = max(heads, int(values.get("q_heads", 1)))
+            context = max(context, int(values.get("pages_per_row", 1)) * int(values.get("page_tokens", 1)))
+            widths = [values.get(name, 1) for name in ("dim", "in_dim", "out_dim")]
+            widths.append(2 * values.get("ffn_dim", 0))
+            widths.append((values.get("q_heads", 0) + 2 * values.get("kv_heads", 0)) * values.get("head_dim", 0))
+            width = max(width, *(int(w) for w in widths))
+    return Capacity(tokens=tokens, rows=rows, width=width, heads=heads, context=context)
+
+
+class CpuExecutor(NumpyExecutor):
+    """Executor protocol on the CPU with compiled kernels; the numpy executor's methods and errors."""
+
+    def __init__(self, manifest: M.ExecutionManifest, read_resource: ResourceReader,
+                 options: CpuExecutorOptions = CpuExecutorOptions()) -> None:
+        # numba's own work queue: with the OpenMP layer, idle workers spin (OMP_WAIT_POLICY=ACTIVE)
+        # and stole the cores from the next kernel, 1.3 ms per node instead of 15 us (measured on 2 cores)
+        setattr(numba.config, "THREADING_LAYER", "workqueue")   # config attributes are set at import
+        threads = min(options.threads, int(getattr(numba.config, "NUMBA_NUM_THREADS")))
+        numba.set_num_threads(threads)     # process-wide: numba has one thread pool
+        warm_up()                          # compile (or load from numba's cache) before the first step
+        wanted = options.programs if options.programs is not None else {
+            p.name for p in manifest.programs if p.rank == 0}
+        self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads)
+        self.cpu_options = options
+        # the compiled attention reads f32 cache planes: F16 planes are held widened, as numpy's default
+        super().__init__(manifest, read_resource,
+                         NumpyExecutorOptions(cache_pages=options.cache_pages, programs=options.programs,
+                                              blas_threads=1, widen_f16_cache=True),
+                         implementations=self.kernels.table, weight_shadows=False)
+
+    def close(self) -> None:
+        super().close()
+        self.kernels.close()
+
+    def resident_weight_bytes(self) -> int:
+        """Bytes of weights held (declared layouts, no shadows): rank 0's, for the memory figures."""
+        arena = self.ranks[0].arena
+        return sum(arena.nbytes[b.name] for b in arena.buffers.values() if b.kind == M.BUFFER_KIND_WEIGHT)

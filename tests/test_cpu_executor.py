@@ -1,0 +1,159 @@
+"""The CPU executor (compiled kernels) against the numpy executor, its conformance oracle.
+
+On small random-weight stand-ins (tests/tiny_checkpoints.py: 2 layers, 64 wide, a tiny byte-level
+vocabulary) of both families the recipes prepare (llama through the SmolLM2 recipe; qwen2, with
+q/k/v biases and a separate head, through its recipe), prepared with every operation the
+recipe records, the same harness
+as the CUDA conformance script (tests/gpu/conformance.py) runs each program on both
+executors from fresh slots and compares completion records (tokens exactly), logits and
+float state within CPU_LOGIT_TOLERANCE of each row's largest magnitude, integer state
+exactly. Both executors read the same f16 weights and hold the cache widened to f32, so
+only the f32 summation order differs: measured <= 4.1e-7 on the logits of every program; the
+tolerance is 1e-4 because the logprob records (log-softmax values, compared relative to the
+step's largest |logprob|, which can be small) carry the logits' absolute error. Then greedy
+generation must give identical tokens for 64 steps at batch 1 and 8.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import sys
+import zlib
+from typing import Iterator
+
+import numpy as np
+import pytest
+from helios_proto import manifest_pb2 as M
+
+from helios_backend.executors.cpu_executor import CpuExecutor, CpuExecutorOptions, program_capacity
+from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
+from helios_backend.engine.model import ModelOptions, NativeModel
+from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
+from tests.tiny_checkpoints import TinyShape, tiny_vocabulary, tiny_weights, write_tiny_gguf
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "gpu"))
+import conformance  # noqa: E402  (the executor-agnostic harness of the CUDA conformance script)
+from executor_model import ExecutorModel  # noqa: E402
+
+CPU_LOGIT_TOLERANCE = 1e-4        # max |cpu - numpy| / max |numpy| per row, logits and float state
+CACHE_PAGES = 256
+STEPS = 64
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    from ignition.preparation.prepare import prepare
+    from ignition.recipes import qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
+
+    directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    if request.param == "llama":     # SmolLM2's conventions: no biases, the head tied to the embedding
+        recipe = smollm2_135m_instruct
+        weights = tiny_weights(TinyShape(), len(tiny_vocabulary()[0]), biases=False, tied=True)
+        gguf = write_tiny_gguf(directory / "tiny-llama.gguf", arch="llama", weights=weights,
+                               chat_template=recipe.CHECKPOINT_TEMPLATE)
+    else:
+        recipe = qwen2_5_coder_0_5b_instruct
+        gguf = write_tiny_gguf(directory / "tiny-qwen2.gguf")
+    options = dataclasses.replace(
+        recipe.RecipeOptions(), gguf_path=str(gguf), context_tokens=512, prepared_pages=CACHE_PAGES,
+        decode_rows=(1, 2, 8), prefill_variants=((1, 16), (1, 64), (2, 64)), mixed_variants=((2, 17),),
+        admission_rows=(1, 2), resume_rows=(1,), restoration_rows=(1,), snapshot_rows=4, top_logprobs=4)
+    return prepare(recipe, options)
+
+
+@pytest.fixture(scope="module")
+def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
+    data = {r.id: r.data for r in tiny_prepared.resources}
+    contract, manifest = tiny_prepared.contract, tiny_prepared.manifest
+    oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES))
+    cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES))
+    models = {"numpy": ExecutorModel(contract, manifest, oracle), "cpu": ExecutorModel(contract, manifest, cpu)}
+    yield models
+    oracle.close()
+    cpu.close()
+
+
+def _programs(prepared) -> list[M.Program]:
+    return [p for p in prepared.manifest.programs if p.rank == 0]
+
+
+def test_every_program_agrees_with_the_numpy_oracle(tiny_prepared, executors):
+    # spec: OWN-1, CON-8 (the same recorded programs and kernel ABI, replayed by a second executor)
+    manifest = tiny_prepared.manifest
+    vocab = tiny_prepared.contract.model.vocabulary.sampled_tokens
+    failures, operations = [], set()
+    for index, program in enumerate(_programs(tiny_prepared)):
+        outputs, prepared = {}, {}
+        for kind, model in executors.items():
+            case = conformance.Case(model, seed=zlib.crc32(program.name.encode()),
+                                    first_generation=1_000_000 * (index + 1))
+            rows = case.run(program)
+            logits, state = conformance.snapshot(model.executor, manifest, case.logits_program or program.name,
+                                                 (manifest.request_slots, vocab))
+            if case.scores is not None:
+                state["completion:scores"] = case.scores
+            state.update(conformance.logprob_records(manifest, case.driver, len(rows)))
+            outputs[kind] = (rows.copy(), logits, state)
+            prepared[kind] = case.prepared_tokens
+        result = conformance.compare(program.name, program, outputs, manifest, prepared, case.slots,
+                                     candidate="cpu", tolerance=CPU_LOGIT_TOLERANCE)
+        operations.add(program.operation)
+        if not result["pass"] or result.get("near_ties") or result.get("diverged_inputs"):
+            failures.append(result)
+    assert not failures, repr([{k: v for k, v in f.items() if k != "scratch_rel_err"} for f in failures])
+    assert len(operations) >= 7          # initialization, prefill, scored prefill, decode, mixed, resume, restoration
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_generation_is_identical_for_64_steps(tiny_prepared, executors, batch):
+    # spec: OWN-1
+    vocab = tiny_prepared.contract.model.vocabulary.sampled_tokens
+    rng = np.random.default_rng(batch)
+    prompts = [rng.integers(0, vocab, 5 + 3 * i).tolist() for i in range(batch)]
+    tokens = {}
+    for kind, model in executors.items():
+        requests = [GenerationRequest(p, max_tokens=STEPS, eos_ids=(-1,)) for p in prompts]   # no EOS: 64 steps
+        tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
+    assert all(len(t) == STEPS for t in tokens["numpy"]), [len(t) for t in tokens["numpy"]]
+    assert tokens["cpu"] == tokens["numpy"]
+    assert len({tuple(t) for t in tokens["cpu"]}) == batch    # distinct prompts, distinct outputs
+
+
+def test_weights_stay_in_their_declared_f16_layout(tiny_prepared, executors):
+    """No f32 shadow: the resident weight bytes are the manifest's declared bytes."""
+    cpu = executors["cpu"].executor
+    declared = sum(b.nbytes for b in tiny_prepared.manifest.buffers
+                   if b.rank == 0 and b.kind == M.BUFFER_KIND_WEIGHT)
+    assert cpu.resident_weight_bytes() == declared
+    assert not cpu.ranks[0].shadows
+    assert executors["numpy"].executor.ranks[0].shadows      # the oracle keeps its f32 copies
+
+
+def test_workspace_is_sized_from_the_largest_program(tiny_prepared):
+    capacity = program_capacity(_programs(tiny_prepared))
+    assert capacity.tokens == 64 and capacity.heads == 4
+    assert capacity.width == 2 * TinyShape().ffn             # the fused gate/up product
+    assert capacity.context == 512
+
+
+def test_model_load_selects_the_cpu_executor(tiny_prepared):
+    data = {r.id: r.data for r in tiny_prepared.resources}
+    model = NativeModel.load(tiny_prepared.contract, tiny_prepared.manifest, data.__getitem__,
+                             ModelOptions(executor="cpu", cache_pages=64))
+    try:
+        assert isinstance(model.executor, CpuExecutor)
+        assert model.manifests[0].cache_pages == 64
+    finally:
+        model.close()
+
+
+def test_serving_defaults_to_the_cpu_executor_without_a_gpu(tmp_path: pathlib.Path):
+    from helios_backend.cli.serve import parser, resolve_executor
+    from helios_backend.executors.cuda.driver import gpu_available
+    from helios_backend.engine.settings import StartupOptions
+
+    assert parser().parse_args(["--core", "x.core"]).executor == "auto"
+    assert resolve_executor("auto") == ("cuda" if gpu_available() else "cpu")
+    assert resolve_executor("numpy") == "numpy"
+    assert StartupOptions(tmp_path / "x.core").executor == "cpu"     # a config without the parameter
+    assert StartupOptions.from_parameters({"executor": "cpu"}, tmp_path).executor == "cpu"
