@@ -78,11 +78,17 @@ def client(stack: VariantStack, suffix: str) -> openai.OpenAI:
                          timeout=600)
 
 
-def create(stack: VariantStack, suffix: str, messages: list[dict[str, Any]], max_tokens: int, **fields: Any):
+REST_OF_CONTEXT = None   # no max_tokens: the core's output limit, clipped to what the context leaves
+
+
+def create(stack: VariantStack, suffix: str, messages: list[dict[str, Any]], max_tokens: int | None, **fields: Any):
+    """max_tokens None leaves the limit to the server: an explicit one that cannot fit beside
+    these tool prompts (~300 tokens in a 512-token context) is a 400 (context_length_exceeded)."""
     extra = {"reasoning_max_chars": REASONING_BUDGET, "return_token_ids": True, **fields.pop("extra_body", {})}
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
     return client(stack, suffix).chat.completions.create(model=recipe_name(BY_SUFFIX[suffix]), messages=messages,
-                                                         max_tokens=max_tokens, temperature=0, extra_body=extra,
-                                                         **fields)
+                                                         temperature=0, extra_body=extra, **fields)
 
 
 def reassemble(chunks: list[Any]) -> dict[str, Any]:
@@ -195,7 +201,7 @@ def test_derive_refuses_a_tampered_base(smollm2_core: pathlib.Path, tmp_path: pa
 def test_required_tool_choice_emits_a_schema_valid_call(stack: VariantStack, tokenizer: FrontendTokenizer,
                                                         suffix: str) -> None:
     variant = BY_SUFFIX[suffix]
-    response = create(stack, suffix, WEATHER_QUESTION, 256, tools=TOOLS, tool_choice="required",
+    response = create(stack, suffix, WEATHER_QUESTION, REST_OF_CONTEXT, tools=TOOLS, tool_choice="required",
                       parallel_tool_calls=False)
     choice = response.choices[0]
     raw = tokenizer.decode(choice.model_extra["token_ids"])
@@ -217,8 +223,8 @@ def test_required_tool_choice_emits_a_schema_valid_call(stack: VariantStack, tok
 # spec: FE-29, FE-30, FE-39, FE-40, FE-41
 def test_named_tool_call_streams_the_same_call(stack: VariantStack, tokenizer: FrontendTokenizer, suffix: str) -> None:
     named = {"type": "function", "function": {"name": "get_time"}}
-    one_shot = create(stack, suffix, TIME_QUESTION, 200, tools=TOOLS, tool_choice=named)
-    stream = create(stack, suffix, TIME_QUESTION, 200, tools=TOOLS, tool_choice=named, stream=True)
+    one_shot = create(stack, suffix, TIME_QUESTION, REST_OF_CONTEXT, tools=TOOLS, tool_choice=named)
+    stream = create(stack, suffix, TIME_QUESTION, REST_OF_CONTEXT, tools=TOOLS, tool_choice=named, stream=True)
     view = reassemble(list(stream))
     message = one_shot.choices[0].message
     raw = tokenizer.decode(one_shot.choices[0].model_extra["token_ids"])
@@ -243,7 +249,7 @@ def test_named_tool_call_streams_the_same_call(stack: VariantStack, tokenizer: F
 @pytest.mark.slow
 # spec: FE-13, FE-36, FE-37, FE-41
 def test_json_schema_answer_validates(stack: VariantStack, tokenizer: FrontendTokenizer, suffix: str) -> None:
-    response = create(stack, suffix, JSON_QUESTION, 200,
+    response = create(stack, suffix, JSON_QUESTION, REST_OF_CONTEXT,
                       response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}})
     choice = response.choices[0]
     raw = tokenizer.decode(choice.model_extra["token_ids"])
@@ -263,7 +269,7 @@ def test_open_reasoning_then_forced_call_streams_reasoning_content(stack: Varian
     is reasoning, its close (forced by the budget at the latest), then the required call."""
     variant = BY_SUFFIX[suffix]
     messages = [*WEATHER_QUESTION, {"role": "assistant", "content": reasoning_opener(variant)}]
-    stream = create(stack, suffix, messages, 320, tools=TOOLS, tool_choice="required", stream=True,
+    stream = create(stack, suffix, messages, REST_OF_CONTEXT, tools=TOOLS, tool_choice="required", stream=True,
                     extra_body={"continue_final_message": True, "add_generation_prompt": False,
                                 "reasoning_max_chars": 120})
     view = reassemble(list(stream))
@@ -295,7 +301,7 @@ def test_grammar_metrics_on_the_metrics_endpoint(stack: VariantStack) -> None:
     assert metric_value(initial, "flare_mixed_grammar_decode_steps_total", model=model) == 0
 
     # a constrained request alone: the gauge is one afterwards (MET-8, MET-10)
-    create(stack, suffix, TIME_QUESTION, 200, tools=TOOLS, tool_choice={"type": "function",
+    create(stack, suffix, TIME_QUESTION, REST_OF_CONTEXT, tools=TOOLS, tool_choice={"type": "function",
                                                                          "function": {"name": "get_time"}})
     assert wait_until(lambda: stack.backend_metric(suffix, "flare_constrained_max_inflight") == 1, 30)
     mixed_before = stack.backend_metric(suffix, "flare_mixed_grammar_decode_steps_total")
@@ -318,7 +324,7 @@ def test_grammar_metrics_on_the_metrics_endpoint(stack: VariantStack) -> None:
     try:
         assert free_started.wait(120)
         # (parallel calls allowed, this model repeats the call until the length limit)
-        results["constrained"] = create(stack, suffix, TIME_QUESTION, 200, tools=TOOLS, tool_choice="required",
+        results["constrained"] = create(stack, suffix, TIME_QUESTION, REST_OF_CONTEXT, tools=TOOLS, tool_choice="required",
                                         parallel_tool_calls=False)
     finally:
         worker.join(300)
