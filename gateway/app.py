@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from fastapi import FastAPI
 
 from gateway.access import AccessMiddleware, configure_logging
+from gateway.body_limit import BodyLimit
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routers import chat, completions, health, metrics, models, tokens
@@ -21,7 +27,8 @@ from gateway.triton_client import MODEL_NAME, TritonBackend
 
 def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
                parser_factory: ParserFactory = syntax_parsers, triton_model: str = MODEL_NAME,
-               security: SecuritySettings | None = None) -> FastAPI:
+               security: SecuritySettings | None = None, supervision_state: Path | None = None,
+               max_body_bytes: int | None = None) -> FastAPI:
     """The gateway for the Triton model ``triton_model`` at the gRPC endpoint ``triton_url`` (HOST:PORT)."""
     gateway_metrics = GatewayMetrics()
 
@@ -30,15 +37,20 @@ def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
         service = GatewayService(TritonBackend(triton_url, triton_model), overrides or AdmissionOverrides(),
                                  parser_factory, gateway_metrics)
         app.state.service = service
+        if supervision_state is not None:
+            service.metrics.export_supervision(supervision_state)
         service.start()
+        restore = _start_shutdown_on_signals(service)
         try:
             yield
         finally:
+            restore()
             await service.close()
 
     app = FastAPI(title="Helios gateway", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible endpoints over Triton (docs/gateway.md)")
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=lambda: _body_bound(app, max_body_bytes))
     for router in (chat.router, completions.router, models.router, health.router, metrics.router, tokens.router):
         app.include_router(router)
     # outermost first when a request arrives: access (ids, log, counts), CORS, then the key check
@@ -51,11 +63,14 @@ WORKER_CONFIG = "HELIOS_GATEWAY_CONFIG"   # JSON of the settings below, set by h
 
 
 def worker_config(triton_url: str, triton_model: str, overrides: AdmissionOverrides,
-                  security: SecuritySettings | None = None, log_level: str = "info", access_log: bool = True) -> str:
+                  security: SecuritySettings | None = None, log_level: str = "info", access_log: bool = True,
+                  supervision_state: Path | None = None, max_body_bytes: int | None = None) -> str:
     return json.dumps({"triton_url": triton_url, "triton_model": triton_model,
                        "overrides": dataclasses.asdict(overrides),
                        "security": dataclasses.asdict(security or SecuritySettings()),
-                       "log_level": log_level, "access_log": access_log})
+                       "log_level": log_level, "access_log": access_log,
+                       "supervision_state": str(supervision_state) if supervision_state else None,
+                       "max_body_bytes": max_body_bytes})
 
 
 def app_from_environment() -> FastAPI:
@@ -64,5 +79,49 @@ def app_from_environment() -> FastAPI:
     config = json.loads(os.environ[WORKER_CONFIG])
     configure_logging(config["log_level"], config["access_log"])  # a spawned process: nothing inherited
     security = SecuritySettings.from_json(config["security"])
+    state = config.get("supervision_state")
     return create_app(config["triton_url"], AdmissionOverrides(**config["overrides"]),
-                      triton_model=config["triton_model"], security=security)
+                      triton_model=config["triton_model"], security=security,
+                      supervision_state=Path(state) if state else None, max_body_bytes=config.get("max_body_bytes"))
+
+
+# HTTP-15 gives connections five seconds to drain (helios-gateway's timeout_graceful_shutdown);
+# responses still open this long into it get their terminal `shutting_down` error, so no
+# stream is cut without one when the drain ends
+TERMINAL_EVENT_AT_S = 4.5
+
+
+def _start_shutdown_on_signals(service: GatewayService) -> Callable[[], None]:
+    """Chain onto the SIGINT/SIGTERM handlers uvicorn installed (in this process, whether it
+    is the only one or one of --workers): the first signal also starts the service's
+    shutdown, then uvicorn's own handler begins the connection drain. Returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        service.begin_shutdown(TERMINAL_EVENT_AT_S)
+        chained = previous[sig]
+        if callable(chained):
+            chained(sig, frame)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, chained in previous.items():
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, chained)
+    return restore
+
+
+# before the model is known every generation request is refused (503) anyway
+_BODY_BOUND_UNTIL_SERVED = 1 << 20
+
+
+def _body_bound(app: FastAPI, configured: int | None) -> int:
+    if configured is not None:
+        return configured
+    service = getattr(app.state, "service", None)
+    served = service.served_or_none if service is not None else None
+    return served.default_body_bytes if served is not None else _BODY_BOUND_UNTIL_SERVED

@@ -19,8 +19,6 @@ from gateway.shared_permits import SharedPermits
 from gateway.triton_client import MODEL_NAME
 
 SHUTDOWN_DRAIN_S = 5  # HTTP-15: connections get five seconds to drain, then are dropped
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-gateway", description=__doc__)
     parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC address HOST:PORT")
@@ -46,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per request on the helios.access logger")
+    parser.add_argument("--max-body-bytes", type=int, default=None,
+                        help="request body bound (default: derived from the served context)")
+    parser.add_argument("--supervision-state", type=Path, default=None,
+                        help="helios-serve's restart ledger, exported on /metrics (set by helios-serve)")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.workers < 1:
         raise SystemExit("helios-gateway: --workers must be at least 1")
     if args.workers == 1:
-        app = create_app(args.triton, overrides, triton_model=args.triton_model, security=security)
+        app = create_app(args.triton, overrides, triton_model=args.triton_model, security=security,
+                         supervision_state=args.supervision_state, max_body_bytes=args.max_body_bytes)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=SHUTDOWN_DRAIN_S, access_log=False)
         return
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         SharedPermits.create(budget).close()
         overrides = dataclasses.replace(overrides, shared_budget=str(budget))
         os.environ[WORKER_CONFIG] = worker_config(args.triton, args.triton_model, overrides, security,
-                                                   args.log_level, args.access_log)
+                                                   args.log_level, args.access_log,
+                                                   args.supervision_state, args.max_body_bytes)
         uvicorn.run("gateway.app:app_from_environment", factory=True, workers=args.workers, host=args.host,
                     port=args.port, log_level=args.log_level, timeout_graceful_shutdown=SHUTDOWN_DRAIN_S,
                     access_log=False)

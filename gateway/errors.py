@@ -55,7 +55,16 @@ class ModelNotFoundError(GatewayError):
     code = "model_not_found"
 
 
-class IngressFullError(GatewayError):
+class RetryLaterError(GatewayError):
+    """A refusal that may succeed later: the answer carries Retry-After (seconds)."""
+
+    retry_after_s = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class IngressFullError(RetryLaterError):
     """queue_capacity + max_active requests are already admitted (HTTP-17)."""
 
     status = 429
@@ -66,11 +75,8 @@ class IngressFullError(GatewayError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)}
 
-
-class AdmissionRejectedError(GatewayError):
+class AdmissionRejectedError(RetryLaterError):
     """The backend scheduler refused admission (typed AdmissionRejection event, HTTP-19)."""
 
     status = 503
@@ -78,12 +84,29 @@ class AdmissionRejectedError(GatewayError):
     code = "admission_rejected"
 
 
-class BackendUnavailableError(GatewayError):
+class BackendUnavailableError(RetryLaterError):
     """Triton or the model is not reachable or not ready (before any generation began)."""
 
     status = 503
     error_type = "service_unavailable_error"
     code = "backend_unavailable"
+
+
+class ShuttingDownError(RetryLaterError):
+    """The gateway is stopping: new requests are refused, and responses still open when the
+    drain window closes end with this as their one terminal error."""
+
+    status = 503
+    error_type = "service_unavailable_error"
+    code = "shutting_down"
+
+
+class BodyTooLargeError(GatewayError):
+    """The request body exceeds the gateway's bound (checked before parsing or tokenizing)."""
+
+    status = 413
+    error_type = "invalid_request_error"
+    code = "body_too_large"
 
 
 class ExecutionFailedError(GatewayError):
@@ -145,7 +168,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # routing errors (404 unknown path, 405 wrong method) in OpenAI's error shape
+        # routing errors (404 unknown path, 405 wrong method) and body decoding in OpenAI's shape
+        if isinstance(exc.__cause__, GatewayError):        # raised while FastAPI read the body
+            return error_response(exc.__cause__)
         error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        body = {"error": {"message": str(exc.detail), "type": error_type, "param": None, "code": None}}
+        message, code = str(exc.detail), _HTTP_CODES.get(exc.status_code, "http_error")
+        if isinstance(exc.__cause__, UnicodeDecodeError):   # FastAPI's generic "error parsing the body"
+            message, code = f"the request body is not valid UTF-8: {exc.__cause__}", "invalid_json"
+        body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+_HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+               415: "unsupported_media_type"}

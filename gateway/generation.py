@@ -164,6 +164,12 @@ class RequestRun:
         for task in self._tasks:
             task.cancel()
 
+    def abort(self, error: GatewayError) -> None:
+        """End the run now with ``error`` as its one failure (the gateway is shutting down):
+        every backend stream is cancelled and the reader sees a single ChoiceFailed."""
+        self.cancel()
+        self._queue.put_nowait(ChoiceFailed(0, error))
+
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         """Every choice's events, interleaved in arrival order, until all choices ended."""
         remaining = len(self._tasks)

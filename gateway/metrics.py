@@ -6,9 +6,12 @@ a `model` label, so one dashboard (docs/grafana/helios.json) serves several mode
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -61,3 +64,28 @@ class GatewayMetrics:
     def track_permits(self, in_use: Callable[[], int], total: int) -> None:
         self.permits_in_use.set_function(in_use)
         self.permits_total.set(total)
+
+    def export_supervision(self, state: Path) -> None:
+        self.registry.register(SupervisionCollector(state))
+
+
+class SupervisionCollector:
+    """helios-serve's restarts, read at scrape time from the ledger it rewrites after each
+    restart (server/supervision.py), so the counts survive a restart of the gateway itself."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            state = json.loads(self._path.read_text())
+        except (OSError, ValueError):
+            return
+        restarts = CounterMetricFamily("helios_serve_restarts", "processes helios-serve restarted after they "
+                                       "died, by cause (stub_died, exited_code, exited_signal)",
+                                       labels=["process", "cause"])
+        for row in state.get("restarts", ()):
+            restarts.add_metric([row["process"], row["cause"]], row["count"])
+        yield restarts
+        yield GaugeMetricFamily("helios_serve_restart_backoff_seconds", "the delay before the latest restart",
+                                value=state.get("backoff_seconds", 0.0))

@@ -181,6 +181,15 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
     return generate, stops, observation
 
 
+def _check_prompt_bytes(size: int, served: ServedModel, param: str) -> None:
+    """Refuse, before tokenizing, text that has more tokens than the context holds for sure."""
+    bound = served.prompt_bytes_bound
+    if size > bound:
+        raise ContextLengthError(
+            f"the prompt text has {size} bytes: more than the {served.limits.context_tokens}-token context "
+            f"can hold ({bound} bytes at most)", param=param)
+
+
 # ---- chat --------------------------------------------------------------------------------
 
 def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
@@ -190,9 +199,13 @@ def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
         texts = []
         for part_index, part in enumerate(content):
             if isinstance(part, dict):
+                where = f"messages.{index}.content.{part_index}"
+                if part.get("type") == "text":   # a text part whose text is missing or not a string
+                    raise InvalidRequestError(f"{where}.text must be a string, got "
+                                              f"{type(part.get('text')).__name__}", param=f"{where}.text")
                 raise InvalidRequestError(
-                    f"content part type {part.get('type')!r} is not supported; only text parts are",
-                    param=f"messages.{index}.content.{part_index}")
+                    f"content part type {part.get('type')!r} is not supported; only 'text' parts are",
+                    param=where)
             texts.append(part.text)
         content = "".join(texts)
     out["content"] = content if content is not None else ""
@@ -306,6 +319,9 @@ def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: i
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     generate, stops, observation = _common(body, served, max_tokens, constraints.structured_answer,
                                            bool(body.logprobs), top_logprobs, "top_logprobs")
+    messages = [_message_dict(m, i) for i, m in enumerate(body.messages)]
+    _check_prompt_bytes(sum(len(str(m["content"]).encode("utf-8", "surrogatepass")) for m in messages),
+                        served, "messages")
     tools = None
     if body.tools and body.tool_choice != "none":
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
@@ -340,6 +356,8 @@ def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
     encoded: list[tuple[int, ...]] = []
     input_size = served.tokenizer.vocab_size
     for item in prompts:
+        if isinstance(item, str):
+            _check_prompt_bytes(len(item.encode("utf-8", "surrogatepass")), served, "prompt")
         try:
             ids = served.tokenizer.encode_template(item) if isinstance(item, str) else list(item)
         except UnrepresentableTextError as exc:

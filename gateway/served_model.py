@@ -72,6 +72,18 @@ class ServedModel:
             created=int(time.time()),
         )
 
+    @property
+    def prompt_bytes_bound(self) -> int:
+        """Prompt text beyond this many UTF-8 bytes cannot fit the context whatever it says
+        (each token covers at most max_token_bytes bytes), so it is refused untokenized."""
+        return max(self.limits.context_tokens, 1) * self.tokenizer.max_token_bytes
+
+    @property
+    def default_body_bytes(self) -> int:
+        """The request body bound unless configured: the longest useful prompt four times over
+        (JSON escapes, several messages) plus a MiB for tools, schemas and fields."""
+        return 4 * self.prompt_bytes_bound + (1 << 20)
+
     def serves(self, model: str) -> bool:
         return model == self.served_id or model in self.aliases
 

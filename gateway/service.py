@@ -11,15 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from gateway.access import AccessRecord
+from helios_proto import transport_pb2 as tp
 from gateway.admission import AdmissionPermits, AdmissionSettings, Permit
 from gateway.shared_permits import SharedPermits
-from gateway.errors import BackendUnavailableError, IngressFullError
+from gateway.errors import BackendUnavailableError, IngressFullError, ShuttingDownError
 from gateway.generation import ChoiceFailed, RequestRun
 from gateway.metrics import GatewayMetrics
 from gateway.output_pipeline import OutputParser, PlainTextParser
@@ -27,7 +29,7 @@ from gateway.preparation import PreparedRequest
 from gateway.presentation import Presenter
 from gateway.responses import GenerationResponse
 from gateway.schemas import VLLM_UNSUPPORTED_FIELDS, SamplingFields
-from gateway.served_model import ServedModel
+from gateway.served_model import BackendClock, ServedModel
 from gateway.triton_client import TritonBackend
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,9 @@ class AdmissionOverrides:
 
 
 class GatewayService:
-    HEALTH_CACHE_S = 1.0  # a probe is one tiny inference; coalesce health-check storms
+    # a probe is one tiny inference; coalesce health-check storms, yet turn red within a
+    # second of the backend dying (a broken stream also forgets the cached answer)
+    HEALTH_CACHE_S = 0.5
 
     def __init__(self, backend: TritonBackend, overrides: AdmissionOverrides,
                  parser_factory: ParserFactory = syntax_parsers, metrics: GatewayMetrics | None = None) -> None:
@@ -71,10 +75,33 @@ class GatewayService:
         self._admission: AdmissionPermits | None = None
         self._loader: asyncio.Task[None] | None = None
         self._health: tuple[float, bool] = (0.0, False)
+        self._runs: set[RequestRun] = set()        # responses still open (for shutdown)
+        self._shutting_down = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._loader = asyncio.create_task(self._load_assets())
+
+    def begin_shutdown(self, drain_s: float) -> None:
+        """From a signal handler: refuse new requests now; after ``drain_s`` end every response
+        still open with one terminal ``shutting_down`` error (SSE event or 503 JSON), before
+        the server drops connections (HTTP-15)."""
+        loop = self._loop
+        if loop is None or self._shutting_down:
+            return
+
+        def refuse_and_schedule() -> None:
+            self._shutting_down = True
+            self._health = (float("inf"), False)
+            loop.call_later(drain_s, self._abort_open_runs)
+
+        loop.call_soon_threadsafe(refuse_and_schedule)
+
+    def _abort_open_runs(self) -> None:
+        for run in list(self._runs):
+            run.abort(ShuttingDownError("the server is shutting down; retry on another instance or later"))
 
     async def _load_assets(self) -> None:
         delay = 0.2
@@ -116,6 +143,10 @@ class GatewayService:
         return self._served
 
     @property
+    def served_or_none(self) -> ServedModel | None:
+        return self._served
+
+    @property
     def admission(self) -> AdmissionPermits:
         if self._admission is None:
             raise BackendUnavailableError("the model is still loading; retry later")
@@ -124,17 +155,29 @@ class GatewayService:
     async def healthy(self) -> bool:
         """Triton and the model ready and answering a tiny inference (a dead Python stub
         can leave Triton's own readiness green)."""
+        if self._shutting_down:
+            return False
         checked_at, ok = self._health
         if time.monotonic() - checked_at < self.HEALTH_CACHE_S:
             return ok
         ok = self._served is not None and await self.backend.model_ready(timeout_s=2.0)
         if ok:
             try:
-                await self.backend.fetch_assets(timeout_s=5.0)
+                assets = await self.backend.fetch_assets(timeout_s=5.0)
             except ConnectionError:
                 ok = False
+            else:
+                self._follow_backend_clock(assets)
         self._health = (time.monotonic(), ok)
-        return ok
+        return ok and not self._shutting_down
+
+    def _follow_backend_clock(self, assets: tp.FrontendAssets) -> None:
+        """A restarted backend has a new clock origin: stamps follow it from the next request."""
+        served = self._served
+        origin = assets.clock.origin_monotonic_ns
+        if served is not None and origin != served.clock.origin_monotonic_ns:
+            log.info("the backend restarted (clock origin %d); following it", origin)
+            self._served = dataclasses.replace(served, clock=BackendClock(origin))
 
     def _forget_health(self) -> None:
         """A backend stream broke: the next /health probes again instead of trusting its cache."""
@@ -142,6 +185,8 @@ class GatewayService:
 
     # ---- requests --------------------------------------------------------------------------
     def admit(self) -> Permit:
+        if self._shutting_down:
+            raise ShuttingDownError("the server is shutting down; retry later")
         try:
             return self.admission.admit()
         except IngressFullError:
@@ -180,9 +225,11 @@ class GatewayService:
                          lambda choice: self._parser_factory(served, prepared, choice), self.metrics, prompt_param,
                          on_stream_failure=self._forget_health)
         run.start()
+        self._runs.add(run)
         outcome = _Outcome()
 
         def on_close(disconnected: bool) -> None:
+            self._runs.discard(run)
             run.cancel()
             if disconnected:
                 self.metrics.disconnects.inc()

@@ -110,3 +110,15 @@ def random_bytes(nbytes: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(nbytes)
 
 
+
+
+def tampered_copy(core: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
+    """A copy of `core` with one byte flipped inside a resource frame (its middle)."""
+    import shutil
+    shutil.copy(core, target)
+    with open(target, "r+b") as f:
+        f.seek(target.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return target

@@ -485,3 +485,58 @@ def test_logprobs_are_of_the_raw_distribution_whatever_the_penalty_or_temperatur
     assert [t["token"] for t in plain["top_logprobs"]] == [t["token"] for t in penalized["top_logprobs"]]
     assert [t["logprob"] for t in plain["top_logprobs"]] == pytest.approx(
         [t["logprob"] for t in penalized["top_logprobs"]], abs=1e-4)
+
+
+# ---- bounds and error bodies ------------------------------------------------------------------
+
+def body_bound(stack: Stack) -> tuple[int, int]:
+    """(prompt text bound, body bound) the gateway derives from the served context."""
+    from gateway.served_model import ServedModel
+    from tests import helios_client as hc
+    served = ServedModel.from_assets(hc.run(hc.assets(stack.server.grpc_url)))
+    return served.prompt_bytes_bound, served.default_body_bytes
+
+
+# spec: HTTP-18
+def test_a_body_beyond_the_bound_is_413_before_parsing(stack: Stack, http: httpx.Client) -> None:
+    _, bound = body_bound(stack)
+    big = json.dumps(chat_body([{"role": "user", "content": "x" * (bound + 10)}], 2)).encode()
+    declared = http.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+    streamed = http.post("/v1/chat/completions", content=iter([big[i:i + 65536] for i in range(0, len(big), 65536)]),
+                         headers={"content-type": "application/json"})     # chunked: no Content-Length
+    for response in (declared, streamed):
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == "body_too_large"
+    assert http.post("/v1/chat/completions", json=chat_body(QUESTION, 2)).status_code == 200
+
+
+# spec: HTTP-18
+@pytest.mark.parametrize("path, field", [("/v1/chat/completions", "messages"), ("/v1/completions", "prompt")])
+def test_prompt_text_beyond_the_context_is_400_before_tokenizing(stack: Stack, http: httpx.Client,
+                                                                  path: str, field: str) -> None:
+    text_bound, body_limit = body_bound(stack)
+    text = "word " * (text_bound // 5 + 10)
+    assert len(text) < body_limit
+    payload = chat_body([{"role": "user", "content": text}], 2) if field == "messages" else \
+        {"model": SERVED_ID, "prompt": text, "max_tokens": 2}
+    response = http.post(path, json=payload)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field and error["code"] == "context_length_exceeded"
+    assert str(text_bound) in error["message"]
+
+
+# spec: HTTP-18
+def test_error_bodies_are_accurate_and_carry_a_code(http: httpx.Client) -> None:
+    part = http.post("/v1/chat/completions", json=chat_body([{"role": "user", "content": [{"type": "text", "text": 5}]}]))
+    assert part.status_code == 400
+    assert part.json()["error"]["param"] == "messages.0.content.0.text"
+    assert "must be a string" in part.json()["error"]["message"]
+    utf8 = http.post("/v1/chat/completions", content=b'{"model": "\xff\xfe"}', headers={"content-type": "application/json"})
+    assert utf8.status_code == 400 and utf8.json()["error"]["code"], utf8.text
+    assert "UTF-8" in utf8.json()["error"]["message"] or "JSON" in utf8.json()["error"]["message"]
+    for response in (http.get("/v1/nothing-here"), http.get("/v1/chat/completions"),
+                     http.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}),
+                     http.post("/v1/chat/completions", json={"model": SERVED_ID})):
+        assert 400 <= response.status_code < 500
+        assert response.json()["error"]["code"], response.text

@@ -136,3 +136,25 @@ def test_backend_death_mid_request_is_500_then_503(server: TritonServer, workdir
             assert client.post("/v1/chat/completions", json=body(QUESTION, 2)).status_code == 503
     finally:
         gateway.stop()
+
+
+# spec: HTTP-1, HTTP-4, HTTP-5, HTTP-17
+def test_a_burst_of_every_permit_is_served_without_503(smollm2_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    import asyncio
+
+    from tests.gateway_harness import gateway_stack
+
+    with gateway_stack(smollm2_core, tmp_path, queue_capacity="2", max_active="4") as stack:
+        permits = int(stack.gateway.metric("helios_gateway_admission_permits"))
+        assert permits == 6
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=stack.gateway.base_url, timeout=120) as client:
+                return await asyncio.gather(*(client.post("/v1/chat/completions", json=body(QUESTION, 12))
+                                              for _ in range(permits + 2)))
+
+        responses = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in responses)
+    assert 503 not in statuses, [r.text for r in responses if r.status_code == 503]
+    assert statuses.count(200) >= permits
+    assert all(int(r.headers["retry-after"]) >= 1 for r in responses if r.status_code == 429)

@@ -1,4 +1,6 @@
-"""The native ingress channel holds at most queue_capacity submissions (HTTP-4).
+"""The native ingress channel holds at most queue_capacity submissions that must queue (HTTP-4),
+on top of those the free active places take at the next round, so it agrees with HTTP
+admission (queue_capacity + max_active, HTTP-1).
 
 The real EngineLoop and Scheduler over the simulated executor; the round in flight is held open
 so that submissions pile up in the channel in front of the scheduler."""
@@ -28,35 +30,54 @@ class HeldRunner:
         return self.engine.run(plan)
 
 
-def test_ingress_channel_rejects_beyond_queue_capacity_while_a_round_runs():
-    # spec: HTTP-4, HTTP-17, HTTP-21
+def run_burst(capacity: int, extra: int) -> tuple[dict[int, Recorder], list[int], int]:
+    """Request 1 inside a held round, then a burst of (capacity + free places + extra) more;
+    returns the senders, the serials rejected before the round ended, and the free places."""
     sched, engine = make()
-    capacity = 4
     runner = HeldRunner(engine)
     hub = ResponseHub(on_cancel=lambda s: None, metrics=Updates())
     worker = EngineLoop(sched, SynchronousRunner(runner.run), hub, Updates(), two_frames=False, ingress_capacity=capacity)
     hub.start()
     worker.start()
-    senders = {serial: Recorder() for serial in range(1, capacity + 5)}
+    free = sched.max_active - 1                      # request 1 holds one active place
+    last = 1 + capacity + free + extra
+    senders = {serial: Recorder() for serial in range(1, last + 1)}
     for serial, sender in senders.items():
         hub.register(Stream(serial, sender))
     try:
         worker.enqueue(1, spec(prompt_of(1, 6), max_tokens=3))
         assert runner.started.wait(10)               # request 1 is inside a held round
-        for serial in range(2, capacity + 5):        # capacity + 3 more while the worker is busy
+        for serial in range(2, last + 1):            # the burst while the worker is busy
             worker.enqueue(serial, spec(prompt_of(serial, 6), max_tokens=3))
-        rejected_now = [s for s in range(2, capacity + 5) if senders[s].done.wait(2)]
-        assert rejected_now == [capacity + 2, capacity + 3, capacity + 4]
-        for serial in rejected_now:
-            [final] = senders[serial].finals
-            assert final.terminal.WhichOneof("outcome") == "rejected"
-            assert final.terminal.rejected.reason == tp.REJECTION_REASON_QUEUE_FULL
+        rejected_now = [s for s in range(2, last + 1) if senders[s].done.wait(0.5 if extra else 1)]
         runner.release.set()
-        for serial in range(1, capacity + 2):        # the admitted ones all finish
-            assert senders[serial].done.wait(20)
-            [final] = senders[serial].finals
-            assert final.terminal.WhichOneof("outcome") == "finished"
+        for serial in range(1, last + 1):
+            assert senders[serial].done.wait(30)
     finally:
         runner.release.set()
         worker.stop()
         hub.stop()
+    return senders, rejected_now, free
+
+
+def test_ingress_channel_rejects_beyond_queue_capacity_while_a_round_runs():
+    # spec: HTTP-4, HTTP-17, HTTP-21
+    capacity = 4
+    senders, rejected_now, free = run_burst(capacity, extra=3)
+    last = 1 + capacity + free + 3
+    assert rejected_now == [last - 2, last - 1, last]
+    for serial in rejected_now:
+        [final] = senders[serial].finals
+        assert final.terminal.WhichOneof("outcome") == "rejected"
+        assert final.terminal.rejected.reason == tp.REJECTION_REASON_QUEUE_FULL
+    for serial in range(1, last - 2):                # the admitted ones all finish
+        [final] = senders[serial].finals
+        assert final.terminal.WhichOneof("outcome") == "finished"
+
+
+def test_a_burst_of_queue_capacity_plus_free_places_is_admitted_whole():
+    # spec: HTTP-1, HTTP-4, HTTP-5
+    senders, rejected_now, _ = run_burst(capacity=4, extra=0)
+    assert rejected_now == []
+    outcomes = {senders[s].finals[0].terminal.WhichOneof("outcome") for s in senders}
+    assert outcomes == {"finished"}

@@ -208,11 +208,16 @@ def test_output_limit_is_clipped_to_the_context() -> None:
 
 
 def test_queue_capacity_and_invalid_ids() -> None:  # spec: HTTP-5
-    sched, _ = make(queue=1)
-    sched.add(0, spec([1, 2]))
+    sched, _ = make(queue=1, slots=2)
+    for serial in range(3):             # two for the free active places, one queued
+        sched.add(serial, spec([1, 2]))
     with pytest.raises(AdmissionRejected) as info:
-        sched.add(1, spec([1, 2]))
+        sched.add(3, spec([1, 2]))
     assert info.value.reason == tp.REJECTION_REASON_QUEUE_FULL
+    sched.cancel(0)                     # HTTP released its permit: its place is free again
+    sched.add(3, spec([1, 2]))
+    with pytest.raises(AdmissionRejected):
+        sched.add(4, spec([1, 2]))
     with pytest.raises(InvalidSpecError):
         make()[0].add(2, spec([VOCAB + 5]))
 

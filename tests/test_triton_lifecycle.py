@@ -3,13 +3,13 @@ failures that leave the model not ready, and a clean drain when the server stops
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
 
 from helios_backend.frontend.tokenizer import FrontendTokenizer
 from tests import helios_client as hc
+from tests.core_helpers import tampered_copy
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
 from tests.triton_server import TritonServer, metric_value, model_repository, wait_for_metric
 
@@ -49,13 +49,7 @@ def test_wrong_acceptance_namespace_leaves_the_model_not_ready(default_core: Pat
 
 
 def test_tampered_core_leaves_the_model_not_ready(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: FMT-12, FMT-22
-    tampered = tmp_path / "tampered.core"
-    shutil.copy(default_core, tampered)
-    with open(tampered, "r+b") as f:
-        f.seek(tampered.stat().st_size // 2)        # inside a resource frame
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    tampered = tampered_copy(default_core, tmp_path / "tampered.core")
     with TritonServer(model_repository(tmp_path, core_path=tampered)) as server:
         server.wait_live()
         server.wait_load_attempt()

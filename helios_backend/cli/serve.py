@@ -9,18 +9,20 @@ nvidia-pytriton wheel, else /opt/tritonserver), builds a backend directory with 
 backend and the stub for the running Python, writes a model repository whose config
 carries the options, and starts tritonserver with this environment's bin first on PATH
 (HTTP 8000, gRPC 8001, metrics 8002, bound to 127.0.0.1 unless --triton-host says otherwise),
-then `helios-gateway` (port 9000 on --host) once the model is ready. SIGINT/SIGTERM are forwarded: Triton drains its streams, the gateway its connections.
+then `helios-gateway` (port 9000 on --host) once the model is ready. It then supervises both
+(triton/supervision.py): a model that cannot load or a gateway that cannot start exits non-zero
+at once; a stub, server or gateway that dies is restarted after a backoff; SIGINT/SIGTERM stop
+the gateway, then the server, within 10 s. The temporary workdir and the server's shared memory
+are removed on exit.
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -28,10 +30,16 @@ from helios_backend.triton.launcher import (
     LOOPBACK, Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
     server_environment, gateway_command, write_model_repository)
 from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS
+from helios_backend.triton.supervision import (
+    Child, ExitCode, RestartLedger, Supervisor, SupervisorConfig)
 
 # CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core default)
 OPTION_PARAMETERS = ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
                      "page_capacity", "snapshot_capacity", "cache_memory_share")
+
+# Triton's own wait for live requests at shutdown: the gateway has cancelled its streams by
+# then, so a few seconds suffice and the whole stack stays inside the 10 s stop bound
+EXIT_TIMEOUT_S = 3
 
 
 def parser() -> argparse.ArgumentParser:
@@ -58,12 +66,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", action="append", default=None,
                    help="gateway: require 'Authorization: Bearer KEY' (repeatable; default $HELIOS_API_KEY)")
     p.add_argument("--allowed-origins", default=None, help="gateway: CORS origins, a JSON list")
-    p.add_argument("--workdir", type=Path, default=None, help="model repository and backend dir (default: temp)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="model repository and backend dir (default: a temporary one, removed on exit)")
     p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None)
     for name in OPTION_PARAMETERS:
         p.add_argument("--" + name.replace("_", "-"), type=float if name == "cache_memory_share" else int,
                        default=None)
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model")
+    p.add_argument("--gateway-arg", action="append", default=[],
+                   help="one extra argument for helios-gateway (repeatable)")
     return p
 
 
@@ -92,80 +103,58 @@ def resolve_executor(name: str) -> str:
     return "cuda" if gpu_available() else "cpu"
 
 
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     core = args.core.resolve()
     if not core.is_file():
         print(f"helios-serve: no core at {core} (prepare one: make core, or helios-prepare)", file=sys.stderr)
-        return 2
+        return int(ExitCode.USAGE)
     try:
         install = locate_tritonserver(args.tritonserver)
     except TritonNotFound as exc:
         print(f"helios-serve: {exc}", file=sys.stderr)
-        return 2
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="helios-serve-"))
-    parameters = {"core_path": str(core), "acceptance": args.acceptance, "executor": resolve_executor(args.executor)}
-    for name in OPTION_PARAMETERS:
-        if getattr(args, name) is not None:
-            parameters[name] = str(getattr(args, name))
-    if args.history_drafting is not None:
-        parameters["history_drafting"] = str(args.history_drafting).lower()
-    repository = write_model_repository(workdir, parameters)
-    backends = prepare_backend_directory(install, workdir / "triton")
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+        return int(ExitCode.USAGE)
+    owned_workdir = args.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="helios-serve-")) if owned_workdir else args.workdir
     shm_prefix = f"helios-serve-{uuid.uuid4().hex[:8]}-"
-    triton = subprocess.Popen(server_command(install, backends, repository, ports, shm_prefix=shm_prefix,
-                                             address=args.triton_host),
-                              env=server_environment(install))
-    children: list[subprocess.Popen[bytes]] = [triton]
-    stopping = False
-
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGINT if child is triton else signal.SIGTERM)
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
+    print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
     try:
+        parameters = {"core_path": str(core), "acceptance": args.acceptance,
+                      "executor": resolve_executor(args.executor)}
+        for name in OPTION_PARAMETERS:
+            if getattr(args, name) is not None:
+                parameters[name] = str(getattr(args, name))
+        if args.history_drafting is not None:
+            parameters["history_drafting"] = str(args.history_drafting).lower()
+        repository = write_model_repository(workdir, parameters)
+        backends = prepare_backend_directory(install, workdir / "triton")
+        ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+        command = server_command(install, backends, repository, ports, shm_prefix=shm_prefix,
+                                 exit_timeout_s=EXIT_TIMEOUT_S, address=args.triton_host)
+        triton = Child("tritonserver", lambda: command, env=server_environment(install))
+        ledger = RestartLedger(workdir / "supervision.json")
+        gateway = None
+        gateway_url = None
         if args.gateway:
-            gateway = gateway_command()
-            if gateway is None:
+            binary = gateway_command()
+            if binary is None:
                 print("helios-serve: helios-gateway is not installed; serving Triton only", file=sys.stderr)
             else:
-                deadline = time.monotonic() + args.ready_timeout
-                ready = f"http://{_local_triton_host(args)}:{ports.http}/v2/models/helios/ready"
-                while not stopping and triton.poll() is None and time.monotonic() < deadline \
-                        and _status(ready) != 200:
-                    time.sleep(0.5)
-                if not stopping and triton.poll() is None and _status(ready) == 200:
-                    children.append(subprocess.Popen([*gateway, *gateway_arguments(args, ports)]))
-                elif not stopping:
-                    print("helios-serve: the helios model is not ready; see the tritonserver log above "
-                          "(the gateway was not started)", file=sys.stderr)
-        rc = triton.wait()
-        for child in children[1:]:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-            child.wait()
-        return rc
+                gateway_argv = [*binary, *gateway_arguments(args, ports), "--supervision-state", str(ledger.path),
+                                *args.gateway_arg]
+                gateway = Child("gateway", lambda: gateway_argv)
+                gateway_url = f"http://127.0.0.1:{args.gateway_port}/health"
+        supervisor = Supervisor(SupervisorConfig(ports.http, gateway_url, args.ready_timeout,
+                                                 host=_local_triton_host(args)), triton, gateway,
+                                ledger, after_triton_stop=lambda: cleanup_shm(shm_prefix))
+        signal.signal(signal.SIGINT, supervisor.request_stop)
+        signal.signal(signal.SIGTERM, supervisor.request_stop)
+        return supervisor.run()
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
         cleanup_shm(shm_prefix)
+        if owned_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -80,10 +80,15 @@ class EngineLoop:
     def __init__(self, scheduler: Scheduler, runner: RoundRunner, sink: EventSink,
                  metrics: MetricsQueue, two_frames: bool = True, ingress_capacity: int | None = None) -> None:
         self._scheduler = scheduler
-        # The ingress channel holds at most queue_capacity submissions (HTTP-4): a submission
-        # beyond it is rejected at once, even while a long round keeps the worker busy.
+        # The ingress channel holds at most queue_capacity submissions that will have to queue
+        # (HTTP-4): a submission beyond it is rejected at once, even while a long round keeps the
+        # worker busy. Submissions the free active places take at the next round pass on top
+        # (`_ingress_free`, published by the worker), so the channel agrees with HTTP admission
+        # (queue_capacity + max_active) and a burst into free slots is never refused.
         self._ingress_capacity = ingress_capacity if ingress_capacity is not None else scheduler.config.queue_capacity
         self._ingress_pending = 0
+        self._ingress_free = scheduler.free_active
+        self._ingress_cancels = 0           # cancels not yet applied: HTTP released their permits already
         self._ingress_lock = threading.Lock()
         self._runner = runner
         self._sink = sink
@@ -102,18 +107,25 @@ class EngineLoop:
         self._thread.start()
 
     def enqueue(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> None:
+        if not self._thread.is_alive() and self._thread.ident is not None:
+            # the worker is gone (stopped, or died): nothing would ever answer this request
+            self._reject(serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
+            return
         with self._ingress_lock:
-            full = self._ingress_pending >= self._ingress_capacity
+            bound = self._ingress_capacity + self._ingress_free + self._ingress_cancels
+            full = self._ingress_pending >= bound
             if not full:
                 self._ingress_pending += 1
         if full:
             self._reject(serial, AdmissionRejected(
-                tp.REJECTION_REASON_QUEUE_FULL, f"the ingress channel holds {self._ingress_capacity} requests",
-                limit=self._ingress_capacity, requested=self._ingress_capacity + 1))
+                tp.REJECTION_REASON_QUEUE_FULL, f"the ingress channel holds {self._ingress_capacity} queued "
+                f"requests and {bound - self._ingress_capacity} for free places", limit=bound, requested=bound + 1))
             return
         self._inbox.put(_Submit(serial, spec, grammar))
 
     def cancel(self, serial: int) -> None:
+        with self._ingress_lock:
+            self._ingress_cancels += 1     # its place is free at the next pass over the inbox
         self._inbox.put(_Cancel(serial))
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
@@ -213,18 +225,27 @@ class EngineLoop:
         try:
             item = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
         except queue.Empty:
+            self._publish_free()
             return
         while True:
             self._apply(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
+                self._publish_free()
                 return
 
+    def _publish_free(self) -> None:
+        with self._ingress_lock:
+            self._ingress_free = self._scheduler.free_active
+
     def _apply(self, item: "_Submit | _Cancel | _Stop") -> None:
-        if isinstance(item, _Submit):
+        if isinstance(item, (_Submit, _Cancel)):
             with self._ingress_lock:
-                self._ingress_pending -= 1
+                if isinstance(item, _Submit):
+                    self._ingress_pending -= 1
+                else:
+                    self._ingress_cancels -= 1
         if isinstance(item, _Stop):
             self._stopping = item
         elif isinstance(item, _Cancel):

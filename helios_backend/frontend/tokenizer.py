@@ -115,6 +115,8 @@ class FrontendTokenizer:
         self._untrusted = untrusted
         self._table = _build_byte_table(trusted)
         self._vocab_size = len(self._table.by_id)
+        added = set(trusted.get_added_tokens_decoder())
+        self._max_token_bytes = max((len(t) for i, t in enumerate(self._table.by_id) if i not in added), default=1)
 
     @classmethod
     def from_json(cls, text: str) -> "FrontendTokenizer":
@@ -160,6 +162,12 @@ class FrontendTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The most text bytes one ordinary (non-added) token covers: a text of B bytes has at
+        least B / max_token_bytes tokens, which bounds prompts before they are tokenized."""
+        return self._max_token_bytes
 
     @property
     def special_ids(self) -> frozenset[int]:

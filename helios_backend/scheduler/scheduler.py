@@ -87,6 +87,26 @@ class Scheduler:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def free_active(self) -> int:
+        """Active places no live request holds or waits for: what the next round admits at once."""
+        running, waiting = self._live()
+        return max(0, self.max_active - running - waiting)
+
+    @property
+    def queued(self) -> int:
+        """Live waiting requests that must wait for a place (HTTP-5 bounds these by queue_capacity).
+        Those the free active places take at the next round are not queued, so a burst of
+        queue_capacity + max_active into an idle scheduler is admitted whole, as HTTP admits it;
+        cancelled requests not yet retired are not counted, as HTTP released their permits."""
+        running, waiting = self._live()
+        return max(0, waiting - max(0, self.max_active - running))
+
+    def _live(self) -> tuple[int, int]:
+        """(running, waiting) requests not cancelled (a cancel retires at the next round)."""
+        return (sum(1 for r in self._running if not r.cancelled),
+                sum(1 for _, r in self._waiting if not r.cancelled))
+
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
@@ -105,7 +125,7 @@ class Scheduler:
     # ---- admission -------------------------------------------------------------
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
         """Queue a request or raise AdmissionRejected / InvalidSpecError (others go on)."""
-        spec = check_admission(self.config, spec, self._max_prompt, queued=len(self._waiting))
+        spec = check_admission(self.config, spec, self._max_prompt, queued=self.queued)
         stop = self._stop_factory(spec) if (self._stop_factory and spec.stops.host_stops) else None
         req = Request(serial, spec, self._arrivals, grammar=grammar)
         self._arrivals += 1

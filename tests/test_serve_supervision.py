@@ -1,0 +1,160 @@
+"""helios-serve fails loudly, recovers by itself and never hangs: a real tritonserver, the real
+python stub and the real gateway under helios-serve (tests/serve_process.py).
+
+* a tampered core: helios-serve exits non-zero on its own, naming the cause;
+* a gateway that cannot start (its port taken): exits non-zero;
+* kill -9 of the stub mid-generation: every open request gets its one terminal error,
+  permits and streams are released, /health goes red, helios-serve restarts the server
+  (counted), /health turns green and requests are served again;
+* SIGTERM mid-stream: the stream ends with one `shutting_down` error event, everything
+  exits, nothing is left in TMPDIR or /dev/shm.
+Times are printed for the report, never asserted."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from helios_backend.triton.supervision import ExitCode
+from tests.core_helpers import tampered_copy
+from tests.gateway_harness import SERVED_ID, wait_until
+from tests.serve_process import ServeProcess, alive
+from tests.server_fixtures import default_core  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def body(messages: list[dict[str, Any]], max_tokens: int, **fields: Any) -> dict[str, Any]:
+    return {"model": SERVED_ID, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
+
+
+def sse_events(lines: list[str]) -> list[str]:
+    return [line[6:] for line in lines if line.startswith("data: ")]
+
+
+class StreamReader(threading.Thread):
+    """Reads one SSE response to its end; `first_content` is set once a text delta arrived."""
+
+    def __init__(self, url: str, max_tokens: int = 400) -> None:
+        super().__init__(daemon=True)
+        self.url, self.max_tokens = url, max_tokens
+        self.first_content = threading.Event()
+        self.events: list[str] = []
+        self.ended_at = 0.0
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            with client.stream("POST", "/v1/chat/completions",
+                               json=body(STORY, self.max_tokens, stream=True)) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.events.append(line[6:])
+                        if '"content":"' in line and '"content":""' not in line:
+                            self.first_content.set()
+        self.ended_at = time.monotonic()
+
+
+# spec: FMT-12, FMT-22
+def test_a_tampered_core_makes_helios_serve_exit_non_zero(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    with ServeProcess(tampered_copy(default_core, tmp_path / "tampered.core"), tmp_path) as serve:
+        code = serve.process.wait(300)
+        print(f"tampered core: exit {code} after {time.monotonic() - serve.started:.1f}s")
+        log = serve.log()
+    assert code == ExitCode.MODEL_FAILED, log[-3000:]
+    assert "the helios model failed to load" in log and "Bootstrap.load failed" in log
+    assert serve.leftovers() == []
+
+
+def test_a_gateway_that_cannot_start_makes_helios_serve_exit_non_zero(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with ServeProcess(default_core, tmp_path) as serve:
+        taken.bind(("0.0.0.0", serve.gateway_port))
+        taken.listen()
+        try:
+            code = serve.process.wait(300)
+        finally:
+            taken.close()
+        log = serve.log()
+    assert code == ExitCode.GATEWAY_FAILED, log[-3000:]
+    assert "the gateway exited with code" in log and "before it answered HTTP" in log
+    assert serve.leftovers() == []
+
+
+# spec: HTTP-23, HTTP-25, HTTP-27
+def test_a_killed_stub_fails_open_requests_and_the_stack_recovers(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    with ServeProcess(default_core, tmp_path) as serve:
+        serve.wait_gateway_healthy()
+        readers = [StreamReader(serve.gateway_url) for _ in range(3)]
+        json_result: dict[str, Any] = {}
+
+        def non_stream() -> None:
+            with httpx.Client(base_url=serve.gateway_url, timeout=120) as client:
+                response = client.post("/v1/chat/completions", json=body(STORY, 400))
+                json_result.update(status=response.status_code, body=response.json(), at=time.monotonic())
+
+        plain = threading.Thread(target=non_stream, daemon=True)
+        for reader in readers:
+            reader.start()
+        plain.start()
+        assert all(reader.first_content.wait(120) for reader in readers)
+        assert serve.gateway_metric("helios_gateway_backend_streams_open") == 4
+        stub, triton = serve.stub_pid(), serve.triton_pid()
+        killed_at = time.monotonic()
+        os.kill(stub, signal.SIGKILL)                      # the backend dies mid-generation
+        assert wait_until(lambda: httpx.get(serve.gateway_url + "/health", timeout=10).status_code == 503)
+        print(f"/health red {time.monotonic() - killed_at:.2f}s after the kill")
+        for reader in readers:
+            reader.join(120)
+        plain.join(120)
+        print("terminal errors after", [f"{r.ended_at - killed_at:.2f}s" for r in readers],
+              f"json {json_result['at'] - killed_at:.2f}s")
+        for reader in readers:
+            errors = [json.loads(e) for e in reader.events if '"error"' in e]
+            assert len(errors) == 1 and reader.events[-1] == json.dumps(errors[0], separators=(",", ":"))
+            assert errors[0]["error"]["type"] == "server_error" and errors[0]["error"]["code"]
+            assert "[DONE]" not in reader.events
+        assert json_result["status"] == 500 and json_result["body"]["error"]["code"] == "execution_failed"
+        assert serve.gateway_metric("helios_gateway_admission_permits_in_use") == 0
+        assert serve.gateway_metric("helios_gateway_backend_streams_open") == 0
+        assert not alive(triton)                           # the server with the dead stub was replaced
+        serve.wait_gateway_healthy()
+        print(f"/health green again {time.monotonic() - killed_at:.1f}s after the kill")
+        assert serve.gateway_metric("helios_serve_restarts_total", process="tritonserver", cause="stub_died") == 1
+        with httpx.Client(base_url=serve.gateway_url, timeout=120) as client:
+            answer = client.post("/v1/chat/completions", json=body(QUESTION, 4))
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+        assert serve.stub_pid() != stub
+
+
+# spec: HTTP-15
+def test_sigterm_mid_stream_sends_shutting_down_and_leaves_nothing(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    with ServeProcess(default_core, tmp_path) as serve:
+        serve.wait_gateway_healthy()
+        reader = StreamReader(serve.gateway_url, max_tokens=2000)
+        reader.start()
+        assert reader.first_content.wait(120)
+        pids = [serve.triton_pid(), serve.stub_pid()]
+        signalled_at = time.monotonic()
+        serve.process.send_signal(signal.SIGTERM)
+        reader.join(60)
+        code = serve.process.wait(60)
+        print(f"SIGTERM: stream ended after {reader.ended_at - signalled_at:.2f}s, "
+              f"helios-serve exited after {time.monotonic() - signalled_at:.2f}s")
+        errors = [json.loads(e) for e in reader.events if '"error"' in e]
+        assert [e["error"]["code"] for e in errors] == ["shutting_down"]
+        assert reader.events[-1] == json.dumps(errors[0], separators=(",", ":")) and "[DONE]" not in reader.events
+        assert code == 0, serve.log()[-3000:]
+        assert not any(alive(pid) for pid in pids)
+        assert serve.leftovers() == []
