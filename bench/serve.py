@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -58,6 +58,8 @@ from gateway.served_model import ServedModel
 from gateway.triton_client import StreamTerminal, TokenBatch, TritonBackend
 from helios_proto import transport_pb2 as tp
 
+from bench.sse import RequestTiming, stream_completion, token_ids_count
+
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -68,26 +70,6 @@ PROMPTS = [
     "What is 17 times 23?",
     "Describe a cat to someone who has never seen one.",
 ]
-
-
-@dataclass
-class RequestTiming:
-    ttft_s: float = float("nan")
-    e2e_s: float = float("nan")
-    token_times_s: list[float] = field(default_factory=list)  # arrival of each token, from start
-    output_tokens: int = 0
-    ok: bool = False
-
-    @property
-    def itls_s(self) -> list[float]:
-        times = self.token_times_s
-        return [b - a for a, b in zip(times, times[1:])]
-
-    @property
-    def tpot_s(self) -> float | None:
-        if self.output_tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
 @dataclass
@@ -121,32 +103,9 @@ def percentiles(values: list[float]) -> tuple[float, float, float]:
 
 async def gateway_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
                           ignore_eos: bool = False) -> RequestTiming:
-    timing = RequestTiming()
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "return_token_ids": True, "ignore_eos": ignore_eos}
-    start = time.perf_counter()
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            return timing
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                timing.ok = True
-                break
-            event = json.loads(line[6:])
-            if "error" in event:
-                return timing
-            for choice in event.get("choices", []):
-                ids = choice.get("token_ids")
-                if ids:
-                    now = time.perf_counter() - start
-                    timing.token_times_s += [now] * len(ids)
-    timing.e2e_s = time.perf_counter() - start
-    timing.output_tokens = len(timing.token_times_s)
-    if timing.token_times_s:
-        timing.ttft_s = timing.token_times_s[0]
-    return timing
+    return await stream_completion(client, "/v1/chat/completions", body, token_ids_count)
 
 
 async def direct_request(backend: TritonBackend, prompt_ids: tuple[int, ...], max_tokens: int,
@@ -154,7 +113,7 @@ async def direct_request(backend: TritonBackend, prompt_ids: tuple[int, ...], ma
     timing = RequestTiming()
     request = tp.GenerateRequest(max_tokens=max_tokens, ignore_eos=ignore_eos)
     request.sampling.temperature = 0.0
-    start = time.perf_counter()
+    timing.start_s = start = time.perf_counter()
     generation = backend.generate(prompt_ids, request, request_id)
     async for event in generation.events():
         if isinstance(event, TokenBatch):
@@ -166,7 +125,6 @@ async def direct_request(backend: TritonBackend, prompt_ids: tuple[int, ...], ma
         else:
             break
     timing.e2e_s = time.perf_counter() - start
-    timing.output_tokens = len(timing.token_times_s)
     if timing.token_times_s:
         timing.ttft_s = timing.token_times_s[0]
     return timing

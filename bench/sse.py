@@ -1,0 +1,90 @@
+"""One streaming client for every benchmark: a chat completion read as server-sent events,
+timed per token.
+
+Both servers the benchmarks drive speak OpenAI's SSE dialect; they differ only in how a chunk
+says how many tokens it carries: ours returns `token_ids` (`return_token_ids`), so a chunk that
+holds several tokens counts them all; llama-server sends one token per content chunk. That rule
+is the `count` argument, and everything else (status, `[DONE]`, in-band errors, the clock) is
+shared.
+
+Times are `time.perf_counter()` values, which on Linux read CLOCK_MONOTONIC: one clock for every
+process of the machine, so timings from several client processes can be put on one axis (the
+load's wall time is the first request's start to the last one's end, not the processes' start-up).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+TokenCount = Callable[[dict[str, Any]], int]
+
+
+def token_ids_count(choice: dict[str, Any]) -> int:
+    """Ours: each chunk names its tokens (`return_token_ids`)."""
+    return len(choice.get("token_ids") or ())
+
+
+def content_chunk_count(choice: dict[str, Any]) -> int:
+    """llama-server: one token per chunk that carries content."""
+    return 1 if (choice.get("delta") or {}).get("content") else 0
+
+
+@dataclass
+class RequestTiming:
+    ok: bool = False
+    status: int = 0
+    start_s: float = float("nan")          # perf_counter at the request's start (shared clock)
+    ttft_s: float = float("nan")           # from start_s
+    e2e_s: float = float("nan")
+    token_times_s: list[float] = field(default_factory=list)   # arrival of each token, from start_s
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times_s)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.e2e_s
+
+    @property
+    def itls_s(self) -> list[float]:
+        """Gaps between chunks (tokens that share a chunk share its arrival)."""
+        times = self.token_times_s
+        return [b - a for a, b in zip(times, times[1:]) if b > a]
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+async def stream_completion(client: Any, path: str, body: dict[str, Any],
+                            count: TokenCount = token_ids_count) -> RequestTiming:
+    """POST `body` to `path` on an httpx.AsyncClient and read the stream to its end."""
+    timing = RequestTiming()
+    timing.start_s = time.perf_counter()
+    async with client.stream("POST", path, json=body) as response:
+        timing.status = response.status_code
+        if response.status_code != 200:
+            await response.aread()
+            return timing
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                timing.ok = True
+                break
+            event = json.loads(line[6:])
+            if "error" in event:
+                return timing
+            tokens = sum(count(choice) for choice in event.get("choices", ()))
+            if tokens:
+                timing.token_times_s += [time.perf_counter() - timing.start_s] * tokens
+    timing.e2e_s = time.perf_counter() - timing.start_s
+    if timing.token_times_s:
+        timing.ttft_s = timing.token_times_s[0]
+    return timing
