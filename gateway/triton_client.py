@@ -265,6 +265,8 @@ class ChannelMux:
             if output.name != OUT_CHANNEL_BATCH:
                 continue
             batch = tp.ChannelBatch.FromString(infer.raw_output_contents[index])
+            if batch.plain_tags:
+                self._dispatch_plain(batch)
             for out in batch.outputs:
                 generation = self._routes.get(out.tag)
                 if generation is None:
@@ -272,6 +274,21 @@ class ChannelMux:
                 generation.deliver(out)
                 if out.HasField("event"):
                     del self._routes[out.tag]
+
+    def _dispatch_plain(self, batch: tp.ChannelBatch) -> None:
+        """The batch's id-only outputs: one array for all of them, a view per request."""
+        counts = np.array(batch.plain_counts, dtype=np.int64)
+        ids = np.array(batch.plain_token_ids, dtype=np.int32)
+        if counts.size != len(batch.plain_tags) or int(counts.sum()) != ids.size:
+            raise ValueError(f"channel batch: {len(batch.plain_tags)} tags, {counts.size} counts "
+                             f"and {ids.size} ids do not agree")
+        ends = counts.cumsum().tolist()
+        start = 0
+        for tag, end in zip(batch.plain_tags, ends):
+            generation = self._routes.get(tag)
+            if generation is not None and end > start:   # None: cancelled here already
+                generation.push(TokenBatch(ids[start:end], None, None, None, None))
+            start = end
 
     async def close(self) -> None:
         if self._outbox is not None:

@@ -89,7 +89,7 @@ class SlotInitialization:
         return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids), histogram[:histogram_bins].astype(np.int32))
 
 
-@dataclass
+@dataclass(slots=True)
 class PackedLane:
     """One request row of a submission."""
 

@@ -78,6 +78,26 @@ class Stream:
     sent_responses: int = 0
 
 
+class _ChannelPass:
+    """One channel's batch under construction in one response-thread pass."""
+
+    __slots__ = ("channel", "message", "tags", "counts", "token_ids")
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.message = tp.ChannelBatch()
+        self.tags: list[int] = []
+        self.counts: list[int] = []
+        self.token_ids: list[int] = []
+
+    def finished(self) -> tp.ChannelBatch:
+        if self.tags:
+            self.message.plain_tags.extend(self.tags)
+            self.message.plain_counts.extend(self.counts)
+            self.message.plain_token_ids.extend(self.token_ids)
+        return self.message
+
+
 class ChannelError(ValueError):
     """A channel request the hub cannot honour (duplicate id, unknown channel)."""
 
@@ -232,20 +252,26 @@ class ResponseHub:
                     channels = [c for c in self._channels.values() if not c.closed]
                 if done:
                     ending = [c for c in self._channels.values() if not c.closed]
-            by_channel: dict[str, tuple[Channel, tp.ChannelBatch]] = {}
+            by_channel: dict[str, _ChannelPass] = {}
             for stream, chunk, final in batch:
-                if stream.channel is None:
+                channel = stream.channel
+                if channel is None:
                     self._send(stream, chunk, final)
                     continue
-                entry = by_channel.get(stream.channel.id)
+                entry = by_channel.get(channel.id)
                 if entry is None:
-                    entry = by_channel[stream.channel.id] = (stream.channel, tp.ChannelBatch())
-                out = entry[1].outputs.add()
-                out.tag = stream.tag
-                chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
+                    entry = by_channel[channel.id] = _ChannelPass(channel)
+                if chunk.event is None and not (stream.timestamps or stream.logprobs or stream.top_k):
+                    entry.tags.append(stream.tag)            # the common case: ids only
+                    entry.counts.append(len(chunk.tokens))
+                    entry.token_ids += chunk.tokens
+                else:
+                    out = entry.message.outputs.add()
+                    out.tag = stream.tag
+                    chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
                 stream.sent_responses += 1
-            for channel, message in by_channel.values():
-                self._send_channel(channel, message)
+            for entry in by_channel.values():
+                self._send_channel(entry.channel, entry.finished())
             if poll:
                 for stream in watch:
                     if self._cancelled(stream):
@@ -277,7 +303,8 @@ class ResponseHub:
             channel.sink.send_batch(message.SerializeToString())
             self.channel_responses += 1
             self._metrics.push([update("flare_channel_responses_total", Op.ADD, 1),
-                                update("flare_channel_outputs_total", Op.ADD, len(message.outputs))])
+                                update("flare_channel_outputs_total", Op.ADD,
+                                       len(message.outputs) + len(message.plain_tags))])
         except Exception as exc:
             log.warning("channel %s: response not delivered (%s); cancelling its requests", channel.id, exc)
             self._drop_channel(channel)

@@ -146,7 +146,7 @@ class ProgramRunner:
                 packed.restore_row = lane.restore.source_row
         else:
             packed.snapshot_row = lane.snapshot_row
-        if lane.sample:
+        if lane.sample and (req.grammar is not None or req.spec.min_tokens):
             packed.grammar_mask = sampling_mask(req, self.eos_ids, self.mask_words)
         return packed
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -9,8 +10,8 @@ from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
 
-@dataclass(frozen=True)
-class Emitted:
+class Emitted(NamedTuple):
+    """One sampled token of one request (one per lane per round: a tuple, cheap to build)."""
     serial: int
     token: int
     timestamp_ns: int                    # -1 for unobserved requests (no clock read)

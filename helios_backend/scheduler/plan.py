@@ -37,7 +37,7 @@ class RestoreCopy:
     tokens: int                          # partial tokens copied (< page_tokens)
 
 
-@dataclass
+@dataclass(slots=True)
 class Lane:
     request: Request
     slot: int

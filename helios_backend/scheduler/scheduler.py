@@ -47,6 +47,9 @@ __all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounter
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
 
 
+_PENDING = [PENDING_TOKEN]               # a decode lane's query: its device-owned pending token
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, variants: VariantTable,
                  stop_factory: StopFactory | None = None) -> None:
@@ -70,6 +73,7 @@ class Scheduler:
         self._arrivals = 0
         self._admitted_ns: dict[int, int] = {}
         self._events: list[Event] = []
+        self._eos = frozenset(config.eos_ids)
         self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
         self._max_prompt = max_prompt_tokens(config)
 
@@ -361,25 +365,30 @@ class Scheduler:
             return None
         if self._stops or len(main.lanes) != len(self._running):
             return None
+        # one pass of checks, one of page needs, one of lanes: the steady decode path
+        eos_ids, context = self.config.eos_ids, self.config.context_tokens
+        pt = self.config.page_tokens
+        need = 0
         for lane in main.lanes:
             req = lane.request
-            if (lane.tokens != [PENDING_TOKEN] or req.grammar is not None or req.cancelled
-                    or req.withholds(self.config.eos_ids)
+            spec = req.spec
+            if (lane.tokens != _PENDING or req.grammar is not None or req.cancelled
+                    or (spec.min_tokens and req.withholds(eos_ids))
                     or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.inflight != 1
-                    or req.output_len + 2 > req.spec.max_tokens
-                    or len(req.tokens) + 2 > self.config.context_tokens):
+                    or len(req.tokens) - len(spec.prompt) + 2 > spec.max_tokens
+                    or len(req.tokens) + 2 > context):
                 return None
-        pt = self.config.page_tokens
-        need = sum(1 for lane in main.lanes if -(-(lane.end + 1) // pt) > len(lane.request.pages))
+            if -(-(lane.start + 2) // pt) > len(req.pages):      # the page of position end + 1
+                need += 1
         if need > self.pool.available_pages:
             return None
         lanes = []
         for lane in main.lanes:
             req = lane.request
-            if not self._reserve_pages(req, lane.end + 1):
+            end = lane.start + 1
+            if -(-(end + 1) // pt) > len(req.pages) and not self._reserve_pages(req, end + 1):
                 raise RuntimeError("page availability was checked before pipelining")
-            lanes.append(Lane(req, lane.slot, lane.generation, lane.end, [PENDING_TOKEN], sample=True,
-                              output_limit=lane.output_limit - 1))
+            lanes.append(Lane(req, lane.slot, lane.generation, end, [PENDING_TOKEN], True, lane.output_limit - 1))
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
             decode_lanes = len(lanes)
             self._shape = (lanes, 0, 0, 0)
@@ -407,24 +416,35 @@ class Scheduler:
                 for lane in sub.lanes:
                     lane.request.inflight -= 1
         main = plan.main
-        constrained = [lane.request.spec.constrained for lane in main.lanes]
-        if main.operation == cp.OPERATION_DECODE and any(constrained) and not all(constrained):
-            self.counters.mixed_grammar_decode_steps += 1
-        for sub in plan.submissions():
-            if any(lane.request.spec.constrained for lane in sub.lanes):
-                # the most executor frames the runner saw in flight right after a successful
-                # constrained submission (MET-8); completion feedback keeps it at one (MET-10)
-                self.counters.constrained_max_inflight = max(self.counters.constrained_max_inflight,
-                                                             sub.frames_outstanding)
+        constrained = sum(1 for lane in main.lanes if lane.request.spec.constrained)
+        if constrained:
+            # the auxiliary submissions' lanes are main lanes: none constrained there either otherwise
+            if main.operation == cp.OPERATION_DECODE and constrained < len(main.lanes):
+                self.counters.mixed_grammar_decode_steps += 1
+            for sub in plan.submissions():
+                if any(lane.request.spec.constrained for lane in sub.lanes):
+                    # the most executor frames the runner saw in flight right after a successful
+                    # constrained submission (MET-8); completion feedback keeps it at one (MET-10)
+                    self.counters.constrained_max_inflight = max(self.counters.constrained_max_inflight,
+                                                                 sub.frames_outstanding)
+        # once per lane per round: the row values as Python objects in one call each, and the
+        # page publication only when the lane completed a page
+        tokens = rows.tokens.tolist()
+        logprobs = rows.logprobs.tolist() if rows.logprobs is not None else None
+        top_ids, top_logprobs = rows.top_ids, rows.top_logprobs
+        pt = self.config.page_tokens
+        events = self._events
+        generated = 0
         stamp = None
         for i, lane in enumerate(main.lanes):
             req = lane.request
             req.inflight -= 1
             if lane.restore is not None:
                 self._unpin_restore(lane.restore.source_row)
-            req.computed = lane.end
+            req.computed = end = lane.start + len(lane.tokens)
             req.fresh = False
-            self._publish_pages(req)
+            if end // pt > req.published_pages and len(req.pages) > req.published_pages:
+                self._publish_pages(req)
             if lane.snapshot_row >= 0:
                 if req.cancelled:
                     self.snapshots.discard(lane.snapshot_row)
@@ -440,27 +460,29 @@ class Scheduler:
                 continue
             if not lane.sample:
                 continue
-            token = int(rows.tokens[i])
+            token = tokens[i]
             req.tokens.append(token)
             req.device_pending = True
-            self.counters.generated_tokens += 1
-            if req.spec.observe_timestamps:
+            generated += 1
+            spec = req.spec
+            if spec.observe_timestamps:
                 if stamp is None:
                     stamp = time.monotonic_ns() - self.config.clock_origin_ns
                 ts = stamp
             else:
                 ts = -1
-            self._events.append(Emitted(
-                req.serial, token, ts,
-                float(rows.logprobs[i]) if rows.logprobs is not None else 0.0,
-                rows.top_ids[i, :req.spec.top_logprobs] if rows.top_ids is not None and req.spec.top_logprobs else None,
-                rows.top_logprobs[i, :req.spec.top_logprobs] if rows.top_logprobs is not None and req.spec.top_logprobs else None))
+            k = spec.top_logprobs
+            events.append(Emitted(
+                req.serial, token, ts, logprobs[i] if logprobs is not None else 0.0,
+                top_ids[i, :k] if k and top_ids is not None else None,
+                top_logprobs[i, :k] if k and top_logprobs is not None else None))
             if req.grammar is not None:
                 # a violating token leaves the matcher in error: its masks then allow only EOS
                 req.grammar.consume(token)
             reason = self._finish_reason(req, token)
             if reason != tp.FINISH_REASON_UNSPECIFIED:
                 self._finish_if_fenced(req, reason)
+        self.counters.generated_tokens += generated
 
     def fail(self, plan: RoundPlan, message: str) -> None:
         """The round failed (execution or validation): its lanes end with a typed failure;
@@ -501,9 +523,9 @@ class Scheduler:
 
     # ---- helpers -------------------------------------------------------------------
     def _finish_reason(self, req: Request, token: int) -> "tp.FinishReason.ValueType":
-        if token in self.config.eos_ids and not req.spec.ignore_eos:
+        if token in self._eos and not req.spec.ignore_eos:
             return tp.FINISH_REASON_EOS
-        stop = self._stops.get(req.serial)
+        stop = self._stops.get(req.serial) if self._stops else None
         if stop is not None:
             match = stop.observe(token)
             if match is not None:
