@@ -77,6 +77,11 @@ class Stream:
     cancel_reported: bool = False
     sent_responses: int = 0
 
+    @property
+    def plain(self) -> bool:
+        """Output of ids only, on a channel: it travels in the batch's packed arrays."""
+        return self.channel is not None and not (self.timestamps or self.logprobs or self.top_k)
+
 
 class _ChannelPass:
     """One channel's batch under construction in one response-thread pass."""
@@ -233,9 +238,15 @@ class ResponseHub:
                 if not self._dirty and not self._stopping:
                     self._lock.wait(CANCEL_POLL_S)
                 batch = []
+                plain: list[tuple[Stream, list[int]]] = []   # ids-only output of a channel request
                 for serial in self._dirty:
                     stream = self._streams[serial]
-                    chunk, stream.pending = stream.pending, OutputChunk()
+                    chunk = stream.pending
+                    if stream.plain and not stream.final:
+                        plain.append((stream, chunk.tokens))
+                        chunk.tokens = []
+                        continue
+                    stream.pending = OutputChunk()
                     batch.append((stream, chunk, stream.final))
                     if stream.final:
                         del self._streams[serial]
@@ -253,6 +264,16 @@ class ResponseHub:
                 if done:
                     ending = [c for c in self._channels.values() if not c.closed]
             by_channel: dict[str, _ChannelPass] = {}
+            for stream, tokens in plain:
+                channel = stream.channel
+                assert channel is not None
+                entry = by_channel.get(channel.id)
+                if entry is None:
+                    entry = by_channel[channel.id] = _ChannelPass(channel)
+                entry.tags.append(stream.tag)
+                entry.counts.append(len(tokens))
+                entry.token_ids += tokens
+                stream.sent_responses += 1
             for stream, chunk, final in batch:
                 channel = stream.channel
                 if channel is None:
@@ -261,14 +282,9 @@ class ResponseHub:
                 entry = by_channel.get(channel.id)
                 if entry is None:
                     entry = by_channel[channel.id] = _ChannelPass(channel)
-                if chunk.event is None and not (stream.timestamps or stream.logprobs or stream.top_k):
-                    entry.tags.append(stream.tag)            # the common case: ids only
-                    entry.counts.append(len(chunk.tokens))
-                    entry.token_ids += chunk.tokens
-                else:
-                    out = entry.message.outputs.add()
-                    out.tag = stream.tag
-                    chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
+                out = entry.message.outputs.add()
+                out.tag = stream.tag
+                chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
                 stream.sent_responses += 1
             for entry in by_channel.values():
                 self._send_channel(entry.channel, entry.finished())
