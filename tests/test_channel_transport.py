@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.triton_client import StreamFailure, StreamTerminal, TokenBatch, TritonBackend
+from gateway.triton_client import ChannelMux, StreamFailure, StreamTerminal, TokenBatch, TritonBackend
 from helios_proto import transport_pb2 as tp
 from tests import helios_client as hc
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
@@ -94,3 +94,49 @@ def test_cancel_by_tag_ends_only_that_request(server: TritonServer) -> None:  # 
     # the backend retires the cancelled lane after its fence and frees its slot
     assert wait_until(lambda: _metric(server, "flare_requests_finished_total", reason="cancelled") == cancelled0 + 1
                       and _metric(server, "flare_requests_running") == 0)
+
+
+def test_ids_only_and_logprob_outputs_share_the_channel(server: TritonServer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # spec: HTTP-9
+    # ids-only output travels in the batch's packed arrays, output with logprobs as messages;
+    # both kinds on one channel keep each request's tokens and order
+    reference = [hc.run(hc.generate(server.grpc_url, p, hc.greedy(16))).tokens for p in PROMPTS]
+    packed: list[int] = []
+    dispatch = ChannelMux._dispatch_plain
+
+    def counted(mux: ChannelMux, batch: tp.ChannelBatch) -> None:
+        packed.append(len(batch.plain_tags))
+        dispatch(mux, batch)
+
+    monkeypatch.setattr(ChannelMux, "_dispatch_plain", counted)
+
+    async def scenario() -> list[tuple[list[int], list[float], tp.TerminalEvent | None]]:
+        backend = TritonBackend(server.grpc_url)
+
+        async def one(i: int, prompt: list[int]) -> tuple[list[int], list[float], tp.TerminalEvent | None]:
+            rich = i % 2 == 1
+            request = hc.greedy(16, logprobs=tp.LogprobOptions(logprobs=True)) if rich else hc.greedy(16)
+            tokens: list[int] = []
+            logprobs: list[float] = []
+            async for event in backend.generate(prompt, request, f"m{i}").events():
+                if isinstance(event, TokenBatch):
+                    tokens += event.token_ids.tolist()
+                    assert (event.logprobs is not None) == rich
+                    if event.logprobs is not None:
+                        logprobs += event.logprobs.tolist()
+                elif isinstance(event, StreamTerminal):
+                    return tokens, logprobs, event.event
+                else:
+                    raise AssertionError(event)
+            return tokens, logprobs, None
+        try:
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
+        finally:
+            await backend.close()
+
+    for i, ((tokens, logprobs, terminal), expected) in enumerate(zip(asyncio.run(scenario()), reference)):
+        assert terminal is not None and terminal.HasField("finished")
+        assert tokens == expected
+        assert len(logprobs) == (len(expected) if i % 2 else 0)
+        assert all(lp <= 0.0 for lp in logprobs)
+    assert packed and max(packed) >= 2             # several ids-only requests in one batch's arrays
