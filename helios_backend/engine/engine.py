@@ -10,6 +10,7 @@ same object. Nothing here dispatches on a model name: the core's contract decide
 """
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -112,6 +113,11 @@ class Engine:
         worker_ref.append(worker)
         if isinstance(metrics, MetricsThread):
             metrics.start()
+        # Startup leaves many long-lived objects (manifests, tokenizer tables, protobuf
+        # descriptors); frozen, they are never scanned again, so a full collection while serving
+        # walks only what serving allocated instead of pausing every thread under the GIL.
+        gc.collect()
+        gc.freeze()
         hub.start()
         worker.start()
         log.info("helios runtime ready: %s, %d pages x %d tokens, %d slots, max_active %d",
