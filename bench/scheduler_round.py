@@ -9,7 +9,7 @@ engine of tests/scheduler_sim.py (a real paged history, completions through the 
 parse_and_validate), whose own time is not counted. Load: C clients, each request a
 distinct ~30-token prompt and 128 output tokens, a new request the moment one ends.
 The variant table is the device bundle's (tests/gpu/model_bundle.bench_options): decode to
-256 rows, MIXED to 256 rows with a 128-token chunk, prefill 32/128/512.
+256 rows, MIXED to 256 rows with chunks to 1,024 tokens, prefill 32/128/512.
 
 Columns: rounds and how many were planned on the second frame; host us per round and per
 generated token; tokens per round (the batch the loop keeps). `--root DIR` measures the
@@ -48,7 +48,7 @@ def main() -> None:
     table = [Variant(cp.OPERATION_DECODE, f"decode.r{r}", r, r) for r in rows]
     table += [Variant(cp.OPERATION_PREFILL, f"prefill.r{r}.t{t}", r, t) for r, t in ((1, 32), (1, 128), (1, 512), (4, 512))]
     table += [Variant(cp.OPERATION_MIXED, f"mixed.r{r}.t{t}", r, t)
-              for r, t in ((8, 135), (32, 159), (64, 191), (128, 255), (256, 383))]
+              for r, t in ((8, 135), (32, 159), (64, 191), (128, 255), (256, 383), (64, 1088), (128, 1152), (256, 1280))]
     table += [Variant(cp.OPERATION_INITIALIZATION, f"initialization.r{r}", r, 0) for r in (1, 4)]
     report = {}
     print(f"{'conc':>5} {'rounds':>7} {'2nd frame':>9} {'us/round':>9} {'us/token':>9} {'tokens/round':>12}")
