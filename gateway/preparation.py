@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from helios_backend.frontend.chat_template import TemplateError
+from helios_backend.frontend.logit_bias import LogitBiasError, check_logit_bias, parse_token_keys
 from helios_backend.frontend.prompt import PromptIds, UntrustedMarkupError, encode_chat
 from helios_backend.frontend.stops import StopMatcher, StopSpecError
 from helios_backend.frontend.syntax.grammar import (AnswerFormat, ConstraintRequest, InvalidToolChoiceError,
@@ -142,6 +143,18 @@ def _fixed_length(body: SamplingFields, served: ServedModel, max_tokens: int | N
     generate.min_tokens = min_tokens
 
 
+def _logit_bias(body: SamplingFields, served: ServedModel, generate: tp.GenerateRequest) -> None:
+    """OpenAI's logit_bias (token id -> bias in [-100, 100]); the backend checks it again."""
+    if not body.logit_bias:
+        return
+    try:
+        ids, biases = check_logit_bias(parse_token_keys(body.logit_bias), served.vocabulary_size,
+                                       served.assets.logit_bias_capacity)
+    except LogitBiasError as exc:
+        raise InvalidRequestError(f"logit_bias: {exc}", param="logit_bias") from None
+    generate.logit_bias.update(zip(ids.tolist(), biases.tolist()))
+
+
 def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, structured: bool,
             logprobs: bool, top_logprobs: int, top_logprobs_param: str,
             ) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
@@ -150,8 +163,6 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
     if unsupported:
         raise InvalidRequestError(f"{', '.join(unsupported)}: vLLM extension not implemented here",
                                   param=unsupported[0])
-    if body.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
     if body.return_token_timestamps and not body.return_token_ids:
@@ -166,6 +177,7 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
     if max_tokens is not None:
         generate.max_tokens = max_tokens
     _fixed_length(body, served, max_tokens, stops, generate)
+    _logit_bias(body, served, generate)
     generate.stops.strings.extend(stops.strings)
     generate.stops.token_ids.extend(body.stop_token_ids or ())
     for sequence in body.stop_token_sequences or ():

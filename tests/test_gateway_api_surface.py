@@ -129,6 +129,56 @@ def test_fixed_length_fields_are_validated(http: httpx.Client, fields: dict[str,
     assert response.json()["error"]["param"] == param
 
 
+# ---- logit_bias (OpenAI semantics, applied in the sampling programs) -----------------------
+
+def test_large_positive_logit_bias_forces_its_token(sdk: openai.OpenAI, eos_reference: list[int]) -> None:
+    # spec: BND-9
+    forced = eos_reference[0] + 17                       # a token the greedy answer does not start with
+    assert forced not in eos_reference[:3]
+    response = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=3, temperature=0,
+                                           logit_bias={str(forced): 100}, extra_body={"return_token_ids": True})
+    assert response.choices[0].model_dump()["token_ids"] == [forced] * 3
+    completion = sdk.completions.create(model=SERVED_ID, prompt="The capital of France is", max_tokens=2,
+                                        temperature=0.9, seed=5, logit_bias={str(forced): 100},
+                                        extra_body={"return_token_ids": True})
+    assert completion.choices[0].model_dump()["token_ids"] == [forced] * 2
+
+
+def test_minus_100_bans_the_greedy_token(http: httpx.Client, eos_reference: list[int]) -> None:
+    # spec: BND-9
+    banned = eos_reference[0]
+    choice = chat(http, 4, logit_bias={str(banned): -100})
+    assert banned not in choice["token_ids"]
+    assert choice["token_ids"][0] != eos_reference[0]
+    # another request on the same stack, unbiased, still answers as before (per-lane values)
+    assert chat(http, 4)["token_ids"] == eos_reference[:4]
+
+
+def test_logprobs_reflect_the_bias_as_openais_do(sdk: openai.OpenAI, eos_reference: list[int]) -> None:
+    # spec: BND-9
+    forced = eos_reference[0] + 17
+    plain = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=1, temperature=0,
+                                        logprobs=True, top_logprobs=5)
+    biased = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=1, temperature=0,
+                                         logprobs=True, top_logprobs=5, logit_bias={str(forced): 100})
+    plain_top = plain.choices[0].logprobs.content[0]     # type: ignore[union-attr,index]
+    biased_top = biased.choices[0].logprobs.content[0]   # type: ignore[union-attr,index]
+    assert plain_top.logprob < -0.01 or plain_top.token != biased_top.token
+    assert biased_top.logprob > -1e-3                     # the biased token holds nearly all the mass
+    assert biased_top.top_logprobs[0].token == biased_top.token
+
+
+@pytest.mark.parametrize("bias", [
+    {"abc": 1}, {"-3": 1}, {"5": 100.5}, {"5": -101}, {"49152": 1}, {str(i): 1 for i in range(301)},
+])
+def test_bad_logit_bias_is_400_naming_it(http: httpx.Client, bias: dict[str, Any]) -> None:
+    # spec: BND-9
+    response = http.post("/v1/chat/completions", json={"model": SERVED_ID, "messages": QUESTION, "max_tokens": 2,
+                                                       "logit_bias": bias})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "logit_bias"
+
+
 # ---- the context split: 400 for what can never fit, 503 for scheduler refusals ----------
 
 LONG = [{"role": "user", "content": "hello " * 700}]  # beyond the 512-token context
