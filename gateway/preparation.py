@@ -27,7 +27,7 @@ from helios_proto import transport_pb2 as tp
 from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.schemas import (INT32_MAX, VLLM_UNSUPPORTED_FIELDS, ChatCompletionRequest, ChatMessage, CompletionRequest,
                              SamplingFields)
-from gateway.structured_outputs import completion_grammar, requested_constraint
+from gateway.structured_outputs import completion_grammar, requested_constraint, structural_tag_grammar
 from gateway.served_model import ServedModel
 
 
@@ -261,18 +261,26 @@ def _constraints(body: ChatCompletionRequest, served: ServedModel) -> Constraint
             raise InvalidRequestError("response_format json_schema needs json_schema.schema",
                                       param="response_format.json_schema")
         answer, schema = AnswerFormat.JSON_SCHEMA, fmt.json_schema.schema_
-    pattern, choices = "", tuple[str, ...]()
     constraint = requested_constraint(body)
+    if fmt is not None and fmt.type == "structural_tag":
+        if constraint is not None:
+            raise InvalidRequestError("response_format and a structured-output field cannot be combined",
+                                      param=constraint.param)
+        constraint = structural_tag_grammar({"structures": fmt.structures, "triggers": fmt.triggers},
+                                            "response_format")
+    pattern, choices, grammar = "", tuple[str, ...](), ""
     if constraint is not None:
         if answer is not AnswerFormat.TEXT:
             raise InvalidRequestError("response_format and a structured-output field cannot be combined",
                                       param=constraint.param)
         completion_grammar(constraint, served.grammar_tokenizer)  # validates the regex / schema alone
-        answer, schema, pattern, choices = constraint.format, constraint.schema, constraint.pattern, constraint.choices
+        answer, schema, pattern, choices, grammar = (constraint.format, constraint.schema, constraint.pattern,
+                                                     constraint.choices, constraint.grammar)
     return ConstraintRequest(tools=tools, tool_choice=choice, named_tool=named,
                              parallel_tool_calls=body.parallel_tool_calls is not False,
                              answer_format=answer, answer_schema=schema, answer_pattern=pattern,
-                             answer_choices=choices, reasoning_max_chars=body.reasoning_max_chars)
+                             answer_choices=choices, answer_grammar=grammar,
+                             reasoning_max_chars=body.reasoning_max_chars)
 
 
 _TEMPLATE_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"})

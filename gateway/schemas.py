@@ -28,7 +28,7 @@ OPENAI_UNUSED_FIELDS = ("user", "store", "metadata", "service_tier", "prediction
 VLLM_UNSUPPORTED_FIELDS = frozenset({
     "use_beam_search", "length_penalty", "include_stop_str_in_output", "skip_special_tokens",
     "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
-    "bad_words", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "structural_tag",
+    "bad_words", "guided_decoding_backend", "guided_whitespace_pattern",
     "documents", "chat_template", "mm_processor_kwargs", "media_io_kwargs", "cache_salt", "kv_transfer_params",
     "vllm_xargs", "return_tokens_as_token_ids", "add_special_tokens", "logits_processors",
     "thinking_token_budget", "prompt_embeds", "request_id", "return_prompt_text",
@@ -108,8 +108,11 @@ class JsonSchemaFormat(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = _REQUEST_CONFIG
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # vLLM's structural_tag response format (gateway/structured_outputs.py)
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[StrictStr] | None = None
 
 
 class StructuredOutputs(BaseModel):
@@ -120,7 +123,7 @@ class StructuredOutputs(BaseModel):
     choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
     json_object: StrictBool | None = None
     grammar: StrictStr | None = None
-    structural_tag: StrictStr | None = None
+    structural_tag: StrictStr | dict[str, Any] | None = None
 
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -174,6 +177,8 @@ class SamplingFields(BaseModel):
     guided_json: StrictStr | dict[str, Any] | None = None
     guided_regex: StrictStr | None = None
     guided_choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    guided_grammar: StrictStr | None = None
+    structural_tag: StrictStr | dict[str, Any] | None = None
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = None
 
 

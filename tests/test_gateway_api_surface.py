@@ -322,10 +322,65 @@ def test_json_constraint_follows_the_schema(sdk: openai.OpenAI) -> None:
         assert set(json.loads(response.choices[0].message.content or "")) == {"city"}
 
 
+LARK_ANSWER = 'start: "The answer is " NUM "."\nNUM: /[0-9]{1,3}/'
+
+
+@pytest.mark.parametrize("fields", [{"structured_outputs": {"grammar": LARK_ANSWER}}, {"guided_grammar": LARK_ANSWER}])
+def test_lark_grammar_shapes_chat_and_completions(sdk: openai.OpenAI, fields: dict[str, Any]) -> None:
+    # spec: FE-41
+    chat_text = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=20, temperature=0,
+                                            extra_body=fields).choices[0].message.content or ""
+    completion = sdk.completions.create(model=SERVED_ID, prompt="Seven times six:", max_tokens=20, temperature=0.7,
+                                        seed=1, extra_body=fields).choices[0]
+    for text in (chat_text, completion.text):
+        assert re.fullmatch(r"The answer is [0-9]{1,3}\.", text), text
+    assert completion.finish_reason == "stop"
+
+
+def test_gbnf_grammar_is_converted_like_vllms(sdk: openai.OpenAI) -> None:
+    # spec: FE-41
+    response = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=5, temperature=0,
+                                           extra_body={"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}})
+    assert response.choices[0].message.content in ("yes", "no")
+
+
+DIGIT_OBJECT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["n"], "additionalProperties": False}
+
+
+def _tagged(text: str, trigger: str) -> dict[str, Any]:
+    """The JSON object the structural tag forces right after the trigger's first occurrence."""
+    assert trigger in text, text
+    decoder = json.JSONDecoder()
+    value, _ = decoder.raw_decode(text[text.index(trigger) + len(trigger):])
+    return value
+
+
+def test_structural_tag_constrains_the_text_after_its_trigger(sdk: openai.OpenAI, http: httpx.Client,
+                                                              eos_reference: list[int]) -> None:
+    # spec: FE-41
+    plain = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=64,
+                                        temperature=0).choices[0].message.content or ""
+    assert "Paris" in plain and not re.search(r"Paris\s*\{", plain)   # unconstrained: no object after it
+    tag = {"structures": [{"begin": "Paris", "schema": DIGIT_OBJECT, "end": ""}], "triggers": ["Paris"]}
+    for fields in ({"structured_outputs": {"structural_tag": json.dumps(tag)}},
+                   {"structural_tag": tag},
+                   {"response_format": {"type": "structural_tag", **tag}}):
+        choice = chat(http, 64, **fields)
+        text = choice["message"]["content"]
+        assert text.startswith(plain[:plain.index("Paris")]), (text, plain)   # free text until the trigger
+        assert set(_tagged(text, "Paris")) == {"n"}, text
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"guided_regex": "[0-9"}, "guided_regex"),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
-    ({"structured_outputs": {"grammar": "start: /a/"}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"grammar": "start: ("}}, "structured_outputs.grammar"),
+    ({"guided_grammar": "root ::= (\"a\""}, "guided_grammar"),
+    ({"structured_outputs": {"structural_tag": {"structures": [{"begin": "<a>", "schema": {}, "end": ""}],
+                                                "triggers": ["<b>"]}}}, "structured_outputs.structural_tag.structures[0]"),
+    ({"structural_tag": '{"structures": []}'}, "structural_tag"),
+    ({"structured_outputs": {"grammar": "start: /a/", "regex": "b"}}, "structured_outputs.regex"),
     ({"guided_json": "{not json"}, "guided_json"),
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
 ])
