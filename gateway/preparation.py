@@ -27,7 +27,7 @@ from helios_proto import transport_pb2 as tp
 from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.schemas import (INT32_MAX, VLLM_UNSUPPORTED_FIELDS, ChatCompletionRequest, ChatMessage, CompletionRequest,
                              SamplingFields)
-from gateway.structured_outputs import completion_grammar, requested_constraint, structural_tag_grammar
+from gateway.structured_outputs import completion_grammar, requested_constraint, response_format_constraint
 from gateway.served_model import ServedModel
 
 
@@ -266,8 +266,7 @@ def _constraints(body: ChatCompletionRequest, served: ServedModel) -> Constraint
         if constraint is not None:
             raise InvalidRequestError("response_format and a structured-output field cannot be combined",
                                       param=constraint.param)
-        constraint = structural_tag_grammar({"structures": fmt.structures, "triggers": fmt.triggers},
-                                            "response_format")
+        constraint = response_format_constraint(fmt)
     pattern, choices, grammar = "", tuple[str, ...](), ""
     if constraint is not None:
         if answer is not AnswerFormat.TEXT:
@@ -413,6 +412,12 @@ def prepare_completion(body: CompletionRequest, served: ServedModel, ingress_ns:
         COMPLETIONS_DEFAULT_MAX_TOKENS, served.limits.max_output_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS)
     top_logprobs = body.logprobs or 0
     constraint = requested_constraint(body)
+    formatted = response_format_constraint(body.response_format)
+    if formatted is not None:
+        if constraint is not None:
+            raise InvalidRequestError("response_format and a structured-output field cannot be combined",
+                                      param=constraint.param)
+        constraint = formatted
     generate, stops, observation = _common(body, served, max_tokens, constraint is not None,
                                            body.logprobs is not None, top_logprobs, "logprobs")
     if constraint is not None:

@@ -32,6 +32,9 @@ VLLM_UNSUPPORTED_FIELDS = frozenset({
     "documents", "chat_template", "mm_processor_kwargs", "media_io_kwargs", "cache_salt", "kv_transfer_params",
     "vllm_xargs", "return_tokens_as_token_ids", "add_special_tokens", "logits_processors",
     "thinking_token_budget", "prompt_embeds", "request_id", "return_prompt_text",
+    # fields of the other endpoint (declared there, so only ever unknown here): vLLM's chat
+    # `echo` (prepend the last message) and `best_of`
+    "echo", "best_of",
 })
 
 UINT64_MAX = 2**64 - 1
@@ -180,6 +183,8 @@ class SamplingFields(BaseModel):
     guided_grammar: StrictStr | None = None
     structural_tag: StrictStr | dict[str, Any] | None = None
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = None
+    # OpenAI's (chat) and vLLM's (completions too)
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -190,7 +195,6 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
-    response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (vLLM)

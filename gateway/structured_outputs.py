@@ -25,7 +25,7 @@ from helios_backend.frontend.syntax.grammar import AnswerFormat, answer_choice, 
 from helios_proto import transport_pb2 as tp
 
 from gateway.errors import InvalidRequestError
-from gateway.schemas import SamplingFields
+from gateway.schemas import ResponseFormat, SamplingFields
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,20 @@ def _schema(value: str | dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(schema, dict):
         raise InvalidRequestError("a JSON schema must be an object", param=param)
     return schema
+
+
+def response_format_constraint(fmt: ResponseFormat | None) -> OutputConstraint | None:
+    """`response_format` as a whole-output constraint (vLLM's completions accept it too)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return OutputConstraint(AnswerFormat.JSON_SCHEMA, "response_format", schema={"type": "object"})
+    if fmt.type == "structural_tag":
+        return structural_tag_grammar({"structures": fmt.structures, "triggers": fmt.triggers}, "response_format")
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise InvalidRequestError("response_format json_schema needs json_schema.schema",
+                                  param="response_format.json_schema")
+    return OutputConstraint(AnswerFormat.JSON_SCHEMA, "response_format", schema=fmt.json_schema.schema_)
 
 
 def requested_constraint(body: SamplingFields) -> OutputConstraint | None:

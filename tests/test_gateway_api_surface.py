@@ -372,6 +372,16 @@ def test_structural_tag_constrains_the_text_after_its_trigger(sdk: openai.OpenAI
         assert set(_tagged(text, "Paris")) == {"n"}, text
 
 
+def test_completions_follow_response_format_as_vllms_do(sdk: openai.OpenAI) -> None:
+    # spec: FE-41
+    for fmt in ({"type": "json_schema", "json_schema": {"name": "digit", "schema": DIGIT_OBJECT}},
+                {"type": "json_object"}):
+        completion = sdk.completions.create(model=SERVED_ID, prompt="A JSON object:", max_tokens=40, temperature=0,
+                                            extra_body={"response_format": fmt})
+        value = json.loads(completion.choices[0].text)
+        assert isinstance(value, dict) and (fmt["type"] == "json_object" or set(value) == {"n"})
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"guided_regex": "[0-9"}, "guided_regex"),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
@@ -394,7 +404,7 @@ def test_bad_constraints_are_400_naming_the_field(http: httpx.Client, fields: di
 # ---- the unknown-field policy and chat_template_kwargs -------------------------------------
 
 def test_unimplemented_vllm_fields_are_400_naming_them(http: httpx.Client) -> None:
-    for field in ("use_beam_search", "prompt_logprobs", "include_stop_str_in_output"):
+    for field in ("use_beam_search", "prompt_logprobs", "include_stop_str_in_output", "echo", "best_of"):
         response = http.post("/v1/chat/completions", json={"model": SERVED_ID, "messages": QUESTION, field: True})
         assert response.status_code == 400 and response.json()["error"]["param"] == field
 
