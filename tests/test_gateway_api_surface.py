@@ -169,7 +169,8 @@ def test_logprobs_reflect_the_bias_as_openais_do(sdk: openai.OpenAI, eos_referen
 
 
 @pytest.mark.parametrize("bias", [
-    {"abc": 1}, {"-3": 1}, {"5": 100.5}, {"5": -101}, {"49152": 1}, {str(i): 1 for i in range(301)},
+    {"abc": 1}, {"-3": 1}, {"7": 1, "07": 2}, {"5": 100.5}, {"5": -101}, {"49152": 1},
+    {str(i): 1 for i in range(301)},
 ])
 def test_bad_logit_bias_is_400_naming_it(http: httpx.Client, bias: dict[str, Any]) -> None:
     # spec: BND-9

@@ -41,12 +41,13 @@ def check_logit_bias(entries: Mapping[int, float], vocab: int, capacity: int) ->
                              "re-prepare it (make core / helios-prepare) to use logit_bias")
     if len(entries) > capacity:
         raise LogitBiasError(f"{len(entries)} entries exceed the limit of {capacity}")
-    for token, bias in entries.items():
+    items = list(entries.items())          # one pass: ids and biases stay paired
+    for token, bias in items:
         if not 0 <= token < vocab:
             raise LogitBiasError(f"token id {token} is outside the vocabulary [0, {vocab})")
         if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not math.isfinite(bias) \
                 or abs(bias) > LOGIT_BIAS_BOUND:
             raise LogitBiasError(f"bias {bias!r} of token {token} is not a number in "
                                  f"[-{LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}]")
-    ids = np.fromiter(entries.keys(), np.int32, len(entries))
-    return ids, np.fromiter(entries.values(), np.float32, len(entries))
+    return (np.array([token for token, _ in items], np.int32).reshape(-1),
+            np.array([bias for _, bias in items], np.float32).reshape(-1))
