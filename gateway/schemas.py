@@ -119,8 +119,9 @@ class ResponseFormat(BaseModel):
 
 
 class StructuredOutputs(BaseModel):
-    """vLLM's `structured_outputs` object; exactly one constraint (checked in preparation)."""
-    model_config = _REQUEST_CONFIG
+    """vLLM's `structured_outputs` object; exactly one constraint (checked in preparation). Its
+    other vLLM options are kept in `model_extra` and refused there, never dropped."""
+    model_config = ConfigDict(strict=True, extra="allow")
     json_: StrictStr | dict[str, Any] | None = Field(default=None, alias="json")
     regex: StrictStr | None = None
     choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None

@@ -108,6 +108,11 @@ def requested_constraint(body: SamplingFields) -> OutputConstraint | None:
     found: list[OutputConstraint] = []
     so = body.structured_outputs
     if so is not None:
+        # vLLM's backend options: one backend here, so nothing to fall back from; the whitespace
+        # and additionalProperties switches are not implemented (400, never silently dropped)
+        for name in sorted(set(so.model_extra or ()) - {"disable_fallback"}):
+            raise InvalidRequestError(f"structured_outputs.{name} is not implemented here",
+                                      param=f"structured_outputs.{name}")
         if so.grammar is not None:
             found.append(_grammar(so.grammar, "structured_outputs.grammar"))
         if so.structural_tag is not None:

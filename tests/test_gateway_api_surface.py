@@ -392,6 +392,7 @@ def test_completions_follow_response_format_as_vllms_do(sdk: openai.OpenAI) -> N
                                                 "triggers": ["<b>"]}}}, "structured_outputs.structural_tag.structures[0]"),
     ({"structural_tag": '{"structures": []}'}, "structural_tag"),
     ({"structured_outputs": {"grammar": "start: /a/", "regex": "b"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "a", "disable_any_whitespace": True}}, "structured_outputs.disable_any_whitespace"),
     ({"guided_json": "{not json"}, "guided_json"),
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
 ])
