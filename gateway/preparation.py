@@ -165,6 +165,9 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
                                   param=unsupported[0])
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+    if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+        raise InvalidRequestError("stream_options.continuous_usage_stats (vLLM) is not implemented here",
+                                  param="stream_options.continuous_usage_stats")
     if body.return_token_timestamps and not body.return_token_ids:
         raise InvalidRequestError("return_token_timestamps requires return_token_ids=true",
                                   param="return_token_timestamps")

@@ -45,6 +45,8 @@ INT32_MAX = 2**31 - 1
 class StreamOptions(BaseModel):
     model_config = _REQUEST_CONFIG
     include_usage: StrictBool | None = None
+    include_obfuscation: StrictBool | None = None  # OpenAI: no obfuscation padding is sent here
+    continuous_usage_stats: StrictBool | None = None  # vLLM: not implemented (400 when true)
 
 
 class TextContentPart(BaseModel):

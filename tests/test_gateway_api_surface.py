@@ -409,6 +409,10 @@ def test_unimplemented_vllm_fields_are_400_naming_them(http: httpx.Client) -> No
     for field in ("use_beam_search", "prompt_logprobs", "include_stop_str_in_output", "echo", "best_of"):
         response = http.post("/v1/chat/completions", json={"model": SERVED_ID, "messages": QUESTION, field: True})
         assert response.status_code == 400 and response.json()["error"]["param"] == field
+    response = http.post("/v1/chat/completions", json={"model": SERVED_ID, "messages": QUESTION, "stream": True,
+                                                       "stream_options": {"continuous_usage_stats": True}})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "stream_options.continuous_usage_stats"
 
 
 def test_unknown_fields_are_served_logged_and_counted(stack: Stack, http: httpx.Client) -> None:
