@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from helios_backend.frontend.chat_template import TemplateError
+from helios_backend.frontend.logit_bias import LogitBiasError, check_logit_bias, parse_token_keys
 from helios_backend.frontend.prompt import PromptIds, UntrustedMarkupError, encode_chat
 from helios_backend.frontend.stops import StopMatcher, StopSpecError
 from helios_backend.frontend.syntax.grammar import (AnswerFormat, ConstraintRequest, InvalidToolChoiceError,
@@ -26,7 +27,7 @@ from helios_proto import transport_pb2 as tp
 from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.schemas import (INT32_MAX, VLLM_UNSUPPORTED_FIELDS, ChatCompletionRequest, ChatMessage, CompletionRequest,
                              SamplingFields)
-from gateway.structured_outputs import completion_grammar, requested_constraint
+from gateway.structured_outputs import completion_grammar, requested_constraint, response_format_constraint
 from gateway.served_model import ServedModel
 
 
@@ -142,6 +143,18 @@ def _fixed_length(body: SamplingFields, served: ServedModel, max_tokens: int | N
     generate.min_tokens = min_tokens
 
 
+def _logit_bias(body: SamplingFields, served: ServedModel, generate: tp.GenerateRequest) -> None:
+    """OpenAI's logit_bias (token id -> bias in [-100, 100]); the backend checks it again."""
+    if not body.logit_bias:
+        return
+    try:
+        ids, biases = check_logit_bias(parse_token_keys(body.logit_bias), served.vocabulary_size,
+                                       served.assets.logit_bias_capacity)
+    except LogitBiasError as exc:
+        raise InvalidRequestError(f"logit_bias: {exc}", param="logit_bias") from None
+    generate.logit_bias.update(zip(ids.tolist(), biases.tolist()))
+
+
 def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, structured: bool,
             logprobs: bool, top_logprobs: int, top_logprobs_param: str,
             ) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
@@ -150,10 +163,11 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
     if unsupported:
         raise InvalidRequestError(f"{', '.join(unsupported)}: vLLM extension not implemented here",
                                   param=unsupported[0])
-    if body.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+    if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+        raise InvalidRequestError("stream_options.continuous_usage_stats (vLLM) is not implemented here",
+                                  param="stream_options.continuous_usage_stats")
     if body.return_token_timestamps and not body.return_token_ids:
         raise InvalidRequestError("return_token_timestamps requires return_token_ids=true",
                                   param="return_token_timestamps")
@@ -166,6 +180,7 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
     if max_tokens is not None:
         generate.max_tokens = max_tokens
     _fixed_length(body, served, max_tokens, stops, generate)
+    _logit_bias(body, served, generate)
     generate.stops.strings.extend(stops.strings)
     generate.stops.token_ids.extend(body.stop_token_ids or ())
     for sequence in body.stop_token_sequences or ():
@@ -249,18 +264,25 @@ def _constraints(body: ChatCompletionRequest, served: ServedModel) -> Constraint
             raise InvalidRequestError("response_format json_schema needs json_schema.schema",
                                       param="response_format.json_schema")
         answer, schema = AnswerFormat.JSON_SCHEMA, fmt.json_schema.schema_
-    pattern, choices = "", tuple[str, ...]()
     constraint = requested_constraint(body)
+    if fmt is not None and fmt.type == "structural_tag":
+        if constraint is not None:
+            raise InvalidRequestError("response_format and a structured-output field cannot be combined",
+                                      param=constraint.param)
+        constraint = response_format_constraint(fmt)
+    pattern, choices, grammar = "", tuple[str, ...](), ""
     if constraint is not None:
         if answer is not AnswerFormat.TEXT:
             raise InvalidRequestError("response_format and a structured-output field cannot be combined",
                                       param=constraint.param)
         completion_grammar(constraint, served.grammar_tokenizer)  # validates the regex / schema alone
-        answer, schema, pattern, choices = constraint.format, constraint.schema, constraint.pattern, constraint.choices
+        answer, schema, pattern, choices, grammar = (constraint.format, constraint.schema, constraint.pattern,
+                                                     constraint.choices, constraint.grammar)
     return ConstraintRequest(tools=tools, tool_choice=choice, named_tool=named,
                              parallel_tool_calls=body.parallel_tool_calls is not False,
                              answer_format=answer, answer_schema=schema, answer_pattern=pattern,
-                             answer_choices=choices, reasoning_max_chars=body.reasoning_max_chars)
+                             answer_choices=choices, answer_grammar=grammar,
+                             reasoning_max_chars=body.reasoning_max_chars)
 
 
 _TEMPLATE_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"})
@@ -393,6 +415,12 @@ def prepare_completion(body: CompletionRequest, served: ServedModel, ingress_ns:
         COMPLETIONS_DEFAULT_MAX_TOKENS, served.limits.max_output_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS)
     top_logprobs = body.logprobs or 0
     constraint = requested_constraint(body)
+    formatted = response_format_constraint(body.response_format)
+    if formatted is not None:
+        if constraint is not None:
+            raise InvalidRequestError("response_format and a structured-output field cannot be combined",
+                                      param=constraint.param)
+        constraint = formatted
     generate, stops, observation = _common(body, served, max_tokens, constraint is not None,
                                            body.logprobs is not None, top_logprobs, "logprobs")
     if constraint is not None:

@@ -28,10 +28,13 @@ OPENAI_UNUSED_FIELDS = ("user", "store", "metadata", "service_tier", "prediction
 VLLM_UNSUPPORTED_FIELDS = frozenset({
     "use_beam_search", "length_penalty", "include_stop_str_in_output", "skip_special_tokens",
     "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
-    "bad_words", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "structural_tag",
+    "bad_words", "guided_decoding_backend", "guided_whitespace_pattern",
     "documents", "chat_template", "mm_processor_kwargs", "media_io_kwargs", "cache_salt", "kv_transfer_params",
     "vllm_xargs", "return_tokens_as_token_ids", "add_special_tokens", "logits_processors",
     "thinking_token_budget", "prompt_embeds", "request_id", "return_prompt_text",
+    # fields of the other endpoint (declared there, so only ever unknown here): vLLM's chat
+    # `echo` (prepend the last message) and `best_of`
+    "echo", "best_of",
 })
 
 UINT64_MAX = 2**64 - 1
@@ -42,6 +45,8 @@ INT32_MAX = 2**31 - 1
 class StreamOptions(BaseModel):
     model_config = _REQUEST_CONFIG
     include_usage: StrictBool | None = None
+    include_obfuscation: StrictBool | None = None  # OpenAI: no obfuscation padding is sent here
+    continuous_usage_stats: StrictBool | None = None  # vLLM: not implemented (400 when true)
 
 
 class TextContentPart(BaseModel):
@@ -108,19 +113,23 @@ class JsonSchemaFormat(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = _REQUEST_CONFIG
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # vLLM's structural_tag response format (gateway/structured_outputs.py)
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[StrictStr] | None = None
 
 
 class StructuredOutputs(BaseModel):
-    """vLLM's `structured_outputs` object; exactly one constraint (checked in preparation)."""
-    model_config = _REQUEST_CONFIG
+    """vLLM's `structured_outputs` object; exactly one constraint (checked in preparation). Its
+    other vLLM options are kept in `model_extra` and refused there, never dropped."""
+    model_config = ConfigDict(strict=True, extra="allow")
     json_: StrictStr | dict[str, Any] | None = Field(default=None, alias="json")
     regex: StrictStr | None = None
     choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
     json_object: StrictBool | None = None
     grammar: StrictStr | None = None
-    structural_tag: StrictStr | None = None
+    structural_tag: StrictStr | dict[str, Any] | None = None
 
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -174,7 +183,11 @@ class SamplingFields(BaseModel):
     guided_json: StrictStr | dict[str, Any] | None = None
     guided_regex: StrictStr | None = None
     guided_choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    guided_grammar: StrictStr | None = None
+    structural_tag: StrictStr | dict[str, Any] | None = None
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = None
+    # OpenAI's (chat) and vLLM's (completions too)
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -185,7 +198,6 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
-    response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (vLLM)

@@ -17,7 +17,7 @@ int64 column, others as a list) and every writer places a whole destination at o
         PACKED_TOKEN    lanes' values back to back, following each lane's actual token count
 
 Integer sources take one column write per destination; lanes without values (None: no grammar
-mask, a decode lane's prompt tokens) take one padding write; only lanes that carry arrays
+mask, no logit bias, a decode lane's prompt tokens) take one padding write; only lanes that carry arrays
 (prefill tokens, grammar masks, admission values, new page-table entries) are written one by
 one. The bytes are those of the straightforward per-row writer (tests/packing_reference.py;
 tests/test_packing_equivalence.py compares them over random lanes).
@@ -100,6 +100,9 @@ class PackedLane:
     sample: bool = True                       # draw a token after this step
     pages: Sequence[int] = ()                 # the slot's page list, covering consumed + query_length
     grammar_mask: Optional[np.ndarray] = None  # uint32 [mask_words]; None = unconstrained
+    # the request's logit bias: distinct token ids and their biases (same length); None = none
+    logit_bias_ids: Optional[np.ndarray] = None
+    logit_bias_values: Optional[np.ndarray] = None
     initialization: Optional[SlotInitialization] = None   # INITIALIZATION lanes only
     snapshot_row: int = -1                    # continuation row receiving the partial page at the endpoint
     restore_row: int = -1                     # RESTORATION: continuation row copied into the endpoint's page
@@ -153,6 +156,8 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_PENDING_TOKEN: attrgetter("pending_token"),       # RESUME: host-owned pending token
     C.VALUE_SOURCE_SCORED_TARGET_TOKENS: attrgetter("scored_targets"),   # None -> padding (-1)
     C.VALUE_SOURCE_GRAMMAR_MASK: attrgetter("grammar_mask"),         # None -> padding (all allowed)
+    C.VALUE_SOURCE_LOGIT_BIAS_IDS: attrgetter("logit_bias_ids"),     # None -> padding (-1: no entry)
+    C.VALUE_SOURCE_LOGIT_BIAS_VALUES: attrgetter("logit_bias_values"),
     C.VALUE_SOURCE_SEED_BITS: _seed_bits,
     C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda lane: _need_initialization(lane).sampling.vector(),
     C.VALUE_SOURCE_OUTPUT_LIMIT: lambda lane: _need_initialization(lane).output_limit,
@@ -451,6 +456,28 @@ def _resolve(binding: C.ValueBinding, where: str) -> Write:
         raise PackingError(f"{where}: no packing for {C.ValueSource.Name(source)} "
                            f"indexed {C.IndexMode.Name(index)}")
     return partial(writer, source=source)
+
+
+# Operations whose programs end with a draw: the ones a logit bias must reach.
+SAMPLING_OPERATIONS = frozenset({C.OPERATION_PREFILL, C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_RESUME})
+_LOGIT_BIAS_SOURCES = (C.VALUE_SOURCE_LOGIT_BIAS_IDS, C.VALUE_SOURCE_LOGIT_BIAS_VALUES)
+
+
+def logit_bias_capacity(graphs: Sequence[C.GraphContract], transport: M.Transport) -> int:
+    """Logit-bias entries per request that every selected sampling program takes (the row width
+    of its logit-bias destinations), or 0 when one of them binds no logit-bias source (a core
+    prepared before them: requests carrying logit_bias are refused, never served unbiased).
+    SPECULATIVE programs are left out: the scheduler never speculates a biased request."""
+    widths = {d.name: int(d.row_elements) for d in transport.destinations}
+    capacity = None
+    for graph in graphs:
+        if graph.operation not in SAMPLING_OPERATIONS:
+            continue
+        bound = {b.source: widths.get(b.destination, 0) for b in graph.bindings
+                 if b.source in _LOGIT_BIAS_SOURCES and b.index in _ROW_MODES}
+        width = min((bound.get(source, 0) for source in _LOGIT_BIAS_SOURCES), default=0)
+        capacity = width if capacity is None else min(capacity, width)
+    return capacity or 0
 
 
 class Packer:

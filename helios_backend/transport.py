@@ -21,8 +21,9 @@ from google.protobuf.message import DecodeError
 from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
+from helios_backend.frontend.logit_bias import LogitBiasError, check_logit_bias
 from helios_backend.frontend.stops import StopSpecError, validate_stop_strings, validate_stop_tokens
-from helios_backend.scheduler.request import RequestSpec, SamplingSettings, StopSettings
+from helios_backend.scheduler.request import LogitBias, RequestSpec, SamplingSettings, StopSettings
 
 MODEL_NAME = "helios"
 IN_PARAMETERS = "parameters"
@@ -103,6 +104,7 @@ class SpecDefaults:
     sampling: cp.SamplingDefaults
     max_output_tokens: int
     vocab_size: int
+    logit_bias_capacity: int = 0        # entries per request the sampling programs apply (0: none)
 
 
 def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: SpecDefaults) -> RequestSpec:
@@ -146,6 +148,13 @@ def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: S
         raise TransportError("min_tokens", f"{gen.min_tokens} exceeds max_tokens {max_tokens}")
     if gen.min_tokens and (strings or gen.stops.token_sequences):
         raise TransportError("min_tokens", "cannot be combined with string stops or stop token sequences")
+    logit_bias = None
+    if gen.logit_bias:
+        try:
+            logit_bias = LogitBias(*check_logit_bias(gen.logit_bias, defaults.vocab_size,
+                                                     defaults.logit_bias_capacity))
+        except LogitBiasError as exc:
+            raise TransportError("logit_bias", str(exc)) from None
     return RequestSpec(
         prompt=ids, max_tokens=max_tokens, sampling=sampling,
         stops=StopSettings(strings=strings, token_ids=tuple(gen.stops.token_ids),
@@ -153,7 +162,7 @@ def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: S
         logprobs=gen.logprobs.logprobs, top_logprobs=gen.logprobs.top_logprobs,
         observe_timestamps=obs.return_token_timestamps, constrained=constrained,
         priority=gen.priority, external_id=gen.request_id,
-        ignore_eos=gen.ignore_eos, min_tokens=gen.min_tokens)
+        ignore_eos=gen.ignore_eos, min_tokens=gen.min_tokens, logit_bias=logit_bias)
 
 
 @dataclass

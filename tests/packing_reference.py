@@ -48,6 +48,8 @@ SOURCES = {
     C.VALUE_SOURCE_PENDING_TOKEN: lambda l: l.pending_token,
     C.VALUE_SOURCE_SCORED_TARGET_TOKENS: lambda l: l.scored_targets,
     C.VALUE_SOURCE_GRAMMAR_MASK: lambda l: l.grammar_mask,
+    C.VALUE_SOURCE_LOGIT_BIAS_IDS: lambda l: l.logit_bias_ids,
+    C.VALUE_SOURCE_LOGIT_BIAS_VALUES: lambda l: l.logit_bias_values,
     C.VALUE_SOURCE_SEED_BITS: lambda l: np.array([_initialization(l).seed & 0xFFFFFFFF,
                                                (_initialization(l).seed >> 32) & 0xFFFFFFFF]),
     C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda l: _initialization(l).sampling.vector(),

@@ -69,6 +69,27 @@ def test_make_installs_the_gpu_extra_for_the_cuda_executor() -> None:
     assert "'.[serve,prepare,test]'" in install_command()
 
 
+def test_make_serve_re_prepares_a_core_older_than_the_sampling_programs(tmp_path: Path) -> None:
+    # spec: FMT-8
+    # a core from before a new program input (sampling.logit_bias) still loads, but would refuse
+    # what the new input serves: `make serve` prepares it again once preparation code changed
+    core = tmp_path / "current.core"
+    core.write_bytes(b"")
+    future = time.time() + 3600                              # newer than every source
+    os.utime(core, (future, future))
+
+    def prepares(*extra: str) -> bool:
+        # the install stamps count as old: only the preparation sources decide here
+        out = subprocess.run(["make", "-n", f"CORE={core}", "-o", ".venv/.installed", "-o", "helios_proto/.generated",
+                              *extra, "core"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return "helios-prepare" in out
+
+    assert not prepares()
+    for changed in ("ignition/preparation/contract.py", "helios_backend/kernels/sampling.py",
+                    "ignition/kernels/triton/sampling.py", "proto/helios_proto/contract.proto"):
+        assert prepares("-W", changed), changed
+
+
 def _listening_addresses(port: int) -> set[str]:
     """Local addresses of the sockets listening on `port` (from /proc/net/tcp and tcp6)."""
     found = set()

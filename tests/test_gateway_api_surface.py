@@ -129,6 +129,57 @@ def test_fixed_length_fields_are_validated(http: httpx.Client, fields: dict[str,
     assert response.json()["error"]["param"] == param
 
 
+# ---- logit_bias (OpenAI semantics, applied in the sampling programs) -----------------------
+
+def test_large_positive_logit_bias_forces_its_token(sdk: openai.OpenAI, eos_reference: list[int]) -> None:
+    # spec: BND-9
+    forced = eos_reference[0] + 17                       # a token the greedy answer does not start with
+    assert forced not in eos_reference[:3]
+    response = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=3, temperature=0,
+                                           logit_bias={str(forced): 100}, extra_body={"return_token_ids": True})
+    assert response.choices[0].model_dump()["token_ids"] == [forced] * 3
+    completion = sdk.completions.create(model=SERVED_ID, prompt="The capital of France is", max_tokens=2,
+                                        temperature=0.9, seed=5, logit_bias={str(forced): 100},
+                                        extra_body={"return_token_ids": True})
+    assert completion.choices[0].model_dump()["token_ids"] == [forced] * 2
+
+
+def test_minus_100_bans_the_greedy_token(http: httpx.Client, eos_reference: list[int]) -> None:
+    # spec: BND-9
+    banned = eos_reference[0]
+    choice = chat(http, 4, logit_bias={str(banned): -100})
+    assert banned not in choice["token_ids"]
+    assert choice["token_ids"][0] != eos_reference[0]
+    # another request on the same stack, unbiased, still answers as before (per-lane values)
+    assert chat(http, 4)["token_ids"] == eos_reference[:4]
+
+
+def test_logprobs_reflect_the_bias_as_openais_do(sdk: openai.OpenAI, eos_reference: list[int]) -> None:
+    # spec: BND-9
+    forced = eos_reference[0] + 17
+    plain = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=1, temperature=0,
+                                        logprobs=True, top_logprobs=5)
+    biased = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=1, temperature=0,
+                                         logprobs=True, top_logprobs=5, logit_bias={str(forced): 100})
+    plain_top = plain.choices[0].logprobs.content[0]     # type: ignore[union-attr,index]
+    biased_top = biased.choices[0].logprobs.content[0]   # type: ignore[union-attr,index]
+    assert plain_top.logprob < -0.01 or plain_top.token != biased_top.token
+    assert biased_top.logprob > -1e-3                     # the biased token holds nearly all the mass
+    assert biased_top.top_logprobs[0].token == biased_top.token
+
+
+@pytest.mark.parametrize("bias", [
+    {"abc": 1}, {"-3": 1}, {"7": 1, "07": 2}, {"5": 100.5}, {"5": -101}, {"49152": 1},
+    {str(i): 1 for i in range(301)},
+])
+def test_bad_logit_bias_is_400_naming_it(http: httpx.Client, bias: dict[str, Any]) -> None:
+    # spec: BND-9
+    response = http.post("/v1/chat/completions", json={"model": SERVED_ID, "messages": QUESTION, "max_tokens": 2,
+                                                       "logit_bias": bias})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "logit_bias"
+
+
 # ---- the context split: 400 for what can never fit, 503 for scheduler refusals ----------
 
 LONG = [{"role": "user", "content": "hello " * 700}]  # beyond the 512-token context
@@ -272,10 +323,76 @@ def test_json_constraint_follows_the_schema(sdk: openai.OpenAI) -> None:
         assert set(json.loads(response.choices[0].message.content or "")) == {"city"}
 
 
+LARK_ANSWER = 'start: "The answer is " NUM "."\nNUM: /[0-9]{1,3}/'
+
+
+@pytest.mark.parametrize("fields", [{"structured_outputs": {"grammar": LARK_ANSWER}}, {"guided_grammar": LARK_ANSWER}])
+def test_lark_grammar_shapes_chat_and_completions(sdk: openai.OpenAI, fields: dict[str, Any]) -> None:
+    # spec: FE-41
+    chat_text = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=20, temperature=0,
+                                            extra_body=fields).choices[0].message.content or ""
+    completion = sdk.completions.create(model=SERVED_ID, prompt="Seven times six:", max_tokens=20, temperature=0.7,
+                                        seed=1, extra_body=fields).choices[0]
+    for text in (chat_text, completion.text):
+        assert re.fullmatch(r"The answer is [0-9]{1,3}\.", text), text
+    assert completion.finish_reason == "stop"
+
+
+def test_gbnf_grammar_is_converted_like_vllms(sdk: openai.OpenAI) -> None:
+    # spec: FE-41
+    response = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=5, temperature=0,
+                                           extra_body={"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}})
+    assert response.choices[0].message.content in ("yes", "no")
+
+
+DIGIT_OBJECT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["n"], "additionalProperties": False}
+
+
+def _tagged(text: str, trigger: str) -> dict[str, Any]:
+    """The JSON object the structural tag forces right after the trigger's first occurrence."""
+    assert trigger in text, text
+    decoder = json.JSONDecoder()
+    value, _ = decoder.raw_decode(text[text.index(trigger) + len(trigger):])
+    return value
+
+
+def test_structural_tag_constrains_the_text_after_its_trigger(sdk: openai.OpenAI, http: httpx.Client,
+                                                              eos_reference: list[int]) -> None:
+    # spec: FE-41
+    plain = sdk.chat.completions.create(model=SERVED_ID, messages=QUESTION, max_tokens=64,
+                                        temperature=0).choices[0].message.content or ""
+    assert "Paris" in plain and not re.search(r"Paris\s*\{", plain)   # unconstrained: no object after it
+    tag = {"structures": [{"begin": "Paris", "schema": DIGIT_OBJECT, "end": ""}], "triggers": ["Paris"]}
+    for fields in ({"structured_outputs": {"structural_tag": json.dumps(tag)}},
+                   {"structural_tag": tag},
+                   {"response_format": {"type": "structural_tag", **tag}}):
+        choice = chat(http, 64, **fields)
+        text = choice["message"]["content"]
+        assert text.startswith(plain[:plain.index("Paris")]), (text, plain)   # free text until the trigger
+        assert set(_tagged(text, "Paris")) == {"n"}, text
+
+
+def test_completions_follow_response_format_as_vllms_do(sdk: openai.OpenAI) -> None:
+    # spec: FE-41
+    for fmt in ({"type": "json_schema", "json_schema": {"name": "digit", "schema": DIGIT_OBJECT}},
+                {"type": "json_object"}):
+        completion = sdk.completions.create(model=SERVED_ID, prompt="A JSON object:", max_tokens=40, temperature=0,
+                                            extra_body={"response_format": fmt})
+        value = json.loads(completion.choices[0].text)
+        assert isinstance(value, dict) and (fmt["type"] == "json_object" or set(value) == {"n"})
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"guided_regex": "[0-9"}, "guided_regex"),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
-    ({"structured_outputs": {"grammar": "start: /a/"}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"grammar": "start: ("}}, "structured_outputs.grammar"),
+    ({"guided_grammar": "root ::= (\"a\""}, "guided_grammar"),
+    ({"structured_outputs": {"structural_tag": {"structures": [{"begin": "<a>", "schema": {}, "end": ""}],
+                                                "triggers": ["<b>"]}}}, "structured_outputs.structural_tag.structures[0]"),
+    ({"structural_tag": '{"structures": []}'}, "structural_tag"),
+    ({"structured_outputs": {"grammar": "start: /a/", "regex": "b"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "a", "disable_any_whitespace": True}}, "structured_outputs.disable_any_whitespace"),
     ({"guided_json": "{not json"}, "guided_json"),
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
 ])
@@ -289,9 +406,13 @@ def test_bad_constraints_are_400_naming_the_field(http: httpx.Client, fields: di
 # ---- the unknown-field policy and chat_template_kwargs -------------------------------------
 
 def test_unimplemented_vllm_fields_are_400_naming_them(http: httpx.Client) -> None:
-    for field in ("use_beam_search", "prompt_logprobs", "include_stop_str_in_output"):
+    for field in ("use_beam_search", "prompt_logprobs", "include_stop_str_in_output", "echo", "best_of"):
         response = http.post("/v1/chat/completions", json={"model": SERVED_ID, "messages": QUESTION, field: True})
         assert response.status_code == 400 and response.json()["error"]["param"] == field
+    response = http.post("/v1/chat/completions", json={"model": SERVED_ID, "messages": QUESTION, "stream": True,
+                                                       "stream_options": {"continuous_usage_stats": True}})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "stream_options.continuous_usage_stats"
 
 
 def test_unknown_fields_are_served_logged_and_counted(stack: Stack, http: httpx.Client) -> None:

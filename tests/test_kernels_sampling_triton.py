@@ -303,3 +303,31 @@ def test_logprobs_v2_programs_exit_when_no_row_asks(runner):
     assert (out["partials"] == 0x5A5A5A5A).all() and (out["arrivals"] == 0).all()
     records = out["completion"].reshape(rows, width)
     assert (records[:, 0] == 0).all() and (records[:, 1:1 + top_n] == -1).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling.logit_bias.v1
+
+@pytest.mark.parametrize("capacity", [300, 7])
+def test_logit_bias_adds_each_rows_entries_in_place(runner, capacity):
+    # spec: BND-17
+    """Rows with full, partial and no entry lists (-1 padding); ids outside the vocabulary add
+    nothing; the reference and the kernel agree bit for bit."""
+    rows, vocab = 4, 8192
+    logits = RNG.standard_normal((rows, vocab)).astype(np.float32)
+    ids = np.full((rows, capacity), -1, np.int32)
+    values = np.zeros((rows, capacity), np.float32)
+    ids[0] = RNG.choice(vocab, capacity, replace=False)
+    values[0] = RNG.uniform(-100, 100, capacity)
+    ids[1, :3] = [5, vocab - 1, vocab + 3]                 # the last is past the vocabulary
+    values[1, :3] = [100.0, -100.0, 50.0]
+    buffers = {"logits": logits, "bias_ids": ids, "bias_values": values}
+    immediates = {"rows": rows, "vocab": vocab, "bias_capacity": capacity}
+    out = check_against_reference(runner, "sampling.logit_bias.v1", buffers, immediates)
+    biased = out["logits"].reshape(rows, vocab)
+    want = logits.copy()
+    want[0, ids[0]] += values[0]
+    want[1, 5] += 100.0
+    want[1, vocab - 1] -= 100.0
+    assert (biased == want).all()
+    assert (biased[2:] == logits[2:]).all()

@@ -45,6 +45,13 @@ def _maybe(rng: np.random.Generator, p: float, make):
     return make() if rng.random() < p else None
 
 
+def _logit_bias(rng: np.random.Generator, vocab: int) -> dict[str, np.ndarray]:
+    if rng.random() < 0.6:
+        return {}
+    ids = rng.choice(vocab, int(rng.integers(0, 301)), replace=False).astype(np.int32)
+    return {"logit_bias_ids": ids, "logit_bias_values": rng.uniform(-100, 100, ids.size).astype(np.float32)}
+
+
 def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[PackedLane]:
     manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
     slots, width = manifest.request_slots, manifest.max_pages_per_row
@@ -63,6 +70,7 @@ def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[P
                     grammar_mask=_maybe(rng, 0.3, lambda: rng.integers(0, 1 << 32, int(rng.choice(
                         [mask_words, mask_words - 5])), dtype=np.uint64).astype(np.uint32)),
                     snapshot_row=int(rng.integers(-1, 4)), restore_row=int(rng.integers(-1, 4)),
+                    **_logit_bias(rng, vocab.sampled_tokens),
                     pending_token=int(rng.integers(-1, vocab.sampled_tokens)),
                     scored_targets=_maybe(rng, 0.5, lambda: rng.integers(-1, 100, int(rng.integers(0, 25)))),
                     proposals=_maybe(rng, 0.5, lambda: rng.integers(0, 100, int(rng.integers(0, 4))).astype(np.int32)),

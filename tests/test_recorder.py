@@ -82,11 +82,12 @@ def test_node_count_per_step_is_five_per_layer_plus_shared(prepared):
         if program.operation in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
             assert count == 1
         elif program.operation in (C.OPERATION_PREFILL, C.OPERATION_RESUME):   # host input ids: no selection
-            assert count == 5 * layers + 2 + 1 + 3 + snapshot   # model, geometry, draw + commit + logprobs
+            # model, geometry, logit bias + draw + commit + logprobs
+            assert count == 5 * layers + 2 + 1 + 4 + snapshot
         elif program.operation == C.OPERATION_SCORED_PREFILL:                 # prefill + logits.score_targets
-            assert count == 5 * layers + 2 + 1 + 3 + 1
+            assert count == 5 * layers + 2 + 1 + 4 + 1
         else:
-            assert count == 5 * layers + 2 + 2 + 3 + snapshot   # plus the input-id selection
+            assert count == 5 * layers + 2 + 2 + 4 + snapshot   # plus the input-id selection
         assert prepared.node_counts[program.name] == count
 
 

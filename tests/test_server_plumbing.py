@@ -265,3 +265,30 @@ def test_the_packed_sampling_vector_says_whether_a_request_wants_logprob_records
     gen.logprobs.top_logprobs = top
     spec = request_spec(gen, np.array([1, 2, 3]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100))
     assert spec.sampling.vector()[7] == packed
+
+
+@pytest.mark.parametrize("entries, capacity, message", [
+    ({7: 100.0}, 0, "re-prepare"), ({7: 1.0, 8: 1.0, 9: 1.0}, 2, "limit of 2"), ({100: 1.0}, 300, "vocabulary"),
+    ({7: 100.5}, 300, "[-100, 100]"), ({7: float("nan")}, 300, "[-100, 100]"),
+])
+def test_the_backend_checks_logit_bias_again(entries, capacity, message):
+    # spec: BND-9
+    from helios_backend.transport import SpecDefaults, TransportError, request_spec
+    gen = tp.GenerateRequest()
+    gen.logit_bias.update(entries)
+    with pytest.raises(TransportError) as refused:
+        request_spec(gen, np.array([1, 2, 3]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100, capacity))
+    assert refused.value.field == "logit_bias" and message in refused.value.message
+
+
+def test_a_valid_logit_bias_travels_as_arrays_of_distinct_ids():
+    # spec: BND-9
+    from helios_backend.transport import SpecDefaults, request_spec
+    gen = tp.GenerateRequest()
+    gen.logit_bias.update({7: 100.0, 99: -100.0, 0: 0.5})
+    spec = request_spec(gen, np.array([1, 2, 3]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100, 300))
+    assert spec.logit_bias is not None
+    assert dict(zip(spec.logit_bias.ids.tolist(), spec.logit_bias.values.tolist())) == {7: 100.0, 99: -100.0, 0: 0.5}
+    assert spec.logit_bias.ids.dtype == np.int32 and spec.logit_bias.values.dtype == np.float32
+    assert request_spec(tp.GenerateRequest(), np.array([1]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100,
+                                                                          300)).logit_bias is None

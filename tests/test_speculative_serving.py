@@ -6,9 +6,10 @@ The served tokens equal plain serving of the same core token for token.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+from helios_backend.scheduler.request import LogitBias, RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.engine.responses import Stream
@@ -32,7 +33,7 @@ def speculative_core(tmp_path_factory: pytest.TempPathFactory):
     return target
 
 
-def _serve(core, **options) -> tuple[list[int], list[str], type]:
+def _serve(core, spec: RequestSpec | None = None, **options) -> tuple[list[int], list[str], type]:
     runtime = Engine.start(StartupOptions(core, ACCEPTANCE, **options))
     launched: list[str] = []
     launch = runtime.model.executor.launch
@@ -44,7 +45,7 @@ def _serve(core, **options) -> tuple[list[int], list[str], type]:
     runtime.model.executor.launch = recording_launch  # type: ignore[method-assign]
     sender = Sender()
     try:
-        runtime.add_request(RequestSpec(REPEATING, 12, SamplingSettings()), Stream(1, sender))
+        runtime.add_request(spec or RequestSpec(REPEATING, 12, SamplingSettings()), Stream(1, sender))
         assert sender.done.wait(120)
     finally:
         runtime.stop(drain=True)
@@ -62,6 +63,20 @@ def test_served_speculation_equals_plain_serving(speculative_core):
     assert drafted == plain and len(plain) == 12
     # accepted drafts emit several tokens per launch: fewer launches than plain decode
     assert len(drafted_programs) < len(plain_programs)
+
+
+def test_a_biased_request_is_never_speculated(speculative_core):
+    # spec: SPEC-1, BND-9
+    # the speculative programs have no logit-bias input: a biased request decodes plainly, and
+    # its tokens are those of plain serving (the bias bans the cycle's next token)
+    _, drafted_programs, _ = _serve(speculative_core, speculative_width=4, history_drafting=True)
+    banned = LogitBias(np.array([105], np.int32), np.array([-100.0], np.float32))
+    spec = RequestSpec(REPEATING, 12, SamplingSettings(), logit_bias=banned)
+    plain, _, _ = _serve(speculative_core, spec, speculative_width=1)
+    biased, programs, kind = _serve(speculative_core, spec, speculative_width=4, history_drafting=True)
+    assert kind is SpeculativeScheduler and any(p.startswith("speculative") for p in drafted_programs)
+    assert not any(p.startswith("speculative") for p in programs)
+    assert biased == plain and 105 not in biased
 
 
 def test_history_drafting_without_a_wider_width_fails_startup(speculative_core):

@@ -5,7 +5,8 @@
     version 2  + ModelContract.vision, GraphContract.tuned_bindings, image frontend
                (ImagePreparationSettings, non-NONE image selectors, IMAGE_* value sources)
     version 3  + GraphContract.speculative, GraphContract.cursor, OPERATION_SPECULATIVE,
-               speculative prefix limits and copied-proposal value sources
+               speculative prefix limits and copied-proposal value sources, logit-bias
+               value sources (an additive extension: version-3 contracts without them load)
 
 A field or enum value introduced in a later version that appears in an earlier-version
 contract is an unknown identifier. Decoding an older version fills the later fields'
@@ -43,4 +44,6 @@ ENUM_VALUE_SINCE: dict[tuple[str, int], int] = {
     ("helios.v1.ValueSource", c.VALUE_SOURCE_PROPOSAL_GENERATION): 3,
     ("helios.v1.ValueSource", c.VALUE_SOURCE_PROPOSAL_CONSUMED): 3,
     ("helios.v1.ValueSource", c.VALUE_SOURCE_PROPOSAL_GRAMMAR_MASKS): 3,
+    ("helios.v1.ValueSource", c.VALUE_SOURCE_LOGIT_BIAS_IDS): 3,
+    ("helios.v1.ValueSource", c.VALUE_SOURCE_LOGIT_BIAS_VALUES): 3,
 }

@@ -9,7 +9,7 @@ from helios_backend.engine.settings import EffectiveSettings
 
 def frontend_assets(contract: cp.ServingContract, tokenizer_json: bytes, chat_template: str,
                     settings: EffectiveSettings, max_prompt_tokens: int, top_logprobs: int,
-                    clock_origin_ns: int) -> tp.FrontendAssets:
+                    logit_bias_capacity: int, clock_origin_ns: int) -> tp.FrontendAssets:
     d = contract.defaults
     return tp.FrontendAssets(
         version=tp.TRANSPORT_VERSION_1, served_id=contract.served_id, aliases=list(contract.aliases),
@@ -22,4 +22,5 @@ def frontend_assets(contract: cp.ServingContract, tokenizer_json: bytes, chat_te
             frontend_workers=settings.frontend_workers,
             sampled_vocabulary=contract.model.vocabulary.sampled_tokens),
         clock=tp.BackendClock(origin_monotonic_ns=clock_origin_ns),
-        cache_label=contract.cache_identity.label, top_logprobs_capacity=top_logprobs)
+        cache_label=contract.cache_identity.label, top_logprobs_capacity=top_logprobs,
+        logit_bias_capacity=logit_bias_capacity)

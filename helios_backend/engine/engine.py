@@ -39,6 +39,7 @@ from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions
 from helios_backend.transport import SpecDefaults, TransportError
 from helios_backend.engine.loop import EngineLoop
+from helios_backend.packing import logit_bias_capacity
 
 log = logging.getLogger("helios.runtime")
 T = TypeVar("T")
@@ -123,7 +124,8 @@ class Engine:
         log.info("helios runtime ready: %s, %d pages x %d tokens, %d slots, max_active %d",
                  contract.served_id, config.num_pages, config.page_tokens, config.request_slots,
                  scheduler.max_active)
-        defaults = SpecDefaults(contract.defaults.sampling, settings.max_output_tokens, vocab.sampled_tokens)
+        defaults = SpecDefaults(contract.defaults.sampling, settings.max_output_tokens, vocab.sampled_tokens,
+                                logit_bias_capacity(model.graphs, bootstrap.manifest.transport))
         return cls(bootstrap, model, settings, scheduler, runner, worker, hub, metrics, defaults, origin,
                    grammar_tokenizer)
 
@@ -134,7 +136,8 @@ class Engine:
         return frontend_assets(contract, b.read_resource(frontend.tokenizer_resource),
                                b.read_resource(frontend.chat_template_resource).decode("utf-8"),
                                self.settings, self.scheduler.max_prompt_tokens,
-                               b.manifest.completion.top_logprobs, self.clock_origin_ns)
+                               b.manifest.completion.top_logprobs, self.spec_defaults.logit_bias_capacity,
+                               self.clock_origin_ns)
 
     def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
         """The request's matcher, or None when unconstrained; TransportError when the grammar

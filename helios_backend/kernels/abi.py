@@ -191,6 +191,12 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("live_rows", I32_T), _ptr("partials", I32_T, RW), _ptr("arrivals", I32_T, RW),
         _i32("rows"), _i32("vocab"), _i32("top_n"), _i32("record_base"),
     ), logprobs.requested_logprobs, "logprob records of the rows that asked, the vocabulary spread over programs"),
+    # the request's logit bias, in place on the raw logits before the draw and the logprobs
+    # (both then see it, as OpenAI's logprobs do); a row's ids are distinct
+    KernelSpec("sampling.logit_bias.v1", (
+        _ptr("logits", F32_T, RW), _ptr("bias_ids", I32_T), _ptr("bias_values", F32_T),
+        _i32("rows"), _i32("vocab"), _i32("bias_capacity"),
+    ), sampling.add_logit_bias, "logits[r, bias_ids[r, k]] += bias_values[r, k] (OpenAI logit_bias)"),
     KernelSpec("logits.score_targets.v1", (
         _ptr("completion", I32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T), _ptr("head", F16_T),
         _ptr("targets", I32_T), _ptr("geometry", I32_T),

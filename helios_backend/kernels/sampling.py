@@ -10,7 +10,8 @@ word 0 -> u = (word >> 8) * 2^-24 in [0, 1). The same seed therefore gives the s
 tokens whatever row, slot or capacity variant serves the request. All arithmetic
 is integer numpy (uint64 holding 32-bit lanes), bit-exact with a GPU implementation.
 
-Sampling order: penalties and grammar mask (adjust_logits), then temperature (0 = greedy
+Sampling order: the request's logit bias (add_logit_bias, in place: the logprobs see it, as
+OpenAI's do), penalties and grammar mask (adjust_logits), then temperature (0 = greedy
 argmax, lowest id on ties), top-k, softmax, top-p (smallest prefix reaching top_p),
 min-p (relative to the most likely token), renormalize, inverse-CDF draw.
 Candidates are ordered by logit descending, then token id ascending.
@@ -91,6 +92,26 @@ def adjust_logits(logits: np.ndarray, sampling: np.ndarray, prompt_histogram: np
         words = grammar_mask[r * mask_words:(r + 1) * mask_words]
         if not np.all(words == np.uint32(0xFFFFFFFF)):
             row[~_allowed_tokens(words, vocab)] = -np.inf
+
+
+# OpenAI's bound on logit_bias entries per request: the row width of the logit-bias
+# destinations that preparation declares (ignition/preparation/contract.py)
+LOGIT_BIAS_CAPACITY = 300
+
+
+def add_logit_bias(logits: np.ndarray, bias_ids: np.ndarray, bias_values: np.ndarray, rows: int, vocab: int,
+                   bias_capacity: int) -> None:
+    """sampling.logit_bias.v1, in place on logits [rows, vocab]: row r's entry k adds
+    bias_values[r, k] to the logit of token bias_ids[r, k]; ids outside [0, vocab) (the -1
+    padding) add nothing. A row's ids are distinct (the backend checks), so the GPU's
+    per-entry read-add-write never races."""
+    table = _matrix(logits, rows, vocab)
+    ids = _matrix(bias_ids, rows, bias_capacity)
+    values = _matrix(bias_values, rows, bias_capacity)
+    live = (ids >= 0) & (ids < vocab)
+    row_index = np.nonzero(live)[0]
+    if row_index.size:
+        np.add.at(table, (row_index, ids[live]), values[live])
 
 
 def _ordered_candidates(scaled: np.ndarray, top_k: int, top_p: float) -> np.ndarray:

@@ -55,6 +55,14 @@ class StopSettings:
         return bool(self.strings or self.token_ids or self.token_sequences)
 
 
+@dataclass(frozen=True, eq=False)
+class LogitBias:
+    """OpenAI's logit_bias, validated at admission: distinct token ids (int32) and their biases
+    (float32, same length), packed as they are into every sampling lane of the request."""
+    ids: np.ndarray
+    values: np.ndarray
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """What a request asked for, validated at admission."""
@@ -70,6 +78,7 @@ class RequestSpec:
     external_id: str = ""
     ignore_eos: bool = False             # EOS ids neither end the request nor are withheld
     min_tokens: int = 0                  # outputs before EOS or a stop token id may be sampled
+    logit_bias: LogitBias | None = None  # added to the logits before sampling (never speculated)
 
     def withheld_ids(self, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
         """Ids masked out of sampling until min_tokens outputs exist (vLLM's min_tokens):

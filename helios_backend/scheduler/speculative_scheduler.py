@@ -5,7 +5,8 @@
 
 A round that the base scheduler planned as plain DECODE (every lane reads its device-owned
 pending token, nothing to restore or initialize) becomes a SPECULATIVE round when every lane may
-carry proposals (no grammar, no host stops: those need width one and feedback, SPEC-44..49) and
+carry proposals (no grammar, no host stops: those need width one and feedback, SPEC-44..49; no
+logit bias: the speculative programs have no logit-bias input) and
 history drafting found at least one: the cohort is the DECODE cohort, chosen from completed
 observations (SPEC-15); pages are reserved for each lane's full ceiling (SPEC-21).
 
@@ -90,7 +91,10 @@ class SpeculativeScheduler(Scheduler):
                          output_left=req.spec.max_tokens - req.output_len,
                          context_left=self.config.context_tokens - len(req.tokens),
                          inflight=req.inflight - 1,          # this round, planned but not submitted
-                         device_pending=req.device_pending, constrained=req.grammar is not None or req.withholds(self.config.eos_ids),
+                         device_pending=req.device_pending,
+                         # speculative programs apply no logit bias: a biased request decodes plainly
+                         constrained=(req.grammar is not None or req.withholds(self.config.eos_ids)
+                                      or req.spec.logit_bias is not None),
                          host_stops=req.serial in self._stops)
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:

@@ -151,6 +151,13 @@ def _vocab_chunks(keys: str) -> GridFunction:
     return grid
 
 
+def _entry_tiles(count: str, block: str) -> GridFunction:
+    """(cdiv(a[count], BLOCK), rows): per-row entry lists of a[count] entries."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        return (cdiv(a[count], c[block]), a["rows"], 1)
+    return grid
+
+
 def _one_program_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
     return (1, 1, 1)
@@ -262,6 +269,9 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
     KernelBuild("sampling.logprobs.v2", "logprobs", "requested_logprobs",
                {"BLOCK_V": 2048, "TOP_C": 32, "MAX_CHUNKS": 32}, _vocab_chunks("TOP_C"),
                num_warps=8, divisible=("vocab",)),
+    # one program per row covers OpenAI's 300 entries
+    KernelBuild("sampling.logit_bias.v1", "sampling", "add_logit_bias", {"BLOCK_K": 512},
+               _entry_tiles("bias_capacity", "BLOCK_K")),
     KernelBuild("logits.score_targets.v1", "logprobs", "score_targets", {"BLOCK_V": 64, "BLOCK_K": 64},
                _per_token, num_warps=4, divisible=("dim",)),
     # 8 warps: one row per thread, so every per-row value shares one layout (no shared-memory

@@ -17,7 +17,7 @@ are buffer references for its forward pass; state updates are the shared kernels
 Staging frame (one per submission, copied to the `staging` buffer first; 16-byte aligned):
 
     transport.header  i32[2]           sequence, frame   (written by the executor)
-    row_slot ... grammar_mask           per-row and per-token destinations, see DESTINATIONS
+    row_slot ... logit_bias_values      per-row and per-token destinations, see destination_specs
     page_table        i32[slots, pages_per_row]  PHYSICAL_ROW: only new entries are written
     in_*                                admission values, INITIALIZATION only
 """
@@ -39,7 +39,7 @@ from helios_backend.kernels.state import (
     geometry_words,
 )
 from helios_backend.kernels.logprobs import logprob_record_words
-from helios_backend.kernels.sampling import partial_words
+from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY, partial_words
 from ignition.recorder import Recorder, Ref
 
 C = contract_pb2
@@ -77,6 +77,7 @@ class TextCapacities:
     logprobs: bool = False      # logprob extension records (sampling.logprobs.v2) after the records
     top_logprobs: int = 0       # top-N alternatives per logprob record (with logprobs)
     scored_tokens: int = 0      # largest SCORED_PREFILL packed tokens: one f32 score word each; 0 = none
+    logit_bias_capacity: int = LOGIT_BIAS_CAPACITY   # (id, bias) entries per row of sampling.logit_bias
 
     @property
     def logprob_base(self) -> int:
@@ -128,6 +129,12 @@ def destination_specs(cap: TextCapacities) -> list[DestinationSpec]:
         DestinationSpec("positions", i32, tokens),
         DestinationSpec("page_table", i32, cap.request_slots * cap.pages_per_row, cap.pages_per_row),
         DestinationSpec("grammar_mask", u32, rows * cap.mask_words, cap.mask_words),
+    ] + (
+        # beside the other per-step rows, before the admission values (a step's copy ends at the
+        # last destination its bindings write)
+        [DestinationSpec("logit_bias_ids", i32, rows * cap.logit_bias_capacity, cap.logit_bias_capacity),
+         DestinationSpec("logit_bias_values", f32, rows * cap.logit_bias_capacity, cap.logit_bias_capacity)]
+        if cap.logit_bias_capacity else []) + [
         DestinationSpec("in_seeds", u32, admit * 2, 2),
         DestinationSpec("in_sampling", f32, admit * SAMPLING_PARAMETER_WORDS, SAMPLING_PARAMETER_WORDS),
         DestinationSpec("in_output_limit", i32, admit, 1),
@@ -315,8 +322,10 @@ def _row_identity() -> list[C.ValueBinding]:
     ]
 
 
-def generation_bindings(operation: C.Operation.ValueType, snapshots: bool = False) -> list[C.ValueBinding]:
-    """Bindings of PREFILL / DECODE / MIXED programs (one forward step plus one draw per row)."""
+def generation_bindings(operation: C.Operation.ValueType, snapshots: bool = False,
+                        logit_bias: bool = True) -> list[C.ValueBinding]:
+    """Bindings of PREFILL / DECODE / MIXED programs (one forward step plus one draw per row);
+    `logit_bias`: the epilogue records sampling.logit_bias (TextCapacities.logit_bias_capacity)."""
     bindings = _row_identity() + [
         _binding("query_length", C.VALUE_SOURCE_QUERY_LENGTH, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
         _binding("consumed", C.VALUE_SOURCE_CONSUMED_TOKENS, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
@@ -325,6 +334,12 @@ def generation_bindings(operation: C.Operation.ValueType, snapshots: bool = Fals
         _binding("page_table", C.VALUE_SOURCE_PAGE_TABLE, C.INDEX_MODE_PHYSICAL_ROW),
         _binding("grammar_mask", C.VALUE_SOURCE_GRAMMAR_MASK, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
     ]
+    if logit_bias:
+        # the per-lane (id, bias) entries of sampling.logit_bias; lanes without them pad id -1
+        bindings += [
+            _binding("logit_bias_ids", C.VALUE_SOURCE_LOGIT_BIAS_IDS, C.INDEX_MODE_SUBMISSION_ROW, padding=-1),
+            _binding("logit_bias_values", C.VALUE_SOURCE_LOGIT_BIAS_VALUES, C.INDEX_MODE_SUBMISSION_ROW, padding=0),
+        ]
     if operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED, C.OPERATION_SCORED_PREFILL):
         bindings.append(_binding("prompt_tokens", C.VALUE_SOURCE_PROMPT_TOKENS, C.INDEX_MODE_PACKED_TOKEN,
                                  padding=-1))
@@ -413,8 +428,14 @@ def record_sampling_epilogue(rec: Recorder, transport: M.Transport, cap: TextCap
                              rows: int) -> None:
     s = lambda name: staged(transport, name)  # noqa: E731 - short local alias
     scratch = dict(partials=STEP_SCRATCH.sampling_partials, arrivals=STEP_SCRATCH.sampling_arrivals)
-    # the draw applies the penalties and grammar mask on the fly: the logits stay the raw model
-    # logits, which the logprobs report (vLLM's default)
+    # the request's logit bias goes into the logits themselves: the draw and the logprobs both
+    # see it (OpenAI's logprobs reflect logit_bias)
+    if cap.logit_bias_capacity:
+        rec.launch("sampling.logit_bias.v1", "sampling.logit_bias", logits=STEP_SCRATCH.logits,
+                   bias_ids=s("logit_bias_ids"), bias_values=s("logit_bias_values"), rows=rows, vocab=cap.vocab,
+                   bias_capacity=cap.logit_bias_capacity)
+    # the draw applies the penalties and grammar mask on the fly: the logits stay the (biased)
+    # model logits, which the logprobs report (vLLM's default)
     rec.launch("sampling.draw.v2", "sampling.draw", sampled=STEP_SCRATCH.sampled, logits=STEP_SCRATCH.logits,
                sampling=SLOT_STATE.sampling, seeds=SLOT_STATE.seeds, generated=SLOT_STATE.generated,
                prompt_histogram=SLOT_STATE.prompt_histogram, output_histogram=SLOT_STATE.output_histogram,

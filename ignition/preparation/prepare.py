@@ -30,6 +30,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.core import ResourceInput, ResourceKind
 from helios_backend.kernels import abi
+from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation import contract as shared
 from ignition.preparation import tensor_parallel
 from ignition.preparation.speculative import SpeculativePlan
@@ -172,7 +173,7 @@ def _record_programs(rec: Recorder, recipe: ModuleType, shape: Any, options: Any
             if snapshots:
                 shared.record_snapshot(rec, transport, cap, cache, variant.rows)
             shared.record_sampling_epilogue(rec, transport, cap, variant.operation, variant.rows)
-            bindings = shared.generation_bindings(variant.operation, snapshots)
+            bindings = shared.generation_bindings(variant.operation, snapshots, bool(cap.logit_bias_capacity))
         program = rec.end()
         graphs.append(shared.graph_contract(program, bindings, rec.buffers, [resource], cap.request_slots))
     return graphs
@@ -208,7 +209,8 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         max_admission_rows=max(v.rows for v in all_variants if v.operation == C.OPERATION_INITIALIZATION),
         page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows,
         logprobs=not getattr(options, "speculative_variants", ()), top_logprobs=getattr(options, "top_logprobs", 0),
-        scored_tokens=max((v.tokens for v in all_variants if v.operation == C.OPERATION_SCORED_PREFILL), default=0))
+        scored_tokens=max((v.tokens for v in all_variants if v.operation == C.OPERATION_SCORED_PREFILL), default=0),
+        logit_bias_capacity=getattr(options, "logit_bias_capacity", LOGIT_BIAS_CAPACITY))
     degree = getattr(options, tensor_parallel.OPTION, 1)
     partition = tensor_parallel.plan_for(recipe, shape, degree)
     geometry = KernelLibraryGeometry(kernel_library)

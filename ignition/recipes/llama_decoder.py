@@ -31,6 +31,7 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
+from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation.contract import PagedKV, StepIO, buffer
 from ignition.preparation.tensor_parallel import PartitionedDimension, Split, add_to_residual
 from ignition.recorder import ForwardRecorder, Recorder
@@ -60,6 +61,9 @@ class DecoderOptions:
     # top-N alternatives recorded per sampled token (sampling.logprobs.v1; 20 = OpenAI's maximum);
     # logprob records are recorded when no speculative variants are (those have their own extension)
     top_logprobs: int = 20
+    # OpenAI logit_bias entries per request (sampling.logit_bias.v1); 0 records no logit-bias
+    # input, the shape of cores prepared before it (those refuse logit_bias)
+    logit_bias_capacity: int = LOGIT_BIAS_CAPACITY
     prepared_pages: int = 512
     max_output_tokens: int = 512
     rope_pairing: int = ROPE_ADJACENT_PAIRS

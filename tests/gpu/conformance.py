@@ -93,6 +93,12 @@ class Case:
         from helios_backend.packing import SamplingParameters
         return SamplingParameters()       # greedy
 
+    def logit_bias(self) -> dict[str, np.ndarray]:
+        """A full row of logit-bias entries (sampling.logit_bias.v1, in place on the compared
+        logits): up to 300 distinct ids with biases of a few nats, enough to move logits and tokens."""
+        ids = self.rng.choice(self.vocab, min(300, self.vocab), replace=False).astype(np.int32)
+        return {"logit_bias_ids": ids, "logit_bias_values": self.rng.uniform(-3, 3, ids.size).astype(np.float32)}
+
     def pages_for(self, tokens: int) -> list[int]:
         return [self.driver.pages.take() for _ in range(-(-tokens // self.driver.page_tokens))]
 
@@ -119,7 +125,8 @@ class Case:
             self.admit(list(range(rows)), prompts)
             lanes = [PackedLane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
                           pages=self.pages_for(per_row),
-                          scored_targets=self.rng.integers(0, self.vocab, per_row).astype(np.int32) if scored else None)
+                          scored_targets=self.rng.integers(0, self.vocab, per_row).astype(np.int32) if scored else None,
+                          **(self.logit_bias() if s % 2 == 0 else {}))
                      for s, p in enumerate(prompts)]
             completed = self.driver.step(program.name, lanes)
             if scored:

@@ -48,6 +48,8 @@ class AnswerFormat(enum.Enum):
     JSON_SCHEMA = "json_schema"
     REGEX = "regex"                      # vLLM structured_outputs.regex / guided_regex
     CHOICE = "choice"                    # vLLM structured_outputs.choice / guided_choice
+    GRAMMAR = "grammar"                  # vLLM structured_outputs.grammar / structural_tag: a whole
+                                         # llguidance grammar, referenced as a nested grammar
 
 
 class InvalidToolChoiceError(GrammarRequestError):
@@ -76,6 +78,7 @@ class ConstraintRequest:
     answer_schema: Mapping[str, Any] | None = None
     answer_pattern: str = ""             # REGEX: the answer matches it whole
     answer_choices: tuple[str, ...] = ()  # CHOICE: the answer is exactly one of them
+    answer_grammar: str = ""             # GRAMMAR: an llguidance grammar (Lark text or grammars JSON)
     reasoning_max_chars: int | None = None  # reasoning budget; then the close delimiter is forced
 
     def engine_tools(self) -> dict[str, Mapping[str, Any]]:
@@ -215,6 +218,30 @@ def answer_choice(choices: Sequence[str]) -> str:
     return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+ANSWER_GRAMMAR = "request_answer"   # the nested grammar a GRAMMAR answer's `@` reference names
+
+
+def grammar_list(grammar: str) -> list[dict[str, Any]]:
+    """An llguidance top-level grammar (Lark text, or its JSON {"grammars": [...]}) as its list of
+    grammars, the first one the start."""
+    if grammar.lstrip().startswith("{"):
+        grammars = json.loads(grammar).get("grammars")
+        if not isinstance(grammars, list) or not grammars or not all(isinstance(g, dict) for g in grammars):
+            raise GrammarRequestError("an llguidance grammar document needs a nonempty `grammars` list")
+        return [dict(g) for g in grammars]
+    return [{"lark_grammar": grammar}]
+
+
+def nest_grammar(lark: str, answer: str) -> str:
+    """llguidance's grammars JSON of `lark`, whose `@request_answer` is the whole grammar `answer`
+    (its own rules stay apart: a separate grammar, named so the reference finds it)."""
+    nested = grammar_list(answer)
+    if any(g.get("name") == ANSWER_GRAMMAR for g in nested):
+        raise GrammarRequestError(f"the grammar name {ANSWER_GRAMMAR!r} is reserved")
+    nested[0]["name"] = ANSWER_GRAMMAR
+    return json.dumps({"grammars": [{"lark_grammar": lark}, *nested]}, ensure_ascii=False)
+
+
 def _seq(*parts: str) -> str:
     return " ".join(p for p in parts if p)
 
@@ -329,6 +356,8 @@ class _Builder:
             return self.w.rule(answer_regex(self.request.answer_pattern), "answer")
         if fmt is AnswerFormat.CHOICE:
             return self.w.rule(answer_choice(self.request.answer_choices), "answer")
+        if fmt is AnswerFormat.GRAMMAR:
+            return "@" + ANSWER_GRAMMAR
         return self.w.json({"type": "object"})
 
     def _tools_allowed(self) -> bool:
@@ -493,6 +522,8 @@ def _check_request(model: ModelSyntax, request: ConstraintRequest) -> None:
         if request.answer_schema is None:
             raise GrammarRequestError("response_format json_schema needs a schema")
         check_schema(request.answer_schema, "response_format.json_schema.schema")
+    if request.answer_format is AnswerFormat.GRAMMAR and not request.answer_grammar:
+        raise GrammarRequestError("a grammar answer needs its grammar")
     if request.reasoning_max_chars is not None and request.reasoning_max_chars < 0:
         raise GrammarRequestError("the reasoning budget cannot be negative")
     if request.tool_choice in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
@@ -514,6 +545,8 @@ def build_request_grammar(model: ModelSyntax, initial: InitialState, request: Co
     if not tools_active and not request.structured_answer:
         return None
     lark = _Builder(model, initial, request).build()
+    if request.answer_format is AnswerFormat.GRAMMAR:
+        return RequestGrammar(lark=lark, grammar=nest_grammar(lark, request.answer_grammar))
     return RequestGrammar(lark=lark, grammar=llg.LLMatcher.grammar_from_lark(lark))
 
 

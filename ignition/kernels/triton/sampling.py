@@ -76,6 +76,24 @@ def adjust_logits(logits, sampling, prompt_histogram, output_histogram, grammar_
 
 
 @triton.jit
+def add_logit_bias(logits, bias_ids, bias_values, rows, vocab, bias_capacity,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """In place on logits f32 [rows, vocab]: logits[r, bias_ids[r, k]] += bias_values[r, k]
+    for ids in [0, vocab) (padding -1 adds nothing). Grid (cdiv(bias_capacity, BLOCK_K), rows).
+    A row's ids are distinct, so the scattered read-add-writes never overlap."""
+    wait_for_predecessors(PDL)
+    r = tl.program_id(1)
+    k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    entry = r.to(tl.int64) * bias_capacity + k
+    in_row = k < bias_capacity
+    ids = tl.load(bias_ids + entry, mask=in_row, other=-1)
+    live = in_row & (ids >= 0) & (ids < vocab)
+    bias = tl.load(bias_values + entry, mask=live, other=0.0)
+    target = logits + r.to(tl.int64) * vocab + ids
+    tl.store(target, tl.load(target, mask=live, other=0.0) + bias, mask=live)
+
+
+@triton.jit
 def _philox_word0(counter, key0, key1):
     """Word 0 of Philox4x32-10(counter = (counter, 0, 0, 0), key = (key0, key1)); all u32."""
     c0 = counter

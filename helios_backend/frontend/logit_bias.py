@@ -1,0 +1,53 @@
+"""OpenAI's logit_bias, checked alike by the gateway (HTTP 400) and the backend (InvalidRequest).
+
+A request maps token ids to biases in [-100, 100]; each is added to that token's logit before
+sampling (sampling.logit_bias.v1, in place: the logprobs see it too, as OpenAI's do). At most
+the core's capacity of entries (OpenAI's 300 for cores prepared here); a core prepared without
+the logit-bias input has capacity 0 and refuses every request that carries one, rather than
+serving it unbiased.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+LOGIT_BIAS_BOUND = 100.0       # |bias| <= this (OpenAI)
+
+
+class LogitBiasError(ValueError):
+    """A logit_bias the served core cannot apply as asked; the message names the entry."""
+
+
+def parse_token_keys(raw: Mapping[str, float]) -> dict[int, float]:
+    """The JSON object's keys (decimal token ids, as OpenAI's SDKs send them) as ints."""
+    parsed: dict[int, float] = {}
+    for key, value in raw.items():
+        text = key.strip()
+        if not text.isdigit():
+            raise LogitBiasError(f"key {key!r} is not a token id (a non-negative decimal integer)")
+        token = int(text)
+        if token in parsed:
+            raise LogitBiasError(f"token id {token} appears twice")
+        parsed[token] = value
+    return parsed
+
+
+def check_logit_bias(entries: Mapping[int, float], vocab: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int32, biases float32) of a valid logit_bias; LogitBiasError otherwise."""
+    if entries and capacity <= 0:
+        raise LogitBiasError("the served core was prepared without the logit-bias input; "
+                             "re-prepare it (make core / helios-prepare) to use logit_bias")
+    if len(entries) > capacity:
+        raise LogitBiasError(f"{len(entries)} entries exceed the limit of {capacity}")
+    items = list(entries.items())          # one pass: ids and biases stay paired
+    for token, bias in items:
+        if not 0 <= token < vocab:
+            raise LogitBiasError(f"token id {token} is outside the vocabulary [0, {vocab})")
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not math.isfinite(bias) \
+                or abs(bias) > LOGIT_BIAS_BOUND:
+            raise LogitBiasError(f"bias {bias!r} of token {token} is not a number in "
+                                 f"[-{LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}]")
+    return (np.array([token for token, _ in items], np.int32).reshape(-1),
+            np.array([bias for _, bias in items], np.float32).reshape(-1))
