@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 from tqdm import tqdm
 
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
+from ignition.kernels.specs import GeometryError
 from ignition.kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
@@ -128,6 +129,10 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
                                 show_progress=True, archs=args.arch)
     except (TensorParallelError, GGUFError, PackagedSourceError, TargetError) as exc:   # a source or option the recipe cannot use
         print(f"helios-prepare: {exc}", file=sys.stderr)
+        return 2
+    except GeometryError as exc:    # a launch no compiled kernel tile covers (e.g. a head wider than its tiles)
+        print(f"helios-prepare: the AOT kernels cannot run this model: {exc}; --no-kernels prepares a core "
+              "for the numpy and CPU executors", file=sys.stderr)
         return 2
     for name, count in prepared.node_counts.items():
         print(f"{name}: {count} nodes per step")
