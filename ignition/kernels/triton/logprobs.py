@@ -107,7 +107,7 @@ def sampled_logprobs(completion, logits, sampled, row_slot, sample_flag, live_ro
             prev_x = pick_x
             prev_id = pick_id
             maxima = tl.where(chunk_index == chunk, remaining, maxima)
-            alive = tl.where(chunk_index == chunk, (count > 0).to(tl.int32), alive)
+            alive = tl.where(chunk_index == chunk, tl.where(count > 0, 1, 0), alive)
     else:
         tl.store(record, 0)
         for k in range(0, top_n):
