@@ -39,10 +39,11 @@ pytestmark = [pytest.mark.real_weights, pytest.mark.slow]
 
 POSITIONS = 256
 TOP1_AGREEMENT = 0.95
-# stated tolerances on the largest logit difference over all 256 positions (fp16 weights in the
-# engine against the oracle's f32): measured 0.033 (gemma3, logits up to ~48) and noted below for
-# qwen2; the bound leaves an order of magnitude for other BLAS builds
-LOGIT_TOLERANCE = {gemma_3_270m.NAME: 0.5, qwen2_5_coder_0_5b_instruct.NAME: 1.0}
+# stated tolerance on the largest logit difference over all 256 positions (fp16 weights in the
+# engine against the oracle's f32). Measured on a 2-core x86 machine, numpy executor: gemma3
+# 0.033 (logits up to 48.1), qwen2 0.010 (logits up to 32.8), top-1 agreement 1.0 for both; the
+# bound leaves several times that for other BLAS builds and summation orders
+LOGIT_TOLERANCE = {gemma_3_270m.NAME: 0.25, qwen2_5_coder_0_5b_instruct.NAME: 0.25}
 
 
 def _installed(recipe: ModuleType) -> bool:
