@@ -43,9 +43,11 @@ from helios_proto import manifest_pb2 as M  # noqa: E402
 
 BATCHES = (1, 8, 32, 64, 128)
 PREFILLS = (512, 4096)
-# ../shared/bench/anchors.md, decode tokens/s (batch -> figure); prefill pp512 llama.cpp ~100,000
-PEERS = {1: ("827-970", "376-384"), 8: ("3,989", "3,230"), 32: ("10,988", "11,108"),
-         64: ("16,614", "19,424-19,497"), 128: ("24,557", "-")}
+# ../shared/bench/anchors.md, decode tokens/s (batch -> figure) of the recipe's model on the H200;
+# prefill pp512 llama.cpp ~100,000. Other recipes have no anchors yet (printed as "-").
+PEERS_BY_RECIPE = {"smollm2-135m-instruct": {1: ("827-970", "376-384"), 8: ("3,989", "3,230"),
+                                             32: ("10,988", "11,108"), 64: ("16,614", "19,424-19,497"),
+                                             128: ("24,557", "-")}}
 
 
 class Bench:
@@ -213,7 +215,7 @@ def main() -> None:
     print(f"{'batch':>5} {'nodes':>5} {'tok/s':>9} {'step us':>8} {'gpu us':>7} {'rt us':>7} {'pack us':>7} "
           f"{'launch us':>9} {'roofline':>9} {'llama.cpp':>10} {'HF':>14}")
     for batch, r in report["decode"].items():
-        peer = PEERS.get(batch, ("-", "-"))
+        peer = PEERS_BY_RECIPE.get(contract.rebuild.recipe, {}).get(batch, ("-", "-"))
         print(f"{batch:>5} {r['nodes']:>5} {r['tokens_per_s']:>9.0f} {r['step_us']:>8.1f} {r['gpu_us']:>7.1f} "
               f"{r['round_trip_us']:>7.1f} {r['pack_us']:>7.1f} {r['launch_us']:>9.1f} "
               f"{r['roofline_tokens_per_s']:>9.0f} {peer[0]:>10} {peer[1]:>14}")

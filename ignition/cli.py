@@ -24,15 +24,18 @@ from typing import Any, Mapping, Optional, Sequence
 from tqdm import tqdm
 
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
+from ignition.kernels.specs import GeometryError
 from ignition.kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
-from ignition.recipes import hf_checkpoint, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct, syntax_variants
+from ignition.recipes import (gemma_3_270m, hf_checkpoint, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
+                              syntax_variants)
 from ignition.sources.gguf import GGUFError
 from ignition.sources.packaged import PackagedSourceError
 
 RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
                                      qwen2_5_coder_0_5b_instruct.NAME: qwen2_5_coder_0_5b_instruct,
+                                     gemma_3_270m.NAME: gemma_3_270m,
                                      **syntax_variants.recipes()}  # test cores: other syntax data
 
 
@@ -126,6 +129,10 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
                                 show_progress=True, archs=args.arch)
     except (TensorParallelError, GGUFError, PackagedSourceError, TargetError) as exc:   # a source or option the recipe cannot use
         print(f"helios-prepare: {exc}", file=sys.stderr)
+        return 2
+    except GeometryError as exc:    # a launch no compiled kernel tile covers (e.g. a head wider than its tiles)
+        print(f"helios-prepare: the AOT kernels cannot run this model: {exc}; --no-kernels prepares a core "
+              "for the numpy and CPU executors", file=sys.stderr)
         return 2
     for name, count in prepared.node_counts.items():
         print(f"{name}: {count} nodes per step")

@@ -29,7 +29,7 @@ from helios_backend.executors.cpu_executor import CpuExecutor, CpuExecutorOption
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
 from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
-from tests.tiny_checkpoints import TinyShape, tiny_vocabulary, tiny_weights, write_tiny_gguf
+from tests.tiny_checkpoints import TinyGemmaShape, TinyShape, tiny_vocabulary, tiny_weights, write_tiny_gemma_gguf, write_tiny_gguf
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "gpu"))
 import conformance  # noqa: E402  (the executor-agnostic harness of the CUDA conformance script)
@@ -40,10 +40,10 @@ CACHE_PAGES = 256
 STEPS = 64
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
 def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from ignition.preparation.prepare import prepare
-    from ignition.recipes import qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
+    from ignition.recipes import gemma_3_270m, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
 
     directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
     if request.param == "llama":     # SmolLM2's conventions: no biases, the head tied to the embedding
@@ -51,9 +51,12 @@ def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         weights = tiny_weights(TinyShape(), len(tiny_vocabulary()[0]), biases=False, tied=True)
         gguf = write_tiny_gguf(directory / "tiny-llama.gguf", arch="llama", weights=weights,
                                chat_template=recipe.CHECKPOINT_TEMPLATE)
-    else:
+    elif request.param == "qwen2":
         recipe = qwen2_5_coder_0_5b_instruct
         gguf = write_tiny_gguf(directory / "tiny-qwen2.gguf")
+    else:                            # q/k and post norms, sliding windows, GeGLU: the reference kernels
+        recipe = gemma_3_270m
+        gguf = write_tiny_gemma_gguf(directory / "tiny-gemma3.gguf")
     options = dataclasses.replace(
         recipe.RecipeOptions(), gguf_path=str(gguf), context_tokens=512, prepared_pages=CACHE_PAGES,
         decode_rows=(1, 2, 8), prefill_variants=((1, 16), (1, 64), (2, 64)), mixed_variants=((2, 17),),
@@ -130,9 +133,11 @@ def test_weights_stay_in_their_declared_f16_layout(tiny_prepared, executors):
 
 
 def test_workspace_is_sized_from_the_largest_program(tiny_prepared):
+    from ignition.recipes import gemma_3_270m
+    shape = TinyGemmaShape() if tiny_prepared.contract.served_id == gemma_3_270m.SERVED_ID else TinyShape()
     capacity = program_capacity(_programs(tiny_prepared))
-    assert capacity.tokens == 64 and capacity.heads == 4
-    assert capacity.width == 2 * TinyShape().ffn             # the fused gate/up product
+    assert capacity.tokens == 64 and capacity.heads == shape.heads
+    assert capacity.width == 2 * shape.ffn                   # the fused gate/up product
     assert capacity.context == 512
 
 

@@ -202,14 +202,19 @@ def launch_geometry(library: KernelLibrary, kernel_id: str, args: list):
 class InterpreterRunner:
     """One launch exactly as recorded (library grid, ABI argument order), in the interpreter."""
 
-    def __init__(self, library: KernelLibrary, interpreter: Interpreter) -> None:
+    def __init__(self, library: KernelLibrary, interpreter: Interpreter,
+                 tiles: dict[str, dict[str, int]] | None = None) -> None:
+        """tiles: kernel id -> constexprs replacing some of the table's (smaller tiles reach a
+        kernel's many-chunk paths on small inputs)."""
         self.library, self.interpreter = library, interpreter
+        self.tiles = tiles or {}
 
     def run(self, kernel_id: str, arena: np.ndarray, args: list) -> None:
         spec = SPECS_BY_ID[kernel_id]
+        constexprs = {**spec.constexprs, **self.tiles.get(kernel_id, {})}
         self.interpreter.run(spec.module, spec.function, self.library.signature(kernel_id),
-                             launch_geometry(self.library, kernel_id, args), arena, args,
-                             spec.constexprs)
+                             self.library.geometry(kernel_id, args, constexprs)[0], arena, args,
+                             constexprs)
 
 
 class GpuRunner:

@@ -182,3 +182,118 @@ def write_tiny_hf_checkpoint(directory: Path, family: str, weights: dict[str, np
     (directory / "generation_config.json").write_text(json.dumps({
         "eos_token_id": [tokens.index("<|im_end|>"), tokens.index("<|endoftext|>")], "temperature": 0.6, "top_p": 0.9}))
     return directory
+
+
+# ---- gemma3: SentencePiece vocabulary, q/k norms, sandwich norms, sliding windows ---------------
+
+@dataclasses.dataclass(frozen=True)
+class TinyGemmaShape:
+    layers: int = 6            # layers 0-4 slide, layer 5 attends to everything (period 6)
+    hidden: int = 64
+    heads: int = 2
+    kv_heads: int = 1
+    head_dim: int = 48         # q width 96 != hidden, as in the real family
+    ffn: int = 96
+    rope_theta: float = 1_000_000.0
+    window: int = 8            # short, so a few dozen tokens cross it
+    eps: float = 1e-6
+    context: int = 4096
+
+
+_SPM_MERGED = ("▁t", "he", "▁the", "in", "er", "▁a", "an", "on", "re", "▁o", "▁of", "is", "▁is", "at", "en",
+               "▁w", "or", "it", "es", "ing", "▁c", "ed", "▁s", "ar", "▁in", "▁an", "le", "ro", "al", "om")
+
+
+def tiny_sentencepiece_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token types) laid out like the family's: <pad> <eos> <bos> <unk> at 0-3,
+    <start_of_turn> / <end_of_turn> at 105 / 106 (control), "\\n" user-defined, 256 <0xXX> byte
+    tokens, single characters, and merged pieces scored best first."""
+    singles = ["▁"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)] \
+        + list("0123456789.,!?'-:;()")
+    normal = singles + list(_SPM_MERGED)
+    tokens: list[str] = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    types: list[int] = [3, 3, 3, 2]
+    scores: list[float] = [0.0] * 4
+    rest = iter(normal)
+    merged_score = {piece: -float(i) for i, piece in enumerate(_SPM_MERGED)}
+    def add_normal() -> None:
+        piece = next(rest)
+        tokens.append(piece)
+        types.append(1)
+        scores.append(merged_score.get(piece, -1000.0))
+    while len(tokens) < 105:
+        add_normal()
+    tokens += ["<start_of_turn>", "<end_of_turn>", "\n"]
+    types += [3, 3, 4]
+    scores += [0.0, 0.0, 0.0]
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(6)
+        scores.append(0.0)
+    for piece in rest:
+        tokens.append(piece)
+        types.append(1)
+        scores.append(merged_score.get(piece, -1000.0))
+    return tokens, scores, types
+
+
+def tiny_gemma_weights(shape: TinyGemmaShape, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+
+    def normal(*dims: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal(dims) * scale).astype(np.float32)
+
+    q, kv, d = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
+    w = {"token_embd.weight": normal(vocab, d, scale=0.2), "output_norm.weight": 1 + normal(d, scale=0.1)}
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        w |= {b + "attn_norm.weight": 1 + normal(d, scale=0.1),
+              b + "attn_q.weight": normal(q, d, scale=0.15), b + "attn_k.weight": normal(kv, d, scale=0.15),
+              b + "attn_v.weight": normal(kv, d, scale=0.15),
+              b + "attn_q_norm.weight": 1 + normal(shape.head_dim, scale=0.2),
+              b + "attn_k_norm.weight": 1 + normal(shape.head_dim, scale=0.2),
+              b + "attn_output.weight": normal(d, q, scale=0.1),
+              b + "post_attention_norm.weight": 1 + normal(d, scale=0.1),
+              b + "ffn_norm.weight": 1 + normal(d, scale=0.1),
+              b + "ffn_gate.weight": normal(shape.ffn, d, scale=0.15),
+              b + "ffn_up.weight": normal(shape.ffn, d, scale=0.15),
+              b + "ffn_down.weight": normal(d, shape.ffn, scale=0.1),
+              b + "post_ffw_norm.weight": 1 + normal(d, scale=0.1)}
+    return w
+
+
+def write_tiny_gemma_gguf(path: Path, shape: TinyGemmaShape = TinyGemmaShape(), seed: int = 0) -> Path:
+    """A gemma3 GGUF with random weights, a tied head, the family's metadata keys (key_length,
+    sliding_window) and a tiny SentencePiece vocabulary (scores, byte fallback, add_bos)."""
+    tokens, scores, types = tiny_sentencepiece_vocabulary()
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_name("tiny random gemma3 stand-in")
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_sliding_window(shape.window)
+    writer.add_layer_norm_rms_eps(shape.eps)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+    for name, array in tiny_gemma_weights(shape, len(tokens), seed).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,7 +1,8 @@
 """The serving-side tokenizer: trusted/untrusted encoding, exact byte-level decoding.
 
-Built from the core's tokenizer.json (a HF `tokenizers` byte-level BPE). Two encoders share the
-same vocabulary:
+Built from the core's tokenizer.json (a HF `tokenizers` byte-level BPE, or a SentencePiece-style
+BPE with byte fallback: "▁" spaces and <0xXX> byte tokens, which the byte table spells out). Two
+encoders share the same vocabulary:
 
 - `encode_template(text)` parses special tokens: the chat template's own markup such as
   "<|im_start|>" becomes its single control id. Only text the *template* produced may go here.
@@ -19,6 +20,7 @@ Invalid byte sequences become U+FFFD exactly as `tokenizers`' lossy decode does.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -68,6 +70,25 @@ def _is_surrogate(ch: str) -> bool:
     return 0xD800 <= ord(ch) <= 0xDFFF
 
 
+_SPACE_PIECE = "\u2581"
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _sentencepiece_bytes(token: str) -> bytes:
+    """A SentencePiece token's bytes (the decoder Replace("▁", " ") + ByteFallback): "<0xXX>"
+    is that one byte, every other token its text with U+2581 as a space."""
+    found = _BYTE_PIECE.fullmatch(token)
+    if found:
+        return bytes([int(found.group(1), 16)])
+    return token.replace(_SPACE_PIECE, " ").encode("utf-8")
+
+
+def _is_sentencepiece(tk: Tokenizer) -> bool:
+    """Byte-fallback BPE (SentencePiece spelling) rather than byte-level BPE: the model's own
+    flag, as tokenizer.json declares it."""
+    return bool(getattr(tk.model, "byte_fallback", False))
+
+
 def _token_bytes(token: str) -> bytes:
     # Same rule as tokenizers' ByteLevel decoder: chars of the alphabet map to their byte, any
     # other char (only possible in added tokens) contributes its own UTF-8 encoding.
@@ -93,12 +114,13 @@ def _build_byte_table(tk: Tokenizer) -> _ByteTable:
     added = tk.get_added_tokens_decoder()  # id -> AddedToken
     special = frozenset(i for i, t in added.items() if t.special)
     size = tk.get_vocab_size(with_added_tokens=True)
+    spelling = _sentencepiece_bytes if _is_sentencepiece(tk) else _token_bytes
     table = []
     for i in range(size):
         token = tk.id_to_token(i)
         if token is None:
             raise TokenizerDataError(f"vocabulary has a hole at id {i}")
-        table.append(added[i].content.encode("utf-8") if i in added else _token_bytes(token))
+        table.append(added[i].content.encode("utf-8") if i in added else spelling(token))
     by_text = {added[i].content: i for i in sorted(special)}
     # A byte is encodable only if its byte-level char is itself a (non-added) vocab token: BPE
     # starts from single-byte symbols and drops those it does not know.

@@ -120,6 +120,15 @@ _SPECS: tuple[KernelSpec, ...] = (
         _i32("tokens"), _i32("dim"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
         _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("eps"), _i32("rope_pairing"),
     ), attention.qkv_bias_rope_store, "qkv_rope_store plus an f32 q/k/v bias added before RoPE"),
+    KernelSpec("attention.qkv_norm_rope_store.v1", (
+        _ptr("q_out", F32_T, W), _ptr("k_cache", F16_T, W), _ptr("v_cache", F16_T, W),
+        _ptr("hidden", F32_T), _ptr("norm_weight", F16_T), _ptr("qkv_weight", F16_T),
+        _ptr("q_norm", F16_T), _ptr("k_norm", F16_T),
+        _ptr("rope_table", F32_T), _ptr("positions", I32_T), _ptr("page_table", I32_T),
+        _ptr("row_slot", I32_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("dim"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
+        _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("eps"), _i32("rope_pairing"),
+    ), attention.qkv_norm_rope_store, "qkv_rope_store plus an RMSNorm of each q and k head before RoPE"),
     KernelSpec("attention.paged.v1", (
         _ptr("out", F32_T, W), _ptr("q", F32_T), _ptr("k_cache", F16_T), _ptr("v_cache", F16_T),
         _ptr("positions", I32_T), _ptr("page_table", I32_T), _ptr("row_slot", I32_T),
@@ -134,6 +143,13 @@ _SPECS: tuple[KernelSpec, ...] = (
         _i32("rows"), _i32("tokens"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
         _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("scale"), _i32("splits"),
     ), attention.paged_attention_split, "split-KV attention for decode: partials merged by the last split"),
+    KernelSpec("attention.paged_window.v1", (
+        _ptr("out", F32_T, W), _ptr("q", F32_T), _ptr("k_cache", F16_T), _ptr("v_cache", F16_T),
+        _ptr("positions", I32_T), _ptr("page_table", I32_T), _ptr("row_slot", I32_T),
+        _ptr("geometry", I32_T),
+        _i32("rows"), _i32("tokens"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
+        _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _f32("scale"), _i32("window"),
+    ), attention.paged_window_attention, "causal attention over the last `window` positions (sliding window)"),
     KernelSpec("linear.residual.v1", (
         _ptr("hidden", F32_T, RW), _ptr("x", F32_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("in_dim"), _i32("out_dim"),
@@ -147,6 +163,16 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("gate_up", F16_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("dim"), _i32("ffn_dim"), _f32("eps"),
     ), linear.norm_gate_up_silu, "rms_norm + fused gate/up projection + SiLU(gate) * up"),
+    KernelSpec("linear.norm_residual.v1", (
+        _ptr("hidden", F32_T, RW), _ptr("x", F32_T), _ptr("weight", F16_T), _ptr("norm_weight", F16_T),
+        _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("in_dim"), _i32("out_dim"), _f32("eps"),
+    ), linear.linear_norm_residual, "hidden += rms_norm(x @ weight.T) * norm_weight (post-norm + residual)"),
+    KernelSpec("mlp.norm_gate_up_activation.v1", (
+        _ptr("out", F32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T),
+        _ptr("gate_up", F16_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("dim"), _i32("ffn_dim"), _f32("eps"), _i32("activation"),
+    ), linear.norm_gate_up_activation, "rms_norm + fused gate/up projection + act(gate) * up (SiLU or tanh-GELU)"),
     KernelSpec("logits.norm_head.v1", (
         _ptr("logits", F32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T),
         _ptr("head", F16_T), _ptr("geometry", I32_T),

@@ -66,11 +66,25 @@ def qkv_bias_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
                     pages_per_row, page_stride, eps, rope_pairing)
 
 
+def qkv_norm_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
+                        norm_weight: np.ndarray, qkv_weight: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray,
+                        rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray,
+                        row_slot: np.ndarray, geometry: np.ndarray, tokens: int, dim: int, q_heads: int,
+                        kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                        eps: float, rope_pairing: int) -> None:
+    """qkv_rope_store with an RMSNorm of every query and key head (weights q_norm, k_norm
+    [head_dim], eps as the input norm's) between the projection and RoPE ("q/k norm")."""
+    _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, None, rope_table, positions,
+                    page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads, head_dim, page_tokens,
+                    pages_per_row, page_stride, eps, rope_pairing, (q_norm, k_norm))
+
+
 def _qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
                     norm_weight: np.ndarray, qkv_weight: np.ndarray, qkv_bias: np.ndarray | None,
                     rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
                     geometry: np.ndarray, tokens: int, dim: int, q_heads: int, kv_heads: int, head_dim: int,
-                    page_tokens: int, pages_per_row: int, page_stride: int, eps: float, rope_pairing: int) -> None:
+                    page_tokens: int, pages_per_row: int, page_stride: int, eps: float, rope_pairing: int,
+                    head_norms: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     n = live_tokens(geometry)
     if n == 0:
         return
@@ -82,9 +96,13 @@ def _qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
         projected += qkv_bias[:q_width + 2 * kv_width].astype(np.float32, copy=False)
     token_positions = positions[:n]
     cos_sin = rope_table.reshape(-1, head_dim // 2, 2)[token_positions]
-    q = apply_rope(np.ascontiguousarray(projected[:, :q_width]).reshape(n, q_heads, head_dim), cos_sin, rope_pairing)
-    k = apply_rope(np.ascontiguousarray(projected[:, q_width:q_width + kv_width]).reshape(n, kv_heads, head_dim),
-                   cos_sin, rope_pairing)
+    q = np.ascontiguousarray(projected[:, :q_width]).reshape(n, q_heads, head_dim)
+    k = np.ascontiguousarray(projected[:, q_width:q_width + kv_width]).reshape(n, kv_heads, head_dim)
+    if head_norms is not None:
+        q = rms_norm(q, head_norms[0][:head_dim], eps)
+        k = rms_norm(k, head_norms[1][:head_dim], eps)
+    q = apply_rope(q, cos_sin, rope_pairing)
+    k = apply_rope(k, cos_sin, rope_pairing)
     v = projected[:, q_width + kv_width:]
     _matrix(q_out, tokens, q_width)[:n] = q.reshape(n, q_width)
     slots = row_slot[token_rows(geometry, tokens)[:n]]
@@ -94,9 +112,19 @@ def _qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     v_cache[index] = v
 
 
+def _hidden_keys(key_positions: np.ndarray, query_positions: np.ndarray, window: int) -> np.ndarray:
+    """[queries, keys] True where a query does not see a key: a later position, or (window > 0)
+    one `window` or more positions back (a query sees itself and the window - 1 before it)."""
+    future = key_positions[None, :] > query_positions[:, None]
+    if window > 0:
+        future |= key_positions[None, :] <= query_positions[:, None] - window
+    return future
+
+
 def _single_token_rows(out_rows: np.ndarray, queries: np.ndarray, query_positions: np.ndarray, slots: np.ndarray,
                        k_pages: np.ndarray, v_pages: np.ndarray, page_table: np.ndarray, pages_per_row: int,
-                       page_tokens: int, kv_heads: int, group: int, head_dim: int, scale: float) -> None:
+                       page_tokens: int, kv_heads: int, group: int, head_dim: int, scale: float,
+                       window: int = 0) -> None:
     """Decode rows (one query each) batched: one gather and two batched matmuls for all of them.
 
     queries [n, q_heads * head_dim]; keys gathered as [n, context_max, kv_heads, head_dim], masked past each row.
@@ -111,7 +139,7 @@ def _single_token_rows(out_rows: np.ndarray, queries: np.ndarray, query_position
     values = values.astype(np.float32, copy=False).transpose(0, 2, 1, 3)       # [n, kv, context, hd]
     grouped = queries.reshape(n, kv_heads, group, head_dim)
     scores = (grouped @ keys) * np.float32(scale)                               # [n, kv, group, context]
-    future = np.arange(context)[None, :] > query_positions[:, None]             # [n, context]
+    future = _hidden_keys(np.arange(context), query_positions, window)           # [n, context]
     scores[np.broadcast_to(future[:, None, None, :], scores.shape)] = -np.inf
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
@@ -129,6 +157,26 @@ def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     A query at position p sees keys at positions 0..p of its slot. out, q: [tokens, q_heads * head_dim] f32.
     Rows with one query (decode) are batched together; longer rows run one by one.
     """
+    _paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows, tokens, q_heads,
+                     kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale, 0)
+
+
+def paged_window_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                           positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                           geometry: np.ndarray, rows: int, tokens: int, q_heads: int, kv_heads: int,
+                           head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                           scale: float, window: int) -> None:
+    """paged_attention over a sliding window: a query at position p sees keys at positions
+    max(0, p - window + 1)..p (window > 0; the history of a HISTORY_KIND_SLIDING_WINDOW region)."""
+    _paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows, tokens, q_heads,
+                     kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale, window)
+
+
+def _paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                     positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                     geometry: np.ndarray, rows: int, tokens: int, q_heads: int, kv_heads: int,
+                     head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                     scale: float, window: int) -> None:
     starts = row_starts(geometry, rows, tokens)
     group = q_heads // kv_heads
     kv_width = kv_heads * head_dim
@@ -144,7 +192,7 @@ def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
         gathered = np.empty((single.size, q_heads * head_dim), dtype=np.float32)
         _single_token_rows(gathered, queries[first_tokens], positions[first_tokens].astype(np.int64),
                            row_slot[single].astype(np.int64), k_pages, v_pages, page_table, pages_per_row,
-                           page_tokens, kv_heads, group, head_dim, scale)
+                           page_tokens, kv_heads, group, head_dim, scale, window)
         outputs[first_tokens] = gathered
     for r in np.nonzero(lengths > 1)[0]:
         first, end = int(starts[r]), int(starts[r + 1])
@@ -160,7 +208,7 @@ def paged_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
         grouped = grouped.reshape(kv_heads, group * count, head_dim)
         scores = (grouped @ keys.transpose(1, 2, 0)) * np.float32(scale)   # [kv_heads, group*count, context]
         scores = scores.reshape(kv_heads, group, count, context)
-        future = np.arange(context, dtype=np.int64)[None, :] > query_positions[:, None]  # [count, context]
+        future = _hidden_keys(np.arange(context, dtype=np.int64), query_positions, window)  # [count, context]
         scores[:, :, future] = -np.inf
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)

@@ -75,6 +75,41 @@ def norm_gate_up_silu(out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarr
         _matrix(out, tokens, ffn_dim)[:n] = gate / (np.float32(1.0) + np.exp(-gate)) * up
 
 
+# the gate activation of mlp.norm_gate_up_activation.v1 (its `activation` immediate)
+ACTIVATION_SILU = 0
+ACTIVATION_GELU_TANH = 1           # GELU, tanh approximation (GeGLU feed-forward blocks)
+
+
+def _gate_activation(gate: np.ndarray, activation: int) -> np.ndarray:
+    if activation == ACTIVATION_SILU:
+        with np.errstate(over="ignore"):
+            return gate / (np.float32(1.0) + np.exp(-gate))
+    if activation == ACTIVATION_GELU_TANH:
+        inner = np.float32(np.sqrt(2.0 / np.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
+        return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner))
+    raise ValueError(f"unknown gate activation {activation}")
+
+
+def norm_gate_up_activation(out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray,
+                            gate_up: np.ndarray, geometry: np.ndarray, tokens: int, dim: int,
+                            ffn_dim: int, eps: float, activation: int) -> None:
+    """norm_gate_up_silu with the gate activation chosen by `activation` (ACTIVATION_*)."""
+    n = live_tokens(geometry)
+    normed = rms_norm(_matrix(hidden, tokens, dim)[:n], norm_weight[:dim], eps)
+    projected = normed @ _matrix(gate_up, 2 * ffn_dim, dim).T
+    _matrix(out, tokens, ffn_dim)[:n] = _gate_activation(projected[:, :ffn_dim], activation) * projected[:, ffn_dim:]
+
+
+def linear_norm_residual(hidden: np.ndarray, x: np.ndarray, weight: np.ndarray, norm_weight: np.ndarray,
+                         geometry: np.ndarray, tokens: int, in_dim: int, out_dim: int, eps: float) -> None:
+    """hidden[:n] += rms_norm(x[:n] @ weight.T) * norm_weight: a projection normed before the
+    residual add (the "post" norm of a sandwich-norm block)."""
+    n = live_tokens(geometry)
+    h = _matrix(hidden, tokens, out_dim)
+    projected = _matrix(x, tokens, in_dim)[:n] @ _matrix(weight, out_dim, in_dim).T
+    h[:n] += rms_norm(projected.astype(np.float32, copy=False), norm_weight[:out_dim], eps)
+
+
 def norm_logits(logits: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: np.ndarray,
                 geometry: np.ndarray, rows: int, tokens: int, dim: int, vocab: int, eps: float) -> None:
     """logits[r] = rms_norm(hidden[last token of row r]) @ head.T; rows without tokens read 0.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numbers
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from helios_backend.kernels import abi
 from helios_proto import manifest_pb2
@@ -108,9 +108,11 @@ class KernelLibrary:
             self._compiled[t.capability] = {spec.kernel_id: next(kernels) for spec in self._specs()}
         return {capability: self._compiled[capability] for capability in compiled}
 
-    def geometry(self, kernel_id: str, args: Sequence) -> Geometry:
+    def geometry(self, kernel_id: str, args: Sequence,
+                 constexprs: Mapping[str, int] | None = None) -> Geometry:
         """Launch geometry of one node from its args in ABI order (pointers are not read):
         (grid, block, 0); dynamic shared memory is declared per module (Kernel.shared_bytes).
+        `constexprs` replaces the table's tile sizes (the interpreter tests run smaller tiles).
 
         Raises specs.GeometryError when the immediates exceed the compiled tiles (e.g. more
         rows than MAX_ROWS), so a bad variant fails at preparation, not on the GPU."""
@@ -129,7 +131,7 @@ class KernelLibrary:
                 raise GeometryError(f"{kernel_id}.{name} = {immediates[name]} is not a multiple "
                                     f"of {ALIGNMENT} (the cubin assumes it)")
         integers = {name: int(value) for name, value in immediates.items() if isinstance(value, numbers.Integral)}
-        grid = spec.grid(integers, spec.constexprs)
+        grid = spec.grid(integers, constexprs if constexprs is not None else spec.constexprs)
         if any(d < 1 or d >= 2**31 for d in grid) or grid[1] > 65535 or grid[2] > 65535:
             raise ValueError(f"{kernel_id}: grid {grid} outside CUDA limits")
         return grid, (32 * spec.num_warps, 1, 1), 0

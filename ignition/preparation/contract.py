@@ -271,6 +271,10 @@ class PagedKV:
     v_plane: str = "cache.v"
     k_continuation: str = "continuation.k"   # STATE [snapshot rows, one page of the k plane]
     v_continuation: str = "continuation.v"
+    # > 0: some layers attend over only this many last positions. Their history is kept in the
+    # same pages as the full-attention layers' (a page holds every layer), declared as a
+    # SLIDING_WINDOW region over the same planes; pages stay allocated for the whole context.
+    window_tokens: int = 0
 
     @property
     def layer_elements(self) -> int:
@@ -300,6 +304,10 @@ class PagedKV:
                                  planes=[C.CachePlane(buffer=self.k_plane, bytes_per_page=page_bytes),
                                          C.CachePlane(buffer=self.v_plane, bytes_per_page=page_bytes)])
         regions = [region]
+        if self.window_tokens:
+            regions.append(C.HistoryRegion(name="sliding_window", kind=C.HISTORY_KIND_SLIDING_WINDOW,
+                                           tokens_per_record=1, window_tokens=self.window_tokens,
+                                           planes=list(region.planes)))
         if cap.snapshot_rows:
             # partial-page payloads of snapshots: one page of each plane per continuation row
             regions.append(C.HistoryRegion(name="partial_pages", kind=C.HISTORY_KIND_CONTINUATION,

@@ -10,7 +10,20 @@ source) and the recipe's options, never a branch on a model:
   * `shape.tied_embeddings`: the logits read the embedding table, else `weights.output`;
   * `options.rope_pairing`: which dimensions RoPE rotates together, as the weights are stored
     (adjacent pairs for llama.cpp's permuted Llama q/k, half-split pairs for NEOX checkpoints);
-  * `shape.rope_theta`, head counts, widths and the vocabulary size.
+  * `shape.rope_theta`, head counts, widths and the vocabulary size;
+  * `shape.qk_norm`: an RMSNorm of every q and k head before RoPE (attention.qkv_norm_rope_store.v1
+    with `weights.layers.N.attn_q_norm` / `attn_k_norm`);
+  * `shape.post_norms`: the attention and FFN outputs are normed before their residual adds
+    (linear.norm_residual.v1 with `post_attention_norm` / `post_ffw_norm`: four norms per block);
+  * `shape.sliding_window` with `options.full_attention_period`: layers whose index is not
+    period - 1 mod period attend over the last `sliding_window` positions only
+    (attention.paged_window.v1, the cache contract's SLIDING_WINDOW region), with RoPE base
+    `options.local_rope_theta` (table `weights.rope_table_local`);
+  * `options.activation`: the FFN gate's activation (SiLU, or tanh-GELU through
+    mlp.norm_gate_up_activation.v1);
+  * `options.embedding_scale`: embeddings multiplied by sqrt(hidden), folded into the stored
+    table (and, for a tied head, its inverse into the final norm's weight, so the logits are
+    unchanged: rms_norm(h) * (w / s) @ (s E)^T = rms_norm(h) * w @ E^T).
 
 Decode steps use split-KV attention (attention.paged_split.v1); prefill and mixed steps the
 unsplit kernel. Node count per step: 5 per layer (norm+qkv+rope+cache write, attention, output
@@ -30,10 +43,11 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
+from helios_backend.kernels.linear import ACTIVATION_SILU
 from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
 from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation.contract import PagedKV, StepIO, buffer
-from ignition.preparation.tensor_parallel import PartitionedDimension, Split, add_to_residual
+from ignition.preparation.tensor_parallel import PartitionedDimension, Split, TensorParallelError, add_to_residual
 from ignition.recorder import ForwardRecorder, Recorder
 from ignition.sources.gguf import LlamaShape
 
@@ -69,6 +83,12 @@ class DecoderOptions:
     rope_pairing: int = ROPE_ADJACENT_PAIRS
     gguf_path: str | None = None
     tensor_parallel: int = 1    # ranks the model is divided among (KV-head groups, ffn columns)
+    # with shape.sliding_window: every `full_attention_period`-th layer (index period - 1 mod period)
+    # attends to the whole context, the others slide (0: every layer slides)
+    full_attention_period: int = 0
+    local_rope_theta: float = 0.0       # RoPE base of the sliding layers (0: the file's theta)
+    activation: int = ACTIVATION_SILU   # FFN gate activation (helios_backend.kernels.linear.ACTIVATION_*)
+    embedding_scale: bool = False       # embeddings times sqrt(hidden)
 
 
 # ---- weights ---------------------------------------------------------------------------------
@@ -110,18 +130,36 @@ def _layer(i: int, name: str) -> str:
     return f"weights.layers.{i}.{name}"
 
 
+def layer_window(i: int, shape: LlamaShape, options: Any) -> int:
+    """The attention window of layer i: 0 (the whole context) or shape.sliding_window."""
+    period = options.full_attention_period
+    if not shape.sliding_window or (period and i % period == period - 1):
+        return 0
+    return shape.sliding_window
+
+
+def embedding_scale(shape: LlamaShape, options: Any) -> float:
+    return float(np.sqrt(shape.hidden)) if options.embedding_scale else 1.0
+
+
 def weight_tensors(source: Any, options: Any) -> Iterator[WeightTensor]:
     """fp16 (dequantized) model weights, fused where one kernel reads them together."""
     shape = source.shape
     split = _splits(shape)
     f16 = lambda name: source.tensor(name).astype(np.float16)  # noqa: E731
-    yield WeightTensor("weights.token_embedding", f16("token_embd.weight"), ("token_embd.weight",))
+    scale = embedding_scale(shape, options)
+    yield WeightTensor("weights.token_embedding", (source.tensor("token_embd.weight") * scale).astype(np.float16),
+                       ("token_embd.weight",))
     for i in range(shape.n_layers):
         b = f"blk.{i}."
         qkv = np.concatenate([f16(b + "attn_q.weight"), f16(b + "attn_k.weight"), f16(b + "attn_v.weight")])
         yield WeightTensor(_layer(i, "attn_norm"), f16(b + "attn_norm.weight"), (b + "attn_norm.weight",))
         yield WeightTensor(_layer(i, "qkv"), qkv, (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"),
                            split["qkv"])
+        for name in ("attn_q_norm", "attn_k_norm") if shape.qk_norm else ():
+            yield WeightTensor(_layer(i, name), f16(b + name + ".weight"), (b + name + ".weight",))
+        for name in ("post_attention_norm", "post_ffw_norm") if shape.post_norms else ():
+            yield WeightTensor(_layer(i, name), f16(b + name + ".weight"), (b + name + ".weight",))
         if shape.qkv_bias:   # f32: key biases reach |145| (Qwen2 family), beyond f16's fine steps
             names = (b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias")
             bias = np.concatenate([source.tensor(n).astype(np.float32) for n in names])
@@ -134,15 +172,22 @@ def weight_tensors(source: Any, options: Any) -> Iterator[WeightTensor]:
                            split["gate_up"])
         yield WeightTensor(_layer(i, "ffn_down"), f16(b + "ffn_down.weight"), (b + "ffn_down.weight",),
                            split["ffn_down"])
-    yield WeightTensor("weights.output_norm", f16("output_norm.weight"), ("output_norm.weight",))
+    # a tied head reads the scaled table: the final norm carries the inverse scale
+    head_scale = scale if shape.tied_embeddings else 1.0
+    yield WeightTensor("weights.output_norm", (source.tensor("output_norm.weight") / head_scale).astype(np.float16),
+                       ("output_norm.weight",))
     if not shape.tied_embeddings:
         yield WeightTensor("weights.output", f16("output.weight"), ("output.weight",))
     yield WeightTensor("weights.rope_table",
                        rope_table(options.context_tokens, shape.head_dim, shape.rope_theta), ())
+    if shape.sliding_window:
+        yield WeightTensor("weights.rope_table_local", rope_table(
+            options.context_tokens, shape.head_dim, options.local_rope_theta or shape.rope_theta), ())
 
 
 def weight_tensor_count(shape: LlamaShape) -> int:
-    return (7 if shape.qkv_bias else 6) * shape.n_layers + 3 + (0 if shape.tied_embeddings else 1)
+    per_layer = 6 + int(shape.qkv_bias) + 2 * int(shape.qk_norm) + 2 * int(shape.post_norms)
+    return per_layer * shape.n_layers + 3 + (0 if shape.tied_embeddings else 1) + int(bool(shape.sliding_window))
 
 
 # ---- forward pass ----------------------------------------------------------------------------
@@ -161,8 +206,9 @@ SCRATCH = Scratch()
 
 
 def paged_kv(shape: LlamaShape, options: Any) -> PagedKV:
+    windows = {layer_window(i, shape, options) for i in range(shape.n_layers)} - {0}
     return PagedKV(layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
-                   page_tokens=options.page_tokens)
+                   page_tokens=options.page_tokens, window_tokens=max(windows, default=0))
 
 
 # Split-KV decode attention: aim for about this many programs per layer (one per SM of an H200),
@@ -198,32 +244,61 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
     heads = dict(q_heads=shape.n_heads, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim)
     rec.launch("embedding.gather.v1", "embedding", hidden=SCRATCH.hidden, table="weights.token_embedding",
                ids=io.ids, geometry=io.geometry, tokens=T, dim=D)
+    if shape.qkv_bias and shape.qk_norm:
+        raise ValueError("q/k/v biases together with q/k norms have no fused kernel")
+    if shape.post_norms and rec.world_size > 1:
+        raise TensorParallelError(rec.world_size, "post-projection norms need each whole product (one rank)")
     for i in range(shape.n_layers):
         k_cache, v_cache = cache.layer_refs(i)
-        bias = dict(qkv_bias=_layer(i, "qkv_bias")) if shape.qkv_bias else {}
-        rec.launch("attention.qkv_bias_rope_store.v1" if shape.qkv_bias else "attention.qkv_rope_store.v1",
-                   f"layer{i}.qkv", q_out=SCRATCH.q, k_cache=k_cache,
+        window = layer_window(i, shape, options)
+        if shape.qk_norm:
+            qkv_kernel = "attention.qkv_norm_rope_store.v1"
+            extra = dict(q_norm=_layer(i, "attn_q_norm"), k_norm=_layer(i, "attn_k_norm"))
+        elif shape.qkv_bias:
+            qkv_kernel, extra = "attention.qkv_bias_rope_store.v1", dict(qkv_bias=_layer(i, "qkv_bias"))
+        else:
+            qkv_kernel, extra = "attention.qkv_rope_store.v1", {}
+        rec.launch(qkv_kernel, f"layer{i}.qkv", q_out=SCRATCH.q, k_cache=k_cache,
                    v_cache=v_cache, hidden=SCRATCH.hidden, norm_weight=_layer(i, "attn_norm"),
-                   qkv_weight=_layer(i, "qkv"), **bias, rope_table="weights.rope_table", positions=io.positions,
+                   qkv_weight=_layer(i, "qkv"), **extra,
+                   rope_table="weights.rope_table_local" if window else "weights.rope_table", positions=io.positions,
                    page_table=io.page_table, row_slot=io.row_slot, geometry=io.geometry, tokens=T, dim=D,
                    eps=eps, rope_pairing=options.rope_pairing, **heads, **paging)
         attention = dict(out=SCRATCH.attention, q=SCRATCH.q, k_cache=k_cache, v_cache=v_cache,
                          positions=io.positions, page_table=io.page_table, row_slot=io.row_slot,
                          geometry=io.geometry, rows=io.rows, tokens=T, scale=float(1.0 / np.sqrt(shape.head_dim)),
                          **heads, **paging)
-        if io.operation == C.OPERATION_DECODE:
+        if window:
+            rec.launch("attention.paged_window.v1", f"layer{i}.attention", window=window, **attention)
+        elif io.operation == C.OPERATION_DECODE:
             rec.launch("attention.paged_split.v1", f"layer{i}.attention", partials=SCRATCH.partials,
                        arrivals=SCRATCH.arrivals, splits=decode_splits(io.rows, shape), **attention)
         else:
             rec.launch("attention.paged.v1", f"layer{i}.attention", **attention)
-        add_to_residual(rec, f"layer{i}.attn_output", hidden=SCRATCH.hidden, x=SCRATCH.attention,
-                        weight=_layer(i, "attn_output"), geometry=io.geometry, tokens=T, in_dim=shape.q_dim, out_dim=D)
-        rec.launch("mlp.norm_gate_up_silu.v1", f"layer{i}.gate_up", out=SCRATCH.mlp, hidden=SCRATCH.hidden,
-                   norm_weight=_layer(i, "ffn_norm"), gate_up=_layer(i, "gate_up"), geometry=io.geometry,
-                   tokens=T, dim=D, ffn_dim=shape.ffn, eps=eps)
-        add_to_residual(rec, f"layer{i}.down", hidden=SCRATCH.hidden, x=SCRATCH.mlp,
-                        weight=_layer(i, "ffn_down"), geometry=io.geometry, tokens=T, in_dim=shape.ffn, out_dim=D)
+        _output_to_residual(rec, i, "attn_output", "post_attention_norm", shape, io, x=SCRATCH.attention,
+                            in_dim=shape.q_dim)
+        gate_up = dict(out=SCRATCH.mlp, hidden=SCRATCH.hidden, norm_weight=_layer(i, "ffn_norm"),
+                       gate_up=_layer(i, "gate_up"), geometry=io.geometry, tokens=T, dim=D, ffn_dim=shape.ffn, eps=eps)
+        if options.activation == ACTIVATION_SILU:
+            rec.launch("mlp.norm_gate_up_silu.v1", f"layer{i}.gate_up", **gate_up)
+        else:
+            rec.launch("mlp.norm_gate_up_activation.v1", f"layer{i}.gate_up", activation=options.activation,
+                       **gate_up)
+        _output_to_residual(rec, i, "ffn_down", "post_ffw_norm", shape, io, x=SCRATCH.mlp, in_dim=shape.ffn)
     head = "weights.token_embedding" if shape.tied_embeddings else "weights.output"
     rec.launch("logits.norm_head.v1", "logits", logits=io.logits, hidden=SCRATCH.hidden,
                norm_weight="weights.output_norm", head=head, geometry=io.geometry, rows=io.rows, tokens=T,
                dim=D, vocab=shape.vocab, eps=eps)
+
+
+def _output_to_residual(rec: ForwardRecorder, i: int, weight: str, post_norm: str, shape: LlamaShape, io: StepIO,
+                        *, x: str, in_dim: int) -> None:
+    """hidden += x @ W^T, or with shape.post_norms hidden += rms_norm(x @ W^T) * post_norm."""
+    label = f"layer{i}.{'down' if weight == 'ffn_down' else weight}"
+    if shape.post_norms:
+        rec.launch("linear.norm_residual.v1", label, hidden=SCRATCH.hidden, x=x, weight=_layer(i, weight),
+                   norm_weight=_layer(i, post_norm), geometry=io.geometry, tokens=io.tokens, in_dim=in_dim,
+                   out_dim=shape.hidden, eps=float(shape.rms_eps))
+    else:
+        add_to_residual(rec, label, hidden=SCRATCH.hidden, x=x, weight=_layer(i, weight), geometry=io.geometry,
+                        tokens=io.tokens, in_dim=in_dim, out_dim=shape.hidden)

@@ -49,7 +49,9 @@ TOKEN_TYPE_USER_DEFINED = 4
 # Architectures whose metadata keys and tensor names are the Llama ones under their own prefix
 # (`<arch>.block_count`, `blk.N.attn_q.weight`, ...). qwen2 adds q/k/v biases and is stored for
 # NEOX rotation (its converter does not permute q/k): recipes read that from the shape/options.
-LLAMA_SHAPED = frozenset({"llama", "qwen2"})
+# gemma3 adds per-head q/k norms, post-attention / post-FFN norms and a sliding window
+# (`<arch>.attention.sliding_window`); which layers slide is not in the file (its recipe says).
+LLAMA_SHAPED = frozenset({"llama", "qwen2", "gemma3"})
 
 
 class GGUFError(Exception):
@@ -82,6 +84,9 @@ class LlamaShape:
     context_length: int
     tied_embeddings: bool  # True when there is no `output.weight`: logits use token_embd
     qkv_bias: bool = False  # the q/k/v projections carry biases (`attn_q.bias`, ...; Qwen2 family)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (`attn_q_norm.weight`, `attn_k_norm.weight`)
+    post_norms: bool = False  # RMSNorm of the attention and FFN outputs before each residual add
+    sliding_window: int = 0  # `<arch>.attention.sliding_window`: the window of the layers that slide (0: none)
 
     @property
     def q_dim(self) -> int:
@@ -112,6 +117,7 @@ class TokenizerFields:
     pad_id: int | None
     add_bos: bool
     add_space_prefix: bool
+    scores: tuple[float, ...] = ()  # id -> merge score ("llama" = SentencePiece models; empty for "gpt2")
 
     def ids_of_type(self, token_type: int) -> list[int]:
         return [i for i, t in enumerate(self.token_types) if t == token_type]
@@ -143,6 +149,11 @@ def _string_array(field: Any) -> tuple[str, ...]:
     # Faster than field.contents(): one bytes() per entry, no per-entry lambda dispatch.
     parts = field.parts
     return tuple(parts[i].tobytes().decode("utf-8") for i in field.data)
+
+
+def _float_array(field: Any) -> tuple[float, ...]:
+    parts = field.parts
+    return tuple(np.concatenate([parts[i] for i in field.data]).astype(np.float64).tolist()) if field.data else ()
 
 
 class GGUFModel:
@@ -224,6 +235,9 @@ class GGUFModel:
             context_length=int(self.field(f"{arch}.context_length")),
             tied_embeddings="output.weight" not in self._tensors,
             qkv_bias="blk.0.attn_q.bias" in self._tensors,
+            qk_norm="blk.0.attn_q_norm.weight" in self._tensors,
+            post_norms="blk.0.post_attention_norm.weight" in self._tensors,
+            sliding_window=int(self._optional(f"{arch}.attention.sliding_window", 0)),
         )
 
     @property
@@ -243,6 +257,7 @@ class GGUFModel:
                 pad_id=self._optional("tokenizer.ggml.padding_token_id"),
                 add_bos=bool(self._optional("tokenizer.ggml.add_bos_token", False)),
                 add_space_prefix=bool(self._optional("tokenizer.ggml.add_space_prefix", False)),
+                scores=_float_array(f["tokenizer.ggml.scores"]) if "tokenizer.ggml.scores" in f else (),
             )
         return self._tokenizer
 

@@ -62,7 +62,8 @@ def write_bundle(prepared, options, path: pathlib.Path, compress: bool = False) 
         else:
             small[resource.id] = bytes(resource.data)
     fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name != "gguf_path"}
-    payload = {"contract": prepared.contract.SerializeToString(), "manifest": prepared.manifest.SerializeToString(),
+    payload = {"recipe": prepared.contract.rebuild.recipe,
+               "contract": prepared.contract.SerializeToString(), "manifest": prepared.manifest.SerializeToString(),
                "resources": small, "weights_sha256": weights_sha, "recipe_options": fields,
                "node_counts": prepared.node_counts}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,27 +96,44 @@ def write_core(path: pathlib.Path, contract, manifest, resources: Mapping[str, b
                        signing_key=Ed25519PrivateKey.generate())
 
 
-def split_gguf() -> None:
-    """The GGUF in two halves, one per device call (each call carries at most 64 MiB)."""
-    from ignition.sources.gguf import default_gguf_path
+DEFAULT_RECIPE = "smollm2-135m-instruct"
+PIECE_BYTES = 48 << 20          # one GGUF piece per device call, beside the code (64 MiB a call)
 
-    gguf = pathlib.Path(default_gguf_path()).read_bytes()
-    half = len(gguf) // 2
-    for path, piece in zip(GGUF_HALVES, (gguf[:half], gguf[half:])):
+
+def gguf_pieces(count: int) -> list[pathlib.Path]:
+    """Where the GGUF's pieces go: GGUF_HALVES for two, .carry_gguf<i>/part_<i> for more."""
+    if count == 2:
+        return list(GGUF_HALVES)
+    return [ROOT / f".carry_gguf{i + 1}" / f"part_{i + 1}" for i in range(count)]
+
+
+def split_gguf(recipe=None) -> list[pathlib.Path]:
+    """The recipe's GGUF in pieces of at most PIECE_BYTES (at least two), one per device call."""
+    if recipe is None:
+        from ignition.recipes import smollm2_135m_instruct as recipe
+    gguf = pathlib.Path(recipe.open_source(recipe.RecipeOptions()).path).read_bytes()
+    count = max(2, -(-len(gguf) // PIECE_BYTES))
+    size = -(-len(gguf) // count)
+    paths = gguf_pieces(count)
+    for index, path in enumerate(paths):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(piece)
+        path.write_bytes(gguf[index * size:(index + 1) * size])
+    return paths
 
 
-def build(out: pathlib.Path = BUNDLE_DIR, archs=None) -> None:
+def build(out: pathlib.Path = BUNDLE_DIR, archs=None, recipe_name: str = DEFAULT_RECIPE) -> None:
+    from ignition.cli import recipe_module
     from ignition.kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
-    from ignition.recipes import smollm2_135m_instruct as recipe
 
+    recipe = recipe_module(recipe_name)
     started = time.time()
     options = bench_options(recipe, None)
     prepared = prepare(recipe, options, kernel_library=KernelLibrary(archs=archs))
     payload = write_bundle(prepared, options, out / "bundle.bin")
-    split_gguf()
+    pieces = split_gguf(recipe)
+    print(f"GGUF pieces (one device call each, then HELIOS_GGUF_PARTS=... in that order): "
+          f"{[str(p.relative_to(ROOT)) for p in pieces]}")
     small = payload["resources"]
     print(f"bundle: {len(payload['manifest'])} manifest bytes, {len(small)} small resources, "
           f"{sum(len(v) for v in small.values())} bytes; weights sha256 "
@@ -164,9 +182,10 @@ def materialize(payload: dict, gguf: pathlib.Path | None = None):
             values = np.random.default_rng(0).standard_normal(int(end + 1) // 2, dtype=np.float32) * 0.02
             resources[resource] = values.astype(np.float16).tobytes()
         return contract, manifest, resources.__getitem__
+    from ignition.cli import recipe_module
     from ignition.preparation import tensor_parallel
     from ignition.preparation.prepare import pack_weights
-    from ignition.recipes import smollm2_135m_instruct as recipe
+    recipe = recipe_module(payload.get("recipe", DEFAULT_RECIPE))
     path = str(gguf or joined_gguf())
     fields = payload.get("recipe_options")
     options = (recipe.RecipeOptions(**fields, gguf_path=path) if fields is not None
@@ -189,4 +208,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["build"])
     parser.add_argument("--arch", action="append", default=None, help="kernel architecture (repeatable)")
-    build(archs=parser.parse_args().arch)
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="the recipe to prepare (its GGUF is split)")
+    arguments = parser.parse_args()
+    build(archs=arguments.arch, recipe_name=arguments.recipe)

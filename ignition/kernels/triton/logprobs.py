@@ -5,7 +5,8 @@ Semantics follow helios_backend/kernels/logprobs.py (record layout, ordering: lo
 descending, token id ascending; rows that sampled nothing get logprob 0, ids -1, 0s).
 
 One program per row, no sort. Pass 1 streams the row once: the online log-sum-exp and each
-BLOCK_V chunk's maximum (MAX_CHUNKS maxima in registers). The top-N are then selected by
+BLOCK_V chunk's maximum (MAX_CHUNKS maxima in registers; past BLOCK_V * MAX_CHUNKS tokens an
+entry holds the maximum of several consecutive chunks, read together). The top-N are then selected by
 repeated max over the chunk maxima: selection proceeds in the global order, so a chunk's
 "remaining maximum" is the maximum of its elements ranked after the last selected one; each
 step picks the chunk with the largest remaining maximum (lowest chunk on ties: lower ids),
@@ -16,8 +17,9 @@ import triton
 import triton.language as tl
 
 from ignition.kernels.triton.common import wait_for_predecessors
-from ignition.kernels.triton.sampling import (KEY_NONE, SAMPLING_WORDS, STAT_WORDS, _key_token,
-                                              _key_value, _partial_words, _select_top)
+from ignition.kernels.triton.sampling import (KEY_NONE, SAMPLING_WORDS, STAT_WORDS, _chunk_span,
+                                              _key_token, _key_value, _merge_top, _partial_words,
+                                              _select_top)
 
 
 @triton.jit
@@ -56,6 +58,7 @@ def sampled_logprobs(completion, logits, sampled, row_slot, sample_flag, live_ro
         chunk_index = tl.arange(0, MAX_CHUNKS)
         maxima = tl.full([MAX_CHUNKS], float("-inf"), tl.float32)
         alive = tl.zeros([MAX_CHUNKS], tl.int32)
+        span = _chunk_span(vocab, BLOCK_V, MAX_CHUNKS)      # chunks per entry of the maxima
         best = -float("inf")
         total = 0.0
         for v0 in range(0, vocab, BLOCK_V):
@@ -67,8 +70,8 @@ def sampled_logprobs(completion, logits, sampled, row_slot, sample_flag, live_ro
             shift = tl.where(new_best == float("-inf"), 0.0, new_best)
             total = total * tl.exp(best - shift) + tl.sum(tl.exp(x - shift), axis=0)
             best = new_best
-            here = chunk_index == v0 // BLOCK_V
-            maxima = tl.where(here, chunk_max, maxima)
+            here = chunk_index == v0 // BLOCK_V // span
+            maxima = tl.where(here, tl.maximum(maxima, chunk_max), maxima)
             alive = tl.where(here, 1, alive)
         lse = best + tl.log(total)
         tl.store(floats, tl.load(row + token) - lse)
@@ -78,20 +81,33 @@ def sampled_logprobs(completion, logits, sampled, row_slot, sample_flag, live_ro
         for k in range(0, top_n):
             top = tl.max(tl.where(alive != 0, maxima, float("-inf")), axis=0)
             chunk = tl.min(tl.where((alive != 0) & (maxima == top), chunk_index, MAX_CHUNKS), axis=0)
-            v = chunk * BLOCK_V + lanes
-            x = tl.load(row + v, mask=v < vocab, other=float("-inf"))
-            after = (v < vocab) & ((x < prev_x) | ((x == prev_x) & (v > prev_id)))
-            pick_x = tl.max(tl.where(after, x, float("-inf")), axis=0)
-            pick_id = tl.min(tl.where(after & (x == pick_x), v, vocab), axis=0)
+            # the entry's span chunks in id order: the best element ranked after the last
+            # selected one (lowest id on ties), and the maximum and count of those left
+            pick_x = float("-inf")
+            pick_id = vocab
+            remaining = float("-inf")
+            count = 0
+            for part in range(0, span):
+                v = (chunk * span + part) * BLOCK_V + lanes
+                x = tl.load(row + v, mask=v < vocab, other=float("-inf"))
+                after = (v < vocab) & ((x < prev_x) | ((x == prev_x) & (v > prev_id)))
+                part_x = tl.max(tl.where(after, x, float("-inf")), axis=0)
+                part_id = tl.min(tl.where(after & (x == part_x), v, vocab), axis=0)
+                part_rest = tl.max(tl.where(after & (v != part_id), x, float("-inf")), axis=0)
+                found = tl.sum(after.to(tl.int32), axis=0)
+                better = (found > 0) & ((part_x > pick_x) | (pick_id == vocab))
+                remaining = tl.where(better, tl.maximum(remaining, tl.maximum(pick_x, part_rest)),
+                                     tl.maximum(remaining, part_x))
+                pick_id = tl.where(better, part_id, pick_id)
+                pick_x = tl.where(better, part_x, pick_x)
+                count += found
+            count -= 1
             tl.store(record + 1 + k, pick_id)
             tl.store(floats + 1 + top_n + k, pick_x - lse)
             prev_x = pick_x
             prev_id = pick_id
-            rest = after & (v != pick_id)
-            remaining = tl.max(tl.where(rest, x, float("-inf")), axis=0)
-            count = tl.sum(rest.to(tl.int32), axis=0)
             maxima = tl.where(chunk_index == chunk, remaining, maxima)
-            alive = tl.where(chunk_index == chunk, (count > 0).to(tl.int32), alive)
+            alive = tl.where(chunk_index == chunk, tl.where(count > 0, 1, 0), alive)
     else:
         tl.store(record, 0)
         for k in range(0, top_n):
@@ -201,17 +217,29 @@ def requested_logprobs(completion, logits, sampled, sampling, row_slot, sample_f
         tl.debug_barrier()          # every thread's record stores precede the release below
         if tl.atomic_add(arrivals + r, 1, sem="acq_rel", scope="gpu") == chunks - 1:
             tl.debug_barrier()
+            # the records MAX_CHUNKS at a time (any vocabulary): the maxima, then the sums
             index = tl.arange(0, MAX_CHUNKS)
-            present = index < chunks
-            records = (base + index * STAT_WORDS).to(tl.pointer_type(tl.float32))
-            maxima = tl.load(records, mask=present, other=float("-inf"), cache_modifier=".cg")
-            sums = tl.load(records + 1, mask=present, other=0.0, cache_modifier=".cg")
-            best = tl.max(maxima, axis=0)
-            total = tl.sum(tl.where(sums > 0.0, sums * tl.exp(maxima - best), 0.0), axis=0)
+            best = float("-inf")
+            for start in range(0, chunks, MAX_CHUNKS):
+                records = (base + (start + index) * STAT_WORDS).to(tl.pointer_type(tl.float32))
+                best = tl.maximum(best, tl.max(tl.load(records, mask=start + index < chunks,
+                                                       other=float("-inf"), cache_modifier=".cg"),
+                                               axis=0))
+            total = 0.0
+            for start in range(0, chunks, MAX_CHUNKS):
+                present = start + index < chunks
+                records = (base + (start + index) * STAT_WORDS).to(tl.pointer_type(tl.float32))
+                maxima = tl.load(records, mask=present, other=float("-inf"), cache_modifier=".cg")
+                sums = tl.load(records + 1, mask=present, other=0.0, cache_modifier=".cg")
+                total += tl.sum(tl.where(sums > 0.0, sums * tl.exp(maxima - best), 0.0), axis=0)
             lse = best + tl.log(total)
             slots = tl.arange(0, MAX_CHUNKS * TOP_C)
             top = tl.topk(tl.load(keys + slots, mask=slots < chunks * TOP_C, other=KEY_NONE,
                                   cache_modifier=".cg"), TOP_C)
+            for start in range(MAX_CHUNKS * TOP_C, chunks * TOP_C, MAX_CHUNKS * TOP_C):
+                more = tl.topk(tl.load(keys + start + slots, mask=start + slots < chunks * TOP_C,
+                                       other=KEY_NONE, cache_modifier=".cg"), TOP_C)
+                top, _ = _merge_top(top, more, KEY_NONE)
             real = top != KEY_NONE                  # fewer tokens than TOP_C in the row
             tl.store(floats, tl.load(row + token) - lse)
             tl.store(record + 1 + k, tl.where(real, _key_token(top), -1), mask=k < top_n)

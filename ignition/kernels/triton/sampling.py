@@ -144,10 +144,19 @@ def _chunk(row, v0, vocab, prompt_bins, output_bins, mask_row, mask_words, prese
 
 
 @triton.jit
-def _chunk_max(maxima, v0, BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
-    """The (adjusted) maximum of the row's chunk at v0, from pass 1's per-chunk maxima."""
+def _chunk_span(vocab, BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+    """Chunks per entry of the maxima: 1 up to BLOCK_V * MAX_CHUNKS tokens, and beyond that as
+    many as keep every chunk inside MAX_CHUNKS entries (an entry holds its chunks' maximum), so
+    any vocabulary fits the registers; a wider entry only skips less."""
+    return tl.cdiv(tl.cdiv(vocab, BLOCK_V), MAX_CHUNKS)
+
+
+@triton.jit
+def _chunk_max(maxima, v0, span, BLOCK_V: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+    """An upper bound of the (adjusted) logits of the row's chunk at v0: the maximum of its
+    entry in pass 1's maxima (span chunks per entry, _chunk_span)."""
     index = tl.arange(0, MAX_CHUNKS)
-    return tl.max(tl.where(index == v0 // BLOCK_V, maxima, float("-inf")), axis=0)
+    return tl.max(tl.where(index == v0 // BLOCK_V // span, maxima, float("-inf")), axis=0)
 
 
 @triton.jit
@@ -159,8 +168,9 @@ def _count_mass(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, bes
     narrows on the head of a peaked distribution, most of the vocabulary is skipped."""
     count = 0
     mass = 0.0
+    span = _chunk_span(vocab, BLOCK_V, MAX_CHUNKS)
     for v0 in range(0, vocab, BLOCK_V):
-        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= threshold:
+        if _chunk_max(maxima, v0, span, BLOCK_V, MAX_CHUNKS) >= threshold:
             ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
             keep = x >= threshold
             count += tl.sum(keep.to(tl.int32), axis=0)
@@ -208,11 +218,13 @@ def sample_row(row, vocab, pb, ob, mr, mw, pen, msk, params, counter, key0, key1
     best = float("-inf")
     best_id = 0
     total = 0.0
-    maxima = tl.full((MAX_CHUNKS,), float("-inf"), tl.float32)    # per-chunk maxima
+    maxima = tl.full((MAX_CHUNKS,), float("-inf"), tl.float32)    # per-entry maxima
+    span = _chunk_span(vocab, BLOCK_V, MAX_CHUNKS)
     for v0 in range(0, vocab, BLOCK_V):
         v, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
         chunk_best = tl.max(x, axis=0)
-        maxima = tl.where(tl.arange(0, MAX_CHUNKS) == v0 // BLOCK_V, chunk_best, maxima)
+        maxima = tl.where(tl.arange(0, MAX_CHUNKS) == v0 // BLOCK_V // span,
+                          tl.maximum(maxima, chunk_best), maxima)
         chunk_id = tl.min(tl.where(x == chunk_best, v, 0x7FFFFFFF), axis=0)
         better = chunk_best > best
         new_best = tl.maximum(best, chunk_best)
@@ -253,15 +265,16 @@ def _draw(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, temperature, ra
     cut = _threshold(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, rate, best, keep,
                      best, target, maxima, False, True, BLOCK_V, MAX_CHUNKS)
     # the token group at the boundary value, entered in id order
+    span = _chunk_span(vocab, BLOCK_V, MAX_CHUNKS)
     value = float("inf")
     for v0 in range(0, vocab, BLOCK_V):
-        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= cut:
+        if _chunk_max(maxima, v0, span, BLOCK_V, MAX_CHUNKS) >= cut:
             ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
             value = tl.minimum(value, tl.min(tl.where(x >= cut, x, float("inf")), axis=0))
     above = 0.0
     ties = 0
     for v0 in range(0, vocab, BLOCK_V):
-        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= value:
+        if _chunk_max(maxima, v0, span, BLOCK_V, MAX_CHUNKS) >= value:
             ids, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
             above += tl.sum(tl.where(x > value, tl.exp2((x - best) * rate), 0.0), axis=0)
             ties += tl.sum((x == value).to(tl.int32), axis=0)
@@ -270,7 +283,7 @@ def _draw(row, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, temperature, ra
     token = 0
     seen = 0
     for v0 in range(0, vocab, BLOCK_V):
-        if _chunk_max(maxima, v0, BLOCK_V, MAX_CHUNKS) >= value:
+        if _chunk_max(maxima, v0, span, BLOCK_V, MAX_CHUNKS) >= value:
             v, x = _chunk(row, v0, vocab, pb, ob, mr, mw, pres, freq, rep, pen, msk, BLOCK_V)
             tie = x == value
             position = seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
@@ -321,6 +334,11 @@ def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_fl
 # draws, all top-p 0.9 and 90 % of top-p 0.95 rows. When a cut falls past it, the finishing
 # program runs the one-program draw (sample_row: bisection passes over the row). It notes how it
 # decided in chunk 0's `path` word (PATH_*), for tests and inspection.
+#
+# The finisher reads the records MAX_CHUNKS at a time, so any vocabulary fits: past
+# BLOCK_V * MAX_CHUNKS tokens it keeps the MAX_CHUNKS * CANDIDATES best keys seen so far, merging
+# each further block of records into them (_merge_top); a key it drops raises B to at least that
+# key, so the candidates above B stay an exact (shorter) prefix of the sorted order.
 
 STAT_WORDS = tl.constexpr(8)
 GROUP = tl.constexpr(8)                      # tokens per interleaved group: 32 bytes of logits
@@ -389,6 +407,16 @@ def _select_top(value, token, valid, keys, K: tl.constexpr):
     tl.store(keys + slots, tl.full((K,), KEY_NONE, tl.int64),
              mask=slots >= tl.sum(chosen.to(tl.int32), axis=0))
     return tl.max(tl.where(valid & ~chosen, key, KEY_NONE), axis=0)
+
+
+@triton.jit
+def _merge_top(kept, block, bound):
+    """(the len(kept) best of kept and block, sorted descending; bound raised to the best key
+    left out). kept: sorted descending; block: any order, the same length. The elementwise
+    maximum of a descending and an ascending list holds exactly the best half of both."""
+    rising = tl.sort(block, descending=False)
+    left_out = tl.max(tl.minimum(kept, rising), axis=0)
+    return tl.sort(tl.maximum(kept, rising), descending=True), tl.maximum(bound, left_out)
 
 
 @triton.jit
@@ -513,25 +541,39 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
         if tl.atomic_add(arrivals + r, 1, sem="acq_rel", scope="gpu") == chunks - 1:
             tl.debug_barrier()
             index = tl.arange(0, MAX_CHUNKS)
-            present = index < chunks
-            records = base + index * STAT_WORDS
-            records_f = records.to(tl.pointer_type(tl.float32))
             if temperature > 0.0:
-                s_maxima = tl.load(records_f + 1, mask=present, other=float("-inf"),
-                                   cache_modifier=".cg")
-                masses = tl.load(records_f + 2, mask=present, other=0.0, cache_modifier=".cg")
-                bounds = tl.load(records.to(tl.pointer_type(tl.int64)) + 3, mask=present,
-                                 other=KEY_NONE, cache_modifier=".cg")
-                best_s = tl.max(s_maxima, axis=0)
-                total = tl.sum(tl.where(masses > 0.0, masses * tl.exp(s_maxima - best_s), 0.0),
-                               axis=0)
+                best_s = float("-inf")
+                prefix_bound = tl.full((), KEY_NONE, tl.int64)
+                for start in range(0, chunks, MAX_CHUNKS):
+                    present = start + index < chunks
+                    records = base + (start + index) * STAT_WORDS
+                    s_maxima = tl.load(records.to(tl.pointer_type(tl.float32)) + 1, mask=present,
+                                       other=float("-inf"), cache_modifier=".cg")
+                    bounds = tl.load(records.to(tl.pointer_type(tl.int64)) + 3, mask=present,
+                                     other=KEY_NONE, cache_modifier=".cg")
+                    best_s = tl.maximum(best_s, tl.max(s_maxima, axis=0))
+                    prefix_bound = tl.maximum(prefix_bound, tl.max(bounds, axis=0))
+                total = 0.0
+                for start in range(0, chunks, MAX_CHUNKS):
+                    present = start + index < chunks
+                    records_f = (base + (start + index) * STAT_WORDS).to(tl.pointer_type(tl.float32))
+                    s_maxima = tl.load(records_f + 1, mask=present, other=float("-inf"),
+                                       cache_modifier=".cg")
+                    masses = tl.load(records_f + 2, mask=present, other=0.0, cache_modifier=".cg")
+                    total += tl.sum(tl.where(masses > 0.0, masses * tl.exp(s_maxima - best_s), 0.0),
+                                    axis=0)
                 slots = tl.arange(0, MAX_CHUNKS * CANDIDATES)
                 ordered = tl.sort(tl.load(keys + slots, mask=slots < chunks * CANDIDATES,
                                           other=KEY_NONE, cache_modifier=".cg"), descending=True)
+                for start in range(MAX_CHUNKS * CANDIDATES, chunks * CANDIDATES,
+                                   MAX_CHUNKS * CANDIDATES):
+                    ordered, prefix_bound = _merge_top(ordered, tl.load(
+                        keys + start + slots, mask=start + slots < chunks * CANDIDATES,
+                        other=KEY_NONE, cache_modifier=".cg"), prefix_bound)
                 counter = tl.load(generated + slot).to(tl.uint32)
                 key0 = tl.load(seeds + 2 * slot)
                 key1 = tl.load(seeds + 2 * slot + 1)
-                token, resolved = _prefix_draw(ordered, tl.max(bounds, axis=0), best_s, total,
+                token, resolved = _prefix_draw(ordered, prefix_bound, best_s, total,
                                                vocab, tl.load(params + 1),
                                                tl.load(params + 2).to(tl.int32),
                                                tl.load(params + 3),
@@ -542,12 +584,22 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
                                        penalize, True, params, counter, key0, key1, BLOCK_V,
                                        MAX_CHUNKS)
             else:
-                maxima = tl.load(records_f, mask=present, other=float("-inf"),
-                                 cache_modifier=".cg")
-                argmaxes = tl.load(records + 3, mask=present, other=0x7FFFFFFF,
-                                   cache_modifier=".cg")
-                best_x = tl.max(maxima, axis=0)
-                token = tl.min(tl.where(maxima == best_x, argmaxes, 0x7FFFFFFF), axis=0)
+                best_x = float("-inf")
+                token = 0x7FFFFFFF
+                for start in range(0, chunks, MAX_CHUNKS):
+                    present = start + index < chunks
+                    records = base + (start + index) * STAT_WORDS
+                    maxima = tl.load(records.to(tl.pointer_type(tl.float32)), mask=present,
+                                     other=float("-inf"), cache_modifier=".cg")
+                    argmaxes = tl.load(records + 3, mask=present, other=0x7FFFFFFF,
+                                       cache_modifier=".cg")
+                    block_x = tl.max(maxima, axis=0)
+                    block_token = tl.min(tl.where(maxima == block_x, argmaxes, 0x7FFFFFFF), axis=0)
+                    # chunks interleave their groups: a tie takes the lowest id of any block
+                    token = tl.where(block_x > best_x, block_token,
+                                     tl.where(block_x == best_x, tl.minimum(token, block_token),
+                                              token))
+                    best_x = tl.maximum(best_x, block_x)
                 tl.store(base + 5, PATH_GREEDY)
             tl.store(sampled + r, token)
             tl.store(arrivals + r, 0)
