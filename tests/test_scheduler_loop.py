@@ -520,3 +520,51 @@ def test_sampling_mask_withholds_eos_and_stop_ids_until_min_tokens() -> None:
     request.tokens += [5, 6]                                            # two outputs: the minimum is met
     assert sampling_mask(request, eos, 2) is None
     assert sampling_mask(Request(2, spec([1], max_tokens=8), 0), eos, 2) is None
+
+
+def test_the_second_frame_survives_endings_and_rounds_of_prompts() -> None:  # spec: SPEC-43, SPEC-44, SPEC-49, CACHE-23
+    # closed loop at 6 clients with staggered lengths: a lane the in-flight round ends by its
+    # limit drops out of the next round instead of stopping the second frame; a round of
+    # prompts (PREFILL) or a MIXED admission leaves its new requests out of the round behind it
+    # (phase change: completion feedback), and they rejoin the round after with their pending
+    # token; the others keep the second frame. Every output equals completion feedback's.
+    sched, engine = make(num_pages=256, slots=8, initialization=True)
+    total, clients = 24, 6
+    prompts = [prompt_of(40 + i, 5 + i % 4) for i in range(total)]
+    limits = [3 + (7 * i) % 11 for i in range(total)]
+    events: dict[int, list[object]] = {}
+    inflight: list = []
+    submitted = 0
+    kinds_behind: list[int] = []              # operations the second frame followed
+    for _ in range(clients):
+        sched.add(submitted, spec(prompts[submitted], max_tokens=limits[submitted]))
+        submitted += 1
+    for _ in range(20_000):
+        if not inflight:
+            plan = sched.schedule()
+            if plan is None:
+                break
+            engine.launch(plan, 0)
+            inflight.append(plan)
+        if len(inflight) == 1:
+            nxt = sched.pipeline_next(inflight[0])
+            if nxt is not None:
+                kinds_behind.append(inflight[0].main.operation)
+                engine.launch(nxt, 1)
+                inflight.append(nxt)
+        plan = inflight.pop(0)
+        sched.complete(plan, engine.collect(plan))
+        for ev in sched.take_events():
+            events.setdefault(ev.serial, []).append(ev)
+            if isinstance(ev, Terminal) and submitted < total:
+                sched.add(submitted, spec(prompts[submitted], max_tokens=limits[submitted]))
+                submitted += 1
+    assert not sched.has_work() and submitted == total
+    for i in range(total):
+        assert tokens_of(events[i]) == reference_tokens(prompts[i], limits[i], VOCAB)
+        assert terminal(events[i]).finished.reason == tp.FINISH_REASON_LENGTH
+    assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
+    # the second frame followed decode rounds that ended requests, and rounds that admitted some
+    assert cp.OPERATION_DECODE in kinds_behind
+    assert {cp.OPERATION_MIXED, cp.OPERATION_PREFILL} & set(kinds_behind)
+    assert sched.counters.pipelined > sched.counters.launches.get(cp.OPERATION_DECODE, 0) // 2

@@ -48,6 +48,8 @@ StopFactory = Callable[[RequestSpec], HostStopCheck | None]
 
 
 _PENDING = [PENDING_TOKEN]               # a decode lane's query: its device-owned pending token
+# rounds the second frame may follow: their host-fed lanes sit the next round out
+_PIPELINE_AFTER = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATION_PREFILL})
 
 
 class Scheduler:
@@ -350,45 +352,64 @@ class Scheduler:
         return plan
 
     def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
-        """The next DECODE round for the same lanes, to occupy the second execution frame
-        while `plan` runs; None unless every condition for skipping completion feedback holds.
+        """The next DECODE round, to occupy the second execution frame while `plan` runs;
+        None unless every running request either continues from `plan`, sits it out with its
+        completion observed, or is excluded for a reason that resolves at `plan`'s completion.
 
-        Allowed only after plain decode: every lane reads its device-owned pending token, no
-        grammar or withheld ids (min_tokens), no host stops, every running request in the round,
-        room for two more tokens, pages without preemption. A lane that the in-flight round ends
-        has this round's token discarded (suppressed). A waiting request may join the next round
-        as its one host-fed lane (a MIXED round, its initialization before it): its prompt needs
-        nothing from the round in flight, so arrivals no longer stop the second frame.
+        Per request of `plan`'s main submission:
+          * a lane that read its device-owned pending token continues (one more token), unless
+            `plan` ends it by its output or context limit: then it has nothing to add and is
+            left out; EOS at `plan` suppresses its next token (SPEC-50) and retires it;
+          * a host-fed lane (a prompt chunk: PREFILL, or the MIXED round's new request) changes
+            phase or needs its next chunk, so it waits for `plan`'s completion (SPEC-44, SPEC-49)
+            and rejoins the round after;
+        a running request outside `plan` whose last round completed rejoins with its pending
+        token; one that needs host input (its next prompt chunk) stops the second frame, so
+        `schedule()` runs with completion feedback and nobody waits forever. Grammar, withheld
+        ids (min_tokens), host stops, restoration and cancellation fall back to completion
+        feedback (SPEC-45..48). A waiting request may join as the round's one host-fed lane (a
+        MIXED round, its initialization before it): its prompt needs nothing from `plan`.
         """
         main = plan.main
-        if plan.restoration or plan.initialization or main.operation != cp.OPERATION_DECODE:
+        if plan.restoration or self._stops or main.operation not in _PIPELINE_AFTER:
             return None
-        if self._stops or len(main.lanes) != len(self._running):
-            return None
-        # one pass of checks, one of page needs, one of lanes: the steady decode path
+        if self._admission_round_due():
+            return None        # a burst waits: schedule() builds a round of prompts (several at once)
         eos_ids, context = self.config.eos_ids, self.config.context_tokens
         pt = self.config.page_tokens
-        need = 0
+        # (request, slot, generation, start, output limit) of each lane of the next round
+        nexts: list[tuple[Request, int, int, int, int]] = []
+        in_main: set[int] = set()
         for lane in main.lanes:
             req = lane.request
+            in_main.add(req.serial)
+            if lane.tokens != _PENDING:
+                continue                              # host-fed: rejoins after the completion
             spec = req.spec
-            if (lane.tokens != _PENDING or req.grammar is not None or req.cancelled
-                    or (spec.min_tokens and req.withholds(eos_ids))
-                    or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.inflight != 1
-                    or len(req.tokens) - len(spec.prompt) + 2 > spec.max_tokens
-                    or len(req.tokens) + 2 > context):
+            if (req.grammar is not None or req.cancelled or (spec.min_tokens and req.withholds(eos_ids))
+                    or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.inflight != 1):
                 return None
-            if -(-(lane.start + 2) // pt) > len(req.pages):      # the page of position end + 1
-                need += 1
+            if len(req.tokens) - len(spec.prompt) + 1 >= spec.max_tokens or len(req.tokens) + 1 >= context:
+                continue                              # `plan` emits its last token
+            nexts.append((req, lane.slot, lane.generation, lane.start + 1, lane.output_limit - 1))
+        for req in self._running:
+            if req.serial in in_main:
+                continue
+            spec = req.spec
+            if (req.inflight or not self._pending_ok(req, 1) or req.grammar is not None or req.cancelled
+                    or (spec.min_tokens and req.withholds(eos_ids)) or req.finish != tp.FINISH_REASON_UNSPECIFIED):
+                return None                           # it needs completion feedback: schedule() takes it
+            nexts.append((req, req.slot, req.generation, req.computed, spec.max_tokens - req.output_len))
+        if not nexts:
+            return None
+        need = sum(1 for req, _, _, start, _ in nexts if -(-(start + 1) // pt) > len(req.pages))
         if need > self.pool.available_pages:
             return None
         lanes = []
-        for lane in main.lanes:
-            req = lane.request
-            end = lane.start + 1
-            if -(-(end + 1) // pt) > len(req.pages) and not self._reserve_pages(req, end + 1):
+        for req, slot, generation, start, limit in nexts:
+            if -(-(start + 1) // pt) > len(req.pages) and not self._reserve_pages(req, start + 1):
                 raise RuntimeError("page availability was checked before pipelining")
-            lanes.append(Lane(req, lane.slot, lane.generation, end, [PENDING_TOKEN], True, lane.output_limit - 1))
+            lanes.append(Lane(req, slot, generation, start, [PENDING_TOKEN], True, limit))
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
             decode_lanes = len(lanes)
             self._shape = (lanes, 0, 0, 0)
@@ -399,10 +420,15 @@ class Scheduler:
                 self._pipelining = False
             if len(lanes) > decode_lanes:
                 self.counters.pipelined += 1
+                self._admission_round = False
                 return self._plan(lanes, [])
-        nxt = RoundPlan(Submission(main.variant, lanes))
-        self.counters.launches[main.operation] = self.counters.launches.get(main.operation, 0) + 1
+        variant = self.variants.fit(cp.OPERATION_DECODE, len(lanes), len(lanes))
+        if variant is None:
+            return None
+        nxt = RoundPlan(Submission(variant, lanes))
+        self.counters.launches[variant.operation] = self.counters.launches.get(variant.operation, 0) + 1
         self.counters.pipelined += 1
+        self._admission_round = False            # a decode round ran since the last round of prompts
         for lane in lanes:
             lane.request.inflight += 1
         return nxt
