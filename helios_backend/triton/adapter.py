@@ -143,10 +143,9 @@ class TritonHeliosModel:
         slots, the executor's frames, a device context after a sticky error); a new process is
         clean, and the stub's exit is what supervision already detects and restarts
         (helios-serve), or what a standalone gateway sees as an unhealthy model."""
-        try:
-            self._pb.Logger.log_error(f"helios engine failed, ending the stub: {reason}")
-        except Exception:
-            pass
+        # straight to stderr: Triton's own logger sends through the server, which may be killed
+        # before it writes
+        log.critical("helios engine failed, ending the stub (exit %d): %s", STUB_EXIT_ENGINE_FAILED, reason)
         logging.shutdown()
         sys.stderr.flush()
         os._exit(STUB_EXIT_ENGINE_FAILED)
