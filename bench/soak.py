@@ -2,6 +2,7 @@
 
     python -m bench.soak --core var/cores/smollm2-135m-instruct.core --minutes 10
     python -m bench.soak --core CORE --executor cuda --minutes 10 --concurrency 96   # on a GPU host
+    HELIOS_RANDOM_WEIGHTS=1 python -m bench.soak --from-bundle --executor cuda ...   # the device's bundle
 
 It starts helios-serve on free ports (stopped afterwards) and keeps `--concurrency` clients
 busy (more than the gateway's permits, so the ingress stays full) with a mix of:
@@ -15,8 +16,9 @@ before an answer. Each request's outcome is checked against its kind:
   a 5xx or 503 is a failure;
 
 and at the end, once the stack is idle, that nothing leaked (gateway permits and backend
-streams, backend slots, waiting requests and request pages back to zero) and that the backend
-answered each admitted request once (admitted = finished + failed).
+streams, backend slots, waiting requests and request pages back to zero), that the backend
+answered each admitted request once (admitted = finished + failed), and that nothing was
+restarted or ended as lost (helios-serve's restarts, the gateway's backend watch).
 
 The peer is the run itself: throughput and latency of the last window as ratios of the
 first (a leak or a slowdown shows as a ratio below one). Text and JSON go to bench/results.
@@ -34,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
@@ -261,7 +264,8 @@ def summarize(report: Report, outcomes: list[Outcome], gateway: str, backend: st
     ended = metric(backend, "flare_requests_finished_total") + metric(backend, "flare_requests_failed_total")
     report.backend_accounting = {"admitted": admitted, "finished_or_failed": ended,
                                  "rejected": metric(backend, "flare_requests_rejected_total"),
-                                 "restarts": metric(gateway, "helios_serve_restarts_total")}
+                                 "restarts": metric(gateway, "helios_serve_restarts_total"),
+                                 "backend_lost": metric(gateway, "helios_gateway_backend_lost_total")}
     if admitted != ended:
         report.problems.append(f"backend: {admitted} admitted but {ended} ended")
     for name, value in report.leaks.items():
@@ -269,6 +273,8 @@ def summarize(report: Report, outcomes: list[Outcome], gateway: str, backend: st
             report.problems.append(f"leak: {name} = {value}")
     if report.backend_accounting["restarts"]:
         report.problems.append("helios-serve restarted a process during the soak")
+    if report.backend_accounting["backend_lost"]:
+        report.problems.append("the gateway's backend watch ended open requests during the soak")
     start = min(o.started for o in outcomes)
     span = (max(o.ended for o in outcomes) - start) / windows
     for w in range(windows):
@@ -301,22 +307,30 @@ def render(report: Report) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("--core", type=Path, required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--core", type=Path)
+    source.add_argument("--from-bundle", action="store_true",
+                        help="write the core from the device's model bundle (tests/gpu/model_bundle.py; "
+                             "HELIOS_RANDOM_WEIGHTS=1: random weights of the real layout), served under its namespace")
     p.add_argument("--executor", default="numpy")
     p.add_argument("--minutes", type=float, default=10)
     p.add_argument("--concurrency", type=int, default=0, help="clients (default: the gateway's permits + 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--serve-arg", action="append", default=[], help="an extra helios-serve argument")
     p.add_argument("--out", type=Path, default=Path("bench/results/soak_cpu"))
+    p.add_argument("--log", type=Path, default=None, help="the stack's log (default var/<out name>.serve.log)")
     args = p.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path("var").mkdir(exist_ok=True)
-    with serve(args.core, args.executor, args.serve_arg, Path("var") / (args.out.name + ".serve.log")) as (url, backend, grpc):
-        permits = int(metric(httpx.get(url + "/metrics").text, "helios_gateway_admission_permits"))
-        concurrency = args.concurrency or permits + 8
-        body_bound = asyncio.run(derived_body_bound(grpc))
-        outcomes = asyncio.run(load(url, args.minutes * 60, concurrency, args.seed, body_bound))
-        gateway_text, backend_text = settle(url, backend)
+    log = args.log or Path("var") / (args.out.name + ".serve.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        core, extra = args.core, list(args.serve_arg)
+        if args.from_bundle:
+            from bench.served import NAMESPACE, write_core
+            core = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "soak.core"
+            write_core(core)
+            extra += ["--acceptance", NAMESPACE]
+        outcomes, concurrency, gateway_text, backend_text = run(core, args, extra, log)
     report = Report(args.minutes, concurrency)
     summarize(report, outcomes, gateway_text, backend_text)
     text = render(report)
@@ -324,6 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.with_suffix(".txt").write_text(text + "\n")
     args.out.with_suffix(".json").write_text(json.dumps(asdict(report), indent=1) + "\n")
     return 1 if report.problems else 0
+
+
+def run(core: Path, args: argparse.Namespace, extra: list[str], log: Path
+        ) -> tuple[list[Outcome], int, str, str]:
+    with serve(core, args.executor, extra, log) as (url, backend, grpc):
+        permits = int(metric(httpx.get(url + "/metrics").text, "helios_gateway_admission_permits"))
+        concurrency = args.concurrency or permits + 8
+        body_bound = asyncio.run(derived_body_bound(grpc))
+        outcomes = asyncio.run(load(url, args.minutes * 60, concurrency, args.seed, body_bound))
+        gateway_text, backend_text = settle(url, backend)
+    return outcomes, concurrency, gateway_text, backend_text
 
 
 if __name__ == "__main__":

@@ -35,6 +35,10 @@ class GatewayMetrics:
                                     "admitted HTTP requests (preparation, generation, delivery)", registry=r)
         self.permits_total = Gauge("helios_gateway_admission_permits",
                                    "queue_capacity + max_active", registry=r)
+        self.backend_lost = Counter("helios_gateway_backend_lost",
+                                    "times the backend watch found the model refusing while requests were "
+                                    "open, and ended them (a stub that died under a standalone gateway)",
+                                    registry=r)
         self.open_streams = Gauge("helios_gateway_backend_streams_open",
                                   "Triton gRPC streams currently open (one per backend request)", registry=r)
         self.ttft = Histogram("helios_gateway_time_to_first_token_seconds",
@@ -71,7 +75,7 @@ class GatewayMetrics:
 
 class SupervisionCollector:
     """helios-serve's restarts, read at scrape time from the ledger it rewrites after each
-    restart (server/supervision.py), so the counts survive a restart of the gateway itself."""
+    restart (helios_backend/triton/supervision.py), so the counts survive a restart of the gateway itself."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -82,7 +86,7 @@ class SupervisionCollector:
         except (OSError, ValueError):
             return
         restarts = CounterMetricFamily("helios_serve_restarts", "processes helios-serve restarted after they "
-                                       "died, by cause (stub_died, exited_code, exited_signal)",
+                                       "died, by cause (stub_died, engine_failed, exited_code, exited_signal)",
                                        labels=["process", "cause"])
         for row in state.get("restarts", ()):
             restarts.add_metric([row["process"], row["cause"]], row["count"])

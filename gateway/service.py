@@ -4,6 +4,14 @@
 and metrics. Until the backend has answered the assets request, generation endpoints
 answer 503 and /health is 503; a background task keeps asking, so the gateway may start
 before tritonserver has loaded the model.
+
+While generations are open, a second task watches the backend: Triton keeps a model READY,
+and its streams open, after the model's Python stub died (shared/notes/triton-backend.md,
+section 7), so without helios-serve nothing would ever end them. Every WATCH_S the watch asks
+the model its assets (a tiny inference the stub answers without the engine); a refusal ends
+every open generation with its terminal error and turns /health red, and the next request
+opens a new channel, which works again once the model is back. A slow answer is not a
+refusal: a saturated backend is busy, not dead.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from gateway.presentation import Presenter
 from gateway.responses import GenerationResponse
 from gateway.schemas import VLLM_UNSUPPORTED_FIELDS, SamplingFields
 from gateway.served_model import BackendClock, ServedModel
-from gateway.triton_client import TritonBackend
+from gateway.triton_client import BackendRefused, TritonBackend
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,10 @@ class GatewayService:
     # a probe is one tiny inference; coalesce health-check storms, yet turn red within a
     # second of the backend dying (a broken stream also forgets the cached answer)
     HEALTH_CACHE_S = 0.5
+    # the watch's period and its probe's patience: a dead stub is refused after ~1 s (Triton's
+    # own stub health check), so open streams end within ~1.5 s of the death
+    WATCH_S = 0.5
+    WATCH_TIMEOUT_S = 10.0
 
     def __init__(self, backend: TritonBackend, overrides: AdmissionOverrides,
                  parser_factory: ParserFactory = syntax_parsers, metrics: GatewayMetrics | None = None) -> None:
@@ -74,6 +86,7 @@ class GatewayService:
         self._served: ServedModel | None = None
         self._admission: AdmissionPermits | None = None
         self._loader: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._health: tuple[float, bool] = (0.0, False)
         self._runs: set[RequestRun] = set()        # responses still open (for shutdown)
         self._shutting_down = False
@@ -83,6 +96,7 @@ class GatewayService:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loader = asyncio.create_task(self._load_assets())
+        self._watch = asyncio.create_task(self._watch_backend())
 
     def begin_shutdown(self, drain_s: float) -> None:
         """From a signal handler: refuse new requests now; after ``drain_s`` end every response
@@ -115,6 +129,21 @@ class GatewayService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    async def _watch_backend(self) -> None:
+        while True:
+            await asyncio.sleep(self.WATCH_S)
+            if self._served is None or self._shutting_down or not self.backend.open_generations:
+                continue
+            try:
+                await self.backend.fetch_assets(timeout_s=self.WATCH_TIMEOUT_S)
+            except BackendRefused as exc:
+                ended = self.backend.abandon_generations(f"the model stopped answering ({exc})")
+                self._health = (time.monotonic(), False)
+                self.metrics.backend_lost.inc()
+                log.error("the model backend refused a probe; ended %d open requests: %s", ended, exc)
+            except ConnectionError:
+                pass                        # slow, not refused
+
     def _install(self, served: ServedModel) -> None:
         limits = served.limits
         o = self._overrides
@@ -129,8 +158,9 @@ class GatewayService:
         self._served = served
 
     async def close(self) -> None:
-        if self._loader is not None:
-            self._loader.cancel()
+        for task in (self._loader, self._watch):
+            if task is not None:
+                task.cancel()
         if self._admission is not None:
             self._admission.close()
         await self.backend.close()

@@ -13,7 +13,10 @@ A generation yields, in order: zero or more ``TokenBatch`` (coalesced ids, align
 timestamps and logprobs) and then exactly one ``StreamTerminal`` (the backend's typed
 TerminalEvent) or one ``StreamFailure`` (the stream broke or Triton refused in-band).
 If the channel's stream breaks, every generation on it fails at once with LOST (UNREACHABLE
-when the channel never opened), and the next generation opens a new channel.
+when the channel never opened, REFUSED when Triton refused to open it), and the next
+generation opens a new channel. A stream that does not break although the model behind it
+died (Triton keeps a dead stub's streams open) is ended from outside: `abandon`, called by
+the gateway's backend watch (service.py) when the model refuses a probe.
 """
 
 from __future__ import annotations
@@ -69,6 +72,11 @@ class StreamFailure:
 
 
 GenerationEvent = TokenBatch | StreamTerminal | StreamFailure
+
+
+class BackendRefused(ConnectionError):
+    """Triton answered and refused (the model is not ready, its stub is not healthy), or could
+    not be reached at all: unlike a slow answer, this says the model cannot serve now."""
 
 
 def _parameters_input(params: tp.RequestParameters) -> InferInput:
@@ -206,7 +214,7 @@ class ChannelMux:
         self._outbox = outbox
         stub = service_pb2_grpc.GRPCInferenceServiceStub(self._grpc)
         call = stub.ModelStreamInfer(self._requests(outbox))
-        self._reader = asyncio.create_task(self._read(call, self._channel_id))
+        self._reader = asyncio.create_task(self._read(call, self._channel_id, outbox))
 
     @staticmethod
     async def _requests(outbox: asyncio.Queue[service_pb2.ModelInferRequest | None]
@@ -217,11 +225,29 @@ class ChannelMux:
                 return
             yield message
 
-    async def _read(self, call: object, channel_id: str) -> None:
+    @property
+    def open_generations(self) -> int:
+        return len(self._routes)
+
+    def abandon(self, failure: StreamFailure) -> int:
+        """End the channel now: each open generation gets `failure`, the stream is cancelled
+        (the backend, if it still lives, cancels its requests), the next generation opens a
+        new channel. Returns how many generations were open."""
+        routes, self._routes = self._routes, {}
+        if self._outbox is not None:
+            self._outbox.put_nowait(None)
+        if self._reader is not None:
+            self._reader.cancel()
+        self._reader, self._outbox, self._channel_id = None, None, ""
+        for generation in routes.values():
+            generation.push(failure)
+        return len(routes)
+
+    async def _read(self, call: object, channel_id: str,
+                    outbox: asyncio.Queue[service_pb2.ModelInferRequest | None]) -> None:
         failure = StreamFailure(StreamFailureKind.LOST, "the channel ended")
         try:
             async for response in call:  # type: ignore[attr-defined]
-                self._opened = True
                 infer = response.infer_response
                 if response.error_message:
                     # an in-band error names a request only by its id; the channel's own, or an
@@ -231,8 +257,10 @@ class ChannelMux:
                         self._routes.pop(target.tag, None)
                         target.push(StreamFailure(StreamFailureKind.REFUSED, response.error_message))
                         continue
-                    failure = StreamFailure(StreamFailureKind.IN_BAND_ERROR, response.error_message)
+                    kind = StreamFailureKind.IN_BAND_ERROR if self._opened else StreamFailureKind.REFUSED
+                    failure = StreamFailure(kind, response.error_message)
                     return
+                self._opened = True
                 if infer.id != channel_id:
                     continue                  # never sent: generate and cancel FINALs are flag-only
                 self._dispatch(infer)
@@ -249,9 +277,10 @@ class ChannelMux:
         except (ValueError, TypeError) as exc:       # a malformed batch
             failure = StreamFailure(StreamFailureKind.MALFORMED, str(exc))
         finally:
-            routes, self._routes = self._routes, {}
-            if self._outbox is not None:
-                self._outbox.put_nowait(None)
+            routes: dict[int, ChannelGeneration] = {}
+            if channel_id == self._channel_id:       # not abandoned: its generations are still routed
+                routes, self._routes = self._routes, {}
+            outbox.put_nowait(None)
             for generation in routes.values():
                 generation.push(failure)
             if routes:
@@ -427,6 +456,14 @@ class TritonBackend:
                  request_id: str) -> ChannelGeneration:
         return ChannelGeneration(self._mux, prompt_token_ids, request, request_id)
 
+    @property
+    def open_generations(self) -> int:
+        return self._mux.open_generations
+
+    def abandon_generations(self, detail: str) -> int:
+        """Fail every open generation (LOST: they were submitted) and start a new channel."""
+        return self._mux.abandon(StreamFailure(StreamFailureKind.LOST, detail))
+
     async def fetch_assets(self, timeout_s: float) -> tp.FrontendAssets:
         """Ask the served model for its frontend assets (a tiny inference on the model).
 
@@ -438,7 +475,7 @@ class TritonBackend:
             async with asyncio.timeout(timeout_s):
                 async for result, error in generation.results():
                     if error is not None or result is None:
-                        raise ConnectionError(f"assets request refused: {error}")
+                        raise BackendRefused(f"assets request refused: {error}")
                     tensor = result.as_numpy(OUT_EVENT)
                     if tensor is None or not tensor.size:
                         continue
@@ -446,7 +483,10 @@ class TritonBackend:
                     if event.WhichOneof("kind") != "assets":
                         raise ConnectionError(f"assets request answered with {event.WhichOneof('kind')}")
                     return event.assets
-        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+        except grpc.aio.AioRpcError as exc:
+            failure = BackendRefused if exc.code() == grpc.StatusCode.UNAVAILABLE else ConnectionError
+            raise failure(f"Triton at {self.url} did not answer the assets request: {exc!r}") from exc
+        except TimeoutError as exc:
             raise ConnectionError(f"Triton at {self.url} did not answer the assets request: {exc!r}") from exc
         finally:
             generation.cancel()

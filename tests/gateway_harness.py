@@ -10,13 +10,16 @@ port; tritonserver comes from tests/triton_server.py. Both are always stopped on
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -24,6 +27,8 @@ from tests.triton_server import TritonServer, free_ports, metric_value, model_re
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED_ID = "smollm2-135m-instruct"
+STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 class GatewayProcess:
@@ -99,3 +104,68 @@ def wait_until(predicate, timeout_s: float = 60, interval_s: float = 0.1) -> boo
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+def body(messages: list[dict[str, Any]], max_tokens: int, **fields: Any) -> dict[str, Any]:
+    return {"model": SERVED_ID, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
+
+
+def sse_events(lines: list[str]) -> list[str]:
+    return [line[6:] for line in lines if line.startswith("data: ")]
+
+
+class StreamReader(threading.Thread):
+    """Reads one SSE response to its end; `first_content` is set once a text delta arrived."""
+
+    def __init__(self, url: str, max_tokens: int = 400) -> None:
+        super().__init__(daemon=True)
+        self.url, self.max_tokens = url, max_tokens
+        self.first_content = threading.Event()
+        self.events: list[str] = []
+        self.ended_at = 0.0
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            with client.stream("POST", "/v1/chat/completions",
+                               json=body(STORY, self.max_tokens, stream=True)) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.events.append(line[6:])
+                        if '"content":"' in line and '"content":""' not in line:
+                            self.first_content.set()
+        self.ended_at = time.monotonic()
+
+
+class OpenRequests:
+    """Three streams and one non-streamed request, all generating."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.readers = [StreamReader(url) for _ in range(3)]
+        self.json_result: dict[str, Any] = {}
+        self.plain = threading.Thread(target=self._non_stream, daemon=True)
+        for reader in self.readers:
+            reader.start()
+        self.plain.start()
+        assert all(reader.first_content.wait(120) for reader in self.readers)
+
+    def _non_stream(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            response = client.post("/v1/chat/completions", json=body(STORY, 400))
+            self.json_result.update(status=response.status_code, body=response.json(), at=time.monotonic())
+
+    def assert_each_failed_once(self, since: float) -> None:
+        """Every request ended with its one terminal error: an SSE error event without [DONE],
+        a JSON 500."""
+        for reader in self.readers:
+            reader.join(120)
+        self.plain.join(120)
+        print("terminal errors after", [f"{r.ended_at - since:.2f}s" for r in self.readers],
+              f"json {self.json_result['at'] - since:.2f}s")
+        for reader in self.readers:
+            errors = [json.loads(e) for e in reader.events if '"error"' in e]
+            assert len(errors) == 1 and reader.events[-1] == json.dumps(errors[0], separators=(",", ":"))
+            assert errors[0]["error"]["type"] == "server_error" and errors[0]["error"]["code"]
+            assert "[DONE]" not in reader.events
+        print("the error:", errors[0]["error"]["message"][:160])
+        assert self.json_result["status"] == 500 and self.json_result["body"]["error"]["code"] == "execution_failed"

@@ -29,7 +29,8 @@ SERVE = Path(sys.executable).parent / "helios-serve"
 
 
 class ServeProcess:
-    def __init__(self, core: Path, workdir: Path, *args: str, gateway: bool = True) -> None:
+    def __init__(self, core: Path, workdir: Path, *args: str, gateway: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.http, self.grpc, self.metrics_port, self.gateway_port = free_ports(4)
         self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         self.tmpdir = workdir / f"tmp-{self.grpc}"
@@ -42,7 +43,7 @@ class ServeProcess:
             argv.append("--no-gateway")
         self.started = time.monotonic()
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "TMPDIR": str(self.tmpdir)})
+                                        env={**os.environ, **(env or {}), "TMPDIR": str(self.tmpdir)})
 
     def __enter__(self) -> "ServeProcess":
         return self

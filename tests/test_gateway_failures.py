@@ -1,11 +1,15 @@
 """End to end, disruptive: full ingress (429), shutdown drain, and a backend that dies mid-request
-(500 / SSE error event, then 503). Real tritonserver, real gateway processes, the test core."""
+(500 / SSE error event, then 503), also when only its Python stub dies under a standalone gateway
+(no helios-serve: the gateway's backend watch ends the open requests and reconnects once the
+model is back). Real tritonserver, real gateway processes, the test core."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,18 +19,12 @@ import openai
 import pytest
 
 from tests.engine_fixtures import smollm2_core  # noqa: F401  (session fixture: the test core)
-from tests.gateway_harness import SERVED_ID, GatewayProcess, wait_until
+from tests.server_fixtures import default_core  # noqa: F401  (the served default core)
+from tests.gateway_harness import QUESTION, STORY, SERVED_ID, GatewayProcess, OpenRequests, body, wait_until
 from tests.triton_server import TritonServer, metric_value, model_repository
+from helios_backend.triton.supervision import stub_pids
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-
-STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def body(messages: list[dict[str, Any]], max_tokens: int, **fields: Any) -> dict[str, Any]:
-    return {"model": SERVED_ID, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
-
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -158,3 +156,42 @@ def test_a_burst_of_every_permit_is_served_without_503(smollm2_core: Path, tmp_p
     assert 503 not in statuses, [r.text for r in responses if r.status_code == 503]
     assert statuses.count(200) >= permits
     assert all(int(r.headers["retry-after"]) >= 1 for r in responses if r.status_code == 429)
+
+
+# spec: HTTP-23, HTTP-25, HTTP-27
+def test_a_dead_stub_under_a_standalone_gateway_ends_open_requests_and_reconnects(
+        default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Triton keeps the model READY and the channel's stream open after kill -9 of the stub;
+    the gateway's watch sees the model refuse, ends every open request with its terminal error,
+    turns /health red, and serves again once tritonserver is back on the same address."""
+    server = TritonServer(model_repository(tmp_path, core_path=str(default_core)), tmp_path, exit_timeout_s=3)
+    with server:
+        server.wait_ready("helios")
+        gateway = GatewayProcess(server.grpc_url, tmp_path / "gateway-standalone.log")
+        try:
+            gateway.wait_healthy()
+            requests = OpenRequests(gateway.base_url)
+            assert gateway.metric("helios_gateway_backend_streams_open") == 4
+            [stub] = stub_pids(server.process.pid)  # type: ignore[union-attr]
+            killed_at = time.monotonic()
+            os.kill(stub, signal.SIGKILL)
+            requests.assert_each_failed_once(killed_at)
+            assert server.model_ready("helios")            # Triton itself never noticed
+            assert gateway.metric("helios_gateway_backend_lost_total") == 1
+            assert gateway.metric("helios_gateway_admission_permits_in_use") == 0
+            assert gateway.metric("helios_gateway_backend_streams_open") == 0
+            with httpx.Client(base_url=gateway.base_url, timeout=120) as client:
+                assert client.get("/health").status_code == 503
+                refused = client.post("/v1/chat/completions", json=body(QUESTION, 2))
+                assert refused.status_code == 503 and refused.json()["error"]["code"] == "backend_unavailable"
+                assert int(refused.headers["retry-after"]) >= 1
+            server.stop()                                  # an operator (or an orchestrator) restarts it
+            server.start()
+            server.wait_ready("helios")
+            gateway.wait_healthy()
+            print(f"/health green again {time.monotonic() - killed_at:.1f}s after the kill")
+            with httpx.Client(base_url=gateway.base_url, timeout=120) as client:
+                answer = client.post("/v1/chat/completions", json=body(QUESTION, 4))
+            assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+        finally:
+            gateway.stop()

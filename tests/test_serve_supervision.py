@@ -6,6 +6,8 @@ python stub and the real gateway under helios-serve (tests/serve_process.py).
 * kill -9 of the stub mid-generation: every open request gets its one terminal error,
   permits and streams are released, /health goes red, helios-serve restarts the server
   (counted), /health turns green and requests are served again;
+* the same when a thread of the engine dies inside a live stub (injected crash): the stub
+  answers every open request with its failure and exits, and is restarted (cause engine_failed);
 * SIGTERM mid-stream: the stream ends with one `shutting_down` error event, everything
   exits, nothing is left in TMPDIR or /dev/shm.
 Times are printed for the report, never asserted."""
@@ -15,54 +17,20 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from helios_backend.engine.faults import ENVIRONMENT as FAULT_ENVIRONMENT, SITES
 from helios_backend.triton.supervision import ExitCode
 from tests.core_helpers import tampered_copy
-from tests.gateway_harness import SERVED_ID, wait_until
+from tests.gateway_harness import QUESTION, OpenRequests, StreamReader, body, wait_until
 from tests.serve_process import ServeProcess, alive
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-
-STORY = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def body(messages: list[dict[str, Any]], max_tokens: int, **fields: Any) -> dict[str, Any]:
-    return {"model": SERVED_ID, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
-
-
-def sse_events(lines: list[str]) -> list[str]:
-    return [line[6:] for line in lines if line.startswith("data: ")]
-
-
-class StreamReader(threading.Thread):
-    """Reads one SSE response to its end; `first_content` is set once a text delta arrived."""
-
-    def __init__(self, url: str, max_tokens: int = 400) -> None:
-        super().__init__(daemon=True)
-        self.url, self.max_tokens = url, max_tokens
-        self.first_content = threading.Event()
-        self.events: list[str] = []
-        self.ended_at = 0.0
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as client:
-            with client.stream("POST", "/v1/chat/completions",
-                               json=body(STORY, self.max_tokens, stream=True)) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        self.events.append(line[6:])
-                        if '"content":"' in line and '"content":""' not in line:
-                            self.first_content.set()
-        self.ended_at = time.monotonic()
 
 
 # spec: FMT-12, FMT-22
@@ -92,50 +60,59 @@ def test_a_gateway_that_cannot_start_makes_helios_serve_exit_non_zero(default_co
     assert serve.leftovers() == []
 
 
+def assert_recovered(serve: ServeProcess, since: float, stub: int, cause: str) -> None:
+    """Nothing held, /health red, then green on a new stub that serves; the restart counted."""
+    assert serve.gateway_metric("helios_gateway_admission_permits_in_use") == 0
+    assert serve.gateway_metric("helios_gateway_backend_streams_open") == 0
+    serve.wait_gateway_healthy()
+    print(f"/health green again {time.monotonic() - since:.1f}s after the failure")
+    assert serve.gateway_metric("helios_serve_restarts_total", process="tritonserver", cause=cause) == 1
+    with httpx.Client(base_url=serve.gateway_url, timeout=120) as client:
+        answer = client.post("/v1/chat/completions", json=body(QUESTION, 4))
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+    assert serve.stub_pid() != stub
+
+
+def wait_red(serve: ServeProcess, since: float) -> None:
+    assert wait_until(lambda: httpx.get(serve.gateway_url + "/health", timeout=10).status_code == 503)
+    print(f"/health red {time.monotonic() - since:.2f}s after the failure")
+
+
 # spec: HTTP-23, HTTP-25, HTTP-27
 def test_a_killed_stub_fails_open_requests_and_the_stack_recovers(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
     with ServeProcess(default_core, tmp_path) as serve:
         serve.wait_gateway_healthy()
-        readers = [StreamReader(serve.gateway_url) for _ in range(3)]
-        json_result: dict[str, Any] = {}
-
-        def non_stream() -> None:
-            with httpx.Client(base_url=serve.gateway_url, timeout=120) as client:
-                response = client.post("/v1/chat/completions", json=body(STORY, 400))
-                json_result.update(status=response.status_code, body=response.json(), at=time.monotonic())
-
-        plain = threading.Thread(target=non_stream, daemon=True)
-        for reader in readers:
-            reader.start()
-        plain.start()
-        assert all(reader.first_content.wait(120) for reader in readers)
+        requests = OpenRequests(serve.gateway_url)
         assert serve.gateway_metric("helios_gateway_backend_streams_open") == 4
         stub, triton = serve.stub_pid(), serve.triton_pid()
         killed_at = time.monotonic()
         os.kill(stub, signal.SIGKILL)                      # the backend dies mid-generation
-        assert wait_until(lambda: httpx.get(serve.gateway_url + "/health", timeout=10).status_code == 503)
-        print(f"/health red {time.monotonic() - killed_at:.2f}s after the kill")
-        for reader in readers:
-            reader.join(120)
-        plain.join(120)
-        print("terminal errors after", [f"{r.ended_at - killed_at:.2f}s" for r in readers],
-              f"json {json_result['at'] - killed_at:.2f}s")
-        for reader in readers:
-            errors = [json.loads(e) for e in reader.events if '"error"' in e]
-            assert len(errors) == 1 and reader.events[-1] == json.dumps(errors[0], separators=(",", ":"))
-            assert errors[0]["error"]["type"] == "server_error" and errors[0]["error"]["code"]
-            assert "[DONE]" not in reader.events
-        assert json_result["status"] == 500 and json_result["body"]["error"]["code"] == "execution_failed"
-        assert serve.gateway_metric("helios_gateway_admission_permits_in_use") == 0
-        assert serve.gateway_metric("helios_gateway_backend_streams_open") == 0
+        wait_red(serve, killed_at)
+        requests.assert_each_failed_once(killed_at)
         assert not alive(triton)                           # the server with the dead stub was replaced
+        assert_recovered(serve, killed_at, stub, "stub_died")
+
+
+# spec: HTTP-23, HTTP-25, HTTP-27
+@pytest.mark.parametrize("site", SITES)
+def test_a_dead_engine_thread_ends_the_stub_and_the_stack_recovers(default_core: Path, tmp_path: Path,  # noqa: F811
+                                                                   site: str) -> None:
+    """A thread of the engine dies inside a live stub (the injected crash of faults.py): the open
+    requests get their failure, the stub exits with STUB_EXIT_ENGINE_FAILED, helios-serve
+    restarts the server (cause engine_failed)."""
+    trigger = tmp_path / "fault"
+    with ServeProcess(default_core, tmp_path, env={FAULT_ENVIRONMENT: str(trigger)}) as serve:
         serve.wait_gateway_healthy()
-        print(f"/health green again {time.monotonic() - killed_at:.1f}s after the kill")
-        assert serve.gateway_metric("helios_serve_restarts_total", process="tritonserver", cause="stub_died") == 1
-        with httpx.Client(base_url=serve.gateway_url, timeout=120) as client:
-            answer = client.post("/v1/chat/completions", json=body(QUESTION, 4))
-        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
-        assert serve.stub_pid() != stub
+        requests = OpenRequests(serve.gateway_url)
+        stub = serve.stub_pid()
+        armed_at = time.monotonic()
+        trigger.write_text(site)
+        wait_red(serve, armed_at)
+        requests.assert_each_failed_once(armed_at)
+        assert_recovered(serve, armed_at, stub, "engine_failed")
+        log = serve.log()
+    assert f"injected fault in the {site} thread" in log and "helios engine failed, ending the stub" in log
+    assert not trigger.exists()
 
 
 # spec: HTTP-15

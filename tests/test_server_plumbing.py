@@ -14,6 +14,7 @@ from helios_proto import contract_pb2 as cp
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.scheduler.scheduler import Emitted, Terminal
+from helios_backend.engine.faults import FaultTrigger, FaultyRunner, FaultySink
 from helios_backend.engine.metrics import FAMILY, MetricsThread, Op, update
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import SettingsError, StartupOptions, resolve
@@ -292,3 +293,61 @@ def test_a_valid_logit_bias_travels_as_arrays_of_distinct_ids():
     assert spec.logit_bias.ids.dtype == np.int32 and spec.logit_bias.values.dtype == np.float32
     assert request_spec(tp.GenerateRequest(), np.array([1]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100,
                                                                           300)).logit_bias is None
+
+
+def _dying(tmp_path: Path, site: str) -> tuple[FaultTrigger, list[str], threading.Event]:
+    """An armed fault trigger, and what the death callback records."""
+    trigger = FaultTrigger(tmp_path / "fault")
+    trigger.path.write_text(site)
+    deaths: list[str] = []
+    died = threading.Event()
+    return trigger, deaths, died
+
+
+def test_a_dead_worker_fails_every_request_once_and_reports_its_death(tmp_path: Path) -> None:  # spec: HTTP-23
+    sched, engine = make()
+    trigger, deaths, died = _dying(tmp_path, "worker")
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
+    worker = EngineLoop(sched, FaultyRunner(engine, trigger), hub, Metrics(),
+                        on_death=lambda reason: (deaths.append(reason), died.set()))
+    hub.start()
+    senders = {}
+    for serial in (1, 2, 3):
+        senders[serial] = RecordingSender()
+        hub.register(Stream(serial, senders[serial]))
+        worker.enqueue(serial, spec(prompt_of(serial, 6), max_tokens=50))
+    worker.start()
+    assert died.wait(10) and all(s.done.wait(10) for s in senders.values())
+    worker.stop(timeout=10)                         # returns once the dead thread is gone
+    late = RecordingSender()
+    hub.register(Stream(9, late))
+    worker.enqueue(9, spec(prompt_of(9, 6)))        # refused at once: nobody would answer it
+    hub.stop()
+    assert deaths == ["the scheduler worker died: InjectedFault: injected fault in the worker thread"]
+    for sender in senders.values():
+        [final] = sender.finals
+        assert final.terminal.failed.message == deaths[0]
+    [refused] = late.finals
+    assert refused.terminal.rejected.reason == tp.REJECTION_REASON_SHUTTING_DOWN
+    assert not worker.alive and not trigger.path.exists()
+
+
+def test_a_dead_response_thread_ends_every_stream_once_and_reports_its_death(tmp_path: Path) -> None:  # spec: HTTP-23
+    sched, engine = make()
+    trigger, deaths, died = _dying(tmp_path, "responses")
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics(),
+                      on_death=lambda reason: (deaths.append(reason), died.set()))
+    worker = EngineLoop(sched, engine, hub, Metrics())
+    hub.start()
+    worker.start()
+    senders = {}
+    for serial in (1, 2, 3):
+        senders[serial] = RecordingSender()
+        hub.register(Stream(serial, FaultySink(senders[serial], trigger)))
+        worker.enqueue(serial, spec(prompt_of(serial, 6), max_tokens=200))
+    assert died.wait(10)
+    worker.stop(drain=False, timeout=30)
+    assert deaths == ["the response thread died: InjectedFault: injected fault in the responses thread"]
+    assert not hub.alive
+    for sender in senders.values():
+        assert len(sender.finals) == 1              # its outcome, or the thread's death

@@ -5,6 +5,10 @@
     runtime.cancel(serial)
     runtime.stop()                                             # drain, then every stream gets its final
 
+If the worker or the response thread dies (an error no handler expected), every open request
+gets its terminal failure first, then `on_fatal(reason)` is called: the Triton adapter ends the
+stub process there, so that supervision starts a clean one (docs/triton-backend.md).
+
 Nothing here knows Triton: the Triton adapter (triton_model.py) and the bench drive the
 same object. Nothing here dispatches on a model name: the core's contract decides.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
@@ -32,6 +37,7 @@ from helios_backend.scheduler.speculative import SpeculativeOptions, Speculative
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.scheduler.variants import VariantTable
 from helios_backend.engine.assets import frontend_assets
+from helios_backend.engine.faults import FaultTrigger, FaultyRunner
 from helios_backend.engine.runner import ProgramRunner
 from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 from helios_backend.engine.metrics import MetricBackend, MetricsThread, NullMetrics
@@ -62,9 +68,11 @@ class Engine:
     spec_defaults: SpecDefaults
     clock_origin_ns: int
     grammar_tokenizer: GrammarTokenizer | None = None
+    fault: FaultTrigger | None = None            # test fault injection (faults.py); None when off
 
     @classmethod
-    def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None) -> "Engine":
+    def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None,
+              on_fatal: Callable[[str], None] | None = None) -> "Engine":
         origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
         bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
         try:
@@ -108,10 +116,17 @@ class Engine:
             tuple(contract.defaults.eos_token_ids)))
         metrics: MetricsThread | NullMetrics = (
             MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
+        fault = FaultTrigger.from_environment()
+        if fault is not None:
+            log.warning("fault injection is on (%s)", fault.path)
         worker_ref: list[EngineLoop] = []
-        hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics)
-        worker = EngineLoop(scheduler, runner, hub, metrics)
+        fatal = _FatalPath(on_fatal)
+        hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics,
+                          on_death=fatal)
+        worker = EngineLoop(scheduler, FaultyRunner(runner, fault) if fault is not None else runner, hub, metrics,
+                            on_death=fatal)
         worker_ref.append(worker)
+        fatal.attach(hub, metrics)
         if isinstance(metrics, MetricsThread):
             metrics.start()
         # Startup leaves many long-lived objects (manifests, tokenizer tables, protobuf
@@ -127,7 +142,7 @@ class Engine:
         defaults = SpecDefaults(contract.defaults.sampling, settings.max_output_tokens, vocab.sampled_tokens,
                                 logit_bias_capacity(model.graphs, bootstrap.manifest.transport))
         return cls(bootstrap, model, settings, scheduler, runner, worker, hub, metrics, defaults, origin,
-                   grammar_tokenizer)
+                   grammar_tokenizer, fault)
 
     def assets(self):  # -> tp.FrontendAssets
         b = self.bootstrap
@@ -182,6 +197,32 @@ class Engine:
         self.model.close()
         self.bootstrap.close()
         log.info("helios runtime stopped after %.2fs", time.monotonic() - start)
+
+
+class _FatalPath:
+    """Called on the dying thread, once: flush every open request's terminal failure and the
+    last gauges, then hand the reason to the owner's `on_fatal` (without one: only logged, and
+    the engine refuses new requests from then on)."""
+
+    def __init__(self, on_fatal: Callable[[str], None] | None) -> None:
+        self._on_fatal = on_fatal
+        self._once = threading.Lock()
+        self._hub: ResponseHub | None = None
+        self._metrics: MetricsThread | NullMetrics | None = None
+
+    def attach(self, hub: ResponseHub, metrics: MetricsThread | NullMetrics) -> None:
+        self._hub, self._metrics = hub, metrics
+
+    def __call__(self, reason: str) -> None:
+        if not self._once.acquire(blocking=False):
+            return
+        log.critical("helios engine failed: %s", reason)
+        if self._hub is not None:
+            self._hub.stop(timeout=2.0, reason=reason)      # on the hub's own thread: no join
+        if isinstance(self._metrics, MetricsThread):
+            self._metrics.stop(timeout=1.0)                  # the gauges read idle, not stale
+        if self._on_fatal is not None:
+            self._on_fatal(reason)
 
 
 def _stage(name: str, fn: Callable[[], T]) -> T:

@@ -10,7 +10,8 @@ other frame before round N's completion is read (Scheduler.pipeline_next).
 A failing round ends its own lanes with a typed execution failure and the worker keeps
 serving the others; an unexpected error outside a round fails every request it knows.
 When the thread exits, whatever is left gets a terminal event, so every request always
-receives exactly one final response.
+receives exactly one final response. A thread that died (rather than stopped) then reports it
+through `on_death`: the engine's owner decides how the process recovers.
 """
 from __future__ import annotations
 
@@ -80,8 +81,10 @@ class _Stop:
 
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, runner: RoundRunner, sink: EventSink,
-                 metrics: MetricsQueue, two_frames: bool = True, ingress_capacity: int | None = None) -> None:
+                 metrics: MetricsQueue, two_frames: bool = True, ingress_capacity: int | None = None,
+                 on_death: Callable[[str], None] = lambda reason: None) -> None:
         self._scheduler = scheduler
+        self._on_death = on_death
         # The ingress channel holds at most queue_capacity submissions that will have to queue
         # (HTTP-4): a submission beyond it is rejected at once, even while a long round keeps the
         # worker busy. Submissions the free active places take at the next round pass on top
@@ -151,14 +154,18 @@ class EngineLoop:
 
     # ---- the worker thread -------------------------------------------------------------
     def _main(self) -> None:
+        death: str | None = None
         try:
             self._loop()
-        except BaseException:
+        except BaseException as exc:
             log.exception("scheduler worker stopped by an unexpected error")
+            death = f"the scheduler worker died: {type(exc).__name__}: {exc}"
         finally:
             self._refuse_inbox()
-            self._sink.deliver(self._scheduler.fail_all("the scheduler worker stopped"))
+            self._sink.deliver(self._scheduler.fail_all(death or "the scheduler worker stopped"))
             self._metrics.push(self._round_metrics.collect())
+        if death is not None:
+            self._on_death(death)
 
     def _loop(self) -> None:
         s = self._scheduler

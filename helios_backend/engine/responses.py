@@ -18,7 +18,9 @@ request, and of each channel once (a channel's client gone cancels all of its re
 
 Invariant: every registered stream gets exactly one final response (its terminal event,
 or, if the backend stops first, a typed execution failure), and every channel gets a
-FINAL once its client is gone or the backend stops.
+FINAL once its client is gone or the backend stops. If the response thread itself dies, it
+makes one last pass that fails every open stream and closes every channel, then reports the
+death through `on_death` (the engine's owner recovers the process).
 """
 from __future__ import annotations
 
@@ -108,8 +110,10 @@ class ChannelError(ValueError):
 
 
 class ResponseHub:
-    def __init__(self, on_cancel: Callable[[int], None], metrics: MetricsQueue) -> None:
+    def __init__(self, on_cancel: Callable[[int], None], metrics: MetricsQueue,
+                 on_death: Callable[[str], None] = lambda reason: None) -> None:
         self._on_cancel = on_cancel
+        self._on_death = on_death
         self._metrics = metrics
         self._lock = threading.Condition()
         self._streams: dict[int, Stream] = {}
@@ -117,7 +121,8 @@ class ResponseHub:
         self._dirty: set[int] = set()
         self._stopping = False
         self._next_poll = 0.0
-        self._thread = threading.Thread(target=self._run, name="helios-responses", daemon=True)
+        self._in_flight: list[tuple[Stream, OutputChunk, bool]] = []   # the pass being sent
+        self._thread = threading.Thread(target=self._main, name="helios-responses", daemon=True)
         self.channel_responses = 0           # channel sends so far (tests, diagnostics)
 
     def start(self) -> None:
@@ -218,20 +223,52 @@ class ResponseHub:
             self._dirty.add(serial)
             self._lock.notify()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, reason: str = "the backend stopped") -> None:
         """Flush, fail whatever never got a terminal event, and end the thread."""
+        self._fail_open(reason)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _fail_open(self, reason: str) -> None:
         with self._lock:
             for stream in self._streams.values():
                 if not stream.final:
                     stream.pending.event = tp.ResponseEvent(terminal=tp.TerminalEvent(
-                        failed=tp.ExecutionFailure(message="the backend stopped")))
+                        failed=tp.ExecutionFailure(message=reason)))
                     stream.final = True
                     self._dirty.add(stream.serial)
             self._stopping = True
             self._lock.notify()
-        self._thread.join(timeout)
 
     # ---- the response thread -------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._run()
+            return
+        except BaseException as exc:
+            death = f"the response thread died: {type(exc).__name__}: {exc}"
+            log.exception("response thread stopped by an unexpected error")
+        # one last pass on this thread: every open stream gets its failure, every channel its FINAL;
+        # a final response the dead pass may not have sent goes again (a repeat is ignored)
+        with self._lock:
+            for stream, chunk, final in self._in_flight:
+                if final and stream.serial not in self._streams:
+                    stream.pending = chunk
+                    self._streams[stream.serial] = stream
+                    self._dirty.add(stream.serial)
+                    if stream.channel is not None and not stream.channel.closed:
+                        stream.channel.tags[stream.tag] = stream.serial
+        self._fail_open(death)
+        try:
+            self._run()
+        except BaseException:
+            log.exception("the last pass of the dead response thread failed too")
+        self._on_death(death)
+
     def _run(self) -> None:
         while True:
             with self._lock:
@@ -253,6 +290,7 @@ class ResponseHub:
                         if stream.channel is not None:
                             stream.channel.tags.pop(stream.tag, None)
                 self._dirty.clear()
+                self._in_flight = batch
                 done = self._stopping and not self._streams and not batch
                 now = time.monotonic()
                 poll = now >= self._next_poll

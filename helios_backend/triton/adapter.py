@@ -10,6 +10,7 @@ import ctypes
 import itertools
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from helios_proto import transport_pb2 as tp
 from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
 from helios_backend.engine.responses import Channel, ChannelError, Stream
 from helios_backend.engine.engine import Engine, StartupError
+from helios_backend.engine.faults import FaultySink
+from helios_backend.triton.supervision import STUB_EXIT_ENGINE_FAILED
 from helios_backend.engine.settings import SettingsError, StartupOptions
 from helios_backend.transport import (
     IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, TransportError, decode_parameters, message_array,
@@ -126,13 +129,29 @@ class TritonHeliosModel:
             options = StartupOptions.from_parameters(parameters, project_root=model_dir.parent.parent)
             backend = TritonMetricBackend(self._pb, {"model": args["model_name"],
                                                      "version": str(args["model_version"])})
-            self.runtime = Engine.start(options, backend)
+            self.runtime = Engine.start(options, backend, on_fatal=self._exit_stub)
         except (StartupError, SettingsError) as exc:
             message = f"helios startup failed: {exc}"
             self._pb.Logger.log_error(message)
             raise RuntimeError(message) from None
         self._pb.Logger.log_info(f"helios model ready: core {options.core_path}; numpy {np.__version__}, "
                                  f"tensors through {'DLPack' if _DLPACK else 'the stub'}")
+
+    def _exit_stub(self, reason: str) -> None:
+        """The engine failed and every open request has its terminal failure: end this stub
+        process. A thread that died leaves state nobody can trust (the scheduler's pages and
+        slots, the executor's frames, a device context after a sticky error); a new process is
+        clean, and the stub's exit is what supervision already detects and restarts
+        (helios-serve), or what a standalone gateway sees as an unhealthy model."""
+        # straight to stderr: Triton's own logger sends through the server, which may be killed
+        # before it writes
+        log.critical("helios engine failed, ending the stub (exit %d): %s", STUB_EXIT_ENGINE_FAILED, reason)
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(STUB_EXIT_ENGINE_FAILED)
+
+    def _sink(self, sink: Any, runtime: Engine) -> Any:
+        return FaultySink(sink, runtime.fault) if runtime.fault is not None else sink
 
     def execute(self, requests: list[Any]) -> None:
         runtime = self.runtime
@@ -154,7 +173,7 @@ class TritonHeliosModel:
                 self._generate(runtime, serial, request, params.generate, sender)
             elif kind == "channel":
                 try:
-                    runtime.hub.open_channel(params.channel.id, TritonChannelSink(self._pb, sender))
+                    runtime.hub.open_channel(params.channel.id, self._sink(TritonChannelSink(self._pb, sender), runtime))
                 except ChannelError as exc:
                     self._answer(sender, tp.ResponseEvent(terminal=TransportError("channel.id", str(exc)).event()))
             elif kind == "cancel":
@@ -175,7 +194,7 @@ class TritonHeliosModel:
         except TransportError as exc:
             self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
             return
-        own = TritonSender(self._pb, sender, set(request.requested_output_names()))
+        own = self._sink(TritonSender(self._pb, sender, set(request.requested_output_names())), runtime)
         runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), grammar)
 
     def _generate_on_channel(self, runtime: Engine, serial: int, request: Any, gen: tp.GenerateRequest) -> None:

@@ -9,7 +9,9 @@ leaves a model-less server running. So helios-serve watches three things itself:
   naming Triton's reason (tampered core, invalid contract, bad option);
 * the stub process (a child of tritonserver): when it dies, tritonserver is killed (its
   streams then break, so every in-flight gateway request gets its terminal error) and
-  started again after a backoff; its /dev/shm regions are removed first;
+  started again after a backoff; its /dev/shm regions are removed first. The stub also ends
+  itself when a thread of its engine dies (exit STUB_EXIT_ENGINE_FAILED, cause
+  `engine_failed`), after answering every open request with its failure;
 * the gateway: if it exits before it ever answered HTTP, startup failed (exit non-zero);
   later, it is restarted after a backoff.
 
@@ -46,6 +48,9 @@ MAX_FAILED_STARTS = 5           # consecutive restarts that never became ready: 
 GATEWAY_ANSWER_TIMEOUT_S = 60.0
 STOP_DEADLINE_S = 9.0           # SIGTERM -> every process gone (the issue's bound is 10 s)
 GATEWAY_STOP_S = 6.0            # the gateway's 5 s drain (HTTP-15) and its exit
+# The stub's exit status after its engine failed (a worker or response thread died, every open
+# request already answered with its failure): EX_SOFTWARE. Any other end of the stub is "stub_died".
+STUB_EXIT_ENGINE_FAILED = 70
 
 
 class ExitCode(enum.IntEnum):
@@ -160,6 +165,17 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def stub_exit_code(pid: int) -> int | None:
+    """The exit code of a dead, unreaped process (its zombie's /proc stat keeps the wait
+    status, field 52); None when it was killed by a signal or is gone already."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = int(fields[49])
+    except (OSError, IndexError, ValueError):
+        return None
+    return None if status & 0x7F else (status >> 8) & 0xFF
 
 
 def model_state(host: str, http_port: int, model: str) -> tuple[str, str]:
@@ -290,7 +306,11 @@ class Supervisor:
             return
         dead = [pid for pid in self._stubs if not process_alive(pid)]
         if dead:
-            self._restart("tritonserver", "stub_died", f"the python backend stub (pid {dead[0]}) died")
+            if stub_exit_code(dead[0]) == STUB_EXIT_ENGINE_FAILED:
+                self._restart("tritonserver", "engine_failed", f"the helios engine failed in the python "
+                                                               f"backend stub (pid {dead[0]}), which exited")
+            else:
+                self._restart("tritonserver", "stub_died", f"the python backend stub (pid {dead[0]}) died")
 
     def _watch_gateway(self, now: float) -> None:
         gateway = self.gateway
