@@ -8,7 +8,9 @@ Rounds use completion feedback, except plain decode rounds (device-owned pending
 no grammar, no host stops, nobody waiting): then round N+1 is packed and launched on the
 other frame before round N's completion is read (Scheduler.pipeline_next).
 A failing round ends its own lanes with a typed execution failure and the worker keeps
-serving the others; an unexpected error outside a round fails every request it knows.
+serving the others; an unexpected error outside a round fails every request it knows, and
+so does a lost executor (ExecutorLostError: a rank process died or stopped answering),
+after which the worker stops (Engine.healthy turns false).
 When the thread exits, whatever is left gets a terminal event, so every request always
 receives exactly one final response.
 """
@@ -24,6 +26,7 @@ from typing import Callable, Protocol
 
 from helios_proto import transport_pb2 as tp
 
+from helios_backend.executors.base import ExecutorLostError
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.plan import RoundPlan
 from helios_backend.scheduler.request import Grammar, RequestSpec
@@ -102,6 +105,8 @@ class EngineLoop:
         self._stopping: _Stop | None = None
         self._two_frames = two_frames
         self._frame = 0
+        self._stop_reason = "the scheduler worker stopped"
+        self.lost: str | None = None      # why the executor can run nothing more (set once, by the worker)
         self.rounds = 0
 
     # ---- any thread ------------------------------------------------------------------
@@ -153,11 +158,13 @@ class EngineLoop:
     def _main(self) -> None:
         try:
             self._loop()
+        except ExecutorLostError as exc:
+            self._lost(f"{type(exc).__name__}: {exc}")
         except BaseException:
             log.exception("scheduler worker stopped by an unexpected error")
         finally:
             self._refuse_inbox()
-            self._sink.deliver(self._scheduler.fail_all("the scheduler worker stopped"))
+            self._sink.deliver(self._scheduler.fail_all(self._stop_reason))
             self._metrics.push(self._round_metrics.collect())
 
     def _loop(self) -> None:
@@ -203,6 +210,9 @@ class EngineLoop:
                     except Exception:
                         pass
                     s.fail(later, message)
+                if isinstance(exc, ExecutorLostError):
+                    self._lost(message)
+                    return
             self.rounds += 1
             self._sink.deliver(s.take_events())
             now = time.monotonic()
@@ -224,7 +234,14 @@ class EngineLoop:
             log.error("submission failed (%s lanes): %s", len(plan.main.lanes), message)
             self._scheduler.fail(plan, message)
             self._sink.deliver(self._scheduler.take_events())
+            if isinstance(exc, ExecutorLostError):
+                raise
             return False
+
+    def _lost(self, message: str) -> None:
+        """The executor can run nothing more: every request ends now, with the cause."""
+        log.error("the executor is lost (%s): failing every request; the model must be restarted", message)
+        self._stop_reason = self.lost = f"the executor is lost: {message}"
 
     def _collect(self, plan: RoundPlan) -> CompletionRows:
         return self._runner.collect(plan)

@@ -70,6 +70,16 @@ class Nccl:
         self._check(self._lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
         return uid
 
+    def unique_id_bytes(self) -> bytes:
+        """A unique id as the bytes rank 0 sends its rank processes at rendezvous."""
+        return bytes(self.unique_id().internal)
+
+    @staticmethod
+    def unique_id_from(data: bytes) -> UniqueId:
+        if len(data) != UNIQUE_ID_NBYTES:
+            raise ValueError(f"an NCCL unique id holds {UNIQUE_ID_NBYTES} bytes, not {len(data)}")
+        return UniqueId.from_buffer_copy(data)
+
     def init_rank(self, world_size: int, uid: UniqueId, rank: int) -> int:
         """Blocks until every rank has joined: call it on each rank's own thread."""
         comm = ctypes.c_void_p()
