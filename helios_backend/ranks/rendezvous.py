@@ -9,14 +9,17 @@ it against its own identity (the world size, the core's content digest, the cont
 digest, the executor) and either answers WELCOME with the session (the programs to load,
 the cache pages, the NCCL unique id: everything a peer must share with rank 0) or REFUSED
 with the first field that differs, and closes that connection. A refused peer exits with
-that message; rank 0 keeps waiting for a rank that fits until its timeout, then fails
-startup naming every refusal. The connection a peer joined on carries its frames afterwards.
+that message and rank 0's startup fails at once with the same message (a serving stack
+whose ranks disagree is a deployment error, not something to wait out). A connection that
+sends no valid hello is dropped and waited past. The connection a peer joined on carries its
+frames afterwards.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import logging
 import socket
 import time
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.ranks.wire import Kind, Link, RankLostError
 
+log = logging.getLogger("helios.ranks")
 ACCEPT_POLL_S = 0.2
 CONNECT_RETRY_S = 0.2
 HELLO_TIMEOUT_S = 10.0
@@ -96,7 +100,6 @@ class RankStore:
     def gather(self, session: Mapping[str, Any], timeout_s: float) -> list[Link]:
         """Links to ranks 1..world_size-1 (index r-1 is rank r), each welcomed with `session`."""
         peers: dict[int, Link] = {}
-        refusals: list[str] = []
         deadline = time.monotonic() + timeout_s
         world = self.identity.world_size
         try:
@@ -104,15 +107,14 @@ class RankStore:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(1, world)) - set(peers))
                     raise RendezvousError(f"ranks {missing} did not join the store at {self.address[0]}:"
-                                          f"{self.address[1]} within {timeout_s:.0f}s"
-                                          + (f"; refused: {'; '.join(refusals)}" if refusals else ""))
+                                          f"{self.address[1]} within {timeout_s:.0f}s")
                 try:
                     sock, where = self._server.accept()
                 except socket.timeout:
                     continue
                 refusal = self._admit(sock, where, peers)
                 if refusal is not None:
-                    refusals.append(refusal)
+                    raise RendezvousError(refusal)
             payload = json.dumps(dict(session)).encode()
             for link in peers.values():
                 link.send(Kind.WELCOME, payload=payload)
@@ -131,7 +133,8 @@ class RankStore:
             identity = RankIdentity(**hello["identity"])
         except (RankLostError, ValueError, KeyError, TypeError) as exc:
             link.close()
-            return f"a peer at {where} sent no valid hello ({exc})"
+            log.warning("rendezvous: a connection from %s sent no valid hello (%s); dropped", where, exc)
+            return None
         link.rank = rank
         reason = self.identity.mismatch(identity)
         if reason is None and not 1 <= rank < self.identity.world_size:
