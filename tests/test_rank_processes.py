@@ -113,26 +113,120 @@ def test_a_rank_process_joins_and_loads_its_own_rank(process_model, tp_bootstrap
     assert executor.read_buffer(name, rank=1).nbytes * 2 == executor.read_buffer(name, rank=0).nbytes
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_two_rank_processes_equal_tp1_for_64_greedy_steps(process_model, smollm2_model, tp_bootstrap, batch):
+def test_two_rank_processes_equal_tp1_for_64_greedy_steps(process_model, smollm2_model, tp_bootstrap):
     # spec: OWN-15, OWN-14
     model, _ = process_model
-    prompts = PROMPTS[:batch]
-    tokens, logits = greedy_with_logits(model, prompts, STEPS)
-    tp1_tokens, tp1_logits = greedy_with_logits(smollm2_model, prompts, STEPS)
+    tokens, logits = greedy_with_logits(model, PROMPTS, STEPS)
+    tp1_tokens, tp1_logits = greedy_with_logits(smollm2_model, PROMPTS, STEPS)
     assert all(len(t) == STEPS for t in tokens)
     assert tokens == tp1_tokens
     assert np.abs(logits - tp1_logits).max() <= LOGIT_TOLERANCE
     # every rank drew the same token: rank 1's state, read over its link, is rank 0's
     assert rank_disagreements(model, RANK_STATE + ("scratch.logits",)) == []
-    if batch == 1:     # the star all-reduce sums in the lockstep's order: the thread mode, bit for bit
-        thread = NativeModel.load(tp_bootstrap.contract, tp_bootstrap.manifest, tp_bootstrap.read_resource,
-                                  ModelOptions(cache_pages=128))
-        try:
-            thread_tokens, thread_logits = greedy_with_logits(thread, prompts, STEPS)
-        finally:
-            thread.close()
-        assert thread_tokens == tokens and np.array_equal(thread_logits, logits)
+    # the star all-reduce sums in the lockstep's order: the thread mode, bit for bit
+    thread = NativeModel.load(tp_bootstrap.contract, tp_bootstrap.manifest, tp_bootstrap.read_resource,
+                              ModelOptions(cache_pages=128))
+    try:
+        thread_tokens, thread_logits = greedy_with_logits(thread, PROMPTS, STEPS)
+    finally:
+        thread.close()
+    assert thread_tokens == tokens and np.array_equal(thread_logits, logits)
+
+
+def test_a_rank_whose_completion_differs_fails_the_round_on_every_rank(process_model):
+    # spec: SPEC-31: validation agreement: one rank's different completion, no rank commits
+    from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
+    from helios_backend.ranks.wire import Kind
+    from helios_backend.scheduler.errors import CompletionMismatch
+
+    model, peer = process_model
+    executor = model.executor
+    link = executor.links[0]
+    receive = link.receive
+
+    def tampered(kind):  # type: ignore[no-untyped-def]
+        message = receive(kind)
+        if kind != Kind.COMPLETION:
+            return message
+        words = bytearray(message.payload)
+        words[-4:] = b"\xff\xff\xff\x7f"
+        return message._replace(payload=bytes(words))
+
+    link.receive = tampered   # type: ignore[method-assign]
+    try:
+        with pytest.raises(CompletionMismatch, match=r"ranks \[1\] completed the step differently.*no rank commits"):
+            LockstepGenerator(model).generate([GenerationRequest(PROMPTS[0], 2)])
+    finally:
+        del link.receive
+    assert executor.lost is None and peer.process.poll() is None     # the ranks stay in step
+
+
+def test_the_cuda_executor_of_one_rank_process_joins_nccl_from_rank_zeros_id(tp_bootstrap, monkeypatch):
+    """Each process's CudaExecutor owns one rank: its own graphs and communicator from the id
+    rank 0 sent, and the cache pages agreed over both (fake driver and NCCL, no GPU)."""
+    # spec: OWN-15
+    from helios_backend.executors import cuda_executor
+    from helios_backend.kernels import abi
+    from helios_proto import manifest_pb2 as M
+    from tests.test_tensor_parallel import _FakeNccl, _StreamCaptureDriver
+
+    manifest = M.ExecutionManifest()
+    manifest.CopyFrom(tp_bootstrap.manifest)
+    manifest.modules.add(resource="fake.cubin", arch="sm_90a", kernels=[
+        M.Kernel(id=k, symbol=k, params=[p.kind for p in spec.params], num_warps=4, trailing_null_pointers=2)
+        for k, spec in abi.KERNELS.items()])
+    for program in manifest.programs:
+        for node in program.nodes:
+            node.block.x = 0
+    fake = _StreamCaptureDriver()
+    ids: list[bytes] = []
+
+    class Nccl(_FakeNccl):
+        def unique_id_from(self, data: bytes) -> bytes:
+            ids.append(data)
+            return data
+
+    monkeypatch.setattr(cuda_executor, "Nccl", lambda: Nccl(fake))
+    offers: dict[int, int] = {}
+    both = threading.Barrier(DEGREE)
+
+    def agree(rank: int):  # type: ignore[no-untyped-def]
+        def pages(mine: int) -> int:
+            offers[rank] = mine                     # rank 0 (2 of 3 KV heads) fits fewer pages
+            both.wait()
+            return min(offers.values())
+        return pages
+
+    def read(resource: str) -> bytes:
+        return b"\0" * 64 if resource == "fake.cubin" else tp_bootstrap.read_resource(resource)
+
+    executors: dict[int, object] = {}
+    uid = bytes(range(128))
+
+    def start(rank: int) -> None:
+        executors[rank] = cuda_executor.CudaExecutor(manifest, read, cuda_executor.CudaExecutorOptions(
+            programs=frozenset({"decode.r1.t1"}), local_ranks=(rank,), devices=(rank,)), driver=fake,
+            nccl_unique_id=uid, agree_pages=agree(rank))
+
+    threads = [threading.Thread(target=start, args=(rank,)) for rank in range(DEGREE)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert sorted(executors) == [0, 1] and ids == [uid, uid]
+        pages = {rank: e.cache_pages for rank, e in executors.items()}       # type: ignore[attr-defined]
+        assert pages[0] == pages[1] == min(offers.values()) and offers[0] < offers[1]
+        for rank, executor in executors.items():
+            [own] = executor._ranks                                          # type: ignore[attr-defined]
+            assert own.rank == rank and own.comm == 100 + rank
+            assert executor.buffer_offsets(rank)                             # type: ignore[attr-defined]
+            with pytest.raises(KeyError, match="not one of this process's ranks"):
+                executor.buffer_offsets(1 - rank)                            # type: ignore[attr-defined]
+        assert len(fake.graphs) == DEGREE * manifest.transport.frames        # one rank's graphs per process
+    finally:
+        for executor in executors.values():
+            executor.close()                                                 # type: ignore[attr-defined]
 
 
 def test_closing_rank_zero_ends_the_rank_process_cleanly(tp_core, tp_bootstrap):

@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from helios_backend.triton.launcher import (
@@ -120,6 +121,10 @@ def resolve_executor(name: str) -> str:
     return "cuda" if gpu_available() else "cpu"
 
 
+def _fixed(argv: list[str]) -> Callable[[], list[str]]:
+    return lambda: argv
+
+
 def rank_children(args: argparse.Namespace, core: Path, executor: str, world_size: int) -> list[Child]:
     """The helios-rank processes to start on this host (--local-ranks of ranks 1..world_size-1)."""
     if args.rank_peers != "processes" or world_size < 2 or args.local_ranks == "none":
@@ -134,7 +139,7 @@ def rank_children(args: argparse.Namespace, core: Path, executor: str, world_siz
         argv = [sys.executable, "-m", "helios_backend.cli.rank", "--core", str(core), "--rank", str(rank),
                 "--store", f"{host}:{port}", "--executor", executor, "--acceptance", args.acceptance,
                 "--join-timeout", str(args.ready_timeout)]
-        children.append(Child(f"rank{rank}", lambda argv=argv: argv))
+        children.append(Child(f"rank{rank}", _fixed(argv)))
     return children
 
 

@@ -113,12 +113,12 @@ def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, r
     share = options.cache_memory_share if options.cache_memory_share is not None else (
         contract.defaults.cache_memory_share if contract.defaults.HasField("cache_memory_share") else 0.90)
     rank = options.rank if placement is None else placement.rank
-    ranks = {} if placement is None else {"local_ranks": (placement.rank,), "devices": (
-        placement.rank if placement.device is None else placement.device,)}
+    local = None if placement is None else (placement.rank,)
+    devices = None if placement is None else (rank if placement.device is None else placement.device,)
     return CudaExecutor(manifest, read_resource,
                         CudaExecutorOptions(cache_pages=pages, cache_memory_share=share,
                                             programs=frozenset(g.program for g in graphs),
-                                            kernel_arch=options.kernel_arch, **ranks),
+                                            kernel_arch=options.kernel_arch, local_ranks=local, devices=devices),
                         graphs=[g for g in graphs if g.rank == rank],
                         nccl_unique_id=None if placement is None else placement.nccl_unique_id,
                         agree_pages=None if placement is None else placement.agree_pages)

@@ -103,7 +103,7 @@ def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str],
                 _send_failure(link, failure[0])
                 return
             try:
-                link.send(Kind.COMPLETION, frame=frame, value=sequence, payload=memoryview(words))
+                link.send(Kind.COMPLETION, frame=frame, value=sequence, payload=words.data)
             except RankLostError:
                 return
 
@@ -112,19 +112,19 @@ def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str],
     sequence = 0
     try:
         while not failure:
-            kind, frame, index, value, nbytes = link.read_header()
+            kind, frame, item, value, nbytes = link.read_header()
             if kind == Kind.LAUNCH:
                 staging = executor.staging(frame)
-                if nbytes != staging.nbytes or value != sequence or not 0 <= index < len(programs):
+                if nbytes != staging.nbytes or value != sequence or not 0 <= item < len(programs):
                     raise RankLostError(0, f"a launch this rank cannot follow (sequence {value}, expected "
                                            f"{sequence}; {nbytes} frame bytes, {staging.nbytes} here)")
-                link.read_exact(memoryview(staging))
+                link.read_exact(staging.data)
                 try:
-                    executor.launch(programs[index], frame)
+                    executor.launch(programs[item], frame)
                 except RankLostError:
                     raise
                 except Exception as exc:   # noqa: BLE001 - sent to rank 0
-                    failure.append(f"rank {rank}: {programs[index]}: {type(exc).__name__}: {exc}")
+                    failure.append(f"rank {rank}: {programs[item]}: {type(exc).__name__}: {exc}")
                     _send_failure(link, failure[0])
                     break
                 sequence += 1
@@ -133,7 +133,7 @@ def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str],
                 name = link.read_payload(nbytes).decode()
                 try:
                     data = executor.read_buffer(name, rank)
-                    link.send(Kind.BUFFER, payload=memoryview(data))
+                    link.send(Kind.BUFFER, payload=data.data)
                 except KeyError:
                     link.send(Kind.BUFFER, value=-1)
             elif kind == Kind.CLOSE:

@@ -84,10 +84,10 @@ class ProcessRanksExecutor:
             raise UnknownProgramError(program)
         if self._in_flight[frame]:
             raise FrameStateError(f"frame {frame} still holds an unread completion")
-        payload = memoryview(self.local.staging(frame))
+        payload = self.local.staging(frame).data
         try:
             for link in self.links:
-                link.send(Kind.LAUNCH, frame=frame, index=index, value=self._sequence, payload=payload)
+                link.send(Kind.LAUNCH, frame=frame, item=index, value=self._sequence, payload=payload)
             self._sequence += 1
             self._in_flight[frame] = True
             self.local.launch(program, frame)

@@ -31,13 +31,13 @@ class StarReduceRoot:
         if received is None:
             received = self._scratch[key] = np.empty_like(region)
         for link in self.links:
-            message = link.receive_into(Kind.REDUCE, memoryview(received))
-            if message.index != index:
-                raise RankLostError(link.rank, f"sent all-reduce {message.index} during all-reduce {index} "
+            message = link.receive_into(Kind.REDUCE, received.data)
+            if message.item != index:
+                raise RankLostError(link.rank, f"sent all-reduce {message.item} during all-reduce {index} "
                                                "(the ranks are out of step)")
             region += received
         for link in self.links:
-            link.send(Kind.REDUCE, index=index, payload=memoryview(region))
+            link.send(Kind.REDUCE, item=index, payload=region.data)
 
 
 class StarReduceLeaf:
@@ -47,10 +47,10 @@ class StarReduceLeaf:
         self.link = link
 
     def __call__(self, index: int, region: np.ndarray) -> None:
-        self.link.send(Kind.REDUCE, index=index, payload=memoryview(region))
-        message = self.link.receive_into(Kind.REDUCE, memoryview(region))
-        if message.index != index:
-            raise RankLostError(0, f"sent all-reduce {message.index} during all-reduce {index}")
+        self.link.send(Kind.REDUCE, item=index, payload=region.data)
+        message = self.link.receive_into(Kind.REDUCE, region.data)
+        if message.item != index:
+            raise RankLostError(0, f"sent all-reduce {message.item} during all-reduce {index}")
 
 
 def root_page_agreement(links: Sequence[Link]) -> Callable[[int], int]:

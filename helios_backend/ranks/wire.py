@@ -1,6 +1,6 @@
 """Messages between rank 0 and one peer rank: a fixed header and a payload, on one TCP connection.
 
-    header (24 bytes, little-endian): kind u16 | frame u16 | index u32 | value i64 | payload bytes u64
+    header (24 bytes, little-endian): kind u16 | frame u16 | item u32 | value i64 | payload bytes u64
 
 Every receive is bounded by the link's timeout: a peer that died (EOF, reset) or stopped
 answering (no byte within the bound) raises RankLostError naming the rank, which the
@@ -47,7 +47,7 @@ class RankLostError(RuntimeError):
 class Message(NamedTuple):
     kind: Kind
     frame: int
-    index: int
+    item: int
     value: int
     payload: bytes
 
@@ -70,10 +70,10 @@ class Link:
         self.sock.settimeout(timeout_s)
 
     # ---- sending -------------------------------------------------------------------------
-    def send(self, kind: Kind, *, frame: int = 0, index: int = 0, value: int = 0,
+    def send(self, kind: Kind, *, frame: int = 0, item: int = 0, value: int = 0,
              payload: bytes | bytearray | memoryview = b"") -> None:
         view = memoryview(payload).cast("B")
-        header = HEADER.pack(int(kind), frame, index, value, view.nbytes)
+        header = HEADER.pack(int(kind), frame, item, value, view.nbytes)
         try:
             with self._send_lock:
                 if view.nbytes <= 4096:
@@ -110,12 +110,12 @@ class Link:
                 out[:] = message.payload
                 return message
         while True:
-            kind_, frame, index, value, nbytes = self.read_header()
+            kind_, frame, item, value, nbytes = self.read_header()
             if kind_ == kind:
-                self._check_size(Message(Kind(kind_), frame, index, value, b""), out.nbytes, nbytes)
+                self._check_size(Message(Kind(kind_), frame, item, value, b""), out.nbytes, nbytes)
                 self.read_exact(out)
-                return Message(Kind(kind_), frame, index, value, b"")
-            self._stash.append(self._finish(kind_, frame, index, value, nbytes))
+                return Message(Kind(kind_), frame, item, value, b"")
+            self._stash.append(self._finish(kind_, frame, item, value, nbytes))
 
     def _check_size(self, message: Message, expected: int, nbytes: int | None = None) -> None:
         got = len(message.payload) if nbytes is None else nbytes
@@ -123,8 +123,8 @@ class Link:
             raise RankLostError(self.rank, f"sent {got} bytes for a {message.kind.name} of {expected}")
 
     def next_message(self) -> Message:
-        kind, frame, index, value, nbytes = self.read_header()
-        return self._finish(kind, frame, index, value, nbytes)
+        kind, frame, item, value, nbytes = self.read_header()
+        return self._finish(kind, frame, item, value, nbytes)
 
     def read_payload(self, nbytes: int) -> bytes:
         """The payload of a message whose header read_header returned."""
@@ -133,21 +133,21 @@ class Link:
             self.read_exact(memoryview(payload))
         return bytes(payload)
 
-    def _finish(self, kind: int, frame: int, index: int, value: int, nbytes: int) -> Message:
+    def _finish(self, kind: int, frame: int, item: int, value: int, nbytes: int) -> Message:
         payload = bytearray(nbytes)
         if nbytes:
             self.read_exact(memoryview(payload))
-        message = Message(Kind(kind), frame, index, value, bytes(payload))
+        message = Message(Kind(kind), frame, item, value, bytes(payload))
         if message.kind == Kind.FAILED:
             raise RankLostError(self.rank, message.payload.decode("utf-8", "replace"))
         return message
 
     def read_header(self) -> tuple[int, int, int, int, int]:
         self.read_exact(memoryview(self._header))
-        kind, frame, index, value, nbytes = HEADER.unpack(self._header)
+        kind, frame, item, value, nbytes = HEADER.unpack(self._header)
         if kind not in Kind._value2member_map_ or nbytes > MAX_PAYLOAD:
             raise RankLostError(self.rank, f"sent a malformed message header (kind {kind}, {nbytes} bytes)")
-        return kind, frame, index, value, nbytes
+        return kind, frame, item, value, nbytes
 
     def read_exact(self, out: memoryview) -> None:
         got = 0
