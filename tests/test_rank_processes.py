@@ -166,18 +166,9 @@ def test_the_cuda_executor_of_one_rank_process_joins_nccl_from_rank_zeros_id(tp_
     rank 0 sent, and the cache pages agreed over both (fake driver and NCCL, no GPU)."""
     # spec: OWN-15
     from helios_backend.executors import cuda_executor
-    from helios_backend.kernels import abi
-    from helios_proto import manifest_pb2 as M
-    from tests.test_tensor_parallel import _FakeNccl, _StreamCaptureDriver
+    from tests.test_tensor_parallel import _FakeNccl, _StreamCaptureDriver, with_stand_in_module
 
-    manifest = M.ExecutionManifest()
-    manifest.CopyFrom(tp_bootstrap.manifest)
-    manifest.modules.add(resource="fake.cubin", arch="sm_90a", kernels=[
-        M.Kernel(id=k, symbol=k, params=[p.kind for p in spec.params], num_warps=4, trailing_null_pointers=2)
-        for k, spec in abi.KERNELS.items()])
-    for program in manifest.programs:
-        for node in program.nodes:
-            node.block.x = 0
+    manifest = with_stand_in_module(tp_bootstrap.manifest)
     fake = _StreamCaptureDriver()
     ids: list[bytes] = []
 

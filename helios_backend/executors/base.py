@@ -60,6 +60,10 @@ class Executor(Protocol):
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
         """A copy of a buffer's bytes (uint8), for tests and diagnostics."""
 
+    def bind_thread(self) -> None:
+        """Make the executor usable from the calling thread (CUDA: its context current there);
+        a rank process waits for its frames on a thread of its own."""
+
     def close(self) -> None:
         """Release everything; the executor is unusable afterwards."""
 

@@ -216,6 +216,9 @@ class NumpyExecutor:
         """A live typed view of a rank's buffer (tests and the single-request driver's diagnostics)."""
         return self._local(rank).arena.typed(name, dtype)
 
+    def bind_thread(self) -> None:
+        """Host memory only: every thread may step it already."""
+
     def close(self) -> None:
         self.ranks = ()
         self._blas.restore_original_limits()

@@ -22,7 +22,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from helios_backend.executors.base import Executor, RankPlacement
 from helios_backend.ranks.reduce import StarReduceLeaf, leaf_page_agreement
@@ -86,14 +86,13 @@ def load_rank(options: RankProcessOptions) -> tuple[Any, Link, Executor, list[st
     return bootstrap, link, executor, programs
 
 
-def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str],
-               bind_thread: Callable[[], None] = lambda: None) -> int:
+def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str]) -> int:
     """Replay rank 0's frames until CLOSE; the exit code (module docstring)."""
     launched: "queue.SimpleQueue[tuple[int, int] | None]" = queue.SimpleQueue()
     failure: list[str] = []
 
     def reply() -> None:
-        bind_thread()
+        executor.bind_thread()
         while (item := launched.get()) is not None:
             frame, sequence = item
             try:
@@ -171,8 +170,7 @@ def run_rank(options: RankProcessOptions) -> int:
         return EXIT_STARTUP
     log.info("helios-rank %d: serving %d programs for rank 0 at %s:%d", options.rank, len(programs), *options.store)
     try:
-        bind = getattr(executor, "bind_thread", None)
-        return serve_rank(executor, link, options.rank, programs, bind if callable(bind) else (lambda: None))
+        return serve_rank(executor, link, options.rank, programs)
     finally:
         link.close()
         executor.close()

@@ -141,6 +141,9 @@ class ProcessRanksExecutor:
             raise KeyError(name)
         return np.frombuffer(message.payload, dtype=np.uint8).copy()
 
+    def bind_thread(self) -> None:
+        self.local.bind_thread()
+
     def close(self) -> None:
         """Every peer is told to stop (a lost executor's links are closed already), then rank 0's own."""
         for link in self.links:
