@@ -163,7 +163,7 @@ class Engine:
     def healthy(self) -> bool:
         """False once the worker stopped (its executor lost, e.g. a rank process died): every
         request it held has failed, and the model must be started again."""
-        return self.loop.alive
+        return self.loop.lost is None and self.loop.alive
 
     def add_request(self, spec: RequestSpec, stream: Stream, grammar: GrammarSession | None = None) -> None:
         self.hub.register(stream)

@@ -105,6 +105,7 @@ class EngineLoop:
         self._stopping: _Stop | None = None
         self._two_frames = two_frames
         self._frame = 0
+        self._closed = False                # the worker exits: set under the ingress lock
         self._stop_reason = "the scheduler worker stopped"
         self.lost: str | None = None      # why the executor can run nothing more (set once, by the worker)
         self.rounds = 0
@@ -120,10 +121,14 @@ class EngineLoop:
             self._reject(serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
             return
         with self._ingress_lock:
+            closed = self._closed
             bound = self._ingress_capacity + self._ingress_free + self._ingress_cancels
-            full = self._ingress_pending >= bound
-            if not full:
+            full = not closed and self._ingress_pending >= bound
+            if not full and not closed:
                 self._ingress_pending += 1
+        if closed:
+            self._reject(serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
+            return
         if full:
             self._reject(serial, AdmissionRejected(
                 tp.REJECTION_REASON_QUEUE_FULL, f"the ingress channel holds {self._ingress_capacity} queued "
@@ -159,10 +164,13 @@ class EngineLoop:
         try:
             self._loop()
         except ExecutorLostError as exc:
-            self._lost(f"{type(exc).__name__}: {exc}")
+            if self.lost is None:
+                self._lost(f"{type(exc).__name__}: {exc}")
         except BaseException:
             log.exception("scheduler worker stopped by an unexpected error")
         finally:
+            with self._ingress_lock:
+                self._closed = True           # enqueue refuses from now on: nothing lands in a dead inbox
             self._refuse_inbox()
             self._sink.deliver(self._scheduler.fail_all(self._stop_reason))
             self._metrics.push(self._round_metrics.collect())
@@ -202,6 +210,8 @@ class EngineLoop:
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 log.error("round failed (%s lanes): %s", len(plan.main.lanes), message)
+                if isinstance(exc, ExecutorLostError):
+                    self._lost(message)           # before any failure is delivered: health is red first
                 s.fail(plan, message)
                 while inflight:                   # a round pipelined on a failed one is not trusted
                     later = inflight.popleft()
@@ -211,8 +221,7 @@ class EngineLoop:
                         pass
                     s.fail(later, message)
                 if isinstance(exc, ExecutorLostError):
-                    self._lost(message)
-                    return
+                    return                        # _main's finally fails every other request
             self.rounds += 1
             self._sink.deliver(s.take_events())
             now = time.monotonic()
@@ -232,6 +241,8 @@ class EngineLoop:
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
             log.error("submission failed (%s lanes): %s", len(plan.main.lanes), message)
+            if isinstance(exc, ExecutorLostError):
+                self._lost(message)           # before any failure is delivered: health is red first
             self._scheduler.fail(plan, message)
             self._sink.deliver(self._scheduler.take_events())
             if isinstance(exc, ExecutorLostError):

@@ -64,6 +64,10 @@ class Executor(Protocol):
         """Make the executor usable from the calling thread (CUDA: its context current there);
         a rank process waits for its frames on a thread of its own."""
 
+    def abort(self) -> None:
+        """Another rank's process is gone: end whatever waits for it (NCCL: abort the
+        communicators), so that close() cannot hang; the executor is unusable afterwards."""
+
     def close(self) -> None:
         """Release everything; the executor is unusable afterwards."""
 

@@ -514,6 +514,19 @@ class CudaExecutor:
 
     # ---- teardown ------------------------------------------------------------------------
 
+    def abort(self) -> None:
+        """A rank process is gone: abort this process's communicators, so that the graphs in
+        flight (their all-reduces wait for the lost rank) end and close() can drain the streams."""
+        if self._nccl is None:
+            return
+        for rank in self._ranks:
+            if rank.comm:
+                self._enter(rank)
+                try:
+                    self._nccl.abort(rank.comm)
+                finally:
+                    rank.comm = 0
+
     def close(self) -> None:
         """Drain every rank, then free graphs, events, modules, NCCL, memory, contexts."""
         d = self._d

@@ -219,6 +219,9 @@ class NumpyExecutor:
     def bind_thread(self) -> None:
         """Host memory only: every thread may step it already."""
 
+    def abort(self) -> None:
+        """Nothing waits on another process here: the all-reduce raises when a link breaks."""
+
     def close(self) -> None:
         self.ranks = ()
         self._blas.restore_original_limits()

@@ -143,6 +143,7 @@ def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str]) -
         return EXIT_STEP_FAILED
     except RankLostError as exc:
         log.error("rank %d: %s; exiting", rank, exc)
+        executor.abort()              # a CUDA step waiting for rank 0's all-reduce ends now
         return EXIT_RANK_LOST
     finally:
         launched.put(None)

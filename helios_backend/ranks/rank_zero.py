@@ -102,16 +102,19 @@ class ProcessRanksExecutor:
             raise FrameStateError(f"nothing submitted on frame {frame}")
         self._in_flight[frame] = False
         try:
-            words = self.local.wait(frame)
-            disagreeing = []
+            # the peers' words first: a CUDA step of a lost peer never ends on rank 0's device
+            # (its all-reduces wait for it), while the link says so within the bound
+            peers = []
             for link in self.links:
                 message = link.receive(Kind.COMPLETION)
                 if message.frame != frame:
                     raise RankLostError(link.rank, f"completed frame {message.frame} while rank 0 waits for {frame}")
-                if message.payload != words.tobytes():
-                    disagreeing.append(link.rank)
+                peers.append((link.rank, message.payload))
+            words = self.local.wait(frame)
         except RankLostError as exc:
             raise self._lose(exc) from None
+        mine = words.tobytes()
+        disagreeing = [rank for rank, payload in peers if payload != mine]
         if disagreeing:     # validation agreement (SPEC-31): one rank's rejection, no rank commits
             raise CompletionMismatch(f"ranks {disagreeing} completed the step differently from rank 0; "
                                      "no rank commits")
@@ -162,7 +165,14 @@ class ProcessRanksExecutor:
             log.error("tensor-parallel ranks lost: %s; closing every rank link", cause)
             for link in self.links:
                 link.close()
+            try:
+                self.local.abort()
+            except Exception as exc:   # noqa: BLE001 - the loss is reported either way
+                log.error("aborting rank 0's collectives failed: %s", exc)
         return ExecutorLostError(str(self.lost))
+
+    def abort(self) -> None:
+        self.local.abort()
 
     def _check_alive(self) -> None:
         if self.lost is not None:
@@ -188,7 +198,7 @@ def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, ma
 
         uid = Nccl().unique_id_bytes()
         session["nccl_unique_id"] = uid.hex()
-    store = RankStore.open(address, identity, options.rank_timeout_s)
+    store = RankStore.open(address, identity, options.rank_join_timeout_s)
     log.info("rank 0 waits for ranks 1..%d at %s:%d", world - 1, *store.address)
     try:
         links = store.gather(session, options.rank_join_timeout_s)
@@ -200,6 +210,8 @@ def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, ma
         local = local_factory(placement)
         try:
             geometry = [json.loads(link.receive(Kind.GEOMETRY).payload) for link in links]
+            for link in links:      # loading is bounded by the join timeout, every step by this
+                link.set_timeout(options.rank_timeout_s)
             return ProcessRanksExecutor(local, links, programs, geometry, world)
         except BaseException:
             local.close()

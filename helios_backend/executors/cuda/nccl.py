@@ -58,6 +58,7 @@ class Nccl:
         lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+        lib.ncclCommAbort.argtypes = [ctypes.c_void_p]
         lib.ncclGetErrorString.restype = ctypes.c_char_p
         lib.ncclGetErrorString.argtypes = [ctypes.c_int]
 
@@ -96,3 +97,8 @@ class Nccl:
 
     def destroy(self, comm: int) -> None:
         self._check(self._lib.ncclCommDestroy(comm), "ncclCommDestroy")
+
+    def abort(self, comm: int) -> None:
+        """Ends the communicator's uncompleted operations (a peer process is gone: its kernels
+        would otherwise wait for it forever) and frees it."""
+        self._check(self._lib.ncclCommAbort(comm), "ncclCommAbort")
