@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from helios_backend.executors.base import Executor, RankPlacement
+from helios_backend.ranks.rank_zero import Runs
 from helios_backend.ranks.reduce import StarReduceLeaf, leaf_page_agreement
 from helios_backend.ranks.rendezvous import RankIdentity, join
 from helios_backend.ranks.wire import Kind, Link, RankLostError
@@ -48,8 +49,9 @@ class RankProcessOptions:
     join_timeout_s: float = 600.0
 
 
-def load_rank(options: RankProcessOptions) -> tuple[Any, Link, Executor, list[str]]:
-    """Bootstrap, rendezvous and this rank's executor; (bootstrap, link, executor, programs)."""
+def load_rank(options: RankProcessOptions) -> tuple[Any, Link, Executor, list[str], list[Runs]]:
+    """Bootstrap, rendezvous and this rank's executor; (bootstrap, link, executor, programs, the
+    frame runs a LAUNCH of each program carries)."""
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import EXECUTORS, ModelOptions
     from helios_backend.ranks.rank_zero import session_options
@@ -64,6 +66,7 @@ def load_rank(options: RankProcessOptions) -> tuple[Any, Link, Executor, list[st
         raise
     try:
         programs = list(session["programs"])
+        runs = [tuple((int(start), int(nbytes)) for start, nbytes in session["runs"][name]) for name in programs]
         model_options = ModelOptions(rank=options.rank, **session_options(session))
         uid = session.get("nccl_unique_id")
         placement = RankPlacement(rank=options.rank, reduce=StarReduceLeaf(link),
@@ -83,10 +86,10 @@ def load_rank(options: RankProcessOptions) -> tuple[Any, Link, Executor, list[st
         link.close()
         bootstrap.close()
         raise
-    return bootstrap, link, executor, programs
+    return bootstrap, link, executor, programs, runs
 
 
-def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str]) -> int:
+def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str], runs: list[Runs]) -> int:
     """Replay rank 0's frames until CLOSE; the exit code (module docstring)."""
     launched: "queue.SimpleQueue[tuple[int, int] | None]" = queue.SimpleQueue()
     failure: list[str] = []
@@ -114,10 +117,12 @@ def serve_rank(executor: Executor, link: Link, rank: int, programs: list[str]) -
             kind, frame, item, value, nbytes = link.read_header()
             if kind == Kind.LAUNCH:
                 staging = executor.staging(frame)
-                if nbytes != staging.nbytes or value != sequence or not 0 <= item < len(programs):
+                expected = sum(n for _, n in runs[item]) if 0 <= item < len(programs) else -1
+                if nbytes != expected or value != sequence:
                     raise RankLostError(0, f"a launch this rank cannot follow (sequence {value}, expected "
-                                           f"{sequence}; {nbytes} frame bytes, {staging.nbytes} here)")
-                link.read_exact(staging.data)
+                                           f"{sequence}; {nbytes} frame bytes, {expected} here)")
+                for start, length in runs[item]:       # the frame bytes the program reads, in place
+                    link.read_exact(staging[start:start + length].data)
                 try:
                     executor.launch(programs[item], frame)
                 except RankLostError:
@@ -162,7 +167,7 @@ def run_rank(options: RankProcessOptions) -> int:
     from helios_backend.ranks.rendezvous import RendezvousError
 
     try:
-        bootstrap, link, executor, programs = load_rank(options)
+        bootstrap, link, executor, programs, runs = load_rank(options)
     except RendezvousError as exc:
         log.error("helios-rank %d: %s", options.rank, exc)
         return EXIT_STARTUP
@@ -171,7 +176,7 @@ def run_rank(options: RankProcessOptions) -> int:
         return EXIT_STARTUP
     log.info("helios-rank %d: serving %d programs for rank 0 at %s:%d", options.rank, len(programs), *options.store)
     try:
-        return serve_rank(executor, link, options.rank, programs)
+        return serve_rank(executor, link, options.rank, programs, runs)
     finally:
         link.close()
         executor.close()

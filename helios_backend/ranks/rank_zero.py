@@ -9,7 +9,7 @@ page agreement), then read every peer's geometry.
 
 A step, for every peer and then rank 0:
 
-    launch(program, f):  LAUNCH(f, program index, sequence) + the staging frame -> every peer;
+    launch(program, f):  LAUNCH(f, program index, sequence) + the frame's runs it reads -> every peer;
                          rank 0's own launch (numpy: runs now, summing through the links)
     wait(f):             rank 0's completion words; every peer's COMPLETION of f; validation
                          agreement: the words of every rank must be rank 0's, else the round
@@ -38,6 +38,7 @@ from helios_backend.ranks.wire import Kind, Link, RankLostError
 from helios_backend.scheduler.errors import CompletionMismatch
 
 log = logging.getLogger("helios.ranks")
+Runs = tuple[tuple[int, int], ...]
 
 # ModelOptions fields a peer needs (the rest say how rank 0 meets its peers)
 SESSION_OPTIONS = ("cache_pages", "cache_memory_share", "widen_f16_cache", "executor", "kernel_arch", "threads")
@@ -48,11 +49,12 @@ class ProcessRanksExecutor:
     """Executor protocol on rank 0: its own rank here, every other rank in its own process."""
 
     def __init__(self, local: Executor, links: Sequence[Link], programs: Sequence[str],
-                 geometry: Sequence[dict[str, Any]], world_size: int) -> None:
+                 geometry: Sequence[dict[str, Any]], world_size: int, runs: dict[str, Runs]) -> None:
         self.local = local
         self.links = tuple(links)
         self.world_size = world_size
         self._index = {name: i for i, name in enumerate(programs)}
+        self._runs = runs                           # program -> the frame bytes a LAUNCH carries
         self._geometry = tuple(geometry)            # ranks 1.. (what their loading produced)
         self._in_flight = [False] * local.frames
         self._sequence = 0
@@ -84,7 +86,8 @@ class ProcessRanksExecutor:
             raise UnknownProgramError(program)
         if self._in_flight[frame]:
             raise FrameStateError(f"frame {frame} still holds an unread completion")
-        payload = self.local.staging(frame).data
+        staging = self.local.staging(frame)
+        payload = b"".join(staging[start:start + nbytes].data for start, nbytes in self._runs[program])
         try:
             for link in self.links:
                 link.send(Kind.LAUNCH, frame=frame, item=index, value=self._sequence, payload=payload)
@@ -190,7 +193,8 @@ def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, ma
     except ValueError as exc:
         raise RendezvousError(str(exc)) from None
     programs = sorted({g.program for g in graphs})
-    session: dict[str, Any] = {"programs": programs,
+    runs = launch_runs(manifest, graphs, programs)
+    session: dict[str, Any] = {"programs": programs, "runs": {name: list(map(list, r)) for name, r in runs.items()},
                                "options": {name: getattr(options, name) for name in SESSION_OPTIONS}}
     uid = None
     if options.executor == "cuda":
@@ -212,7 +216,7 @@ def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, ma
             geometry = [json.loads(link.receive(Kind.GEOMETRY).payload) for link in links]
             for link in links:      # loading is bounded by the join timeout, every step by this
                 link.set_timeout(options.rank_timeout_s)
-            return ProcessRanksExecutor(local, links, programs, geometry, world)
+            return ProcessRanksExecutor(local, links, programs, geometry, world, runs)
         except BaseException:
             local.close()
             raise
@@ -220,6 +224,30 @@ def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, ma
         for link in links:
             link.close()
         raise
+
+
+def launch_runs(manifest: M.ExecutionManifest, graphs: Sequence[C.GraphContract],
+                programs: Sequence[str]) -> dict[str, Runs]:
+    """Per program, the (offset, bytes) runs of the staging frame that any rank's copy of it
+    reads (the CUDA executor's staging runs, over every rank): a LAUNCH carries only these,
+    as the CUDA thread mode copies only these to the device."""
+    from helios_backend.executors.cuda import transport as tp   # plain host code: no driver needed
+
+    transport = manifest.transport
+    frame = int(transport.frame_nbytes)
+    extents = tp.binding_extents([g for g in graphs if g.rank == 0], transport) if graphs else {}
+    out: dict[str, Runs] = {}
+    for name in programs:
+        spans = sorted((start, min(start + nbytes, frame)) for p in manifest.programs if p.name == name
+                       for start, nbytes in tp.staging_runs(p, transport, extents.get(name)))
+        merged: list[list[int]] = []
+        for start, end in spans:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            elif end > start:
+                merged.append([start, end])
+        out[name] = tuple((start, end - start) for start, end in merged)
+    return out
 
 
 def session_options(session: dict[str, Any]) -> dict[str, Any]:

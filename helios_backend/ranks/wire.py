@@ -25,7 +25,7 @@ class Kind(enum.IntEnum):
     HELLO = 1          # peer -> 0: the peer's rank and identity (JSON)
     WELCOME = 2        # 0 -> peer: the session (JSON: programs, options, NCCL unique id)
     REFUSED = 3        # 0 -> peer: why the peer may not join (text); the connection closes
-    LAUNCH = 4         # 0 -> peer: frame, program index, sequence; payload: the staging frame
+    LAUNCH = 4         # 0 -> peer: frame, program index, sequence; payload: the frame runs it reads
     COMPLETION = 5     # peer -> 0: sequence; payload: the rank's completion words
     REDUCE = 6         # both ways: all-reduce index; payload: the region (peer: partial, 0: sum)
     READ = 7           # 0 -> peer: payload: a buffer name (diagnostics)
