@@ -407,21 +407,28 @@ class _FakeNccl:
         pass
 
 
-def test_the_cuda_executor_starts_both_ranks_and_captures_their_all_reduces(tp_bootstrap, monkeypatch):
-    # spec: OWN-10, OWN-14, OWN-18
-    from helios_backend.executors import cuda_executor
-    from helios_backend.executors.cuda.driver import CountingDriver
+def with_stand_in_module(source: M.ExecutionManifest) -> M.ExecutionManifest:
+    """A copy of a test core's manifest for the fake driver: the test core has no cubins, so one
+    stand-in module whose symbols are the kernel ids, and unit geometry (a library-less recording)."""
     from helios_backend.kernels import abi
 
     manifest = M.ExecutionManifest()
-    manifest.CopyFrom(tp_bootstrap.manifest)
-    # the test core has no cubins: one stand-in module whose symbols are the kernel ids
+    manifest.CopyFrom(source)
     manifest.modules.add(resource="fake.cubin", arch="sm_90a", kernels=[
         M.Kernel(id=k, symbol=k, params=[p.kind for p in spec.params], num_warps=4, trailing_null_pointers=2)
         for k, spec in abi.KERNELS.items()])
     for program in manifest.programs:
         for node in program.nodes:
-            node.block.x = 0                     # unit geometry from a library-less recording
+            node.block.x = 0
+    return manifest
+
+
+def test_the_cuda_executor_starts_both_ranks_and_captures_their_all_reduces(tp_bootstrap, monkeypatch):
+    # spec: OWN-10, OWN-14, OWN-18
+    from helios_backend.executors import cuda_executor
+    from helios_backend.executors.cuda.driver import CountingDriver
+
+    manifest = with_stand_in_module(tp_bootstrap.manifest)
     fake = _StreamCaptureDriver()
     nccl = _FakeNccl(fake)
     monkeypatch.setattr(cuda_executor, "Nccl", lambda: nccl)

@@ -3,6 +3,7 @@
     helios-serve --core var/cores/smollm2-135m-instruct.core [--executor auto|cpu|numpy|cuda]
                  [--gateway/--no-gateway] [--host ADDR] [--api-key KEY] [--tritonserver PATH]
                  [--concurrency N] [--page-capacity N] ...
+                 [--rank-peers threads|processes] [--rank-store HOST:PORT] [--local-ranks all|none|1,2]
 
 It prepares nothing (`make core` / helios-prepare does). It locates tritonserver (the
 nvidia-pytriton wheel, else /opt/tritonserver), builds a backend directory with the python
@@ -13,7 +14,9 @@ then `helios-gateway` (port 9000 on --host) once the model is ready. It then sup
 (triton/supervision.py): a model that cannot load or a gateway that cannot start exits non-zero
 at once; a stub, server or gateway that dies is restarted after a backoff; SIGINT/SIGTERM stop
 the gateway, then the server, within 10 s. The temporary workdir and the server's shared memory
-are removed on exit.
+are removed on exit. With --rank-peers processes a tensor-parallel core's ranks 1..N-1 run as
+helios-rank processes (started here for --local-ranks, supervised and restarted with the
+server); rank 0 is the model's own process.
 """
 from __future__ import annotations
 
@@ -24,18 +27,23 @@ import signal
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from helios_backend.triton.launcher import (
     LOOPBACK, Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
     server_environment, gateway_command, write_model_repository)
-from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS
+from helios_backend.core import CoreError, open_core
+from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS, RANK_PEERS
+from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.supervision import (
     Child, ExitCode, RestartLedger, Supervisor, SupervisorConfig)
 
 # CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core default)
 OPTION_PARAMETERS = ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
                      "page_capacity", "snapshot_capacity", "cache_memory_share")
+
+DEFAULT_RANK_PORT = 29400      # the rendezvous store of rank processes (--rank-store)
 
 # Triton's own wait for live requests at shutdown: the gateway has cancelled its streams by
 # then, so a few seconds suffice and the whole stack stays inside the 10 s stop bound
@@ -72,6 +80,16 @@ def parser() -> argparse.ArgumentParser:
     for name in OPTION_PARAMETERS:
         p.add_argument("--" + name.replace("_", "-"), type=float if name == "cache_memory_share" else int,
                        default=None)
+    p.add_argument("--rank-peers", choices=RANK_PEERS, default="threads",
+                   help="tensor-parallel cores: threads (every rank in the model's process) or processes "
+                        "(rank 0 there, every other rank a helios-rank process; docs/rank-processes.md)")
+    p.add_argument("--rank-store", default=f"{LOOPBACK}:{DEFAULT_RANK_PORT}",
+                   help="processes: HOST:PORT rank 0's rendezvous store listens on (reachable by every rank)")
+    p.add_argument("--local-ranks", default="all",
+                   help="processes: the peer ranks helios-serve starts here: all (default), none (each runs "
+                        "helios-rank on its own host) or a comma-separated list")
+    p.add_argument("--rank-timeout", type=float, default=None,
+                   help="processes: seconds a rank may take to answer a step before every request fails")
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model")
     p.add_argument("--gateway-arg", action="append", default=[],
                    help="one extra argument for helios-gateway (repeatable)")
@@ -103,6 +121,28 @@ def resolve_executor(name: str) -> str:
     return "cuda" if gpu_available() else "cpu"
 
 
+def _fixed(argv: list[str]) -> Callable[[], list[str]]:
+    return lambda: argv
+
+
+def rank_children(args: argparse.Namespace, core: Path, executor: str, world_size: int) -> list[Child]:
+    """The helios-rank processes to start on this host (--local-ranks of ranks 1..world_size-1)."""
+    if args.rank_peers != "processes" or world_size < 2 or args.local_ranks == "none":
+        return []
+    ranks = range(1, world_size) if args.local_ranks == "all" else [int(r) for r in args.local_ranks.split(",")]
+    host, port = parse_address(args.rank_store, "--rank-store")
+    host = LOOPBACK if host in ("0.0.0.0", "::") else host
+    children = []
+    for rank in ranks:
+        if not 1 <= rank < world_size:
+            raise ValueError(f"--local-ranks: rank {rank} is outside 1..{world_size - 1}")
+        argv = [sys.executable, "-m", "helios_backend.cli.rank", "--core", str(core), "--rank", str(rank),
+                "--store", f"{host}:{port}", "--executor", executor, "--acceptance", args.acceptance,
+                "--join-timeout", str(args.ready_timeout)]
+        children.append(Child(f"rank{rank}", _fixed(argv)))
+    return children
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -120,8 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     shm_prefix = f"helios-serve-{uuid.uuid4().hex[:8]}-"
     print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
     try:
-        parameters = {"core_path": str(core), "acceptance": args.acceptance,
-                      "executor": resolve_executor(args.executor)}
+        executor = resolve_executor(args.executor)
+        parameters = {"core_path": str(core), "acceptance": args.acceptance, "executor": executor}
+        try:
+            with open_core(core) as opened:
+                world_size = max(1, opened.manifest.world_size)
+            ranks = rank_children(args, core, executor, world_size)
+        except (ValueError, CoreError) as exc:
+            print(f"helios-serve: {exc}", file=sys.stderr)
+            return int(ExitCode.USAGE)
+        if args.rank_peers == "processes":
+            parameters.update(rank_peers="processes", rank_store=args.rank_store,
+                              rank_join_timeout=str(args.ready_timeout))
+            if args.rank_timeout is not None:
+                parameters["rank_timeout"] = str(args.rank_timeout)
         for name in OPTION_PARAMETERS:
             if getattr(args, name) is not None:
                 parameters[name] = str(getattr(args, name))
@@ -147,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 gateway_url = f"http://127.0.0.1:{args.gateway_port}/health"
         supervisor = Supervisor(SupervisorConfig(ports.http, gateway_url, args.ready_timeout,
                                                  host=_local_triton_host(args)), triton, gateway,
-                                ledger, after_triton_stop=lambda: cleanup_shm(shm_prefix))
+                                ledger, after_triton_stop=lambda: cleanup_shm(shm_prefix), ranks=ranks)
         signal.signal(signal.SIGINT, supervisor.request_stop)
         signal.signal(signal.SIGTERM, supervisor.request_stop)
         return supervisor.run()

@@ -14,6 +14,7 @@ AuthorizationError, ResourceNotFoundError, ContentKeyError.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from typing import Callable, Iterator
 
@@ -304,6 +305,17 @@ class Core:
         authorize_namespace(self.namespace, acceptance)
 
     # -- lifetime -------------------------------------------------------------
+    def content_digest(self) -> str:
+        """sha256 over the execution manifest and every resource's signed chunk digests: two
+        cores share it only when they hold the same programs and bytes (rank rendezvous)."""
+        digest = hashlib.sha256(self.manifest.SerializeToString(deterministic=True))
+        for resource_id in sorted(self._entries):
+            entry = self._entries[resource_id]
+            digest.update(resource_id.encode() + b"\0" + entry.info.decoded_nbytes.to_bytes(8, "little"))
+            for chunk in entry.chunk_sha256:
+                digest.update(chunk)
+        return digest.hexdigest()
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -77,7 +77,8 @@ class Engine:
         bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
         try:
             setup = _stage("engine setup", lambda: derive_setup(
-                bootstrap.contract, bootstrap.manifest, bootstrap.read_resource, options, origin))
+                bootstrap.contract, bootstrap.manifest, bootstrap.read_resource, options, origin,
+                core_digest=bootstrap.core.content_digest() if options.rank_peers == "processes" else ""))
         except BaseException:
             bootstrap.close()
             raise
@@ -172,6 +173,12 @@ class Engine:
             return GrammarSession.create(self.grammar_tokenizer, text)
         except (GrammarSessionError, ValueError) as exc:
             raise TransportError("grammar", str(exc)) from None
+
+    @property
+    def healthy(self) -> bool:
+        """False once the worker stopped (its executor lost, e.g. a rank process died): every
+        request it held has failed, and the model must be started again."""
+        return self.loop.lost is None and self.loop.alive
 
     def add_request(self, spec: RequestSpec, stream: Stream, grammar: GrammarSession | None = None) -> None:
         self.hub.register(stream)

@@ -8,7 +8,9 @@ Rounds use completion feedback, except plain decode rounds (device-owned pending
 no grammar, no host stops, nobody waiting): then round N+1 is packed and launched on the
 other frame before round N's completion is read (Scheduler.pipeline_next).
 A failing round ends its own lanes with a typed execution failure and the worker keeps
-serving the others; an unexpected error outside a round fails every request it knows.
+serving the others; an unexpected error outside a round fails every request it knows, and
+so does a lost executor (ExecutorLostError: a rank process died or stopped answering),
+after which the worker stops (Engine.healthy turns false).
 When the thread exits, whatever is left gets a terminal event, so every request always
 receives exactly one final response. A thread that died (rather than stopped) then reports it
 through `on_death`: the engine's owner decides how the process recovers.
@@ -25,6 +27,7 @@ from typing import Callable, Protocol
 
 from helios_proto import transport_pb2 as tp
 
+from helios_backend.executors.base import ExecutorLostError
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.plan import RoundPlan
 from helios_backend.scheduler.request import Grammar, RequestSpec
@@ -105,6 +108,9 @@ class EngineLoop:
         self._stopping: _Stop | None = None
         self._two_frames = two_frames
         self._frame = 0
+        self._closed = False                # the worker exits: set under the ingress lock
+        self._stop_reason = "the scheduler worker stopped"
+        self.lost: str | None = None      # why the executor can run nothing more (set once, by the worker)
         self.rounds = 0
 
     # ---- any thread ------------------------------------------------------------------
@@ -118,10 +124,14 @@ class EngineLoop:
             self._reject(serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
             return
         with self._ingress_lock:
+            closed = self._closed
             bound = self._ingress_capacity + self._ingress_free + self._ingress_cancels
-            full = self._ingress_pending >= bound
-            if not full:
+            full = not closed and self._ingress_pending >= bound
+            if not full and not closed:
                 self._ingress_pending += 1
+        if closed:
+            self._reject(serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
+            return
         if full:
             self._reject(serial, AdmissionRejected(
                 tp.REJECTION_REASON_QUEUE_FULL, f"the ingress channel holds {self._ingress_capacity} queued "
@@ -157,12 +167,17 @@ class EngineLoop:
         death: str | None = None
         try:
             self._loop()
+        except ExecutorLostError as exc:
+            if self.lost is None:
+                self._lost(f"{type(exc).__name__}: {exc}")
         except BaseException as exc:
             log.exception("scheduler worker stopped by an unexpected error")
             death = f"the scheduler worker died: {type(exc).__name__}: {exc}"
         finally:
+            with self._ingress_lock:
+                self._closed = True           # enqueue refuses from now on: nothing lands in a dead inbox
             self._refuse_inbox()
-            self._sink.deliver(self._scheduler.fail_all(death or "the scheduler worker stopped"))
+            self._sink.deliver(self._scheduler.fail_all(death or self._stop_reason))
             self._metrics.push(self._round_metrics.collect())
         if death is not None:
             self._on_death(death)
@@ -202,6 +217,8 @@ class EngineLoop:
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 log.error("round failed (%s lanes): %s", len(plan.main.lanes), message)
+                if isinstance(exc, ExecutorLostError):
+                    self._lost(message)           # before any failure is delivered: health is red first
                 s.fail(plan, message)
                 while inflight:                   # a round pipelined on a failed one is not trusted
                     later = inflight.popleft()
@@ -210,6 +227,8 @@ class EngineLoop:
                     except Exception:
                         pass
                     s.fail(later, message)
+                if isinstance(exc, ExecutorLostError):
+                    return                        # _main's finally fails every other request
             self.rounds += 1
             self._sink.deliver(s.take_events())
             now = time.monotonic()
@@ -229,9 +248,18 @@ class EngineLoop:
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
             log.error("submission failed (%s lanes): %s", len(plan.main.lanes), message)
+            if isinstance(exc, ExecutorLostError):
+                self._lost(message)           # before any failure is delivered: health is red first
             self._scheduler.fail(plan, message)
             self._sink.deliver(self._scheduler.take_events())
+            if isinstance(exc, ExecutorLostError):
+                raise
             return False
+
+    def _lost(self, message: str) -> None:
+        """The executor can run nothing more: every request ends now, with the cause."""
+        log.error("the executor is lost (%s): failing every request; the model must be restarted", message)
+        self._stop_reason = self.lost = f"the executor is lost: {message}"
 
     def _collect(self, plan: RoundPlan) -> CompletionRows:
         return self._runner.collect(plan)

@@ -15,6 +15,7 @@ from helios_proto import contract_pb2 as cp
 DEFAULT_CORE = "var/cores/smollm2-135m-instruct.core"   # what `make serve` prepares
 DEFAULT_ACCEPTANCE = "helios.local/smollm2"              # the embedded default's namespace
 EXECUTORS = ("cpu", "numpy", "cuda")   # cpu: compiled CPU kernels; numpy: the CPU oracle; cuda: GPU
+RANK_PEERS = ("threads", "processes")
 
 
 class SettingsError(ValueError):
@@ -41,6 +42,12 @@ class StartupOptions:
     snapshot_capacity: int | None = None
     cache_memory_share: float | None = None
     kernel_arch: str | None = None      # cuda: KernelModule.arch to load (e.g. "compute_80"); None: the device's
+    # tensor-parallel ranks: "threads" (every rank in this process, OWN-14) or "processes" (rank 0
+    # here, the others helios-rank processes that join the store at rank_store, OWN-15)
+    rank_peers: str = "threads"
+    rank_store: str | None = None       # processes: HOST:PORT rank 0 listens on
+    rank_timeout: float | None = None   # processes: seconds a peer may take to answer (default 30)
+    rank_join_timeout: float | None = None   # processes: seconds rank 0 waits for every peer (default 600)
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -52,6 +59,20 @@ class StartupOptions:
                 raise SettingsError(name, f"must be positive, got {value}")
         if self.snapshot_capacity is not None and self.snapshot_capacity < 0:
             raise SettingsError("snapshot_capacity", "cannot be negative")
+        if self.rank_peers not in RANK_PEERS:
+            raise SettingsError("rank_peers", f"{self.rank_peers!r} is not one of {RANK_PEERS}")
+        if self.rank_peers == "processes":
+            from helios_backend.ranks.rendezvous import parse_address
+
+            try:
+                parse_address(self.rank_store or "")
+            except ValueError:
+                raise SettingsError("rank_store", f"{self.rank_store!r} is not HOST:PORT (rank_peers=processes "
+                                                  "needs the address rank 0 listens on)") from None
+        for name in ("rank_timeout", "rank_join_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise SettingsError(name, f"must be positive, got {value}")
         if self.cache_memory_share is not None and not 0.0 < self.cache_memory_share <= 1.0:
             raise SettingsError("cache_memory_share", f"must lie in (0, 1], got {self.cache_memory_share}")
 
@@ -77,13 +98,13 @@ class StartupOptions:
 
 def _parse(name: str, raw: str) -> object:
     try:
-        if name in ("core_path", "acceptance", "executor", "kernel_arch"):
+        if name in ("core_path", "acceptance", "executor", "kernel_arch", "rank_peers", "rank_store"):
             return raw
         if name == "history_drafting":
             if raw.lower() not in ("true", "false"):
                 raise ValueError(raw)
             return raw.lower() == "true"
-        if name == "cache_memory_share":
+        if name in ("cache_memory_share", "rank_timeout", "rank_join_timeout"):
             return float(raw)
         return int(raw)
     except ValueError:

@@ -30,9 +30,18 @@ class EngineSetup:
     scheduler: SchedulerConfig
 
 
-def model_options(settings: EffectiveSettings, executor: str, kernel_arch: str | None = None) -> ModelOptions:
+def model_options(settings: EffectiveSettings, executor: str, kernel_arch: str | None = None,
+                  options: StartupOptions | None = None, core_digest: str = "") -> ModelOptions:
+    """The model's options; `options` adds how tensor-parallel ranks meet (rank_peers)."""
+    ranks: dict = {}
+    if options is not None and options.rank_peers == "processes":
+        defaults = ModelOptions()
+        ranks = {"rank_peers": options.rank_peers, "rank_store": options.rank_store or "", "core_digest": core_digest,
+                 "rank_timeout_s": options.rank_timeout or defaults.rank_timeout_s,
+                 "rank_join_timeout_s": options.rank_join_timeout or defaults.rank_join_timeout_s}
     return ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity,
-                        cache_memory_share=settings.cache_memory_share, executor=executor, kernel_arch=kernel_arch)
+                        cache_memory_share=settings.cache_memory_share, executor=executor, kernel_arch=kernel_arch,
+                        **ranks)
 
 
 def scheduler_config(contract: cp.ServingContract, manifest: mp.ExecutionManifest, model: NativeModel,
@@ -54,12 +63,13 @@ def scheduler_config(contract: cp.ServingContract, manifest: mp.ExecutionManifes
 
 
 def derive_setup(contract: cp.ServingContract, manifest: mp.ExecutionManifest, read_resource: ResourceReader,
-                 options: StartupOptions, clock_origin_ns: int = 0) -> EngineSetup:
+                 options: StartupOptions, clock_origin_ns: int = 0, core_digest: str = "") -> EngineSetup:
     """Resolve the options against the core, load the model, size the scheduler (SettingsError
-    names a bad option; ExecutorLoadError a core the executor cannot run)."""
+    names a bad option; ExecutorLoadError a core the executor cannot run). `core_digest`
+    (Core.content_digest) is the identity rank processes must share."""
     settings = resolve(options, contract)
     model = NativeModel.load(contract, manifest, read_resource,
-                             model_options(settings, options.executor, options.kernel_arch))
+                             model_options(settings, options.executor, options.kernel_arch, options, core_digest))
     try:
         config = scheduler_config(contract, manifest, model, settings, clock_origin_ns)
     except BaseException:

@@ -14,7 +14,8 @@ The executor owns the frame index and the submission sequence (BND-20): it write
 """
 from __future__ import annotations
 
-from typing import Callable, Collection, Protocol, Union
+from dataclasses import dataclass
+from typing import Callable, Collection, Optional, Protocol, Union
 
 import numpy as np
 
@@ -59,6 +60,14 @@ class Executor(Protocol):
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
         """A copy of a buffer's bytes (uint8), for tests and diagnostics."""
 
+    def bind_thread(self) -> None:
+        """Make the executor usable from the calling thread (CUDA: its context current there);
+        a rank process waits for its frames on a thread of its own."""
+
+    def abort(self) -> None:
+        """Another rank's process is gone: end whatever waits for it (NCCL: abort the
+        communicators), so that close() cannot hang; the executor is unusable afterwards."""
+
     def close(self) -> None:
         """Release everything; the executor is unusable afterwards."""
 
@@ -85,3 +94,20 @@ class UnknownProgramError(KeyError):
 
 class FrameStateError(RuntimeError):
     """wait() on a frame with nothing submitted, or launch() on a frame still in flight."""
+
+
+class ExecutorLostError(RuntimeError):
+    """The executor can run no further step: a rank process died, failed or stopped answering.
+    Every request fails, the model turns unhealthy and must be started again (its ranks too)."""
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """This process's rank among rank processes (RankPeers::Processes, helios_backend/ranks/):
+    the executor binds only `rank` and reaches the others through what is given here."""
+
+    rank: int
+    reduce: Optional[Callable[[int, np.ndarray], None]] = None   # numpy/cpu: the all-reduce between processes
+    nccl_unique_id: Optional[bytes] = None                       # cuda: rank 0's NCCL unique id
+    agree_pages: Optional[Callable[[int], int]] = None           # cuda: pages that fit -> pages every rank backs
+    device: Optional[int] = None                                 # cuda: the device ordinal (default: the rank)

@@ -17,14 +17,14 @@ per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import numba
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu.compiled import warm_up
 from helios_backend.executors.cpu.kernels import Capacity, CpuKernels
-from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
+from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce
 from helios_backend.executors.base import ResourceReader
 from helios_backend.kernels import abi
 
@@ -70,7 +70,9 @@ class CpuExecutor(NumpyExecutor):
     """Executor protocol on the CPU with compiled kernels; the numpy executor's methods and errors."""
 
     def __init__(self, manifest: M.ExecutionManifest, read_resource: ResourceReader,
-                 options: CpuExecutorOptions = CpuExecutorOptions()) -> None:
+                 options: CpuExecutorOptions = CpuExecutorOptions(), *,
+                 local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
+        """`local_ranks` and `reduce`: rank processes, as the numpy executor's."""
         # numba's own work queue: with the OpenMP layer, idle workers spin (OMP_WAIT_POLICY=ACTIVE)
         # and stole the cores from the next kernel, 1.3 ms per node instead of 15 us (measured on 2 cores)
         setattr(numba.config, "THREADING_LAYER", "workqueue")   # config attributes are set at import
@@ -85,7 +87,8 @@ class CpuExecutor(NumpyExecutor):
         super().__init__(manifest, read_resource,
                          NumpyExecutorOptions(cache_pages=options.cache_pages, programs=options.programs,
                                               blas_threads=1, widen_f16_cache=True),
-                         implementations=self.kernels.table, weight_shadows=False)
+                         implementations=self.kernels.table, weight_shadows=False,
+                         local_ranks=local_ranks, reduce=reduce)
 
     def close(self) -> None:
         super().close()

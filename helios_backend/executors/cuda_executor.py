@@ -15,6 +15,10 @@ Serving (the hot path), per step and frame f:
   copies the completion records out to pinned memory and records frame f's event);
   `wait(f)` -> cuEventSynchronize per rank, then the pinned completion words of rank 0.
 Nothing is allocated, loaded, compiled or captured after startup (tests count the calls).
+
+Rank processes (RankPeers::Processes, helios_backend/ranks/): `local_ranks` names the ranks
+this process owns (one), `nccl_unique_id` is rank 0's id (sent at rendezvous) and
+`agree_pages` turns the pages this process fits into the count every process backs.
 Two frames let the host pack frame f+1 while frame f runs; one stream per rank orders the
 graphs so the single device staging buffer is never overwritten while in use.
 """
@@ -48,7 +52,8 @@ class CudaExecutorOptions:
     """Load-time choices (frozen, validated once)."""
     cache_pages: Optional[int] = None      # exact page count; None: from memory left after graphs
     cache_memory_share: float = 0.90       # share of the free memory given to cache pages
-    devices: Optional[Sequence[int]] = None  # device ordinal per rank; default 0..world_size-1
+    devices: Optional[Sequence[int]] = None  # device ordinal per local rank; default: the rank number
+    local_ranks: Optional[Sequence[int]] = None  # ranks this process owns; default every rank (threads)
     programs: Optional[Iterable[str]] = None  # program names to load; default every program
     transport: str = "auto"                # "kernel", "memcpy", or "auto" (by bytes; transport.py)
     pdl: bool = True                       # False: no node gets programmatic dependent launch
@@ -121,9 +126,11 @@ class CudaExecutor:
 
     def __init__(self, manifest: manifest_pb2.ExecutionManifest, read_resource: ResourceReader,
                  options: CudaExecutorOptions = CudaExecutorOptions(), driver: Any = None,
-                 graphs: Optional[Sequence[Any]] = None) -> None:
+                 graphs: Optional[Sequence[Any]] = None, nccl_unique_id: Optional[bytes] = None,
+                 agree_pages: Optional[Callable[[int], int]] = None) -> None:
         """graphs: the contract's GraphContracts of the loaded programs; with them, each program's
-        staging copy covers only the bytes its bindings write (transport.binding_extents)."""
+        staging copy covers only the bytes its bindings write (transport.binding_extents).
+        nccl_unique_id, agree_pages: rank processes (module docstring)."""
         self._d = driver if driver is not None else load_driver()
         self.manifest = manifest
         self.options = options
@@ -132,7 +139,10 @@ class CudaExecutor:
         transport = manifest.transport
         self.frames = max(1, transport.frames)
         self._validate()
-        self._ranks = [_Rank(r) for r in range(self.world_size)]
+        local = tuple(options.local_ranks) if options.local_ranks is not None else tuple(range(self.world_size))
+        self._ranks = [_Rank(r) for r in local]
+        self._ordinals = dict(zip(local, options.devices or local))
+        self._agree_pages = agree_pages
         self._nccl: Optional[Nccl] = Nccl() if self.world_size > 1 else None
         self._pinned_staging: Optional[PinnedFrames] = None
         self._launch_plan: dict[str, tuple[tuple[Any, ...], ...]] = {}
@@ -141,7 +151,9 @@ class CudaExecutor:
         self._enter(self._ranks[0])            # pinned memory needs a current context
         self._staging = self._pinned_staging = PinnedFrames(self._d, self.frames, transport.frame_nbytes)
         resources = _ResourceCache(read_resource)
-        uid = self._nccl.unique_id() if self._nccl else None
+        uid = None
+        if self._nccl is not None:
+            uid = self._nccl.unique_id_from(nccl_unique_id) if nccl_unique_id is not None else self._nccl.unique_id()
         started = time.perf_counter()
         try:
             self._on_ranks(lambda rank: self._start_rank(rank, resources, uid))
@@ -192,13 +204,18 @@ class CudaExecutor:
             mine = {p.name for p in m.programs if p.rank == rank}
             if mine != present:
                 raise ManifestError(f"rank {rank} lacks programs {sorted(present - mine)}")
+        local = self.options.local_ranks
+        # one process owns every rank (threads) or exactly one (rank processes)
+        if local is not None and (len(local) not in (1, self.world_size) or len(set(local)) != len(local)
+                                  or any(not 0 <= r < self.world_size for r in local)):
+            raise ManifestError(f"local ranks {list(local)} do not fit a world of {self.world_size}")
         devices = self.options.devices
-        if devices is not None and len(devices) != self.world_size:
-            raise ManifestError("one device ordinal per rank is needed")
+        if devices is not None and len(devices) != (self.world_size if local is None else len(local)):
+            raise ManifestError("one device ordinal per local rank is needed")
 
     def _on_ranks(self, work: Callable[[_Rank], None]) -> None:
-        """Run `work` for every rank, each on its own thread (NCCL init blocks per rank)."""
-        if self.world_size == 1:
+        """Run `work` for every local rank, each on its own thread (NCCL init blocks per rank)."""
+        if len(self._ranks) == 1:
             self._enter(self._ranks[0])
             work(self._ranks[0])
             return
@@ -207,21 +224,20 @@ class CudaExecutor:
             self._enter(rank)
             work(rank)
 
-        with concurrent.futures.ThreadPoolExecutor(self.world_size) as pool:
+        with concurrent.futures.ThreadPoolExecutor(len(self._ranks)) as pool:
             for future in [pool.submit(run, rank) for rank in self._ranks]:
                 future.result()
 
     def _enter(self, rank: _Rank) -> None:
         d = self._d
         if rank.context is None:
-            ordinal = (self.options.devices or range(self.world_size))[rank.rank]
-            rank.device = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+            rank.device = check(d.cuDeviceGet(self._ordinals[rank.rank]), "cuDeviceGet")
             rank.context = check(d.cuDevicePrimaryCtxRetain(rank.device), "cuDevicePrimaryCtxRetain")
         check(d.cuCtxSetCurrent(rank.context), "cuCtxSetCurrent")
 
     def _start_rank(self, rank: _Rank, resources: "_ResourceCache", uid: Any) -> None:
         d, m = self._d, self.manifest
-        ordinal = (self.options.devices or range(self.world_size))[rank.rank]
+        ordinal = self._ordinals[rank.rank]
         layout = layout_arena(m.buffers, rank.rank)
         # a core with nothing for this device fails before any memory is taken
         rank.capability = self._capability(rank)
@@ -338,6 +354,8 @@ class CudaExecutor:
             free, _total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
             pages.append(rank.arena.pages_that_fit(int(free), self.options.cache_memory_share))
         chosen = min(pages)
+        if self._agree_pages is not None:       # rank processes: the fewest any process fits
+            chosen = self._agree_pages(chosen)
         if chosen == 0 and any(r.arena.layout.bytes_per_page for r in self._ranks):
             raise DeviceMemoryError("no memory left for cache pages after graphs load")
         return chosen
@@ -394,23 +412,34 @@ class CudaExecutor:
 
     # ---- inspection (not for the hot path) ----------------------------------------------
 
+    def _rank(self, rank: int) -> _Rank:
+        found = next((r for r in self._ranks if r.rank == rank), None)
+        if found is None:
+            raise KeyError(f"rank {rank} is not one of this process's ranks {[r.rank for r in self._ranks]}")
+        return found
+
+    def bind_thread(self) -> None:
+        """Make this process's first rank's context current on the calling thread (a rank
+        process waits for its frames on a thread of its own)."""
+        self._enter(self._ranks[0])
+
     @property
     def programs(self) -> tuple[str, ...]:
         return tuple(self._launch_plan)
 
     def architecture(self, rank: int = 0) -> str:
         """The KernelModule.arch the rank's device loaded (e.g. "sm_90a", "compute_80")."""
-        return self._ranks[rank].architecture.name
+        return self._rank(rank).architecture.name
 
     def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
         """Byte offset of every buffer from the rank's arena base (CACHE: its window): the
         geometry loading produced, which NativeModel.manifests exposes (OWN-11)."""
-        r = self._ranks[rank]
+        r = self._rank(rank)
         return {name: address - r.arena.base for name, address in r.addresses.base.items()}
 
     def arena_nbytes(self, rank: int = 0) -> int:
         """Bytes backed in the rank's arena: the fixed part plus the backed cache pages."""
-        r = self._ranks[rank]
+        r = self._rank(rank)
         return r.arena.fixed_nbytes + sum(r.arena.buffer_nbytes(n) for n in r.arena.layout.cache_page_nbytes)
 
     def staging_nbytes(self, program: str) -> int:
@@ -420,7 +449,7 @@ class CudaExecutor:
 
     def node_count(self, program: str, rank: int = 0) -> int:
         """Graph nodes per step of `program` (copies and event included)."""
-        return self._ranks[rank].node_counts[program]
+        return self._rank(rank).node_counts[program]
 
     def profile_nodes(self, program: str, frame: int = 0, repeats: int = 20,
                       rank: int = 0) -> list[tuple[str, str, float]]:
@@ -432,7 +461,7 @@ class CudaExecutor:
         so PDL overlap is lost: the sum exceeds the real step time.
         """
         d = self._d
-        r = self._ranks[rank]
+        r = self._rank(rank)
         self._enter(r)
         runs = tp.staging_runs(next(p for p in self.manifest.programs if p.name == program), self.manifest.transport,
                                self._extents.get(program))
@@ -467,7 +496,7 @@ class CudaExecutor:
 
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
         """A host copy of one buffer's bytes (uint8; CACHE buffers: every backed page)."""
-        r = self._ranks[rank]
+        r = self._rank(rank)
         if name not in r.arena.layout.buffers:
             raise KeyError(name)
         self._enter(r)
@@ -480,10 +509,23 @@ class CudaExecutor:
 
     def context(self, rank: int = 0) -> tuple[Any, Any]:
         """(CUcontext, CUstream) of a rank, for tests and benchmarks that time on its stream."""
-        r = self._ranks[rank]
+        r = self._rank(rank)
         return r.context, r.stream
 
     # ---- teardown ------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        """A rank process is gone: abort this process's communicators, so that the graphs in
+        flight (their all-reduces wait for the lost rank) end and close() can drain the streams."""
+        if self._nccl is None:
+            return
+        for rank in self._ranks:
+            if rank.comm:
+                self._enter(rank)
+                try:
+                    self._nccl.abort(rank.comm)
+                finally:
+                    rank.comm = 0
 
     def close(self) -> None:
         """Drain every rank, then free graphs, events, modules, NCCL, memory, contexts."""

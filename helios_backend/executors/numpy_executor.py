@@ -14,6 +14,11 @@ rank; then the next segment runs. Every rank's program must have the same all-re
 (count and element count), checked at load. The per-rank arena, weight shadows and widened
 cache planes are numpy_rank.RankReplay's.
 
+With rank processes (RankPeers::Processes, helios_backend/ranks/) each process binds only
+its own rank (`local_ranks`) and runs its segments alone; at each ALL_REDUCE node it calls
+`reduce(index, region)`, which sums the region with the other processes' (ranks/reduce.py)
+in the same rank order, so a process mode step is bit-identical to the lockstep one.
+
 Load errors (typed, all raised before any step): UnknownKernelIdError for a kernel id
 without a numpy reference, KernelArgumentError for args that do not fit the ABI (or
 all-reduce nodes that differ between ranks), MissingVariantError for a selected program
@@ -22,7 +27,7 @@ absent from the manifest on any rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 from helios_proto import manifest_pb2 as M
@@ -39,7 +44,9 @@ from helios_backend.executors.base import (
 from helios_backend.executors.numpy_rank import NUMPY_DTYPES, BoundProgram, RankArena, RankReplay
 from helios_backend.kernels import abi
 
-__all__ = ["NUMPY_DTYPES", "NumpyExecutor", "NumpyExecutorOptions", "RankArena", "RankReplay"]
+__all__ = ["NUMPY_DTYPES", "NumpyExecutor", "NumpyExecutorOptions", "RankArena", "RankReplay", "Reduce"]
+
+Reduce = Callable[[int, np.ndarray], None]    # (all-reduce index, this rank's region) -> the sum, in place
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,19 @@ class NumpyExecutor:
 
     def __init__(self, manifest: M.ExecutionManifest, read_resource: ResourceReader,
                  options: NumpyExecutorOptions = NumpyExecutorOptions(), *,
-                 implementations: Mapping[str, Callable[..., None]] = {}, weight_shadows: bool = True) -> None:
-        """`implementations` and `weight_shadows` are the CPU executor's (numpy_rank.RankReplay)."""
+                 implementations: Mapping[str, Callable[..., None]] = {}, weight_shadows: bool = True,
+                 local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
+        """`implementations` and `weight_shadows` are the CPU executor's (numpy_rank.RankReplay).
+        `local_ranks` (default: every rank) are the ranks this process binds; one local rank of a
+        larger world needs `reduce`, the all-reduce with the ranks of the other processes."""
         self.manifest = manifest
         self.options = options
         self.cache_pages = options.cache_pages
         self.world_size = max(1, manifest.world_size)
+        local = tuple(range(self.world_size)) if local_ranks is None else tuple(local_ranks)
+        if len(local) < self.world_size and (reduce is None or len(local) != 1):
+            raise KernelArgumentError(f"ranks {list(local)} of a world of {self.world_size} need one local rank "
+                                      "and the all-reduce between processes")
         per_rank = [{p.name: p for p in manifest.programs if p.rank == rank} for rank in range(self.world_size)]
         wanted = set(options.programs) if options.programs is not None else set(per_rank[0])
         for rank, programs in enumerate(per_rank):
@@ -72,11 +86,13 @@ class NumpyExecutor:
             if missing:
                 raise MissingVariantError(f"programs absent from the execution catalog of rank {rank}: {missing}")
             self._check_kernels(programs[name] for name in wanted)
+        self._check_reductions(per_rank, sorted(wanted))
+        self.local_ranks = local
+        self._reduce = reduce if len(local) < self.world_size else None
         self.ranks = tuple(RankReplay(manifest, rank, read_resource, options.cache_pages, options.widen_f16_cache,
                                       {name: per_rank[rank][name] for name in sorted(wanted)},
                                       implementations, weight_shadows)
-                           for rank in range(self.world_size))
-        self._check_reductions(sorted(wanted))
+                           for rank in local)
         transport = manifest.transport
         self._frames = [np.zeros(transport.frame_nbytes, dtype=np.uint8) for _ in range(max(1, transport.frames))]
         self._results: list[Optional[np.ndarray]] = [None] * len(self._frames)
@@ -97,10 +113,16 @@ class NumpyExecutor:
                     raise UnknownKernelIdError(f"{program.name}.nodes[{index}]: kernel id {node.kernel!r} "
                                                "has no numpy reference")
 
-    def _check_reductions(self, names: Iterable[str]) -> None:
-        """Lockstep needs the same all-reduces on every rank, in the same order, of the same size."""
+    @staticmethod
+    def _check_reductions(per_rank: Sequence[Mapping[str, M.Program]], names: Iterable[str]) -> None:
+        """Lockstep needs the same all-reduces on every rank, in the same order, of the same size
+        (checked on the manifest, so a process binding one rank checks every rank too)."""
+        def shape(program: M.Program) -> tuple:
+            return tuple(tuple(getattr(a, a.WhichOneof("value") or "i64") for a in n.args[1:])
+                         for n in program.nodes if n.kind == M.NODE_KIND_ALL_REDUCE)
+
         for name in names:
-            shapes = [tuple((r.size, r.dtype) for r in rank.programs[name].regions) for rank in self.ranks]
+            shapes = [shape(programs[name]) for programs in per_rank]
             if any(s != shapes[0] for s in shapes[1:]):
                 raise KernelArgumentError(f"{name}: ranks record different all-reduce nodes")
 
@@ -118,11 +140,17 @@ class NumpyExecutor:
     def frames(self) -> int:
         return len(self._frames)
 
+    def _local(self, rank: int) -> RankReplay:
+        try:
+            return self.ranks[self.local_ranks.index(rank)]
+        except ValueError:
+            raise KeyError(f"rank {rank} is not one of this process's ranks {list(self.local_ranks)}") from None
+
     def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
-        return dict(self.ranks[rank].arena.offsets)
+        return dict(self._local(rank).arena.offsets)
 
     def arena_nbytes(self, rank: int = 0) -> int:
-        return int(self.ranks[rank].arena.memory.nbytes)
+        return int(self._local(rank).arena.memory.nbytes)
 
     def node_count(self, program: str) -> int:
         """Nodes of rank 0's program: kernels plus all-reduces."""
@@ -143,8 +171,21 @@ class NumpyExecutor:
             rank.header[1] = frame
         self._sequence += 1
         bound = [rank.programs[program] for rank in self.ranks]
-        self._run_lockstep(bound)
+        if self._reduce is None:
+            self._run_lockstep(bound)
+        else:
+            self._run_with_peers(bound[0], self._reduce)
         self._results[frame] = self.ranks[0].completion.copy()
+
+    @staticmethod
+    def _run_with_peers(program: BoundProgram, reduce: Reduce) -> None:
+        """This process's rank alone; the other ranks run the same segments in their processes."""
+        reductions = len(program.regions)
+        for index, segment in enumerate(program.segments):
+            for function, args in segment:
+                function(*args)
+            if index < reductions:
+                reduce(index, program.regions[index])
 
     @staticmethod
     def _run_lockstep(bound: list[BoundProgram]) -> None:
@@ -169,11 +210,17 @@ class NumpyExecutor:
         return result
 
     def read_buffer(self, name: str, rank: int = 0) -> np.ndarray:
-        return self.ranks[rank].read_buffer(name)
+        return self._local(rank).read_buffer(name)
 
     def buffer_view(self, name: str, dtype: np.dtype, rank: int = 0) -> np.ndarray:
         """A live typed view of a rank's buffer (tests and the single-request driver's diagnostics)."""
-        return self.ranks[rank].arena.typed(name, dtype)
+        return self._local(rank).arena.typed(name, dtype)
+
+    def bind_thread(self) -> None:
+        """Host memory only: every thread may step it already."""
+
+    def abort(self) -> None:
+        """Nothing waits on another process here: the all-reduce raises when a link breaks."""
 
     def close(self) -> None:
         self.ranks = ()

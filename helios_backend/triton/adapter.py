@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,12 @@ from helios_backend.transport import (
     request_spec)
 
 log = logging.getLogger("helios.triton")
+
+# A lost executor (a rank process died or stopped answering): every request has its terminal
+# failure by then; the stub answers health probes red for this long, then exits, and
+# helios-serve restarts the server and the ranks (triton/supervision.py)
+LOST_EXIT_GRACE_S = 2.0
+LOST_EXIT_CODE = 70
 
 
 # The stub of Triton 2.51 is built with pybind11 2.10, which reads numpy 2's array descriptors
@@ -134,6 +142,8 @@ class TritonHeliosModel:
             message = f"helios startup failed: {exc}"
             self._pb.Logger.log_error(message)
             raise RuntimeError(message) from None
+        threading.Thread(target=self._exit_when_lost, args=(self.runtime,), name="helios-lost-watch",
+                         daemon=True).start()
         self._pb.Logger.log_info(f"helios model ready: core {options.core_path}; numpy {np.__version__}, "
                                  f"tensors through {'DLPack' if _DLPACK else 'the stub'}")
 
@@ -182,9 +192,22 @@ class TritonHeliosModel:
                 except ChannelError:
                     pass                             # the channel ended: its requests are gone already
                 sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif not runtime.healthy:              # the gateway's health probe reads this as red
+                self._answer(sender, tp.ResponseEvent(terminal=tp.TerminalEvent(failed=tp.ExecutionFailure(
+                    message=runtime.loop.lost or "the helios worker stopped"))))
             else:
                 self._answer(sender, tp.ResponseEvent(assets=runtime.assets()))
         return None
+
+    def _exit_when_lost(self, runtime: Engine) -> None:
+        """Exit the stub once the executor is lost, after the grace (module constants)."""
+        while runtime.loop.alive:
+            time.sleep(0.1)
+        if runtime.loop.lost is None:
+            return                                   # an orderly stop (finalize), nothing to restart
+        self._pb.Logger.log_error(f"helios: {runtime.loop.lost}; the stub exits so that the stack restarts")
+        time.sleep(LOST_EXIT_GRACE_S)
+        os._exit(LOST_EXIT_CODE)
 
     def _generate(self, runtime: Engine, serial: int, request: Any, gen: tp.GenerateRequest, sender: Any) -> None:
         """A request on its own stream: its responses go to its own sender."""

@@ -13,7 +13,14 @@ leaves a model-less server running. So helios-serve watches three things itself:
   itself when a thread of its engine dies (exit STUB_EXIT_ENGINE_FAILED, cause
   `engine_failed`), after answering every open request with its failure;
 * the gateway: if it exits before it ever answered HTTP, startup failed (exit non-zero);
-  later, it is restarted after a backoff.
+  later, it is restarted after a backoff;
+* the local rank processes of a tensor-parallel core served with --rank-peers processes
+  (helios-rank, ranks 1..N-1; rank 0 is the stub): one that exits before the model was ready
+  fails startup (a refusal at rendezvous names the field that differs); later, a rank that
+  exits gets RANK_LOSS_GRACE_S for rank 0 to fail its requests with the cause, then the
+  server and every rank are restarted together (a rank's device state cannot outlive the
+  others'). Rank 0 losing a rank (one that died or stopped answering) fails every request
+  and its stub exits, which is the stub case above; the ranks restart with the server.
 
 Every restart is counted in a small JSON state file the gateway exports on /metrics
 (`helios_serve_restarts_total{process, cause}`). Each child runs in its own session, so a
@@ -51,6 +58,7 @@ GATEWAY_STOP_S = 6.0            # the gateway's 5 s drain (HTTP-15) and its exit
 # The stub's exit status after its engine failed (a worker or response thread died, every open
 # request already answered with its failure): EX_SOFTWARE. Any other end of the stub is "stub_died".
 STUB_EXIT_ENGINE_FAILED = 70
+RANK_LOSS_GRACE_S = 1.0         # a rank exited: rank 0 fails its requests with the cause first
 
 
 class ExitCode(enum.IntEnum):
@@ -60,6 +68,7 @@ class ExitCode(enum.IntEnum):
     GATEWAY_FAILED = 4          # the gateway exited before it answered HTTP
     TRITON_FAILED = 5           # tritonserver exited before the model was ready
     READY_TIMEOUT = 6           # --ready-timeout passed
+    RANK_FAILED = 7             # a rank process exited before the model was ready
 
 
 class SupervisionFailed(Exception):
@@ -238,10 +247,12 @@ class Supervisor:
     called from a signal handler."""
 
     def __init__(self, config: SupervisorConfig, triton: Child, gateway: Child | None, ledger: RestartLedger,
-                 after_triton_stop: Callable[[], None]) -> None:
+                 after_triton_stop: Callable[[], None], ranks: Sequence[Child] = ()) -> None:
         self.config = config
         self.triton = triton
         self.gateway = gateway
+        self.ranks = tuple(ranks)               # local rank processes, started and restarted with the server
+        self._rank_exit_seen: float | None = None
         self.ledger = ledger
         self._after_triton_stop = after_triton_stop   # removes the server's /dev/shm regions
         self._stop_requested = False
@@ -260,11 +271,12 @@ class Supervisor:
     # ---- the loop --------------------------------------------------------------------------
     def run(self) -> int:
         self.ledger.write()
-        self.triton.start()
+        self._start_server()
         ready_deadline = time.monotonic() + self.config.ready_timeout_s
         try:
             while not self._stop_requested:
                 now = time.monotonic()
+                self._watch_ranks(now)
                 self._watch_triton(now, ready_deadline)
                 if self.gateway is not None:
                     self._watch_gateway(now)
@@ -312,6 +324,29 @@ class Supervisor:
             else:
                 self._restart("tritonserver", "stub_died", f"the python backend stub (pid {dead[0]}) died")
 
+    def _start_server(self) -> None:
+        """The rank processes first (they wait for rank 0's store), then tritonserver."""
+        for rank in self.ranks:
+            rank.start()
+        self._rank_exit_seen = None
+        self.triton.start()
+
+    def _watch_ranks(self, now: float) -> None:
+        if "tritonserver" in self._restart_at:
+            return
+        exited = [rank for rank in self.ranks if not rank.running()]
+        if not exited:
+            return
+        rank = exited[0]
+        why = f"{rank.name} exited with code {rank.exit_code()}"
+        if not self._ever_ready:
+            raise SupervisionFailed(ExitCode.RANK_FAILED, f"{why} before the model was ready "
+                                                          "(its log above says why)")
+        if self._rank_exit_seen is None:
+            self._rank_exit_seen = now
+        elif now - self._rank_exit_seen >= RANK_LOSS_GRACE_S:
+            self._restart("tritonserver", "rank_exited", why)
+
     def _watch_gateway(self, now: float) -> None:
         gateway = self.gateway
         assert gateway is not None and self.config.gateway_url is not None
@@ -338,6 +373,8 @@ class Supervisor:
         uptime = time.monotonic() - child.started_at
         if name == "tritonserver":
             child.kill_group()            # a dead stub's streams would never end otherwise
+            for rank in self.ranks:       # every rank restarts with rank 0
+                rank.kill_group()
             self._after_triton_stop()
             self._model_ready = False
             self._stubs = set()
@@ -360,7 +397,7 @@ class Supervisor:
                 continue
             del self._restart_at[name]
             if name == "tritonserver":
-                self.triton.start()
+                self._start_server()
             else:
                 self._start_gateway()
 
@@ -383,7 +420,9 @@ class Supervisor:
         log.info("helios-serve: stopping tritonserver (%.1fs)", time.monotonic() - start)
         self.triton.signal(signal.SIGINT)
         _wait(self.triton, deadline)
-        for child in (self.gateway, self.triton):
+        for rank in self.ranks:            # rank 0's unload closed their links: they end by themselves
+            _wait(rank, min(deadline, time.monotonic() + 1.0))
+        for child in (self.gateway, self.triton, *self.ranks):
             if child is not None:
                 if child.running():
                     log.error("helios-serve: %s did not stop in time; killing it", child.name)

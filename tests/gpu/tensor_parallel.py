@@ -17,6 +17,7 @@ Prints a pass/fail table and writes tensor_parallel.json under --out.
 
     here:   python tests/gpu/tensor_parallel.py build [--no-kernels]   # .carry_model/tp1.bin, tp2.bin (xz)
     there:  python tests/gpu/tensor_parallel.py run --bundles DIR --out $OUT [--steps 64] [--batches 1,8]
+                                                    [--rank-peers processes]   # rank 1 as a helios-rank process
     CPU dry run of all but the CUDA executor (both cores on the numpy executor, ranks in lockstep):
             python tests/gpu/tensor_parallel.py run --executor numpy --steps 8 --batches 1,2 --out /tmp/tp
 
@@ -73,9 +74,10 @@ def bundle_name(degree: int) -> str:
 
 
 def bundle_options(recipe: Any, degree: int, gguf_path: str | None = None) -> Any:
-    """Variants the comparison needs: decode up to 8 rows, chunked prefill, mixed, restoration (the
+    """Variants the comparison needs: decode up to 8 rows (and 64, for bench/rank_processes.py), chunked
+    prefill, mixed, restoration (the
     operations conformance.Case submits; no RESUME or SCORED_PREFILL programs)."""
-    return recipe.RecipeOptions(decode_rows=(1, 2, 4, 8), prefill_variants=((1, 32), (1, 128), (4, 128)),
+    return recipe.RecipeOptions(decode_rows=(1, 2, 4, 8, 64), prefill_variants=((1, 32), (1, 128), (4, 128)),
                                 mixed_variants=((8, 135),), admission_rows=(1, 4), restoration_rows=(1, 4),
                                 resume_rows=(), scored_prefill_variants=(), context_tokens=2048,
                                 prepared_pages=CACHE_PAGES, tensor_parallel=degree, gguf_path=gguf_path)
@@ -108,9 +110,46 @@ def build(out: pathlib.Path, kernels: bool) -> None:
 
 # ---- there: load, run, compare --------------------------------------------------------------------
 
-def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pathlib.Path) -> tuple[Any, list]:
+RANK_PROCESSES: list[Any] = []      # helios-rank processes started by load_model (stopped by stop_rank_processes)
+
+
+def start_rank_processes(core: pathlib.Path, world_size: int, executor: str, port: int) -> None:
+    """helios-rank for ranks 1..world_size-1 of `core` (rank r on device r), joining 127.0.0.1:port."""
+    import subprocess
+
+    for rank in range(1, world_size):
+        RANK_PROCESSES.append(subprocess.Popen([
+            sys.executable, "-m", "helios_backend.cli.rank", "--core", str(core), "--rank", str(rank),
+            "--store", f"127.0.0.1:{port}", "--executor", executor, "--acceptance", NAMESPACE],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}))
+
+
+def stop_rank_processes() -> list[int]:
+    """Exit codes of the rank processes (0: closed by rank 0); any still running is killed."""
+    codes = []
+    while RANK_PROCESSES:
+        process = RANK_PROCESSES.pop()
+        try:
+            codes.append(process.wait(30))
+        except Exception:   # noqa: BLE001 - a rank that did not stop is killed, its code reported
+            process.kill()
+            codes.append(process.wait())
+    return codes
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pathlib.Path,
+               rank_peers: str = "threads") -> tuple[Any, list]:
     """The bundle's model through the serving path (a signed core, Bootstrap.load, NativeModel.load)
-    and PROMPTS tokenized with the core's own tokenizer.json."""
+    and PROMPTS tokenized with the core's own tokenizer.json. rank_peers="processes": ranks
+    1.. of a tensor-parallel core run as helios-rank processes on the written core."""
     from tokenizers import Tokenizer
 
     from model_bundle import materialize, read_payload, write_core
@@ -119,17 +158,25 @@ def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pat
     from helios_backend.engine.model import ModelOptions, NativeModel
 
     contract, manifest, read = materialize(read_payload(bundle))
-    if via_core:
+    ranks: dict[str, Any] = {}
+    if via_core or rank_peers == "processes":
         from helios_backend.engine.bootstrap import Bootstrap
 
         core = workdir / (bundle.stem + ".core")
-        write_core(core, contract, manifest, read.__self__, NAMESPACE)
+        if not core.exists():
+            write_core(core, contract, manifest, read.__self__, NAMESPACE)
         bootstrap = Bootstrap.load(core, NAMESPACE)          # verify, authorize, validate the contract
         contract, manifest, read = bootstrap.contract, bootstrap.manifest, bootstrap.read_resource
+        if rank_peers == "processes" and manifest.world_size > 1:
+            port = free_port()
+            start_rank_processes(core, manifest.world_size, executor, port)
+            ranks = {"rank_peers": "processes", "rank_store": f"127.0.0.1:{port}",
+                     "core_digest": bootstrap.core.content_digest()}
     else:
         PreparedContract.decode(contract, manifest, resource_ids=frozenset(read.__self__))
     tokenizer = Tokenizer.from_str(bytes(read(contract.model.frontend.tokenizer_resource)).decode())
-    model = NativeModel.load(contract, manifest, read, ModelOptions(cache_pages=CACHE_PAGES, executor=executor))
+    model = NativeModel.load(contract, manifest, read, ModelOptions(cache_pages=CACHE_PAGES, executor=executor,
+                                                                    **ranks))
     return model, [tokenizer.encode(text).ids for text in PROMPTS]
 
 
@@ -245,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for degree in DEGREES:
             models[degree], prompts = load_model(bundles / bundle_name(degree), args.executor, not args.no_core,
-                                                 workdir)
+                                                 workdir, args.rank_peers)
             print(f"TP={degree} ({args.executor}) loaded at {time.time() - started:.1f} s: "
                   f"{len(models[degree].executor.programs)} programs, world size "
                   f"{models[degree].execution_manifest.world_size}", flush=True)
@@ -260,8 +307,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for model in models.values():
             model.close()
+        rank_exits = stop_rank_processes()
         shutil.rmtree(workdir, ignore_errors=True)
-    report = {"executor": args.executor, "steps": args.steps, "results": results,
+    if args.rank_peers == "processes":
+        results.append({"case": "rank processes closed", "exit_codes": rank_exits,
+                        "pass": rank_exits == [0] * (DEGREES[-1] - 1)})
+    report = {"executor": args.executor, "rank_peers": args.rank_peers, "steps": args.steps, "results": results,
               "seconds": round(time.time() - started, 1)}
     (out / "tensor_parallel.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"\n{'case':34s} {'result':6s} detail")
@@ -299,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     go.add_argument("--only", default="", help="comma-separated program names (no greedy runs)")
     go.add_argument("--greedy-only", action="store_true")
     go.add_argument("--no-core", action="store_true", help="load from the bundles without writing cores")
+    go.add_argument("--rank-peers", default="threads", choices=["threads", "processes"],
+                    help="processes: the TP=2 core's rank 1 runs as a helios-rank process (device 1)")
     args = parser.parse_args(argv)
     if args.command == "build":
         from model_bundle import BUNDLE_DIR

@@ -58,6 +58,7 @@ class Nccl:
         lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+        lib.ncclCommAbort.argtypes = [ctypes.c_void_p]
         lib.ncclGetErrorString.restype = ctypes.c_char_p
         lib.ncclGetErrorString.argtypes = [ctypes.c_int]
 
@@ -69,6 +70,16 @@ class Nccl:
         uid = UniqueId()
         self._check(self._lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
         return uid
+
+    def unique_id_bytes(self) -> bytes:
+        """A unique id as the bytes rank 0 sends its rank processes at rendezvous."""
+        return bytes(self.unique_id().internal)
+
+    @staticmethod
+    def unique_id_from(data: bytes) -> UniqueId:
+        if len(data) != UNIQUE_ID_NBYTES:
+            raise ValueError(f"an NCCL unique id holds {UNIQUE_ID_NBYTES} bytes, not {len(data)}")
+        return UniqueId.from_buffer_copy(data)
 
     def init_rank(self, world_size: int, uid: UniqueId, rank: int) -> int:
         """Blocks until every rank has joined: call it on each rank's own thread."""
@@ -86,3 +97,8 @@ class Nccl:
 
     def destroy(self, comm: int) -> None:
         self._check(self._lib.ncclCommDestroy(comm), "ncclCommDestroy")
+
+    def abort(self, comm: int) -> None:
+        """Ends the communicator's uncompleted operations (a peer process is gone: its kernels
+        would otherwise wait for it forever) and frees it."""
+        self._check(self._lib.ncclCommAbort(comm), "ncclCommAbort")
