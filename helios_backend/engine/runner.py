@@ -148,8 +148,8 @@ class ProgramRunner:
             packed.snapshot_row = lane.snapshot_row
         if lane.sample and (req.grammar is not None or req.spec.min_tokens):
             packed.grammar_mask = sampling_mask(req, self.eos_ids, self.mask_words)
-            if req.spec.logit_bias is not None:
-                packed.logit_bias_ids, packed.logit_bias_values = req.spec.logit_bias.ids, req.spec.logit_bias.values
+        if lane.sample and req.spec.logit_bias is not None:   # unconstrained biased lanes too
+            packed.logit_bias_ids, packed.logit_bias_values = req.spec.logit_bias.ids, req.spec.logit_bias.values
         return packed
 
 
