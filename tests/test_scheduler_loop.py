@@ -1,6 +1,8 @@
 """The token-budget loop driven by a simulated executor: exact outputs, pages, order."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -322,11 +324,15 @@ def test_constrained_mix_is_counted_on_decode_steps() -> None:  # spec: MET-6, M
     assert sched.counters.launches[cp.OPERATION_DECODE] == 3
 
 
-def run_two_frames(sched: Scheduler, engine: SimulatedEngine) -> dict[int, list[object]]:
-    """The worker's two-frame loop, inline: round N+1 is submitted before N completes."""
+def run_two_frames(sched: Scheduler, engine: SimulatedEngine,
+                   on_terminal: "Callable[[], None] | None" = None,
+                   followed: "list[int] | None" = None) -> dict[int, list[object]]:
+    """The worker's two-frame loop, inline: round N+1 is submitted before N completes.
+    `on_terminal` runs after each terminal event (a closed-loop client's next request);
+    `followed` collects the operation of every round the second frame followed."""
     events: dict[int, list[object]] = {}
     inflight: list = []
-    for _ in range(10_000):
+    for _ in range(20_000):
         if not inflight:
             plan = sched.schedule()
             if plan is None:
@@ -336,12 +342,16 @@ def run_two_frames(sched: Scheduler, engine: SimulatedEngine) -> dict[int, list[
         if len(inflight) == 1:
             nxt = sched.pipeline_next(inflight[0])
             if nxt is not None:
+                if followed is not None:
+                    followed.append(inflight[0].main.operation)
                 engine.launch(nxt, 1)
                 inflight.append(nxt)
         plan = inflight.pop(0)
         sched.complete(plan, engine.collect(plan))
         for ev in sched.take_events():
             events.setdefault(ev.serial, []).append(ev)
+            if on_terminal is not None and isinstance(ev, Terminal):
+                on_terminal()
     assert not sched.has_work()
     return events
 
@@ -532,33 +542,18 @@ def test_the_second_frame_survives_endings_and_rounds_of_prompts() -> None:  # s
     total, clients = 24, 6
     prompts = [prompt_of(40 + i, 5 + i % 4) for i in range(total)]
     limits = [3 + (7 * i) % 11 for i in range(total)]
-    events: dict[int, list[object]] = {}
-    inflight: list = []
     submitted = 0
     kinds_behind: list[int] = []              # operations the second frame followed
+
+    def arrive() -> None:
+        nonlocal submitted
+        if submitted < total:
+            sched.add(submitted, spec(prompts[submitted], max_tokens=limits[submitted]))
+            submitted += 1
+
     for _ in range(clients):
-        sched.add(submitted, spec(prompts[submitted], max_tokens=limits[submitted]))
-        submitted += 1
-    for _ in range(20_000):
-        if not inflight:
-            plan = sched.schedule()
-            if plan is None:
-                break
-            engine.launch(plan, 0)
-            inflight.append(plan)
-        if len(inflight) == 1:
-            nxt = sched.pipeline_next(inflight[0])
-            if nxt is not None:
-                kinds_behind.append(inflight[0].main.operation)
-                engine.launch(nxt, 1)
-                inflight.append(nxt)
-        plan = inflight.pop(0)
-        sched.complete(plan, engine.collect(plan))
-        for ev in sched.take_events():
-            events.setdefault(ev.serial, []).append(ev)
-            if isinstance(ev, Terminal) and submitted < total:
-                sched.add(submitted, spec(prompts[submitted], max_tokens=limits[submitted]))
-                submitted += 1
+        arrive()
+    events = run_two_frames(sched, engine, on_terminal=arrive, followed=kinds_behind)
     assert not sched.has_work() and submitted == total
     for i in range(total):
         assert tokens_of(events[i]) == reference_tokens(prompts[i], limits[i], VOCAB)
