@@ -303,3 +303,9 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
 )
 
 SPECS_BY_ID: Mapping[str, KernelBuild] = {spec.kernel_id: spec for spec in KERNEL_SPECS}
+
+# ABI ids with a numpy reference and no Triton kernel yet (docs/kernels.md "Reference-only kernel
+# ids"): the numpy and CPU executors run them, the CUDA executor refuses a core that uses them.
+REFERENCE_ONLY_IDS: frozenset[str] = frozenset({
+    "attention.qkv_norm_rope_store.v1", "attention.paged_window.v1", "linear.norm_residual.v1",
+    "mlp.norm_gate_up_activation.v1"})

@@ -1,13 +1,16 @@
 """A prepared model that fits the device tool's 64 MiB transfer: built here, completed there.
 
-The real GGUF (98 MB) and a prepared core (~270 MB of fp16 weights) are too large to travel
-in one call. So:
-  here  (`python tests/gpu/model_bundle.py build [--arch sm_90a --arch compute_80]`): prepare
-        with the AOT kernel library (for the named architectures; default: its full set),
-        keep contract + manifest + every resource except the fp16 weights in bundle.bin,
-        record the recipe options and each weight resource's sha256, and split the GGUF into
-        two halves for two calls;
-  there (`load_bundle`): join the halves, rebuild every weight resource (one per tensor-parallel
+The real GGUF (98 MB for SmolLM2, 491 MB for Qwen2.5-Coder-0.5B) and a prepared core (~270 MB
+/ 1.2 GB of fp16 weights) are too large to travel in one call. So:
+  here  (`python tests/gpu/model_bundle.py build [--recipe NAME] [--arch sm_90a --arch compute_80]`):
+        prepare the recipe (default smollm2-135m-instruct) with the AOT kernel library (for the
+        named architectures; default: its full set), keep contract + manifest + every resource
+        except the fp16 weights in bundle.bin, record the recipe, its options and each weight
+        resource's sha256, and split the GGUF into pieces of at most 56 MiB, one per call (two
+        halves, .carry_gguf1/part_a and .carry_gguf2/part_b, for SmolLM2; .carry_gguf_piece<i>/part_<i>
+        for larger files: nine for qwen2);
+  there (`load_bundle`): join the pieces (HELIOS_GGUF_PARTS, colon-separated, in order), rebuild
+        every weight resource (one per tensor-parallel
         rank) from the GGUF with the recipe's own tensor conversion and sharding
         (prepare.pack_weights), check their sha256, and serve resources.
 The weights are the real model's; nothing model-specific is in the executor or this file
@@ -97,14 +100,15 @@ def write_core(path: pathlib.Path, contract, manifest, resources: Mapping[str, b
 
 
 DEFAULT_RECIPE = "smollm2-135m-instruct"
-PIECE_BYTES = 48 << 20          # one GGUF piece per device call, beside the code (64 MiB a call)
+PIECE_BYTES = 56 << 20          # one GGUF piece per device call (64 MiB a call): SmolLM2 in two halves
 
 
 def gguf_pieces(count: int) -> list[pathlib.Path]:
-    """Where the GGUF's pieces go: GGUF_HALVES for two, .carry_gguf<i>/part_<i> for more."""
+    """Where the GGUF's pieces go: GGUF_HALVES for two, .carry_gguf_piece<i>/part_<i> for more (folders of
+    their own, so a piece never travels beside another model's half)."""
     if count == 2:
         return list(GGUF_HALVES)
-    return [ROOT / f".carry_gguf{i + 1}" / f"part_{i + 1}" for i in range(count)]
+    return [ROOT / f".carry_gguf_piece{i + 1}" / f"part_{i + 1}" for i in range(count)]
 
 
 def split_gguf(recipe=None) -> list[pathlib.Path]:
@@ -142,13 +146,16 @@ def build(out: pathlib.Path = BUNDLE_DIR, archs=None, recipe_name: str = DEFAULT
 
 
 def joined_gguf() -> pathlib.Path:
-    """The GGUF joined once into /tmp/helios_bundle_model.gguf from its halves
-    (HELIOS_GGUF_PARTS: colon-separated paths; default GGUF_HALVES)."""
-    gguf = pathlib.Path("/tmp/helios_bundle_model.gguf")   # outside the repo: never carried back
+    """The GGUF joined once from its pieces (HELIOS_GGUF_PARTS: colon-separated paths; default
+    GGUF_HALVES) into /tmp, one file per list of pieces (another model's pieces join elsewhere)."""
+    parts = os.environ.get("HELIOS_GGUF_PARTS")
+    halves = [pathlib.Path(p) for p in parts.split(":")] if parts else list(GGUF_HALVES)
+    key = hashlib.sha256(":".join(str(p.resolve()) for p in halves).encode()).hexdigest()[:12]
+    gguf = pathlib.Path(f"/tmp/helios_bundle_model-{key}.gguf")   # outside the repo: never carried back
     if not gguf.exists():
-        parts = os.environ.get("HELIOS_GGUF_PARTS")
-        halves = [pathlib.Path(p) for p in parts.split(":")] if parts else GGUF_HALVES
-        gguf.write_bytes(b"".join(p.read_bytes() for p in halves))
+        partial = gguf.with_suffix(".part")
+        partial.write_bytes(b"".join(p.read_bytes() for p in halves))
+        partial.replace(gguf)
     return gguf
 
 
