@@ -16,6 +16,7 @@ per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -73,9 +74,12 @@ class CpuExecutor(NumpyExecutor):
                  options: CpuExecutorOptions = CpuExecutorOptions(), *,
                  local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
         """`local_ranks` and `reduce`: rank processes, as the numpy executor's."""
-        # numba's own work queue: with the OpenMP layer, idle workers spin (OMP_WAIT_POLICY=ACTIVE)
-        # and stole the cores from the next kernel, 1.3 ms per node instead of 15 us (measured on 2 cores)
-        setattr(numba.config, "THREADING_LAYER", "workqueue")   # config attributes are set at import
+        # OpenMP with passive waiting: a parallel region costs ~10 us (numba's workqueue layer: 50-120 us,
+        # ~150 regions a step); idle workers sleep instead of spinning (spinning workers stole the core
+        # from the next kernel on 2 cores: 1.3 ms per node). workqueue where no OpenMP runtime loads.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # read when the OpenMP runtime loads
+        setattr(numba.config, "THREADING_LAYER", "default")   # config attributes are set at import
+        setattr(numba.config, "THREADING_LAYER_PRIORITY", ["omp", "workqueue", "tbb"])
         threads = min(options.threads, int(getattr(numba.config, "NUMBA_NUM_THREADS")))
         numba.set_num_threads(threads)     # process-wide: numba has one thread pool
         warm_up()                          # compile (or load from numba's cache) before the first step

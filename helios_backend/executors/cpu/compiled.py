@@ -50,14 +50,17 @@ def widen(out: np.ndarray, bits: np.ndarray, count: int) -> None:
         out[i] = f16_bits_to_f32(bits[i])
 
 
-@njit(parallel=True, cache=True, fastmath=True, nogil=True)
-def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool) -> None:
-    """out[t, o] (+)= sum_i x[t, i] * weight[o, i] for t < n; out [n, m], x [n, k], weight [m, k] f16 bits.
+@njit(cache=True, fastmath=True, nogil=True)
+def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool,
+                first: int, last: int) -> None:
+    """out[t, o] (+)= sum_i x[t, i] * weight[o, i] for t < n and first <= o < last; out [n, m],
+    x [n, k], weight [m, k] f16 bits. Serial: a small product runs on the calling thread, as the
+    cost of waking a worker (~10 us) exceeds the work (docs/cpu-executor.md).
 
-    Output rows are split over threads; each weight row (k halves, L1-resident) is widened
-    once per token block of 8 (then 4, then 1), so the weight is read once per call whatever n is.
+    Each weight row (k halves, L1-resident) is widened once per token block of 8 (then 4, then 1),
+    so the weight is read once per call whatever n is.
     """
-    for o in prange(m):
+    for o in range(first, last):
         row = weight[o * k:(o + 1) * k]
         t = 0
         while t + 8 <= n:
@@ -73,6 +76,14 @@ def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m
                 acc += f16_bits_to_f32(row[i]) * xs[i]
             _store(out, t * m + o, acc, accumulate)
             t += 1
+
+
+@njit(parallel=True, cache=True, fastmath=True, nogil=True)
+def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool,
+           parts: int) -> None:
+    """linear_rows over all m output rows, split into `parts` contiguous ranges over threads."""
+    for part in prange(parts):
+        linear_rows(out, x, weight, n, k, m, accumulate, part * m // parts, (part + 1) * m // parts)
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -275,7 +286,8 @@ def warm_up() -> None:
     i32 = np.zeros(4, dtype=np.int32)
     i64 = np.zeros(4, dtype=np.int64)
     widen(f32, bits, 4)
-    linear(f32, f32, bits, 1, 4, 4, False)
+    linear_rows(f32, f32, bits, 1, 4, 4, False, 0, 4)
+    linear(f32, f32, bits, 1, 4, 4, False, 2)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)

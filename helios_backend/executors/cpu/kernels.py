@@ -33,6 +33,10 @@ from helios_backend.kernels.state import live_tokens, row_starts, token_rows
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
 # (memory-bound); above it the widened-tile BLAS product wins (measured: docs/cpu-executor.md).
 SMALL_PRODUCT_TOKENS = 32
+# Below this many multiply-adds (tokens x out x in) a product runs serially on the calling thread:
+# a parallel region costs ~10 us to wake the other core (OpenMP, passive wait) and the two halves of
+# a small product gain less (measured: docs/cpu-executor.md)
+PARALLEL_PRODUCT_MACS = 1 << 20
 TILE_ELEMENTS = 1 << 20          # f32 elements of one widened weight tile (4 MiB, fits L2 + L3 slices)
 
 
@@ -84,7 +88,10 @@ class CpuKernels:
         """out[:n] (+)= x[:n] @ weight.T; out [n, m] f32 flat, x [n, k] f32 flat, weight [m, k] f16."""
         bits = _bits(weight)
         if n <= SMALL_PRODUCT_TOKENS:
-            compiled.linear(out, x, bits, n, k, m, accumulate)
+            if self.threads > 1 and n * m * k >= PARALLEL_PRODUCT_MACS:
+                compiled.linear(out, x, bits, n, k, m, accumulate, self.threads)
+            else:
+                compiled.linear_rows(out, x, bits, n, k, m, accumulate, 0, m)
             return
         inputs = x[:n * k].reshape(n, k)
         outputs = out[:n * m].reshape(n, m)
