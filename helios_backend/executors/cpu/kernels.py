@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+import numba
 import numpy as np
 
 from helios_backend.executors.cpu import compiled
@@ -67,6 +68,11 @@ class CpuKernels:
         self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._identity = np.arange(capacity.tokens, dtype=np.int64)
+        # attention scores: one slice per thread of numba's pool (get_thread_id() indexes it), room for
+        # every query head of a group over the context
+        self._scores_per_thread = capacity.heads * capacity.context
+        pool = int(getattr(numba.config, "NUMBA_NUM_THREADS"))
+        self._scores = np.zeros(max(threads, pool) * self._scores_per_thread, dtype=np.float32)
 
     @property
     def table(self) -> Mapping[str, Callable[..., None]]:
@@ -161,7 +167,8 @@ class CpuKernels:
                         scale: float) -> None:
         compiled.causal_attention(out, q, k_cache, v_cache, live_tokens(geometry), positions,
                                   token_rows(geometry, tokens), row_slot, page_table, q_heads, kv_heads, head_dim,
-                                  page_tokens, pages_per_row, page_stride, scale)
+                                  page_tokens, pages_per_row, page_stride, scale, self._scores,
+                                  self._scores_per_thread)
 
     def paged_attention_split(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                               positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
