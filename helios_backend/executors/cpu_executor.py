@@ -8,8 +8,9 @@ differences, both decided at load:
     resident weight bytes of the numpy executor's f16 + f32 pair, and a decode step streams
     each weight byte once);
   * the kernel ids that dominate a step (projections, attention, embedding, LM head) run
-    CpuKernels' compiled implementations (executors/cpu/), on `threads` threads (numba's
-    parallel loops and BLAS both); every other id keeps its numpy reference.
+    CpuKernels' compiled implementations (executors/cpu/), on `threads` threads (the calling
+    thread and threads - 1 helpers sharing chunks of each large call, cpu/sharing.py); every
+    other id keeps its numpy reference.
 
 The numpy executor stays the conformance oracle: tests/test_cpu_executor.py compares logits
 per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md).
@@ -20,7 +21,6 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-import numba
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu.compiled import warm_up
@@ -74,14 +74,7 @@ class CpuExecutor(NumpyExecutor):
                  options: CpuExecutorOptions = CpuExecutorOptions(), *,
                  local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
         """`local_ranks` and `reduce`: rank processes, as the numpy executor's."""
-        # OpenMP with passive waiting: a parallel region costs ~10 us (numba's workqueue layer: 50-120 us,
-        # ~150 regions a step); idle workers sleep instead of spinning (spinning workers stole the core
-        # from the next kernel on 2 cores: 1.3 ms per node). workqueue where no OpenMP runtime loads.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # read when the OpenMP runtime loads
-        setattr(numba.config, "THREADING_LAYER", "default")   # config attributes are set at import
-        setattr(numba.config, "THREADING_LAYER_PRIORITY", ["omp", "workqueue", "tbb"])
-        threads = min(options.threads, int(getattr(numba.config, "NUMBA_NUM_THREADS")))
-        numba.set_num_threads(threads)     # process-wide: numba has one thread pool
+        threads = min(options.threads, len(os.sched_getaffinity(0)))   # the cores this process may use
         warm_up()                          # compile (or load from numba's cache) before the first step
         wanted = options.programs if options.programs is not None else {
             p.name for p in manifest.programs if p.rank == 0}

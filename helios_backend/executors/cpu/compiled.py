@@ -1,4 +1,4 @@
-"""Compiled (numba) primitives of the CPU executor: f16 weights read in place, both cores.
+"""Compiled (numba) primitives of the CPU executor: f16 weights read in place.
 
 Weights stay in their declared F16 layout (row-major [out, in], as the manifest places them):
 numba has no float16 type, so they are passed as their uint16 bit patterns and widened in
@@ -6,9 +6,10 @@ registers by `f16_bits_to_f32`, an LLVM `fpext half -> float` that the loop vect
 into vcvtph2ps (F16C / AVX-512). Nothing streams an f32 copy of a weight per step: a decode
 step reads each weight byte once.
 
-Parallel loops (`prange`) split output rows (projections) or (token, query head) pairs
-(attention) over numba's threads; every function writes into arrays it is given, so the
-hot path allocates nothing. The functions mirror kernels/ references (the conformance
+Every primitive is serial and releases the GIL (nogil): the products take a range of output
+rows and attention a range of (token, kv head) pairs, so kernels.py shares one call's ranges
+over threads (sharing.py). Every function writes into arrays it is given, so the hot path
+allocates nothing. The functions mirror kernels/ references (the conformance
 oracle); only the summation order differs.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
-from numba import get_thread_id, njit, prange
+from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -89,14 +90,6 @@ def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: i
             for u in range(t, n):
                 _dot1(out, x, row, u, k, m, o, accumulate)
             o += 1
-
-
-@njit(parallel=True, cache=True, fastmath=True, nogil=True)
-def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool,
-           parts: int) -> None:
-    """linear_rows over all m output rows, split into `parts` contiguous ranges over threads."""
-    for part in prange(parts):
-        linear_rows(out, x, weight, n, k, m, accumulate, part * m // parts, (part + 1) * m // parts)
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -350,32 +343,31 @@ def _head_axpy(target: np.ndarray, weight: np.float32, value: np.ndarray, head_d
             target[d] += weight * value[d]
 
 
-@njit(parallel=True, cache=True, fastmath=True, nogil=True)
-def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n: int,
-                     positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
-                     q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
-                     page_stride: int, scale: float, scores: np.ndarray, per_thread: int) -> None:
-    """out[t] = softmax(q[t] k^T * scale) v over positions 0..positions[t] of token t's slot, t < n.
+@njit(cache=True, fastmath=True, nogil=True)
+def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                    positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
+                    q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
+                    page_stride: int, scale: float, scores: np.ndarray, first: int, last: int) -> None:
+    """out[t] = softmax(q[t] k^T * scale) v over positions 0..positions[t] of token t's slot, for the
+    (token, kv head) pairs first <= pair < last (pair = t * kv_heads + kv head). Serial.
 
-    Every live token at once, decode rows and prefill chunks alike (the step's keys are already
-    in the cache). Threads split (token, kv head) pairs; a pair serves the kv head's group of
-    q_heads / kv_heads query heads, so each cached key and value is read once per group. Three
-    passes per pair (scores, exp and normalize, weighted values) over the thread's own slice of
-    `scores` (`per_thread` floats >= group * context, preallocated); one exp per key, pages walked
-    in order (no division per key).
+    Every live token alike, decode rows and prefill chunks (the step's keys are already in the
+    cache). A pair serves the kv head's group of q_heads / kv_heads query heads, so each cached
+    key and value is read once per group. Three passes per pair (scores, exp and normalize,
+    weighted values) over `scores` (>= group * context floats, preallocated); one exp per key,
+    pages walked in order (no division per key).
     """
     group = q_heads // kv_heads
     kv_width = kv_heads * head_dim
     q_width = q_heads * head_dim
-    for pair in prange(n * kv_heads):
+    for pair in range(first, last):
         t = pair // kv_heads
         kv = pair % kv_heads
         slot = row_slot[token_row[t]]
         context = positions[t] + 1
-        own = scores[get_thread_id() * per_thread:(get_thread_id() + 1) * per_thread]
-        first = t * q_width + kv * group * head_dim
-        queries = q[first:first + group * head_dim]
-        targets = out[first:first + group * head_dim]
+        start = t * q_width + kv * group * head_dim
+        queries = q[start:start + group * head_dim]
+        targets = out[start:start + group * head_dim]
         pages = (context + page_tokens - 1) // page_tokens
         for p in range(pages):
             base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
@@ -383,9 +375,9 @@ def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cach
                 key = k_cache[base + s * kv_width:base + s * kv_width + head_dim]   # a slice: indexing by a
                 for h in range(group):                                              # computed signed offset
                     query = queries[h * head_dim:(h + 1) * head_dim]                # would keep the loop scalar
-                    own[h * context + p * page_tokens + s] = _head_dot(query, key, head_dim) * np.float32(scale)
+                    scores[h * context + p * page_tokens + s] = _head_dot(query, key, head_dim) * np.float32(scale)
         for h in range(group):
-            weights = own[h * context:(h + 1) * context]
+            weights = scores[h * context:(h + 1) * context]
             best = weights.max()
             norm = np.float32(0.0)
             for j in range(context):
@@ -401,7 +393,7 @@ def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cach
             for s in range(min(page_tokens, context - p * page_tokens)):
                 value = v_cache[base + s * kv_width:base + s * kv_width + head_dim]
                 for h in range(group):
-                    weight = own[h * context + p * page_tokens + s]
+                    weight = scores[h * context + p * page_tokens + s]
                     _head_axpy(targets[h * head_dim:(h + 1) * head_dim], weight, value, head_dim)
 
 
@@ -414,9 +406,8 @@ def warm_up() -> None:
     i64 = np.zeros(4, dtype=np.int64)
     widen(f32, bits, 4)
     linear_rows(f32, f32, bits, 1, 4, 4, False, 0, 4)
-    linear(f32, f32, bits, 1, 4, 4, False, 2)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)
     rope_store(f32, f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
-    causal_attention(f32, f32, f32, f32, 1, i32, i32, i32, i32, 1, 1, 2, 1, 1, 32, 1.0, f32, 32)
+    attention_pairs(f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
