@@ -24,7 +24,7 @@ from typing import Iterable, Optional, Sequence
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu.compiled import warm_up
-from helios_backend.executors.cpu.kernels import Capacity, CpuKernels
+from helios_backend.executors.cpu.kernels import SHARED_WORK_MACS, Capacity, CpuKernels
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce
 from helios_backend.executors.base import ResourceReader
 from helios_backend.kernels import abi
@@ -36,13 +36,16 @@ __all__ = ["CpuExecutor", "CpuExecutorOptions"]
 class CpuExecutorOptions:
     cache_pages: int = 64                         # physical pages backing each CACHE plane (every rank)
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
-    threads: int = 2                              # compiled loops and product workers; capped at the CPU count
+    threads: int = 2                              # the calling thread + helpers; capped at the usable cores
+    share_above: int = SHARED_WORK_MACS           # multiply-adds from which one call is shared over threads
 
     def __post_init__(self) -> None:
         if self.cache_pages < 1:
             raise ValueError("cache_pages must be >= 1")
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
+        if self.share_above < 1:
+            raise ValueError("share_above must be >= 1")
 
 
 def program_capacity(programs: Iterable[M.Program]) -> Capacity:
@@ -78,7 +81,8 @@ class CpuExecutor(NumpyExecutor):
         warm_up()                          # compile (or load from numba's cache) before the first step
         wanted = options.programs if options.programs is not None else {
             p.name for p in manifest.programs if p.rank == 0}
-        self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads)
+        self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads,
+                                  options.share_above)
         self.cpu_options = options
         # the compiled attention reads f32 cache planes: F16 planes are held widened, as numpy's default
         super().__init__(manifest, read_resource,

@@ -60,9 +60,10 @@ def _bits(weight: np.ndarray) -> np.ndarray:
 class CpuKernels:
     """Compiled implementations of the hot kernel ids over one workspace."""
 
-    def __init__(self, capacity: Capacity, threads: int) -> None:
+    def __init__(self, capacity: Capacity, threads: int, share_above: int = SHARED_WORK_MACS) -> None:
         self.capacity = capacity
         self.threads = threads
+        self.share_above = share_above     # multiply-adds from which a call is shared over the threads
         # threads - 1 helpers share large products and attention with the calling thread (sharing.py);
         # each thread has its own scratch (`_own`): a tile it widens large products' weights into
         # (for a 1-thread BLAS) and attention scores (every query head of a group over the context)
@@ -118,11 +119,12 @@ class CpuKernels:
         self.sharing.run(tile, -(-m // tile_rows))
 
     def _chunks(self, work: int, units: int) -> int:
-        """How many chunks to share `work` multiply-adds over: one below SHARED_WORK_MACS (the
-        calling thread alone), else up to CHUNKS_PER_THREAD per thread, never more than `units`."""
-        if self.sharing.helpers == 0 or work < SHARED_WORK_MACS:
+        """How many chunks to share `work` multiply-adds over: one below `share_above` (the calling
+        thread alone), else up to CHUNKS_PER_THREAD per thread (a quarter of `share_above` at
+        least each), never more than `units`."""
+        if self.sharing.helpers == 0 or work < self.share_above:
             return 1
-        return max(1, min(units, CHUNKS_PER_THREAD * self.threads, work // (SHARED_WORK_MACS // 4)))
+        return max(1, min(units, CHUNKS_PER_THREAD * self.threads, work // max(1, self.share_above // 4)))
 
     def _own(self, name: str, size: int) -> np.ndarray:
         """This thread's f32 scratch `name` (allocated on the thread's first use, then kept: the
