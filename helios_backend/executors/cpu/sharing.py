@@ -62,12 +62,7 @@ class WorkSharing:
         self._job = job
         self._wake.set()
         try:
-            while True:
-                with self._lock:
-                    if job.claimed >= job.chunks:
-                        break
-                    index = job.claimed
-                    job.claimed += 1
+            while (index := self._claim(job, helper=False)) is not None:
                 task(index)
         finally:
             with self._lock:
@@ -79,6 +74,15 @@ class WorkSharing:
         if job.error is not None:
             raise job.error
 
+    def _claim(self, job: _Job, helper: bool) -> Optional[int]:
+        """The next chunk of `job`, None when all are handed out; a helper's counts as active."""
+        with self._lock:
+            if job.claimed >= job.chunks:
+                return None
+            job.claimed += 1
+            job.active += int(helper)
+            return job.claimed - 1
+
     def _help(self) -> None:
         while True:
             self._wake.wait()
@@ -88,13 +92,7 @@ class WorkSharing:
             job = self._job
             if job is None:
                 continue
-            while True:
-                with self._lock:
-                    if job.claimed >= job.chunks:
-                        break
-                    index = job.claimed
-                    job.claimed += 1
-                    job.active += 1
+            while (index := self._claim(job, helper=True)) is not None:
                 try:
                     job.task(index)
                 except BaseException as error:  # noqa: BLE001 - re-raised by run() on the caller
