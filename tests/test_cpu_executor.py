@@ -69,7 +69,9 @@ def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
     data = {r.id: r.data for r in tiny_prepared.resources}
     contract, manifest = tiny_prepared.contract, tiny_prepared.manifest
     oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES))
-    cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES))
+    # share_above=1: every product and attention call is split into chunks shared with a helper thread
+    # (the tiny shapes would otherwise run on one thread), so chunk boundaries are compared too
+    cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1))
     models = {"numpy": ExecutorModel(contract, manifest, oracle), "cpu": ExecutorModel(contract, manifest, cpu)}
     yield models
     oracle.close()

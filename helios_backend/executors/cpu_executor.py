@@ -8,22 +8,23 @@ differences, both decided at load:
     resident weight bytes of the numpy executor's f16 + f32 pair, and a decode step streams
     each weight byte once);
   * the kernel ids that dominate a step (projections, attention, embedding, LM head) run
-    CpuKernels' compiled implementations (executors/cpu/), on `threads` threads (numba's
-    parallel loops and BLAS both); every other id keeps its numpy reference.
+    CpuKernels' compiled implementations (executors/cpu/), on `threads` threads (the calling
+    thread and threads - 1 helpers sharing chunks of each large call, cpu/sharing.py); every
+    other id keeps its numpy reference.
 
 The numpy executor stays the conformance oracle: tests/test_cpu_executor.py compares logits
 per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-import numba
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu.compiled import warm_up
-from helios_backend.executors.cpu.kernels import Capacity, CpuKernels
+from helios_backend.executors.cpu.kernels import SHARED_WORK_MACS, Capacity, CpuKernels
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce
 from helios_backend.executors.base import ResourceReader
 from helios_backend.kernels import abi
@@ -35,13 +36,16 @@ __all__ = ["CpuExecutor", "CpuExecutorOptions"]
 class CpuExecutorOptions:
     cache_pages: int = 64                         # physical pages backing each CACHE plane (every rank)
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
-    threads: int = 2                              # compiled loops and product workers; capped at the CPU count
+    threads: int = 2                              # the calling thread + helpers; capped at the usable cores
+    share_above: int = SHARED_WORK_MACS           # multiply-adds from which one call is shared over threads
 
     def __post_init__(self) -> None:
         if self.cache_pages < 1:
             raise ValueError("cache_pages must be >= 1")
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
+        if self.share_above < 1:
+            raise ValueError("share_above must be >= 1")
 
 
 def program_capacity(programs: Iterable[M.Program]) -> Capacity:
@@ -73,15 +77,12 @@ class CpuExecutor(NumpyExecutor):
                  options: CpuExecutorOptions = CpuExecutorOptions(), *,
                  local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
         """`local_ranks` and `reduce`: rank processes, as the numpy executor's."""
-        # numba's own work queue: with the OpenMP layer, idle workers spin (OMP_WAIT_POLICY=ACTIVE)
-        # and stole the cores from the next kernel, 1.3 ms per node instead of 15 us (measured on 2 cores)
-        setattr(numba.config, "THREADING_LAYER", "workqueue")   # config attributes are set at import
-        threads = min(options.threads, int(getattr(numba.config, "NUMBA_NUM_THREADS")))
-        numba.set_num_threads(threads)     # process-wide: numba has one thread pool
+        threads = min(options.threads, len(os.sched_getaffinity(0)))   # the cores this process may use
         warm_up()                          # compile (or load from numba's cache) before the first step
         wanted = options.programs if options.programs is not None else {
             p.name for p in manifest.programs if p.rank == 0}
-        self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads)
+        self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads,
+                                  options.share_above)
         self.cpu_options = options
         # the compiled attention reads f32 cache planes: F16 planes are held widened, as numpy's default
         super().__init__(manifest, read_resource,

@@ -1,4 +1,4 @@
-"""Compiled (numba) primitives of the CPU executor: f16 weights read in place, both cores.
+"""Compiled (numba) primitives of the CPU executor: f16 weights read in place.
 
 Weights stay in their declared F16 layout (row-major [out, in], as the manifest places them):
 numba has no float16 type, so they are passed as their uint16 bit patterns and widened in
@@ -6,9 +6,10 @@ registers by `f16_bits_to_f32`, an LLVM `fpext half -> float` that the loop vect
 into vcvtph2ps (F16C / AVX-512). Nothing streams an f32 copy of a weight per step: a decode
 step reads each weight byte once.
 
-Parallel loops (`prange`) split output rows (projections) or (token, query head) pairs
-(attention) over numba's threads; every function writes into arrays it is given, so the
-hot path allocates nothing. The functions mirror kernels/ references (the conformance
+Every primitive is serial and releases the GIL (nogil): the products take a range of output
+rows and attention a range of (token, kv head) pairs, so kernels.py shares one call's ranges
+over threads (sharing.py). Every function writes into arrays it is given, so the hot path
+allocates nothing. The functions mirror kernels/ references (the conformance
 oracle); only the summation order differs.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
-from numba import njit, prange
+from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -50,29 +51,45 @@ def widen(out: np.ndarray, bits: np.ndarray, count: int) -> None:
         out[i] = f16_bits_to_f32(bits[i])
 
 
-@njit(parallel=True, cache=True, fastmath=True, nogil=True)
-def linear(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool) -> None:
-    """out[t, o] (+)= sum_i x[t, i] * weight[o, i] for t < n; out [n, m], x [n, k], weight [m, k] f16 bits.
+@njit(cache=True, fastmath=True, nogil=True)
+def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool,
+                first: int, last: int) -> None:
+    """out[t, o] (+)= sum_i x[t, i] * weight[o, i] for t < n and first <= o < last; out [n, m],
+    x [n, k], weight [m, k] f16 bits. Serial: a small product runs on the calling thread, as the
+    cost of waking a worker (~10 us) exceeds the work (docs/cpu-executor.md).
 
-    Output rows are split over threads; each weight row (k halves, L1-resident) is widened
-    once per token block of 8 (then 4, then 1), so the weight is read once per call whatever n is.
+    Output rows go in pairs: each weight half is widened once per token block of 8 (then 4, then
+    1) and multiplied into both rows' accumulators, so the weight is read once per call whatever n
+    is and each loaded input feeds two products (an 8-token product is bound by loads: 2 rows x 8
+    tokens measured 1.7x one row x 8 tokens, docs/cpu-executor.md).
     """
-    for o in prange(m):
-        row = weight[o * k:(o + 1) * k]
-        t = 0
-        while t + 8 <= n:
-            _dot8(out, x, row, t, k, m, o, accumulate)
-            t += 8
-        while t + 4 <= n:
-            _dot4(out, x, row, t, k, m, o, accumulate)
-            t += 4
-        while t < n:
-            xs = x[t * k:(t + 1) * k]
-            acc = np.float32(0.0)
-            for i in range(k):
-                acc += f16_bits_to_f32(row[i]) * xs[i]
-            _store(out, t * m + o, acc, accumulate)
-            t += 1
+    o = first
+    while o < last:
+        if o + 1 < last:
+            rows = weight[o * k:(o + 2) * k]
+            t = 0
+            while t + 8 <= n:
+                _dot8x2(out, x, rows, t, k, m, o, accumulate)
+                t += 8
+            while t + 4 <= n:
+                _dot4x2(out, x, rows, t, k, m, o, accumulate)
+                t += 4
+            for r in range(2):
+                for u in range(t, n):
+                    _dot1(out, x, rows[r * k:(r + 1) * k], u, k, m, o + r, accumulate)
+            o += 2
+        else:                           # an odd last row
+            row = weight[o * k:(o + 1) * k]
+            t = 0
+            while t + 8 <= n:
+                _dot8(out, x, row, t, k, m, o, accumulate)
+                t += 8
+            while t + 4 <= n:
+                _dot4(out, x, row, t, k, m, o, accumulate)
+                t += 4
+            for u in range(t, n):
+                _dot1(out, x, row, u, k, m, o, accumulate)
+            o += 1
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -81,6 +98,83 @@ def _store(out: np.ndarray, index: int, value: np.float32, accumulate: bool) -> 
         out[index] += value
     else:
         out[index] = value
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _dot1(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: int, o: int,
+          accumulate: bool) -> None:
+    xs = x[t * k:(t + 1) * k]
+    acc = np.float32(0.0)
+    for i in range(k):
+        acc += f16_bits_to_f32(row[i]) * xs[i]
+    _store(out, t * m + o, acc, accumulate)
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _dot4x2(out: np.ndarray, x: np.ndarray, rows: np.ndarray, t: int, k: int, m: int, o: int,
+            accumulate: bool) -> None:
+    """Tokens t..t+3 against weight rows o and o+1 (rows: their 2k halves)."""
+    r0 = rows[:k]
+    r1 = rows[k:2 * k]
+    x0 = x[t * k:(t + 1) * k]
+    x1 = x[(t + 1) * k:(t + 2) * k]
+    x2 = x[(t + 2) * k:(t + 3) * k]
+    x3 = x[(t + 3) * k:(t + 4) * k]
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+    for i in range(k):
+        u = f16_bits_to_f32(r0[i])
+        v = f16_bits_to_f32(r1[i])
+        a0 += u * x0[i]
+        b0 += v * x0[i]
+        a1 += u * x1[i]
+        b1 += v * x1[i]
+        a2 += u * x2[i]
+        b2 += v * x2[i]
+        a3 += u * x3[i]
+        b3 += v * x3[i]
+    for j, (a, b) in enumerate(((a0, b0), (a1, b1), (a2, b2), (a3, b3))):
+        _store(out, (t + j) * m + o, a, accumulate)
+        _store(out, (t + j) * m + o + 1, b, accumulate)
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _dot8x2(out: np.ndarray, x: np.ndarray, rows: np.ndarray, t: int, k: int, m: int, o: int,
+            accumulate: bool) -> None:
+    """Tokens t..t+7 against weight rows o and o+1: sixteen accumulators, two widened halves."""
+    r0 = rows[:k]
+    r1 = rows[k:2 * k]
+    x0 = x[t * k:(t + 1) * k]
+    x1 = x[(t + 1) * k:(t + 2) * k]
+    x2 = x[(t + 2) * k:(t + 3) * k]
+    x3 = x[(t + 3) * k:(t + 4) * k]
+    x4 = x[(t + 4) * k:(t + 5) * k]
+    x5 = x[(t + 5) * k:(t + 6) * k]
+    x6 = x[(t + 6) * k:(t + 7) * k]
+    x7 = x[(t + 7) * k:(t + 8) * k]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = np.float32(0.0)
+    for i in range(k):
+        u = f16_bits_to_f32(r0[i])
+        v = f16_bits_to_f32(r1[i])
+        a0 += u * x0[i]
+        b0 += v * x0[i]
+        a1 += u * x1[i]
+        b1 += v * x1[i]
+        a2 += u * x2[i]
+        b2 += v * x2[i]
+        a3 += u * x3[i]
+        b3 += v * x3[i]
+        a4 += u * x4[i]
+        b4 += v * x4[i]
+        a5 += u * x5[i]
+        b5 += v * x5[i]
+        a6 += u * x6[i]
+        b6 += v * x6[i]
+        a7 += u * x7[i]
+        b7 += v * x7[i]
+    for j, (a, b) in enumerate(((a0, b0), (a1, b1), (a2, b2), (a3, b3), (a4, b4), (a5, b5), (a6, b6), (a7, b7))):
+        _store(out, (t + j) * m + o, a, accumulate)
+        _store(out, (t + j) * m + o + 1, b, accumulate)
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -217,55 +311,91 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
             v_target[i] = values[i]
 
 
-@njit(parallel=True, cache=True, fastmath=True, nogil=True)
-def causal_attention(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n: int,
-                     positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
-                     q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
-                     page_stride: int, scale: float) -> None:
-    """out[t] = softmax(q[t] k^T * scale) v over positions 0..positions[t] of token t's slot, t < n.
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _head_dot(a: np.ndarray, b: np.ndarray, head_dim: int) -> np.float32:
+    """sum(a[:head_dim] * b[:head_dim]). The common head widths get a constant trip count, which the
+    compiler unrolls into a few vector FMAs and one horizontal sum (a runtime count adds a vector
+    loop's setup and remainder to every key: measured 1.3x on the attention of 8 rows)."""
+    total = np.float32(0.0)
+    if head_dim == 64:
+        for d in range(64):
+            total += a[d] * b[d]
+    elif head_dim == 128:
+        for d in range(128):
+            total += a[d] * b[d]
+    else:
+        for d in range(head_dim):
+            total += a[d] * b[d]
+    return total
 
-    Every live token at once, decode rows and prefill chunks alike (the step's keys are already
-    in the cache). Threads split (token, query head) pairs; query head h reads kv head
-    h // (q_heads / kv_heads). Three passes per pair (scores and max, exp and sum, weighted
-    values) over a scores array of its own; one exp per key.
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _head_axpy(target: np.ndarray, weight: np.float32, value: np.ndarray, head_dim: int) -> None:
+    """target[:head_dim] += weight * value[:head_dim] (constant trip counts as in _head_dot)."""
+    if head_dim == 64:
+        for d in range(64):
+            target[d] += weight * value[d]
+    elif head_dim == 128:
+        for d in range(128):
+            target[d] += weight * value[d]
+    else:
+        for d in range(head_dim):
+            target[d] += weight * value[d]
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                    positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
+                    q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
+                    page_stride: int, scale: float, scores: np.ndarray, first: int, last: int) -> None:
+    """out[t] = softmax(q[t] k^T * scale) v over positions 0..positions[t] of token t's slot, for the
+    (token, kv head) pairs first <= pair < last (pair = t * kv_heads + kv head). Serial.
+
+    Every live token alike, decode rows and prefill chunks (the step's keys are already in the
+    cache). A pair serves the kv head's group of q_heads / kv_heads query heads, so each cached
+    key and value is read once per group. Three passes per pair (scores, exp and normalize,
+    weighted values) over `scores` (>= group * context floats, preallocated); one exp per key,
+    pages walked in order (no division per key).
     """
     group = q_heads // kv_heads
     kv_width = kv_heads * head_dim
     q_width = q_heads * head_dim
-    for pair in prange(n * q_heads):
-        t = pair // q_heads
-        head = pair % q_heads
+    for pair in range(first, last):
+        t = pair // kv_heads
+        kv = pair % kv_heads
         slot = row_slot[token_row[t]]
         context = positions[t] + 1
-        query = q[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
-        target = out[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
-        head_offset = (head // group) * head_dim
-        scores = np.empty(context, dtype=np.float32)   # per pair: threads never share it
-        best = np.float32(0.0)
-        for j in range(context):
-            page = page_table[slot * pages_per_row + j // page_tokens]
-            start = page * page_stride + (j % page_tokens) * kv_width + head_offset
-            key = k_cache[start:start + head_dim]    # a slice: indexing by a computed signed
-            score = np.float32(0.0)                  # offset would keep the loop scalar
-            for d in range(head_dim):
-                score += query[d] * key[d]
-            score *= np.float32(scale)
-            scores[j] = score
-            if j == 0 or score > best:               # no -inf start: fastmath assumes finite values
-                best = score
-        norm = np.float32(0.0)
-        for j in range(context):
-            weight = np.exp(scores[j] - best)
-            scores[j] = weight
-            norm += weight
-        target[:] = 0.0
-        for j in range(context):
-            page = page_table[slot * pages_per_row + j // page_tokens]
-            start = page * page_stride + (j % page_tokens) * kv_width + head_offset
-            value = v_cache[start:start + head_dim]
-            weight = scores[j] / norm
-            for d in range(head_dim):
-                target[d] += weight * value[d]
+        start = t * q_width + kv * group * head_dim
+        queries = q[start:start + group * head_dim]
+        targets = out[start:start + group * head_dim]
+        pages = (context + page_tokens - 1) // page_tokens
+        for p in range(pages):
+            base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
+            for s in range(min(page_tokens, context - p * page_tokens)):
+                key = k_cache[base + s * kv_width:base + s * kv_width + head_dim]   # a slice: indexing by a
+                for h in range(group):                                              # computed signed offset
+                    query = queries[h * head_dim:(h + 1) * head_dim]                # would keep the loop scalar
+                    scores[h * context + p * page_tokens + s] = _head_dot(query, key, head_dim) * np.float32(scale)
+        for h in range(group):
+            weights = scores[h * context:(h + 1) * context]
+            best = weights.max()
+            norm = np.float32(0.0)
+            for j in range(context):
+                weight = np.exp(weights[j] - best)
+                weights[j] = weight
+                norm += weight
+            inverse = np.float32(1.0) / norm
+            for j in range(context):
+                weights[j] *= inverse
+        targets[:] = 0.0
+        for p in range(pages):
+            base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
+            for s in range(min(page_tokens, context - p * page_tokens)):
+                value = v_cache[base + s * kv_width:base + s * kv_width + head_dim]
+                for h in range(group):
+                    weight = scores[h * context + p * page_tokens + s]
+                    _head_axpy(targets[h * head_dim:(h + 1) * head_dim], weight, value, head_dim)
+
 
 def warm_up() -> None:
     """Compile every primitive for the argument types the kernels pass (numba caches the machine
@@ -275,9 +405,9 @@ def warm_up() -> None:
     i32 = np.zeros(4, dtype=np.int32)
     i64 = np.zeros(4, dtype=np.int64)
     widen(f32, bits, 4)
-    linear(f32, f32, bits, 1, 4, 4, False)
+    linear_rows(f32, f32, bits, 1, 4, 4, False, 0, 4)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)
     rope_store(f32, f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
-    causal_attention(f32, f32, f32, f32, 1, i32, i32, i32, i32, 1, 1, 2, 1, 1, 32, 1.0)
+    attention_pairs(f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)

@@ -21,18 +21,24 @@ context), owned by the instance; the hot path allocates nothing but small index 
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 import numpy as np
 
 from helios_backend.executors.cpu import compiled
+from helios_backend.executors.cpu.sharing import WorkSharing
 from helios_backend.kernels.state import live_tokens, row_starts, token_rows
 
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
 # (memory-bound); above it the widened-tile BLAS product wins (measured: docs/cpu-executor.md).
 SMALL_PRODUCT_TOKENS = 32
+# Below this many multiply-adds (tokens x out x in; attention: its score pass) work runs on the
+# calling thread alone: waking a helper and handing out chunks costs ~10-30 us, more than half of
+# such a product (measured: docs/cpu-executor.md). Above it, up to CHUNKS_PER_THREAD chunks per thread.
+SHARED_WORK_MACS = 1 << 20
+CHUNKS_PER_THREAD = 4
 TILE_ELEMENTS = 1 << 20          # f32 elements of one widened weight tile (4 MiB, fits L2 + L3 slices)
 
 
@@ -54,12 +60,15 @@ def _bits(weight: np.ndarray) -> np.ndarray:
 class CpuKernels:
     """Compiled implementations of the hot kernel ids over one workspace."""
 
-    def __init__(self, capacity: Capacity, threads: int) -> None:
+    def __init__(self, capacity: Capacity, threads: int, share_above: int = SHARED_WORK_MACS) -> None:
         self.capacity = capacity
         self.threads = threads
-        # large products: one Python worker per thread, each with its own tile and a 1-thread BLAS
-        self._workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="helios-cpu-product")
-        self._tiles = [np.zeros(TILE_ELEMENTS, dtype=np.float32) for _ in range(threads)]
+        self.share_above = share_above     # multiply-adds from which a call is shared over the threads
+        # threads - 1 helpers share large products and attention with the calling thread (sharing.py);
+        # each thread has its own scratch (`_own`): a tile it widens large products' weights into
+        # (for a 1-thread BLAS) and attention scores (every query head of a group over the context)
+        self.sharing = WorkSharing(threads - 1)
+        self._scratch = threading.local()
         self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._identity = np.arange(capacity.tokens, dtype=np.int64)
@@ -84,29 +93,50 @@ class CpuKernels:
         """out[:n] (+)= x[:n] @ weight.T; out [n, m] f32 flat, x [n, k] f32 flat, weight [m, k] f16."""
         bits = _bits(weight)
         if n <= SMALL_PRODUCT_TOKENS:
-            compiled.linear(out, x, bits, n, k, m, accumulate)
+            chunks = self._chunks(n * m * k, m // 2)
+
+            def rows(index: int) -> None:        # whole row pairs per chunk (linear_rows pairs them)
+                first, last = 2 * (index * (m // 2) // chunks), 2 * ((index + 1) * (m // 2) // chunks)
+                compiled.linear_rows(out, x, bits, n, k, m, accumulate, first, m if index == chunks - 1 else last)
+
+            self.sharing.run(rows, chunks)
             return
         inputs = x[:n * k].reshape(n, k)
         outputs = out[:n * m].reshape(n, m)
-        tile_rows = max(1, min(-(-m // self.threads), TILE_ELEMENTS // k))
-        starts = list(range(0, m, tile_rows))
+        tile_rows = max(1, min(-(-m // (2 * self.threads)), TILE_ELEMENTS // k))
 
-        def worker(index: int) -> None:
-            tile_memory = self._tiles[index]
-            for start in starts[index::self.threads]:
-                rows = min(tile_rows, m - start)
-                compiled.widen(tile_memory, bits[start * k:], rows * k)
-                tile = tile_memory[:rows * k].reshape(rows, k)
-                if accumulate:
-                    outputs[:, start:start + rows] += inputs @ tile.T
-                else:
-                    np.matmul(inputs, tile.T, out=outputs[:, start:start + rows])
+        def tile(index: int) -> None:
+            start = index * tile_rows
+            rows = min(tile_rows, m - start)
+            memory = self._own("tile", TILE_ELEMENTS)
+            compiled.widen(memory, bits[start * k:], rows * k)
+            widened = memory[:rows * k].reshape(rows, k)
+            if accumulate:
+                outputs[:, start:start + rows] += inputs @ widened.T
+            else:
+                np.matmul(inputs, widened.T, out=outputs[:, start:start + rows])
 
-        for done in [self._workers.submit(worker, i) for i in range(min(self.threads, len(starts)))]:
-            done.result()
+        self.sharing.run(tile, -(-m // tile_rows))
+
+    def _chunks(self, work: int, units: int) -> int:
+        """How many chunks to share `work` multiply-adds over: one below `share_above` (the calling
+        thread alone), else up to CHUNKS_PER_THREAD per thread (a quarter of `share_above` at
+        least each), never more than `units`."""
+        if self.sharing.helpers == 0 or work < self.share_above:
+            return 1
+        return max(1, min(units, CHUNKS_PER_THREAD * self.threads, work // max(1, self.share_above // 4)))
+
+    def _own(self, name: str, size: int) -> np.ndarray:
+        """This thread's f32 scratch `name` (allocated on the thread's first use, then kept: the
+        threads that run kernels are the caller and the helpers, so a few arrays each)."""
+        memory: Optional[np.ndarray] = getattr(self._scratch, name, None)
+        if memory is None:
+            memory = np.zeros(size, dtype=np.float32)
+            setattr(self._scratch, name, memory)
+        return memory
 
     def close(self) -> None:
-        self._workers.shutdown(wait=True)
+        self.sharing.close()
 
     def _norm(self, hidden: np.ndarray, rows: np.ndarray, weight: np.ndarray, dim: int, eps: float) -> np.ndarray:
         compiled.rms_norm(self._normed, hidden, rows, _bits(weight), dim, eps)
@@ -152,9 +182,19 @@ class CpuKernels:
                         geometry: np.ndarray, rows: int, tokens: int, q_heads: int, kv_heads: int,
                         head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
                         scale: float) -> None:
-        compiled.causal_attention(out, q, k_cache, v_cache, live_tokens(geometry), positions,
-                                  token_rows(geometry, tokens), row_slot, page_table, q_heads, kv_heads, head_dim,
-                                  page_tokens, pages_per_row, page_stride, scale)
+        n = live_tokens(geometry)
+        rows_of = token_rows(geometry, tokens)
+        # multiply-adds of the score pass, an upper bound (every token at the deepest position)
+        work = n * q_heads * head_dim * (int(positions[:n].max()) + 1) if n else 0
+        pairs = n * kv_heads
+        chunks = self._chunks(work, pairs)
+        def heads(index: int) -> None:
+            scores = self._own("scores", self.capacity.heads * self.capacity.context)
+            compiled.attention_pairs(out, q, k_cache, v_cache, positions, rows_of, row_slot, page_table, q_heads,
+                                     kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale, scores,
+                                     index * pairs // chunks, (index + 1) * pairs // chunks)
+
+        self.sharing.run(heads, chunks)
 
     def paged_attention_split(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                               positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,

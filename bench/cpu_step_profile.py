@@ -1,0 +1,118 @@
+"""Where a CPU executor decode step's time goes: seconds per kernel id, and outside the nodes.
+
+Run:  python -m bench.cpu_step_profile [--core var/cores/smollm2-135m-instruct.core] [--threads 2]
+
+Loads the core as the serving path does (executor "cpu"), prefills B lanes with the bench's
+prompt ids (bench/cpu_peer.py), then times `steps` greedy DECODE rounds with every bound node
+wrapped by a timer: per kernel id the milliseconds a step and calls a step, the sum over
+nodes, and the step's wall time (the difference is the host's work around the program:
+packing, completion reading, Python per round). Wall times on a shared machine vary with its
+load, so the load average is recorded; compare kernel ids within one run. Writes
+bench/results/cpu_step_profile.json.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench.cpu_executor import DEFAULT_CORE, RESULTS
+
+Timings = dict[str, list[float]]      # kernel function name -> [seconds, calls]
+
+
+def _timed(function: Callable[..., None], name: str, timings: Timings, enabled: list[bool]) -> Callable[..., None]:
+    def timed(*args: Any) -> None:
+        if not enabled[0]:
+            function(*args)
+            return
+        start = time.perf_counter()
+        function(*args)
+        cell = timings[name]
+        cell[0] += time.perf_counter() - start
+        cell[1] += 1
+    return timed
+
+
+def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt_tokens: int) -> dict[str, Any]:
+    from bench.cpu_peer import bench_prompt_ids
+    from helios_backend.engine.bootstrap import Bootstrap
+    from helios_backend.engine.model import ModelOptions, NativeModel
+    from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
+    from helios_backend.packing import SamplingParameters
+
+    bootstrap = Bootstrap.load(core, "helios.local/smollm2")
+    pages = max(batches) * (-(-(prompt_tokens + steps + 8) // 16)) + 16
+    model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
+                             ModelOptions(executor="cpu", threads=threads, concurrency=max(batches), cache_pages=pages))
+    timings: Timings = collections.defaultdict(lambda: [0.0, 0])
+    enabled = [False]
+    for rank in model.executor.ranks:                       # type: ignore[attr-defined]
+        for name, bound in list(rank.programs.items()):
+            segments = tuple(tuple((_timed(f, getattr(f, "__name__", repr(f)), timings, enabled), args)
+                                   for f, args in segment) for segment in bound.segments)
+            rank.programs[name] = dataclasses.replace(bound, segments=segments)
+    ids = bench_prompt_ids(prompt_tokens)
+    figures: dict[str, Any] = {}
+    try:
+        for batch in batches:
+            driver = LockstepGenerator(model)
+            actives = driver.admit([GenerationRequest(ids, steps + 5, SamplingParameters(logprobs=-1), eos_ids=(-1,))
+                                    for _ in range(batch)], list(range(batch)))
+            for active in actives:
+                driver.prefill(active)
+            for _ in range(4):                               # warm-up rounds
+                driver.decode_round(actives)
+            timings.clear()
+            enabled[0] = True
+            start = time.perf_counter()
+            for _ in range(steps):
+                driver.decode_round(actives)
+            wall = time.perf_counter() - start
+            enabled[0] = False
+            driver.pages.give_back(page for active in actives for page in active.pages)
+            kernels = {name: {"ms_per_step": 1e3 * seconds / steps, "calls_per_step": calls / steps}
+                       for name, (seconds, calls) in sorted(timings.items(), key=lambda item: -item[1][0])}
+            in_nodes = sum(seconds for seconds, _ in timings.values())
+            figures[str(batch)] = {"steps": steps, "step_ms": 1e3 * wall / steps, "tokens_per_s": batch * steps / wall,
+                                   "nodes_ms_per_step": 1e3 * in_nodes / steps,
+                                   "outside_nodes_ms_per_step": 1e3 * (wall - in_nodes) / steps, "kernels": kernels}
+    finally:
+        model.close()
+        bootstrap.close()
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--core", type=Path, default=DEFAULT_CORE)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=RESULTS / "cpu_step_profile.json")
+    args = parser.parse_args(argv)
+    before = os.getloadavg()
+    figures = profile(args.core, args.batches, args.steps, args.threads, args.prompt_tokens)
+    summary = {"threads": args.threads, "prompt_tokens": args.prompt_tokens, "batches": figures,
+               "load_average": {"before": [round(x, 2) for x in before],
+                                "after": [round(x, 2) for x in os.getloadavg()]},
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for batch, f in figures.items():
+        print(f"b={batch}: {f['step_ms']:.1f} ms/step ({f['tokens_per_s']:.1f} tok/s), nodes {f['nodes_ms_per_step']:.1f}, "
+              f"outside nodes {f['outside_nodes_ms_per_step']:.2f}")
+        for name, k in f["kernels"].items():
+            if k["ms_per_step"] >= 0.05:
+                print(f"  {name:28s} {k['ms_per_step']:7.2f} ms/step  {k['calls_per_step']:5.1f} calls")
+    print(f"load average {summary['load_average']['before']} -> {summary['load_average']['after']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
