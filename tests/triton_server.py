@@ -168,6 +168,7 @@ class TritonServer:
                 self.process.kill()
                 self.process.wait(10)
         self._log.close()
+        kill_stubs(self.shm_prefix)          # a server killed by a test leaves its stub behind
         cleanup_shm(self.shm_prefix)
         return self.process.returncode
 
@@ -176,6 +177,24 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def kill_stubs(shm_prefix: str) -> None:
+    """SIGKILL every Python backend stub of one server (its command line names the server's
+    shared-memory region): Triton 2.51's stub outlives a tritonserver that was killed."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"triton_python_backend_stub" in cmd and shm_prefix.encode() in cmd:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def wait_for_metric(server: "TritonServer", name: str, predicate, timeout: float = 30, **labels: str) -> float:  # type: ignore[no-untyped-def]
