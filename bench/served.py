@@ -16,7 +16,11 @@ order, each phase owning the GPU alone:
    processes, so the load generator is never the limit), greedy, `ignore_eos` with `max_tokens`
    so every request yields the same number of tokens; per level: output tokens/s over the
    level's wall time, TTFT p50/p99, ITL p50/p99, TPOT p50, and the CPU seconds per output token
-   of the gateway processes and of the backend stub, from /proc;
+   of the gateway processes and of the backend stub, from /proc; and from the stack's own
+   metrics (Triton's and the gateway's /metrics, deltas over the level): rounds per operation,
+   the share planned on the second frame, tokens per round, the mean round time, requests per
+   channel message, and the mean TTFT split into the scheduler's queue, the backend's receipt to
+   first token and the gateway's ingress to first token;
 3. llama-server (llama.cpp built on the device, same shape, F16, the same load and prompts).
 
 Prints one table per prompt length and writes DIR/served_h200.jsonl, one object per
@@ -31,6 +35,7 @@ import multiprocessing
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import socket
@@ -123,6 +128,63 @@ def figures(timings: list[RequestTiming], wall_s: float) -> dict:
             "tok_s": sum(tokens) / wall_s if wall_s else 0.0, "wall_s": wall_s,
             "ttft_p50_ms": pct([t.ttft_s for t in ok], 50), "ttft_p99_ms": pct([t.ttft_s for t in ok], 99),
             "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "tpot_p50_ms": pct(tpot, 50)}
+
+
+# ---- the stack's own counters -----------------------------------------------------------
+
+# Prometheus families read before and after each level (sums over their label sets, except
+# the per-operation launch counter, kept per operation)
+STACK_FAMILIES = ("flare_graph_launches_total", "flare_second_frame_rounds_total", "flare_generated_tokens_total",
+                  "flare_channel_responses_total", "flare_channel_outputs_total",
+                  "flare_time_to_first_token_seconds_sum", "flare_time_to_first_token_seconds_count",
+                  "flare_request_queue_time_seconds_sum", "flare_request_queue_time_seconds_count",
+                  "helios_gateway_time_to_first_token_seconds_sum", "helios_gateway_time_to_first_token_seconds_count")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The families above from one Prometheus text page; launches keyed by operation."""
+    import httpx
+
+    out: dict[str, float] = {}
+    try:
+        text = httpx.get(url, timeout=10).text
+    except Exception:                      # a figure missing is better than a level lost
+        return out
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        name, _, labels = series.partition("{")
+        if name not in STACK_FAMILIES:
+            continue
+        key = name
+        if name == "flare_graph_launches_total":
+            operation = re.search(r'operation="([^"]*)"', labels)
+            key = f"{name}:{operation.group(1) if operation else ''}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """Per-level deltas of the stack's counters as the figures a round and a request show."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    launches = {k.split(":", 1)[1]: v for k, v in delta.items() if k.startswith("flare_graph_launches_total:") and v}
+    rounds = sum(launches.values())
+    tokens = delta.get("flare_generated_tokens_total", 0.0)
+
+    def mean_ms(family: str) -> float:
+        count = delta.get(f"{family}_count", 0.0)
+        return delta.get(f"{family}_sum", 0.0) / count * 1e3 if count else float("nan")
+
+    responses = delta.get("flare_channel_responses_total", 0.0)
+    return {"rounds": launches, "second_frame_share": delta.get("flare_second_frame_rounds_total", 0.0) / rounds
+            if rounds else float("nan"), "tokens_per_round": tokens / rounds if rounds else float("nan"),
+            "round_ms": wall_s / rounds * 1e3 if rounds else float("nan"),
+            "outputs_per_response": delta.get("flare_channel_outputs_total", 0.0) / responses if responses
+            else float("nan"),
+            "queue_mean_ms": mean_ms("flare_request_queue_time_seconds"),
+            "backend_ttft_mean_ms": mean_ms("flare_time_to_first_token_seconds"),
+            "gateway_ttft_mean_ms": mean_ms("helios_gateway_time_to_first_token_seconds")}
 
 
 # ---- processes and CPU -------------------------------------------------------------------
@@ -270,10 +332,14 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
         print(f"gateway processes {gateway}, backend stub {stub}", flush=True)
         for words in prompts:
             for c in levels:
+                pages = (f"http://127.0.0.1:{metrics}/metrics", f"{base}/metrics")
+                counted = [scrape(url) for url in pages]
                 before = (cpu_seconds(gateway), cpu_seconds(stub))
                 timings, wall = drive(base, model, words, c, requests_at(c), args.output_tokens, True, 1000 * c)
                 after = (cpu_seconds(gateway), cpu_seconds(stub))
                 f = figures(timings, wall)
+                f["stack"] = stack_figures({**counted[0], **counted[1]},
+                                           {**scrape(pages[0]), **scrape(pages[1])}, wall)
                 tokens = max(f["output_tokens"], 1)
                 f["gateway_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
                 f["backend_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6
@@ -282,6 +348,12 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"TPOT p50 {f['tpot_p50_ms']:.2f} ms, gateway {f['gateway_cpu_us_per_token']:.0f} us/tok, "
                       f"backend {f['backend_cpu_us_per_token']:.0f} us/tok, ok {f['ok']}/{f['requests']}, "
                       f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}", flush=True)
+                k = f["stack"]
+                print(f"  stack: rounds {k['rounds']}, second frame {k['second_frame_share']:.0%}, "
+                      f"{k['tokens_per_round']:.1f} tokens/round, {k['round_ms']:.2f} ms/round, "
+                      f"{k['outputs_per_response']:.1f} outputs/message; mean TTFT: queue {k['queue_mean_ms']:.1f} ms, "
+                      f"backend {k['backend_ttft_mean_ms']:.1f} ms, gateway {k['gateway_ttft_mean_ms']:.1f} ms",
+                      flush=True)
                 if args.profile and c == args.profile and words == min(prompts):
                     # the stub and one gateway worker (the busiest): at most 8 files come back
                     busiest = max(gateway, key=lambda pid: cpu_seconds([pid]))
@@ -430,7 +502,7 @@ def main() -> None:
                    "served_over_llama_server": s["tok_s"] / l_ if l_ else None,
                    **{k: s[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
                                         "gateway_cpu_us_per_token", "backend_cpu_us_per_token", "ok", "requests",
-                                        "tokens_per_request_min", "tokens_per_request_max")}}
+                                        "tokens_per_request_min", "tokens_per_request_max", "stack")}}
             lines.append(json.dumps(row))
             print(f"{c:>5} {s['tok_s']:>12.0f} {e or float('nan'):>9.0f} {row['served_over_engine'] or float('nan'):>6.2f} "
                   f"{l_ or float('nan'):>9.0f} {row['served_over_llama_server'] or float('nan'):>7.1f} "

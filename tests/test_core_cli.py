@@ -87,3 +87,13 @@ def test_v4_core_with_a_content_key_file(tmp_path, capsys):
     assert main(["verify", str(path)]) == 1
     assert "ContentKeyError" in capsys.readouterr().err
     assert main(["verify", str(path), "--content-key-file", str(key_file), "--accept", NAMESPACE]) == 0
+
+
+def test_verify_stored_checks_stored_bytes_without_decoding(core_path):
+    # spec: FMT-14
+    from helios_backend.core import IntegrityError
+    with open_core(core_path) as opened:
+        opened.verify_stored()                      # an intact core passes
+    flip_byte(core_path, data_offset(core_path) + 2)
+    with open_core(core_path) as opened, pytest.raises(IntegrityError, match="sha256 commitment"):
+        opened.verify_stored()

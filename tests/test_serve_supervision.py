@@ -40,7 +40,8 @@ def test_a_tampered_core_makes_helios_serve_exit_non_zero(default_core: Path, tm
         print(f"tampered core: exit {code} after {time.monotonic() - serve.started:.1f}s")
         log = serve.log()
     assert code == ExitCode.MODEL_FAILED, log[-3000:]
-    assert "the helios model failed to load" in log and "Bootstrap.load failed" in log
+    # refused before tritonserver starts: the cause names the resource's chunk
+    assert "the core failed its integrity check" in log and "sha256 commitment" in log, log[-3000:]
     assert serve.leftovers() == []
 
 

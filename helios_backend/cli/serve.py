@@ -33,7 +33,7 @@ from pathlib import Path
 from helios_backend.triton.launcher import (
     LOOPBACK, Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
     server_environment, gateway_command, write_model_repository)
-from helios_backend.core import CoreError, open_core
+from helios_backend.core import CoreError, IntegrityError, SignatureError, open_core
 from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS, RANK_PEERS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.supervision import (
@@ -165,7 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with open_core(core) as opened:
                 world_size = max(1, opened.manifest.world_size)
+                # a tampered core is refused here in well under a second, not after tritonserver
+                # and the stub have started (seconds, more under load)
+                opened.verify_stored()
             ranks = rank_children(args, core, executor, world_size)
+        except (IntegrityError, SignatureError) as exc:
+            print(f"helios-serve: the core failed its integrity check: {exc}", file=sys.stderr)
+            return int(ExitCode.MODEL_FAILED)
         except (ValueError, CoreError) as exc:
             print(f"helios-serve: {exc}", file=sys.stderr)
             return int(ExitCode.USAGE)
