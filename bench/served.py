@@ -138,7 +138,8 @@ STACK_FAMILIES = ("flare_graph_launches_total", "flare_second_frame_rounds_total
                   "flare_channel_responses_total", "flare_channel_outputs_total",
                   "flare_time_to_first_token_seconds_sum", "flare_time_to_first_token_seconds_count",
                   "flare_request_queue_time_seconds_sum", "flare_request_queue_time_seconds_count",
-                  "helios_gateway_time_to_first_token_seconds_sum", "helios_gateway_time_to_first_token_seconds_count")
+                  "helios_gateway_time_to_first_token_seconds_sum", "helios_gateway_time_to_first_token_seconds_count",
+                  "helios_gateway_request_queue_time_seconds_sum", "helios_gateway_request_queue_time_seconds_count")
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -33,6 +33,18 @@ from tests.server_fixtures import default_core  # noqa: F401 - fixture
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 
+# spec: FMT-22
+def test_a_publisher_not_accepted_makes_helios_serve_exit_before_tritonserver(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    with ServeProcess(default_core, tmp_path, "--acceptance", "example.org/someone-else") as serve:
+        code = serve.process.wait(300)
+        print(f"publisher not accepted: exit {code} after {time.monotonic() - serve.started:.1f}s")
+        log = serve.log()
+    assert code == ExitCode.MODEL_FAILED, log[-3000:]
+    assert "the core cannot be served (AuthorizationError)" in log and "example.org/someone-else" in log, log[-3000:]
+    assert "tritonserver" not in log.split("cannot be served")[0].split("shared memory prefix")[-1], log[-3000:]
+    assert serve.leftovers() == []
+
+
 # spec: FMT-12, FMT-22
 def test_a_tampered_core_makes_helios_serve_exit_non_zero(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
     with ServeProcess(tampered_copy(default_core, tmp_path / "tampered.core"), tmp_path) as serve:
@@ -41,7 +53,7 @@ def test_a_tampered_core_makes_helios_serve_exit_non_zero(default_core: Path, tm
         log = serve.log()
     assert code == ExitCode.MODEL_FAILED, log[-3000:]
     # refused before tritonserver starts: the cause names the resource's chunk
-    assert "the core failed its integrity check" in log and "sha256 commitment" in log, log[-3000:]
+    assert "the core cannot be served (IntegrityError)" in log and "sha256 commitment" in log, log[-3000:]
     assert serve.leftovers() == []
 
 

@@ -33,7 +33,8 @@ from pathlib import Path
 from helios_backend.triton.launcher import (
     LOOPBACK, Ports, TritonNotFound, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command,
     server_environment, gateway_command, write_model_repository)
-from helios_backend.core import CoreError, IntegrityError, SignatureError, open_core
+from helios_backend.contract.errors import ContractError
+from helios_backend.core import AuthorizationError, CoreError, IntegrityError, SignatureError, open_core
 from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS, RANK_PEERS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.supervision import (
@@ -165,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with open_core(core) as opened:
                 world_size = max(1, opened.manifest.world_size)
-                # a tampered core is refused here in well under a second, not after tritonserver
-                # and the stub have started (seconds, more under load)
+                # the model's own refusals, found here in about a second instead of after
+                # tritonserver and the stub have started (seconds, more under load): a publisher
+                # the operator does not accept, a tampered core, a contract that does not validate
+                opened.authorize(args.acceptance)
                 opened.verify_stored()
+                opened.prepared_contract()
             ranks = rank_children(args, core, executor, world_size)
-        except (IntegrityError, SignatureError) as exc:
-            print(f"helios-serve: the core failed its integrity check: {exc}", file=sys.stderr)
+        except (AuthorizationError, IntegrityError, SignatureError, ContractError) as exc:
+            print(f"helios-serve: the core cannot be served ({type(exc).__name__}): {exc}", file=sys.stderr)
             return int(ExitCode.MODEL_FAILED)
         except (ValueError, CoreError) as exc:
             print(f"helios-serve: {exc}", file=sys.stderr)
