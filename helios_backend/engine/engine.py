@@ -18,8 +18,8 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
 
 import llguidance as llg
 
@@ -69,6 +69,9 @@ class Engine:
     clock_origin_ns: int
     grammar_tokenizer: GrammarTokenizer | None = None
     fault: FaultTrigger | None = None            # test fault injection (faults.py); None when off
+    # built on the first assets request and kept: every part is fixed for the engine's life, and
+    # the gateway's readiness probes are assets requests (several a second, one per worker)
+    _assets: Any = field(default=None, repr=False)
 
     @classmethod
     def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None,
@@ -146,14 +149,16 @@ class Engine:
                    grammar_tokenizer, fault)
 
     def assets(self):  # -> tp.FrontendAssets
-        b = self.bootstrap
-        contract = b.contract
-        frontend = contract.model.frontend
-        return frontend_assets(contract, b.read_resource(frontend.tokenizer_resource),
-                               b.read_resource(frontend.chat_template_resource).decode("utf-8"),
-                               self.settings, self.scheduler.max_prompt_tokens,
-                               b.manifest.completion.top_logprobs, self.spec_defaults.logit_bias_capacity,
-                               self.clock_origin_ns)
+        if self._assets is None:
+            b = self.bootstrap
+            contract = b.contract
+            frontend = contract.model.frontend
+            self._assets = frontend_assets(contract, b.read_resource(frontend.tokenizer_resource),
+                                           b.read_resource(frontend.chat_template_resource).decode("utf-8"),
+                                           self.settings, self.scheduler.max_prompt_tokens,
+                                           b.manifest.completion.top_logprobs, self.spec_defaults.logit_bias_capacity,
+                                           self.clock_origin_ns)
+        return self._assets
 
     def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
         """The request's matcher, or None when unconstrained; TransportError when the grammar

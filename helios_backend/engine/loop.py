@@ -240,6 +240,7 @@ class EngineLoop:
 
     def _submit(self, plan: RoundPlan) -> bool:
         """Launch a round (on the next frame); a failure fails its lanes at once."""
+        self._stamp_admissions()
         try:
             self._runner.launch(plan, self._frame)
             if self._two_frames:
@@ -255,6 +256,16 @@ class EngineLoop:
             if isinstance(exc, ExecutorLostError):
                 raise
             return False
+
+    def _stamp_admissions(self) -> None:
+        """The queue waits of the requests this round admits, read now: once per admitting
+        round (the scheduler reads no clock, OBS-16), not at the metrics' next collection."""
+        counters = self._scheduler.counters
+        if counters.first_admission_receipts_ns:
+            now = time.monotonic_ns()
+            counters.first_admission_waits_ns.extend(max(now - receipt, 0)
+                                                     for receipt in counters.first_admission_receipts_ns if receipt)
+            counters.first_admission_receipts_ns.clear()
 
     def _lost(self, message: str) -> None:
         """The executor can run nothing more: every request ends now, with the cause."""

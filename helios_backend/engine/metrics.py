@@ -72,7 +72,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("flare_time_to_first_token_seconds", Kind.HISTOGRAM, "Backend receipt to first validated token"),
     Family("flare_e2e_request_latency_seconds", Kind.HISTOGRAM, "Backend receipt to the terminal event"),
     Family("flare_request_queue_time_seconds", Kind.HISTOGRAM,
-           "Backend receipt to the first admission into a slot (the scheduler's queue; exact to one round)"),
+           "Backend receipt to the first admission into a slot (the scheduler's queue)"),
     Family("flare_kv_cache_usage_ratio", Kind.GAUGE,
            "Cache pages held by requests or snapshots over all pages (0-1; cached free pages count as free)"),
     Family("flare_prefix_cache_hit_ratio", Kind.GAUGE,

@@ -1,7 +1,6 @@
 """Scheduler counters and gauges -> metric updates (deltas since the previous round)."""
 from __future__ import annotations
 
-import time
 
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.engine.metrics import FAMILIES, FINISH_LABEL, OPERATION_LABEL, Kind, Op, Update, update
@@ -66,12 +65,10 @@ class RoundMetrics:
         gauges.append(("flare_kv_cache_usage_ratio", "", "", pool.used_pages / pool.num_pages if pool.num_pages else 0.0))
         if c.lookup_tokens:
             gauges.append(("flare_prefix_cache_hit_ratio", "", "", c.reused_tokens / c.lookup_tokens))
-        if c.first_admission_receipts_ns:
-            # read once per collection, after the admitting round: a wait is exact to one round
-            now = time.monotonic_ns()
-            out += [update("flare_request_queue_time_seconds", Op.OBSERVE, max(now - receipt, 0) / 1e9)
-                    for receipt in c.first_admission_receipts_ns]
-            c.first_admission_receipts_ns.clear()
+        if c.first_admission_waits_ns:
+            out += [update("flare_request_queue_time_seconds", Op.OBSERVE, wait / 1e9)
+                    for wait in c.first_admission_waits_ns]
+            c.first_admission_waits_ns.clear()
         if c.constrained_max_inflight:
             gauges.append(("flare_constrained_max_inflight", "", "", c.constrained_max_inflight))
         for name, label, value, level in gauges:
