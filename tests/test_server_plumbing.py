@@ -222,6 +222,9 @@ def test_options_parse_from_config_parameters(tmp_path: Path) -> None:
         StartupOptions.from_parameters({"surprise": "1"}, tmp_path)
     with pytest.raises(SettingsError, match="executor"):
         StartupOptions.from_parameters({"executor": "tpu"}, tmp_path)
+    assert StartupOptions.from_parameters({"switch_interval_us": "500"}, tmp_path).switch_interval_us == 500
+    with pytest.raises(SettingsError, match="switch_interval_us"):
+        StartupOptions.from_parameters({"switch_interval_us": "0"}, tmp_path)
 
 
 def test_metrics_thread_applies_updates_and_checks_labels() -> None:  # spec: MET-1

@@ -16,6 +16,12 @@ DEFAULT_CORE = "var/cores/smollm2-135m-instruct.core"   # what `make serve` prep
 DEFAULT_ACCEPTANCE = "helios.local/smollm2"              # the embedded default's namespace
 EXECUTORS = ("cpu", "numpy", "cuda")   # cpu: compiled CPU kernels; numpy: the CPU oracle; cuda: GPU
 RANK_PEERS = ("threads", "processes")
+# The serving process runs three Python threads that share one GIL: the engine loop (which,
+# with a round always in flight, seldom blocks), the response thread and Triton's execute()
+# thread. A thread that wakes for the GIL waits until the holder blocks or the switch interval
+# forces a handoff: CPython's 5 ms default puts up to 5 ms on every new request's execute() and
+# every channel send. A quarter millisecond keeps those waits below a decode step.
+SWITCH_INTERVAL_US = 250
 
 
 class SettingsError(ValueError):
@@ -48,12 +54,14 @@ class StartupOptions:
     rank_store: str | None = None       # processes: HOST:PORT rank 0 listens on
     rank_timeout: float | None = None   # processes: seconds a peer may take to answer (default 30)
     rank_join_timeout: float | None = None   # processes: seconds rank 0 waits for every peer (default 600)
+    # the serving process's GIL switch interval (sys.setswitchinterval), microseconds; None: SWITCH_INTERVAL_US
+    switch_interval_us: int | None = None
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise SettingsError("executor", f"{self.executor!r} is not one of {EXECUTORS}")
         for name in ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
-                     "page_capacity"):
+                     "page_capacity", "switch_interval_us"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SettingsError(name, f"must be positive, got {value}")

@@ -26,7 +26,7 @@ from helios_backend.engine.responses import Channel, ChannelError, Stream
 from helios_backend.engine.engine import Engine, StartupError
 from helios_backend.engine.faults import FaultySink
 from helios_backend.triton.supervision import STUB_EXIT_ENGINE_FAILED
-from helios_backend.engine.settings import SettingsError, StartupOptions
+from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
 from helios_backend.transport import (
     IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, TransportError, decode_parameters, message_array,
     request_spec)
@@ -135,6 +135,7 @@ class TritonHeliosModel:
         model_dir = Path(args["model_repository"])       # <repository>/<model name>
         try:
             options = StartupOptions.from_parameters(parameters, project_root=model_dir.parent.parent)
+            sys.setswitchinterval((options.switch_interval_us or SWITCH_INTERVAL_US) / 1e6)
             backend = TritonMetricBackend(self._pb, {"model": args["model_name"],
                                                      "version": str(args["model_version"])})
             self.runtime = Engine.start(options, backend, on_fatal=self._exit_stub)
