@@ -23,6 +23,8 @@ import pathlib
 import sys
 import time
 
+import numpy as np
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -33,6 +35,8 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--root", type=pathlib.Path, default=ROOT)
     parser.add_argument("--json", default="")
+    parser.add_argument("--wide-admission", action="store_true",
+                        help="add PREFILL variants of 16 and 64 rows and initialization of 16 and 64 slots")
     args = parser.parse_args()
     sys.path.insert(0, str(args.root))
     from helios_proto import contract_pb2 as cp
@@ -50,8 +54,12 @@ def main() -> None:
     table += [Variant(cp.OPERATION_MIXED, f"mixed.r{r}.t{t}", r, t)
               for r, t in ((8, 135), (32, 159), (64, 191), (128, 255), (256, 383), (64, 1088), (128, 1152), (256, 1280))]
     table += [Variant(cp.OPERATION_INITIALIZATION, f"initialization.r{r}", r, 0) for r in (1, 4)]
+    if args.wide_admission:
+        table += [Variant(cp.OPERATION_PREFILL, f"prefill.r{r}.t{t}", r, t) for r, t in ((16, 1024), (64, 4096))]
+        table += [Variant(cp.OPERATION_INITIALIZATION, f"initialization.r{r}", r, 0) for r in (16, 64)]
     report = {}
-    print(f"{'conc':>5} {'rounds':>7} {'2nd frame':>9} {'us/round':>9} {'us/token':>9} {'tokens/round':>12}")
+    print(f"{'conc':>5} {'rounds':>7} {'2nd frame':>9} {'us/round':>9} {'us/token':>9} {'tokens/round':>12} "
+          f"{'TTFT rounds p50':>15} {'mean':>6} {'max':>5}")
     for concurrency in [int(c) for c in args.concurrency.split(",") if c]:
         config = SchedulerConfig(page_tokens=16, num_pages=16384, request_slots=256, max_active=256,
                                  queue_capacity=1024, context_tokens=2048, max_pages_per_row=128, vocab_size=49152,
@@ -62,8 +70,13 @@ def main() -> None:
         total = concurrency * args.requests_per_slot
         submitted = 0
 
+        tokens = rounds = 0
+        arrived: dict[int, int] = {}        # serial -> the round count at its arrival
+        ttft_rounds: list[int] = []          # rounds from arrival to its first token
+
         def arrive() -> None:
             nonlocal submitted
+            arrived[submitted] = rounds
             prompt = tuple((7919 * submitted + 104729 * j) % 49000 + 3 for j in range(30))
             sched.add(submitted, RequestSpec(prompt, args.output_tokens, SamplingSettings()))
             submitted += 1
@@ -98,6 +111,9 @@ def main() -> None:
             for event in sched.take_events():
                 if hasattr(event, "token"):
                     tokens += 1
+                    start = arrived.pop(event.serial, None)
+                    if start is not None:
+                        ttft_rounds.append(rounds + 1 - start)
                 else:
                     finished += 1
             host_ns[-1] += time.perf_counter_ns() - t0
@@ -108,10 +124,13 @@ def main() -> None:
         per_round = sum(host_ns) / 1e3 / max(rounds, 1)
         report[concurrency] = {"rounds": rounds, "pipelined": sched.counters.pipelined,
                                "host_us_per_round": per_round, "host_us_per_token": sum(host_ns) / 1e3 / max(tokens, 1),
-                               "tokens_per_round": tokens / max(rounds, 1)}
+                               "tokens_per_round": tokens / max(rounds, 1),
+                               "ttft_rounds_p50": float(np.percentile(ttft_rounds, 50)),
+                               "ttft_rounds_mean": float(np.mean(ttft_rounds)), "ttft_rounds_max": max(ttft_rounds)}
         r = report[concurrency]
         print(f"{concurrency:>5} {rounds:>7} {r['pipelined']:>9} {per_round:>9.0f} {r['host_us_per_token']:>9.1f} "
-              f"{r['tokens_per_round']:>12.1f}", flush=True)
+              f"{r['tokens_per_round']:>12.1f} {r['ttft_rounds_p50']:>15.0f} {r['ttft_rounds_mean']:>6.1f} "
+              f"{r['ttft_rounds_max']:>5}", flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
 

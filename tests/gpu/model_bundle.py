@@ -42,13 +42,16 @@ def bench_options(recipe, gguf_path: str | None):
     MIXED to 256 rows with chunks to 1,024 tokens)."""
     return recipe.RecipeOptions(
         decode_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-        prefill_variants=((1, 32), (1, 128), (1, 512), (4, 512), (1, 4096)),
+        # 16 and 64 rows: a burst of new requests (closed-loop clients finish and return together)
+        # is admitted in one or two rounds, not 4 a round (bench/scheduler_round.py --wide-admission:
+        # first tokens 6.1 -> 1.0 rounds after arrival at 64 clients, 10.4 -> 1.8 at 128)
+        prefill_variants=((1, 32), (1, 128), (1, 512), (4, 512), (16, 1024), (64, 4096), (1, 4096)),
         # the small chunks keep short-prompt rounds short; the 1,024-token chunks let a long
         # prompt join decode lanes whole instead of 127-255 tokens a round (served 1,024-token
         # prompts were prefill-bound behind them)
         mixed_variants=((8, 135), (32, 159), (64, 191), (128, 255), (256, 383),
                         (64, 1088), (128, 1152), (256, 1280)),
-        admission_rows=(1, 4),
+        admission_rows=(1, 4, 16, 64),
         context_tokens=8192, prepared_pages=4096, gguf_path=gguf_path)
 
 
