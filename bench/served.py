@@ -139,7 +139,10 @@ STACK_FAMILIES = ("flare_graph_launches_total", "flare_second_frame_rounds_total
                   "flare_time_to_first_token_seconds_sum", "flare_time_to_first_token_seconds_count",
                   "flare_request_queue_time_seconds_sum", "flare_request_queue_time_seconds_count",
                   "helios_gateway_time_to_first_token_seconds_sum", "helios_gateway_time_to_first_token_seconds_count",
-                  "helios_gateway_request_queue_time_seconds_sum", "helios_gateway_request_queue_time_seconds_count")
+                  "helios_gateway_request_queue_time_seconds_sum", "helios_gateway_request_queue_time_seconds_count",
+                  # Triton's own: a request's wait for the model instance, and execute()'s time
+                  "nv_inference_request_success", "nv_inference_queue_duration_us", "nv_inference_exec_count",
+                  "nv_inference_compute_infer_duration_us", "nv_inference_request_duration_us")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -185,12 +188,18 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
         count = delta.get(f"{family}_count", 0.0)
         return delta.get(f"{family}_sum", 0.0) / count * 1e3 if count else float("nan")
 
+    def per(total: str, count: str) -> float:
+        return delta.get(total, 0.0) / delta[count] if delta.get(count) else float("nan")
+
     responses = delta.get("flare_channel_responses_total", 0.0)
     return {"rounds": launches, "second_frame_share": delta.get("flare_second_frame_rounds_total", 0.0) / rounds
             if rounds else float("nan"), "tokens_per_round": tokens / rounds if rounds else float("nan"),
             "round_ms": wall_s / rounds * 1e3 if rounds else float("nan"),
             "outputs_per_response": delta.get("flare_channel_outputs_total", 0.0) / responses if responses
             else float("nan"),
+            "triton_queue_mean_ms": per("nv_inference_queue_duration_us", "nv_inference_request_success") / 1e3,
+            "triton_request_mean_ms": per("nv_inference_request_duration_us", "nv_inference_request_success") / 1e3,
+            "triton_execute_mean_ms": per("nv_inference_compute_infer_duration_us", "nv_inference_exec_count") / 1e3,
             "queue_mean_ms": mean_ms("flare_request_queue_time_seconds"),
             "backend_ttft_mean_ms": mean_ms("flare_time_to_first_token_seconds"),
             "gateway_ttft_mean_ms": mean_ms("helios_gateway_time_to_first_token_seconds")}
@@ -364,7 +373,9 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                 k = f["stack"]
                 print(f"  stack: rounds {k['rounds']}, second frame {k['second_frame_share']:.0%}, "
                       f"{k['tokens_per_round']:.1f} tokens/round, {k['round_ms']:.2f} ms/round, "
-                      f"{k['outputs_per_response']:.1f} outputs/message; mean TTFT: queue {k['queue_mean_ms']:.1f} ms, "
+                      f"{k['outputs_per_response']:.1f} outputs/message; Triton per request: queue "
+                      f"{k['triton_queue_mean_ms']:.2f} ms, in Triton {k['triton_request_mean_ms']:.2f} ms, execute() "
+                      f"{k['triton_execute_mean_ms']:.2f} ms; mean TTFT: backend queue {k['queue_mean_ms']:.1f} ms, "
                       f"backend {k['backend_ttft_mean_ms']:.1f} ms, gateway {k['gateway_ttft_mean_ms']:.1f} ms",
                       flush=True)
                 if args.profile and c == args.profile and words == min(prompts):

@@ -354,3 +354,14 @@ def test_a_dead_response_thread_ends_every_stream_once_and_reports_its_death(tmp
     assert not hub.alive
     for sender in senders.values():
         assert len(sender.finals) == 1              # its outcome, or the thread's death
+
+
+def test_every_startup_option_is_declared_in_the_model_config() -> None:
+    # helios-serve writes options into config.pbtxt's declared parameters: one left out there is
+    # an option that cannot be set (a KeyError at startup)
+    import dataclasses
+    import re
+    config = (Path(__file__).resolve().parents[1] / "model_repository" / "helios" / "config.pbtxt").read_text()
+    declared = set(re.findall(r'key: "([a-z_]+)"', config))
+    missing = [f.name for f in dataclasses.fields(StartupOptions) if f.name not in declared]
+    assert missing == []
