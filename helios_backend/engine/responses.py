@@ -78,11 +78,12 @@ class Stream:
     final: bool = False                  # terminal event received (pending holds it)
     cancel_reported: bool = False
     sent_responses: int = 0
+    # output of ids only, on a channel: it travels in the batch's packed arrays (fixed for the
+    # stream's life, so read once per token without recomputing)
+    plain: bool = field(init=False)
 
-    @property
-    def plain(self) -> bool:
-        """Output of ids only, on a channel: it travels in the batch's packed arrays."""
-        return self.channel is not None and not (self.timestamps or self.logprobs or self.top_k)
+    def __post_init__(self) -> None:
+        self.plain = self.channel is not None and not (self.timestamps or self.logprobs or self.top_k)
 
 
 class _ChannelPass:
