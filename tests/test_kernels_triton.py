@@ -392,7 +392,8 @@ def test_norm_gate_up_activation(runner, activation, tokens, query_length):
 
 
 @pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
-@pytest.mark.parametrize("in_dim, out_dim", [(96, 80), (640, 48)])   # 2 column tiles; 10 K tiles
+# 2 column tiles; 10 K tiles; a Gemma-3-270M o-projection (4 heads x 256 -> 640)
+@pytest.mark.parametrize("in_dim, out_dim", [(96, 80), (640, 48), (1024, 640)])
 def test_linear_norm_residual(runner, in_dim, out_dim, tokens, query_length):
     hidden = RNG.standard_normal((tokens, out_dim)).astype(np.float32)
     out = check_against_reference(runner, "linear.norm_residual.v1", {
