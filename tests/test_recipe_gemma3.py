@@ -200,3 +200,28 @@ def test_chat_renders_plain_text_turns(client, tokenizer, oracle) -> None:
                                     "<start_of_turn>model\n")
     assert reply.usage.prompt_tokens == len(ids)
     assert reply.choices[0].message.content == tokenizer.decode(_oracle_greedy(oracle, ids, 8))
+
+
+# spec: OWN-4
+def test_the_cuda_executor_loads_the_core_prepared_with_kernels(tiny_gguf) -> None:
+    """Every gemma3 kernel id has a cubin: the stand-in prepares with the kernel library (every
+    node's geometry checked against its tiles) and the CUDA executor, over the fake driver,
+    selects a module for every node and captures every program."""
+    pytest.importorskip("triton")
+    from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions
+    from ignition.kernels.library import KernelLibrary
+    from tests.gpu.fake_driver import FakeDriver
+
+    prepared = prepare(recipe, tiny_options(tiny_gguf), kernel_library=KernelLibrary(archs=["sm_90a"]))
+    manifest = prepared.manifest
+    recorded = {node.kernel for program in manifest.programs for node in program.nodes}
+    assert {"attention.qkv_norm_rope_store.v1", "attention.paged_window.v1", "linear.norm_residual.v1",
+            "mlp.norm_gate_up_activation.v1"} <= recorded
+    executor = CudaExecutor(manifest, resource_reader(prepared), CudaExecutorOptions(cache_pages=8),
+                            driver=FakeDriver(capability=(9, 0)),
+                            graphs=[g for g in prepared.contract.model.graphs if g.rank == 0])
+    try:
+        assert executor.architecture() == "sm_90a"
+        assert set(executor.programs) == {p.name for p in manifest.programs if p.rank == 0}
+    finally:
+        executor.close()
