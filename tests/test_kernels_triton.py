@@ -59,8 +59,9 @@ def test_every_kernel_compiles_to_an_sm90a_cubin(library, modules, tmp_path):
         assert kernel.programmatic_dependent_launch and kernel.num_stages >= 1
 
 
-WEIGHT_STREAMING = ("attention.qkv_rope_store.v1", "linear.residual.v1",
-                    "mlp.norm_gate_up_silu.v1", "logits.norm_head.v1")
+WEIGHT_STREAMING = ("attention.qkv_rope_store.v1", "attention.qkv_norm_rope_store.v1",
+                    "linear.residual.v1", "linear.norm_residual.v1", "mlp.norm_gate_up_silu.v1",
+                    "mlp.norm_gate_up_activation.v1", "logits.norm_head.v1")
 
 
 def _sass(cubin: bytes, tmp_path: Path) -> str:
@@ -79,7 +80,7 @@ def test_sass_has_pdl_wait_tensor_cores_and_pipelined_vector_loads(modules, tmp_
         kernel_id = module.kernels[0].id
         sass = _sass(cubin, tmp_path)
         assert "ACQBULK" in sass, kernel_id
-        if kernel_id in WEIGHT_STREAMING + ("attention.paged.v1",):
+        if kernel_id in WEIGHT_STREAMING + ("attention.paged.v1", "attention.paged_window.v1"):
             assert "HMMA" in sass or "HGMMA" in sass, kernel_id      # HGMMA: wgmma, M >= 64
             assert "LDGSTS.E.BYPASS.128" in sass, kernel_id
         if kernel_id in WEIGHT_STREAMING:
