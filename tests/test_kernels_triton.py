@@ -132,6 +132,34 @@ def test_geometry_reads_recorded_immediates_and_rejects_oversized_variants(libra
             library.geometry("attention.paged.v1", broken)
 
 
+WIDENED = ("attention.paged.v1", "attention.paged_split.v1", "attention.paged_window.v1")
+
+
+def test_wide_heads_compile_a_second_instantiation_only_where_a_core_launches_one(library, modules):
+    """256-dim heads widen the attention kernels' tiles for that core only: the narrow cubins
+    (64-dim heads) are not the widened ones, both fit the H200's and the PTX target's shared
+    memory, and only a launch wider than BLOCK_D asks for the widening."""
+    from ignition.kernels.specs import GeometryError
+    from ignition.kernels.targets import target
+    narrow = {m.kernels[0].id: cubin for cubin, m in modules}
+    for arch in ("sm_90a", "compute_80"):
+        for image, module in library.build_modules([arch], widened=WIDENED):
+            kernel = module.kernels[0]
+            assert kernel.shared_bytes <= target(arch).shared_limit
+            if arch == "sm_90a":
+                assert (image != narrow[kernel.id]) == (kernel.id in WIDENED), kernel.id
+    buffers, immediates = _paged_case(*PAGED_CASES[0])
+    spec = abi.kernel("attention.paged.v1")
+    for head_dim, wide in ((64, False), (256, True), (320, None)):
+        args = [0 if p.is_pointer else {**immediates, "head_dim": head_dim}[p.name] for p in spec.params]
+        if wide is None:                                  # wider than every instantiation
+            with pytest.raises(GeometryError):
+                library.geometry(spec.id, args)
+            continue
+        assert library.needs_widening(spec.id, args) == wide
+        assert library.tiles(spec.id, args)["WIDE_D"] == (256 if wide else 64)
+
+
 def test_cached_cubins_are_reused_without_recompiling(library, modules, tmp_path_factory):
     files = sorted(library.cache_dir.iterdir())
     stamps = {f: f.stat().st_mtime_ns for f in files}
@@ -212,7 +240,7 @@ class InterpreterRunner:
 
     def run(self, kernel_id: str, arena: np.ndarray, args: list) -> None:
         spec = SPECS_BY_ID[kernel_id]
-        constexprs = {**spec.constexprs, **self.tiles.get(kernel_id, {})}
+        constexprs = {**self.library.tiles(kernel_id, args), **self.tiles.get(kernel_id, {})}
         self.interpreter.run(spec.module, spec.function, self.library.signature(kernel_id),
                              self.library.geometry(kernel_id, args, constexprs)[0], arena, args,
                              constexprs)
@@ -240,12 +268,13 @@ class GpuRunner:
 
     def run(self, kernel_id: str, arena: np.ndarray, args: list) -> None:
         d, library = self.driver, self.library
-        kernel = library.compile()[kernel_id]
-        if kernel_id not in self._functions:
+        widened = (kernel_id,) if library.needs_widening(kernel_id, args) else ()
+        kernel = library.compile(widened=widened)[kernel_id]
+        key = (kernel_id, widened)
+        if key not in self._functions:
             module = self._check(d.cuModuleLoadData(kernel.cubin))
             self._modules.append(module)
-            self._functions[kernel_id] = self._check(d.cuModuleGetFunction(module,
-                                                                          kernel.symbol.encode()))
+            self._functions[key] = self._check(d.cuModuleGetFunction(module, kernel.symbol.encode()))
         allocation = int(self._check(d.cuMemAlloc(arena.nbytes + 256)))
         base = (allocation + 255) // 256 * 256
         try:
@@ -261,7 +290,7 @@ class GpuRunner:
                     slot[:np.dtype(dtype).itemsize].view(dtype)[0] = value
             argv = np.array([slots.ctypes.data + 8 * i for i in range(len(slots))], np.uint64)
             grid = launch_geometry(library, kernel_id, args)
-            self._check(d.cuLaunchKernel(self._functions[kernel_id], *grid, 32 * kernel.num_warps,
+            self._check(d.cuLaunchKernel(self._functions[key], *grid, 32 * kernel.num_warps,
                                          1, 1, kernel.shared_bytes, 0, argv.ctypes.data, 0))
             self._check(d.cuCtxSynchronize())
             self._check(d.cuMemcpyDtoH(arena, base, arena.nbytes))

@@ -32,6 +32,18 @@ def cdiv(a: int, b: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Widening:
+    """Tiles a kernel compiles only for the cores that need them: when a recorded launch's
+    `immediate` exceeds the base constexpr `limit`, that core's cubin of the id is compiled with
+    `constexprs` replacing the base ones (the kernel then carries a second instantiation behind a
+    branch on the immediate). Cores whose launches all fit keep exactly the base kernel, so its
+    registers and shared memory do not pay for shapes they never launch."""
+    immediate: str
+    limit: str
+    constexprs: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelBuild:
     kernel_id: str                                # ABI id (helios_backend/kernels/abi.py)
     module: str                                   # ignition.kernels.triton.<module>
@@ -45,6 +57,17 @@ class KernelBuild:
     # f16 streams degrade to 2-byte loads and loops do not pipeline. geometry() rejects
     # launches that break the assumption.
     divisible: tuple[str, ...] = ()
+    widening: Widening | None = None
+
+    def needs_widening(self, immediates: Immediates) -> bool:
+        return (self.widening is not None
+                and int(immediates[self.widening.immediate]) > self.constexprs[self.widening.limit])
+
+    def tiles(self, immediates: Immediates) -> Mapping[str, int]:
+        """The constexprs a launch with these immediates compiles with."""
+        if self.widening is not None and self.needs_widening(immediates):
+            return {**self.constexprs, **self.widening.constexprs}
+        return self.constexprs
 
 
 def _require(condition: bool, message: str) -> None:
@@ -120,6 +143,7 @@ def _paged_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
     _require(a["q_heads"] % a["kv_heads"] == 0, "q_heads must be a multiple of kv_heads")
     _require(group <= c["BLOCK_M"], f"GQA group {group} > BLOCK_M {c['BLOCK_M']}")
     # heads up to BLOCK_D take the narrow tiles, wider ones up to WIDE_D the wide instantiation
+    # (compiled for the cores that launch one: KernelBuild.tiles)
     widest = max(c["BLOCK_D"], c.get("WIDE_D", 0))
     _require(a["head_dim"] <= widest, f"head_dim {a['head_dim']} > {widest}")
     _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
@@ -239,11 +263,13 @@ _HEAD_GEMM = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 32, **_GEMV, "GEMV_TOKEN
 _QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, "GEMV_STEPS": 5}
 # q/k norm: a program holds a whole head (up to 256 dims: 128 pairs) for its norm, tiles only
 _QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
-# attention tiles: [BLOCK_N keys, BLOCK_D dims] for heads up to 64 dims, and a second
-# instantiation in the same cubin for heads up to WIDE_D (256: Gemma-style heads), with fewer
-# keys per block so its key and value tiles stay within the narrow one's shared memory budget
-_ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 16, "WIDE_D": 256,
+# attention tiles: [BLOCK_N keys, BLOCK_D dims] for heads up to 64 dims (WIDE_* equal to them:
+# one instantiation); a core with wider heads (up to 256: Gemma-style) compiles a second
+# instantiation in the same kernel with [16 keys, 256 dims] tiles, fewer keys per block so its
+# key and value tiles take the narrow one's shared memory (ATTENTION_WIDENING)
+_ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D": 64,
               "MAX_ROWS": 256}
+ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 256})
 # post-norm residual: one program per 16 rows covers all out_dim columns (two passes)
 _NORM_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
 
@@ -268,9 +294,11 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _QKV_NORM_GEMM, _qkv_norm_rope_store,
                num_stages=2, divisible=("dim", "head_dim", "page_stride")),
     KernelBuild("attention.paged.v1", "attention", "paged_attention", _ATTENTION,
-               _paged_attention, num_stages=3, divisible=("head_dim", "page_stride")),
+               _paged_attention, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
     KernelBuild("attention.paged_window.v1", "attention", "paged_window_attention", _ATTENTION,
-               _paged_window_attention, num_stages=3, divisible=("head_dim", "page_stride")),
+               _paged_window_attention, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
     KernelBuild("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
                _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim")),
                num_stages=3,
@@ -317,7 +345,8 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
     KernelBuild("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
                _histogram_tiles, divisible=("histogram_bins",)),
     KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _ATTENTION,
-               _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride")),
+               _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
     KernelBuild("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},
                _page_chunks, divisible=("page_stride", "row_stride")),
     KernelBuild("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},

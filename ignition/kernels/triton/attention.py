@@ -368,17 +368,18 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
     bound covers the worst split of tokens among rows (each row may leave one partial
     block); surplus programs exit at once. Keys/values are gathered per key through the
     page table, so any page_tokens works. Heads wider than BLOCK_D take the [WIDE_N keys,
-    WIDE_D dims] instantiation (the same code; narrow heads keep their tiles).
+    WIDE_D dims] instantiation of the same code, compiled only when WIDE_D > BLOCK_D (the
+    library widens the tiles for cores that launch such heads: specs.Widening).
     """
     wait_for_predecessors(PDL)
-    if head_dim <= BLOCK_D:
-        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
-                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                       page_stride, scale, 0, False, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
-    else:
+    if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
         _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                        page_stride, scale, 0, False, BLOCK_M, WIDE_N, WIDE_D, MAX_ROWS)
+    else:
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, 0, False, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
 
 
 @triton.jit
@@ -393,14 +394,14 @@ def paged_window_attention(out, q, k_cache, v_cache, positions, page_table, row_
     only, so a window costs `window` keys per block whatever the context (the cache region
     of a sliding-window layer holds no older keys anyway)."""
     wait_for_predecessors(PDL)
-    if head_dim <= BLOCK_D:
-        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
-                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                       page_stride, scale, window, True, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
-    else:
+    if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
         _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                        page_stride, scale, window, True, BLOCK_M, WIDE_N, WIDE_D, MAX_ROWS)
+    else:
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, window, True, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
 
 
 @triton.jit
@@ -458,16 +459,16 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
     merge round trips. Heads wider than BLOCK_D take the [WIDE_N, WIDE_D] instantiation.
     """
     wait_for_predecessors(PDL)
-    if head_dim <= BLOCK_D:
-        _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
-                       partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
-                       page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, BLOCK_N,
-                       BLOCK_D, MAX_ROWS)
-    else:
+    if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
         _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                        partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                        page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, WIDE_N,
                        WIDE_D, MAX_ROWS)
+    else:
+        _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                       partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
+                       page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, BLOCK_N,
+                       BLOCK_D, MAX_ROWS)
 
 
 @triton.jit
