@@ -270,8 +270,10 @@ _QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
 _ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D": 64,
               "MAX_ROWS": 256}
 ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 256})
-# post-norm residual: one program per 16 rows covers all out_dim columns (two passes)
-_NORM_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
+# post-norm residual: one program per 16 rows covers all out_dim columns (two passes); at decode
+# that is one program streaming the whole weight, so its tiles are wide ([64, 128] f16 = 16 KB
+# per stage, 8 warps) to keep many bytes in flight on its one SM (not tuned on a device yet)
+_NORM_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}
 
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
 # before its ABI entry does.
@@ -304,7 +306,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                num_stages=3,
                divisible=("in_dim", "out_dim")),
     KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
-               _token_rows, num_stages=3, divisible=("in_dim", "out_dim")),
+               _token_rows, num_warps=8, num_stages=3, divisible=("in_dim", "out_dim")),
     KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
                _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
                divisible=("dim", "ffn_dim")),
