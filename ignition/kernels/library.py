@@ -118,14 +118,19 @@ class KernelLibrary:
         return {name: _immediate(value) for (name, kind), value in zip(signature, args)
                 if not kind.startswith("*")}
 
+    @staticmethod
+    def _integers(immediates: Mapping[str, int | float]) -> dict[str, int]:
+        """The integer immediates (grids and tiles depend on no float)."""
+        return {name: int(value) for name, value in immediates.items() if isinstance(value, numbers.Integral)}
+
     def needs_widening(self, kernel_id: str, args: Sequence) -> bool:
         """Whether a launch with these args needs its id compiled with the Widening's tiles
         (build_modules(widened=...))."""
-        return SPECS_BY_ID[kernel_id].needs_widening(self._immediates(kernel_id, args))
+        return SPECS_BY_ID[kernel_id].needs_widening(self._integers(self._immediates(kernel_id, args)))
 
     def tiles(self, kernel_id: str, args: Sequence) -> Mapping[str, int]:
         """The constexprs a launch with these args runs with (widened where it needs it)."""
-        return SPECS_BY_ID[kernel_id].tiles(self._immediates(kernel_id, args))
+        return SPECS_BY_ID[kernel_id].tiles(self._integers(self._immediates(kernel_id, args)))
 
     def geometry(self, kernel_id: str, args: Sequence,
                  constexprs: Mapping[str, int] | None = None) -> Geometry:
@@ -146,7 +151,7 @@ class KernelLibrary:
             if int(immediates[name]) % ALIGNMENT:
                 raise GeometryError(f"{kernel_id}.{name} = {immediates[name]} is not a multiple "
                                     f"of {ALIGNMENT} (the cubin assumes it)")
-        integers = {name: int(value) for name, value in immediates.items() if isinstance(value, numbers.Integral)}
+        integers = self._integers(immediates)
         grid = spec.grid(integers, constexprs if constexprs is not None else spec.tiles(integers))
         if any(d < 1 or d >= 2**31 for d in grid) or grid[1] > 65535 or grid[2] > 65535:
             raise ValueError(f"{kernel_id}: grid {grid} outside CUDA limits")
