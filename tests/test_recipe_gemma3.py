@@ -200,3 +200,37 @@ def test_chat_renders_plain_text_turns(client, tokenizer, oracle) -> None:
                                     "<start_of_turn>model\n")
     assert reply.usage.prompt_tokens == len(ids)
     assert reply.choices[0].message.content == tokenizer.decode(_oracle_greedy(oracle, ids, 8))
+
+
+# spec: OWN-4
+def test_the_cuda_executor_loads_the_core_prepared_with_kernels(tmp_path: pathlib.Path) -> None:
+    """Every gemma3 kernel id has a cubin: a stand-in with 256-dim heads (the attention kernels'
+    widened tiles) prepares with the kernel library (every node's geometry checked against its
+    tiles) and the CUDA executor, over the fake driver, selects a module for every node and
+    captures every program."""
+    pytest.importorskip("triton")
+    from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions
+    from ignition.kernels.library import KernelLibrary
+    from ignition.kernels.specs import SPECS_BY_ID
+    from tests.gpu.fake_driver import FakeDriver
+
+    shape = dataclasses.replace(TinyGemmaShape(), head_dim=256)
+    gguf = write_tiny_gemma_gguf(tmp_path / "wide-gemma3.gguf", shape, vocabulary_multiple=16)
+    prepared = prepare(recipe, tiny_options(gguf), kernel_library=KernelLibrary(archs=["sm_90a"]))
+    manifest = prepared.manifest
+    recorded = {node.kernel for program in manifest.programs for node in program.nodes}
+    assert {"attention.qkv_norm_rope_store.v1", "attention.paged_window.v1", "linear.norm_residual.v1",
+            "mlp.norm_gate_up_activation.v1", "attention.paged.v1"} <= recorded
+    # the attention modules are the widened ones (their 256-dim tiles take more shared memory)
+    shared = {module.kernels[0].id: module.kernels[0].shared_bytes for module in manifest.modules}
+    narrow = {kernel_id: KernelLibrary(archs=["sm_90a"]).compile("sm_90a")[kernel_id].shared_bytes
+              for kernel_id in ("attention.paged.v1", "attention.paged_window.v1")}
+    assert all(shared[k] > narrow[k] for k in narrow) and SPECS_BY_ID["attention.paged.v1"].widening
+    executor = CudaExecutor(manifest, resource_reader(prepared), CudaExecutorOptions(cache_pages=8),
+                            driver=FakeDriver(capability=(9, 0)),
+                            graphs=[g for g in prepared.contract.model.graphs if g.rank == 0])
+    try:
+        assert executor.architecture() == "sm_90a"
+        assert set(executor.programs) == {p.name for p in manifest.programs if p.rank == 0}
+    finally:
+        executor.close()

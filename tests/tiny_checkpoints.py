@@ -262,10 +262,17 @@ def tiny_gemma_weights(shape: TinyGemmaShape, vocab: int, seed: int = 0) -> dict
     return w
 
 
-def write_tiny_gemma_gguf(path: Path, shape: TinyGemmaShape = TinyGemmaShape(), seed: int = 0) -> Path:
+def write_tiny_gemma_gguf(path: Path, shape: TinyGemmaShape = TinyGemmaShape(), seed: int = 0,
+                          vocabulary_multiple: int = 1) -> Path:
     """A gemma3 GGUF with random weights, a tied head, the family's metadata keys (key_length,
-    sliding_window) and a tiny SentencePiece vocabulary (scores, byte fallback, add_bos)."""
+    sliding_window) and a tiny SentencePiece vocabulary (scores, byte fallback, add_bos), padded
+    with `<unused{i}>` control tokens to a multiple of `vocabulary_multiple` (16 for a core
+    prepared with the GPU kernels, whose vocabulary widths must be multiples of 16)."""
     tokens, scores, types = tiny_sentencepiece_vocabulary()
+    while len(tokens) % vocabulary_multiple:
+        tokens.append(f"<unused{len(tokens)}>")
+        scores.append(0.0)
+        types.append(3)
     writer = gguf.GGUFWriter(str(path), "gemma3")
     writer.add_name("tiny random gemma3 stand-in")
     writer.add_block_count(shape.layers)

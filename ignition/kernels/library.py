@@ -66,7 +66,8 @@ class KernelLibrary:
     def __init__(self, cache_dir: Path | None = None, archs: Iterable[str] | None = None) -> None:
         self._cache = compiler.CubinCache(Path(cache_dir) if cache_dir else DEFAULT_CACHE_DIR)
         self.targets = targets.resolve(archs)
-        self._compiled: dict[int, dict[str, compiler.CompiledKernel]] = {}   # capability -> id -> kernel
+        # (capability, widened ids) -> id -> kernel
+        self._compiled: dict[tuple[int, frozenset[str]], dict[str, compiler.CompiledKernel]] = {}
 
     @property
     def cache_dir(self) -> Path:
@@ -89,24 +90,47 @@ class KernelLibrary:
         return triton_signature(kernel_id)
 
     def compile(self, arch: str = "sm_90a", progress: Callable[[str], None] | None = None,
-                ) -> dict[str, compiler.CompiledKernel]:
+                widened: Iterable[str] = ()) -> dict[str, compiler.CompiledKernel]:
         """kernel id -> CompiledKernel of `arch` (a portable arch: the compilation holding its
-        PTX); compiles what the disk cache lacks."""
-        return self._compile_targets([targets.target(arch)], progress)[targets.compiled_target(
-            targets.target(arch)).capability]
+        PTX), the ids in `widened` with their Widening's tiles; compiles what the disk cache
+        lacks."""
+        return self._compile_targets([targets.target(arch)], progress, frozenset(widened))[
+            targets.compiled_target(targets.target(arch)).capability]
 
     def _compile_targets(self, wanted: Sequence[targets.Target],
                          progress: Callable[[str], None] | None = None,
+                         widened: frozenset[str] = frozenset(),
                          ) -> dict[int, dict[str, compiler.CompiledKernel]]:
         """capability -> id -> CompiledKernel for every compilation `wanted` needs, all
         missing ones in one pool of workers."""
         compiled = {targets.compiled_target(t).capability: targets.compiled_target(t) for t in wanted}
-        missing = [t for capability, t in compiled.items() if capability not in self._compiled]
-        requests = [self._request(spec, t) for t in missing for spec in self._specs()]
+        missing = [t for capability, t in compiled.items() if (capability, widened) not in self._compiled]
+        requests = [self._request(spec, t, spec.kernel_id in widened) for t in missing for spec in self._specs()]
         kernels = iter(compiler.compile_all(requests, self._cache, progress))
         for t in missing:
-            self._compiled[t.capability] = {spec.kernel_id: next(kernels) for spec in self._specs()}
-        return {capability: self._compiled[capability] for capability in compiled}
+            self._compiled[(t.capability, widened)] = {spec.kernel_id: next(kernels) for spec in self._specs()}
+        return {capability: self._compiled[(capability, widened)] for capability in compiled}
+
+    def _immediates(self, kernel_id: str, args: Sequence) -> dict[str, int | float]:
+        signature = self.signature(kernel_id)
+        if len(args) != len(signature):
+            raise ValueError(f"{kernel_id}: {len(args)} args, the ABI has {len(signature)}")
+        return {name: _immediate(value) for (name, kind), value in zip(signature, args)
+                if not kind.startswith("*")}
+
+    @staticmethod
+    def _integers(immediates: Mapping[str, int | float]) -> dict[str, int]:
+        """The integer immediates (grids and tiles depend on no float)."""
+        return {name: int(value) for name, value in immediates.items() if isinstance(value, numbers.Integral)}
+
+    def needs_widening(self, kernel_id: str, args: Sequence) -> bool:
+        """Whether a launch with these args needs its id compiled with the Widening's tiles
+        (build_modules(widened=...))."""
+        return SPECS_BY_ID[kernel_id].needs_widening(self._integers(self._immediates(kernel_id, args)))
+
+    def tiles(self, kernel_id: str, args: Sequence) -> Mapping[str, int]:
+        """The constexprs a launch with these args runs with (widened where it needs it)."""
+        return SPECS_BY_ID[kernel_id].tiles(self._integers(self._immediates(kernel_id, args)))
 
     def geometry(self, kernel_id: str, args: Sequence,
                  constexprs: Mapping[str, int] | None = None) -> Geometry:
@@ -118,10 +142,7 @@ class KernelLibrary:
         rows than MAX_ROWS), so a bad variant fails at preparation, not on the GPU."""
         spec = SPECS_BY_ID[kernel_id]
         signature = self.signature(kernel_id)
-        if len(args) != len(signature):
-            raise ValueError(f"{kernel_id}: {len(args)} args, the ABI has {len(signature)}")
-        immediates = {name: _immediate(value) for (name, kind), value in zip(signature, args)
-                      if not kind.startswith("*")}
+        immediates = self._immediates(kernel_id, args)
         for (name, kind), value in zip(signature, args):
             if kind.startswith("*") and _byte_offset(value) % ALIGNMENT:
                 raise GeometryError(f"{kernel_id}.{name}: pointer offset {_byte_offset(value)} "
@@ -130,22 +151,23 @@ class KernelLibrary:
             if int(immediates[name]) % ALIGNMENT:
                 raise GeometryError(f"{kernel_id}.{name} = {immediates[name]} is not a multiple "
                                     f"of {ALIGNMENT} (the cubin assumes it)")
-        integers = {name: int(value) for name, value in immediates.items() if isinstance(value, numbers.Integral)}
-        grid = spec.grid(integers, constexprs if constexprs is not None else spec.constexprs)
+        integers = self._integers(immediates)
+        grid = spec.grid(integers, constexprs if constexprs is not None else spec.tiles(integers))
         if any(d < 1 or d >= 2**31 for d in grid) or grid[1] > 65535 or grid[2] > 65535:
             raise ValueError(f"{kernel_id}: grid {grid} outside CUDA limits")
         return grid, (32 * spec.num_warps, 1, 1), 0
 
     def build_modules(self, archs: Iterable[str] | None = None,
-                      progress: Callable[[str], None] | None = None,
+                      progress: Callable[[str], None] | None = None, widened: Iterable[str] = (),
                       ) -> list[tuple[bytes, manifest_pb2.KernelModule]]:
         """One (image bytes, KernelModule) per (target, kernel set), targets in table order
         (default: this library's), kernel sets in kernel_ids() order. KernelModule.resource
-        is left empty: the caller names the resource holding the image. progress(kernel_id)
+        is left empty: the caller names the resource holding the image; the ids in `widened`
+        compile with their Widening's tiles (a core that launches them wider). progress(kernel_id)
         is called as each kernel is compiled or found in the cache. KernelTargetError when a
         kernel exceeds its target's shared memory or the sets' kernel tables disagree."""
         wanted = targets.resolve(archs) if archs is not None else self.targets
-        compiled = self._compile_targets(wanted, progress)
+        compiled = self._compile_targets(wanted, progress, frozenset(widened))
         modules = []
         for target in wanted:
             kernels = compiled[targets.compiled_target(target).capability]
@@ -178,11 +200,13 @@ class KernelLibrary:
             arch=target.name, toolchain=toolchain, kernels=[entry], portable=target.portable,
             capability=target.capability, kernel_set=kernel_set)
 
-    def _request(self, spec: KernelBuild, target: targets.Target) -> compiler.CompileRequest:
+    def _request(self, spec: KernelBuild, target: targets.Target, widened: bool = False,
+                 ) -> compiler.CompileRequest:
+        tiles = {**spec.constexprs, **(spec.widening.constexprs if widened and spec.widening else {})}
         return compiler.CompileRequest(
             kernel_id=spec.kernel_id, module=spec.module, function=spec.function,
             signature=tuple(self.signature(spec.kernel_id)),
-            constexprs=tuple(spec.constexprs.items()) + (("PDL", int(target.pdl)),),
+            constexprs=tuple(tiles.items()) + (("PDL", int(target.pdl)),),
             num_warps=spec.num_warps, num_stages=spec.num_stages, pdl=target.pdl,
             capability=target.capability,
             divisible_by_16=tuple(i for i, (name, kind) in enumerate(self.signature(spec.kernel_id))

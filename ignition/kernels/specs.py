@@ -32,6 +32,18 @@ def cdiv(a: int, b: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Widening:
+    """Tiles a kernel compiles only for the cores that need them: when a recorded launch's
+    `immediate` exceeds the base constexpr `limit`, that core's cubin of the id is compiled with
+    `constexprs` replacing the base ones (the kernel then carries a second instantiation behind a
+    branch on the immediate). Cores whose launches all fit keep exactly the base kernel, so its
+    registers and shared memory do not pay for shapes they never launch."""
+    immediate: str
+    limit: str
+    constexprs: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelBuild:
     kernel_id: str                                # ABI id (helios_backend/kernels/abi.py)
     module: str                                   # ignition.kernels.triton.<module>
@@ -45,6 +57,17 @@ class KernelBuild:
     # f16 streams degrade to 2-byte loads and loops do not pipeline. geometry() rejects
     # launches that break the assumption.
     divisible: tuple[str, ...] = ()
+    widening: Widening | None = None
+
+    def needs_widening(self, immediates: Immediates) -> bool:
+        return (self.widening is not None
+                and int(immediates[self.widening.immediate]) > self.constexprs[self.widening.limit])
+
+    def tiles(self, immediates: Immediates) -> Mapping[str, int]:
+        """The constexprs a launch with these immediates compiles with."""
+        if self.widening is not None and self.needs_widening(immediates):
+            return {**self.constexprs, **self.widening.constexprs}
+        return self.constexprs
 
 
 def _require(condition: bool, message: str) -> None:
@@ -107,15 +130,31 @@ def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction,
     return grid
 
 
+def _qkv_norm_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
+    """One program per (whole head, token tile): the q/k norm needs every dim of its head."""
+    _require(a["head_dim"] % 2 == 0, "head_dim must be even for RoPE")
+    _require(a["head_dim"] // 2 <= c["BLOCK_P"],
+             f"head_dim {a['head_dim']} > 2 x BLOCK_P {c['BLOCK_P']} (a program holds a whole head)")
+    return (a["q_heads"] + 2 * a["kv_heads"], cdiv(a["tokens"], c["BLOCK_M"]), 1)
+
+
 def _paged_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
     group = a["q_heads"] // a["kv_heads"]
     _require(a["q_heads"] % a["kv_heads"] == 0, "q_heads must be a multiple of kv_heads")
     _require(group <= c["BLOCK_M"], f"GQA group {group} > BLOCK_M {c['BLOCK_M']}")
-    _require(a["head_dim"] <= c["BLOCK_D"], f"head_dim {a['head_dim']} > BLOCK_D {c['BLOCK_D']}")
+    # heads up to BLOCK_D take the narrow tiles, wider ones up to WIDE_D the wide instantiation
+    # (compiled for the cores that launch one: KernelBuild.tiles)
+    widest = max(c["BLOCK_D"], c.get("WIDE_D", 0))
+    _require(a["head_dim"] <= widest, f"head_dim {a['head_dim']} > {widest}")
     _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
     # every row may leave one partial query block: blocks <= cdiv(tokens, per_block) + rows
     per_block = c["BLOCK_M"] // group
     return (cdiv(a["tokens"], per_block) + a["rows"], a["kv_heads"], 1)
+
+
+def _token_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
+    """(cdiv(tokens, BLOCK_M)): a program owns BLOCK_M whole rows."""
+    return (cdiv(a["tokens"], c["BLOCK_M"]), 1, 1)
 
 
 def _vocab_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
@@ -184,6 +223,11 @@ def _per_lane(a: Immediates, c: Mapping[str, int]) -> Grid:
     return _per_row_over_vocab(a, c)
 
 
+def _paged_window_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["window"] >= 1, f"window {a['window']} < 1")
+    return _paged_attention(a, c)
+
+
 def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
     x, y, _ = _paged_attention(a, c)
     _require(a["splits"] >= 1, "splits must be >= 1")
@@ -217,6 +261,19 @@ _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, *
 _HEAD_GEMM = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 32, **_GEMV, "GEMV_TOKENS": 2,
               "GEMV_N": 8, "GEMV_STEPS": 5}
 _QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, "GEMV_STEPS": 5}
+# q/k norm: a program holds a whole head (up to 256 dims: 128 pairs) for its norm, tiles only
+_QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
+# attention tiles: [BLOCK_N keys, BLOCK_D dims] for heads up to 64 dims (WIDE_* equal to them:
+# one instantiation); a core with wider heads (up to 256: Gemma-style) compiles a second
+# instantiation in the same kernel with [16 keys, 256 dims] tiles, fewer keys per block so its
+# key and value tiles take the narrow one's shared memory (ATTENTION_WIDENING)
+_ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D": 64,
+              "MAX_ROWS": 256}
+ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 256})
+# post-norm residual: one program per 16 rows covers all out_dim columns (two passes); at decode
+# that is one program streaming the whole weight, so its tiles are wide ([64, 128] f16 = 16 KB
+# per stage, 8 warps) to keep many bytes in flight on its one SM (not tuned on a device yet)
+_NORM_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}
 
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
 # before its ABI entry does.
@@ -235,14 +292,25 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
     KernelBuild("attention.qkv_bias_rope_store.v1", "attention", "qkv_bias_rope_store",
                _QKV_GEMM, _qkv_rope_store,
                num_stages=3, divisible=("dim", "head_dim", "page_stride")),
-    KernelBuild("attention.paged.v1", "attention", "paged_attention",
-               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256}, _paged_attention,
-               num_stages=3, divisible=("head_dim", "page_stride")),
+    KernelBuild("attention.qkv_norm_rope_store.v1", "attention", "qkv_norm_rope_store",
+               _QKV_NORM_GEMM, _qkv_norm_rope_store,
+               num_stages=2, divisible=("dim", "head_dim", "page_stride")),
+    KernelBuild("attention.paged.v1", "attention", "paged_attention", _ATTENTION,
+               _paged_attention, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
+    KernelBuild("attention.paged_window.v1", "attention", "paged_window_attention", _ATTENTION,
+               _paged_window_attention, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
     KernelBuild("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
                _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim")),
                num_stages=3,
                divisible=("in_dim", "out_dim")),
+    KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
+               _token_rows, num_warps=8, num_stages=3, divisible=("in_dim", "out_dim")),
     KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
+               _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
+               divisible=("dim", "ffn_dim")),
+    KernelBuild("mlp.norm_gate_up_activation.v1", "matmul", "norm_gate_up_activation", _LAYER_GEMM,
                _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
                divisible=("dim", "ffn_dim")),
     KernelBuild("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
@@ -278,9 +346,9 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _one_program_over_rows, num_warps=8),
     KernelBuild("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
                _histogram_tiles, divisible=("histogram_bins",)),
-    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split",
-               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "MAX_ROWS": 256},
-               _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride")),
+    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _ATTENTION,
+               _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
     KernelBuild("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},
                _page_chunks, divisible=("page_stride", "row_stride")),
     KernelBuild("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},
@@ -303,9 +371,3 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
 )
 
 SPECS_BY_ID: Mapping[str, KernelBuild] = {spec.kernel_id: spec for spec in KERNEL_SPECS}
-
-# ABI ids with a numpy reference and no Triton kernel yet (docs/kernels.md "Reference-only kernel
-# ids"): the numpy and CPU executors run them, the CUDA executor refuses a core that uses them.
-REFERENCE_ONLY_IDS: frozenset[str] = frozenset({
-    "attention.qkv_norm_rope_store.v1", "attention.paged_window.v1", "linear.norm_residual.v1",
-    "mlp.norm_gate_up_activation.v1"})

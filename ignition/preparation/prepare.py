@@ -100,9 +100,12 @@ class KernelLibraryGeometry:
     def __init__(self, library: KernelLibrary | None) -> None:
         self._library = library
         self._ids = set(library.kernel_ids()) & set(abi.KERNELS) if library is not None else set()
+        self._widened: set[str] = set()         # ids some recorded launch needs widened tiles for
 
     def __call__(self, kernel_id: str, args: Sequence[object]) -> Geometry:
         if self._library is not None and kernel_id in self._ids:
+            if self._library.needs_widening(kernel_id, args):
+                self._widened.add(kernel_id)
             return self._library.geometry(kernel_id, args)
         return unit_geometry(kernel_id, args)
 
@@ -110,7 +113,7 @@ class KernelLibraryGeometry:
         """One (image, module) per (architecture, kernel set) of the library's architectures."""
         if self._library is None or not self._ids:
             return []
-        return [(cubin, module) for cubin, module in self._library.build_modules()
+        return [(cubin, module) for cubin, module in self._library.build_modules(widened=self._widened)
                 if all(k.id in self._ids for k in module.kernels)]
 
 

@@ -36,7 +36,7 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_weight, rope_table,
                     positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
                     head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, False,
-                    BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+                    qkv_weight, qkv_weight, False, BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
 
 
 @triton.jit
@@ -52,17 +52,44 @@ def qkv_bias_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight
     _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias, rope_table,
                     positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
                     head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, True,
-                    BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+                    qkv_weight, qkv_weight, False, BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+
+
+@triton.jit
+def qkv_norm_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, q_norm, k_norm,
+                        rope_table, positions, page_table, row_slot, geometry,
+                        tokens, dim, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                        page_stride, eps, rope_pairing,
+                        BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PDL: tl.constexpr):
+    """qkv_rope_store with an RMSNorm of every q and k head (weights q_norm, k_norm f16
+    [head_dim], the input norm's eps) between the projection and the rotation.
+
+    The head's sum of squares needs all of its dims, so a program owns whole heads: BLOCK_P
+    >= head_dim / 2 pairs (specs.py checks it), grid (q_heads + 2 kv_heads, cdiv(tokens,
+    BLOCK_M)), and every shape takes the tensor-core tiles (the GEMV path's registers hold a
+    few pairs, not a head)."""
+    _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_weight, rope_table,
+                    positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
+                    head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, False,
+                    q_norm, k_norm, True, BLOCK_M, BLOCK_P, BLOCK_K, 0, 0, 0, 0, PDL)
 
 
 @triton.jit
 def _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias, rope_table,
                     positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
                     head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing,
-                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, q_norm, k_norm, HEAD_NORM: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                     BLOCK_K: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
                     GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
-    if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):     # batch-1 decode: a 1-row tile
+    if HEAD_NORM:
+        _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
+                              rope_table, positions, page_table, row_slot, geometry, dim,
+                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                              page_stride, eps, rope_pairing, HAS_BIAS, q_norm, k_norm, True,
+                              BLOCK_M, BLOCK_P, BLOCK_K, PDL)
+    elif (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):     # batch-1 decode: a 1-row tile
         _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                              rope_table, positions, page_table, row_slot, geometry, tokens, dim,
                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
@@ -77,20 +104,34 @@ def _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qk
         _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                               rope_table, positions, page_table, row_slot, geometry, dim,
                               q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                              page_stride, eps, rope_pairing, HAS_BIAS, BLOCK_M, BLOCK_P, BLOCK_K,
-                              PDL)
+                              page_stride, eps, rope_pairing, HAS_BIAS, q_norm, k_norm, False,
+                              BLOCK_M, BLOCK_P, BLOCK_K, PDL)
 
 
 @triton.jit
 def _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,
                     q_out, k_cache, v_cache, qkv_bias, rope_table, positions, page_table, row_slot,
                     geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                    page_stride, HAS_BIAS: tl.constexpr):
-    """Add the bias (HAS_BIAS), rotate q and k pairs by their token's position, then write q
-    rows or cache entries."""
+                    page_stride, eps, HAS_BIAS: tl.constexpr, q_norm, k_norm,
+                    HEAD_NORM: tl.constexpr):
+    """Add the bias (HAS_BIAS), norm q and k heads (HEAD_NORM: the program holds every pair of
+    its head), rotate q and k pairs by their token's position, then write q rows or cache
+    entries."""
     if HAS_BIAS:
         acc_first += tl.load(qkv_bias + head * head_dim + first, mask=pair_mask, other=0.0)[None, :]
         acc_second += tl.load(qkv_bias + head * head_dim + second, mask=pair_mask, other=0.0)[None, :]
+    if HEAD_NORM:
+        if head < q_heads + kv_heads:
+            # pairs past the head are 0 (masked weights), so the row sums cover the head exactly
+            rstd = inverse_rms(tl.sum(acc_first * acc_first + acc_second * acc_second, axis=1),
+                               head_dim, eps)[:, None]
+            gains = q_norm
+            if head >= q_heads:
+                gains = k_norm
+            acc_first = acc_first * rstd * tl.load(gains + first, mask=pair_mask,
+                                                   other=0.0).to(tl.float32)[None, :]
+            acc_second = acc_second * rstd * tl.load(gains + second, mask=pair_mask,
+                                                     other=0.0).to(tl.float32)[None, :]
     half = head_dim // 2
     pos = tl.load(positions + t, mask=live, other=0)
     mask = live[:, None] & pair_mask[None, :]
@@ -166,15 +207,16 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
     _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,
                     second, head, q_out, k_cache, v_cache, qkv_bias, rope_table, positions,
                     page_table, row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
-                    pages_per_row, page_stride, HAS_BIAS)
+                    pages_per_row, page_stride, eps, HAS_BIAS, qkv_weight, qkv_weight, False)
 
 
 @triton.jit
 def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                           rope_table, positions, page_table, row_slot, geometry, dim, q_heads,
                           kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
-                          rope_pairing, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                          PDL: tl.constexpr):
+                          rope_pairing, HAS_BIAS: tl.constexpr, q_norm, k_norm,
+                          HEAD_NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                          BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         # the head's weight rows into L2 before waiting: once per head (first pair chunk,
         # first token tile)
@@ -223,7 +265,7 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
         _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head,
                         q_out, k_cache, v_cache, qkv_bias, rope_table, positions, page_table,
                         row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens,
-                        pages_per_row, page_stride, HAS_BIAS)
+                        pages_per_row, page_stride, eps, HAS_BIAS, q_norm, k_norm, HEAD_NORM)
 
 
 @triton.jit
@@ -260,10 +302,11 @@ def _row_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: t
 
 @triton.jit
 def _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads, head_dim, page_tokens,
-            page_stride, scale, key_begin, key_end,
+            page_stride, scale, key_begin, key_end, window, WINDOWED: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online-softmax partial (acc [BLOCK_M, BLOCK_D], max m, sum l) of the BLOCK_M query rows
-    over keys [key_begin, key_end) of one kv head; m = -1e30, l = 0 for an empty range."""
+    over keys [key_begin, key_end) of one kv head; m = -1e30, l = 0 for an empty range.
+    A query at position p sees keys at positions <= p, and (WINDOWED) > p - window."""
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
     m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
@@ -279,8 +322,10 @@ def _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads, head_dim,
         keys = tl.load(k_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
         values = tl.load(v_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
         scores = tile_dot(q_tile, tl.trans(keys), tl.zeros((BLOCK_M, BLOCK_N), tl.float32)) * scale
-        causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
-        scores = tl.where(causal, scores, float("-inf"))
+        visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        if WINDOWED:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+        scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[:, None])
@@ -312,7 +357,8 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
                     rows, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                     page_stride, scale,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    MAX_ROWS: tl.constexpr, PDL: tl.constexpr):
+                    WIDE_N: tl.constexpr, WIDE_D: tl.constexpr, MAX_ROWS: tl.constexpr,
+                    PDL: tl.constexpr):
     """Causal GQA of each row's packed queries over its paged history (flash-style, online softmax).
 
     Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads), group = q_heads // kv_heads.
@@ -321,19 +367,73 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
     stream of keys, so decode (1 query) and prefill chunks use the same kernel. The grid
     bound covers the worst split of tokens among rows (each row may leave one partial
     block); surplus programs exit at once. Keys/values are gathered per key through the
-    page table, so any page_tokens works.
+    page table, so any page_tokens works. Heads wider than BLOCK_D take the [WIDE_N keys,
+    WIDE_D dims] instantiation of the same code, compiled only when WIDE_D > BLOCK_D (the
+    library widens the tiles for cores that launch such heads: specs.Widening).
     """
     wait_for_predecessors(PDL)
+    if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, 0, False, BLOCK_M, WIDE_N, WIDE_D, MAX_ROWS)
+    else:
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, 0, False, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
+
+
+@triton.jit
+def paged_window_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                           rows, tokens, q_heads, kv_heads, head_dim, page_tokens,
+                           pages_per_row, page_stride, scale, window,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                           WIDE_N: tl.constexpr, WIDE_D: tl.constexpr, MAX_ROWS: tl.constexpr,
+                           PDL: tl.constexpr):
+    """paged_attention over a sliding window: a query at position p sees keys at positions
+    max(0, p - window + 1) .. p. A query block walks keys from its lowest query's window start
+    only, so a window costs `window` keys per block whatever the context (the cache region
+    of a sliding-window layer holds no older keys anyway)."""
+    wait_for_predecessors(PDL)
+    if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, window, True, BLOCK_M, WIDE_N, WIDE_D, MAX_ROWS)
+    else:
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, window, True, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
+
+
+@triton.jit
+def _first_key(q_pos, valid, window, WINDOWED: tl.constexpr):
+    """The first key any query of the block sees: 0, or (WINDOWED) the lowest query's window start."""
+    if WINDOWED:
+        lowest = tl.min(tl.where(valid, q_pos, 0x7FFFFFFF), axis=0)
+        begin = tl.maximum(lowest - window + 1, 0)
+    else:
+        begin = 0
+    return begin
+
+
+@triton.jit
+def _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                   tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                   scale, window, WINDOWED: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr):
+    """One query block of paged_attention / paged_window_attention (after the PDL wait)."""
     group = q_heads // kv_heads
     row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:
         kv_head = tl.program_id(1)
-        q_tile, q_pos, mask, offsets, _ = _load_queries(q, positions, first, end, kv_head, group,
-                                                        q_heads, head_dim, BLOCK_M, BLOCK_D)
+        q_tile, q_pos, mask, offsets, valid = _load_queries(q, positions, first, end, kv_head,
+                                                            group, q_heads, head_dim, BLOCK_M,
+                                                            BLOCK_D)
         table = page_table + tl.load(row_slot + row) * pages_per_row
         acc, _, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
-                              head_dim, page_tokens, page_stride, scale, 0,
-                              tl.max(q_pos, axis=0) + 1, BLOCK_M, BLOCK_N, BLOCK_D)
+                              head_dim, page_tokens, page_stride, scale,
+                              _first_key(q_pos, valid, window, WINDOWED),
+                              tl.max(q_pos, axis=0) + 1, window, WINDOWED, BLOCK_M, BLOCK_N,
+                              BLOCK_D)
         tl.store(out + offsets, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], mask=mask)
 
 
@@ -342,12 +442,12 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
                           partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                           page_tokens, pages_per_row, page_stride, scale, splits,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          MAX_ROWS: tl.constexpr, PDL: tl.constexpr):
+                          WIDE_N: tl.constexpr, WIDE_D: tl.constexpr, MAX_ROWS: tl.constexpr,
+                          PDL: tl.constexpr):
     """paged_attention with the keys split over grid z (flash-decoding), merged in one node.
 
-    PROPOSED id attention.paged_split.v1 (not in abi.py yet; docs/kernels.md). Grid
-    (cdiv(tokens, BLOCK_M // group) + rows, kv_heads, splits). Split z of a query block takes
-    keys [z * chunk, (z + 1) * chunk) of its live context, chunk = cdiv(context, splits)
+    Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads, splits). Split z of a query block
+    takes keys [z * chunk, (z + 1) * chunk) of its live context, chunk = cdiv(context, splits)
     rounded up to BLOCK_N, so the split length follows the live context. Each split writes
     its (acc, m, l) per query row to
         partials f32 [splits, tokens, q_heads, head_dim + 2]   (acc | m | l)
@@ -356,9 +456,27 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
     and resets the counter to 0 for the next launch. arrivals must be zero at allocation.
     When one key block (chunk >= context) holds the whole context, split 0 writes the output
     directly and no split touches partials or arrivals: a short decode context costs no
-    merge round trips.
+    merge round trips. Heads wider than BLOCK_D take the [WIDE_N, WIDE_D] instantiation.
     """
     wait_for_predecessors(PDL)
+    if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
+        _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                       partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
+                       page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, WIDE_N,
+                       WIDE_D, MAX_ROWS)
+    else:
+        _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                       partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
+                       page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, BLOCK_N,
+                       BLOCK_D, MAX_ROWS)
+
+
+@triton.jit
+def _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
+                   partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim, page_tokens,
+                   pages_per_row, page_stride, scale, splits, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr):
+    """One (query block, split) of paged_attention_split (after the PDL wait)."""
     group = q_heads // kv_heads
     row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:
@@ -375,8 +493,8 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
             # the other splits leave at once (no partials, no arrival, no merge round trips)
             if split == 0:
                 acc, _, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
-                                      head_dim, page_tokens, page_stride, scale, 0, context,
-                                      BLOCK_M, BLOCK_N, BLOCK_D)
+                                      head_dim, page_tokens, page_stride, scale, 0, context, 0,
+                                      False, BLOCK_M, BLOCK_N, BLOCK_D)
                 tl.store(out + offsets, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], mask=mask)
         else:
             _attend_split(out, q_tile, q_pos, mask, offsets, valid, table, k_cache, v_cache,
@@ -395,8 +513,8 @@ def _attend_split(out, q_tile, q_pos, mask, offsets, valid, table, k_cache, v_ca
     key_begin = tl.minimum(split * chunk, context)
     key_end = tl.minimum(key_begin + chunk, context)
     acc, m_i, l_i = _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
-                            head_dim, page_tokens, page_stride, scale, key_begin, key_end,
-                            BLOCK_M, BLOCK_N, BLOCK_D)
+                            head_dim, page_tokens, page_stride, scale, key_begin, key_end, 0,
+                            False, BLOCK_M, BLOCK_N, BLOCK_D)
     # partial rows: [split][token][q head][head_dim + 2]
     width = head_dim + 2
     m_idx = tl.arange(0, BLOCK_M)

@@ -131,6 +131,79 @@ def _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin
 
 
 @triton.jit
+def linear_norm_residual(hidden, x, weight, norm_weight, geometry, tokens, in_dim, out_dim, eps,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         PDL: tl.constexpr):
+    """hidden f32 [tokens, out_dim] += rms_norm(x @ weight^T) * norm_weight (a post norm).
+
+    Grid (cdiv(tokens, BLOCK_M), 1, 1): the norm needs every column of a row before the add,
+    and the ABI has no scratch, so one program owns BLOCK_M whole rows: pass 1 computes the
+    product column tile by column tile for its sum of squares only, pass 2 computes it again
+    (the same tiles in the same order: the same values; the weight now mostly from L2) and adds
+    the normed tile into the residual. The price is parallelism at decode (docs/kernels.md).
+    """
+    if PDL:
+        if tl.program_id(0) == 0:
+            prefetch_l2(weight, out_dim * in_dim * 2, 256)
+    wait_for_predecessors(PDL)
+    n = tl.load(geometry)
+    if tl.program_id(0) * BLOCK_M < n:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < n
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for n0 in range(0, out_dim, BLOCK_N):
+            acc = _product_tile(x, weight, rows, row_mask, n0, in_dim, out_dim, BLOCK_M, BLOCK_N,
+                                BLOCK_K)
+            sum_sq += tl.sum(acc * acc, axis=1)
+        rstd = inverse_rms(sum_sq, out_dim, eps)[:, None]
+        for n0 in range(0, out_dim, BLOCK_N):
+            acc = _product_tile(x, weight, rows, row_mask, n0, in_dim, out_dim, BLOCK_M, BLOCK_N,
+                                BLOCK_K)
+            cols = n0 + tl.arange(0, BLOCK_N)
+            col_mask = cols < out_dim
+            g = tl.load(norm_weight + cols, mask=col_mask, other=0.0).to(tl.float32)
+            target = hidden + rows[:, None] * out_dim + cols[None, :]
+            mask = row_mask[:, None] & col_mask[None, :]
+            tl.store(target, tl.load(target, mask=mask, other=0.0) + acc * rstd * g[None, :],
+                     mask=mask)
+
+
+@triton.jit
+def _product_tile(x, weight, rows, row_mask, n0, in_dim, out_dim, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[rows] @ weight[n0 : n0 + BLOCK_N]^T, f32 [BLOCK_M, BLOCK_N] (0 past out_dim)."""
+    cols = n0 + tl.arange(0, BLOCK_N)
+    col_mask = cols < out_dim
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, in_dim, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x + rows[:, None] * in_dim + k[None, :],
+                    mask=row_mask[:, None] & (k[None, :] < in_dim), other=0.0)
+        acc = tile_dot(a, _weight_tile(weight, cols, col_mask, k0, in_dim, in_dim, BLOCK_K), acc)
+    return acc
+
+
+# the gate activation of mlp.norm_gate_up_activation.v1 (helios_backend/kernels/linear.py ACTIVATION_*)
+ACTIVATION_SILU = tl.constexpr(0)
+ACTIVATION_GELU_TANH = tl.constexpr(1)
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+
+
+@triton.jit
+def gate_activation(gate, activation):
+    """act(gate): SiLU, or tanh-GELU written as gate * sigmoid(2 u), u = sqrt(2/pi) (g + 0.044715
+    g^3), which is 0.5 g (1 + tanh(u)) exactly and needs no tanh (an exp that overflows for very
+    negative g gives -0, as the reference does). `activation` is a constexpr (the SiLU kernel:
+    one path compiled) or an immediate (a branch per program)."""
+    if activation == ACTIVATION_GELU_TANH:
+        inner = SQRT_2_OVER_PI * (gate + 0.044715 * gate * gate * gate)
+        act = gate / (1.0 + tl.exp(-2.0 * inner))
+    else:
+        act = gate / (1.0 + tl.exp(-gate))
+    return act
+
+
+@triton.jit
 def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
@@ -141,20 +214,44 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
     gate and up rows, so the product never leaves registers. Decode shapes (tokens <=
     GEMV_TOKENS) take the tensor-core-free path with GEMV_N columns per program.
     """
-    if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):
-        _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
-                                ffn_dim, eps, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
-    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
-        _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
-                                ffn_dim, eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
-    else:
-        _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
-                                 BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+    _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
+                  ACTIVATION_SILU, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
+                  GEMV_STEPS, PDL)
 
 
 @triton.jit
-def _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim,
-                            eps, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
+def norm_gate_up_activation(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim,
+                            eps, activation,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+    """norm_gate_up_silu with the gate activation chosen by the `activation` immediate
+    (gate_activation: SiLU or tanh-GELU, the GeGLU feed-forward block)."""
+    _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
+                  activation, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
+                  GEMV_STEPS, PDL)
+
+
+@triton.jit
+def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
+                  activation, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
+                  GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+    if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):
+        _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
+                                ffn_dim, eps, activation, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
+    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+        _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
+                                ffn_dim, eps, activation, GEMV_TOKENS, GEMV_K, GEMV_N,
+                                GEMV_STEPS, PDL)
+    else:
+        _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
+                                 activation, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+
+
+@triton.jit
+def _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim,
+                            eps, activation, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
                             GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(ffn_dim, GEMV_N), 1, 1): GEMV_N gate columns and their up columns."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
@@ -171,15 +268,14 @@ def _norm_gate_up_silu_gemv(out, hidden, norm_weight, gate_up, geometry, tokens,
     up = gemv_rows(up_w, norms, hidden, rows, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
                    GEMV_STEPS)
     rstd = inverse_rms(row_sum_squares(hidden, rows, live, dim, ROWS, GEMV_K), dim, eps)[:, None]
-    gate = gate * rstd
-    act = gate / (1.0 + tl.exp(-gate)) * (up * rstd)
+    act = gate_activation(gate * rstd, activation) * (up * rstd)
     tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
              mask=(rows < tl.load(geometry))[:, None] & col_mask[None, :])
 
 
 @triton.jit
-def _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
+                             activation, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              PDL: tl.constexpr):
     if PDL:
         if tl.program_id(1) == 0:           # one prefetch per weight slice, not per M tile
@@ -218,8 +314,7 @@ def _norm_gate_up_silu_tiles(out, hidden, norm_weight, gate_up, geometry, dim, f
             up_odd = tile_dot(a1, _weight_tile(gate_up, cols + ffn_dim, col_mask, k1, dim, dim,
                                                BLOCK_K), up_odd)
         rstd = accumulator_scale(pre, sum_sq[:, None], dim, eps)
-        gate = (gate_even + gate_odd) * rstd
-        act = gate / (1.0 + tl.exp(-gate)) * ((up_even + up_odd) * rstd)
+        act = gate_activation((gate_even + gate_odd) * rstd, activation) * ((up_even + up_odd) * rstd)
         tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
                  mask=row_mask[:, None] & col_mask[None, :])
 
