@@ -40,17 +40,17 @@ CACHE_PAGES = 256
 STEPS = 64
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "llama-blocks", "qwen2", "gemma3"])
 def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from ignition.preparation.prepare import prepare
     from ignition.recipes import gemma_3_270m, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
 
     directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    if request.param == "llama":     # SmolLM2's conventions: no biases, the head tied to the embedding
-        recipe = smollm2_135m_instruct
+    if request.param.startswith("llama"):   # SmolLM2's conventions: no biases, the head tied to the embedding
+        recipe = smollm2_135m_instruct      # llama-blocks: its GGUF's Q8_0 / Q4_1 blocks, kept in the core
         weights = tiny_weights(TinyShape(), len(tiny_vocabulary()[0]), biases=False, tied=True)
-        gguf = write_tiny_gguf(directory / "tiny-llama.gguf", arch="llama", weights=weights,
-                               chat_template=recipe.CHECKPOINT_TEMPLATE)
+        gguf = write_tiny_gguf(directory / f"tiny-{request.param}.gguf", arch="llama", weights=weights,
+                               chat_template=recipe.CHECKPOINT_TEMPLATE, quantized=request.param == "llama-blocks")
     elif request.param == "qwen2":
         recipe = qwen2_5_coder_0_5b_instruct
         gguf = write_tiny_gguf(directory / "tiny-qwen2.gguf")
