@@ -130,8 +130,9 @@ class RankWeights:
     def append(self, name: str, array: np.ndarray | BlockMatrix, sources: Sequence[str]) -> None:
         offset = -(-len(self.blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
         self.blob.extend(b"\0" * (offset - len(self.blob)))
+        shape: tuple[int, ...]
         if isinstance(array, BlockMatrix):      # the source's blocks, verbatim (kernels/blocks.py)
-            data, dtype, shape = np.ascontiguousarray(array.data), array.dtype, array.shape
+            data, dtype, shape = np.ascontiguousarray(array.data), C.DType.ValueType(array.dtype), array.shape
         else:
             data = np.ascontiguousarray(array)
             dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32}[data.dtype]

@@ -134,7 +134,7 @@ class Partition:
         ranges = self.ranges[split.dimension]
         total, (start, stop) = ranges[-1][1], ranges[rank]
         if split.axis == 0:
-            rows = self.shard(np.arange(matrix.data.shape[0])[:, None], split, rank)[:, 0]
+            rows = np.asarray(self.shard(np.arange(matrix.data.shape[0])[:, None], split, rank))[:, 0]
             return BlockMatrix(matrix.dtype, np.ascontiguousarray(matrix.data[rows]))
         pieces, offset = [], 0
         for width in split.parts:

@@ -162,7 +162,7 @@ def as_f32(value: Any) -> Any:
 
 
 @overload(as_f32, inline="always")
-def _as_f32(value):  # type: ignore[no-untyped-def]  # unannotated: numba compares it with the lambdas'
+def _as_f32(value):  # unannotated: numba compares its signature with the lambdas'
     if value == types.uint16:
         return lambda value: f16_bits_to_f32(value)
     if value == types.float32:

@@ -100,8 +100,7 @@ class CpuKernels:
                  accumulate: bool) -> None:
         """out[:n] (+)= x[:n] @ weight.T; out [n, m] f32 flat, x [n, k] f32 flat, weight [m, k] f16 or
         a block matrix (kernels/blocks.py) read in place."""
-        blocked = isinstance(weight, BlockWeight)
-        if blocked and (weight.cols != k or weight.rows < m):
+        if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         if n <= SMALL_PRODUCT_TOKENS:
             chunks = self._chunks(n * m * k, m // 2)
