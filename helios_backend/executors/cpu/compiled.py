@@ -93,47 +93,60 @@ def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
     return builder.call(function, [a, b, c])
 
 
-def _block_row_dot_intrinsic(code: int) -> Callable[..., Any]:
-    """sum over `blocks` consecutive blocks from byte `at` of w . x[x_at:]: one <32 x float>
-    accumulator over the blocks, one horizontal sum at the end."""
+def _horizontal_sum(builder: Any, total: Any) -> Any:
+    """The sum of a <32 x float>'s lanes: a tree of halves (a few shuffles and adds)."""
+    lanes = _LANES
+    while lanes > 1:
+        lanes //= 2
+        undefined = ir.Constant(ir.VectorType(ir.FloatType(), 2 * lanes), ir.Undefined)
+        first = builder.shuffle_vector(total, undefined, ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                                                    list(range(lanes))))
+        second = builder.shuffle_vector(total, undefined, ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                                                     list(range(lanes, 2 * lanes))))
+        total = builder.fadd(first, second)
+    return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+
+
+def _block_row_dots_intrinsic(code: int, tokens: int) -> Callable[..., Any]:
+    """sums[t] = sum over `blocks` consecutive blocks from byte `at` of w . x[x_at + t * x_stride:]
+    for t < tokens: each block widened once into registers and multiplied into one <32 x float>
+    accumulator per token; one horizontal sum per token at the end."""
     size = 34 if code == BLOCK_Q8_0 else 20
 
-    def typer(typingctx: Any, data: Any, at: Any, x: Any, x_at: Any, blocks: Any) -> Any:
+    def typer(typingctx: Any, data: Any, at: Any, x: Any, x_at: Any, x_stride: Any, blocks: Any, sums: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             i64 = ir.IntType(64)
             start = _element_pointer(context, builder, signature.args[0], args[0], args[1])
-            inputs = _element_pointer(context, builder, signature.args[2], args[2], args[3])
-            count = args[4]
+            inputs = [_element_pointer(context, builder, signature.args[2], args[2],
+                                       builder.add(args[3], builder.mul(args[4], ir.Constant(i64, t))))
+                      for t in range(tokens)]
             entry = builder.block
             loop = builder.append_basic_block("block_loop")
             done = builder.append_basic_block("block_done")
             builder.branch(loop)
             builder.position_at_end(loop)
             index = builder.phi(i64)
-            accumulator = builder.phi(_F32X32)
+            accumulators = [builder.phi(_F32X32) for _ in range(tokens)]
             index.add_incoming(ir.Constant(i64, 0), entry)
-            accumulator.add_incoming(ir.Constant(_F32X32, [0.0] * _LANES), entry)
+            for accumulator in accumulators:
+                accumulator.add_incoming(ir.Constant(_F32X32, [0.0] * _LANES), entry)
             weights = _block_weights(builder, code, builder.gep(start, [builder.mul(index, ir.Constant(i64, size))]))
-            values = builder.load(builder.bitcast(builder.gep(inputs, [builder.mul(index, ir.Constant(i64, _LANES))]),
-                                                  _F32X32.as_pointer()), align=4)
-            summed = _fma(builder, weights, values, accumulator)
+            offset = builder.mul(index, ir.Constant(i64, _LANES))
+            summed = []
+            for token_inputs, accumulator in zip(inputs, accumulators):
+                values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
+                summed.append(_fma(builder, weights, values, accumulator))
             following = builder.add(index, ir.Constant(i64, 1))
             index.add_incoming(following, builder.block)
-            accumulator.add_incoming(summed, builder.block)
-            builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
+            for accumulator, value in zip(accumulators, summed):
+                accumulator.add_incoming(value, builder.block)
+            builder.cbranch(builder.icmp_signed("<", following, args[5]), loop, done)
             builder.position_at_end(done)
-            total = summed
-            lanes = _LANES
-            while lanes > 1:                  # a tree of halves
-                lanes //= 2
-                undefined = ir.Constant(ir.VectorType(ir.FloatType(), 2 * lanes), ir.Undefined)
-                first = builder.shuffle_vector(total, undefined, ir.Constant(ir.VectorType(ir.IntType(32), lanes),
-                                                                            list(range(lanes))))
-                second = builder.shuffle_vector(total, undefined, ir.Constant(ir.VectorType(ir.IntType(32), lanes),
-                                                                             list(range(lanes, 2 * lanes))))
-                total = builder.fadd(first, second)
-            return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
-        return types.float32(data, types.intp, x, types.intp, types.intp), codegen
+            target = context.make_array(signature.args[6])(context, builder, value=args[6]).data
+            for t, value in enumerate(summed):
+                builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, t)]))
+            return context.get_dummy_value()
+        return types.none(data, types.intp, x, types.intp, types.intp, types.intp, sums), codegen
     return typer
 
 
@@ -148,9 +161,13 @@ def _block_store_intrinsic(code: int) -> Callable[..., Any]:
     return typer
 
 
-q8_0_row_dot = cast(Callable[..., Any], intrinsic(_block_row_dot_intrinsic(BLOCK_Q8_0)))
-"""sum_i w[i] * x[x_at + i] over the weights of `blocks` (>= 1) Q8_0 blocks from data[at:] (no bounds checks)."""
-q4_1_row_dot = cast(Callable[..., Any], intrinsic(_block_row_dot_intrinsic(BLOCK_Q4_1)))
+# (code, tokens) -> the intrinsic: one pass over a row's blocks for 1, 4 or 8 tokens
+_ROW_DOTS = {(code, tokens): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(code, tokens)))
+             for code in (BLOCK_Q8_0, BLOCK_Q4_1) for tokens in (1, 4, 8)}
+q8_0_dots1, q8_0_dots4, q8_0_dots8 = (_ROW_DOTS[(BLOCK_Q8_0, t)] for t in (1, 4, 8))
+q4_1_dots1, q4_1_dots4, q4_1_dots8 = (_ROW_DOTS[(BLOCK_Q4_1, t)] for t in (1, 4, 8))
+"""qN_dotsT(data, at, x, x_at, x_stride, blocks, sums): sums[t] = w . x[x_at + t * x_stride:] for t < T
+over the `blocks` (>= 1) blocks from data[at:] (no bounds checks: the callers check)."""
 q8_0_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q8_0)))
 """out[out_at:out_at + 32] = the weights of the Q8_0 block at data[at:] (no bounds checks)."""
 q4_1_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q4_1)))
@@ -544,35 +561,47 @@ def dequantize_rows(out: np.ndarray, data: np.ndarray, code: int, first: int, ro
             q4_1_store(out, block * 32, data, at)
 
 
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _block_dots(data: np.ndarray, code: int, at: int, x: np.ndarray, x_at: int, k: int, blocks: int, tokens: int,
+                sums: np.ndarray) -> None:
+    if code == BLOCK_Q8_0:
+        if tokens == 8:
+            q8_0_dots8(data, at, x, x_at, k, blocks, sums)
+        elif tokens == 4:
+            q8_0_dots4(data, at, x, x_at, k, blocks, sums)
+        else:
+            q8_0_dots1(data, at, x, x_at, k, blocks, sums)
+    elif tokens == 8:
+        q4_1_dots8(data, at, x, x_at, k, blocks, sums)
+    elif tokens == 4:
+        q4_1_dots4(data, at, x, x_at, k, blocks, sums)
+    else:
+        q4_1_dots1(data, at, x, x_at, k, blocks, sums)
+
+
 @njit(cache=True, fastmath=True, nogil=True)
 def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
-                      accumulate: bool, first: int, last: int, rows: np.ndarray) -> None:
+                      accumulate: bool, first: int, last: int, sums: np.ndarray) -> None:
     """linear_rows over a [m, k] block matrix (code: BLOCK_*): out[t, o] (+)= sum_i x[t, i] * w[o, i]
-    for t < n, first <= o < last.
+    for t < n, first <= o < last. `sums` >= 8 floats of scratch.
 
-    One token: each block's integers are widened in registers and multiplied into the inputs
-    (nothing of the weight is written to memory). More tokens: two rows at a time are expanded
-    into `rows` (2k f32, stays in L1) and multiplied by linear_rows' paired loops, so a weight row
-    is expanded once per call whatever n is.
+    Per output row, tokens in groups of 8 (then 4, then 1): each block is widened in registers once
+    per group and multiplied into the group's accumulators (nothing of the weight is written to
+    memory; an 8-token group reads the row once for 8 tokens).
     """
     size = _block_bytes(code)
     blocks = k // 32
-    if x.size < n * k or out.size < n * m or data.size < last * blocks * size or rows.size < 2 * k:
+    if x.size < n * k or out.size < n * m or data.size < last * blocks * size or sums.size < 8 or k % 32:
         raise IndexError("block_linear_rows: arrays smaller than the product")
-    if n == 1:
-        for o in range(first, last):
-            if code == BLOCK_Q8_0:
-                total = q8_0_row_dot(data, o * blocks * size, x, 0, blocks)
-            else:
-                total = q4_1_row_dot(data, o * blocks * size, x, 0, blocks)
-            _store(out, o, total, accumulate)
-        return
-    o = first
-    while o < last:
-        pair = 2 if o + 1 < last else 1
-        dequantize_rows(rows, data, code, o, pair, k)
-        linear_rows(out, x, rows[:pair * k], n, k, m, accumulate, o, o + pair, o)
-        o += pair
+    for o in range(first, last):
+        at = o * blocks * size
+        t = 0
+        while t < n:
+            group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
+            _block_dots(data, code, at, x, t * k, k, blocks, group, sums)
+            for j in range(group):
+                _store(out, (t + j) * m + o, sums[j], accumulate)
+            t += group
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -595,7 +624,11 @@ def warm_up() -> None:
     for code in (BLOCK_Q8_0, BLOCK_Q4_1):
         dequantize_rows(f32, u8, code, 0, 2, 32)
         for n in (1, 2):
-            block_linear_rows(f32, f32, u8, code, n, 32, 2, False, 0, 2, f32)
+            block_linear_rows(f32, f32, u8, code, n, 32, 2, False, 0, 2, f32)   # n: 1, 2 (groups of 1)
+        block_linear_rows(np.zeros(16, dtype=np.float32), np.zeros(256, dtype=np.float32), u8, code, 8, 32, 2,
+                          False, 0, 2, f32)                                              # groups of 8
+        block_linear_rows(np.zeros(8, dtype=np.float32), np.zeros(128, dtype=np.float32), u8, code, 4, 32, 2,
+                          False, 0, 2, f32)                                              # groups of 4
         block_gather_rows(f32, u8, code, i32, 1, 32)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)

@@ -110,7 +110,7 @@ class CpuKernels:
                 last = m if index == chunks - 1 else last
                 if isinstance(weight, BlockWeight):
                     compiled.block_linear_rows(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
-                                               first, last, self._own("rows", 2 * self.capacity.width))
+                                               first, last, self._own("sums", 8))
                 else:
                     compiled.linear_rows(out, x, _bits(weight), n, k, m, accumulate, first, last, 0)
 
