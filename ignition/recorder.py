@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernels import abi
+from helios_backend.kernels import abi, blocks
 
 Dim = tuple[int, int, int]
 Geometry = tuple[Dim, Dim, int]
@@ -163,11 +163,22 @@ class Recorder:
             raise RecordingError(f"{kernel_id}.{param.name}: no buffer named {value.buffer!r}")
         if not 0 <= value.byte_offset < buffer.nbytes:
             raise RecordingError(f"{kernel_id}.{param.name}: offset {value.byte_offset} outside {value.buffer}")
-        if buffer.kind != manifest_pb2.BUFFER_KIND_STAGING and buffer.dtype != param.dtype:
+        if blocks.is_block(buffer.dtype) and not self._reads_blocks(param, buffer, value):
+            raise RecordingError(f"{kernel_id}.{param.name}: {contract_pb2.DType.Name(buffer.dtype)} weight "
+                                 f"{value.buffer} is read from byte 0 by an F16 weight parameter only")
+        if (buffer.kind != manifest_pb2.BUFFER_KIND_STAGING and buffer.dtype != param.dtype
+                and not blocks.is_block(buffer.dtype)):
             raise RecordingError(
                 f"{kernel_id}.{param.name}: buffer {value.buffer} holds "
                 f"{contract_pb2.DType.Name(buffer.dtype)}, parameter wants {contract_pb2.DType.Name(param.dtype)}")
         return manifest_pb2.Arg(pointer=manifest_pb2.BufferRef(buffer=value.buffer, byte_offset=value.byte_offset))
+
+    @staticmethod
+    def _reads_blocks(param: abi.Param, buffer: manifest_pb2.Buffer, value: Ref) -> bool:
+        """A block weight (kernels/blocks.py) stands for the F16 matrix it expands to: a kernel
+        reads it through an F16 parameter, from its start (executors locate rows by the layout)."""
+        return (buffer.kind == manifest_pb2.BUFFER_KIND_WEIGHT and param.dtype == contract_pb2.DTYPE_F16
+                and value.byte_offset == 0)
 
     def last_args(self, kernel_id: str) -> dict[str, object]:
         """Args (Ref or immediate, by ABI name) of the open program's last node of `kernel_id`."""

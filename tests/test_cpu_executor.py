@@ -23,6 +23,7 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu_executor import CpuExecutor, CpuExecutorOptions, program_capacity
@@ -40,17 +41,17 @@ CACHE_PAGES = 256
 STEPS = 64
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "llama-blocks", "qwen2", "gemma3"])
 def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from ignition.preparation.prepare import prepare
     from ignition.recipes import gemma_3_270m, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
 
     directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    if request.param == "llama":     # SmolLM2's conventions: no biases, the head tied to the embedding
-        recipe = smollm2_135m_instruct
+    if request.param.startswith("llama"):   # SmolLM2's conventions: no biases, the head tied to the embedding
+        recipe = smollm2_135m_instruct      # llama-blocks: its GGUF's Q8_0 / Q4_1 blocks, kept in the core
         weights = tiny_weights(TinyShape(), len(tiny_vocabulary()[0]), biases=False, tied=True)
-        gguf = write_tiny_gguf(directory / "tiny-llama.gguf", arch="llama", weights=weights,
-                               chat_template=recipe.CHECKPOINT_TEMPLATE)
+        gguf = write_tiny_gguf(directory / f"tiny-{request.param}.gguf", arch="llama", weights=weights,
+                               chat_template=recipe.CHECKPOINT_TEMPLATE, quantized=request.param == "llama-blocks")
     elif request.param == "qwen2":
         recipe = qwen2_5_coder_0_5b_instruct
         gguf = write_tiny_gguf(directory / "tiny-qwen2.gguf")
@@ -164,3 +165,32 @@ def test_serving_defaults_to_the_cpu_executor_without_a_gpu(tmp_path: pathlib.Pa
     assert resolve_executor("numpy") == "numpy"
     assert StartupOptions(tmp_path / "x.core").executor == "cpu"     # a config without the parameter
     assert StartupOptions.from_parameters({"executor": "cpu"}, tmp_path).executor == "cpu"
+
+
+@pytest.mark.slow
+def test_real_block_core_greedy_is_identical_for_64_steps():
+    # spec: OWN-1
+    """The SmolLM2 core as the default preparation stores it (its GGUF's Q4_1 / Q8_0 blocks): the CPU
+    executor's greedy tokens equal the numpy oracle's for 64 steps at batch 1 and 8."""
+    from tests.engine_fixtures import prepared_in_memory
+
+    prepared = prepared_in_memory(decode_rows=(1, 8), prefill_variants=((1, 16),), mixed_variants=(),
+                                  snapshot_rows=0, restoration_rows=(), scored_prefill_variants=())
+    assert {b.dtype for b in prepared.manifest.buffers if b.name == "weights.layers.0.gate_up"} == {C.DTYPE_Q4_1}
+    data = {r.id: r.data for r in prepared.resources}
+    executors = {"numpy": NumpyExecutor(prepared.manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=96)),
+                 "cpu": CpuExecutor(prepared.manifest, data.__getitem__, CpuExecutorOptions(cache_pages=96))}
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 49152, 4 + i).tolist() for i in range(8)]
+    try:
+        for batch in (1, 8):
+            tokens = {}
+            for kind, executor in executors.items():
+                model = ExecutorModel(prepared.contract, prepared.manifest, executor)
+                requests = [GenerationRequest(p, max_tokens=STEPS, eos_ids=(-1,)) for p in prompts[:batch]]
+                tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
+            assert all(len(t) == STEPS for t in tokens["numpy"])
+            assert tokens["cpu"] == tokens["numpy"], batch
+    finally:
+        for executor in executors.values():
+            executor.close()

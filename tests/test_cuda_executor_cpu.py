@@ -267,3 +267,35 @@ def test_binding_extents_limit_row_destinations_to_the_program_rows() -> None:
     runs = tp.staging_runs(program, transport, extents["one"])
     assert runs == [(0, 464), (8192, 16), (16384, 2048)]
     assert sum(n for _, n in tp.staging_runs(program, transport)) > sum(n for _, n in runs)
+
+
+def test_block_weights_are_expanded_to_f16_at_load() -> None:
+    # spec: OWN-10 (each rank's resources loaded into the declared storage)
+    """A Q4_1 / Q8_0 WEIGHT buffer (kernels/blocks.py) is backed as the F16 matrix it expands to and
+    filled with that expansion: the kernels read the f16 layout they were compiled for."""
+    import gguf
+    import gguf.quants
+    from helios_backend.kernels import blocks
+    from helios_proto import contract_pb2 as C
+
+    manifest = toy.build(n=N, chains={"chain": 3}, nops={"nops": (4, 1)})
+    resources = toy.resources(b"\0" * 64, N)
+    rng = np.random.default_rng(3)
+    expected = {}
+    for name, kind, dtype in (("matrix.q4_1", gguf.GGMLQuantizationType.Q4_1, C.DTYPE_Q4_1),
+                              ("matrix.q8_0", gguf.GGMLQuantizationType.Q8_0, C.DTYPE_Q8_0)):
+        stored = gguf.quants.quantize(rng.standard_normal((6, 64)).astype(np.float32), kind).reshape(-1)
+        resources[name] = stored.tobytes()
+        manifest.buffers.append(M.Buffer(name=name, rank=0, kind=M.BUFFER_KIND_WEIGHT, dtype=dtype, shape=[6, 64],
+                                         nbytes=stored.size, alignment=256,
+                                         weight=M.WeightSource(resource=name, byte_offset=0)))
+        expected[name] = gguf.quants.dequantize(stored.reshape(6, -1), kind).astype(np.float16)
+    fake = FakeDriver()
+    executor = CudaExecutor(manifest, resources.__getitem__, CudaExecutorOptions(cache_pages=2), driver=fake)
+    copies = dict(fake.copies_to_device)
+    base = executor._ranks[0].addresses.base
+    for name, matrix in expected.items():
+        assert copies[base[name]] == matrix.tobytes()                       # the f16 expansion, not the blocks
+        assert executor._ranks[0].arena.buffer_nbytes(name) == 6 * 64 * 2
+    assert blocks.block_nbytes(C.DTYPE_Q4_1, (6, 64)) == 6 * 2 * 20         # what the core stores
+    executor.close()

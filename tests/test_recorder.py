@@ -1,6 +1,7 @@
 """Recorder and recorded programs: ABI checks at record time, node counts, declarations."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
@@ -137,9 +138,24 @@ def test_prepared_contract_decodes_and_declares_metadata(prepared):
     assert prepared.manifest.completion.row[7].name == "reserved_model"
 
 
-def test_weights_are_fp16_with_sources_in_the_catalog(prepared):
-    weights = [b for b in prepared.manifest.buffers if b.kind == M.BUFFER_KIND_WEIGHT]
-    assert {b.dtype for b in weights if b.name != "weights.rope_table"} == {C.DTYPE_F16}
+def test_matrices_keep_the_gguf_blocks_norms_are_fp16_with_sources_in_the_catalog(prepared):
+    # spec: OWN-2, FE-52 (the storage is declared by type: Q8_0 / Q4_1 blocks, F16, F32)
+    from ignition.sources.gguf import GGUFModel, default_gguf_path
+
+    weights = {b.name: b for b in prepared.manifest.buffers if b.kind == M.BUFFER_KIND_WEIGHT}
+    matrices = {name for name in weights if name.rsplit(".", 1)[-1] in ("qkv", "attn_output", "gate_up", "ffn_down")}
+    assert {weights[name].dtype for name in matrices} == {C.DTYPE_Q4_1}        # the GGUF's own types
+    assert weights["weights.token_embedding"].dtype == C.DTYPE_Q8_0
+    rest = set(weights) - matrices - {"weights.token_embedding", "weights.rope_table"}
+    assert {weights[name].dtype for name in rest} == {C.DTYPE_F16}
+    # lossless: the stored bytes are the source's blocks (q, k, v stacked by rows)
+    source = GGUFModel.open(default_gguf_path())
+    qkv = weights["weights.layers.0.qkv"]
+    data = {r.id: r.data for r in prepared.resources}[qkv.weight.resource]
+    stored = np.frombuffer(data, np.uint8, qkv.nbytes, qkv.weight.byte_offset)
+    expected = np.concatenate([np.asarray(source.blocks(f"blk.0.attn_{x}.weight").data).reshape(-1) for x in "qkv"])
+    assert np.array_equal(stored, expected)
+    assert qkv.nbytes == 960 * 576 // 32 * 20
     catalog = prepared.contract.rebuild.weight_catalogs[0]
     assert {t.name for t in catalog.tensors} >= {"blk.0.attn_q.weight", "token_embd.weight", "output_norm.weight"}
 

@@ -211,6 +211,28 @@ def test_shards_of_every_part_reassemble_the_fused_tensor():
         partition.shard(fused[:-1], split, 0)
 
 
+def test_block_matrices_are_cut_between_blocks_as_their_expansion_is():
+    # spec: OWN-2 (a rank's shard keeps the declared block storage where the cut allows)
+    import gguf
+    import gguf.quants
+    from helios_backend.kernels.blocks import BlockMatrix
+    from helios_proto import contract_pb2 as C
+
+    partition = Partition.plan([PartitionedDimension("ffn", 4, uneven=False)], 2)
+    matrix = np.random.default_rng(5).standard_normal((8, 128)).astype(np.float32)
+    stored = BlockMatrix(C.DTYPE_Q4_1, gguf.quants.quantize(matrix, gguf.GGMLQuantizationType.Q4_1))
+    expanded = stored.expand()
+    for split in (Split(0, "ffn", (1, 1)), Split(1, "ffn", (32,))):     # rows: gate/up; columns: down
+        for rank in range(2):
+            shard = partition.shard(stored, split, rank)
+            assert isinstance(shard, BlockMatrix)
+            assert np.array_equal(shard.expand(), partition.shard(expanded, split, rank))
+    narrow = Split(1, "ffn", (8,))                  # 8-column units: rank 1 starts inside a block -> f16
+    shard = partition.shard(BlockMatrix(stored.dtype, stored.data[:, :20]), narrow, 1)
+    assert isinstance(shard, np.ndarray) and shard.dtype == np.float16
+    assert np.array_equal(shard, partition.shard(expanded[:, :32], narrow, 1).astype(np.float16))
+
+
 def test_all_reduce_nodes_are_recorded_only_between_ranks_and_only_over_scratch():
     single = Recorder()
     single.declare(shared.buffer("h", M.BUFFER_KIND_SCRATCH, C.DTYPE_F32, [4, 8]))

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 import gguf
+import gguf.quants
 import numpy as np
 
 from ignition.recipes.chatml_tool_template import chatml_tool_template
@@ -91,10 +92,12 @@ def tiny_weights(shape: TinyShape, vocab: int, seed: int = 0, biases: bool = Tru
 
 
 def write_tiny_gguf(path: Path, shape: TinyShape = TinyShape(), seed: int = 0, arch: str = "qwen2",
-                    weights: dict[str, np.ndarray] | None = None, chat_template: str | None = None) -> Path:
+                    weights: dict[str, np.ndarray] | None = None, chat_template: str | None = None,
+                    quantized: bool = False) -> Path:
     """A GGUF of `arch` with random weights (f32 tensors, PyTorch (out, in) layout, q/k rows as
     given: no permutation); `chat_template` replaces the ChatML tool template (a recipe that
-    checks its checkpoint's template gets that one)."""
+    checks its checkpoint's template gets that one). `quantized` stores the matrices as the
+    SmolLM2 GGUF does: the embedding (and a separate head) Q8_0, every layer's matrices Q4_1."""
     tokens, merges, types = tiny_vocabulary()
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny random qwen2 stand-in")
@@ -117,7 +120,12 @@ def write_tiny_gguf(path: Path, shape: TinyShape = TinyShape(), seed: int = 0, a
     writer.add_add_bos_token(False)
     writer.add_chat_template(chat_template or chatml_tool_template("You are a tiny random model."))
     for name, array in (weights if weights is not None else tiny_weights(shape, len(tokens), seed)).items():
-        writer.add_tensor(name, array)
+        if quantized and array.ndim == 2:
+            kind = (gguf.GGMLQuantizationType.Q8_0 if name in ("token_embd.weight", "output.weight")
+                    else gguf.GGMLQuantizationType.Q4_1)
+            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

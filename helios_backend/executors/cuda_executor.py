@@ -33,6 +33,8 @@ import numpy as np
 
 from helios_proto import manifest_pb2
 
+from helios_backend.kernels import blocks
+
 from .cuda.arena import DeviceArena, PinnedFrames
 from .cuda.driver import check, load_driver
 from .cuda import transport as tp
@@ -132,6 +134,8 @@ class CudaExecutor:
         staging copy covers only the bytes its bindings write (transport.binding_extents).
         nccl_unique_id, agree_pages: rank processes (module docstring)."""
         self._d = driver if driver is not None else load_driver()
+        # block weights (kernels/blocks.py) are expanded to the F16 layout the kernels read, at load
+        manifest, self._block_weights = blocks.expanded_manifest(manifest)
         self.manifest = manifest
         self.options = options
         self._extents = tp.binding_extents(graphs, manifest.transport) if graphs else {}
@@ -305,11 +309,14 @@ class CudaExecutor:
             if buffer.kind != manifest_pb2.BUFFER_KIND_WEIGHT:
                 continue
             data = resources.get(buffer.weight.resource)
-            start, end = int(buffer.weight.byte_offset), int(buffer.weight.byte_offset + buffer.nbytes)
+            stored = self._block_weights.get((rank.rank, buffer.name), buffer)
+            start, end = int(stored.weight.byte_offset), int(stored.weight.byte_offset + stored.nbytes)
             if end > data.nbytes:
                 raise ManifestError(f"weight {buffer.name}: resource {buffer.weight.resource} "
                                     f"has {data.nbytes} bytes, needs {end}")
             piece = np.ascontiguousarray(data[start:end])
+            if stored is not buffer:
+                piece = blocks.expand_f16(stored.dtype, piece, blocks.matrix_shape(stored)).view(np.uint8).reshape(-1)
             check(self._d.cuMemcpyHtoD(rank.addresses.base[buffer.name], piece.ctypes.data, piece.nbytes),
                   "cuMemcpyHtoD")
 

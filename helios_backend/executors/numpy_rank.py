@@ -9,6 +9,7 @@ with pointer arguments already turned into flat typed views of the arena. A prog
 as segments of kernel nodes separated by its ALL_REDUCE nodes (each bound to the typed view of
 the region it sums), so the executor can run every rank up to the next all-reduce, sum, go on.
 
+Weight buffers declared in a block layout (kernels/blocks.py) get their f32 expansion as shadow.
 Weight buffers declared F16 get an f32 shadow copy (numpy has no f16 BLAS; converting
 per step would dominate the step time); kernels receive the shadow wherever a node
 passes a pointer into such a buffer. The CPU executor (executors/cpu/) binds through the
@@ -32,7 +33,7 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.base import KernelArgumentError, ResourceReader
-from helios_backend.kernels import abi
+from helios_backend.kernels import abi, blocks
 from helios_backend.kernels.state import TRANSPORT_HEADER_WORDS
 
 NUMPY_DTYPES = {C.DTYPE_F16: np.float16, C.DTYPE_BF16: None, C.DTYPE_F32: np.float32, C.DTYPE_F64: np.float64,
@@ -111,6 +112,15 @@ class RankReplay:
         self.shadows = {b.name: self.arena.typed(b.name, np.float16).astype(np.float32)
                         for b in self.arena.buffers.values()
                         if weight_shadows and b.kind == M.BUFFER_KIND_WEIGHT and b.dtype == C.DTYPE_F16}
+        # block weights (kernels/blocks.py): the oracle reads their f32 expansion; without shadows a
+        # replacing implementation reads the blocks in place, a reference their expansion (made once)
+        self.block_weights = {b.name: blocks.BlockWeight(blocks.LAYOUTS[b.dtype], self.arena.bytes(b.name),
+                                                         *blocks.matrix_shape(b))
+                              for b in self.arena.buffers.values()
+                              if b.kind == M.BUFFER_KIND_WEIGHT and blocks.is_block(b.dtype)}
+        if weight_shadows:
+            for name in self.block_weights:
+                self._expanded(name)
         transport = manifest.transport
         self.staging = self.arena.bytes(transport.staging_buffer)[:transport.frame_nbytes]
         self.completion = self.arena.typed(transport.completion_buffer, np.int32)[:transport.completion_nbytes // 4]
@@ -170,11 +180,24 @@ class RankReplay:
             raise KernelArgumentError(f"{where}: {count} elements at byte {ref.byte_offset} do not fit {ref.buffer}")
         return view
 
-    def _pointer(self, param: abi.Param, ref: M.BufferRef, where: str) -> np.ndarray:
+    def _expanded(self, name: str) -> np.ndarray:
+        """The f32 matrix a block weight expands to, flat (made on first use, then kept)."""
+        if name not in self.shadows:
+            weight = self.block_weights[name]
+            self.shadows[name] = blocks.expand(weight.layout.dtype, weight.data, (weight.rows, weight.cols)).reshape(-1)
+        return self.shadows[name]
+
+    def _pointer(self, param: abi.Param, ref: M.BufferRef, where: str,
+                 in_place_blocks: bool = False) -> np.ndarray | blocks.BlockWeight:
         if ref.buffer in self.wide_cache:
             return self.wide_cache[ref.buffer][int(ref.byte_offset) // 2:]
         if ref.buffer not in self.arena.offsets:
             raise KernelArgumentError(f"{where}: unknown buffer {ref.buffer!r}")
+        if ref.buffer in self.block_weights:
+            if int(ref.byte_offset) != 0 or param.dtype != C.DTYPE_F16:
+                raise KernelArgumentError(f"{where}: block weight {ref.buffer} read at byte {ref.byte_offset} "
+                                          f"as {C.DType.Name(param.dtype)} (an F16 weight parameter, byte 0 only)")
+            return self.block_weights[ref.buffer] if in_place_blocks else self._expanded(ref.buffer)
         dtype = np.dtype(NUMPY_DTYPES[param.dtype])
         offset = int(ref.byte_offset)
         if offset % dtype.itemsize or offset >= self.arena.nbytes[ref.buffer]:
@@ -187,13 +210,14 @@ class RankReplay:
         spec = abi.KERNELS[node.kernel]
         if len(node.args) != len(spec.params):
             raise KernelArgumentError(f"{where}: {len(node.args)} args, {node.kernel} declares {len(spec.params)}")
-        args = []
+        args: list[object] = []
+        compiled = node.kernel in self.implementations
         for param, arg in zip(spec.params, node.args):
             kind = arg.WhichOneof("value")
             if param.is_pointer:
                 if kind != "pointer":
                     raise KernelArgumentError(f"{where}.{param.name}: expected a pointer, got {kind}")
-                args.append(self._pointer(param, arg.pointer, f"{where}.{param.name}"))
+                args.append(self._pointer(param, arg.pointer, f"{where}.{param.name}", compiled))
             else:
                 if kind != _IMMEDIATE_FIELD[param.kind]:
                     raise KernelArgumentError(f"{where}.{param.name}: expected {_IMMEDIATE_FIELD[param.kind]}, got {kind}")

@@ -28,7 +28,7 @@ from typing import Iterable
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernels import abi
+from helios_backend.kernels import abi, blocks
 from helios_backend.kernels.state import (
     COMPLETION_HEADER_FIELDS,
     COMPLETION_HEADER_WORDS,
@@ -190,8 +190,8 @@ def buffer(name: str, kind: M.BufferKind.ValueType, dtype: C.DType.ValueType, sh
     count = 1
     for s in shape:
         count *= s
-    return M.Buffer(name=name, kind=kind, dtype=dtype, shape=shape, nbytes=count * dtype_bytes(dtype),
-                    alignment=BUFFER_ALIGNMENT)
+    nbytes = blocks.block_nbytes(dtype, shape) if blocks.is_block(dtype) else count * dtype_bytes(dtype)
+    return M.Buffer(name=name, kind=kind, dtype=dtype, shape=shape, nbytes=nbytes, alignment=BUFFER_ALIGNMENT)
 
 
 # ---- per-slot state ------------------------------------------------------------------------

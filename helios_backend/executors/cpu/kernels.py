@@ -6,7 +6,9 @@ keeps its numpy reference (kernels/), which the executor binds as the numpy exec
 
 Arguments differ from the numpy executor's in one way: pointers into F16 WEIGHT buffers
 arrive as the declared f16 arrays (no f32 shadow); the methods pass their uint16 bits to the
-compiled primitives (compiled.py), which widen them in registers.
+compiled primitives (compiled.py), which widen them in registers. Pointers into block weights
+(Q8_0 / Q4_1, kernels/blocks.py) arrive as BlockWeight (the blocks in the arena): the products,
+the embedding gather and the LM head read them in place.
 
 Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
 there a weight is widened tile by tile into preallocated f32 tiles and multiplied by BLAS
@@ -23,12 +25,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
 
 from helios_backend.executors.cpu import compiled
 from helios_backend.executors.cpu.sharing import WorkSharing
+from helios_backend.kernels.blocks import BlockWeight
+from helios_backend.kernels.logprobs import log_softmax_row
 from helios_backend.kernels.state import live_tokens, row_starts, token_rows
 
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
@@ -51,6 +55,9 @@ class Capacity:
     width: int             # widest product output or input (elements per token, 2 * ffn_dim included)
     heads: int             # query heads
     context: int           # cache positions a row can attend to (pages_per_row * page_tokens)
+
+
+Weight = Union[np.ndarray, BlockWeight]     # an F16 weight pointer's argument: f16, or blocks read in place
 
 
 def _bits(weight: np.ndarray) -> np.ndarray:
@@ -85,19 +92,27 @@ class CpuKernels:
             "linear.project.v1": self.linear_project,
             "mlp.norm_gate_up_silu.v1": self.norm_gate_up_silu,
             "logits.norm_head.v1": self.norm_logits,
+            "logits.score_targets.v1": self.score_targets,
         }
 
     # ---- shared -------------------------------------------------------------------------
-    def _product(self, out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int,
+    def _product(self, out: np.ndarray, x: np.ndarray, weight: Weight, n: int, k: int, m: int,
                  accumulate: bool) -> None:
-        """out[:n] (+)= x[:n] @ weight.T; out [n, m] f32 flat, x [n, k] f32 flat, weight [m, k] f16."""
-        bits = _bits(weight)
+        """out[:n] (+)= x[:n] @ weight.T; out [n, m] f32 flat, x [n, k] f32 flat, weight [m, k] f16 or
+        a block matrix (kernels/blocks.py) read in place."""
+        if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
+            raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         if n <= SMALL_PRODUCT_TOKENS:
             chunks = self._chunks(n * m * k, m // 2)
 
             def rows(index: int) -> None:        # whole row pairs per chunk (linear_rows pairs them)
                 first, last = 2 * (index * (m // 2) // chunks), 2 * ((index + 1) * (m // 2) // chunks)
-                compiled.linear_rows(out, x, bits, n, k, m, accumulate, first, m if index == chunks - 1 else last)
+                last = m if index == chunks - 1 else last
+                if isinstance(weight, BlockWeight):
+                    compiled.block_linear_rows(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
+                                               first, last, self._own("sums", 8))
+                else:
+                    compiled.linear_rows(out, x, _bits(weight), n, k, m, accumulate, first, last, 0)
 
             self.sharing.run(rows, chunks)
             return
@@ -109,7 +124,10 @@ class CpuKernels:
             start = index * tile_rows
             rows = min(tile_rows, m - start)
             memory = self._own("tile", TILE_ELEMENTS)
-            compiled.widen(memory, bits[start * k:], rows * k)
+            if isinstance(weight, BlockWeight):
+                compiled.dequantize_rows(memory, weight.data, weight.layout.code, start, rows, k)
+            else:
+                compiled.widen(memory, _bits(weight)[start * k:], rows * k)
             widened = memory[:rows * k].reshape(rows, k)
             if accumulate:
                 outputs[:, start:start + rows] += inputs @ widened.T
@@ -143,12 +161,15 @@ class CpuKernels:
         return self._normed
 
     # ---- kernel ids ---------------------------------------------------------------------
-    def embed_tokens(self, hidden: np.ndarray, table: np.ndarray, ids: np.ndarray, geometry: np.ndarray,
+    def embed_tokens(self, hidden: np.ndarray, table: Weight, ids: np.ndarray, geometry: np.ndarray,
                      tokens: int, dim: int) -> None:
-        compiled.gather_rows(hidden, _bits(table), ids, live_tokens(geometry), dim)
+        if isinstance(table, BlockWeight):
+            compiled.block_gather_rows(hidden, table.data, table.layout.code, ids, live_tokens(geometry), dim)
+        else:
+            compiled.gather_rows(hidden, _bits(table), ids, live_tokens(geometry), dim)
 
     def qkv_rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
-                       norm_weight: np.ndarray, qkv_weight: np.ndarray, rope_table: np.ndarray,
+                       norm_weight: np.ndarray, qkv_weight: Weight, rope_table: np.ndarray,
                        positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
                        geometry: np.ndarray, tokens: int, dim: int, q_heads: int, kv_heads: int,
                        head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
@@ -158,7 +179,7 @@ class CpuKernels:
                                  page_tokens, pages_per_row, page_stride, eps, rope_pairing)
 
     def qkv_bias_rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
-                            norm_weight: np.ndarray, qkv_weight: np.ndarray, qkv_bias: Optional[np.ndarray],
+                            norm_weight: np.ndarray, qkv_weight: Weight, qkv_bias: Optional[np.ndarray],
                             rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray,
                             row_slot: np.ndarray, geometry: np.ndarray, tokens: int, dim: int, q_heads: int,
                             kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
@@ -205,25 +226,25 @@ class CpuKernels:
         self.paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows, tokens,
                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale)
 
-    def linear_residual(self, hidden: np.ndarray, x: np.ndarray, weight: np.ndarray, geometry: np.ndarray,
+    def linear_residual(self, hidden: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
                         tokens: int, in_dim: int, out_dim: int) -> None:
         self._product(hidden, x, weight, live_tokens(geometry), in_dim, out_dim, True)
 
-    def linear_project(self, out: np.ndarray, x: np.ndarray, weight: np.ndarray, geometry: np.ndarray,
+    def linear_project(self, out: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
                        tokens: int, in_dim: int, out_dim: int) -> None:
         n = live_tokens(geometry)
         self._product(out, x, weight, n, in_dim, out_dim, False)
         out[n * out_dim:tokens * out_dim] = 0.0
 
     def norm_gate_up_silu(self, out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray,
-                          gate_up: np.ndarray, geometry: np.ndarray, tokens: int, dim: int,
+                          gate_up: Weight, geometry: np.ndarray, tokens: int, dim: int,
                           ffn_dim: int, eps: float) -> None:
         n = live_tokens(geometry)
         normed = self._norm(hidden, self._identity[:n], norm_weight, dim, eps)
         self._product(self._projected, normed, gate_up, n, dim, 2 * ffn_dim, False)
         compiled.silu_gate(out, self._projected, n, ffn_dim)
 
-    def norm_logits(self, logits: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: np.ndarray,
+    def norm_logits(self, logits: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: Weight,
                     geometry: np.ndarray, rows: int, tokens: int, dim: int, vocab: int, eps: float) -> None:
         starts = row_starts(geometry, rows, tokens)
         lengths = starts[1:] - starts[:-1]
@@ -238,3 +259,21 @@ class CpuKernels:
             return
         for j, row in enumerate(live):   # a few rows of a prefill or mixed step
             self._product(out[row], normed[j * dim:(j + 1) * dim], head, 1, dim, vocab, False)
+
+    def score_targets(self, completion: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: Weight,
+                      targets: np.ndarray, geometry: np.ndarray, tokens: int, dim: int, vocab: int, eps: float,
+                      record_base: int) -> None:
+        """The reference's scores (SCORED_PREFILL) with the head read in place: a block head has no
+        f16 array for the reference to read, and its f32 expansion would stay resident. Allocates
+        the scored tokens' logits per call (a scored prefill, not a decode step)."""
+        scores = np.zeros(tokens, dtype=np.float32)
+        n = min(live_tokens(geometry), tokens)
+        wanted = np.asarray(targets[:n], dtype=np.int64)
+        live = np.flatnonzero((wanted >= 0) & (wanted < vocab))
+        if live.size:
+            normed = self._norm(hidden, live.astype(np.int64), norm_weight, dim, eps)
+            logits = np.empty(live.size * vocab, dtype=np.float32)
+            self._product(logits, normed, head, int(live.size), dim, vocab, False)
+            for i, t in enumerate(live):
+                scores[t] = np.float32(log_softmax_row(logits[i * vocab:(i + 1) * vocab])[wanted[t]])
+        completion[record_base:record_base + tokens] = scores.view(np.int32)
