@@ -39,8 +39,15 @@ _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 def bench_options(recipe, gguf_path: str | None):
     """Variants the conformance script and the benchmarks need (decode to 256 rows, 4096 prefill,
-    MIXED to 256 rows with chunks to 1,024 tokens)."""
+    MIXED to 256 rows with chunks to 1,024 tokens). Weights stay f16 (`source_blocks` off where a
+    recipe has it): the CUDA executor runs on f16 either way, and HELIOS_RANDOM_WEIGHTS fills the
+    weight resources with random f16 values, which block layouts would read as scales."""
+    import dataclasses
+
+    f16 = {"source_blocks": False} if "source_blocks" in {f.name for f in dataclasses.fields(recipe.RecipeOptions)} \
+        else {}
     return recipe.RecipeOptions(
+        **f16,
         decode_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         # 16 and 64 rows: a burst of new requests (closed-loop clients finish and return together)
         # is admitted in one or two rounds, not 4 a round (bench/scheduler_round.py --wide-admission:
