@@ -59,7 +59,9 @@ def test_processes_share_one_budget_and_a_dead_process_frees_its_permits(tmp_pat
 def stack(smollm2_core: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:  # noqa: F811
     workdir = tmp_path_factory.mktemp("gateway-workers")
     with gateway_stack(smollm2_core, workdir, "--workers", "2", "--queue-capacity", "0", "--max-active", "2") as s:
+        per_start = _metric_files(s.gateway.process.pid).parent     # the metric files and the permit file
         yield s
+    assert not per_start.exists()                # the stopped gateway left nothing in /dev/shm
 
 
 @pytest.mark.triton
