@@ -113,15 +113,19 @@ def _metric_files(gateway_pid: int) -> Path:
     raise AssertionError("no gateway worker has a metric-file directory")
 
 
-def _ttft_counts_by_process(files: Path) -> dict[int, float]:
-    """Each worker process's own TTFT observations, read from its file alone."""
-    counts = {}
-    for file in files.glob("histogram_*.db"):
+def _by_process(files: Path, pattern: str, family: str, sample: str) -> dict[int, float]:
+    """Each worker process's own value of one sample, read from its file alone."""
+    values = {}
+    for file in files.glob(pattern):
         merged = MultiProcessCollector.merge([str(file)], accumulate=True)
-        counts[int(file.stem.split("_")[1])] = sum(
-            s.value for m in merged if m.name == "helios_gateway_time_to_first_token_seconds"
-            for s in m.samples if s.name.endswith("_count"))
-    return counts
+        values[int(file.stem.rsplit("_", 1)[1])] = sum(
+            s.value for m in merged if m.name == family for s in m.samples if s.name == sample)
+    return values
+
+
+def _ttft_counts_by_process(files: Path) -> dict[int, float]:
+    return _by_process(files, "histogram_*.db", "helios_gateway_time_to_first_token_seconds",
+                       "helios_gateway_time_to_first_token_seconds_count")
 
 
 def _scrape(base_url: str) -> dict[str, float]:
@@ -180,17 +184,32 @@ def test_any_worker_answers_metrics_for_the_whole_gateway(stack: Stack) -> None:
 @pytest.mark.slow
 def test_a_dead_workers_counts_stay(stack: Stack) -> None:  # spec: MET-1
     # last in this module: it kills a worker (uvicorn starts another in its place)
+    # the worker streaming a long answer dies with its stream open: its counts stay, its open
+    # stream leaves the live sum
     files = _metric_files(stack.gateway.process.pid)
-    _ask(stack)
-    served = {pid: n for pid, n in _ttft_counts_by_process(files).items() if n > 0 and process_alive(pid)}
-    before = _scrape(stack.gateway.base_url)
-    victim = max(served, key=lambda pid: served[pid])
-    os.kill(victim, signal.SIGKILL)
-    assert wait_until(lambda: not process_alive(victim), 30)
+    with httpx.Client(base_url=stack.gateway.base_url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": SERVED_ID, "messages": STORY, "max_tokens": 400, "temperature": 0, "stream": True}) as response:
+            lines = response.iter_lines()
+            # generating (a bound: 400 tokens): text has arrived
+            assert any('"content":"' in line and '"content":""' not in line for line in lines)
+            streaming = {pid: n for pid, n in _by_process(
+                files, "gauge_livesum_*.db", "helios_gateway_backend_streams_open",
+                "helios_gateway_backend_streams_open").items() if n > 0}
+            assert len(streaming) == 1, streaming
+            before = _scrape(stack.gateway.base_url)
+            [victim] = streaming
+            os.kill(victim, signal.SIGKILL)
+            assert wait_until(lambda: not process_alive(victim), 30)
+            with pytest.raises(httpx.RemoteProtocolError):                 # the stream dies with its worker
+                for _ in lines:
+                    pass
     after = [_scrape(stack.gateway.base_url) for _ in range(6)]
     _assert_never_decreases([before, *after])
     assert after[-1]["helios_gateway_time_to_first_token_seconds_count"] == \
-        before["helios_gateway_time_to_first_token_seconds_count"]
+        before["helios_gateway_time_to_first_token_seconds_count"] > 0
+    with httpx.Client(base_url=stack.gateway.base_url, timeout=30) as client:
+        assert metric_value(client.get("/metrics").text, "helios_gateway_backend_streams_open") == 0
     _ask(stack)
     last = _scrape(stack.gateway.base_url)
     assert last["chat_200"] == before["chat_200"] + 1
