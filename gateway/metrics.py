@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from helios_backend.triton.supervision import process_alive
 
@@ -117,8 +117,8 @@ _LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
 class WorkerFilesCollector:
     """Every worker process's metric files, merged. A live gauge (open streams) counts live
     processes only: prometheus_client leaves forgetting a dead process's gauge file to its
-    owner, and uvicorn, which starts and restarts the workers, does not, so each scrape
-    forgets the files of processes that are gone first."""
+    owner (its mark_process_dead) and uvicorn, which starts and restarts the workers, does
+    not, so each scrape first forgets the live-gauge files of processes that are gone."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -128,8 +128,13 @@ class WorkerFilesCollector:
         for file in self._path.glob("gauge_live*.db"):
             match = _LIVE_GAUGE_FILE.fullmatch(file.name)
             if match and not process_alive(int(match.group(1))):
-                mark_process_dead(int(match.group(1)), str(self._path))
-        return self._merged.collect()
+                file.unlink(missing_ok=True)     # another worker's scrape may forget it first
+        try:
+            return iter(self._merged.collect())
+        except FileNotFoundError:
+            # a concurrent scrape forgot a dead process's file between our listing and reading;
+            # files only ever go that way, so listing again converges
+            return iter(self._merged.collect())
 
 
 class SupervisionCollector:
