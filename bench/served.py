@@ -169,14 +169,6 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def gateway_workers(serve_args: list[str]) -> int:
-    """--gateway-workers among helios-serve's arguments (1 when absent)."""
-    for flag, value in zip(serve_args, serve_args[1:]):
-        if flag == "--gateway-workers":
-            return int(value)
-    return 1
-
-
 def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
     """Per-level deltas of the stack's counters as the figures a round and a request show."""
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -358,10 +350,6 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                 f = figures(timings, wall)
                 f["stack"] = stack_figures({**counted[0], **counted[1]},
                                            {**scrape(pages[0]), **scrape(pages[1])}, wall)
-                if gateway_workers(args.serve_args) > 1:
-                    # each gateway worker's /metrics shows its own counters and a scrape reaches
-                    # any one of them: two scrapes' difference means nothing
-                    f["stack"]["gateway_ttft_mean_ms"] = float("nan")
                 tokens = max(f["output_tokens"], 1)
                 f["gateway_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
                 f["backend_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6

@@ -13,6 +13,7 @@ import uvicorn
 
 from gateway.access import configure_logging
 from gateway.app import WORKER_CONFIG, create_app, worker_config
+from gateway.metrics import MULTIPROCESS_DIR
 from gateway.security import DEFAULT_PUBLIC_PATHS, SecuritySettings
 from gateway.service import AdmissionOverrides
 from gateway.shared_permits import SharedPermits
@@ -93,6 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         budget = Path(tmp) / "permits"
         SharedPermits.create(budget).close()
         overrides = dataclasses.replace(overrides, shared_budget=str(budget))
+        # every worker's metric files, so each /metrics answers for the whole gateway (gateway/metrics.py)
+        metric_files = Path(tmp) / "metrics"
+        metric_files.mkdir()
+        os.environ[MULTIPROCESS_DIR] = str(metric_files)
         os.environ[WORKER_CONFIG] = worker_config(args.triton, args.triton_model, overrides, security,
                                                    args.log_level, args.access_log,
                                                    args.supervision_state, args.max_body_bytes)
