@@ -146,26 +146,20 @@ STACK_FAMILIES = ("flare_graph_launches_total", "flare_second_frame_rounds_total
 
 
 def scrape(url: str) -> dict[str, float]:
-    """The families above from one Prometheus text page; launches keyed by operation."""
+    """The families above from one Prometheus text page (bench/soak.py's reader); launches keyed
+    by operation."""
     import httpx
 
-    out: dict[str, float] = {}
+    from bench.soak import metric
+    from helios_backend.engine.metrics import OPERATION_LABEL
+
     try:
         text = httpx.get(url, timeout=10).text
     except Exception:                      # a figure missing is better than a level lost
-        return out
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        series, _, value = line.rpartition(" ")
-        name, _, labels = series.partition("{")
-        if name not in STACK_FAMILIES:
-            continue
-        key = name
-        if name == "flare_graph_launches_total":
-            operation = re.search(r'operation="([^"]*)"', labels)
-            key = f"{name}:{operation.group(1) if operation else ''}"
-        out[key] = out.get(key, 0.0) + float(value)
+        return {}
+    out = {name: metric(text, name) for name in STACK_FAMILIES if name != "flare_graph_launches_total"}
+    for operation in OPERATION_LABEL.values():
+        out[f"flare_graph_launches_total:{operation}"] = metric(text, "flare_graph_launches_total", operation=operation)
     return out
 
 
