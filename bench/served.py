@@ -35,7 +35,6 @@ import multiprocessing
 import os
 import pathlib
 import random
-import re
 import shutil
 import signal
 import socket
