@@ -156,9 +156,13 @@ def scrape(url: str) -> dict[str, float]:
         text = httpx.get(url, timeout=10).text
     except Exception:                      # a figure missing is better than a level lost
         return {}
-    out = {name: metric(text, name) for name in STACK_FAMILIES if name != "flare_graph_launches_total"}
-    for operation in OPERATION_LABEL.values():
-        out[f"flare_graph_launches_total:{operation}"] = metric(text, "flare_graph_launches_total", operation=operation)
+    # only the families this page has: the gateway's page and Triton's are merged, and a
+    # family absent here must not hide the other page's figure
+    out = {name: metric(text, name) for name in STACK_FAMILIES if name != "flare_graph_launches_total" and name in text}
+    if "flare_graph_launches_total" in text:
+        for operation in OPERATION_LABEL.values():
+            out[f"flare_graph_launches_total:{operation}"] = metric(text, "flare_graph_launches_total",
+                                                                    operation=operation)
     return out
 
 
@@ -187,6 +191,7 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
             "triton_execute_mean_ms": per("nv_inference_compute_infer_duration_us", "nv_inference_exec_count") / 1e3,
             "queue_mean_ms": mean_ms("flare_request_queue_time_seconds"),
             "backend_ttft_mean_ms": mean_ms("flare_time_to_first_token_seconds"),
+            "gateway_queue_mean_ms": mean_ms("helios_gateway_request_queue_time_seconds"),
             "gateway_ttft_mean_ms": mean_ms("helios_gateway_time_to_first_token_seconds")}
 
 
@@ -357,7 +362,8 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"{k['outputs_per_response']:.1f} outputs/message; Triton per request: queue "
                       f"{k['triton_queue_mean_ms']:.2f} ms, in Triton {k['triton_request_mean_ms']:.2f} ms, execute() "
                       f"{k['triton_execute_mean_ms']:.2f} ms; mean TTFT: backend queue {k['queue_mean_ms']:.1f} ms, "
-                      f"backend {k['backend_ttft_mean_ms']:.1f} ms, gateway {k['gateway_ttft_mean_ms']:.1f} ms",
+                      f"backend {k['backend_ttft_mean_ms']:.1f} ms, gateway {k['gateway_ttft_mean_ms']:.1f} ms (its own queue "
+                      f"{k['gateway_queue_mean_ms']:.1f} ms)",
                       flush=True)
                 if args.profile and c == args.profile and words == min(prompts):
                     # the stub and one gateway worker (the busiest): at most 8 files come back
