@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -58,7 +59,7 @@ from gateway.served_model import ServedModel
 from gateway.triton_client import StreamTerminal, TokenBatch, TritonBackend
 from helios_proto import transport_pb2 as tp
 
-from bench.sse import RequestTiming, stream_completion, token_ids_count
+from bench.sse import RequestTiming, load_session, stream_completion, token_ids_count
 
 PROMPTS = [
     "What is the capital of France?",
@@ -101,7 +102,7 @@ def percentiles(values: list[float]) -> tuple[float, float, float]:
 
 # ---- the two clients --------------------------------------------------------------------
 
-async def gateway_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+async def gateway_request(client: aiohttp.ClientSession, model: str, prompt: str, max_tokens: int,
                           ignore_eos: bool = False) -> RequestTiming:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "return_token_ids": True, "ignore_eos": ignore_eos}
@@ -323,12 +324,12 @@ async def measure(gateway_url: str, triton_url: str, args: argparse.Namespace) -
         for i, ids in enumerate(dict.fromkeys(prompt_ids)):
             await direct_request(backend, ids, 1, f"bench-warm-{i}")
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        async with httpx.AsyncClient(base_url=gateway_url, timeout=600, headers=headers,
-                                     limits=httpx.Limits(max_connections=args.num_prompts)) as client:
-            await gateway_request(client, served.served_id, prompts[0], 2)  # warm-up: the HTTP connection
+        async with httpx.AsyncClient(base_url=gateway_url, timeout=60, headers=headers) as client, \
+                load_session(gateway_url, args.num_prompts, headers) as session:
+            await gateway_request(session, served.served_id, prompts[0], 2)  # warm-up: the HTTP connection
 
             def through_gateway(i: int):  # type: ignore[no-untyped-def]
-                return gateway_request(client, served.served_id, prompts[i], args.max_tokens, args.ignore_eos)
+                return gateway_request(session, served.served_id, prompts[i], args.max_tokens, args.ignore_eos)
 
             def straight_to_triton(i: int):  # type: ignore[no-untyped-def]
                 return direct_request(backend, prompt_ids[i], args.max_tokens, f"bench-{i}", args.ignore_eos)

@@ -49,7 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
-from bench.sse import RequestTiming, content_chunk_count, stream_completion, token_ids_count  # noqa: E402
+from bench.sse import RequestTiming, content_chunk_count, load_session, stream_completion, token_ids_count  # noqa: E402
 
 NAMESPACE = "helios.local/served-bench"
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
@@ -66,13 +66,10 @@ def prompt_text(index: int, words: int) -> str:
 
 async def _client_loop(base: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
                        ours: bool) -> list[RequestTiming]:
-    import httpx
-
     queue = list(enumerate(prompts))
     results: list[RequestTiming] = []
     count = token_ids_count if ours else content_chunk_count
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
+    async with load_session(base, concurrency + 4) as client:
         async def worker() -> None:
             while queue:
                 _, text = queue.pop()
@@ -85,21 +82,26 @@ async def _client_loop(base: str, model: str, prompts: list[str], concurrency: i
     return results
 
 
-def _client_process(args: tuple) -> list[RequestTiming]:  # type: ignore[type-arg]
-    return asyncio.run(_client_loop(*args))
+def _client_process(args: tuple) -> tuple[list[RequestTiming], float]:  # type: ignore[type-arg]
+    """One client process's timings and the CPU seconds it spent (is the load generator the limit?)."""
+    cpu = time.process_time()
+    timings = asyncio.run(_client_loop(*args))
+    return timings, time.process_time() - cpu
 
 
 def _ready(_: int) -> bool:
-    import httpx  # noqa: F401  (imported before the clock starts)
+    import aiohttp  # noqa: F401  (imported before the clock starts)
     return True
 
 
 def drive(base: str, model: str, prompt_words: int, concurrency: int, requests: int, max_tokens: int,
-          ours: bool, seed: int) -> tuple[list[RequestTiming], float]:
+          ours: bool, seed: int) -> tuple[list[RequestTiming], float, float]:
     """Closed loop at `concurrency` over `requests` requests, spread over client processes.
     The wall time runs from the first request's start to the last one's end on the machine's
-    one monotonic clock (bench/sse.py), so process start-up is not counted as serving time."""
-    processes = max(1, min(6, concurrency // 16))
+    one monotonic clock (bench/sse.py), so process start-up is not counted as serving time. Also
+    returns the busiest client process's CPU share of that wall time (near 1: the load generator
+    limits the figures)."""
+    processes = max(1, min(8, concurrency // 8))   # at most 16 streams per process: see client_cpu_share
     prompts = [prompt_text(seed + i, prompt_words) for i in range(requests)]
     shares = [prompts[i::processes] for i in range(processes)]
     per = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
@@ -107,10 +109,11 @@ def drive(base: str, model: str, prompt_words: int, concurrency: int, requests: 
     with context.Pool(processes) as pool:
         pool.map(_ready, range(processes))
         parts = pool.map(_client_process, [(base, model, s, c, max_tokens, ours) for s, c in zip(shares, per)])
-    timings = [t for part in parts for t in part]
+    timings = [t for part, _ in parts for t in part]
     done = [t for t in timings if t.ok]
     wall = max(t.end_s for t in done) - min(t.start_s for t in timings) if done else 0.0
-    return timings, wall
+    busiest = max(cpu for _, cpu in parts) / wall if wall else float("nan")
+    return timings, wall, busiest
 
 
 def figures(timings: list[RequestTiming], wall_s: float) -> dict:
@@ -343,9 +346,10 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                 pages = (f"http://127.0.0.1:{metrics}/metrics", f"{base}/metrics")
                 counted = [scrape(url) for url in pages]
                 before = (cpu_seconds(gateway), cpu_seconds(stub))
-                timings, wall = drive(base, model, words, c, requests_at(c), args.output_tokens, True, 1000 * c)
+                timings, wall, client_share = drive(base, model, words, c, requests_at(c), args.output_tokens, True,
+                                                    1000 * c)
                 after = (cpu_seconds(gateway), cpu_seconds(stub))
-                f = figures(timings, wall)
+                f = figures(timings, wall) | {"client_cpu_share": client_share}
                 f["stack"] = stack_figures({**counted[0], **counted[1]},
                                            {**scrape(pages[0]), **scrape(pages[1])}, wall)
                 tokens = max(f["output_tokens"], 1)
@@ -355,7 +359,8 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                 print(f"served prompt~{words} c={c}: {f['tok_s']:.0f} tok/s, TTFT p50 {f['ttft_p50_ms']:.1f} ms, "
                       f"TPOT p50 {f['tpot_p50_ms']:.2f} ms, gateway {f['gateway_cpu_us_per_token']:.0f} us/tok, "
                       f"backend {f['backend_cpu_us_per_token']:.0f} us/tok, ok {f['ok']}/{f['requests']}, "
-                      f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}", flush=True)
+                      f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}, busiest client process "
+                      f"{client_share:.0%} CPU", flush=True)
                 k = f["stack"]
                 print(f"  stack: rounds {k['rounds']}, second frame {k['second_frame_share']:.0%}, "
                       f"{k['tokens_per_round']:.1f} tokens/round, {k['round_ms']:.2f} ms/round, "
@@ -410,8 +415,9 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
                 if time.monotonic() > args.deadline:
                     print(f"llama-server prompt~{words} c={c}: skipped (the run's deadline)", flush=True)
                     continue
-                timings, wall = drive(base, "peer", words, c, requests_at(c), args.output_tokens, False, 1000 * c)
-                out[f"{words}:{c}"] = figures(timings, wall)
+                timings, wall, client_share = drive(base, "peer", words, c, requests_at(c), args.output_tokens,
+                                                    False, 1000 * c)
+                out[f"{words}:{c}"] = figures(timings, wall) | {"client_cpu_share": client_share}
                 checkpoint(args, "llama_server", out)
                 print(f"llama-server prompt~{words} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
     finally:

@@ -51,6 +51,7 @@ def test_many_requests_per_message_in_order(server: TritonServer) -> None:  # sp
     reference = [hc.run(hc.generate(server.grpc_url, p, hc.greedy(16))).tokens for p in PROMPTS]
     responses0 = _metric(server, "flare_channel_responses_total")
     outputs0 = _metric(server, "flare_channel_outputs_total")
+    completed0 = _metric(server, "nv_inference_request_success", model="helios")
 
     async def scenario() -> list[tuple[list[int], tp.TerminalEvent | None]]:
         backend = TritonBackend(server.grpc_url)
@@ -69,6 +70,9 @@ def test_many_requests_per_message_in_order(server: TritonServer) -> None:  # sp
     responses = _metric(server, "flare_channel_responses_total") - responses0
     outputs = _metric(server, "flare_channel_outputs_total") - outputs0
     assert outputs > responses > 0                 # messages carried several requests' output
+    # each generate request's flag-only FINAL (sent off execute(), triton/finals.py) completes it in Triton
+    assert wait_until(lambda: _metric(server, "nv_inference_request_success", model="helios") - completed0
+                      >= len(PROMPTS))
 
 
 def test_cancel_by_tag_ends_only_that_request(server: TritonServer) -> None:  # spec: HTTP-6, HTTP-11, HTTP-21

@@ -24,6 +24,7 @@ How (`encode_chat`):
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ class PromptIds:
     ids: list[int]  # token ids; control ids only where the template wrote markup
 
 
+@functools.lru_cache(maxsize=8)   # one per served tokenizer: built once, not per request
 def _special_pattern(tokenizer: FrontendTokenizer) -> re.Pattern[str]:
     # Longest first so that at one position the longest special wins (tokenizers' added-token
     # matcher is leftmost-longest).

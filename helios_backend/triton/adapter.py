@@ -25,6 +25,7 @@ from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kin
 from helios_backend.engine.responses import Channel, ChannelError, Stream
 from helios_backend.engine.engine import Engine, StartupError
 from helios_backend.engine.faults import FaultySink
+from helios_backend.triton.finals import FinalSender
 from helios_backend.triton.supervision import STUB_EXIT_ENGINE_FAILED
 from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
 from helios_backend.transport import (
@@ -126,6 +127,7 @@ class TritonHeliosModel:
         self._pb = pb_utils
         self._serials = itertools.count(1)
         self.runtime: Engine | None = None
+        self._finals: FinalSender | None = None
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
@@ -139,6 +141,7 @@ class TritonHeliosModel:
             backend = TritonMetricBackend(self._pb, {"model": args["model_name"],
                                                      "version": str(args["model_version"])})
             self.runtime = Engine.start(options, backend, on_fatal=self._exit_stub)
+            self._finals = FinalSender(self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except (StartupError, SettingsError) as exc:
             message = f"helios startup failed: {exc}"
             self._pb.Logger.log_error(message)
@@ -165,8 +168,8 @@ class TritonHeliosModel:
         return FaultySink(sink, runtime.fault) if runtime.fault is not None else sink
 
     def execute(self, requests: list[Any]) -> None:
-        runtime = self.runtime
-        if runtime is None:
+        runtime, finals = self.runtime, self._finals
+        if runtime is None or finals is None:
             raise RuntimeError("the helios runtime is not running")
         for request in requests:
             serial = next(self._serials)
@@ -179,7 +182,7 @@ class TritonHeliosModel:
             kind = params.WhichOneof("kind")
             if kind == "generate" and params.generate.channel:
                 self._generate_on_channel(runtime, serial, request, params.generate)
-                sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)   # output goes by the channel
+                finals.close(sender)                 # its output goes by the channel
             elif kind == "generate":
                 self._generate(runtime, serial, request, params.generate, sender)
             elif kind == "channel":
@@ -192,7 +195,7 @@ class TritonHeliosModel:
                     runtime.hub.cancel_tags(runtime.hub.channel(params.cancel.channel), list(params.cancel.tags))
                 except ChannelError:
                     pass                             # the channel ended: its requests are gone already
-                sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                finals.close(sender)
             elif not runtime.healthy:              # the gateway's health probe reads this as red
                 self._answer(sender, tp.ResponseEvent(terminal=tp.TerminalEvent(failed=tp.ExecutionFailure(
                     message=runtime.loop.lost or "the helios worker stopped"))))
@@ -256,6 +259,9 @@ class TritonHeliosModel:
         if self.runtime is not None:
             self.runtime.stop(drain=True)
             self.runtime = None
+        if self._finals is not None:
+            self._finals.stop()
+            self._finals = None
 
     def _input(self, request: Any, name: str) -> np.ndarray | None:
         tensor = self._pb.get_input_tensor_by_name(request, name)
