@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,6 +26,12 @@ from gateway.service import AdmissionOverrides, GatewayService, ParserFactory, s
 from gateway.triton_client import MODEL_NAME, TritonBackend
 
 
+# The worker's GIL switch interval while it serves: CPython's 5 ms would let the event loop, busy
+# with streaming writes, hold back a preparation thread (template, tokenizer) that woke for the
+# GIL by up to 5 ms per wake-up: time every new request waits before it is submitted
+SWITCH_INTERVAL_S = 250e-6
+
+
 def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
                parser_factory: ParserFactory = syntax_parsers, triton_model: str = MODEL_NAME,
                security: SecuritySettings | None = None, supervision_state: Path | None = None,
@@ -40,6 +47,7 @@ def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
         if supervision_state is not None:
             service.metrics.export_supervision(supervision_state)
         service.start()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         restore = _start_shutdown_on_signals(service)
         try:
             yield
