@@ -440,6 +440,48 @@ def test_linear_norm_residual(runner, in_dim, out_dim, tokens, query_length):
     assert np.allclose(np.sqrt((added ** 2).mean(axis=1)), 1.0, atol=0.3)
 
 
+@pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
+# one partial column tile; Gemma 3 270M's 640; three tiles (the two passes loop)
+@pytest.mark.parametrize("dim", [80, 640, 2064])
+def test_norm_residual_norms_rows_into_the_residual_and_zeroes_them(runner, dim, tokens, query_length):
+    hidden = RNG.standard_normal((tokens, dim)).astype(np.float32)
+    accumulator = RNG.standard_normal((tokens, dim)).astype(np.float32) * 7
+    out = check_against_reference(runner, "norm.residual.v1", {
+        "hidden": hidden, "accumulator": accumulator,
+        "norm_weight": (1 + 0.2 * RNG.standard_normal(dim)).astype(np.float16),
+        "geometry": step_geometry(query_length, tokens)},
+        {"tokens": tokens, "dim": dim, "eps": 1e-6}, atol=1e-4, rtol=1e-4)
+    live = sum(query_length)
+    assert (out["hidden"][live:] == hidden[live:]).all()      # rows past the live count untouched
+    assert (out["accumulator"][live:] == accumulator[live:]).all()
+    assert (out["accumulator"][:live] == 0).all()             # zero again for the next product
+    added = out["hidden"][:live] - hidden[:live]
+    assert np.allclose(np.sqrt((added ** 2).mean(axis=1)), 1.0, atol=0.3)
+
+
+@pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
+@pytest.mark.parametrize("in_dim", [1024, 2048])       # Gemma 3 270M's o and down projections
+def test_linear_residual_then_norm_residual_is_the_post_normed_projection(runner, in_dim, tokens, query_length):
+    """The recipe's two nodes (the product into the zero accumulator, then the row norm) compute
+    linear.norm_residual.v1's hidden += rms_norm(x W^T) * w, and leave the accumulator zero."""
+    out_dim = 640
+    hidden = RNG.standard_normal((tokens, out_dim)).astype(np.float32)
+    x = RNG.standard_normal((tokens, in_dim)).astype(np.float32) * 2
+    weight, geometry = _weight(out_dim, in_dim), step_geometry(query_length, tokens)
+    norm_weight = (1 + 0.2 * RNG.standard_normal(out_dim)).astype(np.float16)
+    product = check_against_reference(runner, "linear.residual.v1", {
+        "hidden": np.zeros((tokens, out_dim), np.float32), "x": x, "weight": weight, "geometry": geometry},
+        {"tokens": tokens, "in_dim": in_dim, "out_dim": out_dim}, atol=2e-2, rtol=1e-2)["hidden"]
+    normed = check_against_reference(runner, "norm.residual.v1", {
+        "hidden": hidden, "accumulator": product, "norm_weight": norm_weight, "geometry": geometry},
+        {"tokens": tokens, "dim": out_dim, "eps": 1e-6}, atol=1e-4, rtol=1e-4)
+    want = hidden.reshape(-1).copy()
+    abi.kernel("linear.norm_residual.v1").reference(want, x.reshape(-1), weight.reshape(-1), norm_weight,
+                                                    geometry, tokens, in_dim, out_dim, 1e-6)
+    np.testing.assert_allclose(normed["hidden"].reshape(-1), want, atol=2e-2, rtol=1e-2)
+    assert (normed["accumulator"] == 0).all()
+
+
 @pytest.mark.parametrize("query_length", [[3], [3, 0], [3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2]])
 def test_norm_head_reads_each_rows_last_token(runner, query_length):
     rows, tokens, dim, vocab = len(query_length), 14, 64, 304

@@ -307,6 +307,10 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                divisible=("in_dim", "out_dim")),
     KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
                _token_rows, num_warps=8, num_stages=3, divisible=("in_dim", "out_dim")),
+    # the post norm after a linear.residual.v1 product: one program per row, all its columns
+    # ([1, 1024] f32 tiles, two passes; a 640-wide Gemma row is one tile)
+    KernelBuild("norm.residual.v1", "norms", "norm_residual", {"BLOCK_M": 1, "BLOCK_D": 1024},
+               _token_rows, divisible=("dim",)),
     KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
                _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
                divisible=("dim", "ffn_dim")),
