@@ -132,6 +132,24 @@ def test_geometry_reads_recorded_immediates_and_rejects_oversized_variants(libra
             library.geometry("attention.paged.v1", broken)
 
 
+def test_head_tiles_put_the_row_tiles_of_a_head_slice_side_by_side(library):
+    """The LM head's tile grid is (row tiles, column blocks): the row tiles that read one head
+    slice are consecutive programs (docs/kernels.md); the GEMV grid is unchanged, and a
+    vocabulary needing more column blocks than grid y allows is refused."""
+    from ignition.kernels.specs import GeometryError
+    spec = abi.kernel("logits.norm_head.v1")
+    immediates = {"tokens": 64, "dim": 640, "eps": 1e-6}
+
+    def grid(rows: int, vocab: int):
+        values = {**immediates, "rows": rows, "vocab": vocab}
+        return library.geometry(spec.id, [0 if p.is_pointer else values[p.name] for p in spec.params])[0]
+
+    assert grid(64, 262_144) == (2, 2048, 1)            # BLOCK_M 32, BLOCK_N 128
+    assert grid(1, 262_144) == (262_144 // 8, 1, 1)      # GEMV: 8 columns per program
+    with pytest.raises(GeometryError):
+        grid(64, 128 * 65_536)
+
+
 WIDENED = ("attention.paged.v1", "attention.paged_split.v1", "attention.paged_window.v1")
 
 
@@ -482,9 +500,11 @@ def test_linear_residual_then_norm_residual_is_the_post_normed_projection(runner
     assert (normed["accumulator"] == 0).all()
 
 
-@pytest.mark.parametrize("query_length", [[3], [3, 0], [3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2]])
+# the last: 40 rows, two M tiles of the tile path (BLOCK_M 32) for each of the 3 column blocks
+@pytest.mark.parametrize("query_length", [[3], [3, 0], [3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2],
+                                          [1] * 20 + [0, 2] + [1] * 18])
 def test_norm_head_reads_each_rows_last_token(runner, query_length):
-    rows, tokens, dim, vocab = len(query_length), 14, 64, 304
+    rows, tokens, dim, vocab = len(query_length), max(14, sum(query_length)), 64, 304
     hidden, norm_weight = _normed_inputs(tokens, dim)
     out = check_against_reference(runner, "logits.norm_head.v1", {
         "logits": np.full((rows, vocab), 5.0, np.float32), "hidden": hidden,
