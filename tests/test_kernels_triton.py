@@ -462,6 +462,7 @@ def test_linear_norm_residual(runner, in_dim, out_dim, tokens, query_length):
 # one partial column tile; Gemma 3 270M's 640; three tiles (the two passes loop)
 @pytest.mark.parametrize("dim", [80, 640, 2064])
 def test_norm_residual_norms_rows_into_the_residual_and_zeroes_them(runner, dim, tokens, query_length):
+    # spec: BND-19 (the accumulator is scratch: zero at allocation, kept zero by this kernel, no host source)
     hidden = RNG.standard_normal((tokens, dim)).astype(np.float32)
     accumulator = RNG.standard_normal((tokens, dim)).astype(np.float32) * 7
     out = check_against_reference(runner, "norm.residual.v1", {
@@ -482,6 +483,7 @@ def test_norm_residual_norms_rows_into_the_residual_and_zeroes_them(runner, dim,
 def test_linear_residual_then_norm_residual_is_the_post_normed_projection(runner, in_dim, tokens, query_length):
     """The recipe's two nodes (the product into the zero accumulator, then the row norm) compute
     linear.norm_residual.v1's hidden += rms_norm(x W^T) * w, and leave the accumulator zero."""
+    # spec: OWN-4 (a post norm is a contract-declared pair of generic kernels, not a model's own code)
     out_dim = 640
     hidden = RNG.standard_normal((tokens, out_dim)).astype(np.float32)
     x = RNG.standard_normal((tokens, in_dim)).astype(np.float32) * 2
