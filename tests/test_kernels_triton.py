@@ -132,6 +132,24 @@ def test_geometry_reads_recorded_immediates_and_rejects_oversized_variants(libra
             library.geometry("attention.paged.v1", broken)
 
 
+def test_head_tiles_put_the_row_tiles_of_a_head_slice_side_by_side(library):
+    """The LM head's tile grid is (row tiles, column blocks): the row tiles that read one head
+    slice are consecutive programs (docs/kernels.md); the GEMV grid is unchanged, and a
+    vocabulary needing more column blocks than grid y allows is refused."""
+    from ignition.kernels.specs import GeometryError
+    spec = abi.kernel("logits.norm_head.v1")
+    immediates = {"tokens": 64, "dim": 640, "eps": 1e-6}
+
+    def grid(rows: int, vocab: int):
+        values = {**immediates, "rows": rows, "vocab": vocab}
+        return library.geometry(spec.id, [0 if p.is_pointer else values[p.name] for p in spec.params])[0]
+
+    assert grid(64, 262_144) == (2, 2048, 1)            # BLOCK_M 32, BLOCK_N 128
+    assert grid(1, 262_144) == (262_144 // 8, 1, 1)      # GEMV: 8 columns per program
+    with pytest.raises(GeometryError):
+        grid(64, 128 * 65_536)
+
+
 WIDENED = ("attention.paged.v1", "attention.paged_split.v1", "attention.paged_window.v1")
 
 
@@ -440,9 +458,55 @@ def test_linear_norm_residual(runner, in_dim, out_dim, tokens, query_length):
     assert np.allclose(np.sqrt((added ** 2).mean(axis=1)), 1.0, atol=0.3)
 
 
-@pytest.mark.parametrize("query_length", [[3], [3, 0], [3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2]])
+@pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
+# one partial column tile; Gemma 3 270M's 640; three tiles (the two passes loop)
+@pytest.mark.parametrize("dim", [80, 640, 2064])
+def test_norm_residual_norms_rows_into_the_residual_and_zeroes_them(runner, dim, tokens, query_length):
+    # spec: BND-19 (the accumulator is scratch: zero at allocation, kept zero by this kernel, no host source)
+    hidden = RNG.standard_normal((tokens, dim)).astype(np.float32)
+    accumulator = RNG.standard_normal((tokens, dim)).astype(np.float32) * 7
+    out = check_against_reference(runner, "norm.residual.v1", {
+        "hidden": hidden, "accumulator": accumulator,
+        "norm_weight": (1 + 0.2 * RNG.standard_normal(dim)).astype(np.float16),
+        "geometry": step_geometry(query_length, tokens)},
+        {"tokens": tokens, "dim": dim, "eps": 1e-6}, atol=1e-4, rtol=1e-4)
+    live = sum(query_length)
+    assert (out["hidden"][live:] == hidden[live:]).all()      # rows past the live count untouched
+    assert (out["accumulator"][live:] == accumulator[live:]).all()
+    assert (out["accumulator"][:live] == 0).all()             # zero again for the next product
+    added = out["hidden"][:live] - hidden[:live]
+    assert np.allclose(np.sqrt((added ** 2).mean(axis=1)), 1.0, atol=0.3)
+
+
+@pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
+@pytest.mark.parametrize("in_dim", [1024, 2048])       # Gemma 3 270M's o and down projections
+def test_linear_residual_then_norm_residual_is_the_post_normed_projection(runner, in_dim, tokens, query_length):
+    """The recipe's two nodes (the product into the zero accumulator, then the row norm) compute
+    linear.norm_residual.v1's hidden += rms_norm(x W^T) * w, and leave the accumulator zero."""
+    # spec: OWN-4 (a post norm is a contract-declared pair of generic kernels, not a model's own code)
+    out_dim = 640
+    hidden = RNG.standard_normal((tokens, out_dim)).astype(np.float32)
+    x = RNG.standard_normal((tokens, in_dim)).astype(np.float32) * 2
+    weight, geometry = _weight(out_dim, in_dim), step_geometry(query_length, tokens)
+    norm_weight = (1 + 0.2 * RNG.standard_normal(out_dim)).astype(np.float16)
+    product = check_against_reference(runner, "linear.residual.v1", {
+        "hidden": np.zeros((tokens, out_dim), np.float32), "x": x, "weight": weight, "geometry": geometry},
+        {"tokens": tokens, "in_dim": in_dim, "out_dim": out_dim}, atol=2e-2, rtol=1e-2)["hidden"]
+    normed = check_against_reference(runner, "norm.residual.v1", {
+        "hidden": hidden, "accumulator": product, "norm_weight": norm_weight, "geometry": geometry},
+        {"tokens": tokens, "dim": out_dim, "eps": 1e-6}, atol=1e-4, rtol=1e-4)
+    want = hidden.reshape(-1).copy()
+    abi.kernel("linear.norm_residual.v1").reference(want, x.reshape(-1), weight.reshape(-1), norm_weight,
+                                                    geometry, tokens, in_dim, out_dim, 1e-6)
+    np.testing.assert_allclose(normed["hidden"].reshape(-1), want, atol=2e-2, rtol=1e-2)
+    assert (normed["accumulator"] == 0).all()
+
+
+# the last: 40 rows, two M tiles of the tile path (BLOCK_M 32) for each of the 3 column blocks
+@pytest.mark.parametrize("query_length", [[3], [3, 0], [3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2],
+                                          [1] * 20 + [0, 2] + [1] * 18])
 def test_norm_head_reads_each_rows_last_token(runner, query_length):
-    rows, tokens, dim, vocab = len(query_length), 14, 64, 304
+    rows, tokens, dim, vocab = len(query_length), max(14, sum(query_length)), 64, 304
     hidden, norm_weight = _normed_inputs(tokens, dim)
     out = check_against_reference(runner, "logits.norm_head.v1", {
         "logits": np.full((rows, vocab), 5.0, np.float32), "hidden": hidden,

@@ -81,7 +81,17 @@ def test_the_contract_declares_the_gemma3_capabilities(prepared) -> None:
         assert len(windowed) == shape.layers - 1                      # every layer but the 6th
         assert {a.i32 for n in windowed for a in n.args if a.WhichOneof("value") == "i32"} >= {window}
         assert kernels.count("attention.qkv_norm_rope_store.v1") == shape.layers
-        assert kernels.count("linear.norm_residual.v1") == 2 * shape.layers    # four norms per block
+        # four norms per block: each projection's product normed over whole rows into the residual
+        assert kernels.count("norm.residual.v1") == 2 * shape.layers
+        assert kernels.count("linear.residual.v1") == 2 * shape.layers
+        assert "linear.norm_residual.v1" not in kernels
+        post_norms = [n for n in program.nodes if n.kernel == "norm.residual.v1"]
+        # each reads the accumulator the linear.residual.v1 node just before it added into
+        for node in post_norms:
+            before = program.nodes[list(program.nodes).index(node) - 1]
+            assert before.kernel == "linear.residual.v1"
+            assert before.args[0].pointer.buffer == node.args[1].pointer.buffer == "scratch.post_norm_accumulator"
+            assert node.args[0].pointer.buffer == "scratch.hidden"
         assert kernels.count("mlp.norm_gate_up_activation.v1") == shape.layers
     buffers = {b.name for b in prepared.manifest.buffers}
     assert {"weights.rope_table", "weights.rope_table_local", "weights.layers.0.attn_q_norm",
@@ -219,7 +229,7 @@ def test_the_cuda_executor_loads_the_core_prepared_with_kernels(tmp_path: pathli
     prepared = prepare(recipe, tiny_options(gguf), kernel_library=KernelLibrary(archs=["sm_90a"]))
     manifest = prepared.manifest
     recorded = {node.kernel for program in manifest.programs for node in program.nodes}
-    assert {"attention.qkv_norm_rope_store.v1", "attention.paged_window.v1", "linear.norm_residual.v1",
+    assert {"attention.qkv_norm_rope_store.v1", "attention.paged_window.v1", "norm.residual.v1",
             "mlp.norm_gate_up_activation.v1", "attention.paged.v1"} <= recorded
     # the attention modules are the widened ones (their 256-dim tiles take more shared memory)
     shared = {module.kernels[0].id: module.kernels[0].shared_bytes for module in manifest.modules}

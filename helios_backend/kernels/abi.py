@@ -168,6 +168,13 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("geometry", I32_T),
         _i32("tokens"), _i32("in_dim"), _i32("out_dim"), _f32("eps"),
     ), linear.linear_norm_residual, "hidden += rms_norm(x @ weight.T) * norm_weight (post-norm + residual)"),
+    # a post-normed projection as two nodes: linear.residual.v1 into a zero accumulator (its
+    # parallel GEMV / split-K grids), then this norm over whole rows, which re-zeroes it
+    KernelSpec("norm.residual.v1", (
+        _ptr("hidden", F32_T, RW), _ptr("accumulator", F32_T, RW), _ptr("norm_weight", F16_T),
+        _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("dim"), _f32("eps"),
+    ), linear.norm_residual, "hidden += rms_norm(accumulator) * norm_weight; accumulator = 0"),
     KernelSpec("mlp.norm_gate_up_activation.v1", (
         _ptr("out", F32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T),
         _ptr("gate_up", F16_T), _ptr("geometry", I32_T),

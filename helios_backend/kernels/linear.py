@@ -110,6 +110,19 @@ def linear_norm_residual(hidden: np.ndarray, x: np.ndarray, weight: np.ndarray, 
     h[:n] += rms_norm(projected.astype(np.float32, copy=False), norm_weight[:out_dim], eps)
 
 
+def norm_residual(hidden: np.ndarray, accumulator: np.ndarray, norm_weight: np.ndarray, geometry: np.ndarray,
+                  tokens: int, dim: int, eps: float) -> None:
+    """hidden[:n] += rms_norm(accumulator[:n]) * norm_weight, then accumulator[:n] = 0.
+
+    The second half of a post-normed projection: linear.residual.v1 adds x @ W^T into the
+    zero `accumulator` (f32 [tokens, dim]), this norms it into the residual and leaves it zero
+    for the next product. Rows past the live count are never written, so they stay zero too."""
+    n = live_tokens(geometry)
+    acc = _matrix(accumulator, tokens, dim)
+    _matrix(hidden, tokens, dim)[:n] += rms_norm(acc[:n], norm_weight[:dim], eps)
+    acc[:n] = 0.0
+
+
 def norm_logits(logits: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: np.ndarray,
                 geometry: np.ndarray, rows: int, tokens: int, dim: int, vocab: int, eps: float) -> None:
     """logits[r] = rms_norm(hidden[last token of row r]) @ head.T; rows without tokens read 0.

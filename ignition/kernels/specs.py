@@ -23,6 +23,9 @@ GridFunction = Callable[[Immediates, Mapping[str, int]], Grid]
 ALIGNMENT = 16
 
 
+MAX_GRID_Y = 65535          # CUDA's limit on grid y and z (x goes to 2^31 - 1)
+
+
 class GeometryError(ValueError):
     """A launch's immediates exceed what the compiled tile configuration supports."""
 
@@ -92,6 +95,16 @@ def _gemm(n_name: str, m_name: str) -> GridFunction:
     """[BLOCK_M, BLOCK_N] output tiles: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1)."""
     def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
         return (cdiv(a[n_name], c["BLOCK_N"]), cdiv(a[m_name], c["BLOCK_M"]), 1)
+    return grid
+
+
+def _gemm_tiles_first(n_name: str, m_name: str) -> GridFunction:
+    """_gemm with the axes swapped, (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), 1): the M tiles of one
+    column block are consecutive programs (they share its weight slice through L2)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        blocks = cdiv(a[n_name], c["BLOCK_N"])
+        _require(blocks <= MAX_GRID_Y, f"{n_name} {a[n_name]} needs {blocks} column blocks > {MAX_GRID_Y} (grid y)")
+        return (cdiv(a[m_name], c["BLOCK_M"]), blocks, 1)
     return grid
 
 
@@ -307,6 +320,10 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                divisible=("in_dim", "out_dim")),
     KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
                _token_rows, num_warps=8, num_stages=3, divisible=("in_dim", "out_dim")),
+    # the post norm after a linear.residual.v1 product: one program per row, all its columns
+    # ([1, 1024] f32 tiles, two passes; a 640-wide Gemma row is one tile)
+    KernelBuild("norm.residual.v1", "norms", "norm_residual", {"BLOCK_M": 1, "BLOCK_D": 1024},
+               _token_rows, divisible=("dim",)),
     KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
                _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
                divisible=("dim", "ffn_dim")),
@@ -314,7 +331,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
                divisible=("dim", "ffn_dim")),
     KernelBuild("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
-               _gemv_or_tiles("rows", "vocab", _gemm("vocab", "rows"), "dim"), num_warps=8,
+               _gemv_or_tiles("rows", "vocab", _gemm_tiles_first("vocab", "rows"), "dim"), num_warps=8,
                num_stages=2,
                divisible=("dim", "vocab")),
     KernelBuild("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},

@@ -14,7 +14,8 @@ source) and the recipe's options, never a branch on a model:
   * `shape.qk_norm`: an RMSNorm of every q and k head before RoPE (attention.qkv_norm_rope_store.v1
     with `weights.layers.N.attn_q_norm` / `attn_k_norm`);
   * `shape.post_norms`: the attention and FFN outputs are normed before their residual adds
-    (linear.norm_residual.v1 with `post_attention_norm` / `post_ffw_norm`: four norms per block);
+    (linear.residual.v1 into `scratch.post_norm_accumulator`, then norm.residual.v1 with
+    `post_attention_norm` / `post_ffw_norm`: four norms per block);
   * `shape.sliding_window` with `options.full_attention_period`: layers whose index is not
     period - 1 mod period attend over the last `sliding_window` positions only
     (attention.paged_window.v1, the cache contract's SLIDING_WINDOW region), with RoPE base
@@ -27,8 +28,9 @@ source) and the recipe's options, never a branch on a model:
 
 Decode steps use split-KV attention (attention.paged_split.v1); prefill and mixed steps the
 unsplit kernel. Node count per step: 5 per layer (norm+qkv+rope+cache write, attention, output
-projection + residual, norm+gate/up+SiLU, down projection + residual), plus embedding, final
-norm+logits, the step prologue (geometry, input ids) and the sampling epilogue.
+projection + residual, norm+gate/up+SiLU, down projection + residual; 7 with post norms: each
+projection's norm.residual.v1), plus embedding, final norm+logits, the step prologue (geometry,
+input ids) and the sampling epilogue.
 
 Tensor parallelism (options.tensor_parallel ranks): the decoder declares which dimensions
 ranks divide (KV-head groups, unevenly; ffn columns, evenly), the Split of each weight it cuts,
@@ -220,6 +222,9 @@ class Scratch:
     mlp: str = "scratch.mlp"              # f32 [tokens, ffn]
     partials: str = "scratch.attention_partials"   # f32 [MAX_SPLITS, decode tokens, heads, head_dim + 2]
     arrivals: str = "scratch.attention_arrivals"   # i32 [decode tokens, kv_heads], zero between steps
+    # f32 [tokens, hidden]: a post-normed projection's product (shape.post_norms); zero between
+    # its two nodes' uses (norm.residual.v1 stores zeros back after reading a row)
+    post_norm_accumulator: str = "scratch.post_norm_accumulator"
 
 
 SCRATCH = Scratch()
@@ -251,6 +256,8 @@ def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int, options: 
     rec.declare(buffer(SCRATCH.q, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
     rec.declare(buffer(SCRATCH.attention, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.q_dim]))
     rec.declare(buffer(SCRATCH.mlp, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.ffn]))
+    if shape.post_norms:
+        rec.declare(buffer(SCRATCH.post_norm_accumulator, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.hidden]))
 
 
 def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: Any) -> None:
@@ -313,12 +320,17 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
 
 def _output_to_residual(rec: ForwardRecorder, i: int, weight: str, post_norm: str, shape: LlamaShape, io: StepIO,
                         *, x: str, in_dim: int) -> None:
-    """hidden += x @ W^T, or with shape.post_norms hidden += rms_norm(x @ W^T) * post_norm."""
+    """hidden += x @ W^T, or with shape.post_norms hidden += rms_norm(x @ W^T) * post_norm.
+
+    The post-normed form is two nodes: the product added into the zero post-norm accumulator by
+    the column-parallel linear.residual.v1, then norm.residual.v1 over whole rows, which zeroes
+    the accumulator again (one node owning whole rows, linear.norm_residual.v1, left one program
+    streaming the weight at decode: docs/kernels.md)."""
     label = f"layer{i}.{'down' if weight == 'ffn_down' else weight}"
+    product = SCRATCH.post_norm_accumulator if shape.post_norms else SCRATCH.hidden
+    add_to_residual(rec, label, hidden=product, x=x, weight=_layer(i, weight), geometry=io.geometry,
+                    tokens=io.tokens, in_dim=in_dim, out_dim=shape.hidden)
     if shape.post_norms:
-        rec.launch("linear.norm_residual.v1", label, hidden=SCRATCH.hidden, x=x, weight=_layer(i, weight),
-                   norm_weight=_layer(i, post_norm), geometry=io.geometry, tokens=io.tokens, in_dim=in_dim,
-                   out_dim=shape.hidden, eps=float(shape.rms_eps))
-    else:
-        add_to_residual(rec, label, hidden=SCRATCH.hidden, x=x, weight=_layer(i, weight), geometry=io.geometry,
-                        tokens=io.tokens, in_dim=in_dim, out_dim=shape.hidden)
+        rec.launch("norm.residual.v1", f"{label}.post_norm", hidden=SCRATCH.hidden, accumulator=product,
+                   norm_weight=_layer(i, post_norm), geometry=io.geometry, tokens=io.tokens, dim=shape.hidden,
+                   eps=float(shape.rms_eps))

@@ -226,5 +226,7 @@ if __name__ == "__main__":
     parser.add_argument("command", choices=["build"])
     parser.add_argument("--arch", action="append", default=None, help="kernel architecture (repeatable)")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="the recipe to prepare (its GGUF is split)")
+    parser.add_argument("--out", type=pathlib.Path, default=BUNDLE_DIR,
+                        help="the bundle's folder (HELIOS_BUNDLE_DIR there; default .carry_model)")
     arguments = parser.parse_args()
-    build(archs=arguments.arch, recipe_name=arguments.recipe)
+    build(out=arguments.out, archs=arguments.arch, recipe_name=arguments.recipe)

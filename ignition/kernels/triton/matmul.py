@@ -371,13 +371,18 @@ def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, d
 def _norm_head_tiles(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab, eps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      PDL: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_M), cdiv(vocab, BLOCK_N)): the M tiles of one head slice are
+    consecutive programs, so they run together and all but the first read the slice from L2 (the
+    head, 56-335 MB, is larger than L2: with the column blocks on x, the second M tile of a slice
+    ran a whole pass over the head later and read it from memory again)."""
+    block = tl.program_id(1)
     if PDL:
-        if tl.program_id(1) == 0:           # one prefetch per head slice, not per M tile
-            prefetch_l2(head + tl.program_id(0).to(tl.int64) * BLOCK_N * dim,
-                        tl.minimum(BLOCK_N, vocab - tl.program_id(0) * BLOCK_N) * dim * 2, 512)
+        if tl.program_id(0) == 0:           # one prefetch per head slice, not per M tile
+            prefetch_l2(head + block.to(tl.int64) * BLOCK_N * dim,
+                        tl.minimum(BLOCK_N, vocab - block * BLOCK_N) * dim * 2, 512)
     wait_for_predecessors(PDL)
-    r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
     r_mask = r < rows
     col_mask = cols < vocab
     start = tl.load(geometry + 1 + tokens + r, mask=r_mask, other=0)
