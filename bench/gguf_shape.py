@@ -78,24 +78,26 @@ def write_shape(source: Path, out: Path, gguf_py: str | None = None) -> Path:
     reader = gguf.GGUFReader(str(source))
     arch = reader.fields["general.architecture"].contents()
     out.parent.mkdir(parents=True, exist_ok=True)
-    plain = out.with_suffix("") if out.suffix == ".xz" else out
-    writer = gguf.GGUFWriter(str(plain), arch)
-    _copy_fields(reader, writer, gguf, lambda key: False)
-    tensors = list(reader.tensors)
-    writer.add_array(NAMES, [t.name for t in tensors])
-    writer.add_key_value(NDIMS, [len(t.shape) for t in tensors], gguf.GGUFValueType.ARRAY,
-                         sub_type=gguf.GGUFValueType.UINT32)
-    writer.add_key_value(DIMS, [int(d) for t in tensors for d in t.shape], gguf.GGUFValueType.ARRAY,
-                         sub_type=gguf.GGUFValueType.UINT64)
-    writer.add_key_value(TYPES, [int(t.tensor_type) for t in tensors], gguf.GGUFValueType.ARRAY,
-                         sub_type=gguf.GGUFValueType.UINT32)
-    writer.add_string(SOURCE, f"{source.name} ({source.stat().st_size} bytes)")
-    _close(writer)
-    writer.close()
-    if plain != out:
-        with open(plain, "rb") as f, lzma.open(out, "wb", preset=9) as z:
-            shutil.copyfileobj(f, z)
-        plain.unlink()
+    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+        plain = Path(scratch) / out.name.removesuffix(".xz")
+        writer = gguf.GGUFWriter(str(plain), arch)
+        _copy_fields(reader, writer, gguf, lambda key: False)
+        tensors = list(reader.tensors)
+        writer.add_array(NAMES, [t.name for t in tensors])
+        writer.add_key_value(NDIMS, [len(t.shape) for t in tensors], gguf.GGUFValueType.ARRAY,
+                             sub_type=gguf.GGUFValueType.UINT32)
+        writer.add_key_value(DIMS, [int(d) for t in tensors for d in t.shape], gguf.GGUFValueType.ARRAY,
+                             sub_type=gguf.GGUFValueType.UINT64)
+        writer.add_key_value(TYPES, [int(t.tensor_type) for t in tensors], gguf.GGUFValueType.ARRAY,
+                             sub_type=gguf.GGUFValueType.UINT32)
+        writer.add_string(SOURCE, f"{source.name} ({source.stat().st_size} bytes)")
+        _close(writer)
+        writer.close()
+        if out.suffix == ".xz":
+            with open(plain, "rb") as f, lzma.open(out, "wb", preset=9) as z:
+                shutil.copyfileobj(f, z)
+        else:
+            os.replace(plain, out)
     return out
 
 

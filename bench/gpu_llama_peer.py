@@ -259,7 +259,8 @@ def format_report(report: dict) -> str:
              f"tokens/s over the batch; ratio = ours / llama.cpp", ""]
     head = f"{'recipe':<28} {'figure':<22} {'ours':>10} {'llama.cpp':>10} {'ratio':>7}"
     lines += [head, "-" * len(head)]
-    for name, r in report["recipes"].items():
+    complete = {name: r for name, r in report["recipes"].items() if "ratios" in r}
+    for name, r in complete.items():
         ours, peer, q = r["ours"], r["llama_cpp"], r["ratios"]
         bench, batched = peer["llama_bench"], peer["batched_bench"]
         rows = [(f"decode b=1 (tg{STEPS})", ours["decode"].get(1), bench.get(f"tg{STEPS}", {}).get("tokens_per_s"),
@@ -274,7 +275,7 @@ def format_report(report: dict) -> str:
     lines += [f"{name:<28} FAILED: {error.splitlines()[0] if error else ''}"
               for name, error in report.get("failed", {}).items()]
     lines.append("")
-    for name, r in report["recipes"].items():
+    for name, r in complete.items():
         lines += [f"{name}: " + cmd for cmd in r["llama_cpp"]["commands"] + [r["ours"]["command"]]]
     return "\n".join(lines)
 
@@ -291,17 +292,18 @@ def run(folder: pathlib.Path, work: pathlib.Path, bundles: list[pathlib.Path], o
         if not model.exists():
             raise SystemExit(f"--bundle {bundle}: no shape file {recipe}{SHAPE_SUFFIX} in {folder} "
                              f"(python bench/gpu_llama_peer.py carry {folder} --recipe {recipe})")
-        print(f"== {recipe}: llama.cpp on {model.name}", flush=True)
-        try:
-            peer = measure_llama_cpp(work, model)
-            print(f"== {recipe}: ours on {bundle}", flush=True)
-            with tempfile.TemporaryDirectory() as scratch:
-                ours = measure_ours(bundle, pathlib.Path(scratch))
-        except (RuntimeError, subprocess.TimeoutExpired) as error:     # the other recipes still run
-            print(f"== {recipe} FAILED: {error}", flush=True)
-            report["failed"] = report.get("failed", {}) | {recipe: str(error)[-3000:]}
-            continue
-        report["recipes"][recipe] = {"ours": ours, "llama_cpp": peer, "ratios": ratios(ours, peer)}
+        entry: dict = {}
+        for side, measure in (("llama_cpp", lambda: measure_llama_cpp(work, model)),
+                              ("ours", lambda: measure_ours(bundle, out / "gpu_decode" / recipe))):
+            print(f"== {recipe}: {side}", flush=True)
+            try:
+                entry[side] = measure()
+            except (RuntimeError, subprocess.TimeoutExpired) as error:     # the other figures still run
+                print(f"== {recipe} {side} FAILED: {error}", flush=True)
+                report["failed"] = report.get("failed", {}) | {f"{recipe} {side}": str(error)[-3000:]}
+        if len(entry) == 2:
+            entry["ratios"] = ratios(entry["ours"], entry["llama_cpp"])
+        report["recipes"][recipe] = entry
         (out / f"{name}.json").write_text(json.dumps(report, indent=1))     # kept if a later recipe fails
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     text = format_report(report)
