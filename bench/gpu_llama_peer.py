@@ -199,11 +199,11 @@ def parse_batched_bench(text: str) -> dict[int, dict]:
 def measure_llama_cpp(work: pathlib.Path, model: pathlib.Path) -> dict:
     env = tool_env(work)
     bench = execute([str(tool(work, "llama-bench")), "-m", str(model), "-ngl", "99", "-fa", "1",
-                     "-p", str(PREFILL), "-n", str(STEPS), "-r", "5", "-o", "json"], env, 300)
+                     "-p", str(PREFILL), "-n", str(STEPS), "-r", "5", "-o", "json"], env, 180)
     contexts = max(BATCHES) * (PROMPT + STEPS) * 2      # room for every sequence, non-unified cache
     batched = execute([str(tool(work, "llama-batched-bench")), "-m", str(model), "-ngl", "99", "-fa", "on",
                        "-c", str(contexts), "-b", "2048", "-ub", "512", "-npp", str(PROMPT), "-ntg", str(STEPS),
-                       "-npl", ",".join(map(str, BATCHES)), "--output-format", "jsonl"], env, 300)
+                       "-npl", ",".join(map(str, BATCHES)), "--output-format", "jsonl"], env, 180)
     return {"llama_bench": parse_llama_bench(bench.stdout),
             "batched_bench": parse_batched_bench(batched.stdout + "\n" + batched.stderr),
             "commands": [" ".join(bench.argv), " ".join(batched.argv)],
@@ -215,15 +215,19 @@ def measure_ours(bundle: pathlib.Path, out: pathlib.Path) -> dict:
     argv = [sys.executable, str(ROOT / "bench" / "gpu_decode.py"), "--out", str(out),
             "--batches", ",".join(map(str, BATCHES)), "--prefills", str(PREFILL),
             "--prompt", str(PROMPT), "--steps", str(STEPS)]
-    command = execute(argv, env, 420)
-    report = json.loads((out / "gpu_decode.json").read_text())
+    command = execute(argv, env, 300)
+    return read_ours(json.loads((out / "gpu_decode.json").read_text())) | {
+        "command": "HELIOS_RANDOM_WEIGHTS=1 " + " ".join(argv), "seconds": round(command.seconds, 1),
+        "log": command.stdout[-4000:]}
+
+
+def read_ours(report: dict) -> dict:
+    """The figures compared, from bench/gpu_decode.py's JSON (its batch and token keys are strings)."""
     return {"decode": {int(b): r["tokens_per_s"] for b, r in report["decode"].items()},
             "decode_gpu_us": {int(b): r["gpu_us"] for b, r in report["decode"].items()},
             "prefill": report["prefill"][str(PREFILL)]["tokens_per_s"],
             "prefill_device": report["prefill"][str(PREFILL)]["gpu_tokens_per_s"],
-            "architecture": report["architecture"], "startup_s": report["startup_s"],
-            "command": "HELIOS_RANDOM_WEIGHTS=1 " + " ".join(argv), "seconds": round(command.seconds, 1),
-            "log": command.stdout[-4000:]}
+            "architecture": report["architecture"], "startup_s": report["startup_s"]}
 
 
 def ratios(ours: dict, peer: dict) -> dict[str, float | None]:
@@ -242,6 +246,21 @@ def bundle_recipe(bundle: pathlib.Path) -> str:
     from model_bundle import DEFAULT_RECIPE, read_payload
 
     return read_payload(bundle / "bundle.bin").get("recipe", DEFAULT_RECIPE)
+
+
+def wait_gpu_idle(limit_s: float = 30.0) -> None:
+    """Until no process holds the GPU (ours takes the free memory for cache pages; the next
+    program must not start before the last one's memory is back)."""
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        try:
+            apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return
+        if not apps:
+            return
+        time.sleep(1)
 
 
 def device_name() -> str:
@@ -296,6 +315,7 @@ def run(folder: pathlib.Path, work: pathlib.Path, bundles: list[pathlib.Path], o
         for side, measure in (("llama_cpp", lambda: measure_llama_cpp(work, model)),
                               ("ours", lambda: measure_ours(bundle, out / "gpu_decode" / recipe))):
             print(f"== {recipe}: {side}", flush=True)
+            wait_gpu_idle()
             try:
                 entry[side] = measure()
             except (RuntimeError, subprocess.TimeoutExpired) as error:     # the other figures still run

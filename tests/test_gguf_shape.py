@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bench import gguf_shape
-from bench.gpu_llama_peer import format_report, parse_batched_bench, parse_llama_bench, ratios
+from bench.gpu_llama_peer import format_report, parse_batched_bench, parse_llama_bench, ratios, read_ours
 from tests.tiny_checkpoints import TinyShape, write_tiny_gemma_gguf, write_tiny_gguf
 
 FAMILIES = {"qwen2": lambda path: write_tiny_gguf(path, TinyShape(), arch="qwen2"),
@@ -181,3 +181,13 @@ def test_ratios_are_ours_over_llama_cpp_and_the_report_prints_them() -> None:
     gemma = [line for line in lines if line.startswith("gemma-3-270m")]
     assert len(gemma) == 1 and "FAILED" in gemma[0]
     json.dumps(report)                                       # the report is written as JSON
+
+
+def test_our_figures_are_read_from_gpu_decode_json() -> None:
+    # an H200 run of bench/gpu_decode.py on the gemma-3-270m bundle (batches 1, 8, 64; prefill 512)
+    report = json.loads((pathlib.Path(__file__).parents[1] / "bench" / "results"
+                         / "gpu_decode_gemma3_sm_90a_h200.json").read_text())
+    ours = read_ours(report)
+    assert sorted(ours["decode"]) == [1, 8, 64]
+    assert ours["decode"][64] == report["decode"]["64"]["tokens_per_s"] > ours["decode"][1]
+    assert ours["prefill"] == report["prefill"]["512"]["tokens_per_s"]
