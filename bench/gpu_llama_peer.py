@@ -15,8 +15,9 @@ writes, with llama.cpp's own gguf-py, one random-weight F16 GGUF per shape file.
 skipped when their inputs have not changed, so `run` after `build` on the same warm machine
 only measures; `run` alone builds first (then it needs ~10 min: two calls fit better).
 
-`run` (device), for each bundle folder (tests/gpu/model_bundle.py's bundle.bin; its recipe names
-the shape file): llama.cpp first, then ours, never both on the GPU at once:
+`run` (device), for each shape file, and beside it ours where a bundle folder of that recipe is
+given (tests/gpu/model_bundle.py's bundle.bin records its recipe): llama.cpp first, then ours,
+never both on the GPU at once:
   - llama-bench -p 512 -n 128 -ngl 99 -fa 1 (JSON): prefill pp512 and decode tg128 (batch 1,
     context 0 -> 128);
   - llama-batched-bench -npp 128 -ntg 128 -npl 1,8,64 -ngl 99 -fa on (JSONL): decode of B
@@ -230,16 +231,23 @@ def read_ours(report: dict) -> dict:
             "architecture": report["architecture"], "startup_s": report["startup_s"]}
 
 
-def ratios(ours: dict, peer: dict) -> dict[str, float | None]:
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
+def figures(entry: dict) -> list[tuple[str, str, float | None, float | None]]:
+    """(ratio key, label, ours, llama.cpp) of every compared figure; None where a side is missing."""
+    ours, peer = entry.get("ours", {}), entry.get("llama_cpp", {})
+    decode, bench, batched = ours.get("decode", {}), peer.get("llama_bench", {}), peer.get("batched_bench", {})
+    rows = [(f"decode_b1_vs_tg{STEPS}", f"decode b=1 (tg{STEPS})", decode.get(1),
+             bench.get(f"tg{STEPS}", {}).get("tokens_per_s"))]
+    rows += [(f"decode_b{b}_vs_batched", f"decode b={b} (batched)", decode.get(b),
+              batched.get(b, {}).get("decode_tokens_per_s")) for b in BATCHES]
+    rows.append((f"prefill_{PREFILL}_vs_pp{PREFILL}", f"prefill {PREFILL} (pp{PREFILL})", ours.get("prefill"),
+                 bench.get(f"pp{PREFILL}", {}).get("tokens_per_s")))
+    return rows
 
-    batched = peer["batched_bench"]
-    out = {"decode_b1_vs_tg128": ratio(ours["decode"].get(1), peer["llama_bench"].get(f"tg{STEPS}", {}).get("tokens_per_s")),
-           "prefill_512_vs_pp512": ratio(ours["prefill"], peer["llama_bench"].get(f"pp{PREFILL}", {}).get("tokens_per_s"))}
-    for b in BATCHES:
-        out[f"decode_b{b}_vs_batched"] = ratio(ours["decode"].get(b), batched.get(b, {}).get("decode_tokens_per_s"))
-    return out
+
+def ratios(ours: dict, peer: dict) -> dict[str, float | None]:
+    """ours / llama.cpp per figure (None where either is missing, never a zero)."""
+    return {key: round(a / b, 3) if a and b else None
+            for key, _label, a, b in figures({"ours": ours, "llama_cpp": peer})}
 
 
 def bundle_recipe(bundle: pathlib.Path) -> str:
@@ -278,24 +286,17 @@ def format_report(report: dict) -> str:
              f"tokens/s over the batch; ratio = ours / llama.cpp", ""]
     head = f"{'recipe':<28} {'figure':<22} {'ours':>10} {'llama.cpp':>10} {'ratio':>7}"
     lines += [head, "-" * len(head)]
-    complete = {name: r for name, r in report["recipes"].items() if "ratios" in r}
-    for name, r in complete.items():
-        ours, peer, q = r["ours"], r["llama_cpp"], r["ratios"]
-        bench, batched = peer["llama_bench"], peer["batched_bench"]
-        rows = [(f"decode b=1 (tg{STEPS})", ours["decode"].get(1), bench.get(f"tg{STEPS}", {}).get("tokens_per_s"),
-                 q["decode_b1_vs_tg128"])]
-        rows += [(f"decode b={b} (batched)", ours["decode"].get(b), batched.get(b, {}).get("decode_tokens_per_s"),
-                  q[f"decode_b{b}_vs_batched"]) for b in BATCHES]
-        rows.append((f"prefill {PREFILL} (pp{PREFILL})", ours["prefill"],
-                     bench.get(f"pp{PREFILL}", {}).get("tokens_per_s"), q["prefill_512_vs_pp512"]))
-        for figure, a, b, ratio in rows:
-            lines.append(f"{name:<28} {figure:<22} {a or 0:>10.0f} {b or 0:>10.0f} "
+    for name, entry in report["recipes"].items():
+        for key, label, a, b in figures(entry):
+            ratio = entry.get("ratios", {}).get(key)
+            lines.append(f"{name:<28} {label:<22} {'%.0f' % a if a else '-':>10} {'%.0f' % b if b else '-':>10} "
                          f"{'x%.2f' % ratio if ratio else '-':>7}")
     lines += [f"{name:<28} FAILED: {error.splitlines()[0] if error else ''}"
               for name, error in report.get("failed", {}).items()]
     lines.append("")
-    for name, r in complete.items():
-        lines += [f"{name}: " + cmd for cmd in r["llama_cpp"]["commands"] + [r["ours"]["command"]]]
+    for name, entry in report["recipes"].items():
+        commands = entry.get("llama_cpp", {}).get("commands", []) + [entry.get("ours", {}).get("command", "")]
+        lines += [f"{name}: {command}" for command in commands if command]
     return "\n".join(lines)
 
 
@@ -305,15 +306,19 @@ def run(folder: pathlib.Path, work: pathlib.Path, bundles: list[pathlib.Path], o
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"device": device_name(), "llama_cpp": {"commit": LLAMA_CPP_COMMIT, "source": LLAMA_CPP_PYTHON},
                     "prompt": PROMPT, "steps": STEPS, "prefill": PREFILL, "recipes": {}}
-    for bundle in bundles:
-        recipe = bundle_recipe(bundle)
-        model = work / f"{recipe}.f16.gguf"
-        if not model.exists():
-            raise SystemExit(f"--bundle {bundle}: no shape file {recipe}{SHAPE_SUFFIX} in {folder} "
-                             f"(python bench/gpu_llama_peer.py carry {folder} --recipe {recipe})")
+    by_recipe = {bundle_recipe(bundle): bundle for bundle in bundles}
+    shapes = sorted(p.name.removesuffix(SHAPE_SUFFIX) for p in folder.glob("*" + SHAPE_SUFFIX))
+    missing = sorted(set(by_recipe) - set(shapes))
+    if missing:
+        raise SystemExit(f"--bundle for {missing}: no shape file in {folder} "
+                         f"(python bench/gpu_llama_peer.py carry {folder} --recipe NAME)")
+    for recipe in shapes:                 # every shape file: llama.cpp; with a bundle, ours beside it
+        model, bundle = work / f"{recipe}.f16.gguf", by_recipe.get(recipe)
         entry: dict = {}
-        for side, measure in (("llama_cpp", lambda: measure_llama_cpp(work, model)),
-                              ("ours", lambda: measure_ours(bundle, out / "gpu_decode" / recipe))):
+        sides = [("llama_cpp", lambda: measure_llama_cpp(work, model))]
+        if bundle is not None:
+            sides.append(("ours", lambda: measure_ours(bundle, out / "gpu_decode" / recipe)))
+        for side, measure in sides:
             print(f"== {recipe}: {side}", flush=True)
             wait_gpu_idle()
             try:
@@ -344,8 +349,9 @@ def main() -> None:
     for p in (b, r):
         p.add_argument("--carry", type=pathlib.Path, required=True, help="the folder `carry` filled")
         p.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/lcb"))
-    r.add_argument("--bundle", type=pathlib.Path, action="append", required=True,
-                   help="a folder with a model bundle (tests/gpu/model_bundle.py), repeatable")
+    r.add_argument("--bundle", type=pathlib.Path, action="append", default=[],
+                   help="a folder with a model bundle (tests/gpu/model_bundle.py), repeatable; a shape "
+                        "file without a bundle gets llama.cpp's figures only")
     r.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "out")))
     r.add_argument("--name", default="gpu_llama_peer")
     args = parser.parse_args()
