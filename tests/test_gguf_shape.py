@@ -86,15 +86,15 @@ def llama_cpp_completes(path: pathlib.Path, family: str, source: pathlib.Path) -
     model llama.cpp builds from `path` has the dimensions it builds from `source`."""
     llama_cpp = pytest.importorskip("llama_cpp")
     want = llama_cpp.Llama(str(source), n_ctx=64, n_batch=32, n_threads=2, verbose=False)
-    model = llama_cpp.Llama(str(path), n_ctx=64, n_batch=32, n_threads=2, verbose=False)
+    model = llama_cpp.Llama(str(path), n_ctx=64, n_batch=32, n_threads=2, verbose=False, logits_all=True)
     assert model.metadata["general.architecture"] == family
     assert (model.n_vocab(), model.n_embd()) == (want.n_vocab(), want.n_embd())
     assert model.tokenize(b"Hello world") == want.tokenize(b"Hello world")
     tokens: list[int] = []
     model.eval([5, 6, 7])
-    for _ in range(3):                 # logits of the last position only (no logits_all)
+    for _ in range(3):
         last = np.asarray(model.scores[model.n_tokens - 1])
-        assert np.isfinite(last).all()
+        assert np.isfinite(last).all() and last.std() > 0
         tokens.append(int(np.argmax(last)))
         model.eval(tokens[-1:])
     assert all(0 <= t < model.n_vocab() for t in tokens)
