@@ -54,7 +54,7 @@ LLAMA_CPP_COMMIT = "0c1e5709"
 TREE = "llama.cpp.tar.xz"
 SHAPE_SUFFIX = ".shape.gguf.xz"
 RECIPES = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m")
-# what the device build does not need (make_carry.sh trims the same): ~8.5 MB of xz remain
+# what the device build does not need (make_carry.sh trims the same): 7 MB of xz remain
 TRIMMED = ("models", "docs", "benches", ".github", "media") + tuple(
     f"ggml/src/{b}" for b in ("ggml-cann", "ggml-hexagon", "ggml-hip", "ggml-metal", "ggml-musa", "ggml-opencl",
                               "ggml-openvino", "ggml-sycl", "ggml-vulkan", "ggml-webgpu", "ggml-zdnn", "ggml-zendnn",
