@@ -91,13 +91,16 @@ def llama_cpp_completes(path: pathlib.Path, family: str, source: pathlib.Path) -
     assert (model.n_vocab(), model.n_embd()) == (want.n_vocab(), want.n_embd())
     assert model.tokenize(b"Hello world") == want.tokenize(b"Hello world")
     tokens: list[int] = []
+    rows = []
     model.eval([5, 6, 7])
     for _ in range(3):
-        last = np.asarray(model.scores[model.n_tokens - 1])
-        assert np.isfinite(last).all() and last.std() > 0
-        tokens.append(int(np.argmax(last)))
+        rows.append(np.array(model.scores[model.n_tokens - 1]))
+        assert np.isfinite(rows[-1]).all() and rows[-1].std() > 0
+        tokens.append(int(np.argmax(rows[-1])))
         model.eval(tokens[-1:])
     assert all(0 <= t < model.n_vocab() for t in tokens)
+    # each position's logits depend on its context (a tied random head may still repeat a token)
+    assert not np.allclose(rows[0], rows[1]) and not np.allclose(rows[1], rows[2])
     return tokens
 
 
@@ -122,8 +125,7 @@ def test_real_recipe_shape_loads_in_llama_cpp(recipe_name: str, family: str, tmp
     assert shape.stat().st_size < 4 << 20       # travels beside the bundles in one 64 MiB call
     random = gguf_shape.write_random(shape, tmp_path / f"{recipe_name}.f16.gguf")
     assert_same_shape(source, random)
-    tokens = llama_cpp_completes(random, family, source)
-    assert len(set(tokens)) > 1        # random weights of the real size: varied greedy tokens
+    llama_cpp_completes(random, family, source)
 
 
 # ---- the peer bench's parsing (formats of llama.cpp 0c1e5709's tools) ----------------------------
