@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
 from bench import gguf_shape  # noqa: E402
 
@@ -251,7 +250,7 @@ def ratios(ours: dict, peer: dict) -> dict[str, float | None]:
 
 
 def bundle_recipe(bundle: pathlib.Path) -> str:
-    from model_bundle import DEFAULT_RECIPE, read_payload
+    from tests.gpu.model_bundle import DEFAULT_RECIPE, read_payload
 
     return read_payload(bundle / "bundle.bin").get("recipe", DEFAULT_RECIPE)
 
