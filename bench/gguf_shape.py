@@ -1,0 +1,194 @@
+"""Shape files: a GGUF's metadata and tensor table without its weights, and random-weight F16
+GGUFs of exactly that shape.
+
+The real GGUFs (98-491 MB) cannot travel to the device machine (64 MiB per call), but llama.cpp
+needs a model file of the same architecture and tensors to be measured as a peer. So:
+
+  here   `python bench/gguf_shape.py write SOURCE.gguf OUT.shape.gguf.xz`
+         a tensor-less GGUF holding every metadata key of SOURCE with its value type (the
+         tokenizer arrays and the chat template included) plus the tensor table under
+         `helios.shape.*` keys: each tensor's name, dimensions (GGUF order) and source type.
+         xz-compressed (the tokenizer arrays shrink 2-4x).
+  there  `python3 bench/gguf_shape.py random OUT.shape.gguf.xz MODEL.gguf --gguf-py TREE/gguf-py`
+         an F16 GGUF of the same metadata and tensors (file type F16): norm weights 1, every
+         other tensor normal with std 0.02; matrices F16, vectors F32 (as llama.cpp's converter
+         stores them). Dense F16 speed does not depend on the values. `--gguf-py` puts llama.cpp's
+         own gguf-py first on the path (the device has no `gguf` package); without it the
+         installed `gguf` is used.
+
+Only numpy and gguf are needed: the device side imports nothing of the project.
+"""
+from __future__ import annotations
+
+import argparse
+import lzma
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+PREFIX = "helios.shape."
+NAMES, NDIMS, DIMS, TYPES, SOURCE = (PREFIX + k for k in ("tensor_names", "tensor_ndims", "tensor_ne",
+                                                          "tensor_types", "source"))
+STD = 0.02
+F16_FILE_TYPE = 1        # LLAMA_FTYPE_MOSTLY_F16
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+def _gguf(gguf_py: str | None = None) -> Any:
+    """The gguf module: llama.cpp's own gguf-py when named, else the installed package."""
+    if gguf_py:
+        sys.path.insert(0, str(Path(gguf_py).resolve()))
+    try:
+        import yaml  # noqa: F401  (gguf-py's metadata module imports it; only model cards use it)
+    except ImportError:
+        import types
+        sys.modules["yaml"] = types.ModuleType("yaml")
+    import gguf
+    return gguf
+
+
+def _copy_fields(reader: Any, writer: Any, gguf: Any, skip: Any) -> None:
+    """Every metadata key of `reader` not matched by `skip`, with its value type (and array
+    element type) as stored."""
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or skip(key):
+            continue
+        main = field.types[0]
+        if main == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, field.contents(), main, sub_type=field.types[1])
+        else:
+            writer.add_key_value(key, field.contents(), main)
+
+
+def _close(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+
+
+def write_shape(source: Path, out: Path, gguf_py: str | None = None) -> Path:
+    """The shape file of `source` at `out` (xz-compressed when `out` ends with .xz)."""
+    gguf = _gguf(gguf_py)
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields["general.architecture"].contents()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+        plain = Path(scratch) / out.name.removesuffix(".xz")
+        writer = gguf.GGUFWriter(str(plain), arch)
+        _copy_fields(reader, writer, gguf, lambda key: False)
+        tensors = list(reader.tensors)
+        writer.add_array(NAMES, [t.name for t in tensors])
+        writer.add_key_value(NDIMS, [len(t.shape) for t in tensors], gguf.GGUFValueType.ARRAY,
+                             sub_type=gguf.GGUFValueType.UINT32)
+        writer.add_key_value(DIMS, [int(d) for t in tensors for d in t.shape], gguf.GGUFValueType.ARRAY,
+                             sub_type=gguf.GGUFValueType.UINT64)
+        writer.add_key_value(TYPES, [int(t.tensor_type) for t in tensors], gguf.GGUFValueType.ARRAY,
+                             sub_type=gguf.GGUFValueType.UINT32)
+        writer.add_string(SOURCE, f"{source.name} ({source.stat().st_size} bytes)")
+        _close(writer)
+        writer.close()
+        if out.suffix == ".xz":
+            with open(plain, "rb") as f, lzma.open(out, "wb", preset=9) as z:
+                shutil.copyfileobj(f, z)
+        else:
+            os.replace(plain, out)
+    return out
+
+
+def tensor_table(reader: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, dimensions in GGUF order: fastest first) of every tensor a shape file lists."""
+    names = reader.fields[NAMES].contents()
+    ndims = reader.fields[NDIMS].contents()
+    dims = reader.fields[DIMS].contents()
+    table, at = [], 0
+    for name, n in zip(names, ndims):
+        table.append((name, tuple(int(d) for d in dims[at:at + n])))
+        at += n
+    return table
+
+
+def _plain(path: Path, scratch: Path) -> Path:
+    """`path` itself, or its xz-decompressed copy in `scratch`."""
+    with open(path, "rb") as f:
+        if f.read(6) != _XZ_MAGIC:
+            return path
+    plain = scratch / path.name.removesuffix(".xz")
+    with lzma.open(path, "rb") as z, open(plain, "wb") as f:
+        shutil.copyfileobj(z, f)
+    return plain
+
+
+def is_norm(name: str) -> bool:
+    """RMSNorm weights (attn_norm, ffn_norm, output_norm, attn_q_norm, post_ffw_norm, ...): 1."""
+    return name.endswith("norm.weight")
+
+
+def stored_dtype(ne: tuple[int, ...]) -> type:
+    """Vectors (norms, biases) F32, matrices F16, as llama.cpp's converter stores an F16 model."""
+    return np.float32 if all(d == 1 for d in ne[1:]) else np.float16
+
+
+def random_tensors(table: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> Iterator[np.ndarray]:
+    """The random value of each tensor, in table order (numpy shape = GGUF dimensions reversed)."""
+    rng = np.random.default_rng(seed)
+    for name, ne in table:
+        shape = tuple(reversed(ne))
+        values = np.ones(shape, np.float32) if is_norm(name) else \
+            rng.standard_normal(shape, dtype=np.float32) * np.float32(STD)
+        yield values.astype(stored_dtype(ne), copy=False)
+
+
+def write_random(shape_file: Path, out: Path, gguf_py: str | None = None, seed: int = 0) -> Path:
+    """An F16 GGUF at `out` with the metadata and tensors of `shape_file`, random weights."""
+    gguf = _gguf(gguf_py)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+        reader = gguf.GGUFReader(str(_plain(shape_file, Path(scratch))))
+        arch = reader.fields["general.architecture"].contents()
+        table = tensor_table(reader)
+        partial = out.with_name(out.name + ".partial")
+        writer = gguf.GGUFWriter(str(partial), arch)
+        if "general.alignment" in reader.fields:
+            writer.data_alignment = int(reader.fields["general.alignment"].contents())
+        _copy_fields(reader, writer, gguf, lambda key: key.startswith(PREFIX) or key == "general.file_type")
+        writer.add_file_type(F16_FILE_TYPE)
+        for name, ne in table:
+            dtype = np.dtype(stored_dtype(ne))
+            writer.add_tensor_info(name, tuple(reversed(ne)), dtype, int(np.prod(ne)) * dtype.itemsize)
+        _close(writer)
+        for values in random_tensors(table, seed):
+            writer.write_tensor_data(values)
+        writer.close()
+        os.replace(partial, out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write", help="shape file of a real GGUF")
+    w.add_argument("source", type=Path)
+    w.add_argument("out", type=Path)
+    r = sub.add_parser("random", help="random-weight F16 GGUF of a shape file")
+    r.add_argument("shape", type=Path)
+    r.add_argument("out", type=Path)
+    r.add_argument("--seed", type=int, default=0)
+    for p in (w, r):
+        p.add_argument("--gguf-py", default=None, help="llama.cpp's gguf-py folder (default: the installed gguf)")
+    args = parser.parse_args()
+    started = time.time()
+    if args.command == "write":
+        path = write_shape(args.source, args.out, args.gguf_py)
+    else:
+        path = write_random(args.shape, args.out, args.gguf_py, args.seed)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
