@@ -490,10 +490,10 @@ def _head_axpy(target: np.ndarray, weight: np.float32, value: np.ndarray, head_d
 @njit(cache=True, fastmath=True, nogil=True)
 def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
-                    q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
+                    chosen: np.ndarray, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
                     page_stride: int, scale: float, scores: np.ndarray, first: int, last: int) -> None:
     """out[t] = softmax(q[t] k^T * scale) v over positions 0..positions[t] of token t's slot, for the
-    (token, kv head) pairs first <= pair < last (pair = t * kv_heads + kv head). Serial.
+    (token, kv head) pairs first <= pair < last (pair = j * kv_heads + kv head, token t = chosen[j]). Serial.
 
     Every live token alike, decode rows and prefill chunks (the step's keys are already in the
     cache). A pair serves the kv head's group of q_heads / kv_heads query heads, so each cached
@@ -505,7 +505,7 @@ def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     kv_width = kv_heads * head_dim
     q_width = q_heads * head_dim
     for pair in range(first, last):
-        t = pair // kv_heads
+        t = chosen[pair // kv_heads]
         kv = pair % kv_heads
         slot = row_slot[token_row[t]]
         context = positions[t] + 1
@@ -634,4 +634,4 @@ def warm_up() -> None:
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)
     rope_store(f32, f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
-    attention_pairs(f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
+    attention_pairs(f32, f32, f32, f32, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
