@@ -37,10 +37,18 @@ def _narrow_to_half(typingctx: Any, value: Any) -> Any:
 
 
 # typed as plain callables: numba's intrinsic objects confuse static checkers
+def _bits_to_float(typingctx: Any, bits: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
 f16_bits_to_f32 = cast(Callable[[Any], Any], intrinsic(_widen_half))
 """The float32 value of an IEEE half given as its uint16 bits (exact, subnormals included)."""
 f32_to_f16_bits = cast(Callable[[Any], Any], intrinsic(_narrow_to_half))
 """The uint16 bits of a float32 rounded to the nearest half (round to nearest even)."""
+i32_bits_to_f32 = cast(Callable[[Any], Any], intrinsic(_bits_to_float))
+"""The float32 whose bits are the given int32 (a bitcast)."""
 
 
 # ---- block weights (kernels/blocks.py): one block of 32 weights as one LLVM vector ------------------
@@ -94,8 +102,8 @@ def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
 
 
 def _horizontal_sum(builder: Any, total: Any) -> Any:
-    """The sum of a <32 x float>'s lanes: a tree of halves (a few shuffles and adds)."""
-    lanes = _LANES
+    """The sum of a float vector's lanes (a power of two): a tree of halves (a few shuffles and adds)."""
+    lanes = total.type.count
     while lanes > 1:
         lanes //= 2
         undefined = ir.Constant(ir.VectorType(ir.FloatType(), 2 * lanes), ir.Undefined)
@@ -105,6 +113,54 @@ def _horizontal_sum(builder: Any, total: Any) -> Any:
                                                                      list(range(lanes, 2 * lanes))))
         total = builder.fadd(first, second)
     return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+
+
+def _load_head(context: Any, builder: Any, array_type: Any, array: Any, at: Any, width: int) -> Any:
+    """<width x float> from element `at` of a float32 array, or of an f16 plane held as uint16 bits."""
+    pointer = _element_pointer(context, builder, array_type, array, at)
+    if array_type.dtype == types.uint16:
+        bits = builder.load(builder.bitcast(pointer, ir.VectorType(ir.IntType(16), width).as_pointer()), align=2)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), width)),
+                             ir.VectorType(ir.FloatType(), width))
+    return builder.load(builder.bitcast(pointer, ir.VectorType(ir.FloatType(), width).as_pointer()), align=4)
+
+
+def _head_dot_intrinsic(width: int) -> Callable[..., Any]:
+    """sum(a[a_at:a_at + width] * b[b_at:b_at + width]) as one vector product and a tree sum."""
+    def typer(typingctx: Any, a: Any, a_at: Any, b: Any, b_at: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            first = _load_head(context, builder, signature.args[0], args[0], args[1], width)
+            second = _load_head(context, builder, signature.args[2], args[2], args[3], width)
+            return _horizontal_sum(builder, builder.fmul(first, second))
+        return types.float32(a, types.intp, b, types.intp), codegen
+    return typer
+
+
+def _head_axpy_intrinsic(width: int) -> Callable[..., Any]:
+    """target[t_at:t_at + width] += weight * value[v_at:v_at + width] (target float32)."""
+    def typer(typingctx: Any, target: Any, t_at: Any, weight: Any, value: Any, v_at: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            vector = ir.VectorType(ir.FloatType(), width)
+            pointer = builder.bitcast(_element_pointer(context, builder, signature.args[0], args[0], args[1]),
+                                      vector.as_pointer())
+            values = _load_head(context, builder, signature.args[3], args[3], args[4], width)
+            splat = builder.shuffle_vector(
+                builder.insert_element(ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined), args[2],
+                                       ir.Constant(ir.IntType(32), 0)),
+                ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined),
+                ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+            total = builder.fadd(builder.load(pointer, align=4), builder.fmul(splat, values))
+            builder.store(total, pointer, align=4)
+            return context.get_dummy_value()
+        return types.none(target, types.intp, types.float32, value, types.intp), codegen
+    return typer
+
+
+# head widths with a vector form (attention_pairs falls back to a loop for others)
+head_dot64 = cast(Callable[..., Any], intrinsic(_head_dot_intrinsic(64)))
+head_dot128 = cast(Callable[..., Any], intrinsic(_head_dot_intrinsic(128)))
+head_axpy64 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(64)))
+head_axpy128 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(128)))
 
 
 def _block_row_dots_intrinsic(code: int, tokens: int) -> Callable[..., Any]:
@@ -456,35 +512,51 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _head_dot(a: np.ndarray, b: np.ndarray, head_dim: int) -> np.float32:
-    """sum(a[:head_dim] * b[:head_dim]). The common head widths get a constant trip count, which the
-    compiler unrolls into a few vector FMAs and one horizontal sum (a runtime count adds a vector
-    loop's setup and remainder to every key: measured 1.3x on the attention of 8 rows)."""
-    total = np.float32(0.0)
+def _exp(x: np.float32) -> np.float32:
+    """exp(x) for x <= 0 (a softmax's shifted scores) without a library call, so a loop of them
+    vectorizes (numba's np.exp is one scalar expf call per element: without a vector math library
+    the softmax of 8 decode rows was most of their attention). Cody-Waite reduction x = n ln2 + r,
+    |r| <= ln2 / 2, Cephes' degree-6 polynomial for e^r (relative error ~2e-7), 2^n from the
+    exponent bits; x below -87 gives 2^-126 times e^r, as good as 0 beside the maximum's 1."""
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * np.float32(1.44269504) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * i32_bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _head_dot(a: np.ndarray, a_at: int, b: np.ndarray, b_at: int, head_dim: int) -> np.float32:
+    """sum(a[a_at:][:head_dim] * b[b_at:][:head_dim]). Widths 64 and 128 as one vector product
+    (head_dot64/128): the numba loop over slices of the cache cost a slice (and the reference
+    counting numba keeps for it) per cached key, 4-6x the arithmetic."""
     if head_dim == 64:
-        for d in range(64):
-            total += a[d] * b[d]
-    elif head_dim == 128:
-        for d in range(128):
-            total += a[d] * b[d]
-    else:
-        for d in range(head_dim):
-            total += a[d] * b[d]
+        return head_dot64(a, a_at, b, b_at)
+    if head_dim == 128:
+        return head_dot128(a, a_at, b, b_at)
+    total = np.float32(0.0)
+    for d in range(head_dim):
+        total += a[a_at + d] * as_f32(b[b_at + d])
     return total
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _head_axpy(target: np.ndarray, weight: np.float32, value: np.ndarray, head_dim: int) -> None:
-    """target[:head_dim] += weight * value[:head_dim] (constant trip counts as in _head_dot)."""
+def _head_axpy(target: np.ndarray, t_at: int, weight: np.float32, value: np.ndarray, v_at: int,
+               head_dim: int) -> None:
+    """target[t_at:][:head_dim] += weight * value[v_at:][:head_dim] (vector forms as in _head_dot)."""
     if head_dim == 64:
-        for d in range(64):
-            target[d] += weight * value[d]
+        head_axpy64(target, t_at, weight, value, v_at)
     elif head_dim == 128:
-        for d in range(128):
-            target[d] += weight * value[d]
+        head_axpy128(target, t_at, weight, value, v_at)
     else:
         for d in range(head_dim):
-            target[d] += weight * value[d]
+            target[t_at + d] += weight * as_f32(value[v_at + d])
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -510,35 +582,33 @@ def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
         slot = row_slot[token_row[t]]
         context = positions[t] + 1
         start = t * q_width + kv * group * head_dim
-        queries = q[start:start + group * head_dim]
-        targets = out[start:start + group * head_dim]
         pages = (context + page_tokens - 1) // page_tokens
         for p in range(pages):
             base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
             for s in range(min(page_tokens, context - p * page_tokens)):
-                key = k_cache[base + s * kv_width:base + s * kv_width + head_dim]   # a slice: indexing by a
-                for h in range(group):                                              # computed signed offset
-                    query = queries[h * head_dim:(h + 1) * head_dim]                # would keep the loop scalar
-                    scores[h * context + p * page_tokens + s] = _head_dot(query, key, head_dim) * np.float32(scale)
+                for h in range(group):
+                    scores[h * context + p * page_tokens + s] = _head_dot(
+                        q, start + h * head_dim, k_cache, base + s * kv_width, head_dim) * np.float32(scale)
         for h in range(group):
             weights = scores[h * context:(h + 1) * context]
-            best = weights.max()
+            best = weights[0]
+            for j in range(context):
+                best = max(best, weights[j])
             norm = np.float32(0.0)
             for j in range(context):
-                weight = np.exp(weights[j] - best)
+                weight = _exp(weights[j] - best)
                 weights[j] = weight
                 norm += weight
             inverse = np.float32(1.0) / norm
             for j in range(context):
                 weights[j] *= inverse
-        targets[:] = 0.0
+        out[start:start + group * head_dim] = 0.0
         for p in range(pages):
             base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
             for s in range(min(page_tokens, context - p * page_tokens)):
-                value = v_cache[base + s * kv_width:base + s * kv_width + head_dim]
                 for h in range(group):
-                    weight = scores[h * context + p * page_tokens + s]
-                    _head_axpy(targets[h * head_dim:(h + 1) * head_dim], weight, value, head_dim)
+                    _head_axpy(out, start + h * head_dim, scores[h * context + p * page_tokens + s], v_cache,
+                               base + s * kv_width, head_dim)
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
