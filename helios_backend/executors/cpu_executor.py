@@ -84,10 +84,11 @@ class CpuExecutor(NumpyExecutor):
         self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads,
                                   options.share_above)
         self.cpu_options = options
-        # the compiled attention reads f32 cache planes: F16 planes are held widened, as numpy's default
+        # F16 cache planes keep their declared dtype (half the bytes a decode step's attention streams,
+        # and the cached values a device executor holds); the compiled kernels widen them in registers
         super().__init__(manifest, read_resource,
                          NumpyExecutorOptions(cache_pages=options.cache_pages, programs=options.programs,
-                                              blas_threads=1, widen_f16_cache=True),
+                                              blas_threads=1, widen_f16_cache=False),
                          implementations=self.kernels.table, weight_shadows=False,
                          local_ranks=local_ranks, reduce=reduce)
 

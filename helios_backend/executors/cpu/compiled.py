@@ -94,10 +94,10 @@ def _element_pointer(context: Any, builder: Any, array_type: Any, array: Any, in
 
 
 def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
-    """a * b + c as one fused multiply-add per lane (llvm.fma.v32f32)."""
+    """a * b + c as one fused multiply-add per lane (llvm.fma.vNf32)."""
     module = builder.module
-    name = f"llvm.fma.v{_LANES}f32"
-    function = module.globals.get(name) or ir.Function(module, ir.FunctionType(_F32X32, [_F32X32] * 3), name)
+    name = f"llvm.fma.v{a.type.count}f32"
+    function = module.globals.get(name) or ir.Function(module, ir.FunctionType(a.type, [a.type] * 3), name)
     return builder.call(function, [a, b, c])
 
 
@@ -163,18 +163,30 @@ head_axpy64 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(64)))
 head_axpy128 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(128)))
 
 
-def _block_row_dots_intrinsic(code: int, tokens: int) -> Callable[..., Any]:
-    """sums[t] = sum over `blocks` consecutive blocks from byte `at` of w . x[x_at + t * x_stride:]
-    for t < tokens: each block widened once into registers and multiplied into one <32 x float>
-    accumulator per token; one horizontal sum per token at the end."""
-    size = 34 if code == BLOCK_Q8_0 else 20
+def _block_row_dots_intrinsic(code: int, rows: int, tokens: int) -> Callable[..., Any]:
+    """sums[r * tokens + t] = sum over `blocks` consecutive blocks from byte at + r * row_bytes of
+    w . x[x_at + t * x_stride:] for r < rows, t < tokens: each block widened once into registers
+    and multiplied into one vector accumulator per (row, token), so every loaded input feeds
+    `rows` products and every widened block `tokens`; one horizontal sum each at the end.
 
-    def typer(typingctx: Any, data: Any, at: Any, x: Any, x_at: Any, x_stride: Any, blocks: Any, sums: Any) -> Any:
+    Up to 8 (row, token) pairs keep <32 x float> accumulators (one FMA chain of 4 cycles per
+    block); more fold each block's two halves into one <16 x float> accumulator, so 2 rows x 8
+    tokens (16 accumulators) stay in AVX-512's 32 vector registers with the widened blocks."""
+    size = 34 if code == BLOCK_Q8_0 else 20
+    lanes = _LANES if rows * tokens <= 8 else _LANES // 2
+    accumulator_type = ir.VectorType(ir.FloatType(), lanes)
+    halves = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
+              for h in range(_LANES // lanes)]
+
+    def typer(typingctx: Any, data: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any, blocks: Any,
+              sums: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             i64 = ir.IntType(64)
-            start = _element_pointer(context, builder, signature.args[0], args[0], args[1])
-            inputs = [_element_pointer(context, builder, signature.args[2], args[2],
-                                       builder.add(args[3], builder.mul(args[4], ir.Constant(i64, t))))
+            starts = [_element_pointer(context, builder, signature.args[0], args[0],
+                                       builder.add(args[1], builder.mul(args[2], ir.Constant(i64, r))))
+                      for r in range(rows)]
+            inputs = [_element_pointer(context, builder, signature.args[3], args[3],
+                                       builder.add(args[4], builder.mul(args[5], ir.Constant(i64, t))))
                       for t in range(tokens)]
             entry = builder.block
             loop = builder.append_basic_block("block_loop")
@@ -182,27 +194,36 @@ def _block_row_dots_intrinsic(code: int, tokens: int) -> Callable[..., Any]:
             builder.branch(loop)
             builder.position_at_end(loop)
             index = builder.phi(i64)
-            accumulators = [builder.phi(_F32X32) for _ in range(tokens)]
+            accumulators = [builder.phi(accumulator_type) for _ in range(rows * tokens)]
             index.add_incoming(ir.Constant(i64, 0), entry)
             for accumulator in accumulators:
-                accumulator.add_incoming(ir.Constant(_F32X32, [0.0] * _LANES), entry)
-            weights = _block_weights(builder, code, builder.gep(start, [builder.mul(index, ir.Constant(i64, size))]))
+                accumulator.add_incoming(ir.Constant(accumulator_type, [0.0] * lanes), entry)
+            block_at = builder.mul(index, ir.Constant(i64, size))
+            weights = []
+            for start in starts:
+                widened = _block_weights(builder, code, builder.gep(start, [block_at]))
+                weights.append([widened] if lanes == _LANES else
+                               [builder.shuffle_vector(widened, widened, half) for half in halves])
             offset = builder.mul(index, ir.Constant(i64, _LANES))
-            summed = []
-            for token_inputs, accumulator in zip(inputs, accumulators):
-                values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
-                summed.append(_fma(builder, weights, values, accumulator))
+            summed = list(accumulators)
+            for t, token_inputs in enumerate(inputs):
+                values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()),
+                                      align=4)
+                parts = [values] if lanes == _LANES else [builder.shuffle_vector(values, values, h) for h in halves]
+                for r in range(rows):
+                    for w, part in zip(weights[r], parts):
+                        summed[r * tokens + t] = _fma(builder, w, part, summed[r * tokens + t])
             following = builder.add(index, ir.Constant(i64, 1))
             index.add_incoming(following, builder.block)
             for accumulator, value in zip(accumulators, summed):
                 accumulator.add_incoming(value, builder.block)
-            builder.cbranch(builder.icmp_signed("<", following, args[5]), loop, done)
+            builder.cbranch(builder.icmp_signed("<", following, args[6]), loop, done)
             builder.position_at_end(done)
-            target = context.make_array(signature.args[6])(context, builder, value=args[6]).data
-            for t, value in enumerate(summed):
-                builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, t)]))
+            target = context.make_array(signature.args[7])(context, builder, value=args[7]).data
+            for j, value in enumerate(summed):
+                builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
             return context.get_dummy_value()
-        return types.none(data, types.intp, x, types.intp, types.intp, types.intp, sums), codegen
+        return types.none(data, types.intp, types.intp, x, types.intp, types.intp, types.intp, sums), codegen
     return typer
 
 
@@ -217,13 +238,16 @@ def _block_store_intrinsic(code: int) -> Callable[..., Any]:
     return typer
 
 
-# (code, tokens) -> the intrinsic: one pass over a row's blocks for 1, 4 or 8 tokens
-_ROW_DOTS = {(code, tokens): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(code, tokens)))
-             for code in (BLOCK_Q8_0, BLOCK_Q4_1) for tokens in (1, 4, 8)}
-q8_0_dots1, q8_0_dots4, q8_0_dots8 = (_ROW_DOTS[(BLOCK_Q8_0, t)] for t in (1, 4, 8))
-q4_1_dots1, q4_1_dots4, q4_1_dots8 = (_ROW_DOTS[(BLOCK_Q4_1, t)] for t in (1, 4, 8))
-"""qN_dotsT(data, at, x, x_at, x_stride, blocks, sums): sums[t] = w . x[x_at + t * x_stride:] for t < T
-over the `blocks` (>= 1) blocks from data[at:] (no bounds checks: the callers check)."""
+# (rows, tokens) shapes of one pass over blocks (block_linear_rows: 2 rows x 8 / 4 tokens, 4 rows x 1 token, and
+# 1 row for an odd last row or a single token)
+_Q8_0_DOTS = {(r, t): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(BLOCK_Q8_0, r, t)))
+              for r, t in ((1, 1), (2, 1), (4, 1), (1, 4), (2, 4), (1, 8), (2, 8))}
+_Q4_1_DOTS = {(r, t): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(BLOCK_Q4_1, r, t)))
+              for r, t in _Q8_0_DOTS}
+q8_0_dots1x1, q8_0_dots2x1, q8_0_dots4x1, q8_0_dots1x4, q8_0_dots2x4, q8_0_dots1x8, q8_0_dots2x8 = _Q8_0_DOTS.values()
+q4_1_dots1x1, q4_1_dots2x1, q4_1_dots4x1, q4_1_dots1x4, q4_1_dots2x4, q4_1_dots1x8, q4_1_dots2x8 = _Q4_1_DOTS.values()
+"""qN_dotsRxT(data, at, row_bytes, x, x_at, x_stride, blocks, sums): sums[r * T + t] = row r . x[x_at + t *
+x_stride:] for r < R, t < T over the `blocks` (>= 1) blocks of each row (no bounds checks: the callers check)."""
 q8_0_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q8_0)))
 """out[out_at:out_at + 32] = the weights of the Q8_0 block at data[at:] (no bounds checks)."""
 q4_1_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q4_1)))
@@ -241,6 +265,19 @@ def _as_f32(value):  # unannotated: numba compares its signature with the lambda
     if value == types.float32:
         return lambda value: value
     return None
+
+
+def plane_value(plane: Any, value: Any) -> Any:
+    """A float32 as an element of `plane`: f16 bits (rounded to nearest even) for an f16 cache plane
+    passed as uint16, the value itself for an f32 one."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(plane_value, inline="always")
+def _plane_value(plane, value):  # unannotated, as _as_f32
+    if plane.dtype == types.uint16:
+        return lambda plane, value: f32_to_f16_bits(np.float32(value))
+    return lambda plane, value: value
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -466,13 +503,30 @@ def silu_gate(out: np.ndarray, projected: np.ndarray, n: int, ffn: int) -> None:
             out[t * ffn + i] = g / (np.float32(1.0) + np.exp(-g)) * projected[base + ffn + i]
 
 
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _rotate(target: np.ndarray, source: np.ndarray, table: np.ndarray, half: int, pairing: int) -> None:
+    """One head's RoPE: source (f32) rotated into target (f32, or an f16 plane's uint16 bits)."""
+    for i in range(half):
+        cos = table[2 * i]
+        sin = table[2 * i + 1]
+        if pairing == 0:
+            a, b = 2 * i, 2 * i + 1
+        else:
+            a, b = i, i + half
+        first = source[a]
+        second = source[b]
+        target[a] = plane_value(target, first * cos - second * sin)
+        target[b] = plane_value(target, first * sin + second * cos)
+
+
 @njit(cache=True, fastmath=True, nogil=True)
 def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
                rope_table: np.ndarray, positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray,
                page_table: np.ndarray,
                n: int, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
                page_stride: int, pairing: int) -> None:
-    """RoPE on q and k of projected [n, (q_heads + 2 kv_heads) * head_dim]; q -> q_out, k, v -> cache pages.
+    """RoPE on q and k of projected [n, (q_heads + 2 kv_heads) * head_dim]; q -> q_out, k, v -> cache pages
+    (f32 planes, or f16 planes as uint16 bits: q_out is f32 either way, so the query is not rounded).
 
     pairing 0 rotates (2i, 2i+1), 1 rotates (i, i + head_dim/2) (kernels/rope.py); the cache
     element of (page p, token slot s, kv head h, dim d) is p*page_stride + (s*kv_heads + h)*head_dim + d.
@@ -487,28 +541,17 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
         row = projected[t * width:(t + 1) * width]
         page = page_table[row_slot[token_row[t]] * pages_per_row + position // page_tokens]
         cache_base = page * page_stride + (position % page_tokens) * kv_width
-        for head in range(q_heads + kv_heads):
-            source = row[head * head_dim:(head + 1) * head_dim]
-            if head < q_heads:
-                target = q_out[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
-            else:
-                start = cache_base + (head - q_heads) * head_dim
-                target = k_cache[start:start + head_dim]
-            for i in range(half):
-                cos = table[2 * i]
-                sin = table[2 * i + 1]
-                if pairing == 0:
-                    a, b = 2 * i, 2 * i + 1
-                else:
-                    a, b = i, i + half
-                first = source[a]
-                second = source[b]
-                target[a] = first * cos - second * sin
-                target[b] = first * sin + second * cos
+        for head in range(q_heads):
+            _rotate(q_out[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim],
+                    row[head * head_dim:(head + 1) * head_dim], table, half, pairing)
+        for head in range(kv_heads):
+            start = cache_base + head * head_dim
+            _rotate(k_cache[start:start + head_dim], row[q_width + head * head_dim:q_width + (head + 1) * head_dim],
+                    table, half, pairing)
         values = row[q_width + kv_width:]
         v_target = v_cache[cache_base:cache_base + kv_width]
         for i in range(kv_width):
-            v_target[i] = values[i]
+            v_target[i] = plane_value(v_target, values[i])
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -632,46 +675,81 @@ def dequantize_rows(out: np.ndarray, data: np.ndarray, code: int, first: int, ro
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _block_dots(data: np.ndarray, code: int, at: int, x: np.ndarray, x_at: int, k: int, blocks: int, tokens: int,
-                sums: np.ndarray) -> None:
-    if code == BLOCK_Q8_0:
-        if tokens == 8:
-            q8_0_dots8(data, at, x, x_at, k, blocks, sums)
-        elif tokens == 4:
-            q8_0_dots4(data, at, x, x_at, k, blocks, sums)
+def _q8_0_dots(data: np.ndarray, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int, rows: int,
+               tokens: int, sums: np.ndarray) -> None:
+    if tokens == 8:
+        if rows == 2:
+            q8_0_dots2x8(data, at, row_bytes, x, x_at, k, blocks, sums)
         else:
-            q8_0_dots1(data, at, x, x_at, k, blocks, sums)
-    elif tokens == 8:
-        q4_1_dots8(data, at, x, x_at, k, blocks, sums)
+            q8_0_dots1x8(data, at, row_bytes, x, x_at, k, blocks, sums)
     elif tokens == 4:
-        q4_1_dots4(data, at, x, x_at, k, blocks, sums)
+        if rows == 2:
+            q8_0_dots2x4(data, at, row_bytes, x, x_at, k, blocks, sums)
+        else:
+            q8_0_dots1x4(data, at, row_bytes, x, x_at, k, blocks, sums)
+    elif rows == 4:
+        q8_0_dots4x1(data, at, row_bytes, x, x_at, k, blocks, sums)
+    elif rows == 2:
+        q8_0_dots2x1(data, at, row_bytes, x, x_at, k, blocks, sums)
     else:
-        q4_1_dots1(data, at, x, x_at, k, blocks, sums)
+        q8_0_dots1x1(data, at, row_bytes, x, x_at, k, blocks, sums)
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _q4_1_dots(data: np.ndarray, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int, rows: int,
+               tokens: int, sums: np.ndarray) -> None:
+    if tokens == 8:
+        if rows == 2:
+            q4_1_dots2x8(data, at, row_bytes, x, x_at, k, blocks, sums)
+        else:
+            q4_1_dots1x8(data, at, row_bytes, x, x_at, k, blocks, sums)
+    elif tokens == 4:
+        if rows == 2:
+            q4_1_dots2x4(data, at, row_bytes, x, x_at, k, blocks, sums)
+        else:
+            q4_1_dots1x4(data, at, row_bytes, x, x_at, k, blocks, sums)
+    elif rows == 4:
+        q4_1_dots4x1(data, at, row_bytes, x, x_at, k, blocks, sums)
+    elif rows == 2:
+        q4_1_dots2x1(data, at, row_bytes, x, x_at, k, blocks, sums)
+    else:
+        q4_1_dots1x1(data, at, row_bytes, x, x_at, k, blocks, sums)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
 def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
                       accumulate: bool, first: int, last: int, sums: np.ndarray) -> None:
     """linear_rows over a [m, k] block matrix (code: BLOCK_*): out[t, o] (+)= sum_i x[t, i] * w[o, i]
-    for t < n, first <= o < last. `sums` >= 8 floats of scratch.
+    for t < n, first <= o < last. `sums` >= 16 floats of scratch.
 
-    Per output row, tokens in groups of 8 (then 4, then 1): each block is widened in registers once
-    per group and multiplied into the group's accumulators (nothing of the weight is written to
-    memory; an 8-token group reads the row once for 8 tokens).
+    Output rows in groups (4 for a single token, else 2; 1 for the rows left over), tokens in
+    groups of 8 (then 4, then 1): each block is widened in registers once per token group and
+    multiplied into one accumulator per (row, token), and each loaded input feeds every row of
+    the group (nothing of the weight is written to memory; an 8-token group reads the row once for
+    8 tokens). Measured one thread, weights in cache, [3072, 576] Q4_1: docs/cpu-executor.md.
     """
     size = _block_bytes(code)
     blocks = k // 32
-    if x.size < n * k or out.size < n * m or data.size < last * blocks * size or sums.size < 8 or k % 32:
+    row_bytes = blocks * size
+    if x.size < n * k or out.size < n * m or data.size < last * row_bytes or sums.size < 16 or k % 32:
         raise IndexError("block_linear_rows: arrays smaller than the product")
-    for o in range(first, last):
-        at = o * blocks * size
+    step = 2 if n < 4 else 2
+    o = first
+    while o < last:
+        rows = step if o + step <= last else 1
+        at = o * row_bytes
         t = 0
         while t < n:
             group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
-            _block_dots(data, code, at, x, t * k, k, blocks, group, sums)
-            for j in range(group):
-                _store(out, (t + j) * m + o, sums[j], accumulate)
+            if code == BLOCK_Q8_0:
+                _q8_0_dots(data, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
+            else:
+                _q4_1_dots(data, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
+            for r in range(rows):
+                for j in range(group):
+                    _store(out, (t + j) * m + o + r, sums[r * group + j], accumulate)
             t += group
+        o += rows
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -703,5 +781,6 @@ def warm_up() -> None:
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)
-    rope_store(f32, f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
-    attention_pairs(f32, f32, f32, f32, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
+    for plane in (f32, bits):      # cache planes: f32, or f16 as uint16 bits
+        rope_store(f32, plane, plane, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
+        attention_pairs(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)

@@ -67,6 +67,11 @@ def _bits(weight: np.ndarray) -> np.ndarray:
     return weight.view(np.uint16)
 
 
+def _plane(cache: np.ndarray) -> np.ndarray:
+    """A cache plane as the compiled kernels take it: f32 as is, f16 as its uint16 bits."""
+    return cache.view(np.uint16) if cache.dtype == np.float16 else cache
+
+
 class CpuKernels:
     """Compiled implementations of the hot kernel ids over one workspace."""
 
@@ -114,7 +119,7 @@ class CpuKernels:
                 last = m if index == chunks - 1 else last
                 if isinstance(weight, BlockWeight):
                     compiled.block_linear_rows(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
-                                               first, last, self._own("sums", 8))
+                                               first, last, self._own("sums", 16))
                 else:
                     compiled.linear_rows(out, x, _bits(weight), n, k, m, accumulate, first, last, 0)
 
@@ -153,7 +158,7 @@ class CpuKernels:
         use, grown when a larger call needs more, then kept: the threads that run kernels are the
         caller and the helpers, so a few arrays each)."""
         memory: Optional[np.ndarray] = getattr(self._scratch, name, None)
-        if memory is None or memory.size < size:
+        if memory is None or memory.size < size or memory.dtype != dtype:
             memory = np.zeros(size, dtype=dtype)
             setattr(self._scratch, name, memory)
         return memory
@@ -199,7 +204,7 @@ class CpuKernels:
         if qkv_bias is not None:
             projected = self._projected[:n * width].reshape(n, width)
             projected += qkv_bias[:width]
-        compiled.rope_store(q_out, k_cache, v_cache, self._projected, rope_table, positions,
+        compiled.rope_store(q_out, _plane(k_cache), _plane(v_cache), self._projected, rope_table, positions,
                             token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
                             page_tokens, pages_per_row, page_stride, rope_pairing)
 
@@ -230,7 +235,7 @@ class CpuKernels:
 
         def heads(index: int) -> None:
             scores = self._own("scores", self.capacity.heads * self.capacity.context)
-            compiled.attention_pairs(out, q, k_cache, v_cache, positions, rows_of, row_slot, page_table, chosen,
+            compiled.attention_pairs(out, q, _plane(k_cache), _plane(v_cache), positions, rows_of, row_slot, page_table, chosen,
                                      q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale,
                                      scores, index * pairs // chunks, (index + 1) * pairs // chunks)
 
@@ -267,10 +272,12 @@ class CpuKernels:
             span = table.size * page_tokens
             # every array in this thread's scratch (grown to the largest chunk once): a prefill
             # step's score matrices would otherwise stay in the allocator's heap
-            keys = self._own("keys", span * head_dim)[:span * head_dim].reshape(table.size, page_tokens, head_dim)
-            values = self._own("values", span * head_dim)[:span * head_dim].reshape(keys.shape)
-            np.take(k_pages[:, :, kv, :], table, axis=0, out=keys)
-            np.take(v_pages[:, :, kv, :], table, axis=0, out=values)
+            gathered = self._own("gathered", span * head_dim, k_cache.dtype)[:span * head_dim]
+            keys = self._own("keys", span * head_dim)[:span * head_dim]
+            values = self._own("values", span * head_dim)[:span * head_dim]
+            for pages, target in ((k_pages, keys), (v_pages, values)):   # in the plane's dtype, then f32
+                np.take(pages[:, :, kv, :], table, axis=0, out=gathered.reshape(table.size, page_tokens, head_dim))
+                np.copyto(target, gathered)
             keys2, values2 = keys.reshape(span, head_dim)[:context], values.reshape(span, head_dim)[:context]
             queries = q[first * q_width:end * q_width].reshape(count, q_heads, head_dim)[:, kv * group:(kv + 1) * group]
             scores = self._own("row_scores", count * group * context)[:count * group * context]
