@@ -195,3 +195,23 @@ def test_real_block_core_greedy_is_identical_for_64_steps():
     finally:
         for executor in executors.values():
             executor.close()
+
+
+def test_compiler_pages_are_released_and_compiled_code_still_runs():
+    # spec: OWN-1
+    """After warm-up LLVM's clean read-only pages leave the resident set (residency.py); the
+    compiled primitives keep working, and a later compilation faults the pages back."""
+    from helios_backend.executors.cpu import compiled
+    from helios_backend.executors.cpu.residency import _clean_read_only_mappings, release_library_pages
+
+    compiled.warm_up()
+    mappings = _clean_read_only_mappings("libllvmlite")
+    assert mappings, "numba's LLVM library is mapped"
+    maps = pathlib.Path("/proc/self/maps").read_text().splitlines()
+    writable = {int(line.split("-")[0], 16) for line in maps if "libllvmlite" in line and "w" in line.split()[1]}
+    assert writable and not writable & {start for start, _ in mappings}     # relocated data is never released
+    assert release_library_pages("libllvmlite") >= sum(length for _, length in mappings) > 0
+    bits = np.arange(64, dtype=np.float16)
+    out = np.zeros(64, dtype=np.float32)
+    compiled.widen(out, bits.view(np.uint16), 64)
+    assert np.array_equal(out, bits.astype(np.float32))
