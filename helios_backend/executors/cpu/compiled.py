@@ -722,7 +722,7 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
     """linear_rows over a [m, k] block matrix (code: BLOCK_*): out[t, o] (+)= sum_i x[t, i] * w[o, i]
     for t < n, first <= o < last. `sums` >= 16 floats of scratch.
 
-    Output rows in groups (4 for a single token, else 2; 1 for the rows left over), tokens in
+    Output rows in groups (4 for up to 3 tokens, else 2; then 2 or 1 for the rows left over), tokens in
     groups of 8 (then 4, then 1): each block is widened in registers once per token group and
     multiplied into one accumulator per (row, token), and each loaded input feeds every row of
     the group (nothing of the weight is written to memory; an 8-token group reads the row once for
@@ -736,7 +736,7 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
     step = 2 if n < 4 else 2
     o = first
     while o < last:
-        rows = step if o + step <= last else 1
+        rows = step if o + step <= last else (2 if o + 2 <= last else 1)
         at = o * row_bytes
         t = 0
         while t < n:

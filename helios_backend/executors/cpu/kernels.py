@@ -112,10 +112,10 @@ class CpuKernels:
         if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         if n <= SMALL_PRODUCT_TOKENS:
-            chunks = self._chunks(n * m * k, m // 2)
+            chunks = self._chunks(n * m * k, m // 4)
 
-            def rows(index: int) -> None:        # whole row pairs per chunk (linear_rows pairs them)
-                first, last = 2 * (index * (m // 2) // chunks), 2 * ((index + 1) * (m // 2) // chunks)
+            def rows(index: int) -> None:        # whole row quads per chunk (the compiled loops group rows by 2 and 4)
+                first, last = 4 * (index * (m // 4) // chunks), 4 * ((index + 1) * (m // 4) // chunks)
                 last = m if index == chunks - 1 else last
                 if isinstance(weight, BlockWeight):
                     compiled.block_linear_rows(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
