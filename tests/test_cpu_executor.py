@@ -8,10 +8,13 @@ as the CUDA conformance script (tests/gpu/conformance.py) runs each program on b
 executors from fresh slots and compares completion records (tokens exactly), logits and
 float state within CPU_LOGIT_TOLERANCE of each row's largest magnitude, integer state
 exactly. Both executors read the same weights and hold the cache planes in their declared
-f16 (the oracle with widen_f16_cache=False), so only the f32 summation order differs (and a
-cached value may round to the neighbouring half): measured <= 4.1e-7 on the logits of every program; the
-tolerance is 1e-4 because the logprob records (log-softmax values, compared relative to the
-step's largest |logprob|, which can be small) carry the logits' absolute error. Then greedy
+f16 (the oracle with widen_f16_cache=False), so only the f32 summation order differs, and
+through it the rounding of a cached key or value that lies near the midpoint of two halves:
+one step of f16 (2^-11 relative) on a few cached values. Measured on the logits of every
+program and stand-in: <= 4.1e-7 with the planes widened to f32, <= 9.8e-5 with f16 planes
+(gemma3's decode of 8 rows), hence CPU_LOGIT_TOLERANCE = 5e-4 (five times that, one f16 step)
+and far below what a wrong kernel gives (O(1)). Logprob records carry the logits' absolute
+error and are compared on the logits' scale (conformance.compare). Then greedy
 generation must give identical tokens for 64 steps at batch 1 and 8.
 """
 from __future__ import annotations
@@ -37,7 +40,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent / "gpu"))
 import conformance  # noqa: E402  (the executor-agnostic harness of the CUDA conformance script)
 from executor_model import ExecutorModel  # noqa: E402
 
-CPU_LOGIT_TOLERANCE = 1e-4        # max |cpu - numpy| / max |numpy| per row, logits and float state
+CPU_LOGIT_TOLERANCE = 5e-4        # max |cpu - numpy| / max |numpy| per row, logits and float state
 CACHE_PAGES = 256
 STEPS = 64
 
