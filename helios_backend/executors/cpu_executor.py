@@ -6,11 +6,13 @@ differences, both decided at load:
 
   * F16 weight buffers are kept as loaded, in their declared layout (no f32 shadow: half the
     resident weight bytes of the numpy executor's f16 + f32 pair, and a decode step streams
-    each weight byte once);
+    each weight byte once); block weights likewise; F16 cache planes keep their f16
+    (widen_f16_cache=False), widened in registers by the compiled attention;
   * the kernel ids that dominate a step (projections, attention, embedding, LM head) run
     CpuKernels' compiled implementations (executors/cpu/), on `threads` threads (the calling
     thread and threads - 1 helpers sharing chunks of each large call, cpu/sharing.py); every
-    other id keeps its numpy reference.
+    other id keeps its numpy reference. Once everything is compiled, LLVM's code pages leave
+    the resident set (cpu/residency.py).
 
 The numpy executor stays the conformance oracle: tests/test_cpu_executor.py compares logits
 per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md).
