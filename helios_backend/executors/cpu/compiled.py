@@ -163,67 +163,81 @@ head_axpy64 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(64)))
 head_axpy128 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(128)))
 
 
-def _block_row_dots_intrinsic(code: int, rows: int, tokens: int) -> Callable[..., Any]:
+def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks: Any, tokens: int, lanes: int,
+                     target: Any) -> None:
+    """The loop of _block_row_dots_intrinsic for one layout code, from the builder's position; the
+    sums stored to `target` (float*), the builder left at the loop's exit."""
+    i64 = ir.IntType(64)
+    size = 34 if code == BLOCK_Q8_0 else 20
+    accumulator_type = ir.VectorType(ir.FloatType(), lanes)
+    halves = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
+              for h in range(_LANES // lanes)]
+    entry = builder.block
+    loop = builder.append_basic_block(f"block_loop_{code}")
+    done = builder.append_basic_block(f"block_done_{code}")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    index = builder.phi(i64)
+    accumulators = [builder.phi(accumulator_type) for _ in range(len(starts) * tokens)]
+    index.add_incoming(ir.Constant(i64, 0), entry)
+    for accumulator in accumulators:
+        accumulator.add_incoming(ir.Constant(accumulator_type, [0.0] * lanes), entry)
+    block_at = builder.mul(index, ir.Constant(i64, size))
+    weights = []
+    for start in starts:
+        widened = _block_weights(builder, code, builder.gep(start, [block_at]))
+        weights.append([widened] if lanes == _LANES else
+                       [builder.shuffle_vector(widened, widened, half) for half in halves])
+    offset = builder.mul(index, ir.Constant(i64, _LANES))
+    summed = list(accumulators)
+    for t, token_inputs in enumerate(inputs):
+        values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
+        parts = [values] if lanes == _LANES else [builder.shuffle_vector(values, values, h) for h in halves]
+        for r in range(len(starts)):
+            for w, part in zip(weights[r], parts):
+                summed[r * tokens + t] = _fma(builder, w, part, summed[r * tokens + t])
+    following = builder.add(index, ir.Constant(i64, 1))
+    index.add_incoming(following, builder.block)
+    for accumulator, value in zip(accumulators, summed):
+        accumulator.add_incoming(value, builder.block)
+    builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
+    builder.position_at_end(done)
+    for j, value in enumerate(summed):
+        builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
+
+
+def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
     """sums[r * tokens + t] = sum over `blocks` consecutive blocks from byte at + r * row_bytes of
-    w . x[x_at + t * x_stride:] for r < rows, t < tokens: each block widened once into registers
-    and multiplied into one vector accumulator per (row, token), so every loaded input feeds
-    `rows` products and every widened block `tokens`; one horizontal sum each at the end.
+    w . x[x_at + t * x_stride:] for r < rows, t < tokens, blocks of layout `code` (BLOCK_*): each
+    block widened once into registers and multiplied into one vector accumulator per (row,
+    token), so every loaded input feeds `rows` products and every widened block `tokens`; one
+    horizontal sum each at the end. One loop per layout code, chosen once per call.
 
     Up to 8 (row, token) pairs keep <32 x float> accumulators (one FMA chain of 4 cycles per
     block); more fold each block's two halves into one <16 x float> accumulator, so 2 rows x 8
     tokens (16 accumulators) stay in AVX-512's 32 vector registers with the widened blocks."""
-    size = 34 if code == BLOCK_Q8_0 else 20
     lanes = _LANES if rows * tokens <= 8 else _LANES // 2
-    accumulator_type = ir.VectorType(ir.FloatType(), lanes)
-    halves = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
-              for h in range(_LANES // lanes)]
 
-    def typer(typingctx: Any, data: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any, blocks: Any,
-              sums: Any) -> Any:
+    def typer(typingctx: Any, data: Any, code: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any,
+              blocks: Any, sums: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             i64 = ir.IntType(64)
             starts = [_element_pointer(context, builder, signature.args[0], args[0],
-                                       builder.add(args[1], builder.mul(args[2], ir.Constant(i64, r))))
+                                       builder.add(args[2], builder.mul(args[3], ir.Constant(i64, r))))
                       for r in range(rows)]
-            inputs = [_element_pointer(context, builder, signature.args[3], args[3],
-                                       builder.add(args[4], builder.mul(args[5], ir.Constant(i64, t))))
+            inputs = [_element_pointer(context, builder, signature.args[4], args[4],
+                                       builder.add(args[5], builder.mul(args[6], ir.Constant(i64, t))))
                       for t in range(tokens)]
-            entry = builder.block
-            loop = builder.append_basic_block("block_loop")
-            done = builder.append_basic_block("block_done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            index = builder.phi(i64)
-            accumulators = [builder.phi(accumulator_type) for _ in range(rows * tokens)]
-            index.add_incoming(ir.Constant(i64, 0), entry)
-            for accumulator in accumulators:
-                accumulator.add_incoming(ir.Constant(accumulator_type, [0.0] * lanes), entry)
-            block_at = builder.mul(index, ir.Constant(i64, size))
-            weights = []
-            for start in starts:
-                widened = _block_weights(builder, code, builder.gep(start, [block_at]))
-                weights.append([widened] if lanes == _LANES else
-                               [builder.shuffle_vector(widened, widened, half) for half in halves])
-            offset = builder.mul(index, ir.Constant(i64, _LANES))
-            summed = list(accumulators)
-            for t, token_inputs in enumerate(inputs):
-                values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()),
-                                      align=4)
-                parts = [values] if lanes == _LANES else [builder.shuffle_vector(values, values, h) for h in halves]
-                for r in range(rows):
-                    for w, part in zip(weights[r], parts):
-                        summed[r * tokens + t] = _fma(builder, w, part, summed[r * tokens + t])
-            following = builder.add(index, ir.Constant(i64, 1))
-            index.add_incoming(following, builder.block)
-            for accumulator, value in zip(accumulators, summed):
-                accumulator.add_incoming(value, builder.block)
-            builder.cbranch(builder.icmp_signed("<", following, args[6]), loop, done)
-            builder.position_at_end(done)
-            target = context.make_array(signature.args[7])(context, builder, value=args[7]).data
-            for j, value in enumerate(summed):
-                builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
+            target = context.make_array(signature.args[8])(context, builder, value=args[8]).data
+            with builder.if_else(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, BLOCK_Q8_0))) as (
+                    q8_0, q4_1):
+                with q8_0:
+                    _emit_block_dots(builder, BLOCK_Q8_0, starts, inputs, args[7], tokens, lanes, target)
+                with q4_1:
+                    _emit_block_dots(builder, BLOCK_Q4_1, starts, inputs, args[7], tokens, lanes, target)
             return context.get_dummy_value()
-        return types.none(data, types.intp, types.intp, x, types.intp, types.intp, types.intp, sums), codegen
+        return types.none(data, types.intp, types.intp, types.intp, x, types.intp, types.intp, types.intp,
+                          sums), codegen
     return typer
 
 
@@ -239,14 +253,11 @@ def _block_store_intrinsic(code: int) -> Callable[..., Any]:
 
 
 # (rows, tokens) shapes of one pass over blocks (block_linear_rows: 2 rows x 8 / 4 tokens, 4 rows x 1 token, and
-# 1 row for an odd last row or a single token)
-_Q8_0_DOTS = {(r, t): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(BLOCK_Q8_0, r, t)))
-              for r, t in ((1, 1), (2, 1), (4, 1), (1, 4), (2, 4), (1, 8), (2, 8))}
-_Q4_1_DOTS = {(r, t): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(BLOCK_Q4_1, r, t)))
-              for r, t in _Q8_0_DOTS}
-q8_0_dots1x1, q8_0_dots2x1, q8_0_dots4x1, q8_0_dots1x4, q8_0_dots2x4, q8_0_dots1x8, q8_0_dots2x8 = _Q8_0_DOTS.values()
-q4_1_dots1x1, q4_1_dots2x1, q4_1_dots4x1, q4_1_dots1x4, q4_1_dots2x4, q4_1_dots1x8, q4_1_dots2x8 = _Q4_1_DOTS.values()
-"""qN_dotsRxT(data, at, row_bytes, x, x_at, x_stride, blocks, sums): sums[r * T + t] = row r . x[x_at + t *
+# 2 or 1 rows for the rows left over)
+dots1x1, dots2x1, dots4x1, dots1x4, dots2x4, dots1x8, dots2x8 = (
+    cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(r, t)))
+    for r, t in ((1, 1), (2, 1), (4, 1), (1, 4), (2, 4), (1, 8), (2, 8)))
+"""dotsRxT(data, code, at, row_bytes, x, x_at, x_stride, blocks, sums): sums[r * T + t] = row r . x[x_at + t *
 x_stride:] for r < R, t < T over the `blocks` (>= 1) blocks of each row (no bounds checks: the callers check)."""
 q8_0_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q8_0)))
 """out[out_at:out_at + 32] = the weights of the Q8_0 block at data[at:] (no bounds checks)."""
@@ -675,45 +686,24 @@ def dequantize_rows(out: np.ndarray, data: np.ndarray, code: int, first: int, ro
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _q8_0_dots(data: np.ndarray, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int, rows: int,
-               tokens: int, sums: np.ndarray) -> None:
+def _block_dots(data: np.ndarray, code: int, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int,
+                rows: int, tokens: int, sums: np.ndarray) -> None:
     if tokens == 8:
         if rows == 2:
-            q8_0_dots2x8(data, at, row_bytes, x, x_at, k, blocks, sums)
+            dots2x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
         else:
-            q8_0_dots1x8(data, at, row_bytes, x, x_at, k, blocks, sums)
+            dots1x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
     elif tokens == 4:
         if rows == 2:
-            q8_0_dots2x4(data, at, row_bytes, x, x_at, k, blocks, sums)
+            dots2x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
         else:
-            q8_0_dots1x4(data, at, row_bytes, x, x_at, k, blocks, sums)
+            dots1x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
     elif rows == 4:
-        q8_0_dots4x1(data, at, row_bytes, x, x_at, k, blocks, sums)
+        dots4x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
     elif rows == 2:
-        q8_0_dots2x1(data, at, row_bytes, x, x_at, k, blocks, sums)
+        dots2x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
     else:
-        q8_0_dots1x1(data, at, row_bytes, x, x_at, k, blocks, sums)
-
-
-@njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _q4_1_dots(data: np.ndarray, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int, rows: int,
-               tokens: int, sums: np.ndarray) -> None:
-    if tokens == 8:
-        if rows == 2:
-            q4_1_dots2x8(data, at, row_bytes, x, x_at, k, blocks, sums)
-        else:
-            q4_1_dots1x8(data, at, row_bytes, x, x_at, k, blocks, sums)
-    elif tokens == 4:
-        if rows == 2:
-            q4_1_dots2x4(data, at, row_bytes, x, x_at, k, blocks, sums)
-        else:
-            q4_1_dots1x4(data, at, row_bytes, x, x_at, k, blocks, sums)
-    elif rows == 4:
-        q4_1_dots4x1(data, at, row_bytes, x, x_at, k, blocks, sums)
-    elif rows == 2:
-        q4_1_dots2x1(data, at, row_bytes, x, x_at, k, blocks, sums)
-    else:
-        q4_1_dots1x1(data, at, row_bytes, x, x_at, k, blocks, sums)
+        dots1x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -741,10 +731,7 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
         t = 0
         while t < n:
             group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
-            if code == BLOCK_Q8_0:
-                _q8_0_dots(data, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
-            else:
-                _q4_1_dots(data, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
+            _block_dots(data, code, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
             for r in range(rows):
                 for j in range(group):
                     _store(out, (t + j) * m + o + r, sums[r * group + j], accumulate)
