@@ -29,25 +29,20 @@ def _clean_read_only_mappings(fragment: str) -> list[tuple[int, int]]:
     """(start, length) of this process's mappings of a file whose name holds `fragment`, not
     writable, with no dirty page (from /proc/self/smaps)."""
     found: list[tuple[int, int]] = []
-    current: dict[str, object] = {}
-
-    def close() -> None:
-        if current.get("match") and current.get("dirty", 1) == 0:
-            found.append((int(current["start"]), int(current["end"]) - int(current["start"])))  # type: ignore[arg-type]
-
-    for line in Path("/proc/self/smaps").read_text().splitlines():
+    start = end = dirty = 0
+    match = False
+    for line in Path("/proc/self/smaps").read_text().splitlines() + ["0-0 ---p"]:   # a last header closes
         fields = line.split()
         if not fields:
             continue
         if not fields[0].endswith(":"):          # a mapping's header: range perms offset dev inode [path]
-            close()
+            if match and dirty == 0:
+                found.append((start, end - start))
             start, end = (int(x, 16) for x in fields[0].split("-"))
             path = fields[5] if len(fields) > 5 else ""
-            current = {"start": start, "end": end, "dirty": 0,
-                       "match": fragment in Path(path).name and "w" not in fields[1]}
+            match, dirty = fragment in Path(path).name and "w" not in fields[1], 0
         elif fields[0] in ("Private_Dirty:", "Shared_Dirty:"):
-            current["dirty"] = int(current.get("dirty", 0)) + int(fields[1])  # type: ignore[arg-type]
-    close()
+            dirty += int(fields[1])
     return found
 
 
