@@ -10,7 +10,8 @@ Each engine runs in its own child process, so each resident set is its own, alte
   `new_tokens` greedy DECODE rounds of B rows (requests that asked for no logprobs, as
   llama.cpp's peer computes none); tokens/s = B * steps / seconds, the median of `repeats`.
 - llama.cpp: bench/cpu_peer.py's measurement (llama-cpp-python, same prompt ids, Q4_1 GGUF).
-Memory: the child's resident set (VmRSS) after its last measurement and its peak (VmHWM).
+Memory: the child's resident set (VmRSS) after its last measurement, its peak (VmHWM), and its
+anonymous and file-backed parts (RssAnon, RssFile).
 
 Ratios are helios / llama.cpp of the medians over rounds; every run's figure is kept. The
 machine is shared: the load average before and after is recorded, and the text output flags
@@ -34,13 +35,15 @@ DEFAULT_CORE = Path("var/cores/smollm2-135m-instruct.core")
 
 
 def _memory() -> dict[str, int]:
-    """This process's resident set now and at its peak, bytes (Linux /proc)."""
+    """This process's resident set now and at its peak, and the anonymous and file-backed parts
+    of it now, bytes (Linux /proc)."""
     fields = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
             fields[key] = int(value.split()[0]) * 1024
-    return {"rss_bytes": fields["VmRSS"], "peak_rss_bytes": fields["VmHWM"]}
+    return {"rss_bytes": fields["VmRSS"], "peak_rss_bytes": fields["VmHWM"], "rss_anon_bytes": fields["RssAnon"],
+            "rss_file_bytes": fields["RssFile"]}
 
 
 def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: dict[int, Sequence[float]],
@@ -152,7 +155,9 @@ def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
             runs = [f["prefill_runs_s"]] + [f["decode"][str(b)]["runs_s"] for b in batches]
             noisy = any(max(r) > 1.5 * min(r) for r in runs if r)
             lines.append(f"  {name:10s} round {i}: tok/s " + ", ".join(cells)
-                         + f", rss {f['rss_bytes'] / 2**20:,.0f} MiB (peak {f['peak_rss_bytes'] / 2**20:,.0f})"
+                         + f", rss {f['rss_bytes'] / 2**20:,.0f} MiB (peak {f['peak_rss_bytes'] / 2**20:,.0f}"
+                         + (f", anon {f['rss_anon_bytes'] / 2**20:,.0f} file {f['rss_file_bytes'] / 2**20:,.0f})"
+                            if "rss_anon_bytes" in f else ")")
                          + ("  [runs differ > 1.5x: busy machine]" if noisy else ""))
     lines.append("ratios (helios / llama.cpp, medians over rounds): "
                  + ", ".join(f"{k} x{v:.2f}" for k, v in summary["ratios"].items())

@@ -7,10 +7,14 @@ recipe records, the same harness
 as the CUDA conformance script (tests/gpu/conformance.py) runs each program on both
 executors from fresh slots and compares completion records (tokens exactly), logits and
 float state within CPU_LOGIT_TOLERANCE of each row's largest magnitude, integer state
-exactly. Both executors read the same f16 weights and hold the cache widened to f32, so
-only the f32 summation order differs: measured <= 4.1e-7 on the logits of every program; the
-tolerance is 1e-4 because the logprob records (log-softmax values, compared relative to the
-step's largest |logprob|, which can be small) carry the logits' absolute error. Then greedy
+exactly. Both executors read the same weights and hold the cache planes in their declared
+f16 (the oracle with widen_f16_cache=False), so only the f32 summation order differs, and
+through it the rounding of a cached key or value that lies near the midpoint of two halves:
+one step of f16 (2^-11 relative) on a few cached values. Measured on the logits of every
+program and stand-in: <= 4.1e-7 with the planes widened to f32, <= 9.8e-5 with f16 planes
+(gemma3's decode of 8 rows), hence CPU_LOGIT_TOLERANCE = 5e-4 (five times that, one f16 step)
+and far below what a wrong kernel gives (O(1)). Logprob records carry the logits' absolute
+error and are compared on the logits' scale (conformance.compare). Then greedy
 generation must give identical tokens for 64 steps at batch 1 and 8.
 """
 from __future__ import annotations
@@ -36,7 +40,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent / "gpu"))
 import conformance  # noqa: E402  (the executor-agnostic harness of the CUDA conformance script)
 from executor_model import ExecutorModel  # noqa: E402
 
-CPU_LOGIT_TOLERANCE = 1e-4        # max |cpu - numpy| / max |numpy| per row, logits and float state
+CPU_LOGIT_TOLERANCE = 5e-4        # max |cpu - numpy| / max |numpy| per row, logits and float state
 CACHE_PAGES = 256
 STEPS = 64
 
@@ -69,7 +73,7 @@ def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
     data = {r.id: r.data for r in tiny_prepared.resources}
     contract, manifest = tiny_prepared.contract, tiny_prepared.manifest
-    oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES))
+    oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES, widen_f16_cache=False))
     # share_above=1: every product and attention call is split into chunks shared with a helper thread
     # (the tiny shapes would otherwise run on one thread), so chunk boundaries are compared too
     cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1))
@@ -178,7 +182,7 @@ def test_real_block_core_greedy_is_identical_for_64_steps():
                                   snapshot_rows=0, restoration_rows=(), scored_prefill_variants=())
     assert {b.dtype for b in prepared.manifest.buffers if b.name == "weights.layers.0.gate_up"} == {C.DTYPE_Q4_1}
     data = {r.id: r.data for r in prepared.resources}
-    executors = {"numpy": NumpyExecutor(prepared.manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=96)),
+    executors = {"numpy": NumpyExecutor(prepared.manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=96, widen_f16_cache=False)),
                  "cpu": CpuExecutor(prepared.manifest, data.__getitem__, CpuExecutorOptions(cache_pages=96))}
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 49152, 4 + i).tolist() for i in range(8)]
@@ -194,3 +198,23 @@ def test_real_block_core_greedy_is_identical_for_64_steps():
     finally:
         for executor in executors.values():
             executor.close()
+
+
+def test_compiler_pages_are_released_and_compiled_code_still_runs():
+    # spec: OWN-1
+    """After warm-up LLVM's clean read-only pages leave the resident set (residency.py); the
+    compiled primitives keep working, and a later compilation faults the pages back."""
+    from helios_backend.executors.cpu import compiled
+    from helios_backend.executors.cpu.residency import _clean_read_only_mappings, release_library_pages
+
+    compiled.warm_up()
+    mappings = _clean_read_only_mappings("libllvmlite")
+    assert mappings, "numba's LLVM library is mapped"
+    maps = pathlib.Path("/proc/self/maps").read_text().splitlines()
+    writable = {int(line.split("-")[0], 16) for line in maps if "libllvmlite" in line and "w" in line.split()[1]}
+    assert writable and not writable & {start for start, _ in mappings}     # relocated data is never released
+    assert release_library_pages("libllvmlite") >= sum(length for _, length in mappings) > 0
+    bits = np.arange(64, dtype=np.float16)
+    out = np.zeros(64, dtype=np.float32)
+    compiled.widen(out, bits.view(np.uint16), 64)
+    assert np.array_equal(out, bits.astype(np.float32))

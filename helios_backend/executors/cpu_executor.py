@@ -6,11 +6,13 @@ differences, both decided at load:
 
   * F16 weight buffers are kept as loaded, in their declared layout (no f32 shadow: half the
     resident weight bytes of the numpy executor's f16 + f32 pair, and a decode step streams
-    each weight byte once);
+    each weight byte once); block weights likewise; F16 cache planes keep their f16
+    (widen_f16_cache=False), widened in registers by the compiled attention;
   * the kernel ids that dominate a step (projections, attention, embedding, LM head) run
     CpuKernels' compiled implementations (executors/cpu/), on `threads` threads (the calling
     thread and threads - 1 helpers sharing chunks of each large call, cpu/sharing.py); every
-    other id keeps its numpy reference.
+    other id keeps its numpy reference. Once everything is compiled, LLVM's code pages leave
+    the resident set (cpu/residency.py).
 
 The numpy executor stays the conformance oracle: tests/test_cpu_executor.py compares logits
 per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md).
@@ -25,6 +27,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu.compiled import warm_up
 from helios_backend.executors.cpu.kernels import SHARED_WORK_MACS, Capacity, CpuKernels
+from helios_backend.executors.cpu.residency import release_library_pages
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce
 from helios_backend.executors.base import ResourceReader
 from helios_backend.kernels import abi
@@ -84,12 +87,15 @@ class CpuExecutor(NumpyExecutor):
         self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads,
                                   options.share_above)
         self.cpu_options = options
-        # the compiled attention reads f32 cache planes: F16 planes are held widened, as numpy's default
+        # F16 cache planes keep their declared dtype (half the bytes a decode step's attention streams,
+        # and the cached values a device executor holds); the compiled kernels widen them in registers
         super().__init__(manifest, read_resource,
                          NumpyExecutorOptions(cache_pages=options.cache_pages, programs=options.programs,
-                                              blas_threads=1, widen_f16_cache=True),
+                                              blas_threads=1, widen_f16_cache=False),
                          implementations=self.kernels.table, weight_shadows=False,
                          local_ranks=local_ranks, reduce=reduce)
+        # every primitive is compiled (warm_up): LLVM's code pages are not needed again (cpu/residency.py)
+        self.released_compiler_bytes = release_library_pages("libllvmlite")
 
     def close(self) -> None:
         super().close()

@@ -268,7 +268,12 @@ def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionM
         a, b = cuda_state[k], np_state[k]
         if a.dtype.kind == "f":   # computed state (e.g. continuation pages of KV): fp16 tolerance
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
-            allowed = np.full(b64.shape, tolerance * max(np.max(np.abs(b64), initial=0.0), 1e-6))
+            scale = max(np.max(np.abs(b64), initial=0.0), 1e-6)
+            if k.startswith("rows:") and np_logits is not None:
+                # a logprob is a logit minus the row's log-sum-exp: it carries the logits' absolute
+                # error, which the logits' magnitude bounds, not the (possibly small) logprobs'
+                scale = max(scale, float(np.max(np.abs(np_logits), initial=0.0)))
+            allowed = np.full(b64.shape, tolerance * scale)
             if a.dtype == np.float16:   # stored rounded to f16: values within the tolerance may round apart
                 allowed = np.maximum(allowed, np.spacing(np.abs(b)).astype(np.float64))
             return bool(np.all(np.abs(a64 - b64) <= allowed))

@@ -37,10 +37,18 @@ def _narrow_to_half(typingctx: Any, value: Any) -> Any:
 
 
 # typed as plain callables: numba's intrinsic objects confuse static checkers
+def _bits_to_float(typingctx: Any, bits: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
 f16_bits_to_f32 = cast(Callable[[Any], Any], intrinsic(_widen_half))
 """The float32 value of an IEEE half given as its uint16 bits (exact, subnormals included)."""
 f32_to_f16_bits = cast(Callable[[Any], Any], intrinsic(_narrow_to_half))
 """The uint16 bits of a float32 rounded to the nearest half (round to nearest even)."""
+i32_bits_to_f32 = cast(Callable[[Any], Any], intrinsic(_bits_to_float))
+"""The float32 whose bits are the given int32 (a bitcast)."""
 
 
 # ---- block weights (kernels/blocks.py): one block of 32 weights as one LLVM vector ------------------
@@ -86,16 +94,16 @@ def _element_pointer(context: Any, builder: Any, array_type: Any, array: Any, in
 
 
 def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:
-    """a * b + c as one fused multiply-add per lane (llvm.fma.v32f32)."""
+    """a * b + c as one fused multiply-add per lane (llvm.fma.vNf32)."""
     module = builder.module
-    name = f"llvm.fma.v{_LANES}f32"
-    function = module.globals.get(name) or ir.Function(module, ir.FunctionType(_F32X32, [_F32X32] * 3), name)
+    name = f"llvm.fma.v{a.type.count}f32"
+    function = module.globals.get(name) or ir.Function(module, ir.FunctionType(a.type, [a.type] * 3), name)
     return builder.call(function, [a, b, c])
 
 
 def _horizontal_sum(builder: Any, total: Any) -> Any:
-    """The sum of a <32 x float>'s lanes: a tree of halves (a few shuffles and adds)."""
-    lanes = _LANES
+    """The sum of a float vector's lanes (a power of two): a tree of halves (a few shuffles and adds)."""
+    lanes = total.type.count
     while lanes > 1:
         lanes //= 2
         undefined = ir.Constant(ir.VectorType(ir.FloatType(), 2 * lanes), ir.Undefined)
@@ -107,46 +115,129 @@ def _horizontal_sum(builder: Any, total: Any) -> Any:
     return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
 
 
-def _block_row_dots_intrinsic(code: int, tokens: int) -> Callable[..., Any]:
-    """sums[t] = sum over `blocks` consecutive blocks from byte `at` of w . x[x_at + t * x_stride:]
-    for t < tokens: each block widened once into registers and multiplied into one <32 x float>
-    accumulator per token; one horizontal sum per token at the end."""
-    size = 34 if code == BLOCK_Q8_0 else 20
+def _load_head(context: Any, builder: Any, array_type: Any, array: Any, at: Any, width: int) -> Any:
+    """<width x float> from element `at` of a float32 array, or of an f16 plane held as uint16 bits."""
+    pointer = _element_pointer(context, builder, array_type, array, at)
+    if array_type.dtype == types.uint16:
+        bits = builder.load(builder.bitcast(pointer, ir.VectorType(ir.IntType(16), width).as_pointer()), align=2)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), width)),
+                             ir.VectorType(ir.FloatType(), width))
+    return builder.load(builder.bitcast(pointer, ir.VectorType(ir.FloatType(), width).as_pointer()), align=4)
 
-    def typer(typingctx: Any, data: Any, at: Any, x: Any, x_at: Any, x_stride: Any, blocks: Any, sums: Any) -> Any:
+
+def _head_dot_intrinsic(width: int) -> Callable[..., Any]:
+    """sum(a[a_at:a_at + width] * b[b_at:b_at + width]) as one vector product and a tree sum."""
+    def typer(typingctx: Any, a: Any, a_at: Any, b: Any, b_at: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            first = _load_head(context, builder, signature.args[0], args[0], args[1], width)
+            second = _load_head(context, builder, signature.args[2], args[2], args[3], width)
+            return _horizontal_sum(builder, builder.fmul(first, second))
+        return types.float32(a, types.intp, b, types.intp), codegen
+    return typer
+
+
+def _head_axpy_intrinsic(width: int) -> Callable[..., Any]:
+    """target[t_at:t_at + width] += weight * value[v_at:v_at + width] (target float32)."""
+    def typer(typingctx: Any, target: Any, t_at: Any, weight: Any, value: Any, v_at: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            vector = ir.VectorType(ir.FloatType(), width)
+            pointer = builder.bitcast(_element_pointer(context, builder, signature.args[0], args[0], args[1]),
+                                      vector.as_pointer())
+            values = _load_head(context, builder, signature.args[3], args[3], args[4], width)
+            splat = builder.shuffle_vector(
+                builder.insert_element(ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined), args[2],
+                                       ir.Constant(ir.IntType(32), 0)),
+                ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined),
+                ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+            total = builder.fadd(builder.load(pointer, align=4), builder.fmul(splat, values))
+            builder.store(total, pointer, align=4)
+            return context.get_dummy_value()
+        return types.none(target, types.intp, types.float32, value, types.intp), codegen
+    return typer
+
+
+# head widths with a vector form (attention_pairs falls back to a loop for others)
+head_dot64 = cast(Callable[..., Any], intrinsic(_head_dot_intrinsic(64)))
+head_dot128 = cast(Callable[..., Any], intrinsic(_head_dot_intrinsic(128)))
+head_axpy64 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(64)))
+head_axpy128 = cast(Callable[..., Any], intrinsic(_head_axpy_intrinsic(128)))
+
+
+def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks: Any, tokens: int, lanes: int,
+                     target: Any) -> None:
+    """The loop of _block_row_dots_intrinsic for one layout code, from the builder's position; the
+    sums stored to `target` (float*), the builder left at the loop's exit."""
+    i64 = ir.IntType(64)
+    size = 34 if code == BLOCK_Q8_0 else 20
+    accumulator_type = ir.VectorType(ir.FloatType(), lanes)
+    halves = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
+              for h in range(_LANES // lanes)]
+    entry = builder.block
+    loop = builder.append_basic_block(f"block_loop_{code}")
+    done = builder.append_basic_block(f"block_done_{code}")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    index = builder.phi(i64)
+    accumulators = [builder.phi(accumulator_type) for _ in range(len(starts) * tokens)]
+    index.add_incoming(ir.Constant(i64, 0), entry)
+    for accumulator in accumulators:
+        accumulator.add_incoming(ir.Constant(accumulator_type, [0.0] * lanes), entry)
+    block_at = builder.mul(index, ir.Constant(i64, size))
+    weights = []
+    for start in starts:
+        widened = _block_weights(builder, code, builder.gep(start, [block_at]))
+        weights.append([widened] if lanes == _LANES else
+                       [builder.shuffle_vector(widened, widened, half) for half in halves])
+    offset = builder.mul(index, ir.Constant(i64, _LANES))
+    summed = list(accumulators)
+    for t, token_inputs in enumerate(inputs):
+        values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
+        parts = [values] if lanes == _LANES else [builder.shuffle_vector(values, values, h) for h in halves]
+        for r in range(len(starts)):
+            for w, part in zip(weights[r], parts):
+                summed[r * tokens + t] = _fma(builder, w, part, summed[r * tokens + t])
+    following = builder.add(index, ir.Constant(i64, 1))
+    index.add_incoming(following, builder.block)
+    for accumulator, value in zip(accumulators, summed):
+        accumulator.add_incoming(value, builder.block)
+    builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
+    builder.position_at_end(done)
+    for j, value in enumerate(summed):
+        builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
+
+
+def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
+    """sums[r * tokens + t] = sum over `blocks` consecutive blocks from byte at + r * row_bytes of
+    w . x[x_at + t * x_stride:] for r < rows, t < tokens, blocks of layout `code` (BLOCK_*): each
+    block widened once into registers and multiplied into one vector accumulator per (row,
+    token), so every loaded input feeds `rows` products and every widened block `tokens`; one
+    horizontal sum each at the end. One loop per layout code, chosen once per call.
+
+    Up to 8 (row, token) pairs keep <32 x float> accumulators (one FMA chain of 4 cycles per
+    block); more fold each block's two halves into one <16 x float> accumulator, so 2 rows x 8
+    tokens (16 accumulators) stay in AVX-512's 32 vector registers with the widened blocks."""
+    lanes = _LANES if rows * tokens <= 8 else _LANES // 2
+
+    def typer(typingctx: Any, data: Any, code: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any,
+              blocks: Any, sums: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             i64 = ir.IntType(64)
-            start = _element_pointer(context, builder, signature.args[0], args[0], args[1])
-            inputs = [_element_pointer(context, builder, signature.args[2], args[2],
-                                       builder.add(args[3], builder.mul(args[4], ir.Constant(i64, t))))
+            starts = [_element_pointer(context, builder, signature.args[0], args[0],
+                                       builder.add(args[2], builder.mul(args[3], ir.Constant(i64, r))))
+                      for r in range(rows)]
+            inputs = [_element_pointer(context, builder, signature.args[4], args[4],
+                                       builder.add(args[5], builder.mul(args[6], ir.Constant(i64, t))))
                       for t in range(tokens)]
-            entry = builder.block
-            loop = builder.append_basic_block("block_loop")
-            done = builder.append_basic_block("block_done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            index = builder.phi(i64)
-            accumulators = [builder.phi(_F32X32) for _ in range(tokens)]
-            index.add_incoming(ir.Constant(i64, 0), entry)
-            for accumulator in accumulators:
-                accumulator.add_incoming(ir.Constant(_F32X32, [0.0] * _LANES), entry)
-            weights = _block_weights(builder, code, builder.gep(start, [builder.mul(index, ir.Constant(i64, size))]))
-            offset = builder.mul(index, ir.Constant(i64, _LANES))
-            summed = []
-            for token_inputs, accumulator in zip(inputs, accumulators):
-                values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
-                summed.append(_fma(builder, weights, values, accumulator))
-            following = builder.add(index, ir.Constant(i64, 1))
-            index.add_incoming(following, builder.block)
-            for accumulator, value in zip(accumulators, summed):
-                accumulator.add_incoming(value, builder.block)
-            builder.cbranch(builder.icmp_signed("<", following, args[5]), loop, done)
-            builder.position_at_end(done)
-            target = context.make_array(signature.args[6])(context, builder, value=args[6]).data
-            for t, value in enumerate(summed):
-                builder.store(_horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, t)]))
+            target = context.make_array(signature.args[8])(context, builder, value=args[8]).data
+            with builder.if_else(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, BLOCK_Q8_0))) as (
+                    q8_0, q4_1):
+                with q8_0:
+                    _emit_block_dots(builder, BLOCK_Q8_0, starts, inputs, args[7], tokens, lanes, target)
+                with q4_1:
+                    _emit_block_dots(builder, BLOCK_Q4_1, starts, inputs, args[7], tokens, lanes, target)
             return context.get_dummy_value()
-        return types.none(data, types.intp, x, types.intp, types.intp, types.intp, sums), codegen
+        return types.none(data, types.intp, types.intp, types.intp, x, types.intp, types.intp, types.intp,
+                          sums), codegen
     return typer
 
 
@@ -161,13 +252,13 @@ def _block_store_intrinsic(code: int) -> Callable[..., Any]:
     return typer
 
 
-# (code, tokens) -> the intrinsic: one pass over a row's blocks for 1, 4 or 8 tokens
-_ROW_DOTS = {(code, tokens): cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(code, tokens)))
-             for code in (BLOCK_Q8_0, BLOCK_Q4_1) for tokens in (1, 4, 8)}
-q8_0_dots1, q8_0_dots4, q8_0_dots8 = (_ROW_DOTS[(BLOCK_Q8_0, t)] for t in (1, 4, 8))
-q4_1_dots1, q4_1_dots4, q4_1_dots8 = (_ROW_DOTS[(BLOCK_Q4_1, t)] for t in (1, 4, 8))
-"""qN_dotsT(data, at, x, x_at, x_stride, blocks, sums): sums[t] = w . x[x_at + t * x_stride:] for t < T
-over the `blocks` (>= 1) blocks from data[at:] (no bounds checks: the callers check)."""
+# (rows, tokens) shapes of one pass over blocks (block_linear_rows: 2 rows x 8 / 4 tokens, 4 rows x 1 token, and
+# 2 or 1 rows for the rows left over)
+dots1x1, dots2x1, dots4x1, dots1x4, dots2x4, dots1x8, dots2x8 = (
+    cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(r, t)))
+    for r, t in ((1, 1), (2, 1), (4, 1), (1, 4), (2, 4), (1, 8), (2, 8)))
+"""dotsRxT(data, code, at, row_bytes, x, x_at, x_stride, blocks, sums): sums[r * T + t] = row r . x[x_at + t *
+x_stride:] for r < R, t < T over the `blocks` (>= 1) blocks of each row (no bounds checks: the callers check)."""
 q8_0_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q8_0)))
 """out[out_at:out_at + 32] = the weights of the Q8_0 block at data[at:] (no bounds checks)."""
 q4_1_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q4_1)))
@@ -185,6 +276,19 @@ def _as_f32(value):  # unannotated: numba compares its signature with the lambda
     if value == types.float32:
         return lambda value: value
     return None
+
+
+def plane_value(plane: Any, value: Any) -> Any:
+    """A float32 as an element of `plane`: f16 bits (rounded to nearest even) for an f16 cache plane
+    passed as uint16, the value itself for an f32 one."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(plane_value, inline="always")
+def _plane_value(plane, value):  # unannotated, as _as_f32
+    if plane.dtype == types.uint16:
+        return lambda plane, value: f32_to_f16_bits(np.float32(value))
+    return lambda plane, value: value
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -410,13 +514,30 @@ def silu_gate(out: np.ndarray, projected: np.ndarray, n: int, ffn: int) -> None:
             out[t * ffn + i] = g / (np.float32(1.0) + np.exp(-g)) * projected[base + ffn + i]
 
 
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _rotate(target: np.ndarray, source: np.ndarray, table: np.ndarray, half: int, pairing: int) -> None:
+    """One head's RoPE: source (f32) rotated into target (f32, or an f16 plane's uint16 bits)."""
+    for i in range(half):
+        cos = table[2 * i]
+        sin = table[2 * i + 1]
+        if pairing == 0:
+            a, b = 2 * i, 2 * i + 1
+        else:
+            a, b = i, i + half
+        first = source[a]
+        second = source[b]
+        target[a] = plane_value(target, first * cos - second * sin)
+        target[b] = plane_value(target, first * sin + second * cos)
+
+
 @njit(cache=True, fastmath=True, nogil=True)
 def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
                rope_table: np.ndarray, positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray,
                page_table: np.ndarray,
                n: int, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
                page_stride: int, pairing: int) -> None:
-    """RoPE on q and k of projected [n, (q_heads + 2 kv_heads) * head_dim]; q -> q_out, k, v -> cache pages.
+    """RoPE on q and k of projected [n, (q_heads + 2 kv_heads) * head_dim]; q -> q_out, k, v -> cache pages
+    (f32 planes, or f16 planes as uint16 bits: q_out is f32 either way, so the query is not rounded).
 
     pairing 0 rotates (2i, 2i+1), 1 rotates (i, i + head_dim/2) (kernels/rope.py); the cache
     element of (page p, token slot s, kv head h, dim d) is p*page_stride + (s*kv_heads + h)*head_dim + d.
@@ -431,69 +552,74 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
         row = projected[t * width:(t + 1) * width]
         page = page_table[row_slot[token_row[t]] * pages_per_row + position // page_tokens]
         cache_base = page * page_stride + (position % page_tokens) * kv_width
-        for head in range(q_heads + kv_heads):
-            source = row[head * head_dim:(head + 1) * head_dim]
-            if head < q_heads:
-                target = q_out[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim]
-            else:
-                start = cache_base + (head - q_heads) * head_dim
-                target = k_cache[start:start + head_dim]
-            for i in range(half):
-                cos = table[2 * i]
-                sin = table[2 * i + 1]
-                if pairing == 0:
-                    a, b = 2 * i, 2 * i + 1
-                else:
-                    a, b = i, i + half
-                first = source[a]
-                second = source[b]
-                target[a] = first * cos - second * sin
-                target[b] = first * sin + second * cos
+        for head in range(q_heads):
+            _rotate(q_out[t * q_width + head * head_dim:t * q_width + (head + 1) * head_dim],
+                    row[head * head_dim:(head + 1) * head_dim], table, half, pairing)
+        for head in range(kv_heads):
+            start = cache_base + head * head_dim
+            _rotate(k_cache[start:start + head_dim], row[q_width + head * head_dim:q_width + (head + 1) * head_dim],
+                    table, half, pairing)
         values = row[q_width + kv_width:]
         v_target = v_cache[cache_base:cache_base + kv_width]
         for i in range(kv_width):
-            v_target[i] = values[i]
+            v_target[i] = plane_value(v_target, values[i])
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _head_dot(a: np.ndarray, b: np.ndarray, head_dim: int) -> np.float32:
-    """sum(a[:head_dim] * b[:head_dim]). The common head widths get a constant trip count, which the
-    compiler unrolls into a few vector FMAs and one horizontal sum (a runtime count adds a vector
-    loop's setup and remainder to every key: measured 1.3x on the attention of 8 rows)."""
-    total = np.float32(0.0)
+def _exp(x: np.float32) -> np.float32:
+    """exp(x) for x <= 0 (a softmax's shifted scores) without a library call, so a loop of them
+    vectorizes (numba's np.exp is one scalar expf call per element: without a vector math library
+    the softmax of 8 decode rows was most of their attention). Cody-Waite reduction x = n ln2 + r,
+    |r| <= ln2 / 2, Cephes' degree-6 polynomial for e^r (relative error ~2e-7), 2^n from the
+    exponent bits; x below -87 gives 2^-126 times e^r, as good as 0 beside the maximum's 1."""
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * np.float32(1.44269504) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * i32_bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _head_dot(a: np.ndarray, a_at: int, b: np.ndarray, b_at: int, head_dim: int) -> np.float32:
+    """sum(a[a_at:][:head_dim] * b[b_at:][:head_dim]). Widths 64 and 128 as one vector product
+    (head_dot64/128): the numba loop over slices of the cache cost a slice (and the reference
+    counting numba keeps for it) per cached key, 4-6x the arithmetic."""
     if head_dim == 64:
-        for d in range(64):
-            total += a[d] * b[d]
-    elif head_dim == 128:
-        for d in range(128):
-            total += a[d] * b[d]
-    else:
-        for d in range(head_dim):
-            total += a[d] * b[d]
+        return head_dot64(a, a_at, b, b_at)
+    if head_dim == 128:
+        return head_dot128(a, a_at, b, b_at)
+    total = np.float32(0.0)
+    for d in range(head_dim):
+        total += a[a_at + d] * as_f32(b[b_at + d])
     return total
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _head_axpy(target: np.ndarray, weight: np.float32, value: np.ndarray, head_dim: int) -> None:
-    """target[:head_dim] += weight * value[:head_dim] (constant trip counts as in _head_dot)."""
+def _head_axpy(target: np.ndarray, t_at: int, weight: np.float32, value: np.ndarray, v_at: int,
+               head_dim: int) -> None:
+    """target[t_at:][:head_dim] += weight * value[v_at:][:head_dim] (vector forms as in _head_dot)."""
     if head_dim == 64:
-        for d in range(64):
-            target[d] += weight * value[d]
+        head_axpy64(target, t_at, weight, value, v_at)
     elif head_dim == 128:
-        for d in range(128):
-            target[d] += weight * value[d]
+        head_axpy128(target, t_at, weight, value, v_at)
     else:
         for d in range(head_dim):
-            target[d] += weight * value[d]
+            target[t_at + d] += weight * as_f32(value[v_at + d])
 
 
 @njit(cache=True, fastmath=True, nogil=True)
 def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
-                    q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
+                    chosen: np.ndarray, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
                     page_stride: int, scale: float, scores: np.ndarray, first: int, last: int) -> None:
     """out[t] = softmax(q[t] k^T * scale) v over positions 0..positions[t] of token t's slot, for the
-    (token, kv head) pairs first <= pair < last (pair = t * kv_heads + kv head). Serial.
+    (token, kv head) pairs first <= pair < last (pair = j * kv_heads + kv head, token t = chosen[j]). Serial.
 
     Every live token alike, decode rows and prefill chunks (the step's keys are already in the
     cache). A pair serves the kv head's group of q_heads / kv_heads query heads, so each cached
@@ -505,40 +631,38 @@ def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
     kv_width = kv_heads * head_dim
     q_width = q_heads * head_dim
     for pair in range(first, last):
-        t = pair // kv_heads
+        t = chosen[pair // kv_heads]
         kv = pair % kv_heads
         slot = row_slot[token_row[t]]
         context = positions[t] + 1
         start = t * q_width + kv * group * head_dim
-        queries = q[start:start + group * head_dim]
-        targets = out[start:start + group * head_dim]
         pages = (context + page_tokens - 1) // page_tokens
         for p in range(pages):
             base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
             for s in range(min(page_tokens, context - p * page_tokens)):
-                key = k_cache[base + s * kv_width:base + s * kv_width + head_dim]   # a slice: indexing by a
-                for h in range(group):                                              # computed signed offset
-                    query = queries[h * head_dim:(h + 1) * head_dim]                # would keep the loop scalar
-                    scores[h * context + p * page_tokens + s] = _head_dot(query, key, head_dim) * np.float32(scale)
+                for h in range(group):
+                    scores[h * context + p * page_tokens + s] = _head_dot(
+                        q, start + h * head_dim, k_cache, base + s * kv_width, head_dim) * np.float32(scale)
         for h in range(group):
             weights = scores[h * context:(h + 1) * context]
-            best = weights.max()
+            best = weights[0]
+            for j in range(context):
+                best = max(best, weights[j])
             norm = np.float32(0.0)
             for j in range(context):
-                weight = np.exp(weights[j] - best)
+                weight = _exp(weights[j] - best)
                 weights[j] = weight
                 norm += weight
             inverse = np.float32(1.0) / norm
             for j in range(context):
                 weights[j] *= inverse
-        targets[:] = 0.0
+        out[start:start + group * head_dim] = 0.0
         for p in range(pages):
             base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
             for s in range(min(page_tokens, context - p * page_tokens)):
-                value = v_cache[base + s * kv_width:base + s * kv_width + head_dim]
                 for h in range(group):
-                    weight = scores[h * context + p * page_tokens + s]
-                    _head_axpy(targets[h * head_dim:(h + 1) * head_dim], weight, value, head_dim)
+                    _head_axpy(out, start + h * head_dim, scores[h * context + p * page_tokens + s], v_cache,
+                               base + s * kv_width, head_dim)
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -562,46 +686,57 @@ def dequantize_rows(out: np.ndarray, data: np.ndarray, code: int, first: int, ro
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _block_dots(data: np.ndarray, code: int, at: int, x: np.ndarray, x_at: int, k: int, blocks: int, tokens: int,
-                sums: np.ndarray) -> None:
-    if code == BLOCK_Q8_0:
-        if tokens == 8:
-            q8_0_dots8(data, at, x, x_at, k, blocks, sums)
-        elif tokens == 4:
-            q8_0_dots4(data, at, x, x_at, k, blocks, sums)
+def _block_dots(data: np.ndarray, code: int, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int,
+                rows: int, tokens: int, sums: np.ndarray) -> None:
+    if tokens == 8:
+        if rows == 2:
+            dots2x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
         else:
-            q8_0_dots1(data, at, x, x_at, k, blocks, sums)
-    elif tokens == 8:
-        q4_1_dots8(data, at, x, x_at, k, blocks, sums)
+            dots1x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
     elif tokens == 4:
-        q4_1_dots4(data, at, x, x_at, k, blocks, sums)
+        if rows == 2:
+            dots2x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+        else:
+            dots1x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+    elif rows == 4:
+        dots4x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+    elif rows == 2:
+        dots2x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
     else:
-        q4_1_dots1(data, at, x, x_at, k, blocks, sums)
+        dots1x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
 def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
                       accumulate: bool, first: int, last: int, sums: np.ndarray) -> None:
     """linear_rows over a [m, k] block matrix (code: BLOCK_*): out[t, o] (+)= sum_i x[t, i] * w[o, i]
-    for t < n, first <= o < last. `sums` >= 8 floats of scratch.
+    for t < n, first <= o < last. `sums` >= 16 floats of scratch.
 
-    Per output row, tokens in groups of 8 (then 4, then 1): each block is widened in registers once
-    per group and multiplied into the group's accumulators (nothing of the weight is written to
-    memory; an 8-token group reads the row once for 8 tokens).
+    Output rows in groups (4 for up to 3 tokens, else 2; then 2 or 1 for the rows left over), tokens in
+    groups of 8 (then 4, then 1): each block is widened in registers once per token group and
+    multiplied into one accumulator per (row, token), and each loaded input feeds every row of
+    the group (nothing of the weight is written to memory; an 8-token group reads the row once for
+    8 tokens). Measured one thread, weights in cache, [3072, 576] Q4_1: docs/cpu-executor.md.
     """
     size = _block_bytes(code)
     blocks = k // 32
-    if x.size < n * k or out.size < n * m or data.size < last * blocks * size or sums.size < 8 or k % 32:
+    row_bytes = blocks * size
+    if x.size < n * k or out.size < n * m or data.size < last * row_bytes or sums.size < 16 or k % 32:
         raise IndexError("block_linear_rows: arrays smaller than the product")
-    for o in range(first, last):
-        at = o * blocks * size
+    step = 2 if n < 4 else 2
+    o = first
+    while o < last:
+        rows = step if o + step <= last else (2 if o + 2 <= last else 1)
+        at = o * row_bytes
         t = 0
         while t < n:
             group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
-            _block_dots(data, code, at, x, t * k, k, blocks, group, sums)
-            for j in range(group):
-                _store(out, (t + j) * m + o, sums[j], accumulate)
+            _block_dots(data, code, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
+            for r in range(rows):
+                for j in range(group):
+                    _store(out, (t + j) * m + o + r, sums[r * group + j], accumulate)
             t += group
+        o += rows
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -633,5 +768,6 @@ def warm_up() -> None:
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4)
-    rope_store(f32, f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
-    attention_pairs(f32, f32, f32, f32, i32, i32, i32, i32, 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
+    for plane in (f32, bits):      # cache planes: f32, or f16 as uint16 bits
+        rope_store(f32, plane, plane, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
+        attention_pairs(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)

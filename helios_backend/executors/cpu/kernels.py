@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from helios_backend.executors.cpu import compiled
 from helios_backend.executors.cpu.sharing import WorkSharing
@@ -43,6 +44,8 @@ SMALL_PRODUCT_TOKENS = 32
 # such a product (measured: docs/cpu-executor.md). Above it, up to CHUNKS_PER_THREAD chunks per thread.
 SHARED_WORK_MACS = 1 << 20
 CHUNKS_PER_THREAD = 4
+# A row with at least this many queries (a prefill chunk) attends through BLAS products (_row_products).
+ATTENTION_PRODUCT_TOKENS = 16
 TILE_ELEMENTS = 1 << 20          # f32 elements of one widened weight tile (4 MiB, fits L2 + L3 slices)
 
 
@@ -64,6 +67,11 @@ def _bits(weight: np.ndarray) -> np.ndarray:
     return weight.view(np.uint16)
 
 
+def _plane(cache: np.ndarray) -> np.ndarray:
+    """A cache plane as the compiled kernels take it: f32 as is, f16 as its uint16 bits."""
+    return cache.view(np.uint16) if cache.dtype == np.float16 else cache
+
+
 class CpuKernels:
     """Compiled implementations of the hot kernel ids over one workspace."""
 
@@ -79,6 +87,7 @@ class CpuKernels:
         self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._identity = np.arange(capacity.tokens, dtype=np.int64)
+        self._arange = np.arange(capacity.context, dtype=np.int64)     # key positions
 
     @property
     def table(self) -> Mapping[str, Callable[..., None]]:
@@ -103,14 +112,14 @@ class CpuKernels:
         if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         if n <= SMALL_PRODUCT_TOKENS:
-            chunks = self._chunks(n * m * k, m // 2)
+            chunks = self._chunks(n * m * k, m // 4)
 
-            def rows(index: int) -> None:        # whole row pairs per chunk (linear_rows pairs them)
-                first, last = 2 * (index * (m // 2) // chunks), 2 * ((index + 1) * (m // 2) // chunks)
+            def rows(index: int) -> None:        # whole row quads per chunk (the compiled loops group rows by 2 and 4)
+                first, last = 4 * (index * (m // 4) // chunks), 4 * ((index + 1) * (m // 4) // chunks)
                 last = m if index == chunks - 1 else last
                 if isinstance(weight, BlockWeight):
                     compiled.block_linear_rows(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
-                                               first, last, self._own("sums", 8))
+                                               first, last, self._own("sums", 16))
                 else:
                     compiled.linear_rows(out, x, _bits(weight), n, k, m, accumulate, first, last, 0)
 
@@ -144,12 +153,13 @@ class CpuKernels:
             return 1
         return max(1, min(units, CHUNKS_PER_THREAD * self.threads, work // max(1, self.share_above // 4)))
 
-    def _own(self, name: str, size: int) -> np.ndarray:
-        """This thread's f32 scratch `name` (allocated on the thread's first use, then kept: the
-        threads that run kernels are the caller and the helpers, so a few arrays each)."""
+    def _own(self, name: str, size: int, dtype: type = np.float32) -> np.ndarray:
+        """This thread's scratch `name` of at least `size` elements (allocated on the thread's first
+        use, grown when a larger call needs more, then kept: the threads that run kernels are the
+        caller and the helpers, so a few arrays each)."""
         memory: Optional[np.ndarray] = getattr(self._scratch, name, None)
-        if memory is None:
-            memory = np.zeros(size, dtype=np.float32)
+        if memory is None or memory.size < size or memory.dtype != dtype:
+            memory = np.zeros(size, dtype=dtype)
             setattr(self._scratch, name, memory)
         return memory
 
@@ -194,7 +204,7 @@ class CpuKernels:
         if qkv_bias is not None:
             projected = self._projected[:n * width].reshape(n, width)
             projected += qkv_bias[:width]
-        compiled.rope_store(q_out, k_cache, v_cache, self._projected, rope_table, positions,
+        compiled.rope_store(q_out, _plane(k_cache), _plane(v_cache), self._projected, rope_table, positions,
                             token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
                             page_tokens, pages_per_row, page_stride, rope_pairing)
 
@@ -204,18 +214,92 @@ class CpuKernels:
                         head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
                         scale: float) -> None:
         n = live_tokens(geometry)
+        if n == 0:
+            return
         rows_of = token_rows(geometry, tokens)
+        starts = row_starts(geometry, rows, tokens)
+        lengths = starts[1:] - starts[:-1]
+        long_rows = np.flatnonzero(lengths >= ATTENTION_PRODUCT_TOKENS)
+        if long_rows.size:       # prefill chunks: BLAS products per (row, kv head); the other tokens compiled
+            chosen = np.flatnonzero(lengths[rows_of[:n]] < ATTENTION_PRODUCT_TOKENS).astype(np.int64)
+            self._row_products(out, q, k_cache, v_cache, positions, page_table, row_slot, starts, long_rows,
+                               q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale)
+        else:
+            chosen = self._identity[:n]
+        if chosen.size == 0:
+            return
         # multiply-adds of the score pass, an upper bound (every token at the deepest position)
-        work = n * q_heads * head_dim * (int(positions[:n].max()) + 1) if n else 0
-        pairs = n * kv_heads
+        work = int(chosen.size) * q_heads * head_dim * (int(positions[:n].max()) + 1)
+        pairs = int(chosen.size) * kv_heads
         chunks = self._chunks(work, pairs)
+
         def heads(index: int) -> None:
             scores = self._own("scores", self.capacity.heads * self.capacity.context)
-            compiled.attention_pairs(out, q, k_cache, v_cache, positions, rows_of, row_slot, page_table, q_heads,
-                                     kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale, scores,
-                                     index * pairs // chunks, (index + 1) * pairs // chunks)
+            compiled.attention_pairs(out, q, _plane(k_cache), _plane(v_cache), positions, rows_of, row_slot, page_table, chosen,
+                                     q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale,
+                                     scores, index * pairs // chunks, (index + 1) * pairs // chunks)
 
         self.sharing.run(heads, chunks)
+
+    def _row_products(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                      positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray, starts: np.ndarray,
+                      long_rows: np.ndarray, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+                      pages_per_row: int, page_stride: int, scale: float) -> None:
+        """Attention of rows with many queries (prefill chunks) as the reference computes it: per
+        (row, kv head) the head's keys and values gathered from the pages, scores and mixing as
+        two single-threaded BLAS products (the causal mask applied to the full score matrix),
+        the (row, kv head) tasks shared over the threads. The compiled per-pair kernel ran a
+        64-token chunk at a 512-token context in ~7 ms a layer: its dot products are per key."""
+        group = q_heads // kv_heads
+        kv_width = kv_heads * head_dim
+        q_width = q_heads * head_dim
+        page_elements = page_tokens * kv_width
+
+        def pages_of(plane: np.ndarray) -> np.ndarray:   # [pages, page_tokens, kv_heads, head_dim], no copy
+            count = (plane.size - page_elements) // page_stride + 1
+            return as_strided(plane, shape=(count, page_tokens, kv_heads, head_dim),
+                              strides=tuple(plane.itemsize * s for s in (page_stride, kv_width, head_dim, 1)))
+
+        k_pages, v_pages = pages_of(k_cache), pages_of(v_cache)
+
+        def task(index: int) -> None:
+            r, kv = int(long_rows[index // kv_heads]), index % kv_heads
+            first, end = int(starts[r]), int(starts[r + 1])
+            count = end - first
+            query_positions = positions[first:end]
+            context = int(query_positions.max()) + 1
+            table = page_table[int(row_slot[r]) * pages_per_row:][:-(-context // page_tokens)]
+            span = table.size * page_tokens
+            # every array in this thread's scratch (grown to the largest chunk once): a prefill
+            # step's score matrices would otherwise stay in the allocator's heap
+            gathered = self._own("gathered", span * head_dim, k_cache.dtype)[:span * head_dim]
+            keys = self._own("keys", span * head_dim)[:span * head_dim]
+            values = self._own("values", span * head_dim)[:span * head_dim]
+            for pages, target in ((k_pages, keys), (v_pages, values)):   # in the plane's dtype, then f32
+                np.take(pages[:, :, kv, :], table, axis=0, out=gathered.reshape(table.size, page_tokens, head_dim))
+                np.copyto(target, gathered)
+            keys2, values2 = keys.reshape(span, head_dim)[:context], values.reshape(span, head_dim)[:context]
+            queries = q[first * q_width:end * q_width].reshape(count, q_heads, head_dim)[:, kv * group:(kv + 1) * group]
+            scores = self._own("row_scores", count * group * context)[:count * group * context]
+            scores = scores.reshape(count * group, context)
+            np.matmul(queries.reshape(count * group, head_dim), keys2.T, out=scores)
+            scores *= np.float32(scale)
+            future = self._own("future", count * context, np.bool_)[:count * context].reshape(count, context)
+            np.greater(self._arange[None, :context], query_positions[:, None], out=future)
+            np.copyto(scores.reshape(count, group, context), np.float32(-np.inf), where=future[:, None, :])
+            best = self._own("best", count * group)[:count * group].reshape(count * group, 1)
+            np.max(scores, axis=1, keepdims=True, out=best)
+            scores -= best
+            np.exp(scores, out=scores)
+            np.sum(scores, axis=1, keepdims=True, out=best)
+            scores /= best
+            mixed = self._own("mixed", count * group * head_dim)[:count * group * head_dim]
+            np.matmul(scores, values2, out=mixed.reshape(count * group, head_dim))
+            out[first * q_width:end * q_width].reshape(count, q_width)[:, kv * group * head_dim:
+                                                                         (kv + 1) * group * head_dim] = \
+                mixed.reshape(count, group * head_dim)
+
+        self.sharing.run(task, int(long_rows.size) * kv_heads)
 
     def paged_attention_split(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                               positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
