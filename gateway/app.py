@@ -16,6 +16,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from helios_backend.engine.settings import SWITCH_INTERVAL_US
+
 from gateway.access import AccessMiddleware, configure_logging
 from gateway.body_limit import BodyLimit
 from gateway.errors import install_error_handlers
@@ -24,12 +26,6 @@ from gateway.routers import chat, completions, health, metrics, models, tokens
 from gateway.security import SecuritySettings, install_security
 from gateway.service import AdmissionOverrides, GatewayService, ParserFactory, syntax_parsers
 from gateway.triton_client import MODEL_NAME, TritonBackend
-
-
-# The worker's GIL switch interval while it serves: CPython's 5 ms would let the event loop, busy
-# with streaming writes, hold back a preparation thread (template, tokenizer) that woke for the
-# GIL by up to 5 ms per wake-up: time every new request waits before it is submitted
-SWITCH_INTERVAL_S = 250e-6
 
 
 def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
@@ -47,7 +43,9 @@ def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
         if supervision_state is not None:
             service.metrics.export_supervision(supervision_state)
         service.start()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        # the stub's interval, for the same reason: CPython's 5 ms lets the busy streaming loop hold
+        # back a preparation thread (template, tokenizer) by up to 5 ms per wake-up
+        sys.setswitchinterval(SWITCH_INTERVAL_US / 1e6)
         restore = _start_shutdown_on_signals(service)
         try:
             yield
