@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Protocol
 
 import numpy as np
@@ -40,6 +42,7 @@ from helios_backend.transport import OutputChunk
 
 log = logging.getLogger("helios.responses")
 CANCEL_POLL_S = 0.02
+SEND_THREADS = 8               # concurrent sends of one pass (one per gateway channel at most, in practice)
 
 
 class Sender(Protocol):
@@ -124,6 +127,7 @@ class ResponseHub:
         self._next_poll = 0.0
         self._in_flight: list[tuple[Stream, OutputChunk, bool]] = []   # the pass being sent
         self._thread = threading.Thread(target=self._main, name="helios-responses", daemon=True)
+        self._senders: ThreadPoolExecutor | None = None   # started with the first pass of two sends
         self.channel_responses = 0           # channel sends so far (tests, diagnostics)
 
     def start(self) -> None:
@@ -249,6 +253,7 @@ class ResponseHub:
     def _main(self) -> None:
         try:
             self._run()
+            self._stop_senders()
             return
         except BaseException as exc:
             death = f"the response thread died: {type(exc).__name__}: {exc}"
@@ -268,6 +273,7 @@ class ResponseHub:
             self._run()
         except BaseException:
             log.exception("the last pass of the dead response thread failed too")
+        self._stop_senders()
         self._on_death(death)
 
     def _run(self) -> None:
@@ -313,10 +319,11 @@ class ResponseHub:
                 entry.counts.append(len(tokens))
                 entry.token_ids += tokens
                 stream.sent_responses += 1
+            sends: list[Callable[[], None]] = []
             for stream, chunk, final in batch:
                 channel = stream.channel
                 if channel is None:
-                    self._send(stream, chunk, final)
+                    sends.append(partial(self._send, stream, chunk, final))
                     continue
                 entry = by_channel.get(channel.id)
                 if entry is None:
@@ -325,8 +332,8 @@ class ResponseHub:
                 out.tag = stream.tag
                 chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
                 stream.sent_responses += 1
-            for entry in by_channel.values():
-                self._send_channel(entry.channel, entry.finished())
+            sends.extend(partial(self._send_channel, entry.channel, entry.finished()) for entry in by_channel.values())
+            self._send_all(sends)
             if poll:
                 for stream in watch:
                     if self._cancelled(stream):
@@ -339,6 +346,22 @@ class ResponseHub:
                 for channel in ending:
                     self._close_channel(channel)
                 return
+
+    def _send_all(self, sends: list[Callable[[], None]]) -> None:
+        """Run one pass's sends, concurrently when there are several; returns once all returned
+        (a send's own failure is handled inside it; anything else is raised here)."""
+        if len(sends) <= 1:
+            for send in sends:
+                send()
+            return
+        if self._senders is None:
+            self._senders = ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix="helios-send")
+        for future in [self._senders.submit(send) for send in sends]:
+            future.result()
+
+    def _stop_senders(self) -> None:
+        if self._senders is not None:
+            self._senders.shutdown(wait=True)
 
     def _send(self, stream: Stream, chunk: OutputChunk, final: bool) -> None:
         assert stream.sender is not None
@@ -356,7 +379,8 @@ class ResponseHub:
             return                          # its client is gone: the output has no reader
         try:
             channel.sink.send_batch(message.SerializeToString())
-            self.channel_responses += 1
+            with self._lock:               # sends of one pass run on several threads
+                self.channel_responses += 1
             self._metrics.push([update("flare_channel_responses_total", Op.ADD, 1),
                                 update("flare_channel_outputs_total", Op.ADD,
                                        len(message.outputs) + len(message.plain_tags))])
