@@ -3,6 +3,7 @@ beside the engine and llama-server measured in the same run.
 
     python bench/served.py --out DIR [--llama-server BIN --llama-gguf F16.gguf]
                            [--concurrency 1,8,16,32,64,128,256] [--prompts 32,1024] [--output-tokens 128]
+    python bench/served.py --out DIR --from-json RUN1/served_h200.json [RUN2/served_h200.json ...]
 
 Runs on the GPU machine with the model bundle (tests/gpu/model_bundle.py; HELIOS_RANDOM_WEIGHTS=1
 gives seeded random weights of the real layout: decode speed does not depend on the values). In
@@ -468,8 +469,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256, help="request rows the served core captured")
     parser.add_argument("--profile", type=int, default=0, help="py-spy the stack at this concurrency")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip peer levels past this many seconds")
+    parser.add_argument("--from-json", type=pathlib.Path, nargs="+", default=None,
+                        help="measure nothing: the table and served_h200.jsonl in --out from these runs' served_h200.json")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
     args = parser.parse_args()
+    if args.from_json:
+        pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_table(merged_reports(args.from_json), pathlib.Path(args.out))
+        return
     args.deadline = time.monotonic() + args.budget_s
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -501,19 +508,40 @@ def main() -> None:
         except Exception as exc:
             print(f"llama-server phase failed: {exc!r}", flush=True)
     (out / "served_h200.json").write_text(json.dumps(report, indent=1))
+    write_table(report, out)
+
+
+def merged_reports(paths: list[pathlib.Path]) -> dict:
+    """One report from the served_h200.json of several runs (e.g. one call per prompt length, or
+    a run cut short: its checkpoints): later files add levels, phase by phase."""
+    report: dict = {"levels": [], "prompt_tokens": [], "output_tokens": None}
+    for path in paths:
+        part = json.loads(path.read_text())
+        for key in ("levels", "prompt_tokens"):
+            report[key] = sorted(set(report[key]) | set(part.get(key, [])))
+        report["output_tokens"] = report["output_tokens"] or part.get("output_tokens")
+        for phase in ("engine", "served", "llama_server"):
+            report.setdefault(phase, {}).update(part.get(phase, {}))
+    return report
+
+
+def write_table(report: dict, out: pathlib.Path) -> None:
+    """Print one table per prompt length; write served_h200.jsonl (one object per measured level)."""
+    levels, prompt_tokens, output_tokens = report["levels"], report["prompt_tokens"], report["output_tokens"]
+    words = [prompt_words(p) for p in prompt_tokens]
     lines = []
     for p, w in zip(prompt_tokens, words):
-        print(f"\nprompt ~{p} tokens, {args.output_tokens} output tokens, greedy, streaming chat through the gateway")
+        print(f"\nprompt ~{p} tokens, {output_tokens} output tokens, greedy, streaming chat through the gateway")
         print(f"{'conc':>5} {'served tok/s':>12} {'engine':>9} {'ratio':>6} {'llama-srv':>9} {'x llama':>7} "
               f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'TPOT p50':>9} {'gw us/tok':>9} "
               f"{'be us/tok':>9}")
         for c in levels:
-            s = report["served"].get(f"{w}:{c}")
+            s = report.get("served", {}).get(f"{w}:{c}")
             if s is None:
                 continue
             e = report.get("engine", {}).get(f"{p}:{c}")
             l_ = report.get("llama_server", {}).get(f"{w}:{c}", {}).get("tok_s")
-            row = {"prompt_tokens": p, "concurrency": c, "output_tokens": args.output_tokens,
+            row = {"prompt_tokens": p, "concurrency": c, "output_tokens": output_tokens,
                    "served_tok_s": s["tok_s"], "engine_tok_s": e, "llama_server_tok_s": l_,
                    "served_over_engine": s["tok_s"] / e if e else None,
                    "served_over_llama_server": s["tok_s"] / l_ if l_ else None,

@@ -1,0 +1,36 @@
+"""bench/served.py's table from stored runs: partial or per-prompt-length runs merge into one
+served_h200.jsonl (the device runs are cut by a call's limit; their checkpoints must still count)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.served import merged_reports, prompt_words, write_table
+
+
+def _served(tok_s: float) -> dict:
+    keys = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "gateway_cpu_us_per_token",
+            "backend_cpu_us_per_token", "ok", "requests", "tokens_per_request_min", "tokens_per_request_max")
+    return {"tok_s": tok_s, **{k: 1.0 for k in keys}, "stack": {}}
+
+
+def test_runs_of_each_prompt_length_merge_into_one_table(tmp_path: Path) -> None:
+    short, long_ = prompt_words(32), prompt_words(1024)
+    first = {"levels": [1, 64], "prompt_tokens": [32], "output_tokens": 128,
+             "engine": {"32:1": 2000.0, "32:64": 50000.0},
+             "served": {f"{short}:1": _served(1800.0), f"{short}:64": _served(25000.0)},
+             "llama_server": {f"{short}:64": {"tok_s": 2000.0}}}
+    cut_short = {"levels": [1, 64], "prompt_tokens": [1024], "output_tokens": 128,   # no llama phase: cut
+                 "engine": {"1024:1": 800.0}, "served": {f"{long_}:1": _served(700.0)}}
+    paths = []
+    for name, report in (("a", first), ("b", cut_short)):
+        path = tmp_path / name / "served_h200.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(report))
+        paths.append(path)
+    write_table(merged_reports(paths), tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "served_h200.jsonl").read_text().splitlines()]
+    assert [(r["prompt_tokens"], r["concurrency"]) for r in rows] == [(32, 1), (32, 64), (1024, 1)]
+    by = {(r["prompt_tokens"], r["concurrency"]): r for r in rows}
+    assert by[(32, 64)]["served_over_engine"] == 0.5 and by[(32, 64)]["served_over_llama_server"] == 12.5
+    assert by[(32, 1)]["llama_server_tok_s"] is None and by[(1024, 1)]["engine_tok_s"] == 800.0
