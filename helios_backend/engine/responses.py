@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Protocol
@@ -127,7 +127,8 @@ class ResponseHub:
         self._next_poll = 0.0
         self._in_flight: list[tuple[Stream, OutputChunk, bool]] = []   # the pass being sent
         self._thread = threading.Thread(target=self._main, name="helios-responses", daemon=True)
-        self._senders: ThreadPoolExecutor | None = None   # started with the first pass of two sends
+        # threads start on the first pass with two sends (ThreadPoolExecutor spawns them on demand)
+        self._senders = ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix="helios-send")
         self.channel_responses = 0           # channel sends so far (tests, diagnostics)
 
     def start(self) -> None:
@@ -354,14 +355,13 @@ class ResponseHub:
             for send in sends:
                 send()
             return
-        if self._senders is None:
-            self._senders = ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix="helios-send")
-        for future in [self._senders.submit(send) for send in sends]:
+        futures = [self._senders.submit(send) for send in sends]
+        wait(futures)          # all of them, also when one raised: no send of this pass outlives it
+        for future in futures:
             future.result()
 
     def _stop_senders(self) -> None:
-        if self._senders is not None:
-            self._senders.shutdown(wait=True)
+        self._senders.shutdown(wait=True)
 
     def _send(self, stream: Stream, chunk: OutputChunk, final: bool) -> None:
         assert stream.sender is not None
