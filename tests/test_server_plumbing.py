@@ -81,49 +81,6 @@ def test_tokens_coalesce_while_a_send_is_slow_and_nothing_is_lost() -> None:  # 
     assert [f for _, f in sender.sends].count(True) == 1 and sender.sends[-1][1]
 
 
-class BarrierSink:
-    """A channel sink whose sends wait until `parties` sends are in progress at once."""
-
-    def __init__(self, barrier: threading.Barrier) -> None:
-        self.barrier = barrier
-        self.batches: list[tp.ChannelBatch] = []
-        self.closed = threading.Event()
-
-    def send_batch(self, payload: bytes) -> None:
-        self.barrier.wait()                          # BrokenBarrierError when sends run one at a time
-        self.batches.append(tp.ChannelBatch.FromString(payload))
-
-    def close(self) -> None:
-        self.closed.set()
-
-    def is_cancelled(self) -> bool:
-        return False
-
-
-def test_one_pass_sends_to_every_channel_at_once_and_keeps_each_requests_order() -> None:  # spec: HTTP-9, HTTP-10
-    # each send is an IPC round trip with the GIL released: a pass to N channels must not take N of them
-    barrier = threading.Barrier(3, timeout=5)
-    sinks = [BarrierSink(barrier) for _ in range(3)]
-    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
-    channels = [hub.open_channel(f"c{i}", sink) for i, sink in enumerate(sinks)]
-    for i, channel in enumerate(channels):
-        hub.register(Stream(i + 1, None, channel=channel, tag=10 + i))
-    hub.start()
-    hub.deliver([Emitted(serial, token, -1, 0.0, None, None) for token in (5, 6) for serial in (1, 2, 3)])
-    deadline = time.monotonic() + 10
-    while sum(len(s.batches) for s in sinks) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    hub.stop()
-    assert not barrier.broken
-    for i, sink in enumerate(sinks):
-        first, *rest = sink.batches
-        assert (list(first.plain_tags), list(first.plain_token_ids)) == ([10 + i], [5, 6])
-        # stop fails the open request on its channel once, after its tokens, then ends the channel
-        assert [out.tag for b in rest for out in b.outputs] == [10 + i]
-        assert sink.closed.is_set()
-    assert hub.channel_responses == 6
-
-
 def test_stop_gives_unfinished_streams_exactly_one_failure() -> None:
     sender = RecordingSender()
     hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())

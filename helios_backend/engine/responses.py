@@ -27,9 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Callable, Protocol
 
 import numpy as np
@@ -42,7 +40,6 @@ from helios_backend.transport import OutputChunk
 
 log = logging.getLogger("helios.responses")
 CANCEL_POLL_S = 0.02
-SEND_THREADS = 8               # concurrent sends of one pass (one per gateway channel at most, in practice)
 
 
 class Sender(Protocol):
@@ -127,8 +124,6 @@ class ResponseHub:
         self._next_poll = 0.0
         self._in_flight: list[tuple[Stream, OutputChunk, bool]] = []   # the pass being sent
         self._thread = threading.Thread(target=self._main, name="helios-responses", daemon=True)
-        # threads start on the first pass with two sends (ThreadPoolExecutor spawns them on demand)
-        self._senders = ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix="helios-send")
         self.channel_responses = 0           # channel sends so far (tests, diagnostics)
 
     def start(self) -> None:
@@ -254,7 +249,6 @@ class ResponseHub:
     def _main(self) -> None:
         try:
             self._run()
-            self._stop_senders()
             return
         except BaseException as exc:
             death = f"the response thread died: {type(exc).__name__}: {exc}"
@@ -274,7 +268,6 @@ class ResponseHub:
             self._run()
         except BaseException:
             log.exception("the last pass of the dead response thread failed too")
-        self._stop_senders()
         self._on_death(death)
 
     def _run(self) -> None:
@@ -320,11 +313,10 @@ class ResponseHub:
                 entry.counts.append(len(tokens))
                 entry.token_ids += tokens
                 stream.sent_responses += 1
-            sends: list[Callable[[], None]] = []
             for stream, chunk, final in batch:
                 channel = stream.channel
                 if channel is None:
-                    sends.append(partial(self._send, stream, chunk, final))
+                    self._send(stream, chunk, final)
                     continue
                 entry = by_channel.get(channel.id)
                 if entry is None:
@@ -333,8 +325,8 @@ class ResponseHub:
                 out.tag = stream.tag
                 chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
                 stream.sent_responses += 1
-            sends.extend(partial(self._send_channel, entry.channel, entry.finished()) for entry in by_channel.values())
-            self._send_all(sends)
+            for entry in by_channel.values():
+                self._send_channel(entry.channel, entry.finished())
             if poll:
                 for stream in watch:
                     if self._cancelled(stream):
@@ -347,21 +339,6 @@ class ResponseHub:
                 for channel in ending:
                     self._close_channel(channel)
                 return
-
-    def _send_all(self, sends: list[Callable[[], None]]) -> None:
-        """Run one pass's sends, concurrently when there are several; returns once all returned
-        (a send's own failure is handled inside it; anything else is raised here)."""
-        if len(sends) <= 1:
-            for send in sends:
-                send()
-            return
-        futures = [self._senders.submit(send) for send in sends]
-        wait(futures)          # all of them, also when one raised: no send of this pass outlives it
-        for future in futures:
-            future.result()
-
-    def _stop_senders(self) -> None:
-        self._senders.shutdown(wait=True)
 
     def _send(self, stream: Stream, chunk: OutputChunk, final: bool) -> None:
         assert stream.sender is not None
@@ -379,8 +356,7 @@ class ResponseHub:
             return                          # its client is gone: the output has no reader
         try:
             channel.sink.send_batch(message.SerializeToString())
-            with self._lock:               # sends of one pass run on several threads
-                self.channel_responses += 1
+            self.channel_responses += 1
             self._metrics.push([update("flare_channel_responses_total", Op.ADD, 1),
                                 update("flare_channel_outputs_total", Op.ADD,
                                        len(message.outputs) + len(message.plain_tags))])
