@@ -121,8 +121,10 @@ def test_tool_choice_returns_a_schema_valid_call(client, choice: str, stream: bo
 
     tool_choice = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice
     messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+    # one city, one call: with parallel calls allowed, "required" on the CPU executor (greedy) goes on
+    # to further get_weather calls until max_tokens (four in 80 tokens, the last cut: finish "length")
     fields = dict(model=recipe.SERVED_ID, temperature=0, max_tokens=80, messages=messages, tools=TOOLS,
-                  tool_choice=tool_choice)
+                  tool_choice=tool_choice, parallel_tool_calls=False)
     if stream:
         view = reassemble(list(client.chat.completions.create(stream=True, **fields)))
         assert view["finish"] == "tool_calls", view
