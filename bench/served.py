@@ -17,7 +17,8 @@ order, each phase owning the GPU alone:
    processes, so the load generator is never the limit), greedy, `ignore_eos` with `max_tokens`
    so every request yields the same number of tokens; per level: output tokens/s over the
    level's wall time, TTFT p50/p99, ITL p50/p99, TPOT p50, and the CPU seconds per output token
-   of the gateway processes and of the backend stub, from /proc; and from the stack's own
+   of the gateway processes and of the backend (the stub and its engine process, each also
+   on its own), from /proc; and from the stack's own
    metrics (Triton's and the gateway's /metrics, deltas over the level): rounds per operation,
    the share planned on the second frame, tokens per round, the mean round time, requests per
    channel message, and the mean TTFT split into the scheduler's queue, the backend's receipt to
@@ -256,12 +257,14 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def stack_pids(serve: int) -> tuple[list[int], list[int]]:
-    """(gateway processes, backend stubs) of one helios-serve: its gateway parent and workers."""
+def stack_pids(serve: int) -> tuple[list[int], list[int], list[int]]:
+    """(gateway processes, backend stubs, engine processes) of one helios-serve: its gateway
+    parent and workers, the stub, and the stub's engine process (none with --no-engine-process)."""
     tree = descendants(serve)
     gateways = [pid for pid in tree if "gateway.cli" in cmdline(pid)]
     return ([pid for g in gateways for pid in descendants(g)],
-            [pid for pid in tree if "triton_python_backend_stub" in cmdline(pid)])
+            [pid for pid in tree if "triton_python_backend_stub" in cmdline(pid)],
+            [pid for pid in tree if "helios_backend.engine.process_child" in cmdline(pid)])
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:  # type: ignore[type-arg]
@@ -340,26 +343,30 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
         base = f"http://127.0.0.1:{port}"
         model = json_get(f"{base}/v1/models")["data"][0]["id"]
         drive(base, model, 16, 8, 16, 16, True, 10_000)           # warm-up
-        gateway, stub = stack_pids(proc.pid)
-        print(f"gateway processes {gateway}, backend stub {stub}", flush=True)
+        gateway, stub, engine = stack_pids(proc.pid)
+        print(f"gateway processes {gateway}, backend stub {stub}, engine process {engine}", flush=True)
         for words in prompts:
             for c in levels:
                 pages = (f"http://127.0.0.1:{metrics}/metrics", f"{base}/metrics")
                 counted = [scrape(url) for url in pages]
-                before = (cpu_seconds(gateway), cpu_seconds(stub))
+                before = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
                 timings, wall, client_share = drive(base, model, words, c, requests_at(c), args.output_tokens, True,
                                                     1000 * c)
-                after = (cpu_seconds(gateway), cpu_seconds(stub))
+                after = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
                 f = figures(timings, wall) | {"client_cpu_share": client_share}
                 f["stack"] = stack_figures({**counted[0], **counted[1]},
                                            {**scrape(pages[0]), **scrape(pages[1])}, wall)
                 tokens = max(f["output_tokens"], 1)
                 f["gateway_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
-                f["backend_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6
+                # the backend is the stub plus its engine process, each also on its own
+                f["stub_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6
+                f["engine_cpu_us_per_token"] = (after[2] - before[2]) / tokens * 1e6
+                f["backend_cpu_us_per_token"] = f["stub_cpu_us_per_token"] + f["engine_cpu_us_per_token"]
                 out[f"{words}:{c}"] = f
                 print(f"served prompt~{words} c={c}: {f['tok_s']:.0f} tok/s, TTFT p50 {f['ttft_p50_ms']:.1f} ms, "
                       f"TPOT p50 {f['tpot_p50_ms']:.2f} ms, gateway {f['gateway_cpu_us_per_token']:.0f} us/tok, "
-                      f"backend {f['backend_cpu_us_per_token']:.0f} us/tok, ok {f['ok']}/{f['requests']}, "
+                      f"backend {f['backend_cpu_us_per_token']:.0f} us/tok (stub {f['stub_cpu_us_per_token']:.0f}, engine "
+                      f"{f['engine_cpu_us_per_token']:.0f}), ok {f['ok']}/{f['requests']}, "
                       f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}, busiest client process "
                       f"{client_share:.0%} CPU", flush=True)
                 k = f["stack"]
@@ -372,9 +379,10 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"{k['gateway_queue_mean_ms']:.1f} ms)",
                       flush=True)
                 if args.profile and c == args.profile and words == min(prompts):
-                    # the stub and one gateway worker (the busiest): at most 8 files come back
+                    # the stub, its engine process and one gateway worker (the busiest)
                     busiest = max(gateway, key=lambda pid: cpu_seconds([pid]))
-                    profile(args, {"stub": stub[0], "gateway": busiest}, base, model, words, c)
+                    profile(args, {"stub": stub[0], "gateway": busiest} | ({"engine": engine[0]} if engine else {}),
+                            base, model, words, c)
                 checkpoint(args, "served", out)
     finally:
         stop(proc)

@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None,
                    help="model repository and backend dir (default: a temporary one, removed on exit)")
     p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the scheduler and the executor in a process of their own, outside the "
+                        "Triton stub's GIL (default: on)")
     for name in OPTION_PARAMETERS:
         p.add_argument("--" + name.replace("_", "-"), type=float if name == "cache_memory_share" else int,
                        default=None)
@@ -189,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 parameters[name] = str(getattr(args, name))
         if args.history_drafting is not None:
             parameters["history_drafting"] = str(args.history_drafting).lower()
+        if args.engine_process is not None:
+            parameters["engine_process"] = str(args.engine_process).lower()
         repository = write_model_repository(workdir, parameters)
         backends = prepare_backend_directory(install, workdir / "triton")
         ports = Ports(args.http_port, args.grpc_port, args.metrics_port)

@@ -28,7 +28,7 @@ from helios_proto import transport_pb2 as tp
 
 from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.engine.model import NativeModel
-from helios_backend.engine.setup import derive_setup
+from helios_backend.engine.setup import EngineSetup, derive_setup
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarSessionError, GrammarTokenizer
 from helios_backend.scheduler.request import RequestSpec
@@ -40,11 +40,11 @@ from helios_backend.engine.assets import frontend_assets
 from helios_backend.engine.faults import FaultTrigger, FaultyRunner
 from helios_backend.engine.runner import ProgramRunner
 from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
-from helios_backend.engine.metrics import MetricBackend, MetricsThread, NullMetrics
+from helios_backend.engine.metrics import MetricBackend, MetricsQueue, MetricsThread, NullMetrics
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions
 from helios_backend.transport import SpecDefaults, TransportError
-from helios_backend.engine.loop import EngineLoop
+from helios_backend.engine.loop import EngineLoop, EventSink
 from helios_backend.packing import logit_bias_capacity
 
 log = logging.getLogger("helios.runtime")
@@ -56,15 +56,15 @@ class StartupError(Exception):
 
 
 @dataclass
-class Engine:
+class EngineCore:
+    """What serving builds in the process that owns the executor: the loaded core, the model,
+    the scheduler and its runner. Engine runs it beside the response thread in one process;
+    the engine process (process_child.py) runs it alone and ships events to the stub."""
     bootstrap: Bootstrap
     model: NativeModel
     settings: EffectiveSettings
     scheduler: Scheduler
     runner: ProgramRunner
-    loop: EngineLoop
-    hub: ResponseHub
-    metrics: MetricsThread | NullMetrics
     spec_defaults: SpecDefaults
     clock_origin_ns: int
     grammar_tokenizer: GrammarTokenizer | None = None
@@ -74,9 +74,8 @@ class Engine:
     _assets: Any = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None,
-              on_fatal: Callable[[str], None] | None = None) -> "Engine":
-        origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
+    def build(cls, options: StartupOptions, origin: int) -> "EngineCore":
+        """Bootstrap, setup, scheduler and runner (StartupError names the stage and the cause)."""
         bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
         try:
             setup = _stage("engine setup", lambda: derive_setup(
@@ -85,6 +84,15 @@ class Engine:
         except BaseException:
             bootstrap.close()
             raise
+        try:
+            return cls._assemble(bootstrap, setup, origin)
+        except BaseException:
+            setup.model.close()
+            bootstrap.close()
+            raise
+
+    @classmethod
+    def _assemble(cls, bootstrap: Bootstrap, setup: EngineSetup, origin: int) -> "EngineCore":
         contract, manifest = bootstrap.contract, bootstrap.manifest
         settings, model, config = setup.settings, setup.model, setup.scheduler
         vocab = contract.model.vocabulary
@@ -118,35 +126,22 @@ class Engine:
         grammar_tokenizer = _stage("grammar tokenizer", lambda: GrammarTokenizer.from_json(
             bootstrap.read_resource(contract.model.frontend.tokenizer_resource).decode("utf-8"),
             tuple(contract.defaults.eos_token_ids)))
-        metrics: MetricsThread | NullMetrics = (
-            MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
         fault = FaultTrigger.from_environment()
         if fault is not None:
             log.warning("fault injection is on (%s)", fault.path)
-        worker_ref: list[EngineLoop] = []
-        fatal = _FatalPath(on_fatal)
-        hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics,
-                          on_death=fatal)
-        worker = EngineLoop(scheduler, FaultyRunner(runner, fault) if fault is not None else runner, hub, metrics,
-                            on_death=fatal)
-        worker_ref.append(worker)
-        fatal.attach(hub, metrics)
-        if isinstance(metrics, MetricsThread):
-            metrics.start()
-        # Startup leaves many long-lived objects (manifests, tokenizer tables, protobuf
-        # descriptors); frozen, they are never scanned again, so a full collection while serving
-        # walks only what serving allocated instead of pausing every thread under the GIL.
-        gc.collect()
-        gc.freeze()
-        hub.start()
-        worker.start()
-        log.info("helios runtime ready: %s, %d pages x %d tokens, %d slots, max_active %d",
-                 contract.served_id, config.num_pages, config.page_tokens, config.request_slots,
-                 scheduler.max_active)
         defaults = SpecDefaults(contract.defaults.sampling, settings.max_output_tokens, vocab.sampled_tokens,
                                 logit_bias_capacity(model.graphs, bootstrap.manifest.transport))
-        return cls(bootstrap, model, settings, scheduler, runner, worker, hub, metrics, defaults, origin,
-                   grammar_tokenizer, fault)
+        return cls(bootstrap, model, settings, scheduler, runner, defaults, origin, grammar_tokenizer, fault)
+
+    def loop(self, sink: EventSink, metrics: MetricsQueue, on_death: Callable[[str], None]) -> EngineLoop:
+        """The worker over this core's scheduler and runner (not started)."""
+        runner = FaultyRunner(self.runner, self.fault) if self.fault is not None else self.runner
+        return EngineLoop(self.scheduler, runner, sink, metrics, on_death=on_death)
+
+    def describe(self) -> str:
+        config = self.scheduler.config
+        return (f"{self.bootstrap.contract.served_id}, {config.num_pages} pages x {config.page_tokens} tokens, "
+                f"{config.request_slots} slots, max_active {self.scheduler.max_active}")
 
     def assets(self):  # -> tp.FrontendAssets
         if self._assets is None:
@@ -179,6 +174,92 @@ class Engine:
         except (GrammarSessionError, ValueError) as exc:
             raise TransportError("grammar", str(exc)) from None
 
+    def close(self) -> None:
+        self.model.close()
+        self.bootstrap.close()
+
+
+def freeze_startup_objects() -> None:
+    """Startup leaves many long-lived objects (manifests, tokenizer tables, protobuf
+    descriptors); frozen, they are never scanned again, so a full collection while serving
+    walks only what serving allocated instead of pausing every thread under the GIL."""
+    gc.collect()
+    gc.freeze()
+
+
+@dataclass
+class Engine:
+    """The core, its worker and the response thread in one process."""
+    core: EngineCore
+    loop: EngineLoop
+    hub: ResponseHub
+    metrics: MetricsThread | NullMetrics
+
+    @classmethod
+    def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None,
+              on_fatal: Callable[[str], None] | None = None) -> "Engine":
+        origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
+        core = EngineCore.build(options, origin)
+        metrics: MetricsThread | NullMetrics = (
+            MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
+        worker_ref: list[EngineLoop] = []
+        fatal = FatalPath(on_fatal)
+        hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics,
+                          on_death=fatal)
+        worker = core.loop(hub, metrics, on_death=fatal)
+        worker_ref.append(worker)
+        fatal.attach(hub, metrics)
+        if isinstance(metrics, MetricsThread):
+            metrics.start()
+        freeze_startup_objects()
+        hub.start()
+        worker.start()
+        log.info("helios runtime ready: %s", core.describe())
+        return cls(core, worker, hub, metrics)
+
+    # the core's parts, read by the adapter, the benchmarks and the tests
+    @property
+    def bootstrap(self) -> Bootstrap:
+        return self.core.bootstrap
+
+    @property
+    def model(self) -> NativeModel:
+        return self.core.model
+
+    @property
+    def settings(self) -> EffectiveSettings:
+        return self.core.settings
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
+    def runner(self) -> ProgramRunner:
+        return self.core.runner
+
+    @property
+    def spec_defaults(self) -> SpecDefaults:
+        return self.core.spec_defaults
+
+    @property
+    def clock_origin_ns(self) -> int:
+        return self.core.clock_origin_ns
+
+    @property
+    def grammar_tokenizer(self) -> GrammarTokenizer | None:
+        return self.core.grammar_tokenizer
+
+    @property
+    def fault(self) -> FaultTrigger | None:
+        return self.core.fault
+
+    def assets(self):  # -> tp.FrontendAssets
+        return self.core.assets()
+
+    def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
+        return self.core.grammar_session(grammar)
+
     @property
     def healthy(self) -> bool:
         """False once the worker stopped (its executor lost, e.g. a rank process died): every
@@ -206,12 +287,11 @@ class Engine:
         log.info("helios responses flushed after %.2fs", time.monotonic() - start)
         if isinstance(self.metrics, MetricsThread):
             self.metrics.stop(discard=True, timeout=1.0)
-        self.model.close()
-        self.bootstrap.close()
+        self.core.close()
         log.info("helios runtime stopped after %.2fs", time.monotonic() - start)
 
 
-class _FatalPath:
+class FatalPath:
     """Called on the dying thread, once: flush every open request's terminal failure and the
     last gauges, then hand the reason to the owner's `on_fatal` (without one: only logged, and
     the engine refuses new requests from then on)."""

@@ -158,6 +158,10 @@ class EngineLoop:
             self._inbox.put(_Stop(False))
             self._thread.join()
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the worker thread to end (after a stop, a lost executor or its death)."""
+        self._thread.join(timeout)
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()

@@ -56,6 +56,9 @@ class StartupOptions:
     rank_join_timeout: float | None = None   # processes: seconds rank 0 waits for every peer (default 600)
     # the serving process's GIL switch interval (sys.setswitchinterval), microseconds; None: SWITCH_INTERVAL_US
     switch_interval_us: int | None = None
+    # Triton: the core, the scheduler and the executor run in an engine process of their own,
+    # outside the stub's GIL (process_engine.py); False keeps them in the stub. None: True
+    engine_process: bool | None = None
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -108,7 +111,7 @@ def _parse(name: str, raw: str) -> object:
     try:
         if name in ("core_path", "acceptance", "executor", "kernel_arch", "rank_peers", "rank_store"):
             return raw
-        if name == "history_drafting":
+        if name in ("history_drafting", "engine_process"):
             if raw.lower() not in ("true", "false"):
                 raise ValueError(raw)
             return raw.lower() == "true"

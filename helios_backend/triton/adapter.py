@@ -24,6 +24,7 @@ from helios_proto import transport_pb2 as tp
 from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
 from helios_backend.engine.responses import Channel, ChannelError, Stream
 from helios_backend.engine.engine import Engine, StartupError
+from helios_backend.engine.process_engine import ProcessEngine
 from helios_backend.engine.faults import FaultySink
 from helios_backend.triton.finals import FinalSender
 from helios_backend.triton.supervision import STUB_EXIT_ENGINE_FAILED
@@ -122,11 +123,15 @@ class TritonMetricBackend:
         return self._families[family.name].Metric(labels=merged)
 
 
+# the engine in the stub (engine_process=false) or in a process of its own (the default)
+Runtime = Engine | ProcessEngine
+
+
 class TritonHeliosModel:
     def __init__(self, pb_utils: Any) -> None:
         self._pb = pb_utils
         self._serials = itertools.count(1)
-        self.runtime: Engine | None = None
+        self.runtime: Runtime | None = None
         self._finals: FinalSender | None = None
 
     def initialize(self, args: dict[str, str]) -> None:
@@ -140,7 +145,10 @@ class TritonHeliosModel:
             sys.setswitchinterval((options.switch_interval_us or SWITCH_INTERVAL_US) / 1e6)
             backend = TritonMetricBackend(self._pb, {"model": args["model_name"],
                                                      "version": str(args["model_version"])})
-            self.runtime = Engine.start(options, backend, on_fatal=self._exit_stub)
+            if options.engine_process is False:
+                self.runtime = Engine.start(options, backend, on_fatal=self._exit_stub)
+            else:
+                self.runtime = ProcessEngine.start(options, backend, on_fatal=self._exit_stub)
             self._finals = FinalSender(self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except (StartupError, SettingsError) as exc:
             message = f"helios startup failed: {exc}"
@@ -164,7 +172,7 @@ class TritonHeliosModel:
         sys.stderr.flush()
         os._exit(STUB_EXIT_ENGINE_FAILED)
 
-    def _sink(self, sink: Any, runtime: Engine) -> Any:
+    def _sink(self, sink: Any, runtime: Runtime) -> Any:
         return FaultySink(sink, runtime.fault) if runtime.fault is not None else sink
 
     def execute(self, requests: list[Any]) -> None:
@@ -203,7 +211,7 @@ class TritonHeliosModel:
                 self._answer(sender, tp.ResponseEvent(assets=runtime.assets()))
         return None
 
-    def _exit_when_lost(self, runtime: Engine) -> None:
+    def _exit_when_lost(self, runtime: Runtime) -> None:
         """Exit the stub once the executor is lost, after the grace (module constants)."""
         while runtime.loop.alive:
             time.sleep(0.1)
@@ -213,18 +221,18 @@ class TritonHeliosModel:
         time.sleep(LOST_EXIT_GRACE_S)
         os._exit(LOST_EXIT_CODE)
 
-    def _generate(self, runtime: Engine, serial: int, request: Any, gen: tp.GenerateRequest, sender: Any) -> None:
+    def _generate(self, runtime: Runtime, serial: int, request: Any, gen: tp.GenerateRequest, sender: Any) -> None:
         """A request on its own stream: its responses go to its own sender."""
         try:
             spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
-            grammar = runtime.grammar_session(gen.grammar)
+            grammar: Any = runtime.grammar_session(gen.grammar)   # the runtime's own handle
         except TransportError as exc:
             self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
             return
         own = self._sink(TritonSender(self._pb, sender, set(request.requested_output_names())), runtime)
         runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), grammar)
 
-    def _generate_on_channel(self, runtime: Engine, serial: int, request: Any, gen: tp.GenerateRequest) -> None:
+    def _generate_on_channel(self, runtime: Runtime, serial: int, request: Any, gen: tp.GenerateRequest) -> None:
         """Everything this request produces, invalid-request answers included, goes by its channel."""
         try:
             channel = runtime.hub.channel(gen.channel)
@@ -234,7 +242,7 @@ class TritonHeliosModel:
         stream: Stream | None = None
         try:
             spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
-            grammar = runtime.grammar_session(gen.grammar)
+            grammar: Any = runtime.grammar_session(gen.grammar)   # the runtime's own handle
             stream = self._stream(serial, spec, gen, channel=channel)
             runtime.add_request(spec, stream, grammar)
         except (TransportError, ChannelError) as exc:

@@ -1,0 +1,65 @@
+"""The messages between the stub and its engine process (process_engine.py, process_child.py).
+
+One socket pair carries pickled tuples `(kind, *values)` framed by
+multiprocessing.connection. Each side sends from several threads, so `Wire.send` holds a
+lock; each side receives on one thread only.
+
+    stub -> engine   START options origin_ns | SUBMIT serial spec grammar_bytes | CANCEL serial
+                     | STOP drain timeout_s
+    engine -> stub   READY assets_bytes spec_defaults description | FAILED message
+                     | EVENTS rows | METRICS updates | DEATH reason | EXIT lost
+
+EVENTS is one message per delivery (one per round while decoding). Token events travel as
+plain tuples, which pickle in a fraction of a NamedTuple's time (~0.15 us against ~1 us a
+token); terminal events travel as themselves. `pack_events` and `unpack_events` keep the
+order of the worker's list.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from helios_backend.scheduler.events import Emitted, Event
+
+START, SUBMIT, CANCEL, STOP = "start", "submit", "cancel", "stop"
+READY, FAILED, EVENTS, METRICS, DEATH, EXIT = "ready", "failed", "events", "metrics", "death", "exit"
+
+
+class WireClosed(Exception):
+    """The other side closed the wire or exited."""
+
+
+class Wire:
+    def __init__(self, sock: socket.socket) -> None:
+        self._connection = Connection(sock.detach())
+        self._send_lock = threading.Lock()
+
+    @classmethod
+    def from_fd(cls, fd: int) -> "Wire":
+        return cls(socket.socket(fileno=fd))
+
+    def send(self, *message: Any) -> None:
+        try:
+            with self._send_lock:
+                self._connection.send(message)
+        except (OSError, ValueError) as exc:       # ValueError: sent after close
+            raise WireClosed(str(exc)) from None
+
+    def receive(self) -> tuple[Any, ...]:
+        try:
+            return self._connection.recv()
+        except (EOFError, OSError) as exc:
+            raise WireClosed(str(exc) or "end of stream") from None
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def pack_events(events: list[Event]) -> list[Any]:
+    return [tuple(ev) if type(ev) is Emitted else ev for ev in events]
+
+
+def unpack_events(rows: list[Any]) -> list[Event]:
+    return [Emitted(*row) if type(row) is tuple else row for row in rows]
