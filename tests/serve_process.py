@@ -73,6 +73,11 @@ class ServeProcess:
         [pid] = stub_pids(self.triton_pid())
         return pid
 
+    def engine_pid(self) -> int:
+        """The stub's engine process (helios_backend/engine/process_child.py)."""
+        [pid] = child_pids(self.stub_pid(), "python")
+        return pid
+
     def wait_gateway_healthy(self, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

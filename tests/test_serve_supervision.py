@@ -5,7 +5,10 @@ python stub and the real gateway under helios-serve (tests/serve_process.py).
 * a gateway that cannot start (its port taken): exits non-zero;
 * kill -9 of the stub mid-generation: every open request gets its one terminal error,
   permits and streams are released, /health goes red, helios-serve restarts the server
-  (counted), /health turns green and requests are served again;
+  (counted), /health turns green and requests are served again; the stub's engine process
+  ends by itself;
+* kill -9 of the engine process mid-generation: the same, the stub ending itself (cause
+  engine_failed);
 * the same when a thread of the engine dies inside a live stub (injected crash): the stub
   answers every open request with its failure and exits, and is restarted (cause engine_failed);
 * SIGTERM mid-stream: the stream ends with one `shutting_down` error event, everything
@@ -97,13 +100,32 @@ def test_a_killed_stub_fails_open_requests_and_the_stack_recovers(default_core: 
         serve.wait_gateway_healthy()
         requests = OpenRequests(serve.gateway_url)
         assert serve.gateway_metric("helios_gateway_backend_streams_open") == 4
-        stub, triton = serve.stub_pid(), serve.triton_pid()
+        stub, triton, engine = serve.stub_pid(), serve.triton_pid(), serve.engine_pid()
         killed_at = time.monotonic()
         os.kill(stub, signal.SIGKILL)                      # the backend dies mid-generation
         wait_red(serve, killed_at)
         requests.assert_each_failed_once(killed_at)
         assert not alive(triton)                           # the server with the dead stub was replaced
         assert_recovered(serve, killed_at, stub, "stub_died")
+        assert wait_until(lambda: not alive(engine))       # the orphaned engine process let go of the device
+
+
+# spec: HTTP-23, HTTP-25, HTTP-27
+def test_a_killed_engine_process_fails_open_requests_and_the_stack_recovers(default_core: Path,  # noqa: F811
+                                                                           tmp_path: Path) -> None:
+    with ServeProcess(default_core, tmp_path) as serve:
+        serve.wait_gateway_healthy()
+        requests = OpenRequests(serve.gateway_url)
+        assert serve.gateway_metric("helios_gateway_backend_streams_open") == 4
+        stub, engine = serve.stub_pid(), serve.engine_pid()
+        killed_at = time.monotonic()
+        os.kill(engine, signal.SIGKILL)                    # the scheduler and executor die mid-generation
+        wait_red(serve, killed_at)
+        requests.assert_each_failed_once(killed_at)
+        assert_recovered(serve, killed_at, stub, "engine_failed")
+        assert not alive(stub) and serve.engine_pid() != engine
+        log = serve.log()
+    assert "the engine process ended unexpectedly (exit code -9)" in log, log[-3000:]
 
 
 # spec: HTTP-23, HTTP-25, HTTP-27

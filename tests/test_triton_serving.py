@@ -1,5 +1,7 @@
 """End to end: a real tritonserver, tritonclient gRPC streaming, the embedded default core
-on the numpy executor. No mocks. One server for the module (starting one costs seconds)."""
+on the numpy executor. No mocks. One server per engine placement (starting one costs
+seconds): the engine in its own process (the default) and in the stub (engine_process=false);
+every test runs against both."""
 from __future__ import annotations
 
 import asyncio
@@ -22,11 +24,14 @@ pytestmark = pytest.mark.triton
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"                  # greedy continues it for a long time
 
 
-@pytest.fixture(scope="module")
-def server(default_core: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:  # noqa: F811
+@pytest.fixture(scope="module", params=["engine-process", "engine-in-stub"])
+def server(default_core: Path, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+           request: pytest.FixtureRequest) -> Iterator[TritonServer]:
     work = tmp_path_factory.mktemp("triton-serving")
-    with TritonServer(model_repository(work, core_path=default_core)) as s:
+    placement = {} if request.param == "engine-process" else {"engine_process": "false"}
+    with TritonServer(model_repository(work, core_path=default_core, **placement)) as s:
         s.wait_ready()
+        assert ("helios runtime ready in engine process" in s.log()) == (request.param == "engine-process")
         yield s
 
 

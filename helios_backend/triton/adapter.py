@@ -133,6 +133,7 @@ class TritonHeliosModel:
         self._serials = itertools.count(1)
         self.runtime: Runtime | None = None
         self._finals: FinalSender | None = None
+        self._assets: np.ndarray | None = None     # the serialized assets answer (_assets_payload)
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
@@ -208,8 +209,16 @@ class TritonHeliosModel:
                 self._answer(sender, tp.ResponseEvent(terminal=tp.TerminalEvent(failed=tp.ExecutionFailure(
                     message=runtime.loop.lost or "the helios worker stopped"))))
             else:
-                self._answer(sender, tp.ResponseEvent(assets=runtime.assets()))
+                self._answer_payload(sender, self._assets_payload(runtime))
         return None
+
+    def _assets_payload(self, runtime: Runtime) -> np.ndarray:
+        """The assets answer, serialized once: it carries the tokenizer (megabytes), and the
+        gateway's readiness probes ask for it several times a second; building it per probe
+        held the GIL for milliseconds, in front of every other request and send."""
+        if self._assets is None:
+            self._assets = message_array(tp.ResponseEvent(assets=runtime.assets()).SerializeToString())
+        return self._assets
 
     def _exit_when_lost(self, runtime: Runtime) -> None:
         """Exit the stub once the executor is lost, after the grace (module constants)."""
@@ -277,6 +286,9 @@ class TritonHeliosModel:
 
     def _answer(self, sender: Any, event: tp.ResponseEvent) -> None:
         """The single FINAL response of a request answered without the engine."""
-        tensor = output_tensor(self._pb, OUT_EVENT, message_array(event.SerializeToString()))
+        self._answer_payload(sender, message_array(event.SerializeToString()))
+
+    def _answer_payload(self, sender: Any, payload: np.ndarray) -> None:
+        tensor = output_tensor(self._pb, OUT_EVENT, payload)
         sender.send(self._pb.InferenceResponse(output_tensors=[tensor]),
                     flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
