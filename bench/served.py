@@ -71,7 +71,7 @@ async def _client_loop(base: str, model: str, prompts: list[str], concurrency: i
     queue = list(enumerate(prompts))
     results: list[RequestTiming] = []
     count = token_ids_count if ours else content_chunk_count
-    async with load_session(base, concurrency + 4) as client:
+    async with load_session(base, concurrency + 4, keep_alive=ours) as client:
         async def worker() -> None:
             while queue:
                 _, text = queue.pop()

@@ -68,10 +68,14 @@ class RequestTiming:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-def load_session(base_url: str, connections: int, headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
-    """The load generator's HTTP client: `connections` kept-alive connections to `base_url`."""
+def load_session(base_url: str, connections: int, headers: dict[str, str] | None = None,
+                 keep_alive: bool = True) -> aiohttp.ClientSession:
+    """The load generator's HTTP client: `connections` kept-alive connections to `base_url`.
+    keep_alive=False opens one per request: llama-server closes a connection after a streamed
+    answer, and aiohttp's reuse of it failed the next request with ServerDisconnectedError
+    (2026-12-03); a loopback connect costs well under a millisecond of a ~100 ms request."""
     return aiohttp.ClientSession(base_url=base_url, headers=headers, read_bufsize=1 << 20,
-                                 connector=aiohttp.TCPConnector(limit=connections),
+                                 connector=aiohttp.TCPConnector(limit=connections, force_close=not keep_alive),
                                  timeout=aiohttp.ClientTimeout(total=600))
 
 
