@@ -436,9 +436,11 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
 
 
 def requests_at(concurrency: int) -> int:
-    """Requests per level: four per client stream (the first wave, which arrives at once, is a
-    quarter of them), at least 32 (so p99 means something)."""
-    return max(4 * concurrency, 32)
+    """Requests per level: sixteen per client stream, at least 256. The level's wall time runs
+    from its first request's start to its last one's end, so the first wave (every client at
+    once) and the drain (the last clients alone) weigh on it; with four per client a level of
+    16 clients lasted 0.59 s on the H200 and those edges were a sixth of it (2026-12-03)."""
+    return max(16 * concurrency, 256)
 
 
 def checkpoint(args: argparse.Namespace, phase: str, figures_so_far: dict) -> None:
