@@ -187,6 +187,28 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+class ResponseSide:
+    """What lives beside Triton's senders, with the engine in this process or in its own: the
+    response thread, the metrics thread, and the fatal path that a dying thread takes."""
+
+    def __init__(self, metrics_backend: MetricBackend | None, on_fatal: Callable[[str], None] | None) -> None:
+        self.metrics: MetricsThread | NullMetrics = (
+            MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
+        self.fatal = FatalPath(on_fatal)
+        self._cancel: Callable[[int], None] = lambda serial: None
+        self.hub = ResponseHub(on_cancel=lambda serial: self._cancel(serial), metrics=self.metrics,
+                               on_death=self.fatal)
+        self.fatal.attach(self.hub, self.metrics)
+
+    def start(self, cancel: Callable[[int], None]) -> None:
+        """Start the threads; the hub's cancellations go to `cancel` (the worker's)."""
+        self._cancel = cancel
+        if isinstance(self.metrics, MetricsThread):
+            self.metrics.start()
+        freeze_startup_objects()
+        self.hub.start()
+
+
 @dataclass
 class Engine:
     """The core, its worker and the response thread in one process."""
@@ -200,22 +222,12 @@ class Engine:
               on_fatal: Callable[[str], None] | None = None) -> "Engine":
         origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
         core = EngineCore.build(options, origin)
-        metrics: MetricsThread | NullMetrics = (
-            MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
-        worker_ref: list[EngineLoop] = []
-        fatal = FatalPath(on_fatal)
-        hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics,
-                          on_death=fatal)
-        worker = core.loop(hub, metrics, on_death=fatal)
-        worker_ref.append(worker)
-        fatal.attach(hub, metrics)
-        if isinstance(metrics, MetricsThread):
-            metrics.start()
-        freeze_startup_objects()
-        hub.start()
+        side = ResponseSide(metrics_backend, on_fatal)
+        worker = core.loop(side.hub, side.metrics, on_death=side.fatal)
+        side.start(cancel=worker.cancel)
         worker.start()
         log.info("helios runtime ready: %s", core.describe())
-        return cls(core, worker, hub, metrics)
+        return cls(core, worker, side.hub, side.metrics)
 
     # the core's parts, read by the adapter, the benchmarks and the tests
     @property

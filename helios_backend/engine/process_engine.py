@@ -36,7 +36,7 @@ from typing import Callable
 
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.engine.engine import FatalPath, StartupError, freeze_startup_objects
+from helios_backend.engine.engine import FatalPath, ResponseSide, StartupError
 from helios_backend.engine.faults import FaultTrigger
 from helios_backend.engine.metrics import MetricBackend, MetricsThread, NullMetrics
 from helios_backend.engine.process_wire import (
@@ -186,21 +186,13 @@ class ProcessEngine:
             process.kill()
             raise StartupError(f"engine process: unexpected first message {reply[0]!r}")
         _, assets_bytes, spec_defaults, description = reply
-        metrics: MetricsThread | NullMetrics = (
-            MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
-        fatal = FatalPath(on_fatal)
-        worker_ref: list[EngineWorker] = []
-        hub = ResponseHub(on_cancel=lambda serial: worker_ref[0].cancel(serial), metrics=metrics, on_death=fatal)
-        worker = EngineWorker(wire, process, hub)
-        worker_ref.append(worker)
-        fatal.attach(hub, metrics)
-        if isinstance(metrics, MetricsThread):
-            metrics.start()
-        freeze_startup_objects()
-        hub.start()
-        threading.Thread(target=worker.read, args=(metrics, fatal), name="helios-engine-wire", daemon=True).start()
+        side = ResponseSide(metrics_backend, on_fatal)
+        worker = EngineWorker(wire, process, side.hub)
+        side.start(cancel=worker.cancel)
+        threading.Thread(target=worker.read, args=(side.metrics, side.fatal), name="helios-engine-wire",
+                         daemon=True).start()
         log.info("helios runtime ready in engine process %d: %s", process.pid, description)
-        return cls(worker, hub, metrics, tp.FrontendAssets.FromString(assets_bytes), spec_defaults, process)
+        return cls(worker, side.hub, side.metrics, tp.FrontendAssets.FromString(assets_bytes), spec_defaults, process)
 
     @property
     def healthy(self) -> bool:
