@@ -326,13 +326,19 @@ def test_constrained_mix_is_counted_on_decode_steps() -> None:  # spec: MET-6, M
 
 def run_two_frames(sched: Scheduler, engine: SimulatedEngine,
                    on_terminal: "Callable[[], None] | None" = None,
-                   followed: "list[int] | None" = None) -> dict[int, list[object]]:
+                   followed: "list[int] | None" = None,
+                   at_round: "Callable[[int], None] | None" = None,
+                   behind: "list[tuple[int, int, int]] | None" = None) -> dict[int, list[object]]:
     """The worker's two-frame loop, inline: round N+1 is submitted before N completes.
     `on_terminal` runs after each terminal event (a closed-loop client's next request);
-    `followed` collects the operation of every round the second frame followed."""
+    `followed` collects the operation of every round the second frame followed; `at_round`
+    runs before each pass with its number (arrivals while rounds are in flight); `behind`
+    collects (operation followed, operation behind it, its lanes) of every second frame."""
     events: dict[int, list[object]] = {}
     inflight: list = []
-    for _ in range(20_000):
+    for step in range(20_000):
+        if at_round is not None:
+            at_round(step)
         if not inflight:
             plan = sched.schedule()
             if plan is None:
@@ -344,6 +350,8 @@ def run_two_frames(sched: Scheduler, engine: SimulatedEngine,
             if nxt is not None:
                 if followed is not None:
                     followed.append(inflight[0].main.operation)
+                if behind is not None:
+                    behind.append((inflight[0].main.operation, nxt.main.operation, len(nxt.main.lanes)))
                 engine.launch(nxt, 1)
                 inflight.append(nxt)
         plan = inflight.pop(0)
@@ -379,6 +387,15 @@ def test_two_frames_discard_the_token_after_eos() -> None:  # spec: SPEC-50, FE-
     assert sched.counters.pipelined > 0 and sched.pool.used_pages == 0
 
 
+class AllowAll:
+    """A grammar that allows every token: the outputs equal the unconstrained reference."""
+    def fill_mask(self, out_words: np.ndarray) -> None:
+        out_words[:] = -1
+
+    def consume(self, token: int) -> bool:
+        return True
+
+
 def test_no_second_frame_with_host_stops_or_grammar() -> None:  # spec: STOP-17, SPEC-45, SPEC-46
     prompt = prompt_of(4, 6)
     sched, engine = make()
@@ -386,17 +403,54 @@ def test_no_second_frame_with_host_stops_or_grammar() -> None:  # spec: STOP-17,
     run_two_frames(sched, engine)
     assert sched.counters.pipelined == 0
 
-    class AllowAll:
-        def fill_mask(self, out_words) -> None:  # type: ignore[no-untyped-def]
-            out_words[:] = -1
-
-        def consume(self, token: int) -> bool:
-            return True
-
     sched, engine = make()
     sched.add(0, spec(prompt, max_tokens=8, constrained=True), grammar=AllowAll())
     run_two_frames(sched, engine)
     assert sched.counters.pipelined == 0 and sched.counters.constrained_max_inflight == 1
+
+
+def test_a_burst_behind_a_decode_round_is_a_prompt_round_on_the_second_frame() -> None:  # spec: SPEC-43, SPEC-44, HTTP-20
+    # four requests arrive while two decode with the second frame: their round of prompts
+    # goes behind the decode round in flight (its prompts need nothing from it) instead of
+    # waiting for that round's completion; every output equals completion feedback's
+    sched, engine = make(slots=8, initialization=True)
+    prompts = {i: prompt_of(60 + i, 6 + i) for i in range(6)}
+    limits = {i: 20 if i < 2 else 7 for i in range(6)}
+    for i in range(2):
+        sched.add(i, spec(prompts[i], max_tokens=limits[i]))
+
+    def arrive(step: int) -> None:
+        if step == 4:
+            for i in range(2, 6):
+                sched.add(i, spec(prompts[i], max_tokens=limits[i]))
+
+    behind: list[tuple[int, int, int]] = []
+    events = run_two_frames(sched, engine, at_round=arrive, behind=behind)
+    for i, p in prompts.items():
+        assert tokens_of(events[i]) == reference_tokens(p, limits[i], VOCAB)
+    assert any(after == cp.OPERATION_DECODE and op == cp.OPERATION_PREFILL and lanes >= 2
+               for after, op, lanes in behind)
+    assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
+
+
+def test_a_constrained_arrival_waits_for_feedback_behind_a_second_frame() -> None:  # spec: MET-8, SPEC-46
+    # a constrained request arrives while plain requests decode on two frames: it is admitted
+    # by completion feedback (one frame in flight), never as a lane behind a round in flight,
+    # alone or in a burst
+    for burst in (1, 3):
+        sched, engine = make(slots=8, initialization=True)
+        prompts = {i: prompt_of(80 + i, 6) for i in range(1 + burst)}
+        sched.add(0, spec(prompts[0], max_tokens=24))
+
+        def arrive(step: int) -> None:
+            if step == 5:
+                for i in range(1, 1 + burst):
+                    sched.add(i, spec(prompts[i], max_tokens=6, constrained=True), grammar=AllowAll())
+
+        events = run_two_frames(sched, engine, at_round=arrive)
+        for i, p in prompts.items():
+            assert tokens_of(events[i]) == reference_tokens(p, 24 if i == 0 else 6, VOCAB)
+        assert sched.counters.pipelined > 0 and sched.counters.constrained_max_inflight == 1
 
 
 def test_admission_waits_instead_of_evicting_the_snapshot_it_matched() -> None:  # spec: HTTP-20, CACHE-22

@@ -369,12 +369,16 @@ class Scheduler:
         ids (min_tokens), host stops, restoration and cancellation fall back to completion
         feedback (SPEC-45..48). A waiting request may join as the round's one host-fed lane (a
         MIXED round, its initialization before it): its prompt needs nothing from `plan`.
+        A burst of waiting requests gets a round of prompts only instead (_prompt_round), and
+        a constrained request at the head of the queue waits for completion feedback (MET-8).
         """
         main = plan.main
         if plan.restoration or self._stops or main.operation not in _PIPELINE_AFTER:
             return None
+        if self._waiting and self._waiting[0][1].spec.constrained:
+            return None        # a constrained submission runs alone (MET-8): schedule() admits it
         if self._admission_round_due():
-            return None        # a burst waits: schedule() builds a round of prompts (several at once)
+            return self._prompt_round()
         eos_ids, context = self.config.eos_ids, self.config.context_tokens
         pt = self.config.page_tokens
         # (request, slot, generation, start, output limit) of each lane of the next round
@@ -432,6 +436,24 @@ class Scheduler:
         for lane in lanes:
             lane.request.inflight += 1
         return nxt
+
+    def _prompt_round(self) -> RoundPlan | None:
+        """A round of prompts only (several rows at once, as schedule() builds for a burst),
+        behind the round in flight: its lanes are host-fed with tokens the host knows, so it
+        needs nothing from that round's completion, and the stream orders their device work.
+        The decoding requests sit it out and rejoin the round after it with their pending
+        tokens. A constrained prompt in the burst leaves the burst to completion feedback."""
+        rows = self.variants.max_rows(cp.OPERATION_PREFILL)
+        if any(req.spec.constrained for _, req in self._waiting[:rows]):
+            return None
+        lanes: list[Lane] = []
+        self._shape = (lanes, 0, 0, 0)
+        self._admit_waiting(lanes, rows)
+        if not lanes:
+            return None
+        self._admission_round = True
+        self.counters.pipelined += 1
+        return self._plan(lanes, [])
 
     # ---- completion ----------------------------------------------------------------
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
