@@ -33,7 +33,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -84,6 +84,7 @@ class PeerFigures:
     prefill_seconds: float  # median over repeats
     decode: tuple[DecodeFigure, ...]
     prefill_runs: tuple[float, ...] = ()  # every run's seconds
+    resident: Optional[Mapping[str, int]] = None  # memory figures with the engine loaded, where measured
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -201,8 +202,11 @@ def measure_llama_cpp(
     new_tokens: int = 32,
     threads: int = 2,
     repeats: int = 3,
+    memory: Callable[[], Mapping[str, int]] | None = None,
 ) -> PeerFigures:
-    """Prefill and decode throughput of llama.cpp on the GGUF (default: the packaged SmolLM2)."""
+    """Prefill and decode throughput of llama.cpp on the GGUF (default: the packaged SmolLM2).
+    `memory` is called after the last measurement with the model and context still loaded (after
+    `close` llama.cpp has freed its weights and cache); its answer is the figures' `resident`."""
     path = gguf_path or default_gguf_path()
     max_batch = max(batches)
     decode_cells = max_batch * new_tokens + len(decode_prompt_ids)
@@ -214,10 +218,12 @@ def measure_llama_cpp(
         prefill_runs = tuple(_time_prefill(session, prefill_ids) for _ in range(repeats))
         _time_decode(session, decode_prompt_ids, 1, 4)  # warm-up
         decode = tuple(_median_decode(session, decode_prompt_ids, b, new_tokens, repeats) for b in batches)
+        resident = dict(memory()) if memory is not None else None
     finally:
         session.close()
     return PeerFigures(
-        "llama.cpp (llama-cpp-python 0.3.36)", threads, len(prefill_ids), statistics.median(prefill_runs), decode, prefill_runs
+        "llama.cpp (llama-cpp-python 0.3.36)", threads, len(prefill_ids), statistics.median(prefill_runs), decode, prefill_runs,
+        resident,
     )
 
 
