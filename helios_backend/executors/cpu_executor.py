@@ -27,7 +27,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu.compiled import warm_up
 from helios_backend.executors.cpu.kernels import SHARED_WORK_MACS, Capacity, CpuKernels
-from helios_backend.executors.cpu.residency import release_library_pages
+from helios_backend.executors.cpu.residency import release_free_heap, release_library_pages
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce
 from helios_backend.executors.base import ResourceReader
 from helios_backend.kernels import abi
@@ -96,6 +96,8 @@ class CpuExecutor(NumpyExecutor):
                          local_ranks=local_ranks, reduce=reduce)
         # every primitive is compiled (warm_up): LLVM's code pages are not needed again (cpu/residency.py)
         self.released_compiler_bytes = release_library_pages("libllvmlite")
+        # what Bootstrap and the load freed stays resident in the C heap otherwise (cpu/residency.py)
+        release_free_heap()
 
     def close(self) -> None:
         super().close()

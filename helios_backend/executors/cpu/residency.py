@@ -12,6 +12,11 @@ page: the page cache keeps them (nothing is freed for the machine unless it need
 and a later compilation (a new argument type) faults them back from the file, unchanged, since
 a clean private file page is the file's content. Mappings with dirty pages (relocated data)
 are left alone: MADV_DONTNEED would revert them to the file's bytes.
+
+`release_free_heap()` hands the C heap's free pages back after the load: Bootstrap and the load
+free tens of MiB of small allocations (the tokenizer's construction, the manifest's decoding,
+binding every program), which glibc keeps resident inside its heap, where only the top can
+shrink by itself (measured on the default core: 27-29 MiB of RssAnon returned after the load).
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import ctypes.util
 import mmap
 from pathlib import Path
 
-__all__ = ["release_library_pages"]
+__all__ = ["release_free_heap", "release_library_pages"]
 
 _MADV_DONTNEED = 4
 
@@ -61,3 +66,16 @@ def release_library_pages(fragment: str) -> int:
         if start % mmap.PAGESIZE == 0 and madvise(start, length, _MADV_DONTNEED) == 0:
             released += length
     return released
+
+
+def release_free_heap() -> bool:
+    """malloc_trim(0): glibc returns every whole free page of its heaps to the system (later
+    allocations get fresh zero pages). False where the C library has no malloc_trim (not glibc)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return True
