@@ -77,6 +77,9 @@ def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
     # share_above=1: every product and attention call is split into chunks shared with a helper thread
     # (the tiny shapes would otherwise run on one thread), so chunk boundaries are compared too
     cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1))
+    # a 64-token prefill chunk's attention in blocks of 24, 24 and 16 queries (the default block of 128
+    # would take the tiny chunks whole), so the blocks' boundaries are compared too
+    cpu.kernels.query_block = 24
     models = {"numpy": ExecutorModel(contract, manifest, oracle), "cpu": ExecutorModel(contract, manifest, cpu)}
     yield models
     oracle.close()

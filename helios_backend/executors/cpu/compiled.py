@@ -505,13 +505,15 @@ def gather_rows(out: np.ndarray, table: np.ndarray, ids: np.ndarray, n: int, k: 
 
 
 @njit(cache=True, fastmath=True, nogil=True)
-def silu_gate(out: np.ndarray, projected: np.ndarray, n: int, ffn: int) -> None:
-    """out[t] = silu(gate) * up with projected[t] = [gate | up] ([n, 2 * ffn])."""
+def silu_gate(out: np.ndarray, projected: np.ndarray, n: int, ffn: int, out_width: int, out_at: int) -> None:
+    """out[t, out_at:out_at + ffn] = silu(gate) * up with projected[t] = [gate | up] ([n, 2 * ffn]),
+    out [n, out_width] (out_width > ffn: one tile of gate columns, kernels._gate_up_tiles)."""
     for t in range(n):
         base = t * 2 * ffn
+        target = out[t * out_width + out_at:t * out_width + out_at + ffn]
         for i in range(ffn):
             g = projected[base + i]
-            out[t * ffn + i] = g / (np.float32(1.0) + np.exp(-g)) * projected[base + ffn + i]
+            target[i] = g / (np.float32(1.0) + np.exp(-g)) * projected[base + ffn + i]
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -767,7 +769,7 @@ def warm_up() -> None:
         block_gather_rows(f32, u8, code, i32, 1, 32)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
-    silu_gate(f32, f32, 1, 4)
+    silu_gate(f32, f32, 1, 4, 4, 0)
     for plane in (f32, bits):      # cache planes: f32, or f16 as uint16 bits
         rope_store(f32, plane, plane, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
         attention_pairs(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)

@@ -46,7 +46,10 @@ SHARED_WORK_MACS = 1 << 20
 CHUNKS_PER_THREAD = 4
 # A row with at least this many queries (a prefill chunk) attends through BLAS products (_row_products).
 ATTENTION_PRODUCT_TOKENS = 16
-TILE_ELEMENTS = 1 << 20          # f32 elements of one widened weight tile (4 MiB, fits L2 + L3 slices)
+ATTENTION_QUERY_BLOCK = 128      # queries of one such row per score matrix (_row_products)
+# f32 elements of one widened weight tile (1 MiB: a [512, 576] x [576, 455] sgemm keeps BLAS at its
+# speed, and each thread's tile stays resident after the first prefill: 4 MiB tiles held 8 MiB)
+TILE_ELEMENTS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class CpuKernels:
         self.capacity = capacity
         self.threads = threads
         self.share_above = share_above     # multiply-adds from which a call is shared over the threads
+        self.query_block = ATTENTION_QUERY_BLOCK    # queries per score matrix of a prefill chunk's attention
         # threads - 1 helpers share large products and attention with the calling thread (sharing.py);
         # each thread has its own scratch (`_own`): a tile it widens large products' weights into
         # (for a 1-thread BLAS) and attention scores (every query head of a group over the context)
@@ -261,16 +265,22 @@ class CpuKernels:
                               strides=tuple(plane.itemsize * s for s in (page_stride, kv_width, head_dim, 1)))
 
         k_pages, v_pages = pages_of(k_cache), pages_of(v_cache)
+        # (row, kv head, first query, end query): a row's queries in blocks of `query_block`,
+        # so a task's score matrix is [block * group, context of its last query] (a 512-token chunk's
+        # whole [512 * 3, 512] matrix was 3 MiB per thread, resident after the first prefill), and an
+        # early block attends only to the keys before it
+        block = self.query_block
+        tasks = [(int(r), kv, first, min(first + block, int(starts[r + 1])))
+                 for r in long_rows for kv in range(kv_heads) for first in range(int(starts[r]), int(starts[r + 1]), block)]
 
         def task(index: int) -> None:
-            r, kv = int(long_rows[index // kv_heads]), index % kv_heads
-            first, end = int(starts[r]), int(starts[r + 1])
+            r, kv, first, end = tasks[index]
             count = end - first
             query_positions = positions[first:end]
             context = int(query_positions.max()) + 1
             table = page_table[int(row_slot[r]) * pages_per_row:][:-(-context // page_tokens)]
             span = table.size * page_tokens
-            # every array in this thread's scratch (grown to the largest chunk once): a prefill
+            # every array in this thread's scratch (grown to the largest block once): a prefill
             # step's score matrices would otherwise stay in the allocator's heap
             gathered = self._own("gathered", span * head_dim, k_cache.dtype)[:span * head_dim]
             keys = self._own("keys", span * head_dim)[:span * head_dim]
@@ -299,7 +309,7 @@ class CpuKernels:
                                                                          (kv + 1) * group * head_dim] = \
                 mixed.reshape(count, group * head_dim)
 
-        self.sharing.run(task, int(long_rows.size) * kv_heads)
+        self.sharing.run(task, len(tasks))
 
     def paged_attention_split(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                               positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
@@ -325,8 +335,38 @@ class CpuKernels:
                           ffn_dim: int, eps: float) -> None:
         n = live_tokens(geometry)
         normed = self._norm(hidden, self._identity[:n], norm_weight, dim, eps)
+        if n > SMALL_PRODUCT_TOKENS:
+            self._gate_up_tiles(out, normed, gate_up, n, dim, ffn_dim)
+            return
         self._product(self._projected, normed, gate_up, n, dim, 2 * ffn_dim, False)
-        compiled.silu_gate(out, self._projected, n, ffn_dim)
+        compiled.silu_gate(out, self._projected, n, ffn_dim, ffn_dim, 0)
+
+    def _gate_up_tiles(self, out: np.ndarray, x: np.ndarray, gate_up: Weight, n: int, k: int, ffn: int) -> None:
+        """silu(gate) * up of many tokens tile by tile: a tile holds gate rows [s, s + r) and the
+        matching up rows [ffn + s, ffn + s + r) widened, one BLAS product gives those 2r columns of
+        every token into this thread's scratch, and the gate is applied into out's columns [s, s + r).
+        The [n, 2 ffn] projection is never held whole (6 MiB at a 512-token prefill of SmolLM2,
+        resident from the first prefill on)."""
+        if isinstance(gate_up, BlockWeight) and (gate_up.cols != k or gate_up.rows < 2 * ffn):
+            raise ValueError(f"a [{gate_up.rows}, {gate_up.cols}] block weight read as [{2 * ffn}, {k}]")
+        inputs = x[:n * k].reshape(n, k)
+        tile_rows = max(1, min(-(-ffn // (2 * self.threads)), TILE_ELEMENTS // (2 * k)))
+
+        def tile(index: int) -> None:
+            start = index * tile_rows
+            rows = min(tile_rows, ffn - start)
+            memory = self._own("tile", TILE_ELEMENTS)
+            for half, first in enumerate((start, ffn + start)):
+                if isinstance(gate_up, BlockWeight):
+                    compiled.dequantize_rows(memory[half * rows * k:], gate_up.data, gate_up.layout.code, first,
+                                             rows, k)
+                else:
+                    compiled.widen(memory[half * rows * k:], _bits(gate_up)[first * k:], rows * k)
+            projected = self._own("gate_up", n * 2 * tile_rows)[:n * 2 * rows]
+            np.matmul(inputs, memory[:2 * rows * k].reshape(2 * rows, k).T, out=projected.reshape(n, 2 * rows))
+            compiled.silu_gate(out, projected, n, rows, ffn, start)
+
+        self.sharing.run(tile, -(-ffn // tile_rows))
 
     def norm_logits(self, logits: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: Weight,
                     geometry: np.ndarray, rows: int, tokens: int, dim: int, vocab: int, eps: float) -> None:
