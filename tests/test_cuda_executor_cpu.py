@@ -209,6 +209,31 @@ def test_frame_state_and_unknown_programs_are_typed_errors() -> None:
     executor.close()
 
 
+def test_auxiliary_frame_holds_only_initialization_and_restoration_graphs() -> None:
+    # spec: BND-20, OWN-18
+    from helios_proto import contract_pb2 as C
+
+    fake = FakeDriver()
+    manifest = toy.build(n=N, chains={"chain": 3}, nops={"nops": (4, 1)})
+    graphs = [C.GraphContract(program="nops", operation=C.OPERATION_INITIALIZATION),
+              C.GraphContract(program="chain", operation=C.OPERATION_DECODE)]
+    executor = CudaExecutor(manifest, toy.resources(b"\0" * 64, N).__getitem__, CudaExecutorOptions(cache_pages=2),
+                            driver=fake, graphs=graphs)
+    assert (executor.frames, executor.auxiliary_frames) == (2, 1)
+    assert len(fake.graphs) == 1 + 2 + 3                 # tuning, chain on two frames, nops on three
+    executor.launch("chain", 0)
+    executor.launch("nops", 2)                           # while frame 0 is in flight
+    assert executor.staging(2)[:8].view(np.int32).tolist() == [1, 2]
+    with pytest.raises(FrameStateError):
+        executor.launch("chain", 2)                      # a main step never takes the auxiliary frame
+    executor.wait(2)
+    executor.wait(0)
+    executor.close()
+    plain = _executor(FakeDriver(), cache_pages=2)
+    assert plain.auxiliary_frames == 0                   # no graphs given: nothing is auxiliary
+    plain.close()
+
+
 # spec: OWN-19
 def test_missing_variant_fails_startup() -> None:
     with pytest.raises(MissingVariantError):

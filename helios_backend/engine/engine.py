@@ -115,14 +115,16 @@ class EngineCore:
         runner_args = (model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
                        vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids))
         mask_words = vocab.mask_words or -(-vocab.sampled_tokens // 32)
+        executor = model.executor
+        auxiliary_frame = executor.frames if executor.auxiliary_frames else None   # the first one after them
         scheduler: Scheduler
         if table.active:
             scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory))
             runner: ProgramRunner = SpeculativeProgramRunner(*runner_args, mask_words=mask_words,
-                                                             max_width=table.max_width)
+                                                             auxiliary_frame=auxiliary_frame, max_width=table.max_width)
         else:
             scheduler = _stage("scheduler", lambda: Scheduler(config, variants, stop_factory))
-            runner = ProgramRunner(*runner_args, mask_words=mask_words)
+            runner = ProgramRunner(*runner_args, mask_words=mask_words, auxiliary_frame=auxiliary_frame)
         grammar_tokenizer = _stage("grammar tokenizer", lambda: GrammarTokenizer.from_json(
             bootstrap.read_resource(contract.model.frontend.tokenizer_resource).decode("utf-8"),
             tuple(contract.defaults.eos_token_ids)))

@@ -179,7 +179,8 @@ class NativeModel:
                 contract, manifest, options, every_rank)
         else:
             executor = factory(contract, manifest, read_resource, options, every_rank)
-        frames = [executor.staging(f) for f in range(max(1, manifest.transport.frames))]
+        # the auxiliary frames (INITIALIZATION, RESTORATION only) follow the declared ones
+        frames = [executor.staging(f) for f in range(max(1, manifest.transport.frames) + executor.auxiliary_frames)]
         packer = Packer(graphs, manifest.transport, manifest.request_slots, frames,     # row widths of older cores:
                         layout_graphs=[g for g in contract.model.graphs if g.rank == options.rank])  # every graph
         return cls(contract, manifest, graphs, executor, packer, concurrency)

@@ -6,7 +6,12 @@ Packer, so the numpy and CUDA executors serve through the same code.
 One round = its submissions in order (restoration, initialization, main step), each one
 `pack -> launch -> wait -> validate`. launch() launches a round's main step on a frame and
 collect() waits for it, so the worker can pack and launch round N+1 on the other frame
-while round N runs. The executor numbers submissions (BND-20); this runner mirrors that
+while round N runs. With an auxiliary frame (`auxiliary_frame`: the CUDA executor's third
+host frame) the submissions before the main step are launched there and waited for by
+collect(), before the main one: a round that admits requests then packs its main step while
+its initialization queues behind round N on the stream, instead of waiting for both (the
+frame is reused only after its previous submission was waited for). A round with a
+constrained lane keeps the synchronous order: one frame in flight at its submissions (MET-8). The executor numbers submissions (BND-20); this runner mirrors that
 count to check each completion's sequence (CACHE-16). It also counts the executor frames
 in flight (launched, not yet waited for) and writes that count into each submission right
 after its launch: the scheduler reports the largest one after a constrained submission
@@ -27,7 +32,7 @@ from helios_backend.executors.base import FrameStateError
 from helios_backend.packing import SlotInitialization, PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
-from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
 from helios_backend.scheduler.request import Request
 
 _PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
@@ -60,6 +65,7 @@ class ProgramRunner:
     eos_ids: tuple[int, ...]
     mask_words: int = 0                  # grammar mask width (ceil(vocab / 32))
     frame: int = 0
+    auxiliary_frame: int | None = None   # the executor's frame for submissions before a main step
     timings: RoundTimings = field(default_factory=RoundTimings)
 
     def __post_init__(self) -> None:
@@ -67,6 +73,8 @@ class ProgramRunner:
         self._sequence = 0
         self._outstanding = 0            # frames launched and not yet waited for
         self._timings: dict[int, RoundTimings] = {}
+        self._auxiliary: Submission | None = None       # launched on the auxiliary frame, not waited for
+        self._auxiliary_words: list[tuple[Submission, np.ndarray]] = []   # waited for, checked at collect
 
     def run(self, plan: RoundPlan) -> CompletionRows:
         """Submit and collect one round on frame 0 (completion feedback)."""
@@ -78,39 +86,90 @@ class ProgramRunner:
         (restoration, initialization) are collected and checked here, in order; the main
         submission is left running for collect()."""
         t = RoundTimings()
-        for sub in plan.submissions():
-            t0 = time.perf_counter_ns()
-            operation = sub.operation
-            lanes = [self._packed(lane, operation) for lane in sub.lanes]
-            self.packer.pack(sub.variant.program, frame, lanes)
-            sub.sequence, sub.frame = self._sequence, frame
-            t1 = time.perf_counter_ns()
-            self._sequence += 1
-            self.executor.launch(sub.variant.program, frame)
-            self._outstanding += 1
-            sub.frames_outstanding = self._outstanding
-            t.packing_ns += t1 - t0
-            t.execution_ns += time.perf_counter_ns() - t1
-            if sub is not plan.main:
+        auxiliary = self.auxiliary_frame
+        if auxiliary is not None and any(lane.request.spec.constrained for lane in plan.main.lanes):
+            auxiliary = None
+        try:
+            for sub in plan.submissions():
+                main = sub is plan.main
+                target = frame if main or auxiliary is None else auxiliary
+                if target == self.auxiliary_frame:
+                    self._settle_auxiliary()             # the frame's previous submission
+                t0 = time.perf_counter_ns()
+                operation = sub.operation
+                lanes = [self._packed(lane, operation) for lane in sub.lanes]
+                self.packer.pack(sub.variant.program, target, lanes)
+                sub.sequence, sub.frame = self._sequence, target
+                t1 = time.perf_counter_ns()
+                self._sequence += 1
+                self.executor.launch(sub.variant.program, target)
+                self._outstanding += 1
+                sub.frames_outstanding = self._outstanding
+                t.packing_ns += t1 - t0
+                t.execution_ns += time.perf_counter_ns() - t1
+                if main:
+                    break
+                if auxiliary is not None:
+                    self._auxiliary = sub
+                    continue
                 t2 = time.perf_counter_ns()
                 words = self._wait(frame)
                 t3 = time.perf_counter_ns()
                 validate_header(self.fmt, words, sub)
                 t.execution_ns += t3 - t2
                 t.completion_ns += time.perf_counter_ns() - t3
+        except BaseException:
+            self._drop_auxiliary(plan)                  # the round fails: nothing will collect it
+            raise
         self._timings[id(plan)] = t
 
     def collect(self, plan: RoundPlan) -> CompletionRows:
         """Wait for the round's main submission; its validated rows."""
         t = self._timings.pop(id(plan), RoundTimings())
         t0 = time.perf_counter_ns()
-        words = self._wait(plan.main.frame)
+        words = self._main_words(plan)
         t1 = time.perf_counter_ns()
         rows = parse_and_validate(self.fmt, words, plan.main, vocab_size=self.vocab_size)
         t.execution_ns += t1 - t0
         t.completion_ns += time.perf_counter_ns() - t1
         self.timings = t
         return rows
+
+    def _main_words(self, plan: RoundPlan) -> np.ndarray:
+        """The main submission's completion words, after the round's auxiliary submissions
+        (run before it on the stream) were waited for and their headers checked. Every frame
+        the round holds is waited for, also when one of them failed."""
+        try:
+            if self._auxiliary is not None and self._of(plan, self._auxiliary):
+                self._settle_auxiliary()
+        finally:
+            words = self._wait(plan.main.frame)
+        mine = [(sub, w) for sub, w in self._auxiliary_words if self._of(plan, sub)]
+        if mine:
+            self._auxiliary_words = [(sub, w) for sub, w in self._auxiliary_words if not self._of(plan, sub)]
+            for sub, w in mine:
+                validate_header(self.fmt, w, sub)
+        return words
+
+    @staticmethod
+    def _of(plan: RoundPlan, sub: Submission) -> bool:
+        return sub is plan.restoration or sub is plan.initialization
+
+    def _settle_auxiliary(self) -> None:
+        """Wait for the auxiliary frame's submission; its words are checked when its round is
+        collected (the round may still be in flight)."""
+        sub, self._auxiliary = self._auxiliary, None
+        if sub is not None and self.auxiliary_frame is not None:
+            self._auxiliary_words.append((sub, self._wait(self.auxiliary_frame)))
+
+    def _drop_auxiliary(self, plan: RoundPlan) -> None:
+        """A round whose launch failed: its auxiliary submission is waited for and forgotten."""
+        if self._auxiliary is not None and self._of(plan, self._auxiliary):
+            try:
+                self._settle_auxiliary()
+            except Exception:
+                pass
+        self._auxiliary_words = [(sub, w) for sub, w in self._auxiliary_words if not self._of(plan, sub)]
 
     def _wait(self, frame: int) -> np.ndarray:
         """The executor's wait for `frame`. The frame is no longer in flight afterwards, also

@@ -31,7 +31,7 @@ class SpeculativeProgramRunner(ProgramRunner):
             return super().collect(plan)
         round_ = _round_of(main.lanes[0])
         round_.sequence, round_.frame = main.sequence, main.frame
-        words = self._wait(main.frame)
+        words = self._main_words(plan)
         outcomes = validate_completion(self.fmt, words, round_, self.vocab_size, self.max_width)
         # the base rows carry each lane's last emitted token; the outcomes carry all of them
         return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),

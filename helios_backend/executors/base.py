@@ -19,6 +19,11 @@ from typing import Callable, Collection, Optional, Protocol, Union
 
 import numpy as np
 
+from helios_proto import contract_pb2 as cp
+
+# the submissions a round may launch before its main step (runner.py)
+AUXILIARY_OPERATIONS = frozenset({cp.OPERATION_INITIALIZATION, cp.OPERATION_RESTORATION})
+
 ResourceReader = Callable[[str], Union[bytes, bytearray, memoryview]]
 
 
@@ -30,6 +35,12 @@ class Executor(Protocol):
     @property
     def frames(self) -> int:
         """Staging frames (two let the host pack one while the other runs)."""
+
+    @property
+    def auxiliary_frames(self) -> int:
+        """Host frames after the `frames` ones (indices frames, frames + 1, ...) that take only
+        the AUXILIARY_OPERATIONS programs: a round's initialization is launched there without
+        waiting for the frame its main step takes. Zero where launch runs the step at once."""
 
     @property
     def cache_pages(self) -> int:

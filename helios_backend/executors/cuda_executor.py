@@ -20,7 +20,10 @@ Rank processes (RankPeers::Processes, helios_backend/ranks/): `local_ranks` name
 this process owns (one), `nccl_unique_id` is rank 0's id (sent at rendezvous) and
 `agree_pages` turns the pages this process fits into the count every process backs.
 Two frames let the host pack frame f+1 while frame f runs; one stream per rank orders the
-graphs so the single device staging buffer is never overwritten while in use.
+graphs so the single device staging buffer is never overwritten while in use. A third host
+frame (`auxiliary_frames`, index `frames`) holds only INITIALIZATION and RESTORATION graphs:
+a round's slot initialization is packed and launched there while the round before it still
+holds the other frame, and the stream runs it before the round's main step.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import numpy as np
 
 from helios_proto import manifest_pb2
 
+from helios_backend.executors.base import AUXILIARY_OPERATIONS
 from helios_backend.kernels import blocks
 
 from .cuda.arena import DeviceArena, PinnedFrames
@@ -142,6 +146,13 @@ class CudaExecutor:
         self.world_size = max(1, manifest.world_size)
         transport = manifest.transport
         self.frames = max(1, transport.frames)
+        # one more host frame for the submissions before a round's main step (INITIALIZATION,
+        # RESTORATION): packed and launched without waiting for the frame the round takes, which
+        # the round in flight may still hold; only those programs are captured on it
+        self._auxiliary_programs = frozenset(
+            g.program for g in graphs or () if g.operation in AUXILIARY_OPERATIONS)
+        self.auxiliary_frames = 1 if self._auxiliary_programs else 0
+        self._host_frames = self.frames + self.auxiliary_frames
         self._validate()
         local = tuple(options.local_ranks) if options.local_ranks is not None else tuple(range(self.world_size))
         self._ranks = [_Rank(r) for r in local]
@@ -153,7 +164,7 @@ class CudaExecutor:
         self.startup_seconds: dict[str, float] = {}
         check(self._d.cuInit(0), "cuInit")
         self._enter(self._ranks[0])            # pinned memory needs a current context
-        self._staging = self._pinned_staging = PinnedFrames(self._d, self.frames, transport.frame_nbytes)
+        self._staging = self._pinned_staging = PinnedFrames(self._d, self._host_frames, transport.frame_nbytes)
         resources = _ResourceCache(read_resource)
         uid = None
         if self._nccl is not None:
@@ -171,17 +182,18 @@ class CudaExecutor:
         except BaseException:
             self.close()
             raise
-        # the hot path's table: name -> per frame, per rank (graph exec, stream)
+        # the hot path's table: name -> per frame (the auxiliary one for its programs), per rank
+        # (graph exec, stream)
         self._launch_plan = {
             name: tuple(tuple((rank.execs[name][f], rank.stream) for rank in self._ranks)
-                        for f in range(self.frames))
-            for name in self._ranks[0].execs}
-        self._events = tuple(tuple(rank.events[f] for rank in self._ranks) for f in range(self.frames))
+                        for f in range(len(execs)))
+            for name, execs in self._ranks[0].execs.items()}
+        self._events = tuple(tuple(rank.events[f] for rank in self._ranks) for f in range(self._host_frames))
         self._completion_words = self._ranks[0].completion.words
         header = tp.header_window(transport)
         self._headers = tuple(words[header.word_offset:header.word_offset + 2] for words in self._staging.words) \
             if header is not None else None
-        self._in_flight = [False] * self.frames
+        self._in_flight = [False] * self._host_frames
         self._sequence = 0
 
     # ---- startup -------------------------------------------------------------------------
@@ -260,8 +272,8 @@ class CudaExecutor:
                                   rank.comm, rank.stream)
             check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self.frames)]
-        rank.completion_or_none = PinnedFrames(d, self.frames, t.completion_nbytes)
+        rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self._host_frames)]
+        rank.completion_or_none = PinnedFrames(d, self._host_frames, t.completion_nbytes)
         kernels = kernel_table(rank.architecture.modules)
         resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm)
         wanted = set(self.options.programs) if self.options.programs is not None else None
@@ -274,7 +286,8 @@ class CudaExecutor:
             rank.plans[program.name] = launches
             runs = tp.staging_runs(program, t, self._extents.get(program.name))
             per_frame = []
-            for frame in range(self.frames):
+            captured = self._host_frames if program.name in self._auxiliary_programs else self.frames
+            for frame in range(captured):
                 steps = self._transport_in(rank, runs, frame) + list(launches) + self._transport_out(rank, frame)
                 graph, graph_exec, nodes = capture_graph(d, resources_of_rank, steps, rank.events[frame])
                 rank.graphs.append(graph)
@@ -391,6 +404,8 @@ class CudaExecutor:
             per_rank = self._launch_plan[program][frame]
         except KeyError:
             raise UnknownProgramError(program) from None
+        except IndexError:
+            raise FrameStateError(f"{program} is not captured on frame {frame}") from None
         if self._in_flight[frame]:
             raise FrameStateError(f"frame {frame} still in flight")
         if self._headers is not None:

@@ -140,6 +140,10 @@ class NumpyExecutor:
     def frames(self) -> int:
         return len(self._frames)
 
+    @property
+    def auxiliary_frames(self) -> int:
+        return 0                       # launch runs the step at once: nothing to overlap
+
     def _local(self, rank: int) -> RankReplay:
         try:
             return self.ranks[self.local_ranks.index(rank)]

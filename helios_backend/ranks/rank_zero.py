@@ -69,6 +69,10 @@ class ProcessRanksExecutor:
         return self.local.frames
 
     @property
+    def auxiliary_frames(self) -> int:
+        return 0                       # a launch is one message to every rank: one frame pair
+
+    @property
     def cache_pages(self) -> int:
         return self.local.cache_pages
 
