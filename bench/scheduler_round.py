@@ -35,6 +35,12 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--root", type=pathlib.Path, default=ROOT)
     parser.add_argument("--json", default="")
+    parser.add_argument("--return-rounds", type=int, default=0,
+                        help="rounds between a request's end and its client's next request (the gateway, Triton "
+                             "and the client: ~10 ms is 6-8 rounds at 64-128 clients on the H200)")
+    parser.add_argument("--admission-burst", type=int, default=0,
+                        help="waiting requests that make a round of prompts (SchedulerConfig.admission_burst; "
+                             "0: its default)")
     parser.add_argument("--wide-admission", action="store_true",
                         help="add PREFILL variants of 16 and 64 rows and initialization of 16 and 64 slots")
     args = parser.parse_args()
@@ -63,7 +69,8 @@ def main() -> None:
     for concurrency in [int(c) for c in args.concurrency.split(",") if c]:
         config = SchedulerConfig(page_tokens=16, num_pages=16384, request_slots=256, max_active=256,
                                  queue_capacity=1024, context_tokens=2048, max_pages_per_row=128, vocab_size=49152,
-                                 input_vocab_size=49152, eos_ids=())
+                                 input_vocab_size=49152, eos_ids=(),
+                                 **({"admission_burst": args.admission_burst} if args.admission_burst else {}))
         sched = Scheduler(config, VariantTable(table))
         engine = SimulatedEngine(sched)
         engine.fmt = CompletionFormat.from_layout(completion_layout(256))
@@ -86,11 +93,18 @@ def main() -> None:
         inflight: list = []
         host_ns: list[int] = []
         tokens = rounds = 0
+        returning: list[int] = []            # the rounds at which clients send their next request
         while True:
+            while returning and returning[0] <= rounds:
+                returning.pop(0)
+                arrive()
             t0 = time.perf_counter_ns()
             if not inflight:
                 plan = sched.schedule()
                 if plan is None:
+                    if returning:            # idle until the next client returns
+                        rounds += 1
+                        continue
                     break
                 host_ns.append(time.perf_counter_ns() - t0)
                 engine.launch(plan, 0)
@@ -119,8 +133,8 @@ def main() -> None:
             host_ns[-1] += time.perf_counter_ns() - t0
             rounds += 1
             for _ in range(finished):
-                if submitted < total:
-                    arrive()
+                if submitted + len(returning) < total:
+                    returning.append(rounds + args.return_rounds)
         per_round = sum(host_ns) / 1e3 / max(rounds, 1)
         report[concurrency] = {"rounds": rounds, "pipelined": sched.counters.pipelined,
                                "host_us_per_round": per_round, "host_us_per_token": sum(host_ns) / 1e3 / max(tokens, 1),
@@ -128,9 +142,12 @@ def main() -> None:
                                "ttft_rounds_p50": float(np.percentile(ttft_rounds, 50)),
                                "ttft_rounds_mean": float(np.mean(ttft_rounds)), "ttft_rounds_max": max(ttft_rounds)}
         r = report[concurrency]
+        launches = {cp.Operation.Name(op).removeprefix("OPERATION_").lower(): n
+                    for op, n in sorted(sched.counters.launches.items())}
+        r["launches"] = launches
         print(f"{concurrency:>5} {rounds:>7} {r['pipelined']:>9} {per_round:>9.0f} {r['host_us_per_token']:>9.1f} "
               f"{r['tokens_per_round']:>12.1f} {r['ttft_rounds_p50']:>15.0f} {r['ttft_rounds_mean']:>6.1f} "
-              f"{r['ttft_rounds_max']:>5}", flush=True)
+              f"{r['ttft_rounds_max']:>5}  {launches}", flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
 

@@ -74,7 +74,7 @@ def _runtime(bootstrap, auxiliary: bool):  # type: ignore[no-untyped-def]
 
 PROMPTS = [(1, 9690, 253, 28, 17 + i) for i in range(6)]
 LIMITS = [9, 7, 5, 6, 4, 5]
-ARRIVALS = {0: (0, 1), 3: (2,), 5: (3, 4, 5)}        # round -> requests: a MIXED admission, then a burst
+ARRIVALS = {0: (0, 1), 3: (2,), 5: (3, 4, 5)}        # round -> requests: admissions behind decode rounds
 
 
 def _serve(bootstrap, two_frames: bool):  # type: ignore[no-untyped-def]
@@ -119,5 +119,5 @@ def test_initialization_on_the_auxiliary_frame_matches_completion_feedback(smoll
     assert tokens == reference and [len(tokens[i]) for i in range(6)] == LIMITS
     auxiliary = [program for program, frame in executor.launched if frame == executor.frames]
     assert auxiliary and all(program.startswith("initialization") for program in auxiliary)
-    # admissions went behind a round in flight: a MIXED one and a round of prompts
+    # admissions went behind a round in flight
     assert cp.OPERATION_MIXED in behind or cp.OPERATION_PREFILL in behind

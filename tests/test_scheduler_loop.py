@@ -20,12 +20,14 @@ VOCAB = 1000
 
 
 def make(num_pages: int = 64, page_tokens: int = 4, slots: int = 8, snapshots: int = 0,
-         context: int = 256, queue: int = 64, eos: tuple[int, ...] = (),
+         context: int = 256, queue: int = 64, eos: tuple[int, ...] = (), burst: int = 2,
          **variant_kw: object) -> tuple[Scheduler, SimulatedEngine]:
+    # burst: a few waiting requests make a round of prompts at these small loads
     cfg = SchedulerConfig(page_tokens=page_tokens, num_pages=num_pages, request_slots=slots,
                           max_active=slots, queue_capacity=queue, context_tokens=context,
                           max_pages_per_row=context // page_tokens, vocab_size=VOCAB,
-                          input_vocab_size=VOCAB, eos_ids=eos, snapshot_capacity=snapshots)
+                          input_vocab_size=VOCAB, eos_ids=eos, snapshot_capacity=snapshots,
+                          admission_burst=burst)
     table = VariantTable(variants(**variant_kw))  # type: ignore[arg-type]
     sched = Scheduler(cfg, table, stop_factory=lambda spec: HostStopCheck(spec.stops, None))
     return sched, SimulatedEngine(sched)
@@ -431,6 +433,32 @@ def test_a_burst_behind_a_decode_round_is_a_prompt_round_on_the_second_frame() -
     assert any(after == cp.OPERATION_DECODE and op == cp.OPERATION_PREFILL and lanes >= 2
                for after, op, lanes in behind)
     assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
+
+
+def test_arrivals_below_the_admission_burst_are_admitted_one_a_round_beside_the_decode_lanes() -> None:  # spec: SPEC-43, HTTP-20
+    # three requests arrive while two decode; with a burst of four they never make a round of
+    # prompts only: MIXED rounds admit one each and the decoding requests advance every round
+    for burst, prompt_rounds in ((4, False), (3, True)):
+        sched, engine = make(slots=8, initialization=True, burst=burst)
+        prompts = {i: prompt_of(90 + i, 6) for i in range(5)}
+        limits = {i: 16 if i < 2 else 5 for i in range(5)}
+        for i in range(2):
+            sched.add(i, spec(prompts[i], max_tokens=limits[i]))
+
+        def arrive(step: int) -> None:
+            if step == 4:
+                for i in range(2, 5):
+                    sched.add(i, spec(prompts[i], max_tokens=limits[i]))
+
+        behind: list[tuple[int, int, int]] = []
+        events = run_two_frames(sched, engine, at_round=arrive, behind=behind)
+        for i, p in prompts.items():
+            assert tokens_of(events[i]) == reference_tokens(p, limits[i], VOCAB)
+        assert (cp.OPERATION_PREFILL in {op for _, op, _ in behind}) is prompt_rounds
+        if not prompt_rounds:
+            assert sum(op == cp.OPERATION_MIXED for _, op, _ in behind) >= 3
+    with pytest.raises(ValueError, match="admission_burst"):
+        make(burst=1)
 
 
 def test_a_constrained_arrival_waits_for_feedback_behind_a_second_frame() -> None:  # spec: MET-8, SPEC-46

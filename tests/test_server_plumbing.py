@@ -225,6 +225,10 @@ def test_options_parse_from_config_parameters(tmp_path: Path) -> None:
     assert StartupOptions.from_parameters({"switch_interval_us": "500"}, tmp_path).switch_interval_us == 500
     with pytest.raises(SettingsError, match="switch_interval_us"):
         StartupOptions.from_parameters({"switch_interval_us": "0"}, tmp_path)
+    assert StartupOptions.from_parameters({"admission_burst": "8"}, tmp_path).admission_burst == 8
+    for bad in ("1", "many"):
+        with pytest.raises(SettingsError, match="admission_burst"):
+            StartupOptions.from_parameters({"admission_burst": bad}, tmp_path)
 
 
 def test_metrics_thread_applies_updates_and_checks_labels() -> None:  # spec: MET-1

@@ -42,7 +42,8 @@ from helios_backend.triton.supervision import (
 
 # CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core default)
 OPTION_PARAMETERS = ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
-                     "page_capacity", "snapshot_capacity", "cache_memory_share", "switch_interval_us")
+                     "page_capacity", "snapshot_capacity", "cache_memory_share", "switch_interval_us",
+                     "admission_burst")
 
 DEFAULT_RANK_PORT = 29400      # the rendezvous store of rank processes (--rank-store)
 

@@ -12,6 +12,8 @@ from typing import Literal, Mapping
 
 from helios_proto import contract_pb2 as cp
 
+from helios_backend.scheduler.config import ADMISSION_BURST
+
 DEFAULT_CORE = "var/cores/smollm2-135m-instruct.core"   # what `make serve` prepares
 DEFAULT_ACCEPTANCE = "helios.local/smollm2"              # the embedded default's namespace
 EXECUTORS = ("cpu", "numpy", "cuda")   # cpu: compiled CPU kernels; numpy: the CPU oracle; cuda: GPU
@@ -59,6 +61,9 @@ class StartupOptions:
     # Triton: the core, the scheduler and the executor run in an engine process of their own,
     # outside the stub's GIL (process_engine.py); False keeps them in the stub. None: True
     engine_process: bool | None = None
+    # waiting requests that make a round of prompts only; fewer are admitted one a round beside
+    # the decode lanes (MIXED). None: BUILT_IN.admission_burst
+    admission_burst: int | None = None
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -70,6 +75,9 @@ class StartupOptions:
                 raise SettingsError(name, f"must be positive, got {value}")
         if self.snapshot_capacity is not None and self.snapshot_capacity < 0:
             raise SettingsError("snapshot_capacity", "cannot be negative")
+        if self.admission_burst is not None and self.admission_burst < 2:
+            raise SettingsError("admission_burst", f"must be at least 2 (a round of prompts takes several), "
+                                                   f"got {self.admission_burst}")
         if self.rank_peers not in RANK_PEERS:
             raise SettingsError("rank_peers", f"{self.rank_peers!r} is not one of {RANK_PEERS}")
         if self.rank_peers == "processes":
@@ -130,6 +138,7 @@ class BuiltInDefaults:
     frontend_workers: int = 2
     max_output_tokens: int = 256
     cache_memory_share: float = 0.9
+    admission_burst: int = ADMISSION_BURST        # scheduler/config.py says why
 
 
 BUILT_IN = BuiltInDefaults()
@@ -148,6 +157,7 @@ class EffectiveSettings:
     concurrency: int
     speculative_width: int
     history_drafting: bool
+    admission_burst: int = BUILT_IN.admission_burst
 
 
 # settings an option, the core's ServingDefaults and BUILT_IN all name the same way
@@ -197,4 +207,5 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         page_capacity=page_capacity,
         snapshot_capacity=int(snapshots),
         cache_memory_share=float(pick("cache_memory_share")),
-        concurrency=concurrency, speculative_width=width, history_drafting=drafting)
+        concurrency=concurrency, speculative_width=width, history_drafting=drafting,
+        admission_burst=options.admission_burst or BUILT_IN.admission_burst)

@@ -59,7 +59,7 @@ def scheduler_config(contract: cp.ServingContract, manifest: mp.ExecutionManifes
         top_logprobs_capacity=manifest.completion.top_logprobs,
         logprobs_recorded=any(f.name == "logprob" for f in manifest.completion.row),
         device_pending_token=bool(decode) and all(g.pending_token.HasField("device_state_view") for g in decode),
-        clock_origin_ns=clock_origin_ns)
+        clock_origin_ns=clock_origin_ns, admission_burst=settings.admission_burst)
 
 
 def derive_setup(contract: cp.ServingContract, manifest: mp.ExecutionManifest, read_resource: ResourceReader,

@@ -189,7 +189,7 @@ class Scheduler:
     def _admission_round_due(self) -> bool:
         """Two or more requests wait, slots are free for them, the previous round was not one
         already, and a PREFILL variant takes more than one of them."""
-        return (len(self._waiting) >= 2 and bool(self._running) and not self._admission_round
+        return (len(self._waiting) >= self.config.admission_burst and bool(self._running) and not self._admission_round
                 and len(self._free_slots) >= 2 and len(self._running) + 2 <= self.max_active
                 and self.variants.max_rows(cp.OPERATION_PREFILL) >= 2)
 
