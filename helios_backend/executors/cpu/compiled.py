@@ -19,7 +19,7 @@ from typing import Any, Callable, cast
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 
@@ -49,6 +49,78 @@ f32_to_f16_bits = cast(Callable[[Any], Any], intrinsic(_narrow_to_half))
 """The uint16 bits of a float32 rounded to the nearest half (round to nearest even)."""
 i32_bits_to_f32 = cast(Callable[[Any], Any], intrinsic(_bits_to_float))
 """The float32 whose bits are the given int32 (a bitcast)."""
+
+
+# ---- waiting without the GIL (sharing.py): a helper thread polls a job counter between calls ---------
+def _load_acquire(typingctx: Any, flags: Any, index: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.load_atomic(pointer, "acquire", 8)
+    return types.int64(flags, types.intp), codegen
+
+
+def _spin_pause(typingctx: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        module = builder.module
+        name = "llvm.x86.sse2.pause"
+        function = module.globals.get(name) or ir.Function(module, ir.FunctionType(ir.VoidType(), []), name)
+        builder.call(function, [])
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+def _fetch_add(typingctx: Any, flags: Any, index: Any, value: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.atomic_rmw("add", pointer, args[2], "seq_cst")
+    return types.int64(flags, types.intp, types.int64), codegen
+
+
+fetch_add = cast(Callable[..., Any], intrinsic(_fetch_add))
+"""flags[index] += value atomically (an int64 array); the value before. Sequentially consistent:
+what the thread wrote before it (a chunk's outputs) is visible to a thread that reads the sum."""
+load_acquire = cast(Callable[..., Any], intrinsic(_load_acquire))
+"""flags[index] of an int64 array as an atomic acquire load: re-read on every call (a plain load in
+a loop would be hoisted out of it), and what the writer stored before it is visible after it."""
+spin_pause = cast(Callable[..., Any], intrinsic(_spin_pause))
+"""The x86 PAUSE instruction: a spin-wait hint (yields the core's pipeline to its sibling, saves power)."""
+
+
+@njit(cache=True, nogil=True)
+def wait_for_change(flags: np.ndarray, seen: int, spins: int) -> int:
+    """flags[0] once it differs from `seen`, polling at most `spins` times (PAUSE between polls); then
+    flags[0] whatever it is. Without the GIL, so the thread that changes flags[0] keeps running."""
+    for _ in range(spins):
+        value = load_acquire(flags, 0)
+        if value != seen:
+            return value
+        spin_pause()
+    return load_acquire(flags, 0)
+
+
+# A shared call's counters (sharing.WorkSharing.run_claimed): [next chunk, chunks done, failed]. Every
+# thread of the call claims chunks with fetch_add until none is left; no chunk needs the GIL.
+NEXT, DONE, FAILED = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def wait_done(counters: np.ndarray, chunks: int) -> None:
+    """Until every claimed chunk of the call is done (or a thread failed): the caller's wait for
+    the chunks helpers hold, polling without the GIL."""
+    while True:
+        claimed = min(load_acquire(counters, NEXT), chunks)
+        if load_acquire(counters, DONE) >= claimed or load_acquire(counters, FAILED) != 0:
+            return
+        spin_pause()
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _chunk_rows(index: int, chunks: int, m: int) -> tuple[int, int]:
+    """Output rows [first, last) of chunk `index`: whole row quads (the loops group rows by 2 and 4)."""
+    quads = m // 4
+    first = 4 * (index * quads // chunks)
+    last = m if index == chunks - 1 else 4 * ((index + 1) * quads // chunks)
+    return first, last
 
 
 # ---- block weights (kernels/blocks.py): one block of 32 weights as one LLVM vector ------------------
@@ -154,6 +226,62 @@ def _head_axpy_intrinsic(width: int) -> Callable[..., Any]:
             return context.get_dummy_value()
         return types.none(target, types.intp, types.float32, value, types.intp), codegen
     return typer
+
+
+def _page_dots_intrinsic(width: int) -> Callable[..., Any]:
+    """scores[s_at + s] = sum(q[q_at:q_at + width] * cache[base + s * stride:][:width]) * scale for
+    s < count (one page's keys): the query stays in registers for the page, each key is loaded and
+    widened once, the same products and tree sum as head_dot."""
+    def typer(typingctx: Any, scores: Any, s_at: Any, q: Any, q_at: Any, cache: Any, base: Any, count: Any,
+              stride: Any, scale: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            scores_, s_at_, q_, q_at_, cache_, base_, count_, stride_, scale_ = args
+            query = _load_head(context, builder, signature.args[2], q_, q_at_, width)
+            with cgutils.for_range(builder, count_) as loop:
+                at = builder.add(base_, builder.mul(loop.index, stride_))
+                key = _load_head(context, builder, signature.args[4], cache_, at, width)
+                dot = _horizontal_sum(builder, builder.fmul(query, key))
+                target = _element_pointer(context, builder, signature.args[0], scores_, builder.add(s_at_, loop.index))
+                builder.store(builder.fmul(dot, scale_), target)
+            return context.get_dummy_value()
+        return types.none(scores, types.intp, q, types.intp, cache, types.intp, types.intp, types.intp,
+                          types.float32), codegen
+    return typer
+
+
+def _page_axpy_intrinsic(width: int) -> Callable[..., Any]:
+    """target[t_at:t_at + width] += sum over s < count of weights[w_at + s] * cache[base + s * stride:][:width]
+    (one page's values), keys in order: the sum stays in registers for the page (one load and one
+    store of the target a page, not a key), the same products and additions as head_axpy."""
+    def typer(typingctx: Any, target: Any, t_at: Any, weights: Any, w_at: Any, cache: Any, base: Any, count: Any,
+              stride: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            target_, t_at_, weights_, w_at_, cache_, base_, count_, stride_ = args
+            vector = ir.VectorType(ir.FloatType(), width)
+            pointer = builder.bitcast(_element_pointer(context, builder, signature.args[0], target_, t_at_),
+                                      vector.as_pointer())
+            total = cgutils.alloca_once_value(builder, builder.load(pointer, align=4))   # promoted to registers
+            with cgutils.for_range(builder, count_) as loop:
+                values = _load_head(context, builder, signature.args[4], cache_,
+                                    builder.add(base_, builder.mul(loop.index, stride_)), width)
+                weight = builder.load(_element_pointer(context, builder, signature.args[2], weights_,
+                                                       builder.add(w_at_, loop.index)))
+                splat = builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined), weight,
+                                           ir.Constant(ir.IntType(32), 0)),
+                    ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined),
+                    ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+                builder.store(builder.fadd(builder.load(total), builder.fmul(splat, values)), total)
+            builder.store(builder.load(total), pointer, align=4)
+            return context.get_dummy_value()
+        return types.none(target, types.intp, weights, types.intp, cache, types.intp, types.intp, types.intp), codegen
+    return typer
+
+
+page_dots64 = cast(Callable[..., Any], intrinsic(_page_dots_intrinsic(64)))
+page_dots128 = cast(Callable[..., Any], intrinsic(_page_dots_intrinsic(128)))
+page_axpy64 = cast(Callable[..., Any], intrinsic(_page_axpy_intrinsic(64)))
+page_axpy128 = cast(Callable[..., Any], intrinsic(_page_axpy_intrinsic(128)))
 
 
 # head widths with a vector form (attention_pairs falls back to a loop for others)
@@ -615,6 +743,32 @@ def _head_axpy(target: np.ndarray, t_at: int, weight: np.float32, value: np.ndar
             target[t_at + d] += weight * as_f32(value[v_at + d])
 
 
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _page_dots(scores: np.ndarray, s_at: int, q: np.ndarray, q_at: int, cache: np.ndarray, base: int, count: int,
+               stride: int, scale: np.float32, head_dim: int) -> None:
+    """One head's scores against one page's `count` keys (page_dots64/128, else head by head)."""
+    if head_dim == 64:
+        page_dots64(scores, s_at, q, q_at, cache, base, count, stride, scale)
+    elif head_dim == 128:
+        page_dots128(scores, s_at, q, q_at, cache, base, count, stride, scale)
+    else:
+        for s in range(count):
+            scores[s_at + s] = _head_dot(q, q_at, cache, base + s * stride, head_dim) * scale
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def _page_axpy(target: np.ndarray, t_at: int, weights: np.ndarray, w_at: int, cache: np.ndarray, base: int,
+               count: int, stride: int, head_dim: int) -> None:
+    """One head's weighted sum of one page's `count` values into target (page_axpy64/128, else a loop)."""
+    if head_dim == 64:
+        page_axpy64(target, t_at, weights, w_at, cache, base, count, stride)
+    elif head_dim == 128:
+        page_axpy128(target, t_at, weights, w_at, cache, base, count, stride)
+    else:
+        for s in range(count):
+            _head_axpy(target, t_at, weights[w_at + s], cache, base + s * stride, head_dim)
+
+
 @njit(cache=True, fastmath=True, nogil=True)
 def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
@@ -641,10 +795,10 @@ def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
         pages = (context + page_tokens - 1) // page_tokens
         for p in range(pages):
             base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
-            for s in range(min(page_tokens, context - p * page_tokens)):
-                for h in range(group):
-                    scores[h * context + p * page_tokens + s] = _head_dot(
-                        q, start + h * head_dim, k_cache, base + s * kv_width, head_dim) * np.float32(scale)
+            count = min(page_tokens, context - p * page_tokens)
+            for h in range(group):
+                _page_dots(scores, h * context + p * page_tokens, q, start + h * head_dim, k_cache, base, count,
+                           kv_width, np.float32(scale), head_dim)
         for h in range(group):
             weights = scores[h * context:(h + 1) * context]
             best = weights[0]
@@ -661,10 +815,10 @@ def attention_pairs(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache
         out[start:start + group * head_dim] = 0.0
         for p in range(pages):
             base = page_table[slot * pages_per_row + p] * page_stride + kv * head_dim
-            for s in range(min(page_tokens, context - p * page_tokens)):
-                for h in range(group):
-                    _head_axpy(out, start + h * head_dim, scores[h * context + p * page_tokens + s], v_cache,
-                               base + s * kv_width, head_dim)
+            count = min(page_tokens, context - p * page_tokens)
+            for h in range(group):
+                _page_axpy(out, start + h * head_dim, scores, h * context + p * page_tokens, v_cache, base, count,
+                           kv_width, head_dim)
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -742,6 +896,50 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
 
 
 @njit(cache=True, fastmath=True, nogil=True)
+def block_linear_claimed(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
+                         accumulate: bool, chunks: int, counters: np.ndarray, sums: np.ndarray) -> None:
+    """block_linear_rows over the chunks of `chunks` row ranges that this thread claims (counters:
+    NEXT / DONE), until none is left: every thread of a shared call runs it with its own `sums`."""
+    while True:
+        index = fetch_add(counters, NEXT, 1)
+        if index >= chunks:
+            return
+        first, last = _chunk_rows(index, chunks, m)
+        block_linear_rows(out, x, data, code, n, k, m, accumulate, first, last, sums)
+        fetch_add(counters, DONE, 1)
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def linear_claimed(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool,
+                   chunks: int, counters: np.ndarray) -> None:
+    """linear_rows (f16 bits) over the row chunks this thread claims, as block_linear_claimed."""
+    while True:
+        index = fetch_add(counters, NEXT, 1)
+        if index >= chunks:
+            return
+        first, last = _chunk_rows(index, chunks, m)
+        linear_rows(out, x, weight, n, k, m, accumulate, first, last, 0)
+        fetch_add(counters, DONE, 1)
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def attention_claimed(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                      positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
+                      chosen: np.ndarray, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+                      pages_per_row: int, page_stride: int, scale: float, scores: np.ndarray, pairs: int,
+                      chunks: int, counters: np.ndarray) -> None:
+    """attention_pairs over the chunks of (token, kv head) pairs this thread claims (`scores`: its own)."""
+    while True:
+        index = fetch_add(counters, NEXT, 1)
+        if index >= chunks:
+            return
+        attention_pairs(out, q, k_cache, v_cache, positions, token_row, row_slot, page_table, chosen, q_heads,
+                        kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale, scores,
+                        index * pairs // chunks, (index + 1) * pairs // chunks)
+        fetch_add(counters, DONE, 1)
+
+
+@njit(cache=True, fastmath=True, nogil=True)
 def block_gather_rows(out: np.ndarray, data: np.ndarray, code: int, ids: np.ndarray, n: int, k: int) -> None:
     """out[t] = row ids[t] of a block table (its f32 weights) for t < n."""
     for t in range(n):
@@ -756,6 +954,10 @@ def warm_up() -> None:
     i32 = np.zeros(4, dtype=np.int32)
     i64 = np.zeros(4, dtype=np.int64)
     widen(f32, bits, 4)
+    wait_for_change(i64, 1, 1)
+    counters = np.zeros(3, dtype=np.int64)
+    wait_done(counters, 1)
+    linear_claimed(f32, f32, bits, 1, 4, 4, False, 1, counters)
     linear_rows(f32, f32, bits, 1, 4, 4, False, 0, 4, 0)
     u8 = np.zeros(340, dtype=np.uint8)
     for code in (BLOCK_Q8_0, BLOCK_Q4_1):
@@ -767,9 +969,13 @@ def warm_up() -> None:
         block_linear_rows(np.zeros(8, dtype=np.float32), np.zeros(128, dtype=np.float32), u8, code, 4, 32, 2,
                           False, 0, 2, f32)                                              # groups of 4
         block_gather_rows(f32, u8, code, i32, 1, 32)
+    block_linear_claimed(np.zeros(16, dtype=np.float32), np.zeros(256, dtype=np.float32), u8, BLOCK_Q4_1, 8, 32, 2,
+                         False, 1, np.zeros(3, dtype=np.int64), f32)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4, 4, 0)
     for plane in (f32, bits):      # cache planes: f32, or f16 as uint16 bits
         rope_store(f32, plane, plane, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
         attention_pairs(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
+        attention_claimed(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 1, 1,
+                          np.zeros(3, dtype=np.int64))

@@ -116,18 +116,16 @@ class CpuKernels:
         if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         if n <= SMALL_PRODUCT_TOKENS:
-            chunks = self._chunks(n * m * k, m // 4)
+            chunks = max(1, self._chunks(n * m * k, m // 4))    # whole row quads per chunk (compiled._chunk_rows)
 
-            def rows(index: int) -> None:        # whole row quads per chunk (the compiled loops group rows by 2 and 4)
-                first, last = 4 * (index * (m // 4) // chunks), 4 * ((index + 1) * (m // 4) // chunks)
-                last = m if index == chunks - 1 else last
+            def rows(counters: np.ndarray) -> None:
                 if isinstance(weight, BlockWeight):
-                    compiled.block_linear_rows(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
-                                               first, last, self._own("sums", 16))
+                    compiled.block_linear_claimed(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
+                                                  chunks, counters, self._own("sums", 16))
                 else:
-                    compiled.linear_rows(out, x, _bits(weight), n, k, m, accumulate, first, last, 0)
+                    compiled.linear_claimed(out, x, _bits(weight), n, k, m, accumulate, chunks, counters)
 
-            self.sharing.run(rows, chunks)
+            self.sharing.run_claimed(rows, chunks)
             return
         inputs = x[:n * k].reshape(n, k)
         outputs = out[:n * m].reshape(n, m)
@@ -232,18 +230,18 @@ class CpuKernels:
             chosen = self._identity[:n]
         if chosen.size == 0:
             return
-        # multiply-adds of the score pass, an upper bound (every token at the deepest position)
-        work = int(chosen.size) * q_heads * head_dim * (int(positions[:n].max()) + 1)
+        # multiply-adds of the score and mixing passes, an upper bound (every token at the deepest position)
+        work = 2 * int(chosen.size) * q_heads * head_dim * (int(positions[:n].max()) + 1)
         pairs = int(chosen.size) * kv_heads
         chunks = self._chunks(work, pairs)
 
-        def heads(index: int) -> None:
+        def heads(counters: np.ndarray) -> None:
             scores = self._own("scores", self.capacity.heads * self.capacity.context)
-            compiled.attention_pairs(out, q, _plane(k_cache), _plane(v_cache), positions, rows_of, row_slot, page_table, chosen,
-                                     q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale,
-                                     scores, index * pairs // chunks, (index + 1) * pairs // chunks)
+            compiled.attention_claimed(out, q, _plane(k_cache), _plane(v_cache), positions, rows_of, row_slot,
+                                       page_table, chosen, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                                       page_stride, scale, scores, pairs, chunks, counters)
 
-        self.sharing.run(heads, chunks)
+        self.sharing.run_claimed(heads, chunks)
 
     def _row_products(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                       positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray, starts: np.ndarray,

@@ -12,23 +12,52 @@ parallel products took 28-33 ms a step where the same products on one thread too
 With work sharing a busy second core costs the step nothing beyond the chunk a helper is
 working on; an idle one takes half the work.
 
+Between calls a helper polls the job counter for `spin_s` (default 300 us) without the GIL
+(compiled.wait_for_change), and only then blocks on an event. A decode step is ~150 kernel calls,
+of which the shared ones come every 50-200 us: a blocked helper woke 10-80 us after the call's
+start on this 2-core VM (the halted vCPU must be scheduled again), so it took a chunk late or
+not at all, and a call it took the last chunk of waited for it (measured: the [3072, 576] gate/up
+product of one token took 176 us shared over two threads against 134-142 us on one). A helper
+that is still polling takes its first chunk within a microsecond or two of the call's start.
+The polling is bounded: when no call comes within `spin_s`, the core is free again.
+
 Tasks must release the GIL for most of their time (the compiled primitives are nogil), so
 threads overlap; a task's exception is re-raised by `run` on the calling thread.
 """
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Optional
+
+import numpy as np
+
+from helios_backend.executors.cpu.compiled import FAILED, wait_done, wait_for_change
 
 __all__ = ["WorkSharing"]
 
 
-class _Job:
-    __slots__ = ("task", "chunks", "claimed", "active", "finished", "error")
+SPIN_S = 300e-6      # how long an idle helper polls for the next call before it blocks
 
-    def __init__(self, task: Callable[[int], None], chunks: int) -> None:
+
+def _spins_for(seconds: float) -> int:
+    """Polls of wait_for_change that take about `seconds` on this machine (one PAUSE is 10-140
+    cycles depending on the core: measured once, on a counter that never changes)."""
+    probe = np.zeros(1, dtype=np.int64)
+    wait_for_change(probe, 0, 16)                    # compiled or loaded before it is timed
+    start = time.perf_counter()
+    wait_for_change(probe, 0, 20_000)
+    per_spin = max((time.perf_counter() - start) / 20_000, 1e-9)
+    return max(1, int(seconds / per_spin))
+
+
+class _Job:
+    __slots__ = ("task", "chunks", "claimed", "active", "finished", "error", "counters")
+
+    def __init__(self, task: Callable[[int], None], chunks: int, counters: Optional[np.ndarray] = None) -> None:
         self.task = task
         self.chunks = chunks
+        self.counters = counters               # run_claimed: the call's [next, done, failed]
         self.claimed = 0                       # chunks handed out
         self.active = 0                        # chunks claimed by helpers, not yet done
         self.finished = threading.Event()      # set when a helper finishes the last active chunk
@@ -38,11 +67,14 @@ class _Job:
 class WorkSharing:
     """`helpers` daemon threads sharing chunks of work with whichever thread calls `run`."""
 
-    def __init__(self, helpers: int) -> None:
+    def __init__(self, helpers: int, spin_s: float = SPIN_S) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._job: Optional[_Job] = None
         self._closed = False
+        # incremented by every shared call (after its job is in place), polled by idle helpers
+        self._calls = np.zeros(1, dtype=np.int64)
+        self._spins = _spins_for(spin_s) if helpers and spin_s > 0 else 0
         self._threads = [threading.Thread(target=self._help, name=f"helios-cpu-helper-{i}", daemon=True)
                          for i in range(helpers)]
         for thread in self._threads:
@@ -60,6 +92,7 @@ class WorkSharing:
             return
         job = _Job(task, chunks)
         self._job = job
+        self._calls[0] += 1            # a polling helper sees it at once; a blocked one is woken
         self._wake.set()
         try:
             while (index := self._claim(job, helper=False)) is not None:
@@ -74,6 +107,32 @@ class WorkSharing:
         if job.error is not None:
             raise job.error
 
+    def run_claimed(self, task: Callable[[np.ndarray], None], chunks: int) -> None:
+        """task(counters) on this thread and on every helper that wakes in time: `task` calls a compiled
+        primitive that claims the call's chunks itself (compiled.fetch_add on counters[NEXT], DONE
+        after each), so no chunk waits for the GIL; the call returns once every claimed chunk is
+        done. With `run`, a chunk cost each thread a GIL hand-over (10-80 us to wake the thread
+        waiting for it on this VM): a [3072, 576] product of one token took 190-230 us shared over
+        two threads, 116 us on one."""
+        counters = np.zeros(3, dtype=np.int64)  # per call: a helper that comes late claims nothing of the next
+        if not self._threads or chunks <= 1:
+            task(counters)
+            return
+        job = _Job(lambda _: task(counters), 0, counters)
+        self._job = job
+        self._calls[0] += 1
+        self._wake.set()
+        try:
+            task(counters)
+        except BaseException:
+            counters[FAILED] = 1
+            raise
+        finally:
+            self._job = None
+            wait_done(counters, chunks)          # the chunks a helper holds, without the GIL
+        if job.error is not None:
+            raise job.error
+
     def _claim(self, job: _Job, helper: bool) -> Optional[int]:
         """The next chunk of `job`, None when all are handed out; a helper's counts as active."""
         with self._lock:
@@ -84,13 +143,25 @@ class WorkSharing:
             return job.claimed - 1
 
     def _help(self) -> None:
+        seen = 0
         while True:
-            self._wake.wait()
-            self._wake.clear()
+            calls = wait_for_change(self._calls, seen, self._spins)      # without the GIL
+            if calls == seen:                    # nothing within spin_s: block until the next call
+                self._wake.wait()
+                self._wake.clear()
+                calls = int(self._calls[0])
+            seen = calls
             if self._closed:
                 return
             job = self._job
             if job is None:
+                continue
+            if job.counters is not None:        # run_claimed: the compiled task claims its own chunks
+                try:
+                    job.task(0)
+                except BaseException as error:  # noqa: BLE001 - re-raised by run_claimed() on the caller
+                    job.error = error
+                    job.counters[FAILED] = 1
                 continue
             while (index := self._claim(job, helper=True)) is not None:
                 try:
@@ -105,6 +176,7 @@ class WorkSharing:
 
     def close(self) -> None:
         self._closed = True
+        self._calls[0] += 1
         self._wake.set()
         for thread in self._threads:
             thread.join(timeout=1.0)
