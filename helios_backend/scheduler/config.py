@@ -4,14 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-# A round of prompts only costs a latency-bound GPU about what a decode round costs and
-# advances none of the decoding requests, while a MIXED round admits one request beside them:
-# rounds of prompts are for bursts that one admission a round cannot absorb. Closed-loop
-# clients returning 8 rounds after their answer (bench/scheduler_round.py --return-rounds 8:
-# every round costs the same there, as on the H200 with this model size), tokens per round
-# at 64 / 128 / 256 clients: 54.5 / 99.4 / 164.9 with 2, 56.4 / 104.0 / 170.0 with 32; first
-# tokens 8 / 11 / 11 rounds after arrival (p50) with 2, 2 / 2 / 23 with 32.
-ADMISSION_BURST = 32
+# Waiting requests that make a round of prompts only; fewer are admitted one a round beside the
+# decode lanes (MIXED). Served on the H200 (32-token prompts, the same lease), 2 against 32:
+# 41.0k / 55.1k / 62.9k against 42.4k / 54.9k / 61.2k tokens/s at 64 / 128 / 256 clients, TTFT
+# p50 at 256 clients 48.9 against 85.1 ms: a MIXED round costs the GPU more than the equal-cost
+# rounds of bench/scheduler_round.py assume, where 32 looked better (docs/scheduler.md).
+ADMISSION_BURST = 2
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,118 @@
+"""Device time of the rounds the scheduler chooses between, on the H200 (CUDA executor).
+
+    python bench/gpu_round_costs.py [--out DIR] [--rows 64,128] [--prompt 32]
+
+What admission costs the GPU: for R rows, a DECODE round of R decoding lanes; a MIXED round
+of R - 1 decoding lanes and one new `--prompt`-token prompt; rounds of prompts only (PREFILL)
+of 1, 4 and 16 such prompts; INITIALIZATION of 1, 4 and 16 slots. Each figure is the device
+time of one graph replay (events around back-to-back replays of the packed frame, as
+bench/gpu_decode.py measures decode), with the smallest variant that holds the round, as
+the scheduler picks it. Then the per-kernel GPU time of the MIXED and DECODE rounds at the
+largest R (event nodes between nodes): where a MIXED round's extra time goes. The
+scheduler's admission_burst weighs these (docs/scheduler.md). Writes gpu_round_costs.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import timing  # noqa: E402
+from gpu_decode import Bench  # noqa: E402
+from model_bundle import load_bundle  # noqa: E402
+
+from helios_backend.executors.cuda.driver import load_driver  # noqa: E402
+from helios_backend.engine.settings import StartupOptions  # noqa: E402
+from helios_backend.engine.setup import derive_setup  # noqa: E402
+from helios_backend.packing import PackedLane, SamplingParameters, SlotInitialization  # noqa: E402
+from helios_proto import contract_pb2 as C  # noqa: E402
+
+
+def fresh(bench: Bench, slot: int, prompt: int, extra: int) -> PackedLane:
+    """An initialized slot with pages for its prompt: the host-fed lane of an admission."""
+    bench.generation += 1
+    tokens = bench.rng.integers(0, bench.vocab, prompt).astype("int32")
+    init = bench.model.program(C.OPERATION_INITIALIZATION, 1)
+    admission = SlotInitialization.for_prompt(tokens, bench.bins, slot, SamplingParameters(logprobs=-1), 1 << 20,
+                                              (bench.vocab - 1,))
+    bench.driver.step(init, [PackedLane(slot=slot, generation=bench.generation, initialization=admission)])
+    pages = [bench.driver.pages.take() for _ in range(-(-(prompt + extra) // bench.driver.page_tokens))]
+    return PackedLane(slot=slot, generation=bench.generation, consumed=0, tokens=tokens, sample=True, pages=pages)
+
+
+def replay_us(bench: Bench, program: str, lanes: list[PackedLane]) -> dict:
+    bench.model.packer.pack(program, 0, lanes)
+    return {"program": program, "gpu_us": timing.gpu_us(load_driver(), bench.model.executor, program, 30)}
+
+
+def per_kernel(bench: Bench, program: str, lanes: list[PackedLane]) -> dict:
+    bench.model.packer.pack(program, 0, lanes)
+    nodes = bench.model.executor.profile_nodes(program, frame=0, repeats=10)
+    totals: dict[str, list[float]] = {}
+    for _label, kernel, us in nodes:
+        totals.setdefault(kernel, []).append(us)
+    return {"sum_us": sum(us for _, _, us in nodes),
+            "per_kernel": {k: {"count": len(v), "total_us": round(sum(v), 1)}
+                           for k, v in sorted(totals.items(), key=lambda kv: -sum(kv[1]))}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--rows", default="64,128")
+    parser.add_argument("--prompt", type=int, default=32)
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    contract, manifest, read = load_bundle()
+    model = derive_setup(contract, manifest, read, StartupOptions(core_path=pathlib.Path("bundle"),
+                                                                  executor="cuda")).model
+    bench = Bench(model)
+    report: dict = {"prompt": args.prompt, "rounds": {}, "profile": {}}
+    rows_list = [int(r) for r in args.rows.split(",") if r]
+    for rows in rows_list:
+        decoding = bench.admit(list(range(rows)), args.prompt, 64)
+        new = fresh(bench, rows, args.prompt, 64)
+        decode = model.program(C.OPERATION_DECODE, rows, rows)
+        mixed = model.program(C.OPERATION_MIXED, rows, rows - 1 + args.prompt)
+        figures = {"decode": replay_us(bench, decode, decoding),
+                   "mixed": replay_us(bench, mixed, decoding[:rows - 1] + [new])}
+        if rows == max(rows_list):
+            report["profile"]["decode"] = per_kernel(bench, decode, decoding)
+            report["profile"]["mixed"] = per_kernel(bench, mixed, decoding[:rows - 1] + [new])
+        bench.release(decoding + [new])
+        report["rounds"][rows] = figures
+        print(f"{rows} rows: decode {figures['decode']['gpu_us']:.0f} us ({decode}), "
+              f"mixed {figures['mixed']['gpu_us']:.0f} us ({mixed})", flush=True)
+    for count in (1, 4, 16):
+        lanes = [fresh(bench, 200 + i, args.prompt, 64) for i in range(count)]
+        prefill = model.program(C.OPERATION_PREFILL, count, count * args.prompt)
+        init = model.program(C.OPERATION_INITIALIZATION, count)
+        figures = {"prefill": replay_us(bench, prefill, lanes)}
+        bench.model.packer.pack(init, 0, [PackedLane(slot=l.slot, generation=l.generation, initialization=
+                                                     SlotInitialization.for_prompt(l.tokens, bench.bins, l.slot,
+                                                                                   SamplingParameters(logprobs=-1),
+                                                                                   1 << 20, (bench.vocab - 1,)))
+                                          for l in lanes])
+        figures["initialization"] = {"program": init, "gpu_us": timing.gpu_us(load_driver(), model.executor, init, 30)}
+        bench.release(lanes)
+        report["rounds"][f"prompts_{count}"] = figures
+        print(f"{count} prompts: prefill {figures['prefill']['gpu_us']:.0f} us ({prefill}), "
+              f"initialization {figures['initialization']['gpu_us']:.0f} us ({init})", flush=True)
+    for name, p in report["profile"].items():
+        top = list(p["per_kernel"].items())[:8]
+        print(f"profile {name}: serialized {p['sum_us']:.0f} us; " +
+              "; ".join(f"{k} {v['count']}x {v['total_us']}us" for k, v in top), flush=True)
+    (out / "gpu_round_costs.json").write_text(json.dumps(report, indent=1))
+    model.executor.close()
+
+
+if __name__ == "__main__":
+    main()
