@@ -424,8 +424,9 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
                 if time.monotonic() > args.deadline:
                     print(f"llama-server prompt~{words} c={c}: skipped (the run's deadline)", flush=True)
                     continue
-                timings, wall, client_share = drive(base, "peer", words, c, requests_at(c), args.output_tokens,
-                                                    False, 1000 * c)
+                timings, wall, client_share = drive(base, "peer", words, c,
+                                                    requests_at(c, args.peer_requests_per_client),
+                                                    args.output_tokens, False, 1000 * c)
                 out[f"{words}:{c}"] = figures(timings, wall) | {"client_cpu_share": client_share}
                 checkpoint(args, "llama_server", out)
                 print(f"llama-server prompt~{words} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
@@ -435,12 +436,13 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
     return out
 
 
-def requests_at(concurrency: int) -> int:
+def requests_at(concurrency: int, per_client: int = 16) -> int:
     """Requests per level: sixteen per client stream, at least 256. The level's wall time runs
     from its first request's start to its last one's end, so the first wave (every client at
     once) and the drain (the last clients alone) weigh on it; with four per client a level of
-    16 clients lasted 0.59 s on the H200 and those edges were a sixth of it (2026-12-03)."""
-    return max(16 * concurrency, 256)
+    16 clients lasted 0.59 s on the H200 and those edges were a sixth of it (2026-12-03).
+    The peer, ~30x slower, may run fewer (`--peer-requests-per-client`): at least 16 then."""
+    return max(per_client * concurrency, 256 if per_client >= 16 else 16)
 
 
 def checkpoint(args: argparse.Namespace, phase: str, figures_so_far: dict) -> None:
@@ -479,6 +481,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256, help="request rows the served core captured")
     parser.add_argument("--profile", type=int, default=0, help="py-spy the stack at this concurrency")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip peer levels past this many seconds")
+    parser.add_argument("--peer-requests-per-client", type=int, default=16,
+                        help="requests per client stream of the llama-server levels (below 16: at least 16 a level)")
     parser.add_argument("--from-json", type=pathlib.Path, nargs="+", default=None,
                         help="measure nothing: the table and served_h200.jsonl in --out from these runs' served_h200.json")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
