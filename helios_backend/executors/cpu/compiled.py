@@ -115,6 +115,23 @@ def wait_done(counters: np.ndarray, chunks: int) -> None:
 
 
 @njit(inline="always", cache=True, nogil=True)
+def _share_begin(calls: np.ndarray, caller: bool) -> None:
+    """The caller of a shared call announces it here, once it holds no GIL: a polling helper that
+    sees the count change takes the GIL at once, where announced from Python it found the caller
+    still holding the GIL, slept on it, and woke 10-80 us later (a futex wake on this VM)."""
+    if caller:
+        fetch_add(calls, 0, 1)
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _share_end(counters: np.ndarray, chunks: int, caller: bool) -> None:
+    """The caller waits here, without the GIL, for the chunks helpers hold, so it does not come
+    back to Python (and want the GIL) while a helper's Python is about to start its part."""
+    if caller:
+        wait_done(counters, chunks)
+
+
+@njit(inline="always", cache=True, nogil=True)
 def _chunk_rows(index: int, chunks: int, m: int) -> tuple[int, int]:
     """Output rows [first, last) of chunk `index`: whole row quads (the loops group rows by 2 and 4)."""
     quads = m // 4
@@ -897,29 +914,35 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
 
 @njit(cache=True, fastmath=True, nogil=True)
 def block_linear_claimed(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
-                         accumulate: bool, chunks: int, counters: np.ndarray, sums: np.ndarray) -> None:
+                         accumulate: bool, chunks: int, counters: np.ndarray, sums: np.ndarray, calls: np.ndarray,
+                         caller: bool) -> None:
     """block_linear_rows over the chunks of `chunks` row ranges that this thread claims (counters:
-    NEXT / DONE), until none is left: every thread of a shared call runs it with its own `sums`."""
+    NEXT / DONE), until none is left: every thread of a shared call runs it with its own `sums`.
+    The caller announces the call and waits for the helpers' chunks in here (_share_begin / _end)."""
+    _share_begin(calls, caller)
     while True:
         index = fetch_add(counters, NEXT, 1)
         if index >= chunks:
-            return
+            break
         first, last = _chunk_rows(index, chunks, m)
         block_linear_rows(out, x, data, code, n, k, m, accumulate, first, last, sums)
         fetch_add(counters, DONE, 1)
+    _share_end(counters, chunks, caller)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
 def linear_claimed(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: int, m: int, accumulate: bool,
-                   chunks: int, counters: np.ndarray) -> None:
+                   chunks: int, counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
     """linear_rows (f16 bits) over the row chunks this thread claims, as block_linear_claimed."""
+    _share_begin(calls, caller)
     while True:
         index = fetch_add(counters, NEXT, 1)
         if index >= chunks:
-            return
+            break
         first, last = _chunk_rows(index, chunks, m)
         linear_rows(out, x, weight, n, k, m, accumulate, first, last, 0)
         fetch_add(counters, DONE, 1)
+    _share_end(counters, chunks, caller)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -927,16 +950,18 @@ def attention_claimed(out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cac
                       positions: np.ndarray, token_row: np.ndarray, row_slot: np.ndarray, page_table: np.ndarray,
                       chosen: np.ndarray, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
                       pages_per_row: int, page_stride: int, scale: float, scores: np.ndarray, pairs: int,
-                      chunks: int, counters: np.ndarray) -> None:
+                      chunks: int, counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
     """attention_pairs over the chunks of (token, kv head) pairs this thread claims (`scores`: its own)."""
+    _share_begin(calls, caller)
     while True:
         index = fetch_add(counters, NEXT, 1)
         if index >= chunks:
-            return
+            break
         attention_pairs(out, q, k_cache, v_cache, positions, token_row, row_slot, page_table, chosen, q_heads,
                         kv_heads, head_dim, page_tokens, pages_per_row, page_stride, scale, scores,
                         index * pairs // chunks, (index + 1) * pairs // chunks)
         fetch_add(counters, DONE, 1)
+    _share_end(counters, chunks, caller)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -957,7 +982,7 @@ def warm_up() -> None:
     wait_for_change(i64, 1, 1)
     counters = np.zeros(3, dtype=np.int64)
     wait_done(counters, 1)
-    linear_claimed(f32, f32, bits, 1, 4, 4, False, 1, counters)
+    linear_claimed(f32, f32, bits, 1, 4, 4, False, 1, counters, np.zeros(1, dtype=np.int64), True)
     linear_rows(f32, f32, bits, 1, 4, 4, False, 0, 4, 0)
     u8 = np.zeros(340, dtype=np.uint8)
     for code in (BLOCK_Q8_0, BLOCK_Q4_1):
@@ -970,7 +995,7 @@ def warm_up() -> None:
                           False, 0, 2, f32)                                              # groups of 4
         block_gather_rows(f32, u8, code, i32, 1, 32)
     block_linear_claimed(np.zeros(16, dtype=np.float32), np.zeros(256, dtype=np.float32), u8, BLOCK_Q4_1, 8, 32, 2,
-                         False, 1, np.zeros(3, dtype=np.int64), f32)
+                         False, 1, np.zeros(3, dtype=np.int64), f32, np.zeros(1, dtype=np.int64), True)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4, 4, 0)
@@ -978,4 +1003,4 @@ def warm_up() -> None:
         rope_store(f32, plane, plane, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
         attention_pairs(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
         attention_claimed(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 1, 1,
-                          np.zeros(3, dtype=np.int64))
+                          np.zeros(3, dtype=np.int64), np.zeros(1, dtype=np.int64), True)

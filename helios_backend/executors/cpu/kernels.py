@@ -118,12 +118,13 @@ class CpuKernels:
         if n <= SMALL_PRODUCT_TOKENS:
             chunks = max(1, self._chunks(n * m * k, m // 4))    # whole row quads per chunk (compiled._chunk_rows)
 
-            def rows(counters: np.ndarray) -> None:
+            def rows(counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
                 if isinstance(weight, BlockWeight):
                     compiled.block_linear_claimed(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
-                                                  chunks, counters, self._own("sums", 16))
+                                                  chunks, counters, self._own("sums", 16), calls, caller)
                 else:
-                    compiled.linear_claimed(out, x, _bits(weight), n, k, m, accumulate, chunks, counters)
+                    compiled.linear_claimed(out, x, _bits(weight), n, k, m, accumulate, chunks, counters, calls,
+                                            caller)
 
             self.sharing.run_claimed(rows, chunks)
             return
@@ -235,11 +236,11 @@ class CpuKernels:
         pairs = int(chosen.size) * kv_heads
         chunks = self._chunks(work, pairs)
 
-        def heads(counters: np.ndarray) -> None:
+        def heads(counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
             scores = self._own("scores", self.capacity.heads * self.capacity.context)
             compiled.attention_claimed(out, q, _plane(k_cache), _plane(v_cache), positions, rows_of, row_slot,
                                        page_table, chosen, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                                       page_stride, scale, scores, pairs, chunks, counters)
+                                       page_stride, scale, scores, pairs, chunks, counters, calls, caller)
 
         self.sharing.run_claimed(heads, chunks)
 

@@ -107,29 +107,29 @@ class WorkSharing:
         if job.error is not None:
             raise job.error
 
-    def run_claimed(self, task: Callable[[np.ndarray], None], chunks: int) -> None:
-        """task(counters) on this thread and on every helper that wakes in time: `task` calls a compiled
-        primitive that claims the call's chunks itself (compiled.fetch_add on counters[NEXT], DONE
-        after each), so no chunk waits for the GIL; the call returns once every claimed chunk is
-        done. With `run`, a chunk cost each thread a GIL hand-over (10-80 us to wake the thread
-        waiting for it on this VM): a [3072, 576] product of one token took 190-230 us shared over
-        two threads, 116 us on one."""
+    def run_claimed(self, task: Callable[[np.ndarray, np.ndarray, bool], None], chunks: int) -> None:
+        """task(counters, calls, caller) on this thread (caller True) and on every helper that wakes in
+        time (False): `task` calls a compiled primitive that claims the call's chunks itself
+        (compiled.fetch_add on counters[NEXT], DONE after each), so no chunk waits for the GIL; the
+        caller's primitive announces the call on `calls` once it has released the GIL and waits for
+        the helpers' chunks before it returns (compiled._share_begin / _share_end). With `run`, a
+        chunk cost each thread a GIL hand-over (10-80 us to wake the thread waiting for it on this
+        VM): a [3072, 576] product of one token took 190-230 us shared over two threads, 116 us on one."""
         counters = np.zeros(3, dtype=np.int64)  # per call: a helper that comes late claims nothing of the next
         if not self._threads or chunks <= 1:
-            task(counters)
+            task(counters, self._calls, False)
             return
-        job = _Job(lambda _: task(counters), 0, counters)
+        job = _Job(lambda _: task(counters, self._calls, False), 0, counters)
         self._job = job
-        self._calls[0] += 1
-        self._wake.set()
+        self._wake.set()                         # a blocked helper (the polling one sees the announcement)
         try:
-            task(counters)
+            task(counters, self._calls, True)
         except BaseException:
             counters[FAILED] = 1
             raise
         finally:
             self._job = None
-            wait_done(counters, chunks)          # the chunks a helper holds, without the GIL
+            wait_done(counters, chunks)          # after an error: the chunks a helper still holds
         if job.error is not None:
             raise job.error
 
