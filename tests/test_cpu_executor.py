@@ -221,3 +221,48 @@ def test_compiler_pages_are_released_and_compiled_code_still_runs():
     out = np.zeros(64, dtype=np.float32)
     compiled.widen(out, bits.view(np.uint16), 64)
     assert np.array_equal(out, bits.astype(np.float32))
+
+
+def test_shared_calls_run_every_chunk_once_and_raise_the_callers_error():
+    # spec: OWN-1
+    """WorkSharing.run_claimed: the chunks claimed in compiled code (the caller and a polling or
+    woken helper) cover every index exactly once, call after call, and a failing task's error
+    reaches the caller without leaving the helper stuck."""
+    from numba import njit
+
+    from helios_backend.executors.cpu import compiled
+    from helios_backend.executors.cpu.sharing import WorkSharing
+
+    @njit(nogil=True)
+    def mark(seen, chunks, counters, calls, caller):
+        compiled._share_begin(calls, caller)
+        while True:
+            index = compiled.fetch_add(counters, compiled.NEXT, 1)
+            if index >= chunks:
+                break
+            total = 0.0
+            for i in range(2000):                # a little work, so both threads get chunks
+                total += i * 0.5
+            seen[index] += 1 if total > 0 else 2
+            compiled.fetch_add(counters, compiled.DONE, 1)
+        compiled._share_end(counters, chunks, caller)
+
+    sharing = WorkSharing(1)
+    try:
+        for chunks in (2, 7, 64) * 20:
+            seen = np.zeros(chunks, dtype=np.int64)
+            sharing.run_claimed(lambda counters, calls, caller: mark(seen, chunks, counters, calls, caller), chunks)
+            assert seen.tolist() == [1] * chunks
+
+        def failing(counters, calls, caller):
+            if caller:
+                raise RuntimeError("task failed")
+            mark(np.zeros(8, dtype=np.int64), 8, counters, calls, caller)
+
+        with pytest.raises(RuntimeError, match="task failed"):
+            sharing.run_claimed(failing, 8)
+        seen = np.zeros(16, dtype=np.int64)
+        sharing.run_claimed(lambda counters, calls, caller: mark(seen, 16, counters, calls, caller), 16)
+        assert seen.tolist() == [1] * 16
+    finally:
+        sharing.close()
