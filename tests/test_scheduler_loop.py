@@ -411,52 +411,46 @@ def test_no_second_frame_with_host_stops_or_grammar() -> None:  # spec: STOP-17,
     assert sched.counters.pipelined == 0 and sched.counters.constrained_max_inflight == 1
 
 
-def test_a_burst_behind_a_decode_round_is_a_prompt_round_on_the_second_frame() -> None:  # spec: SPEC-43, SPEC-44, HTTP-20
-    # four requests arrive while two decode with the second frame: their round of prompts
-    # goes behind the decode round in flight (its prompts need nothing from it) instead of
-    # waiting for that round's completion; every output equals completion feedback's
-    sched, engine = make(slots=8, initialization=True)
-    prompts = {i: prompt_of(60 + i, 6 + i) for i in range(6)}
-    limits = {i: 20 if i < 2 else 7 for i in range(6)}
+def _burst_behind_decoding(burst: int, seed: int, arrivals: int, long_limit: int,
+                           short_limit: int) -> list[tuple[int, int, int]]:
+    """Two requests decode on two frames; `arrivals` more arrive together at the fifth pass.
+    Every output must equal completion feedback's; returns the second frames (`behind`)."""
+    sched, engine = make(slots=8, initialization=True, burst=burst)
+    prompts = {i: prompt_of(seed + i, 6 + i % 3) for i in range(2 + arrivals)}
+    limits = {i: long_limit if i < 2 else short_limit for i in prompts}
     for i in range(2):
         sched.add(i, spec(prompts[i], max_tokens=limits[i]))
 
     def arrive(step: int) -> None:
         if step == 4:
-            for i in range(2, 6):
+            for i in range(2, 2 + arrivals):
                 sched.add(i, spec(prompts[i], max_tokens=limits[i]))
 
     behind: list[tuple[int, int, int]] = []
     events = run_two_frames(sched, engine, at_round=arrive, behind=behind)
     for i, p in prompts.items():
         assert tokens_of(events[i]) == reference_tokens(p, limits[i], VOCAB)
+    assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
+    return behind
+
+
+def test_a_burst_behind_a_decode_round_is_a_prompt_round_on_the_second_frame() -> None:  # spec: SPEC-43, SPEC-44, HTTP-20
+    # four requests arrive while two decode with the second frame: their round of prompts
+    # goes behind the decode round in flight (its prompts need nothing from it) instead of
+    # waiting for that round's completion
+    behind = _burst_behind_decoding(burst=2, seed=60, arrivals=4, long_limit=20, short_limit=7)
     assert any(after == cp.OPERATION_DECODE and op == cp.OPERATION_PREFILL and lanes >= 2
                for after, op, lanes in behind)
-    assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
 
 
 def test_arrivals_below_the_admission_burst_are_admitted_one_a_round_beside_the_decode_lanes() -> None:  # spec: SPEC-43, HTTP-20
     # three requests arrive while two decode; with a burst of four they never make a round of
     # prompts only: MIXED rounds admit one each and the decoding requests advance every round
-    for burst, prompt_rounds in ((4, False), (3, True)):
-        sched, engine = make(slots=8, initialization=True, burst=burst)
-        prompts = {i: prompt_of(90 + i, 6) for i in range(5)}
-        limits = {i: 16 if i < 2 else 5 for i in range(5)}
-        for i in range(2):
-            sched.add(i, spec(prompts[i], max_tokens=limits[i]))
-
-        def arrive(step: int) -> None:
-            if step == 4:
-                for i in range(2, 5):
-                    sched.add(i, spec(prompts[i], max_tokens=limits[i]))
-
-        behind: list[tuple[int, int, int]] = []
-        events = run_two_frames(sched, engine, at_round=arrive, behind=behind)
-        for i, p in prompts.items():
-            assert tokens_of(events[i]) == reference_tokens(p, limits[i], VOCAB)
-        assert (cp.OPERATION_PREFILL in {op for _, op, _ in behind}) is prompt_rounds
-        if not prompt_rounds:
-            assert sum(op == cp.OPERATION_MIXED for _, op, _ in behind) >= 3
+    below = _burst_behind_decoding(burst=4, seed=90, arrivals=3, long_limit=16, short_limit=5)
+    assert cp.OPERATION_PREFILL not in {op for _, op, _ in below}
+    assert sum(op == cp.OPERATION_MIXED for _, op, _ in below) >= 3
+    at = _burst_behind_decoding(burst=3, seed=90, arrivals=3, long_limit=16, short_limit=5)
+    assert cp.OPERATION_PREFILL in {op for _, op, _ in at}
     with pytest.raises(ValueError, match="admission_burst"):
         make(burst=1)
 
