@@ -12,7 +12,7 @@ parallel products took 28-33 ms a step where the same products on one thread too
 With work sharing a busy second core costs the step nothing beyond the chunk a helper is
 working on; an idle one takes half the work.
 
-Between calls a helper polls the job counter for `spin_s` (default 300 us) without the GIL
+Between calls a helper polls the job counter for `spin_s` (default 2 ms) without the GIL
 (compiled.wait_for_change), and only then blocks on an event. A decode step is ~150 kernel calls,
 of which the shared ones come every 50-200 us: a blocked helper woke 10-80 us after the call's
 start on this 2-core VM (the halted vCPU must be scheduled again), so it took a chunk late or
@@ -37,18 +37,24 @@ from helios_backend.executors.cpu.compiled import FAILED, wait_done, wait_for_ch
 __all__ = ["WorkSharing"]
 
 
-SPIN_S = 300e-6      # how long an idle helper polls for the next call before it blocks
+# How long an idle helper polls for the next call before it blocks: longer than the calling thread's
+# longest serial stretch within a decode step and between steps (~0.3 ms between the shared products of
+# a layer at batch 1, ~0.5-1 ms of host work between steps), so a decoding helper never blocks
+SPIN_S = 2e-3
 
 
 def _spins_for(seconds: float) -> int:
     """Polls of wait_for_change that take about `seconds` on this machine (one PAUSE is 10-140
-    cycles depending on the core: measured once, on a counter that never changes)."""
+    cycles depending on the core), from the fastest of a few timings on a counter that never
+    changes: a timing that other work disturbed would shorten the polling."""
     probe = np.zeros(1, dtype=np.int64)
     wait_for_change(probe, 0, 16)                    # compiled or loaded before it is timed
-    start = time.perf_counter()
-    wait_for_change(probe, 0, 20_000)
-    per_spin = max((time.perf_counter() - start) / 20_000, 1e-9)
-    return max(1, int(seconds / per_spin))
+    fastest = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        wait_for_change(probe, 0, 4_000)
+        fastest = min(fastest, time.perf_counter() - start)
+    return max(1, int(seconds / max(fastest / 4_000, 1e-9)))
 
 
 class _Job:
