@@ -11,8 +11,9 @@ host frame) the submissions before the main step are launched there and waited f
 collect(), before the main one: a round that admits requests then packs its main step while
 its initialization queues behind round N on the stream, instead of waiting for both (the
 frame is reused only after its previous submission was waited for). A round with a
-constrained lane keeps the synchronous order: one frame in flight at its submissions (MET-8). The executor numbers submissions (BND-20); this runner mirrors that
-count to check each completion's sequence (CACHE-16). It also counts the executor frames
+constrained lane keeps the synchronous order: one frame in flight at its submissions (MET-8).
+The executor numbers submissions (BND-20); this runner mirrors that count to check each
+completion's sequence (CACHE-16). It also counts the executor frames
 in flight (launched, not yet waited for) and writes that count into each submission right
 after its launch: the scheduler reports the largest one after a constrained submission
 (flare_constrained_max_inflight, MET-8).
@@ -82,9 +83,10 @@ class ProgramRunner:
         return self.collect(plan)
 
     def launch(self, plan: RoundPlan, frame: int) -> None:
-        """Pack and launch the round's submissions on `frame`. Auxiliary submissions
-        (restoration, initialization) are collected and checked here, in order; the main
-        submission is left running for collect()."""
+        """Pack and launch the round's submissions on `frame`. The ones before the main step
+        (restoration, initialization) go to the auxiliary frame and are collected by collect(),
+        or, without one (or in a constrained round), are collected and checked here, in order;
+        the main submission is left running for collect()."""
         t = RoundTimings()
         auxiliary = self.auxiliary_frame
         if auxiliary is not None and any(lane.request.spec.constrained for lane in plan.main.lanes):
