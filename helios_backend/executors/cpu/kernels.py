@@ -271,6 +271,8 @@ class CpuKernels:
         block = self.query_block
         tasks = [(int(r), kv, first, min(first + block, int(starts[r + 1])))
                  for r in long_rows for kv in range(kv_heads) for first in range(int(starts[r]), int(starts[r + 1]), block)]
+        # the last blocks of a row attend to the most keys: handed out first, so the threads finish together
+        tasks.sort(key=lambda task: int(starts[task[0]]) - task[3])
 
         def task(index: int) -> None:
             r, kv, first, end = tasks[index]
@@ -349,7 +351,11 @@ class CpuKernels:
         if isinstance(gate_up, BlockWeight) and (gate_up.cols != k or gate_up.rows < 2 * ffn):
             raise ValueError(f"a [{gate_up.rows}, {gate_up.cols}] block weight read as [{2 * ffn}, {k}]")
         inputs = x[:n * k].reshape(n, k)
-        tile_rows = max(1, min(-(-ffn // (2 * self.threads)), TILE_ELEMENTS // (2 * k)))
+        # as many tiles as the tile size needs, rounded up to a multiple of the threads (7 tiles of
+        # SmolLM2's 1536 gate rows left one thread 4 and the other 3)
+        tiles = max(2 * self.threads, -(-ffn // max(1, TILE_ELEMENTS // (2 * k))))
+        tiles = -(-tiles // self.threads) * self.threads
+        tile_rows = -(-ffn // tiles)
 
         def tile(index: int) -> None:
             start = index * tile_rows
