@@ -39,10 +39,13 @@ from helios_backend.kernels.state import live_tokens, row_starts, token_rows
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
 # (memory-bound); above it the widened-tile BLAS product wins (measured: docs/cpu-executor.md).
 SMALL_PRODUCT_TOKENS = 32
-# Below this many multiply-adds (tokens x out x in; attention: its score pass) work runs on the
-# calling thread alone: waking a helper and handing out chunks costs ~10-30 us, more than half of
-# such a product (measured: docs/cpu-executor.md). Above it, up to CHUNKS_PER_THREAD chunks per thread.
-SHARED_WORK_MACS = 1 << 20
+# Below this many multiply-adds (tokens x out x in; attention: its score and mixing passes) work runs
+# on the calling thread alone: a polling helper starts its part 10-30 us after the call begins (its
+# Python and the dispatch; a 1-token [3072, 576] product 69-75 us shared, 82-94 us alone). SmolLM2 at
+# b=1: the output projection (331K) stays alone, q/k/v (553K) and down (885K) are shared (b=1 steps
+# 12.5 / 10.1 ms against 13.7 / 13.4 ms at 1M in two interleaved runs; docs/cpu-executor.md).
+# Above it, up to CHUNKS_PER_THREAD chunks per thread.
+SHARED_WORK_MACS = 3 << 17
 CHUNKS_PER_THREAD = 4
 # A row with at least this many queries (a prefill chunk) attends through BLAS products (_row_products).
 ATTENTION_PRODUCT_TOKENS = 16
