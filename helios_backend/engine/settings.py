@@ -157,7 +157,7 @@ class EffectiveSettings:
     concurrency: int
     speculative_width: int
     history_drafting: bool
-    admission_burst: int = BUILT_IN.admission_burst
+    admission_burst: int
 
 
 # settings an option, the core's ServingDefaults and BUILT_IN all name the same way

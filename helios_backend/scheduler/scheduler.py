@@ -157,10 +157,10 @@ class Scheduler:
         if self._admission_round_due():
             # a round of prompts only: a MIXED round admits one request beside the decode lanes,
             # which falls behind arrivals at high concurrency; every other round at most
-            self._admit_waiting(lanes, self.variants.max_rows(cp.OPERATION_PREFILL))
-            if lanes:
-                self._admission_round = True
-                return self._plan(lanes, [])
+            prompts = self._prompt_round()
+            if prompts is not None:
+                return prompts
+            self._shape = (lanes, 0, 0, 0)
         self._admission_round = False
         preempted: list[Request] = []
         row_limit = self.max_active
@@ -378,7 +378,14 @@ class Scheduler:
         if self._waiting and self._waiting[0][1].spec.constrained:
             return None        # a constrained submission runs alone (MET-8): schedule() admits it
         if self._admission_round_due():
-            return self._prompt_round()
+            # the round of prompts goes behind `plan`: its tokens are known on the host, the
+            # stream orders its device work; a constrained prompt among them waits (MET-8)
+            if any(req.spec.constrained for _, req in self._waiting[:self.variants.max_rows(cp.OPERATION_PREFILL)]):
+                return None
+            prompts = self._prompt_round()
+            if prompts is not None:
+                self.counters.pipelined += 1
+            return prompts
         eos_ids, context = self.config.eos_ids, self.config.context_tokens
         pt = self.config.page_tokens
         # (request, slot, generation, start, output limit) of each lane of the next round
@@ -438,21 +445,15 @@ class Scheduler:
         return nxt
 
     def _prompt_round(self) -> RoundPlan | None:
-        """A round of prompts only (several rows at once, as schedule() builds for a burst),
-        behind the round in flight: its lanes are host-fed with tokens the host knows, so it
-        needs nothing from that round's completion, and the stream orders their device work.
-        The decoding requests sit it out and rejoin the round after it with their pending
-        tokens. A constrained prompt in the burst leaves the burst to completion feedback."""
-        rows = self.variants.max_rows(cp.OPERATION_PREFILL)
-        if any(req.spec.constrained for _, req in self._waiting[:rows]):
-            return None
+        """A round of prompts only, as many rows as the widest PREFILL variant (step 1b of
+        schedule(), or behind the round in flight from pipeline_next); None when none fits.
+        The decoding requests sit it out and rejoin the round after it."""
         lanes: list[Lane] = []
         self._shape = (lanes, 0, 0, 0)
-        self._admit_waiting(lanes, rows)
+        self._admit_waiting(lanes, self.variants.max_rows(cp.OPERATION_PREFILL))
         if not lanes:
             return None
         self._admission_round = True
-        self.counters.pipelined += 1
         return self._plan(lanes, [])
 
     # ---- completion ----------------------------------------------------------------
