@@ -35,16 +35,22 @@ from helios_backend.packing import PackedLane, SamplingParameters, SlotInitializ
 from helios_proto import contract_pb2 as C  # noqa: E402
 
 
+def initialization(bench: Bench, lane: PackedLane) -> PackedLane:
+    """The INITIALIZATION lane of `lane`'s slot for its prompt (as Bench.admit initializes)."""
+    admission = SlotInitialization.for_prompt(lane.tokens, bench.bins, lane.slot, SamplingParameters(logprobs=-1),
+                                              1 << 20, (bench.vocab - 1,))
+    return PackedLane(slot=lane.slot, generation=lane.generation, initialization=admission)
+
+
 def fresh(bench: Bench, slot: int, prompt: int, extra: int) -> PackedLane:
     """An initialized slot with pages for its prompt: the host-fed lane of an admission."""
     bench.generation += 1
     tokens = bench.rng.integers(0, bench.vocab, prompt).astype("int32")
-    init = bench.model.program(C.OPERATION_INITIALIZATION, 1)
-    admission = SlotInitialization.for_prompt(tokens, bench.bins, slot, SamplingParameters(logprobs=-1), 1 << 20,
-                                              (bench.vocab - 1,))
-    bench.driver.step(init, [PackedLane(slot=slot, generation=bench.generation, initialization=admission)])
+    lane = PackedLane(slot=slot, generation=bench.generation, consumed=0, tokens=tokens, sample=True)
+    bench.driver.step(bench.model.program(C.OPERATION_INITIALIZATION, 1), [initialization(bench, lane)])
     pages = [bench.driver.pages.take() for _ in range(-(-(prompt + extra) // bench.driver.page_tokens))]
-    return PackedLane(slot=slot, generation=bench.generation, consumed=0, tokens=tokens, sample=True, pages=pages)
+    lane.pages = pages
+    return lane
 
 
 def replay_us(bench: Bench, program: str, lanes: list[PackedLane]) -> dict:
@@ -96,11 +102,7 @@ def main() -> None:
         prefill = model.program(C.OPERATION_PREFILL, count, count * args.prompt)
         init = model.program(C.OPERATION_INITIALIZATION, count)
         figures = {"prefill": replay_us(bench, prefill, lanes)}
-        bench.model.packer.pack(init, 0, [PackedLane(slot=l.slot, generation=l.generation, initialization=
-                                                     SlotInitialization.for_prompt(l.tokens, bench.bins, l.slot,
-                                                                                   SamplingParameters(logprobs=-1),
-                                                                                   1 << 20, (bench.vocab - 1,)))
-                                          for l in lanes])
+        bench.model.packer.pack(init, 0, [initialization(bench, lane) for lane in lanes])
         figures["initialization"] = {"program": init, "gpu_us": timing.gpu_us(load_driver(), model.executor, init, 30)}
         bench.release(lanes)
         report["rounds"][f"prompts_{count}"] = figures
