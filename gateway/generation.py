@@ -148,6 +148,9 @@ class RequestRun:
         self._queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._first_token_seen = False
+        model = served.served_id   # the labelled series, looked up once rather than per token
+        self._ttft = metrics.ttft.labels(model)
+        self._itl = metrics.itl.labels(model)
 
     def start(self) -> None:
         model = self._served.served_id
@@ -172,22 +175,30 @@ class RequestRun:
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         """Every choice's events, interleaved in arrival order, until all choices ended."""
+        async for batch in self.event_batches():
+            for event in batch:
+                yield event
+
+    async def event_batches(self) -> AsyncIterator[list[ChoiceEvent]]:
+        """The same events, each time as all of those that arrived since the last batch: a
+        stream that fell behind under load catches up in one write, not one per event."""
         remaining = len(self._tasks)
+        queue = self._queue
         while remaining:
-            event = await self._queue.get()
-            if not isinstance(event, ChoiceSteps):
-                remaining -= 1
-            yield event
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            remaining -= sum(1 for event in batch if not isinstance(event, ChoiceSteps))
+            yield batch
 
     def _observe_tokens(self, count: int, previous_ns: int) -> int:
         """TTFT (the request's first token), the choice's inter-token gaps; the arrival time."""
         now_ns = self._served.clock.now_ns()
-        model = self._served.served_id
         if not self._first_token_seen:
             self._first_token_seen = True
-            self._metrics.ttft.labels(model).observe(max(now_ns - self._prepared.ingress_ns, 0) / 1e9)
+            self._ttft.observe(max(now_ns - self._prepared.ingress_ns, 0) / 1e9)
         if previous_ns:
-            gap = self._metrics.itl.labels(model)
+            gap = self._itl
             for _ in range(count):  # a coalesced batch: the gap spread over its tokens
                 gap.observe(max(now_ns - previous_ns, 0) / 1e9 / count)
         self._metrics.output_tokens.inc(count)

@@ -35,6 +35,10 @@ from gateway.preparation import PreparedRequest
 
 DONE = b"data: [DONE]\n\n"
 
+# stands for a text delta while a chunk template is encoded (never a real text: NUL bytes)
+_TEXT_SLOT = "\x00helios-text\x00"
+_TEXT_SLOT_JSON = json.dumps(_TEXT_SLOT).encode()
+
 
 def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
@@ -71,6 +75,9 @@ class Presenter:
         self.states = [_ChoiceState() for _ in range(prepared.choice_count)]
         self._finished = 0
         self._first_chunk = True
+        # (choice index, delta key) -> the SSE bytes before and after the text of a chunk that
+        # carries one text delta and nothing else: the common chunk, encoded once per stream
+        self._text_templates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
 
     # ---- shape hooks ---------------------------------------------------------------------
     def delta_payload(self, delta: Delta, state: _ChoiceState) -> dict[str, Any] | None:
@@ -220,6 +227,11 @@ class Presenter:
             payload = self.delta_payload(delta, state)
             if payload is None:
                 continue
+            if logprobs is None and len(payload) == 1 and not self._first_chunk:
+                (key, text), = payload.items()
+                if isinstance(key, str) and isinstance(text, str):
+                    yield self._text_chunk(index, key, text)
+                    continue
             choice = self.chunk_choice(index, payload)
             if logprobs is not None:
                 choice["logprobs"] = logprobs
@@ -229,6 +241,19 @@ class Presenter:
             choice = self.chunk_choice(index, {})
             choice["logprobs"] = logprobs
             yield self._chunk([choice])
+
+    def _text_chunk(self, index: int, key: str, text: str) -> bytes:
+        """What _chunk([chunk_choice(index, {key: text})]) gives after the first chunk, from
+        a template: json.dumps of the whole chunk per token was the gateway's largest
+        encoding cost, and only the text changes between a stream's chunks."""
+        template = self._text_templates.get((index, key))
+        if template is None:
+            payload: dict[str, Any] = {**self.base, "choices": [self.chunk_choice(index, {key: _TEXT_SLOT})]}
+            if self.observation.include_usage:
+                payload["usage"] = None
+            before, after = sse(payload).split(_TEXT_SLOT_JSON)
+            template = self._text_templates[(index, key)] = (before, after)
+        return template[0] + json.dumps(text, ensure_ascii=False).encode() + template[1]
 
     def _terminal_chunk(self, index: int, state: _ChoiceState, finish_reason: str) -> bytes:
         top: dict[str, Any] = {}

@@ -271,18 +271,23 @@ class GatewayService:
 
         if prepared.stream:
             async def chunks() -> AsyncIterator[bytes]:
-                # one write per backend event: the SSE events it produced (one per token and
-                # delta) go out together, which halves the writes of an observed stream
+                # one write per batch of backend events: the SSE events they produced (one per
+                # token and delta) go out together, which halves the writes of an observed
+                # stream and lets a stream that fell behind catch up in one write
                 opening = b"".join(presenter.opening())
                 if opening:
                     yield opening
-                async for event in run.events():
-                    if isinstance(event, ChoiceFailed):
-                        outcome.status = event.error.status
-                        run.cancel()
-                        yield presenter.error_event(event.error)
-                        return
-                    data = b"".join(presenter.stream(event))
+                async for batch in run.event_batches():
+                    parts: list[bytes] = []
+                    for event in batch:
+                        if isinstance(event, ChoiceFailed):
+                            outcome.status = event.error.status
+                            run.cancel()
+                            parts.append(presenter.error_event(event.error))
+                            yield b"".join(parts)
+                            return
+                        parts.extend(presenter.stream(event))
+                    data = b"".join(parts)
                     if data:
                         yield data
 

@@ -377,3 +377,70 @@ def test_stop_string_matches_inside_tool_envelope(served_with_reasoning: ServedM
     chunks = syntax_run(served_with_reasoning, text, "<function=", stream=True)
     streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert streamed == stopped["message"]["content"]
+
+
+# spec: OBS-25
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(min_size=1, max_size=12), include_usage=st.booleans(), index=st.integers(0, 2),
+       completion=st.booleans())
+def test_text_chunk_template_equals_the_generic_chunk(served: ServedModel, text: str, include_usage: bool,
+                                                      index: int, completion: bool) -> None:
+    """The per-stream template of a one-text chunk gives the bytes _chunk encodes, for any
+    text (quotes, backslashes, control characters, non-ASCII), with and without usage: null."""
+    fields: dict[str, Any] = {"stream": True, "n": 3}
+    if include_usage:
+        fields["stream_options"] = {"include_usage": True}
+    if completion:
+        body = {"model": "test-model", "prompt": "hi", **fields}
+        presenter: Presenter = CompletionPresenter(prepare_completion(CompletionRequest.model_validate(body), served,
+                                                                      ingress_ns=10), "test-model", served.tokenizer)
+        key = "text"
+    else:
+        presenter = ChatPresenter(chat(served, **fields), "test-model", served.tokenizer)
+        key = "content"
+    b"".join(presenter.opening())
+    presenter._first_chunk = False
+    for _ in range(2):   # the template's first use builds it, the second reads it back
+        got = presenter._text_chunk(index, key, text)
+        assert got == presenter._chunk([presenter.chunk_choice(index, {key: text})])
+        assert json.loads(got[len(b"data: "):])["choices"][0]["delta" if key == "content" else "text"] == \
+            ({key: text} if key == "content" else text)
+
+
+# spec: HTTP-8
+def test_event_batches_carry_what_queued_in_order_until_every_choice_ended(served: ServedModel) -> None:
+    """The streaming writer's batches: everything queued since the last batch, in arrival
+    order, and the run ends only after each choice's terminal event (also when two choices'
+    terminals arrive in one batch, or a batch holds a terminal and later steps)."""
+    import asyncio
+
+    from gateway.generation import ChoiceFinished, ChoiceSteps, PerformanceStamps, RequestRun
+    from gateway.metrics import GatewayMetrics
+
+    def finish(index: int) -> ChoiceFinished:
+        return ChoiceFinished(index, "length", False, [], tp.Usage(), PerformanceStamps(0, 0, 0))
+
+    async def scenario() -> list[list[object]]:
+        run = RequestRun(None, served, chat(served, n=3, stream=True), lambda i: PlainTextParser(),  # type: ignore[arg-type]
+                         GatewayMetrics(), "messages")
+        run._tasks = [None, None, None]  # type: ignore[list-item]   # three choices, pumped by hand
+        events: list[object] = [ChoiceSteps(0, []), ChoiceSteps(1, []), finish(0), ChoiceSteps(2, [])]
+        for event in events:
+            run._queue.put_nowait(event)  # type: ignore[arg-type]
+        batches: list[list[object]] = []
+
+        async def later() -> None:
+            await asyncio.sleep(0)
+            run._queue.put_nowait(finish(1))
+            run._queue.put_nowait(finish(2))
+
+        task = asyncio.create_task(later())
+        async for batch in run.event_batches():
+            batches.append(list(batch))
+        await task
+        return batches
+
+    batches = asyncio.run(scenario())
+    assert [type(e).__name__ for b in batches for e in b] == \
+        ["ChoiceSteps", "ChoiceSteps", "ChoiceFinished", "ChoiceSteps", "ChoiceFinished", "ChoiceFinished"]
+    assert len(batches[0]) == 4 and len(batches) == 2
