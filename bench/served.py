@@ -20,7 +20,8 @@ order, each phase owning the GPU alone:
    of the gateway processes and of the backend (the stub and its engine process, each also
    on its own), from /proc; and from the stack's own
    metrics (Triton's and the gateway's /metrics, deltas over the level): rounds per operation,
-   the share planned on the second frame, tokens per round, the mean round time, requests per
+   the share planned on the second frame, tokens per round, the mean round time (a round is its
+   main step: the initialization launched before it is not counted as one), requests per
    channel message, and the mean TTFT split into the scheduler's queue, the backend's receipt to
    first token and the gateway's ingress to first token;
 3. llama-server (llama.cpp built on the device, same shape, F16, the same load and prompts).
@@ -175,7 +176,9 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
     """Per-level deltas of the stack's counters as the figures a round and a request show."""
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     launches = {k.split(":", 1)[1]: v for k, v in delta.items() if k.startswith("flare_graph_launches_total:") and v}
-    rounds = sum(launches.values())
+    # a round is its main step: the initialization and restoration launched before it are not
+    # rounds of their own (they run on the auxiliary frame, ~25-80 us each)
+    rounds = sum(v for k, v in launches.items() if k not in ("initialization", "restoration"))
     tokens = delta.get("flare_generated_tokens_total", 0.0)
 
     def mean_ms(family: str) -> float:
@@ -196,6 +199,8 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
             "triton_execute_mean_ms": per("nv_inference_compute_infer_duration_us", "nv_inference_exec_count") / 1e3,
             "queue_mean_ms": mean_ms("flare_request_queue_time_seconds"),
             "backend_ttft_mean_ms": mean_ms("flare_time_to_first_token_seconds"),
+            "backend_e2e_mean_ms": mean_ms("flare_e2e_request_latency_seconds"),
+            "gateway_e2e_mean_ms": mean_ms("helios_gateway_e2e_request_latency_seconds"),
             "gateway_queue_mean_ms": mean_ms("helios_gateway_request_queue_time_seconds"),
             "gateway_ttft_mean_ms": mean_ms("helios_gateway_time_to_first_token_seconds")}
 
@@ -376,8 +381,8 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"{k['triton_queue_mean_ms']:.2f} ms, in Triton {k['triton_request_mean_ms']:.2f} ms, execute() "
                       f"{k['triton_execute_mean_ms']:.2f} ms; mean TTFT: backend queue {k['queue_mean_ms']:.1f} ms, "
                       f"backend {k['backend_ttft_mean_ms']:.1f} ms, gateway {k['gateway_ttft_mean_ms']:.1f} ms (its own queue "
-                      f"{k['gateway_queue_mean_ms']:.1f} ms)",
-                      flush=True)
+                      f"{k['gateway_queue_mean_ms']:.1f} ms); mean e2e: backend {k['backend_e2e_mean_ms']:.1f} ms, "
+                      f"gateway {k['gateway_e2e_mean_ms']:.1f} ms", flush=True)
                 if args.profile and c == args.profile and words == min(prompts):
                     # the stub, its engine process and one gateway worker (the busiest)
                     busiest = max(gateway, key=lambda pid: cpu_seconds([pid]))
