@@ -369,3 +369,55 @@ def test_every_startup_option_is_declared_in_the_model_config() -> None:
     declared = set(re.findall(r'key: "([a-z_]+)"', config))
     missing = [f.name for f in dataclasses.fields(StartupOptions) if f.name not in declared]
     assert missing == []
+
+
+class BarrierSink:
+    """A channel sink whose sends wait at a barrier every channel's send must reach: sends
+    made one after another (one channel at a time) never pass it."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self.barrier = barrier
+        self.batches: list[tp.ChannelBatch] = []
+        self.overlapped = 0
+
+    def send_batch(self, payload: bytes) -> None:
+        try:
+            self.barrier.wait(2)
+            self.overlapped += 1
+        except threading.BrokenBarrierError:
+            pass
+        self.batches.append(tp.ChannelBatch.FromString(payload))
+
+    def close(self) -> None:
+        pass
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+# spec: HTTP-9, HTTP-10
+def test_channel_sends_of_a_pass_overlap_and_keep_each_channels_order() -> None:
+    """One pass's responses to several channels are in the stub's send at the same time (each
+    send is an IPC round trip that releases the GIL), and each channel still gets its
+    requests' tokens in order, nothing lost."""
+    channels = 3
+    barrier = threading.Barrier(channels)
+    sinks = [BarrierSink(barrier) for _ in range(channels)]
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
+    opened = [hub.open_channel(f"ch{i}", sink) for i, sink in enumerate(sinks)]
+    for i, channel in enumerate(opened):
+        hub.register(Stream(i + 1, None, channel=channel, tag=7))
+    hub.start()
+    for token in range(5):
+        hub.deliver([Emitted(i + 1, 100 * i + token, -1, 0.0, None, None) for i in range(channels)])
+        time.sleep(0.01)
+    hub.deliver([finished_event(i + 1) for i in range(channels)])
+    deadline = time.monotonic() + 10
+    while sum(1 for s in sinks for b in s.batches if b.outputs) < channels and time.monotonic() < deadline:
+        time.sleep(0.01)
+    hub.stop()
+    assert all(sink.overlapped >= 1 for sink in sinks)
+    for i, sink in enumerate(sinks):
+        tokens = [t for b in sink.batches for t in b.plain_token_ids]
+        assert tokens == [100 * i + t for t in range(5)]
+        assert [o.tag for b in sink.batches for o in b.outputs] == [7]   # the terminal, once
