@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -41,7 +40,6 @@ from helios_backend.transport import OutputChunk
 
 log = logging.getLogger("helios.responses")
 CANCEL_POLL_S = 0.02
-SENDER_THREADS = 8                         # channels sent to at once (one per gateway worker)
 
 
 class Sender(Protocol):
@@ -127,7 +125,6 @@ class ResponseHub:
         self._in_flight: list[tuple[Stream, OutputChunk, bool]] = []   # the pass being sent
         self._thread = threading.Thread(target=self._main, name="helios-responses", daemon=True)
         self.channel_responses = 0           # channel sends so far (tests, diagnostics)
-        self._senders: ThreadPoolExecutor | None = None   # overlapping channel sends (_send_channels)
 
     def start(self) -> None:
         self._thread.start()
@@ -251,13 +248,6 @@ class ResponseHub:
     # ---- the response thread -------------------------------------------------------------
     def _main(self) -> None:
         try:
-            self._serve()
-        finally:
-            if self._senders is not None:
-                self._senders.shutdown(wait=False)
-
-    def _serve(self) -> None:
-        try:
             self._run()
             return
         except BaseException as exc:
@@ -335,7 +325,8 @@ class ResponseHub:
                 out.tag = stream.tag
                 chunk.fill(out, stream.timestamps, stream.logprobs, stream.top_k)
                 stream.sent_responses += 1
-            self._send_channels([(entry.channel, entry.finished()) for entry in by_channel.values()])
+            for entry in by_channel.values():
+                self._send_channel(entry.channel, entry.finished())
             if poll:
                 for stream in watch:
                     if self._cancelled(stream):
@@ -360,41 +351,18 @@ class ResponseHub:
                 stream.cancel_reported = True
                 self._on_cancel(stream.serial)
 
-    def _send_channels(self, batches: list[tuple[Channel, tp.ChannelBatch]]) -> None:
-        """One pass's channel responses. Each stub send is a ~0.25 ms IPC round trip that
-        releases the GIL under a per-sender lock, so the channels' sends overlap on the
-        sender pool: a pass costs one round trip, not one per channel (six gateway workers
-        made six, ~1.5 ms, as long as a 128-lane round). The pass ends when all were sent,
-        so a channel's responses still leave in pass order (one per channel per pass)."""
-        live = [(channel, message.SerializeToString(), len(message.outputs) + len(message.plain_tags))
-                for channel, message in batches if not channel.closed]   # closed: no reader left
-        if not live:
-            return
-        if len(live) == 1:
-            outcomes: list[BaseException | None] = [self._deliver(live[0][0], live[0][1])]
-        else:
-            if self._senders is None:
-                self._senders = ThreadPoolExecutor(max_workers=SENDER_THREADS, thread_name_prefix="helios-send")
-            outcomes = list(self._senders.map(lambda item: self._deliver(item[0], item[1]), live))
-        updates: list[Update] = []
-        for (channel, _, outputs), failure in zip(live, outcomes):
-            if failure is None:
-                self.channel_responses += 1
-                updates += [update("flare_channel_responses_total", Op.ADD, 1),
-                            update("flare_channel_outputs_total", Op.ADD, outputs)]
-            else:
-                log.warning("channel %s: response not delivered (%s); cancelling its requests", channel.id, failure)
-                self._drop_channel(channel)
-        if updates:
-            self._metrics.push(updates)
-
-    @staticmethod
-    def _deliver(channel: Channel, payload: bytes) -> BaseException | None:
+    def _send_channel(self, channel: Channel, message: tp.ChannelBatch) -> None:
+        if channel.closed:
+            return                          # its client is gone: the output has no reader
         try:
-            channel.sink.send_batch(payload)
-            return None
+            channel.sink.send_batch(message.SerializeToString())
+            self.channel_responses += 1
+            self._metrics.push([update("flare_channel_responses_total", Op.ADD, 1),
+                                update("flare_channel_outputs_total", Op.ADD,
+                                       len(message.outputs) + len(message.plain_tags))])
         except Exception as exc:
-            return exc
+            log.warning("channel %s: response not delivered (%s); cancelling its requests", channel.id, exc)
+            self._drop_channel(channel)
 
     def _drop_channel(self, channel: Channel) -> None:
         """The channel's client is gone: cancel every request on it and end the channel."""
