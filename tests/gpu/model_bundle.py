@@ -48,21 +48,15 @@ def bench_options(recipe, gguf_path: str | None):
         else {}
     return recipe.RecipeOptions(
         **f16,
-        # rows between the powers of two: a served round carries the lanes decoding now (50-60 of
-        # 64 closed-loop clients, the rest between requests) and pays for the variant's rows
-        decode_rows=(1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256),
+        decode_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         # 16 and 64 rows: a burst of new requests (closed-loop clients finish and return together)
         # is admitted in one or two rounds, not 4 a round (bench/scheduler_round.py --wide-admission:
         # first tokens 6.1 -> 1.0 rounds after arrival at 64 clients, 10.4 -> 1.8 at 128)
-        # (2, 64) and (4, 128): a round of 2-4 short prompts (most rounds of prompts at 64-128
-        # clients) costs the decoding lanes that sit it out less than the (4, 512) variant's
-        prefill_variants=((1, 32), (1, 128), (1, 512), (2, 64), (4, 128), (4, 512), (16, 1024), (64, 4096),
-                          (1, 4096)),
+        prefill_variants=((1, 32), (1, 128), (1, 512), (4, 512), (16, 1024), (64, 4096), (1, 4096)),
         # the small chunks keep short-prompt rounds short; the 1,024-token chunks let a long
         # prompt join decode lanes whole instead of 127-255 tokens a round (served 1,024-token
         # prompts were prefill-bound behind them)
-        mixed_variants=((8, 135), (16, 143), (24, 151), (32, 159), (40, 167), (48, 175), (56, 183), (64, 191),
-                        (80, 207), (96, 223), (112, 239), (128, 255), (160, 287), (192, 319), (224, 351), (256, 383),
+        mixed_variants=((8, 135), (32, 159), (64, 191), (128, 255), (256, 383),
                         (64, 1088), (128, 1152), (256, 1280)),
         admission_rows=(1, 4, 16, 64),
         context_tokens=8192, prepared_pages=4096, gguf_path=gguf_path)
