@@ -145,6 +145,8 @@ STACK_FAMILIES = ("flare_graph_launches_total", "flare_second_frame_rounds_total
                   "flare_request_queue_time_seconds_sum", "flare_request_queue_time_seconds_count",
                   "helios_gateway_time_to_first_token_seconds_sum", "helios_gateway_time_to_first_token_seconds_count",
                   "helios_gateway_request_queue_time_seconds_sum", "helios_gateway_request_queue_time_seconds_count",
+                  "flare_e2e_request_latency_seconds_sum", "flare_e2e_request_latency_seconds_count",
+                  "helios_gateway_e2e_request_latency_seconds_sum", "helios_gateway_e2e_request_latency_seconds_count",
                   # Triton's own: a request's wait for the model instance, and execute()'s time
                   "nv_inference_request_success", "nv_inference_queue_duration_us", "nv_inference_exec_count",
                   "nv_inference_compute_infer_duration_us", "nv_inference_request_duration_us")
