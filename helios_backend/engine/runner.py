@@ -190,9 +190,10 @@ class ProgramRunner:
         """The packing lane of one scheduler lane (once per lane per round: kept lean)."""
         req = lane.request
         tokens = lane.tokens
-        packed = PackedLane(slot=lane.slot, generation=lane.generation, consumed=lane.start,
-                            tokens=None if tokens == _PENDING else np.asarray(tokens, dtype=np.int32),
-                            sample=lane.sample, pages=lane.page_table)
+        # positional: half the construction time of keywords, for every lane of every round
+        packed = PackedLane(lane.slot, lane.generation, lane.start,
+                            None if tokens == _PENDING else np.asarray(tokens, dtype=np.int32),
+                            lane.sample, req.pages)
         if operation == cp.OPERATION_INITIALIZATION:
             s = req.spec.sampling
             # the full known token list: a readmitted request's histogram covers its output too

@@ -388,8 +388,9 @@ class Scheduler:
             return prompts
         eos_ids, context = self.config.eos_ids, self.config.context_tokens
         pt = self.config.page_tokens
-        # (request, slot, generation, start, output limit) of each lane of the next round
-        nexts: list[tuple[Request, int, int, int, int]] = []
+        # the next round's lanes, built once; pages are reserved only after all of them fit
+        lanes: list[Lane] = []
+        need = 0                                      # lanes whose next position opens a page
         in_main: set[int] = set()
         for lane in main.lanes:
             req = lane.request
@@ -402,7 +403,9 @@ class Scheduler:
                 return None
             if len(req.tokens) - len(spec.prompt) + 1 >= spec.max_tokens or len(req.tokens) + 1 >= context:
                 continue                              # `plan` emits its last token
-            nexts.append((req, lane.slot, lane.generation, lane.start + 1, lane.output_limit - 1))
+            start = lane.start + 1
+            need += -(-(start + 1) // pt) > len(req.pages)
+            lanes.append(Lane(req, lane.slot, lane.generation, start, [PENDING_TOKEN], True, lane.output_limit - 1))
         for req in self._running:
             if req.serial in in_main:
                 continue
@@ -410,17 +413,19 @@ class Scheduler:
             if (req.inflight or not self._pending_ok(req, 1) or req.grammar is not None or req.cancelled
                     or (spec.min_tokens and req.withholds(eos_ids)) or req.finish != tp.FINISH_REASON_UNSPECIFIED):
                 return None                           # it needs completion feedback: schedule() takes it
-            nexts.append((req, req.slot, req.generation, req.computed, spec.max_tokens - req.output_len))
-        if not nexts:
+            start = req.computed
+            need += -(-(start + 1) // pt) > len(req.pages)
+            lanes.append(Lane(req, req.slot, req.generation, start, [PENDING_TOKEN], True,
+                              spec.max_tokens - req.output_len))
+        if not lanes:
             return None
-        need = sum(1 for req, _, _, start, _ in nexts if -(-(start + 1) // pt) > len(req.pages))
         if need > self.pool.available_pages:
             return None
-        lanes = []
-        for req, slot, generation, start, limit in nexts:
-            if -(-(start + 1) // pt) > len(req.pages) and not self._reserve_pages(req, start + 1):
-                raise RuntimeError("page availability was checked before pipelining")
-            lanes.append(Lane(req, slot, generation, start, [PENDING_TOKEN], True, limit))
+        if need:
+            for lane in lanes:
+                if -(-(lane.start + 1) // pt) > len(lane.request.pages) \
+                        and not self._reserve_pages(lane.request, lane.start + 1):
+                    raise RuntimeError("page availability was checked before pipelining")
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
             decode_lanes = len(lanes)
             self._shape = (lanes, 0, 0, 0)
@@ -581,8 +586,9 @@ class Scheduler:
                 req.stop = match
                 return tp.FINISH_REASON_STOP_STRING if match.kind == tp.STOP_KIND_STRING \
                     else tp.FINISH_REASON_STOP_TOKEN
-        if req.output_len >= req.spec.max_tokens or len(req.tokens) >= self.config.context_tokens:
-            return tp.FINISH_REASON_LENGTH
+        tokens = len(req.tokens)
+        if tokens - len(req.spec.prompt) >= req.spec.max_tokens or tokens >= self.config.context_tokens:
+            return tp.FINISH_REASON_LENGTH        # (output_len inline: once per lane per round)
         return tp.FINISH_REASON_UNSPECIFIED
 
     def _publish_pages(self, req: Request) -> None:
