@@ -229,7 +229,7 @@ class Presenter:
                 continue
             if logprobs is None and len(payload) == 1 and not self._first_chunk:
                 (key, text), = payload.items()
-                if isinstance(key, str) and isinstance(text, str):
+                if isinstance(text, str):                 # not a tool-call list
                     yield self._text_chunk(index, key, text)
                     continue
             choice = self.chunk_choice(index, payload)

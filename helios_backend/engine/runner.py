@@ -193,7 +193,7 @@ class ProgramRunner:
         # positional: half the construction time of keywords, for every lane of every round
         packed = PackedLane(lane.slot, lane.generation, lane.start,
                             None if tokens == _PENDING else np.asarray(tokens, dtype=np.int32),
-                            lane.sample, req.pages)
+                            lane.sample, lane.page_table)
         if operation == cp.OPERATION_INITIALIZATION:
             s = req.spec.sampling
             # the full known token list: a readmitted request's histogram covers its output too

@@ -160,7 +160,6 @@ class Scheduler:
             prompts = self._prompt_round()
             if prompts is not None:
                 return prompts
-            self._shape = (lanes, 0, 0, 0)
         self._admission_round = False
         preempted: list[Request] = []
         row_limit = self.max_active
@@ -422,9 +421,8 @@ class Scheduler:
         if need > self.pool.available_pages:
             return None
         if need:
-            for lane in lanes:
-                if -(-(lane.start + 1) // pt) > len(lane.request.pages) \
-                        and not self._reserve_pages(lane.request, lane.start + 1):
+            for lane in lanes:                        # a lane with its page already held reserves nothing
+                if not self._reserve_pages(lane.request, lane.start + 1):
                     raise RuntimeError("page availability was checked before pipelining")
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
             decode_lanes = len(lanes)
