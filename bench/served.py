@@ -139,7 +139,7 @@ def figures(timings: list[RequestTiming], wall_s: float) -> dict:
 
 # Prometheus families read before and after each level (sums over their label sets, except
 # the per-operation launch counter, kept per operation)
-STACK_FAMILIES = ("flare_graph_launches_total", "flare_second_frame_rounds_total", "flare_generated_tokens_total",
+STACK_FAMILIES = ("flare_graph_launches_total", "flare_worker_seconds_total", "flare_second_frame_rounds_total", "flare_generated_tokens_total",
                   "flare_channel_responses_total", "flare_channel_outputs_total",
                   "flare_time_to_first_token_seconds_sum", "flare_time_to_first_token_seconds_count",
                   "flare_request_queue_time_seconds_sum", "flare_request_queue_time_seconds_count",
@@ -159,6 +159,7 @@ def scrape(url: str) -> dict[str, float]:
 
     from bench.soak import metric
     from helios_backend.engine.metrics import OPERATION_LABEL
+    from helios_backend.engine.worker_clock import PHASE_LABEL
 
     try:
         text = httpx.get(url, timeout=10).text
@@ -166,11 +167,13 @@ def scrape(url: str) -> dict[str, float]:
         return {}
     # only the families this page has: the gateway's page and Triton's are merged, and a
     # family absent here must not hide the other page's figure
-    out = {name: metric(text, name) for name in STACK_FAMILIES if name != "flare_graph_launches_total" and name in text}
-    if "flare_graph_launches_total" in text:
-        for operation in OPERATION_LABEL.values():
-            out[f"flare_graph_launches_total:{operation}"] = metric(text, "flare_graph_launches_total",
-                                                                    operation=operation)
+    labelled = {"flare_graph_launches_total": ("operation", OPERATION_LABEL.values()),
+                "flare_worker_seconds_total": ("phase", PHASE_LABEL.values())}
+    out = {name: metric(text, name) for name in STACK_FAMILIES if name not in labelled and name in text}
+    for name, (label, values) in labelled.items():
+        if name in text:
+            for value in values:
+                out[f"{name}:{value}"] = metric(text, name, **{label: value})
     return out
 
 
@@ -182,6 +185,9 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
     # rounds of their own (they run on the auxiliary frame, ~25-80 us each)
     rounds = sum(v for k, v in launches.items() if k not in ("initialization", "restoration"))
     tokens = delta.get("flare_generated_tokens_total", 0.0)
+    # the worker's milliseconds per round by phase: their sum against round_ms is its idle share
+    worker = {k.split(":", 1)[1]: v / rounds * 1e3 for k, v in delta.items()
+              if k.startswith("flare_worker_seconds_total:") and rounds}
 
     def mean_ms(family: str) -> float:
         count = delta.get(f"{family}_count", 0.0)
@@ -193,7 +199,7 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
     responses = delta.get("flare_channel_responses_total", 0.0)
     return {"rounds": launches, "second_frame_share": delta.get("flare_second_frame_rounds_total", 0.0) / rounds
             if rounds else float("nan"), "tokens_per_round": tokens / rounds if rounds else float("nan"),
-            "round_ms": wall_s / rounds * 1e3 if rounds else float("nan"),
+            "round_ms": wall_s / rounds * 1e3 if rounds else float("nan"), "worker_ms_per_round": worker,
             "outputs_per_response": delta.get("flare_channel_outputs_total", 0.0) / responses if responses
             else float("nan"),
             "triton_queue_mean_ms": per("nv_inference_queue_duration_us", "nv_inference_request_success") / 1e3,
@@ -378,7 +384,8 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"{client_share:.0%} CPU", flush=True)
                 k = f["stack"]
                 print(f"  stack: rounds {k['rounds']}, second frame {k['second_frame_share']:.0%}, "
-                      f"{k['tokens_per_round']:.1f} tokens/round, {k['round_ms']:.2f} ms/round, "
+                      f"{k['tokens_per_round']:.1f} tokens/round, {k['round_ms']:.2f} ms/round (worker: "
+                      f"{', '.join(f'{p} {ms:.2f}' for p, ms in k['worker_ms_per_round'].items())}), "
                       f"{k['outputs_per_response']:.1f} outputs/message; Triton per request: queue "
                       f"{k['triton_queue_mean_ms']:.2f} ms, in Triton {k['triton_request_mean_ms']:.2f} ms, execute() "
                       f"{k['triton_execute_mean_ms']:.2f} ms; mean TTFT: backend queue {k['queue_mean_ms']:.1f} ms, "
@@ -398,14 +405,19 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
 
 
 def profile(args: argparse.Namespace, pids: dict[str, int], base: str, model: str, words: int, c: int) -> None:
-    """py-spy of the stub and a gateway worker under the same load: 4 s of raw stacks of the
-    thread holding the GIL (--gil), the work that serializes a process; the load outlasts it."""
+    """py-spy of the stub, the engine process and a gateway worker under the same load: 4 s of raw
+    stacks of the thread holding the GIL (--gil), the work that serializes a process; the load
+    outlasts it."""
     if shutil.which("py-spy") is None:
         print("profile skipped: py-spy is not installed", flush=True)
         return
-    procs = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", "4", "-r", "250", "--gil", "-f", "raw",
+    # and the engine process once more with waiting threads included (--idle): its worker's
+    # whole wall time, the executor wait and the wire writes too (flare_worker_seconds_total's split)
+    runs = [(name, pid, "--gil") for name, pid in pids.items()] + [
+        (f"{name}_idle", pid, "--idle") for name, pid in pids.items() if name == "engine"]
+    procs = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", "4", "-r", "250", mode, "-f", "raw",
                                "-o", str(pathlib.Path(args.out) / f"pyspy_{name}.txt"), "--nonblocking"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in pids.items()]
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid, mode in runs]
     drive(base, model, words, c, 24 * c, args.output_tokens, True, 77_000)
     for p in procs:
         p.wait()

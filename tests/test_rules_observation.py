@@ -355,6 +355,40 @@ def test_a_stop_timeout_never_releases_the_executor_under_a_running_round(smollm
         assert len(sender.finals) == 1 and sender.finals[0].terminal.WhichOneof("outcome")
 
 
+# ---- the worker's time by phase (flare_worker_seconds_total) ----------------------------------
+
+def test_worker_time_is_split_by_phase_and_the_executor_wait_is_collect():
+    # spec: MET-2
+    sched, engine = make()
+    runner = TimedRunner(engine)                 # every round is held >= 4 ms inside collect
+    updates = Updates()
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Updates())
+    worker = EngineLoop(sched, SynchronousRunner(runner.run), hub, updates, two_frames=False)
+    sender = Recorder()
+    started = time.perf_counter_ns()
+    hub.start()
+    worker.start()
+    hub.register(Stream(1, sender))
+    worker.enqueue(1, spec(prompt_of(2, 6), max_tokens=5))
+    try:
+        assert sender.done.wait(10)
+    finally:
+        worker.stop()
+        hub.stop()
+    elapsed_s = (time.perf_counter_ns() - started) / 1e9
+    seconds: dict[str, float] = {}
+    for name, labels, op, value in updates.items:
+        if name == "flare_worker_seconds_total":
+            assert op.value == "add" and value > 0
+            phase = dict(labels)["phase"]
+            seconds[phase] = seconds.get(phase, 0.0) + value
+    assert set(seconds) == {"schedule", "launch", "collect", "complete", "deliver"}
+    rounds = len(runner.ready_ns)
+    assert rounds == worker.rounds >= 5
+    assert seconds["collect"] >= rounds * 0.004          # the held rounds are the executor's wait
+    assert sum(seconds.values()) <= elapsed_s            # phases partition the worker's busy time
+
+
 # ---- MET-2: what /metrics covers -----------------------------------------------------------
 
 def test_metrics_cover_lifecycle_launches_prefix_snapshots_and_capacity():

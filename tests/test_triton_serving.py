@@ -80,6 +80,9 @@ def test_32_concurrent_streams_match_one_at_a_time(server: TritonServer, tokeniz
     assert len({tuple(a.tokens) for a in alone}) > 1          # distinct prompts, distinct answers
     assert wait_metric(server, "flare_requests_running", 0) == 0
     assert wait_for_metric(server, "flare_second_frame_rounds_total", lambda v: v > 0) > 0   # both frames used
+    # the worker's time by phase reaches Triton's endpoint: the executor's wait, the completions
+    assert wait_for_metric(server, "flare_worker_seconds_total", lambda v: v > 0, phase="collect") > 0
+    assert wait_for_metric(server, "flare_worker_seconds_total", lambda v: v > 0, phase="complete") > 0
 
 
 def test_shared_prefix_is_reused_and_reported(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: CACHE-9, OBS-18

@@ -33,8 +33,9 @@ from helios_backend.scheduler.plan import RoundPlan
 from helios_backend.scheduler.request import Grammar, RequestSpec
 from helios_backend.scheduler.scheduler import Event, Scheduler, Terminal
 from helios_backend.scheduler.completion import CompletionRows
-from helios_backend.engine.metrics import REJECTION_LABEL, MetricsQueue, Op, update
+from helios_backend.engine.metrics import REJECTION_LABEL, MetricsQueue, Op, Update, update
 from helios_backend.engine.round_metrics import RoundMetrics
+from helios_backend.engine.worker_clock import Phase, WorkerClock
 
 log = logging.getLogger("helios.worker")
 IDLE_WAIT_S = 0.05
@@ -102,6 +103,7 @@ class EngineLoop:
         self._sink = sink
         self._metrics = metrics
         self._round_metrics = RoundMetrics(scheduler)
+        self._clock = WorkerClock()        # the worker's time by phase (worker_clock.py)
         self._next_metrics = 0.0
         self._inbox: "queue.SimpleQueue[_Submit | _Cancel | _Stop]" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="helios-worker", daemon=True)
@@ -182,42 +184,53 @@ class EngineLoop:
                 self._closed = True           # enqueue refuses from now on: nothing lands in a dead inbox
             self._refuse_inbox()
             self._sink.deliver(self._scheduler.fail_all(death or self._stop_reason))
-            self._metrics.push(self._round_metrics.collect())
+            self._metrics.push(self._collect_metrics())
         if death is not None:
             self._on_death(death)
 
     def _loop(self) -> None:
         s = self._scheduler
+        clock = self._clock
         inflight: deque[RoundPlan] = deque()     # submitted rounds, oldest first (at most two)
         while True:
             self._take_inbox(block=not s.has_work() and not inflight)
+            clock.start()
             if not inflight:
                 if self._stopping is not None and (not self._stopping.drain or not s.has_work()):
                     return
                 try:
                     plan = s.schedule()
+                    clock.lap(Phase.SCHEDULE)
                 except Exception as exc:
                     log.exception("scheduling failed; failing every request")
                     self._sink.deliver(s.take_events() + s.fail_all(f"scheduling failed: {exc}"))
                     continue
                 if plan is None:
                     self._sink.deliver(s.take_events())
-                    self._metrics.push(self._round_metrics.collect())
+                    clock.lap(Phase.DELIVER)
+                    self._metrics.push(self._collect_metrics())
                     self._take_inbox(block=True, timeout=IDLE_WAIT_S)
                     continue
-                if self._submit(plan):
+                submitted = self._submit(plan)
+                clock.lap(Phase.LAUNCH)
+                if submitted:
                     inflight.append(plan)
                 else:
                     continue
             if self._two_frames and len(inflight) == 1 and self._stopping is None:
                 # the second execution frame: the same decode lanes, before round N completes
                 nxt = s.pipeline_next(inflight[0])
-                if nxt is not None and self._submit(nxt):
-                    inflight.append(nxt)
+                clock.lap(Phase.SCHEDULE)
+                if nxt is not None:
+                    if self._submit(nxt):
+                        inflight.append(nxt)
+                    clock.lap(Phase.LAUNCH)
             plan = inflight.popleft()
             try:
                 rows = self._collect(plan)
+                clock.lap(Phase.COLLECT)
                 s.complete(plan, rows)
+                clock.lap(Phase.COMPLETE)
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 log.error("round failed (%s lanes): %s", len(plan.main.lanes), message)
@@ -235,12 +248,16 @@ class EngineLoop:
                     return                        # _main's finally fails every other request
             self.rounds += 1
             self._sink.deliver(s.take_events())
+            clock.lap(Phase.DELIVER)
             now = time.monotonic()
             if now >= self._next_metrics:
                 # the metrics thread applies updates every FLUSH_S: a collection per round
                 # (~30 counter and gauge reads) would be work nobody sees; idle always collects
                 self._next_metrics = now + ROUND_METRICS_S
-                self._metrics.push(self._round_metrics.collect())
+                self._metrics.push(self._collect_metrics())
+
+    def _collect_metrics(self) -> list[Update]:
+        return self._round_metrics.collect() + self._clock.updates()
 
     def _submit(self, plan: RoundPlan) -> bool:
         """Launch a round (on the next frame); a failure fails its lanes at once."""

@@ -69,6 +69,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("flare_channel_responses_total", Kind.COUNTER, "Responses sent on channels (docs/transport.md)"),
     Family("flare_channel_outputs_total", Kind.COUNTER,
            "Request outputs those responses carried (outputs / responses = requests per message)"),
+    Family("flare_worker_seconds_total", Kind.COUNTER,
+           "Scheduler worker time by phase: schedule, launch, collect (waiting for the executor), complete, deliver",
+           ("phase",)),
     Family("flare_time_to_first_token_seconds", Kind.HISTOGRAM, "Backend receipt to first validated token"),
     Family("flare_e2e_request_latency_seconds", Kind.HISTOGRAM, "Backend receipt to the terminal event"),
     Family("flare_request_queue_time_seconds", Kind.HISTOGRAM,
@@ -93,6 +96,9 @@ class Op(enum.Enum):
     SET = "set"        # gauges
     OBSERVE = "observe"  # histograms
 
+
+# flare_worker_seconds_total's phases, in the worker's order (worker_clock.Phase)
+WORKER_PHASES = ("schedule", "launch", "collect", "complete", "deliver")
 
 Update = tuple[str, tuple[tuple[str, str], ...], Op, float]
 MetricKey = tuple[str, tuple[tuple[str, str], ...]]          # (family name, label pairs)
@@ -123,7 +129,8 @@ def label_sets(family: Family) -> list[dict[str, str]]:
     if label == "reason":
         reasons = FINISH_LABEL.items() if "finished" in family.name else REJECTION_LABEL.items()
         return [{label: v} for k, v in reasons if k]
-    values = {"operation": [v for k, v in OPERATION_LABEL.items() if k], "state": list(PAGE_STATES)}
+    values = {"operation": [v for k, v in OPERATION_LABEL.items() if k], "state": list(PAGE_STATES),
+              "phase": list(WORKER_PHASES)}
     return [{label: v} for v in values[label]]
 
 
