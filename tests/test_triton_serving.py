@@ -15,7 +15,7 @@ import pytest
 from helios_proto import transport_pb2 as tp
 
 from helios_backend.frontend.tokenizer import FrontendTokenizer
-from helios_backend.engine.metrics import FLUSH_S
+from helios_backend.engine.metrics import FAMILY, FLUSH_S, label_sets
 from tests import helios_client as hc
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
 from tests.triton_server import TritonServer, metric_value, model_repository, wait_for_metric
@@ -183,13 +183,24 @@ def test_paused_reader_loses_nothing_and_does_not_stall(server: TritonServer,
 
 
 def test_metric_labels_carry_no_request_data(server: TritonServer) -> None:  # spec: MET-3, MET-4, MET-5
+    # Every flare_ sample's labels, beyond Triton's model/version and a histogram's le, must be one of
+    # the bounded enumerations its family declares: a request id, prompt text or token id cannot be.
     text = server.metrics()
-    allowed = {"model", "version", "reason", "operation", "state", "le"}
+    sample = re.compile(r'^(flare_\w+)\{([^}]*)\}')
+    seen = 0
     for line in text.splitlines():
-        if line.startswith("flare_") and "{" in line:
-            labels = line[line.index("{") + 1:line.index("}")]
-            keys = {pair.split("=")[0] for pair in labels.split(",") if pair}
-            assert keys <= allowed, line
+        match = sample.match(line)
+        if not match:
+            continue
+        name = re.sub(r"_(bucket|count|sum)$", "", match.group(1))
+        family = FAMILY.get(name) or FAMILY[match.group(1)]
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        assert labels.pop("model") == "helios", line
+        for triton_label in ("version", "le"):
+            labels.pop(triton_label, None)
+        assert labels in label_sets(family), line
+        seen += 1
+    assert seen > 0
     for family in ("flare_graph_launches_total", "flare_cache_pages_capacity", "flare_snapshots_published_total",
                    "flare_mixed_grammar_decode_steps_total", "flare_constrained_max_inflight",
                    "flare_time_to_first_token_seconds_count", "flare_e2e_request_latency_seconds_count"):
