@@ -25,7 +25,9 @@ tests/test_packing_equivalence.py compares them over random lanes).
 Page tables (BND-33/34): each frame remembers, per physical slot, the generation and the
 number of page-table entries already written into that frame (`_PageMemory`, arrays over the
 slots); a step writes only the new entries. A different generation on the slot forgets the
-remembered length and rewrites.
+remembered length and rewrites. Row destinations that only per-lane values reach (grammar
+masks, logit biases) remember how many leading rows already hold the padding
+(`_PaddingMemory`): a round in which no lane has a mask or a bias writes nothing there.
 
 SlotInitialization histograms (BND-32) are built once per request from its prompt (`SlotInitialization.for_prompt`)
 and travel only in the INITIALIZATION program.
@@ -262,6 +264,17 @@ class _PageMemory:
             self.written[slot] = 0
 
 
+class _PaddingMemory:
+    """How many leading rows of one frame's row-mode destination are known to hold the padding.
+    Only for destinations that no other writer touches (every binding of them packs per-lane
+    values by row, with one padding): a 128-row grammar mask is 786 KB, and rewriting its
+    padding every decode round took a third of the packing time (bench/packing.py), for rounds
+    where no lane has a mask."""
+
+    def __init__(self) -> None:
+        self.clean = 0                                 # rows [0, clean) hold the padding
+
+
 class Target:
     """A resolved destination inside one frame.
 
@@ -274,6 +287,7 @@ class Target:
                  memory: Optional[_PageMemory] = None) -> None:
         self.view, self.width, self.rows, self.binding = view, width, rows, binding
         self._memory = memory
+        self.padding: Optional[_PaddingMemory] = None   # None: pad every time
         self._table = view[:rows * width].reshape(rows, width) if binding.index in _ROW_MODES else None
         self.offset = int(binding.offset)              # a Python int: numpy keeps the values' dtype
         self.pad = np.array(binding.padding).astype(view.dtype)
@@ -338,9 +352,15 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
 
 
 def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
-    n, table = step.count, target.table
+    n, table, memory = step.count, target.table, target.padding
     values = step.values(source)
     present = [r for r, value in enumerate(values) if value is not None]
+    if not present and memory is not None:
+        end = target.rows if pad_tail else n          # rows [0, end) must read the padding
+        if memory.clean < end:
+            table[memory.clean:end] = target.pad
+            memory.clean = end
+        return
     if not present:
         table[:n] = target.pad
     elif len(present) < n:
@@ -349,6 +369,8 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         _put(table[r], values[r], target)
     if pad_tail and n < target.rows:
         table[n:] = target.pad
+    if memory is not None and present:
+        memory.clean = min(memory.clean, present[0])  # rows before the first lane with values
 
 
 def _integer_tokens(target: Target, step: _Step, source: int) -> None:
@@ -480,6 +502,18 @@ def logit_bias_capacity(graphs: Sequence[C.GraphContract], transport: M.Transpor
     return capacity or 0
 
 
+def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
+    """Destinations whose padding the packer may remember (_PaddingMemory): every binding of
+    them, in every graph packed, writes per-lane values by row with the same padding."""
+    bindings: dict[str, list[C.ValueBinding]] = {}
+    for graph in graphs:
+        for b in graph.bindings:
+            bindings.setdefault(b.destination, []).append(b)
+    return frozenset(name for name, bs in bindings.items()
+                     if all(b.index in _ROW_MODES and b.source in LANE_SOURCES and b.source not in INTEGER_SOURCES
+                            for b in bs) and len({b.padding for b in bs}) == 1)
+
+
 class Packer:
     """Writes the selected graphs' bindings into staging frames; one instance per model."""
 
@@ -503,6 +537,8 @@ class Packer:
         # writes[frame][program]: (target, write) per binding, in binding order, built once
         self._writes: list[dict[str, tuple[tuple[Target, Write], ...]]] = [dict() for _ in frames]
         page_memory: list[dict[str, _PageMemory]] = [dict() for _ in frames]
+        remembered = _padding_remembered(graphs)
+        padding_memory: list[dict[str, _PaddingMemory]] = [dict() for _ in frames]
         for graph in graphs:
             plans: list[list[tuple[Target, Write]]] = [[] for _ in frames]
             for index, b in enumerate(graph.bindings):
@@ -531,7 +567,10 @@ class Packer:
                     memory = None
                     if b.index == C.INDEX_MODE_PHYSICAL_ROW:
                         memory = page_memory[f].setdefault(d.name, _PageMemory(request_slots))
-                    plans[f].append((Target(view, width, graph.capacity.rows, b, memory), write))
+                    target = Target(view, width, graph.capacity.rows, b, memory)
+                    if d.name in remembered:
+                        target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory())
+                    plans[f].append((target, write))
             for f, plan in enumerate(plans):
                 self._writes[f][graph.program] = tuple(plan)
         self._page_memory = [memory for frame_memory in page_memory for memory in frame_memory.values()]
