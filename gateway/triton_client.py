@@ -26,8 +26,10 @@ import enum
 import itertools
 import logging
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import grpc
 import numpy as np
@@ -87,7 +89,7 @@ def _parameters_input(params: tp.RequestParameters) -> InferInput:
 
 
 def _infer_request(model_name: str, request_id: str, params: tp.RequestParameters,
-                   prompt: Sequence[int] | None = None, output: str | None = None) -> service_pb2.ModelInferRequest:
+                   prompt: Sequence[int] | np.ndarray | None = None, output: str | None = None) -> service_pb2.ModelInferRequest:
     """A raw ModelInferRequest (the channel path skips tritonclient's per-message wrappers)."""
     request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
     payload = params.SerializeToString()
@@ -160,16 +162,82 @@ class ChannelGeneration:
             if not isinstance(event, TokenBatch):
                 return
 
-    def request_message(self, model_name: str, channel_id: str) -> service_pb2.ModelInferRequest:
-        self._request.channel, self._request.tag = channel_id, self.tag
-        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate=self._request)
-        return _infer_request(model_name, self._request_id, params, self._prompt)
+    def add_to(self, batch: tp.GenerateBatch, prompts: list[Sequence[int]]) -> None:
+        """This generation as the next request of `batch` (its prompt goes to `prompts`)."""
+        self._request.tag = self.tag
+        batch.requests.append(self._request)
+        batch.prompt_lengths.append(len(self._prompt))
+        prompts.append(self._prompt)
 
     def cancel(self) -> None:
         """Cancel the backend request unless it already ended (idempotent)."""
         if not self._ended:
             self._ended = True
             self._mux.cancel(self)
+
+
+# the most generations one GenerateBatch carries (a wave larger than this takes several)
+BATCH_LIMIT = 256
+# None ends the stream
+OutboxItem: TypeAlias = "ChannelGeneration | service_pb2.ModelInferRequest | None"
+
+
+class Outbox:
+    """What the channel's stream still has to send, in submission order. Generations that wait
+    next to each other leave as one GenerateBatch request (BATCH_LIMIT at most): a wave of
+    arrivals costs the backend one Triton request instead of one each. Nothing waits to be
+    batched: the stream takes whatever is queued when it is ready for its next message."""
+
+    def __init__(self, model_name: str, channel_id: str) -> None:
+        self._model_name, self._channel_id = model_name, channel_id
+        self._items: deque[OutboxItem] = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, item: OutboxItem) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    async def messages(self) -> AsyncIterator[service_pb2.ModelInferRequest]:
+        items = self._items
+        while True:
+            while not items:
+                self._ready.clear()
+                await self._ready.wait()
+            item = items.popleft()
+            if item is None:
+                return
+            if not isinstance(item, ChannelGeneration):
+                yield item
+                continue
+            generations = [item]
+            while items and isinstance(items[0], ChannelGeneration) and len(generations) < BATCH_LIMIT:
+                generations.append(items.popleft())      # type: ignore[arg-type]  # checked just above
+            yield self._batch(generations)
+
+    def _batch(self, generations: list[ChannelGeneration]) -> service_pb2.ModelInferRequest:
+        batch = tp.GenerateBatch(channel=self._channel_id)
+        prompts: list[Sequence[int]] = []
+        for generation in generations:
+            generation.add_to(batch, prompts)
+        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate_batch=batch)
+        # the id names the batch's tags, which are consecutive: an in-band error fails them all
+        request_id = batch_request_id(generations[0].tag, generations[-1].tag)
+        ids = np.fromiter(itertools.chain.from_iterable(prompts), dtype="<i4",
+                          count=sum(batch.prompt_lengths))
+        return _infer_request(self._model_name, request_id, params, ids)
+
+
+def batch_request_id(first_tag: int, last_tag: int) -> str:
+    return f"batch-{first_tag}-{last_tag}"
+
+
+def batch_tags(request_id: str) -> range | None:
+    """The tags of the batch request `request_id` names (batch_request_id), or None."""
+    kind, _, span = request_id.partition("-")
+    first, _, last = span.partition("-")
+    if kind != "batch" or not first.isdigit() or not last.isdigit():
+        return None
+    return range(int(first), int(last) + 1)
 
 
 class ChannelMux:
@@ -179,7 +247,7 @@ class ChannelMux:
         self._url = url
         self._model_name = model_name
         self._grpc: grpc.aio.Channel | None = None
-        self._outbox: asyncio.Queue[service_pb2.ModelInferRequest | None] | None = None
+        self._outbox: Outbox | None = None
         self._reader: asyncio.Task[None] | None = None
         self._routes: dict[int, ChannelGeneration] = {}
         self._tags = itertools.count(1)
@@ -194,36 +262,27 @@ class ChannelMux:
         assert self._outbox is not None
         generation.tag = next(self._tags)
         self._routes[generation.tag] = generation
-        self._outbox.put_nowait(generation.request_message(self._model_name, self._channel_id))
+        self._outbox.put(generation)
 
     def cancel(self, generation: ChannelGeneration) -> None:
         if self._routes.pop(generation.tag, None) is None or self._outbox is None:
             return
         params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1,
                                       cancel=tp.CancelRequest(channel=self._channel_id, tags=[generation.tag]))
-        self._outbox.put_nowait(_infer_request(self._model_name, f"cancel-{generation.tag}", params))
+        self._outbox.put(_infer_request(self._model_name, f"cancel-{generation.tag}", params))
 
     async def _open(self) -> None:
         if self._grpc is None:
             self._grpc = grpc.aio.insecure_channel(self._url, options=_UNLIMITED)
         self._channel_id = uuid.uuid4().hex
         self._opened = False
-        outbox: asyncio.Queue[service_pb2.ModelInferRequest | None] = asyncio.Queue()
+        outbox = Outbox(self._model_name, self._channel_id)
         params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, channel=tp.ChannelRequest(id=self._channel_id))
-        outbox.put_nowait(_infer_request(self._model_name, self._channel_id, params, output=OUT_CHANNEL_BATCH))
+        outbox.put(_infer_request(self._model_name, self._channel_id, params, output=OUT_CHANNEL_BATCH))
         self._outbox = outbox
         stub = service_pb2_grpc.GRPCInferenceServiceStub(self._grpc)
-        call = stub.ModelStreamInfer(self._requests(outbox))
+        call = stub.ModelStreamInfer(outbox.messages())
         self._reader = asyncio.create_task(self._read(call, self._channel_id, outbox))
-
-    @staticmethod
-    async def _requests(outbox: asyncio.Queue[service_pb2.ModelInferRequest | None]
-                        ) -> AsyncIterator[service_pb2.ModelInferRequest]:
-        while True:
-            message = await outbox.get()
-            if message is None:
-                return
-            yield message
 
     @property
     def open_generations(self) -> int:
@@ -235,7 +294,7 @@ class ChannelMux:
         new channel. Returns how many generations were open."""
         routes, self._routes = self._routes, {}
         if self._outbox is not None:
-            self._outbox.put_nowait(None)
+            self._outbox.put(None)
         if self._reader is not None:
             self._reader.cancel()
         self._reader, self._outbox, self._channel_id = None, None, ""
@@ -243,19 +302,22 @@ class ChannelMux:
             generation.push(failure)
         return len(routes)
 
-    async def _read(self, call: object, channel_id: str,
-                    outbox: asyncio.Queue[service_pb2.ModelInferRequest | None]) -> None:
+    async def _read(self, call: object, channel_id: str, outbox: Outbox) -> None:
         failure = StreamFailure(StreamFailureKind.LOST, "the channel ended")
         try:
             async for response in call:  # type: ignore[attr-defined]
                 infer = response.infer_response
                 if response.error_message:
-                    # an in-band error names a request only by its id; the channel's own, or an
-                    # id we cannot route, leaves the channel unusable
-                    target = next((g for g in self._routes.values() if g._request_id == infer.id), None)
-                    if target is not None and infer.id != channel_id:
-                        self._routes.pop(target.tag, None)
-                        target.push(StreamFailure(StreamFailureKind.REFUSED, response.error_message))
+                    # an in-band error names a request only by its id: a batch's fails each of its
+                    # generations; the channel's own, or an id we cannot route, leaves the
+                    # channel unusable
+                    tags = batch_tags(infer.id)
+                    if tags is not None:
+                        refused = StreamFailure(StreamFailureKind.REFUSED, response.error_message)
+                        for tag in tags:
+                            target = self._routes.pop(tag, None)
+                            if target is not None:
+                                target.push(refused)
                         continue
                     kind = StreamFailureKind.IN_BAND_ERROR if self._opened else StreamFailureKind.REFUSED
                     failure = StreamFailure(kind, response.error_message)
@@ -280,7 +342,7 @@ class ChannelMux:
             routes: dict[int, ChannelGeneration] = {}
             if channel_id == self._channel_id:       # not abandoned: its generations are still routed
                 routes, self._routes = self._routes, {}
-            outbox.put_nowait(None)
+            outbox.put(None)
             for generation in routes.values():
                 generation.push(failure)
             if routes:
@@ -321,7 +383,7 @@ class ChannelMux:
 
     async def close(self) -> None:
         if self._outbox is not None:
-            self._outbox.put_nowait(None)
+            self._outbox.put(None)
         if self._reader is not None:
             self._reader.cancel()
             try:

@@ -90,8 +90,23 @@ def decode_parameters(raw: np.ndarray | None) -> tp.RequestParameters:
     if params.version != tp.TRANSPORT_VERSION_1:
         raise TransportError("parameters.version", f"unsupported transport version {params.version}")
     if params.WhichOneof("kind") is None:
-        raise TransportError("parameters.kind", "no request kind (generate, assets, channel or cancel)")
+        raise TransportError("parameters.kind",
+                             "no request kind (generate, generate_batch, assets, channel or cancel)")
     return params
+
+
+def batch_prompts(batch: tp.GenerateBatch, prompt: np.ndarray | None) -> list[np.ndarray]:
+    """Each request's prompt of a GenerateBatch: consecutive slices of the one prompt tensor."""
+    lengths = list(batch.prompt_lengths)
+    if len(lengths) != len(batch.requests):
+        raise TransportError("generate_batch.prompt_lengths",
+                             f"{len(lengths)} lengths for {len(batch.requests)} requests")
+    flat = np.zeros(0, np.int32) if prompt is None else np.asarray(prompt).reshape(-1)
+    if sum(lengths) != flat.size:
+        raise TransportError("generate_batch.prompt_lengths",
+                             f"the lengths add up to {sum(lengths)}, the prompt tensor holds {flat.size} ids")
+    ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    return [flat[end - n:end] for n, end in zip(lengths, ends)]
 
 
 SamplingField = Literal["temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -112,7 +127,7 @@ def request_spec(gen: tp.GenerateRequest, prompt: np.ndarray | None, defaults: S
         raise TransportError(IN_PROMPT, "a generate request needs prompt_token_ids")
     if gen.channel and gen.tag == 0:
         raise TransportError("tag", "a request on a channel needs a nonzero tag")
-    ids = tuple(int(t) for t in np.asarray(prompt).reshape(-1))
+    ids = tuple(np.asarray(prompt).reshape(-1).tolist())     # Python ints, one C call
     s, d = gen.sampling, defaults.sampling
 
     def pick(name: SamplingField) -> float:

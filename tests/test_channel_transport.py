@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.triton_client import ChannelMux, StreamFailure, StreamTerminal, TokenBatch, TritonBackend
+from gateway.triton_client import ChannelGeneration, ChannelMux, Outbox, StreamFailure, StreamTerminal, TokenBatch, TritonBackend
 from helios_proto import transport_pb2 as tp
 from tests import helios_client as hc
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
@@ -70,9 +70,11 @@ def test_many_requests_per_message_in_order(server: TritonServer) -> None:  # sp
     responses = _metric(server, "flare_channel_responses_total") - responses0
     outputs = _metric(server, "flare_channel_outputs_total") - outputs0
     assert outputs > responses > 0                 # messages carried several requests' output
-    # each generate request's flag-only FINAL (sent off execute(), triton/finals.py) completes it in Triton
-    assert wait_until(lambda: _metric(server, "nv_inference_request_success", model="helios") - completed0
-                      >= len(PROMPTS))
+    # the six generations, submitted together, went as one GenerateBatch: Triton saw one request
+    # for them (and at most the channel's own), each completed by its flag-only FINAL (sent off
+    # execute(), triton/finals.py)
+    assert wait_until(lambda: _metric(server, "nv_inference_request_success", model="helios") - completed0 >= 1)
+    assert _metric(server, "nv_inference_request_success", model="helios") - completed0 < len(PROMPTS)
 
 
 def test_cancel_by_tag_ends_only_that_request(server: TritonServer) -> None:  # spec: HTTP-6, HTTP-11, HTTP-21
@@ -144,3 +146,79 @@ def test_ids_only_and_logprob_outputs_share_the_channel(server: TritonServer,
         assert len(logprobs) == (len(expected) if i % 2 else 0)
         assert all(lp <= 0.0 for lp in logprobs)
     assert packed and max(packed) >= 2             # several ids-only requests in one batch's arrays
+
+
+def test_a_batch_whose_prompt_lengths_do_not_fit_fails_only_its_requests(
+        server: TritonServer, monkeypatch: pytest.MonkeyPatch) -> None:  # spec: HTTP-18, HTTP-21
+    build = Outbox._batch
+
+    def skewed(outbox: Outbox, generations: list[ChannelGeneration]):  # type: ignore[no-untyped-def]
+        message = build(outbox, generations)
+        params = tp.RequestParameters.FromString(message.raw_input_contents[0])
+        if generations[0]._request_id.startswith("bad"):
+            params.generate_batch.prompt_lengths[-1] += 1   # the lengths no longer add up to the tensor
+            payload = params.SerializeToString()
+            message.raw_input_contents[0] = payload
+            del message.inputs[0].shape[:]
+            message.inputs[0].shape.append(len(payload))
+        return message
+
+    monkeypatch.setattr(Outbox, "_batch", skewed)
+
+    async def scenario() -> tuple[list, list, tuple]:  # type: ignore[type-arg]
+        backend = TritonBackend(server.grpc_url)
+        try:
+            running = backend.generate(PROMPTS[0], hc.greedy(48), "running").events()
+            first = await running.__anext__()        # its batch went alone and it is decoding
+            assert isinstance(first, TokenBatch)
+            bad = await asyncio.gather(*(_collect(backend.generate(p, hc.greedy(8), f"bad{i}"))
+                                         for i, p in enumerate(PROMPTS[1:3])))
+            rest = [event async for event in running]
+            after = await _collect(backend.generate(PROMPTS[3], hc.greedy(8), "after"))
+            return bad, [first, *rest], after
+        finally:
+            await backend.close()
+
+    bad, running, after = asyncio.run(scenario())
+    for tokens, terminal in bad:
+        assert not tokens and terminal is not None and terminal.HasField("invalid")
+        assert terminal.invalid.field == "generate_batch.prompt_lengths"
+    # the request decoding beside them and the one after them are whole
+    tokens = [t for e in running if isinstance(e, TokenBatch) for t in e.token_ids.tolist()]
+    assert isinstance(running[-1], StreamTerminal) and running[-1].event.HasField("finished")
+    assert tokens == hc.run(hc.generate(server.grpc_url, PROMPTS[0], hc.greedy(48))).tokens
+    assert after[1] is not None and after[1].HasField("finished")
+    assert after[0] == hc.run(hc.generate(server.grpc_url, PROMPTS[3], hc.greedy(8))).tokens
+
+
+def test_a_wave_of_generations_travels_in_batches_in_order(server: TritonServer,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # spec: HTTP-9
+    # more generations than one batch holds, submitted at once, with cancels between them:
+    # each batch keeps its requests' order, a cancel ends exactly its own request
+    from gateway import triton_client
+
+    reference = {tuple(p): hc.run(hc.generate(server.grpc_url, p, hc.greedy(4))).tokens for p in PROMPTS}
+    completed0 = _metric(server, "nv_inference_request_success", model="helios")
+    monkeypatch.setattr(triton_client, "BATCH_LIMIT", 8)   # a wave within the backend's queue
+    count = 20
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(count)]
+
+    async def scenario() -> list[tuple[list[int], tp.TerminalEvent | None]]:
+        backend = TritonBackend(server.grpc_url)
+        try:
+            generations = [backend.generate(p, hc.greedy(4), f"w{i}") for i, p in enumerate(prompts)]
+            tasks = [asyncio.create_task(_collect(g)) for g in generations]
+            await asyncio.sleep(0)                   # every generation is submitted: all are queued
+            generations[5].cancel()                  # a cancel behind its batch, before it runs
+            tasks[5].cancel()                        # its reader went away (it gets no more events)
+            return await asyncio.gather(*tasks[:5], *tasks[6:])
+        finally:
+            await backend.close()
+
+    results = asyncio.run(scenario())
+    for (tokens, terminal), prompt in zip(results, prompts[:5] + prompts[6:]):
+        assert terminal is not None and terminal.HasField("finished"), terminal
+        assert tokens == reference[tuple(prompt)]
+    # 20 generations, 8 a batch at most: three batch requests (plus the cancel and the channel)
+    assert wait_until(lambda: _metric(server, "nv_inference_request_success", model="helios") - completed0 >= 3)
+    assert _metric(server, "nv_inference_request_success", model="helios") - completed0 <= 5

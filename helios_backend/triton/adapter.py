@@ -30,8 +30,8 @@ from helios_backend.triton.finals import FinalSender
 from helios_backend.triton.supervision import STUB_EXIT_ENGINE_FAILED
 from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
 from helios_backend.transport import (
-    IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, TransportError, decode_parameters, message_array,
-    request_spec)
+    IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, TransportError, batch_prompts, decode_parameters,
+    message_array, request_spec)
 
 log = logging.getLogger("helios.triton")
 
@@ -190,8 +190,12 @@ class TritonHeliosModel:
                 continue
             kind = params.WhichOneof("kind")
             if kind == "generate" and params.generate.channel:
-                self._generate_on_channel(runtime, serial, request, params.generate)
+                gen = params.generate
+                self._generate_on_channel(runtime, serial, gen.channel, gen, self._input(request, IN_PROMPT))
                 finals.close(sender)                 # its output goes by the channel
+            elif kind == "generate_batch":
+                self._generate_batch(runtime, serial, params.generate_batch, self._input(request, IN_PROMPT))
+                finals.close(sender)                 # one FINAL for the whole batch
             elif kind == "generate":
                 self._generate(runtime, serial, request, params.generate, sender)
             elif kind == "channel":
@@ -241,16 +245,34 @@ class TritonHeliosModel:
         own = self._sink(TritonSender(self._pb, sender, set(request.requested_output_names())), runtime)
         runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), grammar)
 
-    def _generate_on_channel(self, runtime: Runtime, serial: int, request: Any, gen: tp.GenerateRequest) -> None:
+    def _generate_batch(self, runtime: Runtime, serial: int, batch: tp.GenerateBatch,
+                        prompt: np.ndarray | None) -> None:
+        """Each request of the batch as if it had come alone, in order; a batch whose prompt
+        lengths do not fit its tensor ends every one of its requests with that InvalidRequest."""
+        problem: TransportError | None = None
+        try:
+            prompts: list[np.ndarray | None] = list(batch_prompts(batch, prompt))
+        except TransportError as exc:
+            prompts, problem = [None] * len(batch.requests), exc
+        for index, (gen, own) in enumerate(zip(batch.requests, prompts)):
+            # serials stay unique per request: the batch's own and then fresh ones
+            self._generate_on_channel(runtime, serial if index == 0 else next(self._serials), batch.channel,
+                                      gen, own, problem)
+
+    def _generate_on_channel(self, runtime: Runtime, serial: int, channel_id: str, gen: tp.GenerateRequest,
+                             prompt: np.ndarray | None, problem: TransportError | None = None) -> None:
         """Everything this request produces, invalid-request answers included, goes by its channel."""
         try:
-            channel = runtime.hub.channel(gen.channel)
+            channel = runtime.hub.channel(channel_id)
         except ChannelError as exc:
             log.warning("request %s names %s", gen.request_id, exc)
             return                                   # nobody reads a closed channel
+        gen.channel = channel_id
         stream: Stream | None = None
         try:
-            spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
+            if problem is not None:
+                raise problem
+            spec = request_spec(gen, prompt, runtime.spec_defaults)
             grammar: Any = runtime.grammar_session(gen.grammar)   # the runtime's own handle
             stream = self._stream(serial, spec, gen, channel=channel)
             runtime.add_request(spec, stream, grammar)
