@@ -1,10 +1,10 @@
 """The gateway's Triton client: generations multiplexed on one channel, typed events out.
 
 Generations travel on a channel (docs/transport.md): one long-lived gRPC stream per gateway
-process carries the channel request, every generate request (each tagged) and the cancels.
-The backend answers each generate request at once with a flag-only FINAL (which Triton does
-not forward) and sends the output of all of them as channel batches, one message per
-backend pass instead of one per request per token. The stream is read by one task that
+process carries the channel request, every generate request (each tagged; those queued next
+to each other leave as one GenerateBatch) and the cancels. The backend answers each batch at
+once with a flag-only FINAL (which Triton does not forward) and sends the output of all of
+them as channel batches, one message per backend pass instead of one per request per token. The stream is read by one task that
 routes each request's output, in order, to its generation; a client that goes away cancels
 exactly its own request with a CancelRequest naming its tag (HTTP-6). The assets request,
 asked once at startup, keeps a stream of its own.
@@ -162,12 +162,13 @@ class ChannelGeneration:
             if not isinstance(event, TokenBatch):
                 return
 
-    def add_to(self, batch: tp.GenerateBatch, prompts: list[Sequence[int]]) -> None:
-        """This generation as the next request of `batch` (its prompt goes to `prompts`)."""
+    def add_to(self, batch: tp.GenerateBatch) -> Sequence[int]:
+        """This generation as the next request of `batch`; returns its prompt, which the caller
+        appends to the batch's prompt tensor."""
         self._request.tag = self.tag
         batch.requests.append(self._request)
         batch.prompt_lengths.append(len(self._prompt))
-        prompts.append(self._prompt)
+        return self._prompt
 
     def cancel(self) -> None:
         """Cancel the backend request unless it already ended (idempotent)."""
@@ -216,9 +217,7 @@ class Outbox:
 
     def _batch(self, generations: list[ChannelGeneration]) -> service_pb2.ModelInferRequest:
         batch = tp.GenerateBatch(channel=self._channel_id)
-        prompts: list[Sequence[int]] = []
-        for generation in generations:
-            generation.add_to(batch, prompts)
+        prompts = [generation.add_to(batch) for generation in generations]
         params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate_batch=batch)
         # the id names the batch's tags, which are consecutive: an in-band error fails them all
         request_id = batch_request_id(generations[0].tag, generations[-1].tag)

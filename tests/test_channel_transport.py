@@ -222,3 +222,35 @@ def test_a_wave_of_generations_travels_in_batches_in_order(server: TritonServer,
     # 20 generations, 8 a batch at most: three batch requests (plus the cancel and the channel)
     assert wait_until(lambda: _metric(server, "nv_inference_request_success", model="helios") - completed0 >= 3)
     assert _metric(server, "nv_inference_request_success", model="helios") - completed0 <= 5
+
+
+def test_a_lone_generate_request_on_a_channel_is_a_batch_of_one(
+        server: TritonServer, monkeypatch: pytest.MonkeyPatch) -> None:  # spec: HTTP-18
+    # a direct client may send one GenerateRequest naming the channel instead of a batch:
+    # the same tokens come back, and one without a prompt gets InvalidRequest naming it
+    from gateway import triton_client
+
+    def lone(outbox: Outbox, generations: list[ChannelGeneration]):  # type: ignore[no-untyped-def]
+        (generation,) = generations                  # the scenario submits one at a time
+        request = tp.GenerateRequest()
+        request.CopyFrom(generation._request)
+        request.channel, request.tag = outbox._channel_id, generation.tag
+        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate=request)
+        prompt = None if generation._request_id == "no-prompt" else generation._prompt
+        return triton_client._infer_request(outbox._model_name, f"lone-{generation.tag}", params, prompt)
+
+    monkeypatch.setattr(Outbox, "_batch", lone)
+
+    async def scenario() -> tuple[tuple, tuple]:  # type: ignore[type-arg]
+        backend = TritonBackend(server.grpc_url)
+        try:
+            whole = await _collect(backend.generate(PROMPTS[2], hc.greedy(8), "whole"))
+            missing = await _collect(backend.generate(PROMPTS[3], hc.greedy(8), "no-prompt"))
+            return whole, missing
+        finally:
+            await backend.close()
+
+    (tokens, terminal), (none, invalid) = asyncio.run(scenario())
+    assert terminal is not None and terminal.HasField("finished")
+    assert tokens == hc.run(hc.generate(server.grpc_url, PROMPTS[2], hc.greedy(8))).tokens
+    assert not none and invalid is not None and invalid.invalid.field == "prompt_token_ids"

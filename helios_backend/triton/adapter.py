@@ -189,13 +189,12 @@ class TritonHeliosModel:
                 self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
                 continue
             kind = params.WhichOneof("kind")
-            if kind == "generate" and params.generate.channel:
-                gen = params.generate
-                self._generate_on_channel(runtime, serial, gen.channel, gen, self._input(request, IN_PROMPT))
-                finals.close(sender)                 # its output goes by the channel
-            elif kind == "generate_batch":
-                self._generate_batch(runtime, serial, params.generate_batch, self._input(request, IN_PROMPT))
-                finals.close(sender)                 # one FINAL for the whole batch
+            if kind == "generate_batch" or (kind == "generate" and params.generate.channel):
+                # a lone generate naming a channel is a batch of one
+                batch = (params.generate_batch if kind == "generate_batch" else
+                         tp.GenerateBatch(channel=params.generate.channel, requests=[params.generate]))
+                self._generate_on_channel(runtime, serial, batch, self._input(request, IN_PROMPT))
+                finals.close(sender)                 # one FINAL; the output goes by the channel
             elif kind == "generate":
                 self._generate(runtime, serial, request, params.generate, sender)
             elif kind == "channel":
@@ -245,29 +244,32 @@ class TritonHeliosModel:
         own = self._sink(TritonSender(self._pb, sender, set(request.requested_output_names())), runtime)
         runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), grammar)
 
-    def _generate_batch(self, runtime: Runtime, serial: int, batch: tp.GenerateBatch,
-                        prompt: np.ndarray | None) -> None:
-        """Each request of the batch as if it had come alone, in order; a batch whose prompt
-        lengths do not fit its tensor ends every one of its requests with that InvalidRequest."""
-        problem: TransportError | None = None
+    def _generate_on_channel(self, runtime: Runtime, serial: int, batch: tp.GenerateBatch,
+                             prompt: np.ndarray | None) -> None:
+        """Each request of the batch in order, as if it had come alone; everything a request
+        produces, its InvalidRequest included, goes by the batch's channel. Lengths that do not
+        fit the prompt tensor end every request of the batch with that InvalidRequest."""
         try:
-            prompts: list[np.ndarray | None] = list(batch_prompts(batch, prompt))
-        except TransportError as exc:
-            prompts, problem = [None] * len(batch.requests), exc
-        for index, (gen, own) in enumerate(zip(batch.requests, prompts)):
-            # serials stay unique per request: the batch's own and then fresh ones
-            self._generate_on_channel(runtime, serial if index == 0 else next(self._serials), batch.channel,
-                                      gen, own, problem)
-
-    def _generate_on_channel(self, runtime: Runtime, serial: int, channel_id: str, gen: tp.GenerateRequest,
-                             prompt: np.ndarray | None, problem: TransportError | None = None) -> None:
-        """Everything this request produces, invalid-request answers included, goes by its channel."""
-        try:
-            channel = runtime.hub.channel(channel_id)
+            channel = runtime.hub.channel(batch.channel)
         except ChannelError as exc:
-            log.warning("request %s names %s", gen.request_id, exc)
+            log.warning("%d requests name %s", len(batch.requests), exc)
             return                                   # nobody reads a closed channel
-        gen.channel = channel_id
+        problem: TransportError | None = None
+        if batch.prompt_lengths or len(batch.requests) != 1:
+            try:
+                prompts: list[np.ndarray | None] = list(batch_prompts(batch, prompt))
+            except TransportError as exc:
+                prompts, problem = [None] * len(batch.requests), exc
+        else:
+            prompts = [prompt]                       # a lone GenerateRequest: the whole tensor is its prompt
+        for index, (gen, own) in enumerate(zip(batch.requests, prompts)):
+            # serials stay unique per request: the Triton request's own, then fresh ones
+            self._submit_on_channel(runtime, serial if index == 0 else next(self._serials), channel, gen, own,
+                                    problem)
+
+    def _submit_on_channel(self, runtime: Runtime, serial: int, channel: Channel, gen: tp.GenerateRequest,
+                           prompt: np.ndarray | None, problem: TransportError | None) -> None:
+        gen.channel = channel.id
         stream: Stream | None = None
         try:
             if problem is not None:
