@@ -38,6 +38,7 @@ DONE = b"data: [DONE]\n\n"
 # stands for a text delta while a chunk template is encoded (never a real text: NUL bytes)
 _TEXT_SLOT = "\x00helios-text\x00"
 _TEXT_SLOT_JSON = json.dumps(_TEXT_SLOT).encode()
+_IDS_KEY = "\x00token_ids"     # the template key of the per-token ids chunk (no delta field has it)
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -75,9 +76,9 @@ class Presenter:
         self.states = [_ChoiceState() for _ in range(prepared.choice_count)]
         self._finished = 0
         self._first_chunk = True
-        # (choice index, delta key) -> the SSE bytes before and after the text of a chunk that
-        # carries one text delta and nothing else: the common chunk, encoded once per stream
-        self._text_templates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+        # (choice index, delta key or _IDS_KEY) -> the SSE bytes before and after the one value of
+        # a stream's common chunk (one text delta, or one token id): encoded once per stream
+        self._templates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
 
     # ---- shape hooks ---------------------------------------------------------------------
     def delta_payload(self, delta: Delta, state: _ChoiceState) -> dict[str, Any] | None:
@@ -211,14 +212,17 @@ class Presenter:
     def _stream_step(self, index: int, state: _ChoiceState, step: TokenStep) -> Iterator[bytes]:
         logprobs = self.logprobs_json([self._logprob_entry(step, state)]) if self.observation.logprobs else None
         if self.observation.token_ids:
-            meta = self.chunk_choice(index, {})
-            meta["token_ids"] = [step.token_id]
-            if self.observation.timestamps:
-                meta["token_timestamps_ns"] = [step.timestamp_ns]
-            if logprobs is not None:
-                meta["logprobs"] = logprobs
-                logprobs = None
-            yield self._chunk([meta])
+            if logprobs is None and not self.observation.timestamps and not self._first_chunk:
+                yield self._templated(index, _IDS_KEY, b"[%d]" % step.token_id)
+            else:
+                meta = self.chunk_choice(index, {})
+                meta["token_ids"] = [step.token_id]
+                if self.observation.timestamps:
+                    meta["token_timestamps_ns"] = [step.timestamp_ns]
+                if logprobs is not None:
+                    meta["logprobs"] = logprobs
+                    logprobs = None
+                yield self._chunk([meta])
         yield from self._stream_deltas(index, state, step.deltas, logprobs)
 
     def _stream_deltas(self, index: int, state: _ChoiceState, deltas: Sequence[Delta],
@@ -243,17 +247,28 @@ class Presenter:
             yield self._chunk([choice])
 
     def _text_chunk(self, index: int, key: str, text: str) -> bytes:
-        """What _chunk([chunk_choice(index, {key: text})]) gives after the first chunk, from
-        a template: json.dumps of the whole chunk per token was the gateway's largest
-        encoding cost, and only the text changes between a stream's chunks."""
-        template = self._text_templates.get((index, key))
+        """What _chunk([chunk_choice(index, {key: text})]) gives after the first chunk."""
+        return self._templated(index, key, json.dumps(text, ensure_ascii=False).encode())
+
+    def _templated(self, index: int, key: str, value_json: bytes) -> bytes:
+        """A stream's common chunk from its template, the JSON of its one changing value put
+        in the slot: json.dumps of the whole chunk per token was the gateway's largest
+        encoding cost, and only that value changes between a stream's chunks. `key` names the
+        delta field of a text chunk, or _IDS_KEY for an observed stream's per-token ids chunk
+        (its `delta` {} and `token_ids` [id], OBS-5)."""
+        template = self._templates.get((index, key))
         if template is None:
-            payload: dict[str, Any] = {**self.base, "choices": [self.chunk_choice(index, {key: _TEXT_SLOT})]}
+            if key == _IDS_KEY:
+                choice = self.chunk_choice(index, {})
+                choice["token_ids"] = _TEXT_SLOT
+            else:
+                choice = self.chunk_choice(index, {key: _TEXT_SLOT})
+            payload: dict[str, Any] = {**self.base, "choices": [choice]}
             if self.observation.include_usage:
                 payload["usage"] = None
             before, after = sse(payload).split(_TEXT_SLOT_JSON)
-            template = self._text_templates[(index, key)] = (before, after)
-        return template[0] + json.dumps(text, ensure_ascii=False).encode() + template[1]
+            template = self._templates[(index, key)] = (before, after)
+        return template[0] + value_json + template[1]
 
     def _terminal_chunk(self, index: int, state: _ChoiceState, finish_reason: str) -> bytes:
         top: dict[str, Any] = {}

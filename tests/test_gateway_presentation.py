@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import AdmissionRejectedError, ExecutionFailedError, InvalidRequestError
 from gateway.generation import ChoiceFailed, ChoiceTranslator
-from gateway.output_pipeline import OutputPipeline, PlainTextParser
+from gateway.output_pipeline import OutputPipeline, PlainTextParser, TokenStep
 from gateway.preparation import PreparedRequest, prepare_chat, prepare_completion
 from gateway.presentation import ChatPresenter, CompletionPresenter, Presenter
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
@@ -405,6 +405,34 @@ def test_text_chunk_template_equals_the_generic_chunk(served: ServedModel, text:
         assert got == presenter._chunk([presenter.chunk_choice(index, {key: text})])
         assert json.loads(got[len(b"data: "):])["choices"][0]["delta" if key == "content" else "text"] == \
             ({key: text} if key == "content" else text)
+
+
+# spec: OBS-5, OBS-25
+@settings(max_examples=40, deadline=None)
+@given(token_id=st.integers(0, 49151), include_usage=st.booleans(), index=st.integers(0, 2),
+       completion=st.booleans())
+def test_token_ids_chunk_template_equals_the_generic_chunk(served: ServedModel, token_id: int, include_usage: bool,
+                                                           index: int, completion: bool) -> None:
+    """An observed stream's per-token ids chunk from its template is the bytes _chunk encodes
+    for {delta: {}, token_ids: [id]}, with and without usage: null, chat and text completions."""
+    fields: dict[str, Any] = {"stream": True, "n": 3, "return_token_ids": True}
+    if include_usage:
+        fields["stream_options"] = {"include_usage": True}
+    if completion:
+        body = {"model": "test-model", "prompt": "hi", **fields}
+        presenter: Presenter = CompletionPresenter(prepare_completion(CompletionRequest.model_validate(body), served,
+                                                                      ingress_ns=10), "test-model", served.tokenizer)
+    else:
+        presenter = ChatPresenter(chat(served, **fields), "test-model", served.tokenizer)
+    b"".join(presenter.opening())
+    presenter._first_chunk = False
+    step = TokenStep(token_id, None, None, (), ())
+    for _ in range(2):   # the template's first use builds it, the second reads it back
+        got = b"".join(presenter._stream_step(index, presenter.states[index], step))
+        generic = presenter.chunk_choice(index, {})
+        generic["token_ids"] = [token_id]
+        assert got == presenter._chunk([generic])
+        assert json.loads(got[len(b"data: "):])["choices"][0]["token_ids"] == [token_id]
 
 
 # spec: HTTP-8
