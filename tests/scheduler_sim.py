@@ -54,15 +54,18 @@ def reference_tokens(prompt: list[int], n: int, vocab: int, eos: tuple[int, ...]
 
 
 def variants(rows: tuple[int, ...] = (1, 2, 4, 8), tokens: tuple[int, ...] = (16, 64),
-             mixed: bool = True, restoration: bool = True, initialization: bool = False) -> list[Variant]:
+             mixed: bool = True, restoration: bool = True, initialization: bool = False,
+             mixed_host_fed: int = -1, initialization_rows: tuple[int, ...] | None = None) -> list[Variant]:
     vs = [Variant(cp.OPERATION_DECODE, f"decode_b{b}", b, b) for b in rows]
     vs += [Variant(cp.OPERATION_PREFILL, f"prefill_b{b}_t{t}", b, t) for b in rows for t in tokens]
     if mixed:
-        vs += [Variant(cp.OPERATION_MIXED, f"mixed_b{b}_t{t}", b, t) for b in rows for t in tokens]
+        # mixed_host_fed: prefill rows a MIXED program takes (-1: one, it binds a mixed prefill row)
+        vs += [Variant(cp.OPERATION_MIXED, f"mixed_b{b}_t{t}", b, t, min(mixed_host_fed, b) if mixed_host_fed > 0 else -1)
+               for b in rows for t in tokens]
     if restoration:
         vs += [Variant(cp.OPERATION_RESTORATION, f"restore_b{b}", b, 0) for b in rows]
     if initialization:
-        vs += [Variant(cp.OPERATION_INITIALIZATION, f"init_b{b}", b, 0) for b in rows]
+        vs += [Variant(cp.OPERATION_INITIALIZATION, f"init_b{b}", b, 0) for b in initialization_rows or rows]
     return vs
 
 
@@ -127,14 +130,17 @@ class SimulatedEngine:
         words[:len(HEADER_FIELDS)] = (sub.sequence, len(sub.lanes), sub.operation, sub.variant.rows, sub.frame)
         pool = self.scheduler.pool
         # the recorded programs' input rules (ignition/preparation/contract.py): DECODE reads
-        # every row's pending token, PREFILL none, MIXED all but its one prefill row
+        # every row's pending token, PREFILL none, MIXED all but its prefill rows (as many as
+        # the variant takes: one where it binds a mixed prefill row) and at least one pending
         host_fed = [lane for lane in sub.lanes if PENDING_TOKEN not in lane.tokens]
         if sub.operation == cp.OPERATION_DECODE:
             assert not host_fed, "DECODE rows read the device-owned pending token"
         elif sub.operation == cp.OPERATION_PREFILL:
             assert len(host_fed) == len(sub.lanes), "PREFILL reads host tokens only"
         elif sub.operation == cp.OPERATION_MIXED:
-            assert len(host_fed) == 1, "MIXED has exactly one prefill row"
+            limit = sub.variant.host_fed_rows          # resolved by VariantTable
+            assert 1 <= len(host_fed) <= limit, f"MIXED takes {limit} prefill rows, got {len(host_fed)}"
+            assert len(host_fed) < len(sub.lanes), "MIXED has a pending-token lane"
         for i, lane in enumerate(sub.lanes):
             row = np.zeros(len(ROW_FIELDS), dtype=np.int32)
             row[:] = (lane.slot, lane.generation, -1, lane.end, 0, 0, -1, -1, 0)

@@ -366,6 +366,21 @@ def test_select_input_takes_prompt_tokens_for_the_prefill_row_only(runner,
     assert (out["ids"][6:] == -5).all()                  # past the live tokens: untouched
 
 
+def test_select_input_by_token_takes_every_host_fed_row(runner):  # spec: BND-6, STA-4
+    # rows 1 and 3 are prompts (host tokens), rows 0 and 2 read their slot's pending token (-1)
+    query_length, tokens = [1, 3, 1, 2], 10
+    prompt = np.full(tokens, -1, np.int32)
+    prompt[1:4] = [101, 102, 103]
+    prompt[5:7] = [105, 106]
+    out = check_against_reference(runner, "tokens.select_input.v2", {
+        "ids": np.full(tokens, -5, np.int32), "prompt_tokens": prompt,
+        "pending": np.array([7, 8, 9, 10], np.int32),
+        "row_slot": np.array([3, 0, 2, 1], np.int32),
+        "geometry": step_geometry(query_length, tokens)}, {"rows": 4, "tokens": tokens})
+    assert out["ids"][:7].tolist() == [10, 101, 102, 103, 9, 105, 106]
+    assert (out["ids"][7:] == -5).all()                  # past the live tokens: untouched
+
+
 @pytest.mark.parametrize("dim", [208, 576])       # one and three 256-wide dim tiles
 def test_embedding_gather(runner, dim):
     vocab, tokens = 50, 20

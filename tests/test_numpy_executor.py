@@ -181,6 +181,44 @@ def test_mixed_step_equals_separate_prefill_and_decode(smollm2_model):
     assert int(rows[0][3]) == len(PROMPT) + 1 and int(rows[1][3]) == 9          # consumed endpoints
 
 
+def test_mixed_step_takes_several_prompts_beside_a_decode_lane(smollm2_model):  # spec: BND-6, STA-4
+    # a MIXED program without a mixed prefill row feeds every row whose prompt tokens are given:
+    # one decode row and two prefill rows give the tokens of separate steps
+    third = SECOND_PROMPT[:6]
+    separate = LockstepGenerator(smollm2_model)
+    a, b, c = separate.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4),
+                              GenerationRequest(third, 4)], [0, 1, 2])
+    separate.prefill(a)
+    separate.decode_round([a])
+    separate.prefill(b)
+    separate.prefill(c)
+    expected = (a.result.tokens[-1], b.result.tokens[-1], c.result.tokens[-1])
+
+    prepared = prepared_in_memory(mixed_variants=((4, 24),))
+    mixed = [g for g in prepared.contract.model.graphs if g.operation == C.OPERATION_MIXED]
+    assert mixed and all(b.source != C.VALUE_SOURCE_MIXED_PREFILL_ROW for g in mixed for b in g.bindings)
+    model = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
+                             ModelOptions(cache_pages=32, concurrency=4))
+    try:
+        driver = LockstepGenerator(model)
+        a2, b2, c2 = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4),
+                                   GenerationRequest(third, 4)], [0, 1, 2])
+        driver.prefill(a2)
+        driver._ensure_pages(a2, a2.consumed + 1)
+        driver._ensure_pages(b2, 9)
+        driver._ensure_pages(c2, len(third))
+        lanes = [PackedLane(slot=1, generation=b2.generation, consumed=0,
+                            tokens=np.asarray(SECOND_PROMPT[:9], np.int32), pages=list(b2.pages)),
+                 PackedLane(slot=0, generation=a2.generation, consumed=a2.consumed, pages=list(a2.pages)),
+                 PackedLane(slot=2, generation=c2.generation, consumed=0, tokens=np.asarray(third, np.int32),
+                            pages=list(c2.pages))]
+        rows = driver.step(model.program(C.OPERATION_MIXED, 4, 24), lanes)
+        assert (int(rows[1][2]), int(rows[0][2]), int(rows[2][2])) == expected
+        assert [int(rows[i][3]) for i in range(3)] == [9, len(PROMPT) + 1, len(third)]   # consumed endpoints
+    finally:
+        model.close()
+
+
 def test_completion_records_follow_the_spec(smollm2_model):
     # spec: STA-4, BND-20 (sampled ids in the vocabulary, reserved model field -1, no draft cursor)
     driver = LockstepGenerator(smollm2_model)

@@ -45,9 +45,9 @@ def test_packed_tokens_follow_each_lanes_actual_count(setup):
     lanes = [PackedLane(slot=0, generation=1, consumed=9, pages=[1]),                       # device pending token
              PackedLane(slot=1, generation=1, consumed=0, tokens=np.array([5, 6, 7, 8], np.int32), pages=[2])]
     packer.pack("mixed.r2.t17", 1, lanes)
+    # the pending lane's token is the padding (-1): what tokens.select_input.v2 tells host-fed rows by
     assert view(1, "prompt_tokens")[:5].tolist() == [-1, 5, 6, 7, 8]
     assert view(1, "positions")[:5].tolist() == [9, 0, 1, 2, 3]
-    assert view(1, "prefill_row")[0] == 1                                             # MIXED_PREFILL_ROW
     packer.pack("decode.r2.t2", 1, lanes[:1])
     assert view(1, "prefill_row")[0] == -1                                            # CONSTANT binding
 

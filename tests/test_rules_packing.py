@@ -58,7 +58,13 @@ def test_lane_geometry_sources_are_packed_per_lane(prepared):
     # spec: BND-6
     manifest = prepared.manifest
     frames = _frames(manifest)
-    packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
+    # a MIXED program binding the mixed prefill row (cores before select_input.v2 bind it: one
+    # host-fed row); this recipe's MIXED tells its host-fed rows by their prompt tokens instead
+    mixed = _graph(prepared, "mixed.r2.t17")
+    assert all(b.source != C.VALUE_SOURCE_MIXED_PREFILL_ROW for b in mixed.bindings)
+    mixed.bindings.add(destination="prefill_row", source=C.VALUE_SOURCE_MIXED_PREFILL_ROW,
+                       index=C.INDEX_MODE_SCALAR, padding=-1)
+    packer = Packer(_all_with(prepared, mixed), manifest.transport, manifest.request_slots, frames)
     lanes = [PackedLane(slot=3, generation=9, consumed=12, pages=[1]),                                  # decode lane
              PackedLane(slot=1, generation=4, consumed=16, tokens=np.array([7, 8, 9], np.int32), sample=False, pages=[2, 5])]
     packer.pack("mixed.r2.t17", 0, lanes)

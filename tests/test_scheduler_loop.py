@@ -412,11 +412,12 @@ def test_no_second_frame_with_host_stops_or_grammar() -> None:  # spec: STOP-17,
 
 
 def _burst_behind_decoding(burst: int, seed: int, arrivals: int, long_limit: int,
-                           short_limit: int) -> list[tuple[int, int, int]]:
+                           short_limit: int, mixed_host_fed: int = -1,
+                           prompt_tokens: int = 6, **variant_kw: object) -> list[tuple[int, int, int]]:
     """Two requests decode on two frames; `arrivals` more arrive together at the fifth pass.
     Every output must equal completion feedback's; returns the second frames (`behind`)."""
-    sched, engine = make(slots=8, initialization=True, burst=burst)
-    prompts = {i: prompt_of(seed + i, 6 + i % 3) for i in range(2 + arrivals)}
+    sched, engine = make(slots=8, initialization=True, burst=burst, mixed_host_fed=mixed_host_fed, **variant_kw)
+    prompts = {i: prompt_of(seed + i, prompt_tokens + i % 3) for i in range(2 + arrivals)}
     limits = {i: long_limit if i < 2 else short_limit for i in prompts}
     for i in range(2):
         sched.add(i, spec(prompts[i], max_tokens=limits[i]))
@@ -453,6 +454,58 @@ def test_arrivals_below_the_admission_burst_are_admitted_one_a_round_beside_the_
     assert cp.OPERATION_PREFILL in {op for _, op, _ in at}
     with pytest.raises(ValueError, match="admission_burst"):
         make(burst=1)
+
+
+def test_a_mixed_program_of_several_prefill_rows_admits_a_burst_beside_the_decode_lanes() -> None:  # spec: SPEC-43, SPEC-44, HTTP-20
+    # a MIXED program that takes several host-fed lanes (no mixed prefill row bound) admits a
+    # burst of short prompts in rounds behind the decode round in flight: no round of prompts
+    # only, the decoding requests advance every round, every output equals feedback's
+    behind = _burst_behind_decoding(burst=2, seed=60, arrivals=5, long_limit=20, short_limit=7, mixed_host_fed=8)
+    assert cp.OPERATION_PREFILL not in {op for _, op, _ in behind}
+    assert any(op == cp.OPERATION_MIXED and lanes >= 4 for _, op, lanes in behind)   # 2 decoding + several prompts
+    # prompts longer than any MIXED round's spare tokens still get rounds of prompts only
+    long = _burst_behind_decoding(burst=2, seed=60, arrivals=4, long_limit=20, short_limit=7, mixed_host_fed=8,
+                                  prompt_tokens=70)
+    assert cp.OPERATION_PREFILL in {op for _, op, _ in long}
+
+
+def test_a_mixed_round_admits_no_more_prompts_than_an_initialization_variant_holds() -> None:  # spec: SPEC-43, HTTP-20
+    # tiny prompts: a MIXED round's spare tokens would take six of them, but each admitted lane
+    # is initialized before the round by one INITIALIZATION submission of at most two rows
+    sched, engine = make(slots=8, initialization=True, mixed_host_fed=8, initialization_rows=(1, 2))
+    prompts = {i: prompt_of(70 + i, 2) for i in range(8)}
+    for i in range(2):
+        sched.add(i, spec(prompts[i], max_tokens=12))
+    engine.step()
+    for i in range(2, 8):
+        sched.add(i, spec(prompts[i], max_tokens=6))
+    events = run_all(sched, engine)
+    for i, prompt in prompts.items():
+        assert tokens_of(events[i]) == reference_tokens(prompt, 12 if i < 2 else 6, VOCAB)
+    inits = [p for p in engine.launched if p.startswith("init_b")]
+    assert "init_b2" in inits and set(inits) <= {"init_b1", "init_b2"}
+    assert any(p.startswith("mixed_") for p in engine.launched)
+
+
+def test_a_second_prompt_behind_a_round_in_flight_is_never_split() -> None:  # spec: SPEC-44, SPEC-49
+    # the round behind the one in flight takes its first prompt in part if need be, any other
+    # whole: a part would need its next chunk by completion feedback and stop the second frame
+    sched, engine = make(slots=8, initialization=True, mixed_host_fed=8, tokens=(16,))
+    sched.add(0, spec(prompt_of(1, 6), max_tokens=30))
+    plan = sched.schedule()
+    engine.launch(plan, 0)
+    sched.complete(plan, engine.collect(plan))
+    sched.take_events()
+    plan = sched.schedule()                                      # decode round in flight
+    assert plan.main.operation == cp.OPERATION_DECODE
+    engine.launch(plan, 0)
+    for i in range(1, 4):
+        sched.add(i, spec(prompt_of(i + 1, 6), max_tokens=4))      # 6 + 6 + 6 tokens: 15 fit beside the decode lane
+    nxt = sched.pipeline_next(plan)
+    assert nxt is not None and nxt.main.operation == cp.OPERATION_MIXED
+    host_fed = [lane for lane in nxt.main.lanes if lane.tokens != [-1]]
+    assert [len(lane.tokens) for lane in host_fed] == [6, 6]         # two whole prompts, the third waits
+    assert sched.waiting == 1
 
 
 def test_a_constrained_arrival_waits_for_feedback_behind_a_second_frame() -> None:  # spec: MET-8, SPEC-46

@@ -100,6 +100,10 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("row_slot", I32_T), _ptr("prefill_row", I32_T), _ptr("geometry", I32_T),
         _i32("rows"), _i32("tokens"),
     ), state.select_input_ids, "host prompt tokens for the prefill row, device pending tokens for the others"),
+    KernelSpec("tokens.select_input.v2", (
+        _ptr("ids", I32_T, W), _ptr("prompt_tokens", I32_T), _ptr("pending", I32_T),
+        _ptr("row_slot", I32_T), _ptr("geometry", I32_T), _i32("rows"), _i32("tokens"),
+    ), state.select_input_ids_by_token, "host prompt tokens where fed (>= 0), device pending tokens elsewhere"),
     KernelSpec("embedding.gather.v1", (
         _ptr("hidden", F32_T, W), _ptr("table", F16_T), _ptr("ids", I32_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("dim"),

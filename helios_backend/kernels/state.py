@@ -83,6 +83,18 @@ def select_input_ids(ids: np.ndarray, prompt_tokens: np.ndarray, pending: np.nda
     ids[:n] = np.where(from_host, prompt_tokens[:n], pending[row_slot[token_row]])
 
 
+def select_input_ids_by_token(ids: np.ndarray, prompt_tokens: np.ndarray, pending: np.ndarray,
+                              row_slot: np.ndarray, geometry: np.ndarray, rows: int, tokens: int) -> None:
+    """ids[t] = prompt_tokens[t] where the host fed one (>= 0), else the row's device-owned pending token.
+
+    The host marks a lane that reads its pending token by the prompt tokens' padding (-1), so
+    any number of rows of a MIXED step may be host-fed (prompts beside the decode lanes)."""
+    n = live_tokens(geometry)
+    token_row = token_rows(geometry, tokens)[:n]
+    host = prompt_tokens[:n]
+    ids[:n] = np.where(host >= 0, host, pending[row_slot[token_row]])
+
+
 def _write_row_records(completion: np.ndarray, header: tuple[int, int, int, int], records: np.ndarray) -> None:
     completion[:COMPLETION_HEADER_WORDS] = header
     rows = records.shape[0]

@@ -27,6 +27,9 @@ class Variant:
     program: str
     rows: int                            # request rows (B)
     tokens: int                          # packed query tokens (T)
+    # lanes that may be host-fed (prompt chunks): PREFILL all, DECODE none, MIXED one when the
+    # program binds a mixed prefill row, else any (-1: derived from the operation by VariantTable)
+    host_fed_rows: int = -1
 
 
 @dataclass(frozen=True)

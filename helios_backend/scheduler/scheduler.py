@@ -60,6 +60,12 @@ class Scheduler:
         self._shape: tuple[list[Lane], int, int, int] = ([], 0, 0, 0)   # _round_shape's running sums
         self._pipelining = False             # building a round behind one in flight (pipeline_next)
         self._admission_round = False        # the last round was prompts only (schedule)
+        # prompt tokens a MIXED round takes beside its decode lanes, when it takes several
+        # prompts (0: one at most, or no MIXED program): shorter prompts need no prompt rounds
+        self._mixed_spare_tokens = 0 if variants.mixed_host_fed_rows() < 2 else max(
+            v.tokens - v.rows for v in variants.variants(cp.OPERATION_MIXED))
+        self._initialization_rows = variants.max_rows(cp.OPERATION_INITIALIZATION) \
+            if variants.has(cp.OPERATION_INITIALIZATION) else max(variants.main_rows, 1)
         self.pool = PagePool(config.num_pages)
         snapshots_on = config.snapshot_capacity > 0 and variants.has(cp.OPERATION_RESTORATION)
         self.snapshots = SnapshotStore(config.snapshot_capacity if snapshots_on else 0, self.pool)
@@ -187,10 +193,13 @@ class Scheduler:
 
     def _admission_round_due(self) -> bool:
         """Two or more requests wait, slots are free for them, the previous round was not one
-        already, and a PREFILL variant takes more than one of them."""
+        already, a PREFILL variant takes more than one of them, and no MIXED round takes the
+        head of the queue whole beside the decode lanes (a MIXED program that takes several
+        host-fed lanes admits a burst of short prompts without stopping the decoding ones)."""
         return (len(self._waiting) >= self.config.admission_burst and bool(self._running) and not self._admission_round
                 and len(self._free_slots) >= 2 and len(self._running) + 2 <= self.max_active
-                and self.variants.max_rows(cp.OPERATION_PREFILL) >= 2)
+                and self.variants.max_rows(cp.OPERATION_PREFILL) >= 2
+                and len(self._waiting[0][1].tokens) > self._mixed_spare_tokens)
 
     def _fit_chunk(self, lanes: list[Lane], req: Request, want: int) -> int:
         """The largest chunk <= want that keeps the round inside some prepared variant."""
@@ -202,6 +211,10 @@ class Scheduler:
             if 0 < v.tokens - used < want:
                 candidates.add(v.tokens - used)
         for n in sorted(candidates, reverse=True):
+            if self._pipelining and host_fed and n < want:
+                # a second prompt of a round behind the one in flight goes in whole: a part
+                # would need its next chunk by completion feedback, stopping the second frame
+                continue
             fed = host_fed + (0 if self._pending_ok(req, n) else 1)
             variant = self.variants.choose_shape(rows + 1, used + n, fed)
             if variant is not None and not (self._pipelining and variant.operation == cp.OPERATION_PREFILL):
@@ -228,8 +241,11 @@ class Scheduler:
                 and req.computed == len(req.tokens) - 1)
 
     def _admit_waiting(self, lanes: list[Lane], row_limit: int) -> None:
+        # every admitted lane is initialized before the round (one INITIALIZATION submission):
+        # a MIXED round that takes several prompts stops at the widest initialization variant
+        fresh = sum(1 for lane in lanes if lane.initialize)
         while self._waiting and len(lanes) < row_limit and self._free_slots \
-                and len(self._running) < self.max_active:
+                and len(self._running) < self.max_active and fresh < self._initialization_rows:
             _, req = self._waiting[0]
             if req.cancelled:
                 self._waiting.pop(0)
@@ -238,6 +254,7 @@ class Scheduler:
             if not self._try_admit(req, lanes):
                 return                          # a temporary shortage waits (head of line)
             self._waiting.pop(0)
+            fresh += 1
 
     def _try_admit(self, req: Request, lanes: list[Lane]) -> bool:
         pt = self.config.page_tokens

@@ -296,6 +296,8 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                {"BLOCK_T": 32, "MAX_ROWS": 256}, _step_geometry),
     KernelBuild("tokens.select_input.v1", "tokens", "select_input_ids",
                {"BLOCK_T": 256}, _token_tiles),
+    KernelBuild("tokens.select_input.v2", "tokens", "select_input_ids_by_token",
+               {"BLOCK_T": 256}, _token_tiles),
     # one [4 tokens, 256 dims] tile per program (16-byte f16 loads), no loop over dim
     KernelBuild("embedding.gather.v1", "tokens", "embed_tokens",
                {"BLOCK_T": 4, "BLOCK_D": 256}, _token_dim_tiles, divisible=("dim",)),

@@ -358,8 +358,8 @@ def generation_bindings(operation: C.Operation.ValueType, snapshots: bool = Fals
         # host-owned pending token (STA-6): one token per row, packed like prompt tokens
         bindings.append(_binding(RESUME_PENDING_DESTINATION, C.VALUE_SOURCE_PENDING_TOKEN,
                                  C.INDEX_MODE_PACKED_TOKEN, padding=-1))
-    if operation == C.OPERATION_MIXED:
-        bindings.append(_binding("prefill_row", C.VALUE_SOURCE_MIXED_PREFILL_ROW, C.INDEX_MODE_SCALAR, padding=-1))
+    # MIXED binds no prefill row: its host-fed lanes are those whose prompt tokens are not the
+    # padding (-1), so one round takes several prompts beside the decode lanes (select_input.v2)
     if operation == C.OPERATION_DECODE:
         # every decode row reads its device-owned pending token
         bindings.append(_binding("prefill_row", C.VALUE_SOURCE_CONSTANT, C.INDEX_MODE_SCALAR, constant=-1))
@@ -419,7 +419,13 @@ def record_step_prologue(rec: Recorder, transport: M.Transport, cap: TextCapacit
     rec.launch("step.geometry.v1", "step.geometry", geometry=STEP_SCRATCH.geometry,
                query_length=staged(transport, "query_length"), rows=rows, tokens=tokens)
     ids = staged(transport, "prompt_tokens")
-    if operation not in HOST_INPUT_OPERATIONS:
+    if operation == C.OPERATION_MIXED:
+        rec.launch("tokens.select_input.v2", "step.input_ids", ids=STEP_SCRATCH.ids,
+                   prompt_tokens=staged(transport, "prompt_tokens"), pending=SLOT_STATE.pending,
+                   row_slot=staged(transport, "row_slot"), geometry=STEP_SCRATCH.geometry,
+                   rows=rows, tokens=tokens)
+        ids = Ref(STEP_SCRATCH.ids)
+    elif operation not in HOST_INPUT_OPERATIONS:
         rec.launch("tokens.select_input.v1", "step.input_ids", ids=STEP_SCRATCH.ids,
                    prompt_tokens=staged(transport, "prompt_tokens"), pending=SLOT_STATE.pending,
                    row_slot=staged(transport, "row_slot"), prefill_row=staged(transport, "prefill_row"),

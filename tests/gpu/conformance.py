@@ -135,7 +135,9 @@ class Case:
                 self.scores = np.asarray(words, np.int32).view(np.float32).copy()
             return completed
         if op in (C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_RESUME):
-            decode_rows = rows if op != C.OPERATION_MIXED else rows - 1
+            # MIXED: up to three prompt rows beside the decode rows (select_input.v2 takes any number)
+            prompt_rows = min(3, rows - 1) if op == C.OPERATION_MIXED else 0
+            decode_rows = rows - prompt_rows
             history = 9
             prompts = [self.rng.integers(0, self.vocab, history).astype(np.int32) for _ in range(rows)]
             self.admit(list(range(rows)), prompts)
@@ -152,11 +154,12 @@ class Case:
                 for lane in lanes:
                     lane.pending_token = int(self.rng.integers(0, self.vocab))
             if op == C.OPERATION_MIXED:
-                chunk = tokens - decode_rows
-                s = rows - 1
-                lanes.append(PackedLane(slot=s, generation=first + s, consumed=0,
-                                  tokens=self.rng.integers(0, self.vocab, chunk).astype(np.int32), sample=True,
-                                  pages=self.pages_for(chunk)))
+                spare = tokens - decode_rows
+                for k, s in enumerate(range(decode_rows, rows)):
+                    chunk = spare // prompt_rows + (k < spare % prompt_rows)
+                    lanes.append(PackedLane(slot=s, generation=first + s, consumed=0,
+                                      tokens=self.rng.integers(0, self.vocab, chunk).astype(np.int32), sample=True,
+                                      pages=self.pages_for(chunk)))
             return self.driver.step(program.name, lanes)
         if op == C.OPERATION_RESTORATION:
             return self._restoration(program)

@@ -53,6 +53,24 @@ def select_input_ids(ids, prompt_tokens, pending, row_slot, prefill_row, geometr
 
 
 @triton.jit
+def select_input_ids_by_token(ids, prompt_tokens, pending, row_slot, geometry, rows, tokens,
+                              BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    """ids[t] = prompt_tokens[t] where the host fed one (>= 0), else pending[row_slot[row]]:
+    any number of host-fed rows (the prompt tokens' padding, -1, marks a pending-token lane)."""
+    wait_for_predecessors(PDL)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_capacity = t < tokens
+    n = tl.load(geometry)
+    row = tl.load(geometry + 1 + t, mask=in_capacity, other=-1)     # -1 past n
+    prompt = tl.load(prompt_tokens + t, mask=in_capacity, other=-1)
+    live = (t < n) & (row >= 0)
+    from_host = prompt >= 0
+    slot = tl.load(row_slot + row, mask=live & ~from_host, other=0)
+    device = tl.load(pending + slot, mask=live & ~from_host, other=0)
+    tl.store(ids + t, tl.where(from_host, prompt, device), mask=live)
+
+
+@triton.jit
 def embed_tokens(hidden, table, ids, geometry, tokens, dim,
                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """hidden f32 [tokens, dim] = table f16 [vocab, dim] rows ids[t], for live tokens.
