@@ -94,3 +94,25 @@ def test_helios_serve_starts_the_gateway_once_the_model_is_ready(default_core: P
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_gateway_workers_default_to_several_only_for_the_cuda_executor() -> None:  # spec: HTTP-3
+    from helios_backend.cli.serve import MAX_AUTO_GATEWAY_WORKERS, resolve_gateway_workers
+
+    # one process streams about one core's worth of tokens: the cuda executor outruns it
+    assert resolve_gateway_workers(None, "cuda", 16) == MAX_AUTO_GATEWAY_WORKERS
+    assert resolve_gateway_workers(None, "cuda", 6) == 3
+    assert resolve_gateway_workers(None, "cuda", 1) == 1
+    assert resolve_gateway_workers(None, "cpu", 64) == 1
+    assert resolve_gateway_workers(None, "numpy", 64) == 1
+    assert resolve_gateway_workers(4, "cpu", 2) == 4                # asked for: as asked
+    with pytest.raises(ValueError, match="--gateway-workers"):
+        resolve_gateway_workers(0, "cuda", 16)
+
+
+def test_helios_serve_refuses_zero_gateway_workers_naming_the_option(default_core: Path) -> None:  # noqa: F811 # spec: HTTP-3
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'helios-serve'; "
+                           "from helios_backend.cli.serve import main; sys.exit(main())",
+                           "--core", str(default_core), "--executor", "numpy", "--gateway-workers", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--gateway-workers must be at least 1" in proc.stderr, proc.stderr

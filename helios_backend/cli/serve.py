@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -64,9 +65,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--gateway-port", type=int, default=9000)
-    p.add_argument("--gateway-workers", type=int, default=1,
+    p.add_argument("--gateway-workers", type=int, default=None,
                    help="gateway worker processes (one admission budget); each streamed token costs "
-                        "gateway CPU, so rates beyond one core's need several")
+                        "gateway CPU, so rates beyond one core's need several (default: with the cuda "
+                        "executor half the usable CPUs, at most 6; else 1)")
     p.add_argument("--host", default="0.0.0.0", help="address the gateway listens on")
     p.add_argument("--triton-host", default=LOOPBACK,
                    help="address tritonserver's HTTP, gRPC and metrics ports bind to (they carry no "
@@ -115,6 +117,29 @@ def gateway_arguments(args: argparse.Namespace, ports: Ports) -> list[str]:
     if args.allowed_origins is not None:
         out += ["--allowed-origins", args.allowed_origins]
     return out
+
+
+# One gateway process streams about 21k tokens/s (~48 us of one core per token, H100 host, 2026-12-05);
+# six served 78k at 128 clients and 101k at 256 there, and twelve were no faster than six
+# (docs/gateway.md). The rest of the host's cores run the stub, the engine process and tritonserver.
+MAX_AUTO_GATEWAY_WORKERS = 6
+
+
+def resolve_gateway_workers(requested: int | None, executor: str, cpus: int) -> int:
+    """--gateway-workers, or by default: several processes only where the executor can outrun
+    one (cuda), half the usable CPUs up to MAX_AUTO_GATEWAY_WORKERS; the CPU and numpy
+    executors serve far below one process's rate."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--gateway-workers must be at least 1, got {requested}")
+        return requested
+    if executor != "cuda":
+        return 1
+    return max(1, min(MAX_AUTO_GATEWAY_WORKERS, cpus // 2))
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def resolve_executor(name: str) -> str:
@@ -166,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
     try:
         executor = resolve_executor(args.executor)
+        try:
+            args.gateway_workers = resolve_gateway_workers(args.gateway_workers, executor, usable_cpus())
+        except ValueError as exc:
+            print(f"helios-serve: {exc}", file=sys.stderr)
+            return int(ExitCode.USAGE)
+        if args.gateway:
+            print(f"helios-serve: {args.gateway_workers} gateway worker process(es)", file=sys.stderr, flush=True)
         parameters = {"core_path": str(core), "acceptance": args.acceptance, "executor": executor}
         try:
             with open_core(core) as opened:
