@@ -376,7 +376,7 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                 f["engine_cpu_us_per_token"] = (after[2] - before[2]) / tokens * 1e6
                 f["backend_cpu_us_per_token"] = f["stub_cpu_us_per_token"] + f["engine_cpu_us_per_token"]
                 out[f"{words}:{c}"] = f
-                print(f"served prompt~{words} c={c}: {f['tok_s']:.0f} tok/s, TTFT p50 {f['ttft_p50_ms']:.1f} ms, "
+                print(f"served {prompt_label(words)} c={c}: {f['tok_s']:.0f} tok/s, TTFT p50 {f['ttft_p50_ms']:.1f} ms, "
                       f"TPOT p50 {f['tpot_p50_ms']:.2f} ms, gateway {f['gateway_cpu_us_per_token']:.0f} us/tok, "
                       f"backend {f['backend_cpu_us_per_token']:.0f} us/tok (stub {f['stub_cpu_us_per_token']:.0f}, engine "
                       f"{f['engine_cpu_us_per_token']:.0f}), ok {f['ok']}/{f['requests']}, "
@@ -441,14 +441,14 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
         for words in prompts:
             for c in levels:
                 if time.monotonic() > args.deadline:
-                    print(f"llama-server prompt~{words} c={c}: skipped (the run's deadline)", flush=True)
+                    print(f"llama-server {prompt_label(words)} c={c}: skipped (the run's deadline)", flush=True)
                     continue
                 timings, wall, client_share = drive(base, "peer", words, c,
                                                     requests_at(c, args.peer_requests_per_client),
                                                     args.output_tokens, False, 1000 * c)
                 out[f"{words}:{c}"] = figures(timings, wall) | {"client_cpu_share": client_share}
                 checkpoint(args, "llama_server", out)
-                print(f"llama-server prompt~{words} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
+                print(f"llama-server {prompt_label(words)} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
     finally:
         stop(proc)
         log.close()
@@ -478,10 +478,27 @@ def json_get(url: str) -> dict:
     return httpx.get(url, timeout=10).json()
 
 
+TEMPLATE_TOKENS = 30     # what the chat template adds to a prompt (SmolLM2's system turn)
+
+
 def prompt_words(prompt_tokens: int) -> int:
-    """Words of the generated prompts for about `prompt_tokens` prompt tokens: the chat template
-    adds ~30 tokens (SmolLM2's system turn), each vocabulary word is one token with its space."""
-    return max(1, prompt_tokens - 30)
+    """Words of the generated prompts for about `prompt_tokens` prompt tokens: each vocabulary
+    word is one token with its space, the chat template adds the rest."""
+    return max(1, prompt_tokens - TEMPLATE_TOKENS)
+
+
+def prompt_label(words: int) -> str:
+    return f"prompt ~{words + TEMPLATE_TOKENS} tokens"
+
+
+def gpu_name() -> str | None:
+    """The device the figures come from (they differ between H100 and H200 leases)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None
 
 
 def main() -> None:
@@ -516,7 +533,8 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",") if c]
     prompt_tokens = [int(p) for p in args.prompts.split(",") if p]
     words = [prompt_words(p) for p in prompt_tokens]
-    report: dict = {"levels": levels, "prompt_tokens": prompt_tokens, "output_tokens": args.output_tokens}
+    report: dict = {"levels": levels, "prompt_tokens": prompt_tokens, "output_tokens": args.output_tokens,
+                    "device": gpu_name()}
     if not args.skip_engine:
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
@@ -553,6 +571,7 @@ def merged_reports(paths: list[pathlib.Path]) -> dict:
         for key in ("levels", "prompt_tokens"):
             report[key] = sorted(set(report[key]) | set(part.get(key, [])))
         report["output_tokens"] = report["output_tokens"] or part.get("output_tokens")
+        report["device"] = report.get("device") or part.get("device")
         for phase in ("engine", "served", "llama_server"):
             report.setdefault(phase, {}).update(part.get(phase, {}))
     return report
@@ -564,7 +583,8 @@ def write_table(report: dict, out: pathlib.Path) -> None:
     words = [prompt_words(p) for p in prompt_tokens]
     lines = []
     for p, w in zip(prompt_tokens, words):
-        print(f"\nprompt ~{p} tokens, {output_tokens} output tokens, greedy, streaming chat through the gateway")
+        print(f"\nprompt ~{p} tokens, {output_tokens} output tokens, greedy, streaming chat through the gateway"
+              f" ({report.get('device') or 'device not recorded'})")
         print(f"{'conc':>5} {'served tok/s':>12} {'engine':>9} {'ratio':>6} {'llama-srv':>9} {'x llama':>7} "
               f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'TPOT p50':>9} {'gw us/tok':>9} "
               f"{'be us/tok':>9}")
@@ -574,7 +594,7 @@ def write_table(report: dict, out: pathlib.Path) -> None:
                 continue
             e = report.get("engine", {}).get(f"{p}:{c}")
             l_ = report.get("llama_server", {}).get(f"{w}:{c}", {}).get("tok_s")
-            row = {"prompt_tokens": p, "concurrency": c, "output_tokens": output_tokens,
+            row = {"prompt_tokens": p, "concurrency": c, "output_tokens": output_tokens, "device": report.get("device"),
                    "served_tok_s": s["tok_s"], "engine_tok_s": e, "llama_server_tok_s": l_,
                    "served_over_engine": s["tok_s"] / e if e else None,
                    "served_over_llama_server": s["tok_s"] / l_ if l_ else None,
