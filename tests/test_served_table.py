@@ -21,6 +21,7 @@ def test_runs_of_each_prompt_length_merge_into_one_table(tmp_path: Path) -> None
              "served": {f"{short}:1": _served(1800.0), f"{short}:64": _served(25000.0)},
              "llama_server": {f"{short}:64": {"tok_s": 2000.0}}}
     cut_short = {"levels": [1, 64], "prompt_tokens": [1024], "output_tokens": 128,   # no llama phase: cut
+                 "device": "NVIDIA H100 80GB HBM3",      # the first run predates the device field
                  "engine": {"1024:1": 800.0}, "served": {f"{long_}:1": _served(700.0)}}
     paths = []
     for name, report in (("a", first), ("b", cut_short)):
@@ -34,3 +35,5 @@ def test_runs_of_each_prompt_length_merge_into_one_table(tmp_path: Path) -> None
     by = {(r["prompt_tokens"], r["concurrency"]): r for r in rows}
     assert by[(32, 64)]["served_over_engine"] == 0.5 and by[(32, 64)]["served_over_llama_server"] == 12.5
     assert by[(32, 1)]["llama_server_tok_s"] is None and by[(1024, 1)]["engine_tok_s"] == 800.0
+    # every row names the device the merged runs measured (a later run fills an earlier one's gap)
+    assert {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3"}
