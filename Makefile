@@ -58,8 +58,15 @@ test: install typecheck
 serve: core
 	$(VENV)/bin/helios-serve --core $(CORE) --executor $(EXECUTOR)
 
-bench: install
-	$(PY) -m bench
+# The benchmark to run first on this machine (bench/__main__.py): the GPU decode benchmark where the
+# CUDA executor can run (EXECUTOR=cuda installs it), else the CPU executor's, on $(CORE); results
+# go to var/bench/<device>/ (BENCH_ARGS=--results: bench/results/<device>/; `python -m bench --list`
+# names the others)
+BENCH_DEVICE := $(if $(filter cuda,$(EXECUTOR)),gpu,$(if $(filter auto,$(EXECUTOR)),auto,cpu))
+BENCH_ARGS ?=
+
+bench: core
+	$(PY) -m bench --device $(BENCH_DEVICE) --core $(CORE) $(BENCH_ARGS)
 
 clean:
 	rm -rf helios_proto build *.egg-info

@@ -1,6 +1,6 @@
 """CPU executor throughput and memory beside llama.cpp on the same GGUF, in the same run.
 
-Run:  python -m bench.cpu_executor [--core var/cores/smollm2-135m-instruct.core] [--rounds 2]
+Run:  python -m bench.cpu_executor [--core var/cores/smollm2-135m-instruct.core] [--rounds 2] [--no-peer]
 
 Each engine runs in its own child process, so each resident set is its own, alternately
 (llama.cpp, helios, llama.cpp, helios, ... for `rounds`), both with 2 threads:
@@ -18,7 +18,10 @@ tokenizer (peak +150 MiB, ~45 MiB of freed heap left resident), which neither en
 
 Ratios are helios / llama.cpp of the medians over rounds; every run's figure is kept. The
 machine is shared: the load average before and after is recorded, and the text output flags
-rounds whose runs differ by more than 1.5x. Writes bench/results/cpu_ratios.json and .txt.
+rounds whose runs differ by more than 1.5x. Writes cpu_ratios.json and .txt to the CPU's folder
+(bench/harness.py: var/bench/<cpu>/, with --results bench/results/<cpu>/, or --out DIR).
+`--no-peer` measures helios alone (no ratios): where llama-cpp-python (the `bench` extra) is not
+installed, that is what `make bench` runs.
 """
 from __future__ import annotations
 
@@ -33,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.harness import DEFAULT_CORE, add_output_arguments, output_dir
+
 GOALS = {"decode_b1": 0.6, "decode_b8": 1.5, "prefill": 1.5, "decode_b1_tokens_per_s": 60.0, "rss_ratio": 1.5}
-RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_CORE = Path("var/cores/smollm2-135m-instruct.core")
 
 
 def _memory() -> dict[str, int]:
@@ -129,20 +132,25 @@ def _median_of(rounds: list[dict[str, Any]], *path: str) -> float:
 
 def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches: Sequence[int],
               load: dict[str, Any]) -> dict[str, Any]:
-    ratios = {"prefill": _median_of(helios, "prefill_tokens_per_s") / _median_of(llama, "prefill_tokens_per_s")}
-    for b in batches:
-        ratios[f"decode_b{b}"] = (_median_of(helios, "decode", str(b), "tokens_per_s")
-                                  / _median_of(llama, "decode", str(b), "tokens_per_s"))
-    memory = {"helios_rss_bytes": _median_of(helios, "rss_bytes"), "llama_cpp_rss_bytes": _median_of(llama, "rss_bytes"),
-              "helios_peak_rss_bytes": _median_of(helios, "peak_rss_bytes"),
-              "llama_cpp_peak_rss_bytes": _median_of(llama, "peak_rss_bytes")}
-    memory["rss_ratio"] = memory["helios_rss_bytes"] / memory["llama_cpp_rss_bytes"]
+    """Ratios, memory and goals over the rounds; without llama.cpp's rounds (--no-peer) only
+    helios's own figures and the goal that needs no peer."""
     b1 = _median_of(helios, "decode", "1", "tokens_per_s") if 1 in batches else 0.0
-    met = {"decode_b1": ratios.get("decode_b1", 0.0) >= GOALS["decode_b1"],
-           "decode_b1_tokens_per_s": b1 >= GOALS["decode_b1_tokens_per_s"],
-           "decode_b8": ratios.get("decode_b8", 0.0) >= GOALS["decode_b8"],
-           "prefill": ratios["prefill"] >= GOALS["prefill"],
-           "rss": memory["rss_ratio"] <= GOALS["rss_ratio"]}
+    memory = {"helios_rss_bytes": _median_of(helios, "rss_bytes"),
+              "helios_peak_rss_bytes": _median_of(helios, "peak_rss_bytes")}
+    ratios: dict[str, float] = {}
+    met = {"decode_b1_tokens_per_s": b1 >= GOALS["decode_b1_tokens_per_s"]}
+    if llama:
+        ratios["prefill"] = _median_of(helios, "prefill_tokens_per_s") / _median_of(llama, "prefill_tokens_per_s")
+        for b in batches:
+            ratios[f"decode_b{b}"] = (_median_of(helios, "decode", str(b), "tokens_per_s")
+                                      / _median_of(llama, "decode", str(b), "tokens_per_s"))
+        memory |= {"llama_cpp_rss_bytes": _median_of(llama, "rss_bytes"),
+                   "llama_cpp_peak_rss_bytes": _median_of(llama, "peak_rss_bytes")}
+        memory["rss_ratio"] = memory["helios_rss_bytes"] / memory["llama_cpp_rss_bytes"]
+        met = {"decode_b1": ratios.get("decode_b1", 0.0) >= GOALS["decode_b1"], **met,
+               "decode_b8": ratios.get("decode_b8", 0.0) >= GOALS["decode_b8"],
+               "prefill": ratios["prefill"] >= GOALS["prefill"],
+               "rss": memory["rss_ratio"] <= GOALS["rss_ratio"]}
     return {"ratios": ratios, "goals": GOALS, "goals_met": met, "memory": memory, "load_average": load,
             "helios": helios, "llama_cpp": llama, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -162,9 +170,12 @@ def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
                          + (f", anon {f['rss_anon_bytes'] / 2**20:,.0f} file {f['rss_file_bytes'] / 2**20:,.0f})"
                             if "rss_anon_bytes" in f else ")")
                          + ("  [runs differ > 1.5x: busy machine]" if noisy else ""))
-    lines.append("ratios (helios / llama.cpp, medians over rounds): "
-                 + ", ".join(f"{k} x{v:.2f}" for k, v in summary["ratios"].items())
-                 + f", rss x{summary['memory']['rss_ratio']:.2f}")
+    if summary["llama_cpp"]:
+        lines.append("ratios (helios / llama.cpp, medians over rounds): "
+                     + ", ".join(f"{k} x{v:.2f}" for k, v in summary["ratios"].items())
+                     + f", rss x{summary['memory']['rss_ratio']:.2f}")
+    else:
+        lines.append("no llama.cpp peer in this run (--no-peer): no ratios")
     lines.append("goals met: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in summary["goals_met"].items()))
     return "\n".join(lines)
 
@@ -181,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS / "cpu_ratios.json")
+    parser.add_argument("--no-peer", action="store_true", help="measure helios alone (no llama.cpp, no ratios)")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     if args.engine:
         _child(args)
@@ -195,15 +207,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         ids.write_text(json.dumps({"prefill": bench_prompt_ids(args.prefill_tokens),
                                    "decode": bench_prompt_ids(args.decode_prompt_tokens)}))
         for _ in range(args.rounds):
-            llama.append(_run_child("llama", args, ids))
+            if not args.no_peer:
+                llama.append(_run_child("llama", args, ids))
             helios.append(_run_child("helios", args, ids))
     load = {"before": [round(x, 2) for x in before], "after": [round(x, 2) for x in os.getloadavg()]}
     summary = summarize(helios, llama, args.batches, load)
     text = format_text(summary, args.batches)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=1) + "\n")
-    args.out.with_suffix(".txt").write_text(text + "\n")
+    out = output_dir(args.out, args.results, "cpu")
+    (out / "cpu_ratios.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "cpu_ratios.txt").write_text(text + "\n")
+    print(f"wrote {out / 'cpu_ratios.json'} and cpu_ratios.txt")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ wrapped by a timer: per kernel id the milliseconds a step and calls a step, the 
 nodes, and the step's wall time (the difference is the host's work around the program:
 packing, completion reading, Python per round). Wall times on a shared machine vary with its
 load, so the load average is recorded; compare kernel ids within one run. Writes
-bench/results/cpu_step_profile.json.
+cpu_step_profile.json to the CPU's folder (bench/harness.py: var/bench/<cpu>/, --results
+bench/results/<cpu>/, or --out DIR).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.cpu_executor import DEFAULT_CORE, RESULTS
+from bench.harness import DEFAULT_CORE, add_output_arguments, output_dir
 
 Timings = dict[str, list[float]]      # kernel function name -> [seconds, calls]
 
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=RESULTS / "cpu_step_profile.json")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     before = os.getloadavg()
     figures = profile(args.core, args.batches, args.steps, args.threads, args.prompt_tokens)
@@ -110,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             if k["ms_per_step"] >= 0.05:
                 print(f"  {name:28s} {k['ms_per_step']:7.2f} ms/step  {k['calls_per_step']:5.1f} calls")
     print(f"load average {summary['load_average']['before']} -> {summary['load_average']['after']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    path = output_dir(args.out, args.results, "cpu") / "cpu_step_profile.json"
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

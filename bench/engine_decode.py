@@ -35,7 +35,7 @@ from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.variants import VariantTable
 from helios_backend.engine.runner import ProgramRunner
 
-DEFAULT_CORE = Path("var/cores/smollm2-135m-instruct.core")
+from bench.harness import DEFAULT_CORE
 
 
 def build(setup: EngineSetup, bootstrap: Bootstrap) -> tuple[Scheduler, ProgramRunner]:

@@ -1,6 +1,6 @@
 """The engine worker's host time per round by phase, without a GPU, under closed-loop load.
 
-    python bench/engine_loop.py [--clients 64,128] [--seconds 5] [--return-rounds 8] [--profile launch] [--json PATH]
+    python -m bench.engine_loop [--clients 64,128] [--seconds 5] [--return-rounds 8] [--profile launch] [--json PATH]
 
 What bench/packing.py (one pack) and bench/scheduler_round.py (the scheduler alone) leave out:
 the worker's whole round as EngineLoop runs it on two frames, with the real Packer and
@@ -27,26 +27,22 @@ import pickle
 import pathlib
 import pstats
 import random
-import sys
 import time
 import types
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu"), str(ROOT / "bench")]
-
-from helios_proto import contract_pb2 as cp  # noqa: E402
-from helios_backend.engine.process_wire import pack_events  # noqa: E402
-from helios_backend.engine.runner import ProgramRunner  # noqa: E402
-from helios_backend.packing import Packer  # noqa: E402
-from helios_backend.scheduler import plan as sp  # noqa: E402
-from helios_backend.scheduler.completion import CompletionFormat  # noqa: E402
-from helios_backend.scheduler.events import Emitted  # noqa: E402
-from helios_backend.scheduler.request import RequestSpec, SamplingSettings  # noqa: E402
-from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from helios_backend.scheduler.variants import VariantTable  # noqa: E402
-from tests.scheduler_sim import SimulatedEngine, completion_layout  # noqa: E402
+from helios_proto import contract_pb2 as cp
+from helios_backend.engine.process_wire import pack_events
+from helios_backend.engine.runner import ProgramRunner
+from helios_backend.packing import Packer
+from helios_backend.scheduler import plan as sp
+from helios_backend.scheduler.completion import CompletionFormat
+from helios_backend.scheduler.events import Emitted
+from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+from helios_backend.scheduler.variants import VariantTable
+from tests.scheduler_sim import SimulatedEngine, completion_layout
 
 PHASES = ("schedule", "launch", "complete", "deliver")
 OUTPUT_TOKENS = 128
@@ -67,10 +63,10 @@ def _wire_message(events: list) -> bytes:
 
 def _contract():
     if os.environ.get("HELIOS_BUNDLE_DIR"):
-        from model_bundle import load_bundle
+        from tests.gpu.model_bundle import load_bundle
         contract, manifest, _ = load_bundle()
         return types.SimpleNamespace(contract=contract, manifest=manifest)
-    from packing import prepare_contract
+    from bench.packing import prepare_contract
     return prepare_contract()
 
 

@@ -4,23 +4,23 @@ GGUFs of exactly that shape.
 The real GGUFs (98-491 MB) cannot travel to the device machine (64 MiB per call), but llama.cpp
 needs a model file of the same architecture and tensors to be measured as a peer. So:
 
-  here   `python bench/gguf_shape.py write SOURCE.gguf OUT.shape.gguf.xz`
+  here   `python -m bench.gguf_shape write SOURCE.gguf OUT.shape.gguf.xz`
          a tensor-less GGUF holding every metadata key of SOURCE with its value type (the
          tokenizer arrays and the chat template included) plus the tensor table under
          `helios.shape.*` keys: each tensor's name, dimensions (GGUF order) and source type.
          xz-compressed (the tokenizer arrays shrink 2-4x).
-  there  `python3 bench/gguf_shape.py random OUT.shape.gguf.xz MODEL.gguf --gguf-py TREE/gguf-py`
+  there  `python3 -m bench.gguf_shape random OUT.shape.gguf.xz MODEL.gguf --gguf-py TREE/gguf-py`
          an F16 GGUF of the same metadata and tensors (file type F16): norm weights 1, every
          other tensor normal with std 0.02; matrices F16, vectors F32 (as llama.cpp's converter
-         stores them). Dense F16 speed does not depend on the values. `--gguf-py` puts llama.cpp's
-         own gguf-py first on the path (the device has no `gguf` package); without it the
-         installed `gguf` is used.
+         stores them). Dense F16 speed does not depend on the values. `--gguf-py` loads llama.cpp's
+         own gguf-py (the device has no `gguf` package); without it the installed `gguf` is used.
 
 Only numpy and gguf are needed: the device side imports nothing of the project.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import lzma
 import os
 import shutil
@@ -41,14 +41,25 @@ _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def _gguf(gguf_py: str | None = None) -> Any:
-    """The gguf module: llama.cpp's own gguf-py when named, else the installed package."""
-    if gguf_py:
-        sys.path.insert(0, str(Path(gguf_py).resolve()))
+    """The gguf module: llama.cpp's own gguf-py when named (loaded as the `gguf` package from
+    that folder, in place of any gguf imported before), else the installed package."""
     try:
         import yaml  # noqa: F401  (gguf-py's metadata module imports it; only model cards use it)
     except ImportError:
         import types
         sys.modules["yaml"] = types.ModuleType("yaml")
+    if gguf_py:
+        package = Path(gguf_py).resolve() / "gguf"
+        spec = importlib.util.spec_from_file_location("gguf", package / "__init__.py",
+                                                      submodule_search_locations=[str(package)])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"--gguf-py {gguf_py}: no gguf package in it")
+        for name in [n for n in sys.modules if n == "gguf" or n.startswith("gguf.")]:
+            del sys.modules[name]
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gguf"] = module
+        spec.loader.exec_module(module)
+        return module
     import gguf
     return gguf
 

@@ -1,6 +1,6 @@
 """The cost of the portable kernel path: the device's own modules against the compute_80 PTX.
 
-    python bench/gpu_architectures.py [--out DIR] [--native sm_90a] [--portable compute_80]
+    python -m bench.gpu_architectures [--out DIR | --results] [--native sm_90a] [--portable compute_80]
                                       [--parts conformance,decode] [--steps 64]
 
 Runs on the device machine with a model bundle that carries both architectures
@@ -9,13 +9,14 @@ is its own process, so every executor starts on a clean device:
 
   1. tests/gpu/conformance.py --kernel-arch NATIVE     (every program, greedy --steps)
   2. tests/gpu/conformance.py --kernel-arch PORTABLE   (the PTX, JIT-compiled at startup)
-  3. bench/gpu_decode.py --kernel-arch NATIVE
-  4. bench/gpu_decode.py --kernel-arch PORTABLE
+  3. python -m bench.gpu_decode --kernel-arch NATIVE
+  4. python -m bench.gpu_decode --kernel-arch PORTABLE
 
 The driver's JIT cache is off (CUDA_CACHE_DISABLE=1), so the portable module load time is a
 first start's. Then prints the two side by side, each portable figure as a ratio of the native one measured
 in the same run (decode tokens/s and device time per batch, prefill, module load time: the
-JIT), and writes architectures.json beside architectures.txt under --out (default $OUT).
+JIT), and writes architectures.json beside architectures.txt, with each step's own JSON, to the
+GPU's folder (bench/harness.py).
 """
 from __future__ import annotations
 
@@ -27,14 +28,17 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPTS = {"conformance": ROOT / "tests" / "gpu" / "conformance.py", "decode": ROOT / "bench" / "gpu_decode.py"}
+from bench.harness import ROOT, add_output_arguments, output_dir
+
+# each part's command line (run from the repository root)
+COMMANDS = {"conformance": [sys.executable, str(ROOT / "tests" / "gpu" / "conformance.py")],
+            "decode": [sys.executable, "-m", "bench.gpu_decode"]}
 RESULT = {"conformance": "conformance_{arch}.json", "decode": "gpu_decode_{arch}.json"}
 
 
 def run(part: str, arch: str, out: pathlib.Path, extra: list[str]) -> dict:
     """One script for one architecture in its own process; its JSON (or the failure)."""
-    command = [sys.executable, str(SCRIPTS[part]), "--kernel-arch", arch, "--out", str(out)] + extra
+    command = COMMANDS[part] + ["--kernel-arch", arch, "--out", str(out)] + extra
     print(f"$ {' '.join(command)}", flush=True)
     started = time.time()
     # no driver JIT cache: the module load time is what a first start on the device costs
@@ -116,15 +120,14 @@ def table(report: dict, native: str, portable: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_architectures", description=__doc__.split("\n\n")[0])
+    add_output_arguments(parser)
     parser.add_argument("--native", default="sm_90a", help="the device's own architecture")
     parser.add_argument("--portable", default="compute_80", help="the PTX architecture to force")
     parser.add_argument("--parts", default="conformance,decode")
     parser.add_argument("--steps", type=int, default=64, help="greedy steps of the conformance runs")
     args = parser.parse_args()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args.out, args.results, "gpu")
     parts = set(filter(None, args.parts.split(",")))
     report: dict = {"native": args.native, "portable": args.portable, "conformance": {}}
     if "conformance" in parts:

@@ -1,9 +1,11 @@
-"""Decode and prefill throughput of the CUDA executor on the H200, beside the roofline and peers.
+"""Decode and prefill throughput of the CUDA executor on the GPU, beside the roofline and peers.
 
-    python bench/gpu_decode.py [--out DIR] [--steps 128] [--prompt 128] [--kernel-arch compute_80]
+    python -m bench.gpu_decode [--out DIR | --results] [--steps 128] [--prompt 128] [--kernel-arch compute_80]
+    python -m bench.gpu_decode --core var/cores/smollm2-135m-instruct.core     # a prepared core instead
 
-Runs on the device machine with the model bundle (tests/gpu/model_bundle.py: the real
-weights rebuilt from the GGUF). For each decode batch B in 1, 8, 32, 64, 128: B requests
+Runs on a GPU machine with the model bundle (tests/gpu/model_bundle.py: the real weights
+rebuilt from the GGUF), or with a prepared core (`--core`; the batches and prefills its
+variants do not hold are left out). For each decode batch B in 1, 8, 32, 64, 128: B requests
 are admitted and prefilled with a `--prompt`-token prompt, then `--steps` decode steps run
 with both staging frames in flight (the host packs step k+1 while step k runs); reported:
 tokens/s over the batch, step time, the device time of one graph replay, and the host
@@ -13,33 +15,29 @@ tokens (round trip per chunk). Beside them: the HBM roofline from the manifest's
 figures of ../shared/bench/anchors.md (llama.cpp, HF transformers; same shape, same GPU
 model, measured 2026-11-30, not in this run). Finally per-node GPU times (event nodes
 between nodes) for decode at B=1 and B=64, summed per kernel id: what bounds the step.
+Writes gpu_decode.json (gpu_decode_<arch>.json with --kernel-arch) to the GPU's folder
+(bench/harness.py: var/bench/<gpu>/, --results bench/results/<gpu>/, or --out DIR).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
-import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-
-import timing  # noqa: E402
-from model_bundle import load_bundle  # noqa: E402
-
-from helios_backend.executors.cuda.driver import load_driver  # noqa: E402
-from helios_backend.engine.settings import StartupOptions  # noqa: E402
-from helios_backend.engine.setup import derive_setup  # noqa: E402
-from helios_backend.packing import SlotInitialization, PackedLane, SamplingParameters  # noqa: E402
-from helios_backend.lockstep.generator import LockstepGenerator  # noqa: E402
-from helios_proto import contract_pb2 as C  # noqa: E402
-from helios_proto import manifest_pb2 as M  # noqa: E402
+from bench.harness import add_output_arguments, output_dir
+from helios_backend.executors.cuda.driver import load_driver
+from helios_backend.engine.settings import StartupOptions
+from helios_backend.engine.setup import derive_setup
+from helios_backend.packing import SlotInitialization, PackedLane, SamplingParameters
+from helios_backend.lockstep.generator import LockstepGenerator
+from helios_proto import contract_pb2 as C
+from helios_proto import manifest_pb2 as M
+from tests.gpu import timing
 
 BATCHES = (1, 8, 32, 64, 128)
 PREFILLS = (512, 4096)
@@ -51,7 +49,7 @@ PEERS_BY_RECIPE = {"smollm2-135m-instruct": {1: ("827-970", "376-384"), 8: ("3,9
 
 
 class Bench:
-    def __init__(self, model: ExecutorModel) -> None:
+    def __init__(self, model) -> None:  # type: ignore[no-untyped-def]   # NativeModel or tests/gpu's ExecutorModel
         self.model = model
         self.driver = LockstepGenerator(model)
         self.vocab = model.contract.model.vocabulary.sampled_tokens
@@ -169,9 +167,35 @@ def profile(bench: Bench, batch: int, prompt: int) -> tuple[str, dict]:
                                     for k, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+def held(model, batches: Sequence[int], prefills: Sequence[int]) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
+    """The decode batches and prefill lengths some variant of the model holds (a core prepared
+    for serving may stop below the bundle's 128 rows and 4,096 tokens)."""
+    rows = max((g.capacity.rows for g in model.graphs if g.operation == C.OPERATION_DECODE), default=0)
+    tokens = max((g.capacity.tokens for g in model.graphs if g.operation == C.OPERATION_PREFILL), default=0)
+    kept = [b for b in batches if b <= rows], [t for t in prefills if t <= tokens]
+    if len(kept[0]) < len(batches) or len(kept[1]) < len(prefills):
+        print(f"the model holds decode to {rows} rows and prefill to {tokens} tokens: batches {kept[0]}, "
+              f"prefills {kept[1]}", flush=True)
+    return kept
+
+
+def load(core: pathlib.Path | None, acceptance: str):  # type: ignore[no-untyped-def]
+    """(contract, manifest, resource reader) of `core`, or of the model bundle without one."""
+    if core is None:
+        from tests.gpu.model_bundle import load_bundle
+
+        return load_bundle()
+    from helios_backend.engine.bootstrap import Bootstrap
+
+    bootstrap = Bootstrap.load(core, acceptance)
+    return bootstrap.contract, bootstrap.manifest, bootstrap.read_resource
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_decode", description=__doc__.split("\n\n")[0])
+    add_output_arguments(parser)
+    parser.add_argument("--core", type=pathlib.Path, default=None, help="a prepared core (default: the model bundle)")
+    parser.add_argument("--acceptance", default="helios.local/smollm2", help="with --core: its signer's namespace")
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
@@ -179,10 +203,9 @@ def main() -> None:
     parser.add_argument("--kernel-arch", default=None,
                         help="KernelModule.arch to load (default: the device's own; e.g. compute_80); "
                              "the JSON is then gpu_decode_<arch>.json")
-    args = parser.parse_args()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    contract, manifest, read = load_bundle()
+    args = parser.parse_args(argv)
+    out = output_dir(args.out, args.results, "gpu")
+    contract, manifest, read = load(args.core, args.acceptance)
     started = time.perf_counter()
     # the server's own setup: the same graphs, executor options and staging extents
     model = derive_setup(contract, manifest, read, StartupOptions(core_path=pathlib.Path("bundle"),
@@ -195,22 +218,25 @@ def main() -> None:
     report = {"architecture": executor.architecture(), "startup_s": startup,
               "startup_detail": executor.startup_seconds, "cache_pages": executor.cache_pages,
               "copy_GBps": gbps, "decode": {}, "prefill": {}, "profile": {}}
-    for batch in (1, 64):
+    batches, prefills = held(model, [int(b) for b in args.batches.split(",") if b],
+                             [int(t) for t in args.prefills.split(",") if t])
+    for batch in held(model, (1, 64), ())[0]:
         program, result = profile(bench, batch, args.prompt)
         report["profile"][program] = result
         top = list(result["per_kernel"].items())[:8]
         print(f"profile {program}: serialized sum {result['sum_us']:.0f} us; " +
               "; ".join(f"{k} {v['count']}x {v['mean_us']}us" for k, v in top), flush=True)
-    for batch in [int(b) for b in args.batches.split(",") if b]:
+    for batch in batches:
         result = bench.decode(batch, args.prompt, args.steps)
         result["roofline_tokens_per_s"] = roofline(manifest, page_tokens, batch, result["context"], gbps)
         report["decode"][batch] = result
         print(json.dumps({batch: result}), flush=True)
-    for tokens in [int(t) for t in args.prefills.split(",") if t]:
+    for tokens in prefills:
         report["prefill"][tokens] = bench.prefill(tokens)
         print(json.dumps({tokens: report["prefill"][tokens]}), flush=True)
     name = f"gpu_decode_{args.kernel_arch}" if args.kernel_arch else "gpu_decode"
     (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {out / name}.json")
     print(f"\nkernels {executor.architecture()}, startup {startup:.2f} s, cache pages {executor.cache_pages}, device copy {gbps:.0f} GB/s (read+write)")
     print(f"{'batch':>5} {'nodes':>5} {'tok/s':>9} {'step us':>8} {'gpu us':>7} {'rt us':>7} {'pack us':>7} "
           f"{'launch us':>9} {'roofline':>9} {'llama.cpp':>10} {'HF':>14}")

@@ -1,8 +1,8 @@
 """llama.cpp beside the CUDA executor on the H200: the same model shapes, measured in the same run.
 
-    here    python bench/gpu_llama_peer.py carry .carry_llama [--recipe NAME ...]
-    device  python3 bench/gpu_llama_peer.py build --carry .carry_llama                  (~6 min)
-            python3 bench/gpu_llama_peer.py run --carry .carry_llama --bundle DIR ... --out $OUT
+    here    python -m bench.gpu_llama_peer carry .carry_llama [--recipe NAME ...]
+    device  python3 -m bench.gpu_llama_peer build --carry .carry_llama                  (~6 min)
+            python3 -m bench.gpu_llama_peer run --carry .carry_llama --bundle DIR ... [--out DIR | --results]
 
 `carry` fills a folder that travels in one device call (~10 MB): llama.cpp 0c1e5709 as vendored
 by the llama-cpp-python 0.3.36 source package (trimmed of models, docs and the non-CUDA ggml
@@ -22,12 +22,13 @@ never both on the GPU at once:
     context 0 -> 128);
   - llama-batched-bench -npp 128 -ntg 128 -npl 1,8,64 -ngl 99 -fa on (JSONL): decode of B
     sequences after a 128-token prompt each (S_TG, tokens/s over the batch);
-  - bench/gpu_decode.py with HELIOS_RANDOM_WEIGHTS=1 (random weights of the prepared layout)
+  - python -m bench.gpu_decode with HELIOS_RANDOM_WEIGHTS=1 (random weights of the prepared layout)
     --batches 1,8,64 --prefills 512 --prompt 128 --steps 128: decode after the same 128-token
     prompt, and a 512-token prefill.
 Ratios ours / llama.cpp: decode b1 against tg128 (and against batched-bench B=1, the same
 context as ours), b8 and b64 against batched-bench, prefill 512 against pp512. Written to
-$OUT/<name>.json and .txt (copy them to bench/results/ with the device in the name).
+<name>.json and .txt in the GPU's folder (bench/harness.py: var/bench/<gpu>/, with --results
+bench/results/<gpu>/).
 """
 from __future__ import annotations
 
@@ -43,10 +44,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench import gguf_shape  # noqa: E402
+from bench import gguf_shape
+from bench.harness import ROOT, add_output_arguments, output_dir
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 LLAMA_CPP_COMMIT = "0c1e5709"
@@ -153,9 +152,9 @@ class Command:
     seconds: float
 
 
-def execute(argv: list[str], env: dict[str, str], timeout: int) -> Command:
+def execute(argv: list[str], env: dict[str, str], timeout: int, cwd: pathlib.Path | None = None) -> Command:
     t0 = time.time()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     command = Command(argv, done.stdout, done.stderr, time.time() - t0)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -212,10 +211,10 @@ def measure_llama_cpp(work: pathlib.Path, model: pathlib.Path) -> dict:
 
 def measure_ours(bundle: pathlib.Path, out: pathlib.Path) -> dict:
     env = dict(os.environ, HELIOS_BUNDLE_DIR=str(bundle.resolve()), HELIOS_RANDOM_WEIGHTS="1")
-    argv = [sys.executable, str(ROOT / "bench" / "gpu_decode.py"), "--out", str(out),
+    argv = [sys.executable, "-m", "bench.gpu_decode", "--out", str(out),
             "--batches", ",".join(map(str, BATCHES)), "--prefills", str(PREFILL),
             "--prompt", str(PROMPT), "--steps", str(STEPS)]
-    command = execute(argv, env, 300)
+    command = execute(argv, env, 300, cwd=ROOT)
     return read_ours(json.loads((out / "gpu_decode.json").read_text())) | {
         "command": "HELIOS_RANDOM_WEIGHTS=1 " + " ".join(argv), "seconds": round(command.seconds, 1),
         "log": command.stdout[-4000:]}
@@ -310,7 +309,7 @@ def run(folder: pathlib.Path, work: pathlib.Path, bundles: list[pathlib.Path], o
     missing = sorted(set(by_recipe) - set(shapes))
     if missing:
         raise SystemExit(f"--bundle for {missing}: no shape file in {folder} "
-                         f"(python bench/gpu_llama_peer.py carry {folder} --recipe NAME)")
+                         f"(python -m bench.gpu_llama_peer carry {folder} --recipe NAME)")
     for recipe in shapes:                 # every shape file: llama.cpp; with a bundle, ours beside it
         model, bundle = work / f"{recipe}.f16.gguf", by_recipe.get(recipe)
         entry: dict = {}
@@ -351,7 +350,7 @@ def main() -> None:
     r.add_argument("--bundle", type=pathlib.Path, action="append", default=[],
                    help="a folder with a model bundle (tests/gpu/model_bundle.py), repeatable; a shape "
                         "file without a bundle gets llama.cpp's figures only")
-    r.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "out")))
+    add_output_arguments(r)
     r.add_argument("--name", default="gpu_llama_peer")
     args = parser.parse_args()
     if args.command == "carry":
@@ -359,7 +358,7 @@ def main() -> None:
     elif args.command == "build":
         build(args.carry, args.work)
     else:
-        run(args.carry, args.work, args.bundle, args.out, args.name)
+        run(args.carry, args.work, args.bundle, output_dir(args.out, args.results, "gpu"), args.name)
 
 
 if __name__ == "__main__":

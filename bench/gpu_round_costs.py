@@ -1,6 +1,6 @@
 """Device time of the rounds the scheduler chooses between, on the H200 (CUDA executor).
 
-    python bench/gpu_round_costs.py [--out DIR] [--rows 64,128] [--prompt 32]
+    python -m bench.gpu_round_costs [--out DIR | --results] [--rows 64,128] [--prompt 32]
 
 What admission costs the GPU: for R rows, a DECODE round of R decoding lanes; a MIXED round
 of R - 1 decoding lanes and one new `--prompt`-token prompt; rounds of prompts only (PREFILL)
@@ -9,30 +9,24 @@ time of one graph replay (events around back-to-back replays of the packed frame
 bench/gpu_decode.py measures decode), with the smallest variant that holds the round, as
 the scheduler picks it. Then the per-kernel GPU time of the MIXED and DECODE rounds at the
 largest R (event nodes between nodes): where a MIXED round's extra time goes. The
-scheduler's admission_burst weighs these (docs/scheduler.md). Writes gpu_round_costs.json.
+scheduler's admission_burst weighs these (docs/scheduler.md). Writes gpu_round_costs.json to the
+GPU's folder (bench/harness.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import timing  # noqa: E402
-from gpu_decode import Bench  # noqa: E402
-from model_bundle import load_bundle  # noqa: E402
-
-from helios_backend.executors.cuda.driver import load_driver  # noqa: E402
-from helios_backend.engine.settings import StartupOptions  # noqa: E402
-from helios_backend.engine.setup import derive_setup  # noqa: E402
-from helios_backend.packing import PackedLane, SamplingParameters, SlotInitialization  # noqa: E402
-from helios_proto import contract_pb2 as C  # noqa: E402
+from bench.gpu_decode import Bench
+from bench.harness import add_output_arguments, output_dir
+from helios_backend.executors.cuda.driver import load_driver
+from helios_backend.engine.settings import StartupOptions
+from helios_backend.engine.setup import derive_setup
+from helios_backend.packing import PackedLane, SamplingParameters, SlotInitialization
+from helios_proto import contract_pb2 as C
+from tests.gpu import timing
+from tests.gpu.model_bundle import load_bundle
 
 
 def initialization(bench: Bench, lane: PackedLane) -> PackedLane:
@@ -70,13 +64,12 @@ def per_kernel(bench: Bench, program: str, lanes: list[PackedLane]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_round_costs", description=__doc__.split("\n\n")[0])
+    add_output_arguments(parser)
     parser.add_argument("--rows", default="64,128")
     parser.add_argument("--prompt", type=int, default=32)
     args = parser.parse_args()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args.out, args.results, "gpu")
     contract, manifest, read = load_bundle()
     model = derive_setup(contract, manifest, read, StartupOptions(core_path=pathlib.Path("bundle"),
                                                                   executor="cuda")).model

@@ -2,7 +2,7 @@
 
     ncu --clock-control none --graph-profiling node --kernel-name regex:"<kernels>" \
         --launch-skip 150 --launch-count 5 --section SpeedOfLight --section LaunchStats \
-        --section Occupancy python3 bench/gpu_step_ncu.py
+        --section Occupancy python3 -m bench.gpu_step_ncu
 
 Admits one request, prefills 16 tokens (one launch of every layer kernel per layer: the
 --launch-skip above passes them), then runs one decode step at --batch rows. Needs the
@@ -11,20 +11,12 @@ model bundle (tests/gpu/model_bundle.py); HELIOS_RANDOM_WEIGHTS=1 is fine for ti
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from executor_model import ExecutorModel  # noqa: E402
-from gpu_decode import Bench  # noqa: E402
-from model_bundle import load_bundle  # noqa: E402
-
-from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions  # noqa: E402
-from helios_proto import contract_pb2 as C  # noqa: E402
+from bench.gpu_decode import Bench
+from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions
+from helios_proto import contract_pb2 as C
+from tests.gpu.executor_model import ExecutorModel
+from tests.gpu.model_bundle import load_bundle
 
 
 def main() -> None:

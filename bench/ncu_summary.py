@@ -1,6 +1,6 @@
 """Condense `ncu --csv --page details` output to one line per kernel launch.
 
-    python3 bench/ncu_summary.py ncu.csv
+    python3 -m bench.ncu_summary ncu.csv
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Host packing time per step, on the CPU: what the GPU step has to hide.
 
-    python bench/packing.py [--calls 1000] [--json PATH]
+    python -m bench.packing [--calls 1000] [--json PATH]
 
 Prepares the benchmark contract in memory (tests/gpu/model_bundle.bench_options: the
 SmolLM2 recipe with decode variants to 128 rows, the contract bench/gpu_decode.py runs;
@@ -26,24 +26,18 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import time
 from typing import Callable, Sequence
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-
-from model_bundle import bench_options  # noqa: E402
-
-from helios_backend.packing import PackedLane, Packer  # noqa: E402
-from helios_backend.scheduler import plan as sp  # noqa: E402
-from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings  # noqa: E402
-from helios_backend.engine.runner import ProgramRunner  # noqa: E402
-from helios_proto import contract_pb2 as C  # noqa: E402
-from tests.packing_reference import ReferencePacker  # noqa: E402
+from helios_backend.packing import PackedLane, Packer
+from helios_backend.scheduler import plan as sp
+from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings
+from helios_backend.engine.runner import ProgramRunner
+from helios_proto import contract_pb2 as C
+from tests.gpu.model_bundle import bench_options
+from tests.packing_reference import ReferencePacker
 
 BATCHES = (1, 8, 32, 64, 128)
 PREFILL = 512

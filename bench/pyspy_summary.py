@@ -3,7 +3,7 @@ bench/served.py writes with --profile): the share of samples per thread and per 
 (inclusive), the functions that were on top of the stack (exclusive), each as a percentage of
 all samples in the file.
 
-    python bench/pyspy_summary.py pyspy_stub.txt [--top 25] [--json OUT.json]
+    python -m bench.pyspy_summary pyspy_stub.txt [--top 25] [--json OUT.json]
 
 With `--gil` profiles (bench/served.py records those) the samples are the moments a thread held
 the GIL, so the shares are of the work that serializes the process.

@@ -1,6 +1,6 @@
 """Tensor-parallel ranks as processes against ranks as threads: the same outputs, and what a step costs.
 
-    python bench/rank_processes.py --bundles DIR --out $OUT [--executor cuda] [--steps 64] [--timed 200]
+    python -m bench.rank_processes --bundles DIR [--out DIR | --results] [--executor cuda] [--steps 64] [--timed 200]
 
 Needs the TP=1 and TP=2 bundles of tests/gpu/tensor_parallel.py (`build` there) and, for the
 CUDA executor, two GPUs. Two parts, one report:
@@ -14,17 +14,17 @@ CUDA executor, two GPUs. Two parts, one report:
      launches, waits and reads its completion: LockstepGenerator.decode_round); the median
      round in µs per mode and the ratio process / thread, measured in the same run.
 
-Prints both tables and writes rank_processes.json under --out. CPU dry run (both parts on the
+Prints both tables and writes rank_processes.json (and tensor_parallel.json) to the device's
+folder (bench/harness.py: the GPU's with the cuda executor, else the CPU's). CPU dry run (both parts on the
 numpy executor; rank 1 then sums through the rank link, not NCCL):
 
     python tests/gpu/tensor_parallel.py build --no-kernels --out /tmp/tpb
-    python bench/rank_processes.py --bundles /tmp/tpb --executor numpy --steps 8 --timed 8 --out /tmp/rp
+    python -m bench.rank_processes --bundles /tmp/tpb --executor numpy --steps 8 --timed 8 --out /tmp/rp
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import shutil
 import statistics
@@ -32,11 +32,8 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-
-import tensor_parallel as tp  # noqa: E402
+from bench.harness import add_output_arguments, output_dir
+from tests.gpu import tensor_parallel as tp
 
 BATCHES = (1, 64)
 
@@ -75,15 +72,14 @@ def step_costs(bundle: pathlib.Path, executor: str, rank_peers: str, workdir: pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundles", default=None, help="folder holding tp1.bin and tp2.bin (default .carry_model)")
-    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    add_output_arguments(parser)
     parser.add_argument("--executor", default="cuda", choices=["cuda", "numpy"])
     parser.add_argument("--steps", type=int, default=64, help="greedy steps of the equality part")
     parser.add_argument("--batches", default="1,8", help="greedy batches of the equality part")
     parser.add_argument("--timed", type=int, default=200, help="timed decode rounds per batch and mode")
     args = parser.parse_args(argv)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from model_bundle import BUNDLE_DIR
+    out = output_dir(args.out, args.results, "gpu" if args.executor == "cuda" else "cpu")
+    from tests.gpu.model_bundle import BUNDLE_DIR
 
     bundles = pathlib.Path(args.bundles or BUNDLE_DIR)
     started = time.time()

@@ -1,6 +1,6 @@
 """Host time of the serving loop's scheduling per round, on the CPU, under closed-loop load.
 
-    python bench/scheduler_round.py [--concurrency 16,64,128,256] [--requests-per-slot 3] [--json PATH]
+    python -m bench.scheduler_round [--concurrency 16,64,128,256] [--requests-per-slot 3] [--json PATH]
 
 What the GPU step has to hide besides packing (bench/packing.py): the engine loop's
 Scheduler.schedule / pipeline_next / complete for every round, exactly as EngineLoop calls
@@ -12,20 +12,27 @@ The variant table is the device bundle's (tests/gpu/model_bundle.bench_options):
 256 rows, MIXED to 256 rows with chunks to 1,024 tokens, prefill 32/128/512.
 
 Columns: rounds and how many were planned on the second frame; host us per round and per
-generated token; tokens per round (the batch the loop keeps). `--root DIR` measures the
-scheduler of another checkout (same load, same simulated engine) for a before/after figure.
+generated token; tokens per round (the batch the loop keeps). For a before/after figure, run the
+same command from the root of another checkout (a `git worktree` of the older commit): the
+package imports the scheduler of the checkout it runs in.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import pathlib
-import sys
 import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from helios_proto import contract_pb2 as cp
+
+from helios_backend.scheduler.completion import CompletionFormat
+from helios_backend.scheduler.plan import Variant
+from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+from helios_backend.scheduler.variants import VariantTable
+from tests.scheduler_sim import SimulatedEngine, completion_layout
 
 
 def main() -> None:
@@ -33,7 +40,6 @@ def main() -> None:
     parser.add_argument("--concurrency", default="16,64,128,256")
     parser.add_argument("--requests-per-slot", type=int, default=3)
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--root", type=pathlib.Path, default=ROOT)
     parser.add_argument("--json", default="")
     parser.add_argument("--return-rounds", type=int, default=0,
                         help="rounds between a request's end and its client's next request (the gateway, Triton "
@@ -44,15 +50,6 @@ def main() -> None:
     parser.add_argument("--wide-admission", action="store_true",
                         help="add PREFILL variants of 16 and 64 rows and initialization of 16 and 64 slots")
     args = parser.parse_args()
-    sys.path.insert(0, str(args.root))
-    from helios_proto import contract_pb2 as cp
-
-    from helios_backend.scheduler.completion import CompletionFormat
-    from helios_backend.scheduler.plan import Variant
-    from helios_backend.scheduler.request import RequestSpec, SamplingSettings
-    from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
-    from helios_backend.scheduler.variants import VariantTable
-    from tests.scheduler_sim import SimulatedEngine, completion_layout
 
     rows = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     table = [Variant(cp.OPERATION_DECODE, f"decode.r{r}", r, r) for r in rows]

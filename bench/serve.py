@@ -8,7 +8,8 @@ or let it start one (helios-serve on free ports, stopped afterwards):
 Several loads in one run (`--concurrency 1,4,16`) also give the curves `vllm bench serve`
 users plot: throughput and latency against concurrency. Every run writes its text, a JSON
 document (per load: both phases' figures and their ratios) and a PNG of those curves to
-`--result-dir` (default bench/results, stem `--result-name`). `--ignore-eos` fixes every
+var/bench/<device>/ (`--results`: bench/results/<device>/, `--out DIR`: DIR; bench/harness.py),
+stem `--result-name`. `--ignore-eos` fixes every
 output at `--max-tokens` (vLLM's field, in both phases).
 
 Two phases run the same greedy requests (same prompt ids, same output limit) under the same
@@ -36,16 +37,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +54,7 @@ from gateway.served_model import ServedModel
 from gateway.triton_client import StreamTerminal, TokenBatch, TritonBackend
 from helios_proto import transport_pb2 as tp
 
+from bench.harness import add_output_arguments, output_dir, serving
 from bench.sse import RequestTiming, load_session, stream_completion, token_ids_count
 
 PROMPTS = [
@@ -242,9 +238,9 @@ def plot(levels: list[dict], path: Path, title: str) -> None:  # type: ignore[ty
 
 
 def write_results(text: str, levels: list[dict], args: argparse.Namespace) -> list[Path]:  # type: ignore[type-arg]
-    """<result-dir>/<result-name>.{txt,json,png}; the paths written."""
-    directory = Path(args.result_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    """<folder>/<result-name>.{txt,json,png} (bench/harness.py's folder of the device measured:
+    the GPU with the cuda executor, else the CPU); the paths written."""
+    directory = output_dir(args.out, args.results, "gpu" if args.executor == "cuda" else "cpu")
     stem = directory / (args.result_name or time.strftime("serve-%Y%m%d-%H%M%S"))
     document = {"benchmark": "bench.serve", "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
                 "ignore_eos": args.ignore_eos, "rounds": args.rounds, "seed": args.seed, "levels": levels}
@@ -254,47 +250,6 @@ def write_results(text: str, levels: list[dict], args: argparse.Namespace) -> li
     plot(levels, paths[2], f"bench.serve: {args.num_prompts} requests, max_tokens {args.max_tokens}"
          + (", ignore_eos" if args.ignore_eos else ""))
     return paths
-
-
-# ---- a self-started stack -----------------------------------------------------------------------
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-@contextlib.contextmanager
-def started_stack(core: Path, timeout_s: float = 600, executor: str = "numpy") -> Iterator[tuple[str, str]]:
-    http, grpc_port, metrics, gateway = _free_ports(4)
-    serve = Path(sys.executable).with_name("helios-serve")
-    process = subprocess.Popen([str(serve), "--core", str(core), "--executor", executor, "--http-port", str(http),
-                                "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
-                                "--gateway-port", str(gateway)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{gateway}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"helios-serve exited with {process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            time.sleep(0.5)
-        else:
-            raise TimeoutError("the stack did not become healthy")
-        yield url, f"127.0.0.1:{grpc_port}"
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 async def gateway_cpu_seconds(client: httpx.AsyncClient) -> float:
@@ -387,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="every output runs to --max-tokens")
     parser.add_argument("--api-key", default=os.environ.get("HELIOS_API_KEY") or os.environ.get("OPENAI_API_KEY"),
                         help="the gateway's API key (default $HELIOS_API_KEY, then $OPENAI_API_KEY)")
-    parser.add_argument("--result-dir", default=str(Path(__file__).resolve().parent / "results"))
+    add_output_arguments(parser)        # the device: the GPU with --executor cuda, else the CPU
     parser.add_argument("--result-name", default=None, help="file stem (default serve-<date>-<time>)")
     args = parser.parse_args(argv)
     try:
@@ -395,8 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     if args.core is not None:
-        with started_stack(args.core, executor=args.executor) as (gateway_url, triton_url):
-            text, levels = asyncio.run(measure(gateway_url, triton_url, args))
+        with serving(args.core, args.executor) as stack:
+            text, levels = asyncio.run(measure(stack.url, stack.grpc, args))
     elif args.gateway and args.triton:
         text, levels = asyncio.run(measure(args.gateway, args.triton, args))
     else:

@@ -1,9 +1,9 @@
 """Served throughput on the device: what a client measures through the gateway and tritonserver,
 beside the engine and llama-server measured in the same run.
 
-    python bench/served.py --out DIR [--llama-server BIN --llama-gguf F16.gguf]
+    python -m bench.served [--out DIR | --results] [--llama-server BIN --llama-gguf F16.gguf]
                            [--concurrency 1,8,16,32,64,128,256] [--prompts 32,1024] [--output-tokens 128]
-    python bench/served.py --out DIR --from-json RUN1/served_h200.json [RUN2/served_h200.json ...]
+    python -m bench.served [--out DIR | --results] --from-json RUN1/served.json [RUN2/served.json ...]
 
 Runs on the GPU machine with the model bundle (tests/gpu/model_bundle.py; HELIOS_RANDOM_WEIGHTS=1
 gives seeded random weights of the real layout: decode speed does not depend on the values). In
@@ -26,8 +26,9 @@ order, each phase owning the GPU alone:
    first token and the gateway's ingress to first token;
 3. llama-server (llama.cpp built on the device, same shape, F16, the same load and prompts).
 
-Prints one table per prompt length and writes DIR/served_h200.jsonl, one object per
-(prompt length, concurrency), and DIR/served_h200.json (everything).
+Prints one table per prompt length and writes served.jsonl, one object per (prompt length,
+concurrency), and served.json (everything) to the GPU's folder (bench/harness.py: var/bench/<gpu>/,
+with --results bench/results/<gpu>/, or --out DIR).
 """
 from __future__ import annotations
 
@@ -35,26 +36,20 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import pathlib
 import random
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+from bench.harness import (BUNDLE_NAMESPACE, add_output_arguments, cpu_seconds, free_ports, gpu_name, metric,
+                           output_dir, serving, stack_pids, stop_group, wait_http, write_bundle_core)
+from bench.sse import RequestTiming, content_chunk_count, load_session, stream_completion, token_ids_count
 
-from bench.sse import RequestTiming, content_chunk_count, load_session, stream_completion, token_ids_count  # noqa: E402
-
-NAMESPACE = "helios.local/served-bench"
+REPORT, TABLE = "served.json", "served.jsonl"    # the run's figures; one row per (prompt length, concurrency)
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
          "government company number group problem fact water story night money river ocean city music paper").split()
 
@@ -153,11 +148,10 @@ STACK_FAMILIES = ("flare_graph_launches_total", "flare_worker_seconds_total", "f
 
 
 def scrape(url: str) -> dict[str, float]:
-    """The families above from one Prometheus text page (bench/soak.py's reader); launches keyed
+    """The families above from one Prometheus text page (bench/harness.py's reader); launches keyed
     by operation."""
     import httpx
 
-    from bench.soak import metric
     from helios_backend.engine.metrics import OPERATION_LABEL
     from helios_backend.engine.worker_clock import PHASE_LABEL
 
@@ -213,106 +207,12 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
             "gateway_ttft_mean_ms": mean_ms("helios_gateway_time_to_first_token_seconds")}
 
 
-# ---- processes and CPU -------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def pids_named(*names: str) -> list[int]:
-    out = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if any(n in cmd for n in names):
-                out.append(int(entry.name))
-    return out
-
-
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def stack_pids(serve: int) -> tuple[list[int], list[int], list[int]]:
-    """(gateway processes, backend stubs, engine processes) of one helios-serve: its gateway
-    parent and workers, the stub, and the stub's engine process (none with --no-engine-process)."""
-    tree = descendants(serve)
-    gateways = [pid for pid in tree if "gateway.cli" in cmdline(pid)]
-    return ([pid for g in gateways for pid in descendants(g)],
-            [pid for pid in tree if "triton_python_backend_stub" in cmdline(pid)],
-            [pid for pid in tree if "helios_backend.engine.process_child" in cmdline(pid)])
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:  # type: ignore[type-arg]
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
-
-
-def stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 # ---- phases --------------------------------------------------------------------------------
 
 def engine_phase(batches: list[int], prompts: list[int], steps: int, queue) -> None:  # type: ignore[no-untyped-def]
     """In a child process, so the GPU is free afterwards."""
-    from model_bundle import load_bundle
-
     from bench.gpu_decode import Bench
+    from tests.gpu.model_bundle import load_bundle
     from helios_backend.engine.settings import StartupOptions
     from helios_backend.engine.setup import derive_setup
 
@@ -332,35 +232,20 @@ def engine_phase(batches: list[int], prompts: list[int], steps: int, queue) -> N
     queue.put(out)
 
 
-def write_core(path: pathlib.Path) -> None:
-    from model_bundle import load_bundle, read_payload, write_core as write, BUNDLE_DIR
-
-    contract, manifest, read = load_bundle()
-    payload = read_payload(BUNDLE_DIR / "bundle.bin")
-    resources = {rid: read(rid) for rid in list(payload["resources"]) + list(payload["weights_sha256"])}
-    write(path, contract, manifest, resources, NAMESPACE)
-
-
 def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int], prompts: list[int]) -> dict:
-    port, grpc, http, metrics = free_port(), free_port(), free_port(), free_port()
     top = max(levels)
-    cmd = ["helios-serve", "--core", str(core), "--executor", args.executor, "--acceptance", args.acceptance,
-           "--concurrency", str(min(top, args.rows)), "--max-active", str(min(top, args.rows)),
-           "--queue-capacity", str(2 * top), "--gateway-port", str(port), "--grpc-port", str(grpc),
-           "--http-port", str(http), "--metrics-port", str(metrics)] + args.serve_args
-    log = open(pathlib.Path(args.out) / "served_stack.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    extra = ["--acceptance", args.acceptance, "--concurrency", str(min(top, args.rows)),
+             "--max-active", str(min(top, args.rows)), "--queue-capacity", str(2 * top)] + args.serve_args
     out: dict = {}
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", 600, proc)
-        base = f"http://127.0.0.1:{port}"
+    with serving(core, args.executor, extra, args.out / "served_stack.log") as stack:
+        base = stack.url
         model = json_get(f"{base}/v1/models")["data"][0]["id"]
         drive(base, model, 16, 8, 16, 16, True, 10_000)           # warm-up
-        gateway, stub, engine = stack_pids(proc.pid)
+        gateway, stub, engine = stack_pids(stack.proc.pid)
         print(f"gateway processes {gateway}, backend stub {stub}, engine process {engine}", flush=True)
         for words in prompts:
             for c in levels:
-                pages = (f"http://127.0.0.1:{metrics}/metrics", f"{base}/metrics")
+                pages = (stack.metrics, f"{base}/metrics")
                 counted = [scrape(url) for url in pages]
                 before = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
                 timings, wall, client_share = drive(base, model, words, c, requests_at(c), args.output_tokens, True,
@@ -398,9 +283,6 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                     profile(args, {"stub": stub[0], "gateway": busiest} | ({"engine": engine[0]} if engine else {}),
                             base, model, words, c)
                 checkpoint(args, "served", out)
-    finally:
-        stop(proc)
-        log.close()
     return out
 
 
@@ -416,7 +298,7 @@ def profile(args: argparse.Namespace, pids: dict[str, int], base: str, model: st
     runs = [(name, pid, "--gil") for name, pid in pids.items()] + [
         (f"{name}_idle", pid, "--idle") for name, pid in pids.items() if name == "engine"]
     procs = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", "4", "-r", "250", mode, "-f", "raw",
-                               "-o", str(pathlib.Path(args.out) / f"pyspy_{name}.txt"), "--nonblocking"],
+                               "-o", str(args.out / f"pyspy_{name}.txt"), "--nonblocking"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid, mode in runs]
     drive(base, model, words, c, 24 * c, args.output_tokens, True, 77_000)
     for p in procs:
@@ -424,14 +306,14 @@ def profile(args: argparse.Namespace, pids: dict[str, int], base: str, model: st
 
 
 def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int]) -> dict:
-    port = free_port()
+    [port] = free_ports(1)
     # -np 256 of this build died with "an illegal instruction was encountered" under the 256-client
     # load (2026-12-01); with 128 slots the 256th client queues in the server, as an operator runs it
     slots = min(max(levels), 128)
     ctx = slots * (max(prompts) * 2 + args.output_tokens + 128)
     cmd = [args.llama_server, "-m", args.llama_gguf, "-ngl", "99", "-fa", "on", "-np", str(slots), "-c", str(ctx),
            "--port", str(port), "--host", "127.0.0.1"]
-    log = open(pathlib.Path(args.out) / "llama_server.log", "w")
+    log = open(args.out / "llama_server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     out: dict = {}
     try:
@@ -450,7 +332,7 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
                 checkpoint(args, "llama_server", out)
                 print(f"llama-server {prompt_label(words)} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
     finally:
-        stop(proc)
+        stop_group(proc)
         log.close()
     return out
 
@@ -466,7 +348,7 @@ def requests_at(concurrency: int, per_client: int = 16) -> int:
 
 def checkpoint(args: argparse.Namespace, phase: str, figures_so_far: dict) -> None:
     """Partial results after every level: a run cut short still leaves its figures."""
-    path = pathlib.Path(args.out) / "served_h200.json"
+    path = args.out / REPORT
     report = json.loads(path.read_text()) if path.exists() else {}
     report[phase] = figures_so_far
     path.write_text(json.dumps(report, indent=1))
@@ -491,19 +373,9 @@ def prompt_label(words: int) -> str:
     return f"prompt ~{words + TEMPLATE_TOKENS} tokens"
 
 
-def gpu_name() -> str | None:
-    """The device the figures come from (they differ between H100 and H200 leases)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30, check=True).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out[0] if out else None
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.served", description=__doc__.split("\n\n")[0])
+    add_output_arguments(parser)
     parser.add_argument("--concurrency", default="1,8,16,32,64,128,256")
     parser.add_argument("--prompts", default="32,1024", help="prompt tokens (approximate: template included)")
     parser.add_argument("--output-tokens", type=int, default=128)
@@ -512,7 +384,7 @@ def main() -> None:
     parser.add_argument("--llama-gguf", default=None)
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--core", type=pathlib.Path, default=None, help="serve this core (default: the bundle's)")
-    parser.add_argument("--acceptance", default=NAMESPACE)
+    parser.add_argument("--acceptance", default=BUNDLE_NAMESPACE)
     parser.add_argument("--executor", default="cuda")
     parser.add_argument("--rows", type=int, default=256, help="request rows the served core captured")
     parser.add_argument("--profile", type=int, default=0, help="py-spy the stack at this concurrency")
@@ -520,21 +392,22 @@ def main() -> None:
     parser.add_argument("--peer-requests-per-client", type=int, default=16,
                         help="requests per client stream of the llama-server levels (below 16: at least 16 a level)")
     parser.add_argument("--from-json", type=pathlib.Path, nargs="+", default=None,
-                        help="measure nothing: the table and served_h200.jsonl in --out from these runs' served_h200.json")
+                        help=f"measure nothing: the table and {TABLE} from these runs' {REPORT} (the folder of "
+                             "the device they name)")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.from_json:
-        pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_table(merged_reports(args.from_json), pathlib.Path(args.out))
+        merged = merged_reports(args.from_json)
+        write_table(merged, output_dir(args.out, args.results, "gpu", merged.get("device")))
         return
     args.deadline = time.monotonic() + args.budget_s
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    device = gpu_name()
+    out = args.out = output_dir(args.out, args.results, "gpu", device)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     prompt_tokens = [int(p) for p in args.prompts.split(",") if p]
     words = [prompt_words(p) for p in prompt_tokens]
     report: dict = {"levels": levels, "prompt_tokens": prompt_tokens, "output_tokens": args.output_tokens,
-                    "device": gpu_name()}
+                    "device": device}
     if not args.skip_engine:
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
@@ -546,24 +419,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         core = args.core or pathlib.Path(tmp) / "served.core"
         if args.core is None:
-            write_core(core)
+            write_bundle_core(core)
         try:
             report["served"] = served_phase(args, core, levels, words)
         except Exception as exc:             # the peer still runs; the table shows what was measured
             print(f"served phase failed: {exc!r}", flush=True)
-            report["served"] = json.loads((out / "served_h200.json").read_text()).get("served", {}) \
-                if (out / "served_h200.json").exists() else {}
+            report["served"] = json.loads((out / REPORT).read_text()).get("served", {}) \
+                if (out / REPORT).exists() else {}
     if args.llama_server and args.llama_gguf:
         try:
             report["llama_server"] = llama_phase(args, levels, words)
         except Exception as exc:
             print(f"llama-server phase failed: {exc!r}", flush=True)
-    (out / "served_h200.json").write_text(json.dumps(report, indent=1))
+    (out / REPORT).write_text(json.dumps(report, indent=1))
     write_table(report, out)
 
 
 def merged_reports(paths: list[pathlib.Path]) -> dict:
-    """One report from the served_h200.json of several runs (e.g. one call per prompt length, or
+    """One report from the served.json of several runs (e.g. one call per prompt length, or
     a run cut short: its checkpoints): later files add levels, phase by phase."""
     report: dict = {"levels": [], "prompt_tokens": [], "output_tokens": None}
     for path in paths:
@@ -578,7 +451,7 @@ def merged_reports(paths: list[pathlib.Path]) -> dict:
 
 
 def write_table(report: dict, out: pathlib.Path) -> None:
-    """Print one table per prompt length; write served_h200.jsonl (one object per measured level)."""
+    """Print one table per prompt length; write served.jsonl (one object per measured level)."""
     levels, prompt_tokens, output_tokens = report["levels"], report["prompt_tokens"], report["output_tokens"]
     words = [prompt_words(p) for p in prompt_tokens]
     lines = []
@@ -606,7 +479,7 @@ def write_table(report: dict, out: pathlib.Path) -> None:
                   f"{l_ or float('nan'):>9.0f} {row['served_over_llama_server'] or float('nan'):>7.1f} "
                   f"{s['ttft_p50_ms']:>9.1f} {s['ttft_p99_ms']:>9.1f} {s['itl_p50_ms']:>8.2f} {s['itl_p99_ms']:>8.2f} "
                   f"{s['tpot_p50_ms']:>9.2f} {s['gateway_cpu_us_per_token']:>9.0f} {s['backend_cpu_us_per_token']:>9.0f}")
-    (out / "served_h200.jsonl").write_text("\n".join(lines) + "\n")
+    (out / TABLE).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ answered each admitted request once (admitted = finished + failed), and that not
 restarted or ended as lost (helios-serve's restarts, the gateway's backend watch).
 
 The peer is the run itself: throughput and latency of the last window as ratios of the
-first (a leak or a slowdown shows as a ratio below one). Text and JSON go to bench/results.
+first (a leak or a slowdown shows as a ratio below one). Text and JSON (soak.txt, soak.json) go
+to var/bench/<device>/ (`--results`: bench/results/<device>/; bench/harness.py).
 """
 
 from __future__ import annotations
@@ -30,11 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +41,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.harness import BUNDLE_NAMESPACE, add_output_arguments, metric, output_dir, serving, write_bundle_core
 from gateway.served_model import ServedModel
 from gateway.triton_client import TritonBackend
 
@@ -158,17 +156,6 @@ def _judge(kind: str, status: int, headers: httpx.Headers, started: float, token
     return Outcome(kind, status, started, time.monotonic(), tokens, problem)
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            metric_name, _, label_text = head.partition("{")
-            if metric_name == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
-                total += float(value)
-    return total
-
-
 async def derived_body_bound(grpc: str) -> int:
     """The body bound the gateway derives from the served model (oversized requests exceed it)."""
     backend = TritonBackend(grpc)
@@ -176,43 +163,6 @@ async def derived_body_bound(grpc: str) -> int:
         return ServedModel.from_assets(await backend.fetch_assets(timeout_s=30)).default_body_bytes
     finally:
         await backend.close()
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-@contextlib.contextmanager
-def serve(core: Path, executor: str, extra: list[str], log: Path):  # type: ignore[no-untyped-def]
-    http, grpc, metrics, gateway = free_ports(4)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "helios-serve"), "--core", str(core),
-                                 "--executor", executor, "--http-port", str(http), "--grpc-port", str(grpc),
-                                 "--metrics-port", str(metrics), "--gateway-port", str(gateway), *extra],
-                                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{gateway}"
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline and proc.poll() is None:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=5).status_code == 200:
-                        break
-                time.sleep(0.5)
-            else:
-                raise RuntimeError(f"helios-serve did not become healthy; see {log}")
-            yield url, f"http://127.0.0.1:{metrics}/metrics", f"127.0.0.1:{grpc}"
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 async def load(url: str, seconds: float, concurrency: int, seed: int, body_bound: int) -> list[Outcome]:
@@ -317,37 +267,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=0, help="clients (default: the gateway's permits + 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--serve-arg", action="append", default=[], help="an extra helios-serve argument")
-    p.add_argument("--out", type=Path, default=Path("bench/results/soak_cpu"))
-    p.add_argument("--log", type=Path, default=None, help="the stack's log (default var/<out name>.serve.log)")
+    add_output_arguments(p)
+    p.add_argument("--log", type=Path, default=None, help="the stack's log (default: soak.serve.log beside the results)")
     args = p.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    log = args.log or Path("var") / (args.out.name + ".serve.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
+    # the device measured: the GPU for the cuda executor, else this machine's CPU
+    out = output_dir(args.out, args.results, "gpu" if args.executor == "cuda" else "cpu")
+    log = args.log or out / "soak.serve.log"
     with contextlib.ExitStack() as stack:
         core, extra = args.core, list(args.serve_arg)
         if args.from_bundle:
-            from bench.served import NAMESPACE, write_core
             core = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "soak.core"
-            write_core(core)
-            extra += ["--acceptance", NAMESPACE]
+            write_bundle_core(core)
+            extra += ["--acceptance", BUNDLE_NAMESPACE]
         outcomes, concurrency, gateway_text, backend_text = run(core, args, extra, log)
     report = Report(args.minutes, concurrency)
     summarize(report, outcomes, gateway_text, backend_text)
     text = render(report)
     print(text)
-    args.out.with_suffix(".txt").write_text(text + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(asdict(report), indent=1) + "\n")
+    (out / "soak.txt").write_text(text + "\n")
+    (out / "soak.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
+    print(f"wrote {out / 'soak.txt'} and soak.json")
     return 1 if report.problems else 0
 
 
 def run(core: Path, args: argparse.Namespace, extra: list[str], log: Path
         ) -> tuple[list[Outcome], int, str, str]:
-    with serve(core, args.executor, extra, log) as (url, backend, grpc):
-        permits = int(metric(httpx.get(url + "/metrics").text, "helios_gateway_admission_permits"))
+    with serving(core, args.executor, extra, log) as stack:
+        permits = int(metric(httpx.get(stack.url + "/metrics").text, "helios_gateway_admission_permits"))
         concurrency = args.concurrency or permits + 8
-        body_bound = asyncio.run(derived_body_bound(grpc))
-        outcomes = asyncio.run(load(url, args.minutes * 60, concurrency, args.seed, body_bound))
-        gateway_text, backend_text = settle(url, backend)
+        body_bound = asyncio.run(derived_body_bound(stack.grpc))
+        outcomes = asyncio.run(load(stack.url, args.minutes * 60, concurrency, args.seed, body_bound))
+        gateway_text, backend_text = settle(stack.url, stack.metrics)
     return outcomes, concurrency, gateway_text, backend_text
 
 

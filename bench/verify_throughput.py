@@ -1,7 +1,7 @@
 """Verification throughput of `helios-core verify` on a multi-GiB core, beside
 `sha256sum` and `zstd -d` on the same stored bytes, in the same run.
 
-    .venv/bin/python bench/verify_throughput.py [--gib 2] [--workdir DIR] [--keep]
+    .venv/bin/python -m bench.verify_throughput [--gib 2] [--workdir DIR] [--keep]
 
 It writes one weight-like resource (fp16 values of a normal distribution, which zstd
 level 3 barely compresses, as with real weights) into a payload core, warms the page
@@ -26,12 +26,9 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from helios_backend.core import ResourceInput, ResourceKind, open_core, write_payload_core  # noqa: E402
-from tests.contract_samples import sample_contract, sample_manifest  # noqa: E402
-from tests.core_helpers import NAMESPACE, SIGNING_KEY  # noqa: E402
+from helios_backend.core import ResourceInput, ResourceKind, open_core, write_payload_core
+from tests.contract_samples import sample_contract, sample_manifest
+from tests.core_helpers import NAMESPACE, SIGNING_KEY
 
 BLOCK_NBYTES = 64 << 20
 
@@ -84,7 +81,7 @@ def main() -> int:
     workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="helios-verify-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     weights, core_path, frame_path = workdir / "weights.bin", workdir / "bench.core", workdir / "weights.zst"
-    script = shutil.which("helios-core", path=str(ROOT / ".venv" / "bin")) or shutil.which("helios-core")
+    script = shutil.which("helios-core", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("helios-core")
     helios_core = [script] if script else [sys.executable, "-m", "helios_backend.cli.core"]
     try:
         decoded = int(args.gib * (1 << 30)) // 2 * 2

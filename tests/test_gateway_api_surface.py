@@ -520,14 +520,14 @@ def test_every_response_is_counted_by_status(stack: Stack, http: httpx.Client) -
     assert count("404") == before["404"] + 1
 
 
-# ---- bench/serve.py: JSON and PNG beside the text --------------------------------------
+# ---- bench.serve: JSON and PNG beside the text --------------------------------------
 
 def test_bench_serve_writes_json_and_a_plot_per_concurrency(stack: Stack, tmp_path: Path) -> None:
     from bench import serve as bench_serve
 
     bench_serve.main(["--gateway", stack.gateway.base_url, "--triton", stack.server.grpc_url, "--api-key", API_KEY,
                       "--num-prompts", "4", "--concurrency", "1,2", "--max-tokens", "5", "--ignore-eos",
-                      "--rounds", "2", "--result-dir", str(tmp_path), "--result-name", "run"])
+                      "--rounds", "2", "--out", str(tmp_path), "--result-name", "run"])
     document = json.loads((tmp_path / "run.json").read_text())
     assert [level["concurrency"] for level in document["levels"]] == [1, 2]
     for level in document["levels"]:

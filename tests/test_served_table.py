@@ -1,5 +1,5 @@
-"""bench/served.py's table from stored runs: partial or per-prompt-length runs merge into one
-served_h200.jsonl (the device runs are cut by a call's limit; their checkpoints must still count)."""
+"""bench.served's table from stored runs: partial or per-prompt-length runs merge into one
+served.jsonl (the device runs are cut by a call's limit; their checkpoints must still count)."""
 from __future__ import annotations
 
 import json
@@ -25,12 +25,12 @@ def test_runs_of_each_prompt_length_merge_into_one_table(tmp_path: Path) -> None
                  "engine": {"1024:1": 800.0}, "served": {f"{long_}:1": _served(700.0)}}
     paths = []
     for name, report in (("a", first), ("b", cut_short)):
-        path = tmp_path / name / "served_h200.json"
+        path = tmp_path / name / "served.json"
         path.parent.mkdir()
         path.write_text(json.dumps(report))
         paths.append(path)
     write_table(merged_reports(paths), tmp_path)
-    rows = [json.loads(line) for line in (tmp_path / "served_h200.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "served.jsonl").read_text().splitlines()]
     assert [(r["prompt_tokens"], r["concurrency"]) for r in rows] == [(32, 1), (32, 64), (1024, 1)]
     by = {(r["prompt_tokens"], r["concurrency"]): r for r in rows}
     assert by[(32, 64)]["served_over_engine"] == 0.5 and by[(32, 64)]["served_over_llama_server"] == 12.5
