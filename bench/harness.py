@@ -6,8 +6,8 @@ Results. Every benchmark that writes files writes them to one folder per device,
 `h100-80gb-hbm3`, "NVIDIA H200" -> `h200`) or, for a CPU benchmark, from the CPU's model name
 ("AMD EPYC 7B13 64-Core Processor" -> `amd-epyc-7b13`). By default that folder is
 var/bench/<device>/ (untracked); `--results` puts it under bench/results/<device>/, where the
-figures the README quotes are kept; `--out DIR` names any folder. `output_dir` is that rule,
-`add_output_arguments` its two flags.
+figures the README quotes are kept; `--out DIR` names any folder. `folder_for` is that rule,
+`output_dir` creates its folder, `add_output_arguments` adds the two flags.
 
 The stack. `free_ports`, `wait_http` and `ServeProcess` start helios-serve on free loopback
 ports and wait for it; `metric` reads one Prometheus family from a /metrics page; the /proc
@@ -98,15 +98,19 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def output_dir(out: pathlib.Path | str | None, results: bool, processor: Processor,
                device: str | None = None) -> pathlib.Path:
-    """The folder a benchmark writes to, created: `out` when given, else bench/results/<device>/
-    with `results`, else var/bench/<device>/. <device> is device_slug of `device` (default: the
-    detected device of `processor`)."""
-    if out is not None:
-        folder = pathlib.Path(out)
-    else:
-        folder = (RESULTS if results else UNTRACKED) / device_slug(device or device_name(processor))
+    """The folder a benchmark writes to (folder_for), created."""
+    folder = folder_for(out, results, processor, device)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def folder_for(out: pathlib.Path | str | None, results: bool, processor: Processor,
+               device: str | None = None) -> pathlib.Path:
+    """`out` when given, else bench/results/<device>/ with `results`, else var/bench/<device>/;
+    <device> is device_slug of `device` (default: the detected device of `processor`)."""
+    if out is not None:
+        return pathlib.Path(out)
+    return (RESULTS if results else UNTRACKED) / device_slug(device or device_name(processor))
 
 
 # ---- the stack: ports, health, processes -------------------------------------------------------

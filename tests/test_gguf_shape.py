@@ -188,8 +188,8 @@ def test_ratios_are_ours_over_llama_cpp_and_the_report_prints_them() -> None:
 
 def test_our_figures_are_read_from_gpu_decode_json() -> None:
     # an H200 run of bench/gpu_decode.py on the gemma-3-270m bundle (batches 1, 8, 64; prefill 512)
-    report = json.loads((pathlib.Path(__file__).parents[1] / "bench" / "results"
-                         / "gpu_decode_gemma3_sm_90a_h200.json").read_text())
+    report = json.loads((pathlib.Path(__file__).parent / "fixtures"
+                         / "gpu_decode_gemma3_h200.json").read_text())
     ours = read_ours(report)
     assert sorted(ours["decode"]) == [1, 8, 64]
     assert ours["decode"][64] == report["decode"]["64"]["tokens_per_s"] > ours["decode"][1]
