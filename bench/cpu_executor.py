@@ -157,7 +157,8 @@ def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches
 
 def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
     threads = summary["helios"][0]["threads"] if summary["helios"] else "?"
-    lines = [f"CPU executor vs llama.cpp, {summary['date']}, {threads} thread(s) each, load average "
+    peer = " vs llama.cpp" if summary["llama_cpp"] else ""
+    lines = [f"CPU executor{peer}, {summary['date']}, {threads} thread(s) each, load average "
              f"{summary['load_average']['before']} -> {summary['load_average']['after']}"]
     for name, rounds in (("helios cpu", summary["helios"]), ("llama.cpp", summary["llama_cpp"])):
         for i, f in enumerate(rounds):

@@ -127,14 +127,15 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:  # type: ignore[type-arg]
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Until `url` answers 200; fails early when `proc` exits first."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered")
+            program = proc.args[0] if isinstance(proc.args, list) else proc.args
+            raise RuntimeError(f"{program!s} exited with {proc.returncode} before {url} answered")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=5).status_code == 200:
                 return
@@ -142,7 +143,7 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
     raise TimeoutError(f"{url} not healthy after {timeout_s:.0f} s")
 
 
-def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:  # type: ignore[type-arg]
+def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
     """Stop a process started with start_new_session=True and everything in its group."""
     if proc.poll() is None:
         os.killpg(proc.pid, sig)
@@ -157,7 +158,7 @@ class ServeProcess:
     """helios-serve on free loopback ports: the gateway's URL, Triton's gRPC address and the
     backend's metrics page."""
 
-    def __init__(self, proc: subprocess.Popen, gateway: int, grpc: int, metrics: int) -> None:  # type: ignore[type-arg]
+    def __init__(self, proc: subprocess.Popen[bytes], gateway: int, grpc: int, metrics: int) -> None:
         self.proc = proc
         self.url = f"http://127.0.0.1:{gateway}"
         self.grpc = f"127.0.0.1:{grpc}"
