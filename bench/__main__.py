@@ -51,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
                    help="auto (default): gpu where the CUDA executor can run, else cpu")
     p.add_argument("--core", type=pathlib.Path, default=DEFAULT_CORE,
                    help=f"the prepared core to measure (default {DEFAULT_CORE}: `make core` prepares it)")
-    p.add_argument("--out", type=pathlib.Path, default=None, help="write the results here (default var/bench/<device>/)")
+    p.add_argument("--out", type=pathlib.Path, default=None,
+                   help="write the results here (default var/bench/<device>/)")
     p.add_argument("--results", action="store_true", help="write them into bench/results/<device>/ (tracked)")
     p.add_argument("--no-peer", action="store_true", help="cpu: measure without llama.cpp even where it is installed")
     p.add_argument("--dry-run", action="store_true", help="print the command and run nothing")

@@ -14,7 +14,8 @@ tokens (round trip per chunk). Beside them: the HBM roofline from the manifest's
 (weights + KV read per step) at the copy bandwidth measured in the same run, and the peer
 figures of ../shared/bench/anchors.md (llama.cpp, HF transformers; same shape, same GPU
 model, measured 2026-11-30, not in this run). Finally per-node GPU times (event nodes
-between nodes) for decode at B=1 and B=64, summed per kernel id: what bounds the step.
+between nodes) for decode at B=1 and B=64 (or the widest batch held), summed per kernel id: what
+bounds the step.
 Writes gpu_decode.json (gpu_decode_<arch>.json with --kernel-arch) to the GPU's folder
 (bench/harness.py: var/bench/<gpu>/, --results bench/results/<gpu>/, or --out DIR).
 """
@@ -26,6 +27,7 @@ import pathlib
 import statistics
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +51,7 @@ PEERS_BY_RECIPE = {"smollm2-135m-instruct": {1: ("827-970", "376-384"), 8: ("3,9
 
 
 class Bench:
-    def __init__(self, model) -> None:  # type: ignore[no-untyped-def]   # NativeModel or tests/gpu's ExecutorModel
+    def __init__(self, model: Any) -> None:      # NativeModel, or tests/gpu's ExecutorModel
         self.model = model
         self.driver = LockstepGenerator(model)
         self.vocab = model.contract.model.vocabulary.sampled_tokens
@@ -167,7 +169,7 @@ def profile(bench: Bench, batch: int, prompt: int) -> tuple[str, dict]:
                                     for k, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
 
 
-def held(model, batches: Sequence[int], prefills: Sequence[int]) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
+def held(model: Any, batches: Sequence[int], prefills: Sequence[int]) -> tuple[list[int], list[int]]:
     """The decode batches and prefill lengths some variant of the model holds (a core prepared
     for serving may stop below the bundle's 128 rows and 4,096 tokens)."""
     rows = max((g.capacity.rows for g in model.graphs if g.operation == C.OPERATION_DECODE), default=0)
@@ -179,7 +181,7 @@ def held(model, batches: Sequence[int], prefills: Sequence[int]) -> tuple[list[i
     return kept
 
 
-def load(core: pathlib.Path | None, acceptance: str):  # type: ignore[no-untyped-def]
+def load(core: pathlib.Path | None, acceptance: str) -> tuple[Any, Any, Any]:
     """(contract, manifest, resource reader) of `core`, or of the model bundle without one."""
     if core is None:
         from tests.gpu.model_bundle import load_bundle
@@ -220,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               "copy_GBps": gbps, "decode": {}, "prefill": {}, "profile": {}}
     batches, prefills = held(model, [int(b) for b in args.batches.split(",") if b],
                              [int(t) for t in args.prefills.split(",") if t])
-    for batch in held(model, (1, 64), ())[0]:
+    # per-node profiles at one row and at the widest measured batch up to 64
+    for batch in sorted({1, max([b for b in batches if b <= 64], default=1)}):
         program, result = profile(bench, batch, args.prompt)
         report["profile"][program] = result
         top = list(result["per_kernel"].items())[:8]
