@@ -133,6 +133,8 @@ def test_the_results_index_names_every_stored_file_and_nothing_missing() -> None
         assert fnmatch.filter(stored, pattern), f"the index names {pattern}, which matches no stored file"
     unindexed = {name for name in stored if not any(fnmatch.fnmatchcase(name, p) for p in patterns)}
     assert not unindexed, f"stored results no figure of the index uses: {sorted(unindexed)}"
-    # one folder per device, named by the rule the benchmarks write with
-    assert {name.split("/")[0] for name in stored} == {"h200", "h100-80gb-hbm3", "amd-epyc"}
-    assert harness.device_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3" and harness.device_slug("AMD EPYC") == "amd-epyc"
+    # every file in a device's folder, each folder a name the slug rule can give
+    assert all("/" in name for name in stored)
+    folders = {name.split("/")[0] for name in stored}
+    assert {"h200", "h100-80gb-hbm3"} <= folders
+    assert all(harness.device_slug(folder) == folder for folder in folders)
