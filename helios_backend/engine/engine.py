@@ -119,11 +119,12 @@ class EngineCore:
         auxiliary_frame = executor.frames if executor.auxiliary_frames else None   # the first one after them
         scheduler: Scheduler
         if table.active:
-            scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory))
+            scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory,
+                                                                          model.generations))
             runner: ProgramRunner = SpeculativeProgramRunner(*runner_args, mask_words=mask_words,
                                                              auxiliary_frame=auxiliary_frame, max_width=table.max_width)
         else:
-            scheduler = _stage("scheduler", lambda: Scheduler(config, variants, stop_factory))
+            scheduler = _stage("scheduler", lambda: Scheduler(config, variants, stop_factory, model.generations))
             runner = ProgramRunner(*runner_args, mask_words=mask_words, auxiliary_frame=auxiliary_frame)
         grammar_tokenizer = _stage("grammar tokenizer", lambda: GrammarTokenizer.from_json(
             bootstrap.read_resource(contract.model.frontend.tokenizer_resource).decode("utf-8"),

@@ -28,6 +28,7 @@ from helios_backend.executors.factory import EXECUTORS, RANK_PEERS, ModelOptions
 from helios_backend.engine.settings import BUILT_IN, layered
 from helios_backend.packing import CapacityError, Packer
 from helios_backend.ranks.rank_zero import start_rank_zero
+from helios_backend.scheduler.generations import SlotGenerations
 
 __all__ = ["ModelLoadError", "ModelOptions", "NativeModel", "RankGeometry"]
 
@@ -60,7 +61,7 @@ class NativeModel:
         self.executor = executor
         self.packer = packer
         self.concurrency = concurrency
-        self._slot_generations = [0] * manifest.request_slots
+        self.generations = SlotGenerations(manifest.request_slots)   # every driver of this model takes them here
         self.manifests: tuple[RankGeometry, ...] = tuple(
             RankGeometry(rank=rank, request_slots=manifest.request_slots, concurrency=concurrency,
                          cache_pages=executor.cache_pages, page_tokens=contract.model.cache.page_tokens,
@@ -106,13 +107,6 @@ class NativeModel:
         packer = Packer(graphs, manifest.transport, manifest.request_slots, frames,     # row widths of older cores:
                         layout_graphs=[g for g in contract.model.graphs if g.rank == options.rank])  # every graph
         return cls(contract, manifest, graphs, executor, packer, concurrency)
-
-    def next_generation(self, slot: int) -> int:
-        """A fresh generation for a physical slot being (re)assigned: packing then forgets the
-        page-table entries it remembers for the slot (BND-34). One counter per model, so drivers
-        sharing a model never reuse a (slot, generation) pair."""
-        self._slot_generations[slot] += 1
-        return self._slot_generations[slot]
 
     def program(self, operation: C.Operation.ValueType, rows: int, tokens: int = 0) -> str:
         """The smallest loaded variant of `operation` with >= rows rows and >= tokens packed tokens."""

@@ -114,7 +114,7 @@ class LockstepGenerator:
     def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
         actives = []
         for index, (request, slot) in enumerate(zip(requests, slots)):
-            active = _Active(request, slot, self.model.next_generation(slot), index=index)
+            active = _Active(request, slot, self.model.generations.next(slot), index=index)
             admission = SlotInitialization.for_prompt(request.prompt, self.histogram_bins, request.seed, request.sampling,
                                              request.max_tokens, request.eos_ids or self.eos_ids)
             lane = PackedLane(slot=slot, generation=active.generation, initialization=admission)

@@ -54,13 +54,6 @@ class _CountingDriver(LockstepGenerator):
 
     launches: int | None = None
 
-    def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
-        # each LockstepGenerator numbers generations from 1, so a (slot, generation) pair may repeat across
-        # drivers of one model: forget the page-table entries packing remembers for those slots
-        for slot in slots:
-            self.model.packer.forget_slot(slot)
-        return super().admit(requests, slots)
-
     def step(self, program: str, lanes: Sequence[PackedLane], frame: int = 0) -> np.ndarray:
         rows = super().step(program, lanes, frame)
         if self.launches is None:
