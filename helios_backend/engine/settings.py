@@ -160,11 +160,14 @@ class EffectiveSettings:
 
 
 T = TypeVar("T")
+# the core's ServingDefaults that a setting may take
+CoreDefault = Literal["queue_capacity", "max_active", "event_capacity", "cache_memory_share", "page_capacity",
+                      "snapshot_capacity", "frontend_workers", "max_output_tokens"]
 # the settings an option, the core's ServingDefaults and BUILT_IN all name the same way
 _LayeredSetting = Literal["queue_capacity", "max_active", "event_capacity", "cache_memory_share"]
 
 
-def layered(explicit: T | None, defaults: cp.ServingDefaults, name: str, built_in: T) -> T:
+def layered(explicit: T | None, defaults: cp.ServingDefaults, name: CoreDefault, built_in: T) -> T:
     """The precedence of every setting (SRV-15, SRV-16): the explicit option, else the core's
     ServingDefaults field `name`, else the built-in value."""
     if explicit is not None:
