@@ -18,7 +18,6 @@ from helios_proto import contract_pb2 as C
 from helios_backend.engine.model import NativeModel
 from helios_backend.packing import PackedLane
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest, GenerationResult, _Active
-from helios_backend.scheduler.completion import CompletionFormat
 from helios_backend.scheduler.speculative import (
     Candidate,
     LaneOutcome,
@@ -76,7 +75,7 @@ class SpeculativeLockstepGenerator:
         self.model = model
         self.table = SpeculativeTable.select(model.graphs, options)
         self.plain = _CountingDriver(model)
-        self.format = CompletionFormat.from_layout(model.execution_manifest.completion)
+        self.format = self.plain.format
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.context = model.contract.context_tokens
 
