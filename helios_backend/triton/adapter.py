@@ -1,4 +1,5 @@
-"""The Triton Python-backend adapter: only translates between Triton and Engine.
+"""The Triton Python-backend adapter: only translates between Triton and the engine's Runtime
+(engine/runtime.py: Engine in the stub, or ProcessEngine).
 
 model_repository/helios/1/model.py subclasses this with the stub's
 triton_python_backend_utils module (only importable inside the stub). `execute` admits
