@@ -10,7 +10,8 @@ gets its terminal failure first, then `on_fatal(reason)` is called: the Triton a
 stub process there, so that supervision starts a clean one (docs/triton-backend.md).
 
 Nothing here knows Triton: the Triton adapter (triton/adapter.py) drives it, or ProcessEngine,
-through the Runtime protocol (runtime.py); the benchmarks and tests drive it directly. Nothing here dispatches on a model name: the core's contract decides.
+through the Runtime protocol (runtime.py); the benchmarks and tests drive it directly.
+Nothing here dispatches on a model name: the core's contract decides.
 """
 from __future__ import annotations
 
