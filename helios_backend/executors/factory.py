@@ -66,7 +66,7 @@ def _cpu_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, re
                   options: ModelOptions, graphs: Sequence[C.GraphContract],
                   placement: Optional[RankPlacement] = None) -> Executor:
     """Compiled CPU kernels over the numpy executor's replay (F16 cache planes held as f32)."""
-    # imported when chosen: it compiles its kernels through llvmlite
+    # imported when chosen: numba and its compiled kernels take a quarter second to import
     from helios_backend.executors.cpu_executor import CpuExecutor, CpuExecutorOptions
 
     return CpuExecutor(manifest, read_resource, CpuExecutorOptions(
