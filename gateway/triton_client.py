@@ -37,7 +37,6 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput, service_pb2, service_pb2_grpc
 
 from helios_backend.transport import (IN_PARAMETERS, IN_PROMPT, MODEL_NAME, OUT_CHANNEL_BATCH, OUT_EVENT,
-                                      OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, OUT_TOP_IDS, OUT_TOP_LOGPROBS,
                                       array_message, parameters_array)
 from helios_proto import transport_pb2 as tp
 
@@ -393,8 +392,9 @@ class ChannelMux:
             await self._grpc.close()
 
 
-class Generation:
-    """One backend request on its own gRPC stream. Iterate once; ``cancel`` at any time."""
+class AssetsStream:
+    """The assets request on a gRPC stream of its own (the model is decoupled: tritonclient's
+    streaming call). Iterate ``results`` once; ``cancel`` at the end."""
 
     def __init__(self, client: grpcclient.InferenceServerClient, inputs: list[InferInput],
                  request_id: str, model_name: str = MODEL_NAME) -> None:
@@ -404,99 +404,21 @@ class Generation:
         self._request_id = request_id
         self._closed = asyncio.Event()
         self._call: object | None = None
-        self._cancelled = False
-        self._sent = False
 
     async def _requests(self) -> AsyncIterator[dict]:
         yield {"model_name": self._model_name, "inputs": self._inputs, "request_id": self._request_id}
-        # gRPC asks for the next message only once the first is written: the request is out,
-        # so a broken stream from here on is a failure of submitted work, not unavailability
-        self._sent = True
         await self._closed.wait()  # keep the request side open until we are done reading
 
     def cancel(self) -> None:
         """Cancel the stream, which cancels the backend request (idempotent)."""
-        self._cancelled = True
         self._closed.set()
         if self._call is not None:
             self._call.cancel()  # type: ignore[attr-defined]
-
-    def finish(self) -> None:
-        """Half-close the stream after the terminal event: the server ends it on its own.
-
-        A cancel here would reach Triton as a cancellation of a request that already
-        finished; during server shutdown that keeps the model UNLOADING until the exit timeout."""
-        self._closed.set()
 
     def results(self) -> AsyncIterator[tuple[grpcclient.InferResult | None, Exception | None]]:
         """The raw (result, in-band error) pairs of the stream; opens it on first use."""
         self._call = self._client.stream_infer(inputs_iterator=self._requests())
         return self._call  # type: ignore[return-value]
-
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        try:
-            results = self.results()
-        except Exception as exc:  # tritonclient wraps connection errors in its own type
-            yield StreamFailure(StreamFailureKind.UNREACHABLE, str(exc))
-            return
-        received = finished = False
-        try:
-            async for result, error in results:
-                if error is not None:
-                    # the model itself always answers with a typed terminal event; an in-band
-                    # error before any answer is Triton refusing the request, not an execution
-                    kind = StreamFailureKind.IN_BAND_ERROR if received else StreamFailureKind.REFUSED
-                    yield StreamFailure(kind, str(error))
-                    return
-                received = True
-                batch, terminal = self._decode(result)
-                if batch is not None:
-                    yield batch
-                if terminal is not None:
-                    finished = True
-                    yield terminal
-                    return
-            yield StreamFailure(StreamFailureKind.LOST, "the stream ended without a terminal event")
-        except asyncio.CancelledError:
-            raise
-        except grpc.aio.AioRpcError as exc:
-            if self._cancelled:
-                return
-            unsent = not self._sent and not received
-            kind = (StreamFailureKind.UNREACHABLE
-                    if exc.code() == grpc.StatusCode.UNAVAILABLE and unsent else StreamFailureKind.LOST)
-            yield StreamFailure(kind, f"{exc.code().name}: {exc.details()}")
-        except (ValueError, TypeError) as exc:  # protobuf DecodeError is a ValueError subclass
-            yield StreamFailure(StreamFailureKind.MALFORMED, str(exc))
-        finally:
-            if finished:
-                self.finish()
-            else:
-                self.cancel()
-
-    @staticmethod
-    def _decode(result: grpcclient.InferResult) -> tuple[TokenBatch | None, StreamTerminal | None]:
-        token_ids = result.as_numpy(OUT_TOKENS)
-        batch = None
-        if token_ids is not None and token_ids.size:
-            batch = TokenBatch(
-                token_ids=token_ids.reshape(-1),
-                timestamps_ns=result.as_numpy(OUT_TIMESTAMPS),  # None when not requested
-                logprobs=result.as_numpy(OUT_LOGPROBS),
-                top_token_ids=result.as_numpy(OUT_TOP_IDS),
-                top_logprobs=result.as_numpy(OUT_TOP_LOGPROBS),
-            )
-        event_tensor = result.as_numpy(OUT_EVENT)
-        terminal = None
-        if event_tensor is not None and event_tensor.size:
-            event = tp.ResponseEvent.FromString(array_message(event_tensor))
-            if event.WhichOneof("kind") != "terminal":
-                raise ValueError(f"expected a terminal event, got {event.WhichOneof('kind')}")
-            terminal = StreamTerminal(event.terminal)
-        final = result.get_response().parameters.get("triton_final_response")
-        if final is not None and final.bool_param and terminal is None:
-            raise ValueError("FINAL response without a terminal event")
-        return batch, terminal
 
 
 class TritonBackend:
@@ -531,10 +453,10 @@ class TritonBackend:
         Raises ConnectionError when Triton or the model cannot answer within ``timeout_s``.
         """
         params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, assets=tp.AssetsRequest())
-        generation = Generation(self._client, [_parameters_input(params)], "assets", self.model_name)
+        stream = AssetsStream(self._client, [_parameters_input(params)], "assets", self.model_name)
         try:
             async with asyncio.timeout(timeout_s):
-                async for result, error in generation.results():
+                async for result, error in stream.results():
                     if error is not None or result is None:
                         raise BackendRefused(f"assets request refused: {error}")
                     tensor = result.as_numpy(OUT_EVENT)
@@ -550,7 +472,7 @@ class TritonBackend:
         except TimeoutError as exc:
             raise ConnectionError(f"Triton at {self.url} did not answer the assets request: {exc!r}") from exc
         finally:
-            generation.cancel()
+            stream.cancel()
         raise ConnectionError("the assets stream ended without an answer")
 
     async def model_ready(self, timeout_s: float) -> bool:

@@ -113,7 +113,7 @@ def test_results_do_not_depend_on_physical_page_ids(smollm2_model):
     assert row.tolist() == [97, 3]
     # and the comparison catches a page-table bug: the last chunk again, its first table entry
     # naming a page that holds other keys (the ordered run's second page) instead of page 97
-    wrong = PackedLane(slot=0, generation=model.next_generation(0), consumed=18, tokens=np.asarray(PROMPT[18:], np.int32),
+    wrong = PackedLane(slot=0, generation=model.generations.next(0), consumed=18, tokens=np.asarray(PROMPT[18:], np.int32),
                  pages=[1, 3])
     LockstepGenerator(model).step(model.program(C.OPERATION_PREFILL, 1, 6), [wrong])
     assert frame[table.byte_offset:table.byte_offset + 8].view(np.int32).tolist() == [1, 3]

@@ -527,7 +527,7 @@ def test_startup_runs_every_tuning_producer_before_serving_graphs_are_exposed():
 
 def test_results_do_not_depend_on_page_ids_when_the_page_table_really_changes(smollm2_model):
     # spec: CON-7, BND-34
-    # generations come from the model (NativeModel.next_generation), so each run re-uploads the
+    # generations come from the model (NativeModel.generations), so each run re-uploads the
     # slot's page table (BND-34); forgetting the slot as well keeps the check independent of that.
     from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 

@@ -434,8 +434,8 @@ def test_prepared_page_and_snapshot_capacities_are_held(prepared):
     decoded = _decode(sample_contract(3), sample_manifest(3), SAMPLE_RESOURCE_IDS)
     assert (decoded.extents.prepared_pages, decoded.extents.prepared_snapshots) == (32, 4)
     assert prepared.contract.prepared_pages == 96          # engine_test_options(prepared_pages=96)
-    from helios_backend.engine.model import ModelOptions, _choose_pages
-    assert _choose_pages(prepared.contract, ModelOptions()) == 96   # preparation's count, until load replaces it
+    from helios_backend.executors.factory import ModelOptions, host_pages
+    assert host_pages(prepared.contract, ModelOptions()) == 96   # preparation's count, until load replaces it
     snapshots = prepared_in_memory(snapshot_rows=2).contract
     assert snapshots.prepared_snapshots == 2
 

@@ -15,7 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS
+from helios_backend.engine.settings import DEFAULT_ACCEPTANCE
+from helios_backend.executors.factory import EXECUTOR_NAMES
 from helios_backend.ranks.rank_process import EXIT_STARTUP, RankProcessOptions, run_rank
 from helios_backend.ranks.rendezvous import parse_address
 
@@ -26,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", required=True, type=int, help="this process's rank, 1..world_size-1")
     p.add_argument("--store", required=True, help="HOST:PORT of rank 0's rendezvous store")
     p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="publisher namespace you accept")
-    p.add_argument("--executor", choices=EXECUTORS, default="cpu", help="must be rank 0's")
+    p.add_argument("--executor", choices=EXECUTOR_NAMES, default="cpu", help="must be rank 0's")
     p.add_argument("--device", type=int, default=None, help="cuda: device ordinal (default: the rank)")
     p.add_argument("--join-timeout", type=float, default=600.0, help="seconds to wait for rank 0's store")
     return p

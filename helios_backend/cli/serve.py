@@ -36,7 +36,8 @@ from helios_backend.triton.launcher import (
     server_environment, gateway_command, write_model_repository)
 from helios_backend.contract.errors import ContractError
 from helios_backend.core import AuthorizationError, CoreError, IntegrityError, SignatureError, open_core
-from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS, RANK_PEERS
+from helios_backend.engine.settings import DEFAULT_ACCEPTANCE
+from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.supervision import (
     Child, ExitCode, RestartLedger, Supervisor, SupervisorConfig)
@@ -57,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helios-serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--core", required=True, type=Path, help="prepared core file")
     p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="publisher namespace you accept")
-    p.add_argument("--executor", choices=("auto",) + EXECUTORS, default="auto",
+    p.add_argument("--executor", choices=("auto",) + EXECUTOR_NAMES, default="auto",
                    help="auto (default): cuda where a GPU is usable, else cpu (compiled CPU kernels)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
                    help="also start helios-gateway (default: on when installed)")

@@ -1,16 +1,17 @@
 """The serving runtime: Bootstrap.load, then NativeModel.load, then the threads.
 
     runtime = Engine.start(options, metrics_backend)   # raises StartupError naming the cause
-    runtime.add_request(serial, spec, stream)                       # any thread
+    runtime.add_request(spec, stream, grammar)        # any thread
     runtime.cancel(serial)
-    runtime.stop()                                             # drain, then every stream gets its final
+    runtime.stop()                                    # drain, then every stream gets its final
 
 If the worker or the response thread dies (an error no handler expected), every open request
 gets its terminal failure first, then `on_fatal(reason)` is called: the Triton adapter ends the
 stub process there, so that supervision starts a clean one (docs/triton-backend.md).
 
-Nothing here knows Triton: the Triton adapter (triton_model.py) and the bench drive the
-same object. Nothing here dispatches on a model name: the core's contract decides.
+Nothing here knows Triton: the Triton adapter (triton/adapter.py) drives it, or ProcessEngine,
+through the Runtime protocol (runtime.py); the benchmarks and tests drive it directly.
+Nothing here dispatches on a model name: the core's contract decides.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import llguidance as llg
 
@@ -71,7 +72,7 @@ class EngineCore:
     fault: FaultTrigger | None = None            # test fault injection (faults.py); None when off
     # built on the first assets request and kept: every part is fixed for the engine's life, and
     # the gateway's readiness probes are assets requests (several a second, one per worker)
-    _assets: Any = field(default=None, repr=False)
+    _assets: tp.FrontendAssets | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, options: StartupOptions, origin: int) -> "EngineCore":
@@ -119,11 +120,12 @@ class EngineCore:
         auxiliary_frame = executor.frames if executor.auxiliary_frames else None   # the first one after them
         scheduler: Scheduler
         if table.active:
-            scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory))
+            scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory,
+                                                                          model.generations))
             runner: ProgramRunner = SpeculativeProgramRunner(*runner_args, mask_words=mask_words,
                                                              auxiliary_frame=auxiliary_frame, max_width=table.max_width)
         else:
-            scheduler = _stage("scheduler", lambda: Scheduler(config, variants, stop_factory))
+            scheduler = _stage("scheduler", lambda: Scheduler(config, variants, stop_factory, model.generations))
             runner = ProgramRunner(*runner_args, mask_words=mask_words, auxiliary_frame=auxiliary_frame)
         grammar_tokenizer = _stage("grammar tokenizer", lambda: GrammarTokenizer.from_json(
             bootstrap.read_resource(contract.model.frontend.tokenizer_resource).decode("utf-8"),
@@ -145,7 +147,7 @@ class EngineCore:
         return (f"{self.bootstrap.contract.served_id}, {config.num_pages} pages x {config.page_tokens} tokens, "
                 f"{config.request_slots} slots, max_active {self.scheduler.max_active}")
 
-    def assets(self):  # -> tp.FrontendAssets
+    def assets(self) -> tp.FrontendAssets:
         if self._assets is None:
             b = self.bootstrap
             contract = b.contract
@@ -268,11 +270,8 @@ class Engine:
     def fault(self) -> FaultTrigger | None:
         return self.core.fault
 
-    def assets(self):  # -> tp.FrontendAssets
+    def assets(self) -> tp.FrontendAssets:
         return self.core.assets()
-
-    def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
-        return self.core.grammar_session(grammar)
 
     @property
     def healthy(self) -> bool:
@@ -280,9 +279,12 @@ class Engine:
         request it held has failed, and the model must be started again."""
         return self.loop.lost is None and self.loop.alive
 
-    def add_request(self, spec: RequestSpec, stream: Stream, grammar: GrammarSession | None = None) -> None:
+    def add_request(self, spec: RequestSpec, stream: Stream, grammar: tp.Grammar | None = None) -> None:
+        """The grammar is compiled here, on the caller's thread, before the stream is registered:
+        TransportError when it does not compile, and nothing was registered."""
+        session = None if grammar is None else self.core.grammar_session(grammar)
         self.hub.register(stream)
-        self.loop.enqueue(stream.serial, spec, grammar)
+        self.loop.enqueue(stream.serial, spec, session)
 
     def cancel(self, serial: int) -> None:
         self.loop.cancel(serial)

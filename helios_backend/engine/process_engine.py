@@ -2,7 +2,7 @@
 core, the scheduler and the executor run in a process of their own (process_child.py).
 
     runtime = ProcessEngine.start(options, metrics_backend, on_fatal)   # StartupError names the cause
-    runtime.add_request(spec, stream, grammar)     # the same surface as Engine
+    runtime.add_request(spec, stream, grammar)     # the Runtime protocol, as Engine (runtime.py)
     runtime.stop()
 
 Why a process: the stub's execute() thread and its response thread (each send a round trip
@@ -201,14 +201,12 @@ class ProcessEngine:
     def assets(self) -> tp.FrontendAssets:
         return self._assets
 
-    def grammar_session(self, grammar: tp.Grammar) -> tp.Grammar | None:
+    def add_request(self, spec: RequestSpec, stream: Stream, grammar: tp.Grammar | None = None) -> None:
         """The grammar travels to the engine process, which compiles it; one that does not
         compile ends its request with an InvalidRequest naming `grammar` from there."""
-        return None if grammar.kind == tp.GRAMMAR_KIND_UNSPECIFIED else grammar
-
-    def add_request(self, spec: RequestSpec, stream: Stream, grammar: tp.Grammar | None = None) -> None:
         self.hub.register(stream)
-        self.loop.enqueue(stream.serial, spec, grammar)
+        constrained = grammar is not None and grammar.kind != tp.GRAMMAR_KIND_UNSPECIFIED
+        self.loop.enqueue(stream.serial, spec, grammar if constrained else None)
 
     def cancel(self, serial: int) -> None:
         self.loop.cancel(serial)

@@ -1,23 +1,24 @@
 """Startup options: parsed once from the Triton model config, resolved once against the core.
 
-Precedence (SRV-15, SRV-16): explicit startup option > the core's ServingDefaults >
-built-in default. An empty config parameter means "not set".
+Precedence (SRV-15, SRV-16), in `layered` for every setting (NativeModel.load uses it too):
+explicit startup option > the core's ServingDefaults > built-in default. An empty config
+parameter means "not set".
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal, Mapping, TypeVar
 
 from helios_proto import contract_pb2 as cp
 
+from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
+from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.scheduler.config import ADMISSION_BURST
 
 DEFAULT_CORE = "var/cores/smollm2-135m-instruct.core"   # what `make serve` prepares
 DEFAULT_ACCEPTANCE = "helios.local/smollm2"              # the embedded default's namespace
-EXECUTORS = ("cpu", "numpy", "cuda")   # cpu: compiled CPU kernels; numpy: the CPU oracle; cuda: GPU
-RANK_PEERS = ("threads", "processes")
 # The serving process runs three Python threads that share one GIL: the engine loop (which,
 # with a round always in flight, seldom blocks), the response thread and Triton's execute()
 # thread. A thread that wakes for the GIL waits until the holder blocks or the switch interval
@@ -66,8 +67,8 @@ class StartupOptions:
     admission_burst: int | None = None
 
     def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise SettingsError("executor", f"{self.executor!r} is not one of {EXECUTORS}")
+        if self.executor not in EXECUTOR_NAMES:
+            raise SettingsError("executor", f"{self.executor!r} is not one of {EXECUTOR_NAMES}")
         for name in ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
                      "page_capacity", "switch_interval_us"):
             value = getattr(self, name)
@@ -81,8 +82,6 @@ class StartupOptions:
         if self.rank_peers not in RANK_PEERS:
             raise SettingsError("rank_peers", f"{self.rank_peers!r} is not one of {RANK_PEERS}")
         if self.rank_peers == "processes":
-            from helios_backend.ranks.rendezvous import parse_address
-
             try:
                 parse_address(self.rank_store or "")
             except ValueError:
@@ -160,23 +159,31 @@ class EffectiveSettings:
     admission_burst: int
 
 
-# settings an option, the core's ServingDefaults and BUILT_IN all name the same way
+T = TypeVar("T")
+# the core's ServingDefaults that a setting may take
+CoreDefault = Literal["queue_capacity", "max_active", "event_capacity", "cache_memory_share", "page_capacity",
+                      "snapshot_capacity", "frontend_workers", "max_output_tokens"]
+# the settings an option, the core's ServingDefaults and BUILT_IN all name the same way
 _LayeredSetting = Literal["queue_capacity", "max_active", "event_capacity", "cache_memory_share"]
+
+
+def layered(explicit: T | None, defaults: cp.ServingDefaults, name: CoreDefault, built_in: T) -> T:
+    """The precedence of every setting (SRV-15, SRV-16): the explicit option, else the core's
+    ServingDefaults field `name`, else the built-in value."""
+    if explicit is not None:
+        return explicit
+    if defaults.HasField(name):
+        core_default: T = getattr(defaults, name)
+        return core_default
+    return built_in
 
 
 def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveSettings:
     d = contract.defaults
 
     def pick(name: _LayeredSetting) -> int | float:
-        """The explicit option, else the core's default, else the built-in one."""
-        explicit: int | float | None = getattr(options, name)
-        if explicit is not None:
-            return explicit
-        if d.HasField(name):
-            core_default: int | float = getattr(d, name)
-            return core_default
         built_in: int | float = getattr(BUILT_IN, name)
-        return built_in
+        return layered(getattr(options, name), d, name, built_in)
 
     concurrency = options.concurrency if options.concurrency is not None else contract.concurrency
     if not 1 <= concurrency <= contract.concurrency:
@@ -192,18 +199,16 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         if not speculative or width <= 1:
             raise SettingsError("history_drafting", "requires enabled learned speculation (a SPECULATIVE "
                                                     "program and a speculative width above one)")
-    page_capacity = options.page_capacity if options.page_capacity is not None else (
-        d.page_capacity if d.HasField("page_capacity") else None)
+    page_capacity = layered(options.page_capacity, d, "page_capacity", None)
     # snapshot rows are continuation rows the core's state buffers hold: never more than prepared
-    snapshots = options.snapshot_capacity if options.snapshot_capacity is not None else (
-        d.snapshot_capacity if d.HasField("snapshot_capacity") else contract.prepared_snapshots)
-    snapshots = min(snapshots, contract.prepared_snapshots)
+    snapshots = min(layered(options.snapshot_capacity, d, "snapshot_capacity", contract.prepared_snapshots),
+                    contract.prepared_snapshots)
     return EffectiveSettings(
         queue_capacity=int(pick("queue_capacity")),
         max_active=min(int(pick("max_active")), concurrency),
         event_capacity=int(pick("event_capacity")),
-        frontend_workers=int(d.frontend_workers if d.HasField("frontend_workers") else BUILT_IN.frontend_workers),
-        max_output_tokens=int(d.max_output_tokens if d.HasField("max_output_tokens") else BUILT_IN.max_output_tokens),
+        frontend_workers=int(layered(None, d, "frontend_workers", BUILT_IN.frontend_workers)),
+        max_output_tokens=int(layered(None, d, "max_output_tokens", BUILT_IN.max_output_tokens)),
         page_capacity=page_capacity,
         snapshot_capacity=int(snapshots),
         cache_memory_share=float(pick("cache_memory_share")),

@@ -1,9 +1,12 @@
 """A small synchronous driver: admit, prefill in chunks, decode in lockstep.
 
 It is the stand-in for the scheduler (helios_backend/scheduler) for the CLI, tests and
-benchmarks: no prefix reuse, no preemption, one frame in flight. It uses exactly the
-surfaces the scheduler uses: NativeModel.program, Packer.pack, Executor.launch/wait,
-and the completion records.
+benchmarks: no prefix reuse, no preemption, one frame in flight, and the caller may choose
+slots, decode rows and physical pages (the oracle tests show results independent of them).
+It uses exactly the surfaces the engine uses: NativeModel.program, the model's slot
+generations, Packer.pack, Executor.launch/wait, and the completion records read through the
+manifest's CompletionLayout by the format the ProgramRunner reads them with
+(scheduler/completion.py CompletionFormat).
 
     driver = LockstepGenerator(model)
     [result] = driver.generate([GenerationRequest(prompt_ids, max_tokens=64)])
@@ -16,21 +19,11 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 from helios_proto import contract_pb2 as C
 
-from helios_backend.kernels.state import (
-    COMPLETION_HEADER_WORDS,
-    COMPLETION_ROW_FIELDS,
-    COMPLETION_ROW_WORDS,
-    FINISH_EOS,
-    FINISH_LENGTH,
-)
+from helios_backend.kernels.state import FINISH_EOS, FINISH_LENGTH
 from helios_backend.engine.model import NativeModel
 from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, SamplingParameters
-
-_ROW = {name: index for index, name in enumerate(COMPLETION_ROW_FIELDS)}
-
-
-class CompletionError(RuntimeError):
-    """A completion record that does not match the submitted lane."""
+from helios_backend.scheduler.completion import CompletionFormat
+from helios_backend.scheduler.errors import CompletionMismatch
 
 
 @dataclass(frozen=True)
@@ -89,6 +82,7 @@ class LockstepGenerator:
         self.prefill_chunk = prefill_chunk or max(prefill)
         self.eos_ids = tuple(model.contract.defaults.eos_token_ids)
         self.histogram_bins = model.contract.model.vocabulary.histogram_bins
+        self.format = CompletionFormat.from_layout(model.execution_manifest.completion)
 
     # ---- one step ------------------------------------------------------------------------
     def step(self, program: str, lanes: Sequence[PackedLane], frame: int = 0) -> np.ndarray:
@@ -98,12 +92,15 @@ class LockstepGenerator:
         executor.launch(program, frame)
         words = executor.wait(frame)
         self.last_words = words            # the whole completion (header fields such as scores)
+        fmt = self.format
+        live = int(words[fmt.header["live_rows"]])
+        if live != len(lanes):
+            raise CompletionMismatch(f"completion has {live} rows, submitted {len(lanes)}")
         # standard records only (logprob extension records may follow the capacity's records)
-        rows = words[COMPLETION_HEADER_WORDS:COMPLETION_HEADER_WORDS + len(lanes) * COMPLETION_ROW_WORDS].reshape(
-            -1, COMPLETION_ROW_WORDS)
+        rows = words[fmt.header_words:fmt.header_words + len(lanes) * fmt.row_words].reshape(-1, fmt.row_words)
         for lane, row in zip(lanes, rows):
-            if row[_ROW["slot"]] != lane.slot or row[_ROW["generation"]] != lane.generation:
-                raise CompletionError(f"completion row {row.tolist()} does not match slot {lane.slot}")
+            if row[fmt.row["slot"]] != lane.slot or row[fmt.row["generation"]] != lane.generation:
+                raise CompletionMismatch(f"completion row {row.tolist()} does not match slot {lane.slot}")
         return rows
 
     def _ensure_pages(self, active: _Active, tokens: int) -> None:
@@ -114,7 +111,7 @@ class LockstepGenerator:
     def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
         actives = []
         for index, (request, slot) in enumerate(zip(requests, slots)):
-            active = _Active(request, slot, self.model.next_generation(slot), index=index)
+            active = _Active(request, slot, self.model.generations.next(slot), index=index)
             admission = SlotInitialization.for_prompt(request.prompt, self.histogram_bins, request.seed, request.sampling,
                                              request.max_tokens, request.eos_ids or self.eos_ids)
             lane = PackedLane(slot=slot, generation=active.generation, initialization=admission)
@@ -147,10 +144,11 @@ class LockstepGenerator:
             self._record(active, row)
 
     def _record(self, active: _Active, row: np.ndarray) -> None:
-        active.result.tokens.append(int(row[_ROW["token"]]))
+        token = int(row[self.format.row["token"]])
+        active.result.tokens.append(token)
         if self.on_token is not None:
-            self.on_token(active.index, int(row[_ROW["token"]]))
-        finish = int(row[_ROW["finish"]])
+            self.on_token(active.index, token)
+        finish = int(row[self.format.row["finish"]])
         if finish == FINISH_EOS:
             active.result.finish = "eos"
         elif finish == FINISH_LENGTH:

@@ -18,7 +18,6 @@ from helios_proto import contract_pb2 as C
 from helios_backend.engine.model import NativeModel
 from helios_backend.packing import PackedLane
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest, GenerationResult, _Active
-from helios_backend.scheduler.completion import CompletionFormat
 from helios_backend.scheduler.speculative import (
     Candidate,
     LaneOutcome,
@@ -54,13 +53,6 @@ class _CountingDriver(LockstepGenerator):
 
     launches: int | None = None
 
-    def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
-        # each LockstepGenerator numbers generations from 1, so a (slot, generation) pair may repeat across
-        # drivers of one model: forget the page-table entries packing remembers for those slots
-        for slot in slots:
-            self.model.packer.forget_slot(slot)
-        return super().admit(requests, slots)
-
     def step(self, program: str, lanes: Sequence[PackedLane], frame: int = 0) -> np.ndarray:
         rows = super().step(program, lanes, frame)
         if self.launches is None:
@@ -83,7 +75,7 @@ class SpeculativeLockstepGenerator:
         self.model = model
         self.table = SpeculativeTable.select(model.graphs, options)
         self.plain = _CountingDriver(model)
-        self.format = CompletionFormat.from_layout(model.execution_manifest.completion)
+        self.format = self.plain.format
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.context = model.contract.context_tokens
 

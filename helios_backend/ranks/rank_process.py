@@ -5,7 +5,7 @@
 Startup: Bootstrap.load (verify, authorize, validate: the same checks as rank 0), join the
 store with this rank's identity (a core or contract other than rank 0's is refused there,
 with the field that differs), then build this rank's executor with the factory rank 0 uses
-(engine/model.py EXECUTORS) from the session's programs and options, and send rank 0 the
+(executors/factory.py EXECUTORS) from the session's programs and options, and send rank 0 the
 geometry it produced.
 
 Serving: the main thread reads LAUNCH (the staging frame lands straight in this rank's
@@ -22,12 +22,14 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.executors.base import Executor, RankPlacement
-from helios_backend.ranks.rank_zero import Runs
+from helios_backend.executors.factory import EXECUTORS, ModelOptions
+from helios_backend.ranks.rank_zero import Runs, session_options
 from helios_backend.ranks.reduce import StarReduceLeaf, leaf_page_agreement
-from helios_backend.ranks.rendezvous import RankIdentity, join
+from helios_backend.ranks.rendezvous import RankIdentity, RendezvousError, join
 from helios_backend.ranks.wire import Kind, Link, RankLostError
 
 log = logging.getLogger("helios.rank")
@@ -49,13 +51,9 @@ class RankProcessOptions:
     join_timeout_s: float = 600.0
 
 
-def load_rank(options: RankProcessOptions) -> tuple[Any, Link, Executor, list[str], list[Runs]]:
+def load_rank(options: RankProcessOptions) -> tuple[Bootstrap, Link, Executor, list[str], list[Runs]]:
     """Bootstrap, rendezvous and this rank's executor; (bootstrap, link, executor, programs, the
     frame runs a LAUNCH of each program carries)."""
-    from helios_backend.engine.bootstrap import Bootstrap
-    from helios_backend.engine.model import EXECUTORS, ModelOptions
-    from helios_backend.ranks.rank_zero import session_options
-
     bootstrap = Bootstrap.load(options.core_path, options.acceptance)
     try:
         contract, manifest = bootstrap.contract, bootstrap.manifest
@@ -164,8 +162,6 @@ def _send_failure(link: Link, message: str) -> None:
 
 def run_rank(options: RankProcessOptions) -> int:
     """helios-rank's body: load, serve, release; the exit code."""
-    from helios_backend.ranks.rendezvous import RendezvousError
-
     try:
         bootstrap, link, executor, programs, runs = load_rank(options)
     except RendezvousError as exc:

@@ -32,6 +32,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.base import (
     Executor, ExecutorLostError, FrameStateError, RankPlacement, ResourceReader, UnknownProgramError)
+from helios_backend.executors.factory import ModelOptions
 from helios_backend.ranks.reduce import StarReduceRoot, root_page_agreement
 from helios_backend.ranks.rendezvous import RankIdentity, RankStore, RendezvousError, parse_address
 from helios_backend.ranks.wire import Kind, Link, RankLostError
@@ -187,7 +188,7 @@ class ProcessRanksExecutor:
 
 
 def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, manifest: M.ExecutionManifest,
-                    options: Any, graphs: Sequence[C.GraphContract]) -> ProcessRanksExecutor:
+                    options: ModelOptions, graphs: Sequence[C.GraphContract]) -> ProcessRanksExecutor:
     """Meet every peer at `options.rank_store`, then load rank 0 (see the module docstring).
     `options` is the engine's ModelOptions (its rank_* fields, core_digest and the SESSION_OPTIONS)."""
     world = max(1, manifest.world_size)

@@ -32,6 +32,7 @@ from helios_backend.scheduler.admission import check_admission, max_prompt_token
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.events import Emitted, Event, SchedulerCounters, Terminal
+from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.pages import PagePool
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
@@ -54,7 +55,7 @@ _PIPELINE_AFTER = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATI
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, variants: VariantTable,
-                 stop_factory: StopFactory | None = None) -> None:
+                 stop_factory: StopFactory | None = None, generations: SlotGenerations | None = None) -> None:
         self.config = config
         self.variants = variants
         self._shape: tuple[list[Lane], int, int, int] = ([], 0, 0, 0)   # _round_shape's running sums
@@ -73,7 +74,8 @@ class Scheduler:
         self._stop_factory = stop_factory
         self._seed = chain_seed(config.cache_fingerprint)
         self._free_slots = list(range(config.request_slots - 1, -1, -1))
-        self._slot_generation = [0] * config.request_slots
+        # the model's (NativeModel.generations) when serving; a scheduler without one counts its own
+        self._generations = generations if generations is not None else SlotGenerations(config.request_slots)
         self._waiting: list[tuple[tuple[int, int], Request]] = []    # sorted by (-priority, arrival)
         self._running: list[Request] = []                            # admission order
         self._by_serial: dict[int, Request] = {}
@@ -290,8 +292,7 @@ class Scheduler:
         if not self._reserve_pages(req, start + n):
             raise RuntimeError("page availability was checked before admission")
         slot = self._free_slots.pop()
-        self._slot_generation[slot] += 1
-        req.slot, req.generation = slot, self._slot_generation[slot]
+        req.slot, req.generation = slot, self._generations.next(slot)
         req.state = RequestState.RUNNING
         req.fresh = True
         self._running.append(req)

@@ -34,6 +34,7 @@ from helios_backend.scheduler.speculative import (
 )
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.errors import ConfigurationError
+from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.variants import VariantTable
 
 
@@ -53,8 +54,8 @@ class SpeculativeRows(CompletionRows):
 
 class SpeculativeScheduler(Scheduler):
     def __init__(self, config: SchedulerConfig, variants: VariantTable, table: SpeculativeTable,
-                 stop_factory: StopFactory | None = None) -> None:
-        super().__init__(config, variants, stop_factory)
+                 stop_factory: StopFactory | None = None, generations: SlotGenerations | None = None) -> None:
+        super().__init__(config, variants, stop_factory, generations)
         self.speculative = table
 
     def schedule(self) -> RoundPlan | None:

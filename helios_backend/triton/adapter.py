@@ -1,4 +1,5 @@
-"""The Triton Python-backend adapter: only translates between Triton and Engine.
+"""The Triton Python-backend adapter: only translates between Triton and the engine's Runtime
+(engine/runtime.py: Engine in the stub, or ProcessEngine).
 
 model_repository/helios/1/model.py subclasses this with the stub's
 triton_python_backend_utils module (only importable inside the stub). `execute` admits
@@ -25,9 +26,11 @@ from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kin
 from helios_backend.engine.responses import Channel, ChannelError, Stream
 from helios_backend.engine.engine import Engine, StartupError
 from helios_backend.engine.process_engine import ProcessEngine
+from helios_backend.engine.runtime import Runtime
 from helios_backend.engine.faults import FaultySink
 from helios_backend.triton.finals import FinalSender
 from helios_backend.triton.supervision import STUB_EXIT_ENGINE_FAILED
+from helios_backend.scheduler.request import RequestSpec
 from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
 from helios_backend.transport import (
     IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, TransportError, batch_prompts, decode_parameters,
@@ -123,14 +126,11 @@ class TritonMetricBackend:
         return self._families[family.name].Metric(labels=merged)
 
 
-# the engine in the stub (engine_process=false) or in a process of its own (the default)
-Runtime = Engine | ProcessEngine
-
-
 class TritonHeliosModel:
     def __init__(self, pb_utils: Any) -> None:
         self._pb = pb_utils
         self._serials = itertools.count(1)
+        # the engine in the stub (engine_process=false) or in a process of its own (the default)
         self.runtime: Runtime | None = None
         self._finals: FinalSender | None = None
         self._assets: np.ndarray | None = None     # the serialized assets answer (_assets_payload)
@@ -237,12 +237,10 @@ class TritonHeliosModel:
         """A request on its own stream: its responses go to its own sender."""
         try:
             spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
-            grammar: Any = runtime.grammar_session(gen.grammar)   # the runtime's own handle
-        except TransportError as exc:
+            own = self._sink(TritonSender(self._pb, sender, set(request.requested_output_names())), runtime)
+            runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), gen.grammar)
+        except TransportError as exc:                # refused before its stream was registered
             self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
-            return
-        own = self._sink(TritonSender(self._pb, sender, set(request.requested_output_names())), runtime)
-        runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), grammar)
 
     def _generate_on_channel(self, runtime: Runtime, serial: int, batch: tp.GenerateBatch,
                              prompt: np.ndarray | None) -> None:
@@ -270,26 +268,22 @@ class TritonHeliosModel:
     def _submit_on_channel(self, runtime: Runtime, serial: int, channel: Channel, gen: tp.GenerateRequest,
                            prompt: np.ndarray | None, problem: TransportError | None) -> None:
         gen.channel = channel.id
-        stream: Stream | None = None
         try:
             if problem is not None:
                 raise problem
             spec = request_spec(gen, prompt, runtime.spec_defaults)
-            grammar: Any = runtime.grammar_session(gen.grammar)   # the runtime's own handle
-            stream = self._stream(serial, spec, gen, channel=channel)
-            runtime.add_request(spec, stream, grammar)
-        except (TransportError, ChannelError) as exc:
-            event = exc.event() if isinstance(exc, TransportError) else TransportError("tag", str(exc)).event()
-            if stream is None:
-                stream = Stream(serial, None, channel=channel, tag=gen.tag)
-                try:
-                    runtime.hub.register(stream)
-                except ChannelError:
-                    return
-            runtime.hub.finish_now(serial, tp.ResponseEvent(terminal=event))
+            runtime.add_request(spec, self._stream(serial, spec, gen, channel=channel), gen.grammar)
+        except TransportError as exc:                # refused before its stream was registered
+            try:
+                runtime.hub.register(Stream(serial, None, channel=channel, tag=gen.tag))
+            except ChannelError:
+                return
+            runtime.hub.finish_now(serial, tp.ResponseEvent(terminal=exc.event()))
+        except ChannelError:
+            pass                                     # a closed channel or a tag in use: nothing was registered
 
     @staticmethod
-    def _stream(serial: int, spec: Any, gen: tp.GenerateRequest, sender: "TritonSender | None" = None,
+    def _stream(serial: int, spec: RequestSpec, gen: tp.GenerateRequest, sender: "TritonSender | None" = None,
                 channel: Channel | None = None) -> Stream:
         return Stream(serial, sender, timestamps=spec.observe_timestamps, logprobs=spec.logprobs,
                       top_k=spec.top_logprobs, channel=channel, tag=gen.tag,
