@@ -31,7 +31,8 @@ from model_bundle import load_bundle  # noqa: E402
 from helios_backend.executors.cuda.driver import load_driver  # noqa: E402
 from helios_backend.engine.settings import StartupOptions  # noqa: E402
 from helios_backend.engine.setup import derive_setup  # noqa: E402
-from helios_backend.packing import PackedLane, SamplingParameters, SlotInitialization  # noqa: E402
+from helios_backend.packing import PackedLane, SlotInitialization  # noqa: E402
+from helios_backend.sampling_parameters import SamplingParameters  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 
 
@@ -46,10 +47,10 @@ def fresh(bench: Bench, slot: int, prompt: int, extra: int) -> PackedLane:
     """An initialized slot with pages for its prompt: the host-fed lane of an admission."""
     bench.generation += 1
     tokens = bench.rng.integers(0, bench.vocab, prompt).astype("int32")
-    lane = PackedLane(slot=slot, generation=bench.generation, consumed=0, tokens=tokens, sample=True)
+    lane = PackedLane(slot=slot, generation=bench.generation, start=0, tokens=tokens, sample=True)
     bench.driver.step(bench.model.program(C.OPERATION_INITIALIZATION, 1), [initialization(bench, lane)])
     pages = [bench.driver.pages.take() for _ in range(-(-(prompt + extra) // bench.driver.page_tokens))]
-    lane.pages = pages
+    lane.page_table = pages
     return lane
 
 
