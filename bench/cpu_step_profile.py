@@ -45,7 +45,7 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import ModelOptions, NativeModel
     from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
-    from helios_backend.packing import SamplingParameters
+    from helios_backend.sampling_parameters import SamplingParameters
 
     bootstrap = Bootstrap.load(core, "helios.local/smollm2")
     pages = max(batches) * (-(-(prompt_tokens + steps + 8) // 16)) + 16

@@ -35,7 +35,8 @@ from bench.harness import add_output_arguments, output_dir
 from helios_backend.executors.cuda.driver import load_driver
 from helios_backend.engine.settings import StartupOptions
 from helios_backend.engine.setup import derive_setup
-from helios_backend.packing import SlotInitialization, PackedLane, SamplingParameters
+from helios_backend.packing import SlotInitialization, PackedLane
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
@@ -72,21 +73,21 @@ class Bench:
             self.driver.step(init, [PackedLane(slot=slot, generation=self.generation, initialization=admission)])
             pages = [self.driver.pages.take()
                      for _ in range(-(-(prompt_tokens + extra_tokens) // self.driver.page_tokens))]
-            self.driver.step(prefill, [PackedLane(slot=slot, generation=self.generation, consumed=0, tokens=prompt,
-                                            sample=True, pages=pages)])
-            lanes.append(PackedLane(slot=slot, generation=self.generation, consumed=prompt_tokens, pages=pages))
+            self.driver.step(prefill, [PackedLane(slot=slot, generation=self.generation, start=0, tokens=prompt,
+                                            sample=True, page_table=pages)])
+            lanes.append(PackedLane(slot=slot, generation=self.generation, start=prompt_tokens, page_table=pages))
         return lanes
 
     def release(self, lanes: list[PackedLane]) -> None:
         for lane in lanes:
-            self.driver.pages.give_back(lane.pages)
+            self.driver.pages.give_back(lane.page_table)
 
     def decode(self, batch: int, prompt: int, steps: int) -> dict:
         executor, packer = self.model.executor, self.model.packer
         program = self.model.program(C.OPERATION_DECODE, batch, batch)
         lanes = self.admit(list(range(batch)), prompt, steps + 16)
         # lane lists per step, built before timing: the scheduler's bookkeeping is not measured here
-        per_step = [[PackedLane(slot=l.slot, generation=l.generation, consumed=l.consumed + k, pages=l.pages)
+        per_step = [[PackedLane(slot=l.slot, generation=l.generation, start=l.start + k, page_table=l.page_table)
                      for l in lanes] for k in range(steps + 8)]
         for k in range(8):                               # warm-up, synchronous
             packer.pack(program, 0, per_step[k])
@@ -129,7 +130,8 @@ class Bench:
         program = self.model.program(C.OPERATION_PREFILL, 1, tokens)
         [lane] = self.admit([0], 16, tokens)
         prompt = self.rng.integers(0, self.vocab, tokens).astype(np.int32)
-        chunk = PackedLane(slot=0, generation=lane.generation, consumed=0, tokens=prompt, sample=True, pages=lane.pages)
+        chunk = PackedLane(slot=0, generation=lane.generation, start=0, tokens=prompt, sample=True,
+                           page_table=lane.page_table)
         samples = []
         for k in range(repeats + 2):
             t0 = time.perf_counter_ns()

@@ -23,7 +23,8 @@ from bench.harness import add_output_arguments, output_dir
 from helios_backend.executors.cuda.driver import load_driver
 from helios_backend.engine.settings import StartupOptions
 from helios_backend.engine.setup import derive_setup
-from helios_backend.packing import PackedLane, SamplingParameters, SlotInitialization
+from helios_backend.packing import PackedLane, SlotInitialization
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_proto import contract_pb2 as C
 from tests.gpu import timing
 from tests.gpu.model_bundle import load_bundle
@@ -40,10 +41,10 @@ def fresh(bench: Bench, slot: int, prompt: int, extra: int) -> PackedLane:
     """An initialized slot with pages for its prompt: the host-fed lane of an admission."""
     bench.generation += 1
     tokens = bench.rng.integers(0, bench.vocab, prompt).astype("int32")
-    lane = PackedLane(slot=slot, generation=bench.generation, consumed=0, tokens=tokens, sample=True)
+    lane = PackedLane(slot=slot, generation=bench.generation, start=0, tokens=tokens, sample=True)
     bench.driver.step(bench.model.program(C.OPERATION_INITIALIZATION, 1), [initialization(bench, lane)])
     pages = [bench.driver.pages.take() for _ in range(-(-(prompt + extra) // bench.driver.page_tokens))]
-    lane.pages = pages
+    lane.page_table = pages
     return lane
 
 

@@ -25,7 +25,8 @@ from helios_proto import contract_pb2 as C
 
 from bench.cpu_peer import DecodeFigure, PeerFigures, bench_prompt_ids, format_ratios, format_table, measure_llama_cpp
 from helios_backend.engine.model import ModelOptions, NativeModel
-from helios_backend.packing import PackedLane, SamplingParameters
+from helios_backend.packing import PackedLane
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 from ignition.preparation.prepare import prepare
 from ignition.recipes import smollm2_135m_instruct as recipe
@@ -45,7 +46,7 @@ def _timed_prefill(model: NativeModel, prompts: Sequence[Sequence[int]]) -> floa
     for active, prompt in zip(actives, prompts):
         driver._ensure_pages(active, len(prompt))
         lanes.append(PackedLane(slot=active.slot, generation=active.generation,
-                          tokens=np.asarray(prompt, dtype=np.int32), pages=list(active.pages)))
+                          tokens=np.asarray(prompt, dtype=np.int32), page_table=list(active.pages)))
     program = model.program(C.OPERATION_PREFILL, len(prompts), sum(len(p) for p in prompts))
     start = time.perf_counter()
     driver.step(program, lanes)

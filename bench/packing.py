@@ -91,7 +91,8 @@ class Bench:
     def decode_lanes(self, batch: int) -> list[list[PackedLane]]:
         prompts, pages = self._decode_state(batch)
         pt = self.page_tokens
-        return [[PackedLane(slot=s, generation=1, consumed=prompts[s] + k, pages=pages[s][:(prompts[s] + k) // pt + 1])
+        return [[PackedLane(slot=s, generation=1, start=prompts[s] + k,
+                            page_table=pages[s][:(prompts[s] + k) // pt + 1])
                  for s in range(batch)] for k in range(WARMUP + self.calls)]
 
     def decode(self, batch: int) -> dict:
@@ -136,7 +137,7 @@ class Bench:
         out = {"program": graph.program}
         for name, kind in (("pack_us", Packer), ("per_row_us", ReferencePacker)):
             packer, frames = self.packer(kind)
-            lanes = [[PackedLane(slot=0, generation=k + 1, consumed=0, tokens=prompt, sample=True, pages=pages)]
+            lanes = [[PackedLane(slot=0, generation=k + 1, start=0, tokens=prompt, sample=True, page_table=pages)]
                      for k in range(WARMUP + self.calls)]
             out[name] = self._time(lambda k, f: packer.pack(graph.program, f, lanes[k]), frames)
         packer, frames = self.packer()

@@ -43,6 +43,8 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
+from helios_backend.sampling_parameters import SamplingParameters
+
 
 _NUMPY = {C.DTYPE_I32: np.int32, C.DTYPE_U32: np.uint32, C.DTYPE_F32: np.float32, C.DTYPE_I64: np.int64,
           C.DTYPE_U64: np.uint64, C.DTYPE_U8: np.uint8, C.DTYPE_I8: np.int8, C.DTYPE_I16: np.int16}
@@ -54,24 +56,6 @@ class PackingError(ValueError):
 
 class CapacityError(PackingError):
     """The submitted lanes do not fit the program's captured rows or packed tokens."""
-
-
-@dataclass(frozen=True)
-class SamplingParameters:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    # logprob records wanted for this request's tokens: the top-N alternatives (0 = only the
-    # sampled token's), or -1 = none, and sampling.logprobs.v2 skips the row
-    logprobs: int = 0
-
-    def vector(self) -> np.ndarray:
-        return np.array([self.temperature, self.top_p, self.top_k, self.min_p, self.presence_penalty,
-                         self.frequency_penalty, self.repetition_penalty, self.logprobs], dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -93,14 +77,15 @@ class SlotInitialization:
 
 @dataclass(slots=True)
 class PackedLane:
-    """One request row of a submission."""
+    """One request row of a submission: what packing writes of a scheduler Lane (scheduler/plan.py;
+    the fields both have carry Lane's names) plus the values only packing needs."""
 
     slot: int
     generation: int
-    consumed: int = 0                         # tokens already in the slot's history
+    start: int = 0                            # tokens already in the slot's history = first query position
     tokens: Optional[np.ndarray] = None       # host query tokens; None = one device-owned pending token
     sample: bool = True                       # draw a token after this step
-    pages: Sequence[int] = ()                 # the slot's page list, covering consumed + query_length
+    page_table: Sequence[int] = ()            # the slot's page list, covering start + query_len
     grammar_mask: Optional[np.ndarray] = None  # uint32 [mask_words]; None = unconstrained
     # the request's logit bias: distinct token ids and their biases (same length); None = none
     logit_bias_ids: Optional[np.ndarray] = None
@@ -117,7 +102,7 @@ class PackedLane:
     prefix_limit: int = 0                     # >0: device-allocated lane ceiling (SPECULATIVE_PREFIX_LIMIT)
 
     @property
-    def query_length(self) -> int:
+    def query_len(self) -> int:
         if self.tokens is None:
             if self.prefix_limit:             # the program writes the actual length (<= ceiling, total <= P)
                 return 1
@@ -147,12 +132,12 @@ def _seed_bits(lane: PackedLane) -> np.ndarray:
 LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_SLOT: attrgetter("slot"),
     C.VALUE_SOURCE_GENERATION: attrgetter("generation"),
-    C.VALUE_SOURCE_QUERY_LENGTH: attrgetter("query_length"),
+    C.VALUE_SOURCE_QUERY_LENGTH: attrgetter("query_len"),
     C.VALUE_SOURCE_SAMPLING_DECISION: attrgetter("sample"),          # bool: 0 / 1 in the column
-    C.VALUE_SOURCE_CONSUMED_TOKENS: attrgetter("consumed"),
+    C.VALUE_SOURCE_CONSUMED_TOKENS: attrgetter("start"),
     C.VALUE_SOURCE_PROMPT_TOKENS: attrgetter("tokens"),              # None -> padding (device token)
-    C.VALUE_SOURCE_PROMPT_POSITIONS: lambda lane: np.arange(lane.consumed, lane.consumed + lane.query_length),
-    C.VALUE_SOURCE_PAGE_TABLE: attrgetter("pages"),
+    C.VALUE_SOURCE_PROMPT_POSITIONS: lambda lane: np.arange(lane.start, lane.start + lane.query_len),
+    C.VALUE_SOURCE_PAGE_TABLE: attrgetter("page_table"),
     C.VALUE_SOURCE_SNAPSHOT_DESTINATION: attrgetter("snapshot_row"),
     C.VALUE_SOURCE_RESTORE_SOURCE: attrgetter("restore_row"),
     C.VALUE_SOURCE_PENDING_TOKEN: attrgetter("pending_token"),       # RESUME: host-owned pending token
@@ -478,28 +463,6 @@ def _resolve(binding: C.ValueBinding, where: str) -> Write:
         raise PackingError(f"{where}: no packing for {C.ValueSource.Name(source)} "
                            f"indexed {C.IndexMode.Name(index)}")
     return partial(writer, source=source)
-
-
-# Operations whose programs end with a draw: the ones a logit bias must reach.
-SAMPLING_OPERATIONS = frozenset({C.OPERATION_PREFILL, C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_RESUME})
-_LOGIT_BIAS_SOURCES = (C.VALUE_SOURCE_LOGIT_BIAS_IDS, C.VALUE_SOURCE_LOGIT_BIAS_VALUES)
-
-
-def logit_bias_capacity(graphs: Sequence[C.GraphContract], transport: M.Transport) -> int:
-    """Logit-bias entries per request that every selected sampling program takes (the row width
-    of its logit-bias destinations), or 0 when one of them binds no logit-bias source (a core
-    prepared before them: requests carrying logit_bias are refused, never served unbiased).
-    SPECULATIVE programs are left out: the scheduler never speculates a biased request."""
-    widths = {d.name: int(d.row_elements) for d in transport.destinations}
-    capacity = None
-    for graph in graphs:
-        if graph.operation not in SAMPLING_OPERATIONS:
-            continue
-        bound = {b.source: widths.get(b.destination, 0) for b in graph.bindings
-                 if b.source in _LOGIT_BIAS_SOURCES and b.index in _ROW_MODES}
-        width = min((bound.get(source, 0) for source in _LOGIT_BIAS_SOURCES), default=0)
-        capacity = width if capacity is None else min(capacity, width)
-    return capacity or 0
 
 
 def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:

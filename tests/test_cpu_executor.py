@@ -207,10 +207,11 @@ def test_compiler_pages_are_released_and_compiled_code_still_runs():
     # spec: OWN-1
     """After warm-up LLVM's clean read-only pages leave the resident set (residency.py); the
     compiled primitives keep working, and a later compilation faults the pages back."""
-    from helios_backend.executors.cpu import compiled
+    from helios_backend.executors.cpu.f16_products import widen
     from helios_backend.executors.cpu.residency import _clean_read_only_mappings, release_library_pages
+    from helios_backend.executors.cpu.warm_up import warm_up
 
-    compiled.warm_up()
+    warm_up()
     mappings = _clean_read_only_mappings("libllvmlite")
     assert mappings, "numba's LLVM library is mapped"
     maps = pathlib.Path("/proc/self/maps").read_text().splitlines()
@@ -219,33 +220,31 @@ def test_compiler_pages_are_released_and_compiled_code_still_runs():
     assert release_library_pages("libllvmlite") >= sum(length for _, length in mappings) > 0
     bits = np.arange(64, dtype=np.float16)
     out = np.zeros(64, dtype=np.float32)
-    compiled.widen(out, bits.view(np.uint16), 64)
+    widen(out, bits.view(np.uint16), 64)
     assert np.array_equal(out, bits.astype(np.float32))
 
 
 def test_shared_calls_run_every_chunk_once_and_raise_the_callers_error():
     # spec: OWN-1
-    """WorkSharing.run_claimed: the chunks claimed in compiled code (the caller and a polling or
-    woken helper) cover every index exactly once, call after call, and a failing task's error
+    """WorkSharing.run_claimed: the chunks claimed in compiled code (claiming.claim_chunks, the
+    caller and a polling or woken helper) cover every index exactly once, call after call, and a failing task's error
     reaches the caller without leaving the helper stuck."""
     from numba import njit
 
-    from helios_backend.executors.cpu import compiled
+    from helios_backend.executors.cpu.claiming import claim_chunks
     from helios_backend.executors.cpu.sharing import WorkSharing
 
     @njit(nogil=True)
+    def mark_chunk(index, chunks, args):
+        (seen,) = args
+        total = 0.0
+        for i in range(2000):                    # a little work, so both threads get chunks
+            total += i * 0.5
+        seen[index] += 1 if total > 0 else 2
+
+    @njit(nogil=True)
     def mark(seen, chunks, counters, calls, caller):
-        compiled._share_begin(calls, caller)
-        while True:
-            index = compiled.fetch_add(counters, compiled.NEXT, 1)
-            if index >= chunks:
-                break
-            total = 0.0
-            for i in range(2000):                # a little work, so both threads get chunks
-                total += i * 0.5
-            seen[index] += 1 if total > 0 else 2
-            compiled.fetch_add(counters, compiled.DONE, 1)
-        compiled._share_end(counters, chunks, caller)
+        claim_chunks(mark_chunk, (seen,), chunks, counters, calls, caller)
 
     sharing = WorkSharing(1)
     try:

@@ -6,7 +6,7 @@ import pytest
 from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.cli import generate
 from helios_backend.core import AuthorizationError
-from helios_backend.packing import SamplingParameters
+from helios_backend.sampling_parameters import SamplingParameters
 from tests.engine_fixtures import ACCEPTANCE
 
 

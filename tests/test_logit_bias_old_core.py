@@ -13,7 +13,7 @@ import pytest
 from helios_proto import contract_pb2 as cp
 
 from helios_backend.engine.bootstrap import Bootstrap
-from helios_backend.packing import logit_bias_capacity
+from helios_backend.frontend.logit_bias import logit_bias_capacity
 from tests import helios_client
 from tests.engine_fixtures import ACCEPTANCE, cached_core, engine_test_options
 from tests.gateway_harness import SERVED_ID, Stack, gateway_stack

@@ -17,7 +17,8 @@ from helios_backend.executors.base import MissingVariantError, UnknownKernelIdEr
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
 from helios_backend.kernels.rope import ROPE_HALF_PAIRS
 from helios_backend.engine.model import ModelLoadError, ModelOptions, NativeModel
-from helios_backend.packing import PackedLane, SamplingParameters
+from helios_backend.packing import PackedLane
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 from tests.engine_fixtures import prepared_in_memory, resource_reader
 
@@ -42,8 +43,8 @@ def prefill_logits(model: NativeModel, prompt, chunk: int, slot: int = 0, page_o
     while active.consumed < len(prompt):
         tokens = np.asarray(prompt[active.consumed:active.consumed + chunk], dtype=np.int32)
         driver._ensure_pages(active, active.consumed + tokens.size)
-        lane = PackedLane(slot=slot, generation=active.generation, consumed=active.consumed, tokens=tokens,
-                    pages=list(active.pages))
+        lane = PackedLane(slot=slot, generation=active.generation, start=active.consumed, tokens=tokens,
+                    page_table=list(active.pages))
         driver.step(model.program(C.OPERATION_PREFILL, 1, tokens.size), [lane])
         active.consumed += tokens.size
         out[active.consumed - 1] = logits[:vocab].copy()
@@ -113,8 +114,8 @@ def test_results_do_not_depend_on_physical_page_ids(smollm2_model):
     assert row.tolist() == [97, 3]
     # and the comparison catches a page-table bug: the last chunk again, its first table entry
     # naming a page that holds other keys (the ordered run's second page) instead of page 97
-    wrong = PackedLane(slot=0, generation=model.generations.next(0), consumed=18, tokens=np.asarray(PROMPT[18:], np.int32),
-                 pages=[1, 3])
+    wrong = PackedLane(slot=0, generation=model.generations.next(0), start=18, tokens=np.asarray(PROMPT[18:], np.int32),
+                 page_table=[1, 3])
     LockstepGenerator(model).step(model.program(C.OPERATION_PREFILL, 1, 6), [wrong])
     assert frame[table.byte_offset:table.byte_offset + 8].view(np.int32).tolist() == [1, 3]
     broken = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
@@ -173,9 +174,9 @@ def test_mixed_step_equals_separate_prefill_and_decode(smollm2_model):
     driver.prefill(a2)
     driver._ensure_pages(a2, a2.consumed + 1)
     driver._ensure_pages(b2, 9)
-    lanes = [PackedLane(slot=0, generation=a2.generation, consumed=a2.consumed, pages=list(a2.pages)),
-             PackedLane(slot=1, generation=b2.generation, consumed=0, tokens=np.asarray(SECOND_PROMPT[:9], np.int32),
-                  pages=list(b2.pages))]
+    lanes = [PackedLane(slot=0, generation=a2.generation, start=a2.consumed, page_table=list(a2.pages)),
+             PackedLane(slot=1, generation=b2.generation, start=0, tokens=np.asarray(SECOND_PROMPT[:9], np.int32),
+                  page_table=list(b2.pages))]
     rows = driver.step(smollm2_model.program(C.OPERATION_MIXED, 2, 10), lanes)
     assert (int(rows[0][2]), int(rows[1][2])) == expected
     assert int(rows[0][3]) == len(PROMPT) + 1 and int(rows[1][3]) == 9          # consumed endpoints
@@ -207,11 +208,11 @@ def test_mixed_step_takes_several_prompts_beside_a_decode_lane(smollm2_model):  
         driver._ensure_pages(a2, a2.consumed + 1)
         driver._ensure_pages(b2, 9)
         driver._ensure_pages(c2, len(third))
-        lanes = [PackedLane(slot=1, generation=b2.generation, consumed=0,
-                            tokens=np.asarray(SECOND_PROMPT[:9], np.int32), pages=list(b2.pages)),
-                 PackedLane(slot=0, generation=a2.generation, consumed=a2.consumed, pages=list(a2.pages)),
-                 PackedLane(slot=2, generation=c2.generation, consumed=0, tokens=np.asarray(third, np.int32),
-                            pages=list(c2.pages))]
+        lanes = [PackedLane(slot=1, generation=b2.generation, start=0,
+                            tokens=np.asarray(SECOND_PROMPT[:9], np.int32), page_table=list(b2.pages)),
+                 PackedLane(slot=0, generation=a2.generation, start=a2.consumed, page_table=list(a2.pages)),
+                 PackedLane(slot=2, generation=c2.generation, start=0, tokens=np.asarray(third, np.int32),
+                            page_table=list(c2.pages))]
         rows = driver.step(model.program(C.OPERATION_MIXED, 4, 24), lanes)
         assert (int(rows[1][2]), int(rows[0][2]), int(rows[2][2])) == expected
         assert [int(rows[i][3]) for i in range(3)] == [9, len(PROMPT) + 1, len(third)]   # consumed endpoints
@@ -224,7 +225,8 @@ def test_completion_records_follow_the_spec(smollm2_model):
     driver = LockstepGenerator(smollm2_model)
     [active] = driver.admit([GenerationRequest(PROMPT, 1)], [0])
     driver._ensure_pages(active, len(PROMPT))
-    lane = PackedLane(slot=0, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))
+    lane = PackedLane(slot=0, generation=active.generation, tokens=np.asarray(PROMPT, np.int32),
+                      page_table=list(active.pages))
     program = smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT))
     smollm2_model.packer.pack(program, 1, [lane])
     smollm2_model.executor.launch(program, 1)
@@ -249,7 +251,8 @@ def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2
     sampling = SamplingParameters(repetition_penalty=penalty)
     [active] = driver.admit([GenerationRequest(PROMPT, 4, sampling=sampling)], [1])
     driver._ensure_pages(active, len(PROMPT) + 1)
-    lanes = [PackedLane(slot=1, generation=active.generation, tokens=np.asarray(PROMPT, np.int32), pages=list(active.pages))]
+    lanes = [PackedLane(slot=1, generation=active.generation, tokens=np.asarray(PROMPT, np.int32),
+                        page_table=list(active.pages))]
     slot_bins = slice(VOCAB, 2 * VOCAB)                                       # slot 1's histogram row
     for program in (smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT)), smollm2_model.program(C.OPERATION_DECODE, 1, 1)):
         state = {name: smollm2_model.executor.read_buffer(f"state.{name}_histogram").view(np.int32)[slot_bins].copy()
@@ -276,7 +279,8 @@ def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2
             assert token == top_ids[0] and logprob == top_lps[0]              # greedy: the best alternative
         else:                                                                 # greedy over the penalized logits
             assert token == int(np.argmax(adjusted))
-        lanes = [PackedLane(slot=1, generation=active.generation, consumed=len(PROMPT), tokens=None, pages=list(active.pages))]
+        lanes = [PackedLane(slot=1, generation=active.generation, start=len(PROMPT), tokens=None,
+                            page_table=list(active.pages))]
 
 
 # ---- load-time failures -------------------------------------------------------------------------
@@ -356,23 +360,23 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
         driver._ensure_pages(first, len(PROMPT))                                   # pages 5, 6
         driver.step(model.program(C.OPERATION_PREFILL, 1, len(PROMPT)),
                     [PackedLane(slot=0, generation=first.generation, tokens=np.asarray(PROMPT, np.int32),
-                          pages=list(first.pages), snapshot_row=1)])
+                          page_table=list(first.pages), snapshot_row=1)])
         shared_page, private_page = first.pages[0], 9
-        restore = PackedLane(slot=1, generation=second.generation, consumed=len(PROMPT),
-                       pages=[shared_page, private_page], restore_row=1)
+        restore = PackedLane(slot=1, generation=second.generation, start=len(PROMPT),
+                       page_table=[shared_page, private_page], restore_row=1)
         [record] = driver.step(model.program(C.OPERATION_RESTORATION, 1), [restore])
         assert record[3] == len(PROMPT)                                              # consumed endpoint
         tail = np.asarray(longer[len(PROMPT):], np.int32)
         driver.step(model.program(C.OPERATION_PREFILL, 1, tail.size),
-                    [PackedLane(slot=1, generation=second.generation, consumed=len(PROMPT), tokens=tail,
-                          pages=[shared_page, private_page])])
+                    [PackedLane(slot=1, generation=second.generation, start=len(PROMPT), tokens=tail,
+                          page_table=[shared_page, private_page])])
         restored = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB].copy()
         np.testing.assert_allclose(restored, expected, atol=RESHAPE_TOLERANCE)
 
         # without the restoration copy the private page lacks positions 16..23: results change
         model.packer.forget_slot(2)
         driver.step(model.program(C.OPERATION_PREFILL, 1, tail.size),
-                    [PackedLane(slot=2, generation=99, consumed=len(PROMPT), tokens=tail, pages=[shared_page, 10])])
+                    [PackedLane(slot=2, generation=99, start=len(PROMPT), tokens=tail, page_table=[shared_page, 10])])
         unrestored = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
         assert np.abs(unrestored - expected).max() > 1.0
     finally:
@@ -414,15 +418,15 @@ def test_nodes_write_only_through_pointers_their_abi_declares_writable(smollm2_b
         driver._ensure_pages(active, len(prompt) + 1)
         run_checked(model.program(C.OPERATION_PREFILL, 1, len(prompt)),
                     [PackedLane(slot=active.slot, generation=active.generation, tokens=np.asarray(prompt, np.int32),
-                          pages=list(active.pages), snapshot_row=row)])
-    decode = [PackedLane(slot=a.slot, generation=a.generation, consumed=len(p), pages=list(a.pages))
+                          page_table=list(active.pages), snapshot_row=row)])
+    decode = [PackedLane(slot=a.slot, generation=a.generation, start=len(p), page_table=list(a.pages))
               for a, p in ((first, PROMPT), (second, SECOND_PROMPT))]
     run_checked(model.program(C.OPERATION_DECODE, 2, 2), decode)
     run_checked(model.program(C.OPERATION_MIXED, 2, 3),
-                [PackedLane(slot=0, generation=first.generation, consumed=len(PROMPT) + 1, pages=list(first.pages)),
-                 PackedLane(slot=1, generation=second.generation, consumed=len(SECOND_PROMPT) + 1,
-                      tokens=np.asarray([17, 18], np.int32), pages=list(second.pages))])
+                [PackedLane(slot=0, generation=first.generation, start=len(PROMPT) + 1, page_table=list(first.pages)),
+                 PackedLane(slot=1, generation=second.generation, start=len(SECOND_PROMPT) + 1,
+                      tokens=np.asarray([17, 18], np.int32), page_table=list(second.pages))])
     run_checked(model.program(C.OPERATION_RESTORATION, 1),
-                [PackedLane(slot=1, generation=second.generation, consumed=len(PROMPT), pages=list(second.pages),
+                [PackedLane(slot=1, generation=second.generation, start=len(PROMPT), page_table=list(second.pages),
                       restore_row=0)])
     model.close()

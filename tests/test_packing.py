@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from helios_proto import contract_pb2 as C
 
-from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, Packer, PackingError, SamplingParameters
+from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, Packer, PackingError
+from helios_backend.sampling_parameters import SamplingParameters
 from tests.engine_fixtures import prepared_in_memory
 
 SENTINEL = 0x5A
@@ -29,7 +30,7 @@ def setup():
 def test_submission_rows_pad_the_whole_capacity(setup):
     # spec: BND-15, BND-16, BND-13
     _, packer, _, view = setup
-    lanes = [PackedLane(slot=2, generation=7, consumed=5, tokens=np.array([11, 12, 13], np.int32), pages=[4])]
+    lanes = [PackedLane(slot=2, generation=7, start=5, tokens=np.array([11, 12, 13], np.int32), page_table=[4])]
     packer.pack("prefill.r2.t64", 0, lanes)
     assert view(0, "row_slot")[:2].tolist() == [2, -1]
     assert view(0, "query_length")[:2].tolist() == [3, 0]
@@ -42,8 +43,8 @@ def test_submission_rows_pad_the_whole_capacity(setup):
 def test_packed_tokens_follow_each_lanes_actual_count(setup):
     # spec: BND-16
     _, packer, _, view = setup
-    lanes = [PackedLane(slot=0, generation=1, consumed=9, pages=[1]),                       # device pending token
-             PackedLane(slot=1, generation=1, consumed=0, tokens=np.array([5, 6, 7, 8], np.int32), pages=[2])]
+    lanes = [PackedLane(slot=0, generation=1, start=9, page_table=[1]),                       # device pending token
+             PackedLane(slot=1, generation=1, start=0, tokens=np.array([5, 6, 7, 8], np.int32), page_table=[2])]
     packer.pack("mixed.r2.t17", 1, lanes)
     # the pending lane's token is the padding (-1): what tokens.select_input.v2 tells host-fed rows by
     assert view(1, "prompt_tokens")[:5].tolist() == [-1, 5, 6, 7, 8]
@@ -58,15 +59,15 @@ def test_page_tables_upload_only_new_entries_and_generation_resets(setup):
     width = prepared.manifest.max_pages_per_row
     slot = 3
     row = lambda: view(0, "page_table")[slot * width:(slot + 1) * width]  # noqa: E731
-    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=1, consumed=0, pages=[10, 11])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=1, start=0, page_table=[10, 11])])
     assert row()[:2].tolist() == [10, 11]
     row()[:2] = -7                                   # pretend the host bytes were reused: only new entries move
-    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=1, consumed=20, pages=[10, 11, 12])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=1, start=20, page_table=[10, 11, 12])])
     assert row()[:3].tolist() == [-7, -7, 12]
-    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=2, consumed=0, pages=[30])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=slot, generation=2, start=0, page_table=[30])])
     assert row()[:3].tolist() == [30, -7, 12]        # new generation: rewritten from entry 0
     # the other frame remembers separately
-    packer.pack("decode.r1.t1", 1, [PackedLane(slot=slot, generation=2, consumed=0, pages=[30])])
+    packer.pack("decode.r1.t1", 1, [PackedLane(slot=slot, generation=2, start=0, page_table=[30])])
     assert view(1, "page_table")[slot * width] == 30
 
 

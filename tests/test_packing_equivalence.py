@@ -14,7 +14,8 @@ from helios_proto import contract_pb2 as C
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helios_backend.packing import SlotInitialization, PackedLane, Packer, PackingError, SamplingParameters
+from helios_backend.packing import SlotInitialization, PackedLane, Packer, PackingError
+from helios_backend.sampling_parameters import SamplingParameters
 from tests.engine_fixtures import prepared_in_memory
 from tests.packing_reference import ReferencePacker
 
@@ -65,11 +66,12 @@ def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[P
     lanes = []
     for slot in slot_ids.tolist():
         token_lane = graph.operation not in (C.OPERATION_DECODE, C.OPERATION_RESUME) and rng.random() < 0.6
-        lane = PackedLane(slot=slot, generation=int(rng.integers(1, 4)), consumed=int(rng.integers(0, 400)),
+        lane = PackedLane(slot=slot, generation=int(rng.integers(1, 4)), start=int(rng.integers(0, 400)),
                     tokens=rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 20))).astype(np.int32)
                     if token_lane else None,
                     sample=bool(rng.random() < 0.7),
-                    pages=[int(p) for p in rng.integers(0, 96, int(rng.integers(0, width + 1 + (rng.random() < 0.02))))],
+                    page_table=[int(p) for p in
+                                rng.integers(0, 96, int(rng.integers(0, width + 1 + (rng.random() < 0.02))))],
                     grammar_mask=_maybe(rng, 0 if plain else 0.3, lambda: rng.integers(0, 1 << 32, int(rng.choice(
                         [mask_words, mask_words - 5])), dtype=np.uint64).astype(np.uint32)),
                     snapshot_row=int(rng.integers(-1, 4)), restore_row=int(rng.integers(-1, 4)),
@@ -90,7 +92,7 @@ def _lanes(rng: np.random.Generator, graph: C.GraphContract, prepared) -> list[P
         for lane in [lane for lane in lanes if lane.tokens is not None][1:]:
             lane.tokens = None
     if tokens:
-        while lanes and sum(lane.query_length for lane in lanes) > tokens:
+        while lanes and sum(lane.query_len for lane in lanes) > tokens:
             lanes.pop()
     return lanes
 

@@ -63,7 +63,7 @@ def test_resume_with_the_host_fed_token_continues_like_decode(smollm2_model):
     pending = model.executor.buffer_view("state.pending", np.int32)
     pending[1] = 7                          # the device no longer holds the pending token
     driver._ensure_pages(b, b.consumed + 1)
-    lane = PackedLane(slot=1, generation=b.generation, consumed=b.consumed, pages=list(b.pages),
+    lane = PackedLane(slot=1, generation=b.generation, start=b.consumed, page_table=list(b.pages),
                 pending_token=b.result.tokens[-1])
     [row] = driver.step(model.program(C.OPERATION_RESUME, 1, 1), [lane])
     b.consumed += 1
@@ -106,7 +106,7 @@ def test_scored_prefill_scores_are_the_log_softmax_of_the_logits_at_each_positio
     driver = LockstepGenerator(model)
     [active] = driver.admit([GenerationRequest(PROMPT, 4)], [2])
     driver._ensure_pages(active, chunk.size)
-    lane = PackedLane(slot=2, generation=active.generation, tokens=chunk, pages=list(active.pages),
+    lane = PackedLane(slot=2, generation=active.generation, tokens=chunk, page_table=list(active.pages),
                 scored_targets=targets)
     program = model.program(C.OPERATION_SCORED_PREFILL, 1, chunk.size)
     model.packer.pack(program, 0, [lane])

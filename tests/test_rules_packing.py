@@ -9,7 +9,8 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.contract import ContractError, PreparedContract
-from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, Packer, SamplingParameters
+from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, Packer
+from helios_backend.sampling_parameters import SamplingParameters
 from tests.contract_samples import SAMPLE_RESOURCE_IDS, sample_contract, sample_manifest
 from tests.engine_fixtures import prepared_in_memory
 
@@ -65,8 +66,9 @@ def test_lane_geometry_sources_are_packed_per_lane(prepared):
     mixed.bindings.add(destination="prefill_row", source=C.VALUE_SOURCE_MIXED_PREFILL_ROW,
                        index=C.INDEX_MODE_SCALAR, padding=-1)
     packer = Packer(_all_with(prepared, mixed), manifest.transport, manifest.request_slots, frames)
-    lanes = [PackedLane(slot=3, generation=9, consumed=12, pages=[1]),                                  # decode lane
-             PackedLane(slot=1, generation=4, consumed=16, tokens=np.array([7, 8, 9], np.int32), sample=False, pages=[2, 5])]
+    lanes = [PackedLane(slot=3, generation=9, start=12, page_table=[1]),                                  # decode lane
+             PackedLane(slot=1, generation=4, start=16, tokens=np.array([7, 8, 9], np.int32), sample=False,
+                        page_table=[2, 5])]
     packer.pack("mixed.r2.t17", 0, lanes)
     v = lambda name: _view(manifest, frames[0], name)  # noqa: E731
     assert v("row_slot")[:2].tolist() == [3, 1]                        # SLOT
@@ -85,8 +87,8 @@ def test_token_position_and_cache_sources_are_packed(prepared):
     frames = _frames(manifest)
     packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
     width = manifest.max_pages_per_row
-    lanes = [PackedLane(slot=2, generation=1, consumed=40, pages=[6, 7, 8]),                    # pending token
-             PackedLane(slot=0, generation=5, consumed=3, tokens=np.array([21, 22], np.int32), pages=[9])]
+    lanes = [PackedLane(slot=2, generation=1, start=40, page_table=[6, 7, 8]),                    # pending token
+             PackedLane(slot=0, generation=5, start=3, tokens=np.array([21, 22], np.int32), page_table=[9])]
     packer.pack("mixed.r2.t17", 1, lanes)
     v = lambda name: _view(manifest, frames[1], name)  # noqa: E731
     assert v("prompt_tokens")[:3].tolist() == [-1, 21, 22]             # PROMPT_TOKENS (-1: device pending)
@@ -103,11 +105,12 @@ def test_snapshot_and_restore_sources_are_packed():
     manifest = prepared.manifest
     frames = _frames(manifest)
     packer = Packer(list(prepared.contract.model.graphs), manifest.transport, manifest.request_slots, frames)
-    prefill = PackedLane(slot=1, generation=2, consumed=0, tokens=np.arange(5, dtype=np.int32), pages=[3], snapshot_row=1)
+    prefill = PackedLane(slot=1, generation=2, start=0, tokens=np.arange(5, dtype=np.int32), page_table=[3],
+                         snapshot_row=1)
     packer.pack("prefill.r2.t64", 0, [prefill])
     assert _view(manifest, frames[0], "snapshot_row")[0] == 1                        # SNAPSHOT_DESTINATION
     restoration = next(g.program for g in prepared.contract.model.graphs if g.operation == C.OPERATION_RESTORATION)
-    lanes = [PackedLane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=1)]
+    lanes = [PackedLane(slot=3, generation=7, start=18, page_table=[6, 7], restore_row=1)]
     packer.pack(restoration, 1, lanes)
     assert _view(manifest, frames[1], "restore_row")[0] == 1                         # RESTORE_SOURCE
     assert _view(manifest, frames[1], "consumed")[0] == 18
@@ -127,10 +130,10 @@ def test_row_destinations_use_their_declared_row_width(prepared):
     frames = _frames(manifest)
     packer = Packer(graphs, manifest.transport, manifest.request_slots, frames)
     restoration = next(g.program for g in graphs if g.operation == C.OPERATION_RESTORATION and g.capacity.rows == 2)
-    packer.pack(restoration, 1, [PackedLane(slot=3, generation=7, consumed=18, pages=[6, 7], restore_row=1),
-                                 PackedLane(slot=0, generation=2, consumed=20, pages=[1, 2], restore_row=0)])
+    packer.pack(restoration, 1, [PackedLane(slot=3, generation=7, start=18, page_table=[6, 7], restore_row=1),
+                                 PackedLane(slot=0, generation=2, start=20, page_table=[1, 2], restore_row=0)])
     assert _view(manifest, frames[1], "restore_row")[:2].tolist() == [1, 0]
-    lanes = [PackedLane(slot=s, generation=1, tokens=np.arange(5, dtype=np.int32), pages=[s], snapshot_row=r)
+    lanes = [PackedLane(slot=s, generation=1, tokens=np.arange(5, dtype=np.int32), page_table=[s], snapshot_row=r)
              for s, r in ((2, 3), (1, 2))]
     packer.pack("prefill.r2.t64", 0, lanes)
     assert _view(manifest, frames[0], "snapshot_row")[:2].tolist() == [3, 2]
@@ -138,8 +141,8 @@ def test_row_destinations_use_their_declared_row_width(prepared):
     selected = [g for g in graphs if g.capacity.rows <= 2]
     frames = _frames(manifest)
     Packer(selected, manifest.transport, manifest.request_slots, frames).pack(
-        "decode.r2.t2", 0, [PackedLane(slot=3, generation=1, consumed=4, pages=[0]),
-                            PackedLane(slot=1, generation=1, consumed=9, pages=[1])])
+        "decode.r2.t2", 0, [PackedLane(slot=3, generation=1, start=4, page_table=[0]),
+                            PackedLane(slot=1, generation=1, start=9, page_table=[1])])
     assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [3, 1]
     assert _view(manifest, frames[0], "consumed")[:2].tolist() == [4, 9]
 
@@ -156,8 +159,8 @@ def test_row_widths_of_cores_without_declared_widths_are_derived_from_every_grap
     selected = [g for g in graphs if g.capacity.rows <= 2]
     frames = _frames(manifest)
     packer = Packer(selected, manifest.transport, manifest.request_slots, frames, layout_graphs=graphs)
-    packer.pack("decode.r2.t2", 0, [PackedLane(slot=3, generation=1, consumed=4, pages=[0]),
-                                    PackedLane(slot=1, generation=1, consumed=9, pages=[1])])
+    packer.pack("decode.r2.t2", 0, [PackedLane(slot=3, generation=1, start=4, page_table=[0]),
+                                    PackedLane(slot=1, generation=1, start=9, page_table=[1])])
     assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [3, 1]
     width = manifest.max_pages_per_row
     assert _view(manifest, frames[0], "page_table")[3 * width:3 * width + 1].tolist() == [0]
@@ -188,20 +191,20 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
         pages = {0: [1, 2], 1: [3, 4]}                       # slot -> pages of the snapshotted prompts
         for slot in (0, 1, 2, 3):
             model.packer.forget_slot(slot)
-        lanes = [PackedLane(slot=s, generation=100, tokens=np.asarray(p, np.int32), pages=pages[s], snapshot_row=r)
+        lanes = [PackedLane(slot=s, generation=100, tokens=np.asarray(p, np.int32), page_table=pages[s], snapshot_row=r)
                  for s, p, r in ((0, PROMPT, 2), (1, other, 1))]
         driver = LockstepGenerator(model)
         driver.step(prefill, lanes)
         # slots 2 and 3 share the complete first pages and restore the partial ones into fresh pages
         restored = {2: [1, 10], 3: [3, 11]}
-        lanes = [PackedLane(slot=2, generation=100, consumed=len(PROMPT), pages=restored[2], restore_row=2),
-                 PackedLane(slot=3, generation=100, consumed=len(other), pages=restored[3], restore_row=1)]
+        lanes = [PackedLane(slot=2, generation=100, start=len(PROMPT), page_table=restored[2], restore_row=2),
+                 PackedLane(slot=3, generation=100, start=len(other), page_table=restored[3], restore_row=1)]
         assert [int(record[3]) for record in driver.step(restoration, lanes)] == [len(PROMPT)] * 2
         for slot, tail, want in ((2, tails[0], expected[0]), (3, tails[1], expected[1])):
             tokens = np.asarray(tail, np.int32)
             program = model.program(C.OPERATION_PREFILL, 1, tokens.size)
-            driver.step(program, [PackedLane(slot=slot, generation=100, consumed=len(PROMPT), tokens=tokens,
-                                       pages=restored[slot])])
+            driver.step(program, [PackedLane(slot=slot, generation=100, start=len(PROMPT), tokens=tokens,
+                                       page_table=restored[slot])])
             got = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
             np.testing.assert_allclose(got, want, atol=RESHAPE_TOLERANCE, err_msg=f"slot {slot}")
     finally:
@@ -280,11 +283,11 @@ def test_constant_sources_write_their_declared_value(prepared):
     binding = next(b for b in graph.bindings if b.destination == "prefill_row")
     assert binding.source == C.VALUE_SOURCE_CONSTANT
     packer = Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames)
-    packer.pack("decode.r2.t2", 0, [PackedLane(slot=0, generation=1, consumed=4, pages=[1])])
+    packer.pack("decode.r2.t2", 0, [PackedLane(slot=0, generation=1, start=4, page_table=[1])])
     assert _view(manifest, frames[0], "prefill_row")[0] == binding.constant == -1
     binding.constant = 77
     packer = Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames)
-    packer.pack("decode.r2.t2", 0, [PackedLane(slot=0, generation=1, consumed=4, pages=[1])])
+    packer.pack("decode.r2.t2", 0, [PackedLane(slot=0, generation=1, start=4, page_table=[1])])
     assert _view(manifest, frames[0], "prefill_row")[0] == 77
 
 
@@ -293,7 +296,7 @@ def test_constant_sources_write_their_declared_value(prepared):
 def test_active_rows_leave_the_inactive_tail_untouched(prepared):
     # spec: BND-14
     manifest = prepared.manifest
-    lane = [PackedLane(slot=2, generation=3, consumed=0, tokens=np.array([5], np.int32), pages=[1])]
+    lane = [PackedLane(slot=2, generation=3, start=0, tokens=np.array([5], np.int32), page_table=[1])]
     graph = _graph(prepared, "prefill.r2.t64")
     frames = _frames(manifest)
     Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames).pack("prefill.r2.t64", 0, lane)
@@ -306,7 +309,7 @@ def test_active_rows_leave_the_inactive_tail_untouched(prepared):
     assert _view(manifest, frames[0], "row_slot")[:2].tolist() == [2, untouched]
     assert _view(manifest, frames[0], "query_length")[:2].tolist() == [1, untouched]
     # the inactive tail keeps whatever an earlier, wider submission wrote there
-    two = lane + [PackedLane(slot=0, generation=1, consumed=0, tokens=np.array([6], np.int32), pages=[2])]
+    two = lane + [PackedLane(slot=0, generation=1, start=0, tokens=np.array([6], np.int32), page_table=[2])]
     packer = Packer(_all_with(prepared, graph), manifest.transport, manifest.request_slots, frames)
     packer.pack("prefill.r2.t64", 0, two)
     packer.pack("prefill.r2.t64", 0, lane)
@@ -316,7 +319,7 @@ def test_active_rows_leave_the_inactive_tail_untouched(prepared):
 def test_offset_and_padding_are_declared_apart_from_the_index_mode(prepared):
     # spec: BND-17
     manifest = prepared.manifest
-    lanes = [PackedLane(slot=1, generation=2, consumed=10, tokens=np.array([4, 5], np.int32), pages=[3])]
+    lanes = [PackedLane(slot=1, generation=2, start=10, tokens=np.array([4, 5], np.int32), page_table=[3])]
     for offset, padding in ((0, -1), (100, -1), (0, -9), (7, 42)):
         graph = _graph(prepared, "prefill.r2.t64")
         _rebind(graph, "row_slot", offset=offset, padding=padding)            # SUBMISSION_ROW
@@ -350,9 +353,9 @@ def test_offsets_apply_to_values_never_to_padding_inside_a_row(prepared):
         packer.pack("initialization.r2", 0, [PackedLane(slot=1, generation=1, initialization=admission)])
         eos = _view(manifest, frames[0], "in_eos_ids")[:2 * width].tolist()
         assert eos == [2 + offset, 0 + offset] + [padding] * (width - 2) + [padding] * width
-        packer.pack("mixed.r2.t17", 1, [PackedLane(slot=2, generation=1, consumed=40, pages=[6]),     # pending token
-                                        PackedLane(slot=0, generation=5, consumed=3, tokens=np.array([21, 22], np.int32),
-                                             pages=[9])])
+        packer.pack("mixed.r2.t17", 1, [PackedLane(slot=2, generation=1, start=40, page_table=[6]),     # pending token
+                                        PackedLane(slot=0, generation=5, start=3, tokens=np.array([21, 22], np.int32),
+                                             page_table=[9])])
         assert _view(manifest, frames[1], "prompt_tokens")[:3].tolist() == [padding, 21 + offset, 22 + offset]
 
 
@@ -367,7 +370,7 @@ def test_omitted_transfers_leave_destination_bytes_unchanged(prepared):
                                      sampling=SamplingParameters(), output_limit=9, eos_ids=(2,))
     packer.pack("initialization.r1", 0, [PackedLane(slot=1, generation=1, initialization=admission)])
     before = frames[0].copy()
-    packer.pack("decode.r1.t1", 0, [PackedLane(slot=1, generation=1, consumed=3, pages=[4])])
+    packer.pack("decode.r1.t1", 0, [PackedLane(slot=1, generation=1, start=3, page_table=[4])])
     bound = {b.destination for g in prepared.contract.model.graphs if g.program == "decode.r1.t1" for b in g.bindings}
     assert "in_histogram" not in bound and "in_seeds" not in bound
     changed = np.flatnonzero(frames[0] != before)
@@ -412,8 +415,8 @@ def test_host_staging_is_bounded_and_allocated_once(prepared):
     for d in manifest.transport.destinations:
         assert d.byte_offset + d.elements * 4 <= manifest.transport.frame_nbytes
     for step in range(20):
-        lanes = [PackedLane(slot=s, generation=step + 1, consumed=step, tokens=np.arange(1 + s, dtype=np.int32),
-                      pages=list(range(1 + step // 4))) for s in range(2)]
+        lanes = [PackedLane(slot=s, generation=step + 1, start=step, tokens=np.arange(1 + s, dtype=np.int32),
+                      page_table=list(range(1 + step // 4))) for s in range(2)]
         packer.pack("prefill.r2.t64", step % 2, lanes)
     with pytest.raises(CapacityError):       # more than the largest variant is refused, never grown
         packer.pack("prefill.r2.t64", 0, [PackedLane(slot=0, generation=1, tokens=np.arange(65, dtype=np.int32))])

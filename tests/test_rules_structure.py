@@ -17,7 +17,8 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.contract import ContractError, PreparedContract
-from helios_backend.packing import SlotInitialization, PackedLane, Packer, SamplingParameters
+from helios_backend.packing import SlotInitialization, PackedLane, Packer
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.scheduler.variants import VariantTable
 from tests.contract_samples import SAMPLE_RESOURCE_IDS, sample_contract, sample_manifest
 from tests.engine_fixtures import ACCEPTANCE, prepared_in_memory
@@ -250,8 +251,8 @@ def test_one_package_whose_extras_select_serving_and_the_cuda_executor():
 def _core_modules() -> dict[str, ast.Module]:
     out = _sources("helios_backend/core", "helios_backend/contract", "helios_backend/scheduler",
                    "helios_backend/kernels")
-    for single in ("helios_backend/packing.py", "helios_backend/engine/model.py", "helios_backend/engine/bootstrap.py",
-                   "helios_backend/executors/numpy_executor.py"):
+    for single in ("helios_backend/packing.py", "helios_backend/sampling_parameters.py", "helios_backend/engine/model.py",
+                   "helios_backend/engine/bootstrap.py", "helios_backend/executors/numpy_executor.py"):
         out[single] = ast.parse((ROOT / single).read_text(), single)
     return out
 
@@ -314,9 +315,9 @@ def _pack_everything(contract: C.ServingContract, manifest: M.ExecutionManifest)
     for graph in contract.model.graphs:
         if graph.operation == C.OPERATION_SPECULATIVE:
             continue                      # proposal lanes: tests/test_speculative_generation.py
-        lanes = [PackedLane(slot=1, generation=2, consumed=4, pages=[3], initialization=admission)]
+        lanes = [PackedLane(slot=1, generation=2, start=4, page_table=[3], initialization=admission)]
         if graph.operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED):
-            lanes.append(PackedLane(slot=0, generation=5, consumed=0, tokens=np.arange(3, dtype=np.int32), pages=[6],
+            lanes.append(PackedLane(slot=0, generation=5, start=0, tokens=np.arange(3, dtype=np.int32), page_table=[6],
                               initialization=admission))
         if graph.operation == C.OPERATION_PREFILL:
             lanes = lanes[1:]
@@ -679,7 +680,7 @@ def test_continuation_rows_hold_the_partial_page_computed_by_the_program():
         driver._ensure_pages(active, len(prompt))
         driver.step(model.program(C.OPERATION_PREFILL, 1, len(prompt)),
                     [PackedLane(slot=0, generation=active.generation, tokens=np.asarray(prompt, np.int32),
-                          pages=list(active.pages), snapshot_row=1)])
+                          page_table=list(active.pages), snapshot_row=1)])
         partial = len(prompt) % pt
         for plane, row_name in (("cache.k", "continuation.k"), ("cache.v", "continuation.v")):
             layers = buffers[plane].shape[0]

@@ -10,7 +10,8 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.contract import ContractError, PreparedContract, contract_to_json
 from helios_backend.engine.model import ModelOptions, NativeModel
-from helios_backend.packing import PackedLane, SamplingParameters
+from helios_backend.packing import PackedLane
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
 from helios_backend.lockstep.speculative import SpeculativeLockstepGenerator
 from helios_backend.scheduler.events import Emitted, Terminal
@@ -158,9 +159,9 @@ def _one_round(model, prompt, max_tokens=8):
     lane = round_.lanes[0]
     active = actives[0]
     driver.plain._ensure_pages(active, lane.reserve_end)
-    packed = PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
-                  proposals=np.asarray(lane.proposals, np.int32), proposal_generation=active.generation,
-                  proposal_consumed=active.consumed)
+    packed = PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
+                        page_table=list(active.pages), proposals=np.asarray(lane.proposals, np.int32),
+                        proposal_generation=active.generation, proposal_consumed=active.consumed)
     model.packer.pack(round_.program.program, 0, [packed])
     model.executor.launch(round_.program.program, 0)
     round_.sequence = driver.plain.launches
@@ -223,9 +224,9 @@ def test_stale_copies_are_not_offered(model):
     driver, actives, round_, _ = _one_round(model, REPEATING)
     active = actives[0]
     lane = round_.lanes[0]
-    stale = PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed, pages=list(active.pages),
-                 proposals=np.asarray(lane.proposals, np.int32), proposal_generation=active.generation,
-                 proposal_consumed=active.consumed - 1)
+    stale = PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
+                       page_table=list(active.pages), proposals=np.asarray(lane.proposals, np.int32),
+                       proposal_generation=active.generation, proposal_consumed=active.consumed - 1)
     model.packer.pack(round_.program.program, 0, [stale])
     model.executor.launch(round_.program.program, 0)
     words = model.executor.wait(0)

@@ -19,7 +19,7 @@ from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.core import open_core
 from helios_backend.frontend.prompt import encode_chat
 from helios_backend.engine.model import ModelOptions, NativeModel
-from helios_backend.packing import SamplingParameters
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest, GenerationResult
 
 

@@ -46,7 +46,7 @@ from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions
 from helios_backend.transport import SpecDefaults, TransportError
 from helios_backend.engine.loop import EngineLoop, EventSink
-from helios_backend.packing import logit_bias_capacity
+from helios_backend.frontend.logit_bias import logit_bias_capacity
 
 log = logging.getLogger("helios.runtime")
 T = TypeVar("T")

@@ -25,7 +25,7 @@ from typing import Iterable, Optional, Sequence
 
 from helios_proto import manifest_pb2 as M
 
-from helios_backend.executors.cpu.compiled import warm_up
+from helios_backend.executors.cpu.warm_up import warm_up
 from helios_backend.executors.cpu.kernels import SHARED_WORK_MACS, Capacity, CpuKernels
 from helios_backend.executors.cpu.residency import release_free_heap, release_library_pages
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce

@@ -30,7 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -44,9 +44,10 @@ from .cuda.driver import check, load_driver
 from .cuda import transport as tp
 from .cuda.errors import DeviceMemoryError, FrameStateError, ManifestError, MissingVariantError, UnknownProgramError
 from .cuda.graphs import Copy, RankResources, capture_graph
-from .cuda.modules import Architecture, select
+from .cuda.modules import select
 from .cuda.nccl import Nccl
-from .cuda.plan import BufferAddresses, KernelLaunch, kernel_table, layout_arena, plan_program
+from .cuda.plan import KernelLaunch, kernel_table, layout_arena, plan_program
+from .cuda.rank import RankState
 
 ResourceReader = Callable[[str], "bytes | bytearray | memoryview | np.ndarray"]
 STATIC_SHARED_LIMIT = 48 * 1024        # above this a kernel must opt in to dynamic shared memory
@@ -73,58 +74,6 @@ class CudaExecutorOptions:
             raise ValueError("cache_memory_share must be in (0, 1]")
         if self.cache_pages is not None and self.cache_pages < 0:
             raise ValueError("cache_pages must be >= 0")
-
-
-class _Rank:
-    """Everything one rank owns; built and torn down on that rank's thread."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.device: Any = None
-        self.context: Any = None
-        self.stream: Any = None
-        # set once by startup (_start_rank); None only before it and for teardown after a failure
-        self.arena_or_none: Optional[DeviceArena] = None
-        self.addresses_or_none: Optional[BufferAddresses] = None
-        self.completion_or_none: Optional[PinnedFrames] = None
-        self.capability = 0                      # the device's compute capability, major * 10 + minor
-        self.architecture_or_none: Optional[Architecture] = None   # the kernel modules this device loads
-        self.module_seconds = 0.0                # loading them (PTX: the JIT compile included)
-        self.modules: list[Any] = []
-        self.functions: dict[str, Any] = {}
-        self.comm = 0
-        self.events: list[Any] = []              # one per frame, recorded inside the graphs
-        self.graphs: list[Any] = []
-        self.execs: dict[str, list[Any]] = {}    # program name -> graph exec per frame
-        self.node_counts: dict[str, int] = {}
-        self.plans: dict[str, list[Any]] = {}    # program name -> launches (for profiling)
-        self.tuning: list[tuple[Any, Any]] = []  # (graph, exec) of tuning producers
-
-    @property
-    def arena(self) -> DeviceArena:
-        return _started(self.arena_or_none, self.rank, "arena")
-
-    @property
-    def addresses(self) -> BufferAddresses:
-        return _started(self.addresses_or_none, self.rank, "buffer addresses")
-
-    @property
-    def completion(self) -> PinnedFrames:
-        return _started(self.completion_or_none, self.rank, "completion frames")
-
-    @property
-    def architecture(self) -> Architecture:
-        return _started(self.architecture_or_none, self.rank, "kernel architecture")
-
-
-T = TypeVar("T")
-
-
-def _started(member: Optional[T], rank: int, what: str) -> T:
-    """A member startup sets; reading it before startup set it is a bug in this module."""
-    if member is None:
-        raise RuntimeError(f"rank {rank}: {what} read before startup set them")
-    return member
 
 
 class CudaExecutor:
@@ -155,7 +104,7 @@ class CudaExecutor:
         self._host_frames = self.frames + self.auxiliary_frames
         self._validate()
         local = tuple(options.local_ranks) if options.local_ranks is not None else tuple(range(self.world_size))
-        self._ranks = [_Rank(r) for r in local]
+        self._ranks = [RankState(r) for r in local]
         self._ordinals = dict(zip(local, options.devices or local))
         self._agree_pages = agree_pages
         self._nccl: Optional[Nccl] = Nccl() if self.world_size > 1 else None
@@ -229,14 +178,14 @@ class CudaExecutor:
         if devices is not None and len(devices) != (self.world_size if local is None else len(local)):
             raise ManifestError("one device ordinal per local rank is needed")
 
-    def _on_ranks(self, work: Callable[[_Rank], None]) -> None:
+    def _on_ranks(self, work: Callable[[RankState], None]) -> None:
         """Run `work` for every local rank, each on its own thread (NCCL init blocks per rank)."""
         if len(self._ranks) == 1:
             self._enter(self._ranks[0])
             work(self._ranks[0])
             return
 
-        def run(rank: _Rank) -> None:
+        def run(rank: RankState) -> None:
             self._enter(rank)
             work(rank)
 
@@ -244,14 +193,14 @@ class CudaExecutor:
             for future in [pool.submit(run, rank) for rank in self._ranks]:
                 future.result()
 
-    def _enter(self, rank: _Rank) -> None:
+    def _enter(self, rank: RankState) -> None:
         d = self._d
         if rank.context is None:
             rank.device = check(d.cuDeviceGet(self._ordinals[rank.rank]), "cuDeviceGet")
             rank.context = check(d.cuDevicePrimaryCtxRetain(rank.device), "cuDevicePrimaryCtxRetain")
         check(d.cuCtxSetCurrent(rank.context), "cuCtxSetCurrent")
 
-    def _start_rank(self, rank: _Rank, resources: "_ResourceCache", uid: Any) -> None:
+    def _start_rank(self, rank: RankState, resources: "_ResourceCache", uid: Any) -> None:
         d, m = self._d, self.manifest
         ordinal = self._ordinals[rank.rank]
         layout = layout_arena(m.buffers, rank.rank)
@@ -300,7 +249,7 @@ class CudaExecutor:
             rank.tuning.append((graph, graph_exec))
         check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
 
-    def _transport_in(self, rank: _Rank, runs: list[tuple[int, int]], frame: int) -> list[Any]:
+    def _transport_in(self, rank: RankState, runs: list[tuple[int, int]], frame: int) -> list[Any]:
         staging = rank.addresses.base[self.manifest.transport.staging_buffer]
         if not runs:
             return []
@@ -309,7 +258,7 @@ class CudaExecutor:
         host = self._staging.frame_address(frame)
         return [Copy(staging + offset, host + offset, nbytes, True) for offset, nbytes in runs]
 
-    def _transport_out(self, rank: _Rank, frame: int) -> list[Any]:
+    def _transport_out(self, rank: RankState, frame: int) -> list[Any]:
         t = self.manifest.transport
         completion = rank.addresses.base[t.completion_buffer]
         if self.options.transport != "memcpy":           # completion records are small
@@ -317,7 +266,7 @@ class CudaExecutor:
                                            int(t.completion_nbytes), pdl=rank.capability >= PDL_CAPABILITY)]
         return [Copy(rank.completion.frame_address(frame), completion, int(t.completion_nbytes), False)]
 
-    def _fill_weights(self, rank: _Rank, resources: "_ResourceCache") -> None:
+    def _fill_weights(self, rank: RankState, resources: "_ResourceCache") -> None:
         for buffer in rank.arena.layout.buffers.values():
             if buffer.kind != manifest_pb2.BUFFER_KIND_WEIGHT:
                 continue
@@ -333,7 +282,7 @@ class CudaExecutor:
             check(self._d.cuMemcpyHtoD(rank.addresses.base[buffer.name], piece.ctypes.data, piece.nbytes),
                   "cuMemcpyHtoD")
 
-    def _capability(self, rank: _Rank) -> int:
+    def _capability(self, rank: RankState) -> int:
         """The rank's device compute capability as major * 10 + minor."""
         attribute = self._d.CUdevice_attribute
         major, minor = (check(self._d.cuDeviceGetAttribute(which, rank.device), "cuDeviceGetAttribute")
@@ -341,7 +290,7 @@ class CudaExecutor:
                                       attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
         return 10 * int(major) + int(minor)
 
-    def _load_modules(self, rank: _Rank, resources: "_ResourceCache") -> None:
+    def _load_modules(self, rank: RankState, resources: "_ResourceCache") -> None:
         d = self._d
         started = time.perf_counter()
         for module in rank.architecture.modules:
@@ -380,10 +329,10 @@ class CudaExecutor:
             raise DeviceMemoryError("no memory left for cache pages after graphs load")
         return chosen
 
-    def _back_cache(self, rank: _Rank) -> None:
+    def _back_cache(self, rank: RankState) -> None:
         rank.arena.map_cache(self.cache_pages)
 
-    def _run_tuning(self, rank: _Rank) -> None:
+    def _run_tuning(self, rank: RankState) -> None:
         for _graph, graph_exec in rank.tuning:
             check(self._d.cuGraphLaunch(graph_exec, rank.stream), "cuGraphLaunch")
         check(self._d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
@@ -434,7 +383,7 @@ class CudaExecutor:
 
     # ---- inspection (not for the hot path) ----------------------------------------------
 
-    def _rank(self, rank: int) -> _Rank:
+    def _rank(self, rank: int) -> RankState:
         found = next((r for r in self._ranks if r.rank == rank), None)
         if found is None:
             raise KeyError(f"rank {rank} is not one of this process's ranks {[r.rank for r in self._ranks]}")
@@ -554,37 +503,7 @@ class CudaExecutor:
         d = self._d
         self._launch_plan = {}
         for rank in self._ranks:
-            if rank.context is None:
-                continue
-            d.cuCtxSetCurrent(rank.context)
-            if rank.stream is not None:
-                d.cuStreamSynchronize(rank.stream)
-            for graph_exec in [e for execs in rank.execs.values() for e in execs]:
-                d.cuGraphExecDestroy(graph_exec)
-            for graph, graph_exec in rank.tuning:
-                d.cuGraphExecDestroy(graph_exec)
-                d.cuGraphDestroy(graph)
-            for graph in rank.graphs:
-                d.cuGraphDestroy(graph)
-            rank.execs, rank.tuning, rank.graphs = {}, [], []
-            for event in rank.events:
-                d.cuEventDestroy(event)
-            rank.events = []
-            if rank.comm and self._nccl is not None:
-                self._nccl.destroy(rank.comm)
-                rank.comm = 0
-            for module in rank.modules:
-                d.cuModuleUnload(module)
-            rank.modules = []
-            if rank.completion_or_none is not None:
-                rank.completion_or_none.close()
-            if rank.arena_or_none is not None:
-                rank.arena_or_none.close()
-            if rank.stream is not None:
-                d.cuStreamDestroy(rank.stream)
-                rank.stream = None
-            d.cuDevicePrimaryCtxRelease(rank.device)
-            rank.context = None
+            rank.release(d, self._nccl)
         if self._pinned_staging is not None:
             self._pinned_staging.close()
             self._pinned_staging = None

@@ -13,7 +13,7 @@ core is lossless against its source. Every executor reads the layout: the numpy 
 oracle) expands it with `expand` into its f32 weight shadow at load; the CUDA executor expands it
 to its F16 layout at load (`expand_f16`; the values are products of f16 numbers rounded once, the
 same as dequantizing the GGUF to f16 at preparation); the CPU executor's compiled products read
-the blocks in place (executors/cpu/compiled.py), with the same values as `expand`.
+the blocks in place (executors/cpu/block_products.py), with the same values as `expand`.
 A kernel parameter that reads an F16 weight accepts a block buffer at byte offset 0
 (ignition/recorder.py): what it reads is the matrix the blocks expand to.
 """
@@ -34,7 +34,7 @@ class BlockLayout:
     dtype: int          # contract DType value
     name: str           # the GGUF / ggml type name
     block_bytes: int    # bytes of one block of BLOCK_WEIGHTS weights
-    code: int           # the compiled kernels' layout argument (executors/cpu/compiled.py)
+    code: int           # the compiled kernels' layout argument (executors/cpu/block_products.py)
 
 
 Q8_0 = BlockLayout(C.DTYPE_Q8_0, "Q8_0", 34, 0)

@@ -21,7 +21,8 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.kernels.state import FINISH_EOS, FINISH_LENGTH
 from helios_backend.engine.model import NativeModel
-from helios_backend.packing import SlotInitialization, CapacityError, PackedLane, SamplingParameters
+from helios_backend.packing import SlotInitialization, CapacityError, PackedLane
+from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.scheduler.completion import CompletionFormat
 from helios_backend.scheduler.errors import CompletionMismatch
 
@@ -125,8 +126,8 @@ class LockstepGenerator:
             chunk = prompt[active.consumed:active.consumed + self.prefill_chunk]
             last = active.consumed + chunk.size == prompt.size
             self._ensure_pages(active, active.consumed + chunk.size)
-            lane = PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed, tokens=chunk,
-                        sample=last, pages=list(active.pages))
+            lane = PackedLane(slot=active.slot, generation=active.generation, start=active.consumed, tokens=chunk,
+                        sample=last, page_table=list(active.pages))
             [row] = self.step(self.model.program(C.OPERATION_PREFILL, 1, chunk.size), [lane])
             active.consumed += chunk.size
             if last:
@@ -136,8 +137,8 @@ class LockstepGenerator:
         lanes = []
         for active in actives:
             self._ensure_pages(active, active.consumed + 1)
-            lanes.append(PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed,
-                              pages=list(active.pages)))
+            lanes.append(PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
+                              page_table=list(active.pages)))
         rows = self.step(self.model.program(C.OPERATION_DECODE, len(lanes), len(lanes)), lanes)
         for active, row in zip(actives, rows):
             active.consumed += 1

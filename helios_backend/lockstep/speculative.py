@@ -97,8 +97,8 @@ class SpeculativeLockstepGenerator:
         for lane in round_.lanes:
             active = actives[lane.candidate.key]
             self.plain._ensure_pages(active, lane.reserve_end)   # pages cover the lane's full ceiling (SPEC-21)
-            lanes.append(PackedLane(slot=active.slot, generation=active.generation, consumed=active.consumed,
-                              pages=list(active.pages), proposals=np.asarray(lane.proposals, dtype=np.int32),
+            lanes.append(PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
+                              page_table=list(active.pages), proposals=np.asarray(lane.proposals, dtype=np.int32),
                               proposal_generation=active.generation, proposal_consumed=active.consumed,
                               prefix_limit=lane.ceiling if allocates else 0))
         executor = self.model.executor

@@ -21,7 +21,7 @@ import numpy as np
 
 from helios_proto import transport_pb2 as tp
 
-from helios_backend.packing import SamplingParameters
+from helios_backend.sampling_parameters import SamplingParameters
 
 
 class Grammar(Protocol):
@@ -39,7 +39,7 @@ class RequestState(enum.Enum):
 @dataclass(frozen=True)
 class SamplingSettings(SamplingParameters):
     """Resolved sampling (request values over core defaults) and the request's seed.
-    The parameter fields and their packed order are shared packing's SamplingParameters."""
+    The parameter fields and their packed order are sampling_parameters.SamplingParameters."""
     seed: int = 0
 
 

@@ -90,7 +90,7 @@ class Case:
 
     @staticmethod
     def driver_sampling():
-        from helios_backend.packing import SamplingParameters
+        from helios_backend.sampling_parameters import SamplingParameters
         return SamplingParameters()       # greedy
 
     def logit_bias(self) -> dict[str, np.ndarray]:
@@ -123,8 +123,8 @@ class Case:
             per_row = tokens // rows
             prompts = [self.rng.integers(0, self.vocab, per_row).astype(np.int32) for _ in range(rows)]
             self.admit(list(range(rows)), prompts)
-            lanes = [PackedLane(slot=s, generation=self.generation - rows + 1 + s, consumed=0, tokens=p, sample=True,
-                          pages=self.pages_for(per_row),
+            lanes = [PackedLane(slot=s, generation=self.generation - rows + 1 + s, start=0, tokens=p, sample=True,
+                          page_table=self.pages_for(per_row),
                           scored_targets=self.rng.integers(0, self.vocab, per_row).astype(np.int32) if scored else None,
                           **(self.logit_bias() if s % 2 == 0 else {}))
                      for s, p in enumerate(prompts)]
@@ -146,10 +146,11 @@ class Case:
             prefill = self.model.program(C.OPERATION_PREFILL, 1, history)
             for s in range(decode_rows):       # history for the decode rows, one sampled pending token each
                 pages[s] = self.pages_for(history + 1)
-                [row] = self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, consumed=0,
-                                                        tokens=prompts[s], sample=True, pages=pages[s])])
+                [row] = self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, start=0,
+                                                        tokens=prompts[s], sample=True, page_table=pages[s])])
                 self.prepared_tokens[s] = int(row[TOKEN_WORD])
-            lanes = [PackedLane(slot=s, generation=first + s, consumed=history, pages=pages[s]) for s in range(decode_rows)]
+            lanes = [PackedLane(slot=s, generation=first + s, start=history,
+                                page_table=pages[s]) for s in range(decode_rows)]
             if op == C.OPERATION_RESUME:      # the host feeds each row's pending token
                 for lane in lanes:
                     lane.pending_token = int(self.rng.integers(0, self.vocab))
@@ -157,9 +158,9 @@ class Case:
                 spare = tokens - decode_rows
                 for k, s in enumerate(range(decode_rows, rows)):
                     chunk = spare // prompt_rows + (k < spare % prompt_rows)
-                    lanes.append(PackedLane(slot=s, generation=first + s, consumed=0,
+                    lanes.append(PackedLane(slot=s, generation=first + s, start=0,
                                       tokens=self.rng.integers(0, self.vocab, chunk).astype(np.int32), sample=True,
-                                      pages=self.pages_for(chunk)))
+                                      page_table=self.pages_for(chunk)))
             return self.driver.step(program.name, lanes)
         if op == C.OPERATION_RESTORATION:
             return self._restoration(program)
@@ -178,20 +179,20 @@ class Case:
         pages = {}
         for s in range(rows):
             pages[s] = self.pages_for(length)
-            self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, tokens=prompts[s], pages=pages[s],
+            self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, tokens=prompts[s], page_table=pages[s],
                                             snapshot_row=s)])
         self.admit(list(range(rows, 2 * rows)), prompts)
         second = self.generation - rows + 1
         private = {s: [pages[s][0]] + self.pages_for(1) for s in range(rows)}
         restored = self.driver.step(program.name, [
-            PackedLane(slot=rows + s, generation=second + s, consumed=length, pages=private[s], restore_row=s)
+            PackedLane(slot=rows + s, generation=second + s, start=length, page_table=private[s], restore_row=s)
             for s in range(rows)])
         tail_program = self.model.program(C.OPERATION_PREFILL, 1, 4)
         tails = []
         for s in range(rows):
             tail = self.rng.integers(0, self.vocab, 4).astype(np.int32)
-            tails.append(self.driver.step(tail_program, [PackedLane(slot=rows + s, generation=second + s, consumed=length,
-                                                               tokens=tail, pages=private[s])]))
+            tails.append(self.driver.step(tail_program, [PackedLane(slot=rows + s, generation=second + s, start=length,
+                                                               tokens=tail, page_table=private[s])]))
         self.logits_program = tail_program
         return np.concatenate([restored] + tails)
 

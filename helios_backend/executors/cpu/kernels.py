@@ -6,9 +6,9 @@ keeps its numpy reference (kernels/), which the executor binds as the numpy exec
 
 Arguments differ from the numpy executor's in one way: pointers into F16 WEIGHT buffers
 arrive as the declared f16 arrays (no f32 shadow); the methods pass their uint16 bits to the
-compiled primitives (compiled.py), which widen them in registers. Pointers into block weights
-(Q8_0 / Q4_1, kernels/blocks.py) arrive as BlockWeight (the blocks in the arena): the products,
-the embedding gather and the LM head read them in place.
+compiled primitives (f16_products.py, pointwise.py), which widen them in registers. Pointers
+into block weights (Q8_0 / Q4_1, kernels/blocks.py) arrive as BlockWeight (the blocks in the
+arena): the products, the embedding gather and the LM head read them in place (block_products.py).
 
 Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
 there a weight is widened tile by tile into preallocated f32 tiles and multiplied by BLAS
@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Optional, Union
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from helios_backend.executors.cpu import compiled
+from helios_backend.executors.cpu import attention, block_products, f16_products, pointwise
 from helios_backend.executors.cpu.sharing import WorkSharing
 from helios_backend.kernels.blocks import BlockWeight
 from helios_backend.kernels.logprobs import log_softmax_row
@@ -119,15 +119,15 @@ class CpuKernels:
         if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         if n <= SMALL_PRODUCT_TOKENS:
-            chunks = max(1, self._chunks(n * m * k, m // 4))    # whole row quads per chunk (compiled._chunk_rows)
+            chunks = max(1, self._chunks(n * m * k, m // 4))    # whole row quads per chunk (claiming.chunk_rows)
 
             def rows(counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
                 if isinstance(weight, BlockWeight):
-                    compiled.block_linear_claimed(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
-                                                  chunks, counters, self._own("sums", 16), calls, caller)
+                    block_products.block_linear_claimed(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
+                                                        chunks, counters, self._own("sums", 16), calls, caller)
                 else:
-                    compiled.linear_claimed(out, x, _bits(weight), n, k, m, accumulate, chunks, counters, calls,
-                                            caller)
+                    f16_products.linear_claimed(out, x, _bits(weight), n, k, m, accumulate, chunks, counters, calls,
+                                                caller)
 
             self.sharing.run_claimed(rows, chunks)
             return
@@ -140,9 +140,9 @@ class CpuKernels:
             rows = min(tile_rows, m - start)
             memory = self._own("tile", TILE_ELEMENTS)
             if isinstance(weight, BlockWeight):
-                compiled.dequantize_rows(memory, weight.data, weight.layout.code, start, rows, k)
+                block_products.dequantize_rows(memory, weight.data, weight.layout.code, start, rows, k)
             else:
-                compiled.widen(memory, _bits(weight)[start * k:], rows * k)
+                f16_products.widen(memory, _bits(weight)[start * k:], rows * k)
             widened = memory[:rows * k].reshape(rows, k)
             if accumulate:
                 outputs[:, start:start + rows] += inputs @ widened.T
@@ -173,16 +173,16 @@ class CpuKernels:
         self.sharing.close()
 
     def _norm(self, hidden: np.ndarray, rows: np.ndarray, weight: np.ndarray, dim: int, eps: float) -> np.ndarray:
-        compiled.rms_norm(self._normed, hidden, rows, _bits(weight), dim, eps)
+        pointwise.rms_norm(self._normed, hidden, rows, _bits(weight), dim, eps)
         return self._normed
 
     # ---- kernel ids ---------------------------------------------------------------------
     def embed_tokens(self, hidden: np.ndarray, table: Weight, ids: np.ndarray, geometry: np.ndarray,
                      tokens: int, dim: int) -> None:
         if isinstance(table, BlockWeight):
-            compiled.block_gather_rows(hidden, table.data, table.layout.code, ids, live_tokens(geometry), dim)
+            block_products.block_gather_rows(hidden, table.data, table.layout.code, ids, live_tokens(geometry), dim)
         else:
-            compiled.gather_rows(hidden, _bits(table), ids, live_tokens(geometry), dim)
+            pointwise.gather_rows(hidden, _bits(table), ids, live_tokens(geometry), dim)
 
     def qkv_rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, hidden: np.ndarray,
                        norm_weight: np.ndarray, qkv_weight: Weight, rope_table: np.ndarray,
@@ -210,9 +210,9 @@ class CpuKernels:
         if qkv_bias is not None:
             projected = self._projected[:n * width].reshape(n, width)
             projected += qkv_bias[:width]
-        compiled.rope_store(q_out, _plane(k_cache), _plane(v_cache), self._projected, rope_table, positions,
-                            token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
-                            page_tokens, pages_per_row, page_stride, rope_pairing)
+        pointwise.rope_store(q_out, _plane(k_cache), _plane(v_cache), self._projected, rope_table, positions,
+                             token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
+                             page_tokens, pages_per_row, page_stride, rope_pairing)
 
     def paged_attention(self, out: np.ndarray, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                         positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
@@ -241,9 +241,9 @@ class CpuKernels:
 
         def heads(counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
             scores = self._own("scores", self.capacity.heads * self.capacity.context)
-            compiled.attention_claimed(out, q, _plane(k_cache), _plane(v_cache), positions, rows_of, row_slot,
-                                       page_table, chosen, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                                       page_stride, scale, scores, pairs, chunks, counters, calls, caller)
+            attention.attention_claimed(out, q, _plane(k_cache), _plane(v_cache), positions, rows_of, row_slot,
+                                        page_table, chosen, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                                        page_stride, scale, scores, pairs, chunks, counters, calls, caller)
 
         self.sharing.run_claimed(heads, chunks)
 
@@ -343,7 +343,7 @@ class CpuKernels:
             self._gate_up_tiles(out, normed, gate_up, n, dim, ffn_dim)
             return
         self._product(self._projected, normed, gate_up, n, dim, 2 * ffn_dim, False)
-        compiled.silu_gate(out, self._projected, n, ffn_dim, ffn_dim, 0)
+        pointwise.silu_gate(out, self._projected, n, ffn_dim, ffn_dim, 0)
 
     def _gate_up_tiles(self, out: np.ndarray, x: np.ndarray, gate_up: Weight, n: int, k: int, ffn: int) -> None:
         """silu(gate) * up of many tokens tile by tile: a tile holds gate rows [s, s + r) and the
@@ -366,13 +366,13 @@ class CpuKernels:
             memory = self._own("tile", TILE_ELEMENTS)
             for half, first in enumerate((start, ffn + start)):
                 if isinstance(gate_up, BlockWeight):
-                    compiled.dequantize_rows(memory[half * rows * k:], gate_up.data, gate_up.layout.code, first,
-                                             rows, k)
+                    block_products.dequantize_rows(memory[half * rows * k:], gate_up.data, gate_up.layout.code, first,
+                                                   rows, k)
                 else:
-                    compiled.widen(memory[half * rows * k:], _bits(gate_up)[first * k:], rows * k)
+                    f16_products.widen(memory[half * rows * k:], _bits(gate_up)[first * k:], rows * k)
             projected = self._own("gate_up", n * 2 * tile_rows)[:n * 2 * rows]
             np.matmul(inputs, memory[:2 * rows * k].reshape(2 * rows, k).T, out=projected.reshape(n, 2 * rows))
-            compiled.silu_gate(out, projected, n, rows, ffn, start)
+            pointwise.silu_gate(out, projected, n, rows, ffn, start)
 
         self.sharing.run(tile, -(-ffn // tile_rows))
 

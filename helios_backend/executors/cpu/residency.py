@@ -3,7 +3,7 @@
 numba links LLVM (llvmlite's libllvmlite.so, ~170 MB on disk) into the serving process. Importing
 numba and loading the cached machine code makes ~100 MiB of that library's read-only pages
 resident (measured: 78 of its 80 MiB of code, 23 MiB of read-only data), although after
-`compiled.warm_up()` no step runs a line of LLVM: the compiled primitives are called through
+`warm_up.warm_up()` no step runs a line of LLVM: the compiled primitives are called through
 numba's dispatchers, and their machine code lives in memory LLVM allocated, not in the library.
 
 `release_library_pages("libllvmlite")` unmaps those pages from this process with

@@ -13,7 +13,7 @@ With work sharing a busy second core costs the step nothing beyond the chunk a h
 working on; an idle one takes half the work.
 
 Between calls a helper polls the job counter for `spin_s` (default 2 ms) without the GIL
-(compiled.wait_for_change), and only then blocks on an event. A decode step is ~150 kernel calls,
+(claiming.wait_for_change), and only then blocks on an event. A decode step is ~150 kernel calls,
 of which the shared ones come every 50-200 us: a blocked helper woke 10-80 us after the call's
 start on this 2-core VM (the halted vCPU must be scheduled again), so it took a chunk late or
 not at all, and a call it took the last chunk of waited for it (measured: the [3072, 576] gate/up
@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from helios_backend.executors.cpu.compiled import FAILED, wait_done, wait_for_change
+from helios_backend.executors.cpu.claiming import FAILED, wait_done, wait_for_change
 
 __all__ = ["WorkSharing"]
 
@@ -116,10 +116,10 @@ class WorkSharing:
     def run_claimed(self, task: Callable[[np.ndarray, np.ndarray, bool], None], chunks: int) -> None:
         """task(counters, calls, caller) on this thread (caller True) and on every helper that wakes in
         time (False): `task` calls a compiled primitive that claims the call's chunks itself
-        (compiled.fetch_add on counters[NEXT], DONE after each), so no chunk waits for the GIL; the
-        caller's primitive announces the call on `calls` once it has released the GIL and waits for
-        the helpers' chunks before it returns (compiled._share_begin / _share_end). With `run`, a
-        chunk cost each thread a GIL hand-over (10-80 us to wake the thread waiting for it on this
+        (claiming.claim_chunks: a fetch-add on counters[NEXT], DONE after each), so no chunk waits for
+        the GIL; the caller's primitive announces the call on `calls` once it has released the GIL and
+        waits for the helpers' chunks before it returns. With `run`, a chunk cost each thread a GIL
+        hand-over (10-80 us to wake the thread waiting for it on this
         VM): a [3072, 576] product of one token took 190-230 us shared over two threads, 116 us on one."""
         counters = np.zeros(3, dtype=np.int64)  # per call: a helper that comes late claims nothing of the next
         if not self._threads or chunks <= 1:

@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from ignition.kernels.triton.common import wait_for_predecessors
-from ignition.kernels.triton.sampling import (KEY_NONE, SAMPLING_WORDS, STAT_WORDS, _chunk_span,
-                                              _key_token, _key_value, _merge_top, _partial_words,
-                                              _select_top)
+from ignition.kernels.triton.candidates import (KEY_NONE, STAT_WORDS, key_token, key_value, merge_top,
+                                                partial_words, select_top)
+from ignition.kernels.triton.sampling import SAMPLING_WORDS, _chunk_span
 
 
 @triton.jit
@@ -167,12 +167,12 @@ def score_targets(completion, hidden, norm_weight, head, targets, geometry,
 # logprobs (word LOGPROBS_WORD of its slot's sampling vector not negative) and it sampled a
 # token; other rows' programs exit after reading that (program 0 writes the empty record), so a
 # step where no row asks costs two dependent loads. Program (c, r) of a working row leaves in
-# partials i32 [rows, _partial_words(vocab)] (the scratch sampling.draw.v2 uses before it):
+# partials i32 [rows, partial_words(vocab)] (the scratch sampling.draw.v2 uses before it):
 #
 #   row r = stats[chunks][STAT_WORDS] | keys[chunks][TOP_C] (int64)
 #   stats = [ x_max f32 | sum exp(x - x_max) f32 | - ... ]
 #
-# keys = the chunk's TOP_C best order keys (logit descending, id ascending; _select_top). Since
+# keys = the chunk's TOP_C best order keys (logit descending, id ascending; select_top). Since
 # top_n <= TOP_C, the row's top_n are among them; the last program of the row to arrive (the
 # arrival counter, reset to 0 after) merges the log-sum-exp, takes the TOP_C best keys of all
 # chunks and writes the record.
@@ -208,12 +208,12 @@ def requested_logprobs(completion, logits, sampled, sampling, row_slot, sample_f
         x = tl.load(row + v, mask=in_vocab, other=float("-inf"))
         x_max = tl.max(x, axis=0)
         shift = tl.where(x_max == float("-inf"), 0.0, x_max)
-        base = partials + r.to(tl.int64) * _partial_words(vocab)
+        base = partials + r.to(tl.int64) * partial_words(vocab)
         stats = (base + c * STAT_WORDS).to(tl.pointer_type(tl.float32))
         keys = (base + chunks * STAT_WORDS).to(tl.pointer_type(tl.int64))
         tl.store(stats, x_max)
         tl.store(stats + 1, tl.sum(tl.exp(x - shift), axis=0))
-        _select_top(x, v, in_vocab, keys + c * TOP_C, TOP_C)
+        select_top(x, v, in_vocab, keys + c * TOP_C, TOP_C)
         tl.debug_barrier()          # every thread's record stores precede the release below
         if tl.atomic_add(arrivals + r, 1, sem="acq_rel", scope="gpu") == chunks - 1:
             tl.debug_barrier()
@@ -239,11 +239,11 @@ def requested_logprobs(completion, logits, sampled, sampling, row_slot, sample_f
             for start in range(MAX_CHUNKS * TOP_C, chunks * TOP_C, MAX_CHUNKS * TOP_C):
                 more = tl.topk(tl.load(keys + start + slots, mask=start + slots < chunks * TOP_C,
                                        other=KEY_NONE, cache_modifier=".cg"), TOP_C)
-                top, _ = _merge_top(top, more, KEY_NONE)
+                top, _ = merge_top(top, more, KEY_NONE)
             real = top != KEY_NONE                  # fewer tokens than TOP_C in the row
             tl.store(floats, tl.load(row + token) - lse)
-            tl.store(record + 1 + k, tl.where(real, _key_token(top), -1), mask=k < top_n)
-            tl.store(floats + 1 + top_n + k, tl.where(real, _key_value(top) - lse, 0.0),
+            tl.store(record + 1 + k, tl.where(real, key_token(top), -1), mask=k < top_n)
+            tl.store(floats + 1 + top_n + k, tl.where(real, key_value(top) - lse, 0.0),
                      mask=k < top_n)
             tl.store(arrivals + r, 0)
     elif c == 0:                    # top_n <= TOP_C (the kernel table checks it)

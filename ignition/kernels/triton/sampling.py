@@ -19,6 +19,8 @@ positions whose penalties change as the lane commits tokens, over a read-only lo
 import triton
 import triton.language as tl
 
+from ignition.kernels.triton.candidates import (KEY_NONE, STAT_WORDS, key_token, key_value, merge_top, order_key,
+                                                partial_words, select_top)
 from ignition.kernels.triton.common import wait_for_predecessors
 
 SAMPLING_WORDS = tl.constexpr(8)     # temperature, top_p, top_k, min_p, presence, frequency, repetition, -
@@ -315,13 +317,13 @@ def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_fl
 # GROUP-token groups g = c, c + chunks, c + 2 chunks, ... (interleaved, so the many likely
 # low-id tokens of a BPE vocabulary spread over every chunk), applies the penalties and the
 # grammar mask on the fly (sampling.adjust's arithmetic; the logits stay raw), and leaves a
-# record in partials i32 [rows, _partial_words(vocab)]:
+# record in partials i32 [rows, partial_words(vocab)]:
 #
 #   row r = stats[chunks][STAT_WORDS] | keys[chunks][CANDIDATES] (int64)
 #   stats = [ x_max f32 | s_max f32 | mass f32 | argmax i32 | - | path | bound i64 ]
 #
 # x = adjusted logit, s = x / temperature, mass = sum exp(s - s_max) over the chunk, keys = the
-# chunk's CANDIDATES best order keys (s descending, id ascending: _order_key; _select_top),
+# chunk's CANDIDATES best order keys (s descending, id ascending: order_key; select_top),
 # bound = its next best key. It then bumps arrivals[r]; the last program of the row to arrive finishes the row
 # (reading every record) and sets the counter back to 0 for the next step.
 #
@@ -337,86 +339,13 @@ def draw_tokens(sampled, logits, sampling, seeds, generated, row_slot, sample_fl
 #
 # The finisher reads the records MAX_CHUNKS at a time, so any vocabulary fits: past
 # BLOCK_V * MAX_CHUNKS tokens it keeps the MAX_CHUNKS * CANDIDATES best keys seen so far, merging
-# each further block of records into them (_merge_top); a key it drops raises B to at least that
+# each further block of records into them (merge_top); a key it drops raises B to at least that
 # key, so the candidates above B stay an exact (shorter) prefix of the sorted order.
 
-STAT_WORDS = tl.constexpr(8)
 GROUP = tl.constexpr(8)                      # tokens per interleaved group: 32 bytes of logits
-KEY_NONE = tl.constexpr(-(2 ** 63))          # an empty candidate slot: below every order key
 PATH_GREEDY = tl.constexpr(1)
 PATH_PREFIX = tl.constexpr(2)                # resolved on the sorted candidate prefix
 PATH_BISECTION = tl.constexpr(3)             # a cut fell past the prefix: sample_row
-
-
-@triton.jit
-def _partial_words(vocab):
-    """Row stride of `partials` in words: helios_backend.kernels.sampling.partial_words."""
-    return tl.cdiv(tl.maximum(vocab // 8, 1024), 16) * 16
-
-
-@triton.jit
-def _order_key(value, token):
-    """int64 whose signed order is (value descending, token ascending) in a descending sort:
-    the float's order-preserving int32 image in the high word, 0x7FFFFFFF - token below.
-    (+ 0.0 turns -0.0 into +0.0, which the reference treats as equal.)"""
-    bits = (value + 0.0).to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - token).to(tl.int64)
-
-
-@triton.jit
-def _key_value(key):
-    ordered = (key >> 32).to(tl.int32)
-    return tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _key_token(key):
-    return 0x7FFFFFFF - key.to(tl.int32)
-
-
-@triton.jit
-def _select_top(value, token, valid, keys, K: tl.constexpr):
-    """Store the order keys of the K best valid entries (value descending, token ascending; all
-    of them when fewer are valid) at keys[0 .. K) in token order, KEY_NONE in the slots left;
-    return the largest valid key left out (KEY_NONE when none): every entry above it is stored.
-    value, token, valid: 1-D, in token order.
-
-    Exact radix selection instead of a bitonic top-k (about a third of the instructions):
-    four passes over 8 bits of the values' order-preserving image, each a 256-bin shared-memory
-    histogram of the entries still tied with the K-th best, find the K-th best value; entries
-    above it are taken, entries equal to it lowest token first."""
-    bits = (value + 0.0).to(tl.int32, bitcast=True)
-    image = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
-    need = tl.minimum(tl.sum(valid.to(tl.int32), axis=0), K)
-    digits = tl.arange(0, 256)
-    live = valid
-    taken = valid & (bits != bits)
-    for shift in tl.static_range(24, -8, -8):
-        digit = ((image >> shift) & 255).to(tl.int32)
-        counts = tl.histogram(digit, 256, mask=live)
-        above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)     # entries in higher digits
-        pick = tl.max(tl.where((above < need) & (above + counts >= need), digits, -1), axis=0)
-        need -= tl.sum(tl.where(digits == pick, above, 0), axis=0)
-        taken = taken | (live & (digit > pick))
-        live = live & (digit == pick)
-    chosen = taken | (live & (tl.cumsum(live.to(tl.int32), axis=0) <= need))
-    key = _order_key(value, token)
-    tl.store(keys + tl.cumsum(chosen.to(tl.int32), axis=0) - 1, key, mask=chosen)
-    slots = tl.arange(0, K)
-    tl.store(keys + slots, tl.full((K,), KEY_NONE, tl.int64),
-             mask=slots >= tl.sum(chosen.to(tl.int32), axis=0))
-    return tl.max(tl.where(valid & ~chosen, key, KEY_NONE), axis=0)
-
-
-@triton.jit
-def _merge_top(kept, block, bound):
-    """(the len(kept) best of kept and block, sorted descending; bound raised to the best key
-    left out). kept: sorted descending; block: any order, the same length. The elementwise
-    maximum of a descending and an ascending list holds exactly the best half of both."""
-    rising = tl.sort(block, descending=False)
-    left_out = tl.max(tl.minimum(kept, rising), axis=0)
-    return tl.sort(tl.maximum(kept, rising), descending=True), tl.maximum(bound, left_out)
 
 
 @triton.jit
@@ -444,7 +373,7 @@ def _prefix_draw(keys, bound, best_s, total_all, vocab, top_p, top_k, min_p, u):
     index = tl.arange(0, keys.shape[0])
     inside = keys > bound
     known = tl.sum(inside.to(tl.int32), axis=0)
-    p = tl.where(inside, tl.exp(_key_value(keys) - best_s), 0.0)
+    p = tl.where(inside, tl.exp(key_value(keys) - best_s), 0.0)
     resolved = known * 0 + 1
     # top-k: the first top_k tokens, their own mass as the total (reference: probs.sum())
     by_k = (top_k > 0) & (top_k < vocab)
@@ -479,7 +408,7 @@ def _prefix_draw(keys, bound, best_s, total_all, vocab, top_p, top_k, min_p, u):
         target = u * tl.sum(tl.where(index == keep - 1, cdf, 0.0), axis=0)
         pick = tl.minimum(tl.sum(((index < keep) & (cdf <= target)).to(tl.int32), axis=0),
                           keep - 1)
-    token = tl.sum(tl.where(index == pick, _key_token(keys), 0), axis=0)
+    token = tl.sum(tl.where(index == pick, key_token(keys), 0), axis=0)
     return token, resolved
 
 
@@ -521,7 +450,7 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
         if penalize:
             x = _penalized(x, v, in_vocab, prompt_bins, output_bins, pres, freq, rep)
             x_max, first = _chunk_best(x, v)
-        base = partials + r.to(tl.int64) * _partial_words(vocab)
+        base = partials + r.to(tl.int64) * partial_words(vocab)
         stats = base + c * STAT_WORDS
         stats_f = stats.to(tl.pointer_type(tl.float32))
         keys = (base + chunks * STAT_WORDS).to(tl.pointer_type(tl.int64))
@@ -529,7 +458,7 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
             s = x / temperature
             s_max = tl.max(tl.max(s, axis=1), axis=0)
             shift = tl.where(s_max == float("-inf"), 0.0, s_max)
-            bound = _select_top(tl.reshape(s, [BLOCK_V]), tl.reshape(v, [BLOCK_V]),
+            bound = select_top(tl.reshape(s, [BLOCK_V]), tl.reshape(v, [BLOCK_V]),
                                 tl.reshape(in_vocab, [BLOCK_V]), keys + c * CANDIDATES, CANDIDATES)
             tl.store(stats_f + 1, s_max)
             tl.store(stats_f + 2, tl.sum(tl.sum(tl.exp(s - shift), axis=1), axis=0))
@@ -567,7 +496,7 @@ def draw_adjusted_tokens(sampled, logits, sampling, seeds, generated, prompt_his
                                           other=KEY_NONE, cache_modifier=".cg"), descending=True)
                 for start in range(MAX_CHUNKS * CANDIDATES, chunks * CANDIDATES,
                                    MAX_CHUNKS * CANDIDATES):
-                    ordered, prefix_bound = _merge_top(ordered, tl.load(
+                    ordered, prefix_bound = merge_top(ordered, tl.load(
                         keys + start + slots, mask=start + slots < chunks * CANDIDATES,
                         other=KEY_NONE, cache_modifier=".cg"), prefix_bound)
                 counter = tl.load(generated + slot).to(tl.uint32)

@@ -1,0 +1,158 @@
+"""LLVM vector code for block weights (kernels/blocks.py): one block of 32 weights as one vector.
+
+Layout codes (BlockLayout.code): 0 Q8_0 (34-byte blocks: f16 d, 32 int8), 1 Q4_1 (20-byte blocks:
+f16 d, f16 m, 16 bytes of nibbles: low nibble weight j, high nibble weight j + 16).
+Written as LLVM vector code because numba's loops over a 32-weight block do not vectorize: the
+constant 32-trip loop is unrolled into scalar conversions, and numba promotes the 8-bit integer
+arithmetic to int64 (measured 15-25x slower than the f16 loop per weight). The intrinsics here
+take raw positions and check no bounds: block_products.py checks its arrays and drives them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, cast
+
+from llvmlite import ir  # type: ignore[import-untyped]
+from numba.core import types
+from numba.extending import intrinsic
+
+from helios_backend.executors.cpu.codegen import element_pointer, fma, horizontal_sum, splat
+
+BLOCK_Q8_0 = 0
+BLOCK_Q4_1 = 1
+# Block products of Q8_0, or of 4 and more tokens, prefetch each row's bytes this far ahead: out of
+# cache (a decode step streams every weight from memory) the LM head of one token (Q8_0, 30 MB) took
+# 5.0 ms on one thread without, 2.1 ms with; [3072, 576] Q4_1 x 8 tokens 325 -> 219 us. A Q4_1 product
+# of one token is bound by its arithmetic: prefetching there cost 82 -> 163 us (measured 512 / 1024 /
+# 2048 bytes ahead: 1024 the best but for the head of 8 tokens).
+PREFETCH_BYTES = 1024
+_LANES = 32
+_F32X32 = ir.VectorType(ir.FloatType(), _LANES)
+
+
+def _block_weights(builder: Any, code: int, block: Any) -> Any:
+    """<32 x float> weights of the block at i8* `block` (kernels/blocks.expand's values)."""
+    def half(offset: int) -> Any:
+        pointer = builder.bitcast(builder.gep(block, [ir.Constant(ir.IntType(64), offset)]), ir.IntType(16).as_pointer())
+        return builder.fpext(builder.bitcast(builder.load(pointer, align=1), ir.HalfType()), ir.FloatType())
+
+    def load(offset: int, lanes: int) -> Any:
+        vector = ir.VectorType(ir.IntType(8), lanes)
+        pointer = builder.gep(block, [ir.Constant(ir.IntType(64), offset)])
+        return builder.load(builder.bitcast(pointer, vector.as_pointer()), align=1)
+
+    if code == BLOCK_Q8_0:
+        return builder.fmul(builder.sitofp(load(2, _LANES), _F32X32), splat(builder, half(0), _LANES))
+    packed = load(4, _LANES // 2)
+    low = builder.and_(packed, ir.Constant(packed.type, [15] * (_LANES // 2)))
+    high = builder.lshr(packed, ir.Constant(packed.type, [4] * (_LANES // 2)))
+    quants = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), _LANES), list(range(_LANES))))
+    scale, minimum = splat(builder, half(0), _LANES), splat(builder, half(2), _LANES)
+    return fma(builder, builder.uitofp(quants, _F32X32), scale, minimum)
+
+
+def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks: Any, tokens: int, lanes: int,
+                     target: Any) -> None:
+    """The loop of _block_row_dots_intrinsic for one layout code, from the builder's position; the
+    sums stored to `target` (float*), the builder left at the loop's exit."""
+    i64 = ir.IntType(64)
+    size = 34 if code == BLOCK_Q8_0 else 20
+    accumulator_type = ir.VectorType(ir.FloatType(), lanes)
+    halves = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
+              for h in range(_LANES // lanes)]
+    entry = builder.block
+    loop = builder.append_basic_block(f"block_loop_{code}")
+    done = builder.append_basic_block(f"block_done_{code}")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    index = builder.phi(i64)
+    accumulators = [builder.phi(accumulator_type) for _ in range(len(starts) * tokens)]
+    index.add_incoming(ir.Constant(i64, 0), entry)
+    for accumulator in accumulators:
+        accumulator.add_incoming(ir.Constant(accumulator_type, [0.0] * lanes), entry)
+    block_at = builder.mul(index, ir.Constant(i64, size))
+    prefetch = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
+        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(32),
+                                                        ir.IntType(32)]), "llvm.prefetch.p0i8")
+    for start in (starts if code == BLOCK_Q8_0 or tokens >= 4 else ()):     # (PREFETCH_BYTES: why)
+        builder.call(prefetch, [builder.gep(start, [builder.add(block_at, ir.Constant(i64, PREFETCH_BYTES))]),
+                                ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
+                                ir.Constant(ir.IntType(32), 1)])
+    weights = []
+    for start in starts:
+        widened = _block_weights(builder, code, builder.gep(start, [block_at]))
+        weights.append([widened] if lanes == _LANES else
+                       [builder.shuffle_vector(widened, widened, half) for half in halves])
+    offset = builder.mul(index, ir.Constant(i64, _LANES))
+    summed = list(accumulators)
+    for t, token_inputs in enumerate(inputs):
+        values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
+        parts = [values] if lanes == _LANES else [builder.shuffle_vector(values, values, h) for h in halves]
+        for r in range(len(starts)):
+            for w, part in zip(weights[r], parts):
+                summed[r * tokens + t] = fma(builder, w, part, summed[r * tokens + t])
+    following = builder.add(index, ir.Constant(i64, 1))
+    index.add_incoming(following, builder.block)
+    for accumulator, value in zip(accumulators, summed):
+        accumulator.add_incoming(value, builder.block)
+    builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
+    builder.position_at_end(done)
+    for j, value in enumerate(summed):
+        builder.store(horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
+
+
+def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
+    """sums[r * tokens + t] = sum over `blocks` consecutive blocks from byte at + r * row_bytes of
+    w . x[x_at + t * x_stride:] for r < rows, t < tokens, blocks of layout `code` (BLOCK_*): each
+    block widened once into registers and multiplied into one vector accumulator per (row,
+    token), so every loaded input feeds `rows` products and every widened block `tokens`; one
+    horizontal sum each at the end. One loop per layout code, chosen once per call.
+
+    Up to 8 (row, token) pairs keep <32 x float> accumulators (one FMA chain of 4 cycles per
+    block); more fold each block's two halves into one <16 x float> accumulator, so 2 rows x 8
+    tokens (16 accumulators) stay in AVX-512's 32 vector registers with the widened blocks."""
+    lanes = _LANES if rows * tokens <= 8 else _LANES // 2
+
+    def typer(typingctx: Any, data: Any, code: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any,
+              blocks: Any, sums: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            i64 = ir.IntType(64)
+            starts = [element_pointer(context, builder, signature.args[0], args[0],
+                                       builder.add(args[2], builder.mul(args[3], ir.Constant(i64, r))))
+                      for r in range(rows)]
+            inputs = [element_pointer(context, builder, signature.args[4], args[4],
+                                       builder.add(args[5], builder.mul(args[6], ir.Constant(i64, t))))
+                      for t in range(tokens)]
+            target = context.make_array(signature.args[8])(context, builder, value=args[8]).data
+            with builder.if_else(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, BLOCK_Q8_0))) as (
+                    q8_0, q4_1):
+                with q8_0:
+                    _emit_block_dots(builder, BLOCK_Q8_0, starts, inputs, args[7], tokens, lanes, target)
+                with q4_1:
+                    _emit_block_dots(builder, BLOCK_Q4_1, starts, inputs, args[7], tokens, lanes, target)
+            return context.get_dummy_value()
+        return types.none(data, types.intp, types.intp, types.intp, x, types.intp, types.intp, types.intp,
+                          sums), codegen
+    return typer
+
+
+def _block_store_intrinsic(code: int) -> Callable[..., Any]:
+    def typer(typingctx: Any, out: Any, out_at: Any, data: Any, at: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            weights = _block_weights(builder, code, element_pointer(context, builder, signature.args[2], args[2], args[3]))
+            target = element_pointer(context, builder, signature.args[0], args[0], args[1])
+            builder.store(weights, builder.bitcast(target, _F32X32.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.none(out, types.intp, data, types.intp), codegen
+    return typer
+
+
+# (rows, tokens) shapes of one pass over blocks (block_products.block_linear_rows: 2 rows x 8 / 4 / 1
+# tokens, and 1 row for an odd last row)
+dots1x1, dots2x1, dots1x4, dots2x4, dots1x8, dots2x8 = (
+    cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(r, t)))
+    for r, t in ((1, 1), (2, 1), (1, 4), (2, 4), (1, 8), (2, 8)))
+"""dotsRxT(data, code, at, row_bytes, x, x_at, x_stride, blocks, sums): sums[r * T + t] = row r . x[x_at + t *
+x_stride:] for r < R, t < T over the `blocks` (>= 1) blocks of each row (no bounds checks: the callers check)."""
+q8_0_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q8_0)))
+"""out[out_at:out_at + 32] = the weights of the Q8_0 block at data[at:] (no bounds checks)."""
+q4_1_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q4_1)))
