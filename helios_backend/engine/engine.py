@@ -9,7 +9,7 @@ If the worker or the response thread dies (an error no handler expected), every 
 gets its terminal failure first, then `on_fatal(reason)` is called: the Triton adapter ends the
 stub process there, so that supervision starts a clean one (docs/triton-backend.md).
 
-Nothing here knows Triton: the Triton adapter (triton_model.py) and the bench drive the
+Nothing here knows Triton: the Triton adapter (triton/adapter.py) and the bench drive the
 same object. Nothing here dispatches on a model name: the core's contract decides.
 """
 from __future__ import annotations
