@@ -18,7 +18,7 @@ can feed the identical ids and print ratios in the same run:
 
     from bench.cpu_peer import bench_prompt_ids, measure_llama_cpp, format_table, format_ratios
     peer = measure_llama_cpp(prefill_ids=bench_prompt_ids(512), decode_prompt_ids=bench_prompt_ids(128))
-    ours = EngineFigures(...)   # same PeerFigures type, filled by the numpy executor bench
+    ours = PeerFigures(...)   # filled by the numpy executor bench
     print(format_table([peer, ours])); print(format_ratios(ours, peer))
 
 llama-cpp-python must be built from source (the `bench` extra pins 0.3.36):

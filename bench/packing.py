@@ -12,7 +12,7 @@ steps after warm-up, for decode at batch 1, 8, 32, 64, 128 and a 512-token prefi
   per-row us   the same lanes through tests/packing_reference.ReferencePacker: the
                straightforward writer (one Python pass per lane and destination), i.e. the
                algorithm Packer used before it was vectorized; the same bytes
-  engine us    the serving path: ProgramRunner.submit of one round of scheduler Lanes
+  engine us    the serving path: ProgramRunner.launch of one round of scheduler Lanes
                (conversion to packing Lanes + pack; the executor's launch is a no-op)
 
 Decode lanes are realistic: distinct slots, prompts of 100-163 tokens so pages fill at
@@ -106,7 +106,7 @@ class Bench:
         return out
 
     def engine_decode(self, batch: int, graph: C.GraphContract) -> float:
-        """Scheduler lanes of one decode round through ProgramRunner.submit (conversion + pack)."""
+        """Scheduler lanes of one decode round through ProgramRunner.launch (conversion + pack)."""
         packer, frames = self.packer()
         vocab = self.contract.model.vocabulary
         runner = ProgramRunner(_NoExecutor(), packer, self.manifest.completion, vocab.sampled_tokens,
