@@ -36,15 +36,32 @@ from helios_backend.triton.launcher import (
     server_environment, gateway_command, write_model_repository)
 from helios_backend.contract.errors import ContractError
 from helios_backend.core import AuthorizationError, CoreError, IntegrityError, SignatureError, open_core
-from helios_backend.engine.settings import DEFAULT_ACCEPTANCE, EXECUTORS, RANK_PEERS
+from helios_backend.engine.settings import BUILT_IN, DEFAULT_ACCEPTANCE, EXECUTORS, RANK_PEERS, SWITCH_INTERVAL_US
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.supervision import (
     Child, ExitCode, RestartLedger, Supervisor, SupervisorConfig)
 
-# CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core default)
-OPTION_PARAMETERS = ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
-                     "page_capacity", "snapshot_capacity", "cache_memory_share", "switch_interval_us",
-                     "admission_burst")
+# CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core's default, then the
+# built-in one: docs/triton-backend.md) and its help text
+OPTION_PARAMETERS: dict[str, str] = {
+    "concurrency": "decode rows served at once, 1..the core's captured rows (default: all captured rows)",
+    "speculative_width": "tokens proposed per speculative step, at most the core's widest "
+                         "(default: the widest captured; 1 turns speculation off)",
+    "queue_capacity": "requests waiting for a slot before new ones are refused (default: the core's, else 64)",
+    "max_active": "requests generating at once, in requests (default: the core's, else 32)",
+    "event_capacity": "buffered output events per request before it is failed as a slow reader "
+                      "(default: the core's, else 256)",
+    "page_capacity": "KV-cache pages to allocate, in pages of the core's page_tokens "
+                     "(default: the core's, else sized from --cache-memory-share)",
+    "snapshot_capacity": "prefix snapshot rows, at most the core's prepared rows (default: the prepared rows; "
+                         "0 turns snapshots off)",
+    "cache_memory_share": "share of free device memory the KV cache may take, in (0, 1] "
+                          "(default: the core's, else 0.9)",
+    "switch_interval_us": "the serving process's GIL switch interval, in microseconds "
+                          f"(default: {SWITCH_INTERVAL_US})",
+    "admission_burst": "waiting requests that make a round of prompts only, at least 2; fewer join the "
+                       f"decode rounds one at a time (default: the core's, else {BUILT_IN.admission_burst})",
+}
 
 DEFAULT_RANK_PORT = 29400      # the rendezvous store of rank processes (--rank-store)
 
@@ -55,51 +72,56 @@ EXIT_TIMEOUT_S = 3
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helios-serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--core", required=True, type=Path, help="prepared core file")
-    p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="publisher namespace you accept")
+    p.add_argument("--core", required=True, type=Path, help="the prepared core file to serve (required; `make core` writes var/cores/...)")
+    p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="the publisher namespace you accept; the core's signature must name it (default: %(default)s)")
     p.add_argument("--executor", choices=("auto",) + EXECUTORS, default="auto",
-                   help="auto (default): cuda where a GPU is usable, else cpu (compiled CPU kernels)")
+                   help="auto: cuda where a GPU is usable, else cpu (compiled CPU kernels); numpy: the CPU oracle (default: %(default)s)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
-                   help="also start helios-gateway (default: on when installed)")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--gateway-port", type=int, default=9000)
+                   help="also start helios-gateway once tritonserver runs (default: on when installed)")
+    p.add_argument("--http-port", type=int, default=8000, help="tritonserver's HTTP port (default: %(default)s)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="tritonserver's gRPC port, which the gateway uses (default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=8002,
+                   help="tritonserver's Prometheus port (flare_*; the gateway's /metrics re-exports it) (default: %(default)s)")
+    p.add_argument("--gateway-port", type=int, default=9000, help="the gateway's HTTP port (default: %(default)s)")
     p.add_argument("--gateway-workers", type=int, default=None,
                    help="gateway worker processes (one admission budget); each streamed token costs "
                         "gateway CPU, so rates beyond one core's need several (default: with the cuda "
                         "executor half the usable CPUs, at most 6; else 1)")
-    p.add_argument("--host", default="0.0.0.0", help="address the gateway listens on")
+    p.add_argument("--host", default="0.0.0.0", help="address the gateway listens on (default: %(default)s)")
     p.add_argument("--triton-host", default=LOOPBACK,
                    help="address tritonserver's HTTP, gRPC and metrics ports bind to (they carry no "
-                        "authentication: loopback unless asked otherwise)")
+                        "authentication: loopback unless asked otherwise) (default: %(default)s)")
     p.add_argument("--tritonserver", type=Path, default=None,
                    help="the tritonserver binary (default: the nvidia-pytriton wheel's, else /opt/tritonserver)")
     p.add_argument("--api-key", action="append", default=None,
                    help="gateway: require 'Authorization: Bearer KEY' (repeatable; default $HELIOS_API_KEY)")
-    p.add_argument("--allowed-origins", default=None, help="gateway: CORS origins, a JSON list")
+    p.add_argument("--allowed-origins", default=None, help="gateway: CORS origins, a JSON list (default: the gateway's, [\"*\"])")
     p.add_argument("--workdir", type=Path, default=None,
                    help="model repository and backend dir (default: a temporary one, removed on exit)")
-    p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft speculative tokens from the request's own history; needs a speculative core "
+                        "and a width above 1 (default: off)")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the scheduler and the executor in a process of their own, outside the "
                         "Triton stub's GIL (default: on)")
-    for name in OPTION_PARAMETERS:
+    for name, text in OPTION_PARAMETERS.items():
         p.add_argument("--" + name.replace("_", "-"), type=float if name == "cache_memory_share" else int,
-                       default=None)
+                       default=None, help=text)
     p.add_argument("--rank-peers", choices=RANK_PEERS, default="threads",
                    help="tensor-parallel cores: threads (every rank in the model's process) or processes "
-                        "(rank 0 there, every other rank a helios-rank process; docs/rank-processes.md)")
+                        "(rank 0 there, every other rank a helios-rank process; docs/rank-processes.md) "
+                        "(default: %(default)s)")
     p.add_argument("--rank-store", default=f"{LOOPBACK}:{DEFAULT_RANK_PORT}",
-                   help="processes: HOST:PORT rank 0's rendezvous store listens on (reachable by every rank)")
+                   help="processes: HOST:PORT rank 0's rendezvous store listens on, reachable by every rank "
+                        "(default: %(default)s)")
     p.add_argument("--local-ranks", default="all",
                    help="processes: the peer ranks helios-serve starts here: all (default), none (each runs "
-                        "helios-rank on its own host) or a comma-separated list")
+                        "helios-rank on its own host) or a comma-separated list of ranks")
     p.add_argument("--rank-timeout", type=float, default=None,
-                   help="processes: seconds a rank may take to answer a step before every request fails")
-    p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model")
+                   help="processes: seconds a rank may take to answer a step before every request fails (default: 30)")
+    p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model to load before giving up (exit 6) (default: %(default)s)")
     p.add_argument("--gateway-arg", action="append", default=[],
-                   help="one extra argument for helios-gateway (repeatable)")
+                   help="one extra argument for helios-gateway, e.g. --gateway-arg=--access-log=false (repeatable; default: none)")
     return p
 
 
@@ -110,8 +132,9 @@ def _local_triton_host(args: argparse.Namespace) -> str:
 
 def gateway_arguments(args: argparse.Namespace, ports: Ports) -> list[str]:
     """helios-gateway's command line (after its program name) for these options."""
-    out = ["--triton", f"{_local_triton_host(args)}:{ports.grpc}", "--host", args.host, "--port", str(args.gateway_port),
-           "--workers", str(args.gateway_workers)]
+    host = _local_triton_host(args)
+    out = ["--triton", f"{host}:{ports.grpc}", "--triton-metrics", f"http://{host}:{ports.metrics}/metrics",
+           "--host", args.host, "--port", str(args.gateway_port), "--workers", str(args.gateway_workers)]
     for key in args.api_key or ():
         out += ["--api-key", key]
     if args.allowed_origins is not None:
