@@ -119,15 +119,18 @@ class GatewayService:
 
     async def _load_assets(self) -> None:
         delay = 0.2
+        waiting = logging.INFO       # said once; every later attempt at debug level
         while self._served is None:
             try:
                 assets = await self.backend.fetch_assets(timeout_s=30.0)
                 self._install(ServedModel.from_assets(assets))
                 log.info("serving %s (aliases %s)", assets.served_id, list(assets.aliases))
             except ConnectionError as exc:
-                log.info("waiting for the model backend: %s", exc)
+                log.log(waiting, "waiting for the model backend at %s (readiness stays 503 until it answers): %s",
+                        self.backend.url, str(exc).splitlines()[0])
+                waiting = logging.DEBUG
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 1.0)
 
     async def _watch_backend(self) -> None:
         while True:

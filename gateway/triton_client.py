@@ -43,6 +43,12 @@ from helios_proto import transport_pb2 as tp
 
 log = logging.getLogger("helios.gateway.triton")
 _UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# gRPC's reconnect backoff grows to two minutes by default: a gateway started before tritonserver
+# (helios-serve starts both at once, an operator may too) would learn the model that long after
+# it loaded. Reconnecting every second at most keeps readiness within about a second of Triton's.
+_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+              ("grpc.max_reconnect_backoff_ms", 1000)]
+_CHANNEL_OPTIONS = _UNLIMITED + _RECONNECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +278,7 @@ class ChannelMux:
 
     async def _open(self) -> None:
         if self._grpc is None:
-            self._grpc = grpc.aio.insecure_channel(self._url, options=_UNLIMITED)
+            self._grpc = grpc.aio.insecure_channel(self._url, options=_CHANNEL_OPTIONS)
         self._channel_id = uuid.uuid4().hex
         self._opened = False
         outbox = Outbox(self._model_name, self._channel_id)
@@ -506,7 +512,7 @@ class TritonBackend:
     def __init__(self, url: str, model_name: str = MODEL_NAME) -> None:
         self.url = url
         self.model_name = model_name
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = grpcclient.InferenceServerClient(url, channel_args=_CHANNEL_OPTIONS)
         self._mux = ChannelMux(url, model_name)
 
     async def close(self) -> None:

@@ -38,6 +38,8 @@ from helios_backend.contract.errors import ContractError
 from helios_backend.core import AuthorizationError, CoreError, IntegrityError, SignatureError, open_core
 from helios_backend.engine.settings import BUILT_IN, DEFAULT_ACCEPTANCE, EXECUTORS, RANK_PEERS, SWITCH_INTERVAL_US
 from helios_backend.ranks.rendezvous import parse_address
+from helios_backend.triton.operator_repository import write_operator_layout
+from helios_backend.triton.server_log import ServerLog
 from helios_backend.triton.supervision import (
     Child, ExitCode, RestartLedger, Supervisor, SupervisorConfig)
 
@@ -120,6 +122,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rank-timeout", type=float, default=None,
                    help="processes: seconds a rank may take to answer a step before every request fails (default: 30)")
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model to load before giving up (exit 6) (default: %(default)s)")
+    p.add_argument("--write-repository", type=Path, default=None, metavar="DIR",
+                   help="start nothing: write the helios model into the model repository DIR (other models "
+                        "there stay), the Python backend for this environment into DIR/../backends, and print "
+                        "the script that starts tritonserver on them (docs/deployment.md) (default: serve)")
     p.add_argument("--gateway-arg", action="append", default=[],
                    help="one extra argument for helios-gateway, e.g. --gateway-arg=--access-log=false (repeatable; default: none)")
     return p
@@ -172,6 +178,24 @@ def resolve_executor(name: str) -> str:
     from helios_backend.executors.cuda.driver import gpu_available
 
     return "cuda" if gpu_available() else "cpu"
+
+
+def option_parameters(args: argparse.Namespace) -> dict[str, str]:
+    """The config.pbtxt parameters the options set (unset options leave the core's defaults)."""
+    parameters = {}
+    if args.rank_peers == "processes":
+        parameters.update(rank_peers="processes", rank_store=args.rank_store,
+                          rank_join_timeout=str(args.ready_timeout))
+        if args.rank_timeout is not None:
+            parameters["rank_timeout"] = str(args.rank_timeout)
+    for name in OPTION_PARAMETERS:
+        if getattr(args, name) is not None:
+            parameters[name] = str(getattr(args, name))
+    if args.history_drafting is not None:
+        parameters["history_drafting"] = str(args.history_drafting).lower()
+    if args.engine_process is not None:
+        parameters["engine_process"] = str(args.engine_process).lower()
+    return parameters
 
 
 def _fixed(argv: list[str]) -> Callable[[], list[str]]:
@@ -238,24 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, CoreError) as exc:
             print(f"helios-serve: {exc}", file=sys.stderr)
             return int(ExitCode.USAGE)
-        if args.rank_peers == "processes":
-            parameters.update(rank_peers="processes", rank_store=args.rank_store,
-                              rank_join_timeout=str(args.ready_timeout))
-            if args.rank_timeout is not None:
-                parameters["rank_timeout"] = str(args.rank_timeout)
-        for name in OPTION_PARAMETERS:
-            if getattr(args, name) is not None:
-                parameters[name] = str(getattr(args, name))
-        if args.history_drafting is not None:
-            parameters["history_drafting"] = str(args.history_drafting).lower()
-        if args.engine_process is not None:
-            parameters["engine_process"] = str(args.engine_process).lower()
+        parameters.update(option_parameters(args))
+        if args.write_repository is not None:
+            print(write_operator_layout(args.write_repository, install, parameters), end="", flush=True)
+            return int(ExitCode.OK)
         repository = write_model_repository(workdir, parameters)
         backends = prepare_backend_directory(install, workdir / "triton")
         ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
         command = server_command(install, backends, repository, ports, shm_prefix=shm_prefix,
                                  exit_timeout_s=EXIT_TIMEOUT_S, address=args.triton_host)
-        triton = Child("tritonserver", lambda: command, env=server_environment(install))
+        triton = Child("tritonserver", lambda: command, env=server_environment(install),
+                       output=ServerLog(executor).copy)
         ledger = RestartLedger(workdir / "supervision.json")
         gateway = None
         gateway_url = None
