@@ -29,7 +29,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 import numpy as np
@@ -254,6 +254,7 @@ class ChannelMux:
         self._grpc: grpc.aio.Channel | None = None
         self._outbox: Outbox | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._call: Any = None               # the channel's ModelStreamInfer call
         self._routes: dict[int, ChannelGeneration] = {}
         self._tags = itertools.count(1)
         self._channel_id = ""
@@ -286,12 +287,16 @@ class ChannelMux:
         outbox.put(_infer_request(self._model_name, self._channel_id, params, output=OUT_CHANNEL_BATCH))
         self._outbox = outbox
         stub = service_pb2_grpc.GRPCInferenceServiceStub(self._grpc)
-        call = stub.ModelStreamInfer(outbox.messages())
+        call = self._call = stub.ModelStreamInfer(outbox.messages())
         self._reader = asyncio.create_task(self._read(call, self._channel_id, outbox))
 
     @property
     def open_generations(self) -> int:
         return len(self._routes)
+
+    @property
+    def stream_open(self) -> bool:
+        return self._reader is not None and not self._reader.done()
 
     def abandon(self, failure: StreamFailure) -> int:
         """End the channel now: each open generation gets `failure`, the stream is cancelled
@@ -302,7 +307,11 @@ class ChannelMux:
             self._outbox.put(None)
         if self._reader is not None:
             self._reader.cancel()
-        self._reader, self._outbox, self._channel_id = None, None, ""
+        if self._call is not None:
+            # cancel the RPC itself, not only our reading of it: the model sees its channel's
+            # client gone (an idle channel otherwise keeps the model from unloading)
+            self._call.cancel()
+        self._reader, self._outbox, self._channel_id, self._call = None, None, "", None
         for generation in routes.values():
             generation.push(failure)
         return len(routes)
@@ -526,6 +535,11 @@ class TritonBackend:
     @property
     def open_generations(self) -> int:
         return self._mux.open_generations
+
+    @property
+    def channel_open(self) -> bool:
+        """The channel's gRPC stream is open (an idle one included)."""
+        return self._mux.stream_open
 
     def abandon_generations(self, detail: str) -> int:
         """Fail every open generation (LOST: they were submitted) and start a new channel."""
