@@ -10,7 +10,9 @@ sets, whose values move; when tritonserver stops, readiness turns false and live
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +51,7 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
                                                              .as_numpy())]) for r in requests]
 """
+ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 6
 MAX_TOKENS = 48
 
@@ -221,12 +224,24 @@ def test_metrics_carry_the_backend_and_vllm_families_and_move_under_load(operate
                 assert any(f'finished_reason="{r}"' in labels for r in ("stop", "length", "abort")), line
     for alias in VLLM_ALIASES:
         assert f"# TYPE {alias.name}" in after, alias.name
+    # the Grafana dashboard reads this one endpoint
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "helios.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    read = {re.sub(r"_(bucket|count|sum)$", "", m) for e in exprs
+            for m in re.findall(r"\b((?:helios_gateway|flare)_[a-z0-9_]+|vllm:[a-z0-9_]+)", e)}
+    assert sum(name.startswith("vllm:") for name in read) >= 10
+    for name in read:
+        assert re.search(rf"^{name}(_bucket|_count|_total)?[{{ ]", after, re.M), name
 
 
 def test_readiness_turns_false_when_tritonserver_stops_and_liveness_stays(operated: Operated) -> None:
-    # the module's last test: it stops the operator's tritonserver
+    # the module's last test: it stops the operator's tritonserver; one request first opens the channel
+    answer = httpx.post(operated.gateway.base_url + "/v1/completions", timeout=120,
+                        json={"model": SERVED_ID, "prompt": "Hello", "max_tokens": 2})
+    assert answer.status_code == 200
     operated.triton.send_signal(signal.SIGINT)
     assert wait_until(lambda: _status(operated.gateway.base_url + "/readyz") == 503, 30)
-    assert "closed the idle channel" in operated.gateway.log()     # so that the model can unload
+    # the gateway lets go of its idle channel, so that the model can unload
+    assert wait_until(lambda: "closed the idle channel" in operated.gateway.log(), 30)
     assert _status(operated.gateway.base_url + "/livez") == 200
     assert _status(operated.gateway.base_url + "/health") == 503       # vLLM's name, readiness here
