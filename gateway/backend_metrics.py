@@ -88,8 +88,8 @@ def vllm_aliases(families: Iterable[Metric], model_name: str) -> list[Metric]:
             key = (alias.name + sample.name[len(source.name):], tuple(sorted(labels.items())))
             values[key] = values.get(key, 0.0) + sample.value
         metric = Metric(alias.name, f"{source.documentation} (vLLM's name for {source.name})", source.type)
-        for (name, labels), value in values.items():
-            metric.add_sample(name, dict(labels), value)
+        for (name, pairs), value in values.items():
+            metric.add_sample(name, dict(pairs), value)
         out.append(metric)
     return out
 

@@ -10,13 +10,18 @@ nvidia-pytriton wheel, else /opt/tritonserver), builds a backend directory with 
 backend and the stub for the running Python, writes a model repository whose config
 carries the options, and starts tritonserver with this environment's bin first on PATH
 (HTTP 8000, gRPC 8001, metrics 8002, bound to 127.0.0.1 unless --triton-host says otherwise),
-then `helios-gateway` (port 9000 on --host) once the model is ready. It then supervises both
+and `helios-gateway` (port 9000 on --host) beside it: the gateway's liveness probe answers while
+the model loads, its readiness once the model serves. tritonserver's output passes through
+triton/server_log.py (GPU-probe lines explained once on a machine without a GPU). It supervises both
 (triton/supervision.py): a model that cannot load or a gateway that cannot start exits non-zero
 at once; a stub, server or gateway that dies is restarted after a backoff; SIGINT/SIGTERM stop
 the gateway, then the server, within 10 s. The temporary workdir and the server's shared memory
 are removed on exit. With --rank-peers processes a tensor-parallel core's ranks 1..N-1 run as
 helios-rank processes (started here for --local-ranks, supervised and restarted with the
 server); rank 0 is the model's own process.
+
+`--write-repository DIR` starts nothing: it writes the helios model into an existing model
+repository for a tritonserver the operator runs (triton/operator_repository.py).
 """
 from __future__ import annotations
 
@@ -182,7 +187,7 @@ def resolve_executor(name: str) -> str:
 
 def option_parameters(args: argparse.Namespace) -> dict[str, str]:
     """The config.pbtxt parameters the options set (unset options leave the core's defaults)."""
-    parameters = {}
+    parameters: dict[str, str] = {}
     if args.rank_peers == "processes":
         parameters.update(rank_peers="processes", rank_store=args.rank_store,
                           rank_join_timeout=str(args.ready_timeout))

@@ -26,7 +26,9 @@ Every restart is counted in a small JSON state file the gateway exports on /metr
 (`helios_serve_restarts_total{process, cause}`). Each child runs in its own session, so a
 signal to helios-serve's process group reaches only helios-serve, which then stops the
 children in order: the gateway first (its open streams end with a `shutting_down` event),
-then tritonserver; whatever still runs at the deadline is killed with its whole group.
+then tritonserver, which is ended as soon as its model has unloaded (its stub exited) rather than
+after its own one-second exit poll; whatever still runs at the deadline is killed with its whole
+group.
 """
 from __future__ import annotations
 
