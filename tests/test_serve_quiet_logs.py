@@ -7,9 +7,6 @@ is a bound on a hung process, not a timing assertion."""
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +14,8 @@ import httpx
 import pytest
 
 from helios_backend.triton.server_log import EXPLANATION, GPU_PROBE_LINES, ServerLog
+from tests.serve_process import ServeProcess
 from tests.server_fixtures import default_core  # noqa: F401 - fixture
-from tests.triton_server import free_ports
 
 # glog's error lines (E1206 09:00:00.000 ...), Python's logging errors, tracebacks, Triton's stop timeout
 ERROR_LINE = re.compile(r"^E\d{4} |\bERROR\b|Traceback|Exit timeout expired|CRITICAL")
@@ -34,34 +31,22 @@ def _status(url: str) -> int:
 @pytest.mark.triton
 @pytest.mark.slow
 def test_a_clean_start_and_stop_print_no_error_lines(default_core: Path, tmp_path: Path) -> None:  # noqa: F811
-    http, grpc, metrics, gateway = free_ports(4)
-    log_path = tmp_path / "serve.log"
-    base = f"http://127.0.0.1:{gateway}"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "helios_backend.cli.serve", "--core", str(default_core), "--executor", "cpu",
-             "--workdir", str(tmp_path), "--http-port", str(http), "--grpc-port", str(grpc),
-             "--metrics-port", str(metrics), "--gateway-port", str(gateway), "--host", "127.0.0.1"],
-            stdout=log, stderr=subprocess.STDOUT)
+    with ServeProcess(default_core, tmp_path, "--executor", "cpu", "--host", "127.0.0.1") as serve:
+        base = serve.gateway_url
         probes: list[tuple[int, int]] = []
-        try:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and process.poll() is None:
-                probes.append((_status(base + "/livez"), _status(base + "/readyz")))
-                if probes[-1][1] == 200:
-                    break
-                time.sleep(0.3)
-            assert probes and probes[-1] == (200, 200), log_path.read_text()[-3000:]
-            answer = httpx.post(base + "/v1/completions", timeout=120,
-                                json={"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 4})
-            assert answer.status_code == 200
-            process.send_signal(signal.SIGINT)
-            assert process.wait(60) == 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    text = log_path.read_text(errors="replace")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and serve.process.poll() is None:
+            probes.append((_status(base + "/livez"), _status(base + "/readyz")))
+            if probes[-1][1] == 200:
+                break
+            time.sleep(0.3)
+        assert probes and probes[-1] == (200, 200), serve.log()[-3000:]
+        answer = httpx.post(base + "/v1/completions", timeout=120,
+                            json={"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 4})
+        assert answer.status_code == 200
+        assert serve.stop() == 0                       # SIGTERM, as an orchestrator stops a pod
+        text = serve.log()
+        assert serve.leftovers() == []
     # the gateway answered liveness while the model was still loading
     assert (200, 503) in probes, probes
     errors = [line for line in text.splitlines() if ERROR_LINE.search(line)]
