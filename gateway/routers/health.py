@@ -1,12 +1,12 @@
 """The probes: liveness GET /livez, readiness GET /readyz (Kubernetes' pair), and GET /health.
 
-/livez answers 200 whenever the gateway's event loop answers, also while the model loads, while
-the backend restarts and while the gateway drains at shutdown: a liveness failure means the
-process is stuck, so the orchestrator restarts it. /readyz (and /health, vLLM's name, kept with
-the meaning it always had here) answers 200 only when Triton and the model are ready and answer
-a tiny inference, and 503 while the model loads, while the backend restarts or refuses, and from
-the first shutdown signal on: a readiness failure only takes the instance out of the load
-balancer. docs/deployment.md shows probe settings.
+/livez answers 200 whenever the gateway's event loop answers, also while the model loads and
+while the backend restarts: a liveness failure means the process is stuck, so the orchestrator
+restarts it. /readyz (and /health, vLLM's name, kept with the meaning it always had here)
+answers 200 only when Triton and the model are ready and answer a tiny inference, and 503 while
+the model loads, while the backend restarts or refuses, and from the first shutdown signal on
+(on a connection still open: uvicorn stops accepting new ones then): a readiness failure only
+takes the instance out of the load balancer. docs/deployment.md shows probe settings.
 """
 
 from __future__ import annotations
