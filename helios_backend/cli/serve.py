@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     owned_workdir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="helios-serve-")) if owned_workdir else args.workdir
     shm_prefix = f"helios-serve-{uuid.uuid4().hex[:8]}-"
-    print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
+    serving = args.write_repository is None
+    if serving:
+        print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
     try:
         executor = resolve_executor(args.executor)
         try:
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"helios-serve: {exc}", file=sys.stderr)
             return int(ExitCode.USAGE)
-        if args.gateway:
+        if args.gateway and serving:
             print(f"helios-serve: {args.gateway_workers} gateway worker process(es)", file=sys.stderr, flush=True)
         parameters = {"core_path": str(core), "acceptance": args.acceptance, "executor": executor}
         try:
