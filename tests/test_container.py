@@ -154,3 +154,33 @@ def test_the_kubernetes_example_probes_the_gateway_and_mounts_the_cores() -> Non
     service = documents["Service"]["spec"]
     assert service["selector"].items() <= documents["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
     assert service["ports"][0]["targetPort"] in (port, container["ports"][0].get("name"))
+
+
+def _builder() -> str | None:
+    """A container builder whose daemon answers (docker or podman), else None."""
+    import shutil
+    import subprocess
+
+    for tool in ("docker", "podman"):
+        if shutil.which(tool):
+            try:
+                if subprocess.run([tool, "info"], capture_output=True, timeout=20).returncode == 0:
+                    return tool
+            except subprocess.TimeoutExpired:
+                pass
+    return None
+
+
+@pytest.mark.slow
+def test_the_image_builds_where_a_builder_runs() -> None:
+    import subprocess
+
+    tool = _builder()
+    if tool is None:
+        pytest.skip("no container builder with a running daemon here (the checks above stand in)")
+    built = subprocess.run([tool, "build", "-f", "docker/Dockerfile", "-t", "helios:test", "."], cwd=ROOT,
+                           capture_output=True, text=True, timeout=3600)
+    assert built.returncode == 0, built.stderr[-4000:]
+    shown = subprocess.run([tool, "run", "--rm", "--entrypoint", "helios-prepare", "helios:test", "--help"],
+                           capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0 and "--out" in shown.stdout
