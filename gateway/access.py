@@ -40,6 +40,9 @@ def configure_logging(level: str, access_log: bool) -> None:
     everything, and the access log at info unless turned off."""
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("helios.access").setLevel(logging.INFO if access_log else logging.CRITICAL)
+    # httpx logs every request at info: /metrics reads the backend's port once per scrape, and the
+    # scrape's own access-log line already says so
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from helios_backend.engine.settings import SWITCH_INTERVAL_US
 
 from gateway.access import AccessMiddleware, configure_logging
+from gateway.backend_metrics import BackendScrape
 from gateway.body_limit import BodyLimit
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
@@ -31,9 +32,11 @@ from gateway.triton_client import MODEL_NAME, TritonBackend
 def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
                parser_factory: ParserFactory = syntax_parsers, triton_model: str = MODEL_NAME,
                security: SecuritySettings | None = None, supervision_state: Path | None = None,
-               max_body_bytes: int | None = None) -> FastAPI:
-    """The gateway for the Triton model ``triton_model`` at the gRPC endpoint ``triton_url`` (HOST:PORT)."""
+               max_body_bytes: int | None = None, triton_metrics: str | None = None) -> FastAPI:
+    """The gateway for the Triton model ``triton_model`` at the gRPC endpoint ``triton_url`` (HOST:PORT);
+    ``triton_metrics``: the URL of Triton's Prometheus endpoint /metrics re-exports (None: not read)."""
     gateway_metrics = GatewayMetrics()
+    backend_metrics = BackendScrape(triton_metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,9 +55,12 @@ def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
         finally:
             restore()
             await service.close()
+            await backend_metrics.close()
 
     app = FastAPI(title="Helios gateway", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible endpoints over Triton (docs/gateway.md)")
+    app.state.backend_metrics = backend_metrics
+    app.state.triton_model = triton_model
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=lambda: _body_bound(app, max_body_bytes))
     for router in (chat.router, completions.router, models.router, health.router, metrics.router, tokens.router):
@@ -70,13 +76,14 @@ WORKER_CONFIG = "HELIOS_GATEWAY_CONFIG"   # JSON of the settings below, set by h
 
 def worker_config(triton_url: str, triton_model: str, overrides: AdmissionOverrides,
                   security: SecuritySettings | None = None, log_level: str = "info", access_log: bool = True,
-                  supervision_state: Path | None = None, max_body_bytes: int | None = None) -> str:
+                  supervision_state: Path | None = None, max_body_bytes: int | None = None,
+                  triton_metrics: str | None = None) -> str:
     return json.dumps({"triton_url": triton_url, "triton_model": triton_model,
                        "overrides": dataclasses.asdict(overrides),
                        "security": dataclasses.asdict(security or SecuritySettings()),
                        "log_level": log_level, "access_log": access_log,
                        "supervision_state": str(supervision_state) if supervision_state else None,
-                       "max_body_bytes": max_body_bytes})
+                       "max_body_bytes": max_body_bytes, "triton_metrics": triton_metrics})
 
 
 def app_from_environment() -> FastAPI:
@@ -88,7 +95,8 @@ def app_from_environment() -> FastAPI:
     state = config.get("supervision_state")
     return create_app(config["triton_url"], AdmissionOverrides(**config["overrides"]),
                       triton_model=config["triton_model"], security=security,
-                      supervision_state=Path(state) if state else None, max_body_bytes=config.get("max_body_bytes"))
+                      supervision_state=Path(state) if state else None, max_body_bytes=config.get("max_body_bytes"),
+                      triton_metrics=config.get("triton_metrics"))
 
 
 # HTTP-15 gives connections five seconds to drain (helios-gateway's timeout_graceful_shutdown);

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-DEFAULT_PUBLIC_PATHS = ("/health", "/metrics")
+DEFAULT_PUBLIC_PATHS = ("/health", "/livez", "/readyz", "/metrics")   # probes and scrapes carry no key
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,20 +119,26 @@ class GatewayService:
 
     async def _load_assets(self) -> None:
         delay = 0.2
+        waiting = logging.INFO       # said once; every later attempt at debug level
         while self._served is None:
             try:
                 assets = await self.backend.fetch_assets(timeout_s=30.0)
                 self._install(ServedModel.from_assets(assets))
                 log.info("serving %s (aliases %s)", assets.served_id, list(assets.aliases))
             except ConnectionError as exc:
-                log.info("waiting for the model backend: %s", exc)
+                log.log(waiting, "waiting for the model backend at %s (readiness stays 503 until it answers): %s",
+                        self.backend.url, str(exc).splitlines()[0])
+                waiting = logging.DEBUG
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 1.0)
 
     async def _watch_backend(self) -> None:
         while True:
             await asyncio.sleep(self.WATCH_S)
-            if self._served is None or self._shutting_down or not self.backend.open_generations:
+            if self._served is None or self._shutting_down:
+                continue
+            if not self.backend.open_generations:
+                await self._release_idle_channel()
                 continue
             try:
                 await self.backend.fetch_assets(timeout_s=self.WATCH_TIMEOUT_S)
@@ -143,6 +149,17 @@ class GatewayService:
                 log.error("the model backend refused a probe; ended %d open requests: %s", ended, exc)
             except ConnectionError:
                 pass                        # slow, not refused
+
+    async def _release_idle_channel(self) -> None:
+        """An idle channel is one long request of the model: while it is open, a tritonserver
+        asked to stop cannot unload the model and waits for its whole exit timeout (then leaves
+        the stub behind). Triton reports itself not ready from the stop on, so the channel is
+        closed then; the next request opens a new one."""
+        if self.backend.channel_open and not await self.backend.model_ready(timeout_s=self.WATCH_TIMEOUT_S):
+            if not self.backend.open_generations:       # none arrived while the probe ran
+                self.backend.abandon_generations("the backend is not ready")
+                self._health = (time.monotonic(), False)
+                log.info("the model backend is not ready; closed the idle channel so that it can unload")
 
     def _install(self, served: ServedModel) -> None:
         limits = served.limits

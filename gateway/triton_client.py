@@ -29,7 +29,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 import numpy as np
@@ -42,6 +42,12 @@ from helios_proto import transport_pb2 as tp
 
 log = logging.getLogger("helios.gateway.triton")
 _UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# gRPC's reconnect backoff grows to two minutes by default: a gateway started before tritonserver
+# (helios-serve starts both at once, an operator may too) would learn the model that long after
+# it loaded. Reconnecting every second at most keeps readiness within about a second of Triton's.
+_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+              ("grpc.max_reconnect_backoff_ms", 1000)]
+_CHANNEL_OPTIONS = _UNLIMITED + _RECONNECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +253,7 @@ class ChannelMux:
         self._grpc: grpc.aio.Channel | None = None
         self._outbox: Outbox | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._call: Any = None               # the channel's ModelStreamInfer call
         self._routes: dict[int, ChannelGeneration] = {}
         self._tags = itertools.count(1)
         self._channel_id = ""
@@ -271,7 +278,7 @@ class ChannelMux:
 
     async def _open(self) -> None:
         if self._grpc is None:
-            self._grpc = grpc.aio.insecure_channel(self._url, options=_UNLIMITED)
+            self._grpc = grpc.aio.insecure_channel(self._url, options=_CHANNEL_OPTIONS)
         self._channel_id = uuid.uuid4().hex
         self._opened = False
         outbox = Outbox(self._model_name, self._channel_id)
@@ -279,12 +286,16 @@ class ChannelMux:
         outbox.put(_infer_request(self._model_name, self._channel_id, params, output=OUT_CHANNEL_BATCH))
         self._outbox = outbox
         stub = service_pb2_grpc.GRPCInferenceServiceStub(self._grpc)
-        call = stub.ModelStreamInfer(outbox.messages())
+        call = self._call = stub.ModelStreamInfer(outbox.messages())
         self._reader = asyncio.create_task(self._read(call, self._channel_id, outbox))
 
     @property
     def open_generations(self) -> int:
         return len(self._routes)
+
+    @property
+    def stream_open(self) -> bool:
+        return self._reader is not None and not self._reader.done()
 
     def abandon(self, failure: StreamFailure) -> int:
         """End the channel now: each open generation gets `failure`, the stream is cancelled
@@ -295,7 +306,11 @@ class ChannelMux:
             self._outbox.put(None)
         if self._reader is not None:
             self._reader.cancel()
-        self._reader, self._outbox, self._channel_id = None, None, ""
+        if self._call is not None:
+            # cancel the RPC itself, not only our reading of it: the model sees its channel's
+            # client gone (an idle channel otherwise keeps the model from unloading)
+            self._call.cancel()
+        self._reader, self._outbox, self._channel_id, self._call = None, None, "", None
         for generation in routes.values():
             generation.push(failure)
         return len(routes)
@@ -428,7 +443,7 @@ class TritonBackend:
     def __init__(self, url: str, model_name: str = MODEL_NAME) -> None:
         self.url = url
         self.model_name = model_name
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = grpcclient.InferenceServerClient(url, channel_args=_CHANNEL_OPTIONS)
         self._mux = ChannelMux(url, model_name)
 
     async def close(self) -> None:
@@ -442,6 +457,11 @@ class TritonBackend:
     @property
     def open_generations(self) -> int:
         return self._mux.open_generations
+
+    @property
+    def channel_open(self) -> bool:
+        """The channel's gRPC stream is open (an idle one included)."""
+        return self._mux.stream_open
 
     def abandon_generations(self, detail: str) -> int:
         """Fail every open generation (LOST: they were submitted) and start a new channel."""

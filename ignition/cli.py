@@ -100,11 +100,12 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help=f"one of {sorted(RECIPES)}, or a local Hugging Face checkpoint directory "
                                        "(llama or qwen2 family: config.json, safetensors, tokenizer.json)")
-    parser.add_argument("--out", required=True, type=pathlib.Path, help="core file to write")
-    parser.add_argument("--key", default=None, help="publisher key (PEM); created on first use")
-    parser.add_argument("--page-tokens", type=int, default=None, help="logical tokens per cache page")
-    parser.add_argument("--context-tokens", type=int, default=None, help="context extent per request")
-    parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="core file to write (required)")
+    parser.add_argument("--key", default=None, help="publisher key (PEM), created on first use (default: $HELIOS_HOME/keys/publisher.ed25519.pem, "
+                                                  "else ~/.local/share/helios/keys/publisher.ed25519.pem)")
+    parser.add_argument("--page-tokens", type=int, default=None, help="logical tokens per KV-cache page, in tokens (default: the recipe's)")
+    parser.add_argument("--context-tokens", type=int, default=None, help="context extent per request, in tokens (default: the recipe's)")
+    parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules (default: include them)")
     parser.add_argument("--arch", action="append", default=None, metavar="ARCH",
                         help="kernel architecture to compile for, repeatable: sm_80, sm_86, sm_89, sm_90a, "
                              "sm_100a, compute_80 (PTX, JIT-compiled at startup on any newer device); "

@@ -88,7 +88,8 @@ def gateway_stack(core: Path, workdir: Path, *gateway_args: str, **model_paramet
     repo = model_repository(workdir, core_path=str(core), **model_parameters)
     with TritonServer(repo, workdir) as server:
         server.wait_ready("helios")
-        gateway = GatewayProcess(server.grpc_url, workdir / f"gateway-{server.ports.grpc}.log", *gateway_args)
+        gateway = GatewayProcess(server.grpc_url, workdir / f"gateway-{server.ports.grpc}.log",
+                                 "--triton-metrics", server.metrics_url, *gateway_args)
         try:
             gateway.wait_healthy()
             yield Stack(server, gateway)

@@ -26,16 +26,21 @@ from helios_backend.lockstep.generator import LockstepGenerator, GenerationReque
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("core", help="prepared core file")
-    parser.add_argument("--prompt", required=True, help="the user message")
-    parser.add_argument("--max-tokens", type=int, default=None, help="output limit (default: the core's)")
-    parser.add_argument("--temperature", type=float, default=None, help="0 or absent: greedy")
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--min-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0, help="64-bit seed of the counter-based RNG")
-    parser.add_argument("--accept", default=None, help="publisher namespace to accept")
-    parser.add_argument("--cache-pages", type=int, default=None)
+    parser.add_argument("core", help="the prepared core file")
+    parser.add_argument("--prompt", required=True, help="the user message (required)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="output limit, in tokens (default: the core's)")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature; 0 or absent: greedy (default: greedy)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus sampling mass in (0, 1] (default: the core's sampling default)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample among this many most likely tokens (default: the core's sampling default)")
+    parser.add_argument("--min-p", type=float, default=None,
+                        help="drop tokens below this share of the likeliest one's probability "
+                             "(default: the core's sampling default)")
+    parser.add_argument("--seed", type=int, default=0, help="64-bit seed of the counter-based RNG (default: %(default)s)")
+    parser.add_argument("--accept", default=None, help="publisher namespace to accept (default: the core's own, named on stderr)")
+    parser.add_argument("--cache-pages", type=int, default=None,
+                        help="KV-cache pages to allocate, in pages of the core's page_tokens (default: the core's)")
     return parser
 
 

@@ -23,13 +23,13 @@ from helios_backend.ranks.rendezvous import parse_address
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helios-rank", description=__doc__.split("\n\n")[0])
-    p.add_argument("--core", required=True, type=Path, help="the prepared core (the same one rank 0 serves)")
-    p.add_argument("--rank", required=True, type=int, help="this process's rank, 1..world_size-1")
-    p.add_argument("--store", required=True, help="HOST:PORT of rank 0's rendezvous store")
-    p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="publisher namespace you accept")
-    p.add_argument("--executor", choices=EXECUTOR_NAMES, default="cpu", help="must be rank 0's")
+    p.add_argument("--core", required=True, type=Path, help="the prepared core, the same one rank 0 serves (required)")
+    p.add_argument("--rank", required=True, type=int, help="this process's rank, 1..world_size-1 (required)")
+    p.add_argument("--store", required=True, help="HOST:PORT of rank 0's rendezvous store (required)")
+    p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="the publisher namespace you accept (default: %(default)s)")
+    p.add_argument("--executor", choices=EXECUTOR_NAMES, default="cpu", help="the executor, which must be rank 0's (default: %(default)s)")
     p.add_argument("--device", type=int, default=None, help="cuda: device ordinal (default: the rank)")
-    p.add_argument("--join-timeout", type=float, default=600.0, help="seconds to wait for rank 0's store")
+    p.add_argument("--join-timeout", type=float, default=600.0, help="seconds to wait for rank 0's store (default: %(default)s)")
     return p
 
 

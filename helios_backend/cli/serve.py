@@ -10,13 +10,18 @@ nvidia-pytriton wheel, else /opt/tritonserver), builds a backend directory with 
 backend and the stub for the running Python, writes a model repository whose config
 carries the options, and starts tritonserver with this environment's bin first on PATH
 (HTTP 8000, gRPC 8001, metrics 8002, bound to 127.0.0.1 unless --triton-host says otherwise),
-then `helios-gateway` (port 9000 on --host) once the model is ready. It then supervises both
+and `helios-gateway` (port 9000 on --host) beside it: the gateway's liveness probe answers while
+the model loads, its readiness once the model serves. tritonserver's output passes through
+triton/server_log.py (GPU-probe lines explained once on a machine without a GPU). It supervises both
 (triton/supervision.py): a model that cannot load or a gateway that cannot start exits non-zero
 at once; a stub, server or gateway that dies is restarted after a backoff; SIGINT/SIGTERM stop
 the gateway, then the server, within 10 s. The temporary workdir and the server's shared memory
 are removed on exit. With --rank-peers processes a tensor-parallel core's ranks 1..N-1 run as
 helios-rank processes (started here for --local-ranks, supervised and restarted with the
 server); rank 0 is the model's own process.
+
+`--write-repository DIR` starts nothing: it writes the helios model into an existing model
+repository for a tritonserver the operator runs (triton/operator_repository.py).
 """
 from __future__ import annotations
 
@@ -36,16 +41,35 @@ from helios_backend.triton.launcher import (
     server_environment, gateway_command, write_model_repository)
 from helios_backend.contract.errors import ContractError
 from helios_backend.core import AuthorizationError, CoreError, IntegrityError, SignatureError, open_core
-from helios_backend.engine.settings import DEFAULT_ACCEPTANCE
+from helios_backend.engine.settings import BUILT_IN, DEFAULT_ACCEPTANCE, SWITCH_INTERVAL_US
 from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
 from helios_backend.ranks.rendezvous import parse_address
+from helios_backend.triton.operator_repository import write_operator_layout
+from helios_backend.triton.server_log import ServerLog
 from helios_backend.triton.supervision import (
     Child, ExitCode, RestartLedger, Supervisor, SupervisorConfig)
 
-# CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core default)
-OPTION_PARAMETERS = ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
-                     "page_capacity", "snapshot_capacity", "cache_memory_share", "switch_interval_us",
-                     "admission_burst")
+# CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core's default, then the
+# built-in one: docs/triton-backend.md) and its help text
+OPTION_PARAMETERS: dict[str, str] = {
+    "concurrency": "decode rows served at once, 1..the core's captured rows (default: all captured rows)",
+    "speculative_width": "tokens proposed per speculative step, at most the core's widest "
+                         "(default: the widest captured; 1 turns speculation off)",
+    "queue_capacity": "requests waiting for a slot before new ones are refused (default: the core's, else 64)",
+    "max_active": "requests generating at once, in requests (default: the core's, else 32)",
+    "event_capacity": "buffered output events per request before it is failed as a slow reader "
+                      "(default: the core's, else 256)",
+    "page_capacity": "KV-cache pages to allocate, in pages of the core's page_tokens "
+                     "(default: the core's, else sized from --cache-memory-share)",
+    "snapshot_capacity": "prefix snapshot rows, at most the core's prepared rows (default: the prepared rows; "
+                         "0 turns snapshots off)",
+    "cache_memory_share": "share of free device memory the KV cache may take, in (0, 1] "
+                          "(default: the core's, else 0.9)",
+    "switch_interval_us": "the serving process's GIL switch interval, in microseconds "
+                          f"(default: {SWITCH_INTERVAL_US})",
+    "admission_burst": "waiting requests that make a round of prompts only, at least 2; fewer join the "
+                       f"decode rounds one at a time (default: the core's, else {BUILT_IN.admission_burst})",
+}
 
 DEFAULT_RANK_PORT = 29400      # the rendezvous store of rank processes (--rank-store)
 
@@ -56,51 +80,60 @@ EXIT_TIMEOUT_S = 3
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helios-serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--core", required=True, type=Path, help="prepared core file")
-    p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="publisher namespace you accept")
+    p.add_argument("--core", required=True, type=Path, help="the prepared core file to serve (required; `make core` writes var/cores/...)")
+    p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="the publisher namespace you accept; the core's signature must name it (default: %(default)s)")
     p.add_argument("--executor", choices=("auto",) + EXECUTOR_NAMES, default="auto",
-                   help="auto (default): cuda where a GPU is usable, else cpu (compiled CPU kernels)")
+                   help="auto: cuda where a GPU is usable, else cpu (compiled CPU kernels); numpy: the CPU oracle (default: %(default)s)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
-                   help="also start helios-gateway (default: on when installed)")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--gateway-port", type=int, default=9000)
+                   help="also start helios-gateway once tritonserver runs (default: on when installed)")
+    p.add_argument("--http-port", type=int, default=8000, help="tritonserver's HTTP port (default: %(default)s)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="tritonserver's gRPC port, which the gateway uses (default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=8002,
+                   help="tritonserver's Prometheus port (flare_*; the gateway's /metrics re-exports it) (default: %(default)s)")
+    p.add_argument("--gateway-port", type=int, default=9000, help="the gateway's HTTP port (default: %(default)s)")
     p.add_argument("--gateway-workers", type=int, default=None,
                    help="gateway worker processes (one admission budget); each streamed token costs "
                         "gateway CPU, so rates beyond one core's need several (default: with the cuda "
                         "executor half the usable CPUs, at most 6; else 1)")
-    p.add_argument("--host", default="0.0.0.0", help="address the gateway listens on")
+    p.add_argument("--host", default="0.0.0.0", help="address the gateway listens on (default: %(default)s)")
     p.add_argument("--triton-host", default=LOOPBACK,
                    help="address tritonserver's HTTP, gRPC and metrics ports bind to (they carry no "
-                        "authentication: loopback unless asked otherwise)")
+                        "authentication: loopback unless asked otherwise) (default: %(default)s)")
     p.add_argument("--tritonserver", type=Path, default=None,
                    help="the tritonserver binary (default: the nvidia-pytriton wheel's, else /opt/tritonserver)")
     p.add_argument("--api-key", action="append", default=None,
                    help="gateway: require 'Authorization: Bearer KEY' (repeatable; default $HELIOS_API_KEY)")
-    p.add_argument("--allowed-origins", default=None, help="gateway: CORS origins, a JSON list")
+    p.add_argument("--allowed-origins", default=None, help="gateway: CORS origins, a JSON list (default: the gateway's, [\"*\"])")
     p.add_argument("--workdir", type=Path, default=None,
                    help="model repository and backend dir (default: a temporary one, removed on exit)")
-    p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft speculative tokens from the request's own history; needs a speculative core "
+                        "and a width above 1 (default: off)")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the scheduler and the executor in a process of their own, outside the "
                         "Triton stub's GIL (default: on)")
-    for name in OPTION_PARAMETERS:
+    for name, text in OPTION_PARAMETERS.items():
         p.add_argument("--" + name.replace("_", "-"), type=float if name == "cache_memory_share" else int,
-                       default=None)
+                       default=None, help=text)
     p.add_argument("--rank-peers", choices=RANK_PEERS, default="threads",
                    help="tensor-parallel cores: threads (every rank in the model's process) or processes "
-                        "(rank 0 there, every other rank a helios-rank process; docs/rank-processes.md)")
+                        "(rank 0 there, every other rank a helios-rank process; docs/rank-processes.md) "
+                        "(default: %(default)s)")
     p.add_argument("--rank-store", default=f"{LOOPBACK}:{DEFAULT_RANK_PORT}",
-                   help="processes: HOST:PORT rank 0's rendezvous store listens on (reachable by every rank)")
+                   help="processes: HOST:PORT rank 0's rendezvous store listens on, reachable by every rank "
+                        "(default: %(default)s)")
     p.add_argument("--local-ranks", default="all",
                    help="processes: the peer ranks helios-serve starts here: all (default), none (each runs "
-                        "helios-rank on its own host) or a comma-separated list")
+                        "helios-rank on its own host) or a comma-separated list of ranks")
     p.add_argument("--rank-timeout", type=float, default=None,
-                   help="processes: seconds a rank may take to answer a step before every request fails")
-    p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model")
+                   help="processes: seconds a rank may take to answer a step before every request fails (default: 30)")
+    p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for the model to load before giving up (exit 6) (default: %(default)s)")
+    p.add_argument("--write-repository", type=Path, default=None, metavar="DIR",
+                   help="start nothing: write the helios model into the model repository DIR (other models "
+                        "there stay), the Python backend for this environment into DIR/../backends, and print "
+                        "the script that starts tritonserver on them (docs/deployment.md) (default: serve)")
     p.add_argument("--gateway-arg", action="append", default=[],
-                   help="one extra argument for helios-gateway (repeatable)")
+                   help="one extra argument for helios-gateway, e.g. --gateway-arg=--access-log=false (repeatable; default: none)")
     return p
 
 
@@ -111,8 +144,9 @@ def _local_triton_host(args: argparse.Namespace) -> str:
 
 def gateway_arguments(args: argparse.Namespace, ports: Ports) -> list[str]:
     """helios-gateway's command line (after its program name) for these options."""
-    out = ["--triton", f"{_local_triton_host(args)}:{ports.grpc}", "--host", args.host, "--port", str(args.gateway_port),
-           "--workers", str(args.gateway_workers)]
+    host = _local_triton_host(args)
+    out = ["--triton", f"{host}:{ports.grpc}", "--triton-metrics", f"http://{host}:{ports.metrics}/metrics",
+           "--host", args.host, "--port", str(args.gateway_port), "--workers", str(args.gateway_workers)]
     for key in args.api_key or ():
         out += ["--api-key", key]
     if args.allowed_origins is not None:
@@ -152,6 +186,24 @@ def resolve_executor(name: str) -> str:
     return "cuda" if gpu_available() else "cpu"
 
 
+def option_parameters(args: argparse.Namespace) -> dict[str, str]:
+    """The config.pbtxt parameters the options set (unset options leave the core's defaults)."""
+    parameters: dict[str, str] = {}
+    if args.rank_peers == "processes":
+        parameters.update(rank_peers="processes", rank_store=args.rank_store,
+                          rank_join_timeout=str(args.ready_timeout))
+        if args.rank_timeout is not None:
+            parameters["rank_timeout"] = str(args.rank_timeout)
+    for name in OPTION_PARAMETERS:
+        if getattr(args, name) is not None:
+            parameters[name] = str(getattr(args, name))
+    if args.history_drafting is not None:
+        parameters["history_drafting"] = str(args.history_drafting).lower()
+    if args.engine_process is not None:
+        parameters["engine_process"] = str(args.engine_process).lower()
+    return parameters
+
+
 def _fixed(argv: list[str]) -> Callable[[], list[str]]:
     return lambda: argv
 
@@ -189,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     owned_workdir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="helios-serve-")) if owned_workdir else args.workdir
     shm_prefix = f"helios-serve-{uuid.uuid4().hex[:8]}-"
-    print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
+    serving = args.write_repository is None
+    if serving:
+        print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
     try:
         executor = resolve_executor(args.executor)
         try:
@@ -197,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"helios-serve: {exc}", file=sys.stderr)
             return int(ExitCode.USAGE)
-        if args.gateway:
+        if args.gateway and serving:
             print(f"helios-serve: {args.gateway_workers} gateway worker process(es)", file=sys.stderr, flush=True)
         parameters = {"core_path": str(core), "acceptance": args.acceptance, "executor": executor}
         try:
@@ -216,24 +270,17 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, CoreError) as exc:
             print(f"helios-serve: {exc}", file=sys.stderr)
             return int(ExitCode.USAGE)
-        if args.rank_peers == "processes":
-            parameters.update(rank_peers="processes", rank_store=args.rank_store,
-                              rank_join_timeout=str(args.ready_timeout))
-            if args.rank_timeout is not None:
-                parameters["rank_timeout"] = str(args.rank_timeout)
-        for name in OPTION_PARAMETERS:
-            if getattr(args, name) is not None:
-                parameters[name] = str(getattr(args, name))
-        if args.history_drafting is not None:
-            parameters["history_drafting"] = str(args.history_drafting).lower()
-        if args.engine_process is not None:
-            parameters["engine_process"] = str(args.engine_process).lower()
+        parameters.update(option_parameters(args))
+        if args.write_repository is not None:
+            print(write_operator_layout(args.write_repository, install, parameters), end="", flush=True)
+            return int(ExitCode.OK)
         repository = write_model_repository(workdir, parameters)
         backends = prepare_backend_directory(install, workdir / "triton")
         ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
         command = server_command(install, backends, repository, ports, shm_prefix=shm_prefix,
                                  exit_timeout_s=EXIT_TIMEOUT_S, address=args.triton_host)
-        triton = Child("tritonserver", lambda: command, env=server_environment(install))
+        triton = Child("tritonserver", lambda: command, env=server_environment(install),
+                       output=ServerLog(executor).copy)
         ledger = RestartLedger(workdir / "supervision.json")
         gateway = None
         gateway_url = None

@@ -26,7 +26,9 @@ Every restart is counted in a small JSON state file the gateway exports on /metr
 (`helios_serve_restarts_total{process, cause}`). Each child runs in its own session, so a
 signal to helios-serve's process group reaches only helios-serve, which then stops the
 children in order: the gateway first (its open streams end with a `shutting_down` event),
-then tritonserver; whatever still runs at the deadline is killed with its whole group.
+then tritonserver, which is ended as soon as its model has unloaded (its stub exited) rather than
+after its own one-second exit poll; whatever still runs at the deadline is killed with its whole
+group.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from typing import IO
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,16 +94,23 @@ def _die_with_parent() -> None:
 class Child:
     """One supervised process with its own process group (its stub and helpers included)."""
 
-    def __init__(self, name: str, argv: Callable[[], Sequence[str]], env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, argv: Callable[[], Sequence[str]], env: dict[str, str] | None = None,
+                 output: Callable[[IO[bytes]], object] | None = None) -> None:
         self.name = name
         self._argv = argv
         self._env = env
+        self._output = output      # reads the child's stdout and stderr (a pipe); None: inherited
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
 
     def start(self) -> None:
+        piped = self._output is not None
         self.process = subprocess.Popen(list(self._argv()), env=self._env, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=_die_with_parent, stdout=subprocess.PIPE if piped else None,
+                                        stderr=subprocess.STDOUT if piped else None)
+        if self._output is not None:
+            assert self.process.stdout is not None
+            self._output(self.process.stdout)
         self.started_at = time.monotonic()
 
     @property
@@ -272,6 +282,10 @@ class Supervisor:
     def run(self) -> int:
         self.ledger.write()
         self._start_server()
+        if self.gateway is not None:
+            # at once, not when the model is ready: the gateway's liveness probe (/livez) answers
+            # through a long load while its readiness (/readyz) says the model is not ready yet
+            self._start_gateway()
         ready_deadline = time.monotonic() + self.config.ready_timeout_s
         try:
             while not self._stop_requested:
@@ -323,6 +337,10 @@ class Supervisor:
                                                                f"backend stub (pid {dead[0]}), which exited")
             else:
                 self._restart("tritonserver", "stub_died", f"the python backend stub (pid {dead[0]}) died")
+
+    def _stubs_gone(self) -> bool:
+        """The ready model's stubs have all exited (its unload finished)."""
+        return bool(self._stubs) and not any(process_alive(pid) for pid in self._stubs)
 
     def _start_server(self) -> None:
         """The rank processes first (they wait for rank 0's store), then tritonserver."""
@@ -419,7 +437,12 @@ class Supervisor:
             _wait(self.gateway, min(deadline, time.monotonic() + GATEWAY_STOP_S))
         log.info("helios-serve: stopping tritonserver (%.1fs)", time.monotonic() - start)
         self.triton.signal(signal.SIGINT)
-        _wait(self.triton, deadline)
+        _wait(self.triton, deadline, done=self._stubs_gone)
+        if self.triton.running() and self._stubs_gone():
+            # the model unloaded and its stub exited: tritonserver has nothing left to do, yet it
+            # only looks again after a one-second poll (server.cc's exit loop); end it now
+            log.info("helios-serve: the model unloaded; ending tritonserver")
+            self.triton.kill_group()
         for rank in self.ranks:            # rank 0's unload closed their links: they end by themselves
             _wait(rank, min(deadline, time.monotonic() + 1.0))
         for child in (self.gateway, self.triton, *self.ranks):
@@ -431,6 +454,6 @@ class Supervisor:
         log.info("helios-serve: stopped (%.1fs)", time.monotonic() - start)
 
 
-def _wait(child: Child, deadline: float) -> None:
-    while child.running() and time.monotonic() < deadline:
+def _wait(child: Child, deadline: float, done: Callable[[], bool] = lambda: False) -> None:
+    while child.running() and time.monotonic() < deadline and not done():
         time.sleep(0.05)
