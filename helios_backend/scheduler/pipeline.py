@@ -32,7 +32,7 @@ from helios_proto import transport_pb2 as tp
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
 from helios_backend.scheduler.request import Request
-from helios_backend.scheduler.round_builder import RoundBuilder, reads_pending
+from helios_backend.scheduler.round_builder import reads_pending
 
 # rounds the second frame may follow: their host-fed lanes sit the next round out
 PIPELINE_AFTER = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATION_PREFILL})
@@ -57,15 +57,19 @@ def prompts_may_follow(waiting: Sequence[tuple[object, Request]], rows: int) -> 
 def continues_on_device(req: Request, eos_ids: tuple[int, ...]) -> bool:
     """Its next round may be planned before its last one completed: nothing of that
     completion decides the round (no host mask, no cancel, no finish already decided)."""
-    return not (req.cancelled or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.needs_mask(eos_ids))
+    # Request.needs_mask inline: once per lane and round
+    return not (req.grammar is not None or req.cancelled or (req.spec.min_tokens > 0 and req.withholds(eos_ids))
+                or req.finish != tp.FINISH_REASON_UNSPECIFIED)
 
 
-def add_continuing_lanes(round_: RoundBuilder, main: Sequence[Lane], running: Iterable[Request],
-                         config: SchedulerConfig) -> int | None:
-    """Add to `round_` every running request's next decode lane behind the round in flight
-    (`main` its main lanes); the pages they open, which the caller reserves once all fit, or
-    None when a request needs completion feedback (the second frame stays empty)."""
+def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],
+                     config: SchedulerConfig) -> tuple[list[Lane], int] | None:
+    """Every running request's next decode lane behind the round in flight (`main` its main
+    lanes), each reading its device-owned pending token, and the pages they open, which the
+    caller reserves once all fit; None when a request needs completion feedback (the second
+    frame stays empty)."""
     eos_ids, context, pt = config.eos_ids, config.context_tokens, config.page_tokens
+    lanes: list[Lane] = []
     need = 0                                      # lanes whose next position opens a page
     in_main: set[int] = set()
     for lane in main:
@@ -80,8 +84,7 @@ def add_continuing_lanes(round_: RoundBuilder, main: Sequence[Lane], running: It
             continue                              # the round in flight emits its last token
         start = lane.start + 1
         need += -(-(start + 1) // pt) > len(req.pages)
-        round_.add(Lane(req, lane.slot, lane.generation, start, [PENDING_TOKEN], True, lane.output_limit - 1),
-                   pending=True)
+        lanes.append(Lane(req, lane.slot, lane.generation, start, [PENDING_TOKEN], True, lane.output_limit - 1))
     for req in running:
         if req.serial in in_main:
             continue
@@ -90,6 +93,6 @@ def add_continuing_lanes(round_: RoundBuilder, main: Sequence[Lane], running: It
             return None                           # it needs completion feedback: schedule() takes it
         start = req.computed
         need += -(-(start + 1) // pt) > len(req.pages)
-        round_.add(Lane(req, req.slot, req.generation, start, [PENDING_TOKEN], True,
-                        req.spec.max_tokens - req.output_len), pending=True)
-    return need
+        lanes.append(Lane(req, req.slot, req.generation, start, [PENDING_TOKEN], True,
+                          req.spec.max_tokens - req.output_len))
+    return lanes, need

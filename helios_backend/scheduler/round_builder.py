@@ -1,7 +1,9 @@
 """The round being built: one value passed through every call that adds a lane to it.
 
-    round_ = RoundBuilder(row_limit)                     # schedule(): completion feedback
-    round_ = RoundBuilder(row_limit, behind_inflight=True)   # behind the round in flight
+    round_ = RoundBuilder(row_limit)            # schedule(): planned from completion feedback
+    round_ = RoundBuilder.decoding(row_limit, lanes, behind_inflight=True)   # pipeline_next
+    n = round_.fit_chunk(variants, want, pending_one)       # the chunk of a request that fits
+    round_.add(lane, pending)
 
 It keeps the round's running sums (rows, packed tokens, host-fed lanes, lanes to initialize),
 so fitting N lanes is O(N), not O(N^2), and says how the round is planned: `fit_chunk` is the
@@ -33,6 +35,12 @@ class RoundBuilder:
     tokens: int = 0                      # packed query tokens
     host_fed: int = 0                    # lanes that do not read their device-owned pending token
     initializing: int = 0                # lanes (re)admitted for this round (INITIALIZATION rows)
+
+    @classmethod
+    def decoding(cls, row_limit: int, lanes: list[Lane], behind_inflight: bool) -> RoundBuilder:
+        """A round that starts with `lanes`, each one query token read from its slot's
+        device-owned pending token (none host-fed): the sums without a call per lane."""
+        return cls(row_limit, behind_inflight, lanes, tokens=len(lanes))
 
     @property
     def rows(self) -> int:

@@ -42,7 +42,7 @@ from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.events import Emitted, Event, SchedulerCounters, Terminal
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.pages import PagePool
-from helios_backend.scheduler.pipeline import add_continuing_lanes, may_follow, prompts_may_follow
+from helios_backend.scheduler.pipeline import continuing_lanes, may_follow, prompts_may_follow
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
 from helios_backend.scheduler.prefix_hash import chain_keys, chain_seed, next_key
 from helios_backend.scheduler.prefix_match import match_prefix
@@ -169,7 +169,7 @@ class Scheduler:
         preempted: list[Request] = []
         running, variants, device_pending = self._running, self.variants, self.config.device_pending_token
         i = 0
-        while i < len(running) and not round_.full:
+        while i < len(running) and len(round_.lanes) < round_.row_limit:
             req = running[i]
             n = round_.fit_chunk(variants, req.remaining_tokens, reads_pending(req, 1, device_pending))
             if n == 0:
@@ -340,10 +340,11 @@ class Scheduler:
                 self.counters.pipelined += 1
             return prompts
         # the next round's lanes, built once; pages are reserved only after all of them fit
-        round_ = RoundBuilder(self.max_active, behind_inflight=True)
-        need = add_continuing_lanes(round_, plan.main.lanes, self._running, self.config)
-        if need is None or not round_.lanes or need > self.pool.available_pages:
+        found = continuing_lanes(plan.main.lanes, self._running, self.config)
+        if found is None or not found[0] or found[1] > self.pool.available_pages:
             return None
+        lanes, need = found
+        round_ = RoundBuilder.decoding(self.max_active, lanes, behind_inflight=True)
         if need:
             for lane in round_.lanes:                 # a lane with its page already held reserves nothing
                 if not self._reserve_pages(lane.request, lane.start + 1):
