@@ -280,7 +280,8 @@ class EngineLoop:
 
     def _stamp_admissions(self) -> None:
         """The queue waits of the requests this round admits, read now: once per admitting
-        round (the scheduler reads no clock, OBS-16), not at the metrics' next collection."""
+        round (building a round reads no clock; Scheduler.add stamped each receipt), not at
+        the metrics' next collection."""
         counters = self._scheduler.counters
         if counters.first_admission_receipts_ns:
             now = time.monotonic_ns()

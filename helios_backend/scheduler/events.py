@@ -45,8 +45,13 @@ class SchedulerCounters:
     constrained_max_inflight: int = 0
     generated_tokens: int = 0
     pipelined: int = 0                   # rounds submitted on the second frame
-    # receipt stamps (monotonic ns) of requests first admitted by the last scheduling call; the
-    # engine loop turns them into waits right after it (one clock read per admitting round)
+    # receipt stamps (monotonic ns, read by Scheduler.add) of requests first admitted by the last
+    # scheduling call; the engine loop turns them into waits right after it (one clock read per
+    # admitting round: building a round reads none)
     first_admission_receipts_ns: list[int] = field(default_factory=list)
     # receipt-to-admission waits (ns) since the metrics last drained them
     first_admission_waits_ns: list[int] = field(default_factory=list)
+
+    def launched(self, operation: "cp.Operation.ValueType", count: int = 1) -> None:
+        """A submission of `operation` was planned (negative: one planned was replaced)."""
+        self.launches[operation] = self.launches.get(operation, 0) + count

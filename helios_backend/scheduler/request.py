@@ -132,6 +132,11 @@ class Request:
         its round needs a host mask, so completion feedback, as a grammar does."""
         return self.output_len < self.spec.min_tokens and bool(self.spec.withheld_ids(eos_ids))
 
+    def needs_mask(self, eos_ids: tuple[int, ...]) -> bool:
+        """Its next sampled token needs a host mask (its grammar, or ids withheld until
+        min_tokens): that round is planned from completion feedback and never speculated."""
+        return self.grammar is not None or (self.spec.min_tokens > 0 and self.withholds(eos_ids))
+
     @property
     def remaining_tokens(self) -> int:
         return len(self.tokens) - self.computed

@@ -5,8 +5,10 @@ chunked prefill, prefix hits, readmission after preemption and decode are the sa
 loop; a lane whose chunk reaches len(tokens) samples. The round's lanes pick the
 smallest prepared capacity variant that holds them (variants.py).
 
-Order inside a round:
+Order inside a round (one RoundBuilder value carries the round being built through the
+calls that add its lanes, round_builder.py):
   1. retire cancelled requests that have no round in flight (their fence passed);
+  1b. a round of prompts only when a burst waits (prompt_rounds.py);
   2. running requests, oldest first: reserve pages for their chunk; on a shortage,
      evict snapshots, then preempt the newest lowest-priority running request
      (possibly the request itself), which goes back to the front of the queue;
@@ -14,10 +16,16 @@ Order inside a round:
      slot, budget and pages are available: prefix match over complete pages, then a
      snapshot at an exact endpoint restored into a private page; a shortage waits.
 
+While a round runs, pipeline_next plans the next one on the second execution frame
+(the rules: pipeline.py).
+
 Invariants (docs/scheduler.md): a page is written only by the one request whose page
 table holds it privately; published pages are immutable; nothing is published before
 its completion was validated; resources of a lane are released only after its last
 submitted round completed (its fence).
+
+Clock: add() stamps a request's receipt, and complete() reads the clock once per round only
+when an observed request emits a token (OBS-15, OBS-16); building a round reads none.
 """
 from __future__ import annotations
 
@@ -35,10 +43,13 @@ from helios_backend.scheduler.events import Emitted, Event, SchedulerCounters, T
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.pages import PagePool
+from helios_backend.scheduler.pipeline import continuing_lanes, may_follow, prompts_may_follow
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
 from helios_backend.scheduler.prefix_hash import chain_keys, chain_seed, next_key
 from helios_backend.scheduler.prefix_match import match_prefix
+from helios_backend.scheduler.prompt_rounds import PromptRounds
 from helios_backend.scheduler.request import Grammar, Request, RequestSpec, RequestState
+from helios_backend.scheduler.round_builder import RoundBuilder, reads_pending
 from helios_backend.scheduler.snapshots import SnapshotStore
 from helios_backend.scheduler.variants import VariantTable
 
@@ -48,23 +59,12 @@ __all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounter
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
 
 
-_PENDING = [PENDING_TOKEN]               # a decode lane's query: its device-owned pending token
-# rounds the second frame may follow: their host-fed lanes sit the next round out
-_PIPELINE_AFTER = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATION_PREFILL})
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, variants: VariantTable,
                  stop_factory: StopFactory | None = None, generations: SlotGenerations | None = None) -> None:
         self.config = config
         self.variants = variants
-        self._shape: tuple[list[Lane], int, int, int] = ([], 0, 0, 0)   # _round_shape's running sums
-        self._pipelining = False             # building a round behind one in flight (pipeline_next)
-        self._admission_round = False        # the last round was prompts only (schedule)
-        # prompt tokens a MIXED round takes beside its decode lanes, when it takes several
-        # prompts (0: one at most, or no MIXED program): shorter prompts need no prompt rounds
-        self._mixed_spare_tokens = 0 if variants.mixed_host_fed_rows() < 2 else max(
-            v.tokens - v.rows for v in variants.variants(cp.OPERATION_MIXED))
+        self._prompt_rounds = PromptRounds(config.admission_burst, variants)
         self._initialization_rows = variants.max_rows(cp.OPERATION_INITIALIZATION) \
             if variants.has(cp.OPERATION_INITIALIZATION) else max(variants.main_rows, 1)
         self.pool = PagePool(config.num_pages)
@@ -160,111 +160,63 @@ class Scheduler:
     # ---- the token-budget loop -----------------------------------------------------
     def schedule(self) -> RoundPlan | None:
         self._retire_cancelled()
-        lanes: list[Lane] = []
-        self._shape = (lanes, 0, 0, 0)
-        if self._admission_round_due():
+        if self._prompts_due():
             # a round of prompts only: a MIXED round admits one request beside the decode lanes,
             # which falls behind arrivals at high concurrency; every other round at most
             prompts = self._prompt_round()
             if prompts is not None:
                 return prompts
-        self._admission_round = False
+        self._prompt_rounds.planned(prompts_only=False)
+        round_ = RoundBuilder(self.max_active)
         preempted: list[Request] = []
-        row_limit = self.max_active
+        running, variants, device_pending = self._running, self.variants, self.config.device_pending_token
         i = 0
-        while i < len(self._running) and len(lanes) < row_limit:
-            req = self._running[i]
-            n = self._fit_chunk(lanes, req, req.remaining_tokens)
+        while i < len(running) and len(round_.lanes) < round_.row_limit:
+            req = running[i]
+            n = round_.fit_chunk(variants, req.remaining_tokens, reads_pending(req, 1, device_pending))
             if n == 0:
                 break
             while not self._reserve_pages(req, req.computed + n):
-                victim = self._running[-1]
+                victim = running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
                     break
             if req.state is not RequestState.RUNNING:
                 break
-            lanes.append(self._lane(req, n))
+            round_.add(self._lane(req, n), reads_pending(req, n, device_pending))
             i += 1
         if not preempted:
-            self._admit_waiting(lanes, row_limit)
-        if not lanes:
+            self._admit_waiting(round_)
+        if not round_.lanes:
             return None
-        return self._plan(lanes, preempted)
+        return self._plan(round_, preempted)
 
-    def _admission_round_due(self) -> bool:
-        """Two or more requests wait, slots are free for them, the previous round was not one
-        already, a PREFILL variant takes more than one of them, and no MIXED round takes the
-        head of the queue whole beside the decode lanes (a MIXED program that takes several
-        host-fed lanes admits a burst of short prompts without stopping the decoding ones)."""
-        return (len(self._waiting) >= self.config.admission_burst and bool(self._running) and not self._admission_round
-                and len(self._free_slots) >= 2 and len(self._running) + 2 <= self.max_active
-                and self.variants.max_rows(cp.OPERATION_PREFILL) >= 2
-                and len(self._waiting[0][1].tokens) > self._mixed_spare_tokens)
+    def _prompts_due(self) -> bool:
+        return self._prompt_rounds.due(self._waiting, len(self._running), len(self._free_slots), self.max_active)
 
-    def _fit_chunk(self, lanes: list[Lane], req: Request, want: int) -> int:
-        """The largest chunk <= want that keeps the round inside some prepared variant."""
-        if want <= 0:
-            return 0
-        rows, used, host_fed = self._round_shape(lanes)
-        candidates = {want, 1}
-        for v in self.variants.main_variants:
-            if 0 < v.tokens - used < want:
-                candidates.add(v.tokens - used)
-        for n in sorted(candidates, reverse=True):
-            if self._pipelining and host_fed and n < want:
-                # a second prompt of a round behind the one in flight goes in whole: a part
-                # would need its next chunk by completion feedback, stopping the second frame
-                continue
-            fed = host_fed + (0 if self._pending_ok(req, n) else 1)
-            variant = self.variants.choose_shape(rows + 1, used + n, fed)
-            if variant is not None and not (self._pipelining and variant.operation == cp.OPERATION_PREFILL):
-                return n
-        return 0
-
-    def _round_shape(self, lanes: list[Lane]) -> tuple[int, int, int]:
-        """(rows, tokens, host-fed lanes) of the round being built. A round's lane list only
-        grows while it is built, so the sums extend from the last call: fitting N lanes is
-        O(N), not O(N^2)."""
-        known, counted, tokens, host_fed = self._shape
-        if known is not lanes or counted > len(lanes):
-            counted = tokens = host_fed = 0
-        for lane in lanes[counted:]:
-            q = lane.query_len
-            tokens += q
-            host_fed += 0 if self._pending_ok(lane.request, q) else 1
-        self._shape = (lanes, len(lanes), tokens, host_fed)
-        return len(lanes), tokens, host_fed
-
-    def _pending_ok(self, req: Request, n: int) -> bool:
-        """A one-token decode whose input is the slot's device-owned pending token."""
-        return (self.config.device_pending_token and n == 1 and req.device_pending
-                and req.computed == len(req.tokens) - 1)
-
-    def _admit_waiting(self, lanes: list[Lane], row_limit: int) -> None:
+    def _admit_waiting(self, round_: RoundBuilder) -> None:
         # every admitted lane is initialized before the round (one INITIALIZATION submission):
         # a MIXED round that takes several prompts stops at the widest initialization variant
-        fresh = sum(1 for lane in lanes if lane.initialize)
-        while self._waiting and len(lanes) < row_limit and self._free_slots \
-                and len(self._running) < self.max_active and fresh < self._initialization_rows:
+        while self._waiting and not round_.full and self._free_slots \
+                and len(self._running) < self.max_active and round_.initializing < self._initialization_rows:
             _, req = self._waiting[0]
             if req.cancelled:
                 self._waiting.pop(0)
                 self._finish(req, tp.FINISH_REASON_CANCELLED)
                 continue
-            if not self._try_admit(req, lanes):
+            if not self._try_admit(req, round_):
                 return                          # a temporary shortage waits (head of line)
             self._waiting.pop(0)
-            fresh += 1
 
-    def _try_admit(self, req: Request, lanes: list[Lane]) -> bool:
+    def _try_admit(self, req: Request, round_: RoundBuilder) -> bool:
         pt = self.config.page_tokens
         tokens = req.tokens
         match = match_prefix(self.pool, self.snapshots, self._seed, tokens, pt)
         snap = match.snapshot
         start = match.start(pt)
-        n = self._fit_chunk(lanes, req, len(tokens) - start)
+        n = round_.fit_chunk(self.variants, len(tokens) - start,
+                             reads_pending(req, 1, self.config.device_pending_token))
         if n == 0:
             return False
         if snap is not None:
@@ -299,14 +251,15 @@ class Scheduler:
         self.counters.lookup_tokens += len(tokens)
         self.counters.reused_tokens += start
         if req.reused_prompt_tokens < 0:           # the first admission: its wait ends here
-            # the receipt stamp only: no clock read in the loop (OBS-16); metrics take "now"
+            # the receipt stamp add() took: building a round reads no clock; the engine loop
+            # reads "now" once per admitting round and turns these into queue waits
             self.counters.first_admission_receipts_ns.append(self._admitted_ns.get(req.serial, 0))
             req.reused_prompt_tokens = min(start, req.prompt_len)
         else:
             self.counters.readmissions += 1
         lane = self._lane(req, n)
         lane.restore = restore
-        lanes.append(lane)
+        round_.add(lane, reads_pending(req, n, self.config.device_pending_token))
         return True
 
     def _reserve_pages(self, req: Request, end: int) -> bool:
@@ -339,14 +292,15 @@ class Scheduler:
                     output_limit=req.spec.max_tokens - req.output_len,
                     snapshot_row=snapshot_row, initialize=req.fresh)
 
-    def _plan(self, lanes: list[Lane], preempted: list[Request]) -> RoundPlan:
-        variant = self.variants.choose([(lane.query_len, self._pending_ok(lane.request, lane.query_len))
-                                        for lane in lanes])
+    def _plan(self, round_: RoundBuilder, preempted: list[Request]) -> RoundPlan:
+        lanes = round_.lanes
+        variant = self.variants.choose_shape(round_.rows, round_.tokens, round_.host_fed)
         if variant is None:
             raise RuntimeError("lanes were fitted to a variant while the round was built")
-        if variant.operation in (cp.OPERATION_DECODE, cp.OPERATION_MIXED):
+        if variant.operation in (cp.OPERATION_DECODE, cp.OPERATION_MIXED) and round_.host_fed < len(lanes):
+            device_pending = self.config.device_pending_token
             for lane in lanes:
-                if self._pending_ok(lane.request, lane.query_len):
+                if reads_pending(lane.request, len(lane.tokens), device_pending):
                     lane.tokens = [PENDING_TOKEN]
         plan = RoundPlan(Submission(variant, lanes), preempted=preempted)
         restores = [lane for lane in lanes if lane.restore is not None]
@@ -356,126 +310,71 @@ class Scheduler:
             if v is None:
                 raise RuntimeError("no RESTORATION variant holds the round's restores")
             plan.restoration = Submission(v, restores)
-        fresh = [lane for lane in lanes if lane.initialize]
-        if fresh and self.variants.has(cp.OPERATION_INITIALIZATION):
+        if round_.initializing and self.variants.has(cp.OPERATION_INITIALIZATION):
+            fresh = [lane for lane in lanes if lane.initialize]
             v = self.variants.fit(cp.OPERATION_INITIALIZATION, len(fresh), 0)
             if v is None:
                 raise RuntimeError("no INITIALIZATION variant holds the round's new lanes")
             plan.initialization = Submission(v, fresh)
+        return self._book(plan)
+
+    def _book(self, plan: RoundPlan) -> RoundPlan:
+        """Count the round's submissions and fence its lanes: each is in flight until the
+        round's completion or failure is applied."""
         for sub in plan.submissions():
-            self.counters.launches[sub.operation] = self.counters.launches.get(sub.operation, 0) + 1
+            self.counters.launched(sub.operation)
             for lane in sub.lanes:
                 lane.request.inflight += 1
         return plan
 
     def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
-        """The next DECODE round, to occupy the second execution frame while `plan` runs;
-        None unless every running request either continues from `plan`, sits it out with its
-        completion observed, or is excluded for a reason that resolves at `plan`'s completion.
-
-        Per request of `plan`'s main submission:
-          * a lane that read its device-owned pending token continues (one more token), unless
-            `plan` ends it by its output or context limit: then it has nothing to add and is
-            left out; EOS at `plan` suppresses its next token (SPEC-50) and retires it;
-          * a host-fed lane (a prompt chunk: PREFILL, or the MIXED round's new request) changes
-            phase or needs its next chunk, so it waits for `plan`'s completion (SPEC-44, SPEC-49)
-            and rejoins the round after;
-        a running request outside `plan` whose last round completed rejoins with its pending
-        token; one that needs host input (its next prompt chunk) stops the second frame, so
-        `schedule()` runs with completion feedback and nobody waits forever. Grammar, withheld
-        ids (min_tokens), host stops, restoration and cancellation fall back to completion
-        feedback (SPEC-45..48). A waiting request may join as the round's one host-fed lane (a
-        MIXED round, its initialization before it): its prompt needs nothing from `plan`.
-        A burst of waiting requests gets a round of prompts only instead (_prompt_round), and
-        a constrained request at the head of the queue waits for completion feedback (MET-8).
-        """
-        main = plan.main
-        if plan.restoration or self._stops or main.operation not in _PIPELINE_AFTER:
+        """The next round, planned behind `plan` for the second execution frame while `plan`
+        runs; None when a request needs `plan`'s completion first (the rules: pipeline.py)."""
+        if not may_follow(plan, bool(self._stops), self._waiting):
             return None
-        if self._waiting and self._waiting[0][1].spec.constrained:
-            return None        # a constrained submission runs alone (MET-8): schedule() admits it
-        if self._admission_round_due():
-            # the round of prompts goes behind `plan`: its tokens are known on the host, the
-            # stream orders its device work; a constrained prompt among them waits (MET-8)
-            if any(req.spec.constrained for _, req in self._waiting[:self.variants.max_rows(cp.OPERATION_PREFILL)]):
+        if self._prompts_due():
+            # the round of prompts goes behind `plan`: its prompts need nothing from it
+            if not prompts_may_follow(self._waiting, self._prompt_rounds.rows):
                 return None
             prompts = self._prompt_round()
             if prompts is not None:
                 self.counters.pipelined += 1
             return prompts
-        eos_ids, context = self.config.eos_ids, self.config.context_tokens
-        pt = self.config.page_tokens
         # the next round's lanes, built once; pages are reserved only after all of them fit
-        lanes: list[Lane] = []
-        need = 0                                      # lanes whose next position opens a page
-        in_main: set[int] = set()
-        for lane in main.lanes:
-            req = lane.request
-            in_main.add(req.serial)
-            if lane.tokens != _PENDING:
-                continue                              # host-fed: rejoins after the completion
-            spec = req.spec
-            if (req.grammar is not None or req.cancelled or (spec.min_tokens and req.withholds(eos_ids))
-                    or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.inflight != 1):
-                return None
-            if len(req.tokens) - len(spec.prompt) + 1 >= spec.max_tokens or len(req.tokens) + 1 >= context:
-                continue                              # `plan` emits its last token
-            start = lane.start + 1
-            need += -(-(start + 1) // pt) > len(req.pages)
-            lanes.append(Lane(req, lane.slot, lane.generation, start, [PENDING_TOKEN], True, lane.output_limit - 1))
-        for req in self._running:
-            if req.serial in in_main:
-                continue
-            spec = req.spec
-            if (req.inflight or not self._pending_ok(req, 1) or req.grammar is not None or req.cancelled
-                    or (spec.min_tokens and req.withholds(eos_ids)) or req.finish != tp.FINISH_REASON_UNSPECIFIED):
-                return None                           # it needs completion feedback: schedule() takes it
-            start = req.computed
-            need += -(-(start + 1) // pt) > len(req.pages)
-            lanes.append(Lane(req, req.slot, req.generation, start, [PENDING_TOKEN], True,
-                              spec.max_tokens - req.output_len))
-        if not lanes:
+        found = continuing_lanes(plan.main.lanes, self._running, self.config)
+        if found is None or not found[0] or found[1] > self.pool.available_pages:
             return None
-        if need > self.pool.available_pages:
-            return None
+        lanes, need = found
+        round_ = RoundBuilder.decoding(self.max_active, lanes, behind_inflight=True)
         if need:
-            for lane in lanes:                        # a lane with its page already held reserves nothing
+            for lane in round_.lanes:                 # a lane with its page already held reserves nothing
                 if not self._reserve_pages(lane.request, lane.start + 1):
                     raise RuntimeError("page availability was checked before pipelining")
+        decode_lanes = round_.rows
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
-            decode_lanes = len(lanes)
-            self._shape = (lanes, 0, 0, 0)
-            self._pipelining = True          # no PREFILL fallback: these lanes' tokens are on the device
-            try:
-                self._admit_waiting(lanes, self.max_active)
-            finally:
-                self._pipelining = False
-            if len(lanes) > decode_lanes:
-                self.counters.pipelined += 1
-                self._admission_round = False
-                return self._plan(lanes, [])
-        variant = self.variants.fit(cp.OPERATION_DECODE, len(lanes), len(lanes))
-        if variant is None:
-            return None
-        nxt = RoundPlan(Submission(variant, lanes))
-        self.counters.launches[variant.operation] = self.counters.launches.get(variant.operation, 0) + 1
+            self._admit_waiting(round_)               # host-fed lanes of a MIXED round, never PREFILL
+        if round_.rows > decode_lanes:
+            nxt = self._plan(round_, [])
+        else:
+            variant = self.variants.fit(cp.OPERATION_DECODE, decode_lanes, decode_lanes)
+            if variant is None:
+                return None
+            nxt = self._book(RoundPlan(Submission(variant, round_.lanes)))
         self.counters.pipelined += 1
-        self._admission_round = False            # a decode round ran since the last round of prompts
-        for lane in lanes:
-            lane.request.inflight += 1
+        self._prompt_rounds.planned(prompts_only=False)   # a decode round since the last round of prompts
         return nxt
 
     def _prompt_round(self) -> RoundPlan | None:
-        """A round of prompts only, as many rows as the widest PREFILL variant (step 1b of
-        schedule(), or behind the round in flight from pipeline_next); None when none fits.
-        The decoding requests sit it out and rejoin the round after it."""
-        lanes: list[Lane] = []
-        self._shape = (lanes, 0, 0, 0)
-        self._admit_waiting(lanes, self.variants.max_rows(cp.OPERATION_PREFILL))
-        if not lanes:
+        """A round of prompts only, as many rows as the widest PREFILL variant (prompt_rounds.py),
+        from schedule() or behind the round in flight (pipeline_next): its prompts read nothing
+        from the device, so it is built as any round is. None when none fits; the decoding
+        requests sit it out and rejoin the round after it."""
+        round_ = RoundBuilder(self._prompt_rounds.rows)
+        self._admit_waiting(round_)
+        if not round_.lanes:
             return None
-        self._admission_round = True
-        return self._plan(lanes, [])
+        self._prompt_rounds.planned(prompts_only=True)
+        return self._plan(round_, [])
 
     # ---- completion ----------------------------------------------------------------
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:

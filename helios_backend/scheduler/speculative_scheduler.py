@@ -81,9 +81,8 @@ class SpeculativeScheduler(Scheduler):
                                           ceiling=spec.ceiling, round=round_)
                  for lane, spec in zip(main.lanes, round_.lanes)]
         plan.main = Submission(round_.program.variant, lanes)
-        launches = self.counters.launches
-        launches[cp.OPERATION_DECODE] -= 1
-        launches[cp.OPERATION_SPECULATIVE] = launches.get(cp.OPERATION_SPECULATIVE, 0) + 1
+        self.counters.launched(cp.OPERATION_DECODE, -1)           # the DECODE submission it replaces
+        self.counters.launched(cp.OPERATION_SPECULATIVE)
         return plan
 
     def _candidate(self, lane: Lane) -> Candidate:
@@ -94,8 +93,7 @@ class SpeculativeScheduler(Scheduler):
                          inflight=req.inflight - 1,          # this round, planned but not submitted
                          device_pending=req.device_pending,
                          # speculative programs apply no logit bias: a biased request decodes plainly
-                         constrained=(req.grammar is not None or req.withholds(self.config.eos_ids)
-                                      or req.spec.logit_bias is not None),
+                         constrained=req.needs_mask(self.config.eos_ids) or req.spec.logit_bias is not None,
                          host_stops=req.serial in self._stops)
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:

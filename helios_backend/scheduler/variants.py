@@ -74,13 +74,10 @@ class VariantTable:
                 return v
         return None
 
-    def choose(self, lanes: list[tuple[int, bool]]) -> Variant | None:
-        """The smallest variant of the right operation holding these lanes, or None
-        (falling back to PREFILL, where every lane is host-fed)."""
-        return self.choose_shape(len(lanes), sum(q for q, _ in lanes), sum(1 for _, pending in lanes if not pending))
-
     def choose_shape(self, rows: int, tokens: int, host_fed: int) -> Variant | None:
-        """choose() from the round's aggregates: rows, packed tokens, host-fed lanes."""
+        """The smallest variant of the right operation holding a round of these aggregates
+        (rows, packed tokens, host-fed lanes), or None (falling back to PREFILL, where every
+        lane is host-fed)."""
         if host_fed == 0 and self.has(cp.OPERATION_DECODE):
             op = cp.OPERATION_DECODE
         elif 0 < host_fed < rows and self.has(cp.OPERATION_MIXED):

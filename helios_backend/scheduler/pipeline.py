@@ -1,0 +1,98 @@
+"""What may follow a round in flight: the rules of the second execution frame.
+
+While round N runs, Scheduler.pipeline_next plans round N+1 from what is known on the host
+before N's completion is read (SPEC-43); the worker packs and launches it on the other
+staging frame. None (no round N+1) unless every running request either continues from N,
+sits N+1 out with its completion observed, or is excluded for a reason that resolves at N's
+completion. Per request of N's main submission:
+
+  * a lane that read its device-owned pending token continues (one more token), unless N
+    ends it by its output or context limit: then it has nothing to add and is left out; EOS
+    at N suppresses its next token (SPEC-50) and retires it;
+  * a host-fed lane (a prompt chunk: PREFILL, or the MIXED round's new request) changes
+    phase or needs its next chunk, so it waits for N's completion (SPEC-44, SPEC-49) and
+    rejoins the round after.
+
+A running request outside N whose last round completed rejoins with its pending token; one
+that needs host input (its next prompt chunk) stops the second frame, so schedule() runs
+with completion feedback and nobody waits forever. Grammar, withheld ids (min_tokens), host
+stops, restoration and cancellation fall back to completion feedback (SPEC-45..48). A
+waiting request may join as a host-fed lane of a MIXED round (its initialization before
+it): its prompt needs nothing from N. A burst of waiting requests gets a round of prompts
+only instead (prompt_rounds.py), and a constrained request at the head of the queue waits
+for completion feedback (MET-8).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from helios_proto import contract_pb2 as cp
+from helios_proto import transport_pb2 as tp
+
+from helios_backend.scheduler.config import SchedulerConfig
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
+from helios_backend.scheduler.request import Request
+from helios_backend.scheduler.round_builder import reads_pending
+
+# rounds the second frame may follow: their host-fed lanes sit the next round out
+PIPELINE_AFTER = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATION_PREFILL})
+_PENDING = [PENDING_TOKEN]               # a decode lane's query: its device-owned pending token
+
+
+def may_follow(plan: RoundPlan, host_stops: bool, waiting: Sequence[tuple[object, Request]]) -> bool:
+    """A round may be planned behind `plan` at all: nothing restored in it, no host-stop
+    request active (width one, one round outstanding) and no constrained request at the head
+    of the queue (a constrained submission runs alone, MET-8: schedule() admits it)."""
+    return (plan.restoration is None and not host_stops and plan.main.operation in PIPELINE_AFTER
+            and not (waiting and waiting[0][1].spec.constrained))
+
+
+def prompts_may_follow(waiting: Sequence[tuple[object, Request]], rows: int) -> bool:
+    """A round of prompts only may go behind the round in flight: its tokens are known on the
+    host and the stream orders its device work, unless a constrained prompt is among the
+    `rows` it would take (MET-8)."""
+    return not any(req.spec.constrained for _, req in waiting[:rows])
+
+
+def continues_on_device(req: Request, eos_ids: tuple[int, ...]) -> bool:
+    """Its next round may be planned before its last one completed: nothing of that
+    completion decides the round (no host mask, no cancel, no finish already decided)."""
+    # Request.needs_mask inline: once per lane and round
+    return not (req.grammar is not None or req.cancelled or (req.spec.min_tokens > 0 and req.withholds(eos_ids))
+                or req.finish != tp.FINISH_REASON_UNSPECIFIED)
+
+
+def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],
+                     config: SchedulerConfig) -> tuple[list[Lane], int] | None:
+    """Every running request's next decode lane behind the round in flight (`main` its main
+    lanes), each reading its device-owned pending token, and the pages they open, which the
+    caller reserves once all fit; None when a request needs completion feedback (the second
+    frame stays empty)."""
+    eos_ids, context, pt = config.eos_ids, config.context_tokens, config.page_tokens
+    lanes: list[Lane] = []
+    need = 0                                      # lanes whose next position opens a page
+    in_main: set[int] = set()
+    for lane in main:
+        req = lane.request
+        in_main.add(req.serial)
+        if lane.tokens != _PENDING:
+            continue                              # host-fed: rejoins after the completion
+        if req.inflight != 1 or not continues_on_device(req, eos_ids):
+            return None
+        spec = req.spec
+        if len(req.tokens) - len(spec.prompt) + 1 >= spec.max_tokens or len(req.tokens) + 1 >= context:
+            continue                              # the round in flight emits its last token
+        start = lane.start + 1
+        need += -(-(start + 1) // pt) > len(req.pages)
+        lanes.append(Lane(req, lane.slot, lane.generation, start, [PENDING_TOKEN], True, lane.output_limit - 1))
+    for req in running:
+        if req.serial in in_main:
+            continue
+        if req.inflight or not reads_pending(req, 1, config.device_pending_token) \
+                or not continues_on_device(req, eos_ids):
+            return None                           # it needs completion feedback: schedule() takes it
+        start = req.computed
+        need += -(-(start + 1) // pt) > len(req.pages)
+        lanes.append(Lane(req, req.slot, req.generation, start, [PENDING_TOKEN], True,
+                          req.spec.max_tokens - req.output_len))
+    return lanes, need
