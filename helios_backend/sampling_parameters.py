@@ -1,7 +1,7 @@
 """A request's sampling parameters, and the per-slot vector the sampling kernels read.
 
 INITIALIZATION copies `vector()` into the slot's sampling state (packing.SlotInitialization);
-its words follow kernels/state.SAMPLING_PARAMETER_FIELDS, the ABI's single statement of their
+its words follow kernel_abi/state.SAMPLING_PARAMETER_FIELDS, the ABI's single statement of their
 order. The scheduler's SamplingSettings adds the request's seed.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios_backend.kernels.state import SAMPLING_PARAMETER_FIELDS
+from helios_backend.kernel_abi.state import SAMPLING_PARAMETER_FIELDS
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Callable, TypeVar
 import llguidance as llg
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.engine.model import NativeModel
@@ -44,7 +44,7 @@ from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 from helios_backend.engine.metrics import MetricBackend, MetricsQueue, MetricsThread, NullMetrics
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions
-from helios_backend.transport import SpecDefaults, TransportError
+from helios_backend.exchange import SpecDefaults, ExchangeError
 from helios_backend.engine.loop import EngineLoop, EventSink
 from helios_backend.frontend.logit_bias import logit_bias_capacity
 
@@ -57,7 +57,7 @@ class StartupError(Exception):
 
 
 @dataclass
-class EngineCore:
+class EngineParts:
     """What serving builds in the process that owns the executor: the loaded core, the model,
     the scheduler and its runner. Engine runs it beside the response thread in one process;
     the engine process (process_child.py) runs it alone and ships events to the stub."""
@@ -72,10 +72,10 @@ class EngineCore:
     fault: FaultTrigger | None = None            # test fault injection (faults.py); None when off
     # built on the first assets request and kept: every part is fixed for the engine's life, and
     # the gateway's readiness probes are assets requests (several a second, one per worker)
-    _assets: tp.FrontendAssets | None = field(default=None, repr=False)
+    _assets: ep.FrontendAssets | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, options: StartupOptions, origin: int) -> "EngineCore":
+    def build(cls, options: StartupOptions, origin: int) -> "EngineParts":
         """Bootstrap, setup, scheduler and runner (StartupError names the stage and the cause)."""
         bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
         try:
@@ -93,7 +93,7 @@ class EngineCore:
             raise
 
     @classmethod
-    def _assemble(cls, bootstrap: Bootstrap, setup: EngineSetup, origin: int) -> "EngineCore":
+    def _assemble(cls, bootstrap: Bootstrap, setup: EngineSetup, origin: int) -> "EngineParts":
         contract, manifest = bootstrap.contract, bootstrap.manifest
         settings, model, config = setup.settings, setup.model, setup.scheduler
         vocab = contract.model.vocabulary
@@ -147,7 +147,7 @@ class EngineCore:
         return (f"{self.bootstrap.contract.served_id}, {config.num_pages} pages x {config.page_tokens} tokens, "
                 f"{config.request_slots} slots, max_active {self.scheduler.max_active}")
 
-    def assets(self) -> tp.FrontendAssets:
+    def assets(self) -> ep.FrontendAssets:
         if self._assets is None:
             b = self.bootstrap
             contract = b.contract
@@ -159,24 +159,24 @@ class EngineCore:
                                            self.clock_origin_ns)
         return self._assets
 
-    def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
-        """The request's matcher, or None when unconstrained; TransportError when the grammar
+    def grammar_session(self, grammar: ep.Grammar) -> GrammarSession | None:
+        """The request's matcher, or None when unconstrained; ExchangeError when the grammar
         does not compile (invalid request, never an execution failure)."""
-        if grammar.kind == tp.GRAMMAR_KIND_UNSPECIFIED:
+        if grammar.kind == ep.GRAMMAR_KIND_UNSPECIFIED:
             return None
         if self.grammar_tokenizer is None:
-            raise TransportError("grammar", "this model serves no constrained requests")
+            raise ExchangeError("grammar", "this model serves no constrained requests")
         text = grammar.text
-        if grammar.kind == tp.GRAMMAR_KIND_LARK:
+        if grammar.kind == ep.GRAMMAR_KIND_LARK:
             text = llg.grammar_from("lark", text)
-        elif grammar.kind == tp.GRAMMAR_KIND_JSON_SCHEMA:
+        elif grammar.kind == ep.GRAMMAR_KIND_JSON_SCHEMA:
             text = llg.grammar_from("json_schema", text)
-        elif grammar.kind != tp.GRAMMAR_KIND_LLGUIDANCE:
-            raise TransportError("grammar.kind", f"unknown grammar kind {grammar.kind}")
+        elif grammar.kind != ep.GRAMMAR_KIND_LLGUIDANCE:
+            raise ExchangeError("grammar.kind", f"unknown grammar kind {grammar.kind}")
         try:
             return GrammarSession.create(self.grammar_tokenizer, text)
         except (GrammarSessionError, ValueError) as exc:
-            raise TransportError("grammar", str(exc)) from None
+            raise ExchangeError("grammar", str(exc)) from None
 
     def close(self) -> None:
         self.model.close()
@@ -216,7 +216,7 @@ class ResponseSide:
 @dataclass
 class Engine:
     """The core, its worker and the response thread in one process."""
-    core: EngineCore
+    parts: EngineParts
     loop: EngineLoop
     hub: ResponseHub
     metrics: MetricsThread | NullMetrics
@@ -225,53 +225,53 @@ class Engine:
     def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None,
               on_fatal: Callable[[str], None] | None = None) -> "Engine":
         origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
-        core = EngineCore.build(options, origin)
+        parts = EngineParts.build(options, origin)
         side = ResponseSide(metrics_backend, on_fatal)
-        worker = core.loop(side.hub, side.metrics, on_death=side.fatal)
+        worker = parts.loop(side.hub, side.metrics, on_death=side.fatal)
         side.start(cancel=worker.cancel)
         worker.start()
-        log.info("helios runtime ready: %s", core.describe())
-        return cls(core, worker, side.hub, side.metrics)
+        log.info("helios runtime ready: %s", parts.describe())
+        return cls(parts, worker, side.hub, side.metrics)
 
-    # the core's parts, read by the adapter, the benchmarks and the tests
+    # the parts, read by the adapter, the benchmarks and the tests
     @property
     def bootstrap(self) -> Bootstrap:
-        return self.core.bootstrap
+        return self.parts.bootstrap
 
     @property
     def model(self) -> NativeModel:
-        return self.core.model
+        return self.parts.model
 
     @property
     def settings(self) -> EffectiveSettings:
-        return self.core.settings
+        return self.parts.settings
 
     @property
     def scheduler(self) -> Scheduler:
-        return self.core.scheduler
+        return self.parts.scheduler
 
     @property
     def runner(self) -> ProgramRunner:
-        return self.core.runner
+        return self.parts.runner
 
     @property
     def spec_defaults(self) -> SpecDefaults:
-        return self.core.spec_defaults
+        return self.parts.spec_defaults
 
     @property
     def clock_origin_ns(self) -> int:
-        return self.core.clock_origin_ns
+        return self.parts.clock_origin_ns
 
     @property
     def grammar_tokenizer(self) -> GrammarTokenizer | None:
-        return self.core.grammar_tokenizer
+        return self.parts.grammar_tokenizer
 
     @property
     def fault(self) -> FaultTrigger | None:
-        return self.core.fault
+        return self.parts.fault
 
-    def assets(self) -> tp.FrontendAssets:
-        return self.core.assets()
+    def assets(self) -> ep.FrontendAssets:
+        return self.parts.assets()
 
     @property
     def healthy(self) -> bool:
@@ -279,10 +279,10 @@ class Engine:
         request it held has failed, and the model must be started again."""
         return self.loop.lost is None and self.loop.alive
 
-    def add_request(self, spec: RequestSpec, stream: Stream, grammar: tp.Grammar | None = None) -> None:
+    def add_request(self, spec: RequestSpec, stream: Stream, grammar: ep.Grammar | None = None) -> None:
         """The grammar is compiled here, on the caller's thread, before the stream is registered:
-        TransportError when it does not compile, and nothing was registered."""
-        session = None if grammar is None else self.core.grammar_session(grammar)
+        ExchangeError when it does not compile, and nothing was registered."""
+        session = None if grammar is None else self.parts.grammar_session(grammar)
         self.hub.register(stream)
         self.loop.enqueue(stream.serial, spec, session)
 
@@ -303,7 +303,7 @@ class Engine:
         log.info("helios responses flushed after %.2fs", time.monotonic() - start)
         if isinstance(self.metrics, MetricsThread):
             self.metrics.stop(discard=True, timeout=1.0)
-        self.core.close()
+        self.parts.close()
         log.info("helios runtime stopped after %.2fs", time.monotonic() - start)
 
 

@@ -2,25 +2,25 @@
 
     runtime: Runtime = Engine.start(options, metrics, on_fatal)          # the engine in this process
     runtime: Runtime = ProcessEngine.start(options, metrics, on_fatal)   # the engine in a process of its own
-    runtime.add_request(spec, stream, grammar)    # grammar: the request's tp.Grammar as it arrived
+    runtime.add_request(spec, stream, grammar)    # grammar: the request's ep.Grammar as it arrived
 
 Both keep the response hub (the server's senders) on the caller's side; they differ only in
 where the core, the scheduler and the executor run. A request's grammar crosses the seam as
-the transport message and is compiled where the scheduler lives (EngineCore.grammar_session):
+the exchange message and is compiled where the scheduler lives (EngineParts.grammar_session):
 in this process before the stream is registered (a grammar that does not compile raises
-TransportError, and nothing was registered), or in the engine process, which ends the request
+ExchangeError, and nothing was registered), or in the engine process, which ends the request
 with the same InvalidRequest through its stream.
 """
 from __future__ import annotations
 
 from typing import Protocol
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.faults import FaultTrigger
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.scheduler.request import RequestSpec
-from helios_backend.transport import SpecDefaults
+from helios_backend.exchange import SpecDefaults
 
 
 class Worker(Protocol):
@@ -52,10 +52,10 @@ class Runtime(Protocol):
     def healthy(self) -> bool:
         """False once the worker stopped or its executor was lost: the model must be started again."""
 
-    def assets(self) -> tp.FrontendAssets: ...
+    def assets(self) -> ep.FrontendAssets: ...
 
-    def add_request(self, spec: RequestSpec, stream: Stream, grammar: tp.Grammar | None = None) -> None:
-        """Register the stream and queue the request (TransportError: refused, nothing registered)."""
+    def add_request(self, spec: RequestSpec, stream: Stream, grammar: ep.Grammar | None = None) -> None:
+        """Register the stream and queue the request (ExchangeError: refused, nothing registered)."""
 
     def cancel(self, serial: int) -> None: ...
 

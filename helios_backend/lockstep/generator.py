@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 from helios_proto import contract_pb2 as C
 
-from helios_backend.kernels.state import FINISH_EOS, FINISH_LENGTH
+from helios_backend.kernel_abi.state import FINISH_EOS, FINISH_LENGTH
 from helios_backend.engine.model import NativeModel
 from helios_backend.packing import SlotInitialization, CapacityError, PackedLane
 from helios_backend.sampling_parameters import SamplingParameters

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
@@ -59,7 +59,7 @@ def continues_on_device(req: Request, eos_ids: tuple[int, ...]) -> bool:
     completion decides the round (no host mask, no cancel, no finish already decided)."""
     # Request.needs_mask inline: once per lane and round
     return not (req.grammar is not None or req.cancelled or (req.spec.min_tokens > 0 and req.withholds(eos_ids))
-                or req.finish != tp.FINISH_REASON_UNSPECIFIED)
+                or req.finish != ep.FINISH_REASON_UNSPECIFIED)
 
 
 def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],

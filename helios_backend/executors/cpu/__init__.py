@@ -5,7 +5,7 @@ in registers, block weights (Q8_0 / Q4_1) read in place. Nothing streams an f32 
 per step: a decode step reads each weight byte once. Every primitive is serial and releases the
 GIL; the products take a range of output rows and attention a range of (token, kv head) pairs, so
 kernels.py shares one call's ranges over threads. Every function writes into arrays it is given,
-so the hot path allocates nothing. The primitives mirror kernels/ references (the conformance
+so the hot path allocates nothing. The primitives mirror kernel_abi/ references (the conformance
 oracle); only the summation order differs.
 
 Layers, each module one job (lower ones first):

@@ -3,7 +3,7 @@
 `attention_pairs` runs a range of pairs on the calling thread; `attention_claimed` is the form
 every thread of a shared call runs (claiming.py), each with its own score scratch. Heads of 64
 and 128 elements go through attention_codegen.py's vector intrinsics, other widths through loops.
-The f32 summation order is the only difference from kernels/attention.py's reference.
+The f32 summation order is the only difference from kernel_abi/attention.py's reference.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LLVM vector code for block weights (kernels/blocks.py): one block of 32 weights as one vector.
+"""LLVM vector code for block weights (kernel_abi/blocks.py): one block of 32 weights as one vector.
 
 Layout codes (BlockLayout.code): 0 Q8_0 (34-byte blocks: f16 d, 32 int8), 1 Q4_1 (20-byte blocks:
 f16 d, f16 m, 16 bytes of nibbles: low nibble weight j, high nibble weight j + 16).
@@ -30,7 +30,7 @@ _F32X32 = ir.VectorType(ir.FloatType(), _LANES)
 
 
 def _block_weights(builder: Any, code: int, block: Any) -> Any:
-    """<32 x float> weights of the block at i8* `block` (kernels/blocks.expand's values)."""
+    """<32 x float> weights of the block at i8* `block` (kernel_abi/blocks.expand's values)."""
     def half(offset: int) -> Any:
         pointer = builder.bitcast(builder.gep(block, [ir.Constant(ir.IntType(64), offset)]), ir.IntType(16).as_pointer())
         return builder.fpext(builder.bitcast(builder.load(pointer, align=1), ir.HalfType()), ir.FloatType())

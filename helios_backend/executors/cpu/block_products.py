@@ -1,4 +1,4 @@
-"""Products over block weights (Q8_0 / Q4_1, kernels/blocks.py) read in place, compiled.
+"""Products over block weights (Q8_0 / Q4_1, kernel_abi/blocks.py) read in place, compiled.
 
 The loops here check their arrays and choose the shapes; block_codegen.py's intrinsics do the
 arithmetic of each pass over a row's blocks. `dequantize_rows` expands rows for the BLAS

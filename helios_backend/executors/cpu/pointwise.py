@@ -70,7 +70,7 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
     """RoPE on q and k of projected [n, (q_heads + 2 kv_heads) * head_dim]; q -> q_out, k, v -> cache pages
     (f32 planes, or f16 planes as uint16 bits: q_out is f32 either way, so the query is not rounded).
 
-    pairing 0 rotates (2i, 2i+1), 1 rotates (i, i + head_dim/2) (kernels/rope.py); the cache
+    pairing 0 rotates (2i, 2i+1), 1 rotates (i, i + head_dim/2) (kernel_abi/rope.py); the cache
     element of (page p, token slot s, kv head h, dim d) is p*page_stride + (s*kv_heads + h)*head_dim + d.
     """
     half = head_dim // 2
