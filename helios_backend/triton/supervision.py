@@ -30,7 +30,6 @@ then tritonserver; whatever still runs at the deadline is killed with its whole 
 """
 from __future__ import annotations
 
-import ctypes
 import enum
 import json
 import logging
@@ -43,6 +42,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from helios_backend.triton.parent_watch import parent_death_signal
 
 log = logging.getLogger("helios.serve")
 
@@ -77,17 +78,6 @@ class SupervisionFailed(Exception):
         self.code = code
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: start a new session, and get SIGKILL when helios-serve dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 class Child:
     """One supervised process with its own process group (its stub and helpers included)."""
 
@@ -99,8 +89,10 @@ class Child:
         self.started_at = 0.0
 
     def start(self) -> None:
+        # its own session (a signal to helios-serve's group is not theirs), and SIGKILL when
+        # helios-serve dies: started from the main thread, which lives as long as the process
         self.process = subprocess.Popen(list(self._argv()), env=self._env, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=parent_death_signal(os.getpid()))
         self.started_at = time.monotonic()
 
     @property
