@@ -10,7 +10,8 @@ grammar forces the token, never its spelling (FE-9).
 
     tool_choice  none      answer only (text or the response_format document)
                  auto      answer, or content then tool calls (JSON answers: calls or document)
-                 required  one or more tool calls (one when parallel_tool_calls is false)
+                 required  one or more tool calls (one when parallel_tool_calls is false); after
+                           each complete call the model may end or (parallel) call again
                  named     exactly one call of that tool
 
 A request without tools and without response_format gets no grammar (None): it is unconstrained
@@ -336,13 +337,18 @@ class _Builder:
         return self.request.parallel_tool_calls and self.request.tool_choice is not ToolChoiceMode.NAMED
 
     def tool_calls_after_open(self) -> str:
-        """The rest of the tool calls once the first block opener has been generated."""
+        """The rest of the tool calls once the first block opener has been generated: at least
+        one complete call, then the model may end (EOS, or the separator and EOS: models write
+        it after a block) or, where parallel calls are allowed, open another block. A separator
+        that committed to another block would make a model that wants to stop invent calls
+        until its length limit."""
         many = self._many()
         body = self.w.rule(self._block_body(many), "block")
+        end = f"({self.sep})?" if self.sep else ""
         if many and self.tool.invocations_per_block == 1:
             block = _seq(self.w.lit(self.tool.block_open), body)
-            return f"{body} ({self.sep} {block})*"
-        return body
+            return _seq(f"{body} ({self.sep} {block})*", end)
+        return _seq(body, end)
 
     def tool_calls(self) -> str:
         return _seq(self.w.lit(self.tool.block_open), self.tool_calls_after_open())
