@@ -62,7 +62,7 @@ def test_required_returns_schema_valid_tool_calls(client: openai.OpenAI, tokeniz
         assert choice.finish_reason == "tool_calls", raw
         assert_calls(choice.message.tool_calls, set(SCHEMAS))
         assert len(choice.message.tool_calls) == 1 and '<tool_call>\n{"name": "' in raw
-        assert not (choice.message.content or "").strip()
+        assert choice.message.content is None                 # OpenAI: null beside tool calls
         return
     view = reassemble(list(create(client, WEATHER_QUESTION, stream=True, **fields)))
     assert view["finish"] == "tool_calls" and list(view["calls"]) == [0]
@@ -77,7 +77,8 @@ def test_named_tool_streams_the_same_call_as_the_one_shot(client: openai.OpenAI)
     one_shot = create(client, TIME_QUESTION, tools=TOOLS, tool_choice=named)
     view = reassemble(list(create(client, TIME_QUESTION, tools=TOOLS, tool_choice=named, stream=True)))
     message = one_shot.choices[0].message
-    assert one_shot.choices[0].finish_reason == view["finish"] == "tool_calls"
+    assert one_shot.choices[0].finish_reason == view["finish"] == "stop"     # a forced function (OpenAI)
+    assert message.content is None
     assert_calls(message.tool_calls, {"get_time"})
     assert [c.function.name for c in message.tool_calls] == ["get_time"]
     assert view["calls"][0]["name"] == "get_time"
@@ -110,3 +111,42 @@ def test_auto_presents_the_tools_and_parses_what_the_model_writes(client: openai
             assert_calls(calls, set(SCHEMAS))
     else:
         assert finish in ("stop", "length") and calls in (None, []) and content.strip()
+
+
+PARIS = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
+
+
+# spec: FE-41
+@pytest.mark.real_weights
+@pytest.mark.parametrize("tool_count", [1, 2])
+def test_required_with_parallel_calls_returns_one_call_and_stops(client: openai.OpenAI, tokenizer: FrontendTokenizer,
+                                                                  tool_count: int) -> None:
+    """Greedy SmolLM2 (the real weights the default core embeds) under `required` with parallel
+    calls allowed: one call, then the model ends, as it wants to once the call is written (the
+    grammar used to forbid the end after the separator: nine calls until the length limit)."""
+    response = create(client, PARIS, tools=TOOLS[:tool_count], tool_choice="required", max_tokens=200)
+    choice = response.choices[0]
+    raw = tokenizer.decode(choice.model_extra["token_ids"])
+    print(f"\n{tool_count} tool(s): {raw!r}")
+    assert choice.finish_reason == "tool_calls", raw
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1, raw
+    assert choice.message.content is None
+    assert_calls(choice.message.tool_calls, set(SCHEMAS))
+
+
+# spec: FE-40, FE-42
+@pytest.mark.parametrize("max_tokens", [8, 16, 200])
+def test_every_answer_goes_back_as_history(client: openai.OpenAI, max_tokens: int) -> None:
+    """The message the server returned (a complete call, or one cut by max_tokens: finish
+    `length`, arguments that are no JSON document yet) is accepted as the next request's history."""
+    choice = create(client, PARIS, tools=TOOLS, tool_choice="required", max_tokens=max_tokens).choices[0]
+    message = choice.message
+    assert choice.finish_reason in ("tool_calls", "length")
+    assert not (message.content or "").strip() or "<tool_call>" not in message.content   # no markup as content
+    history = [*PARIS, message.model_dump(exclude_none=True)]
+    for call in message.tool_calls or []:
+        history.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"})
+    if not message.tool_calls:
+        history.append({"role": "user", "content": "Go on."})
+    follow = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0)
+    assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
