@@ -446,6 +446,12 @@ def test_required_lets_the_model_end_after_a_complete_call(pairing, parallel, to
         session = _session(gt, ms, _start(pairing), request)
         assert _accepts(gt, session, gt.tokenizer.tokenize_str(CANONICAL[pairing] + separator)), session.error
         assert EOS in _allowed(gt, session)
+        # a blank line after the separator leaves the tool calls: the output ends there
+        session = _session(gt, ms, _start(pairing), request)
+        assert _accepts(gt, session, gt.tokenizer.tokenize_str(CANONICAL[pairing] + separator + "\n")), session.error
+        assert EOS in _allowed(gt, session)
+        assert not _accepts(gt, _session(gt, ms, _start(pairing), request),
+                            gt.tokenizer.tokenize_str(CANONICAL[pairing] + separator + "\n" + CANONICAL[pairing]))
     two = gt.tokenizer.tokenize_str(_second_call(pairing))
     assert _accepts(gt, _session(gt, ms, _start(pairing), request), two) is parallel
 
