@@ -9,6 +9,7 @@ or schema-valid calls, never a parse error leaking markup. Expectations are stru
 """
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -150,3 +151,30 @@ def test_every_answer_goes_back_as_history(client: openai.OpenAI, max_tokens: in
         history.append({"role": "user", "content": "Go on."})
     follow = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0)
     assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_tool_request() -> dict[str, Any]:
+    """The README's tool example: the body of its curl with `"tool_choice": "required"`."""
+    for block in README.read_text().split("curl -s localhost:9000/v1/chat/completions")[1:]:
+        body = json.loads(block.split("-d '", 1)[1].split("'\n", 1)[0]) if "-d '" in block.split("\n")[0] else None
+        if body is not None and body.get("tool_choice") == "required":
+            return body
+    raise AssertionError("the README has no tool example")
+
+
+# spec: FE-41, FE-42
+@pytest.mark.parametrize("variant", ["as written", "parallel off", "named"])
+def test_the_readme_tool_example_answers_what_the_readme_says(client: openai.OpenAI, variant: str) -> None:
+    body = readme_tool_request()
+    if variant == "parallel off":
+        body["parallel_tool_calls"] = False
+    if variant == "named":
+        body["tool_choice"] = {"type": "function", "function": {"name": "get_weather"}}
+    choice = client.chat.completions.create(**body).choices[0]
+    assert choice.finish_reason == ("stop" if variant == "named" else "tool_calls"), choice
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
