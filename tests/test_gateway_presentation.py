@@ -26,6 +26,7 @@ from gateway.triton_client import TokenBatch
 from helios_proto import transport_pb2 as tp
 from ignition.sources.gguf import GGUFModel, default_gguf_path
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
+from tests.presenting import present_chat
 
 EOS = 2  # <|im_end|>
 
@@ -340,21 +341,10 @@ def syntax_run(served: ServedModel, text: str, stop: str | None, stream: bool) -
     prepared = prepare_chat(ChatCompletionRequest.model_validate(
         {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "stop": stop, "stream": stream}),
         served, ingress_ns=0)
-    assert prepared.syntax is not None
     ids = text_ids(served, text)
-    pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), prepared.syntax.parser("call_t_"),
-                              served.eos_token_ids)
-    translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
-    events = [translator.tokens(batch([t])) for t in ids]
     reason = tp.FINISH_REASON_LENGTH if stop is None else tp.FINISH_REASON_STOP_STRING
-    events.append(translator.terminal(finished(reason, len(ids))))
-    presenter = ChatPresenter(prepared, "test-model", served.tokenizer)
-    if not stream:
-        for event in events:
-            presenter.fold(event)
-        return presenter.body()["choices"][0]
-    raw = b"".join(presenter.opening()) + b"".join(b"".join(presenter.stream(e)) for e in events)
-    return parse_sse(raw)[0]
+    out = present_chat(served, prepared, ids, finished(reason, len(ids)), stream)
+    return parse_sse(out)[0] if stream else out
 
 
 # spec: STOP-10, FE-38
@@ -481,19 +471,9 @@ def tool_run(served: ServedModel, text: str, reason: int, stream: bool, **fields
     prepared = prepare_chat(ChatCompletionRequest.model_validate(
         {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "tools": tools, "stream": stream,
          **fields}), served, ingress_ns=0)
-    assert prepared.syntax is not None
     ids = text_ids(served, text)
-    pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), prepared.syntax.parser("call_t_"),
-                              served.eos_token_ids)
-    translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
-    events = [translator.tokens(batch([t])) for t in ids]
-    events.append(translator.terminal(finished(reason, len(ids))))
-    presenter = ChatPresenter(prepared, "test-model", served.tokenizer)
-    if not stream:
-        for event in events:
-            presenter.fold(event)
-        return presenter.body()["choices"][0]
-    return parse_sse(b"".join(presenter.opening()) + b"".join(b"".join(presenter.stream(e)) for e in events))[0]
+    out = present_chat(served, prepared, ids, finished(reason, len(ids)), stream)
+    return parse_sse(out)[0] if stream else out
 
 
 CALL = "<tool_call>\n<function=lookup>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n"

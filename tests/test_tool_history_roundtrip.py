@@ -17,26 +17,21 @@ import json
 import random
 from typing import Any
 
-import numpy as np
 import pytest
 
-from gateway.generation import ChoiceTranslator
-from gateway.output_pipeline import OutputPipeline
 from gateway.preparation import PreparedRequest, prepare_chat
-from gateway.presentation import ChatPresenter
 from gateway.schemas import ChatCompletionRequest
 from gateway.served_model import ServedModel
-from gateway.triton_client import TokenBatch
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarTokenizer
 from helios_backend.frontend.syntax.engine import syntax_delimiters
 from helios_backend.frontend.syntax.tables import preset
 from helios_proto import transport_pb2 as tp
 from ignition.recipes import smollm2_135m_instruct as recipe
 from ignition.sources.gguf import GGUFModel, default_gguf_path
-from ignition.sources.tokenizer import tokenizer_json_from_gguf
+from tests.presenting import present_chat
 from tests.syntax_cases import PAIRINGS
+from tests.test_syntax_grammar import EOS, _allowed, grammar_tokenizer, tokenizer_json  # noqa: F401 (fixtures)
 
-EOS = 2  # <|im_end|>
 # bounded values (an enum string, a bounded integer) and a small reasoning budget: random walks
 # finish calls, end or go on to further calls, instead of wandering in free text to the limit
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]},
@@ -47,16 +42,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
          {"type": "function", "function": {"name": "set_units", "parameters": UNITS}}]
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 WALK_LIMIT = 200
-
-
-@pytest.fixture(scope="module")
-def tokenizer_json() -> str:
-    return tokenizer_json_from_gguf(GGUFModel.open(default_gguf_path()))
-
-
-@pytest.fixture(scope="module")
-def grammar_tokenizer(tokenizer_json: str) -> GrammarTokenizer:
-    return GrammarTokenizer.from_json(tokenizer_json, [EOS])
 
 
 _SERVED: dict[str, ServedModel] = {}
@@ -86,16 +71,14 @@ def walk(gt: GrammarTokenizer, grammar: str, seed: int) -> tuple[list[int], bool
     """The masks pick every token (seeded); (ids, ended): ended when EOS came before the limit."""
     session = GrammarSession.create(gt, grammar)
     rng = random.Random(seed)
-    words = np.zeros(gt.mask_words, dtype=np.int32)
     out: list[int] = []
     for _ in range(WALK_LIMIT):
-        session.fill_mask(words)
-        allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[: gt.vocab_size])
-        assert allowed.size, "the grammar allows nothing"
+        allowed = _allowed(gt, session)
+        assert allowed, "the grammar allows nothing"
         # EOS, where allowed, one time in four: walks end after one call or go on to more
-        if EOS in allowed and (allowed.size == 1 or rng.random() < 0.25):
+        if EOS in allowed and (len(allowed) == 1 or rng.random() < 0.25):
             return out, True
-        choice = int(rng.choice([int(t) for t in allowed if t != EOS]))
+        choice = rng.choice(sorted(allowed - {EOS}))
         assert session.consume(choice), session.error
         out.append(choice)
     return out, False
@@ -105,21 +88,12 @@ def present(served: ServedModel, prepared: PreparedRequest, ids: list[int], reas
             stream: bool) -> dict[str, Any]:
     """What the gateway answers for these generated ids: the JSON choice, or the SSE chunks
     folded into a message as the openai SDK's stream helper does."""
-    assert prepared.syntax is not None
-    pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), prepared.syntax.parser("call_r_"),
-                              served.eos_token_ids)
-    translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
-    stamps = np.zeros(1, dtype=np.int64)
-    events = [translator.tokens(TokenBatch(np.asarray([t], dtype=np.int32), stamps, None, None, None))
-              for t in ids]
-    events.append(translator.terminal(tp.TerminalEvent(finished=tp.Finished(
-        reason=reason, usage=tp.Usage(prompt_tokens=1, completion_tokens=len(ids))))))
-    presenter = ChatPresenter(prepared, "test-model", served.tokenizer)
+    terminal = tp.TerminalEvent(finished=tp.Finished(reason=reason, usage=tp.Usage(prompt_tokens=1,
+                                                                                 completion_tokens=len(ids))))
+    out = present_chat(served, prepared, ids, terminal, stream)
     if not stream:
-        for event in events:
-            presenter.fold(event)
-        return presenter.body()["choices"][0]
-    raw = b"".join(presenter.opening()) + b"".join(b"".join(presenter.stream(e)) for e in events)
+        return out  # type: ignore[no-any-return]
+    raw: bytes = out
     chunks = [json.loads(line[len(b"data: "):]) for line in raw.split(b"\n\n")
               if line.startswith(b"data: {")]
     message: dict[str, Any] = {}
