@@ -65,7 +65,12 @@ def test_required_returns_schema_valid_tool_calls(client: openai.OpenAI, tokeniz
         assert len(choice.message.tool_calls) == 1 and '<tool_call>\n{"name": "' in raw
         assert choice.message.content is None                 # OpenAI: null beside tool calls
         return
-    view = reassemble(list(create(client, WEATHER_QUESTION, stream=True, **fields)))
+    chunks = list(create(client, WEATHER_QUESTION, stream=True, **fields))
+    # as OpenAI streams a tool call: the role with content null beside the first call, no "" content
+    opening = next(c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.role)
+    assert opening.role == "assistant" and opening.content is None and opening.tool_calls
+    assert not any(c.choices[0].delta.content == "" for c in chunks if c.choices)
+    view = reassemble(chunks)
     assert view["finish"] == "tool_calls" and list(view["calls"]) == [0]
     call = view["calls"][0]
     assert call["name"] in SCHEMAS and len(set(call["ids"])) == 1
