@@ -12,10 +12,10 @@ from gateway.preparation import PreparedRequest
 from gateway.presentation import ChatPresenter
 from gateway.served_model import ServedModel
 from gateway.triton_client import TokenBatch
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 
-def present_chat(served: ServedModel, prepared: PreparedRequest, ids: list[int], terminal: tp.TerminalEvent,
+def present_chat(served: ServedModel, prepared: PreparedRequest, ids: list[int], terminal: ep.TerminalEvent,
                  stream: bool) -> Any:
     """The JSON choice, or (streamed) the SSE bytes, for these ids then `terminal`."""
     assert prepared.syntax is not None

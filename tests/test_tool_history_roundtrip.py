@@ -23,9 +23,9 @@ from gateway.preparation import PreparedRequest, prepare_chat
 from gateway.schemas import ChatCompletionRequest
 from gateway.served_model import ServedModel
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarTokenizer
-from helios_backend.frontend.syntax.engine import syntax_delimiters
-from helios_backend.frontend.syntax.tables import preset
-from helios_proto import transport_pb2 as tp
+from helios_backend.syntax.engine import syntax_delimiters
+from helios_backend.syntax.tables import preset
+from helios_proto import exchange_pb2 as ep
 from ignition.recipes import smollm2_135m_instruct as recipe
 from ignition.sources.gguf import GGUFModel, default_gguf_path
 from tests.presenting import present_chat
@@ -51,11 +51,11 @@ def served_with(pairing: str, tokenizer_json: str) -> ServedModel:
     """The SmolLM2 tokenizer and the recipe's tool template, with the pairing's syntax data."""
     if pairing in _SERVED:
         return _SERVED[pairing]
-    assets = tp.FrontendAssets(
-        version=tp.TRANSPORT_VERSION_1, served_id="test-model", tokenizer_json=tokenizer_json.encode(),
+    assets = ep.FrontendAssets(
+        version=ep.TRANSPORT_VERSION_1, served_id="test-model", tokenizer_json=tokenizer_json.encode(),
         chat_template=recipe.chat_template(GGUFModel.open(default_gguf_path())), eos_token_ids=[EOS],
         top_logprobs_capacity=4,
-        limits=tp.ServingLimits(context_tokens=4096, queue_capacity=4, max_active=2, frontend_workers=1,
+        limits=ep.ServingLimits(context_tokens=4096, queue_capacity=4, max_active=2, frontend_workers=1,
                                 sampled_vocabulary=49152))
     preset(*PAIRINGS[pairing]).apply_to(assets.frontend)
     served = _SERVED[pairing] = ServedModel.from_assets(assets)
@@ -88,7 +88,7 @@ def present(served: ServedModel, prepared: PreparedRequest, ids: list[int], reas
             stream: bool) -> dict[str, Any]:
     """What the gateway answers for these generated ids: the JSON choice, or the SSE chunks
     folded into a message as the openai SDK's stream helper does."""
-    terminal = tp.TerminalEvent(finished=tp.Finished(reason=reason, usage=tp.Usage(prompt_tokens=1,
+    terminal = ep.TerminalEvent(finished=ep.Finished(reason=reason, usage=ep.Usage(prompt_tokens=1,
                                                                                  completion_tokens=len(ids))))
     out = present_chat(served, prepared, ids, terminal, stream)
     if not stream:
@@ -146,7 +146,7 @@ def test_every_answer_is_accepted_back_as_history(pairing: str, seed: int, strea
     print(f"{pairing} seed {seed}: {len(ids)} tokens, {'EOS' if ended else 'limit'}: "
           f"{served.tokenizer.decode(ids)[:300]!r}")
     for output, natural in outputs:
-        choice = present(served, prepared, output, tp.FINISH_REASON_EOS if natural else tp.FINISH_REASON_LENGTH,
+        choice = present(served, prepared, output, ep.FINISH_REASON_EOS if natural else ep.FINISH_REASON_LENGTH,
                          stream)
         text = served.tokenizer.decode(output)
         try:
