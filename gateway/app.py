@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from helios_backend.engine.settings import SWITCH_INTERVAL_US
+from helios_backend.triton.parent_watch import watch_parent
 
 from gateway.access import AccessMiddleware, configure_logging
 from gateway.backend_metrics import BackendScrape
@@ -90,6 +91,7 @@ def app_from_environment() -> FastAPI:
     """The gateway of one worker process: every worker serves the same Triton model and
     shares the parent's admission budget (overrides.shared_budget)."""
     config = json.loads(os.environ[WORKER_CONFIG])
+    watch_parent()          # a worker ends with the gateway process, whatever ends it
     configure_logging(config["log_level"], config["access_log"])  # a spawned process: nothing inherited
     security = SecuritySettings.from_json(config["security"])
     state = config.get("supervision_state")

@@ -129,7 +129,26 @@ def error_response(error: GatewayError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
-def _validation_param(exc: RequestValidationError) -> tuple[str | None, str]:
+_JSON_TYPES = {"application/json"}
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def _body_problem(first: dict[str, Any], content_type: str) -> str | None:
+    """What is wrong with the body as a whole (not one field), or None."""
+    if tuple(first.get("loc", ())) != ("body",):
+        return None
+    media = content_type.split(";")[0].strip().lower()
+    if media and media not in _JSON_TYPES and not media.endswith("+json"):
+        return (f"the request body must be a JSON object sent with Content-Type: application/json "
+                f"(got {media or 'no Content-Type'})")
+    if first.get("type") == "missing":
+        return "the request body is empty: a JSON object is required"
+    found = _JSON_NAMES.get(type(first.get("input")), "another value")
+    return f"the request body must be a JSON object, got {found}"
+
+
+def _validation_param(exc: RequestValidationError, content_type: str = "application/json") -> tuple[str | None, str]:
     """First pydantic error -> (dotted field path without 'body', message)."""
     errors = exc.errors()
     if not errors:
@@ -137,6 +156,9 @@ def _validation_param(exc: RequestValidationError) -> tuple[str | None, str]:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return None, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')}"
+    problem = _body_problem(first, content_type)
+    if problem is not None:
+        return None, problem
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     # pydantic puts union member names (e.g. 'str', 'list[str]') in the location; drop them
     loc = [part for part in loc if not any(c in part for c in "[]") and part not in _TYPE_NAMES]
@@ -155,9 +177,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI answers 422 by default; OpenAI clients expect 400 with the field named.
-        param, message = _validation_param(exc)
+        param, message = _validation_param(exc, request.headers.get("content-type", ""))
         return error_response(InvalidRequestError(message, param=param))
 
     @app.exception_handler(Exception)
@@ -175,6 +197,9 @@ def install_error_handlers(app: FastAPI) -> None:
         message, code = str(exc.detail), _HTTP_CODES.get(exc.status_code, "http_error")
         if isinstance(exc.__cause__, UnicodeDecodeError):   # FastAPI's generic "error parsing the body"
             message, code = f"the request body is not valid UTF-8: {exc.__cause__}", "invalid_json"
+        elif isinstance(exc.__cause__, RecursionError):     # json.loads of a body nested too deeply
+            message, code = "the request body is not accepted JSON: it nests arrays or objects too deeply", \
+                "invalid_json"
         body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 

@@ -233,13 +233,13 @@ def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
     if message.tool_calls:
         calls = []
         for call_index, call in enumerate(message.tool_calls):
+            # templates read arguments as a mapping (HF convention); arguments that are no JSON
+            # document (a call an output limit cut, as this server returns it, finish_reason
+            # `length`) stay the text the model wrote, as OpenAI accepts them back
             try:
                 arguments = json.loads(call.function.arguments)
-            except json.JSONDecodeError as exc:
-                raise InvalidRequestError(
-                    "tool call arguments must be a JSON document",
-                    param=f"messages.{index}.tool_calls.{call_index}.function.arguments") from exc
-            # templates read arguments as a mapping (HF convention)
+            except json.JSONDecodeError:
+                arguments = call.function.arguments
             calls.append({"id": call.id, "type": "function",
                           "function": {"name": call.function.name, "arguments": arguments}})
         out["tool_calls"] = calls

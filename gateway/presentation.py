@@ -25,6 +25,7 @@ from typing import Any
 
 from helios_backend.syntax.events import (ContentDelta, ReasoningDelta, ToolCallArgumentsDelta,
                                                    ToolCallStart)
+from helios_backend.syntax.grammar import ToolChoiceMode
 from helios_backend.frontend.tokenizer import FrontendTokenizer
 from helios_proto import exchange_pb2 as ep
 
@@ -56,6 +57,7 @@ class _ChoiceState:
     timestamps: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     text_offset: int = 0  # completions: characters of text before the next token's
+    opened: bool = False  # chat streams that may call tools: the role went out with a delta
     finish_reason: str | None = None
     usage: ep.Usage | None = None
     performance: PerformanceStamps | None = None
@@ -297,13 +299,35 @@ class Presenter:
 
 
 class ChatPresenter(Presenter):
+    """OpenAI's chat shapes. A message with tool calls and no text has `content: null`. A
+    stream opens with the role and `content: ""`, except where the model may call tools: there
+    the role goes with the first delta, as OpenAI sends it (`content: null` beside the first
+    tool call, or before reasoning; `""` before text)."""
+
     object_json = "chat.completion"
     object_chunk = "chat.completion.chunk"
+    _ROLE = {"role": "assistant", "content": ""}
+
+    def __init__(self, prepared: PreparedRequest, served_id: str, tokenizer: FrontendTokenizer) -> None:
+        super().__init__(prepared, served_id, tokenizer)
+        syntax = prepared.syntax
+        self._role_with_first_delta = (syntax is not None and syntax.model.syntax.has_tools
+                                       and bool(syntax.constraints.engine_tools()))
+        # a forced function ends with "stop" (OpenAI); `required` and auto calls with "tool_calls"
+        self._named_tool = syntax is not None and syntax.constraints.tool_choice is ToolChoiceMode.NAMED
 
     def opening_payload(self) -> dict[str, Any] | None:
-        return {"role": "assistant", "content": ""}
+        return None if self._role_with_first_delta else dict(self._ROLE)
 
     def delta_payload(self, delta: Delta, state: _ChoiceState) -> dict[str, Any] | None:
+        payload = self._delta_fields(delta, state)
+        if payload is None or state.opened or not self._role_with_first_delta:
+            return payload
+        state.opened = True
+        content = "" if isinstance(delta, ContentDelta) else None
+        return {"role": "assistant", "content": content, **payload}
+
+    def _delta_fields(self, delta: Delta, state: _ChoiceState) -> dict[str, Any] | None:
         if isinstance(delta, ContentDelta):
             state.content.append(delta.text)
             return {"content": delta.text} if delta.text else None
@@ -320,6 +344,13 @@ class ChatPresenter(Presenter):
             return {"tool_calls": [{"index": delta.index, "function": {"arguments": delta.fragment}}]}
         return None  # ToolCallEnd and parse notes change no visible field
 
+    def _terminal_chunk(self, index: int, state: _ChoiceState, finish_reason: str) -> bytes:
+        if self._role_with_first_delta and not state.opened:   # nothing visible came: the role now
+            state.opened = True
+            return self._chunk([self.chunk_choice(index, dict(self._ROLE))]) + \
+                super()._terminal_chunk(index, state, finish_reason)
+        return super()._terminal_chunk(index, state, finish_reason)
+
     def chunk_choice(self, index: int, payload: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {"index": index, "delta": payload, "logprobs": None, "finish_reason": finish_reason}
 
@@ -327,11 +358,16 @@ class ChatPresenter(Presenter):
         return {"content": entries}
 
     def _finish_reason(self, event: ChoiceFinished, state: _ChoiceState) -> str:
-        # a natural end after tool calls is "tool_calls"; a user stop stays "stop" (STOP-22)
-        return "tool_calls" if state.tool_calls and event.ended_by_eos else event.finish_reason
+        # a natural end after tool calls is "tool_calls" ("stop" for a named tool_choice, as
+        # OpenAI); a user stop stays "stop" (STOP-22), a cut call "length"
+        if state.tool_calls and event.ended_by_eos:
+            return "stop" if self._named_tool else "tool_calls"
+        return event.finish_reason
 
     def choice_json(self, index: int, state: _ChoiceState) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(state.content)}
+        content = "".join(state.content)
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": None if state.tool_calls and not content else content}
         if state.reasoning:
             message["reasoning_content"] = message["reasoning"] = "".join(state.reasoning)
         if state.tool_calls:

@@ -106,7 +106,7 @@ class NamedToolChoice(BaseModel):
 
 class JsonSchemaFormat(BaseModel):
     model_config = _REQUEST_CONFIG
-    name: StrictStr | None = None
+    name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")   # required, as OpenAI requires it
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: StrictBool | None = None
 

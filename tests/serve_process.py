@@ -60,6 +60,27 @@ class ServeProcess:
         assert match, self.log()[-2000:]
         return match.group(1)
 
+    @property
+    def workdir(self) -> Path:
+        match = re.search(r"helios-serve: workdir (\S+),", self.log())
+        assert match, self.log()[-2000:]
+        return Path(match.group(1))
+
+    def descendants(self) -> dict[int, str]:
+        """Every process below helios-serve (pid -> command name), found through /proc."""
+        found: dict[int, str] = {}
+        parents = [self.process.pid]
+        while parents:
+            parent = parents.pop()
+            for pid in child_pids(parent, ""):
+                if pid not in found:
+                    try:
+                        found[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+                    except OSError:
+                        found[pid] = "?"
+                    parents.append(pid)
+        return found
+
     def leftovers(self) -> list[str]:
         """What the stack left in its TMPDIR and /dev/shm (empty once it cleaned up)."""
         return sorted([p.name for p in self.tmpdir.iterdir()] +

@@ -465,6 +465,19 @@ def test_version_and_max_model_len(sdk: openai.OpenAI, http: httpx.Client) -> No
     assert card["max_model_len"] == CONTEXT and sdk.models.list().data[0].id == SERVED_ID
 
 
+def test_models_retrieve_answers_each_served_id_and_404s_others(sdk: openai.OpenAI, http: httpx.Client) -> None:
+    for card in http.get("/v1/models").json()["data"]:          # the served id and every alias
+        model = sdk.models.retrieve(card["id"])
+        assert model.id == card["id"] and model.object == "model" and model.owned_by == "helios"
+        assert model.model_extra is not None and model.model_extra["max_model_len"] == CONTEXT
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.models.retrieve("no-such-model")
+    assert missing.value.status_code == 404
+    body = missing.value.body
+    assert isinstance(body, dict) and body["code"] == "model_not_found" and body["param"] == "model"
+    assert body["type"] == "invalid_request_error" and "no-such-model" in body["message"]
+
+
 # ---- security -------------------------------------------------------------------------------
 
 def test_api_key_is_required_except_on_public_paths(stack: Stack) -> None:

@@ -26,6 +26,7 @@ from gateway.triton_client import TokenBatch
 from helios_proto import exchange_pb2 as ep
 from ignition.sources.gguf import GGUFModel, default_gguf_path
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
+from tests.presenting import present_chat
 
 EOS = 2  # <|im_end|>
 
@@ -340,21 +341,10 @@ def syntax_run(served: ServedModel, text: str, stop: str | None, stream: bool) -
     prepared = prepare_chat(ChatCompletionRequest.model_validate(
         {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "stop": stop, "stream": stream}),
         served, ingress_ns=0)
-    assert prepared.syntax is not None
     ids = text_ids(served, text)
-    pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), prepared.syntax.parser("call_t_"),
-                              served.eos_token_ids)
-    translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
-    events = [translator.tokens(batch([t])) for t in ids]
     reason = ep.FINISH_REASON_LENGTH if stop is None else ep.FINISH_REASON_STOP_STRING
-    events.append(translator.terminal(finished(reason, len(ids))))
-    presenter = ChatPresenter(prepared, "test-model", served.tokenizer)
-    if not stream:
-        for event in events:
-            presenter.fold(event)
-        return presenter.body()["choices"][0]
-    raw = b"".join(presenter.opening()) + b"".join(b"".join(presenter.stream(e)) for e in events)
-    return parse_sse(raw)[0]
+    out = present_chat(served, prepared, ids, finished(reason, len(ids)), stream)
+    return parse_sse(out)[0] if stream else out
 
 
 # spec: STOP-10, FE-38
@@ -472,3 +462,57 @@ def test_event_batches_carry_what_queued_in_order_until_every_choice_ended(serve
     assert [type(e).__name__ for b in batches for e in b] == \
         ["ChoiceSteps", "ChoiceSteps", "ChoiceFinished", "ChoiceSteps", "ChoiceFinished", "ChoiceFinished"]
     assert len(batches[0]) == 4 and len(batches) == 2
+
+
+def tool_run(served: ServedModel, text: str, reason: int, stream: bool, **fields: Any) -> Any:
+    """A chat request with one tool; `text` generated, then the terminal `reason`."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    prepared = prepare_chat(ChatCompletionRequest.model_validate(
+        {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "tools": tools, "stream": stream,
+         **fields}), served, ingress_ns=0)
+    ids = text_ids(served, text)
+    out = present_chat(served, prepared, ids, finished(reason, len(ids)), stream)
+    return parse_sse(out)[0] if stream else out
+
+
+CALL = "<tool_call>\n<function=lookup>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n"
+
+
+# spec: FE-39, FE-40
+def test_a_tool_only_message_has_null_content_as_openai(served_with_reasoning: ServedModel) -> None:
+    choice = tool_run(served_with_reasoning, CALL, ep.FINISH_REASON_EOS, stream=False)
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["lookup"]
+    chunks = tool_run(served_with_reasoning, CALL, ep.FINISH_REASON_EOS, stream=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    # OpenAI: the role with content null beside the first tool call, never a content "" delta
+    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None
+    assert deltas[0]["tool_calls"][0]["function"]["name"] == "lookup"
+    assert all("role" not in d and "content" not in d for d in deltas[1:])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# spec: FE-39
+def test_text_under_tools_opens_with_the_role_and_empty_content(served_with_reasoning: ServedModel) -> None:
+    chunks = tool_run(served_with_reasoning, "It is sunny.", ep.FINISH_REASON_EOS, stream=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] == "It is sunny."[:len(deltas[0]["content"])]
+    assert "".join(d.get("content") or "" for d in deltas) == "It is sunny."
+    empty = tool_run(served_with_reasoning, "", ep.FINISH_REASON_EOS, stream=True)
+    assert [c["choices"][0]["delta"] for c in empty] == [{"role": "assistant", "content": ""}, {}]
+
+
+# spec: FE-42
+def test_a_named_choice_finishes_with_stop_and_a_cut_call_with_length(served_with_reasoning: ServedModel) -> None:
+    named = {"tool_choice": {"type": "function", "function": {"name": "lookup"}}}
+    for stream in (False, True):
+        out = tool_run(served_with_reasoning, CALL, ep.FINISH_REASON_EOS, stream, **named)
+        finish = out["finish_reason"] if not stream else out[-1]["choices"][0]["finish_reason"]
+        assert finish == "stop"                              # a forced function (OpenAI)
+    cut = tool_run(served_with_reasoning, CALL[:49], ep.FINISH_REASON_LENGTH, False, tool_choice="required")
+    assert cut["finish_reason"] == "length" and cut["message"]["content"] is None
+    [call] = cut["message"]["tool_calls"]
+    assert call["function"]["name"] == "lookup" and call["function"]["arguments"].startswith('{"city": "')
+    opener = tool_run(served_with_reasoning, "<tool_call>\n", ep.FINISH_REASON_LENGTH, False, tool_choice="required")
+    assert opener["finish_reason"] == "length" and not opener["message"]["content"]   # no markup as content

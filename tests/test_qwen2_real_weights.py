@@ -121,18 +121,38 @@ def test_tool_choice_returns_a_schema_valid_call(client, choice: str, stream: bo
 
     tool_choice = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice
     messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
-    # one city, one call: with parallel calls allowed, "required" on the CPU executor (greedy) goes on
-    # to further get_weather calls until max_tokens (four in 80 tokens, the last cut: finish "length")
     fields = dict(model=recipe.SERVED_ID, temperature=0, max_tokens=80, messages=messages, tools=TOOLS,
                   tool_choice=tool_choice, parallel_tool_calls=False)
+    expected = "stop" if choice == "named" else "tool_calls"      # a forced function ends with "stop" (OpenAI)
     if stream:
         view = reassemble(list(client.chat.completions.create(stream=True, **fields)))
-        assert view["finish"] == "tool_calls", view
+        assert view["finish"] == expected, view
         calls = [(c["name"], "".join(c["fragments"])) for c in view["calls"].values()]
     else:
         choice0 = client.chat.completions.create(**fields).choices[0]
-        assert choice0.finish_reason == "tool_calls", choice0.message
+        assert choice0.finish_reason == expected, choice0.message
         calls = [(c.function.name, c.function.arguments) for c in choice0.message.tool_calls]
     assert calls and all(name == "get_weather" for name, _ in calls)
     for _, arguments in calls:
         jsonschema_rs.validate(WEATHER, json.loads(arguments))
+
+
+TIME = {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}
+TWO_TOOLS = [*TOOLS, {"type": "function", "function": {"name": "get_time", "description": "Current time in a zone",
+                                                       "parameters": TIME}}]
+
+
+# spec: FE-41
+@pytest.mark.parametrize("tool_count", [1, 2])
+def test_required_with_parallel_calls_returns_one_call_and_stops(client, tool_count: int) -> None:
+    """Greedy, parallel calls allowed (the default), one city: one call, then the model ends (it
+    wants <|endoftext|> after the block; the grammar used to forbid the end once the separator
+    was written: eight calls until max_tokens, the last cut)."""
+    messages = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
+    choice0 = client.chat.completions.create(model=recipe.SERVED_ID, temperature=0, max_tokens=200,
+                                             messages=messages, tools=TWO_TOOLS[:tool_count],
+                                             tool_choice="required").choices[0]
+    assert choice0.finish_reason == "tool_calls", choice0.message
+    assert choice0.message.tool_calls is not None and len(choice0.message.tool_calls) == 1, choice0.message
+    assert choice0.message.tool_calls[0].function.name == "get_weather"
+    assert choice0.message.content is None

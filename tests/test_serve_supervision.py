@@ -11,11 +11,16 @@ python stub and the real gateway under helios-serve (tests/serve_process.py).
   engine_failed);
 * the same when a thread of the engine dies inside a live stub (injected crash): the stub
   answers every open request with its failure and exits, and is restarted (cause engine_failed);
+* kill -9 of tritonserver mid-generation: the same, and its stub and engine process end
+  within a bound (they watch their parent, triton/parent_watch.py);
 * SIGTERM mid-stream: the stream ends with one `shutting_down` error event, everything
-  exits, nothing is left in TMPDIR or /dev/shm.
+  exits, nothing is left in TMPDIR or /dev/shm;
+* kill -9 of helios-serve mid-stream: every process of the instance ends within 5 s, and the
+  next start removes the workdir and /dev/shm regions the dead one left, then serves.
 Times are printed for the report, never asserted."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -170,3 +175,65 @@ def test_sigterm_mid_stream_sends_shutting_down_and_leaves_nothing(default_core:
         assert code == 0, serve.log()[-3000:]
         assert not any(alive(pid) for pid in pids)
         assert serve.leftovers() == []
+
+
+# spec: HTTP-23, HTTP-25, HTTP-27
+def test_a_killed_tritonserver_ends_its_stub_and_engine_and_the_stack_recovers(default_core: Path,  # noqa: F811
+                                                                              tmp_path: Path) -> None:
+    with ServeProcess(default_core, tmp_path) as serve:
+        serve.wait_gateway_healthy()
+        requests = OpenRequests(serve.gateway_url)
+        stub, triton, engine = serve.stub_pid(), serve.triton_pid(), serve.engine_pid()
+        killed_at = time.monotonic()
+        os.kill(triton, signal.SIGKILL)                    # the server dies mid-generation, its stub does not
+        wait_red(serve, killed_at)
+        requests.assert_each_failed_once(killed_at)
+        # the orphaned stub and its engine process end by themselves (their parent watch)
+        assert wait_until(lambda: not alive(stub) and not alive(engine), timeout_s=5), \
+            f"stub {stub} alive: {alive(stub)}, engine {engine} alive: {alive(engine)}"
+        print(f"the orphaned stub and engine process gone {time.monotonic() - killed_at:.2f}s after the kill")
+        assert_recovered(serve, killed_at, stub, "exited_signal")
+
+
+class _BrokenStreamReader(StreamReader):
+    """A stream whose server is killed: its connection breaks, which is expected here."""
+
+    def run(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            super().run()
+
+
+# spec: HTTP-11
+def test_a_killed_helios_serve_leaves_no_process_and_the_next_start_removes_its_state(
+        default_core: Path, tmp_path: Path) -> None:  # noqa: F811
+    with ServeProcess(default_core, tmp_path) as serve:
+        serve.wait_gateway_healthy()
+        reader = _BrokenStreamReader(serve.gateway_url, max_tokens=2000)
+        reader.start()
+        assert reader.first_content.wait(120)
+        processes = serve.descendants()
+        names = sorted(processes.values())
+        assert "tritonserver" in names and "triton_python_b" in names and len(names) >= 4, names  # + engine, gateway
+        workdir, prefix, dead_pid = serve.workdir, serve.shm_prefix, serve.process.pid
+        try:
+            killed_at = time.monotonic()
+            serve.process.kill()                           # an OOM kill: helios-serve runs no cleanup
+            serve.process.wait(10)
+            gone = wait_until(lambda: not any(alive(pid) for pid in processes), timeout_s=5)
+            print(f"every process of the killed instance gone {time.monotonic() - killed_at:.2f}s after the kill")
+            assert gone, {pid: name for pid, name in processes.items() if alive(pid)}
+        finally:
+            for pid in processes:                          # never leave one behind, even on failure
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        reader.join(30)
+        # nothing removed the dead instance's state: its owner ran no cleanup
+        assert workdir.is_dir() and list(Path("/dev/shm").glob(f"{prefix}*"))
+    with ServeProcess(default_core, tmp_path) as second:
+        second.wait_gateway_healthy()                       # its ports, regions and device were free
+        assert not workdir.exists() and not list(Path("/dev/shm").glob(f"{prefix}*"))
+        assert f"removed the state of a dead instance (pid {dead_pid})" in second.log()
+        with httpx.Client(base_url=second.gateway_url, timeout=120) as client:
+            answer = client.post("/v1/chat/completions", json=body(QUESTION, 4))
+        assert answer.status_code == 200, answer.text
+    assert second.leftovers() == []

@@ -9,6 +9,7 @@ or schema-valid calls, never a parse error leaking markup. Expectations are stru
 """
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -62,9 +63,14 @@ def test_required_returns_schema_valid_tool_calls(client: openai.OpenAI, tokeniz
         assert choice.finish_reason == "tool_calls", raw
         assert_calls(choice.message.tool_calls, set(SCHEMAS))
         assert len(choice.message.tool_calls) == 1 and '<tool_call>\n{"name": "' in raw
-        assert not (choice.message.content or "").strip()
+        assert choice.message.content is None                 # OpenAI: null beside tool calls
         return
-    view = reassemble(list(create(client, WEATHER_QUESTION, stream=True, **fields)))
+    chunks = list(create(client, WEATHER_QUESTION, stream=True, **fields))
+    # as OpenAI streams a tool call: the role with content null beside the first call, no "" content
+    opening = next(c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.role)
+    assert opening.role == "assistant" and opening.content is None and opening.tool_calls
+    assert not any(c.choices[0].delta.content == "" for c in chunks if c.choices)
+    view = reassemble(chunks)
     assert view["finish"] == "tool_calls" and list(view["calls"]) == [0]
     call = view["calls"][0]
     assert call["name"] in SCHEMAS and len(set(call["ids"])) == 1
@@ -77,7 +83,8 @@ def test_named_tool_streams_the_same_call_as_the_one_shot(client: openai.OpenAI)
     one_shot = create(client, TIME_QUESTION, tools=TOOLS, tool_choice=named)
     view = reassemble(list(create(client, TIME_QUESTION, tools=TOOLS, tool_choice=named, stream=True)))
     message = one_shot.choices[0].message
-    assert one_shot.choices[0].finish_reason == view["finish"] == "tool_calls"
+    assert one_shot.choices[0].finish_reason == view["finish"] == "stop"     # a forced function (OpenAI)
+    assert message.content is None
     assert_calls(message.tool_calls, {"get_time"})
     assert [c.function.name for c in message.tool_calls] == ["get_time"]
     assert view["calls"][0]["name"] == "get_time"
@@ -110,3 +117,69 @@ def test_auto_presents_the_tools_and_parses_what_the_model_writes(client: openai
             assert_calls(calls, set(SCHEMAS))
     else:
         assert finish in ("stop", "length") and calls in (None, []) and content.strip()
+
+
+PARIS = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
+
+
+# spec: FE-41
+@pytest.mark.real_weights
+@pytest.mark.parametrize("tool_count", [1, 2])
+def test_required_with_parallel_calls_returns_one_call_and_stops(client: openai.OpenAI, tokenizer: FrontendTokenizer,
+                                                                  tool_count: int) -> None:
+    """Greedy SmolLM2 (the real weights the default core embeds) under `required` with parallel
+    calls allowed: one call, then the model ends, as it wants to once the call is written (the
+    grammar used to forbid the end after the separator: nine calls until the length limit)."""
+    response = create(client, PARIS, tools=TOOLS[:tool_count], tool_choice="required", max_tokens=200)
+    choice = response.choices[0]
+    raw = tokenizer.decode(choice.model_extra["token_ids"])
+    print(f"\n{tool_count} tool(s): {raw!r}")
+    assert choice.finish_reason == "tool_calls", raw
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1, raw
+    assert choice.message.content is None
+    assert_calls(choice.message.tool_calls, set(SCHEMAS))
+
+
+# spec: FE-40, FE-42
+@pytest.mark.parametrize("max_tokens", [8, 16, 200])
+def test_every_answer_goes_back_as_history(client: openai.OpenAI, max_tokens: int) -> None:
+    """The message the server returned (a complete call, or one cut by max_tokens: finish
+    `length`, arguments that are no JSON document yet) is accepted as the next request's history."""
+    choice = create(client, PARIS, tools=TOOLS, tool_choice="required", max_tokens=max_tokens).choices[0]
+    message = choice.message
+    assert choice.finish_reason in ("tool_calls", "length")
+    assert not (message.content or "").strip() or "<tool_call>" not in message.content   # no markup as content
+    history = [*PARIS, message.model_dump(exclude_none=True)]
+    for call in message.tool_calls or []:
+        history.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"})
+    if not message.tool_calls:
+        history.append({"role": "user", "content": "Go on."})
+    follow = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0)
+    assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_tool_request() -> dict[str, Any]:
+    """The README's tool example: the body of its curl with `"tool_choice": "required"`."""
+    for block in README.read_text().split("curl -s localhost:9000/v1/chat/completions")[1:]:
+        body = json.loads(block.split("-d '", 1)[1].split("'\n", 1)[0]) if "-d '" in block.split("\n")[0] else None
+        if body is not None and body.get("tool_choice") == "required":
+            return body
+    raise AssertionError("the README has no tool example")
+
+
+# spec: FE-41, FE-42
+@pytest.mark.parametrize("variant", ["as written", "parallel off", "named"])
+def test_the_readme_tool_example_answers_what_the_readme_says(client: openai.OpenAI, variant: str) -> None:
+    body = readme_tool_request()
+    if variant == "parallel off":
+        body["parallel_tool_calls"] = False
+    if variant == "named":
+        body["tool_choice"] = {"type": "function", "function": {"name": "get_weather"}}
+    choice = client.chat.completions.create(**body).choices[0]
+    assert choice.finish_reason == ("stop" if variant == "named" else "tool_calls"), choice
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}

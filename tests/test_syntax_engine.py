@@ -144,11 +144,20 @@ def test_truncated_call_ends_incomplete_with_a_typed_error():
     assert kinds(out) == [ParseErrorKind.TRUNCATED_TOOL_CALL]
 
 
-def test_truncated_block_opener_surfaces_as_content():
+def test_markup_cut_before_a_call_started_is_reported_never_content():
     out = parse(QWEN, stream("ok <tool_call>\n<func"), initial=CLOSED)
     assert out.tool_calls == []
-    assert out.content == "ok <tool_call>\n<func"
+    assert out.content == "ok "
     assert kinds(out) == [ParseErrorKind.TRUNCATED_TOOL_CALL]
+    assert out.errors[0].raw == "<tool_call>\n<func"
+
+
+def test_a_block_opener_cut_after_a_call_is_reported_never_content():
+    out = parse(QWEN, stream(QWEN_CALL, "\n<tool_"), initial=CLOSED)
+    assert len(out.tool_calls) == 1 and out.tool_calls[0].complete
+    assert out.content == ""
+    assert kinds(out) == [ParseErrorKind.TRUNCATED_TOOL_CALL]
+    assert out.errors[0].raw.strip() == "<tool_"
 
 
 def test_partial_opener_at_end_of_output_is_content():

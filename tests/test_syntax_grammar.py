@@ -403,3 +403,67 @@ def test_reasoning_budget_forces_the_close(pairing, tokenizer_json, grammar_toke
     assert gt.tokenizer.decode_str(ids).count("to=self") <= 1  # one bounded reasoning frame at most
     assert 0 < len(out.reasoning) <= 40 * 2 and out.errors == []
     _validate(json.loads(out.content), ANSWER)
+
+
+def _allowed(gt: GrammarTokenizer, session: GrammarSession) -> set[int]:
+    words = np.zeros(gt.mask_words, dtype=np.int32)
+    session.fill_mask(words)
+    return set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[: gt.vocab_size]).tolist())
+
+
+def _second_call(pairing: str) -> str:
+    """CANONICAL followed by a second call as the syntax writes parallel calls: another block
+    (one invocation per block), another invocation in the block, or another frame."""
+    text = CANONICAL[pairing]
+    if pairing in ("dsml+think", "xtml+xtml_think"):
+        head, close = text.rsplit("\n", 1)
+        invocation = head.split("\n", 1)[1]
+        return f"{head}\n{invocation}\n{close}"
+    if PAIRINGS[pairing][1] == FRAMES:
+        return text + text
+    return text + "\n" + text
+
+
+@pytest.mark.parametrize("pairing", sorted(PAIRINGS))
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("tool_count", [1, 2])
+def test_required_lets_the_model_end_after_a_complete_call(pairing, parallel, tool_count, tokenizer_json,
+                                                           grammar_tokenizer):
+    """After one complete call the model may stop (EOS; or the separator models write after a
+    block, then EOS) under `required`; another call only where parallel calls are allowed. A
+    separator that committed to another block made models that wanted to stop invent calls
+    until their length limit."""
+    # spec: FE-41
+    gt, ms = grammar_tokenizer, _model(pairing, tokenizer_json)
+    tools = (ToolSpec("forecast", FORECAST), ToolSpec("other", BOUNDED))[:tool_count]
+    request = ConstraintRequest(tools=tools, tool_choice=ToolChoiceMode.REQUIRED, parallel_tool_calls=parallel)
+    one = gt.tokenizer.tokenize_str(CANONICAL[pairing])
+    session = _session(gt, ms, _start(pairing), request)
+    assert _accepts(gt, session, one), session.error
+    assert EOS in _allowed(gt, session)
+    separator = ms.syntax.tool.tag_separator
+    if PAIRINGS[pairing][1] != FRAMES:
+        session = _session(gt, ms, _start(pairing), request)
+        assert _accepts(gt, session, gt.tokenizer.tokenize_str(CANONICAL[pairing] + separator)), session.error
+        assert EOS in _allowed(gt, session)
+        # a blank line after the separator leaves the tool calls: the output ends there
+        session = _session(gt, ms, _start(pairing), request)
+        assert _accepts(gt, session, gt.tokenizer.tokenize_str(CANONICAL[pairing] + separator + "\n")), session.error
+        assert EOS in _allowed(gt, session)
+        assert not _accepts(gt, _session(gt, ms, _start(pairing), request),
+                            gt.tokenizer.tokenize_str(CANONICAL[pairing] + separator + "\n" + CANONICAL[pairing]))
+    two = gt.tokenizer.tokenize_str(_second_call(pairing))
+    assert _accepts(gt, _session(gt, ms, _start(pairing), request), two) is parallel
+
+
+@pytest.mark.parametrize("pairing", sorted(PAIRINGS))
+def test_a_named_choice_allows_exactly_one_call_then_the_end(pairing, tokenizer_json, grammar_tokenizer):
+    # spec: FE-41
+    gt, ms = grammar_tokenizer, _model(pairing, tokenizer_json)
+    request = ConstraintRequest(tools=(ToolSpec("forecast", FORECAST),), tool_choice=ToolChoiceMode.NAMED,
+                                named_tool="forecast")
+    session = _session(gt, ms, _start(pairing), request)
+    assert _accepts(gt, session, gt.tokenizer.tokenize_str(CANONICAL[pairing])), session.error
+    assert EOS in _allowed(gt, session)
+    assert not _accepts(gt, _session(gt, ms, _start(pairing), request),
+                        gt.tokenizer.tokenize_str(_second_call(pairing)))

@@ -16,8 +16,10 @@ triton/server_log.py (GPU-probe lines explained once on a machine without a GPU)
 (triton/supervision.py): a model that cannot load or a gateway that cannot start exits non-zero
 at once; a stub, server or gateway that dies is restarted after a backoff; SIGINT/SIGTERM stop
 the gateway, then the server, within 10 s. The temporary workdir and the server's shared memory
-are removed on exit. With --rank-peers processes a tensor-parallel core's ranks 1..N-1 run as
-helios-rank processes (started here for --local-ranks, supervised and restarted with the
+are removed on exit; every process it starts ends with it however it ends (a SIGKILL
+included: triton/parent_watch.py), and a start removes the workdir and shared memory an
+instance killed that way left (triton/instances.py). With --rank-peers processes a
+tensor-parallel core's ranks 1..N-1 run as helios-rank processes (started here for --local-ranks, supervised and restarted with the
 server); rank 0 is the model's own process.
 
 `--write-repository DIR` starts nothing: it writes the helios model into an existing model
@@ -46,6 +48,7 @@ from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.operator_repository import write_operator_layout
 from helios_backend.triton.server_log import ServerLog
+from helios_backend.triton.instances import WORKDIR_PREFIX, Claim, reap_dead
 from helios_backend.triton.supervision import (
     Child, ExitCode, RestartLedger, Supervisor, SupervisorConfig)
 
@@ -238,9 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     except TritonNotFound as exc:
         print(f"helios-serve: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
+    for dead in reap_dead():
+        print(f"helios-serve: removed the state of a dead instance (pid {dead.pid}): shared memory "
+              f"{dead.shm_prefix}*, workdir {dead.workdir or '(its own --workdir, kept)'}", file=sys.stderr)
     owned_workdir = args.workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix="helios-serve-")) if owned_workdir else args.workdir
-    shm_prefix = f"helios-serve-{uuid.uuid4().hex[:8]}-"
+    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX)) if owned_workdir else args.workdir
+    shm_prefix = f"{WORKDIR_PREFIX}{uuid.uuid4().hex[:8]}-"
+    claim = Claim.take(shm_prefix, workdir if owned_workdir else None)
     serving = args.write_repository is None
     if serving:
         print(f"helios-serve: workdir {workdir}, shared memory prefix {shm_prefix}", file=sys.stderr, flush=True)
@@ -303,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         cleanup_shm(shm_prefix)
         if owned_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+        claim.release()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ and metric updates go back over the wire instead of to a ResponseHub (`WireSink`
 The process ends when the worker ends: after a STOP (the drain, then EXIT), after the
 executor is lost (EXIT with the cause), after the worker died (DEATH with the cause, exit
 code 1), or when the stub is gone (end of the wire: nothing can read the answers, so the
-worker stops at once and the process exits within EOF_GRACE_S even if a round hangs).
+worker stops at once and the process exits within EOF_GRACE_S even if a round hangs; and
+within a second of the stub's death by the parent watch, triton/parent_watch.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from helios_backend.engine.process_wire import (
 from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
 from helios_backend.scheduler.events import Event, Terminal
 from helios_backend.exchange import ExchangeError
+from helios_backend.triton.parent_watch import watch_parent
 from helios_proto import exchange_pb2 as ep
 
 log = logging.getLogger("helios.engine_process")
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s helios-engine %(levelname)s %(name)s: %(message)s")
     wire = Wire.from_fd(int(args[0]))
+    watch_parent()              # the stub is gone: exit at once, whatever the worker is doing
     try:
         return serve(wire)
     except WireClosed:

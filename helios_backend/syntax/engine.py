@@ -22,7 +22,9 @@ Phases (recipient frames)::
     FRAME_TOOL -block_open-> BLOCK ... -> FRAME_TOOL_DONE -end|eom-> FRAME_IDLE
 
 Malformed output never raises and is never dropped: the raw text surfaces as content next to a
-typed ParseError, and a started call is ended with `complete=False`.
+typed ParseError, and a started call is ended with `complete=False`. Output that ends inside tool
+markup (an output limit) is the exception: the cut markup is in the TRUNCATED_TOOL_CALL error,
+never content, as a client reads a cut call from the OpenAI API (finish_reason `length`).
 
 Layout: `phases.py` (the Phase enum), `scanner.py` (buffer plumbing and the state attributes),
 `tool_phases.py` and `frame_phases.py` (phase handlers by group), this module (reasoning and
@@ -42,6 +44,12 @@ from .phases import TOOL_PHASES, Phase
 from .prompt_state import InitialState, ReasoningStart
 from .tables import FrontendSyntax
 from .tool_phases import is_string_schema
+
+END_FLUSH = -1          # the token id of text flushed at the end of output (held text, a split character)
+_REPLACEMENT = "\ufffd"  # what the decoder makes of a character the end of output split
+# Tool phases whose leftover text at the end cannot complete: everything held there is cut markup
+# (values and JSON arguments flush their text into the call first)
+_CUT_PHASES = TOOL_PHASES - {Phase.PARAM_VALUE, Phase.ARGS_JSON}
 
 __all__ = ["ModelSyntax", "Phase", "SyntaxEngine", "is_string_schema", "syntax_delimiters"]
 
@@ -140,6 +148,8 @@ class SyntaxEngine(FramePhases):
         if self._final:
             raise RuntimeError("feed after finish")
         self._buf += self._markup.text_of(token_id, text)
+        if token_id == END_FLUSH:
+            return []                 # finish() reads it: it may complete cut markup (a split character)
         self._pump()
         return self._drain()
 
@@ -156,18 +166,42 @@ class SyntaxEngine(FramePhases):
         """End of output (EOS, length, stop, cancel): resolve held text and report what is open."""
         if not self._final:
             self._final = True
+            if self._phase in _CUT_PHASES or self._cut_opener():
+                self._truncated_markup()
             self._pump()
             if self._phase in TOOL_PHASES:
-                self._malformed(ParseErrorKind.TRUNCATED_TOOL_CALL, "output ended inside a tool call")
-                self._pump()
+                self._truncated_markup()
             elif self._phase is Phase.FRAME_HEADER:
                 self._header += self._markup.render(self._take(len(self._buf)))
-                self._malformed_frame("output ended inside a frame header", self._header_raw())
+                self._malformed_frame("output ended inside a frame header", self._header_raw(), visible=False)
                 self._pump()
             if self._phase in (Phase.REASONING, Phase.FRAME_REASONING) and not self._reported_unterminated:
                 self._reported_unterminated = True
                 self._events.append(ParseError(ParseErrorKind.UNTERMINATED_REASONING, "output ended inside reasoning"))
         return self._drain()
+
+    def _truncated_markup(self) -> None:
+        """The output ended inside tool or frame markup (an output limit): a started call ends
+        incomplete with the arguments it has; markup that began no call is reported, never
+        content."""
+        self._take(len(self._buf))
+        if self._phase in (Phase.FRAME_IDLE, Phase.FRAME_TOOL_DONE):
+            raw, self._raw = self._markup.render(self._raw), ""
+            self._malformed_frame("output ended inside a frame header", raw.strip(), visible=False)
+        else:
+            self._malformed(ParseErrorKind.TRUNCATED_TOOL_CALL, "output ended inside a tool call", visible=False)
+        self._pump()
+
+    def _cut_opener(self) -> bool:
+        """The output ends inside markup that the phase expects next: a tool block's opener
+        after a block or in a tool frame, a frame header (or a frame end) between frames."""
+        rest = self._buf.lstrip().rstrip(_REPLACEMENT)   # a character split by the cut
+        expected = {Phase.AFTER_BLOCK: [self._p_block_open], Phase.FRAME_TOOL: [self._p_block_open],
+                    Phase.FRAME_IDLE: [self._p_header],
+                    Phase.FRAME_TOOL_DONE: [self._p_header, *self._p_frame_ends]}.get(self._phase, [])
+        if self._phase is Phase.AFTER_BLOCK and not self._tools_enabled:
+            return False
+        return bool(rest) and any(p and p != rest and p.startswith(rest) for p in expected)
 
     # ---- plumbing -----------------------------------------------------------------------------
     def _initial_phase(self, initial: InitialState) -> Phase:

@@ -71,9 +71,11 @@ class FramePhases(ToolPhases):
         self._phase = self._enter_frame_body(self._header[len(expected):].strip(), raw)
         return True
 
-    def _malformed_frame(self, message: str, raw: str) -> bool:
+    def _malformed_frame(self, message: str, raw: str, visible: bool = True) -> bool:
+        """A frame that is not one: its raw text becomes content (unless not `visible`: a header
+        the output limit cut), with a typed note that carries it."""
         self._events.append(ParseError(ParseErrorKind.MALFORMED_FRAME, message, raw))
-        if raw:
+        if raw and visible:
             self._events.append(ContentDelta(raw))
         self._header = ""
         self._phase = Phase.FRAME_IDLE

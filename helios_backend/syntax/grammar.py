@@ -10,7 +10,8 @@ grammar forces the token, never its spelling (FE-9).
 
     tool_choice  none      answer only (text or the response_format document)
                  auto      answer, or content then tool calls (JSON answers: calls or document)
-                 required  one or more tool calls (one when parallel_tool_calls is false)
+                 required  one or more tool calls (one when parallel_tool_calls is false); after
+                           each complete call the model may end or (parallel) call again
                  named     exactly one call of that tool
 
 A request without tools and without response_format gets no grammar (None): it is unconstrained
@@ -99,6 +100,8 @@ class RequestGrammar:
 
 
 _ANY_TEXT = "(?s:.*)"
+# Whitespace a model may write after its last tool call's separator before the output ends
+TRAILING_SPACE_CHARS = 2
 _NO_VALUE_LEAD = "\\s<"  # regex class body: whitespace and "<"
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _STRING_ANNOTATIONS = frozenset({"type", "description", "title", "default", "examples", "deprecated", "$comment"})
@@ -196,6 +199,12 @@ class _LarkWriter:
             alts = "|".join(_regex_literal(f) for f in forbidden)
             body += f" & ~/{_ANY_TEXT}({alts}){_ANY_TEXT}/"
         self._lines.append(f"{terminal}: {body}")
+        return terminal
+
+    def whitespace(self, max_chars: int) -> str:
+        """1..max_chars whitespace characters (a bounded lexeme: then nothing but the end)."""
+        terminal = self._name("SPACE").upper()
+        self._lines.append(f"{terminal}: /[ \\t\\r\\n]{{1,{int(max_chars)}}}/")
         return terminal
 
     def json(self, schema: Mapping[str, Any]) -> str:
@@ -336,13 +345,19 @@ class _Builder:
         return self.request.parallel_tool_calls and self.request.tool_choice is not ToolChoiceMode.NAMED
 
     def tool_calls_after_open(self) -> str:
-        """The rest of the tool calls once the first block opener has been generated."""
+        """The rest of the tool calls once the first block opener has been generated: at least
+        one complete call, then the model ends them (EOS; or the separator, then EOS or a
+        little whitespace and the end: a model that leaves the block with a blank line wants
+        text, not another call) or, where parallel calls are allowed, opens another block
+        after the separator. A separator that committed to another block made models that
+        wanted to stop invent calls until their length limit (measured)."""
         many = self._many()
         body = self.w.rule(self._block_body(many), "block")
+        end = f"({self.sep} ({self.w.whitespace(TRAILING_SPACE_CHARS)})?)?" if self.sep else ""
         if many and self.tool.invocations_per_block == 1:
             block = _seq(self.w.lit(self.tool.block_open), body)
-            return f"{body} ({self.sep} {block})*"
-        return body
+            return _seq(f"{body} ({self.sep} {block})*", end)
+        return _seq(body, end)
 
     def tool_calls(self) -> str:
         return _seq(self.w.lit(self.tool.block_open), self.tool_calls_after_open())

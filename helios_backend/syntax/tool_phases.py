@@ -289,14 +289,15 @@ class ToolPhases(ScannerBase):
         self._phase = Phase.ANSWER
         return True
 
-    def _malformed(self, kind: ParseErrorKind, message: str) -> bool:
-        """Leave the tool block: the unrepresented raw text becomes content, with a typed note."""
+    def _malformed(self, kind: ParseErrorKind, message: str, visible: bool = True) -> bool:
+        """Leave the tool block: the unrepresented raw text becomes content (unless not
+        `visible`: cut markup), with a typed note that carries it."""
         raw = self._markup.render(self._raw)
         self._events.append(ParseError(kind, message, raw))
         if self._call_open:
             self._call_ok = False
             self._end_call()
-        else:
+        elif visible:
             self._text(ContentDelta, self._raw)
         self._raw = ""
         self._phase = Phase.FRAME_CONTENT if self._in_frame else Phase.ANSWER

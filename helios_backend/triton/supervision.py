@@ -32,7 +32,6 @@ group.
 """
 from __future__ import annotations
 
-import ctypes
 import enum
 import json
 import logging
@@ -46,6 +45,8 @@ from collections.abc import Callable, Sequence
 from typing import IO
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from helios_backend.triton.parent_watch import parent_death_signal
 
 log = logging.getLogger("helios.serve")
 
@@ -80,17 +81,6 @@ class SupervisionFailed(Exception):
         self.code = code
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: start a new session, and get SIGKILL when helios-serve dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 class Child:
     """One supervised process with its own process group (its stub and helpers included)."""
 
@@ -104,9 +94,11 @@ class Child:
         self.started_at = 0.0
 
     def start(self) -> None:
+        # its own session (a signal to helios-serve's group is not theirs), and SIGKILL when
+        # helios-serve dies: started from the main thread, which lives as long as the process
         piped = self._output is not None
         self.process = subprocess.Popen(list(self._argv()), env=self._env, start_new_session=True,
-                                        preexec_fn=_die_with_parent, stdout=subprocess.PIPE if piped else None,
+                                        preexec_fn=parent_death_signal(os.getpid()), stdout=subprocess.PIPE if piped else None,
                                         stderr=subprocess.STDOUT if piped else None)
         if self._output is not None:
             assert self.process.stdout is not None
