@@ -101,7 +101,8 @@ def test_a_layout_without_weight_bytes_records_the_same_programs(layout) -> None
     assert list(without.manifest.programs) == list(with_weights.manifest.programs)
     assert list(without.manifest.buffers) == list(with_weights.manifest.buffers)
     end = max(b.weight.byte_offset + b.nbytes for b in without.manifest.buffers if b.kind == M.BUFFER_KIND_WEIGHT)
-    assert end == len({r.id: r.data for r in with_weights.resources}["weights.rank0"])
+    data = {r.id: r.data for r in with_weights.resources}["weights.rank0"]
+    assert isinstance(data, bytes) and end == len(data)
 
 
 def test_helios_prepare_names_a_layout_file_and_its_errors(layout, tmp_path) -> None:
