@@ -245,12 +245,15 @@ def read_peer(path: pathlib.Path | None) -> tuple[dict, dict[tuple[str, str, int
 
 
 def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path: pathlib.Path | None) -> dict:
-    from helios_backend.executors.cuda.driver import load_driver
+    from helios_backend.executors.cuda.driver import check, load_driver
     from tests.gpu import timing
 
     out.mkdir(parents=True, exist_ok=True)
     peer_report, peer = read_peer(peer_path)
-    gbps = timing.copy_bandwidth_gbs(load_driver())
+    driver = load_driver()
+    check(driver.cuInit(0))
+    check(driver.cuCtxSetCurrent(check(driver.cuDevicePrimaryCtxRetain(check(driver.cuDeviceGet(0))))))
+    gbps = timing.copy_bandwidth_gbs(driver)
     tflops = peer_report.get("fp16_tflops") or gemm_tflops()
     device = peer_report.get("device") or _device_name()
     report: dict[str, Any] = {"device": device, "device_slug": device_slug(device),
