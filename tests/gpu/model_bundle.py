@@ -102,7 +102,7 @@ def random_weights(nbytes: int, seed: int = 0):
     for start in range(0, values.size, RANDOM_BLOCK):
         part = values[start:start + RANDOM_BLOCK]
         part[:] = block[:part.size]
-    return values
+    return values.view(np.uint8)     # bytes by offset, as both executors slice a resource
 
 
 def read_payload(path: pathlib.Path) -> dict:
