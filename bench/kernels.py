@@ -141,22 +141,13 @@ class LayoutRun:
         executor: Any = self.model.executor      # the CUDA executor (profile_nodes)
         packer = self.model.packer
         program = self.model.program(C.OPERATION_DECODE, batch, batch)
-        per_step = [self._decode_lanes(batch, k) for k in range(HOST_STEPS + 4)]
-        for k in range(4):                                  # warm-up, synchronous
-            packer.pack(program, 0, per_step[k])
-            executor.launch(program, 0)
-            executor.wait(0)
-        frames = executor.frames
-        start = time.perf_counter_ns()
-        for k in range(HOST_STEPS):
-            frame = k % frames
-            if k >= frames:
-                executor.wait(frame)
-            packer.pack(program, frame, per_step[4 + k])
+        per_step = [self._decode_lanes(batch, k) for k in range(HOST_STEPS + executor.frames)]
+        for frame in range(executor.frames):                # warm-up, every staging frame packed
+            packer.pack(program, frame, per_step[frame])
             executor.launch(program, frame)
-        for k in range(HOST_STEPS - frames, HOST_STEPS):
-            executor.wait(k % frames)
-        host_us = (time.perf_counter_ns() - start) / 1e3 / HOST_STEPS
+            executor.wait(frame)
+        host_us, _ = timing.pipelined_us(executor, program, HOST_STEPS, lambda frame, k: packer.pack(
+            program, frame, per_step[executor.frames + k]))
         packer.pack(program, 0, self._decode_lanes(batch, 0))   # the measured step: CONTEXT positions a row
         executor.launch(program, 0)
         executor.wait(0)

@@ -22,6 +22,7 @@ from helios_proto import contract_pb2 as C
 from helios_backend.kernels.rope import ROPE_HALF_PAIRS
 from ignition.recipes import llama_decoder
 from ignition.recipes.chatml_tool_template import chatml_frontend, chatml_tool_template
+from ignition.recipes.hf_checkpoint import decoder_recipe
 from ignition.sources.hf_layout import CONTROL_TOKENS, HFLayout
 
 NAMESPACE = "helios.local/layouts"
@@ -46,11 +47,7 @@ def recipe_for_layout(config: str | Path) -> ModuleType:
     path = Path(config).resolve()
     layout = HFLayout.open(path)          # read once here: errors name the file before any work
     name = layout_name(path)
-    module = ModuleType(f"{__name__}.{name.replace('-', '_').replace('.', '_')}")
-    module.__dict__.update({k: getattr(llama_decoder, k) for k in (
-        "WeightTensor", "SCRATCH", "weight_tensors", "weight_tensor_count", "declare_scratch", "forward", "paged_kv",
-        "rank_shape", "tensor_parallel_dimensions")})
-    module.__doc__ = f"The {layout.family} layout of {path} (random weights)."
+    module = decoder_recipe(__name__, name, f"The {layout.family} layout of {path} (random weights).")
     module.__dict__.update(
         NAME=name, SERVED_ID=name, ALIASES=(), PUBLISHER_NAMESPACE=NAMESPACE, RecipeOptions=RecipeOptions,
         EOS_TOKEN_IDS=layout.eos_token_ids(), SAMPLING_DEFAULTS=NEUTRAL_SAMPLING, TEMPLATE_TOKENS=TEMPLATE_TOKENS,

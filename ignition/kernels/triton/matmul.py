@@ -38,6 +38,15 @@ def _weight_tile(w_ptr, out_rows, out_mask, k0, k_end, row_stride, BLOCK_K: tl.c
 
 
 @triton.jit
+def _tile_index(n, out_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(rows, cols, row mask, column mask) of this program's [BLOCK_M, BLOCK_N] output tile:
+    grid x the column blocks, grid y the row blocks; rows past the live count n masked."""
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, cols, rows < n, cols < out_dim
+
+
+@triton.jit
 def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
@@ -78,10 +87,7 @@ def _linear_residual_large(hidden, x, weight, geometry, in_dim, out_dim, BLOCK_M
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < n
-        col_mask = cols < out_dim
+        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, in_dim, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -135,10 +141,7 @@ def _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < n
-        col_mask = cols < out_dim
+        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N)
         k_end = tl.minimum(k_begin + K_SPLIT, in_dim)
         # two K-interleaved accumulators: two independent MMA chains
         acc_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -293,10 +296,7 @@ def _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < n
-        col_mask = cols < ffn_dim
+        rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N)
         pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -307,10 +307,18 @@ def _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
             sum_sq += sq
             gate = tile_dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, dim, BLOCK_K), gate)
             up = tile_dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim, BLOCK_K), up)
-        rstd = accumulator_scale(pre, sum_sq[:, None], dim, eps)
-        act = gate_activation(gate * rstd, activation) * (up * rstd)
-        tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
-                 mask=row_mask[:, None] & col_mask[None, :])
+        _store_gated(out, gate, up, pre, sum_sq, rows, cols, row_mask, col_mask, dim, ffn_dim, eps,
+                     activation)
+
+
+@triton.jit
+def _store_gated(out, gate, up, pre, sum_sq, rows, cols, row_mask, col_mask, dim, ffn_dim, eps,
+                 activation):
+    """out[rows, cols] = act(gate * rstd) * (up * rstd), rstd the RMSNorm's accumulator half."""
+    rstd = accumulator_scale(pre, sum_sq[:, None], dim, eps)
+    act = gate_activation(gate * rstd, activation) * (up * rstd)
+    tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
+             mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -350,10 +358,7 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < n
-        col_mask = cols < ffn_dim
+        rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N)
         pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         # two K-interleaved accumulator pairs: four independent MMA chains instead of two,
@@ -377,10 +382,8 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
                                                 BLOCK_K), up_even)
             up_odd = tile_dot(a1, _weight_tile(gate_up, cols + ffn_dim, col_mask, k1, dim, dim,
                                                BLOCK_K), up_odd)
-        rstd = accumulator_scale(pre, sum_sq[:, None], dim, eps)
-        act = gate_activation((gate_even + gate_odd) * rstd, activation) * ((up_even + up_odd) * rstd)
-        tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
-                 mask=row_mask[:, None] & col_mask[None, :])
+        _store_gated(out, gate_even + gate_odd, up_even + up_odd, pre, sum_sq, rows, cols, row_mask,
+                     col_mask, dim, ffn_dim, eps, activation)
 
 
 @triton.jit
