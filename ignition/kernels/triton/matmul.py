@@ -296,9 +296,8 @@ def _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N)
-        pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
-        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        rows, cols, row_mask, col_mask, pre, sum_sq = _normed_tile(hidden, n, dim, ffn_dim, eps,
+                                                                   BLOCK_M, BLOCK_N, BLOCK_K)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, dim, BLOCK_K):
@@ -309,6 +308,15 @@ def _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
             up = tile_dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim, BLOCK_K), up)
         _store_gated(out, gate, up, pre, sum_sq, rows, cols, row_mask, col_mask, dim, ffn_dim, eps,
                      activation)
+
+
+@triton.jit
+def _normed_tile(hidden, n, dim, ffn_dim, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """_tile_index of a gate/up tile, its rows' norm pre-scale and a zero sum of squares."""
+    rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N)
+    pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
+    return rows, cols, row_mask, col_mask, pre, tl.zeros((BLOCK_M,), dtype=tl.float32)
 
 
 @triton.jit
@@ -358,9 +366,8 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N)
-        pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
-        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        rows, cols, row_mask, col_mask, pre, sum_sq = _normed_tile(hidden, n, dim, ffn_dim, eps,
+                                                                   BLOCK_M, BLOCK_N, BLOCK_K)
         # two K-interleaved accumulator pairs: four independent MMA chains instead of two,
         # since at decode the dependent chain, not bandwidth, bounds the kernel
         gate_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
