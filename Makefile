@@ -40,7 +40,7 @@ $(PROTO_STAMP): $(PROTOS) tools/gen_proto.py $(STAMP)
 proto: $(PROTO_STAMP)
 
 # The default core is re-prepared whenever preparation code or the schema changed.
-CORE_SOURCES := $(shell find ignition -name '*.py') $(wildcard helios_backend/kernels/*.py) $(PROTOS)
+CORE_SOURCES := $(shell find ignition -name '*.py') $(wildcard helios_backend/kernel_abi/*.py) $(PROTOS)
 
 $(CORE): $(CORE_SOURCES) $(STAMP) $(PROTO_STAMP)
 	mkdir -p $(dir $(CORE))

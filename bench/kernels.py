@@ -68,7 +68,7 @@ def device_slug(name: str) -> str:
 # ---- here: bundles ----------------------------------------------------------------------------
 
 def build(out: pathlib.Path, layouts: list[str], archs: list[str]) -> None:
-    from ignition.kernels.library import KernelLibrary
+    from ignition.gpu_kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
     from ignition.recipes.hf_layout import recipe_for_layout
     from tests.gpu.model_bundle import write_bundle

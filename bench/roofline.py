@@ -2,7 +2,7 @@
 
 The roofline of a step is max(bytes / copy bandwidth, FLOPs / fp16 tensor-core peak), both
 measured on the device in the same run (bench/kernels.py). What a node must move is read off its
-arguments through the kernel ABI (helios_backend/kernels/abi.py: each pointer's name and access):
+arguments through the kernel ABI (helios_backend/kernel_abi/abi.py: each pointer's name and access):
 
   * weights: a matrix is read whole once per launch; an embedding table (`table`) and a RoPE
     table only at the live tokens' rows;
@@ -24,7 +24,7 @@ from typing import Mapping
 
 from helios_proto import manifest_pb2 as M
 
-from helios_backend.kernels import abi
+from helios_backend.kernel_abi import abi
 
 MATRIX_PARAMS = ("qkv_weight", "gate_up", "weight", "head")    # FLOPs: 2 x rows x elements
 ROW_TABLES = ("table", "rope_table")                            # read at the live tokens' rows only

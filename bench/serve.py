@@ -57,7 +57,7 @@ from gateway.preparation import prepare_chat
 from gateway.schemas import ChatCompletionRequest
 from gateway.served_model import ServedModel
 from gateway.triton_client import StreamTerminal, TokenBatch, TritonBackend
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from bench.sse import RequestTiming, load_session, stream_completion, token_ids_count
 
@@ -112,7 +112,7 @@ async def gateway_request(client: aiohttp.ClientSession, model: str, prompt: str
 async def direct_request(backend: TritonBackend, prompt_ids: tuple[int, ...], max_tokens: int,
                          request_id: str, ignore_eos: bool = False) -> RequestTiming:
     timing = RequestTiming()
-    request = tp.GenerateRequest(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    request = ep.GenerateRequest(max_tokens=max_tokens, ignore_eos=ignore_eos)
     request.sampling.temperature = 0.0
     timing.start_s = start = time.perf_counter()
     generation = backend.generate(prompt_ids, request, request_id)

@@ -118,7 +118,7 @@ class ExecutionFailedError(GatewayError):
 
 
 class BackendInvalidRequestError(GatewayError):
-    """The backend reported the transport request malformed (typed InvalidRequest)."""
+    """The backend reported the exchange request malformed (typed InvalidRequest)."""
 
     status = 400
     error_type = "invalid_request_error"

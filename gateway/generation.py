@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from gateway.errors import (AdmissionRejectedError, BackendInvalidRequestError, BackendUnavailableError,
                             ExecutionFailedError, GatewayError)
@@ -29,13 +29,13 @@ from gateway.triton_client import StreamFailure, StreamFailureKind, StreamTermin
 log = logging.getLogger(__name__)
 
 _FINISH_REASONS = {
-    tp.FINISH_REASON_EOS: "stop",
-    tp.FINISH_REASON_LENGTH: "length",
-    tp.FINISH_REASON_STOP_STRING: "stop",
-    tp.FINISH_REASON_STOP_TOKEN: "stop",
+    ep.FINISH_REASON_EOS: "stop",
+    ep.FINISH_REASON_LENGTH: "length",
+    ep.FINISH_REASON_STOP_STRING: "stop",
+    ep.FINISH_REASON_STOP_TOKEN: "stop",
 }
 
-_PROMPT_REJECTIONS = (tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY, tp.REJECTION_REASON_OUTPUT_BEYOND_CONTEXT)
+_PROMPT_REJECTIONS = (ep.REJECTION_REASON_PROMPT_BEYOND_CAPACITY, ep.REJECTION_REASON_OUTPUT_BEYOND_CONTEXT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ class ChoiceFinished:
     finish_reason: str  # OpenAI: "stop" | "length"
     ended_by_eos: bool  # the model ended naturally (no user stop, no limit)
     deltas: list[Delta]  # text flushed at the end (held stop prefixes, parser tail)
-    usage: tp.Usage
+    usage: ep.Usage
     performance: PerformanceStamps
 
 
@@ -70,12 +70,12 @@ class ChoiceFailed:
 ChoiceEvent = ChoiceSteps | ChoiceFinished | ChoiceFailed
 
 
-def error_for_terminal(event: tp.TerminalEvent, prompt_param: str) -> GatewayError | None:
+def error_for_terminal(event: ep.TerminalEvent, prompt_param: str) -> GatewayError | None:
     """The typed terminal outcome decides the error class (and so the status)."""
     outcome = event.WhichOneof("outcome")
     if outcome == "rejected":
         rejection = event.rejected
-        reason = tp.RejectionReason.Name(rejection.reason).removeprefix("REJECTION_REASON_").lower()
+        reason = ep.RejectionReason.Name(rejection.reason).removeprefix("REJECTION_REASON_").lower()
         param = prompt_param if rejection.reason in _PROMPT_REJECTIONS else None
         return AdmissionRejectedError(rejection.message or f"admission rejected: {reason}",
                                       param=param, code=reason)
@@ -117,7 +117,7 @@ class ChoiceTranslator:
     def failure(self, failure: StreamFailure) -> ChoiceFailed:
         return ChoiceFailed(self.index, error_for_stream_failure(failure))
 
-    def terminal(self, event: tp.TerminalEvent) -> ChoiceEvent:
+    def terminal(self, event: ep.TerminalEvent) -> ChoiceEvent:
         error = error_for_terminal(event, self._prompt_param)
         if error is not None:
             return ChoiceFailed(self.index, error)
@@ -130,7 +130,7 @@ class ChoiceTranslator:
             stamps = PerformanceStamps(perf.ingress_ns, perf.enqueue_ns, perf.reused_prompt_tokens)
         else:
             stamps = PerformanceStamps(self._ingress_ns, self._enqueue_ns, finished.usage.reused_prompt_tokens)
-        ended_by_eos = finished.reason == tp.FINISH_REASON_EOS and not pipeline.stopped
+        ended_by_eos = finished.reason == ep.FINISH_REASON_EOS and not pipeline.stopped
         return ChoiceFinished(self.index, reason, ended_by_eos, deltas, finished.usage, stamps)
 
 
@@ -204,7 +204,7 @@ class RequestRun:
         self._metrics.output_tokens.inc(count)
         return now_ns
 
-    async def _pump(self, index: int, prompt: tuple[int, ...], request: tp.GenerateRequest) -> None:
+    async def _pump(self, index: int, prompt: tuple[int, ...], request: ep.GenerateRequest) -> None:
         pipeline = OutputPipeline(self._served.tokenizer, self._prepared.stop_matcher(),
                                   self._parser_factory(index), self._served.eos_token_ids)
         request.ingress_ns = self._prepared.ingress_ns

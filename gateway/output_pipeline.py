@@ -3,7 +3,7 @@
 Order matters and follows the spec: string stops match the incremental decoded text
 *before* presentation, reasoning and tool envelopes included (STOP-9, STOP-10), so the stop
 matcher runs before the parser. The parser is the seam for reasoning/tool syntaxes
-(helios_backend/frontend/syntax/): any object with ``feed(token_id, text)`` and
+(helios_backend/syntax/): any object with ``feed(token_id, text)`` and
 ``finish()`` returning typed deltas; until those land every request gets PlainTextParser.
 
 The backend decides stops (it gates scheduling) and names its decision in the terminal
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from helios_backend.frontend.stops import StopMatcher
-from helios_backend.frontend.syntax.events import ContentDelta, SyntaxEvent
+from helios_backend.syntax.events import ContentDelta, SyntaxEvent
 from helios_backend.frontend.tokenizer import FrontendTokenizer
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from gateway.triton_client import TokenBatch
 
@@ -113,10 +113,10 @@ class OutputPipeline:
         self._released_bytes += len(text.encode("utf-8")) if text else 0
         return self._parser.feed(token_id, text) if text else ()
 
-    def finish(self, finished: tp.Finished) -> list[Delta]:
+    def finish(self, finished: ep.Finished) -> list[Delta]:
         """Reconcile with the backend's terminal decision and flush what is still held."""
         deltas: list[Delta] = []
-        stop_reason = finished.reason in (tp.FINISH_REASON_STOP_STRING, tp.FINISH_REASON_STOP_TOKEN)
+        stop_reason = finished.reason in (ep.FINISH_REASON_STOP_STRING, ep.FINISH_REASON_STOP_TOKEN)
         if not self._stopped:
             tail = self._decoder.finish()  # a dangling partial character, as U+FFFD
             if stop_reason:
@@ -132,10 +132,10 @@ class OutputPipeline:
         deltas.extend(self._parser.finish())
         return deltas
 
-    def _backend_cut(self, stop: tp.StopMatch, held: str) -> str:
+    def _backend_cut(self, stop: ep.StopMatch, held: str) -> str:
         """The backend matched a stop our matcher has not: keep only its visible prefix."""
         log.warning("backend stop decision %s not reproduced by the gateway matcher", stop.kind)
-        if stop.kind == tp.STOP_KIND_STRING:
+        if stop.kind == ep.STOP_KIND_STRING:
             room = max(stop.visible_text_bytes - self._released_bytes, 0)
             return held.encode("utf-8")[:room].decode("utf-8", errors="ignore")
         return ""  # token stops: the held tokens are the (partial) match itself

@@ -1,4 +1,4 @@
-"""Request preparation: validated HTTP models -> prompt ids + typed transport requests.
+"""Request preparation: validated HTTP models -> prompt ids + typed exchange requests.
 
 Runs in a frontend worker slot (CPU: template rendering and tokenization). Every check
 that depends on more than one field, or on the served model, lives here and raises
@@ -17,12 +17,12 @@ from helios_backend.frontend.chat_template import TemplateError
 from helios_backend.frontend.logit_bias import LogitBiasError, check_logit_bias, parse_token_keys
 from helios_backend.frontend.prompt import PromptIds, UntrustedMarkupError, encode_chat
 from helios_backend.frontend.stops import StopMatcher, StopSpecError
-from helios_backend.frontend.syntax.grammar import (AnswerFormat, ConstraintRequest, InvalidToolChoiceError,
+from helios_backend.syntax.grammar import (AnswerFormat, ConstraintRequest, InvalidToolChoiceError,
                                                     ToolChoiceMode, ToolSpec)
-from helios_backend.frontend.syntax.request import RequestSyntax, plan_request
-from helios_backend.frontend.syntax.schema_check import GrammarRequestError
+from helios_backend.syntax.request import RequestSyntax, plan_request
+from helios_backend.syntax.schema_check import GrammarRequestError
 from helios_backend.frontend.tokenizer import UnrepresentableTextError
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.schemas import (INT32_MAX, VLLM_UNSUPPORTED_FIELDS, ChatCompletionRequest, ChatMessage, CompletionRequest,
@@ -45,7 +45,7 @@ class PreparedRequest:
     request_id: str
     prompts: tuple[tuple[int, ...], ...]  # one entry per prompt; chat has exactly one
     n: int  # choices per prompt
-    generate: tp.GenerateRequest  # shared by every choice; seeds are offset per choice
+    generate: ep.GenerateRequest  # shared by every choice; seeds are offset per choice
     stop_strings: tuple[str, ...]
     stop_sequences: tuple[tuple[int, ...], ...]
     stream: bool
@@ -61,12 +61,12 @@ class PreparedRequest:
     def stop_matcher(self) -> StopMatcher:
         return StopMatcher(self.stop_strings, self.stop_sequences)
 
-    def choices(self) -> Iterator[tuple[int, tuple[int, ...], tp.GenerateRequest]]:
-        """(choice index, prompt ids, transport request) for each choice; n > 1 fans out
+    def choices(self) -> Iterator[tuple[int, tuple[int, ...], ep.GenerateRequest]]:
+        """(choice index, prompt ids, exchange request) for each choice; n > 1 fans out
         into n backend requests, seed + i when the request is seeded."""
         for prompt_index, prompt in enumerate(self.prompts):
             for i in range(self.n):
-                request = tp.GenerateRequest()
+                request = ep.GenerateRequest()
                 request.CopyFrom(self.generate)
                 index = prompt_index * self.n + i
                 request.request_id = f"{self.request_id}-{index}"
@@ -81,9 +81,9 @@ def _check_model(body: SamplingFields, served: ServedModel) -> None:
                                  f"use {served.served_id!r}", param="model")
 
 
-def _sampling(body: SamplingFields) -> tp.Sampling:
+def _sampling(body: SamplingFields) -> ep.Sampling:
     """Only explicit request values are set; unset fields take the core's defaults (SRV-17)."""
-    sampling = tp.Sampling()
+    sampling = ep.Sampling()
     for field in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                   "repetition_penalty", "seed"):
         value = getattr(body, field)
@@ -126,7 +126,7 @@ def check_context(prompts: Sequence[Sequence[int]], max_tokens: int | None, serv
 
 
 def _fixed_length(body: SamplingFields, served: ServedModel, max_tokens: int | None, stops: StopMatcher,
-                  generate: tp.GenerateRequest) -> None:
+                  generate: ep.GenerateRequest) -> None:
     """vLLM's ignore_eos and min_tokens (the backend withholds EOS and stop ids until
     min_tokens; docs/gateway.md)."""
     generate.ignore_eos = bool(body.ignore_eos)
@@ -143,7 +143,7 @@ def _fixed_length(body: SamplingFields, served: ServedModel, max_tokens: int | N
     generate.min_tokens = min_tokens
 
 
-def _logit_bias(body: SamplingFields, served: ServedModel, generate: tp.GenerateRequest) -> None:
+def _logit_bias(body: SamplingFields, served: ServedModel, generate: ep.GenerateRequest) -> None:
     """OpenAI's logit_bias (token id -> bias in [-100, 100]); the backend checks it again."""
     if not body.logit_bias:
         return
@@ -157,7 +157,7 @@ def _logit_bias(body: SamplingFields, served: ServedModel, generate: tp.Generate
 
 def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, structured: bool,
             logprobs: bool, top_logprobs: int, top_logprobs_param: str,
-            ) -> tuple[tp.GenerateRequest, StopMatcher, Observation]:
+            ) -> tuple[ep.GenerateRequest, StopMatcher, Observation]:
     _check_model(body, served)
     unsupported = sorted(set(body.model_extra or ()) & VLLM_UNSUPPORTED_FIELDS)
     if unsupported:
@@ -176,7 +176,7 @@ def _common(body: SamplingFields, served: ServedModel, max_tokens: int | None, s
                                   param=top_logprobs_param)
     stops = _stops(body, served, structured)
     # HTTP priority follows vLLM (lower is served first); the scheduler admits higher first
-    generate = tp.GenerateRequest(priority=min(-(body.priority or 0), INT32_MAX), sampling=_sampling(body))
+    generate = ep.GenerateRequest(priority=min(-(body.priority or 0), INT32_MAX), sampling=_sampling(body))
     if max_tokens is not None:
         generate.max_tokens = max_tokens
     _fixed_length(body, served, max_tokens, stops, generate)
@@ -353,7 +353,7 @@ def prepare_chat(body: ChatCompletionRequest, served: ServedModel, ingress_ns: i
                   "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
     syntax = _plan(body, served, prompt.text, constraints)
     if syntax.grammar is not None:  # the backend enforces it with llguidance
-        generate.grammar.CopyFrom(tp.Grammar(kind=tp.GRAMMAR_KIND_LLGUIDANCE, text=syntax.grammar.grammar))
+        generate.grammar.CopyFrom(ep.Grammar(kind=ep.GRAMMAR_KIND_LLGUIDANCE, text=syntax.grammar.grammar))
     return PreparedRequest(
         request_id=f"chatcmpl-{request_id or uuid.uuid4().hex}", prompts=(tuple(prompt.ids),), n=body.n or 1,
         generate=generate, stop_strings=stops.strings, stop_sequences=stops.sequences,

@@ -23,10 +23,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from helios_backend.frontend.syntax.events import (ContentDelta, ReasoningDelta, ToolCallArgumentsDelta,
+from helios_backend.syntax.events import (ContentDelta, ReasoningDelta, ToolCallArgumentsDelta,
                                                    ToolCallStart)
 from helios_backend.frontend.tokenizer import FrontendTokenizer
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from gateway.errors import GatewayError
 from gateway.generation import ChoiceEvent, ChoiceFinished, ChoiceSteps, PerformanceStamps
@@ -57,7 +57,7 @@ class _ChoiceState:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     text_offset: int = 0  # completions: characters of text before the next token's
     finish_reason: str | None = None
-    usage: tp.Usage | None = None
+    usage: ep.Usage | None = None
     performance: PerformanceStamps | None = None
 
 

@@ -1,6 +1,6 @@
 """What the gateway knows about the served model, learned from the model itself.
 
-Built once at startup from the backend's FrontendAssets answer (docs/transport.md), so the
+Built once at startup from the backend's FrontendAssets answer (docs/exchange.md), so the
 tokenizer, chat template, EOS ids, limits and served ids can never disagree with the core
 the backend loaded (no second copy, no model hub, no config files).
 """
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import llguidance as llg
 
 from helios_backend.frontend.chat_template import ChatTemplate
-from helios_backend.frontend.syntax.engine import ModelSyntax
-from helios_backend.frontend.syntax.markup import atomic_tokens_from_tokenizer_json
-from helios_backend.frontend.syntax.tables import FrontendSyntax
+from helios_backend.syntax.engine import ModelSyntax
+from helios_backend.syntax.markup import atomic_tokens_from_tokenizer_json
+from helios_backend.syntax.tables import FrontendSyntax
 from helios_backend.frontend.tokenizer import FrontendTokenizer
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,16 +38,16 @@ class ServedModel:
     tokenizer: FrontendTokenizer
     chat_template: ChatTemplate
     eos_token_ids: frozenset[int]
-    limits: tp.ServingLimits
+    limits: ep.ServingLimits
     clock: BackendClock
     top_logprobs_capacity: int
     syntax: ModelSyntax  # the served syntaxes (reasoning, tools) for parsers and grammars
     grammar_tokenizer: llg.LLTokenizer | None  # validates request grammars; None without EOS ids
-    assets: tp.FrontendAssets
+    assets: ep.FrontendAssets
     created: int  # unix seconds the gateway learned the model (OpenAI "created")
 
     @classmethod
-    def from_assets(cls, assets: tp.FrontendAssets) -> "ServedModel":
+    def from_assets(cls, assets: ep.FrontendAssets) -> "ServedModel":
         tokenizer_json = assets.tokenizer_json.decode("utf-8")
         tokenizer = FrontendTokenizer.from_json(tokenizer_json)
         tokens = assets.frontend.template_tokens

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from gateway.access import AccessRecord
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 from gateway.admission import AdmissionPermits, AdmissionSettings, Permit
 from gateway.shared_permits import SharedPermits
 from gateway.errors import BackendUnavailableError, IngressFullError, ShuttingDownError
@@ -201,7 +201,7 @@ class GatewayService:
         self._health = (time.monotonic(), ok)
         return ok and not self._shutting_down
 
-    def _follow_backend_clock(self, assets: tp.FrontendAssets) -> None:
+    def _follow_backend_clock(self, assets: ep.FrontendAssets) -> None:
         """A restarted backend has a new clock origin: stamps follow it from the next request."""
         served = self._served
         origin = assets.clock.origin_monotonic_ns

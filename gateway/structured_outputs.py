@@ -21,8 +21,8 @@ from typing import Any
 
 import llguidance as llg
 
-from helios_backend.frontend.syntax.grammar import AnswerFormat, answer_choice, answer_regex
-from helios_proto import transport_pb2 as tp
+from helios_backend.syntax.grammar import AnswerFormat, answer_choice, answer_regex
+from helios_proto import exchange_pb2 as ep
 
 from gateway.errors import InvalidRequestError
 from gateway.schemas import ResponseFormat, SamplingFields
@@ -161,14 +161,14 @@ def check_grammar(grammar: str, tokenizer: llg.LLTokenizer | None, param: str) -
         raise InvalidRequestError(f"the constraint cannot be enforced: {error}", param=param)
 
 
-def completion_grammar(constraint: OutputConstraint, tokenizer: llg.LLTokenizer | None) -> tp.Grammar:
+def completion_grammar(constraint: OutputConstraint, tokenizer: llg.LLTokenizer | None) -> ep.Grammar:
     """The whole-output grammar of a raw completion (validated)."""
     if constraint.format is AnswerFormat.GRAMMAR:
         check_grammar(constraint.grammar, tokenizer, constraint.param)
-        return tp.Grammar(kind=tp.GRAMMAR_KIND_LLGUIDANCE, text=constraint.grammar)
+        return ep.Grammar(kind=ep.GRAMMAR_KIND_LLGUIDANCE, text=constraint.grammar)
     try:
         text = llg.grammar_from("lark", "start: " + _lark_expression(constraint))
     except (ValueError, RuntimeError) as exc:  # llguidance refuses the source it would compile
         raise InvalidRequestError(f"the constraint cannot be compiled: {exc}", param=constraint.param) from exc
     check_grammar(text, tokenizer, constraint.param)
-    return tp.Grammar(kind=tp.GRAMMAR_KIND_LLGUIDANCE, text=text)
+    return ep.Grammar(kind=ep.GRAMMAR_KIND_LLGUIDANCE, text=text)

@@ -1,6 +1,6 @@
 """The gateway's Triton client: generations multiplexed on one channel, typed events out.
 
-Generations travel on a channel (docs/transport.md): one long-lived gRPC stream per gateway
+Generations travel on a channel (docs/exchange.md): one long-lived gRPC stream per gateway
 process carries the channel request, every generate request (each tagged; those queued next
 to each other leave as one GenerateBatch) and the cancels. The backend answers each batch at
 once with a flag-only FINAL (which Triton does not forward) and sends the output of all of
@@ -36,10 +36,10 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput, service_pb2, service_pb2_grpc
 
-from helios_backend.transport import (IN_PARAMETERS, IN_PROMPT, MODEL_NAME, OUT_CHANNEL_BATCH, OUT_EVENT,
+from helios_backend.exchange import (IN_PARAMETERS, IN_PROMPT, MODEL_NAME, OUT_CHANNEL_BATCH, OUT_EVENT,
                                       OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, OUT_TOP_IDS, OUT_TOP_LOGPROBS,
                                       array_message, parameters_array)
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 log = logging.getLogger("helios.gateway.triton")
 _UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -56,7 +56,7 @@ class TokenBatch:
 
 @dataclass(frozen=True, slots=True)
 class StreamTerminal:
-    event: tp.TerminalEvent
+    event: ep.TerminalEvent
 
 
 class StreamFailureKind(enum.Enum):
@@ -64,7 +64,7 @@ class StreamFailureKind(enum.Enum):
     REFUSED = 2  # Triton refused the request in-band before the model answered (not loaded, ...)
     IN_BAND_ERROR = 3  # Triton reported an error after the model had answered
     LOST = 4  # the stream ended or broke before the terminal event
-    MALFORMED = 5  # a response did not follow the transport contract (output error)
+    MALFORMED = 5  # a response did not follow the exchange contract (output error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +81,14 @@ class BackendRefused(ConnectionError):
     not be reached at all: unlike a slow answer, this says the model cannot serve now."""
 
 
-def _parameters_input(params: tp.RequestParameters) -> InferInput:
+def _parameters_input(params: ep.RequestParameters) -> InferInput:
     payload = parameters_array(params)
     tensor = InferInput(IN_PARAMETERS, [payload.size], "UINT8")
     tensor.set_data_from_numpy(payload)
     return tensor
 
 
-def _infer_request(model_name: str, request_id: str, params: tp.RequestParameters,
+def _infer_request(model_name: str, request_id: str, params: ep.RequestParameters,
                    prompt: Sequence[int] | np.ndarray | None = None, output: str | None = None) -> service_pb2.ModelInferRequest:
     """A raw ModelInferRequest (the channel path skips tritonclient's per-message wrappers)."""
     request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
@@ -106,7 +106,7 @@ def _infer_request(model_name: str, request_id: str, params: tp.RequestParameter
     return request
 
 
-def _token_batch(out: tp.ChannelOutput) -> TokenBatch | None:
+def _token_batch(out: ep.ChannelOutput) -> TokenBatch | None:
     if not out.token_ids:
         return None
     ids = np.array(out.token_ids, dtype=np.int32)
@@ -122,7 +122,7 @@ def _token_batch(out: tp.ChannelOutput) -> TokenBatch | None:
 class ChannelGeneration:
     """One generate request on a channel. Iterate ``events`` once; ``cancel`` at any time."""
 
-    def __init__(self, mux: "ChannelMux", prompt: Sequence[int], request: tp.GenerateRequest,
+    def __init__(self, mux: "ChannelMux", prompt: Sequence[int], request: ep.GenerateRequest,
                  request_id: str) -> None:
         self._mux = mux
         self._prompt = prompt
@@ -138,7 +138,7 @@ class ChannelGeneration:
             self._ended = not isinstance(event, TokenBatch)
             self._queue.put_nowait(event)
 
-    def deliver(self, out: tp.ChannelOutput) -> None:
+    def deliver(self, out: ep.ChannelOutput) -> None:
         batch = _token_batch(out)
         if batch is not None:
             self.push(batch)
@@ -162,7 +162,7 @@ class ChannelGeneration:
             if not isinstance(event, TokenBatch):
                 return
 
-    def add_to(self, batch: tp.GenerateBatch) -> Sequence[int]:
+    def add_to(self, batch: ep.GenerateBatch) -> Sequence[int]:
         """This generation as the next request of `batch`; returns its prompt, which the caller
         appends to the batch's prompt tensor."""
         self._request.tag = self.tag
@@ -216,9 +216,9 @@ class Outbox:
             yield self._batch(generations)
 
     def _batch(self, generations: list[ChannelGeneration]) -> service_pb2.ModelInferRequest:
-        batch = tp.GenerateBatch(channel=self._channel_id)
+        batch = ep.GenerateBatch(channel=self._channel_id)
         prompts = [generation.add_to(batch) for generation in generations]
-        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, generate_batch=batch)
+        params = ep.RequestParameters(version=ep.TRANSPORT_VERSION_1, generate_batch=batch)
         # the id names the batch's tags, which are consecutive: an in-band error fails them all
         request_id = batch_request_id(generations[0].tag, generations[-1].tag)
         ids = np.fromiter(itertools.chain.from_iterable(prompts), dtype="<i4",
@@ -266,8 +266,8 @@ class ChannelMux:
     def cancel(self, generation: ChannelGeneration) -> None:
         if self._routes.pop(generation.tag, None) is None or self._outbox is None:
             return
-        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1,
-                                      cancel=tp.CancelRequest(channel=self._channel_id, tags=[generation.tag]))
+        params = ep.RequestParameters(version=ep.TRANSPORT_VERSION_1,
+                                      cancel=ep.CancelRequest(channel=self._channel_id, tags=[generation.tag]))
         self._outbox.put(_infer_request(self._model_name, f"cancel-{generation.tag}", params))
 
     async def _open(self) -> None:
@@ -276,7 +276,7 @@ class ChannelMux:
         self._channel_id = uuid.uuid4().hex
         self._opened = False
         outbox = Outbox(self._model_name, self._channel_id)
-        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, channel=tp.ChannelRequest(id=self._channel_id))
+        params = ep.RequestParameters(version=ep.TRANSPORT_VERSION_1, channel=ep.ChannelRequest(id=self._channel_id))
         outbox.put(_infer_request(self._model_name, self._channel_id, params, output=OUT_CHANNEL_BATCH))
         self._outbox = outbox
         stub = service_pb2_grpc.GRPCInferenceServiceStub(self._grpc)
@@ -350,11 +350,11 @@ class ChannelMux:
     def _dispatch(self, infer: service_pb2.ModelInferResponse) -> None:
         for index, output in enumerate(infer.outputs):
             if output.name == OUT_EVENT:          # the backend refused the channel itself
-                event = tp.ResponseEvent.FromString(infer.raw_output_contents[index])
+                event = ep.ResponseEvent.FromString(infer.raw_output_contents[index])
                 raise ValueError(f"channel refused: {event}")
             if output.name != OUT_CHANNEL_BATCH:
                 continue
-            batch = tp.ChannelBatch.FromString(infer.raw_output_contents[index])
+            batch = ep.ChannelBatch.FromString(infer.raw_output_contents[index])
             if batch.plain_tags:
                 self._dispatch_plain(batch)
             for out in batch.outputs:
@@ -365,7 +365,7 @@ class ChannelMux:
                 if out.HasField("event"):
                     del self._routes[out.tag]
 
-    def _dispatch_plain(self, batch: tp.ChannelBatch) -> None:
+    def _dispatch_plain(self, batch: ep.ChannelBatch) -> None:
         """The batch's id-only outputs: one array for all of them, a view per request."""
         counts = np.array(batch.plain_counts, dtype=np.int64)
         ids = np.array(batch.plain_token_ids, dtype=np.int32)
@@ -489,7 +489,7 @@ class Generation:
         event_tensor = result.as_numpy(OUT_EVENT)
         terminal = None
         if event_tensor is not None and event_tensor.size:
-            event = tp.ResponseEvent.FromString(array_message(event_tensor))
+            event = ep.ResponseEvent.FromString(array_message(event_tensor))
             if event.WhichOneof("kind") != "terminal":
                 raise ValueError(f"expected a terminal event, got {event.WhichOneof('kind')}")
             terminal = StreamTerminal(event.terminal)
@@ -513,7 +513,7 @@ class TritonBackend:
         await self._mux.close()
         await self._client.close()
 
-    def generate(self, prompt_token_ids: Sequence[int], request: tp.GenerateRequest,
+    def generate(self, prompt_token_ids: Sequence[int], request: ep.GenerateRequest,
                  request_id: str) -> ChannelGeneration:
         return ChannelGeneration(self._mux, prompt_token_ids, request, request_id)
 
@@ -525,12 +525,12 @@ class TritonBackend:
         """Fail every open generation (LOST: they were submitted) and start a new channel."""
         return self._mux.abandon(StreamFailure(StreamFailureKind.LOST, detail))
 
-    async def fetch_assets(self, timeout_s: float) -> tp.FrontendAssets:
+    async def fetch_assets(self, timeout_s: float) -> ep.FrontendAssets:
         """Ask the served model for its frontend assets (a tiny inference on the model).
 
         Raises ConnectionError when Triton or the model cannot answer within ``timeout_s``.
         """
-        params = tp.RequestParameters(version=tp.TRANSPORT_VERSION_1, assets=tp.AssetsRequest())
+        params = ep.RequestParameters(version=ep.TRANSPORT_VERSION_1, assets=ep.AssetsRequest())
         generation = Generation(self._client, [_parameters_input(params)], "assets", self.model_name)
         try:
             async with asyncio.timeout(timeout_s):
@@ -540,7 +540,7 @@ class TritonBackend:
                     tensor = result.as_numpy(OUT_EVENT)
                     if tensor is None or not tensor.size:
                         continue
-                    event = tp.ResponseEvent.FromString(array_message(tensor))
+                    event = ep.ResponseEvent.FromString(array_message(tensor))
                     if event.WhichOneof("kind") != "assets":
                         raise ConnectionError(f"assets request answered with {event.WhichOneof('kind')}")
                     return event.assets

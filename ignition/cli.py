@@ -5,7 +5,7 @@
     helios-prepare smollm2-135m-instruct --arch sm_90a --arch compute_80 --out h100-and-ptx.core
 
 A local Ed25519 publisher key is created on first use (helios_backend.core.keys). The
-AOT kernel library (ignition.kernels) contributes kernel modules for the kernel ids it
+AOT kernel library (ignition.gpu_kernels) contributes kernel modules for the kernel ids it
 implements, one per kernel set and architecture: by default cubins for sm_80, sm_86, sm_89,
 sm_90a and sm_100a plus compute_80 PTX (the portable fallback), less what the installed
 Triton cannot target; `--arch` (repeatable) names the architectures instead. A Hugging Face
@@ -26,8 +26,8 @@ from typing import Any, Mapping, Optional, Sequence
 from tqdm import tqdm
 
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
-from ignition.kernels.specs import GeometryError
-from ignition.kernels.targets import TargetError
+from ignition.gpu_kernels.specs import GeometryError
+from ignition.gpu_kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
 from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
@@ -63,7 +63,7 @@ def _kernel_library(archs: Optional[Sequence[str]]) -> Optional[Any]:
     """The AOT kernel library for `archs` (None: its default set) when its package is
     importable, else None. TargetError for an architecture it cannot compile for."""
     try:
-        from ignition.kernels.library import KernelLibrary
+        from ignition.gpu_kernels.library import KernelLibrary
     except ImportError:
         return None
     return KernelLibrary(archs=archs)

@@ -7,7 +7,7 @@
     rec.all_reduce("layer0.down", rec.ref("hidden"), count=8 * 576)   # world_size > 1 only
     program = rec.end()                      # manifest_pb2.Program with ordered nodes
 
-`launch` checks every argument against the kernel ABI (helios_backend/kernels/abi.py) at
+`launch` checks every argument against the kernel ABI (helios_backend/kernel_abi/abi.py) at
 record time: every parameter present, pointers into declared buffers and inside them,
 immediates of the right kind. Launch geometry comes from one indirection (`geometry`),
 so the AOT kernel library plugs in when it exists; without it every node gets (1,1,1).
@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernels import abi, blocks
+from helios_backend.kernel_abi import abi, blocks
 
 Dim = tuple[int, int, int]
 Geometry = tuple[Dim, Dim, int]
@@ -175,7 +175,7 @@ class Recorder:
 
     @staticmethod
     def _reads_blocks(param: abi.Param, buffer: manifest_pb2.Buffer, value: Ref) -> bool:
-        """A block weight (kernels/blocks.py) stands for the F16 matrix it expands to: a kernel
+        """A block weight (kernel_abi/blocks.py) stands for the F16 matrix it expands to: a kernel
         reads it through an F16 parameter, from its start (executors locate rows by the layout)."""
         return (buffer.kind == manifest_pb2.BUFFER_KIND_WEIGHT and param.dtype == contract_pb2.DTYPE_F16
                 and value.byte_offset == 0)

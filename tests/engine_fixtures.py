@@ -27,8 +27,8 @@ ACCEPTANCE = "helios.local/smollm2"
 # Sources whose change makes a cached test core stale.
 _PREPARATION_SOURCES = ("ignition/recorder.py", "ignition/preparation/contract.py", "ignition/preparation/prepare.py",
                         "ignition/recipes/smollm2_135m_instruct.py", "ignition/cli.py",
-                        "helios_backend/kernels/abi.py", "helios_backend/kernels/state.py",
-                        "helios_backend/kernels/rope.py", "proto/helios_proto/contract.proto",
+                        "helios_backend/kernel_abi/abi.py", "helios_backend/kernel_abi/state.py",
+                        "helios_backend/kernel_abi/rope.py", "proto/helios_proto/contract.proto",
                         "proto/helios_proto/manifest.proto", "proto/helios_proto/core.proto",
                         "helios_backend/core/*.py", "ignition/sources/*.py")
 

@@ -12,9 +12,9 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
-from helios_backend.transport import (
+from helios_backend.exchange import (
     MODEL_NAME, OUT_EVENT, OUT_TIMESTAMPS, OUT_TOKENS, assets_arrays, decode_event, generate_arrays)
 
 TRITON_TYPES = {np.dtype(np.int32): "INT32", np.dtype(np.uint8): "UINT8"}
@@ -25,11 +25,11 @@ class StreamResult:
     tokens: list[int] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
     responses: int = 0
-    event: tp.ResponseEvent | None = None
+    event: ep.ResponseEvent | None = None
     error: str | None = None
 
     @property
-    def terminal(self) -> tp.TerminalEvent:
+    def terminal(self) -> ep.TerminalEvent:
         assert self.event is not None and self.event.HasField("terminal"), self.error
         return self.event.terminal
 
@@ -47,8 +47,8 @@ def _inputs(arrays: dict[str, np.ndarray]) -> list[InferInput]:
     return out
 
 
-def greedy(max_tokens: int, **kw: object) -> tp.GenerateRequest:
-    request = tp.GenerateRequest(max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
+def greedy(max_tokens: int, **kw: object) -> ep.GenerateRequest:
+    request = ep.GenerateRequest(max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
     request.sampling.temperature = 0.0
     return request
 
@@ -95,18 +95,18 @@ async def stream(client: grpcclient.InferenceServerClient, arrays: dict[str, np.
     return result
 
 
-async def generate(url: str, prompt: list[int], request: tp.GenerateRequest, **kw: object) -> StreamResult:
+async def generate(url: str, prompt: list[int], request: ep.GenerateRequest, **kw: object) -> StreamResult:
     async with grpcclient.InferenceServerClient(url) as client:
         return await stream(client, generate_arrays(prompt, request), **kw)  # type: ignore[arg-type]
 
 
-async def generate_many(url: str, jobs: list[tuple[list[int], tp.GenerateRequest]]) -> list[StreamResult]:
+async def generate_many(url: str, jobs: list[tuple[list[int], ep.GenerateRequest]]) -> list[StreamResult]:
     async with grpcclient.InferenceServerClient(url) as client:
         return list(await asyncio.gather(*(stream(client, generate_arrays(p, r), request_id=f"r{i}")
                                            for i, (p, r) in enumerate(jobs))))
 
 
-async def assets(url: str) -> tp.FrontendAssets:
+async def assets(url: str) -> ep.FrontendAssets:
     async with grpcclient.InferenceServerClient(url) as client:
         result = await stream(client, assets_arrays())
     assert result.event is not None and result.event.HasField("assets"), result.error

@@ -20,7 +20,7 @@ from helios_backend.scheduler.completion import CompletionFormat, CompletionRows
 from helios_backend.scheduler.plan import PENDING_TOKEN, RoundPlan, Submission, Variant
 from helios_backend.scheduler.scheduler import Scheduler
 
-# the engine's layout (helios_backend/kernels/state.py) plus frame and accepted, which the
+# the engine's layout (helios_backend/kernel_abi/state.py) plus frame and accepted, which the
 # validation checks when a layout declares them
 HEADER_FIELDS = ("sequence", "live_rows", "operation", "rows", "frame")
 ROW_FIELDS = ("slot", "generation", "token", "consumed", "emitted", "finish", "draft_cursor",

@@ -13,10 +13,10 @@ from typing import Iterable, Sequence
 
 from helios_proto import contract_pb2 as pb
 
-from helios_backend.frontend.syntax.engine import ModelSyntax, SyntaxEngine
-from helios_backend.frontend.syntax.events import ParsedOutput, SyntaxEvent, coalesce, collect
-from helios_backend.frontend.syntax.prompt_state import InitialState, ReasoningStart
-from helios_backend.frontend.syntax.tables import FrontendSyntax, preset
+from helios_backend.syntax.engine import ModelSyntax, SyntaxEngine
+from helios_backend.syntax.events import ParsedOutput, SyntaxEvent, coalesce, collect
+from helios_backend.syntax.prompt_state import InitialState, ReasoningStart
+from helios_backend.syntax.tables import FrontendSyntax, preset
 
 PLAIN_ID = 7
 # Delimiters the test tokenizer holds as added tokens (think tags, recipient-header controls).

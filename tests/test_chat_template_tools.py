@@ -12,10 +12,10 @@ import json
 import pytest
 
 from helios_backend.frontend.chat_template import ChatTemplate
-from helios_backend.frontend.syntax.engine import ModelSyntax
-from helios_backend.frontend.syntax.events import collect
-from helios_backend.frontend.syntax.prompt_state import InitialState, ReasoningStart
-from helios_backend.frontend.syntax.tables import FrontendSyntax
+from helios_backend.syntax.engine import ModelSyntax
+from helios_backend.syntax.events import collect
+from helios_backend.syntax.prompt_state import InitialState, ReasoningStart
+from helios_backend.syntax.tables import FrontendSyntax
 from ignition.recipes import smollm2_135m_instruct as recipe
 from ignition.sources.gguf import GGUFError, GGUFModel, default_gguf_path
 

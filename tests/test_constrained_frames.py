@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.responses import Stream
 from helios_backend.engine.round_metrics import RoundMetrics
@@ -68,7 +68,7 @@ def test_constrained_rounds_keep_one_frame_in_flight(engine):
     _serve(engine, 1, RequestSpec(PROMPT, 6, SamplingSettings()))
     assert counters.pipelined > 0                         # plain decode did use the second frame
     assert counters.constrained_max_inflight == 0 and _exported(engine) == 0
-    grammar = engine.grammar_session(tp.Grammar(kind=tp.GRAMMAR_KIND_LARK, text=ANY_TEXT))
+    grammar = engine.grammar_session(ep.Grammar(kind=ep.GRAMMAR_KIND_LARK, text=ANY_TEXT))
     assert grammar is not None
     pipelined = counters.pipelined
     _serve(engine, 2, RequestSpec(PROMPT, 6, SamplingSettings(), constrained=True), grammar)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helios_backend.executors.base import FrameStateError, MissingVariantError, UnknownProgramError
-from helios_backend.executors.cuda import transport as tp
+from helios_backend.executors.cuda import staging_copy as sc
 from helios_backend.executors.cuda.driver import CountingDriver, check
 from helios_backend.executors.cuda.errors import CudaCallError, ManifestError, ProgramError
 from helios_backend.executors.cuda.plan import (MIN_ALIGNMENT, BufferAddresses, ParamPack, kernel_table,
@@ -108,7 +108,7 @@ def test_plan_rejects_programs_that_do_not_fit_the_abi(breakage: str) -> None:
 
 def test_staging_runs_cover_referenced_destinations_only() -> None:
     manifest = toy.build(n=N)
-    runs = tp.staging_runs(manifest.programs[0], manifest.transport)
+    runs = sc.staging_runs(manifest.programs[0], manifest.transport)
     assert runs == [(0, toy.X_OFFSET + 4 * N)]                   # header and x merge into one run
     transport = M.Transport(staging_buffer="staging", frame_nbytes=1 << 20, destinations=[
         M.Destination(name="transport.header", dtype=8, byte_offset=0, elements=2),
@@ -118,9 +118,9 @@ def test_staging_runs_cover_referenced_destinations_only() -> None:
     program = M.Program(nodes=[M.Node(kind=M.NODE_KIND_KERNEL, args=[
         M.Arg(pointer=M.BufferRef(buffer="staging", byte_offset=64)),
         M.Arg(pointer=M.BufferRef(buffer="staging", byte_offset=500_000))])])
-    assert tp.staging_runs(program, transport) == [(0, 128), (500_000, 64)]   # "big" is never copied
+    assert sc.staging_runs(program, transport) == [(0, 128), (500_000, 64)]   # "big" is never copied
     program.nodes[0].args.append(M.Arg(pointer=M.BufferRef(buffer="staging", byte_offset=900_000)))
-    assert tp.staging_runs(program, transport) == [(0, 1 << 20)]             # undeclared window: all
+    assert sc.staging_runs(program, transport) == [(0, 1 << 20)]             # undeclared window: all
 
 
 def test_staging_runs_merge_to_at_most_four() -> None:
@@ -128,8 +128,8 @@ def test_staging_runs_merge_to_at_most_four() -> None:
     transport = M.Transport(staging_buffer="staging", frame_nbytes=1 << 20, destinations=destinations)
     program = M.Program(nodes=[M.Node(kind=M.NODE_KIND_KERNEL, args=[
         M.Arg(pointer=M.BufferRef(buffer="staging", byte_offset=i * 100_000)) for i in range(8)])])
-    runs = tp.staging_runs(program, transport)
-    assert len(runs) <= tp.MAX_RUNS
+    runs = sc.staging_runs(program, transport)
+    assert len(runs) <= sc.MAX_RUNS
     covered = [any(s <= i * 100_000 < s + n for s, n in runs) for i in range(8)]
     assert all(covered)
 
@@ -150,7 +150,7 @@ def test_startup_captures_one_graph_per_program_and_frame(transport: str) -> Non
     chain = fake.graphs[1]
     functions = [launch.function for launch in chain]
     if transport == "kernel":
-        assert functions[0] == tp.STAGE_IN and functions[-1] == tp.COMPLETE_OUT
+        assert functions[0] == sc.STAGE_IN and functions[-1] == sc.COMPLETE_OUT
         assert functions[1:-1] == ["toy_begin", "toy_axpb", "toy_axpb", "toy_axpb", "toy_add_tuned", "toy_finish"]
     else:
         assert functions == ["toy_begin", "toy_axpb", "toy_axpb", "toy_axpb", "toy_add_tuned", "toy_finish"]
@@ -243,7 +243,7 @@ def test_missing_variant_fails_startup() -> None:
 def test_recorded_model_programs_plan_against_the_abi() -> None:
     """Every program the engine records for the real model plans: arity, kinds, buffers, offsets."""
     pytest.importorskip("gguf")
-    from helios_backend.kernels import abi
+    from helios_backend.kernel_abi import abi
     from tests.engine_fixtures import prepared_in_memory
 
     manifest = prepared_in_memory().manifest
@@ -256,8 +256,8 @@ def test_recorded_model_programs_plan_against_the_abi() -> None:
             node.block.x = 0                                   # unit geometry from a library-less recording
         launches = plan_program(program, table, addresses)
         assert len(launches) == len(program.nodes)
-        runs = tp.staging_runs(program, manifest.transport)
-        assert 1 <= len(runs) <= tp.MAX_RUNS and all(n % tp.RUN_ALIGNMENT == 0 for _, n in runs)
+        runs = sc.staging_runs(program, manifest.transport)
+        assert 1 <= len(runs) <= sc.MAX_RUNS and all(n % sc.RUN_ALIGNMENT == 0 for _, n in runs)
 
 
 # spec: OWN-11
@@ -284,23 +284,23 @@ def test_binding_extents_limit_row_destinations_to_the_program_rows() -> None:
             C.ValueBinding(destination="tokens", index=C.INDEX_MODE_PACKED_TOKEN),
             C.ValueBinding(destination="pages", index=C.INDEX_MODE_PHYSICAL_ROW)])
 
-    extents = tp.binding_extents([graph("one", 1, 1), graph("eight", 8, 40)], transport)
+    extents = sc.binding_extents([graph("one", 1, 1), graph("eight", 8, 40)], transport)
     assert extents["one"] == {"mask": 4 * 100, "tokens": 4, "pages": 4 * 8 * 64}     # width = 800 / 8 rows
     assert extents["eight"] == {"mask": 4 * 800, "tokens": 4 * 40, "pages": 4 * 8 * 64}
     program = M.Program(name="one", nodes=[M.Node(kind=M.NODE_KIND_KERNEL, args=[
         M.Arg(pointer=M.BufferRef(buffer="staging", byte_offset=offset)) for offset in (64, 8192, 16384)])])
-    runs = tp.staging_runs(program, transport, extents["one"])
+    runs = sc.staging_runs(program, transport, extents["one"])
     assert runs == [(0, 464), (8192, 16), (16384, 2048)]
-    assert sum(n for _, n in tp.staging_runs(program, transport)) > sum(n for _, n in runs)
+    assert sum(n for _, n in sc.staging_runs(program, transport)) > sum(n for _, n in runs)
 
 
 def test_block_weights_are_expanded_to_f16_at_load() -> None:
     # spec: OWN-10 (each rank's resources loaded into the declared storage)
-    """A Q4_1 / Q8_0 WEIGHT buffer (kernels/blocks.py) is backed as the F16 matrix it expands to and
+    """A Q4_1 / Q8_0 WEIGHT buffer (kernel_abi/blocks.py) is backed as the F16 matrix it expands to and
     filled with that expansion: the kernels read the f16 layout they were compiled for."""
     import gguf
     import gguf.quants
-    from helios_backend.kernels import blocks
+    from helios_backend.kernel_abi import blocks
     from helios_proto import contract_pb2 as C
 
     manifest = toy.build(n=N, chains={"chain": 3}, nops={"nops": (4, 1)})

@@ -85,8 +85,8 @@ def test_make_serve_re_prepares_a_core_older_than_the_sampling_programs(tmp_path
         return "helios-prepare" in out
 
     assert not prepares()
-    for changed in ("ignition/preparation/contract.py", "helios_backend/kernels/sampling.py",
-                    "ignition/kernels/triton/sampling.py", "proto/helios_proto/contract.proto"):
+    for changed in ("ignition/preparation/contract.py", "helios_backend/kernel_abi/sampling.py",
+                    "ignition/gpu_kernels/triton_lang/sampling.py", "proto/helios_proto/contract.proto"):
         assert prepares("-W", changed), changed
 
 

@@ -23,7 +23,7 @@ from gateway.presentation import ChatPresenter, CompletionPresenter, Presenter
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.served_model import ServedModel
 from gateway.triton_client import TokenBatch
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 from ignition.sources.gguf import GGUFModel, default_gguf_path
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
@@ -33,11 +33,11 @@ EOS = 2  # <|im_end|>
 @pytest.fixture(scope="module")
 def served() -> ServedModel:
     gguf = GGUFModel.open(default_gguf_path())
-    assets = tp.FrontendAssets(
-        version=tp.TRANSPORT_VERSION_1, served_id="test-model", aliases=["alias"],
+    assets = ep.FrontendAssets(
+        version=ep.TRANSPORT_VERSION_1, served_id="test-model", aliases=["alias"],
         tokenizer_json=tokenizer_json_from_gguf(gguf).encode(), chat_template=gguf.chat_template,
         eos_token_ids=[EOS], top_logprobs_capacity=4,
-        limits=tp.ServingLimits(context_tokens=2048, queue_capacity=4, max_active=2, frontend_workers=1,
+        limits=ep.ServingLimits(context_tokens=2048, queue_capacity=4, max_active=2, frontend_workers=1,
                                 sampled_vocabulary=49152))
     return ServedModel.from_assets(assets)
 
@@ -47,13 +47,13 @@ def chat(served: ServedModel, **fields: Any) -> PreparedRequest:
     return prepare_chat(ChatCompletionRequest.model_validate(body), served, ingress_ns=10)
 
 
-def finished(reason: int, completion: int, stop: tp.StopMatch | None = None, timed: bool = False) -> tp.TerminalEvent:
-    event = tp.TerminalEvent(finished=tp.Finished(
-        reason=reason, usage=tp.Usage(prompt_tokens=7, completion_tokens=completion, reused_prompt_tokens=3)))
+def finished(reason: int, completion: int, stop: ep.StopMatch | None = None, timed: bool = False) -> ep.TerminalEvent:
+    event = ep.TerminalEvent(finished=ep.Finished(
+        reason=reason, usage=ep.Usage(prompt_tokens=7, completion_tokens=completion, reused_prompt_tokens=3)))
     if stop is not None:
         event.finished.stop.CopyFrom(stop)
     if timed:
-        event.finished.performance.CopyFrom(tp.Performance(ingress_ns=10, enqueue_ns=20, reused_prompt_tokens=3))
+        event.finished.performance.CopyFrom(ep.Performance(ingress_ns=10, enqueue_ns=20, reused_prompt_tokens=3))
     return event
 
 
@@ -63,7 +63,7 @@ def batch(ids: list[int], start_ts: int = 100) -> TokenBatch:
 
 
 def run(presenter: Presenter, served: ServedModel, prepared: PreparedRequest, ids: list[int],
-        cuts: list[int], terminal: tp.TerminalEvent, stream: bool) -> Any:
+        cuts: list[int], terminal: ep.TerminalEvent, stream: bool) -> Any:
     """Feed ids in batches split at `cuts`, then the terminal; SSE bytes or the JSON body."""
     pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), PlainTextParser(), served.eos_token_ids)
     translator = ChoiceTranslator(0, pipeline, "messages", prepared.ingress_ns, 20)
@@ -96,7 +96,7 @@ def test_json_observation_fields(served: ServedModel) -> None:
     prepared = chat(served, return_token_ids=True, return_token_timestamps=True)
     ids = text_ids(served, "Paris is nice.") + [EOS]
     body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [2],
-               finished(tp.FINISH_REASON_EOS, len(ids), timed=True), stream=False)
+               finished(ep.FINISH_REASON_EOS, len(ids), timed=True), stream=False)
     choice = body["choices"][0]
     assert body["prompt_token_ids"] == list(prepared.prompts[0])
     assert choice["token_ids"] == ids  # EOS included (OBS-7)
@@ -114,7 +114,7 @@ def test_unobserved_json_has_no_observation_fields(served: ServedModel) -> None:
     prepared = chat(served)
     ids = text_ids(served, "ok") + [EOS]
     body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [],
-               finished(tp.FINISH_REASON_EOS, len(ids)), stream=False)
+               finished(ep.FINISH_REASON_EOS, len(ids)), stream=False)
     assert "prompt_token_ids" not in body and "performance" not in body
     assert "token_ids" not in body["choices"][0]
 
@@ -125,7 +125,7 @@ def test_sse_metadata_chunks_and_include_usage(served: ServedModel) -> None:
                     return_token_timestamps=True)
     ids = text_ids(served, "A b c") + [EOS]
     raw = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [1, 3],
-              finished(tp.FINISH_REASON_EOS, len(ids), timed=True), stream=True)
+              finished(ep.FINISH_REASON_EOS, len(ids), timed=True), stream=True)
     chunks, done = parse_sse(raw)
     assert done
     assert chunks[0]["prompt_token_ids"] == list(prepared.prompts[0])
@@ -150,7 +150,7 @@ def test_sse_without_include_usage_puts_usage_on_terminal_chunk(served: ServedMo
     prepared = chat(served, stream=True, return_token_ids=True)
     ids = text_ids(served, "x") + [EOS]
     chunks, done = parse_sse(run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids,
-                                 [], finished(tp.FINISH_REASON_EOS, len(ids)), stream=True))
+                                 [], finished(ep.FINISH_REASON_EOS, len(ids)), stream=True))
     assert done
     terminal = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert len(terminal) == 1 and terminal[0]["usage"]["completion_tokens"] == len(ids)
@@ -162,9 +162,9 @@ def test_sse_without_include_usage_puts_usage_on_terminal_chunk(served: ServedMo
 def test_stop_string_across_tokens_trims_text_but_not_ids(served: ServedModel) -> None:
     ids = text_ids(served, "one two three four")
     prepared = chat(served, stop=["o thr"], return_token_ids=True)
-    stop = tp.StopMatch(kind=tp.STOP_KIND_STRING, index=0, visible_text_bytes=len("one tw"))
+    stop = ep.StopMatch(kind=ep.STOP_KIND_STRING, index=0, visible_text_bytes=len("one tw"))
     body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids[:4], [1],
-               finished(tp.FINISH_REASON_STOP_STRING, 4, stop), stream=False)
+               finished(ep.FINISH_REASON_STOP_STRING, 4, stop), stream=False)
     assert body["choices"][0]["message"]["content"] == "one tw"
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["choices"][0]["token_ids"] == ids[:4]
@@ -176,7 +176,7 @@ def test_length_end_flushes_held_prefix(served: ServedModel) -> None:
     ids = text_ids(served, "abc de")
     prepared = chat(served, stop=" def")
     body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [],
-               finished(tp.FINISH_REASON_LENGTH, len(ids)), stream=False)
+               finished(ep.FINISH_REASON_LENGTH, len(ids)), stream=False)
     assert body["choices"][0]["message"]["content"] == "abc de"
     assert body["choices"][0]["finish_reason"] == "length"
 
@@ -185,9 +185,9 @@ def test_length_end_flushes_held_prefix(served: ServedModel) -> None:
 def test_stop_token_sequence_omitted_from_text(served: ServedModel) -> None:
     ids = text_ids(served, "left right")
     prepared = chat(served, stop_token_sequences=[ids[1:]], return_token_ids=True)
-    stop = tp.StopMatch(kind=tp.STOP_KIND_TOKEN_SEQUENCE, index=0, presented_tokens=1)
+    stop = ep.StopMatch(kind=ep.STOP_KIND_TOKEN_SEQUENCE, index=0, presented_tokens=1)
     body = run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [],
-               finished(tp.FINISH_REASON_STOP_TOKEN, len(ids), stop), stream=False)
+               finished(ep.FINISH_REASON_STOP_TOKEN, len(ids), stop), stream=False)
     assert body["choices"][0]["message"]["content"] == "left"
     assert body["choices"][0]["token_ids"] == ids
 
@@ -198,7 +198,7 @@ def test_multibyte_character_split_across_tokens(served: ServedModel) -> None:
     assert len(served.tokenizer.token_bytes(ids[0])) < 4  # the emoji spans several tokens
     prepared = chat(served, stream=True)
     chunks, _ = parse_sse(run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared,
-                              ids, list(range(len(ids))), finished(tp.FINISH_REASON_LENGTH, len(ids)),
+                              ids, list(range(len(ids))), finished(ep.FINISH_REASON_LENGTH, len(ids)),
                               stream=True))
     pieces = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
     assert "\ufffd" not in "".join(p for p in pieces if p)
@@ -233,17 +233,17 @@ def test_stream_equals_json_for_every_chunking(served: ServedModel, text: str, s
     # the backend's decision: the same matcher over the same ids
     decided = prepared_json.stop_matcher()
     decoder = served.tokenizer.incremental_decoder()
-    generated, visible, reason, match = [], 0, tp.FINISH_REASON_LENGTH, None
+    generated, visible, reason, match = [], 0, ep.FINISH_REASON_LENGTH, None
     for token in ids + ([EOS] if eos else []):
         generated.append(token)
         if token == EOS:
-            reason = tp.FINISH_REASON_EOS
+            reason = ep.FINISH_REASON_EOS
             break
         decision = decided.feed(token, decoder.feed_one(token))
         visible += len(decision.text.encode())
         if decision.matched:
-            reason = tp.FINISH_REASON_STOP_STRING
-            match = tp.StopMatch(kind=tp.STOP_KIND_STRING, index=0, visible_text_bytes=visible)
+            reason = ep.FINISH_REASON_STOP_STRING
+            match = ep.StopMatch(kind=ep.STOP_KIND_STRING, index=0, visible_text_bytes=visible)
             break
     terminal = finished(reason, len(generated), match, timed=True)
     body = run(ChatPresenter(prepared_json, "test-model", served.tokenizer), served, prepared_json, generated,
@@ -269,7 +269,7 @@ def test_completion_presenter_shapes(served: ServedModel) -> None:
     prepared = prepare_completion(body, served, ingress_ns=1)
     ids = text_ids(served, " upon a time")
     out = run(CompletionPresenter(prepared, "test-model", served.tokenizer), served, prepared, ids, [2],
-              finished(tp.FINISH_REASON_LENGTH, len(ids)), stream=False)
+              finished(ep.FINISH_REASON_LENGTH, len(ids)), stream=False)
     assert out["object"] == "text_completion"
     assert out["choices"][0]["text"] == " upon a time"
     assert out["prompt_token_ids"] == served.tokenizer.encode_template("Once")
@@ -281,10 +281,10 @@ def test_terminal_outcomes_map_to_typed_errors(served: ServedModel) -> None:
     pipeline = OutputPipeline(served.tokenizer, prepared.stop_matcher(), PlainTextParser(), served.eos_token_ids)
     translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
     # the same message text on every outcome: only the outcome decides the class
-    rejected = translator.terminal(tp.TerminalEvent(rejected=tp.AdmissionRejection(
-        reason=tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY, message="boom")))
-    failed = translator.terminal(tp.TerminalEvent(failed=tp.ExecutionFailure(message="boom")))
-    invalid = translator.terminal(tp.TerminalEvent(invalid=tp.InvalidRequest(field="stops.strings", message="boom")))
+    rejected = translator.terminal(ep.TerminalEvent(rejected=ep.AdmissionRejection(
+        reason=ep.REJECTION_REASON_PROMPT_BEYOND_CAPACITY, message="boom")))
+    failed = translator.terminal(ep.TerminalEvent(failed=ep.ExecutionFailure(message="boom")))
+    invalid = translator.terminal(ep.TerminalEvent(invalid=ep.InvalidRequest(field="stops.strings", message="boom")))
     assert isinstance(rejected, ChoiceFailed) and isinstance(rejected.error, AdmissionRejectedError)
     assert rejected.error.status == 503 and rejected.error.param == "messages"
     assert isinstance(failed, ChoiceFailed) and isinstance(failed.error, ExecutionFailedError)
@@ -327,10 +327,10 @@ def test_n_fans_out_with_offset_seeds(served: ServedModel) -> None:
 @pytest.fixture(scope="module")
 def served_with_reasoning(served: ServedModel) -> ServedModel:
     """The same vocabulary, but the frontend declares think-tag reasoning and Qwen Coder tools."""
-    from helios_backend.frontend.syntax.tables import preset
+    from helios_backend.syntax.tables import preset
     from helios_proto import contract_pb2 as pb
 
-    assets = tp.FrontendAssets()
+    assets = ep.FrontendAssets()
     assets.CopyFrom(served.assets)
     preset(pb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS, pb.REASONING_PARSER_THINK_TAGS).apply_to(assets.frontend)
     return ServedModel.from_assets(assets)
@@ -346,7 +346,7 @@ def syntax_run(served: ServedModel, text: str, stop: str | None, stream: bool) -
                               served.eos_token_ids)
     translator = ChoiceTranslator(0, pipeline, "messages", 0, 0)
     events = [translator.tokens(batch([t])) for t in ids]
-    reason = tp.FINISH_REASON_LENGTH if stop is None else tp.FINISH_REASON_STOP_STRING
+    reason = ep.FINISH_REASON_LENGTH if stop is None else ep.FINISH_REASON_STOP_STRING
     events.append(translator.terminal(finished(reason, len(ids))))
     presenter = ChatPresenter(prepared, "test-model", served.tokenizer)
     if not stream:
@@ -446,7 +446,7 @@ def test_event_batches_carry_what_queued_in_order_until_every_choice_ended(serve
     from gateway.metrics import GatewayMetrics
 
     def finish(index: int) -> ChoiceFinished:
-        return ChoiceFinished(index, "length", False, [], tp.Usage(), PerformanceStamps(0, 0, 0))
+        return ChoiceFinished(index, "length", False, [], ep.Usage(), PerformanceStamps(0, 0, 0))
 
     async def scenario() -> list[list[object]]:
         run = RequestRun(None, served, chat(served, n=3, stream=True), lambda i: PlainTextParser(),  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Integers that travel in 32-bit transport fields are bounded at the HTTP edge.
+"""Integers that travel in 32-bit exchange fields are bounded at the HTTP edge.
 
 Schemathesis found a 500 for `top_k` and `priority` beyond 32 bits (the protobuf setter
 raised inside the gateway); such values are invalid requests: 400 naming the field."""

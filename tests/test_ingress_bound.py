@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.loop import EngineLoop, SynchronousRunner
@@ -69,7 +69,7 @@ def test_ingress_channel_rejects_beyond_queue_capacity_while_a_round_runs():
     for serial in rejected_now:
         [final] = senders[serial].finals
         assert final.terminal.WhichOneof("outcome") == "rejected"
-        assert final.terminal.rejected.reason == tp.REJECTION_REASON_QUEUE_FULL
+        assert final.terminal.rejected.reason == ep.REJECTION_REASON_QUEUE_FULL
     for serial in range(1, last - 2):                # the admitted ones all finish
         [final] = senders[serial].finals
         assert final.terminal.WhichOneof("outcome") == "finished"

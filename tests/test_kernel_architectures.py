@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helios_backend.executors.cuda import transport as tp
+from helios_backend.executors.cuda import staging_copy as sc
 from helios_backend.executors.cuda.driver import CountingDriver
 from helios_backend.executors.cuda.errors import ArchitectureError, ManifestError
 from helios_backend.executors.cuda.modules import architectures, kernel_table_disagreements, select
@@ -69,8 +69,8 @@ def test_the_device_loads_its_exact_cubins_else_the_ptx_copy(capability, chosen)
     executor, fake = _start(ALL, capability)
     try:
         assert executor.architecture() == chosen
-        transport = tp.IMAGE_PATH.read_bytes()
-        (image,) = [image for image in fake.module_images if image != transport]   # one architecture's
+        copy_image = sc.IMAGE_PATH.read_bytes()
+        (image,) = [image for image in fake.module_images if image != copy_image]   # one architecture's
         if chosen.startswith("compute_"):
             # PTX reaches the driver as a C string, JIT-compiled here at startup
             assert image.endswith(b"\0") and b".target sm_80" in image
@@ -81,8 +81,8 @@ def test_the_device_loads_its_exact_cubins_else_the_ptx_copy(capability, chosen)
         # launch attributes and shared memory follow the chosen module, not the recorded nodes
         assert {launch.shared for launch in kernels} == {_shared(chosen)}
         assert any(launch.pdl for launch in kernels) == (CAPABILITY[chosen] >= 90)
-        # the transport's own fatbin: PDL where the device has it, whatever the kernels' path
-        (complete_out,) = [launch for launch in chain if launch.function == tp.COMPLETE_OUT]
+        # the staging copy's own fatbin: PDL where the device has it, whatever the kernels' path
+        (complete_out,) = [launch for launch in chain if launch.function == sc.COMPLETE_OUT]
         assert complete_out.pdl == (capability >= (9, 0))
     finally:
         executor.close()
@@ -146,8 +146,8 @@ def test_kernel_table_disagreements_are_reported() -> None:
 
 def test_preparation_rejects_a_kernel_over_its_targets_shared_memory() -> None:
     pytest.importorskip("triton")
-    from ignition.kernels import compiler, targets
-    from ignition.kernels.library import KernelLibrary, KernelTargetError
+    from ignition.gpu_kernels import compiler, targets
+    from ignition.gpu_kernels.library import KernelLibrary, KernelTargetError
 
     kernel = compiler.CompiledKernel(kernel_id="tokens.select_input.v1", symbol="select_input_ids", cubin=b"",
                                      ptx=b"", num_warps=4, num_stages=2, shared_bytes=120 * 1024, pdl=False,
@@ -177,8 +177,8 @@ def default_manifest(default_core) -> M.ExecutionManifest:
 
 def test_the_default_core_carries_every_architecture_and_their_tables_agree(default_manifest) -> None:
     pytest.importorskip("triton")
-    from ignition.kernels.library import KernelLibrary
-    from ignition.kernels.targets import default_archs
+    from ignition.gpu_kernels.library import KernelLibrary
+    from ignition.gpu_kernels.targets import default_archs
 
     found = {a.name: a for a in architectures(default_manifest.modules)}
     assert tuple(found) == default_archs() == ALL, "a stale default core? `make core` re-prepares it"

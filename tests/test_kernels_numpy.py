@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helios_backend.kernels import abi, attention, linear, rope, sampling, state
+from helios_backend.kernel_abi import abi, attention, linear, rope, sampling, state
 
 RNG = np.random.default_rng(7)
 
@@ -287,7 +287,7 @@ def test_abi_table_references_match_parameter_count():
 # ---- snapshot continuation rows --------------------------------------------------------------
 
 def test_snapshot_then_restore_copies_the_endpoint_page_through_a_continuation_row():
-    from helios_backend.kernels import cache
+    from helios_backend.kernel_abi import cache
 
     page_tokens, pages_per_row, page_stride, rows = 4, 3, 10, 2
     k_plane = RNG.standard_normal(8 * page_stride).astype(np.float32)
@@ -319,7 +319,7 @@ def test_snapshot_then_restore_copies_the_endpoint_page_through_a_continuation_r
 
 
 def test_keep_logits_copies_live_sampling_rows_only():
-    from helios_backend.kernels.logprobs import keep_logits
+    from helios_backend.kernel_abi.logprobs import keep_logits
     logits = RNG.standard_normal((3, 8)).astype(np.float32)
     raw = np.zeros((3, 8), np.float32)
     keep_logits(raw.reshape(-1), logits.reshape(-1), np.array([0, 1, 2], np.int32), np.array([1, 0, 1], np.int32),
@@ -328,7 +328,7 @@ def test_keep_logits_copies_live_sampling_rows_only():
 
 
 def test_logprobs_are_the_log_softmax_of_the_sampled_token_and_the_top_n():
-    from helios_backend.kernels.logprobs import logprob_record_words, sampled_logprobs
+    from helios_backend.kernel_abi.logprobs import logprob_record_words, sampled_logprobs
     rows, vocab, top_n, base = 3, 97, 20, 6
     logits = (RNG.standard_normal((rows, vocab)) * 4).astype(np.float32)
     logits[1, [5, 40]] = logits[1].max() + 2                 # a tie: lower id first
@@ -378,7 +378,7 @@ def test_draw_v2_is_adjust_then_draw_over_a_copy_of_the_logits():
 
 
 def test_logprobs_v2_write_only_the_rows_that_asked():
-    from helios_backend.kernels.logprobs import logprob_record_words, requested_logprobs, sampled_logprobs
+    from helios_backend.kernel_abi.logprobs import logprob_record_words, requested_logprobs, sampled_logprobs
     rows, vocab, top_n = 3, 50, 4
     logits = RNG.standard_normal((rows, vocab)).astype(np.float32).reshape(-1)
     params = np.zeros((rows, 8), np.float32)

@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("triton")
 
-from helios_backend.kernels import abi  # noqa: E402
-from ignition.kernels.specs import KERNEL_SPECS  # noqa: E402
-from tests.test_kernels_sampling_triton import (BISECTION, DRAW_SETTINGS, GREEDY, PREFIX,  # noqa: E402
+from helios_backend.kernel_abi import abi  # noqa: E402
+from ignition.gpu_kernels.specs import KERNEL_SPECS  # noqa: E402
+from tests.test_gpu_kernels_sampling import (BISECTION, DRAW_SETTINGS, GREEDY, PREFIX,  # noqa: E402
                                                 _draw_case, _logprobs_case, check_draw)
-from tests.test_kernels_triton import _logprobs_case as _logprobs_v1_case  # noqa: E402
-from tests.test_kernels_triton import (InterpreterRunner, _sampling_rows,  # noqa: E402
+from tests.test_gpu_kernels import _logprobs_case as _logprobs_v1_case  # noqa: E402
+from tests.test_gpu_kernels import (InterpreterRunner, _sampling_rows,  # noqa: E402
                                        check_against_reference, interpreter, library)
 
 RNG = np.random.default_rng(151936)

@@ -1,5 +1,5 @@
 """Serving with numpy 2 in the Python backend stub's environment (Triton 2.51's stub misreads
-numpy 2 arrays; docs/transport.md says how the adapter avoids that), against a real
+numpy 2 arrays; docs/exchange.md says how the adapter avoids that), against a real
 tritonserver: the own-stream path and the gateway's channel path give the same tokens as a
 stub running numpy 1."""
 from __future__ import annotations

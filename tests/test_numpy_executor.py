@@ -15,7 +15,7 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.executors.base import MissingVariantError, UnknownKernelIdError
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions
-from helios_backend.kernels.rope import ROPE_HALF_PAIRS
+from helios_backend.kernel_abi.rope import ROPE_HALF_PAIRS
 from helios_backend.engine.model import ModelLoadError, ModelOptions, NativeModel
 from helios_backend.packing import PackedLane, SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
@@ -240,7 +240,7 @@ def test_completion_records_follow_the_spec(smollm2_model):
 def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2_model, penalty):
     # issue 5 item 6: sampling.logprobs.v2 after the draw, over the raw logits (vLLM's default):
     # sampling.draw.v2 applies the penalties on the fly, so scratch.logits keeps the raw logits
-    from helios_backend.kernels.sampling import adjust_logits
+    from helios_backend.kernel_abi.sampling import adjust_logits
     from helios_backend.scheduler.completion import CompletionFormat
     fmt = CompletionFormat.from_layout(smollm2_model.execution_manifest.completion)
     top = fmt.top_k
@@ -383,7 +383,7 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
 
 def test_nodes_write_only_through_pointers_their_abi_declares_writable(smollm2_bootstrap):
     # spec: STA-3, STA-7 (state accesses are derived from the ABI's access marks, so the marks must hold)
-    from helios_backend.kernels import abi
+    from helios_backend.kernel_abi import abi
 
     model = NativeModel.load(smollm2_bootstrap.contract, smollm2_bootstrap.manifest, smollm2_bootstrap.read_resource,
                              ModelOptions(concurrency=2, cache_pages=8))

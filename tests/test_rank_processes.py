@@ -267,7 +267,7 @@ class Collect:
         self.done = threading.Event()
 
     def send(self, arrays, final):  # type: ignore[no-untyped-def]
-        from helios_backend.transport import OUT_EVENT, OUT_TOKENS, decode_event
+        from helios_backend.exchange import OUT_EVENT, OUT_TOKENS, decode_event
         self.tokens.extend(arrays[OUT_TOKENS].tolist())
         if self.tokens:
             self.first.set()

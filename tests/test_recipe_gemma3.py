@@ -220,8 +220,8 @@ def test_the_cuda_executor_loads_the_core_prepared_with_kernels(tmp_path: pathli
     captures every program."""
     pytest.importorskip("triton")
     from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOptions
-    from ignition.kernels.library import KernelLibrary
-    from ignition.kernels.specs import SPECS_BY_ID
+    from ignition.gpu_kernels.library import KernelLibrary
+    from ignition.gpu_kernels.specs import SPECS_BY_ID
     from tests.gpu.fake_driver import FakeDriver
 
     shape = dataclasses.replace(TinyGemmaShape(), head_dim=256)

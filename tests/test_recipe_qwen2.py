@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helios_backend.frontend.tokenizer import FrontendTokenizer
-from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS
+from helios_backend.kernel_abi.rope import ROPE_ADJACENT_PAIRS
 from helios_backend.engine.model import ModelOptions, NativeModel
 from ignition.preparation.prepare import prepare
 from ignition.recipes import qwen2_5_coder_0_5b_instruct as recipe

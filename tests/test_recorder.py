@@ -7,7 +7,7 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.contract import PreparedContract
-from helios_backend.kernels import abi
+from helios_backend.kernel_abi import abi
 from ignition.preparation import contract as shared
 from ignition.recorder import Recorder, RecordingError, Ref
 from tests.engine_fixtures import prepared_in_memory

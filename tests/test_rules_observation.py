@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Emitted, Terminal
 from helios_backend.engine.responses import ResponseHub, Stream
-from helios_backend.transport import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
+from helios_backend.exchange import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
 from helios_backend.engine.loop import EngineLoop, SynchronousRunner
 from tests.scheduler_sim import reference_tokens
 from tests.test_rules_scheduler import VOCAB, make, prompt_of, spec
@@ -48,7 +48,7 @@ class Recorder:
         return [v for _, arrays, _ in self.sends if name in arrays for v in arrays[name].tolist()]
 
     @property
-    def finals(self) -> list[tp.ResponseEvent]:
+    def finals(self) -> list[ep.ResponseEvent]:
         return [decode_event(a[OUT_EVENT]) for _, a, final in self.sends if final]
 
 
@@ -138,8 +138,8 @@ def test_event_queue_holds_the_whole_budget_and_grows_as_events_arrive():
         hub.deliver([Emitted(5, t, 1000 + t, -0.5, None, None)])
         sizes.append(len(stream.pending.tokens))
     assert sizes == list(range(1, budget))       # one entry per event that arrived, no more
-    hub.deliver([Terminal(5, tp.TerminalEvent(finished=tp.Finished(
-        reason=tp.FINISH_REASON_LENGTH, usage=tp.Usage(completion_tokens=budget))))])
+    hub.deliver([Terminal(5, ep.TerminalEvent(finished=ep.Finished(
+        reason=ep.FINISH_REASON_LENGTH, usage=ep.Usage(completion_tokens=budget))))])
     gate.set()
     assert sender.done.wait(10)
     hub.stop()
@@ -158,10 +158,10 @@ def served():
     from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
     gguf = GGUFModel.open(default_gguf_path())
-    assets = tp.FrontendAssets(
-        version=tp.TRANSPORT_VERSION_1, served_id="test-model", tokenizer_json=tokenizer_json_from_gguf(gguf).encode(),
+    assets = ep.FrontendAssets(
+        version=ep.TRANSPORT_VERSION_1, served_id="test-model", tokenizer_json=tokenizer_json_from_gguf(gguf).encode(),
         chat_template=gguf.chat_template, eos_token_ids=[2], top_logprobs_capacity=0,
-        limits=tp.ServingLimits(context_tokens=2048, queue_capacity=4, max_active=2, frontend_workers=1,
+        limits=ep.ServingLimits(context_tokens=2048, queue_capacity=4, max_active=2, frontend_workers=1,
                                 sampled_vocabulary=49152))
     return ServedModel.from_assets(assets)
 
@@ -183,7 +183,7 @@ def _sse_chunks(served, ids: list[int], **fields) -> list[dict]:  # type: ignore
     for i, token in enumerate(ids):          # one backend batch per token: the finest event stream
         batch = TokenBatch(np.asarray([token], np.int32), np.asarray([100 + i], np.int64), None, None, None)
         out += b"".join(presenter.stream(translator.tokens(batch)))
-    finished = tp.TerminalEvent(finished=tp.Finished(reason=tp.FINISH_REASON_EOS, usage=tp.Usage(
+    finished = ep.TerminalEvent(finished=ep.Finished(reason=ep.FINISH_REASON_EOS, usage=ep.Usage(
         prompt_tokens=9, completion_tokens=len(ids))))
     out += b"".join(presenter.stream(translator.terminal(finished)))
     frames = [f for f in out.decode().split("\n\n") if f and f != "data: [DONE]"]
@@ -453,7 +453,7 @@ class FailOnce:
         return self.engine.run(plan)
 
 
-def _backend_terminals() -> dict[str, tp.TerminalEvent]:
+def _backend_terminals() -> dict[str, ep.TerminalEvent]:
     from helios_backend.scheduler.host_stops import HostStopCheck
     from helios_backend.scheduler.request import StopSettings
     from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -480,7 +480,7 @@ def _backend_terminals() -> dict[str, tp.TerminalEvent]:
             sched.add(serial, spec(prompts[name], max_tokens=12 if name != "length" else 5,
                                    stops=stops.get(name, StopSettings())))
     runner = FailOnce(engine, serial=fail)
-    out: dict[str, tp.TerminalEvent] = {}
+    out: dict[str, ep.TerminalEvent] = {}
     for _ in range(200):
         plan = sched.schedule()
         if plan is None:
@@ -515,11 +515,11 @@ def test_termination_kinds_keep_distinct_semantics(served):
     assert set(terminals) == {"eos", "length", "string", "token", "cancel", "fail"}
     finished = {n: e.finished for n, e in terminals.items() if e.WhichOneof("outcome") == "finished"}
     assert {n: f.reason for n, f in finished.items()} == {
-        "eos": tp.FINISH_REASON_EOS, "length": tp.FINISH_REASON_LENGTH, "string": tp.FINISH_REASON_STOP_STRING,
-        "token": tp.FINISH_REASON_STOP_TOKEN, "cancel": tp.FINISH_REASON_CANCELLED}
+        "eos": ep.FINISH_REASON_EOS, "length": ep.FINISH_REASON_LENGTH, "string": ep.FINISH_REASON_STOP_STRING,
+        "token": ep.FINISH_REASON_STOP_TOKEN, "cancel": ep.FINISH_REASON_CANCELLED}
     assert terminals["fail"].WhichOneof("outcome") == "failed"
     assert finished["eos"].usage.completion_tokens == 3 and finished["length"].usage.completion_tokens == 5
-    assert finished["string"].stop.kind == tp.STOP_KIND_STRING and finished["token"].stop.kind == tp.STOP_KIND_TOKEN_ID
+    assert finished["string"].stop.kind == ep.STOP_KIND_STRING and finished["token"].stop.kind == ep.STOP_KIND_TOKEN_ID
     assert not finished["eos"].HasField("stop") and not finished["length"].HasField("stop")
     # the gateway keeps them apart: EOS is not a user stop, a limit is not a stop, a backend
     # cancellation and an execution failure are errors of their own

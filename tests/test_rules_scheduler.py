@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler import scheduler as scheduler_module
 from helios_backend.scheduler.completion import CompletionFormat, parse_and_validate
@@ -92,7 +92,7 @@ def tokens_of(evs: list[object]) -> list[int]:
     return [e.token for e in evs if isinstance(e, Emitted)]
 
 
-def terminal(evs: list[object]) -> tp.TerminalEvent:
+def terminal(evs: list[object]) -> ep.TerminalEvent:
     ts = [e for e in evs if isinstance(e, Terminal)]
     assert len(ts) == 1
     return ts[0].event
@@ -268,7 +268,7 @@ class Sender:
         self.done = threading.Event()
 
     def send(self, arrays, final):  # type: ignore[no-untyped-def]
-        from helios_backend.transport import OUT_EVENT, OUT_TOKENS, decode_event
+        from helios_backend.exchange import OUT_EVENT, OUT_TOKENS, decode_event
         self.tokens.extend(arrays[OUT_TOKENS].tolist())
         if final:
             self.finals.append(decode_event(arrays[OUT_EVENT]))
@@ -317,7 +317,7 @@ def test_worker_keeps_one_round_outstanding_and_decides_the_stop_before_the_next
     runner, senders = _serve([(1, spec(prompt, max_tokens=30, stops=StopSettings(strings=(stop,))))])
     assert senders[1].tokens == ref[:6]
     fin = senders[1].finals[0].terminal.finished
-    assert fin.reason == tp.FINISH_REASON_STOP_STRING and fin.usage.completion_tokens == 6
+    assert fin.reason == ep.FINISH_REASON_STOP_STRING and fin.usage.completion_tokens == 6
     assert runner.max_outstanding[True] == 1
     # one prefill round and one decode round per further token: no round after the match
     assert runner.rounds_of[1] == 6
@@ -354,7 +354,7 @@ def test_host_stop_releases_its_private_candidate_only_after_the_fence():
     sched.complete(plan, rows)                     # its fence: the stop is decided now
     collect(sched, events)
     fin = terminal(events[0]).finished
-    assert fin.reason == tp.FINISH_REASON_STOP_TOKEN and tokens_of(events[0]) == ref[:5]
+    assert fin.reason == ep.FINISH_REASON_STOP_TOKEN and tokens_of(events[0]) == ref[:5]
     assert sched.pool.used_pages == 0
     # the private partial page (the publication candidate) was discarded, not published
     assert all(not sched.pool.is_published(p) for p in private)
@@ -369,7 +369,7 @@ def test_host_stop_keeps_published_history_unchanged():
     sched, engine = make()
     sched.add(0, request)
     events = run_all(sched, engine)
-    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_STOP_TOKEN
+    assert terminal(events[0]).finished.reason == ep.FINISH_REASON_STOP_TOKEN
     published_before = {p: engine.cache[p].copy() for p in range(sched.config.num_pages) if sched.pool.is_published(p)}
     assert len(published_before) >= 4             # the prompt's 3 pages and the first output page
     # the consumed history (prompt + 6 consumed outputs; the stop token was never consumed)
@@ -418,7 +418,7 @@ def test_observation_changes_no_termination_lookup_limit_or_schedule():
     assert tokens_obs == tokens_plain
     assert outcomes_obs == outcomes_plain                      # finish reasons, limits, prefix reuse
     assert any(o[2] > 0 for o in outcomes_plain.values())      # prefix lookup was exercised
-    assert sum(o[0] == tp.FINISH_REASON_LENGTH for o in outcomes_plain.values()) >= 2
+    assert sum(o[0] == ep.FINISH_REASON_LENGTH for o in outcomes_plain.values()) >= 2
     assert set(stamps_plain) == {-1} and min(stamps_obs) >= 0   # and observation did happen
 
 

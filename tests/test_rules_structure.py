@@ -218,7 +218,7 @@ def test_recipes_cannot_install_scheduling_or_state_update_code(prepared):
     kinds = {r.kind for r in prepared.resources}
     assert kinds <= {v for k, v in _resource_kinds().items() if k != "UNSPECIFIED"}
     # and every program node is a kernel id of the ABI table (no host callbacks)
-    from helios_backend.kernels import abi
+    from helios_backend.kernel_abi import abi
     for program in prepared.manifest.programs:
         assert all(n.kind == M.NODE_KIND_KERNEL and n.kernel in abi.KERNELS for n in program.nodes), program.name
 
@@ -249,7 +249,7 @@ def test_one_package_whose_extras_select_serving_and_the_cuda_executor():
 
 def _core_modules() -> dict[str, ast.Module]:
     out = _sources("helios_backend/core", "helios_backend/contract", "helios_backend/scheduler",
-                   "helios_backend/kernels")
+                   "helios_backend/kernel_abi")
     for single in ("helios_backend/packing.py", "helios_backend/engine/model.py", "helios_backend/engine/bootstrap.py",
                    "helios_backend/executors/numpy_executor.py"):
         out[single] = ast.parse((ROOT / single).read_text(), single)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.host_stops import HostStopCheck
@@ -52,7 +52,7 @@ def tokens_of(evs: list[object]) -> list[int]:
     return [e.token for e in evs if isinstance(e, Emitted)]
 
 
-def terminal(evs: list[object]) -> tp.TerminalEvent:
+def terminal(evs: list[object]) -> ep.TerminalEvent:
     ts = [e for e in evs if isinstance(e, Terminal)]
     assert len(ts) == 1, "exactly one terminal event per request"
     return ts[0].event
@@ -70,7 +70,7 @@ def test_concurrent_requests_match_one_at_a_time() -> None:
     for i in range(12):
         assert tokens_of(events[i]) == reference_tokens(prompt_of(i, 5 + i), 6, VOCAB)
         fin = terminal(events[i]).finished
-        assert fin.reason == tp.FINISH_REASON_LENGTH
+        assert fin.reason == ep.FINISH_REASON_LENGTH
         assert (fin.usage.prompt_tokens, fin.usage.completion_tokens) == (5 + i, 6)
     assert engine.writes_to_shared == []
     assert sched.pool.used_pages == 0 and sched.running == 0
@@ -150,7 +150,7 @@ def test_page_shortage_preempts_newest_and_everything_completes() -> None:  # sp
     assert sched.counters.preemptions > 0
     for i, p in enumerate(prompts):
         assert tokens_of(events[i]) == reference_tokens(p, 12, VOCAB)
-        assert terminal(events[i]).finished.reason == tp.FINISH_REASON_LENGTH
+        assert terminal(events[i]).finished.reason == ep.FINISH_REASON_LENGTH
     assert engine.writes_to_shared == []
     assert sched.pool.used_pages == 0
 
@@ -178,7 +178,7 @@ def test_cancel_frees_pages_and_ends_with_cancelled() -> None:  # spec: CACHE-23
     assert sched.pool.used_pages > 0
     sched.cancel(0)
     events = run_all(sched, engine)
-    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_CANCELLED
+    assert terminal(events[0]).finished.reason == ep.FINISH_REASON_CANCELLED
     assert tokens_of(events[1]) == reference_tokens(prompt_of(1, 9), 5, VOCAB)
     assert sched.pool.used_pages == 0 and sched.running == 0
 
@@ -188,7 +188,7 @@ def test_prompt_beyond_capacity_is_rejected_and_others_go_on() -> None:  # spec:
     sched.add(0, spec(prompt_of(0, 5), max_tokens=4))
     with pytest.raises(AdmissionRejected) as info:
         sched.add(1, spec(prompt_of(1, 40)))
-    assert info.value.reason == tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
+    assert info.value.reason == ep.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
     assert info.value.limit == 31 and info.value.requested == 40
     events = run_all(sched, engine)
     assert tokens_of(events[0]) == reference_tokens(prompt_of(0, 5), 4, VOCAB)
@@ -198,7 +198,7 @@ def test_logprobs_need_recorded_logprobs() -> None:  # spec: OWN-21
     sched, _ = make()
     with pytest.raises(AdmissionRejected) as info:
         sched.add(0, spec([1, 2], logprobs=True))
-    assert info.value.reason == tp.REJECTION_REASON_UNSUPPORTED_FEATURE
+    assert info.value.reason == ep.REJECTION_REASON_UNSUPPORTED_FEATURE
     with pytest.raises(AdmissionRejected):
         sched.add(1, spec([1, 2], top_logprobs=2))
 
@@ -208,7 +208,7 @@ def test_output_limit_is_clipped_to_the_context() -> None:
     sched.add(0, spec(prompt_of(0, 12), max_tokens=100))
     events = run_all(sched, engine)
     assert len(tokens_of(events[0])) == 4
-    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_LENGTH
+    assert terminal(events[0]).finished.reason == ep.FINISH_REASON_LENGTH
 
 
 def test_queue_capacity_and_invalid_ids() -> None:  # spec: HTTP-5
@@ -217,7 +217,7 @@ def test_queue_capacity_and_invalid_ids() -> None:  # spec: HTTP-5
         sched.add(serial, spec([1, 2]))
     with pytest.raises(AdmissionRejected) as info:
         sched.add(3, spec([1, 2]))
-    assert info.value.reason == tp.REJECTION_REASON_QUEUE_FULL
+    assert info.value.reason == ep.REJECTION_REASON_QUEUE_FULL
     sched.cancel(0)                     # HTTP released its permit: its place is free again
     sched.add(3, spec([1, 2]))
     with pytest.raises(AdmissionRejected):
@@ -235,8 +235,8 @@ def test_token_stop_ends_the_request_with_its_match() -> None:  # spec: STOP-19,
     events = run_all(sched, engine)
     fin = terminal(events[0]).finished
     assert tokens_of(events[0]) == ref[:4]             # the crossing token is observed and counted
-    assert fin.reason == tp.FINISH_REASON_STOP_TOKEN and fin.usage.completion_tokens == 4
-    assert (fin.stop.kind, fin.stop.index, fin.stop.presented_tokens) == (tp.STOP_KIND_TOKEN_ID, 0, 3)
+    assert fin.reason == ep.FINISH_REASON_STOP_TOKEN and fin.usage.completion_tokens == 4
+    assert (fin.stop.kind, fin.stop.index, fin.stop.presented_tokens) == (ep.STOP_KIND_TOKEN_ID, 0, 3)
     assert not sched.host_stop_barrier
 
 
@@ -248,7 +248,7 @@ def test_token_sequence_stop() -> None:
                       stops=StopSettings(token_sequences=((1, 2), (ref[2], ref[3])))))
     events = run_all(sched, engine)
     fin = terminal(events[0]).finished
-    assert (fin.stop.kind, fin.stop.index, fin.stop.presented_tokens) == (tp.STOP_KIND_TOKEN_SEQUENCE, 1, 2)
+    assert (fin.stop.kind, fin.stop.index, fin.stop.presented_tokens) == (ep.STOP_KIND_TOKEN_SEQUENCE, 1, 2)
 
 
 def test_bad_completion_fails_its_lanes_only() -> None:  # spec: CACHE-13, CACHE-14, CACHE-15, CACHE-25
@@ -385,7 +385,7 @@ def test_two_frames_discard_the_token_after_eos() -> None:  # spec: SPEC-50, FE-
     sched.add(0, spec(prompt, max_tokens=12))
     events = run_two_frames(sched, engine)
     assert tokens_of(events[0]) == ref[:ref.index(ref[5]) + 1]          # the pipelined extra is suppressed
-    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_EOS
+    assert terminal(events[0]).finished.reason == ep.FINISH_REASON_EOS
     assert sched.counters.pipelined > 0 and sched.pool.used_pages == 0
 
 
@@ -625,7 +625,7 @@ def test_ignore_eos_runs_to_the_output_limit_pipelined() -> None:
     sched.add(0, spec(prompt, max_tokens=12, ignore_eos=True))
     events = run_two_frames(sched, engine)
     assert tokens_of(events[0]) == ref                                   # the EOS id did not end it
-    assert terminal(events[0]).finished.reason == tp.FINISH_REASON_LENGTH
+    assert terminal(events[0]).finished.reason == ep.FINISH_REASON_LENGTH
     assert sched.counters.pipelined > 0                                  # no host feedback needed
 
 
@@ -686,7 +686,7 @@ def test_the_second_frame_survives_endings_and_rounds_of_prompts() -> None:  # s
     assert not sched.has_work() and submitted == total
     for i in range(total):
         assert tokens_of(events[i]) == reference_tokens(prompts[i], limits[i], VOCAB)
-        assert terminal(events[i]).finished.reason == tp.FINISH_REASON_LENGTH
+        assert terminal(events[i]).finished.reason == ep.FINISH_REASON_LENGTH
     assert sched.pool.used_pages == 0 and engine.writes_to_shared == []
     # the second frame followed decode rounds that ended requests, and rounds that admitted some
     assert cp.OPERATION_DECODE in kinds_behind

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.scheduler import Emitted, Terminal
 from helios_backend.engine.faults import FaultTrigger, FaultyRunner, FaultySink
 from helios_backend.engine.metrics import FAMILY, MetricsThread, Op, update
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import SettingsError, StartupOptions, resolve
-from helios_backend.transport import OUT_EVENT, OUT_TOKENS, decode_event
+from helios_backend.exchange import OUT_EVENT, OUT_TOKENS, decode_event
 from helios_backend.engine.loop import EngineLoop, SynchronousRunner
 from tests.scheduler_sim import reference_tokens
 from tests.test_scheduler_loop import VOCAB, make, prompt_of, spec
@@ -46,7 +46,7 @@ class RecordingSender:
         return [t for arrays, _ in self.sends for t in arrays[OUT_TOKENS].tolist()]
 
     @property
-    def finals(self) -> list[tp.ResponseEvent]:
+    def finals(self) -> list[ep.ResponseEvent]:
         return [decode_event(a[OUT_EVENT]) for a, final in self.sends if final]
 
 
@@ -59,7 +59,7 @@ class Metrics:
 
 
 def finished_event(serial: int) -> Terminal:
-    return Terminal(serial, tp.TerminalEvent(finished=tp.Finished(reason=tp.FINISH_REASON_LENGTH)))
+    return Terminal(serial, ep.TerminalEvent(finished=ep.Finished(reason=ep.FINISH_REASON_LENGTH)))
 
 
 def test_tokens_coalesce_while_a_send_is_slow_and_nothing_is_lost() -> None:  # spec: HTTP-9, HTTP-10
@@ -162,7 +162,7 @@ def test_drain_finishes_admitted_requests_then_refuses() -> None:  # spec: OWN-1
     hub.stop()
     for serial, request_spec in jobs:
         assert senders[serial].tokens == reference_tokens(list(request_spec.prompt), 8, VOCAB)
-        assert senders[serial].finals[0].terminal.finished.reason == tp.FINISH_REASON_LENGTH
+        assert senders[serial].finals[0].terminal.finished.reason == ep.FINISH_REASON_LENGTH
     assert len(late.finals) == 1                      # never left hanging
 
 
@@ -184,7 +184,7 @@ def test_rejection_is_its_own_event() -> None:  # spec: HTTP-26
     hub.stop()
     rejected = senders[1].finals[0].terminal
     assert rejected.WhichOneof("outcome") == "rejected"
-    assert rejected.rejected.reason == tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
+    assert rejected.rejected.reason == ep.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
 
 
 def _contract(**defaults: object) -> cp.ServingContract:
@@ -267,8 +267,8 @@ def test_metrics_thread_applies_updates_and_checks_labels() -> None:  # spec: ME
 def test_the_packed_sampling_vector_says_whether_a_request_wants_logprob_records(wanted, top, packed):
     """sampling.logprobs.v2 skips rows whose word 7 is negative: only requests that asked for
     logprobs pay for the records."""
-    from helios_backend.transport import SpecDefaults, request_spec
-    gen = tp.GenerateRequest()
+    from helios_backend.exchange import SpecDefaults, request_spec
+    gen = ep.GenerateRequest()
     gen.logprobs.logprobs = wanted
     gen.logprobs.top_logprobs = top
     spec = request_spec(gen, np.array([1, 2, 3]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100))
@@ -281,24 +281,24 @@ def test_the_packed_sampling_vector_says_whether_a_request_wants_logprob_records
 ])
 def test_the_backend_checks_logit_bias_again(entries, capacity, message):
     # spec: BND-9
-    from helios_backend.transport import SpecDefaults, TransportError, request_spec
-    gen = tp.GenerateRequest()
+    from helios_backend.exchange import SpecDefaults, ExchangeError, request_spec
+    gen = ep.GenerateRequest()
     gen.logit_bias.update(entries)
-    with pytest.raises(TransportError) as refused:
+    with pytest.raises(ExchangeError) as refused:
         request_spec(gen, np.array([1, 2, 3]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100, capacity))
     assert refused.value.field == "logit_bias" and message in refused.value.message
 
 
 def test_a_valid_logit_bias_travels_as_arrays_of_distinct_ids():
     # spec: BND-9
-    from helios_backend.transport import SpecDefaults, request_spec
-    gen = tp.GenerateRequest()
+    from helios_backend.exchange import SpecDefaults, request_spec
+    gen = ep.GenerateRequest()
     gen.logit_bias.update({7: 100.0, 99: -100.0, 0: 0.5})
     spec = request_spec(gen, np.array([1, 2, 3]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100, 300))
     assert spec.logit_bias is not None
     assert dict(zip(spec.logit_bias.ids.tolist(), spec.logit_bias.values.tolist())) == {7: 100.0, 99: -100.0, 0: 0.5}
     assert spec.logit_bias.ids.dtype == np.int32 and spec.logit_bias.values.dtype == np.float32
-    assert request_spec(tp.GenerateRequest(), np.array([1]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100,
+    assert request_spec(ep.GenerateRequest(), np.array([1]), SpecDefaults(cp.SamplingDefaults(top_p=1.0), 16, 100,
                                                                           300)).logit_bias is None
 
 
@@ -335,7 +335,7 @@ def test_a_dead_worker_fails_every_request_once_and_reports_its_death(tmp_path: 
         [final] = sender.finals
         assert final.terminal.failed.message == deaths[0]
     [refused] = late.finals
-    assert refused.terminal.rejected.reason == tp.REJECTION_REASON_SHUTTING_DOWN
+    assert refused.terminal.rejected.reason == ep.REJECTION_REASON_SHUTTING_DOWN
     assert not worker.alive and not trigger.path.exists()
 
 

@@ -432,7 +432,7 @@ def test_scheduler_with_speculative_rounds_matches_plain_scheduling(model):
 def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(model):
     # spec: SPEC-50
     # spec: SPEC-51
-    from helios_proto import transport_pb2 as tp
+    from helios_proto import exchange_pb2 as ep
 
     sched, runner = _scheduler(model, SpeculativeScheduler)
     sched.add(0, RequestSpec(tuple(REPEATING), 12, SamplingSettings()))
@@ -451,7 +451,7 @@ def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(
     events = sched.take_events()
     assert not [e for e in events if isinstance(e, Emitted)]
     [terminal] = [e for e in events if isinstance(e, Terminal)]
-    assert terminal.event.finished.reason == tp.FINISH_REASON_CANCELLED
+    assert terminal.event.finished.reason == ep.FINISH_REASON_CANCELLED
     assert sched.request(0) is None and not sched.has_work()
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from helios_backend.kernels import abi
-from helios_backend.kernels import sampling as sampling_kernels
-from helios_backend.kernels.speculative import allocate_lengths, allocate_prefixes, broadcast_rank_zero, expand_block
+from helios_backend.kernel_abi import abi
+from helios_backend.kernel_abi import sampling as sampling_kernels
+from helios_backend.kernel_abi.speculative import allocate_lengths, allocate_prefixes, broadcast_rank_zero, expand_block
 
 
 def _brute_force(conf: np.ndarray, ceilings, P: int) -> np.ndarray:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from helios_backend.frontend.syntax.events import (
+from helios_backend.syntax.events import (
     ContentDelta,
     ParseErrorKind,
     ToolCallArgumentsDelta,
@@ -15,7 +15,7 @@ from helios_backend.frontend.syntax.events import (
     ToolCallStart,
     coalesce,
 )
-from helios_backend.frontend.syntax.prompt_state import InitialState, ReasoningStart
+from helios_backend.syntax.prompt_state import InitialState, ReasoningStart
 from tests.syntax_cases import (
     A, D, FRAMES, G, Q, THINK, X, XTHINK, engine, feed_by_token, model, parse, stream, tok,
 )

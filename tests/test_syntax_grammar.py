@@ -19,15 +19,15 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarTokenizer
-from helios_backend.frontend.syntax.engine import ModelSyntax
-from helios_backend.frontend.syntax.events import collect
-from helios_backend.frontend.syntax.grammar import (
+from helios_backend.syntax.engine import ModelSyntax
+from helios_backend.syntax.events import collect
+from helios_backend.syntax.grammar import (
     AnswerFormat, ConstraintRequest, InvalidToolChoiceError, RequestGrammar, ToolChoiceMode, ToolSpec, build_request_grammar, check_grammar,
 )
-from helios_backend.frontend.syntax.markup import atomic_tokens_from_tokenizer_json
-from helios_backend.frontend.syntax.prompt_state import InitialState, ReasoningStart
-from helios_backend.frontend.syntax.schema_check import UnsupportedSchemaError
-from helios_backend.frontend.syntax.tables import preset
+from helios_backend.syntax.markup import atomic_tokens_from_tokenizer_json
+from helios_backend.syntax.prompt_state import InitialState, ReasoningStart
+from helios_backend.syntax.schema_check import UnsupportedSchemaError
+from helios_backend.syntax.tables import preset
 from tests.syntax_cases import FRAMES, PAIRINGS, Q, THINK
 
 EOS = 2  # <|im_end|>
@@ -377,7 +377,7 @@ def test_grammar_text_is_valid_llguidance(tokenizer_json, grammar_tokenizer):
 
 def test_request_plan_gives_the_grammar_and_a_parser_per_choice(tokenizer_json, grammar_tokenizer):
     # spec: FE-38, FE-41
-    from helios_backend.frontend.syntax.request import plan_request
+    from helios_backend.syntax.request import plan_request
     ms = _model("qwen_coder+think", tokenizer_json)
     prompt = "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
     request = ConstraintRequest(tools=(ToolSpec("forecast", FORECAST),), tool_choice=ToolChoiceMode.REQUIRED)

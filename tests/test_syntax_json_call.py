@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from helios_proto import contract_pb2 as pb
 
-from helios_backend.frontend.syntax.events import collect
-from helios_backend.frontend.syntax.json_extent import JsonExtent
-from helios_backend.frontend.syntax.prompt_state import InitialState, ReasoningStart
+from helios_backend.syntax.events import collect
+from helios_backend.syntax.json_extent import JsonExtent
+from helios_backend.syntax.prompt_state import InitialState, ReasoningStart
 from tests.syntax_cases import J, PLAIN_ID, canonical_events, engine, feed_random_deltas, model, parse, stream
 
 NONE = pb.REASONING_PARSER_NONE
@@ -85,7 +85,7 @@ def test_extent_finds_where_the_object_closes(text: str, closes_at: int | None):
 
 
 def test_a_model_without_tool_syntax_refuses_forced_calls():
-    from helios_backend.frontend.syntax.grammar import (ConstraintRequest, InvalidToolChoiceError, ToolChoiceMode,
+    from helios_backend.syntax.grammar import (ConstraintRequest, InvalidToolChoiceError, ToolChoiceMode,
                                                         ToolSpec, build_request_grammar)
 
     request = ConstraintRequest(tools=(ToolSpec("get_time"),), tool_choice=ToolChoiceMode.REQUIRED)

@@ -19,12 +19,12 @@ import pytest
 from helios_backend.frontend.chat_template import ChatTemplate
 from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarTokenizer
 from helios_backend.frontend.prompt import encode_chat
-from helios_backend.frontend.syntax.engine import ModelSyntax
-from helios_backend.frontend.syntax.events import ParsedOutput, collect
-from helios_backend.frontend.syntax.grammar import AnswerFormat, ConstraintRequest, ToolChoiceMode, ToolSpec
-from helios_backend.frontend.syntax.markup import atomic_tokens_from_tokenizer_json
-from helios_backend.frontend.syntax.request import plan_request
-from helios_backend.frontend.syntax.tables import FrontendSyntax
+from helios_backend.syntax.engine import ModelSyntax
+from helios_backend.syntax.events import ParsedOutput, collect
+from helios_backend.syntax.grammar import AnswerFormat, ConstraintRequest, ToolChoiceMode, ToolSpec
+from helios_backend.syntax.markup import atomic_tokens_from_tokenizer_json
+from helios_backend.syntax.request import plan_request
+from helios_backend.syntax.tables import FrontendSyntax
 from helios_backend.frontend.tokenizer import FrontendTokenizer
 from ignition.recipes.syntax_variants import VARIANTS, SyntaxVariant, variant_frontend
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from helios_proto import contract_pb2 as pb
 
-from helios_backend.frontend.syntax.prompt_state import ReasoningStart, initial_state
-from helios_backend.frontend.syntax.tables import FrontendSyntax, chatml_prefix_rules, preset
+from helios_backend.syntax.prompt_state import ReasoningStart, initial_state
+from helios_backend.syntax.tables import FrontendSyntax, chatml_prefix_rules, preset
 from tests.syntax_cases import A, FRAMES, Q, THINK
 
 THINKING = preset(Q, THINK)

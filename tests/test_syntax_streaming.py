@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helios_backend.frontend.syntax.engine import syntax_delimiters
-from helios_backend.frontend.syntax.events import coalesce, collect
-from helios_backend.frontend.syntax.prompt_state import InitialState, ReasoningStart
+from helios_backend.syntax.engine import syntax_delimiters
+from helios_backend.syntax.events import coalesce, collect
+from helios_backend.syntax.prompt_state import InitialState, ReasoningStart
 from tests.syntax_cases import (
     ATOMS, FRAMES, PAIRINGS, PLAIN_ID, engine, feed_by_char, feed_random_deltas, model, syntax_of,
 )

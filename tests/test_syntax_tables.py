@@ -11,8 +11,8 @@ from helios_proto import contract_pb2 as pb
 from helios_backend.contract.catalog import CheckContext
 from helios_backend.contract.checks_frontend import check_frontend
 from helios_backend.contract.errors import ContractError
-from helios_backend.frontend.syntax.tables import FrontendSyntax, preset
-from helios_backend.frontend.syntax.validate import FrontendSyntaxError, frontend_problems, validate_frontend
+from helios_backend.syntax.tables import FrontendSyntax, preset
+from helios_backend.syntax.validate import FrontendSyntaxError, frontend_problems, validate_frontend
 from tests.syntax_cases import A, D, FRAMES, G, PAIRINGS, Q, THINK, X, XTHINK
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -112,7 +112,7 @@ _SPEC_SYNTAX_IDS = re.compile(r"TOOL_PARSER_(QWEN_CODER_FUNCTION_TAGS|GLM_ARGUME
 def test_no_model_names_in_the_syntax_code():
     # spec: FE-2, FE-51
     frontend = ROOT / "helios_backend" / "frontend"
-    paths = sorted((frontend / "syntax").rglob("*.py")) + [frontend / "grammar_runtime.py"]
+    paths = sorted((ROOT / "helios_backend" / "syntax").rglob("*.py")) + [frontend / "grammar_runtime.py"]
     offenders = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
         for path in paths

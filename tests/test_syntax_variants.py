@@ -7,7 +7,7 @@ from helios_proto import contract_pb2 as pb
 
 from helios_backend.contract.catalog import CheckContext
 from helios_backend.contract.checks_frontend import check_frontend
-from helios_backend.frontend.syntax.tables import FrontendSyntax
+from helios_backend.syntax.tables import FrontendSyntax
 from ignition.recipes import smollm2_135m_instruct as base
 from ignition.recipes.syntax_variants import VARIANTS, recipe_module, recipes
 

@@ -69,7 +69,7 @@ def _programs(manifest: M.ExecutionManifest, rank: int) -> dict[str, M.Program]:
 
 
 def _immediates(node: M.Node, *names: str) -> tuple:
-    from helios_backend.kernels import abi
+    from helios_backend.kernel_abi import abi
 
     params = [p.name for p in abi.kernel(node.kernel).params]
     return tuple(getattr(node.args[params.index(n)], node.args[params.index(n)].WhichOneof("value")) for n in names)
@@ -215,7 +215,7 @@ def test_block_matrices_are_cut_between_blocks_as_their_expansion_is():
     # spec: OWN-2 (a rank's shard keeps the declared block storage where the cut allows)
     import gguf
     import gguf.quants
-    from helios_backend.kernels.blocks import BlockMatrix
+    from helios_backend.kernel_abi.blocks import BlockMatrix
     from helios_proto import contract_pb2 as C
 
     partition = Partition.plan([PartitionedDimension("ffn", 4, uneven=False)], 2)
@@ -284,7 +284,7 @@ def test_every_rank_program_plans_for_the_cuda_executor(tp_bootstrap):
     """Per-rank programs resolve against each rank's own arena, all-reduces included (CPU, no driver)."""
     from helios_backend.executors.cuda.plan import (AllReduceLaunch, BufferAddresses, kernel_table, layout_arena,
                                                     plan_program)
-    from helios_backend.kernels import abi
+    from helios_backend.kernel_abi import abi
 
     manifest = tp_bootstrap.manifest
     kernels = [M.Kernel(id=k, symbol=k, params=[p.kind for p in spec.params], num_warps=4)
@@ -308,11 +308,11 @@ def test_every_rank_program_plans_for_the_cuda_executor(tp_bootstrap):
 
 def test_the_triton_partial_projection_matches_its_reference():
     pytest.importorskip("triton")
-    from helios_backend.kernels import abi
-    from helios_backend.kernels.state import geometry_words, step_geometry
-    from ignition.kernels.interpret import Interpreter
-    from ignition.kernels.signature import triton_signature
-    from ignition.kernels.specs import SPECS_BY_ID
+    from helios_backend.kernel_abi import abi
+    from helios_backend.kernel_abi.state import geometry_words, step_geometry
+    from ignition.gpu_kernels.interpret import Interpreter
+    from ignition.gpu_kernels.signature import triton_signature
+    from ignition.gpu_kernels.specs import SPECS_BY_ID
 
     rng = np.random.default_rng(7)
     tokens, in_dim, out_dim, live = 20, 96, 48, 17
@@ -432,7 +432,7 @@ class _FakeNccl:
 def with_stand_in_module(source: M.ExecutionManifest) -> M.ExecutionManifest:
     """A copy of a test core's manifest for the fake driver: the test core has no cubins, so one
     stand-in module whose symbols are the kernel ids, and unit geometry (a library-less recording)."""
-    from helios_backend.kernels import abi
+    from helios_backend.kernel_abi import abi
 
     manifest = M.ExecutionManifest()
     manifest.CopyFrom(source)

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.frontend.tokenizer import FrontendTokenizer
 from helios_backend.engine.metrics import FAMILY, FLUSH_S, label_sets
@@ -127,7 +127,7 @@ def test_prompt_beyond_capacity_is_rejected_while_others_continue(server: Triton
     ok, rejected = hc.run(both())
     assert rejected.outcome == "rejected"
     rejection = rejected.terminal.rejected
-    assert rejection.reason == tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
+    assert rejection.reason == ep.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
     assert (rejection.limit, rejection.requested) == (2047, 2100)
     assert ok.outcome == "finished" and len(ok.tokens) == 12
     assert server.model_ready()
@@ -164,7 +164,7 @@ def test_stop_token_ends_with_its_match(server: TritonServer, tokenizer: Fronten
     first = free.tokens.index(free.tokens[4])
     assert stopped.tokens == free.tokens[:first + 1]
     fin = stopped.terminal.finished
-    assert fin.reason == tp.FINISH_REASON_STOP_TOKEN and fin.stop.presented_tokens == first
+    assert fin.reason == ep.FINISH_REASON_STOP_TOKEN and fin.stop.presented_tokens == first
 
 
 def test_paused_reader_loses_nothing_and_does_not_stall(server: TritonServer,
@@ -209,12 +209,12 @@ def test_metric_labels_carry_no_request_data(server: TritonServer) -> None:  # s
 
 def test_grammar_constrains_the_output(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: FE-41, MET-8, MET-9, MET-10
     request = hc.greedy(10)
-    request.grammar.kind = tp.GRAMMAR_KIND_LARK
+    request.grammar.kind = ep.GRAMMAR_KIND_LARK
     request.grammar.text = 'start: "yes" | "no"'
     prompt = tokenizer.encode_untrusted("Is the sky green? Reply with a short story:")
     result = hc.run(hc.generate(server.grpc_url, prompt, request))
     assert result.outcome == "finished", result.terminal
-    assert result.terminal.finished.reason == tp.FINISH_REASON_EOS
+    assert result.terminal.finished.reason == ep.FINISH_REASON_EOS
     assert tokenizer.decode(result.tokens[:-1]) in ("yes", "no") and result.tokens[-1] in (0, 2)
     assert wait_metric(server, "flare_constrained_max_inflight", 1) == 1
 
@@ -222,13 +222,13 @@ def test_grammar_constrains_the_output(server: TritonServer, tokenizer: Frontend
 def test_constrained_and_free_lanes_decode_together(server: TritonServer, tokenizer: FrontendTokenizer) -> None:  # spec: MET-6, MET-11
     before = metric_value(settled_metrics(server), "flare_mixed_grammar_decode_steps_total")
     constrained = hc.greedy(12)
-    constrained.grammar.kind = tp.GRAMMAR_KIND_LARK
+    constrained.grammar.kind = ep.GRAMMAR_KIND_LARK
     constrained.grammar.text = r'start: /[0-9]+(, [0-9]+)*/'
     prompt = tokenizer.encode_untrusted(COUNTING)
     results = hc.run(hc.generate_many(server.grpc_url, [(prompt, constrained), (prompt, hc.greedy(12))]))
     assert all(r.outcome == "finished" for r in results)
     tokens = results[0].tokens
-    if results[0].terminal.finished.reason == tp.FINISH_REASON_EOS:
+    if results[0].terminal.finished.reason == ep.FINISH_REASON_EOS:
         tokens = tokens[:-1]
     # the output is a prefix of the grammar's language (LENGTH may cut it after ", ")
     assert re.fullmatch(r"[0-9]+(, [0-9]+)*(, ?)?", tokenizer.decode(tokens)), tokenizer.decode(tokens)
@@ -238,7 +238,7 @@ def test_constrained_and_free_lanes_decode_together(server: TritonServer, tokeni
 
 def test_bad_grammar_is_an_invalid_request(server: TritonServer) -> None:
     request = hc.greedy(4)
-    request.grammar.kind = tp.GRAMMAR_KIND_LARK
+    request.grammar.kind = ep.GRAMMAR_KIND_LARK
     request.grammar.text = "start: ((("
     result = hc.run(hc.generate(server.grpc_url, [1, 2, 3], request))
     assert result.outcome == "invalid" and result.terminal.invalid.field == "grammar"
@@ -254,7 +254,7 @@ def test_string_stop_is_decided_by_the_backend(server: TritonServer, tokenizer: 
     request.stops.strings.append(stop)
     stopped = hc.run(hc.generate(server.grpc_url, prompt, request))
     fin = stopped.terminal.finished
-    assert fin.reason == tp.FINISH_REASON_STOP_STRING and fin.stop.matched_text == stop
+    assert fin.reason == ep.FINISH_REASON_STOP_STRING and fin.stop.matched_text == stop
     visible = text.encode()[:fin.stop.visible_text_bytes].decode()
     assert visible == text[:text.index(stop)]                  # the stop and its suffix removed
     assert tokenizer.decode(stopped.tokens).startswith(visible + stop)   # the crossing token is counted

@@ -24,7 +24,7 @@ from typing import Any, Callable, TypeVar
 import llguidance as llg
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.bootstrap import Bootstrap
 from helios_backend.engine.model import NativeModel
@@ -43,7 +43,7 @@ from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 from helios_backend.engine.metrics import MetricBackend, MetricsQueue, MetricsThread, NullMetrics
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions
-from helios_backend.transport import SpecDefaults, TransportError
+from helios_backend.exchange import SpecDefaults, ExchangeError
 from helios_backend.engine.loop import EngineLoop, EventSink
 from helios_backend.packing import logit_bias_capacity
 
@@ -56,7 +56,7 @@ class StartupError(Exception):
 
 
 @dataclass
-class EngineCore:
+class EngineParts:
     """What serving builds in the process that owns the executor: the loaded core, the model,
     the scheduler and its runner. Engine runs it beside the response thread in one process;
     the engine process (process_child.py) runs it alone and ships events to the stub."""
@@ -74,7 +74,7 @@ class EngineCore:
     _assets: Any = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, options: StartupOptions, origin: int) -> "EngineCore":
+    def build(cls, options: StartupOptions, origin: int) -> "EngineParts":
         """Bootstrap, setup, scheduler and runner (StartupError names the stage and the cause)."""
         bootstrap = _stage("Bootstrap.load", lambda: Bootstrap.load(options.core_path, options.acceptance))
         try:
@@ -92,7 +92,7 @@ class EngineCore:
             raise
 
     @classmethod
-    def _assemble(cls, bootstrap: Bootstrap, setup: EngineSetup, origin: int) -> "EngineCore":
+    def _assemble(cls, bootstrap: Bootstrap, setup: EngineSetup, origin: int) -> "EngineParts":
         contract, manifest = bootstrap.contract, bootstrap.manifest
         settings, model, config = setup.settings, setup.model, setup.scheduler
         vocab = contract.model.vocabulary
@@ -145,7 +145,7 @@ class EngineCore:
         return (f"{self.bootstrap.contract.served_id}, {config.num_pages} pages x {config.page_tokens} tokens, "
                 f"{config.request_slots} slots, max_active {self.scheduler.max_active}")
 
-    def assets(self):  # -> tp.FrontendAssets
+    def assets(self):  # -> ep.FrontendAssets
         if self._assets is None:
             b = self.bootstrap
             contract = b.contract
@@ -157,24 +157,24 @@ class EngineCore:
                                            self.clock_origin_ns)
         return self._assets
 
-    def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
-        """The request's matcher, or None when unconstrained; TransportError when the grammar
+    def grammar_session(self, grammar: ep.Grammar) -> GrammarSession | None:
+        """The request's matcher, or None when unconstrained; ExchangeError when the grammar
         does not compile (invalid request, never an execution failure)."""
-        if grammar.kind == tp.GRAMMAR_KIND_UNSPECIFIED:
+        if grammar.kind == ep.GRAMMAR_KIND_UNSPECIFIED:
             return None
         if self.grammar_tokenizer is None:
-            raise TransportError("grammar", "this model serves no constrained requests")
+            raise ExchangeError("grammar", "this model serves no constrained requests")
         text = grammar.text
-        if grammar.kind == tp.GRAMMAR_KIND_LARK:
+        if grammar.kind == ep.GRAMMAR_KIND_LARK:
             text = llg.grammar_from("lark", text)
-        elif grammar.kind == tp.GRAMMAR_KIND_JSON_SCHEMA:
+        elif grammar.kind == ep.GRAMMAR_KIND_JSON_SCHEMA:
             text = llg.grammar_from("json_schema", text)
-        elif grammar.kind != tp.GRAMMAR_KIND_LLGUIDANCE:
-            raise TransportError("grammar.kind", f"unknown grammar kind {grammar.kind}")
+        elif grammar.kind != ep.GRAMMAR_KIND_LLGUIDANCE:
+            raise ExchangeError("grammar.kind", f"unknown grammar kind {grammar.kind}")
         try:
             return GrammarSession.create(self.grammar_tokenizer, text)
         except (GrammarSessionError, ValueError) as exc:
-            raise TransportError("grammar", str(exc)) from None
+            raise ExchangeError("grammar", str(exc)) from None
 
     def close(self) -> None:
         self.model.close()
@@ -214,7 +214,7 @@ class ResponseSide:
 @dataclass
 class Engine:
     """The core, its worker and the response thread in one process."""
-    core: EngineCore
+    core: EngineParts
     loop: EngineLoop
     hub: ResponseHub
     metrics: MetricsThread | NullMetrics
@@ -223,7 +223,7 @@ class Engine:
     def start(cls, options: StartupOptions, metrics_backend: MetricBackend | None = None,
               on_fatal: Callable[[str], None] | None = None) -> "Engine":
         origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
-        core = EngineCore.build(options, origin)
+        core = EngineParts.build(options, origin)
         side = ResponseSide(metrics_backend, on_fatal)
         worker = core.loop(side.hub, side.metrics, on_death=side.fatal)
         side.start(cancel=worker.cancel)
@@ -268,10 +268,10 @@ class Engine:
     def fault(self) -> FaultTrigger | None:
         return self.core.fault
 
-    def assets(self):  # -> tp.FrontendAssets
+    def assets(self):  # -> ep.FrontendAssets
         return self.core.assets()
 
-    def grammar_session(self, grammar: tp.Grammar) -> GrammarSession | None:
+    def grammar_session(self, grammar: ep.Grammar) -> GrammarSession | None:
         return self.core.grammar_session(grammar)
 
     @property

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.executors.base import ExecutorLostError
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
@@ -123,7 +123,7 @@ class EngineLoop:
     def enqueue(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> None:
         if not self._thread.is_alive() and self._thread.ident is not None:
             # the worker is gone (stopped, or died): nothing would ever answer this request
-            self._reject(serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
+            self._reject(serial, AdmissionRejected(ep.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
             return
         with self._ingress_lock:
             closed = self._closed
@@ -132,11 +132,11 @@ class EngineLoop:
             if not full and not closed:
                 self._ingress_pending += 1
         if closed:
-            self._reject(serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
+            self._reject(serial, AdmissionRejected(ep.REJECTION_REASON_SHUTTING_DOWN, "the model stopped"))
             return
         if full:
             self._reject(serial, AdmissionRejected(
-                tp.REJECTION_REASON_QUEUE_FULL, f"the ingress channel holds {self._ingress_capacity} queued "
+                ep.REJECTION_REASON_QUEUE_FULL, f"the ingress channel holds {self._ingress_capacity} queued "
                 f"requests and {bound - self._ingress_capacity} for free places", limit=bound, requested=bound + 1))
             return
         self._inbox.put(_Submit(serial, spec, grammar))
@@ -326,19 +326,19 @@ class EngineLoop:
         elif isinstance(item, _Cancel):
             self._scheduler.cancel(item.serial)
         elif self._stopping is not None:
-            self._reject(item.serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN, "the model is draining"))
+            self._reject(item.serial, AdmissionRejected(ep.REJECTION_REASON_SHUTTING_DOWN, "the model is draining"))
         else:
             try:
                 self._scheduler.add(item.serial, item.spec, item.grammar)
             except AdmissionRejected as exc:
                 self._reject(item.serial, exc)
             except InvalidSpecError as exc:
-                self._sink.deliver([Terminal(item.serial, tp.TerminalEvent(
-                    invalid=tp.InvalidRequest(field=exc.field, message=exc.message)))])
+                self._sink.deliver([Terminal(item.serial, ep.TerminalEvent(
+                    invalid=ep.InvalidRequest(field=exc.field, message=exc.message)))])
                 self._metrics.push([update("flare_requests_invalid_total", Op.ADD, 1)])
 
     def _reject(self, serial: int, exc: AdmissionRejected) -> None:
-        event = tp.TerminalEvent(rejected=tp.AdmissionRejection(
+        event = ep.TerminalEvent(rejected=ep.AdmissionRejection(
             reason=exc.reason, message=str(exc), limit=exc.limit, requested=exc.requested))
         self._sink.deliver([Terminal(serial, event)])
         self._metrics.push([update("flare_requests_rejected_total", Op.ADD, 1, reason=REJECTION_LABEL[exc.reason])])
@@ -350,5 +350,5 @@ class EngineLoop:
             except queue.Empty:
                 return
             if isinstance(item, _Submit):
-                self._reject(item.serial, AdmissionRejected(tp.REJECTION_REASON_SHUTTING_DOWN,
+                self._reject(item.serial, AdmissionRejected(ep.REJECTION_REASON_SHUTTING_DOWN,
                                                             "the model stopped"))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 
 class Kind(enum.Enum):
@@ -38,7 +38,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("flare_requests_admitted_total", Kind.COUNTER, "Requests accepted into the scheduler queue"),
     Family("flare_requests_rejected_total", Kind.COUNTER, "Requests refused at admission", ("reason",)),
-    Family("flare_requests_invalid_total", Kind.COUNTER, "Malformed transport requests"),
+    Family("flare_requests_invalid_total", Kind.COUNTER, "Malformed exchange requests"),
     Family("flare_requests_finished_total", Kind.COUNTER, "Requests that ended normally", ("reason",)),
     Family("flare_requests_failed_total", Kind.COUNTER, "Requests ended by an execution failure"),
     Family("flare_requests_waiting", Kind.GAUGE, "Requests queued for a slot"),
@@ -66,7 +66,7 @@ FAMILIES: tuple[Family, ...] = (
            "Successful decode submissions mixing constrained and unconstrained lanes"),
     Family("flare_constrained_max_inflight", Kind.GAUGE,
            "Maximum outstanding executor frames right after a constrained submission"),
-    Family("flare_channel_responses_total", Kind.COUNTER, "Responses sent on channels (docs/transport.md)"),
+    Family("flare_channel_responses_total", Kind.COUNTER, "Responses sent on channels (docs/exchange.md)"),
     Family("flare_channel_outputs_total", Kind.COUNTER,
            "Request outputs those responses carried (outputs / responses = requests per message)"),
     Family("flare_worker_seconds_total", Kind.COUNTER,
@@ -85,9 +85,9 @@ FAMILY = {f.name: f for f in FAMILIES}
 
 # label values are enum names: bounded, never request data
 OPERATION_LABEL = {v: cp.Operation.Name(v).removeprefix("OPERATION_").lower() for v in cp.Operation.values()}
-FINISH_LABEL = {v: tp.FinishReason.Name(v).removeprefix("FINISH_REASON_").lower() for v in tp.FinishReason.values()}
-REJECTION_LABEL = {v: tp.RejectionReason.Name(v).removeprefix("REJECTION_REASON_").lower()
-                   for v in tp.RejectionReason.values()}
+FINISH_LABEL = {v: ep.FinishReason.Name(v).removeprefix("FINISH_REASON_").lower() for v in ep.FinishReason.values()}
+REJECTION_LABEL = {v: ep.RejectionReason.Name(v).removeprefix("REJECTION_REASON_").lower()
+                   for v in ep.RejectionReason.values()}
 PAGE_STATES = ("free", "used", "snapshot", "cached")   # used: held by requests; snapshot: only by snapshots
 
 

@@ -21,15 +21,15 @@ import sys
 import threading
 import time
 
-from helios_backend.engine.engine import EngineCore, StartupError, freeze_startup_objects
+from helios_backend.engine.engine import EngineParts, StartupError, freeze_startup_objects
 from helios_backend.engine.loop import EngineLoop
 from helios_backend.engine.metrics import Update
 from helios_backend.engine.process_wire import (
     CANCEL, DEATH, EVENTS, EXIT, FAILED, METRICS, READY, START, STOP, SUBMIT, Wire, WireClosed, pack_events)
 from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
 from helios_backend.scheduler.events import Event, Terminal
-from helios_backend.transport import TransportError
-from helios_proto import transport_pb2 as tp
+from helios_backend.exchange import ExchangeError
+from helios_proto import exchange_pb2 as ep
 
 log = logging.getLogger("helios.engine_process")
 EOF_GRACE_S = 10.0          # the stub is gone: the worker's own stop gets this long, then the process exits
@@ -58,7 +58,7 @@ class WireSink:
             pass
 
 
-def _read(wire: Wire, core: EngineCore, loop: EngineLoop, sink: WireSink) -> None:
+def _read(wire: Wire, core: EngineParts, loop: EngineLoop, sink: WireSink) -> None:
     """The reader thread: one message at a time into the worker's inbox."""
     while True:
         try:
@@ -75,8 +75,8 @@ def _read(wire: Wire, core: EngineCore, loop: EngineLoop, sink: WireSink) -> Non
             grammar = None
             if grammar_bytes is not None:
                 try:
-                    grammar = core.grammar_session(tp.Grammar.FromString(grammar_bytes))
-                except TransportError as exc:
+                    grammar = core.grammar_session(ep.Grammar.FromString(grammar_bytes))
+                except ExchangeError as exc:
                     sink.deliver([Terminal(serial, exc.event())])
                     continue
             loop.enqueue(serial, spec, grammar)
@@ -97,7 +97,7 @@ def serve(wire: Wire) -> int:
         raise SystemExit(f"the engine process expected {START!r}, got {kind!r}")
     sys.setswitchinterval((options.switch_interval_us or SWITCH_INTERVAL_US) / 1e6)
     try:
-        core = EngineCore.build(options, origin)
+        core = EngineParts.build(options, origin)
     except (StartupError, SettingsError) as exc:
         wire.send(FAILED, str(exc))
         return 0

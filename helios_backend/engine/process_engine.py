@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.engine import FatalPath, ResponseSide, StartupError
 from helios_backend.engine.faults import FaultTrigger
@@ -45,7 +45,7 @@ from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import StartupOptions
 from helios_backend.scheduler.events import Terminal
 from helios_backend.scheduler.request import RequestSpec
-from helios_backend.transport import SpecDefaults
+from helios_backend.exchange import SpecDefaults
 
 log = logging.getLogger("helios.process_engine")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -81,15 +81,15 @@ class EngineWorker:
     def alive(self) -> bool:
         return not self._ended.is_set()
 
-    def enqueue(self, serial: int, spec: RequestSpec, grammar: tp.Grammar | None) -> None:
+    def enqueue(self, serial: int, spec: RequestSpec, grammar: ep.Grammar | None) -> None:
         if self.alive and not self.stopping:
             try:
                 self._wire.send(SUBMIT, serial, spec, None if grammar is None else grammar.SerializeToString())
                 return
             except WireClosed:
                 pass
-        self._hub.deliver([Terminal(serial, tp.TerminalEvent(rejected=tp.AdmissionRejection(
-            reason=tp.REJECTION_REASON_SHUTTING_DOWN, message="the model stopped")))])
+        self._hub.deliver([Terminal(serial, ep.TerminalEvent(rejected=ep.AdmissionRejection(
+            reason=ep.REJECTION_REASON_SHUTTING_DOWN, message="the model stopped")))])
 
     def cancel(self, serial: int) -> None:
         try:
@@ -149,7 +149,7 @@ class ProcessEngine:
     """The runtime surface of Engine (engine.py) over an engine process."""
 
     def __init__(self, worker: EngineWorker, hub: ResponseHub, metrics: MetricsThread | NullMetrics,
-                 assets: tp.FrontendAssets, spec_defaults: SpecDefaults, process: subprocess.Popen) -> None:
+                 assets: ep.FrontendAssets, spec_defaults: SpecDefaults, process: subprocess.Popen) -> None:
         self.loop, self.hub, self.metrics = worker, hub, metrics
         self._assets, self.spec_defaults, self.process = assets, spec_defaults, process
         self.fault = FaultTrigger.from_environment()     # the response thread's site; the worker's is there
@@ -192,21 +192,21 @@ class ProcessEngine:
         threading.Thread(target=worker.read, args=(side.metrics, side.fatal), name="helios-engine-wire",
                          daemon=True).start()
         log.info("helios runtime ready in engine process %d: %s", process.pid, description)
-        return cls(worker, side.hub, side.metrics, tp.FrontendAssets.FromString(assets_bytes), spec_defaults, process)
+        return cls(worker, side.hub, side.metrics, ep.FrontendAssets.FromString(assets_bytes), spec_defaults, process)
 
     @property
     def healthy(self) -> bool:
         return self.loop.lost is None and self.loop.alive
 
-    def assets(self) -> tp.FrontendAssets:
+    def assets(self) -> ep.FrontendAssets:
         return self._assets
 
-    def grammar_session(self, grammar: tp.Grammar) -> tp.Grammar | None:
+    def grammar_session(self, grammar: ep.Grammar) -> ep.Grammar | None:
         """The grammar travels to the engine process, which compiles it; one that does not
         compile ends its request with an InvalidRequest naming `grammar` from there."""
-        return None if grammar.kind == tp.GRAMMAR_KIND_UNSPECIFIED else grammar
+        return None if grammar.kind == ep.GRAMMAR_KIND_UNSPECIFIED else grammar
 
-    def add_request(self, spec: RequestSpec, stream: Stream, grammar: tp.Grammar | None = None) -> None:
+    def add_request(self, spec: RequestSpec, stream: Stream, grammar: ep.Grammar | None = None) -> None:
         self.hub.register(stream)
         self.loop.enqueue(stream.serial, spec, grammar)
 

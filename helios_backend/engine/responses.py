@@ -7,7 +7,7 @@ reader loses nothing and never stalls scheduling (HTTP-9: a paused reader loses 
 output; HTTP-10: it does not block graph scheduling).
 
 Two ways out. A request with its own Triton stream gets its own responses; the terminal
-event rides on the last one with the FINAL flag. A request on a channel (docs/transport.md)
+event rides on the last one with the FINAL flag. A request on a channel (docs/exchange.md)
 has its output gathered, with every other request of that channel that produced some in
 this pass, into ONE channel response: per pass one stub send per channel instead of one
 per request, which is what lets the served rate follow the engine's. Per-request order
@@ -32,11 +32,11 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.scheduler import Emitted, Event
 from helios_backend.engine.metrics import MetricsQueue, Op, Update, update
-from helios_backend.transport import OutputChunk
+from helios_backend.exchange import OutputChunk
 
 log = logging.getLogger("helios.responses")
 CANCEL_POLL_S = 0.02
@@ -93,12 +93,12 @@ class _ChannelPass:
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.message = tp.ChannelBatch()
+        self.message = ep.ChannelBatch()
         self.tags: list[int] = []
         self.counts: list[int] = []
         self.token_ids: list[int] = []
 
-    def finished(self) -> tp.ChannelBatch:
+    def finished(self) -> ep.ChannelBatch:
         if self.tags:
             self.message.plain_tags.extend(self.tags)
             self.message.plain_counts.extend(self.counts)
@@ -205,7 +205,7 @@ class ResponseHub:
                             perf.ingress_ns = stream.ingress_ns
                         if stream.enqueue_ns is not None:
                             perf.enqueue_ns = stream.enqueue_ns
-                    chunk.event = tp.ResponseEvent(terminal=terminal)
+                    chunk.event = ep.ResponseEvent(terminal=terminal)
                     stream.final = True
                     updates.append(update("flare_e2e_request_latency_seconds", Op.OBSERVE,
                                           (now - stream.received_ns) / 1e9))
@@ -213,7 +213,7 @@ class ResponseHub:
             self._lock.notify()
         self._metrics.push(updates)
 
-    def finish_now(self, serial: int, event: tp.ResponseEvent) -> None:
+    def finish_now(self, serial: int, event: ep.ResponseEvent) -> None:
         """Answer a request that never reached the worker (assets, invalid, refused)."""
         with self._lock:
             stream = self._streams.get(serial)
@@ -238,8 +238,8 @@ class ResponseHub:
         with self._lock:
             for stream in self._streams.values():
                 if not stream.final:
-                    stream.pending.event = tp.ResponseEvent(terminal=tp.TerminalEvent(
-                        failed=tp.ExecutionFailure(message=reason)))
+                    stream.pending.event = ep.ResponseEvent(terminal=ep.TerminalEvent(
+                        failed=ep.ExecutionFailure(message=reason)))
                     stream.final = True
                     self._dirty.add(stream.serial)
             self._stopping = True
@@ -351,7 +351,7 @@ class ResponseHub:
                 stream.cancel_reported = True
                 self._on_cancel(stream.serial)
 
-    def _send_channel(self, channel: Channel, message: tp.ChannelBatch) -> None:
+    def _send_channel(self, channel: Channel, message: ep.ChannelBatch) -> None:
         if channel.closed:
             return                          # its client is gone: the output has no reader
         try:

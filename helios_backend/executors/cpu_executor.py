@@ -30,7 +30,7 @@ from helios_backend.executors.cpu.kernels import SHARED_WORK_MACS, Capacity, Cpu
 from helios_backend.executors.cpu.residency import release_free_heap, release_library_pages
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce
 from helios_backend.executors.base import ResourceReader
-from helios_backend.kernels import abi
+from helios_backend.kernel_abi import abi
 
 __all__ = ["CpuExecutor", "CpuExecutorOptions"]
 

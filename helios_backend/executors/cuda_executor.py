@@ -37,11 +37,11 @@ import numpy as np
 from helios_proto import manifest_pb2
 
 from helios_backend.executors.base import AUXILIARY_OPERATIONS
-from helios_backend.kernels import blocks
+from helios_backend.kernel_abi import blocks
 
 from .cuda.arena import DeviceArena, PinnedFrames
 from .cuda.driver import check, load_driver
-from .cuda import transport as tp
+from .cuda import staging_copy as sc
 from .cuda.errors import DeviceMemoryError, FrameStateError, ManifestError, MissingVariantError, UnknownProgramError
 from .cuda.graphs import Copy, RankResources, capture_graph
 from .cuda.modules import Architecture, select
@@ -61,7 +61,7 @@ class CudaExecutorOptions:
     devices: Optional[Sequence[int]] = None  # device ordinal per local rank; default: the rank number
     local_ranks: Optional[Sequence[int]] = None  # ranks this process owns; default every rank (threads)
     programs: Optional[Iterable[str]] = None  # program names to load; default every program
-    transport: str = "auto"                # "kernel", "memcpy", or "auto" (by bytes; transport.py)
+    transport: str = "auto"                # "kernel", "memcpy", or "auto" (by bytes; staging_copy.py)
     pdl: bool = True                       # False: no node gets programmatic dependent launch
     kernel_arch: Optional[str] = None      # load this KernelModule.arch (e.g. "compute_80", the
                                            # portable path); default: chosen by the device (modules.py)
@@ -135,14 +135,14 @@ class CudaExecutor:
                  graphs: Optional[Sequence[Any]] = None, nccl_unique_id: Optional[bytes] = None,
                  agree_pages: Optional[Callable[[int], int]] = None) -> None:
         """graphs: the contract's GraphContracts of the loaded programs; with them, each program's
-        staging copy covers only the bytes its bindings write (transport.binding_extents).
+        staging copy covers only the bytes its bindings write (staging_copy.binding_extents).
         nccl_unique_id, agree_pages: rank processes (module docstring)."""
         self._d = driver if driver is not None else load_driver()
-        # block weights (kernels/blocks.py) are expanded to the F16 layout the kernels read, at load
+        # block weights (kernel_abi/blocks.py) are expanded to the F16 layout the kernels read, at load
         manifest, self._block_weights = blocks.expanded_manifest(manifest)
         self.manifest = manifest
         self.options = options
-        self._extents = tp.binding_extents(graphs, manifest.transport) if graphs else {}
+        self._extents = sc.binding_extents(graphs, manifest.transport) if graphs else {}
         self.world_size = max(1, manifest.world_size)
         transport = manifest.transport
         self.frames = max(1, transport.frames)
@@ -190,7 +190,7 @@ class CudaExecutor:
             for name, execs in self._ranks[0].execs.items()}
         self._events = tuple(tuple(rank.events[f] for rank in self._ranks) for f in range(self._host_frames))
         self._completion_words = self._ranks[0].completion.words
-        header = tp.header_window(transport)
+        header = sc.header_window(transport)
         self._headers = tuple(words[header.word_offset:header.word_offset + 2] for words in self._staging.words) \
             if header is not None else None
         self._in_flight = [False] * self._host_frames
@@ -268,7 +268,7 @@ class CudaExecutor:
             rank.comm = self._nccl.init_rank(self.world_size, uid, rank.rank)
             # one eager all-reduce first: NCCL connects its channels on first use, which must
             # not happen under capture (one word of the staging buffer, rewritten every step)
-            self._nccl.all_reduce(rank.addresses.base[t.staging_buffer], 1, tp.contract_pb2.DTYPE_F32,
+            self._nccl.all_reduce(rank.addresses.base[t.staging_buffer], 1, sc.contract_pb2.DTYPE_F32,
                                   rank.comm, rank.stream)
             check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
@@ -284,7 +284,7 @@ class CudaExecutor:
             if not self.options.pdl:
                 launches = [dataclasses.replace(l, pdl=False) if isinstance(l, KernelLaunch) else l for l in launches]
             rank.plans[program.name] = launches
-            runs = tp.staging_runs(program, t, self._extents.get(program.name))
+            runs = sc.staging_runs(program, t, self._extents.get(program.name))
             per_frame = []
             captured = self._host_frames if program.name in self._auxiliary_programs else self.frames
             for frame in range(captured):
@@ -304,8 +304,8 @@ class CudaExecutor:
         staging = rank.addresses.base[self.manifest.transport.staging_buffer]
         if not runs:
             return []
-        if tp.copy_kernel_suits(self.options.transport, runs):
-            return [tp.stage_in_launch(staging, self._staging.device_address(frame), runs)]
+        if sc.copy_kernel_suits(self.options.transport, runs):
+            return [sc.stage_in_launch(staging, self._staging.device_address(frame), runs)]
         host = self._staging.frame_address(frame)
         return [Copy(staging + offset, host + offset, nbytes, True) for offset, nbytes in runs]
 
@@ -313,7 +313,7 @@ class CudaExecutor:
         t = self.manifest.transport
         completion = rank.addresses.base[t.completion_buffer]
         if self.options.transport != "memcpy":           # completion records are small
-            return [tp.complete_out_launch(rank.completion.device_address(frame), completion,
+            return [sc.complete_out_launch(rank.completion.device_address(frame), completion,
                                            int(t.completion_nbytes), pdl=rank.capability >= PDL_CAPABILITY)]
         return [Copy(rank.completion.frame_address(frame), completion, int(t.completion_nbytes), False)]
 
@@ -359,10 +359,10 @@ class CudaExecutor:
                         kernel.shared_bytes), "cuFuncSetAttribute")
                 rank.functions[kernel.id] = function
         rank.module_seconds = time.perf_counter() - started
-        transport = check(d.cuModuleLoadData(tp.IMAGE_PATH.read_bytes()), "cuModuleLoadData transport")
-        rank.modules.append(transport)
-        for symbol in (tp.STAGE_IN, tp.COMPLETE_OUT):
-            rank.functions[symbol] = check(d.cuModuleGetFunction(transport, symbol.encode()),
+        copy_module = check(d.cuModuleLoadData(sc.IMAGE_PATH.read_bytes()), "cuModuleLoadData staging copy")
+        rank.modules.append(copy_module)
+        for symbol in (sc.STAGE_IN, sc.COMPLETE_OUT):
+            rank.functions[symbol] = check(d.cuModuleGetFunction(copy_module, symbol.encode()),
                                            "cuModuleGetFunction")
 
     def _choose_pages(self) -> int:
@@ -467,7 +467,7 @@ class CudaExecutor:
     def staging_nbytes(self, program: str) -> int:
         """Bytes of the frame that one step of `program` copies to the device."""
         found = next(p for p in self.manifest.programs if p.name == program)
-        return sum(n for _, n in tp.staging_runs(found, self.manifest.transport, self._extents.get(program)))
+        return sum(n for _, n in sc.staging_runs(found, self.manifest.transport, self._extents.get(program)))
 
     def node_count(self, program: str, rank: int = 0) -> int:
         """Graph nodes per step of `program` (copies and event included)."""
@@ -485,7 +485,7 @@ class CudaExecutor:
         d = self._d
         r = self._rank(rank)
         self._enter(r)
-        runs = tp.staging_runs(next(p for p in self.manifest.programs if p.name == program), self.manifest.transport,
+        runs = sc.staging_runs(next(p for p in self.manifest.programs if p.name == program), self.manifest.transport,
                                self._extents.get(program))
         launches = self._transport_in(r, runs, frame) + list(r.plans[program]) + self._transport_out(r, frame)
         if self.world_size > 1:

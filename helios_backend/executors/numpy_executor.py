@@ -42,7 +42,7 @@ from helios_backend.executors.base import (
     UnknownProgramError,
 )
 from helios_backend.executors.numpy_rank import NUMPY_DTYPES, BoundProgram, RankArena, RankReplay
-from helios_backend.kernels import abi
+from helios_backend.kernel_abi import abi
 
 __all__ = ["NUMPY_DTYPES", "NumpyExecutor", "NumpyExecutorOptions", "RankArena", "RankReplay", "Reduce"]
 

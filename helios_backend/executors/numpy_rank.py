@@ -9,7 +9,7 @@ with pointer arguments already turned into flat typed views of the arena. A prog
 as segments of kernel nodes separated by its ALL_REDUCE nodes (each bound to the typed view of
 the region it sums), so the executor can run every rank up to the next all-reduce, sum, go on.
 
-Weight buffers declared in a block layout (kernels/blocks.py) get their f32 expansion as shadow.
+Weight buffers declared in a block layout (kernel_abi/blocks.py) get their f32 expansion as shadow.
 Weight buffers declared F16 get an f32 shadow copy (numpy has no f16 BLAS; converting
 per step would dominate the step time); kernels receive the shadow wherever a node
 passes a pointer into such a buffer. The CPU executor (executors/cpu/) binds through the
@@ -33,8 +33,8 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.base import KernelArgumentError, ResourceReader
-from helios_backend.kernels import abi, blocks
-from helios_backend.kernels.state import TRANSPORT_HEADER_WORDS
+from helios_backend.kernel_abi import abi, blocks
+from helios_backend.kernel_abi.state import TRANSPORT_HEADER_WORDS
 
 NUMPY_DTYPES = {C.DTYPE_F16: np.float16, C.DTYPE_BF16: None, C.DTYPE_F32: np.float32, C.DTYPE_F64: np.float64,
                 C.DTYPE_I8: np.int8, C.DTYPE_U8: np.uint8, C.DTYPE_I16: np.int16, C.DTYPE_I32: np.int32,
@@ -112,7 +112,7 @@ class RankReplay:
         self.shadows = {b.name: self.arena.typed(b.name, np.float16).astype(np.float32)
                         for b in self.arena.buffers.values()
                         if weight_shadows and b.kind == M.BUFFER_KIND_WEIGHT and b.dtype == C.DTYPE_F16}
-        # block weights (kernels/blocks.py): the oracle reads their f32 expansion; without shadows a
+        # block weights (kernel_abi/blocks.py): the oracle reads their f32 expansion; without shadows a
         # replacing implementation reads the blocks in place, a reference their expansion (made once)
         self.block_weights = {b.name: blocks.BlockWeight(blocks.LAYOUTS[b.dtype], self.arena.bytes(b.name),
                                                          *blocks.matrix_shape(b))

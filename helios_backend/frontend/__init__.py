@@ -1,1 +1,1 @@
-"""Frontend assets at serving time: tokenizer, chat template rendering, prompt encoding, syntax."""
+"""Frontend assets at serving time: tokenizer, chat template rendering, prompt encoding."""

@@ -1,6 +1,6 @@
 """The backend's view of a constrained request: one llguidance matcher, masks, token advancement.
 
-The gateway builds the grammar text (`helios_backend.frontend.syntax.grammar`) and transport
+The gateway builds the grammar text (`helios_backend.syntax.grammar`) and the exchange
 carries it per request; the backend scheduler owns one GrammarSession per constrained lane:
 
     tokenizer = GrammarTokenizer.from_json(tokenizer_json, eos_token_ids)   # once per model

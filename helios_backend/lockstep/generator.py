@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 from helios_proto import contract_pb2 as C
 
-from helios_backend.kernels.state import (
+from helios_backend.kernel_abi.state import (
     COMPLETION_HEADER_WORDS,
     COMPLETION_ROW_FIELDS,
     COMPLETION_ROW_WORDS,

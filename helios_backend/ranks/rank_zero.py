@@ -235,15 +235,15 @@ def launch_runs(manifest: M.ExecutionManifest, graphs: Sequence[C.GraphContract]
     """Per program, the (offset, bytes) runs of the staging frame that any rank's copy of it
     reads (the CUDA executor's staging runs, over every rank): a LAUNCH carries only these,
     as the CUDA thread mode copies only these to the device."""
-    from helios_backend.executors.cuda import transport as tp   # plain host code: no driver needed
+    from helios_backend.executors.cuda import staging_copy as sc   # plain host code: no driver needed
 
     transport = manifest.transport
     frame = int(transport.frame_nbytes)
-    extents = tp.binding_extents([g for g in graphs if g.rank == 0], transport) if graphs else {}
+    extents = sc.binding_extents([g for g in graphs if g.rank == 0], transport) if graphs else {}
     out: dict[str, Runs] = {}
     for name in programs:
         spans = sorted((start, min(start + nbytes, frame)) for p in manifest.programs if p.name == name
-                       for start, nbytes in tp.staging_runs(p, transport, extents.get(name)))
+                       for start, nbytes in sc.staging_runs(p, transport, extents.get(name)))
         merged: list[list[int]] = []
         for start, end in spans:
             if merged and start <= merged[-1][1]:

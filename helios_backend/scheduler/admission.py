@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
@@ -29,18 +29,18 @@ def check_admission(config: SchedulerConfig, spec: RequestSpec, max_prompt: int,
     if spec.max_tokens <= 0:
         raise InvalidSpecError("max_tokens", "the output limit must be positive")
     if len(spec.prompt) > max_prompt:
-        raise AdmissionRejected(tp.REJECTION_REASON_PROMPT_BEYOND_CAPACITY,
+        raise AdmissionRejected(ep.REJECTION_REASON_PROMPT_BEYOND_CAPACITY,
                                 f"prompt of {len(spec.prompt)} tokens exceeds the prepared capacity of {max_prompt}",
                                 limit=max_prompt, requested=len(spec.prompt))
     if spec.top_logprobs > config.top_logprobs_capacity:
-        raise AdmissionRejected(tp.REJECTION_REASON_UNSUPPORTED_FEATURE,
+        raise AdmissionRejected(ep.REJECTION_REASON_UNSUPPORTED_FEATURE,
                                 f"top_logprobs {spec.top_logprobs} exceeds the recorded {config.top_logprobs_capacity}",
                                 limit=config.top_logprobs_capacity, requested=spec.top_logprobs)
     if spec.logprobs and not config.logprobs_recorded:
-        raise AdmissionRejected(tp.REJECTION_REASON_UNSUPPORTED_FEATURE,
+        raise AdmissionRejected(ep.REJECTION_REASON_UNSUPPORTED_FEATURE,
                                 "this core's completion records carry no logprobs")
     if queued >= config.queue_capacity:
-        raise AdmissionRejected(tp.REJECTION_REASON_QUEUE_FULL, f"{config.queue_capacity} requests are already queued",
+        raise AdmissionRejected(ep.REJECTION_REASON_QUEUE_FULL, f"{config.queue_capacity} requests are already queued",
                                 limit=config.queue_capacity, requested=queued + 1)
     room = max_prompt + 1 - len(spec.prompt)
     return replace(spec, max_tokens=min(spec.max_tokens, room))

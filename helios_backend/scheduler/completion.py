@@ -2,14 +2,14 @@
 
 Words (int32; f32 fields are raw bits):
 
-    header: [sequence, live_rows, operation, rows]           (kernels/state.py)
+    header: [sequence, live_rows, operation, rows]           (kernel_abi/state.py)
     row i : [slot, generation, token, consumed, emitted, finish, draft_cursor, reserved_model]
 
 plus optional fields a layout may declare (frame, status, accepted, logprob, top-k);
 fields are found by name, so the word order is the manifest's business. Row fields whose
 word index is at or past row_words live in the row's extension record: extension records
 of (largest field end - row_words) words follow the capacity standard records (the logprob
-records of sampling.logprobs.v1, kernels/logprobs.py).
+records of sampling.logprobs.v1, kernel_abi/logprobs.py).
 
 The scheduler trusts nothing in them: before any lane is retired it checks the
 sequence and frame (submission order, CACHE-16), the row count, and per row the slot

@@ -1,7 +1,7 @@
 """Typed scheduler errors. Each names the cause; none is raised with assert."""
 from __future__ import annotations
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 
 class SchedulerError(Exception):
@@ -14,7 +14,7 @@ class AdmissionRejected(SchedulerError):
     It becomes the distinct admission-rejection event; other requests go on.
     """
 
-    def __init__(self, reason: "tp.RejectionReason.ValueType", message: str, *, limit: int = 0,
+    def __init__(self, reason: "ep.RejectionReason.ValueType", message: str, *, limit: int = 0,
                  requested: int = 0) -> None:
         super().__init__(message)
         self.reason = reason

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 
 class Emitted(NamedTuple):
@@ -23,7 +23,7 @@ class Emitted(NamedTuple):
 @dataclass(frozen=True)
 class Terminal:
     serial: int
-    event: tp.TerminalEvent
+    event: ep.TerminalEvent
     first_token: bool = False
 
 
@@ -39,7 +39,7 @@ class SchedulerCounters:
     lookup_tokens: int = 0               # prompt tokens looked up in the prefix cache
     reused_tokens: int = 0               # of which served from pages or snapshots
     launches: dict[cp.Operation.ValueType, int] = field(default_factory=dict)   # submissions
-    finished: dict[tp.FinishReason.ValueType, int] = field(default_factory=dict)   # requests
+    finished: dict[ep.FinishReason.ValueType, int] = field(default_factory=dict)   # requests
     failed: int = 0
     mixed_grammar_decode_steps: int = 0
     constrained_max_inflight: int = 0

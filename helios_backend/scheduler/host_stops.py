@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.frontend.stops import StopMatcher
 from helios_backend.scheduler.request import StopSettings
@@ -29,7 +29,7 @@ class HostStopCheck:
         self._visible_bytes = 0
         self._generated = 0
 
-    def observe(self, token: int) -> tp.StopMatch | None:
+    def observe(self, token: int) -> ep.StopMatch | None:
         """Feed one validated generated id; a StopMatch when a stop completed with it."""
         self._generated += 1
         delta = self._decoder.feed_one(token) if self._decoder is not None else ""
@@ -39,13 +39,13 @@ class HostStopCheck:
             return None
         index = decision.stop_index
         if self._stops.strings:
-            return tp.StopMatch(kind=tp.STOP_KIND_STRING, index=index,
+            return ep.StopMatch(kind=ep.STOP_KIND_STRING, index=index,
                                 visible_text_bytes=self._visible_bytes,
                                 matched_text=self._stops.strings[index])
         length = len(self._sequences[index])
         presented = self._generated - length
         n_ids = len(self._stops.token_ids)
         if index < n_ids:
-            return tp.StopMatch(kind=tp.STOP_KIND_TOKEN_ID, index=index, presented_tokens=presented)
-        return tp.StopMatch(kind=tp.STOP_KIND_TOKEN_SEQUENCE, index=index - n_ids,
+            return ep.StopMatch(kind=ep.STOP_KIND_TOKEN_ID, index=index, presented_tokens=presented)
+        return ep.StopMatch(kind=ep.STOP_KIND_TOKEN_SEQUENCE, index=index - n_ids,
                             presented_tokens=presented)

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.packing import SamplingParameters
 
@@ -106,8 +106,8 @@ class Request:
     reused_prompt_tokens: int = -1       # set at first admission
     inflight: int = 0                    # submitted rounds not yet completed (fence)
     cancelled: bool = False
-    finish: "tp.FinishReason.ValueType" = tp.FINISH_REASON_UNSPECIFIED
-    stop: tp.StopMatch | None = None
+    finish: "ep.FinishReason.ValueType" = ep.FINISH_REASON_UNSPECIFIED
+    stop: ep.StopMatch | None = None
     preemptions: int = 0
     grammar: Grammar | None = None       # constrained requests: advanced after each validated token
 

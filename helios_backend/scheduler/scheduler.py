@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from helios_proto import contract_pb2 as cp
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.admission import check_admission, max_prompt_tokens
 from helios_backend.scheduler.completion import CompletionRows
@@ -249,7 +249,7 @@ class Scheduler:
             _, req = self._waiting[0]
             if req.cancelled:
                 self._waiting.pop(0)
-                self._finish(req, tp.FINISH_REASON_CANCELLED)
+                self._finish(req, ep.FINISH_REASON_CANCELLED)
                 continue
             if not self._try_admit(req, lanes):
                 return                          # a temporary shortage waits (head of line)
@@ -415,7 +415,7 @@ class Scheduler:
                 continue                              # host-fed: rejoins after the completion
             spec = req.spec
             if (req.grammar is not None or req.cancelled or (spec.min_tokens and req.withholds(eos_ids))
-                    or req.finish != tp.FINISH_REASON_UNSPECIFIED or req.inflight != 1):
+                    or req.finish != ep.FINISH_REASON_UNSPECIFIED or req.inflight != 1):
                 return None
             if len(req.tokens) - len(spec.prompt) + 1 >= spec.max_tokens or len(req.tokens) + 1 >= context:
                 continue                              # `plan` emits its last token
@@ -427,7 +427,7 @@ class Scheduler:
                 continue
             spec = req.spec
             if (req.inflight or not self._pending_ok(req, 1) or req.grammar is not None or req.cancelled
-                    or (spec.min_tokens and req.withholds(eos_ids)) or req.finish != tp.FINISH_REASON_UNSPECIFIED):
+                    or (spec.min_tokens and req.withholds(eos_ids)) or req.finish != ep.FINISH_REASON_UNSPECIFIED):
                 return None                           # it needs completion feedback: schedule() takes it
             start = req.computed
             need += -(-(start + 1) // pt) > len(req.pages)
@@ -520,9 +520,9 @@ class Scheduler:
                 else:
                     self.snapshots.publish(lane.snapshot_row)
             if req.cancelled:
-                self._finish_if_fenced(req, tp.FINISH_REASON_CANCELLED)
+                self._finish_if_fenced(req, ep.FINISH_REASON_CANCELLED)
                 continue
-            if req.finish != tp.FINISH_REASON_UNSPECIFIED:
+            if req.finish != ep.FINISH_REASON_UNSPECIFIED:
                 # decided by the previous round while this one was in flight (two frames):
                 # its token is not published; the lane retires at this fence
                 self._finish_if_fenced(req, req.finish)
@@ -549,7 +549,7 @@ class Scheduler:
                 # a violating token leaves the matcher in error: its masks then allow only EOS
                 req.grammar.consume(token)
             reason = self._finish_reason(req, token)
-            if reason != tp.FINISH_REASON_UNSPECIFIED:
+            if reason != ep.FINISH_REASON_UNSPECIFIED:
                 self._finish_if_fenced(req, reason)
         self.counters.generated_tokens += generated
 
@@ -571,13 +571,13 @@ class Scheduler:
                 if req.serial in seen or req.state is RequestState.FINISHED:
                     continue
                 seen.add(req.serial)
-                if req.finish != tp.FINISH_REASON_UNSPECIFIED and req.inflight == 0:
+                if req.finish != ep.FINISH_REASON_UNSPECIFIED and req.inflight == 0:
                     self._finish(req, req.finish)      # it had ended before this failed round
                     continue
                 self._release(req)
                 self.counters.failed += 1
-                self._events.append(Terminal(req.serial, tp.TerminalEvent(
-                    failed=tp.ExecutionFailure(message=message, completion_tokens=req.output_len))))
+                self._events.append(Terminal(req.serial, ep.TerminalEvent(
+                    failed=ep.ExecutionFailure(message=message, completion_tokens=req.output_len))))
 
     def fail_all(self, message: str) -> list[Event]:
         """The worker is going away: every request still known ends with a failure."""
@@ -585,26 +585,26 @@ class Scheduler:
             if req.state is not RequestState.FINISHED:
                 self._release(req)
                 self.counters.failed += 1
-                self._events.append(Terminal(req.serial, tp.TerminalEvent(
-                    failed=tp.ExecutionFailure(message=message, completion_tokens=req.output_len))))
+                self._events.append(Terminal(req.serial, ep.TerminalEvent(
+                    failed=ep.ExecutionFailure(message=message, completion_tokens=req.output_len))))
         self._waiting.clear()
         return self.take_events()
 
     # ---- helpers -------------------------------------------------------------------
-    def _finish_reason(self, req: Request, token: int) -> "tp.FinishReason.ValueType":
+    def _finish_reason(self, req: Request, token: int) -> "ep.FinishReason.ValueType":
         if token in self._eos and not req.spec.ignore_eos:
-            return tp.FINISH_REASON_EOS
+            return ep.FINISH_REASON_EOS
         stop = self._stops.get(req.serial) if self._stops else None
         if stop is not None:
             match = stop.observe(token)
             if match is not None:
                 req.stop = match
-                return tp.FINISH_REASON_STOP_STRING if match.kind == tp.STOP_KIND_STRING \
-                    else tp.FINISH_REASON_STOP_TOKEN
+                return ep.FINISH_REASON_STOP_STRING if match.kind == ep.STOP_KIND_STRING \
+                    else ep.FINISH_REASON_STOP_TOKEN
         tokens = len(req.tokens)
         if tokens - len(req.spec.prompt) >= req.spec.max_tokens or tokens >= self.config.context_tokens:
-            return tp.FINISH_REASON_LENGTH        # (output_len inline: once per lane per round)
-        return tp.FINISH_REASON_UNSPECIFIED
+            return ep.FINISH_REASON_LENGTH        # (output_len inline: once per lane per round)
+        return ep.FINISH_REASON_UNSPECIFIED
 
     def _publish_pages(self, req: Request) -> None:
         """Publish complete pages whose every position was consumed (validated)."""
@@ -638,21 +638,21 @@ class Scheduler:
 
     def _retire_cancelled(self) -> None:
         for req in [r for r in self._running if r.cancelled and r.inflight == 0]:
-            self._finish(req, tp.FINISH_REASON_CANCELLED)
+            self._finish(req, ep.FINISH_REASON_CANCELLED)
         for entry in [e for e in self._waiting if e[1].cancelled]:
             self._waiting.remove(entry)
-            self._finish(entry[1], tp.FINISH_REASON_CANCELLED)
+            self._finish(entry[1], ep.FINISH_REASON_CANCELLED)
 
-    def _finish_if_fenced(self, req: Request, reason: "tp.FinishReason.ValueType") -> None:
+    def _finish_if_fenced(self, req: Request, reason: "ep.FinishReason.ValueType") -> None:
         req.finish = reason
         if req.inflight == 0:
             self._finish(req, reason)
 
-    def _finish(self, req: Request, reason: "tp.FinishReason.ValueType") -> None:
+    def _finish(self, req: Request, reason: "ep.FinishReason.ValueType") -> None:
         admitted_ns = self._admitted_ns.get(req.serial, 0)
         self._release(req)
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
-        finished = tp.Finished(reason=reason, usage=tp.Usage(
+        finished = ep.Finished(reason=reason, usage=ep.Usage(
             prompt_tokens=req.prompt_len, completion_tokens=req.output_len,
             reused_prompt_tokens=max(req.reused_prompt_tokens, 0)))
         if req.stop is not None:
@@ -660,7 +660,7 @@ class Scheduler:
         if req.spec.observe_timestamps:
             finished.performance.admitted_ns = admitted_ns - self.config.clock_origin_ns
             finished.performance.reused_prompt_tokens = max(req.reused_prompt_tokens, 0)
-        self._events.append(Terminal(req.serial, tp.TerminalEvent(finished=finished)))
+        self._events.append(Terminal(req.serial, ep.TerminalEvent(finished=finished)))
 
     def _release(self, req: Request) -> None:
         if req.state is RequestState.RUNNING:

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.kernels.speculative import EXTENSION_FIXED_WORDS, extension_words
+from helios_backend.kernel_abi.speculative import EXTENSION_FIXED_WORDS, extension_words
 from helios_backend.scheduler.completion import CompletionFormat, validate_header
 from helios_backend.scheduler.errors import CompletionMismatch, ConfigurationError
 from helios_backend.scheduler.plan import Variant

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from helios_proto import transport_pb2 as tp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.metrics import FAMILIES, LATENCY_BUCKETS, Family, Kind
 from helios_backend.engine.responses import Channel, ChannelError, Stream
@@ -29,8 +29,8 @@ from helios_backend.engine.faults import FaultySink
 from helios_backend.triton.finals import FinalSender
 from helios_backend.triton.supervision import STUB_EXIT_ENGINE_FAILED
 from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
-from helios_backend.transport import (
-    IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, TransportError, batch_prompts, decode_parameters,
+from helios_backend.exchange import (
+    IN_PARAMETERS, IN_PROMPT, OUT_CHANNEL_BATCH, OUT_EVENT, ExchangeError, batch_prompts, decode_parameters,
     message_array, request_spec)
 
 log = logging.getLogger("helios.triton")
@@ -185,14 +185,14 @@ class TritonHeliosModel:
             sender = request.get_response_sender()
             try:
                 params = decode_parameters(self._input(request, IN_PARAMETERS))
-            except TransportError as exc:
-                self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
+            except ExchangeError as exc:
+                self._answer(sender, ep.ResponseEvent(terminal=exc.event()))
                 continue
             kind = params.WhichOneof("kind")
             if kind == "generate_batch" or (kind == "generate" and params.generate.channel):
                 # a lone generate naming a channel is a batch of one
                 batch = (params.generate_batch if kind == "generate_batch" else
-                         tp.GenerateBatch(channel=params.generate.channel, requests=[params.generate]))
+                         ep.GenerateBatch(channel=params.generate.channel, requests=[params.generate]))
                 self._generate_on_channel(runtime, serial, batch, self._input(request, IN_PROMPT))
                 finals.close(sender)                 # one FINAL; the output goes by the channel
             elif kind == "generate":
@@ -201,7 +201,7 @@ class TritonHeliosModel:
                 try:
                     runtime.hub.open_channel(params.channel.id, self._sink(TritonChannelSink(self._pb, sender), runtime))
                 except ChannelError as exc:
-                    self._answer(sender, tp.ResponseEvent(terminal=TransportError("channel.id", str(exc)).event()))
+                    self._answer(sender, ep.ResponseEvent(terminal=ExchangeError("channel.id", str(exc)).event()))
             elif kind == "cancel":
                 try:
                     runtime.hub.cancel_tags(runtime.hub.channel(params.cancel.channel), list(params.cancel.tags))
@@ -209,7 +209,7 @@ class TritonHeliosModel:
                     pass                             # the channel ended: its requests are gone already
                 finals.close(sender)
             elif not runtime.healthy:              # the gateway's health probe reads this as red
-                self._answer(sender, tp.ResponseEvent(terminal=tp.TerminalEvent(failed=tp.ExecutionFailure(
+                self._answer(sender, ep.ResponseEvent(terminal=ep.TerminalEvent(failed=ep.ExecutionFailure(
                     message=runtime.loop.lost or "the helios worker stopped"))))
             else:
                 self._answer_payload(sender, self._assets_payload(runtime))
@@ -220,7 +220,7 @@ class TritonHeliosModel:
         gateway's readiness probes ask for it several times a second; building it per probe
         held the GIL for milliseconds, in front of every other request and send."""
         if self._assets is None:
-            self._assets = message_array(tp.ResponseEvent(assets=runtime.assets()).SerializeToString())
+            self._assets = message_array(ep.ResponseEvent(assets=runtime.assets()).SerializeToString())
         return self._assets
 
     def _exit_when_lost(self, runtime: Runtime) -> None:
@@ -233,18 +233,18 @@ class TritonHeliosModel:
         time.sleep(LOST_EXIT_GRACE_S)
         os._exit(LOST_EXIT_CODE)
 
-    def _generate(self, runtime: Runtime, serial: int, request: Any, gen: tp.GenerateRequest, sender: Any) -> None:
+    def _generate(self, runtime: Runtime, serial: int, request: Any, gen: ep.GenerateRequest, sender: Any) -> None:
         """A request on its own stream: its responses go to its own sender."""
         try:
             spec = request_spec(gen, self._input(request, IN_PROMPT), runtime.spec_defaults)
             grammar: Any = runtime.grammar_session(gen.grammar)   # the runtime's own handle
-        except TransportError as exc:
-            self._answer(sender, tp.ResponseEvent(terminal=exc.event()))
+        except ExchangeError as exc:
+            self._answer(sender, ep.ResponseEvent(terminal=exc.event()))
             return
         own = self._sink(TritonSender(self._pb, sender, set(request.requested_output_names())), runtime)
         runtime.add_request(spec, self._stream(serial, spec, gen, sender=own), grammar)
 
-    def _generate_on_channel(self, runtime: Runtime, serial: int, batch: tp.GenerateBatch,
+    def _generate_on_channel(self, runtime: Runtime, serial: int, batch: ep.GenerateBatch,
                              prompt: np.ndarray | None) -> None:
         """Each request of the batch in order, as if it had come alone; everything a request
         produces, its InvalidRequest included, goes by the batch's channel. Lengths that do not
@@ -254,11 +254,11 @@ class TritonHeliosModel:
         except ChannelError as exc:
             log.warning("%d requests name %s", len(batch.requests), exc)
             return                                   # nobody reads a closed channel
-        problem: TransportError | None = None
+        problem: ExchangeError | None = None
         if batch.prompt_lengths or len(batch.requests) != 1:
             try:
                 prompts: list[np.ndarray | None] = list(batch_prompts(batch, prompt))
-            except TransportError as exc:
+            except ExchangeError as exc:
                 prompts, problem = [None] * len(batch.requests), exc
         else:
             prompts = [prompt]                       # a lone GenerateRequest: the whole tensor is its prompt
@@ -267,8 +267,8 @@ class TritonHeliosModel:
             self._submit_on_channel(runtime, serial if index == 0 else next(self._serials), channel, gen, own,
                                     problem)
 
-    def _submit_on_channel(self, runtime: Runtime, serial: int, channel: Channel, gen: tp.GenerateRequest,
-                           prompt: np.ndarray | None, problem: TransportError | None) -> None:
+    def _submit_on_channel(self, runtime: Runtime, serial: int, channel: Channel, gen: ep.GenerateRequest,
+                           prompt: np.ndarray | None, problem: ExchangeError | None) -> None:
         gen.channel = channel.id
         stream: Stream | None = None
         try:
@@ -278,18 +278,18 @@ class TritonHeliosModel:
             grammar: Any = runtime.grammar_session(gen.grammar)   # the runtime's own handle
             stream = self._stream(serial, spec, gen, channel=channel)
             runtime.add_request(spec, stream, grammar)
-        except (TransportError, ChannelError) as exc:
-            event = exc.event() if isinstance(exc, TransportError) else TransportError("tag", str(exc)).event()
+        except (ExchangeError, ChannelError) as exc:
+            event = exc.event() if isinstance(exc, ExchangeError) else ExchangeError("tag", str(exc)).event()
             if stream is None:
                 stream = Stream(serial, None, channel=channel, tag=gen.tag)
                 try:
                     runtime.hub.register(stream)
                 except ChannelError:
                     return
-            runtime.hub.finish_now(serial, tp.ResponseEvent(terminal=event))
+            runtime.hub.finish_now(serial, ep.ResponseEvent(terminal=event))
 
     @staticmethod
-    def _stream(serial: int, spec: Any, gen: tp.GenerateRequest, sender: "TritonSender | None" = None,
+    def _stream(serial: int, spec: Any, gen: ep.GenerateRequest, sender: "TritonSender | None" = None,
                 channel: Channel | None = None) -> Stream:
         return Stream(serial, sender, timestamps=spec.observe_timestamps, logprobs=spec.logprobs,
                       top_k=spec.top_logprobs, channel=channel, tag=gen.tag,
@@ -308,7 +308,7 @@ class TritonHeliosModel:
         tensor = self._pb.get_input_tensor_by_name(request, name)
         return None if tensor is None else input_array(tensor)
 
-    def _answer(self, sender: Any, event: tp.ResponseEvent) -> None:
+    def _answer(self, sender: Any, event: ep.ResponseEvent) -> None:
         """The single FINAL response of a request answered without the engine."""
         self._answer_payload(sender, message_array(event.SerializeToString()))
 

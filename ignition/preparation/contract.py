@@ -28,8 +28,8 @@ from typing import Iterable
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernels import abi, blocks
-from helios_backend.kernels.state import (
+from helios_backend.kernel_abi import abi, blocks
+from helios_backend.kernel_abi.state import (
     COMPLETION_HEADER_FIELDS,
     COMPLETION_HEADER_WORDS,
     COMPLETION_ROW_FIELDS,
@@ -38,8 +38,8 @@ from helios_backend.kernels.state import (
     TRANSPORT_HEADER_WORDS,
     geometry_words,
 )
-from helios_backend.kernels.logprobs import logprob_record_words
-from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY, partial_words
+from helios_backend.kernel_abi.logprobs import logprob_record_words
+from helios_backend.kernel_abi.sampling import LOGIT_BIAS_CAPACITY, partial_words
 from ignition.recorder import Recorder, Ref
 
 C = contract_pb2
@@ -169,7 +169,7 @@ def completion_layout(cap: TextCapacities) -> M.CompletionLayout:
     for index, name in enumerate(COMPLETION_ROW_FIELDS):
         layout.row.append(M.CompletionField(name=name, word=index, words=1, dtype=C.DTYPE_I32))
     if cap.logprobs:
-        # words past row_words: the row's logprob extension record at logprob_base (kernels/logprobs.py)
+        # words past row_words: the row's logprob extension record at logprob_base (kernel_abi/logprobs.py)
         first, n = COMPLETION_ROW_WORDS, cap.top_logprobs
         layout.row.append(M.CompletionField(name="logprob", word=first, words=1, dtype=C.DTYPE_F32))
         if n:

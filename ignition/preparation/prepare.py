@@ -9,7 +9,7 @@ one weight resource per rank (256-byte aligned, WeightSource offsets); record on
 (operation, capacity variant, rank) with the recipe's forward pass between the shared
 prologue and epilogue; declare bindings, state accesses, cache and completion layout.
 Runs without a GPU. Kernel modules are added when a kernel library is supplied: one per
-(architecture, kernel set) for the library's architectures (ignition/kernels/targets.py).
+(architecture, kernel set) for the library's architectures (ignition/gpu_kernels/targets.py).
 
 Tensor parallelism (`options.tensor_parallel` = W ranks, default 1; tensor_parallel.py): the
 recipe's divided dimensions are partitioned, each rank gets its own weight resource
@@ -29,9 +29,9 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.core import ResourceInput, ResourceKind
-from helios_backend.kernels import abi
-from helios_backend.kernels.blocks import BlockMatrix
-from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY
+from helios_backend.kernel_abi import abi
+from helios_backend.kernel_abi.blocks import BlockMatrix
+from helios_backend.kernel_abi.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation import contract as shared
 from ignition.preparation import tensor_parallel
 from ignition.preparation.speculative import SpeculativePlan
@@ -40,7 +40,7 @@ from ignition.recorder import Geometry, Recorder, unit_geometry
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
 if TYPE_CHECKING:                   # the library imports Triton: only preparation with kernels loads it
-    from ignition.kernels.library import KernelLibrary
+    from ignition.gpu_kernels.library import KernelLibrary
 
 EXECUTION_ABI = "helios-abi-1"
 CONTRACT_VERSION = 3
@@ -136,7 +136,7 @@ class RankWeights:
         if self.keep_bytes:
             self.blob.extend(b"\0" * (offset - len(self.blob)))
         shape: tuple[int, ...]
-        if isinstance(array, BlockMatrix):      # the source's blocks, verbatim (kernels/blocks.py)
+        if isinstance(array, BlockMatrix):      # the source's blocks, verbatim (kernel_abi/blocks.py)
             data, dtype, shape = np.ascontiguousarray(array.data), C.DType.ValueType(array.dtype), array.shape
         else:   # a placeholder (keep_bytes off) is not copied: its shape and dtype are enough
             data = array if not self.keep_bytes else np.ascontiguousarray(array)

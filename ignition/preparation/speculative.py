@@ -2,7 +2,7 @@
 
 A recipe opts in through its options: `speculative_variants = ((B, W, D, P), ...)`; nothing
 else is model specific, because the verify block runs the recipe's ordinary forward pass over
-P one-token rows (kernels/speculative.py explains why that is causal). One program per variant:
+P one-token rows (kernel_abi/speculative.py explains why that is causal). One program per variant:
 
     speculative.expand        pending token + copied proposal ids -> P one-token target rows
     step.geometry             over the rows' token lengths
@@ -35,8 +35,8 @@ from typing import Any
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
-from helios_backend.kernels.speculative import extension_words
-from helios_backend.kernels.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS, geometry_words
+from helios_backend.kernel_abi.speculative import extension_words
+from helios_backend.kernel_abi.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS, geometry_words
 from ignition.preparation import contract as shared
 from ignition.recorder import Recorder, RecordingError, Ref
 

@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from helios_backend.kernels.blocks import BlockMatrix
+from helios_backend.kernel_abi.blocks import BlockMatrix
 
 from ignition.recorder import ForwardRecorder, Ref
 

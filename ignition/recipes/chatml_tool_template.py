@@ -2,7 +2,7 @@
 
 For recipes whose checkpoint template is plain ChatML and ignores `tools` (SmolLM2's does): the
 tools are listed in the system turn, with instructions to answer in the syntax the frontend
-declares (helios_backend/frontend/syntax/tables.py `json_call_tags`), and the conversation's own
+declares (helios_backend/syntax/tables.py `json_call_tags`), and the conversation's own
 tool calls and tool results render in that syntax. The wording follows the tool section of the
 Qwen2.5 chat templates (Apache-2.0), which instruction-tuned models commonly saw in training.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.frontend.syntax.tables import chatml_prefix_rules, preset
-from helios_backend.frontend.syntax.validate import validate_frontend
+from helios_backend.syntax.tables import chatml_prefix_rules, preset
+from helios_backend.syntax.validate import validate_frontend
 
 TOOLS_PREAMBLE = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.frontend.syntax.tables import preset
-from helios_backend.frontend.syntax.validate import validate_frontend
-from helios_backend.kernels.linear import ACTIVATION_GELU_TANH
-from helios_backend.kernels.rope import ROPE_HALF_PAIRS
+from helios_backend.syntax.tables import preset
+from helios_backend.syntax.validate import validate_frontend
+from helios_backend.kernel_abi.linear import ACTIVATION_GELU_TANH
+from helios_backend.kernel_abi.rope import ROPE_HALF_PAIRS
 from ignition.recipes.llama_decoder import (  # noqa: F401  (the recipe's declarations)
     SCRATCH, DecoderOptions, WeightTensor, declare_scratch, forward, paged_kv, rank_shape, weight_tensor_count,
     weight_tensors)

@@ -26,7 +26,7 @@ from types import ModuleType
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.kernels.rope import ROPE_HALF_PAIRS
+from helios_backend.kernel_abi.rope import ROPE_HALF_PAIRS
 from ignition.recipes import llama_decoder
 from ignition.recipes.chatml_tool_template import chatml_frontend
 from ignition.sources.hf_checkpoint import HFCheckpoint

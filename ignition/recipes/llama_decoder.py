@@ -45,10 +45,10 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
-from helios_backend.kernels.blocks import BlockMatrix, stack_rows
-from helios_backend.kernels.linear import ACTIVATION_SILU
-from helios_backend.kernels.rope import ROPE_ADJACENT_PAIRS, rope_table
-from helios_backend.kernels.sampling import LOGIT_BIAS_CAPACITY
+from helios_backend.kernel_abi.blocks import BlockMatrix, stack_rows
+from helios_backend.kernel_abi.linear import ACTIVATION_SILU
+from helios_backend.kernel_abi.rope import ROPE_ADJACENT_PAIRS, rope_table
+from helios_backend.kernel_abi.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation.contract import PagedKV, StepIO, buffer
 from ignition.preparation.tensor_parallel import PartitionedDimension, Split, TensorParallelError, add_to_residual
 from ignition.recorder import ForwardRecorder, Recorder
@@ -90,9 +90,9 @@ class DecoderOptions:
     # attends to the whole context, the others slide (0: every layer slides)
     full_attention_period: int = 0
     local_rope_theta: float = 0.0       # RoPE base of the sliding layers (0: the file's theta)
-    activation: int = ACTIVATION_SILU   # FFN gate activation (helios_backend.kernels.linear.ACTIVATION_*)
+    activation: int = ACTIVATION_SILU   # FFN gate activation (helios_backend.kernel_abi.linear.ACTIVATION_*)
     embedding_scale: bool = False       # embeddings times sqrt(hidden)
-    # keep a source matrix's own blocks (a GGUF's Q8_0 / Q4_1 tensors, helios_backend/kernels/blocks.py)
+    # keep a source matrix's own blocks (a GGUF's Q8_0 / Q4_1 tensors, helios_backend/kernel_abi/blocks.py)
     # instead of dequantizing it to f16: lossless against the source, 2.7x fewer weight bytes per
     # decode step on the CPU executor; the CUDA executor expands them to f16 at load (docs/core-format.md)
     source_blocks: bool = True

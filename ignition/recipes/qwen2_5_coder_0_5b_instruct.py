@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.kernels.rope import ROPE_HALF_PAIRS
+from helios_backend.kernel_abi.rope import ROPE_HALF_PAIRS
 from ignition.recipes.chatml_tool_template import chatml_frontend
 from ignition.recipes.llama_decoder import (  # noqa: F401  (the recipe's declarations)
     SCRATCH, DecoderOptions, WeightTensor, declare_scratch, forward, paged_kv, rank_shape, tensor_parallel_dimensions,

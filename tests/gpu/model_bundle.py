@@ -157,7 +157,7 @@ def split_gguf(recipe=None) -> list[pathlib.Path]:
 
 def build(out: pathlib.Path = BUNDLE_DIR, archs=None, recipe_name: str = DEFAULT_RECIPE) -> None:
     from ignition.cli import recipe_module
-    from ignition.kernels.library import KernelLibrary
+    from ignition.gpu_kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
 
     recipe = recipe_module(recipe_name)

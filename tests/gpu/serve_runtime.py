@@ -62,7 +62,7 @@ def main() -> None:
     from helios_backend.engine.responses import Stream
     from helios_backend.engine.engine import Engine
     from helios_backend.engine.settings import StartupOptions
-    from helios_backend.transport import OUT_TOKENS
+    from helios_backend.exchange import OUT_TOKENS
 
     import dataclasses
 

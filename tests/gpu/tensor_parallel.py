@@ -93,7 +93,7 @@ def build(out: pathlib.Path, kernels: bool) -> None:
 
     library = None
     if kernels:
-        from ignition.kernels.library import KernelLibrary
+        from ignition.gpu_kernels.library import KernelLibrary
         library = KernelLibrary()
     for degree in DEGREES:
         started = time.time()

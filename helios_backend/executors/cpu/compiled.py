@@ -9,7 +9,7 @@ step reads each weight byte once.
 Every primitive is serial and releases the GIL (nogil): the products take a range of output
 rows and attention a range of (token, kv head) pairs, so kernels.py shares one call's ranges
 over threads (sharing.py). Every function writes into arrays it is given, so the hot path
-allocates nothing. The functions mirror kernels/ references (the conformance
+allocates nothing. The functions mirror kernel_abi/ references (the conformance
 oracle); only the summation order differs.
 """
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _chunk_rows(index: int, chunks: int, m: int) -> tuple[int, int]:
     return first, last
 
 
-# ---- block weights (kernels/blocks.py): one block of 32 weights as one LLVM vector ------------------
+# ---- block weights (kernel_abi/blocks.py): one block of 32 weights as one LLVM vector ------------------
 # Layout codes (BlockLayout.code): 0 Q8_0 (34-byte blocks: f16 d, 32 int8), 1 Q4_1 (20-byte blocks:
 # f16 d, f16 m, 16 bytes of nibbles: low nibble weight j, high nibble weight j + 16).
 # Written as LLVM vector code because numba's loops over a 32-weight block do not vectorize: the
@@ -159,7 +159,7 @@ _F32X32 = ir.VectorType(ir.FloatType(), _LANES)
 
 
 def _block_weights(builder: Any, code: int, block: Any) -> Any:
-    """<32 x float> weights of the block at i8* `block` (kernels/blocks.expand's values)."""
+    """<32 x float> weights of the block at i8* `block` (kernel_abi/blocks.expand's values)."""
     def half(offset: int) -> Any:
         pointer = builder.bitcast(builder.gep(block, [ir.Constant(ir.IntType(64), offset)]), ir.IntType(16).as_pointer())
         return builder.fpext(builder.bitcast(builder.load(pointer, align=1), ir.HalfType()), ir.FloatType())
@@ -699,7 +699,7 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
     """RoPE on q and k of projected [n, (q_heads + 2 kv_heads) * head_dim]; q -> q_out, k, v -> cache pages
     (f32 planes, or f16 planes as uint16 bits: q_out is f32 either way, so the query is not rounded).
 
-    pairing 0 rotates (2i, 2i+1), 1 rotates (i, i + head_dim/2) (kernels/rope.py); the cache
+    pairing 0 rotates (2i, 2i+1), 1 rotates (i, i + head_dim/2) (kernel_abi/rope.py); the cache
     element of (page p, token slot s, kv head h, dim d) is p*page_stride + (s*kv_heads + h)*head_dim + d.
     """
     half = head_dim // 2

@@ -1,13 +1,13 @@
-"""The CPU executor's kernel implementations: the ABI's signatures (kernels/abi.py), compiled bodies.
+"""The CPU executor's kernel implementations: the ABI's signatures (kernel_abi/abi.py), compiled bodies.
 
 `CpuKernels(capacity).table` maps the kernel ids whose time dominates a step (the weight
 products and attention) to methods taking exactly the reference's arguments; every other id
-keeps its numpy reference (kernels/), which the executor binds as the numpy executor does.
+keeps its numpy reference (kernel_abi/), which the executor binds as the numpy executor does.
 
 Arguments differ from the numpy executor's in one way: pointers into F16 WEIGHT buffers
 arrive as the declared f16 arrays (no f32 shadow); the methods pass their uint16 bits to the
 compiled primitives (compiled.py), which widen them in registers. Pointers into block weights
-(Q8_0 / Q4_1, kernels/blocks.py) arrive as BlockWeight (the blocks in the arena): the products,
+(Q8_0 / Q4_1, kernel_abi/blocks.py) arrive as BlockWeight (the blocks in the arena): the products,
 the embedding gather and the LM head read them in place.
 
 Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
@@ -32,9 +32,9 @@ from numpy.lib.stride_tricks import as_strided
 
 from helios_backend.executors.cpu import compiled
 from helios_backend.executors.cpu.sharing import WorkSharing
-from helios_backend.kernels.blocks import BlockWeight
-from helios_backend.kernels.logprobs import log_softmax_row
-from helios_backend.kernels.state import live_tokens, row_starts, token_rows
+from helios_backend.kernel_abi.blocks import BlockWeight
+from helios_backend.kernel_abi.logprobs import log_softmax_row
+from helios_backend.kernel_abi.state import live_tokens, row_starts, token_rows
 
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
 # (memory-bound); above it the widened-tile BLAS product wins (measured: docs/cpu-executor.md).
@@ -115,7 +115,7 @@ class CpuKernels:
     def _product(self, out: np.ndarray, x: np.ndarray, weight: Weight, n: int, k: int, m: int,
                  accumulate: bool) -> None:
         """out[:n] (+)= x[:n] @ weight.T; out [n, m] f32 flat, x [n, k] f32 flat, weight [m, k] f16 or
-        a block matrix (kernels/blocks.py) read in place."""
+        a block matrix (kernel_abi/blocks.py) read in place."""
         if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         if n <= SMALL_PRODUCT_TOKENS:

@@ -122,7 +122,7 @@ class PinnedFrames:
         self._d = driver
         self.frame_nbytes = align_up(max(frame_nbytes, 1), 64)
         total = self.frame_nbytes * frames
-        # mapped too: the transport kernels read and write these frames over PCIe
+        # mapped too: the staging-copy kernels read and write these frames over PCIe
         flags = driver.CU_MEMHOSTALLOC_PORTABLE | driver.CU_MEMHOSTALLOC_DEVICEMAP
         self.address = int(check(driver.cuMemHostAlloc(total, flags), "cuMemHostAlloc"))
         whole = np.ctypeslib.as_array((ctypes.c_uint8 * total).from_address(self.address))

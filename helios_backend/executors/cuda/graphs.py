@@ -2,7 +2,7 @@
 
 One serving graph per (program, frame):
 
-    staging copy: host frame f -> staging buffer (a kernel or memcpy nodes: transport.py)
+    staging copy: host frame f -> staging buffer (a kernel or memcpy nodes: staging_copy.py)
     kernel nodes in program order (PDL edge where the kernel waits with griddepcontrol)
     NCCL all-reduce kernels for ALL_REDUCE nodes
     completion copy: completion buffer -> host completion frame f

@@ -115,7 +115,7 @@ class BufferAddresses:
 
 class KernelParams(Protocol):
     """What a launch hands cuLaunchKernelEx: `argv`, the void*[] over the parameter values
-    (ParamPack for recorded kernels, transport.RawParams for the transport's own kernels)."""
+    (ParamPack for recorded kernels, staging_copy.RawParams for the staging copy's own kernels)."""
     argv: np.ndarray
 
 

@@ -1,0 +1,412 @@
+"""The kernel table: for each ABI kernel id, its Triton source, tile sizes and launch grid.
+
+Tile sizes are constexprs fixed at preparation; everything shape-like arrives at launch as an
+immediate, so one cubin serves every capacity variant. `grid` maps the launch's immediates
+(ABI parameter name -> value) and the spec's constexprs to the CUDA grid; the block is
+32 * num_warps threads. Grids depend only on immediates (capacities), never on live counts:
+programs past the live work exit early, which keeps every launch graph-replayable.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+from helios_backend.kernel_abi.sampling import partial_words
+
+Grid = tuple[int, int, int]
+Immediates = Mapping[str, int]     # a launch's integer immediates (grids depend on no float)
+GridFunction = Callable[[Immediates, Mapping[str, int]], Grid]
+
+
+# Every pointer param is assumed ALIGNMENT-byte aligned (buffers are 256-byte aligned; byte
+# offsets are checked by the library); `divisible` integers are multiples of ALIGNMENT.
+ALIGNMENT = 16
+
+
+MAX_GRID_Y = 65535          # CUDA's limit on grid y and z (x goes to 2^31 - 1)
+
+
+class GeometryError(ValueError):
+    """A launch's immediates exceed what the compiled tile configuration supports."""
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+@dataclasses.dataclass(frozen=True)
+class Widening:
+    """Tiles a kernel compiles only for the cores that need them: when a recorded launch's
+    `immediate` exceeds the base constexpr `limit`, that core's cubin of the id is compiled with
+    `constexprs` replacing the base ones (the kernel then carries a second instantiation behind a
+    branch on the immediate). Cores whose launches all fit keep exactly the base kernel, so its
+    registers and shared memory do not pay for shapes they never launch."""
+    immediate: str
+    limit: str
+    constexprs: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelBuild:
+    kernel_id: str                                # ABI id (helios_backend/kernel_abi/abi.py)
+    module: str                                   # ignition.gpu_kernels.triton_lang.<module>
+    function: str                                 # @triton.jit function = cubin symbol
+    constexprs: Mapping[str, int]                 # tile sizes; PDL is appended by the library
+    grid: GridFunction
+    num_warps: int = 4
+    num_stages: int = 2
+    # Integer params the cubin assumes divisible by ALIGNMENT (row widths, strides): with
+    # aligned pointers this lets Triton emit 16-byte vector and cp.async loads, without which
+    # f16 streams degrade to 2-byte loads and loops do not pipeline. geometry() rejects
+    # launches that break the assumption.
+    divisible: tuple[str, ...] = ()
+    widening: Widening | None = None
+
+    def needs_widening(self, immediates: Immediates) -> bool:
+        return (self.widening is not None
+                and int(immediates[self.widening.immediate]) > self.constexprs[self.widening.limit])
+
+    def tiles(self, immediates: Immediates) -> Mapping[str, int]:
+        """The constexprs a launch with these immediates compiles with."""
+        if self.widening is not None and self.needs_widening(immediates):
+            return {**self.constexprs, **self.widening.constexprs}
+        return self.constexprs
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise GeometryError(message)
+
+
+def _token_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["tokens"], c["BLOCK_T"]), 1, 1)
+
+
+def _token_dim_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["tokens"], c["BLOCK_T"]), cdiv(a["dim"], c["BLOCK_D"]), 1)
+
+
+def _step_geometry(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return _token_tiles(a, c)
+
+
+def _gemm(n_name: str, m_name: str) -> GridFunction:
+    """[BLOCK_M, BLOCK_N] output tiles: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        return (cdiv(a[n_name], c["BLOCK_N"]), cdiv(a[m_name], c["BLOCK_M"]), 1)
+    return grid
+
+
+def _gemm_tiles_first(n_name: str, m_name: str) -> GridFunction:
+    """_gemm with the axes swapped, (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), 1): the M tiles of one
+    column block are consecutive programs (they share its weight slice through L2)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        blocks = cdiv(a[n_name], c["BLOCK_N"])
+        _require(blocks <= MAX_GRID_Y, f"{n_name} {a[n_name]} needs {blocks} column blocks > {MAX_GRID_Y} (grid y)")
+        return (cdiv(a[m_name], c["BLOCK_M"]), blocks, 1)
+    return grid
+
+
+def _split_k_gemm(n_name: str, m_name: str, k_name: str) -> GridFunction:
+    """_gemm tiles times cdiv(K, K_SPLIT) K slices on grid z."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        x, y, _ = _gemm(n_name, m_name)(a, c)
+        return (x, y, cdiv(a[k_name], c["K_SPLIT"]))
+    return grid
+
+
+def _qkv_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["head_dim"] % 2 == 0, "head_dim must be even for RoPE")
+    heads = a["q_heads"] + 2 * a["kv_heads"]
+    if _gemv_fits(a, c, "tokens", "dim"):
+        return (heads * cdiv(a["head_dim"] // 2, c["GEMV_P"]), 1, 1)
+    return (heads * cdiv(a["head_dim"] // 2, c["BLOCK_P"]), cdiv(a["tokens"], c["BLOCK_M"]), 1)
+
+
+def _gemv_fits(a: Immediates, c: Mapping[str, int], count: str, k_name: str | None) -> bool:
+    """The kernel's own branch condition: few rows, and (when a program covers all of K)
+    K within the unrolled GEMV_STEPS x GEMV_K."""
+    fits_k = k_name is None or a[k_name] <= c["GEMV_K"] * c["GEMV_STEPS"]
+    return a[count] <= c["GEMV_TOKENS"] and fits_k
+
+
+def _large_or(count: str, n_name: str, smaller: GridFunction) -> GridFunction:
+    """From LARGE_TOKENS rows, [LARGE_M, LARGE_N] tiles over the whole of K:
+    (cdiv(N, LARGE_N), cdiv(M, LARGE_M), 1); `smaller` below (the kernel's own branch)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        if a[count] >= c["LARGE_TOKENS"]:
+            return (cdiv(a[n_name], c["LARGE_N"]), cdiv(a[count], c["LARGE_M"]), 1)
+        return smaller(a, c)
+    return grid
+
+
+def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction,
+                   k_name: str | None = None) -> GridFunction:
+    """Decode shapes (_gemv_fits) run GEMV_N output columns per program over every row of the
+    capacity; larger ones use `tiles`. The GEMV grid keeps `tiles`' grid z (K slices)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        x, y, z = tiles(a, c)
+        if _gemv_fits(a, c, count, k_name):
+            return (cdiv(a[n_name], c["GEMV_N"]), 1, z)
+        return (x, y, z)
+    return grid
+
+
+def _qkv_norm_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
+    """One program per (whole head, token tile): the q/k norm needs every dim of its head."""
+    _require(a["head_dim"] % 2 == 0, "head_dim must be even for RoPE")
+    _require(a["head_dim"] // 2 <= c["BLOCK_P"],
+             f"head_dim {a['head_dim']} > 2 x BLOCK_P {c['BLOCK_P']} (a program holds a whole head)")
+    return (a["q_heads"] + 2 * a["kv_heads"], cdiv(a["tokens"], c["BLOCK_M"]), 1)
+
+
+def _paged_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
+    group = a["q_heads"] // a["kv_heads"]
+    _require(a["q_heads"] % a["kv_heads"] == 0, "q_heads must be a multiple of kv_heads")
+    _require(group <= c["BLOCK_M"], f"GQA group {group} > BLOCK_M {c['BLOCK_M']}")
+    # heads up to BLOCK_D take the narrow tiles, wider ones up to WIDE_D the wide instantiation
+    # (compiled for the cores that launch one: KernelBuild.tiles)
+    widest = max(c["BLOCK_D"], c.get("WIDE_D", 0))
+    _require(a["head_dim"] <= widest, f"head_dim {a['head_dim']} > {widest}")
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    # every row may leave one partial query block: blocks <= cdiv(tokens, per_block) + rows
+    per_block = c["BLOCK_M"] // group
+    return (cdiv(a["tokens"], per_block) + a["rows"], a["kv_heads"], 1)
+
+
+def _token_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
+    """(cdiv(tokens, BLOCK_M)): a program owns BLOCK_M whole rows."""
+    return (cdiv(a["tokens"], c["BLOCK_M"]), 1, 1)
+
+
+def _vocab_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["vocab"], c["BLOCK_V"]), a["rows"], 1)
+
+
+def _per_row(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (a["rows"], 1, 1)
+
+
+def _per_token(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (a["tokens"], 1, 1)
+
+
+def _per_row_over_vocab(a: Immediates, c: Mapping[str, int]) -> Grid:
+    """One program per row streaming its vocabulary; it keeps MAX_CHUNKS chunk maxima, each
+    covering cdiv(chunks, MAX_CHUNKS) BLOCK_V chunks, so every vocabulary size fits."""
+    return (a["rows"], 1, 1)
+
+
+def _vocab_chunks(keys: str) -> GridFunction:
+    """(cdiv(vocab, BLOCK_V), rows) for the multi-program sampling kernels: each chunk leaves a
+    record of 8 words + c[keys] int64 keys in its row of `partials` (partial_words(vocab) words),
+    and the row's last program reads them MAX_CHUNKS at a time (no ceiling on the vocabulary)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        chunks = cdiv(a["vocab"], c["BLOCK_V"])
+        _require(chunks * (8 + 2 * c[keys]) <= partial_words(a["vocab"]),
+                 f"{chunks} chunk records exceed partial_words({a['vocab']})")
+        _require(a.get("top_n", 0) <= c.get("TOP_C", 0), f"top_n {a.get('top_n')} > TOP_C")
+        return (chunks, a["rows"], 1)
+    return grid
+
+
+def _entry_tiles(count: str, block: str) -> GridFunction:
+    """(cdiv(a[count], BLOCK), rows): per-row entry lists of a[count] entries."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        return (cdiv(a[count], c[block]), a["rows"], 1)
+    return grid
+
+
+def _one_program_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return (1, 1, 1)
+
+
+def _histogram_tiles(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["histogram_bins"], c["BLOCK_H"]), a["rows"], 1)
+
+
+def _page_chunks(a: Immediates, c: Mapping[str, int]) -> Grid:
+    return (cdiv(a["page_stride"], c["BLOCK"]), a["rows"], 1)
+
+
+def _one_program(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return (1, 1, 1)
+
+
+def _token_tiles_over_rows(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return _token_tiles(a, c)
+
+
+def _per_lane(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+    return _per_row_over_vocab(a, c)
+
+
+def _paged_window_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["window"] >= 1, f"window {a['window']} < 1")
+    return _paged_attention(a, c)
+
+
+def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
+    x, y, _ = _paged_attention(a, c)
+    _require(a["splits"] >= 1, "splits must be >= 1")
+    return (x, y, a["splits"])
+
+
+# Decode is latency-bound weight streaming: by Little's law an H200 needs ~3 MB of loads in
+# flight (4.8 TB/s x ~0.7 us) to reach its bandwidth, while one layer's projections are only
+# 0.7-3.5 MB. So the layer GEMMs use the narrowest tensor-core tile (N = 16: many programs)
+# and deep K tiles with 3 pipeline stages (many bytes in flight per program). The LM head
+# (N = vocabulary, 56 MB) has programs to spare: wide N tiles, and BLOCK_M = 64 so up to 64
+# rows read the head once.
+# Up to GEMV_TOKENS rows (decode of a few sequences) the products run without tensor cores:
+# GEMV_N output columns per program for all GEMV_TOKENS rows at once, K unrolled GEMV_STEPS x
+# GEMV_K, weight tiles loaded into registers before the PDL wait; one layer's 1-4 MB spread
+# over 100-400 programs. (Measured on the H200: at 8 rows this path and the tiles are equal,
+# at 32+ rows the tiles are 2-7x faster.)
+_GEMV = {"GEMV_TOKENS": 4, "GEMV_K": 128}
+# Tiles (f16 operands, common.DOT_F16): [16, 32] measured best on the H200 against [32, 32]
+# and [64, 32] for decode (batch 8 / 64 / 128: 9.1k / 48.9k / 80.0k tokens/s against 7.6k /
+# 46.9k / 73.5k for [32, 32]); [64, 32] prefills 512 tokens faster (170k vs 152k tokens/s)
+# but loses at every decode batch.
+# M buckets: from LARGE_TOKENS rows (prefill chunks, the wide MIXED steps) a third instantiation
+# in the same kernel, chosen by the token capacity as the GEMV path is: [LARGE_M, LARGE_N] tiles
+# over the whole of K (no split), one accumulator per product, so the K loop pipelines and the
+# products issue as warpgroup MMAs; 16-row tiles re-read each weight tile tokens / 16 times (8B
+# layout prefill of 4,096 tokens at 0.06 of the fp16 peak on an H100, bench/results/h100-80gb-hbm3).
+_LARGE = {"LARGE_TOKENS": 512, "LARGE_M": 64}
+_LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5,
+               **_LARGE, "LARGE_N": 64, "LARGE_K": 32}   # two accumulators (gate, up): 64 columns each
+# split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
+# unrolls its whole K_SPLIT slice
+_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
+                  "GEMV_N": 8, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
+# the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
+# program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
+# measured a little ahead of [64, 64] (batch 4: 5.6k vs 5.3k tokens/s; batch 64 equal).
+_HEAD_GEMM = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 32, **_GEMV, "GEMV_TOKENS": 2,
+              "GEMV_N": 8, "GEMV_STEPS": 5}
+_QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, "GEMV_STEPS": 5}
+# q/k norm: a program holds a whole head (up to 256 dims: 128 pairs) for its norm, tiles only
+_QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
+# attention tiles: [BLOCK_N keys, BLOCK_D dims] for heads up to 64 dims (WIDE_* equal to them:
+# one instantiation); a core with wider heads (up to 256: Gemma-style) compiles a second
+# instantiation in the same kernel with [16 keys, 256 dims] tiles, fewer keys per block so its
+# key and value tiles take the narrow one's shared memory (ATTENTION_WIDENING)
+_ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D": 64,
+              "MAX_ROWS": 256}
+ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 256})
+# post-norm residual: one program per 16 rows covers all out_dim columns (two passes); at decode
+# that is one program streaming the whole weight, so its tiles are wide ([64, 128] f16 = 16 KB
+# per stage, 8 warps) to keep many bytes in flight on its one SM (not tuned on a device yet)
+_NORM_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}
+
+# Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
+# before its ABI entry does.
+KERNEL_SPECS: tuple[KernelBuild, ...] = (
+    # BLOCK_T x MAX_ROWS compare matrix per program: keep it small for decode (tokens = rows)
+    KernelBuild("step.geometry.v1", "tokens", "step_geometry",
+               {"BLOCK_T": 32, "MAX_ROWS": 256}, _step_geometry),
+    KernelBuild("tokens.select_input.v1", "tokens", "select_input_ids",
+               {"BLOCK_T": 256}, _token_tiles),
+    KernelBuild("tokens.select_input.v2", "tokens", "select_input_ids_by_token",
+               {"BLOCK_T": 256}, _token_tiles),
+    # one [4 tokens, 256 dims] tile per program (16-byte f16 loads), no loop over dim
+    KernelBuild("embedding.gather.v1", "tokens", "embed_tokens",
+               {"BLOCK_T": 4, "BLOCK_D": 256}, _token_dim_tiles, divisible=("dim",)),
+    KernelBuild("attention.qkv_rope_store.v1", "attention", "qkv_rope_store",
+               _QKV_GEMM, _qkv_rope_store,
+               num_stages=3, divisible=("dim", "head_dim", "page_stride")),
+    KernelBuild("attention.qkv_bias_rope_store.v1", "attention", "qkv_bias_rope_store",
+               _QKV_GEMM, _qkv_rope_store,
+               num_stages=3, divisible=("dim", "head_dim", "page_stride")),
+    KernelBuild("attention.qkv_norm_rope_store.v1", "attention", "qkv_norm_rope_store",
+               _QKV_NORM_GEMM, _qkv_norm_rope_store,
+               num_stages=2, divisible=("dim", "head_dim", "page_stride")),
+    KernelBuild("attention.paged.v1", "attention", "paged_attention", _ATTENTION,
+               _paged_attention, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
+    KernelBuild("attention.paged_window.v1", "attention", "paged_window_attention", _ATTENTION,
+               _paged_window_attention, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
+    KernelBuild("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
+               _large_or("tokens", "out_dim",
+                         _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim"))),
+               num_stages=3,
+               divisible=("in_dim", "out_dim")),
+    KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
+               _token_rows, num_warps=8, num_stages=3, divisible=("in_dim", "out_dim")),
+    # the post norm after a linear.residual.v1 product: one program per row, all its columns
+    # ([1, 1024] f32 tiles, two passes; a 640-wide Gemma row is one tile)
+    KernelBuild("norm.residual.v1", "norms", "norm_residual", {"BLOCK_M": 1, "BLOCK_D": 1024},
+               _token_rows, divisible=("dim",)),
+    KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
+               _large_or("tokens", "ffn_dim", _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim")),
+               num_stages=3,
+               divisible=("dim", "ffn_dim")),
+    KernelBuild("mlp.norm_gate_up_activation.v1", "matmul", "norm_gate_up_activation", _LAYER_GEMM,
+               _large_or("tokens", "ffn_dim", _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim")),
+               num_stages=3,
+               divisible=("dim", "ffn_dim")),
+    KernelBuild("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
+               _gemv_or_tiles("rows", "vocab", _gemm_tiles_first("vocab", "rows"), "dim"), num_warps=8,
+               num_stages=2,
+               divisible=("dim", "vocab")),
+    KernelBuild("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},
+               _vocab_tiles, divisible=("vocab", "histogram_bins")),
+    KernelBuild("sampling.draw.v1", "sampling", "draw_tokens",
+               {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
+               num_warps=8, divisible=("vocab",)),
+    KernelBuild("sampling.keep_logits.v1", "logprobs", "keep_logits", {"BLOCK_V": 1024},
+               _vocab_tiles, divisible=("vocab",)),
+    KernelBuild("sampling.logprobs.v1", "logprobs", "sampled_logprobs",
+               {"BLOCK_V": 2048, "MAX_CHUNKS": 64}, _per_row_over_vocab,
+               num_warps=4, divisible=("vocab",)),
+    # many programs per row (a 2048-token chunk each) and a last-arriving finisher;
+    # sampling.draw.v2 also applies the penalties and grammar mask (no adjust node)
+    KernelBuild("sampling.draw.v2", "sampling", "draw_adjusted_tokens",
+               {"BLOCK_V": 2048, "CANDIDATES": 32, "MAX_CHUNKS": 32}, _vocab_chunks("CANDIDATES"),
+               num_warps=8, divisible=("vocab", "histogram_bins")),
+    KernelBuild("sampling.logprobs.v2", "logprobs", "requested_logprobs",
+               {"BLOCK_V": 2048, "TOP_C": 32, "MAX_CHUNKS": 32}, _vocab_chunks("TOP_C"),
+               num_warps=8, divisible=("vocab",)),
+    # one program per row covers OpenAI's 300 entries
+    KernelBuild("sampling.logit_bias.v1", "sampling", "add_logit_bias", {"BLOCK_K": 512},
+               _entry_tiles("bias_capacity", "BLOCK_K")),
+    KernelBuild("logits.score_targets.v1", "logprobs", "score_targets", {"BLOCK_V": 64, "BLOCK_K": 64},
+               _per_token, num_warps=4, divisible=("dim",)),
+    # 8 warps: one row per thread, so every per-row value shares one layout (no shared-memory
+    # conversions between the loads and the scattered stores)
+    KernelBuild("state.commit.v1", "slots", "commit_samples", {"MAX_ROWS": 256, "BLOCK_E": 8},
+               _one_program_over_rows, num_warps=8),
+    KernelBuild("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
+               _histogram_tiles, divisible=("histogram_bins",)),
+    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _ATTENTION,
+               _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride"),
+               widening=ATTENTION_WIDENING),
+    KernelBuild("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},
+               _page_chunks, divisible=("page_stride", "row_stride")),
+    KernelBuild("cache.restore_partial.v1", "pages", "restore_partial_pages", {"BLOCK": 4096},
+               _page_chunks, divisible=("page_stride", "row_stride")),
+    KernelBuild("speculative.copy_confidence.v1", "speculative", "copy_confidence",
+               {"BLOCK_K": 16}, _per_row),
+    KernelBuild("speculative.allocate.v1", "speculative", "allocate_prefixes", {"MAX_ROWS": 256},
+               _one_program),
+    KernelBuild("speculative.expand.v1", "speculative", "expand_block",
+               {"BLOCK_T": 64, "MAX_ROWS": 256}, _token_tiles_over_rows),
+    KernelBuild("speculative.verify_commit.v1", "speculative", "verify_commit",
+               {"MAX_ROWS": 256, "BLOCK_V": 2048, "MAX_CHUNKS": 64, "BLOCK_E": 8, "BLOCK_X": 16},
+               _per_lane,
+               num_warps=8, divisible=("vocab", "histogram_bins")),
+    # tensor parallelism: a rank's partial projection stored over the whole token capacity
+    # (rows past the live count 0) before its all-reduce (ignition/preparation/tensor_parallel.py)
+    KernelBuild("linear.project.v1", "projection", "linear_project",
+               {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}, _gemm("out_dim", "tokens"),
+               num_stages=3, divisible=("in_dim", "out_dim")),
+)
+
+SPECS_BY_ID: Mapping[str, KernelBuild] = {spec.kernel_id: spec for spec in KERNEL_SPECS}
