@@ -8,7 +8,9 @@ A local Ed25519 publisher key is created on first use (helios_backend.core.keys)
 AOT kernel library (ignition.gpu_kernels) contributes kernel modules for the kernel ids it
 implements, one per kernel set and architecture: by default cubins for sm_80, sm_86, sm_89,
 sm_90a and sm_100a plus compute_80 PTX (the portable fallback), less what the installed
-Triton cannot target; `--arch` (repeatable) names the architectures instead. Preparation
+Triton cannot target; `--arch` (repeatable) names the architectures instead. A Hugging Face
+`config.json` alone (e.g. bench/layouts/qwen2.5-1.5b.json) prepares that layout with seeded
+random weights. Preparation
 needs no GPU and works without the library (--no-kernels skips it).
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ignition.gpu_kernels.specs import GeometryError
 from ignition.gpu_kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
-from ignition.recipes import (gemma_3_270m, hf_checkpoint, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
+from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
                               syntax_variants)
 from ignition.sources.gguf import GGUFError
 from ignition.sources.packaged import PackagedSourceError
@@ -44,12 +46,17 @@ class UnknownRecipeError(KeyError):
 
 
 def recipe_module(name: str) -> ModuleType:
-    """A named recipe, or a local Hugging Face checkpoint directory (hf_checkpoint.recipe_for)."""
+    """A named recipe, a local Hugging Face checkpoint directory (hf_checkpoint.recipe_for), or a
+    layout's config.json alone (hf_layout.recipe_for_layout: random weights)."""
     if name in RECIPES:
         return RECIPES[name]
-    if pathlib.Path(name).is_dir():
+    path = pathlib.Path(name)
+    if path.is_dir():
         return hf_checkpoint.recipe_for(name)
-    raise UnknownRecipeError(f"unknown recipe {name!r} (and no checkpoint directory there); known: {sorted(RECIPES)}")
+    if path.is_file() and path.suffix == ".json":     # a layout: config.json alone, random weights
+        return hf_layout.recipe_for_layout(path)
+    raise UnknownRecipeError(f"unknown recipe {name!r} (and no checkpoint directory or layout config.json there); "
+                             f"known: {sorted(RECIPES)}")
 
 
 def _kernel_library(archs: Optional[Sequence[str]]) -> Optional[Any]:
@@ -99,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help=f"one of {sorted(RECIPES)}, or a local Hugging Face checkpoint directory "
-                                       "(llama or qwen2 family: config.json, safetensors, tokenizer.json)")
+                                       "(llama or qwen2 family: config.json, safetensors, tokenizer.json), or "
+                                       "a layout's config.json alone (random weights)")
     parser.add_argument("--out", required=True, type=pathlib.Path, help="core file to write (required)")
     parser.add_argument("--key", default=None, help="publisher key (PEM), created on first use (default: $HELIOS_HOME/keys/publisher.ed25519.pem, "
                                                   "else ~/.local/share/helios/keys/publisher.ed25519.pem)")

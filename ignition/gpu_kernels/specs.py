@@ -131,6 +131,16 @@ def _gemv_fits(a: Immediates, c: Mapping[str, int], count: str, k_name: str | No
     return a[count] <= c["GEMV_TOKENS"] and fits_k
 
 
+def _large_or(count: str, n_name: str, smaller: GridFunction) -> GridFunction:
+    """From LARGE_TOKENS rows, [LARGE_M, LARGE_N] tiles over the whole of K:
+    (cdiv(N, LARGE_N), cdiv(M, LARGE_M), 1); `smaller` below (the kernel's own branch)."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        if a[count] >= c["LARGE_TOKENS"]:
+            return (cdiv(a[n_name], c["LARGE_N"]), cdiv(a[count], c["LARGE_M"]), 1)
+        return smaller(a, c)
+    return grid
+
+
 def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction,
                    k_name: str | None = None) -> GridFunction:
     """Decode shapes (_gemv_fits) run GEMV_N output columns per program over every row of the
@@ -263,11 +273,18 @@ _GEMV = {"GEMV_TOKENS": 4, "GEMV_K": 128}
 # and [64, 32] for decode (batch 8 / 64 / 128: 9.1k / 48.9k / 80.0k tokens/s against 7.6k /
 # 46.9k / 73.5k for [32, 32]); [64, 32] prefills 512 tokens faster (170k vs 152k tokens/s)
 # but loses at every decode batch.
-_LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5}
+# M buckets: from LARGE_TOKENS rows (prefill chunks, the wide MIXED steps) a third instantiation
+# in the same kernel, chosen by the token capacity as the GEMV path is: [LARGE_M, LARGE_N] tiles
+# over the whole of K (no split), one accumulator per product, so the K loop pipelines and the
+# products issue as warpgroup MMAs; 16-row tiles re-read each weight tile tokens / 16 times (8B
+# layout prefill of 4,096 tokens at 0.06 of the fp16 peak on an H100, bench/results/h100-80gb-hbm3).
+_LARGE = {"LARGE_TOKENS": 512, "LARGE_M": 64}
+_LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5,
+               **_LARGE, "LARGE_N": 64, "LARGE_K": 32}   # two accumulators (gate, up): 64 columns each
 # split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
 # unrolls its whole K_SPLIT slice
 _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
-                  "GEMV_N": 8}
+                  "GEMV_N": 8, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
 # the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
 # program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
 # measured a little ahead of [64, 64] (batch 4: 5.6k vs 5.3k tokens/s; batch 64 equal).
@@ -317,7 +334,8 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _paged_window_attention, num_stages=3, divisible=("head_dim", "page_stride"),
                widening=ATTENTION_WIDENING),
     KernelBuild("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
-               _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim")),
+               _large_or("tokens", "out_dim",
+                         _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim"))),
                num_stages=3,
                divisible=("in_dim", "out_dim")),
     KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
@@ -327,10 +345,12 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
     KernelBuild("norm.residual.v1", "norms", "norm_residual", {"BLOCK_M": 1, "BLOCK_D": 1024},
                _token_rows, divisible=("dim",)),
     KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
-               _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
+               _large_or("tokens", "ffn_dim", _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim")),
+               num_stages=3,
                divisible=("dim", "ffn_dim")),
     KernelBuild("mlp.norm_gate_up_activation.v1", "matmul", "norm_gate_up_activation", _LAYER_GEMM,
-               _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"), num_stages=3,
+               _large_or("tokens", "ffn_dim", _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim")),
+               num_stages=3,
                divisible=("dim", "ffn_dim")),
     KernelBuild("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
                _gemv_or_tiles("rows", "vocab", _gemm_tiles_first("vocab", "rows"), "dim"), num_warps=8,

@@ -126,21 +126,28 @@ class RankWeights:
     blob: bytearray = field(default_factory=bytearray)
     buffers: list[M.Buffer] = field(default_factory=list)
     views: list[C.TensorView] = field(default_factory=list)
+    # False: lay the buffers out (offsets, shapes) but keep no bytes; the resource is then empty
+    # and its loader makes the bytes (a layout without weights: ignition/sources/hf_layout.py)
+    keep_bytes: bool = True
+    nbytes: int = 0
 
     def append(self, name: str, array: np.ndarray | BlockMatrix, sources: Sequence[str]) -> None:
-        offset = -(-len(self.blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
-        self.blob.extend(b"\0" * (offset - len(self.blob)))
+        offset = -(-self.nbytes // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
+        if self.keep_bytes:
+            self.blob.extend(b"\0" * (offset - len(self.blob)))
         shape: tuple[int, ...]
         if isinstance(array, BlockMatrix):      # the source's blocks, verbatim (kernel_abi/blocks.py)
             data, dtype, shape = np.ascontiguousarray(array.data), C.DType.ValueType(array.dtype), array.shape
-        else:
-            data = np.ascontiguousarray(array)
+        else:   # a placeholder (keep_bytes off) is not copied: its shape and dtype are enough
+            data = array if not self.keep_bytes else np.ascontiguousarray(array)
             dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32}[data.dtype]
             shape = data.shape
         declared = shared.buffer(name, M.BUFFER_KIND_WEIGHT, dtype, shape)
         declared.weight.CopyFrom(M.WeightSource(resource=self.resource, byte_offset=offset))
         self.buffers.append(declared)
-        self.blob.extend(data.tobytes())
+        self.nbytes = offset + data.nbytes
+        if self.keep_bytes:
+            self.blob.extend(data.tobytes())
         for source in sources:
             self.views.append(C.TensorView(name=source, buffer=name, byte_offset=offset,
                                            shape=list(shape), dtype=dtype))
@@ -150,7 +157,8 @@ def pack_weights(recipe: ModuleType, source: Any, options: Any, partition: Parti
                  progress: Progress | None = None) -> list[RankWeights]:
     """Every rank's weight resource, from one pass over the recipe's (dequantized) tensors."""
     total = recipe.weight_tensor_count(source.shape)
-    ranks = [RankWeights(weights_resource(rank)) for rank in range(partition.degree)]
+    keep = getattr(source, "weights_in_core", True)
+    ranks = [RankWeights(weights_resource(rank), keep_bytes=keep) for rank in range(partition.degree)]
     for done, tensor in enumerate(recipe.weight_tensors(source, options), start=1):
         for rank, weights in enumerate(ranks):
             weights.append(tensor.buffer, partition.shard(tensor.array, getattr(tensor, "split", None), rank),

@@ -56,16 +56,23 @@ def _sampling(checkpoint: HFCheckpoint) -> C.SamplingDefaults:
                               repetition_penalty=1.0 if g.repetition_penalty is None else float(g.repetition_penalty))
 
 
+def decoder_recipe(package: str, name: str, doc: str) -> ModuleType:
+    """A recipe module `package`.`name` holding the shared Llama-family decoder's functions; the
+    caller adds its source, frontend and metadata."""
+    module = ModuleType(f"{package}.{name.replace('-', '_').replace('.', '_')}")
+    module.__dict__.update({k: getattr(llama_decoder, k) for k in (
+        "WeightTensor", "SCRATCH", "weight_tensors", "weight_tensor_count", "declare_scratch", "forward", "paged_kv",
+        "rank_shape", "tensor_parallel_dimensions")})
+    module.__doc__ = doc
+    return module
+
+
 def recipe_for(directory: str | Path) -> ModuleType:
     """A recipe module for `ignition.preparation.prepare` reading `directory`."""
     path = Path(directory).resolve()
     checkpoint = HFCheckpoint.open(path)     # read once here: errors name the file before any work
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name).strip("-") or "checkpoint"
-    module = ModuleType(f"{__name__}.{name.replace('-', '_').replace('.', '_')}")
-    module.__dict__.update({k: getattr(llama_decoder, k) for k in (
-        "WeightTensor", "SCRATCH", "weight_tensors", "weight_tensor_count", "declare_scratch", "forward", "paged_kv",
-        "rank_shape", "tensor_parallel_dimensions")})
-    module.__doc__ = f"The {checkpoint.family} checkpoint at {path}."
+    module = decoder_recipe(__name__, name, f"The {checkpoint.family} checkpoint at {path}.")
     module.__dict__.update(
         NAME=name, SERVED_ID=name, ALIASES=(), PUBLISHER_NAMESPACE=NAMESPACE, RecipeOptions=RecipeOptions,
         EOS_TOKEN_IDS=checkpoint.generation_config().eos_token_ids, SAMPLING_DEFAULTS=_sampling(checkpoint),

@@ -57,6 +57,27 @@ def _json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not JSON ({exc})") from exc
 
 
+def shape_from_config(config: dict[str, Any], where: Path, *, has_head: bool, qkv_bias: bool) -> LlamaShape:
+    """The `LlamaShape` of a config.json (`where` names it in errors); `has_head`: a separate
+    lm_head is present, `qkv_bias`: the q/k/v projections carry biases."""
+    def integer(key: str, default: int | None = None) -> int:
+        value = config.get(key, default)
+        if value is None:
+            raise CheckpointError(f"{where}: missing {key!r}")
+        return int(value)
+
+    hidden, heads = integer("hidden_size"), integer("num_attention_heads")
+    head_dim = integer("head_dim", hidden // heads)
+    return LlamaShape(
+        architecture=str(config.get("model_type", "")), n_layers=integer("num_hidden_layers"), hidden=hidden,
+        n_heads=heads, n_kv_heads=integer("num_key_value_heads", heads), head_dim=head_dim,
+        ffn=integer("intermediate_size"), vocab=integer("vocab_size"),
+        rope_theta=float(config.get("rope_theta", 10000.0)), rope_dim=head_dim,
+        rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+        context_length=integer("max_position_embeddings", 2048),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)) or not has_head, qkv_bias=qkv_bias)
+
+
 class HFCheckpoint:
     """An opened checkpoint directory (safetensors files are memory-mapped, read per tensor)."""
 
@@ -92,24 +113,9 @@ class HFCheckpoint:
             raise CheckpointError(f"no checkpoint directory at {path}")
         return cls(path)
 
-    def _int(self, key: str, default: int | None = None) -> int:
-        value = self.config.get(key, default)
-        if value is None:
-            raise CheckpointError(f"{self.path / 'config.json'}: missing {key!r}")
-        return int(value)
-
     def _read_shape(self) -> LlamaShape:
-        hidden, heads = self._int("hidden_size"), self._int("num_attention_heads")
-        head_dim = self._int("head_dim", hidden // heads)
-        tied = bool(self.config.get("tie_word_embeddings", False)) or "lm_head.weight" not in self._where
-        return LlamaShape(
-            architecture=self.family, n_layers=self._int("num_hidden_layers"), hidden=hidden, n_heads=heads,
-            n_kv_heads=self._int("num_key_value_heads", heads), head_dim=head_dim,
-            ffn=self._int("intermediate_size"), vocab=self._int("vocab_size"),
-            rope_theta=float(self.config.get("rope_theta", 10000.0)), rope_dim=head_dim,
-            rms_eps=float(self.config.get("rms_norm_eps", 1e-6)),
-            context_length=self._int("max_position_embeddings", 2048), tied_embeddings=tied,
-            qkv_bias="model.layers.0.self_attn.q_proj.bias" in self._where)
+        return shape_from_config(self.config, self.path / "config.json", has_head="lm_head.weight" in self._where,
+                                 qkv_bias="model.layers.0.self_attn.q_proj.bias" in self._where)
 
     # ---- what the decoder and preparation read -------------------------------------------------
     def hf_name(self, name: str) -> str:

@@ -13,7 +13,10 @@ The real GGUF (98 MB for SmolLM2, 491 MB for Qwen2.5-Coder-0.5B) and a prepared 
         every weight resource (one per tensor-parallel
         rank) from the GGUF with the recipe's own tensor conversion and sharding
         (prepare.pack_weights), check their sha256, and serve resources.
-The weights are the real model's; nothing model-specific is in the executor or this file
+A layout (a config.json alone, ignition/sources/hf_layout.py, prepared with `weights_seed=None`:
+bench/kernels.py builds these) has no GGUF: its bundle is the whole transfer, and `materialize`
+fills its weight resources with seeded random fp16 there, as HELIOS_RANDOM_WEIGHTS=1 does for any
+bundle. Otherwise the weights are the real model's; nothing model-specific is in the executor or this file
 beyond the recipe module the preparation itself names.
 """
 from __future__ import annotations
@@ -83,6 +86,23 @@ def write_bundle(prepared, options, path: pathlib.Path, compress: bool = False) 
     data = pickle.dumps(payload)
     path.write_bytes(lzma.compress(data) if compress else data)
     return payload
+
+
+RANDOM_BLOCK = (1 << 24) - 3      # values drawn once, then repeated (an odd length: rows do not align)
+
+
+def random_weights(nbytes: int, seed: int = 0):
+    """`nbytes` (rounded up to whole fp16 values) of seeded N(0, 0.02) fp16: one block of
+    RANDOM_BLOCK drawn values repeated, so an 8B layout's 16 GB take seconds, not minutes.
+    An array (the executor takes it as the resource's bytes without another copy)."""
+    import numpy as np
+
+    block = (np.random.default_rng(seed).standard_normal(RANDOM_BLOCK, dtype=np.float32) * 0.02).astype(np.float16)
+    values = np.empty((nbytes + 1) // 2, np.float16)
+    for start in range(0, values.size, RANDOM_BLOCK):
+        part = values[start:start + RANDOM_BLOCK]
+        part[:] = block[:part.size]
+    return values.view(np.uint8)     # bytes by offset, as both executors slice a resource
 
 
 def read_payload(path: pathlib.Path) -> dict:
@@ -190,14 +210,15 @@ def materialize(payload: dict, gguf: pathlib.Path | None = None):
     expected = payload["weights_sha256"]
     if isinstance(expected, str):                      # bundles written before per-rank weights
         expected = {payload["weights_resource"]: expected}
-    if os.environ.get("HELIOS_RANDOM_WEIGHTS"):
+    # a layout prepared without weight bytes (ignition/sources/hf_layout.py) has only random ones
+    layout = (payload.get("recipe_options") or {}).get("weights_seed", 0) is None
+    if os.environ.get("HELIOS_RANDOM_WEIGHTS") or layout:
         # speed runs only: seeded N(0, 0.02) fp16 of the prepared layout (dense fp16 speed does not
         # depend on the values); no GGUF needed
         for resource in expected:
             end = max(b.weight.byte_offset + b.nbytes for b in manifest.buffers
                       if b.kind == manifest_pb2.BUFFER_KIND_WEIGHT and b.weight.resource == resource)
-            values = np.random.default_rng(0).standard_normal(int(end + 1) // 2, dtype=np.float32) * 0.02
-            resources[resource] = values.astype(np.float16).tobytes()
+            resources[resource] = random_weights(int(end))
         return contract, manifest, resources.__getitem__
     from ignition.cli import recipe_module
     from ignition.preparation import tensor_parallel

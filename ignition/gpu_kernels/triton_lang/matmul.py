@@ -38,10 +38,20 @@ def _weight_tile(w_ptr, out_rows, out_mask, k0, k_end, row_stride, BLOCK_K: tl.c
 
 
 @triton.jit
+def _tile_index(n, out_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(rows, cols, row mask, column mask) of this program's [BLOCK_M, BLOCK_N] output tile:
+    grid x the column blocks, grid y the row blocks; rows past the live count n masked."""
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, cols, rows < n, cols < out_dim
+
+
+@triton.jit
 def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                    GEMV_N: tl.constexpr, PDL: tl.constexpr):
+                    GEMV_N: tl.constexpr, LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr,
+                    LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
     """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T.
 
     Grid z splits K into K_SPLIT-wide slices (split-K): at decode this multiplies the
@@ -59,9 +69,33 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
     elif tokens <= GEMV_TOKENS:
         _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
                               K_SPLIT, GEMV_TOKENS, GEMV_K, GEMV_N, PDL)
+    elif tokens >= LARGE_TOKENS:
+        _linear_residual_large(hidden, x, weight, geometry, in_dim, out_dim, LARGE_M, LARGE_N,
+                               LARGE_K, PDL)
     else:
         _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin,
                                BLOCK_M, BLOCK_N, BLOCK_K, K_SPLIT, PDL)
+
+
+@triton.jit
+def _linear_residual_large(hidden, x, weight, geometry, in_dim, out_dim, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """Large M (tokens >= LARGE_TOKENS: prefill chunks): grid (cdiv(out_dim, BLOCK_N),
+    cdiv(tokens, BLOCK_M), 1), each program one [BLOCK_M, BLOCK_N] tile over the whole of K
+    with one accumulator, a loop the compiler pipelines over num_stages (the decode tiles'
+    16 rows re-read every weight tile tokens / 16 times); no K split: read, add, write."""
+    wait_for_predecessors(PDL)
+    n = tl.load(geometry)
+    if tl.program_id(1) * BLOCK_M < n:
+        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, in_dim, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(x + rows[:, None] * in_dim + k[None, :],
+                        mask=row_mask[:, None] & (k[None, :] < in_dim), other=0.0)
+            acc = tile_dot(a, _weight_tile(weight, cols, col_mask, k0, in_dim, in_dim, BLOCK_K), acc)
+        _add_into(hidden + rows[:, None] * out_dim + cols[None, :], acc,
+                  row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -107,10 +141,7 @@ def _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < n
-        col_mask = cols < out_dim
+        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N)
         k_end = tl.minimum(k_begin + K_SPLIT, in_dim)
         # two K-interleaved accumulators: two independent MMA chains
         acc_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -207,7 +238,8 @@ def gate_activation(gate, activation):
 def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
-                      GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                      GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr,
+                      LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
     """out f32 [tokens, ffn_dim] = silu(h @ gate^T) * (h @ up^T), h = rms_norm(hidden) * norm_weight.
 
     gate_up f16 [2 ffn_dim, dim]: gate rows first, then up rows; one program reads matching
@@ -216,7 +248,7 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
     """
     _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   ACTIVATION_SILU, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
-                  GEMV_STEPS, PDL)
+                  GEMV_STEPS, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
 
 
 @triton.jit
@@ -224,19 +256,22 @@ def norm_gate_up_activation(out, hidden, norm_weight, gate_up, geometry, tokens,
                             eps, activation,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr,
+                            LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr,
+                            PDL: tl.constexpr):
     """norm_gate_up_silu with the gate activation chosen by the `activation` immediate
     (gate_activation: SiLU or tanh-GELU, the GeGLU feed-forward block)."""
     _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   activation, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
-                  GEMV_STEPS, PDL)
+                  GEMV_STEPS, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
 
 
 @triton.jit
 def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   activation, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                  GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                  GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr,
+                  LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
     if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
                                 ffn_dim, eps, activation, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
@@ -244,9 +279,54 @@ def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_
         _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
                                 ffn_dim, eps, activation, GEMV_TOKENS, GEMV_K, GEMV_N,
                                 GEMV_STEPS, PDL)
+    elif tokens >= LARGE_TOKENS:
+        _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
+                            activation, LARGE_M, LARGE_N, LARGE_K, PDL)
     else:
         _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
                                  activation, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+
+
+@triton.jit
+def _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
+                        activation, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """Large M (tokens >= LARGE_TOKENS): as _norm_gate_up_tiles, with one gate and one up
+    accumulator and a plain K loop the compiler pipelines (num_stages) on wide tiles."""
+    wait_for_predecessors(PDL)
+    n = tl.load(geometry)
+    if tl.program_id(1) * BLOCK_M < n:
+        rows, cols, row_mask, col_mask, pre, sum_sq = _normed_tile(hidden, n, dim, ffn_dim, eps,
+                                                                   BLOCK_M, BLOCK_N, BLOCK_K)
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, dim, BLOCK_K):
+            a, sq = scaled_rows(hidden, norm_weight, rows, row_mask, k0, dim, BLOCK_K)
+            a = a * pre
+            sum_sq += sq
+            gate = tile_dot(a, _weight_tile(gate_up, cols, col_mask, k0, dim, dim, BLOCK_K), gate)
+            up = tile_dot(a, _weight_tile(gate_up, cols + ffn_dim, col_mask, k0, dim, dim, BLOCK_K), up)
+        _store_gated(out, gate, up, pre, sum_sq, rows, cols, row_mask, col_mask, dim, ffn_dim, eps,
+                     activation)
+
+
+@triton.jit
+def _normed_tile(hidden, n, dim, ffn_dim, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """_tile_index of a gate/up tile, its rows' norm pre-scale and a zero sum of squares."""
+    rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N)
+    pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
+    return rows, cols, row_mask, col_mask, pre, tl.zeros((BLOCK_M,), dtype=tl.float32)
+
+
+@triton.jit
+def _store_gated(out, gate, up, pre, sum_sq, rows, cols, row_mask, col_mask, dim, ffn_dim, eps,
+                 activation):
+    """out[rows, cols] = act(gate * rstd) * (up * rstd), rstd the RMSNorm's accumulator half."""
+    rstd = accumulator_scale(pre, sum_sq[:, None], dim, eps)
+    act = gate_activation(gate * rstd, activation) * (up * rstd)
+    tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
+             mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -286,12 +366,8 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < n
-        col_mask = cols < ffn_dim
-        pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
-        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        rows, cols, row_mask, col_mask, pre, sum_sq = _normed_tile(hidden, n, dim, ffn_dim, eps,
+                                                                   BLOCK_M, BLOCK_N, BLOCK_K)
         # two K-interleaved accumulator pairs: four independent MMA chains instead of two,
         # since at decode the dependent chain, not bandwidth, bounds the kernel
         gate_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -313,10 +389,8 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
                                                 BLOCK_K), up_even)
             up_odd = tile_dot(a1, _weight_tile(gate_up, cols + ffn_dim, col_mask, k1, dim, dim,
                                                BLOCK_K), up_odd)
-        rstd = accumulator_scale(pre, sum_sq[:, None], dim, eps)
-        act = gate_activation((gate_even + gate_odd) * rstd, activation) * ((up_even + up_odd) * rstd)
-        tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
-                 mask=row_mask[:, None] & col_mask[None, :])
+        _store_gated(out, gate_even + gate_odd, up_even + up_odd, pre, sum_sq, rows, cols, row_mask,
+                     col_mask, dim, ffn_dim, eps, activation)
 
 
 @triton.jit

@@ -1,0 +1,317 @@
+"""The kernels at the shapes users serve: each layout's programs and operations against the roofline.
+
+    here:   python -m bench.kernels build --out .kcarry/bundles        # the layouts' device bundles
+    device: python -m bench.pytorch_peer --out $OUT/peer.json           # peaks + the PyTorch peer
+            python -m bench.kernels run --bundles .kcarry/bundles --peer $OUT/peer.json --out $OUT
+
+`build` prepares each layout of bench/layouts/ (a config.json alone: ignition/sources/hf_layout.py)
+with the kernel library for sm_90a and no weight bytes, at the variants measured here (decode
+rows 1, 16, 64, 128, 256; one-row prefill of 512 and 4,096 tokens), into bundles of a few MB;
+`run` fills the weights with seeded random fp16 there (tests/gpu/model_bundle.py), starts the
+CUDA executor with the server's own setup and measures, per layout:
+
+  * decode at each batch: every row attends over CONTEXT positions (a CONTEXT - 1 token prompt
+    prefilled first); the device time of one step (graph replays back to back, staging copies
+    included) gives `tokens_per_s`; the host loop with both staging frames in flight (packing
+    included, 32 steps) gives `engine_tokens_per_s`;
+  * prefill of 512 and 4,096 tokens of one row from position 0 (device time of one step);
+  * per operation: each node's device time with events between nodes, summed over the layers by
+    operation (`qkv`, `attention`, `attn_output`, `gate_up`, `down`, `logits`, ...).
+
+Bytes and FLOPs come from the manifest (bench/roofline.py); the roofline is max(bytes / copy
+bandwidth, FLOPs / fp16 tensor-core peak) with the copy bandwidth measured here and the fp16 peak
+measured by bench/pytorch_peer.py in the same device call (cuBLAS 8192^3; this process measures
+it itself when no peer file is given). `roofline_fraction` = roofline time / measured time.
+Writes kernels.json (`programs`: one row per layout x program; `operations`: per-operation rows)
+and prints a table. llama.cpp is not run here: `llama_cpp_tokens_per_s` is null.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from helios_proto import contract_pb2 as C
+
+from bench.roofline import Step, program_costs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LAYOUT_DIR = ROOT / "bench" / "layouts"
+LAYOUTS = ("smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.1-8b")
+DECODE_BATCHES = (1, 16, 64, 128, 256)
+PREFILL_TOKENS = (512, 4096)
+CONTEXT = 256            # positions each decode row attends to
+HOST_STEPS = 32          # pipelined host-loop steps per decode batch
+REPLAYS = 50             # graph replays timed per decode program (10 for prefill)
+GEMM_SIZE = 8192
+
+
+def layout_options(recipe: Any) -> Any:
+    """The measured variants only (a fast start on the device), no weight bytes in the bundle."""
+    return recipe.RecipeOptions(weights_seed=None, decode_rows=DECODE_BATCHES,
+                                prefill_variants=tuple((1, t) for t in PREFILL_TOKENS), mixed_variants=(),
+                                admission_rows=(1,), resume_rows=(), scored_prefill_variants=(), snapshot_rows=0,
+                                context_tokens=8192, prepared_pages=4096)
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3' (the results folder of that device)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia").strip()).strip("-")
+
+
+# ---- here: bundles ----------------------------------------------------------------------------
+
+def build(out: pathlib.Path, layouts: list[str], archs: list[str]) -> None:
+    from ignition.gpu_kernels.library import KernelLibrary
+    from ignition.preparation.prepare import prepare
+    from ignition.recipes.hf_layout import recipe_for_layout
+    from tests.gpu.model_bundle import write_bundle
+
+    library = KernelLibrary(archs=archs)
+    for name in layouts:
+        started = time.time()
+        recipe = recipe_for_layout(LAYOUT_DIR / f"{name}.json")
+        options = layout_options(recipe)
+        prepared = prepare(recipe, options, kernel_library=library)
+        path = out / f"{name}.bin"
+        write_bundle(prepared, options, path, compress=True)
+        print(f"{name}: {path.stat().st_size / 1e6:.1f} MB, {time.time() - started:.0f} s", flush=True)
+
+
+# ---- device: measurements ---------------------------------------------------------------------
+
+def gemm_tflops() -> float:
+    """fp16 tensor-core peak through cuBLAS (PyTorch, benchmarks only): 8192^3 on random data."""
+    import torch  # type: ignore[import-not-found]
+
+    a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.float16)
+    b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        a @ b
+    samples = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * GEMM_SIZE ** 3 / (statistics.median(samples) * 1e-3) / 1e12
+
+
+class LayoutRun:
+    """One layout's model on the CUDA executor, its lanes admitted once for every decode batch."""
+
+    def __init__(self, bundle: pathlib.Path) -> None:
+        from bench.gpu_decode import Bench
+        from helios_backend.engine.settings import StartupOptions
+        from helios_backend.engine.setup import derive_setup
+        from tests.gpu.model_bundle import materialize, read_payload
+
+        started = time.perf_counter()
+        contract, manifest, read = materialize(read_payload(bundle))
+        self.weights_s = time.perf_counter() - started
+        self.manifest = manifest
+        self.model = derive_setup(contract, manifest, read, StartupOptions(core_path=bundle, executor="cuda")).model
+        self.startup_s = time.perf_counter() - started - self.weights_s
+        self.bench = Bench(self.model)
+        self.lanes = self.bench.admit(list(range(max(DECODE_BATCHES))), CONTEXT - 1, HOST_STEPS + 16)
+
+    def program(self, name: str) -> Any:
+        return next(p for p in self.manifest.programs if p.name == name and p.rank == 0)
+
+    def _decode_lanes(self, batch: int, step: int) -> list:
+        from helios_backend.packing import PackedLane
+
+        return [PackedLane(slot=l.slot, generation=l.generation, consumed=l.consumed + step, pages=l.pages)
+                for l in self.lanes[:batch]]
+
+    def decode(self, batch: int) -> dict:
+        from helios_backend.executors.cuda.driver import load_driver
+        from tests.gpu import timing
+
+        executor: Any = self.model.executor      # the CUDA executor (profile_nodes)
+        packer = self.model.packer
+        program = self.model.program(C.OPERATION_DECODE, batch, batch)
+        per_step = [self._decode_lanes(batch, k) for k in range(HOST_STEPS + executor.frames)]
+        for frame in range(executor.frames):                # warm-up, every staging frame packed
+            packer.pack(program, frame, per_step[frame])
+            executor.launch(program, frame)
+            executor.wait(frame)
+        host_us, _ = timing.pipelined_us(executor, program, HOST_STEPS, lambda frame, k: packer.pack(
+            program, frame, per_step[executor.frames + k]))
+        packer.pack(program, 0, self._decode_lanes(batch, 0))   # the measured step: CONTEXT positions a row
+        executor.launch(program, 0)
+        executor.wait(0)
+        device_us = timing.gpu_us(load_driver(), executor, program, REPLAYS)
+        nodes = executor.profile_nodes(program, frame=0, repeats=10)
+        return {"program": program, "us": device_us, "engine_us": host_us, "nodes": nodes,
+                "step": Step(rows=batch, tokens=batch, context=CONTEXT)}
+
+    def prefill(self, tokens: int) -> dict:
+        from helios_backend.executors.cuda.driver import load_driver
+        from helios_backend.packing import PackedLane
+        from tests.gpu import timing
+
+        executor: Any = self.model.executor
+        program = self.model.program(C.OPERATION_PREFILL, 1, tokens)
+        [lane] = self.bench.admit([0], 16, tokens)      # after the decode runs: slot 0 is free again
+        prompt = self.bench.rng.integers(0, self.bench.vocab, tokens).astype(np.int32)
+        chunk = PackedLane(slot=lane.slot, generation=lane.generation, consumed=0, tokens=prompt, sample=True,
+                           pages=lane.pages)
+        self.model.packer.pack(program, 0, [chunk])
+        executor.launch(program, 0)
+        executor.wait(0)
+        device_us = timing.gpu_us(load_driver(), executor, program, 10)
+        nodes = executor.profile_nodes(program, frame=0, repeats=5)
+        self.bench.release([lane])
+        return {"program": program, "us": device_us, "engine_us": None, "nodes": nodes,
+                "step": Step(rows=1, tokens=tokens, context=0)}
+
+    def close(self) -> None:
+        self.model.executor.close()
+
+
+def operation_name(label: str) -> str:
+    """'layer3.qkv' -> 'qkv': one operation summed over the layers."""
+    return re.sub(r"^layer\d+\.", "", label)
+
+
+def rows_of(layout: str, device: str, result: dict, run: LayoutRun, gbps: float, tflops: float,
+            peer: dict[tuple[str, str, int], float]) -> tuple[dict, list[dict]]:
+    """The program row and its per-operation rows."""
+    step: Step = result["step"]
+    program = run.program(result["program"])
+    total, node_costs = program_costs(run.manifest, program, step)
+    phase = "decode" if step.context else "prefill"
+    size_key, size = ("batch", step.rows) if phase == "decode" else ("tokens", step.tokens)
+    floor_us = total.roofline_us(gbps, tflops)
+    tokens = step.tokens
+    row = {"device": device, "layout": layout, "phase": phase, size_key: size, "program": result["program"],
+           "context": step.context or None, "us": round(result["us"], 2),
+           "tokens_per_s": round(tokens / (result["us"] * 1e-6), 1),
+           "engine_tokens_per_s": round(tokens / (result["engine_us"] * 1e-6), 1) if result["engine_us"] else None,
+           "bytes": int(total.nbytes), "flops": int(total.flops), "roofline_us": round(floor_us, 2),
+           "bound": "bandwidth" if total.nbytes / (gbps * 1e3) >= total.flops / (tflops * 1e6) else "compute",
+           "roofline_fraction": round(floor_us / result["us"], 4),
+           "pytorch_tokens_per_s": peer.get((layout, phase, size)), "llama_cpp_tokens_per_s": None,
+           "nodes": len(result["nodes"])}
+    by_label = {node.label: cost for node, cost in node_costs}
+    grouped: dict[tuple[str, str], dict] = {}
+    for label, kernel, us in result["nodes"]:
+        key = (operation_name(label), kernel)
+        entry = grouped.setdefault(key, {"count": 0, "us": 0.0, "bytes": 0.0, "flops": 0.0})
+        cost = by_label.get(label)
+        entry["count"] += 1
+        entry["us"] += us
+        if cost is not None:
+            entry["bytes"] += cost.nbytes
+            entry["flops"] += cost.flops
+    operations = []
+    for (operation, kernel), entry in sorted(grouped.items(), key=lambda kv: -kv[1]["us"]):
+        floor = max(entry["bytes"] / (gbps * 1e3), entry["flops"] / (tflops * 1e6))
+        operations.append({"device": device, "layout": layout, "phase": phase, size_key: size,
+                           "program": result["program"], "operation": operation, "kernel": kernel,
+                           "count": entry["count"], "us": round(entry["us"], 2), "bytes": int(entry["bytes"]),
+                           "flops": int(entry["flops"]), "roofline_us": round(floor, 2),
+                           "roofline_fraction": round(floor / entry["us"], 4) if entry["us"] > 0 else None})
+    return row, operations
+
+
+def read_peer(path: pathlib.Path | None) -> tuple[dict, dict[tuple[str, str, int], float]]:
+    if path is None or not path.exists():
+        return {}, {}
+    report = json.loads(path.read_text())
+    figures = {(r["layout"], r["phase"], r.get("batch") or r.get("tokens")): r["tokens_per_s"]
+               for r in report.get("rows", [])}
+    return report, figures
+
+
+def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path: pathlib.Path | None) -> dict:
+    from helios_backend.executors.cuda.driver import check, load_driver
+    from tests.gpu import timing
+
+    out.mkdir(parents=True, exist_ok=True)
+    peer_report, peer = read_peer(peer_path)
+    driver = load_driver()
+    check(driver.cuInit(0))
+    check(driver.cuCtxSetCurrent(check(driver.cuDevicePrimaryCtxRetain(check(driver.cuDeviceGet(0))))))
+    gbps = timing.copy_bandwidth_gbs(driver)
+    tflops = peer_report.get("fp16_tflops") or gemm_tflops()
+    device = peer_report.get("device") or _device_name()
+    report: dict[str, Any] = {"device": device, "device_slug": device_slug(device),
+                              "commit": os.environ.get("HELIOS_COMMIT"), "copy_GBps": round(gbps, 1),
+                              "fp16_tflops": round(tflops, 1), "fp16_tflops_from": "pytorch_peer" if peer_report
+                              else "this process", "context": CONTEXT, "layouts": {}, "programs": [],
+                              "operations": []}
+    for layout in layouts:
+        run_ = LayoutRun(bundles / f"{layout}.bin")
+        report["layouts"][layout] = {"weights_s": round(run_.weights_s, 1), "startup_s": round(run_.startup_s, 1),
+                                     "cache_pages": run_.model.executor.cache_pages}
+        print(f"{layout}: weights {run_.weights_s:.1f} s, startup {run_.startup_s:.1f} s", flush=True)
+        try:
+            results = [run_.decode(b) for b in DECODE_BATCHES] + [run_.prefill(t) for t in PREFILL_TOKENS]
+            for result in results:
+                row, operations = rows_of(layout, device, result, run_, gbps, tflops, peer)
+                report["programs"].append(row)
+                report["operations"] += operations
+                print(json.dumps(row), flush=True)
+        finally:
+            run_.close()
+        (out / "kernels.json").write_text(json.dumps(report, indent=1))
+    print_table(report)
+    return report
+
+
+def _device_name() -> str:
+    from helios_backend.executors.cuda.driver import check, load_driver
+
+    driver = load_driver()
+    check(driver.cuInit(0))
+    name = check(driver.cuDeviceGetName(128, check(driver.cuDeviceGet(0))))
+    return name.split(b"\0")[0].decode()
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{report['device']} commit {report['commit']}: copy {report['copy_GBps']:.0f} GB/s, "
+          f"fp16 {report['fp16_tflops']:.0f} TFLOP/s, decode context {report['context']}")
+    print(f"{'layout':<14} {'phase':<8} {'size':>5} {'us':>9} {'tok/s':>10} {'engine':>10} {'roofline':>8} "
+          f"{'pytorch':>10}")
+    for r in report["programs"]:
+        size = r.get("batch") or r.get("tokens")
+        engine = f"{r['engine_tokens_per_s']:.0f}" if r["engine_tokens_per_s"] else "-"
+        torch_figure = f"{r['pytorch_tokens_per_s']:.0f}" if r["pytorch_tokens_per_s"] else "-"
+        print(f"{r['layout']:<14} {r['phase']:<8} {size:>5} {r['us']:>9.1f} {r['tokens_per_s']:>10.0f} "
+              f"{engine:>10} {r['roofline_fraction']:>8.2f} {torch_figure:>10}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    b = commands.add_parser("build", help="prepare the layouts' device bundles (here)")
+    b.add_argument("--out", type=pathlib.Path, required=True)
+    b.add_argument("--layout", action="append", default=None, help="a bench/layouts name (repeatable)")
+    b.add_argument("--arch", action="append", default=None, help="kernel architecture (default sm_90a)")
+    r = commands.add_parser("run", help="measure (on the device)")
+    r.add_argument("--bundles", type=pathlib.Path, required=True)
+    r.add_argument("--layout", action="append", default=None)
+    r.add_argument("--peer", type=pathlib.Path, default=None, help="bench/pytorch_peer.py's JSON of this run")
+    r.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "out")))
+    args = parser.parse_args()
+    layouts = args.layout or list(LAYOUTS)
+    if args.command == "build":
+        build(args.out, layouts, args.arch or ["sm_90a"])
+    else:
+        run(args.bundles, layouts, args.out, args.peer)
+
+
+if __name__ == "__main__":
+    main()
