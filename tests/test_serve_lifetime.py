@@ -109,3 +109,47 @@ def test_a_released_claim_leaves_no_lock(tmp_path: Path) -> None:
     assert claim.path.exists()
     claim.release()
     assert list(tmp_path.iterdir()) == [] and reap_dead(tmp_path) == []
+
+
+# The watch's own report goes to fd 2, which under helios-serve is a pipe that the dead parent
+# read (its log copy): the write fails with a broken pipe, and the exit must happen all the same.
+_BROKEN_STDERR = """
+import os, sys
+from helios_backend.triton.parent_watch import _exit_orphan
+read_end, write_end = os.pipe()
+os.close(read_end)                        # nobody reads: a write raises EPIPE (SIGPIPE is ignored)
+os.dup2(write_end, 2)
+_exit_orphan(12345)
+os._exit(0)                               # reached only if the exit did not happen
+"""
+
+
+def test_an_orphan_exits_even_when_its_stderr_has_no_reader() -> None:
+    from helios_backend.triton.parent_watch import ORPHAN_EXIT_CODE
+    done = subprocess.run([sys.executable, "-c", _BROKEN_STDERR], timeout=60)
+    assert done.returncode == ORPHAN_EXIT_CODE
+
+
+def test_a_start_ends_the_leftover_processes_of_a_dead_instance(tmp_path: Path) -> None:
+    """An orphan that its parent watch did not end (a stub whose argv names the instance's
+    regions) is ended before its regions and workdir are removed; other processes are not."""
+    registry = tmp_path / "registry"
+    prefix = f"helios-serve-{uuid.uuid4().hex[:8]}-"
+    workdir = Path(tempfile.mkdtemp(prefix="helios-serve-", dir=tmp_path))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    leftover = subprocess.Popen(sleeper + [f"{prefix}stub-region"])
+    bystander = subprocess.Popen(sleeper + ["helios-serve-ffffffff-other"])
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, prefix, str(workdir), str(registry)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "claimed"  # type: ignore[union-attr]
+        owner.kill()
+        owner.wait(10)
+        [dead] = reap_dead(registry)
+        assert dead.killed == (leftover.pid,)
+        assert leftover.wait(10) == -signal.SIGKILL
+        assert bystander.poll() is None and not workdir.exists()
+    finally:
+        for process in (leftover, bystander, owner):
+            process.kill()
+            process.wait(10)

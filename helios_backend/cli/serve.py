@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.USAGE)
     for dead in reap_dead():
         print(f"helios-serve: removed the state of a dead instance (pid {dead.pid}): shared memory "
-              f"{dead.shm_prefix}*, workdir {dead.workdir or '(its own --workdir, kept)'}", file=sys.stderr)
+              f"{dead.shm_prefix}*, workdir {dead.workdir or '(its own --workdir, kept)'}"
+              + (f"; ended its leftover processes {list(dead.killed)}" if dead.killed else ""), file=sys.stderr)
     owned_workdir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX)) if owned_workdir else args.workdir
     shm_prefix = f"{WORKDIR_PREFIX}{uuid.uuid4().hex[:8]}-"

@@ -21,6 +21,8 @@ import fcntl
 import json
 import os
 import shutil
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +32,47 @@ REGISTRY = Path("/dev/shm") / f"helios-instances-{os.getuid()}"
 WORKDIR_PREFIX = "helios-serve-"        # helios-serve's own temporary workdirs (tempfile.mkdtemp)
 
 
+LEFTOVER_WAIT_S = 2.0                   # how long a killed leftover may take to be gone
+
+
 @dataclass(frozen=True)
 class DeadInstance:
     pid: int
     shm_prefix: str
     workdir: str | None
+    killed: tuple[int, ...] = ()        # its processes that were still running (ended here)
+
+
+def _leftovers(record: DeadInstance) -> list[int]:
+    """This user's processes that still name the dead instance's regions or workdir in their
+    argv (the python-backend stub does): an orphan whose own parent watch did not end it must
+    not keep the regions, and the GPU memory, that this start is about to reuse."""
+    marks = [record.shm_prefix.encode()] + ([record.workdir.encode()] if record.workdir else [])
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue                                   # gone meanwhile, or not ours to read
+        if any(mark in argv for mark in marks):
+            found.append(int(entry.name))
+    return found
+
+
+def _end(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        time.sleep(0.05)
 
 
 def _remove_state(record: DeadInstance) -> None:
@@ -65,6 +103,9 @@ def reap_dead(registry: Path = REGISTRY) -> list[DeadInstance]:
             except (ValueError, KeyError, TypeError):
                 lock.unlink(missing_ok=True)           # unreadable: nothing to clean by it
                 continue
+            leftovers = _leftovers(record)
+            _end(leftovers)
+            record = DeadInstance(record.pid, record.shm_prefix, record.workdir, tuple(leftovers))
             _remove_state(record)
             lock.unlink(missing_ok=True)
             reaped.append(record)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -50,10 +49,15 @@ def parent_death_signal(parent: int, signum: int = signal.SIGKILL) -> Callable[[
 
 
 def _exit_orphan(parent: int) -> None:
-    # straight to stderr: a logging handler may need a lock another thread holds
-    sys.stderr.write(f"helios: parent process {parent} is gone; pid {os.getpid()} exits\n")
-    sys.stderr.flush()
-    os._exit(ORPHAN_EXIT_CODE)
+    # straight to fd 2, never through a logging handler (it may need a lock another thread
+    # holds); and nothing may stop the exit: the parent that read our output (helios-serve's
+    # log copy) is often the one that died, so the write can fail with a broken pipe
+    try:
+        os.write(2, f"helios: parent process {parent} is gone; pid {os.getpid()} exits\n".encode())
+    except OSError:
+        pass
+    finally:
+        os._exit(ORPHAN_EXIT_CODE)
 
 
 def watch_parent(on_orphan: Callable[[int], None] = _exit_orphan, interval_s: float = WATCH_INTERVAL_S,
