@@ -86,11 +86,11 @@ EXIT_TIMEOUT_S = 3
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helios-serve", description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--core", type=Path, help="the prepared core file to serve (this or --model; `make core` writes var/cores/...)")
+    source.add_argument("--core", type=Path, help="the prepared core file to serve (this or --model, no default; `make core` writes var/cores/...)")
     source.add_argument("--model", type=Path, metavar="DIR",
                         help="a Hugging Face checkpoint folder to serve (this or --core): its core is prepared into "
                              "$HELIOS_CORE_CACHE (default ~/.cache/helios/cores) on first use, keyed by the folder's "
-                             "content, and reused by later starts")
+                             "content, and reused by later starts (this or --core, no default)")
     p.add_argument("--acceptance", default=None,
                    help="the publisher namespace you accept; the core's signature must name it (default: "
                         f"{DEFAULT_ACCEPTANCE} with --core; with --model the namespace the locally signed core names)")
