@@ -77,7 +77,7 @@ def preparation_digest() -> str:
     """sha256 over the sources that turn a folder into a core: a changed preparation is a new key."""
     digest = hashlib.sha256()
     for package in (ignition, helios_backend.kernel_abi, helios_proto):
-        root = Path(package.__file__).parent
+        root = Path(next(iter(package.__path__)))
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
