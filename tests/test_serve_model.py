@@ -53,9 +53,12 @@ def test_the_first_start_prepares_a_signed_core_and_the_second_reuses_it(folder:
         from helios_backend.core.keys import public_key_bytes
         assert core.public_key == public_key_bytes(load_or_create_publisher_key())
     before = _identity(first.path)
+    digests = home / "cores" / "weight-digests.json"
+    remembered = _identity(digests)
     again = CoreCache().find_or_prepare(folder, kernels=False, show_progress=False)
     assert not again.prepared and again.path == first.path and again.key == first.key
     assert _identity(again.path) == before                  # not written again
+    assert _identity(digests) == remembered                 # the weights were not hashed again
 
 
 def test_the_key_follows_the_folders_content_not_its_timestamps(folder: Path, home: Path, tmp_path: Path) -> None:
