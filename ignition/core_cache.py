@@ -42,7 +42,7 @@ import helios_backend.kernel_abi
 import ignition
 from helios_backend.core import CoreError, load_or_create_publisher_key, open_core
 from helios_backend.core.keys import public_key_bytes
-from ignition.progress import HASHING, ProgressBars
+from ignition.progress import HASHING, Progress, ProgressBars
 
 CACHE_ENVIRONMENT = "HELIOS_CORE_CACHE"
 DIGESTS_FILE = "weight-digests.json"
@@ -50,9 +50,6 @@ HASH_BLOCK = 8 << 20
 # the folder's files that make up the core besides the weights: configuration, tokenizer, template
 METADATA_SUFFIXES = (".json", ".jinja")
 WEIGHT_SUFFIX = ".safetensors"
-
-Progress = Callable[[str, int, int], None]   # (stage, done, total), as preparation reports it
-
 
 def default_cache_dir() -> Path:
     """$HELIOS_CORE_CACHE, else ~/.cache/helios/cores."""

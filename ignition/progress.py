@@ -10,6 +10,8 @@ shows byte units. Bars go to stderr (tqdm's default), so a served log shows them
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tqdm import tqdm
 
 READING = "reading weights"            # tensors converted and packed (ignition/preparation/prepare.py)
@@ -17,6 +19,8 @@ RECORDING = "recording programs"       # programs recorded, every rank's
 COMPILING = "compiling kernels"        # kernel compilations done or found in the kernel cache
 WRITING = "writing and signing core"   # decoded bytes written into the core
 HASHING = "hashing weights"            # weight bytes hashed for the core cache key (ignition/core_cache.py)
+
+Progress = Callable[[str, int, int], None]   # (stage, done, total)
 
 UNITS = {READING: "tensor", RECORDING: "program", COMPILING: "kernel", WRITING: "B", HASHING: "B"}
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -36,7 +36,7 @@ from ignition.preparation import contract as shared
 from ignition.preparation import tensor_parallel
 from ignition.preparation.speculative import SpeculativePlan
 from ignition.preparation.tensor_parallel import Partition
-from ignition.progress import COMPILING, READING, RECORDING
+from ignition.progress import COMPILING, READING, RECORDING, Progress
 from ignition.recorder import Geometry, Recorder, unit_geometry
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
@@ -56,7 +56,6 @@ TOKENIZER_RESOURCE = "tokenizer.json"
 CHAT_TEMPLATE_RESOURCE = "chat_template.jinja"
 WEIGHT_ALIGNMENT = 256
 
-Progress = Callable[[str, int, int], None]   # (stage, done, total)
 
 
 @dataclass
