@@ -1,4 +1,4 @@
-# Two commands for a fresh machine: `make serve` and `make test`.
+# Two commands for a fresh machine: `make serve` (or `make serve MODEL=DIR`) and `make test`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -55,8 +55,13 @@ typecheck: install
 test: install typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-serve: core
-	$(VENV)/bin/helios-serve --core $(CORE) --executor $(EXECUTOR)
+# MODEL=DIR serves a Hugging Face checkpoint folder instead of $(CORE): helios-serve --model prepares
+# its core into the core cache on first use ($$HELIOS_CORE_CACHE, default ~/.cache/helios/cores)
+MODEL ?=
+SERVE_SOURCE := $(if $(MODEL),--model $(MODEL),--core $(CORE))
+
+serve: $(if $(MODEL),install,core)
+	$(VENV)/bin/helios-serve $(SERVE_SOURCE) --executor $(EXECUTOR)
 
 # The benchmark to run first on this machine (bench/__main__.py): the GPU decode benchmark where the
 # CUDA executor can run (EXECUTOR=cuda installs it), else the CPU executor's, on $(CORE); results

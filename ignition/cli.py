@@ -23,13 +23,12 @@ import sys
 from types import ModuleType
 from typing import Any, Mapping, Optional, Sequence
 
-from tqdm import tqdm
-
 from helios_backend.core import load_or_create_publisher_key, write_payload_core
 from ignition.gpu_kernels.specs import GeometryError
 from ignition.gpu_kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
+from ignition.progress import WRITING, ProgressBars
 from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
                               syntax_variants)
 from ignition.sources.gguf import GGUFError
@@ -76,19 +75,7 @@ def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = N
     `archs`: the kernel architectures (default: every one the kernel library can target)."""
     recipe = recipe_module(recipe_name)
     options = options or recipe.RecipeOptions()
-    bars: dict[str, tqdm] = {}
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if not show_progress:
-            return
-        bar = bars.get(stage)
-        if bar is None:
-            unit = "B" if stage == "core" else "tensor"
-            bar = bars[stage] = tqdm(total=total, desc=stage, unit=unit, unit_scale=stage == "core", leave=True)
-        bar.update(done - bar.n)
-        if done >= total:
-            bar.close()
-
+    progress = ProgressBars(enabled=show_progress)
     prepared = prepare(recipe, options, progress=progress,
                        kernel_library=_kernel_library(archs) if kernels else None)
     target = pathlib.Path(out)
@@ -96,9 +83,8 @@ def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = N
     write_payload_core(target, contract=prepared.contract, manifest=prepared.manifest,
                        resources=prepared.resources, namespace=recipe.PUBLISHER_NAMESPACE,
                        signing_key=load_or_create_publisher_key(key_path),
-                       progress=lambda done, total: progress("core", done, total))
-    for bar in bars.values():
-        bar.close()   # idempotent
+                       progress=lambda done, total: progress(WRITING, done, total))
+    progress.close()
     return prepared
 
 

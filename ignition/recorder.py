@@ -75,7 +75,9 @@ def _immediate(param: abi.Param, value: object) -> manifest_pb2.Arg:
 class Recorder:
     """Collects buffers and programs for one rank of `world_size`."""
 
-    def __init__(self, rank: int = 0, geometry: GeometryFunction = unit_geometry, world_size: int = 1) -> None:
+    def __init__(self, rank: int = 0, geometry: GeometryFunction = unit_geometry, world_size: int = 1,
+                 on_program: Callable[[], None] | None = None) -> None:
+        """`on_program` is called as each program ends (preparation's progress)."""
         if not 0 <= rank < world_size:
             raise RecordingError(f"rank {rank} outside a world of {world_size}")
         self.rank = rank
@@ -84,6 +86,7 @@ class Recorder:
         self.buffers: dict[str, manifest_pb2.Buffer] = {}
         self.programs: list[manifest_pb2.Program] = []
         self._current: manifest_pb2.Program | None = None
+        self._on_program = on_program
 
     # ---- buffers --------------------------------------------------------------------------
     def declare(self, buffer: manifest_pb2.Buffer) -> Ref:
@@ -113,6 +116,8 @@ class Recorder:
             raise RecordingError("no open program")
         program, self._current = self._current, None
         self.programs.append(program)
+        if self._on_program is not None:
+            self._on_program()
         return program
 
     def launch(self, kernel_id: str, label: str = "", **args: object) -> None:

@@ -30,14 +30,15 @@ SERVE = Path(sys.executable).parent / "helios-serve"
 
 class ServeProcess:
     def __init__(self, core: Path, workdir: Path, *args: str, gateway: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, source: str = "--core") -> None:
+        """`source`: the option `core` is given with (--core, or --model for a checkpoint folder)."""
         self.http, self.grpc, self.metrics_port, self.gateway_port = free_ports(4)
         self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         self.tmpdir = workdir / f"tmp-{self.grpc}"
         self.tmpdir.mkdir()
         self.log_path = workdir / f"serve-{self.grpc}.log"
         self._log = open(self.log_path, "wb")
-        argv = [str(SERVE), "--core", str(core), "--http-port", str(self.http), "--grpc-port", str(self.grpc),
+        argv = [str(SERVE), source, str(core), "--http-port", str(self.http), "--grpc-port", str(self.grpc),
                 "--metrics-port", str(self.metrics_port), "--gateway-port", str(self.gateway_port), *args]
         if not gateway:
             argv.append("--no-gateway")

@@ -36,9 +36,12 @@ COMMAND_PARSERS: dict[str, str] = {
 ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("HELIOS_API_KEY", "helios-gateway, helios-serve",
      "the Bearer key the gateway requires when no --api-key is given (unset or empty: no key)"),
-    ("HELIOS_HOME", "helios-prepare, helios-core",
+    ("HELIOS_HOME", "helios-prepare, helios-core, helios-serve --model",
      "where the publisher key lives: $HELIOS_HOME/keys/publisher.ed25519.pem "
      "(default: ~/.local/share/helios)"),
+    ("HELIOS_CORE_CACHE", "helios-serve --model",
+     "where the cores of checkpoint folders are prepared and kept, keyed by the folder's content, with "
+     "the remembered weight digests (weight-digests.json) (default: ~/.cache/helios/cores)"),
     ("HELIOS_SOURCE_CACHE", "helios-prepare",
      "where packaged weight sources are reassembled (default: ~/.cache/helios/sources)"),
     ("HELIOS_FAULT_TRIGGER", "the serving process (tests only)",

@@ -1,11 +1,16 @@
 """helios-serve: start tritonserver with the helios model (and the gateway) on a prepared core.
 
+    helios-serve --model ./my-checkpoint [--executor auto|cpu|numpy|cuda] ...
     helios-serve --core var/cores/smollm2-135m-instruct.core [--executor auto|cpu|numpy|cuda]
                  [--gateway/--no-gateway] [--host ADDR] [--api-key KEY] [--tritonserver PATH]
                  [--concurrency N] [--page-capacity N] ...
                  [--rank-peers threads|processes] [--rank-store HOST:PORT] [--local-ranks all|none|1,2]
 
-It prepares nothing (`make core` / helios-prepare does). It locates tritonserver (the
+With --core it prepares nothing (`make core` / helios-prepare does). With --model DIR (a Hugging
+Face checkpoint folder) it serves the core the prepared-core cache holds for the folder's content
+(ignition/core_cache.py, under $HELIOS_CORE_CACHE), preparing it first when there is none: signed
+with the local publisher key and accepted under the namespace it is signed with; GPU kernels are
+compiled only when the executor is cuda (the cpu and numpy executors run none). It locates tritonserver (the
 nvidia-pytriton wheel, else /opt/tritonserver), builds a backend directory with the python
 backend and the stub for the running Python, writes a model repository whose config
 carries the options, and starts tritonserver with this environment's bin first on PATH
@@ -83,8 +88,18 @@ EXIT_TIMEOUT_S = 3
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helios-serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--core", required=True, type=Path, help="the prepared core file to serve (required; `make core` writes var/cores/...)")
-    p.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, help="the publisher namespace you accept; the core's signature must name it (default: %(default)s)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--core", type=Path, help="the prepared core file to serve (this or --model, no default; `make core` writes var/cores/...)")
+    source.add_argument("--model", type=Path, metavar="DIR",
+                        help="a Hugging Face checkpoint folder to serve (this or --core): its core is prepared into "
+                             "$HELIOS_CORE_CACHE (default ~/.cache/helios/cores) on first use, keyed by the folder's "
+                             "content, and reused by later starts (this or --core, no default)")
+    p.add_argument("--acceptance", default=None,
+                   help="the publisher namespace you accept; the core's signature must name it (default: "
+                        f"{DEFAULT_ACCEPTANCE} with --core; with --model the namespace the locally signed core names)")
+    p.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=None,
+                   help="--model: compile GPU kernel modules into the prepared core (default: when the executor "
+                        "is cuda; the cpu and numpy executors run none, so a CPU-only host skips the compilation)")
     p.add_argument("--executor", choices=("auto",) + EXECUTOR_NAMES, default="auto",
                    help="auto: cuda where a GPU is usable, else cpu (compiled CPU kernels); numpy: the CPU oracle (default: %(default)s)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
@@ -229,9 +244,38 @@ def rank_children(args: argparse.Namespace, core: Path, executor: str, world_siz
     return children
 
 
+def prepared_model(args: argparse.Namespace, executor: str) -> Path:
+    """--model: the folder's cached core (prepared now if the cache has none); sets args.acceptance
+    to its namespace unless given. ModelFolderError when the folder cannot be prepared."""
+    from ignition.core_cache import CoreCache
+
+    kernels = executor == "cuda" if args.kernels is None else args.kernels
+    entry = CoreCache().find_or_prepare(args.model, kernels, log=lambda line: print(
+        f"helios-serve: {line}", file=sys.stderr, flush=True))
+    if args.acceptance is None:
+        args.acceptance = entry.namespace
+    return entry.path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.kernels is not None and args.model is None:
+        print("helios-serve: --kernels/--no-kernels apply to --model only (a --core is already prepared)", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    if args.model is not None:
+        try:        # preparation is a package of its own, installed with the prepare extra
+            from ignition.core_cache import ModelFolderError
+        except ImportError as exc:
+            print(f"helios-serve: --model needs preparation installed (the prepare extra): {exc}", file=sys.stderr)
+            return int(ExitCode.USAGE)
+        try:
+            args.core = prepared_model(args, resolve_executor(args.executor))
+        except ModelFolderError as exc:
+            print(f"helios-serve: {exc}", file=sys.stderr)
+            return int(ExitCode.USAGE)
+    if args.acceptance is None:
+        args.acceptance = DEFAULT_ACCEPTANCE
     core = args.core.resolve()
     if not core.is_file():
         print(f"helios-serve: no core at {core} (prepare one: make core, or helios-prepare)", file=sys.stderr)

@@ -3,6 +3,12 @@
 Runs without a GPU: triton.compile with an explicit GPUTarget. Compilation happens in worker
 processes (spawned, so the parent's Triton knobs and environment stay untouched) whose
 environment pins the settings that change the code: FP fusion explicit, no line info.
+
+The requests are independent and compile in parallel, one pool of up to one worker per usable
+CPU. That is safe: each worker is its own process (no Triton state is shared), Triton's own
+cache (~/.triton/cache, triton/runtime/cache.py) writes each file into a per-process temporary
+directory and renames it into place, and CubinCache below writes then renames too, so workers
+and concurrent preparations never see half a file.
 """
 from __future__ import annotations
 
@@ -150,25 +156,34 @@ class CubinCache:
             tmp.replace(self.root / f"{key}{suffix}")
 
 
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def compile_all(requests: Sequence[CompileRequest], cache: CubinCache,
-                progress: Callable[[str], None] | None = None,
+                progress: Callable[[int, int], None] | None = None,
                 workers: int | None = None) -> list[CompiledKernel]:
     """Compile (or load from cache) every request, all in one pool of worker processes;
-    returns one CompiledKernel per request, in request order."""
+    returns one CompiledKernel per request, in request order. progress(done, total) as each
+    request is found in the cache or compiled."""
     import triton
     results: dict[CompileRequest, CompiledKernel] = {}
     pending: dict[CompileRequest, str] = {}
+
+    def report() -> None:
+        if progress is not None:
+            progress(len(results), len(requests))
+
     for request in requests:
         key = request.cache_key(triton.__version__)
         cached = cache.load(key)
         if cached is not None:
             results[request] = cached
-            if progress:
-                progress(request.kernel_id)
         else:
             pending[request] = key
+    report()
     if pending:
-        count = workers or max(1, min(len(pending), os.cpu_count() or 1))
+        count = workers or max(1, min(len(pending), usable_cpus()))
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(count, mp_context=context,
                                                     initializer=_worker_init) as pool:
@@ -179,6 +194,5 @@ def compile_all(requests: Sequence[CompileRequest], cache: CubinCache,
                 kernel = future.result()
                 cache.store(key, kernel)
                 results[request] = kernel
-                if progress:
-                    progress(request.kernel_id)
+                report()
     return [results[request] for request in requests]

@@ -2,7 +2,7 @@
 
     library = KernelLibrary(archs=("sm_90a", "compute_80"))   # default: targets.default_archs()
     grid, block, shared = library.geometry("attention.paged.v1", args)   # args in ABI order
-    for image, module in library.build_modules(progress=print):
+    for image, module in library.build_modules(progress=lambda done, total: print(done, total)):
         ...  # store image as a resource, set module.resource to its id
 
 One kernel set per kernel id, and one KernelModule per (kernel set, architecture): a cubin for
@@ -89,7 +89,7 @@ class KernelLibrary:
         """(param name, Triton type) in ABI order."""
         return triton_signature(kernel_id)
 
-    def compile(self, arch: str = "sm_90a", progress: Callable[[str], None] | None = None,
+    def compile(self, arch: str = "sm_90a", progress: Callable[[int, int], None] | None = None,
                 widened: Iterable[str] = ()) -> dict[str, compiler.CompiledKernel]:
         """kernel id -> CompiledKernel of `arch` (a portable arch: the compilation holding its
         PTX), the ids in `widened` with their Widening's tiles; compiles what the disk cache
@@ -98,7 +98,7 @@ class KernelLibrary:
             targets.compiled_target(targets.target(arch)).capability]
 
     def _compile_targets(self, wanted: Sequence[targets.Target],
-                         progress: Callable[[str], None] | None = None,
+                         progress: Callable[[int, int], None] | None = None,
                          widened: frozenset[str] = frozenset(),
                          ) -> dict[int, dict[str, compiler.CompiledKernel]]:
         """capability -> id -> CompiledKernel for every compilation `wanted` needs, all
@@ -158,13 +158,13 @@ class KernelLibrary:
         return grid, (32 * spec.num_warps, 1, 1), 0
 
     def build_modules(self, archs: Iterable[str] | None = None,
-                      progress: Callable[[str], None] | None = None, widened: Iterable[str] = (),
+                      progress: Callable[[int, int], None] | None = None, widened: Iterable[str] = (),
                       ) -> list[tuple[bytes, manifest_pb2.KernelModule]]:
         """One (image bytes, KernelModule) per (target, kernel set), targets in table order
         (default: this library's), kernel sets in kernel_ids() order. KernelModule.resource
         is left empty: the caller names the resource holding the image; the ids in `widened`
-        compile with their Widening's tiles (a core that launches them wider). progress(kernel_id)
-        is called as each kernel is compiled or found in the cache. KernelTargetError when a
+        compile with their Widening's tiles (a core that launches them wider). progress(done, total)
+        is called as each compilation is done or found in the cache. KernelTargetError when a
         kernel exceeds its target's shared memory or the sets' kernel tables disagree."""
         wanted = targets.resolve(archs) if archs is not None else self.targets
         compiled = self._compile_targets(wanted, progress, frozenset(widened))

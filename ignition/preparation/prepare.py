@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -36,6 +36,7 @@ from ignition.preparation import contract as shared
 from ignition.preparation import tensor_parallel
 from ignition.preparation.speculative import SpeculativePlan
 from ignition.preparation.tensor_parallel import Partition
+from ignition.progress import COMPILING, READING, RECORDING, Progress
 from ignition.recorder import Geometry, Recorder, unit_geometry
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
@@ -55,7 +56,6 @@ TOKENIZER_RESOURCE = "tokenizer.json"
 CHAT_TEMPLATE_RESOURCE = "chat_template.jinja"
 WEIGHT_ALIGNMENT = 256
 
-Progress = Callable[[str, int, int], None]   # (stage, done, total)
 
 
 @dataclass
@@ -110,12 +110,15 @@ class KernelLibraryGeometry:
             return self._library.geometry(kernel_id, args)
         return unit_geometry(kernel_id, args)
 
-    def modules(self) -> list[tuple[bytes, M.KernelModule]]:
-        """One (image, module) per (architecture, kernel set) of the library's architectures."""
+    def modules(self, progress: Progress | None = None) -> list[tuple[bytes, M.KernelModule]]:
+        """One (image, module) per (architecture, kernel set) of the library's architectures;
+        progress(COMPILING, done, total) as each compilation is done or found in the kernel cache."""
         if self._library is None or not self._ids:
             return []
-        return [(cubin, module) for cubin, module in self._library.build_modules(widened=self._widened)
-                if all(k.id in self._ids for k in module.kernels)]
+        compiled = self._library.build_modules(
+            widened=self._widened,
+            progress=None if progress is None else lambda done, total: progress(COMPILING, done, total))
+        return [(cubin, module) for cubin, module in compiled if all(k.id in self._ids for k in module.kernels)]
 
 
 @dataclass
@@ -164,7 +167,7 @@ def pack_weights(recipe: ModuleType, source: Any, options: Any, partition: Parti
             weights.append(tensor.buffer, partition.shard(tensor.array, getattr(tensor, "split", None), rank),
                            tensor.sources)
         if progress is not None:
-            progress("weights", done, total)
+            progress(READING, done, total)
     return ranks
 
 
@@ -238,11 +241,17 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
     weights = pack_weights(recipe, source, options, partition, progress)
     recorders: list[Recorder] = []
     graphs: list[C.GraphContract] = []
+    programs = degree * (len(all_variants) + (len(speculative.variants) if speculative is not None else 0))
+
+    def recorded() -> None:
+        if progress is not None:
+            progress(RECORDING, sum(len(r.programs) for r in recorders), programs)
+
     for rank, rank_weights in enumerate(weights):
-        rec = Recorder(rank=rank, geometry=geometry, world_size=degree)
+        rec = Recorder(rank=rank, geometry=geometry, world_size=degree, on_program=recorded)
+        recorders.append(rec)
         graphs += _record_rank(rec, recipe, tensor_parallel.rank_shape(recipe, shape, partition, rank), options,
                                cap, transport, speculative, rank_weights)
-        recorders.append(rec)
 
     # a checkpoint that carries tokenizer.json gives it verbatim; a GGUF's fields are converted
     tokenizer_json = (source.tokenizer_json() if hasattr(source, "tokenizer_json")
@@ -259,7 +268,7 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
                                    programs=[p for rec in recorders for p in rec.programs], transport=transport,
                                    completion=shared.completion_layout(cap), request_slots=cap.request_slots,
                                    max_pages_per_row=cap.pages_per_row)
-    for image, module in geometry.modules():
+    for image, module in geometry.modules(progress):
         module.resource = f"{module.kernel_set}.{module.arch}"          # e.g. kernels.3.sm_90a
         manifest.modules.append(module)
         resources.append(ResourceInput(module.resource, ResourceKind.RESOURCE_KIND_KERNEL_MODULE, image))
