@@ -41,9 +41,9 @@ def _options(recipe, **overrides):
     return recipe.RecipeOptions(**(base | overrides))
 
 
-def _model(prepared) -> NativeModel:
+def _model(prepared, executor: str = "numpy") -> NativeModel:
     return NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
-                            ModelOptions(cache_pages=32, concurrency=2))
+                            ModelOptions(cache_pages=32, concurrency=2, executor=executor))
 
 
 def _weights(vocab: int = TOKENIZER_IDS, seed: int = 3, family: str = "llama") -> dict[str, np.ndarray]:
@@ -116,8 +116,8 @@ def _padded_checkpoint(root: pathlib.Path) -> tuple[pathlib.Path, dict[str, np.n
     return write_tiny_hf_checkpoint(root / "padded", "llama", weights), weights
 
 
-def _generated(prepared) -> list[int]:
-    model = _model(prepared)
+def _generated(prepared, executor: str = "numpy") -> list[int]:
+    model = _model(prepared, executor)
     try:
         requests = [GenerationRequest(PROMPT, 12)] + [
             GenerationRequest(PROMPT, 12, SamplingParameters(temperature=1.5, top_p=1.0, top_k=0), seed=seed,
@@ -135,8 +135,9 @@ def _generated(prepared) -> list[int]:
     return [token for result in results for token in result.tokens]
 
 
-# spec: CON-4
-def test_ids_past_the_tokenizer_are_never_sampled_or_emitted(tmp_path: pathlib.Path) -> None:
+# spec: CON-3
+@pytest.mark.parametrize("executor", ["numpy", "cpu"])
+def test_ids_past_the_tokenizer_are_never_sampled_or_emitted(tmp_path: pathlib.Path, executor: str) -> None:
     directory, _ = _padded_checkpoint(tmp_path)
     assert HFCheckpoint.open(directory).shape.tokenizer_tokens == TOKENIZER_IDS
     recipe = recipe_for(directory)
@@ -146,10 +147,11 @@ def test_ids_past_the_tokenizer_are_never_sampled_or_emitted(tmp_path: pathlib.P
     assert len(masks) == sum(1 for p in prepared.manifest.programs if any(n.kernel.startswith("logits.norm_head")
                                                                            for n in p.nodes))
     np.testing.assert_array_equal(_weight_buffer(prepared, MASK_IDS)[0], np.arange(TOKENIZER_IDS, PADDED_VOCAB))
-    tokens = _generated(prepared)
+    tokens = _generated(prepared, executor)
     assert tokens and max(tokens) < TOKENIZER_IDS
 
 
+# spec: CON-3
 @pytest.mark.slow
 def test_a_core_with_kernels_pads_the_sampling_geometry_to_the_kernels_multiple(tmp_path: pathlib.Path) -> None:
     """vocab_size 300 is no multiple of 16: with the kernel library the core's vocabulary is 304
