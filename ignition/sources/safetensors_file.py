@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ignition.sources.gguf import GGUFError
 
 # safetensors dtype -> numpy dtype of the stored words (bf16: its uint16 words)
-_STORED = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
+_STORED: dict[str, np.dtype] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
 HEADER_LIMIT = 100 * 2**20     # the reference implementation's bound on the JSON header
 
 
@@ -50,7 +51,7 @@ class SafetensorsFile:
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise SafetensorsError(f"{path}: not a safetensors file (header is not JSON: {exc})") from exc
         header.pop("__metadata__", None)
-        self._entries: dict[str, dict] = header
+        self._entries: dict[str, dict[str, Any]] = header
         self._data_start = 8 + length
         self._map = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size > self._data_start else None
 
