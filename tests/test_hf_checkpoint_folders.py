@@ -24,6 +24,8 @@ from ignition.preparation.vocabulary import MASK_IDS
 from ignition.recipes.hf_checkpoint import CONTEXT_CEILING, recipe_for
 from ignition.sources.hf_checkpoint import CheckpointError, HFCheckpoint
 from tests.engine_fixtures import resource_reader
+from tests.test_hf_checkpoint import TOLERANCE
+from tests.test_hf_checkpoint import _logits as hf_logits
 from tests.reference.llama_numpy import ReferenceLlama, RopePairing
 from tests.test_numpy_executor import prefill_logits
 from tests.test_recipe_qwen2 import PROMPT
@@ -31,7 +33,6 @@ from tests.tiny_checkpoints import (NO_TEMPLATE, TinyShape, bf16_values, tiny_vo
                                     write_tiny_gguf, write_tiny_hf_checkpoint)
 
 TOKENIZER_IDS = len(tiny_vocabulary()[0])      # 271
-TOLERANCE = 2e-2
 
 
 def _options(recipe, **overrides):
@@ -93,12 +94,7 @@ def test_a_sharded_bf16_checkpoint_prepares_a_core_matching_the_oracle(tmp_path:
     prepared = prepare(recipe, _options(recipe))
     oracle = ReferenceLlama.load(twin, RopePairing.HALF_SPLIT, max_context=256).with_weights_rounded(np.float16)
     expected = oracle.forward(PROMPT, 0)
-    model = _model(prepared)
-    try:
-        got = prefill_logits(model, PROMPT, chunk=8, vocab=prepared.contract.model.vocabulary.sampled_tokens)
-    finally:
-        model.close()
-    for position, logits in got.items():
+    for position, logits in hf_logits(prepared).items():
         assert np.abs(logits - expected[position]).max() <= TOLERANCE, position
 
 
