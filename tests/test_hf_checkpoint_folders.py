@@ -148,6 +148,26 @@ def test_ids_past_the_tokenizer_are_never_sampled_or_emitted(tmp_path: pathlib.P
 
 
 # spec: CON-3
+def test_speculative_programs_mask_the_padded_ids_too(tmp_path: pathlib.Path) -> None:
+    """SPECULATIVE programs score every packed token's logits: the mask covers their rows."""
+    from helios_backend.lockstep.speculative import SpeculativeLockstepGenerator
+    from helios_backend.scheduler.speculative import SpeculativeOptions
+
+    directory, _ = _padded_checkpoint(tmp_path)
+    recipe = recipe_for(directory)
+    prepared = prepare(recipe, _options(recipe, speculative_variants=((2, 4, 3, 8),)))
+    assert _weight_buffer(prepared, MASK_IDS).shape == (8, PADDED_VOCAB - TOKENIZER_IDS)   # P = 8 logit rows
+    model = _model(prepared)
+    try:
+        run = SpeculativeLockstepGenerator(model, SpeculativeOptions(enabled=True, history_drafting=True)).generate(
+            [GenerationRequest(PROMPT * 3, 12, SamplingParameters(temperature=1.5), seed=7, eos_ids=[TOKENIZER_IDS - 1])])
+    finally:
+        model.close()
+    tokens = run.results[0].tokens
+    assert tokens and max(tokens) < TOKENIZER_IDS
+
+
+# spec: CON-3
 @pytest.mark.slow
 def test_a_core_with_kernels_pads_the_sampling_geometry_to_the_kernels_multiple(tmp_path: pathlib.Path) -> None:
     """vocab_size 300 is no multiple of 16: with the kernel library the core's vocabulary is 304
