@@ -185,6 +185,41 @@ def test_a_core_with_kernels_pads_the_sampling_geometry_to_the_kernels_multiple(
     assert tokens and max(tokens) < TOKENIZER_IDS
 
 
+# spec: CON-3, OWN-4
+@pytest.mark.slow
+def test_a_gguf_of_an_odd_vocabulary_pads_with_kernels_too(tmp_path: pathlib.Path) -> None:
+    """The padding is the preparation's, not the checkpoint reader's: a quantized GGUF of 271
+    tokens prepares with the kernel library as a 272-wide vocabulary whose id 271 is masked."""
+    pytest.importorskip("triton")
+    from ignition.gpu_kernels.library import KernelLibrary
+    from ignition.recipes import qwen2_5_coder_0_5b_instruct as gguf_recipe
+    from tests.test_recipe_qwen2 import tiny_options
+
+    gguf = write_tiny_gguf(tmp_path / "odd.gguf", quantized=True)
+    prepared = prepare(gguf_recipe, tiny_options(gguf), kernel_library=KernelLibrary(archs=["sm_90a"]))
+    assert prepared.contract.model.vocabulary.sampled_tokens == 272
+    np.testing.assert_array_equal(_weight_buffer(prepared, MASK_IDS)[0], [TOKENIZER_IDS])
+    model = _model(prepared)
+    try:
+        [result] = LockstepGenerator(model).generate([GenerationRequest(PROMPT, 6)])
+        logits = prefill_logits(model, PROMPT, chunk=8, vocab=272)
+    finally:
+        model.close()
+    assert result.tokens and max(result.tokens) < TOKENIZER_IDS
+    assert all(np.isneginf(row[TOKENIZER_IDS]) for row in logits.values())
+
+
+def test_the_served_name_flag_renames_a_named_recipe() -> None:
+    from ignition.cli import UnknownRecipeError, recipe_module
+
+    renamed = recipe_module("smollm2-135m-instruct", served_name="house-model")
+    original = recipe_module("smollm2-135m-instruct")
+    assert renamed.SERVED_ID == "house-model" and original.SERVED_ID != "house-model"
+    assert renamed.forward is original.forward and renamed.NAME == original.NAME
+    with pytest.raises(UnknownRecipeError, match="--chat-template"):
+        recipe_module("smollm2-135m-instruct", chat_template=pathlib.Path("t.jinja"))
+
+
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path: pathlib.Path) -> None:
     directory = write_tiny_hf_checkpoint(tmp_path / "small", "llama", _weights(), config={"vocab_size": 200})
     with pytest.raises(CheckpointError, match="vocab_size 200"):
