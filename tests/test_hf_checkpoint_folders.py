@@ -85,6 +85,21 @@ def test_bf16_words_decode_to_their_published_values(tmp_path: pathlib.Path) -> 
     np.testing.assert_array_equal(bf16_to_f32(words), np.array([1.0, -2.5, 3.140625, 0.0, np.inf], np.float32))
 
 
+def test_unreadable_weight_files_name_the_file_and_tensor(tmp_path: pathlib.Path) -> None:
+    directory = write_tiny_hf_checkpoint(tmp_path / "odd", "llama", _weights())
+    blob = (directory / "model.safetensors").read_bytes()
+    length = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + length])
+    header["model.norm.weight"]["dtype"] = "F8_E4M3"     # a dtype with no float reading here
+    encoded = json.dumps(header).encode().ljust(length)
+    (directory / "model.safetensors").write_bytes(blob[:8] + encoded + blob[8 + length:])
+    with pytest.raises(CheckpointError, match="'model.norm.weight' has dtype F8_E4M3"):
+        HFCheckpoint.open(directory).tensor("output_norm.weight")
+    (directory / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="model.safetensors: not a safetensors file"):
+        HFCheckpoint.open(directory)
+
+
 # spec: OWN-4, OWN-5
 def test_a_sharded_bf16_checkpoint_prepares_a_core_matching_the_oracle(tmp_path: pathlib.Path) -> None:
     weights = _weights(family="qwen2")

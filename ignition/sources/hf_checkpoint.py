@@ -24,7 +24,7 @@ import numpy as np
 
 from ignition.sources.gguf import GGUFError, LlamaShape, UnknownTensorError
 from ignition.sources.rope_scaling import RopeScaling, RopeScalingError
-from ignition.sources.safetensors_file import SafetensorsFile
+from ignition.sources.safetensors_file import SafetensorsError, SafetensorsFile
 
 FAMILIES = frozenset({"llama", "qwen2"})
 # GGUF tensor name (per block: "blk.{i}." prefix) -> Hugging Face name (per block: "model.layers.{i}.")
@@ -77,7 +77,10 @@ class HFCheckpoint:
         for file in self.weight_files:
             if not file.is_file():
                 raise CheckpointError(f"{path}: no {file.name}")
-            handle = SafetensorsFile(file)
+            try:
+                handle = SafetensorsFile(file)
+            except SafetensorsError as exc:
+                raise CheckpointError(str(exc)) from exc
             for key in handle.keys():
                 self._where[key] = handle
         self.tokenizer_config = _json(path / "tokenizer_config.json")
@@ -147,7 +150,10 @@ class HFCheckpoint:
         handle = self._where.get(key)
         if handle is None:
             raise UnknownTensorError(f"{self.path}: no tensor {key!r}")
-        return np.ascontiguousarray(handle.tensor(key), dtype=np.float32)
+        try:
+            return np.ascontiguousarray(handle.tensor(key), dtype=np.float32)
+        except SafetensorsError as exc:
+            raise CheckpointError(str(exc)) from exc
 
     def tokenizer_json(self) -> str:
         return (self.path / "tokenizer.json").read_text()

@@ -50,6 +50,10 @@ class SafetensorsFile:
                 header = json.loads(f.read(length))
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise SafetensorsError(f"{path}: not a safetensors file (header is not JSON: {exc})") from exc
+        if not isinstance(header, dict) or not all(
+                isinstance(e, dict) and {"dtype", "shape", "data_offsets"} <= e.keys()
+                for k, e in header.items() if k != "__metadata__"):
+            raise SafetensorsError(f"{path}: not a safetensors file (header entries lack dtype/shape/data_offsets)")
         header.pop("__metadata__", None)
         self._entries: dict[str, dict[str, Any]] = header
         self._data_start = 8 + length
