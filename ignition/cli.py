@@ -12,6 +12,14 @@ Triton cannot target; `--arch` (repeatable) names the architectures instead. A H
 `config.json` alone (e.g. bench/layouts/qwen2.5-1.5b.json) prepares that layout with seeded
 random weights. Preparation
 needs no GPU and works without the library (--no-kernels skips it).
+
+A local Hugging Face checkpoint directory prepares too (llama and qwen2 families):
+
+    helios-prepare ./Qwen2.5-0.5B-Instruct --out var/cores/qwen.core
+    helios-prepare ~/.cache/huggingface/hub/models--Org--Name/snapshots/SHA --served-model-name my-model --out m.core
+
+It needs config.json, the safetensors weights, tokenizer.json and tokenizer_config.json (whose
+chat_template is required unless --chat-template FILE is given); see docs/model-sources.md.
 """
 from __future__ import annotations
 
@@ -44,14 +52,23 @@ class UnknownRecipeError(KeyError):
     """No recipe of that name."""
 
 
-def recipe_module(name: str) -> ModuleType:
-    """A named recipe, a local Hugging Face checkpoint directory (hf_checkpoint.recipe_for), or a
-    layout's config.json alone (hf_layout.recipe_for_layout: random weights)."""
+def recipe_module(name: str, served_name: Optional[str] = None,
+                  chat_template: Optional[pathlib.Path] = None) -> ModuleType:
+    """A named recipe, a local Hugging Face checkpoint directory (hf_checkpoint.recipe_for) or a
+    layout's config.json alone (hf_layout.recipe_for_layout: random weights);
+    `served_name` replaces the served id, `chat_template` (a file) a checkpoint's template."""
     if name in RECIPES:
-        return RECIPES[name]
+        if chat_template is not None:
+            raise UnknownRecipeError(f"--chat-template applies to a checkpoint directory, not the recipe {name!r}")
+        if served_name is None:
+            return RECIPES[name]
+        renamed = ModuleType(RECIPES[name].__name__, RECIPES[name].__doc__)
+        renamed.__dict__.update({k: v for k, v in vars(RECIPES[name]).items() if not k.startswith("__")},
+                                SERVED_ID=served_name)
+        return renamed
     path = pathlib.Path(name)
     if path.is_dir():
-        return hf_checkpoint.recipe_for(name)
+        return hf_checkpoint.recipe_for(name, served_name, chat_template)
     if path.is_file() and path.suffix == ".json":     # a layout: config.json alone, random weights
         return hf_layout.recipe_for_layout(path)
     raise UnknownRecipeError(f"unknown recipe {name!r} (and no checkpoint directory or layout config.json there); "
@@ -68,12 +85,13 @@ def _kernel_library(archs: Optional[Sequence[str]]) -> Optional[Any]:
     return KernelLibrary(archs=archs)
 
 
-def prepare_core(recipe_name: str, out: str | os.PathLike[str], options: Any = None, *,
+def prepare_core(recipe_name: str | ModuleType, out: str | os.PathLike[str], options: Any = None, *,
                  key_path: Optional[str] = None, kernels: bool = True, show_progress: bool = False,
                  archs: Optional[Sequence[str]] = None) -> PreparedModel:
-    """Prepare `recipe_name` and write the signed core to `out` (atomically, via the core writer);
-    `archs`: the kernel architectures (default: every one the kernel library can target)."""
-    recipe = recipe_module(recipe_name)
+    """Prepare `recipe_name` (or a recipe module) and write the signed core to `out` (atomically,
+    via the core writer); `archs`: the kernel architectures (default: every one the kernel
+    library can target)."""
+    recipe = recipe_module(recipe_name) if isinstance(recipe_name, str) else recipe_name
     options = options or recipe.RecipeOptions()
     progress = ProgressBars(enabled=show_progress)
     prepared = prepare(recipe, options, progress=progress,
@@ -92,13 +110,25 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help=f"one of {sorted(RECIPES)}, or a local Hugging Face checkpoint directory "
-                                       "(llama or qwen2 family: config.json, safetensors, tokenizer.json), or "
-                                       "a layout's config.json alone (random weights)")
+                                       "(llama or qwen2 family), which must hold config.json, model.safetensors "
+                                       "(or shards with model.safetensors.index.json; f32, f16 or bf16), "
+                                       "tokenizer.json and tokenizer_config.json (with its chat_template, unless "
+                                       "--chat-template is given); generation_config.json is read when present; or a layout's config.json alone (random weights)")
     parser.add_argument("--out", required=True, type=pathlib.Path, help="core file to write (required)")
     parser.add_argument("--key", default=None, help="publisher key (PEM), created on first use (default: $HELIOS_HOME/keys/publisher.ed25519.pem, "
                                                   "else ~/.local/share/helios/keys/publisher.ed25519.pem)")
     parser.add_argument("--page-tokens", type=int, default=None, help="logical tokens per KV-cache page, in tokens (default: the recipe's)")
-    parser.add_argument("--context-tokens", type=int, default=None, help="context extent per request, in tokens (default: the recipe's)")
+    parser.add_argument("--context-tokens", type=int, default=None,
+                        help="context extent per request, in tokens (default: the recipe's; a checkpoint "
+                             "directory's max_position_embeddings, at most 32768)")
+    parser.add_argument("--served-model-name", default=None, metavar="NAME",
+                        help="model id the core is served as (default: the recipe's; for a checkpoint "
+                             "directory its Hugging Face repository id when it is a cache snapshot "
+                             "(models--Org--Name/snapshots/SHA), else config.json's _name_or_path when "
+                             "that is a repository id, else the directory name)")
+    parser.add_argument("--chat-template", default=None, type=pathlib.Path, metavar="FILE",
+                        help="Jinja chat template file for a checkpoint directory (default: "
+                             "tokenizer_config.json's chat_template; preparation fails without one)")
     parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules (default: include them)")
     parser.add_argument("--arch", action="append", default=None, metavar="ARCH",
                         help="kernel architecture to compile for, repeatable: sm_80, sm_86, sm_89, sm_90a, "
@@ -112,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
 def prepare_main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        recipe = recipe_module(args.recipe)
+        recipe = recipe_module(args.recipe, args.served_model_name, args.chat_template)
     except (UnknownRecipeError, GGUFError) as exc:   # CheckpointError is a GGUFError
         print(f"helios-prepare: {exc}", file=sys.stderr)
         return 2
@@ -120,7 +150,7 @@ def prepare_main(argv: Optional[list[str]] = None) -> int:
                                    ("tensor_parallel", args.tensor_parallel)) if v is not None}
     options = dataclasses.replace(recipe.RecipeOptions(), **overrides)
     try:
-        prepared = prepare_core(args.recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
+        prepared = prepare_core(recipe, args.out, options, key_path=args.key, kernels=not args.no_kernels,
                                 show_progress=True, archs=args.arch)
     except (TensorParallelError, GGUFError, PackagedSourceError, TargetError) as exc:   # a source or option the recipe cannot use
         print(f"helios-prepare: {exc}", file=sys.stderr)

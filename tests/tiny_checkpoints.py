@@ -148,13 +148,54 @@ def _hf_name(name: str) -> str:
     return f"model.layers.{block}.{_HF_BLOCK[tensor]}.{kind}"
 
 
-def write_tiny_hf_checkpoint(directory: Path, family: str, weights: dict[str, np.ndarray],
-                             shape: TinyShape = TinyShape(), shards: int = 1) -> Path:
-    """config.json, safetensors (`shards` files with an index when > 1), tokenizer.json,
-    tokenizer_config.json (with the chat template) and generation_config.json."""
+def bf16_round(array: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest bfloat16 bit patterns (uint16), ties to even (written out here,
+    independently of the reader, which only widens)."""
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(array: np.ndarray) -> np.ndarray:
+    """The float32 values a bf16 checkpoint of `array` stores."""
+    return (bf16_round(array).astype(np.uint32) << 16).view(np.float32)
+
+
+_SAFETENSORS_DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16)}
+
+
+def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> None:
+    """Write a safetensors file by its published layout (8-byte header length, JSON header, data),
+    every tensor in `dtype` ("float32", "float16" or "bfloat16")."""
     import json
 
-    from safetensors.numpy import save_file
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        if dtype == "bfloat16":
+            code, data = "BF16", bf16_round(tensors[name]).tobytes()
+        else:
+            code, numpy_dtype = _SAFETENSORS_DTYPES[dtype]
+            data = np.ascontiguousarray(tensors[name], dtype=numpy_dtype).tobytes()
+        header[name] = {"dtype": code, "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + b"".join(blobs))
+
+
+NO_TEMPLATE = ""   # chat_template=NO_TEMPLATE writes a tokenizer_config.json without one
+
+
+def write_tiny_hf_checkpoint(directory: Path, family: str, weights: dict[str, np.ndarray],
+                             shape: TinyShape = TinyShape(), shards: int = 1, dtype: str = "float32",
+                             config: dict | None = None, generation: dict | None = None,
+                             chat_template: str | None = None) -> Path:
+    """config.json, safetensors (`shards` files with an index when > 1; tensors stored as `dtype`:
+    float32, float16 or bfloat16), tokenizer.json, tokenizer_config.json (with the chat template,
+    or `chat_template`; NO_TEMPLATE: none) and generation_config.json (`generation` replaces it;
+    {} writes none). `config` adds or replaces config.json keys (rope_scaling, ...). The weights'
+    embedding rows give `vocab_size`: more rows than the tokenizer's ids make a padded vocabulary."""
+    import json
 
     from ignition.sources.gguf import TokenizerFields
     from ignition.sources.tokenizer import tokenizer_from_fields
@@ -162,33 +203,39 @@ def write_tiny_hf_checkpoint(directory: Path, family: str, weights: dict[str, np
     directory.mkdir(parents=True, exist_ok=True)
     tokens, merges, types = tiny_vocabulary()
     tied = "output.weight" not in weights
-    config = {"model_type": family, "architectures": ["Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"],
-              "hidden_size": shape.hidden, "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
-              "num_hidden_layers": shape.layers, "intermediate_size": shape.ffn, "vocab_size": len(tokens),
-              "rope_theta": shape.rope_theta, "rms_norm_eps": shape.eps, "max_position_embeddings": shape.context,
-              "tie_word_embeddings": tied, "eos_token_id": tokens.index("<|im_end|>"), "torch_dtype": "float32"}
-    (directory / "config.json").write_text(json.dumps(config))
+    settings = {"model_type": family,
+                "architectures": ["Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"],
+                "hidden_size": shape.hidden, "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
+                "num_hidden_layers": shape.layers, "intermediate_size": shape.ffn,
+                "vocab_size": int(weights["token_embd.weight"].shape[0]),
+                "rope_theta": shape.rope_theta, "rms_norm_eps": shape.eps, "max_position_embeddings": shape.context,
+                "tie_word_embeddings": tied, "eos_token_id": tokens.index("<|im_end|>"), "torch_dtype": dtype}
+    (directory / "config.json").write_text(json.dumps(settings | (config or {})))
     named = {_hf_name(k): np.ascontiguousarray(v) for k, v in weights.items()}
     keys = sorted(named)
     if shards == 1:
-        save_file(named, str(directory / "model.safetensors"))
+        save_safetensors(named, directory / "model.safetensors", dtype)
     else:
         weight_map = {}
         for index in range(shards):
             file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
             part = {k: named[k] for k in keys[index::shards]}
-            save_file(part, str(directory / file))
+            save_safetensors(part, directory / file, dtype)
             weight_map |= {k: file for k in part}
         (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     fields = TokenizerFields(model="gpt2", pre="qwen2", tokens=tuple(tokens), merges=tuple(merges),
                              token_types=tuple(types), bos_id=None, eos_id=None, unk_id=None, pad_id=None,
                              add_bos=False, add_space_prefix=False)
     (directory / "tokenizer.json").write_text(tokenizer_from_fields(fields).to_str())
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": chatml_tool_template("You are a tiny random model."), "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "bos_token": None}))
-    (directory / "generation_config.json").write_text(json.dumps({
-        "eos_token_id": [tokens.index("<|im_end|>"), tokens.index("<|endoftext|>")], "temperature": 0.6, "top_p": 0.9}))
+    template = chatml_tool_template("You are a tiny random model.") if chat_template is None else chat_template
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        ({"chat_template": template} if template else {})
+        | {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}))
+    if generation is None:
+        generation = {"eos_token_id": [tokens.index("<|im_end|>"), tokens.index("<|endoftext|>")],
+                      "temperature": 0.6, "top_p": 0.9}
+    if generation:
+        (directory / "generation_config.json").write_text(json.dumps(generation))
     return directory
 
 

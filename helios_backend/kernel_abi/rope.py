@@ -19,9 +19,17 @@ ROPE_ADJACENT_PAIRS = 0
 ROPE_HALF_PAIRS = 1
 
 
-def rope_table(positions: int, head_dim: int, theta: float) -> np.ndarray:
-    """cos/sin of position * theta^(-2i/head_dim), computed in float64, stored float32."""
-    inverse_frequency = float(theta) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
+    """theta^(-2i/head_dim) for i < head_dim / 2, float64: the unscaled RoPE frequencies."""
+    return float(theta) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+
+def rope_table(positions: int, head_dim: int, theta: float,
+               inverse_frequency: np.ndarray | None = None) -> np.ndarray:
+    """cos/sin of position * theta^(-2i/head_dim), computed in float64, stored float32;
+    `inverse_frequency` [head_dim / 2] replaces the frequencies (a checkpoint's RoPE scaling)."""
+    if inverse_frequency is None:
+        inverse_frequency = inverse_frequencies(head_dim, theta)
     angle = np.arange(positions, dtype=np.float64)[:, None] * inverse_frequency[None, :]
     return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
 

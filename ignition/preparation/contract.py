@@ -78,6 +78,9 @@ class TextCapacities:
     top_logprobs: int = 0       # top-N alternatives per logprob record (with logprobs)
     scored_tokens: int = 0      # largest SCORED_PREFILL packed tokens: one f32 score word each; 0 = none
     logit_bias_capacity: int = LOGIT_BIAS_CAPACITY   # (id, bias) entries per row of sampling.logit_bias
+    # ids [vocab - masked_tokens, vocab) that no tokenizer id spells: -inf after the forward pass
+    # (ignition/preparation/vocabulary.py); 0 = every id is sampled
+    masked_tokens: int = 0
 
     @property
     def logprob_base(self) -> int:

