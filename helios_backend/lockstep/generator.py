@@ -39,7 +39,7 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParameters = SamplingParameters()
     seed: int = 0
-    eos_ids: Optional[Sequence[int]] = None     # None: the core's EOS ids; (-1,): none
+    eos_ids: Optional[Sequence[int]] = None     # None or empty: the core's EOS ids; (-1,): none
 
 
 @dataclass
@@ -67,7 +67,7 @@ class LockstepGenerator:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate for every request (one EOS set for all of them); results in request order."""
-        eos = {tuple(r.eos_ids) if r.eos_ids is not None else None for r in requests}
+        eos = {tuple(r.eos_ids) if r.eos_ids else None for r in requests}
         if len(eos) > 1:
             raise ValueError("eos_ids: the requests of one generate() call share their EOS ids")
         eos_ids = next(iter(eos), None)

@@ -61,6 +61,9 @@ class PageAllocator:
 
 
 class RawLanes:
+    """Hand-built lanes through chosen programs, synchronously (the module docstring says why
+    this exists beside LockstepGenerator): explicit slots, page order, chunk size and row order."""
+
     def __init__(self, model: NativeModel, page_order: Optional[Sequence[int]] = None,
                  prefill_chunk: Optional[int] = None, on_token: Optional[TokenCallback] = None) -> None:
         self.model = model
