@@ -44,7 +44,8 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
     from bench.cpu_peer import bench_prompt_ids
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import ModelOptions, NativeModel
-    from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
+    from helios_backend.lockstep.generator import GenerationRequest
+    from helios_backend.lockstep.raw_lanes import RawLanes
     from helios_backend.sampling_parameters import SamplingParameters
 
     bootstrap = Bootstrap.load(core, "helios.local/smollm2")
@@ -62,7 +63,7 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
     figures: dict[str, Any] = {}
     try:
         for batch in batches:
-            driver = LockstepGenerator(model)
+            driver = RawLanes(model)
             actives = driver.admit([GenerationRequest(ids, steps + 5, SamplingParameters(logprobs=-1), eos_ids=(-1,))
                                     for _ in range(batch)], list(range(batch)))
             for active in actives:

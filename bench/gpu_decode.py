@@ -37,7 +37,7 @@ from helios_backend.engine.settings import StartupOptions
 from helios_backend.engine.setup import derive_setup
 from helios_backend.packing import SlotInitialization, PackedLane
 from helios_backend.sampling_parameters import SamplingParameters
-from helios_backend.lockstep.generator import LockstepGenerator
+from helios_backend.lockstep.raw_lanes import RawLanes
 from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 from tests.gpu import timing
@@ -54,7 +54,7 @@ PEERS_BY_RECIPE = {"smollm2-135m-instruct": {1: ("827-970", "376-384"), 8: ("3,9
 class Bench:
     def __init__(self, model: Any) -> None:      # NativeModel, or tests/gpu's ExecutorModel
         self.model = model
-        self.driver = LockstepGenerator(model)
+        self.driver = RawLanes(model)
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.bins = model.contract.model.vocabulary.histogram_bins
         self.generation = 0
@@ -117,6 +117,7 @@ class Bench:
             executor.launch(program, 0)
             executor.wait(0)
             round_trip.append((time.perf_counter_ns() - t0) / 1e3)
+        self.model.submissions.advance(8 + steps + len(round_trip))   # the launches above, made directly
         gpu = timing.gpu_us(load_driver(), executor, program, 50)
         self.release(lanes)
         return {"program": program, "nodes": executor.node_count(program), "staging_bytes": executor.staging_nbytes(program),
@@ -140,6 +141,7 @@ class Bench:
             executor.wait(0)
             if k >= 2:
                 samples.append((time.perf_counter_ns() - t0) / 1e3)
+        self.model.submissions.advance(repeats + 2)             # the launches above, made directly
         gpu = timing.gpu_us(load_driver(), executor, program, 10)
         self.release([lane])
         step = statistics.median(samples)

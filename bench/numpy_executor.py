@@ -27,7 +27,8 @@ from bench.cpu_peer import DecodeFigure, PeerFigures, bench_prompt_ids, format_r
 from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.packing import PackedLane
 from helios_backend.sampling_parameters import SamplingParameters
-from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+from helios_backend.lockstep.generator import GenerationRequest
+from helios_backend.lockstep.raw_lanes import RawLanes
 from ignition.preparation.prepare import prepare
 from ignition.recipes import smollm2_135m_instruct as recipe
 
@@ -40,11 +41,11 @@ def _options(prefill_tokens: int, batch_prefill_tokens: int, batches: Sequence[i
 
 def _timed_prefill(model: NativeModel, prompts: Sequence[Sequence[int]]) -> float:
     """Seconds of one multi-row PREFILL step over `prompts` (admission and page setup untimed)."""
-    driver = LockstepGenerator(model)
+    driver = RawLanes(model)
     actives = driver.admit([GenerationRequest(p, 1) for p in prompts], list(range(len(prompts))))
     lanes = []
     for active, prompt in zip(actives, prompts):
-        driver._ensure_pages(active, len(prompt))
+        driver.ensure_pages(active, len(prompt))
         lanes.append(PackedLane(slot=active.slot, generation=active.generation,
                           tokens=np.asarray(prompt, dtype=np.int32), page_table=list(active.pages)))
     program = model.program(C.OPERATION_PREFILL, len(prompts), sum(len(p) for p in prompts))
@@ -56,7 +57,7 @@ def _timed_prefill(model: NativeModel, prompts: Sequence[Sequence[int]]) -> floa
 
 
 def _timed_decode(model: NativeModel, prompt: Sequence[int], batch: int, steps: int) -> float:
-    driver = LockstepGenerator(model)
+    driver = RawLanes(model)
     # requests that asked for no logprobs (llama.cpp's peer computes none either)
     actives = driver.admit([GenerationRequest(prompt, steps + 1, SamplingParameters(logprobs=-1), eos_ids=(-1,))
                             for _ in range(batch)], list(range(batch)))

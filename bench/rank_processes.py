@@ -11,7 +11,7 @@ CUDA executor, two GPUs. Two parts, one report:
      back over the rank link, and the rank process's exit code after rank 0 closed it;
   2. per-step cost: the TP=2 core loaded in thread mode (both ranks in this process), then in
      process mode; at batch 1 and 64, --timed decode rounds after prefill (each round packs,
-     launches, waits and reads its completion: LockstepGenerator.decode_round); the median
+     launches, waits and reads its completion: RawLanes.decode_round); the median
      round in µs per mode and the ratio process / thread, measured in the same run.
 
 Prints both tables and writes rank_processes.json (and tensor_parallel.json) to the device's
@@ -40,14 +40,15 @@ BATCHES = (1, 64)
 
 def step_costs(bundle: pathlib.Path, executor: str, rank_peers: str, workdir: pathlib.Path, timed: int) -> dict:
     """Median µs of one decode round of the TP=2 core per batch, in one rank mode."""
-    from helios_backend.lockstep.generator import GenerationRequest, LockstepGenerator
+    from helios_backend.lockstep.generator import GenerationRequest
+    from helios_backend.lockstep.raw_lanes import RawLanes
 
     model, prompts = tp.load_model(bundle, executor, True, workdir, rank_peers)
     out: dict = {}
     try:
         vocab = model.contract.model.vocabulary.sampled_tokens
         for batch in BATCHES:
-            driver = LockstepGenerator(model)
+            driver = RawLanes(model)
             chosen = [prompts[i % len(prompts)] for i in range(batch)]
             requests = [GenerationRequest(list(p), timed + 8, eos_ids=(vocab - 1,)) for p in chosen]
             actives = driver.admit(requests, list(range(batch)))

@@ -189,11 +189,12 @@ def test_real_block_core_greedy_is_identical_for_64_steps():
                  "cpu": CpuExecutor(prepared.manifest, data.__getitem__, CpuExecutorOptions(cache_pages=96))}
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 49152, 4 + i).tolist() for i in range(8)]
+    # one model per executor: the model mirrors its executor's submission numbers (NativeModel.submissions)
+    models = {kind: ExecutorModel(prepared.contract, prepared.manifest, executor) for kind, executor in executors.items()}
     try:
         for batch in (1, 8):
             tokens = {}
-            for kind, executor in executors.items():
-                model = ExecutorModel(prepared.contract, prepared.manifest, executor)
+            for kind, model in models.items():
                 requests = [GenerationRequest(p, max_tokens=STEPS, eos_ids=(-1,)) for p in prompts[:batch]]
                 tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
             assert all(len(t) == STEPS for t in tokens["numpy"])

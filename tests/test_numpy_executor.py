@@ -20,6 +20,7 @@ from helios_backend.engine.model import ModelLoadError, ModelOptions, NativeMode
 from helios_backend.packing import PackedLane
 from helios_backend.sampling_parameters import SamplingParameters
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+from helios_backend.lockstep.raw_lanes import RawLanes
 from tests.engine_fixtures import prepared_in_memory, resource_reader
 
 # "What is the capital of France?" through the SmolLM2 chat template (notes: model-tokenizer-grammar.md)
@@ -36,13 +37,13 @@ VOCAB = 49152
 def prefill_logits(model: NativeModel, prompt, chunk: int, slot: int = 0, page_order=None,
                    vocab: int = VOCAB) -> dict[int, np.ndarray]:
     """Prefill `prompt` in chunks; logits of the last token of every chunk, by position."""
-    driver = LockstepGenerator(model, page_order=page_order, prefill_chunk=chunk)
+    driver = RawLanes(model, page_order=page_order, prefill_chunk=chunk)
     [active] = driver.admit([GenerationRequest(prompt, 8)], [slot])
     logits = model.executor.buffer_view("scratch.logits", np.float32)
     out = {}
     while active.consumed < len(prompt):
         tokens = np.asarray(prompt[active.consumed:active.consumed + chunk], dtype=np.int32)
-        driver._ensure_pages(active, active.consumed + tokens.size)
+        driver.ensure_pages(active, active.consumed + tokens.size)
         lane = PackedLane(slot=slot, generation=active.generation, start=active.consumed, tokens=tokens,
                     page_table=list(active.pages))
         driver.step(model.program(C.OPERATION_PREFILL, 1, tokens.size), [lane])
@@ -116,7 +117,7 @@ def test_results_do_not_depend_on_physical_page_ids(smollm2_model):
     # naming a page that holds other keys (the ordered run's second page) instead of page 97
     wrong = PackedLane(slot=0, generation=model.generations.next(0), start=18, tokens=np.asarray(PROMPT[18:], np.int32),
                  page_table=[1, 3])
-    LockstepGenerator(model).step(model.program(C.OPERATION_PREFILL, 1, 6), [wrong])
+    RawLanes(model).step(model.program(C.OPERATION_PREFILL, 1, 6), [wrong])
     assert frame[table.byte_offset:table.byte_offset + 8].view(np.int32).tolist() == [1, 3]
     broken = model.executor.buffer_view("scratch.logits", np.float32)[:VOCAB]
     assert np.abs(broken - scattered[23]).max() > 1.0
@@ -139,12 +140,14 @@ SECOND_PROMPT = [1, 4093, 198, 19556, 17, 2, 198, 1, 520, 9531, 198]   # a short
 
 
 def test_results_do_not_depend_on_row_slot_or_variant(smollm2_model):
-    driver = LockstepGenerator(smollm2_model)
+    driver = RawLanes(smollm2_model)
     requests = [GenerationRequest(PROMPT, 6), GenerationRequest(SECOND_PROMPT, 6)]
     alone = [LockstepGenerator(smollm2_model).generate([r])[0].tokens for r in requests]           # decode.r1
     together = [r.tokens for r in driver.generate(requests, slots=[2, 0])]               # decode.r2, rows 0/1
     swapped = [r.tokens for r in driver.generate(requests, slots=[1, 3], row_order=[1, 0])]
     assert together == alone and swapped == alone
+    # the scheduled rounds (a round of both prompts, then decode rounds) give the same tokens
+    assert [r.tokens for r in LockstepGenerator(smollm2_model).generate(requests)] == alone
     # three lanes run in the r4 variant (one padding row)
     three = [r.tokens for r in driver.generate(requests + [GenerationRequest(PROMPT, 6)], slots=[0, 1, 2])]
     assert three == alone + [alone[0]]
@@ -152,7 +155,7 @@ def test_results_do_not_depend_on_row_slot_or_variant(smollm2_model):
 
 def test_same_seed_same_tokens_different_seed_different_tokens(smollm2_model):
     sampling = SamplingParameters(temperature=1.0, top_p=0.95)
-    run = lambda seed, slot: LockstepGenerator(smollm2_model).generate(  # noqa: E731
+    run = lambda seed, slot: RawLanes(smollm2_model).generate(  # noqa: E731
         [GenerationRequest(PROMPT, 12, sampling, seed=seed, eos_ids=(-1,))], slots=[slot])[0].tokens
     first = run(1234, 0)
     assert run(1234, 3) == first            # another slot, same draws
@@ -162,18 +165,18 @@ def test_same_seed_same_tokens_different_seed_different_tokens(smollm2_model):
 
 def test_mixed_step_equals_separate_prefill_and_decode(smollm2_model):
     # one decode row and one prefill row in a MIXED program give the tokens of separate steps
-    separate_driver = LockstepGenerator(smollm2_model)
+    separate_driver = RawLanes(smollm2_model)
     a, b = separate_driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4)], [0, 1])
     separate_driver.prefill(a)
     separate_driver.decode_round([a])
     separate_driver.prefill(b)
     expected = (a.result.tokens[-1], b.result.tokens[-1])
 
-    driver = LockstepGenerator(smollm2_model)
+    driver = RawLanes(smollm2_model)
     a2, b2 = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4)], [0, 1])
     driver.prefill(a2)
-    driver._ensure_pages(a2, a2.consumed + 1)
-    driver._ensure_pages(b2, 9)
+    driver.ensure_pages(a2, a2.consumed + 1)
+    driver.ensure_pages(b2, 9)
     lanes = [PackedLane(slot=0, generation=a2.generation, start=a2.consumed, page_table=list(a2.pages)),
              PackedLane(slot=1, generation=b2.generation, start=0, tokens=np.asarray(SECOND_PROMPT[:9], np.int32),
                   page_table=list(b2.pages))]
@@ -186,7 +189,7 @@ def test_mixed_step_takes_several_prompts_beside_a_decode_lane(smollm2_model):  
     # a MIXED program without a mixed prefill row feeds every row whose prompt tokens are given:
     # one decode row and two prefill rows give the tokens of separate steps
     third = SECOND_PROMPT[:6]
-    separate = LockstepGenerator(smollm2_model)
+    separate = RawLanes(smollm2_model)
     a, b, c = separate.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4),
                               GenerationRequest(third, 4)], [0, 1, 2])
     separate.prefill(a)
@@ -201,13 +204,13 @@ def test_mixed_step_takes_several_prompts_beside_a_decode_lane(smollm2_model):  
     model = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
                              ModelOptions(cache_pages=32, concurrency=4))
     try:
-        driver = LockstepGenerator(model)
+        driver = RawLanes(model)
         a2, b2, c2 = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT[:9], 4),
                                    GenerationRequest(third, 4)], [0, 1, 2])
         driver.prefill(a2)
-        driver._ensure_pages(a2, a2.consumed + 1)
-        driver._ensure_pages(b2, 9)
-        driver._ensure_pages(c2, len(third))
+        driver.ensure_pages(a2, a2.consumed + 1)
+        driver.ensure_pages(b2, 9)
+        driver.ensure_pages(c2, len(third))
         lanes = [PackedLane(slot=1, generation=b2.generation, start=0,
                             tokens=np.asarray(SECOND_PROMPT[:9], np.int32), page_table=list(b2.pages)),
                  PackedLane(slot=0, generation=a2.generation, start=a2.consumed, page_table=list(a2.pages)),
@@ -222,15 +225,14 @@ def test_mixed_step_takes_several_prompts_beside_a_decode_lane(smollm2_model):  
 
 def test_completion_records_follow_the_spec(smollm2_model):
     # spec: STA-4, BND-20 (sampled ids in the vocabulary, reserved model field -1, no draft cursor)
-    driver = LockstepGenerator(smollm2_model)
+    driver = RawLanes(smollm2_model)
     [active] = driver.admit([GenerationRequest(PROMPT, 1)], [0])
-    driver._ensure_pages(active, len(PROMPT))
+    driver.ensure_pages(active, len(PROMPT))
     lane = PackedLane(slot=0, generation=active.generation, tokens=np.asarray(PROMPT, np.int32),
                       page_table=list(active.pages))
     program = smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT))
-    smollm2_model.packer.pack(program, 1, [lane])
-    smollm2_model.executor.launch(program, 1)
-    words = smollm2_model.executor.wait(1)
+    driver.step(program, [lane], frame=1)
+    words = driver.last_words
     header, row = words[:4], words[4:12]
     assert header[1] == 1 and header[2] == C.OPERATION_PREFILL               # live rows, operation
     assert 0 <= row[2] < VOCAB and row[4] == 1
@@ -247,19 +249,18 @@ def test_completion_records_carry_the_log_softmax_of_the_raw_step_logits(smollm2
     fmt = CompletionFormat.from_layout(smollm2_model.execution_manifest.completion)
     top = fmt.top_k
     assert top == 20 and fmt.extension_words == 1 + 2 * top
-    driver = LockstepGenerator(smollm2_model)
+    driver = RawLanes(smollm2_model)
     sampling = SamplingParameters(repetition_penalty=penalty)
     [active] = driver.admit([GenerationRequest(PROMPT, 4, sampling=sampling)], [1])
-    driver._ensure_pages(active, len(PROMPT) + 1)
+    driver.ensure_pages(active, len(PROMPT) + 1)
     lanes = [PackedLane(slot=1, generation=active.generation, tokens=np.asarray(PROMPT, np.int32),
                         page_table=list(active.pages))]
     slot_bins = slice(VOCAB, 2 * VOCAB)                                       # slot 1's histogram row
     for program in (smollm2_model.program(C.OPERATION_PREFILL, 1, len(PROMPT)), smollm2_model.program(C.OPERATION_DECODE, 1, 1)):
         state = {name: smollm2_model.executor.read_buffer(f"state.{name}_histogram").view(np.int32)[slot_bins].copy()
                  for name in ("prompt", "output")}
-        smollm2_model.packer.pack(program, 0, lanes)
-        smollm2_model.executor.launch(program, 0)
-        words = smollm2_model.executor.wait(0)
+        driver.step(program, lanes)
+        words = driver.last_words
         raw = smollm2_model.executor.read_buffer("scratch.logits").view(np.float32)[:VOCAB].copy()
         logits = raw.astype(np.float64)
         adjusted = raw.copy()                                                 # what the draw sampled from
@@ -355,9 +356,9 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
         longer = PROMPT + [504, 3575, 282, 4649]
         expected = prefill_logits(model, longer, chunk=64, slot=1)[len(longer) - 1]
 
-        driver = LockstepGenerator(model, page_order=[5, 6, 9, 10, 11, 12])
+        driver = RawLanes(model, page_order=[5, 6, 9, 10, 11, 12])
         first, second = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(longer, 4)], [0, 1])
-        driver._ensure_pages(first, len(PROMPT))                                   # pages 5, 6
+        driver.ensure_pages(first, len(PROMPT))                                   # pages 5, 6
         driver.step(model.program(C.OPERATION_PREFILL, 1, len(PROMPT)),
                     [PackedLane(slot=0, generation=first.generation, tokens=np.asarray(PROMPT, np.int32),
                           page_table=list(first.pages), snapshot_row=1)])
@@ -408,14 +409,14 @@ def test_nodes_write_only_through_pointers_their_abi_declares_writable(smollm2_b
             for name, after, before in watched:
                 assert np.array_equal(after, before, equal_nan=True), f"{node.kernel} wrote its READ param {name}"
 
-    driver = LockstepGenerator(model)
+    driver = RawLanes(model)
     first, second = driver.admit([GenerationRequest(PROMPT, 4), GenerationRequest(SECOND_PROMPT, 4)], [0, 1])
     from helios_backend.packing import SlotInitialization
     run_checked(model.program(C.OPERATION_INITIALIZATION, 1),
                 [PackedLane(slot=0, generation=first.generation, initialization=SlotInitialization.for_prompt(
                     PROMPT, VOCAB, seed=5, sampling=SamplingParameters(0.5), output_limit=4, eos_ids=(2,)))])
     for active, prompt, row in ((first, PROMPT, 0), (second, SECOND_PROMPT, -1)):
-        driver._ensure_pages(active, len(prompt) + 1)
+        driver.ensure_pages(active, len(prompt) + 1)
         run_checked(model.program(C.OPERATION_PREFILL, 1, len(prompt)),
                     [PackedLane(slot=active.slot, generation=active.generation, tokens=np.asarray(prompt, np.int32),
                           page_table=list(active.pages), snapshot_row=row)])

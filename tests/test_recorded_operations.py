@@ -15,7 +15,8 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.contract import PreparedContract
 from helios_backend.packing import PackedLane
-from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+from helios_backend.lockstep.generator import GenerationRequest
+from helios_backend.lockstep.raw_lanes import RawLanes
 from tests.engine_fixtures import prepared_in_memory
 from tests.test_numpy_executor import LOGIT_TOLERANCE, PROMPT, VOCAB
 
@@ -48,7 +49,7 @@ def test_resume_graphs_bind_a_host_owned_pending_token_and_write_device_state():
 def test_resume_with_the_host_fed_token_continues_like_decode(smollm2_model):
     # spec: STA-5, STA-6
     model = smollm2_model
-    reference = LockstepGenerator(model)
+    reference = RawLanes(model)
     [a] = reference.admit([GenerationRequest(PROMPT, 4)], [0])
     reference.prefill(a)
     reference.decode_round([a])
@@ -56,13 +57,13 @@ def test_resume_with_the_host_fed_token_continues_like_decode(smollm2_model):
     expected = list(a.result.tokens)                                          # prefill + 2 decode tokens
     reference.pages.give_back(a.pages)
 
-    driver = LockstepGenerator(model)
+    driver = RawLanes(model)
     [b] = driver.admit([GenerationRequest(PROMPT, 4)], [1])
     driver.prefill(b)
     assert b.result.tokens == expected[:1]
     pending = model.executor.buffer_view("state.pending", np.int32)
     pending[1] = 7                          # the device no longer holds the pending token
-    driver._ensure_pages(b, b.consumed + 1)
+    driver.ensure_pages(b, b.consumed + 1)
     lane = PackedLane(slot=1, generation=b.generation, start=b.consumed, page_table=list(b.pages),
                 pending_token=b.result.tokens[-1])
     [row] = driver.step(model.program(C.OPERATION_RESUME, 1, 1), [lane])
@@ -103,15 +104,14 @@ def test_scored_prefill_scores_are_the_log_softmax_of_the_logits_at_each_positio
     model = smollm2_model
     chunk = np.asarray(PROMPT[:-1], np.int32)                # score every next prompt token
     targets = np.asarray(PROMPT[1:], np.int32)
-    driver = LockstepGenerator(model)
+    driver = RawLanes(model)
     [active] = driver.admit([GenerationRequest(PROMPT, 4)], [2])
-    driver._ensure_pages(active, chunk.size)
+    driver.ensure_pages(active, chunk.size)
     lane = PackedLane(slot=2, generation=active.generation, tokens=chunk, page_table=list(active.pages),
                 scored_targets=targets)
     program = model.program(C.OPERATION_SCORED_PREFILL, 1, chunk.size)
-    model.packer.pack(program, 0, [lane])
-    model.executor.launch(program, 0)
-    words = model.executor.wait(0)
+    driver.step(program, [lane])
+    words = driver.last_words
     [field] = [f for f in model.execution_manifest.completion.header if f.name == "scores"]
     scores = np.asarray(words[field.word:field.word + chunk.size], np.int32).view(np.float32)
     # against the independent oracle at every position: logits agree within LOGIT_TOLERANCE, so

@@ -233,8 +233,8 @@ def _serve_on_numpy(model, observe: bool) -> tuple[list[tuple[str, bytes]], list
     packer = Packer(model.graphs, manifest.transport, manifest.request_slots, frames)   # fresh page memory
     executor = RecordingExecutor(model.executor)
     runner = ProgramRunner(executor, packer, manifest.completion, vocab.sampled_tokens, vocab.histogram_bins,
-                           (49151,), mask_words=vocab.mask_words)
-    runner._sequence = model.executor._sequence     # the shared executor has numbered earlier submissions
+                           (49151,), mask_words=vocab.mask_words,
+                           submissions=model.submissions)   # the shared executor numbered earlier submissions
     config = SchedulerConfig(page_tokens=contract.model.cache.page_tokens, num_pages=model.manifests[0].cache_pages,
                              request_slots=manifest.request_slots, max_active=4, queue_capacity=8,
                              context_tokens=contract.context_tokens, max_pages_per_row=manifest.max_pages_per_row,

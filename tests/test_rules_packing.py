@@ -172,7 +172,7 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
     # RESTORATION copies both partial pages: each restored lane then computes what recomputing
     # its whole prompt computes (docs/spec-gaps.md bug 1: the second lane's rows were dropped)
     from helios_backend.engine.model import ModelOptions, NativeModel
-    from helios_backend.lockstep.generator import LockstepGenerator
+    from helios_backend.lockstep.raw_lanes import RawLanes
     from tests.engine_fixtures import resource_reader
     from tests.test_numpy_executor import PROMPT, RESHAPE_TOLERANCE, VOCAB, prefill_logits
 
@@ -193,7 +193,7 @@ def test_two_lane_snapshot_and_restoration_rounds_keep_both_lanes():
             model.packer.forget_slot(slot)
         lanes = [PackedLane(slot=s, generation=100, tokens=np.asarray(p, np.int32), page_table=pages[s], snapshot_row=r)
                  for s, p, r in ((0, PROMPT, 2), (1, other, 1))]
-        driver = LockstepGenerator(model)
+        driver = RawLanes(model)
         driver.step(prefill, lanes)
         # slots 2 and 3 share the complete first pages and restore the partial ones into fresh pages
         restored = {2: [1, 10], 3: [3, 11]}
@@ -532,7 +532,8 @@ def test_results_do_not_depend_on_page_ids_when_the_page_table_really_changes(sm
     # spec: CON-7, BND-34
     # generations come from the model (NativeModel.generations), so each run re-uploads the
     # slot's page table (BND-34); forgetting the slot as well keeps the check independent of that.
-    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+    from helios_backend.lockstep.generator import GenerationRequest
+    from helios_backend.lockstep.raw_lanes import RawLanes
 
     model = smollm2_model
     manifest = model.execution_manifest
@@ -542,7 +543,7 @@ def test_results_do_not_depend_on_page_ids_when_the_page_table_really_changes(sm
     runs = []
     for order in ([0, 1, 2, 3, 4, 5], [97, 3, 41, 12, 100, 7]):
         model.packer.forget_slot(slot)
-        [result] = LockstepGenerator(model, page_order=order).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))],
+        [result] = RawLanes(model, page_order=order).generate([GenerationRequest(prompt, 4, eos_ids=(49151,))],
                                                             slots=[slot])
         table = _view(manifest, model.executor.staging(0), "page_table")[slot * width:slot * width + 2].tolist()
         logits = model.executor.buffer_view("scratch.logits", np.float32)[:model.contract.model.vocabulary.sampled_tokens]

@@ -587,6 +587,7 @@ def test_state_is_updated_by_captured_programs_only(smollm2_model):
                 initialization=SlotInitialization.for_prompt([1, 9690, 253, 28], bins, 0, SamplingParameters(), 3, (49151,)))
     model.packer.pack(init, 0, [lane])
     assert all(np.array_equal(before[n], b) for n, b in snapshot().items())   # host packing: no state change
+    model.submissions.take()                               # a submission of the model's executor
     model.executor.launch(init, 0)
     model.executor.wait(0)
     after = snapshot()
@@ -660,7 +661,8 @@ def test_shifted_page_table_view_is_a_declared_offset(prepared):
 def test_continuation_rows_hold_the_partial_page_computed_by_the_program():
     # spec: CACHE-6
     from helios_backend.engine.model import ModelOptions, NativeModel
-    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+    from helios_backend.lockstep.generator import GenerationRequest
+    from helios_backend.lockstep.raw_lanes import RawLanes
     from tests.engine_fixtures import resource_reader
 
     prepared = prepared_in_memory(snapshot_rows=2)
@@ -675,9 +677,9 @@ def test_continuation_rows_hold_the_partial_page_computed_by_the_program():
     try:
         pt = cache.page_tokens
         prompt = [1, 9690, 253, 28] * 6                                    # 24 tokens: 8 on the second page
-        driver = LockstepGenerator(model, page_order=[5, 7, 9, 10])
+        driver = RawLanes(model, page_order=[5, 7, 9, 10])
         [active] = driver.admit([GenerationRequest(prompt, 2, eos_ids=(49151,))], [0])
-        driver._ensure_pages(active, len(prompt))
+        driver.ensure_pages(active, len(prompt))
         driver.step(model.program(C.OPERATION_PREFILL, 1, len(prompt)),
                     [PackedLane(slot=0, generation=active.generation, tokens=np.asarray(prompt, np.int32),
                           page_table=list(active.pages), snapshot_row=1)])

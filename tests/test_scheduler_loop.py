@@ -1,6 +1,7 @@
 """The token-budget loop driven by a simulated executor: exact outputs, pages, order."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -84,6 +85,23 @@ def test_chunked_prefill_respects_the_largest_variant() -> None:
     assert tokens_of(events[0]) == reference_tokens(prompt, 3, VOCAB)
     assert engine.launched[:3] == ["prefill_b1_t64", "prefill_b1_t64", "prefill_b1_t64"]
     assert engine.launched[3:] == ["decode_b1", "decode_b1"]
+
+
+def test_prefill_chunk_tokens_limits_every_prompt_chunk() -> None:
+    # the lockstep generator's prefill_chunk: chunks of at most 10 tokens, the same tokens
+    sched, _ = make(context=512, num_pages=128)
+    limited = Scheduler(dataclasses.replace(sched.config, prefill_chunk_tokens=10), sched.variants)
+    engine = SimulatedEngine(limited)
+    prompt = prompt_of(3, 25)
+    limited.add(0, spec(prompt, max_tokens=3))
+    chunks = []
+    while limited.has_work():
+        plan = limited.schedule()
+        assert plan is not None
+        chunks.append(len(plan.main.lanes[0].tokens))
+        limited.complete(plan, engine.run(plan))
+    assert chunks == [10, 10, 5, 1, 1]
+    assert tokens_of(limited.take_events()) == reference_tokens(prompt, 3, VOCAB)
 
 
 def test_mixed_round_decodes_while_a_prompt_is_prefilled() -> None:

@@ -12,7 +12,8 @@ from helios_backend.contract import ContractError, PreparedContract, contract_to
 from helios_backend.engine.model import ModelOptions, NativeModel
 from helios_backend.packing import PackedLane
 from helios_backend.sampling_parameters import SamplingParameters
-from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+from helios_backend.lockstep.generator import GenerationRequest
+from helios_backend.lockstep.raw_lanes import RawLanes
 from helios_backend.lockstep.speculative import SpeculativeLockstepGenerator
 from helios_backend.scheduler.events import Emitted, Terminal
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
@@ -49,8 +50,8 @@ def model(prepared):
 
 
 def _plain(model, request: GenerationRequest) -> list[int]:
-    driver = LockstepGenerator(model)
-    model.packer.forget_slot(0)          # every LockstepGenerator numbers generations from 1
+    driver = RawLanes(model)
+    model.packer.forget_slot(0)
     [active] = driver.admit([request], [0])
     driver.prefill(active)
     while not active.result.finish:
@@ -158,14 +159,14 @@ def _one_round(model, prompt, max_tokens=8):
     round_ = driver.table.plan(driver.candidates(actives))
     lane = round_.lanes[0]
     active = actives[0]
-    driver.plain._ensure_pages(active, lane.reserve_end)
+    driver.plain.ensure_pages(active, lane.reserve_end)
     packed = PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
                         page_table=list(active.pages), proposals=np.asarray(lane.proposals, np.int32),
                         proposal_generation=active.generation, proposal_consumed=active.consumed)
-    model.packer.pack(round_.program.program, 0, [packed])
-    model.executor.launch(round_.program.program, 0)
-    round_.sequence = driver.plain.launches
-    return driver, actives, round_, model.executor.wait(0)
+    runner = driver.plain.runner
+    submission = runner.launch_lanes(round_.program.program, round_.program.variant.operation, [packed])
+    round_.sequence = submission.sequence
+    return driver, actives, round_, runner.wait_lanes(submission)
 
 
 def test_completion_is_validated_before_request_state(model):
@@ -227,9 +228,8 @@ def test_stale_copies_are_not_offered(model):
     stale = PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
                        page_table=list(active.pages), proposals=np.asarray(lane.proposals, np.int32),
                        proposal_generation=active.generation, proposal_consumed=active.consumed - 1)
-    model.packer.pack(round_.program.program, 0, [stale])
-    model.executor.launch(round_.program.program, 0)
-    words = model.executor.wait(0)
+    runner = driver.plain.runner
+    words = runner.wait_lanes(runner.launch_lanes(round_.program.program, round_.program.variant.operation, [stale]))
     ext = driver.format.header_words + driver.format.capacity * driver.format.row_words
     assert int(words[ext]) == 1 and int(words[ext + 1]) == 0       # pending only: no stale proposal verified
 
@@ -401,10 +401,8 @@ def _scheduler(model, scheduler_factory):
     contract, manifest = model.contract, model.execution_manifest
     vocab = contract.model.vocabulary
     table = SpeculativeTable.select(model.graphs, HISTORY)
-    runner = SpeculativeProgramRunner(model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
-                                      vocab.histogram_bins, tuple(contract.defaults.eos_token_ids),
-                                      mask_words=vocab.mask_words, max_width=table.max_width)
-    runner._sequence = model.executor._sequence     # the shared executor numbered earlier submissions
+    runner = SpeculativeProgramRunner.for_model(model)   # numbered by the model: earlier submissions counted
+    runner.max_width = table.max_width
     for slot in range(manifest.request_slots):
         model.packer.forget_slot(slot)              # generations restart at 1 in a new scheduler
     config = SchedulerConfig(page_tokens=contract.model.cache.page_tokens, num_pages=model.manifests[0].cache_pages,

@@ -94,7 +94,7 @@ class EngineParts:
 
     @classmethod
     def _assemble(cls, bootstrap: Bootstrap, setup: EngineSetup, origin: int) -> "EngineParts":
-        contract, manifest = bootstrap.contract, bootstrap.manifest
+        contract = bootstrap.contract
         settings, model, config = setup.settings, setup.model, setup.scheduler
         vocab = contract.model.vocabulary
         tokenizer = bootstrap.tokenizer
@@ -113,20 +113,18 @@ class EngineParts:
             widths=tuple(w for w in captured_widths if w <= settings.speculative_width) or None)
         table = _stage("speculative selection", lambda: SpeculativeTable.select(model.graphs, speculative_options))
         variants = VariantTable.from_graphs(model.graphs)
-        runner_args = (model.executor, model.packer, manifest.completion, vocab.sampled_tokens,
-                       vocab.histogram_bins or vocab.sampled_tokens, tuple(contract.defaults.eos_token_ids))
-        mask_words = vocab.mask_words or -(-vocab.sampled_tokens // 32)
         executor = model.executor
         auxiliary_frame = executor.frames if executor.auxiliary_frames else None   # the first one after them
         scheduler: Scheduler
         if table.active:
             scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory,
                                                                           model.generations))
-            runner: ProgramRunner = SpeculativeProgramRunner(*runner_args, mask_words=mask_words,
-                                                             auxiliary_frame=auxiliary_frame, max_width=table.max_width)
+            speculative = SpeculativeProgramRunner.for_model(model, auxiliary_frame=auxiliary_frame)
+            speculative.max_width = table.max_width
+            runner: ProgramRunner = speculative
         else:
             scheduler = _stage("scheduler", lambda: Scheduler(config, variants, stop_factory, model.generations))
-            runner = ProgramRunner(*runner_args, mask_words=mask_words, auxiliary_frame=auxiliary_frame)
+            runner = ProgramRunner.for_model(model, auxiliary_frame=auxiliary_frame)
         grammar_tokenizer = _stage("grammar tokenizer", lambda: GrammarTokenizer.from_json(
             bootstrap.read_resource(contract.model.frontend.tokenizer_resource).decode("utf-8"),
             tuple(contract.defaults.eos_token_ids)))

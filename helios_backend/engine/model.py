@@ -5,6 +5,7 @@
     model.executor         # Executor protocol: ModelOptions.executor selects "numpy", "cpu" or "cuda"
     model.packer           # shared packing over the executor's staging frames
     model.program(operation, rows, tokens)  # smallest loaded variant that fits, else CapacityError
+    model.generations, model.submissions   # slot generations and submission numbers: one owner per model
 
 Capacity rules: `concurrency` may reduce the captured request rows, never raise them
 (SRV-7); graphs with more rows than the selected concurrency are not loaded. Physical
@@ -27,6 +28,7 @@ from helios_backend.executors.base import Executor, ExecutorLoadError, MissingVa
 from helios_backend.executors.factory import EXECUTORS, RANK_PEERS, ModelOptions
 from helios_backend.engine.settings import BUILT_IN, layered
 from helios_backend.packing import CapacityError, Packer
+from helios_backend.engine.submissions import SubmissionSequence
 from helios_backend.ranks.rank_zero import start_rank_zero
 from helios_backend.scheduler.generations import SlotGenerations
 
@@ -62,6 +64,7 @@ class NativeModel:
         self.packer = packer
         self.concurrency = concurrency
         self.generations = SlotGenerations(manifest.request_slots)   # every driver of this model takes them here
+        self.submissions = SubmissionSequence()                      # and the executor's submission numbers
         self.manifests: tuple[RankGeometry, ...] = tuple(
             RankGeometry(rank=rank, request_slots=manifest.request_slots, concurrency=concurrency,
                          cache_pages=executor.cache_pages, page_tokens=contract.model.cache.page_tokens,

@@ -12,29 +12,36 @@ collect(), before the main one: a round that admits requests then packs its main
 its initialization queues behind round N on the stream, instead of waiting for both (the
 frame is reused only after its previous submission was waited for). A round with a
 constrained lane keeps the synchronous order: one frame in flight at its submissions (MET-8).
-The executor numbers submissions (BND-20); this runner mirrors that count to check each
-completion's sequence (CACHE-16). It also counts the executor frames
-in flight (launched, not yet waited for) and writes that count into each submission right
-after its launch: the scheduler reports the largest one after a constrained submission
-(flare_constrained_max_inflight, MET-8).
+The executor numbers submissions (BND-20); this runner takes the mirrored count from the
+model's SubmissionSequence (engine/submissions.py) to check each completion's sequence
+(CACHE-16). It also counts the executor frames in flight (launched, not yet waited for) and
+writes that count into each submission right after its launch: the scheduler reports the
+largest one after a constrained submission (flare_constrained_max_inflight, MET-8).
+
+The lockstep generator's raw lanes (lockstep/raw_lanes.py) come through launch_lanes /
+step_lanes: hand-built packing lanes, packed, numbered, launched and header-checked the same way.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
+from helios_backend.engine.submissions import SubmissionSequence
 from helios_backend.executors.base import FrameStateError
 from helios_backend.packing import SlotInitialization, PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
 from helios_backend.scheduler.request import Request
+
+if TYPE_CHECKING:
+    from helios_backend.engine.model import NativeModel
 
 _PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
 
@@ -57,6 +64,20 @@ class RoundTimings:
 
 
 @dataclass
+class LaneSubmission:
+    """One submission of hand-built packing lanes (the lockstep generator's raw lanes): what the
+    completion's header check reads (scheduler/completion.SubmittedCohort)."""
+    operation: cp.Operation.ValueType
+    lanes: Sequence[PackedLane]
+    sequence: int = 0
+    frame: int = 0
+    frames_outstanding: int = 0
+
+
+R = TypeVar("R", bound="ProgramRunner")
+
+
+@dataclass
 class ProgramRunner:
     executor: ExecutorLike
     packer: PackerLike
@@ -67,11 +88,25 @@ class ProgramRunner:
     mask_words: int = 0                  # grammar mask width (ceil(vocab / 32))
     frame: int = 0
     auxiliary_frame: int | None = None   # the executor's frame for submissions before a main step
+    # the model's (NativeModel.submissions) when serving; a runner without one counts from 0
+    submissions: SubmissionSequence = field(default_factory=SubmissionSequence)
     timings: RoundTimings = field(default_factory=RoundTimings)
+
+    @classmethod
+    def for_model(cls: type[R], model: "NativeModel", eos_ids: tuple[int, ...] | None = None,
+                  auxiliary_frame: int | None = None) -> R:
+        """The runner of a loaded model: its executor, packer, completion layout, vocabulary and
+        submission numbers; `eos_ids` None: the core's EOS ids."""
+        contract = model.contract
+        vocab = contract.model.vocabulary
+        return cls(model.executor, model.packer, model.execution_manifest.completion, vocab.sampled_tokens,
+                   vocab.histogram_bins or vocab.sampled_tokens,
+                   tuple(contract.defaults.eos_token_ids) if eos_ids is None else tuple(eos_ids),
+                   mask_words=vocab.mask_words or -(-vocab.sampled_tokens // 32),
+                   auxiliary_frame=auxiliary_frame, submissions=model.submissions)
 
     def __post_init__(self) -> None:
         self.fmt = CompletionFormat.from_layout(self.layout)
-        self._sequence = 0
         self._outstanding = 0            # frames launched and not yet waited for
         self._timings: dict[int, RoundTimings] = {}
         self._auxiliary: Submission | None = None       # launched on the auxiliary frame, not waited for
@@ -100,13 +135,7 @@ class ProgramRunner:
                 t0 = time.perf_counter_ns()
                 operation = sub.operation
                 lanes = [self._packed(lane, operation) for lane in sub.lanes]
-                self.packer.pack(sub.variant.program, target, lanes)
-                sub.sequence, sub.frame = self._sequence, target
-                t1 = time.perf_counter_ns()
-                self._sequence += 1
-                self.executor.launch(sub.variant.program, target)
-                self._outstanding += 1
-                sub.frames_outstanding = self._outstanding
+                t1 = self._submit(sub.variant.program, target, lanes, sub)
                 t.packing_ns += t1 - t0
                 t.execution_ns += time.perf_counter_ns() - t1
                 if main:
@@ -124,6 +153,38 @@ class ProgramRunner:
             self._drop_auxiliary(plan)                  # the round fails: nothing will collect it
             raise
         self._timings[id(plan)] = t
+
+    def _submit(self, program: str, frame: int, lanes: Sequence[PackedLane],
+                sub: Submission | LaneSubmission) -> int:
+        """Pack and launch one submission on `frame`: it takes the next submission number and
+        counts as a frame in flight. Returns the clock (ns) when packing ended."""
+        self.packer.pack(program, frame, lanes)
+        sub.sequence, sub.frame = self.submissions.take(), frame
+        t1 = time.perf_counter_ns()
+        self.executor.launch(program, frame)
+        self._outstanding += 1
+        sub.frames_outstanding = self._outstanding
+        return t1
+
+    def launch_lanes(self, program: str, operation: cp.Operation.ValueType, lanes: Sequence[PackedLane],
+                     frame: int = 0) -> LaneSubmission:
+        """Pack and launch hand-built lanes through `program` (an `operation` program); wait with
+        wait_lanes. For the lockstep generator's raw lanes and speculative rounds."""
+        sub = LaneSubmission(operation, lanes)
+        self._submit(program, frame, lanes, sub)
+        return sub
+
+    def wait_lanes(self, sub: LaneSubmission) -> np.ndarray:
+        """The completion words of a launch_lanes submission, not yet checked."""
+        return self._wait(sub.frame)
+
+    def step_lanes(self, program: str, operation: cp.Operation.ValueType, lanes: Sequence[PackedLane],
+                   frame: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Launch, wait, check the header (sequence, frame, status, operation, rows, and each
+        row's slot and generation in submission order); (the completion words, its rows)."""
+        sub = self.launch_lanes(program, operation, lanes, frame)
+        words = self.wait_lanes(sub)
+        return words, validate_header(self.fmt, words, sub)
 
     def collect(self, plan: RoundPlan) -> CompletionRows:
         """Wait for the round's main submission; its validated rows."""

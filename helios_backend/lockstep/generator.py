@@ -1,30 +1,36 @@
-"""A small synchronous driver: admit, prefill in chunks, decode in lockstep.
+"""Whole requests run synchronously through the serving path: the CLI's, tests' and benchmarks'.
 
-It is the stand-in for the scheduler (helios_backend/scheduler) for the CLI, tests and
-benchmarks: no prefix reuse, no preemption, one frame in flight, and the caller may choose
-slots, decode rows and physical pages (the oracle tests show results independent of them).
-It uses exactly the surfaces the engine uses: NativeModel.program, the model's slot
-generations, Packer.pack, Executor.launch/wait, and the completion records read through the
-manifest's CompletionLayout by the format the ProgramRunner reads them with
-(scheduler/completion.py CompletionFormat).
+The real Scheduler (helios_backend/scheduler) plans every round, as in serving: admission,
+rounds of prompts, prefill chunks, prefix and snapshot reuse, MIXED rounds, decode until EOS
+or the output limit. The ProgramRunner (engine/runner.py) packs, launches and validates each
+round as serving does, one round in flight (completion feedback, on frame 0). So the tokens
+generated here are those the server schedules for the same requests; what differs is only
+that nothing else runs beside them and no thread or clock is involved.
 
     driver = LockstepGenerator(model)
     [result] = driver.generate([GenerationRequest(prompt_ids, max_tokens=64)])
+
+Oracle tests that must choose slots, rows, pages or programs themselves step hand-built lanes
+with RawLanes (raw_lanes.py) instead.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
-import numpy as np
-from helios_proto import contract_pb2 as C
+from helios_proto import exchange_pb2 as ep
 
-from helios_backend.kernel_abi.state import FINISH_EOS, FINISH_LENGTH
 from helios_backend.engine.model import NativeModel
-from helios_backend.packing import SlotInitialization, CapacityError, PackedLane
+from helios_backend.engine.runner import ProgramRunner
+from helios_backend.engine.settings import StartupOptions, resolve
+from helios_backend.engine.setup import scheduler_config
 from helios_backend.sampling_parameters import SamplingParameters
-from helios_backend.scheduler.completion import CompletionFormat
-from helios_backend.scheduler.errors import CompletionMismatch
+from helios_backend.scheduler.events import Emitted, Event
+from helios_backend.scheduler.request import RequestSpec, SamplingSettings
+from helios_backend.scheduler.scheduler import Scheduler
+from helios_backend.scheduler.variants import VariantTable
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParameters = SamplingParameters()
     seed: int = 0
-    eos_ids: Optional[Sequence[int]] = None     # None: the core's EOS ids
+    eos_ids: Optional[Sequence[int]] = None     # None or empty: the core's EOS ids; (-1,): none
 
 
 @dataclass
@@ -42,132 +48,57 @@ class GenerationResult:
     finish: str = ""                            # "eos" or "length"
 
 
-@dataclass
-class _Active:
-    request: GenerationRequest
-    slot: int
-    generation: int
-    pages: list[int] = field(default_factory=list)
-    consumed: int = 0
-    index: int = 0                                  # position in the generate() request list
-    result: GenerationResult = field(default_factory=GenerationResult)
-
-
-class PageAllocator:
-    """Hands out page ids in a given order (tests scatter them to show page-id independence)."""
-
-    def __init__(self, order: Iterable[int]) -> None:
-        self._free = list(order)[::-1]
-
-    def take(self) -> int:
-        if not self._free:
-            raise CapacityError("out of cache pages")
-        return self._free.pop()
-
-    def give_back(self, pages: Iterable[int]) -> None:
-        self._free.extend(pages)
-
-
 TokenCallback = Callable[[int, int], None]   # (request index, token id), as each token is recorded
+
+_FINISH = {ep.FINISH_REASON_EOS: "eos", ep.FINISH_REASON_LENGTH: "length"}
 
 
 class LockstepGenerator:
-    def __init__(self, model: NativeModel, page_order: Optional[Sequence[int]] = None,
-                 prefill_chunk: Optional[int] = None, on_token: Optional[TokenCallback] = None) -> None:
+    def __init__(self, model: NativeModel, on_token: Optional[TokenCallback] = None,
+                 prefill_chunk: Optional[int] = None) -> None:
+        """`prefill_chunk`: the most prompt tokens one lane consumes in a round (the scheduler's
+        prefill_chunk_tokens); None: as many as a prepared variant holds, as in serving."""
         self.model = model
         self.on_token = on_token
-        self.page_tokens = model.contract.model.cache.page_tokens
-        pages = model.manifests[0].cache_pages
-        self.pages = PageAllocator(page_order if page_order is not None else range(pages))
-        prefill = [g.capacity.tokens for g in model.graphs if g.operation == C.OPERATION_PREFILL]
-        self.prefill_chunk = prefill_chunk or max(prefill)
-        self.eos_ids = tuple(model.contract.defaults.eos_token_ids)
-        self.histogram_bins = model.contract.model.vocabulary.histogram_bins
-        self.format = CompletionFormat.from_layout(model.execution_manifest.completion)
+        self.prefill_chunk = prefill_chunk or 0
+        self.variants = VariantTable.from_graphs(model.graphs)
+        # serving's settings for this model: the core's defaults at the loaded concurrency
+        self.settings = resolve(StartupOptions(core_path=Path(), concurrency=model.concurrency), model.contract)
 
-    # ---- one step ------------------------------------------------------------------------
-    def step(self, program: str, lanes: Sequence[PackedLane], frame: int = 0) -> np.ndarray:
-        """Pack, launch, wait; returns the completion rows [len(lanes), row_words] after checking them."""
-        executor = self.model.executor
-        self.model.packer.pack(program, frame, lanes)
-        executor.launch(program, frame)
-        words = executor.wait(frame)
-        self.last_words = words            # the whole completion (header fields such as scores)
-        fmt = self.format
-        live = int(words[fmt.header["live_rows"]])
-        if live != len(lanes):
-            raise CompletionMismatch(f"completion has {live} rows, submitted {len(lanes)}")
-        # standard records only (logprob extension records may follow the capacity's records)
-        rows = words[fmt.header_words:fmt.header_words + len(lanes) * fmt.row_words].reshape(-1, fmt.row_words)
-        for lane, row in zip(lanes, rows):
-            if row[fmt.row["slot"]] != lane.slot or row[fmt.row["generation"]] != lane.generation:
-                raise CompletionMismatch(f"completion row {row.tolist()} does not match slot {lane.slot}")
-        return rows
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Generate for every request (one EOS set for all of them); results in request order."""
+        eos = {tuple(r.eos_ids) if r.eos_ids else None for r in requests}
+        if len(eos) > 1:
+            raise ValueError("eos_ids: the requests of one generate() call share their EOS ids")
+        eos_ids = next(iter(eos), None)
+        model = self.model
+        settings = dataclasses.replace(self.settings, queue_capacity=max(len(requests), 1))
+        config = dataclasses.replace(scheduler_config(model.contract, model.execution_manifest, model, settings),
+                                     prefill_chunk_tokens=self.prefill_chunk)
+        if eos_ids is not None:
+            config = dataclasses.replace(config, eos_ids=eos_ids)
+        scheduler = Scheduler(config, self.variants, generations=model.generations)
+        runner = ProgramRunner.for_model(model, config.eos_ids)
+        for serial, request in enumerate(requests):
+            sampling = SamplingSettings(**dataclasses.asdict(request.sampling), seed=request.seed)
+            scheduler.add(serial, RequestSpec(tuple(request.prompt), request.max_tokens, sampling))
+        results = [GenerationResult() for _ in requests]
+        while scheduler.has_work():
+            plan = scheduler.schedule()
+            if plan is None:
+                raise RuntimeError("requests wait but no round fits the model's capacities")
+            scheduler.complete(plan, runner.run(plan))
+            self._deliver(scheduler.take_events(), results)
+        return results
 
-    def _ensure_pages(self, active: _Active, tokens: int) -> None:
-        while len(active.pages) * self.page_tokens < tokens:
-            active.pages.append(self.pages.take())
-
-    # ---- phases --------------------------------------------------------------------------
-    def admit(self, requests: Sequence[GenerationRequest], slots: Sequence[int]) -> list[_Active]:
-        actives = []
-        for index, (request, slot) in enumerate(zip(requests, slots)):
-            active = _Active(request, slot, self.model.generations.next(slot), index=index)
-            admission = SlotInitialization.for_prompt(request.prompt, self.histogram_bins, request.seed, request.sampling,
-                                             request.max_tokens, request.eos_ids or self.eos_ids)
-            lane = PackedLane(slot=slot, generation=active.generation, initialization=admission)
-            self.step(self.model.program(C.OPERATION_INITIALIZATION, 1), [lane])
-            actives.append(active)
-        return actives
-
-    def prefill(self, active: _Active) -> None:
-        prompt = np.asarray(active.request.prompt, dtype=np.int32)
-        while active.consumed < prompt.size:
-            chunk = prompt[active.consumed:active.consumed + self.prefill_chunk]
-            last = active.consumed + chunk.size == prompt.size
-            self._ensure_pages(active, active.consumed + chunk.size)
-            lane = PackedLane(slot=active.slot, generation=active.generation, start=active.consumed, tokens=chunk,
-                        sample=last, page_table=list(active.pages))
-            [row] = self.step(self.model.program(C.OPERATION_PREFILL, 1, chunk.size), [lane])
-            active.consumed += chunk.size
-            if last:
-                self._record(active, row)
-
-    def decode_round(self, actives: Sequence[_Active]) -> None:
-        lanes = []
-        for active in actives:
-            self._ensure_pages(active, active.consumed + 1)
-            lanes.append(PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
-                              page_table=list(active.pages)))
-        rows = self.step(self.model.program(C.OPERATION_DECODE, len(lanes), len(lanes)), lanes)
-        for active, row in zip(actives, rows):
-            active.consumed += 1
-            self._record(active, row)
-
-    def _record(self, active: _Active, row: np.ndarray) -> None:
-        token = int(row[self.format.row["token"]])
-        active.result.tokens.append(token)
-        if self.on_token is not None:
-            self.on_token(active.index, token)
-        finish = int(row[self.format.row["finish"]])
-        if finish == FINISH_EOS:
-            active.result.finish = "eos"
-        elif finish == FINISH_LENGTH:
-            active.result.finish = "length"
-
-    def generate(self, requests: Sequence[GenerationRequest], slots: Optional[Sequence[int]] = None,
-                 row_order: Optional[Sequence[int]] = None) -> list[GenerationResult]:
-        """Generate for every request; `row_order` permutes which decode row each request takes."""
-        slots = list(slots) if slots is not None else list(range(len(requests)))
-        actives = self.admit(requests, slots)
-        for active in actives:
-            self.prefill(active)
-        order = list(row_order) if row_order is not None else list(range(len(actives)))
-        while True:
-            running = [actives[i] for i in order if not actives[i].result.finish]
-            if not running:
-                break
-            self.decode_round(running)
-        for active in actives:
-            self.pages.give_back(active.pages)
-        return [active.result for active in actives]
+    def _deliver(self, events: Sequence[Event], results: list[GenerationResult]) -> None:
+        for event in events:
+            if isinstance(event, Emitted):
+                results[event.serial].tokens.append(event.token)
+                if self.on_token is not None:
+                    self.on_token(event.serial, event.token)
+                continue
+            terminal = event.event
+            if terminal.HasField("failed"):
+                raise RuntimeError(f"request {event.serial} failed: {terminal.failed.message}")
+            results[event.serial].finish = _FINISH.get(terminal.finished.reason, "")

@@ -1,8 +1,11 @@
 """Speculative generation over a NativeModel, synchronously (the CPU path of docs/speculative.md).
 
-SlotInitialization and prefill come from the plain LockstepGenerator; then each round is planned from validated
-completions only (SPEC-15), packed with the copied proposals, launched, validated
-(scheduler/speculative.validate_completion) and only then applied to the requests.
+Admission and prefill are raw lanes (raw_lanes.py) on slots 0, 1, ...; then every round is
+planned by the serving planner (SpeculativeTable.plan) from validated completions only (SPEC-15),
+even where no lane has a proposal (a width-one round: the tests check those programs too, where
+the SpeculativeScheduler would plan a plain DECODE), packed with the copied proposals, launched
+through the ProgramRunner, validated (scheduler/speculative.validate_completion) and only then
+applied to the requests.
 
     driver = SpeculativeLockstepGenerator(model, SpeculativeOptions(enabled=True, history_drafting=True))
     [result] = driver.generate([GenerationRequest(prompt, max_tokens=32)])
@@ -17,7 +20,8 @@ from helios_proto import contract_pb2 as C
 
 from helios_backend.engine.model import NativeModel
 from helios_backend.packing import PackedLane
-from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest, GenerationResult, _Active
+from helios_backend.lockstep.generator import GenerationRequest, GenerationResult
+from helios_backend.lockstep.raw_lanes import RawLanes, RawRequest
 from helios_backend.scheduler.speculative import (
     Candidate,
     LaneOutcome,
@@ -46,40 +50,16 @@ class SpeculativeRun:
         return sum(sum(r.accepted) for r in self.rounds)
 
 
-class _CountingDriver(LockstepGenerator):
-    """The plain driver, counting launches: the executor numbers every submission (CACHE-16).
-    `launches` is the sequence the next submission gets; the count starts from the sequence of
-    this driver's first completion (a model may have served others before)."""
-
-    launches: int | None = None
-
-    def step(self, program: str, lanes: Sequence[PackedLane], frame: int = 0) -> np.ndarray:
-        rows = super().step(program, lanes, frame)
-        if self.launches is None:
-            completion = self.model.execution_manifest.transport.completion_buffer
-            self.launches = int(self.model.executor.read_buffer(completion).view(np.int32)[0])
-        self.launches += 1
-        return rows
-
-    def take_sequence(self) -> int:
-        """The sequence of a submission made outside `step` (a speculative round), counted."""
-        if self.launches is None:
-            raise RuntimeError("a speculative round before the first plain step: its sequence is unknown")
-        sequence = self.launches
-        self.launches += 1
-        return sequence
-
-
 class SpeculativeLockstepGenerator:
     def __init__(self, model: NativeModel, options: SpeculativeOptions) -> None:
         self.model = model
         self.table = SpeculativeTable.select(model.graphs, options)
-        self.plain = _CountingDriver(model)
+        self.plain = RawLanes(model)
         self.format = self.plain.format
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.context = model.contract.context_tokens
 
-    def candidates(self, actives: Sequence[_Active]) -> list[Candidate]:
+    def candidates(self, actives: Sequence[RawRequest]) -> list[Candidate]:
         out = []
         for key, a in enumerate(actives):
             if a.result.finish:
@@ -90,25 +70,24 @@ class SpeculativeLockstepGenerator:
                                  context_left=self.context - a.consumed))
         return out
 
-    def run_round(self, actives: Sequence[_Active], round_: SpeculativeRound, frame: int = 0) -> list[LaneOutcome]:
+    def run_round(self, actives: Sequence[RawRequest], round_: SpeculativeRound, frame: int = 0) -> list[LaneOutcome]:
         """Pack, launch, validate; request state changes only after validation."""
         lanes = []
         allocates = round_.program.length_source == C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT
         for lane in round_.lanes:
             active = actives[lane.candidate.key]
-            self.plain._ensure_pages(active, lane.reserve_end)   # pages cover the lane's full ceiling (SPEC-21)
+            self.plain.ensure_pages(active, lane.reserve_end)   # pages cover the lane's full ceiling (SPEC-21)
             lanes.append(PackedLane(slot=active.slot, generation=active.generation, start=active.consumed,
                               page_table=list(active.pages), proposals=np.asarray(lane.proposals, dtype=np.int32),
                               proposal_generation=active.generation, proposal_consumed=active.consumed,
                               prefix_limit=lane.ceiling if allocates else 0))
-        executor = self.model.executor
-        self.model.packer.pack(round_.program.program, frame, lanes)
-        executor.launch(round_.program.program, frame)
-        round_.sequence, round_.frame = self.plain.take_sequence(), frame
-        words = executor.wait(frame)
+        runner = self.plain.runner
+        submission = runner.launch_lanes(round_.program.program, round_.program.variant.operation, lanes, frame)
+        round_.sequence, round_.frame = submission.sequence, submission.frame
+        words = runner.wait_lanes(submission)
         return validate_completion(self.format, words, round_, self.vocab, self.table.max_width)
 
-    def apply(self, actives: Sequence[_Active], round_: SpeculativeRound, outcomes: Sequence[LaneOutcome]) -> None:
+    def apply(self, actives: Sequence[RawRequest], round_: SpeculativeRound, outcomes: Sequence[LaneOutcome]) -> None:
         for outcome in publishable(round_, outcomes):
             active = actives[outcome.key]
             active.consumed = outcome.consumed

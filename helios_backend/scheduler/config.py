@@ -31,6 +31,8 @@ class SchedulerConfig:
     device_pending_token: bool = True    # DECODE/MIXED read the slot's pending token on device
     clock_origin_ns: int = 0             # time.monotonic_ns() at runtime startup
     admission_burst: int = ADMISSION_BURST   # waiting requests that make a round of prompts only
+    # the most prompt tokens one lane consumes in a round; 0: as many as a prepared variant holds
+    prefill_chunk_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("page_tokens", "num_pages", "request_slots", "max_active", "context_tokens",
@@ -39,5 +41,5 @@ class SchedulerConfig:
                 raise ValueError(f"scheduler {name} must be positive, got {getattr(self, name)}")
         if self.admission_burst < 2:
             raise ValueError(f"scheduler admission_burst must be at least 2, got {self.admission_burst}")
-        if self.queue_capacity < 0 or self.snapshot_capacity < 0:
-            raise ValueError("queue and snapshot capacities cannot be negative")
+        if self.queue_capacity < 0 or self.snapshot_capacity < 0 or self.prefill_chunk_tokens < 0:
+            raise ValueError("queue and snapshot capacities and the prefill chunk cannot be negative")

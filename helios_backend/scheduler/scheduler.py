@@ -86,6 +86,7 @@ class Scheduler:
         self._eos = frozenset(config.eos_ids)
         self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
         self._max_prompt = max_prompt_tokens(config)
+        self._chunk_limit = config.prefill_chunk_tokens or config.context_tokens
 
     # ---- queries ---------------------------------------------------------------
     @property
@@ -173,7 +174,8 @@ class Scheduler:
         i = 0
         while i < len(running) and len(round_.lanes) < round_.row_limit:
             req = running[i]
-            n = round_.fit_chunk(variants, req.remaining_tokens, reads_pending(req, 1, device_pending))
+            n = round_.fit_chunk(variants, min(req.remaining_tokens, self._chunk_limit),
+                                 reads_pending(req, 1, device_pending))
             if n == 0:
                 break
             while not self._reserve_pages(req, req.computed + n):
@@ -215,7 +217,7 @@ class Scheduler:
         match = match_prefix(self.pool, self.snapshots, self._seed, tokens, pt)
         snap = match.snapshot
         start = match.start(pt)
-        n = round_.fit_chunk(self.variants, len(tokens) - start,
+        n = round_.fit_chunk(self.variants, min(len(tokens) - start, self._chunk_limit),
                              reads_pending(req, 1, self.config.device_pending_token))
         if n == 0:
             return False

@@ -38,6 +38,7 @@ from helios_backend.executors.cuda_executor import CudaExecutor, CudaExecutorOpt
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions  # noqa: E402
 from helios_backend.packing import SlotInitialization, PackedLane  # noqa: E402
 from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest  # noqa: E402
+from helios_backend.lockstep.raw_lanes import RawLanes  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 from helios_proto import manifest_pb2 as M  # noqa: E402
 
@@ -67,7 +68,7 @@ class Case:
 
     def __init__(self, model: ExecutorModel, seed: int, first_generation: int) -> None:
         self.model = model
-        self.driver = LockstepGenerator(model)
+        self.driver = RawLanes(model)
         self.rng = np.random.default_rng(seed)
         self.vocab = model.contract.model.vocabulary.sampled_tokens
         self.generation = first_generation

@@ -183,10 +183,11 @@ def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pat
 def greedy_with_logits(model: Any, prompts: Sequence[Sequence[int]], steps: int) -> tuple[list[list[int]], np.ndarray]:
     """Greedy tokens of every prompt for `steps` steps (no EOS stop) and rank 0's logits
     [rounds, rows, vocab] after every decode round."""
-    from helios_backend.lockstep.generator import LockstepGenerator, GenerationRequest
+    from helios_backend.lockstep.generator import GenerationRequest
+    from helios_backend.lockstep.raw_lanes import RawLanes
 
     vocab = model.contract.model.vocabulary.sampled_tokens
-    driver = LockstepGenerator(model)
+    driver = RawLanes(model)
     requests = [GenerationRequest(list(p), steps, eos_ids=(vocab - 1,)) for p in prompts]
     actives = driver.admit(requests, list(range(len(prompts))))
     for active in actives:
