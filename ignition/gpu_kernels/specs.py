@@ -155,15 +155,6 @@ def _mid_or(count: str, n_name: str, smaller: GridFunction, k_name: str | None =
     return grid
 
 
-def _head_rows(count: str, tiles: GridFunction) -> GridFunction:
-    """`tiles` with MID_M rows per tile from MID_TOKENS rows (BLOCK_M below: the kernel's branch)."""
-    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
-        if a[count] >= c["MID_TOKENS"]:
-            return tiles(a, {**c, "BLOCK_M": c["MID_M"]})
-        return tiles(a, c)
-    return grid
-
-
 def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction,
                    k_name: str | None = None) -> GridFunction:
     """Decode shapes (_gemv_fits) run GEMV_N output columns per program over every row of the
@@ -309,18 +300,18 @@ _LARGE = {"LARGE_TOKENS": 512, "LARGE_M": 64}
 # stream it up to 16 times). Narrow MID_N keeps >= 132 programs for 0.5B shapes at 64 rows.
 _MID = {"MID_TOKENS": 64, "MID_M": 64}
 _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5,
-               **_MID, "MID_N": 32, "MID_K": 64,
+               **_MID, "MID_N": 32, "MID_K": 32,
                **_LARGE, "LARGE_N": 64, "LARGE_K": 32}   # two accumulators (gate, up): 64 columns each
 # split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
 # unrolls its whole K_SPLIT slice
 _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
-                  "GEMV_N": 8, **_MID, "MID_N": 32, "MID_K": 64,
+                  "GEMV_N": 8, **_MID, "MID_N": 32, "MID_K": 32,
                   **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
 # the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
 # program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
 # measured a little ahead of [64, 64] (batch 4: 5.6k vs 5.3k tokens/s; batch 64 equal).
 _HEAD_GEMM = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 32, **_GEMV, "GEMV_TOKENS": 2,
-              "GEMV_N": 8, "GEMV_STEPS": 5, **_MID}
+              "GEMV_N": 8, "GEMV_STEPS": 5}
 _QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, "GEMV_STEPS": 5}
 # q/k norm: a program holds a whole head (up to 256 dims: 128 pairs) for its norm, tiles only
 _QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
@@ -387,8 +378,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                num_stages=3,
                divisible=("dim", "ffn_dim")),
     KernelBuild("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,
-               _gemv_or_tiles("rows", "vocab", _head_rows("rows", _gemm_tiles_first("vocab", "rows")), "dim"),
-               num_warps=8,
+               _gemv_or_tiles("rows", "vocab", _gemm_tiles_first("vocab", "rows"), "dim"), num_warps=8,
                num_stages=2,
                divisible=("dim", "vocab")),
     KernelBuild("sampling.adjust.v1", "sampling", "adjust_logits", {"BLOCK_V": 1024},

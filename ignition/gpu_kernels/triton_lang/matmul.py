@@ -431,8 +431,7 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
 def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab, eps,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
-              GEMV_STEPS: tl.constexpr, MID_TOKENS: tl.constexpr, MID_M: tl.constexpr,
-              PDL: tl.constexpr):
+              GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
     """logits f32 [rows, vocab] = rms_norm(hidden[last token of row r]) @ head[vocab, dim]^T.
 
     The last token of row r is row_start[r + 1] - 1 (geometry words 1 + tokens + r ...);
@@ -445,10 +444,6 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     elif (rows <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
                         eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
-    elif rows >= MID_TOKENS:
-        # batched decode: MID_M rows per tile, so a head slice is read by fewer row tiles
-        _norm_head_tiles(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
-                         eps, MID_M, BLOCK_N, BLOCK_K, PDL)
     else:
         _norm_head_tiles(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
                          eps, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
