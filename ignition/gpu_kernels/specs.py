@@ -141,20 +141,6 @@ def _large_or(count: str, n_name: str, smaller: GridFunction) -> GridFunction:
     return grid
 
 
-def _mid_or(count: str, n_name: str, smaller: GridFunction, k_name: str | None = None) -> GridFunction:
-    """From MID_TOKENS rows up to LARGE_TOKENS (batched decode), [MID_M, MID_N] tiles with the
-    row tiles first: (cdiv(M, MID_M), cdiv(N, MID_N), K slices), the row tiles that read one
-    weight slice consecutive programs; `smaller` below (the kernel's own branch)."""
-    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
-        if c["MID_TOKENS"] <= a[count] < c["LARGE_TOKENS"]:
-            blocks = cdiv(a[n_name], c["MID_N"])
-            _require(blocks <= MAX_GRID_Y, f"{n_name} {a[n_name]} needs {blocks} column blocks > {MAX_GRID_Y} (grid y)")
-            slices = 1 if k_name is None else cdiv(a[k_name], c["K_SPLIT"])
-            return (cdiv(a[count], c["MID_M"]), blocks, slices)
-        return smaller(a, c)
-    return grid
-
-
 def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction,
                    k_name: str | None = None) -> GridFunction:
     """Decode shapes (_gemv_fits) run GEMV_N output columns per program over every row of the
@@ -293,20 +279,12 @@ _GEMV = {"GEMV_TOKENS": 4, "GEMV_K": 128}
 # products issue as warpgroup MMAs; 16-row tiles re-read each weight tile tokens / 16 times (8B
 # layout prefill of 4,096 tokens at 0.06 of the fp16 peak on an H100, bench/results/h100-80gb-hbm3).
 _LARGE = {"LARGE_TOKENS": 512, "LARGE_M": 64}
-# M bucket of batched decode (MID_TOKENS up to LARGE_TOKENS rows: batch 64-256): [MID_M, MID_N]
-# tiles with the row tiles of one weight slice consecutive programs, so a weight slice is read
-# from memory once and by MID_M / 16 = 4x fewer row tiles than the 16-row decode tiles (an 8B
-# layout's gate/up weight, 117 MB a layer, is larger than L2: at batch 256 the 16-row tiles
-# stream it up to 16 times). Narrow MID_N keeps >= 132 programs for 0.5B shapes at 64 rows.
-_MID = {"MID_TOKENS": 64, "MID_M": 64}
 _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5,
-               **_MID, "MID_N": 32, "MID_K": 32,
                **_LARGE, "LARGE_N": 64, "LARGE_K": 32}   # two accumulators (gate, up): 64 columns each
 # split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
 # unrolls its whole K_SPLIT slice
 _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
-                  "GEMV_N": 8, **_MID, "MID_N": 32, "MID_K": 32,
-                  **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
+                  "GEMV_N": 8, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
 # the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
 # program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
 # measured a little ahead of [64, 64] (batch 4: 5.6k vs 5.3k tokens/s; batch 64 equal).
@@ -356,9 +334,8 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _paged_window_attention, num_stages=3, divisible=("head_dim", "page_stride"),
                widening=ATTENTION_WIDENING),
     KernelBuild("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
-               _large_or("tokens", "out_dim", _mid_or("tokens", "out_dim",
-                         _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim")),
-                         "in_dim")),
+               _large_or("tokens", "out_dim",
+                         _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim"))),
                num_stages=3,
                divisible=("in_dim", "out_dim")),
     KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
@@ -368,13 +345,11 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
     KernelBuild("norm.residual.v1", "norms", "norm_residual", {"BLOCK_M": 1, "BLOCK_D": 1024},
                _token_rows, divisible=("dim",)),
     KernelBuild("mlp.norm_gate_up_silu.v1", "matmul", "norm_gate_up_silu", _LAYER_GEMM,
-               _large_or("tokens", "ffn_dim", _mid_or("tokens", "ffn_dim",
-                         _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"))),
+               _large_or("tokens", "ffn_dim", _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim")),
                num_stages=3,
                divisible=("dim", "ffn_dim")),
     KernelBuild("mlp.norm_gate_up_activation.v1", "matmul", "norm_gate_up_activation", _LAYER_GEMM,
-               _large_or("tokens", "ffn_dim", _mid_or("tokens", "ffn_dim",
-                         _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim"))),
+               _large_or("tokens", "ffn_dim", _gemv_or_tiles("tokens", "ffn_dim", _gemm("ffn_dim", "tokens"), "dim")),
                num_stages=3,
                divisible=("dim", "ffn_dim")),
     KernelBuild("logits.norm_head.v1", "matmul", "norm_head", _HEAD_GEMM,

@@ -38,25 +38,11 @@ def _weight_tile(w_ptr, out_rows, out_mask, k0, k_end, row_stride, BLOCK_K: tl.c
 
 
 @triton.jit
-def _tile_ids(M_FIRST: tl.constexpr):
-    """(row block, column block) of this program: grid x the column blocks and grid y the row
-    blocks, or with M_FIRST the row blocks on x, so the row tiles that read one weight slice are
-    consecutive programs (the slice is read from memory once, then from L2)."""
-    m_id = tl.program_id(1)
-    n_id = tl.program_id(0)
-    if M_FIRST:
-        m_id = tl.program_id(0)
-        n_id = tl.program_id(1)
-    return m_id, n_id
-
-
-@triton.jit
-def _tile_index(n, out_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_FIRST: tl.constexpr):
-    """(rows, cols, row mask, column mask) of this program's [BLOCK_M, BLOCK_N] output tile
-    (_tile_ids); rows past the live count n masked."""
-    m_id, n_id = _tile_ids(M_FIRST)
-    rows = m_id * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = n_id * BLOCK_N + tl.arange(0, BLOCK_N)
+def _tile_index(n, out_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(rows, cols, row mask, column mask) of this program's [BLOCK_M, BLOCK_N] output tile:
+    grid x the column blocks, grid y the row blocks; rows past the live count n masked."""
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     return rows, cols, rows < n, cols < out_dim
 
 
@@ -64,10 +50,8 @@ def _tile_index(n, out_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_FIRS
 def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                    GEMV_N: tl.constexpr, MID_TOKENS: tl.constexpr, MID_M: tl.constexpr,
-                    MID_N: tl.constexpr, MID_K: tl.constexpr, LARGE_TOKENS: tl.constexpr,
-                    LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr,
-                    PDL: tl.constexpr):
+                    GEMV_N: tl.constexpr, LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr,
+                    LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
     """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T.
 
     Grid z splits K into K_SPLIT-wide slices (split-K): at decode this multiplies the
@@ -88,13 +72,9 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
     elif tokens >= LARGE_TOKENS:
         _linear_residual_large(hidden, x, weight, geometry, in_dim, out_dim, LARGE_M, LARGE_N,
                                LARGE_K, PDL)
-    elif tokens >= MID_TOKENS:
-        # batched decode: [MID_M, MID_N] tiles, the row tiles of a weight slice side by side
-        _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin,
-                               MID_M, MID_N, MID_K, K_SPLIT, True, PDL)
     else:
         _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin,
-                               BLOCK_M, BLOCK_N, BLOCK_K, K_SPLIT, False, PDL)
+                               BLOCK_M, BLOCK_N, BLOCK_K, K_SPLIT, PDL)
 
 
 @triton.jit
@@ -107,7 +87,7 @@ def _linear_residual_large(hidden, x, weight, geometry, in_dim, out_dim, BLOCK_M
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
-        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N, False)
+        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, in_dim, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -150,18 +130,18 @@ def _add_into(out, acc, mask):
 @triton.jit
 def _linear_residual_tiles(hidden, x, weight, geometry, in_dim, out_dim, k_begin,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           K_SPLIT: tl.constexpr, M_FIRST: tl.constexpr, PDL: tl.constexpr):
-    m_id, n_id = _tile_ids(M_FIRST)
+                           K_SPLIT: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         # one prefetch per contiguous [BLOCK_N, in_dim] weight slice (first M tile, first K
         # slice), not per program
-        if (m_id == 0) & (tl.program_id(2) == 0):
-            prefetch_l2(weight + n_id * BLOCK_N * in_dim,
-                        tl.minimum(BLOCK_N, out_dim - n_id * BLOCK_N) * in_dim * 2, 256)
+        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+            prefetch_l2(weight + tl.program_id(0) * BLOCK_N * in_dim,
+                        tl.minimum(BLOCK_N, out_dim - tl.program_id(0) * BLOCK_N) * in_dim * 2,
+                        256)
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
-    if m_id * BLOCK_M < n:
-        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N, M_FIRST)
+    if tl.program_id(1) * BLOCK_M < n:
+        rows, cols, row_mask, col_mask = _tile_index(n, out_dim, BLOCK_M, BLOCK_N)
         k_end = tl.minimum(k_begin + K_SPLIT, in_dim)
         # two K-interleaved accumulators: two independent MMA chains
         acc_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -258,10 +238,8 @@ def gate_activation(gate, activation):
 def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
-                      GEMV_STEPS: tl.constexpr, MID_TOKENS: tl.constexpr, MID_M: tl.constexpr,
-                      MID_N: tl.constexpr, MID_K: tl.constexpr, LARGE_TOKENS: tl.constexpr,
-                      LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr,
-                      PDL: tl.constexpr):
+                      GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr,
+                      LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
     """out f32 [tokens, ffn_dim] = silu(h @ gate^T) * (h @ up^T), h = rms_norm(hidden) * norm_weight.
 
     gate_up f16 [2 ffn_dim, dim]: gate rows first, then up rows; one program reads matching
@@ -270,8 +248,7 @@ def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, 
     """
     _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   ACTIVATION_SILU, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
-                  GEMV_STEPS, MID_TOKENS, MID_M, MID_N, MID_K, LARGE_TOKENS, LARGE_M, LARGE_N,
-                  LARGE_K, PDL)
+                  GEMV_STEPS, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
 
 
 @triton.jit
@@ -279,26 +256,22 @@ def norm_gate_up_activation(out, hidden, norm_weight, gate_up, geometry, tokens,
                             eps, activation,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, MID_TOKENS: tl.constexpr,
-                            MID_M: tl.constexpr, MID_N: tl.constexpr, MID_K: tl.constexpr,
-                            LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr, LARGE_N: tl.constexpr,
-                            LARGE_K: tl.constexpr, PDL: tl.constexpr):
+                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr,
+                            LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr,
+                            PDL: tl.constexpr):
     """norm_gate_up_silu with the gate activation chosen by the `activation` immediate
     (gate_activation: SiLU or tanh-GELU, the GeGLU feed-forward block)."""
     _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   activation, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
-                  GEMV_STEPS, MID_TOKENS, MID_M, MID_N, MID_K, LARGE_TOKENS, LARGE_M, LARGE_N,
-                  LARGE_K, PDL)
+                  GEMV_STEPS, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
 
 
 @triton.jit
 def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   activation, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                  GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, MID_TOKENS: tl.constexpr,
-                  MID_M: tl.constexpr, MID_N: tl.constexpr, MID_K: tl.constexpr,
-                  LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr, LARGE_N: tl.constexpr,
-                  LARGE_K: tl.constexpr, PDL: tl.constexpr):
+                  GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr,
+                  LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
     if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
                                 ffn_dim, eps, activation, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
@@ -308,12 +281,7 @@ def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_
                                 GEMV_STEPS, PDL)
     elif tokens >= LARGE_TOKENS:
         _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
-                            activation, LARGE_M, LARGE_N, LARGE_K, False, PDL)
-    elif tokens >= MID_TOKENS:
-        # batched decode: one pipelined accumulator pair on [MID_M, MID_N] tiles, the row tiles
-        # of a weight slice side by side
-        _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
-                            activation, MID_M, MID_N, MID_K, True, PDL)
+                            activation, LARGE_M, LARGE_N, LARGE_K, PDL)
     else:
         _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
                                  activation, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
@@ -322,16 +290,14 @@ def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_
 @triton.jit
 def _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
                         activation, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, M_FIRST: tl.constexpr, PDL: tl.constexpr):
-    """Large M (tokens >= LARGE_TOKENS) and batched decode (MID_TOKENS, M_FIRST): as
-    _norm_gate_up_tiles, with one gate and one up accumulator and a plain K loop the compiler
-    pipelines (num_stages) on wide tiles."""
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """Large M (tokens >= LARGE_TOKENS): as _norm_gate_up_tiles, with one gate and one up
+    accumulator and a plain K loop the compiler pipelines (num_stages) on wide tiles."""
     wait_for_predecessors(PDL)
     n = tl.load(geometry)
-    m_id, _ = _tile_ids(M_FIRST)
-    if m_id * BLOCK_M < n:
+    if tl.program_id(1) * BLOCK_M < n:
         rows, cols, row_mask, col_mask, pre, sum_sq = _normed_tile(hidden, n, dim, ffn_dim, eps,
-                                                                   BLOCK_M, BLOCK_N, BLOCK_K, M_FIRST)
+                                                                   BLOCK_M, BLOCK_N, BLOCK_K)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, dim, BLOCK_K):
@@ -346,9 +312,9 @@ def _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
 
 @triton.jit
 def _normed_tile(hidden, n, dim, ffn_dim, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, M_FIRST: tl.constexpr):
+                 BLOCK_K: tl.constexpr):
     """_tile_index of a gate/up tile, its rows' norm pre-scale and a zero sum of squares."""
-    rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N, M_FIRST)
+    rows, cols, row_mask, col_mask = _tile_index(n, ffn_dim, BLOCK_M, BLOCK_N)
     pre = norm_scales(hidden, rows, row_mask, dim, eps, BLOCK_M, BLOCK_K)[:, None]
     return rows, cols, row_mask, col_mask, pre, tl.zeros((BLOCK_M,), dtype=tl.float32)
 
@@ -401,7 +367,7 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
     n = tl.load(geometry)
     if tl.program_id(1) * BLOCK_M < n:
         rows, cols, row_mask, col_mask, pre, sum_sq = _normed_tile(hidden, n, dim, ffn_dim, eps,
-                                                                   BLOCK_M, BLOCK_N, BLOCK_K, False)
+                                                                   BLOCK_M, BLOCK_N, BLOCK_K)
         # two K-interleaved accumulator pairs: four independent MMA chains instead of two,
         # since at decode the dependent chain, not bandwidth, bounds the kernel
         gate_even = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
