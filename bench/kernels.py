@@ -131,7 +131,7 @@ class LayoutRun:
     def _decode_lanes(self, batch: int, step: int) -> list:
         from helios_backend.packing import PackedLane
 
-        return [PackedLane(slot=l.slot, generation=l.generation, consumed=l.consumed + step, pages=l.pages)
+        return [PackedLane(slot=l.slot, generation=l.generation, start=l.start + step, page_table=l.page_table)
                 for l in self.lanes[:batch]]
 
     def decode(self, batch: int) -> dict:
@@ -165,8 +165,8 @@ class LayoutRun:
         program = self.model.program(C.OPERATION_PREFILL, 1, tokens)
         [lane] = self.bench.admit([0], 16, tokens)      # after the decode runs: slot 0 is free again
         prompt = self.bench.rng.integers(0, self.bench.vocab, tokens).astype(np.int32)
-        chunk = PackedLane(slot=lane.slot, generation=lane.generation, consumed=0, tokens=prompt, sample=True,
-                           pages=lane.pages)
+        chunk = PackedLane(slot=lane.slot, generation=lane.generation, start=0, tokens=prompt, sample=True,
+                           page_table=lane.page_table)
         self.model.packer.pack(program, 0, [chunk])
         executor.launch(program, 0)
         executor.wait(0)
