@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from operator import attrgetter
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -37,6 +38,13 @@ from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submis
 from helios_backend.scheduler.request import Request
 
 _PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
+# the main steps whose lanes pack as columns when none carries host values (_pack_columns)
+_COLUMNAR = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATION_PREFILL})
+_CONSTRAINED = attrgetter("request.spec.constrained")
+_HOST_VALUES = attrgetter("request.host_values")
+_SLOT, _GENERATION, _START = attrgetter("slot"), attrgetter("generation"), attrgetter("start")
+_SAMPLE, _SNAPSHOT_ROW = attrgetter("sample"), attrgetter("snapshot_row")
+_TOKENS, _PAGES = attrgetter("tokens"), attrgetter("request.pages")
 
 
 class ExecutorLike(Protocol):
@@ -46,6 +54,8 @@ class ExecutorLike(Protocol):
 
 class PackerLike(Protocol):
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
+    def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
+                     values: Mapping[int, list]) -> None: ...
 
 
 @dataclass
@@ -89,7 +99,7 @@ class ProgramRunner:
         the main submission is left running for collect()."""
         t = RoundTimings()
         auxiliary = self.auxiliary_frame
-        if auxiliary is not None and any(lane.request.spec.constrained for lane in plan.main.lanes):
+        if auxiliary is not None and any(map(_CONSTRAINED, plan.main.lanes)):
             auxiliary = None
         try:
             for sub in plan.submissions():
@@ -98,9 +108,7 @@ class ProgramRunner:
                 if target == self.auxiliary_frame:
                     self._settle_auxiliary()             # the frame's previous submission
                 t0 = time.perf_counter_ns()
-                operation = sub.operation
-                lanes = [self._packed(lane, operation) for lane in sub.lanes]
-                self.packer.pack(sub.variant.program, target, lanes)
+                self._pack(sub, target)
                 sub.sequence, sub.frame = self._sequence, target
                 t1 = time.perf_counter_ns()
                 self._sequence += 1
@@ -185,6 +193,39 @@ class ProgramRunner:
             raise
         self._outstanding -= 1
         return words
+
+    def _pack(self, sub: Submission, frame: int) -> None:
+        """Pack one submission: a main step whose lanes carry no host values (no grammar or
+        min_tokens mask, no logit bias) as columns gathered once per round, any other lane by
+        lane (_packed); the same bytes either way (tests/test_packing_equivalence.py)."""
+        operation, lanes = sub.operation, sub.lanes
+        if operation in _COLUMNAR and not any(map(_HOST_VALUES, lanes)):
+            self._pack_columns(sub, frame)
+            return
+        self.packer.pack(sub.variant.program, frame, [self._packed(lane, operation) for lane in lanes])
+
+    def _pack_columns(self, sub: Submission, frame: int) -> None:
+        """The lanes of a DECODE / MIXED / PREFILL step as the packer's columns: a few C-level
+        gathers per round instead of a PackedLane per lane (docs/scheduler.md, host work)."""
+        lanes = sub.lanes
+        n = len(lanes)
+        tokens = list(map(_TOKENS, lanes))
+        values = {cp.VALUE_SOURCE_PAGE_TABLE: list(map(_PAGES, lanes))}
+        if tokens.count(_PENDING) == n:              # every lane reads its device-owned pending token
+            lengths = np.ones(n, np.int64)           # (and no prompt tokens: the default, padding)
+        else:
+            values[cp.VALUE_SOURCE_PROMPT_TOKENS] = [None if t == _PENDING else np.asarray(t, dtype=np.int32)
+                                                     for t in tokens]
+            lengths = np.fromiter(map(len, tokens), np.int64, n)
+        columns = {
+            cp.VALUE_SOURCE_SLOT: np.fromiter(map(_SLOT, lanes), np.int64, n),
+            cp.VALUE_SOURCE_GENERATION: np.fromiter(map(_GENERATION, lanes), np.int64, n),
+            cp.VALUE_SOURCE_CONSUMED_TOKENS: np.fromiter(map(_START, lanes), np.int64, n),
+            cp.VALUE_SOURCE_QUERY_LENGTH: lengths,
+            cp.VALUE_SOURCE_SAMPLING_DECISION: np.fromiter(map(_SAMPLE, lanes), np.int64, n),
+            cp.VALUE_SOURCE_SNAPSHOT_DESTINATION: np.fromiter(map(_SNAPSHOT_ROW, lanes), np.int64, n),
+        }
+        self.packer.pack_columns(sub.variant.program, frame, n, columns, values)
 
     def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:
         """The packing lane of one scheduler lane (once per lane per round: kept lean)."""

@@ -110,10 +110,15 @@ class Request:
     stop: ep.StopMatch | None = None
     preemptions: int = 0
     grammar: Grammar | None = None       # constrained requests: advanced after each validated token
+    # its sampled lanes may carry host values (a grammar or min_tokens mask, a logit bias): fixed
+    # by the spec and the grammar, read once per lane and round by the packing (engine/runner.py)
+    host_values: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.spec.prompt)
+        self.host_values = (self.grammar is not None or self.spec.min_tokens > 0
+                            or self.spec.logit_bias is not None)
 
     @property
     def prompt_len(self) -> int:
