@@ -110,6 +110,9 @@ class Request:
     stop: ep.StopMatch | None = None
     preemptions: int = 0
     grammar: Grammar | None = None       # constrained requests: advanced after each validated token
+    # len(tokens) at which it ends by length: prompt + output limit, within the context
+    # (the scheduler sets it from its context at add(); no limit of its own otherwise)
+    token_limit: int = 1 << 62
     # its sampled lanes may carry host values (a grammar or min_tokens mask, a logit bias): fixed
     # by the spec and the grammar, read once per lane and round by the packing (engine/runner.py)
     host_values: bool = field(init=False)
