@@ -346,14 +346,13 @@ class Scheduler:
             return prompts
         # the next round's lanes, built once; pages are reserved only after all of them fit
         found = continuing_lanes(plan.main.lanes, self._running, self.config)
-        if found is None or not found[0] or found[1] > self.pool.available_pages:
+        if found is None or not found[0] or len(found[1]) > self.pool.available_pages:
             return None
-        lanes, need = found
+        lanes, opening = found
         round_ = RoundBuilder.decoding(self.max_active, lanes, behind_inflight=True)
-        if need:
-            for lane in round_.lanes:                 # a lane with its page already held reserves nothing
-                if not self._reserve_pages(lane.request, lane.start + 1):
-                    raise RuntimeError("page availability was checked before pipelining")
+        for lane in opening:                          # the lanes whose position opens a page
+            if not self._reserve_pages(lane.request, lane.start + 1):
+                raise RuntimeError("page availability was checked before pipelining")
         decode_lanes = round_.rows
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
             self._admit_waiting(round_)               # host-fed lanes of a MIXED round, never PREFILL
