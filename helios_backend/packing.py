@@ -16,6 +16,10 @@ int64 column, others as a list) and every writer places a whole destination at o
         PHYSICAL_ROW    dest[slot * w:(slot + 1) * w]; page tables: only entries not yet written
         PACKED_TOKEN    lanes' values back to back, following each lane's actual token count
 
+A step may also be given as its columns (`Packer.pack_columns`, `_Step.columnar`): integer
+sources as int64 arrays, the others as lists, every source not given read as a PackedLane's
+default; the engine packs decode rounds so, without a PackedLane per lane.
+
 Integer sources take one column write per destination; lanes without values (None: no grammar
 mask, no logit bias, a decode lane's prompt tokens) take one padding write; only lanes that carry arrays
 (prefill tokens, grammar masks, admission values, new page-table entries) are written one by

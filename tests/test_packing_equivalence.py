@@ -149,9 +149,9 @@ def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
     start = rng.integers(0, 256, manifest.transport.frame_nbytes, dtype=np.uint8)
     frames = [start.copy() for _ in range(2)]
     expected = [start.copy() for _ in range(2)]
-    runners = [ProgramRunner(None, Packer(graphs, manifest.transport, manifest.request_slots, f),  # type: ignore[arg-type]
+    runners = [ProgramRunner(None, Packer(graphs, manifest.transport, manifest.request_slots, f),  # type: ignore
                              manifest.completion, vocab.sampled_tokens, vocab.histogram_bins, (2,))
-               for f in (frames, expected)]
+               for f in (frames, expected)]                  # (no executor: nothing is launched)
     steps = [g for g in graphs if g.operation in (C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_PREFILL)]
     width = manifest.max_pages_per_row
     for _ in range(10):

@@ -210,14 +210,14 @@ class ProgramRunner:
         lanes = sub.lanes
         n = len(lanes)
         tokens = list(map(_TOKENS, lanes))
-        values = {cp.VALUE_SOURCE_PAGE_TABLE: list(map(_PAGES, lanes))}
+        values: dict[int, list] = {cp.VALUE_SOURCE_PAGE_TABLE: list(map(_PAGES, lanes))}
         if tokens.count(_PENDING) == n:              # every lane reads its device-owned pending token
             lengths = np.ones(n, np.int64)           # (and no prompt tokens: the default, padding)
         else:
             values[cp.VALUE_SOURCE_PROMPT_TOKENS] = [None if t == _PENDING else np.asarray(t, dtype=np.int32)
                                                      for t in tokens]
             lengths = np.fromiter(map(len, tokens), np.int64, n)
-        columns = {
+        columns: dict[int, np.ndarray] = {
             cp.VALUE_SOURCE_SLOT: np.fromiter(map(_SLOT, lanes), np.int64, n),
             cp.VALUE_SOURCE_GENERATION: np.fromiter(map(_GENERATION, lanes), np.int64, n),
             cp.VALUE_SOURCE_CONSUMED_TOKENS: np.fromiter(map(_START, lanes), np.int64, n),
