@@ -99,7 +99,9 @@ class ProgramRunner:
         the main submission is left running for collect()."""
         t = RoundTimings()
         auxiliary = self.auxiliary_frame
-        if auxiliary is not None and any(map(_CONSTRAINED, plan.main.lanes)):
+        # a constrained request has host values: a round without any has no constrained lane either
+        plain = not any(map(_HOST_VALUES, plan.main.lanes))
+        if auxiliary is not None and not plain and any(map(_CONSTRAINED, plan.main.lanes)):
             auxiliary = None
         try:
             for sub in plan.submissions():
@@ -108,7 +110,7 @@ class ProgramRunner:
                 if target == self.auxiliary_frame:
                     self._settle_auxiliary()             # the frame's previous submission
                 t0 = time.perf_counter_ns()
-                self._pack(sub, target)
+                self._pack(sub, target, plain if main else None)
                 sub.sequence, sub.frame = self._sequence, target
                 t1 = time.perf_counter_ns()
                 self._sequence += 1
@@ -194,12 +196,15 @@ class ProgramRunner:
         self._outstanding -= 1
         return words
 
-    def _pack(self, sub: Submission, frame: int) -> None:
+    def _pack(self, sub: Submission, frame: int, plain: bool | None = None) -> None:
         """Pack one submission: a main step whose lanes carry no host values (no grammar or
-        min_tokens mask, no logit bias) as columns gathered once per round, any other lane by
-        lane (_packed); the same bytes either way (tests/test_packing_equivalence.py)."""
+        min_tokens mask, no logit bias; `plain` when the caller knows) as columns gathered once
+        per round, any other lane by lane (_packed); the same bytes either way
+        (tests/test_packing_equivalence.py)."""
         operation, lanes = sub.operation, sub.lanes
-        if operation in _COLUMNAR and not any(map(_HOST_VALUES, lanes)):
+        if plain is None:
+            plain = not any(map(_HOST_VALUES, lanes))
+        if operation in _COLUMNAR and plain:
             self._pack_columns(sub, frame)
             return
         self.packer.pack(sub.variant.program, frame, [self._packed(lane, operation) for lane in lanes])

@@ -59,6 +59,7 @@ __all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounter
 
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
 _CONSTRAINED = attrgetter("request.spec.constrained")
+_HOST_VALUES = attrgetter("request.host_values")
 _new_tuple = tuple.__new__               # a token event without NamedTuple's Python-level __new__
 
 
@@ -388,7 +389,8 @@ class Scheduler:
                 for lane in sub.lanes:
                     lane.request.inflight -= 1
         main = plan.main
-        constrained = sum(map(_CONSTRAINED, main.lanes))
+        # a constrained request has host values (Request.host_values): most rounds have none
+        constrained = sum(map(_CONSTRAINED, main.lanes)) if any(map(_HOST_VALUES, main.lanes)) else 0
         if constrained:
             # the auxiliary submissions' lanes are main lanes: none constrained there either otherwise
             if main.operation == cp.OPERATION_DECODE and constrained < len(main.lanes):
