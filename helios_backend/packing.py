@@ -16,6 +16,10 @@ int64 column, others as a list) and every writer places a whole destination at o
         PHYSICAL_ROW    dest[slot * w:(slot + 1) * w]; page tables: only entries not yet written
         PACKED_TOKEN    lanes' values back to back, following each lane's actual token count
 
+A step may also be given as its columns (`Packer.pack_columns`, `_Step.columnar`): integer
+sources as int64 arrays, the others as lists, every source not given read as a PackedLane's
+default; the engine packs decode rounds so, without a PackedLane per lane.
+
 Integer sources take one column write per destination; lanes without values (None: no grammar
 mask, no logit bias, a decode lane's prompt tokens) take one padding write; only lanes that carry arrays
 (prefill tokens, grammar masks, admission values, new page-table entries) are written one by
@@ -71,8 +75,14 @@ class SlotInitialization:
     @staticmethod
     def for_prompt(prompt: Sequence[int], histogram_bins: int, seed: int, sampling: SamplingParameters,
                    output_limit: int, eos_ids: Sequence[int]) -> "SlotInitialization":
-        histogram = np.bincount(np.asarray(prompt, dtype=np.int64), minlength=histogram_bins)
-        return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids), histogram[:histogram_bins].astype(np.int32))
+        # counted into the int32 row itself: a vocabulary-wide int64 bincount and its cast cost
+        # an admission 2-3x more (ids past the bins are not counted; negative ids are an error)
+        ids = np.asarray(prompt, dtype=np.int64)
+        if ids.size and ids.min() < 0:
+            raise ValueError(f"prompt token id {int(ids.min())} is negative")
+        histogram = np.zeros(histogram_bins, np.int32)
+        np.add.at(histogram, ids[ids < histogram_bins], 1)
+        return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids), histogram)
 
 
 @dataclass(slots=True)
@@ -108,6 +118,9 @@ class PackedLane:
                 return 1
             return 1 + (0 if self.proposals is None else len(self.proposals))
         return len(self.tokens)
+
+
+_DEFAULT_LANE = PackedLane(0, 0)          # a columnar step's lanes, for the sources it was not given
 
 
 def _need_initialization(lane: PackedLane) -> SlotInitialization:
@@ -167,9 +180,11 @@ INTEGER_SOURCES = frozenset({
 
 class _Step:
     """One submission's lanes; each source's values are gathered at most once per pack():
-    integer sources as an int64 column [lanes], the others as a list (None = padding)."""
+    integer sources as an int64 column [lanes], the others as a list (None = padding).
+    A columnar step (`_Step.columnar`) has no lanes: its sources are given as columns, and a
+    source not given reads as a PackedLane's default in every lane."""
 
-    __slots__ = ("lanes", "count", "_columns", "_values", "_starts")
+    __slots__ = ("lanes", "count", "_columns", "_values", "_starts", "_columnar", "_absent")
 
     def __init__(self, lanes: Sequence[PackedLane]) -> None:
         self.lanes = lanes
@@ -177,19 +192,59 @@ class _Step:
         self._columns: dict[int, np.ndarray] = {}
         self._values: dict[int, list] = {}
         self._starts: Optional[np.ndarray] = None
+        self._columnar = False
+        self._absent: set[int] = set()   # sources a columnar step reads as None in every lane
+
+    @classmethod
+    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, list]) -> "_Step":
+        """A step given as its columns: `count` lanes whose integer sources are `columns` (int64
+        [count], QUERY_LENGTH among them) and whose other sources are `values` (a list per
+        source, None = padding). No PackedLane is built: the one-object-per-lane cost of a
+        decode round (docs/scheduler.md, host work per round)."""
+        if C.VALUE_SOURCE_QUERY_LENGTH not in columns:
+            raise PackingError("a columnar step needs its query lengths")
+        step = cls(())
+        step.count = count
+        step._columnar = True
+        step._columns.update(columns)
+        step._values.update(values)
+        return step
+
+    def _not_given(self, source: int) -> list:
+        """A columnar step's values of a source it was not given: derived from its columns, or
+        a PackedLane's default in every lane."""
+        if source == C.VALUE_SOURCE_PROMPT_POSITIONS:
+            starts, lengths = self.column(C.VALUE_SOURCE_CONSUMED_TOKENS).tolist(), \
+                self.column(C.VALUE_SOURCE_QUERY_LENGTH).tolist()
+            return [np.arange(start, start + n) for start, n in zip(starts, lengths)]
+        if source == C.VALUE_SOURCE_PROPOSAL_COUNT:
+            return [0 if ids is None else len(ids) for ids in self.values(C.VALUE_SOURCE_PROPOSAL_IDS)]
+        default = LANE_SOURCES[source](_DEFAULT_LANE)
+        if default is None:
+            self._absent.add(source)
+        return [default] * self.count
 
     def column(self, source: int) -> np.ndarray:
         column = self._columns.get(source)
         if column is None:
-            column = np.fromiter(map(LANE_SOURCES[source], self.lanes), np.int64, self.count)
+            lanes = self._not_given(source) if self._columnar else map(LANE_SOURCES[source], self.lanes)
+            column = np.fromiter(lanes, np.int64, self.count)
             self._columns[source] = column
         return column
 
     def values(self, source: int) -> list:
         values = self._values.get(source)
         if values is None:
-            values = self._values[source] = list(map(LANE_SOURCES[source], self.lanes))
+            values = self._not_given(source) if self._columnar else list(map(LANE_SOURCES[source], self.lanes))
+            self._values[source] = values
         return values
+
+    def present(self, source: int) -> list[int]:
+        """The rows whose value of `source` is not None (not padding)."""
+        values = self.values(source)
+        if source in self._absent:
+            return []
+        return [r for r, value in enumerate(values) if value is not None]
 
     def token_starts(self) -> np.ndarray:
         """int64 [lanes + 1]: where each lane's packed tokens begin; the last entry is their total."""
@@ -339,7 +394,7 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
 def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
     n, table, memory = step.count, target.table, target.padding
     values = step.values(source)
-    present = [r for r, value in enumerate(values) if value is not None]
+    present = step.present(source)
     if not present and memory is not None:
         end = target.rows if pad_tail else n          # rows [0, end) must read the padding
         if memory.clean < end:
@@ -378,12 +433,11 @@ def _vector_tokens(target: Target, step: _Step, source: int) -> None:
 
 def _value_tokens(target: Target, step: _Step, source: int) -> None:
     """Each lane's values over its span of packed tokens; lanes without values read padding."""
-    starts, values = step.token_starts(), step.values(source)
-    if any(value is None for value in values):
+    starts, values, present = step.token_starts(), step.values(source), step.present(source)
+    if len(present) < step.count:
         target.view[:starts[-1]] = target.pad          # lanes with values overwrite their spans
-    for r, value in enumerate(values):
-        if value is not None:
-            _put(target.view[starts[r]:starts[r + 1]], value, target, cut=True)
+    for r in present:
+        _put(target.view[starts[r]:starts[r + 1]], values[r], target, cut=True)
 
 
 def _physical_rows(target: Target, step: _Step, source: int) -> None:
@@ -413,10 +467,16 @@ def _upload(target: Target, values: list, sizes: np.ndarray, slots: np.ndarray, 
     memory, width = target.memory, target.width
     held = np.where(memory.generation[slots] == generations, memory.written[slots], 0)
     new = sizes - held
-    for r in (new > 0).nonzero()[0].tolist():
+    if sizes.size and sizes.max() > width:
+        r = int(sizes.argmax())
+        raise CapacityError(f"slot {slots[r]}: {int(sizes[r])} entries exceed the row width {width}")
+    ones = (new == 1).nonzero()[0]
+    if ones.size:                # a decode round: the lanes that just took a page, one entry each
+        at = held[ones].tolist()
+        entries = np.fromiter((values[r][i] for r, i in zip(ones.tolist(), at)), np.int64, ones.size)
+        target.view[slots[ones] * width + held[ones]] = entries + target.offset if target.offset else entries
+    for r in (new > 1).nonzero()[0].tolist():
         start, size = int(slots[r]) * width, int(sizes[r])
-        if size > width:
-            raise CapacityError(f"slot {slots[r]}: {size} entries exceed the row width {width}")
         _put(target.view[start + held[r]:start + size], values[r][held[r]:], target)
     memory.written[slots] = np.maximum(held, sizes)
     memory.generation[slots] = generations
@@ -543,10 +603,18 @@ class Packer:
         return rows, tokens
 
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None:
+        self._pack_step(program, frame, _Step(lanes))
+
+    def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
+                     values: Mapping[int, list]) -> None:
+        """pack() of `count` lanes given as columns (`_Step.columnar`): the same bytes as the
+        PackedLanes they describe (tests/test_packing_equivalence.py)."""
+        self._pack_step(program, frame, _Step.columnar(count, columns, values))
+
+    def _pack_step(self, program: str, frame: int, step: _Step) -> None:
         rows, tokens, _ = self._capacity[program]
-        if len(lanes) > rows:
-            raise CapacityError(f"{program}: {len(lanes)} lanes > {rows} rows")
-        step = _Step(lanes)
+        if step.count > rows:
+            raise CapacityError(f"{program}: {step.count} lanes > {rows} rows")
         if tokens > 0:
             packed = int(step.token_starts()[-1])
             if packed > tokens:

@@ -107,3 +107,18 @@ def test_unregistered_destination_and_unpackable_pairs_fail_at_startup(setup):
     graph.bindings.add(destination="live_rows", source=C.VALUE_SOURCE_SLOT, index=C.INDEX_MODE_SCALAR)
     with pytest.raises(PackingError, match="no scalar value"):
         Packer([graph], prepared.manifest.transport, prepared.manifest.request_slots, frames)
+
+
+def test_prompt_histogram_counts_each_id_below_the_bins():
+    """BND-32: the INITIALIZATION histogram counts every prompt id below histogram_bins (ids
+    past them are not counted), as a bincount of the prompt would."""
+    # spec: BND-32
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 700, 300).tolist() + [5, 5, 5]
+    admission = SlotInitialization.for_prompt(prompt, 512, seed=1, sampling=SamplingParameters(), output_limit=4,
+                                              eos_ids=(2,))
+    expected = np.bincount([t for t in prompt if t < 512], minlength=512)
+    assert admission.prompt_histogram.dtype == np.int32
+    assert np.array_equal(admission.prompt_histogram, expected)
+    with pytest.raises(ValueError):
+        SlotInitialization.for_prompt([3, -1], 512, seed=1, sampling=SamplingParameters(), output_limit=4, eos_ids=())

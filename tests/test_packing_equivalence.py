@@ -131,3 +131,49 @@ def test_packer_writes_the_bytes_of_the_per_row_writer(prepared, seed):
                                                 expected[f][d.byte_offset:d.byte_offset + d.elements * 4])]
                 pytest.fail(f"{graph.program} frame {f}: destinations differ: {differ}")
 
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
+    """A DECODE / MIXED / PREFILL step whose lanes carry no host values is packed as columns
+    (ProgramRunner._pack_columns, no PackedLane per lane): the frames equal those of the same
+    lanes packed one PackedLane each, round after round (page-table memory included)."""
+    from helios_backend.engine.runner import ProgramRunner
+    from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, Submission, Variant
+    from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings
+
+    rng = np.random.default_rng(seed)
+    manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
+    graphs = _tuned(prepared.contract.model.graphs, rng) if rng.random() < 0.7 else list(prepared.contract.model.graphs)
+    start = rng.integers(0, 256, manifest.transport.frame_nbytes, dtype=np.uint8)
+    frames = [start.copy() for _ in range(2)]
+    expected = [start.copy() for _ in range(2)]
+    runners = [ProgramRunner(None, Packer(graphs, manifest.transport, manifest.request_slots, f),  # type: ignore
+                             manifest.completion, vocab.sampled_tokens, vocab.histogram_bins, (2,))
+               for f in (frames, expected)]                  # (no executor: nothing is launched)
+    steps = [g for g in graphs if g.operation in (C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_PREFILL)]
+    width = manifest.max_pages_per_row
+    for _ in range(10):
+        graph = steps[int(rng.integers(len(steps)))]
+        rows, capacity = graph.capacity.rows, graph.capacity.tokens
+        lanes: list[Lane] = []
+        for slot in rng.choice(manifest.request_slots, int(rng.integers(0, rows + 1)), replace=False).tolist():
+            req = Request(slot, RequestSpec(tuple(range(3, 9)), 8, SamplingSettings()), slot)
+            req.pages = [int(p) for p in rng.integers(0, 96, int(rng.integers(1, width + 1)))]
+            host_fed = graph.operation != C.OPERATION_DECODE and rng.random() < 0.4
+            tokens = rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 9))).tolist() if host_fed \
+                else [PENDING_TOKEN]
+            lanes.append(Lane(req, slot, int(rng.integers(1, 4)), int(rng.integers(0, 400)), tokens,
+                              bool(rng.random() < 0.8), 8, snapshot_row=int(rng.integers(-1, 4))))
+        if graph.operation == C.OPERATION_MIXED:                    # one host-fed row at most
+            for lane in [lane for lane in lanes if lane.tokens != [PENDING_TOKEN]][1:]:
+                lane.tokens = [PENDING_TOKEN]
+        while capacity and lanes and sum(len(lane.tokens) for lane in lanes) > capacity:
+            lanes.pop()
+        sub = Submission(Variant(graph.operation, graph.program, rows, capacity), lanes)
+        frame = int(rng.integers(2))
+        runners[0]._pack_columns(sub, frame)
+        runners[1].packer.pack(graph.program, frame, [runners[1]._packed(lane, graph.operation) for lane in lanes])
+        for f in range(2):
+            assert np.array_equal(frames[f], expected[f]), f"{graph.program} frame {f}"

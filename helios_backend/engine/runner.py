@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar
+from operator import attrgetter
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -44,6 +45,13 @@ if TYPE_CHECKING:
     from helios_backend.engine.model import NativeModel
 
 _PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
+# the main steps whose lanes pack as columns when none carries host values (_pack_columns)
+_COLUMNAR = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATION_PREFILL})
+_CONSTRAINED = attrgetter("request.spec.constrained")
+_HOST_VALUES = attrgetter("request.host_values")
+_SLOT, _GENERATION, _START = attrgetter("slot"), attrgetter("generation"), attrgetter("start")
+_SAMPLE, _SNAPSHOT_ROW = attrgetter("sample"), attrgetter("snapshot_row")
+_TOKENS, _PAGES = attrgetter("tokens"), attrgetter("request.pages")
 
 
 class ExecutorLike(Protocol):
@@ -53,6 +61,8 @@ class ExecutorLike(Protocol):
 
 class PackerLike(Protocol):
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
+    def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
+                     values: Mapping[int, list]) -> None: ...
 
 
 @dataclass
@@ -124,7 +134,9 @@ class ProgramRunner:
         the main submission is left running for collect()."""
         t = RoundTimings()
         auxiliary = self.auxiliary_frame
-        if auxiliary is not None and any(lane.request.spec.constrained for lane in plan.main.lanes):
+        # a constrained request has host values: a round without any has no constrained lane either
+        plain = not any(map(_HOST_VALUES, plan.main.lanes))
+        if auxiliary is not None and not plain and any(map(_CONSTRAINED, plan.main.lanes)):
             auxiliary = None
         try:
             for sub in plan.submissions():
@@ -133,9 +145,8 @@ class ProgramRunner:
                 if target == self.auxiliary_frame:
                     self._settle_auxiliary()             # the frame's previous submission
                 t0 = time.perf_counter_ns()
-                operation = sub.operation
-                lanes = [self._packed(lane, operation) for lane in sub.lanes]
-                t1 = self._submit(sub.variant.program, target, lanes, sub)
+                self._pack(sub, target, plain if main else None)
+                t1 = self._launch(sub.variant.program, target, sub)
                 t.packing_ns += t1 - t0
                 t.execution_ns += time.perf_counter_ns() - t1
                 if main:
@@ -159,6 +170,11 @@ class ProgramRunner:
         """Pack and launch one submission on `frame`: it takes the next submission number and
         counts as a frame in flight. Returns the clock (ns) when packing ended."""
         self.packer.pack(program, frame, lanes)
+        return self._launch(program, frame, sub)
+
+    def _launch(self, program: str, frame: int, sub: Submission | LaneSubmission) -> int:
+        """Launch a packed submission on `frame`: it takes the next submission number and
+        counts as a frame in flight. Returns the clock (ns) when packing ended."""
         sub.sequence, sub.frame = self.submissions.take(), frame
         t1 = time.perf_counter_ns()
         self.executor.launch(program, frame)
@@ -246,6 +262,42 @@ class ProgramRunner:
             raise
         self._outstanding -= 1
         return words
+
+    def _pack(self, sub: Submission, frame: int, plain: bool | None = None) -> None:
+        """Pack one submission: a main step whose lanes carry no host values (no grammar or
+        min_tokens mask, no logit bias; `plain` when the caller knows) as columns gathered once
+        per round, any other lane by lane (_packed); the same bytes either way
+        (tests/test_packing_equivalence.py)."""
+        operation, lanes = sub.operation, sub.lanes
+        if plain is None:
+            plain = not any(map(_HOST_VALUES, lanes))
+        if operation in _COLUMNAR and plain:
+            self._pack_columns(sub, frame)
+            return
+        self.packer.pack(sub.variant.program, frame, [self._packed(lane, operation) for lane in lanes])
+
+    def _pack_columns(self, sub: Submission, frame: int) -> None:
+        """The lanes of a DECODE / MIXED / PREFILL step as the packer's columns: a few C-level
+        gathers per round instead of a PackedLane per lane (docs/scheduler.md, host work)."""
+        lanes = sub.lanes
+        n = len(lanes)
+        tokens = list(map(_TOKENS, lanes))
+        values: dict[int, list] = {cp.VALUE_SOURCE_PAGE_TABLE: list(map(_PAGES, lanes))}
+        if tokens.count(_PENDING) == n:              # every lane reads its device-owned pending token
+            lengths = np.ones(n, np.int64)           # (and no prompt tokens: the default, padding)
+        else:
+            values[cp.VALUE_SOURCE_PROMPT_TOKENS] = [None if t == _PENDING else np.asarray(t, dtype=np.int32)
+                                                     for t in tokens]
+            lengths = np.fromiter(map(len, tokens), np.int64, n)
+        columns: dict[int, np.ndarray] = {
+            cp.VALUE_SOURCE_SLOT: np.fromiter(map(_SLOT, lanes), np.int64, n),
+            cp.VALUE_SOURCE_GENERATION: np.fromiter(map(_GENERATION, lanes), np.int64, n),
+            cp.VALUE_SOURCE_CONSUMED_TOKENS: np.fromiter(map(_START, lanes), np.int64, n),
+            cp.VALUE_SOURCE_QUERY_LENGTH: lengths,
+            cp.VALUE_SOURCE_SAMPLING_DECISION: np.fromiter(map(_SAMPLE, lanes), np.int64, n),
+            cp.VALUE_SOURCE_SNAPSHOT_DESTINATION: np.fromiter(map(_SNAPSHOT_ROW, lanes), np.int64, n),
+        }
+        self.packer.pack_columns(sub.variant.program, frame, n, columns, values)
 
     def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:
         """The packing lane of one scheduler lane (once per lane per round: kept lean)."""

@@ -25,6 +25,7 @@ for completion feedback (MET-8).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from helios_proto import contract_pb2 as cp
 from helios_proto import exchange_pb2 as ep
@@ -36,7 +37,8 @@ from helios_backend.scheduler.round_builder import reads_pending
 
 # rounds the second frame may follow: their host-fed lanes sit the next round out
 PIPELINE_AFTER = frozenset({cp.OPERATION_DECODE, cp.OPERATION_MIXED, cp.OPERATION_PREFILL})
-_PENDING = [PENDING_TOKEN]               # a decode lane's query: its device-owned pending token
+_PENDING = [PENDING_TOKEN]               # a decode lane's query: its device-owned pending token (shared, never mutated)
+_SERIAL = attrgetter("request.serial")
 
 
 def may_follow(plan: RoundPlan, host_stops: bool, waiting: Sequence[tuple[object, Request]]) -> bool:
@@ -63,28 +65,30 @@ def continues_on_device(req: Request, eos_ids: tuple[int, ...]) -> bool:
 
 
 def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],
-                     config: SchedulerConfig) -> tuple[list[Lane], int] | None:
+                     config: SchedulerConfig) -> tuple[list[Lane], list[Lane]] | None:
     """Every running request's next decode lane behind the round in flight (`main` its main
-    lanes), each reading its device-owned pending token, and the pages they open, which the
-    caller reserves once all fit; None when a request needs completion feedback (the second
-    frame stays empty)."""
-    eos_ids, context, pt = config.eos_ids, config.context_tokens, config.page_tokens
+    lanes), each reading its device-owned pending token, and those of them whose position opens
+    a page, which the caller reserves once all fit; None when a request needs completion
+    feedback (the second frame stays empty). Once per lane and round: the checks read the
+    request's fixed facts (host_values, token_limit) before any call."""
+    eos_ids, pt = config.eos_ids, config.page_tokens
     lanes: list[Lane] = []
-    need = 0                                      # lanes whose next position opens a page
-    in_main: set[int] = set()
+    opening: list[Lane] = []                      # lanes whose next position opens a page
+    in_main = set(map(_SERIAL, main))
     for lane in main:
-        req = lane.request
-        in_main.add(req.serial)
         if lane.tokens != _PENDING:
             continue                              # host-fed: rejoins after the completion
-        if req.inflight != 1 or not continues_on_device(req, eos_ids):
+        req = lane.request
+        if req.inflight != 1 or req.cancelled or req.finish != ep.FINISH_REASON_UNSPECIFIED \
+                or (req.host_values and not continues_on_device(req, eos_ids)):
             return None
-        spec = req.spec
-        if len(req.tokens) - len(spec.prompt) + 1 >= spec.max_tokens or len(req.tokens) + 1 >= context:
+        if len(req.tokens) + 1 >= req.token_limit:
             continue                              # the round in flight emits its last token
         start = lane.start + 1
-        need += -(-(start + 1) // pt) > len(req.pages)
-        lanes.append(Lane(req, lane.slot, lane.generation, start, [PENDING_TOKEN], True, lane.output_limit - 1))
+        nxt = Lane(req, lane.slot, lane.generation, start, _PENDING, True, lane.output_limit - 1)
+        lanes.append(nxt)
+        if start // pt >= len(req.pages):         # position `start` is past the pages held
+            opening.append(nxt)
     for req in running:
         if req.serial in in_main:
             continue
@@ -92,7 +96,8 @@ def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],
                 or not continues_on_device(req, eos_ids):
             return None                           # it needs completion feedback: schedule() takes it
         start = req.computed
-        need += -(-(start + 1) // pt) > len(req.pages)
-        lanes.append(Lane(req, req.slot, req.generation, start, [PENDING_TOKEN], True,
-                          req.spec.max_tokens - req.output_len))
-    return lanes, need
+        nxt = Lane(req, req.slot, req.generation, start, _PENDING, True, req.spec.max_tokens - req.output_len)
+        lanes.append(nxt)
+        if start // pt >= len(req.pages):
+            opening.append(nxt)
+    return lanes, opening

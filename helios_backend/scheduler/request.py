@@ -110,10 +110,19 @@ class Request:
     stop: ep.StopMatch | None = None
     preemptions: int = 0
     grammar: Grammar | None = None       # constrained requests: advanced after each validated token
+    # len(tokens) at which it ends by length: prompt + output limit, within the context
+    # (the scheduler sets it from its context at add(); no limit of its own otherwise)
+    token_limit: int = 1 << 62
+    # its sampled lanes may carry host values (a grammar or min_tokens mask, a logit bias), or it
+    # is constrained: fixed by the spec and the grammar, read once per lane and round by the
+    # packing (engine/runner.py) and by complete(); a round without any has no constrained lane
+    host_values: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.spec.prompt)
+        self.host_values = (self.grammar is not None or self.spec.constrained or self.spec.min_tokens > 0
+                            or self.spec.logit_bias is not None)
 
     @property
     def prompt_len(self) -> int:

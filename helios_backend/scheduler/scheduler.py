@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from operator import attrgetter
 from collections.abc import Callable
 
 from helios_proto import contract_pb2 as cp
@@ -57,6 +58,9 @@ __all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounter
 
 
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
+_CONSTRAINED = attrgetter("request.spec.constrained")
+_HOST_VALUES = attrgetter("request.host_values")
+_new_tuple = tuple.__new__               # a token event without NamedTuple's Python-level __new__
 
 
 class Scheduler:
@@ -143,6 +147,7 @@ class Scheduler:
         spec = check_admission(self.config, spec, self._max_prompt, queued=self.queued)
         stop = self._stop_factory(spec) if (self._stop_factory and spec.stops.host_stops) else None
         req = Request(serial, spec, self._arrivals, grammar=grammar)
+        req.token_limit = min(req.prompt_len + spec.max_tokens, self.config.context_tokens)
         self._arrivals += 1
         self._by_serial[serial] = req
         if stop is not None:
@@ -344,14 +349,13 @@ class Scheduler:
             return prompts
         # the next round's lanes, built once; pages are reserved only after all of them fit
         found = continuing_lanes(plan.main.lanes, self._running, self.config)
-        if found is None or not found[0] or found[1] > self.pool.available_pages:
+        if found is None or not found[0] or len(found[1]) > self.pool.available_pages:
             return None
-        lanes, need = found
+        lanes, opening = found
         round_ = RoundBuilder.decoding(self.max_active, lanes, behind_inflight=True)
-        if need:
-            for lane in round_.lanes:                 # a lane with its page already held reserves nothing
-                if not self._reserve_pages(lane.request, lane.start + 1):
-                    raise RuntimeError("page availability was checked before pipelining")
+        for lane in opening:                          # the lanes whose position opens a page
+            if not self._reserve_pages(lane.request, lane.start + 1):
+                raise RuntimeError("page availability was checked before pipelining")
         decode_lanes = round_.rows
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
             self._admit_waiting(round_)               # host-fed lanes of a MIXED round, never PREFILL
@@ -387,7 +391,8 @@ class Scheduler:
                 for lane in sub.lanes:
                     lane.request.inflight -= 1
         main = plan.main
-        constrained = sum(1 for lane in main.lanes if lane.request.spec.constrained)
+        # a constrained request has host values (Request.host_values): most rounds have none
+        constrained = sum(map(_CONSTRAINED, main.lanes)) if any(map(_HOST_VALUES, main.lanes)) else 0
         if constrained:
             # the auxiliary submissions' lanes are main lanes: none constrained there either otherwise
             if main.operation == cp.OPERATION_DECODE and constrained < len(main.lanes):
@@ -398,13 +403,15 @@ class Scheduler:
                     # constrained submission (MET-8); completion feedback keeps it at one (MET-10)
                     self.counters.constrained_max_inflight = max(self.counters.constrained_max_inflight,
                                                                  sub.frames_outstanding)
-        # once per lane per round: the row values as Python objects in one call each, and the
-        # page publication only when the lane completed a page
+        # once per lane per round: the row values as Python objects in one call each, the page
+        # publication only when the lane completed a page, the finish by length against the
+        # request's token limit, and the token event built as the tuple it is
         tokens = rows.tokens.tolist()
         logprobs = rows.logprobs.tolist() if rows.logprobs is not None else None
         top_ids, top_logprobs = rows.top_ids, rows.top_logprobs
         pt = self.config.page_tokens
         events = self._events
+        eos, stops = self._eos, self._stops
         generated = 0
         stamp = None
         for i, lane in enumerate(main.lanes):
@@ -432,7 +439,8 @@ class Scheduler:
             if not lane.sample:
                 continue
             token = tokens[i]
-            req.tokens.append(token)
+            known = req.tokens
+            known.append(token)
             req.device_pending = True
             generated += 1
             spec = req.spec
@@ -443,16 +451,22 @@ class Scheduler:
             else:
                 ts = -1
             k = spec.top_logprobs
-            events.append(Emitted(
+            events.append(_new_tuple(Emitted, (
                 req.serial, token, ts, logprobs[i] if logprobs is not None else 0.0,
                 top_ids[i, :k] if k and top_ids is not None else None,
-                top_logprobs[i, :k] if k and top_logprobs is not None else None))
+                top_logprobs[i, :k] if k and top_logprobs is not None else None)))
             if req.grammar is not None:
                 # a violating token leaves the matcher in error: its masks then allow only EOS
                 req.grammar.consume(token)
-            reason = self._finish_reason(req, token)
-            if reason != ep.FINISH_REASON_UNSPECIFIED:
-                self._finish_if_fenced(req, reason)
+            # _finish_reason inline: EOS, then a host stop, then the length limit
+            if token in eos and not spec.ignore_eos:
+                self._finish_if_fenced(req, ep.FINISH_REASON_EOS)
+            elif stops and req.serial in stops:
+                reason = self._finish_reason(req, token)
+                if reason != ep.FINISH_REASON_UNSPECIFIED:
+                    self._finish_if_fenced(req, reason)
+            elif len(known) >= req.token_limit:
+                self._finish_if_fenced(req, ep.FINISH_REASON_LENGTH)
         self.counters.generated_tokens += generated
 
     def fail(self, plan: RoundPlan, message: str) -> None:
@@ -503,9 +517,8 @@ class Scheduler:
                 req.stop = match
                 return ep.FINISH_REASON_STOP_STRING if match.kind == ep.STOP_KIND_STRING \
                     else ep.FINISH_REASON_STOP_TOKEN
-        tokens = len(req.tokens)
-        if tokens - len(req.spec.prompt) >= req.spec.max_tokens or tokens >= self.config.context_tokens:
-            return ep.FINISH_REASON_LENGTH        # (output_len inline: once per lane per round)
+        if len(req.tokens) >= req.token_limit:
+            return ep.FINISH_REASON_LENGTH
         return ep.FINISH_REASON_UNSPECIFIED
 
     def _publish_pages(self, req: Request) -> None:
