@@ -22,7 +22,9 @@ Bytes and FLOPs come from the manifest (bench/roofline.py); the roofline is max(
 bandwidth, FLOPs / fp16 tensor-core peak) with the copy bandwidth measured here and the fp16 peak
 measured by bench/pytorch_peer.py in the same device call (cuBLAS 8192^3; this process measures
 it itself when no peer file is given). `roofline_fraction` = roofline time / measured time.
-Writes kernels.json (`programs`: one row per layout x program; `operations`: per-operation rows)
+Steps of PRODUCT_PATH_TOKENS tokens and more take the product path (plain f16 products: cuBLASLt
+where it loads, `run --no-vendor-products` their cubins; docs/kernels.md); each layout's entry
+names which served them. Writes kernels.json (`programs`: one row per layout x program; `operations`: per-operation rows)
 and prints a table. llama.cpp is not run here: `llama_cpp_tokens_per_s` is null.
 """
 from __future__ import annotations
@@ -52,9 +54,13 @@ REPLAYS = 50             # graph replays timed per decode program (10 for prefil
 GEMM_SIZE = 8192
 
 
-def layout_options(recipe: Any) -> Any:
+# steps of this many tokens and more take the product path (DecoderOptions.product_path_tokens)
+PRODUCT_PATH_TOKENS = 64
+
+
+def layout_options(recipe: Any, product_path_tokens: int = PRODUCT_PATH_TOKENS) -> Any:
     """The measured variants only (a fast start on the device), no weight bytes in the bundle."""
-    return recipe.RecipeOptions(weights_seed=None, decode_rows=DECODE_BATCHES,
+    return recipe.RecipeOptions(weights_seed=None, decode_rows=DECODE_BATCHES, product_path_tokens=product_path_tokens,
                                 prefill_variants=tuple((1, t) for t in PREFILL_TOKENS), mixed_variants=(),
                                 admission_rows=(1,), resume_rows=(), scored_prefill_variants=(), snapshot_rows=0,
                                 context_tokens=8192, prepared_pages=4096)
@@ -67,7 +73,7 @@ def device_slug(name: str) -> str:
 
 # ---- here: bundles ----------------------------------------------------------------------------
 
-def build(out: pathlib.Path, layouts: list[str], archs: list[str]) -> None:
+def build(out: pathlib.Path, layouts: list[str], archs: list[str], product_path_tokens: int) -> None:
     from ignition.gpu_kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
     from ignition.recipes.hf_layout import recipe_for_layout
@@ -77,7 +83,7 @@ def build(out: pathlib.Path, layouts: list[str], archs: list[str]) -> None:
     for name in layouts:
         started = time.time()
         recipe = recipe_for_layout(LAYOUT_DIR / f"{name}.json")
-        options = layout_options(recipe)
+        options = layout_options(recipe, product_path_tokens)
         prepared = prepare(recipe, options, kernel_library=library)
         path = out / f"{name}.bin"
         write_bundle(prepared, options, path, compress=True)
@@ -110,7 +116,7 @@ def gemm_tflops() -> float:
 class LayoutRun:
     """One layout's model on the CUDA executor, its lanes admitted once for every decode batch."""
 
-    def __init__(self, bundle: pathlib.Path) -> None:
+    def __init__(self, bundle: pathlib.Path, vendor_products: bool = True) -> None:
         from bench.gpu_decode import Bench
         from helios_backend.engine.settings import StartupOptions
         from helios_backend.engine.setup import derive_setup
@@ -120,7 +126,8 @@ class LayoutRun:
         contract, manifest, read = materialize(read_payload(bundle))
         self.weights_s = time.perf_counter() - started
         self.manifest = manifest
-        self.model = derive_setup(contract, manifest, read, StartupOptions(core_path=bundle, executor="cuda")).model
+        self.model = derive_setup(contract, manifest, read, StartupOptions(
+            core_path=bundle, executor="cuda", vendor_products=vendor_products)).model
         self.startup_s = time.perf_counter() - started - self.weights_s
         self.bench = Bench(self.model)
         self.lanes = self.bench.admit(list(range(max(DECODE_BATCHES))), CONTEXT - 1, HOST_STEPS + 16)
@@ -235,8 +242,10 @@ def read_peer(path: pathlib.Path | None) -> tuple[dict, dict[tuple[str, str, int
     return report, figures
 
 
-def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path: pathlib.Path | None) -> dict:
+def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path: pathlib.Path | None,
+        vendor_products: bool = True, name: str = "kernels.json") -> dict:
     from helios_backend.executors.cuda.driver import check, load_driver
+    from helios_backend.executors.cuda.vendor_products import VENDOR_PRODUCTS
     from tests.gpu import timing
 
     out.mkdir(parents=True, exist_ok=True)
@@ -253,9 +262,13 @@ def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path:
                               else "this process", "context": CONTEXT, "layouts": {}, "programs": [],
                               "operations": []}
     for layout in layouts:
-        run_ = LayoutRun(bundles / f"{layout}.bin")
+        run_ = LayoutRun(bundles / f"{layout}.bin", vendor_products)
+        executor: Any = run_.model.executor
+        products = sorted({n.kernel for p in run_.manifest.programs for n in p.nodes} & set(VENDOR_PRODUCTS))
         report["layouts"][layout] = {"weights_s": round(run_.weights_s, 1), "startup_s": round(run_.startup_s, 1),
-                                     "cache_pages": run_.model.executor.cache_pages}
+                                     "cache_pages": executor.cache_pages,
+                                     # the product path's ids: served by this library, or by their cubins
+                                     "product_path": (executor.product_library() or "cubins") if products else None}
         print(f"{layout}: weights {run_.weights_s:.1f} s, startup {run_.startup_s:.1f} s", flush=True)
         try:
             results = [run_.decode(b) for b in DECODE_BATCHES] + [run_.prefill(t) for t in PREFILL_TOKENS]
@@ -266,7 +279,7 @@ def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path:
                 print(json.dumps(row), flush=True)
         finally:
             run_.close()
-        (out / "kernels.json").write_text(json.dumps(report, indent=1))
+        (out / name).write_text(json.dumps(report, indent=1))
     print_table(report)
     return report
 
@@ -300,17 +313,22 @@ def main() -> None:
     b.add_argument("--out", type=pathlib.Path, required=True)
     b.add_argument("--layout", action="append", default=None, help="a bench/layouts name (repeatable)")
     b.add_argument("--arch", action="append", default=None, help="kernel architecture (default sm_90a)")
+    b.add_argument("--product-path-tokens", type=int, default=PRODUCT_PATH_TOKENS,
+                   help="steps of this many tokens and more run the product path (0: never)")
     r = commands.add_parser("run", help="measure (on the device)")
     r.add_argument("--bundles", type=pathlib.Path, required=True)
     r.add_argument("--layout", action="append", default=None)
     r.add_argument("--peer", type=pathlib.Path, default=None, help="bench/pytorch_peer.py's JSON of this run")
     r.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "out")))
+    r.add_argument("--no-vendor-products", action="store_true",
+                   help="run the product path's ids on their cubins, not cuBLASLt")
+    r.add_argument("--name", default="kernels.json", help="the JSON file written under --out")
     args = parser.parse_args()
     layouts = args.layout or list(LAYOUTS)
     if args.command == "build":
-        build(args.out, layouts, args.arch or ["sm_90a"])
+        build(args.out, layouts, args.arch or ["sm_90a"], args.product_path_tokens)
     else:
-        run(args.bundles, layouts, args.out, args.peer)
+        run(args.bundles, layouts, args.out, args.peer, not args.no_vendor_products, args.name)
 
 
 if __name__ == "__main__":

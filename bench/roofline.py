@@ -29,6 +29,7 @@ from helios_backend.kernel_abi import abi
 MATRIX_PARAMS = ("qkv_weight", "gate_up", "weight", "head")    # FLOPs: 2 x rows x elements
 ROW_TABLES = ("table", "rope_table")                            # read at the live tokens' rows only
 ATTENTION_PREFIX = "attention.paged"
+LOGITS_BUFFER = "scratch.logits"
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def node_cost(node: M.Node, buffers: Mapping[str, M.Buffer], step: Step, capacit
                 moved = tokens * kv_row
             cost.cache_bytes += moved
             cost.nbytes += moved
-        elif param.name == "logits":
-            moved = rows * ints.get("vocab", 0) * 4
+        elif param.name == "logits" or arg.pointer.buffer == LOGITS_BUFFER:
+            # the product path writes the logits as a product's `out` of width out_dim
+            moved = rows * ints.get("vocab", ints.get("out_dim", 0)) * 4
             cost.output_bytes += moved
             cost.nbytes += moved
         elif buffer.shape and buffer.shape[0] == capacity_tokens:     # activation rows

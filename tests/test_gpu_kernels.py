@@ -518,6 +518,58 @@ def test_linear_residual_then_norm_residual_is_the_post_normed_projection(runner
     assert (normed["accumulator"] == 0).all()
 
 
+# the product path (kernel_abi/products.py): f16 activations with zero rows past the live count,
+# plain f16 products; capacities on both sides of a 64-row tile, live counts below them
+PRODUCT_SHAPES = [(70, [40, 25]), (7, [5, 1]), (1, [1])]
+
+
+def _f16_rows(tokens: int, width: int, live: int) -> np.ndarray:
+    x = RNG.standard_normal((tokens, width)).astype(np.float16)
+    x[live:] = 0
+    return x
+
+
+@pytest.mark.parametrize("tokens, query_length", PRODUCT_SHAPES)
+@pytest.mark.parametrize("in_dim, out_dim", [(96, 80), (160, 144)])    # K and N tails of the 64 x 128 tiles
+def test_f16_products(runner, in_dim, out_dim, tokens, query_length):
+    live = sum(query_length)
+    common = {"x": _f16_rows(tokens, in_dim, live), "weight": _weight(out_dim, in_dim),
+              "geometry": step_geometry(query_length, tokens)}
+    immediates = {"tokens": tokens, "in_dim": in_dim, "out_dim": out_dim}
+    stored = check_against_reference(runner, "linear.product_f16.v1",
+                                     {"out": np.full((tokens, out_dim), 7, np.float16), **common}, immediates,
+                                     atol=2e-2, rtol=1e-2)
+    assert (stored["out"][live:] == 0).all()      # zeros past the live count, as a library's product
+    check_against_reference(runner, "linear.product_f32.v1",
+                            {"out": np.full((tokens, out_dim), 7, np.float32), **common}, immediates,
+                            atol=2e-2, rtol=1e-2)
+    hidden = RNG.standard_normal((tokens, out_dim)).astype(np.float32)
+    added = check_against_reference(runner, "linear.residual_f16.v1", {"hidden": hidden, **common}, immediates,
+                                    atol=2e-2, rtol=1e-2)
+    assert (added["hidden"][live:] == hidden[live:]).all()
+
+
+@pytest.mark.parametrize("tokens, query_length", PRODUCT_SHAPES)
+def test_f16_activations_zero_the_rows_past_the_live_count(runner, tokens, query_length):
+    dim, ffn = 96, 48
+    live = sum(query_length)
+    geometry = step_geometry(query_length, tokens)
+    hidden, norm_weight = _normed_inputs(tokens, dim)
+    normed = check_against_reference(runner, "norm.rms_f16.v1", {
+        "out": np.full((tokens, dim), 7, np.float16), "hidden": hidden, "norm_weight": norm_weight,
+        "geometry": geometry}, {"tokens": tokens, "dim": dim, "eps": 1e-5}, atol=2e-3, rtol=2e-3)
+    converted = check_against_reference(runner, "activation.to_f16.v1", {
+        "out": np.full((tokens, dim), 7, np.float16), "x": hidden, "geometry": geometry},
+        {"tokens": tokens, "dim": dim}, atol=0, rtol=1e-3)
+    for activation in (0, 1):
+        gated = check_against_reference(runner, "mlp.gate_activation_f16.v1", {
+            "out": np.full((tokens, ffn), 7, np.float16), "projected": _f16_rows(tokens, 2 * ffn, tokens),
+            "geometry": geometry}, {"tokens": tokens, "ffn_dim": ffn, "activation": activation},
+            atol=2e-3, rtol=2e-3)
+        assert (gated["out"][live:] == 0).all()
+    assert (normed["out"][live:] == 0).all() and (converted["out"][live:] == 0).all()
+
+
 # the last: 40 rows, two M tiles of the tile path (BLOCK_M 32) for each of the 3 column blocks
 @pytest.mark.parametrize("query_length", [[3], [3, 0], [3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2],
                                           [1] * 20 + [0, 2] + [1] * 18])

@@ -64,13 +64,29 @@ def _names(shape) -> list[str]:
     return names
 
 
-def test_a_config_alone_prepares_a_layout_that_runs_on_the_numpy_executor(layout, tmp_path) -> None:
+PRODUCT_PATH = {"linear.product_f16.v1", "linear.residual_f16.v1", "norm.rms_f16.v1", "activation.to_f16.v1",
+                "mlp.gate_activation_f16.v1", "linear.product_f32.v1"}
+
+
+# spec: FMT-3
+@pytest.mark.parametrize("product_path_tokens", [0, 1, 9])
+def test_a_config_alone_prepares_a_layout_that_runs_on_the_numpy_executor(layout, tmp_path,
+                                                                         product_path_tokens) -> None:
+    """Also with the product path (plain f16 products) from 1 token (every step, decode logits
+    included) or from 9 (the larger prefill and mixed steps only): the same logits."""
     recipe = recipe_for_layout(layout)
-    prepared = prepare(recipe, tiny_layout_options(recipe))
+    prepared = prepare(recipe, tiny_layout_options(recipe, product_path_tokens=product_path_tokens))
     family = json.loads(layout.read_text())["model_type"]
     assert prepared.contract.served_id == layout.stem
     kernels = {n.kernel for p in prepared.manifest.programs for n in p.nodes}
     assert ("attention.qkv_bias_rope_store.v1" in kernels) == (family == "qwen2")
+    assert (PRODUCT_PATH <= kernels) == (product_path_tokens == 1)
+    assert bool(PRODUCT_PATH & kernels) == bool(product_path_tokens)
+    # the `tokens` immediate: the fused MLP's 6th argument, the gate/up product's 5th
+    fused = {n.args[5].i32 for p in prepared.manifest.programs for n in p.nodes if n.kernel == "mlp.norm_gate_up_silu.v1"}
+    plain = {n.args[4].i32 for p in prepared.manifest.programs for n in p.nodes if n.kernel == "linear.product_f16.v1"}
+    assert all(t < product_path_tokens for t in fused) if product_path_tokens else plain == set()
+    assert all(t >= product_path_tokens for t in plain)
     source = HFLayout.open(layout, seed=0)
     assert source.shape.tied_embeddings == (family == "llama")
     # the oracle reads a GGUF twin holding the layout's own seeded weights

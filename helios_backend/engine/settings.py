@@ -51,6 +51,8 @@ class StartupOptions:
     snapshot_capacity: int | None = None
     cache_memory_share: float | None = None
     kernel_arch: str | None = None      # cuda: KernelModule.arch to load (e.g. "compute_80"); None: the device's
+    # cuda: serve the product path's ids through cuBLASLt where it loads (False: their cubins)
+    vendor_products: bool = True
     # tensor-parallel ranks: "threads" (every rank in this process, OWN-14) or "processes" (rank 0
     # here, the others helios-rank processes that join the store at rank_store, OWN-15)
     rank_peers: str = "threads"
@@ -118,7 +120,7 @@ def _parse(name: str, raw: str) -> object:
     try:
         if name in ("core_path", "acceptance", "executor", "kernel_arch", "rank_peers", "rank_store"):
             return raw
-        if name in ("history_drafting", "engine_process"):
+        if name in ("history_drafting", "engine_process", "vendor_products"):
             if raw.lower() not in ("true", "false"):
                 raise ValueError(raw)
             return raw.lower() == "true"

@@ -41,7 +41,7 @@ def model_options(settings: EffectiveSettings, executor: str, kernel_arch: str |
                  "rank_join_timeout_s": options.rank_join_timeout or defaults.rank_join_timeout_s}
     return ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity,
                         cache_memory_share=settings.cache_memory_share, executor=executor, kernel_arch=kernel_arch,
-                        **ranks)
+                        vendor_products=True if options is None else options.vendor_products, **ranks)
 
 
 def scheduler_config(contract: cp.ServingContract, manifest: mp.ExecutionManifest, model: NativeModel,

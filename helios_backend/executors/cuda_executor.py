@@ -48,6 +48,7 @@ from .cuda.modules import select
 from .cuda.nccl import Nccl
 from .cuda.plan import KernelLaunch, kernel_table, layout_arena, plan_program
 from .cuda.rank import RankState
+from .cuda.vendor_products import VENDOR_PRODUCTS, ProductLaunch, VendorProducts
 
 ResourceReader = Callable[[str], "bytes | bytearray | memoryview | np.ndarray"]
 STATIC_SHARED_LIMIT = 48 * 1024        # above this a kernel must opt in to dynamic shared memory
@@ -66,6 +67,8 @@ class CudaExecutorOptions:
     pdl: bool = True                       # False: no node gets programmatic dependent launch
     kernel_arch: Optional[str] = None      # load this KernelModule.arch (e.g. "compute_80", the
                                            # portable path); default: chosen by the device (modules.py)
+    vendor_products: bool = True           # the product path's ids through cuBLASLt where it loads
+                                           # (cuda/vendor_products.py); False: their cubins
 
     def __post_init__(self) -> None:
         if self.transport not in ("kernel", "memcpy", "auto"):
@@ -224,12 +227,14 @@ class CudaExecutor:
         rank.events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(self._host_frames)]
         rank.completion_or_none = PinnedFrames(d, self._host_frames, t.completion_nbytes)
         kernels = kernel_table(rank.architecture.modules)
-        resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm)
         wanted = set(self.options.programs) if self.options.programs is not None else None
-        for program in (p for p in m.programs if p.rank == rank.rank):
-            if wanted is not None and program.name not in wanted:
-                continue
-            launches = plan_program(program, kernels, rank.addresses)
+        mine = [p for p in m.programs if p.rank == rank.rank and (wanted is None or p.name in wanted)]
+        if self.options.vendor_products and any(n.kernel in VENDOR_PRODUCTS for p in mine for n in p.nodes):
+            rank.products = VendorProducts.load(d)     # None: the product ids run their cubins
+        vendor = rank.products is not None
+        resources_of_rank = RankResources(rank.stream, rank.functions, self._nccl, rank.comm, rank.products)
+        for program in mine:
+            launches = plan_program(program, kernels, rank.addresses, vendor)
             if not self.options.pdl:
                 launches = [dataclasses.replace(l, pdl=False) if isinstance(l, KernelLaunch) else l for l in launches]
             rank.plans[program.name] = launches
@@ -244,7 +249,7 @@ class CudaExecutor:
                 rank.node_counts[program.name] = nodes
             rank.execs[program.name] = per_frame
         for program in (p for p in m.tuning if p.rank == rank.rank):
-            launches = plan_program(program, kernels, rank.addresses)
+            launches = plan_program(program, kernels, rank.addresses, vendor)
             graph, graph_exec, _ = capture_graph(d, resources_of_rank, launches, None)
             rank.tuning.append((graph, graph_exec))
         check(d.cuStreamSynchronize(rank.stream), "cuStreamSynchronize")
@@ -402,6 +407,12 @@ class CudaExecutor:
         """The KernelModule.arch the rank's device loaded (e.g. "sm_90a", "compute_80")."""
         return self._rank(rank).architecture.name
 
+    def product_library(self, rank: int = 0) -> Optional[str]:
+        """"cuBLASLt <version>" where the rank serves the product path's ids through it, else None
+        (no product nodes, vendor_products off, or no library: their cubins run)."""
+        products = self._rank(rank).products
+        return None if products is None else f"cuBLASLt {products.version()}"
+
     def buffer_offsets(self, rank: int = 0) -> dict[str, int]:
         """Byte offset of every buffer from the rank's arena base (CACHE: its window): the
         geometry loading produced, which NativeModel.manifests exposes (OWN-11)."""
@@ -441,7 +452,7 @@ class CudaExecutor:
             raise ValueError("profile_nodes runs one rank alone; all-reduce nodes need every rank")
         events = [check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
                   for _ in range(len(launches) + 1)]
-        resources = RankResources(r.stream, r.functions, self._nccl, r.comm)
+        resources = RankResources(r.stream, r.functions, self._nccl, r.comm, r.products)
         graph, graph_exec, _ = capture_graph(d, resources, launches, None, events)
         samples = np.zeros((repeats, len(launches)))
         try:
@@ -461,7 +472,7 @@ class CudaExecutor:
         def name(launch: Any) -> tuple[str, str]:
             if isinstance(launch, Copy):
                 return "transport.memcpy", "memcpy"
-            return launch.label, launch.kernel_id if isinstance(launch, KernelLaunch) else "all_reduce"
+            return launch.label, launch.kernel_id if isinstance(launch, (KernelLaunch, ProductLaunch)) else "all_reduce"
 
         return [(*name(launch), float(t)) for launch, t in zip(launches, medians)]
 

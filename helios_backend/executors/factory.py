@@ -35,6 +35,7 @@ class ModelOptions:
     executor: str = "numpy"             # a key of EXECUTORS: "numpy" (CPU oracle), "cpu" (CPU, compiled
                                         # kernels) or "cuda" (GPU, CUDA graphs)
     kernel_arch: Optional[str] = None   # cuda: KernelModule.arch to load; None: the device's own
+    vendor_products: bool = True        # cuda: the product path's ids through cuBLASLt where it loads
     threads: int = 2                    # cpu executor: threads of its compiled kernels and product workers
     rank_peers: str = "threads"         # a RANK_PEERS name
     rank_store: str = ""                # processes: HOST:PORT of the rendezvous store rank 0 listens on
@@ -90,7 +91,8 @@ def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, r
     return CudaExecutor(manifest, read_resource,
                         CudaExecutorOptions(cache_pages=options.cache_pages, cache_memory_share=options.cache_memory_share,
                                             programs=frozenset(g.program for g in graphs),
-                                            kernel_arch=options.kernel_arch, local_ranks=local, devices=devices),
+                                            kernel_arch=options.kernel_arch, vendor_products=options.vendor_products,
+                                            local_ranks=local, devices=devices),
                         graphs=[g for g in graphs if g.rank == rank],
                         nccl_unique_id=None if placement is None else placement.nccl_unique_id,
                         agree_pages=None if placement is None else placement.agree_pages)

@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 from helios_proto import contract_pb2, manifest_pb2
 
-from helios_backend.kernel_abi import attention, cache, linear, logprobs, sampling, speculative, state
+from helios_backend.kernel_abi import attention, cache, linear, logprobs, products, sampling, speculative, state
 
 POINTER = manifest_pb2.PARAM_KIND_POINTER
 I32 = manifest_pb2.PARAM_KIND_I32
@@ -184,6 +184,31 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("gate_up", F16_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("dim"), _i32("ffn_dim"), _f32("eps"), _i32("activation"),
     ), linear.norm_gate_up_activation, "rms_norm + fused gate/up projection + act(gate) * up (SiLU or tanh-GELU)"),
+    # the product path (products.py): plain f16 products, which a vendor library may serve, and
+    # the pointwise nodes that feed them f16 activations with zero rows past the live count
+    KernelSpec("norm.rms_f16.v1", (
+        _ptr("out", F16_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("dim"), _f32("eps"),
+    ), products.rms_norm_f16, "out = f16(rms_norm(hidden) * norm_weight), rows past the live count 0"),
+    KernelSpec("activation.to_f16.v1", (
+        _ptr("out", F16_T, W), _ptr("x", F32_T), _ptr("geometry", I32_T), _i32("tokens"), _i32("dim"),
+    ), products.to_f16, "out = f16(x), rows past the live count 0"),
+    KernelSpec("mlp.gate_activation_f16.v1", (
+        _ptr("out", F16_T, W), _ptr("projected", F16_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("ffn_dim"), _i32("activation"),
+    ), products.gate_activation_f16, "out = f16(act(gate) * up) of a gate/up product, rows past the live count 0"),
+    KernelSpec("linear.product_f16.v1", (
+        _ptr("out", F16_T, W), _ptr("x", F16_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("in_dim"), _i32("out_dim"),
+    ), products.product_f16, "out = f16(x @ weight.T): f16 activations, f32 accumulation"),
+    KernelSpec("linear.product_f32.v1", (
+        _ptr("out", F32_T, W), _ptr("x", F16_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("in_dim"), _i32("out_dim"),
+    ), products.product_f32, "out = x @ weight.T in f32 (a decode step's logits)"),
+    KernelSpec("linear.residual_f16.v1", (
+        _ptr("hidden", F32_T, RW), _ptr("x", F16_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("in_dim"), _i32("out_dim"),
+    ), products.residual_f16, "hidden += x @ weight.T with f16 activations"),
     KernelSpec("logits.norm_head.v1", (
         _ptr("logits", F32_T, W), _ptr("hidden", F32_T), _ptr("norm_weight", F16_T),
         _ptr("head", F16_T), _ptr("geometry", I32_T),

@@ -80,7 +80,7 @@ ACTIVATION_SILU = 0
 ACTIVATION_GELU_TANH = 1           # GELU, tanh approximation (GeGLU feed-forward blocks)
 
 
-def _gate_activation(gate: np.ndarray, activation: int) -> np.ndarray:
+def gate_activation(gate: np.ndarray, activation: int) -> np.ndarray:
     if activation == ACTIVATION_SILU:
         with np.errstate(over="ignore"):
             return gate / (np.float32(1.0) + np.exp(-gate))
@@ -97,7 +97,7 @@ def norm_gate_up_activation(out: np.ndarray, hidden: np.ndarray, norm_weight: np
     n = live_tokens(geometry)
     normed = rms_norm(_matrix(hidden, tokens, dim)[:n], norm_weight[:dim], eps)
     projected = normed @ _matrix(gate_up, 2 * ffn_dim, dim).T
-    _matrix(out, tokens, ffn_dim)[:n] = _gate_activation(projected[:, :ffn_dim], activation) * projected[:, ffn_dim:]
+    _matrix(out, tokens, ffn_dim)[:n] = gate_activation(projected[:, :ffn_dim], activation) * projected[:, ffn_dim:]
 
 
 def linear_norm_residual(hidden: np.ndarray, x: np.ndarray, weight: np.ndarray, norm_weight: np.ndarray,

@@ -42,7 +42,8 @@ log = logging.getLogger("helios.ranks")
 Runs = tuple[tuple[int, int], ...]
 
 # ModelOptions fields a peer needs (the rest say how rank 0 meets its peers)
-SESSION_OPTIONS = ("cache_pages", "cache_memory_share", "widen_f16_cache", "executor", "kernel_arch", "threads")
+SESSION_OPTIONS = ("cache_pages", "cache_memory_share", "widen_f16_cache", "executor", "kernel_arch", "threads",
+                   "vendor_products")
 LocalFactory = Callable[[RankPlacement], Executor]
 
 

@@ -305,6 +305,29 @@ ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 25
 # per stage, 8 warps) to keep many bytes in flight on its one SM (not tuned on a device yet)
 _NORM_RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}
 
+# The product path (triton_lang/products.py): the portable cubins of the plain f16 products,
+# [64, 128] tiles over the whole of K in [64]-deep steps, 3 stages (72 KiB of shared memory: fits
+# every target's limit); where cuBLASLt loads, the CUDA executor serves these ids through it.
+_PRODUCT = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64}
+# pointwise nodes feeding the products: [16 tokens, 256 columns] tiles (16-byte f16 stores)
+_POINTWISE_F16 = {"BLOCK_T": 16, "BLOCK_D": 256}
+
+
+def _rows_then_columns(n_name: str) -> GridFunction:
+    """(cdiv(tokens, BLOCK_M), cdiv(N, BLOCK_N), 1): the row tiles of one weight slice consecutive."""
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        blocks = cdiv(a[n_name], c["BLOCK_N"])
+        _require(blocks <= MAX_GRID_Y, f"{n_name} {a[n_name]} needs {blocks} column blocks > {MAX_GRID_Y} (grid y)")
+        return (cdiv(a["tokens"], c["BLOCK_M"]), blocks, 1)
+    return grid
+
+
+def _token_column_tiles(n_name: str) -> GridFunction:
+    def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+        return (cdiv(a["tokens"], c["BLOCK_T"]), cdiv(a[n_name], c["BLOCK_D"]), 1)
+    return grid
+
+
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
 # before its ABI entry does.
 KERNEL_SPECS: tuple[KernelBuild, ...] = (
@@ -402,6 +425,18 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                {"MAX_ROWS": 256, "BLOCK_V": 2048, "MAX_CHUNKS": 64, "BLOCK_E": 8, "BLOCK_X": 16},
                _per_lane,
                num_warps=8, divisible=("vocab", "histogram_bins")),
+    KernelBuild("norm.rms_f16.v1", "products", "rms_norm_f16", {"BLOCK_M": 4, "BLOCK_D": 512},
+               _token_rows, divisible=("dim",)),
+    KernelBuild("activation.to_f16.v1", "products", "to_f16", _POINTWISE_F16, _token_column_tiles("dim"),
+               divisible=("dim",)),
+    KernelBuild("mlp.gate_activation_f16.v1", "products", "gate_activation_f16", _POINTWISE_F16,
+               _token_column_tiles("ffn_dim"), divisible=("ffn_dim",)),
+    KernelBuild("linear.product_f16.v1", "products", "product_f16", _PRODUCT, _rows_then_columns("out_dim"),
+               num_stages=3, divisible=("in_dim", "out_dim")),
+    KernelBuild("linear.product_f32.v1", "products", "product_f32", _PRODUCT, _rows_then_columns("out_dim"),
+               num_stages=3, divisible=("in_dim", "out_dim")),
+    KernelBuild("linear.residual_f16.v1", "products", "residual_f16", _PRODUCT, _rows_then_columns("out_dim"),
+               num_stages=3, divisible=("in_dim", "out_dim")),
     # tensor parallelism: a rank's partial projection stored over the whole token capacity
     # (rows past the live count 0) before its all-reduce (ignition/preparation/tensor_parallel.py)
     KernelBuild("linear.project.v1", "projection", "linear_project",

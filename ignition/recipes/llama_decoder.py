@@ -98,6 +98,12 @@ class DecoderOptions:
     # instead of dequantizing it to f16: lossless against the source, 2.7x fewer weight bytes per
     # decode step on the CPU executor; the CUDA executor expands them to f16 at load (docs/core-format.md)
     source_blocks: bool = True
+    # steps of at least this many packed tokens run the layer projections (output, gate/up, down)
+    # and a decode step's logits as plain f16 products (the product path: norm.rms_f16.v1,
+    # linear.product_f16.v1, mlp.gate_activation_f16.v1, linear.residual_f16.v1, linear.product_f32.v1),
+    # which the CUDA executor serves through cuBLASLt where it loads; smaller steps keep the fused
+    # norm+GEMM kernels. 0: never (docs/kernels.md, "The product path")
+    product_path_tokens: int = 0
 
 
 # ---- weights ---------------------------------------------------------------------------------
@@ -229,6 +235,9 @@ class Scratch:
     # f32 [tokens, hidden]: a post-normed projection's product (shape.post_norms); zero between
     # its two nodes' uses (norm.residual.v1 stores zeros back after reading a row)
     post_norm_accumulator: str = "scratch.post_norm_accumulator"
+    # the product path's f16 activations (rows past the live count zero) and its gate/up product
+    activations_f16: str = "scratch.activations_f16"   # f16 [tokens, max(hidden, heads * head_dim, ffn)]
+    gate_up_f16: str = "scratch.gate_up_f16"           # f16 [tokens, 2 * ffn]
 
 
 SCRATCH = Scratch()
@@ -262,6 +271,19 @@ def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int, options: 
     rec.declare(buffer(SCRATCH.mlp, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.ffn]))
     if shape.post_norms:
         rec.declare(buffer(SCRATCH.post_norm_accumulator, M.BUFFER_KIND_SCRATCH, f32, [max_tokens, shape.hidden]))
+    if uses_product_path(max_tokens, shape, options):
+        f16 = C.DTYPE_F16
+        rec.declare(buffer(SCRATCH.activations_f16, M.BUFFER_KIND_SCRATCH, f16,
+                           [max_tokens, max(shape.hidden, shape.q_dim, shape.ffn)]))
+        rec.declare(buffer(SCRATCH.gate_up_f16, M.BUFFER_KIND_SCRATCH, f16, [max_tokens, 2 * shape.ffn]))
+
+
+def uses_product_path(tokens: int, shape: LlamaShape, options: Any) -> bool:
+    """Whether a step of `tokens` packed tokens runs the product path (DecoderOptions.product_path_tokens).
+    One rank without post norms: a rank's partials and the sandwich norms keep the fused kernels."""
+    threshold = getattr(options, "product_path_tokens", 0)
+    return bool(threshold) and tokens >= threshold and not shape.post_norms and getattr(
+        options, "tensor_parallel", 1) == 1
 
 
 def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: Any) -> None:
@@ -279,6 +301,7 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
         raise ValueError("q/k/v biases together with q/k norms have no fused kernel")
     if shape.post_norms and rec.world_size > 1:
         raise TensorParallelError(rec.world_size, "post-projection norms need each whole product (one rank)")
+    products = uses_product_path(T, shape, options)
     for i in range(shape.n_layers):
         k_cache, v_cache = cache.layer_refs(i)
         window = layer_window(i, shape, options)
@@ -306,6 +329,9 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
                        arrivals=SCRATCH.arrivals, splits=decode_splits(io.rows, shape), **attention)
         else:
             rec.launch("attention.paged.v1", f"layer{i}.attention", **attention)
+        if products:
+            _product_path_layer(rec, i, shape, io, eps, options.activation)
+            continue
         _output_to_residual(rec, i, "attn_output", "post_attention_norm", shape, io, x=SCRATCH.attention,
                             in_dim=shape.q_dim)
         gate_up = dict(out=SCRATCH.mlp, hidden=SCRATCH.hidden, norm_weight=_layer(i, "ffn_norm"),
@@ -317,9 +343,37 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
                        **gate_up)
         _output_to_residual(rec, i, "ffn_down", "post_ffw_norm", shape, io, x=SCRATCH.mlp, in_dim=shape.ffn)
     head = "weights.token_embedding" if shape.tied_embeddings else "weights.output"
+    if products and io.operation == C.OPERATION_DECODE and io.rows == T:
+        # one token per row: the logits are the product of every normed token
+        rec.launch("norm.rms_f16.v1", "logits.norm", out=SCRATCH.activations_f16, hidden=SCRATCH.hidden,
+                   norm_weight="weights.output_norm", geometry=io.geometry, tokens=T, dim=D, eps=eps)
+        rec.launch("linear.product_f32.v1", "logits", out=io.logits, x=SCRATCH.activations_f16, weight=head,
+                   geometry=io.geometry, tokens=T, in_dim=D, out_dim=shape.vocab)
+        return
     rec.launch("logits.norm_head.v1", "logits", logits=io.logits, hidden=SCRATCH.hidden,
                norm_weight="weights.output_norm", head=head, geometry=io.geometry, rows=io.rows, tokens=T,
                dim=D, vocab=shape.vocab, eps=eps)
+
+
+def _product_path_layer(rec: ForwardRecorder, i: int, shape: LlamaShape, io: StepIO, eps: float,
+                        activation: int) -> None:
+    """A layer's output projection and MLP as plain f16 products (after its fused qkv and attention):
+    attention output to f16, hidden += it @ W_o^T; the normed hidden in f16, its gate/up product,
+    act(gate) * up in f16, hidden += that @ W_down^T."""
+    T, D, x16 = io.tokens, shape.hidden, SCRATCH.activations_f16
+    step = dict(geometry=io.geometry, tokens=T)
+    rec.launch("activation.to_f16.v1", f"layer{i}.attn_output.f16", out=x16, x=SCRATCH.attention, dim=shape.q_dim,
+               **step)
+    rec.launch("linear.residual_f16.v1", f"layer{i}.attn_output", hidden=SCRATCH.hidden, x=x16,
+               weight=_layer(i, "attn_output"), in_dim=shape.q_dim, out_dim=D, **step)
+    rec.launch("norm.rms_f16.v1", f"layer{i}.ffn_norm", out=x16, hidden=SCRATCH.hidden,
+               norm_weight=_layer(i, "ffn_norm"), dim=D, eps=eps, **step)
+    rec.launch("linear.product_f16.v1", f"layer{i}.gate_up", out=SCRATCH.gate_up_f16, x=x16,
+               weight=_layer(i, "gate_up"), in_dim=D, out_dim=2 * shape.ffn, **step)
+    rec.launch("mlp.gate_activation_f16.v1", f"layer{i}.activation", out=x16, projected=SCRATCH.gate_up_f16,
+               ffn_dim=shape.ffn, activation=activation, **step)
+    rec.launch("linear.residual_f16.v1", f"layer{i}.down", hidden=SCRATCH.hidden, x=x16,
+               weight=_layer(i, "ffn_down"), in_dim=shape.ffn, out_dim=D, **step)
 
 
 def _output_to_residual(rec: ForwardRecorder, i: int, weight: str, post_norm: str, shape: LlamaShape, io: StepIO,

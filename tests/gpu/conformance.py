@@ -42,7 +42,10 @@ from helios_backend.lockstep.raw_lanes import RawLanes  # noqa: E402
 from helios_proto import contract_pb2 as C  # noqa: E402
 from helios_proto import manifest_pb2 as M  # noqa: E402
 
-LOGITS_KERNEL = "logits.norm_head.v1"     # its first argument is the [rows, vocab] f32 logits
+# the node writing a step's [rows, vocab] f32 logits (its first argument): logits.norm_head.v1, or
+# on the product path linear.product_f32.v1
+LOGITS_KERNELS = ("logits.norm_head.v1", "linear.product_f32.v1")
+LOGITS_LABEL = "logits"
 CACHE_PAGES = 2048
 TIE_TOLERANCE = 5e-3                      # |logit gap| / max |logit| below which two tokens tie
 TOKEN_WORD = 2                            # completion row word holding the sampled token
@@ -54,7 +57,7 @@ def logits_buffer(manifest: M.ExecutionManifest, program: str) -> str | None:
     for p in manifest.programs:
         if p.name == program:
             for node in p.nodes:
-                if node.kernel == LOGITS_KERNEL:
+                if node.kernel in LOGITS_KERNELS and node.label == LOGITS_LABEL:
                     return node.args[0].pointer.buffer
     return None
 

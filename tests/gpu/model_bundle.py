@@ -40,15 +40,17 @@ GGUF_HALVES = (ROOT / ".carry_gguf1" / "part_a", ROOT / ".carry_gguf2" / "part_b
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
-def bench_options(recipe, gguf_path: str | None):
+def bench_options(recipe, gguf_path: str | None, product_path_tokens: int = 0):
     """Variants the conformance script and the benchmarks need (decode to 256 rows, 4096 prefill,
     MIXED to 256 rows with chunks to 1,024 tokens). Weights stay f16 (`source_blocks` off where a
     recipe has it): the CUDA executor runs on f16 either way, and HELIOS_RANDOM_WEIGHTS fills the
     weight resources with random f16 values, which block layouts would read as scales."""
     import dataclasses
 
-    f16 = {"source_blocks": False} if "source_blocks" in {f.name for f in dataclasses.fields(recipe.RecipeOptions)} \
-        else {}
+    fields = {f.name for f in dataclasses.fields(recipe.RecipeOptions)}
+    f16 = {"source_blocks": False} if "source_blocks" in fields else {}
+    if product_path_tokens and "product_path_tokens" in fields:
+        f16["product_path_tokens"] = product_path_tokens
     return recipe.RecipeOptions(
         **f16,
         decode_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -155,14 +157,15 @@ def split_gguf(recipe=None) -> list[pathlib.Path]:
     return paths
 
 
-def build(out: pathlib.Path = BUNDLE_DIR, archs=None, recipe_name: str = DEFAULT_RECIPE) -> None:
+def build(out: pathlib.Path = BUNDLE_DIR, archs=None, recipe_name: str = DEFAULT_RECIPE,
+          product_path_tokens: int = 0) -> None:
     from ignition.cli import recipe_module
     from ignition.gpu_kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
 
     recipe = recipe_module(recipe_name)
     started = time.time()
-    options = bench_options(recipe, None)
+    options = bench_options(recipe, None, product_path_tokens)
     prepared = prepare(recipe, options, kernel_library=KernelLibrary(archs=archs))
     payload = write_bundle(prepared, options, out / "bundle.bin")
     pieces = split_gguf(recipe)
@@ -249,5 +252,8 @@ if __name__ == "__main__":
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="the recipe to prepare (its GGUF is split)")
     parser.add_argument("--out", type=pathlib.Path, default=BUNDLE_DIR,
                         help="the bundle's folder (HELIOS_BUNDLE_DIR there; default .carry_model)")
+    parser.add_argument("--product-path-tokens", type=int, default=0,
+                        help="steps of this many tokens and more run the product path (0: never)")
     arguments = parser.parse_args()
-    build(out=arguments.out, archs=arguments.arch, recipe_name=arguments.recipe)
+    build(out=arguments.out, archs=arguments.arch, recipe_name=arguments.recipe,
+          product_path_tokens=arguments.product_path_tokens)

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from .driver import check
 from .nccl import Nccl
 from .plan import AllReduceLaunch, KernelLaunch, Launch
+from .vendor_products import ProductLaunch, VendorProducts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,7 @@ class RankResources:
     functions: Mapping[str, Any]       # kernel id -> CUfunction
     nccl: Optional[Nccl] = None
     comm: int = 0
+    products: Optional[VendorProducts] = None    # cuBLASLt, where the product path's ids go to it
 
 
 def _launch_config(driver: Any, launch: KernelLaunch, stream: Any) -> Any:
@@ -79,6 +81,10 @@ def record_launches(driver: Any, rank: RankResources, launches: Sequence[Union[L
             check(driver.cuLaunchKernelEx(config, rank.functions[launch.kernel_id],
                                           launch.params.argv.ctypes.data, 0),
                   f"cuLaunchKernelEx {launch.label or launch.kernel_id}")
+        elif isinstance(launch, ProductLaunch):
+            if rank.products is None:
+                raise RuntimeError("a vendor product node needs the rank's cuBLASLt")
+            rank.products.record(launch, rank.stream)
         elif isinstance(launch, AllReduceLaunch):
             if rank.nccl is None:
                 raise RuntimeError("an all-reduce node needs a communicator (world_size > 1)")

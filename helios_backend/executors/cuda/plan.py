@@ -24,6 +24,7 @@ import numpy as np
 from helios_proto import contract_pb2, manifest_pb2
 
 from .errors import ManifestError, ProgramError
+from .vendor_products import VENDOR_PRODUCTS, ProductLaunch
 
 MIN_ALIGNMENT = 256                    # cudaMalloc's guarantee; every buffer start at least this
 THREADS_PER_WARP = 32
@@ -179,7 +180,7 @@ class AllReduceLaunch:
     dtype: contract_pb2.DType.ValueType
 
 
-Launch = Union[KernelLaunch, AllReduceLaunch]
+Launch = Union[KernelLaunch, AllReduceLaunch, ProductLaunch]
 
 _ARG_KIND = {"pointer": manifest_pb2.PARAM_KIND_POINTER, "i32": manifest_pb2.PARAM_KIND_I32,
              "i64": manifest_pb2.PARAM_KIND_I64, "f32": manifest_pb2.PARAM_KIND_F32,
@@ -242,16 +243,30 @@ def _plan_all_reduce(node: manifest_pb2.Node, addresses: BufferAddresses, where:
     return AllReduceLaunch(node.label, address, int(count), dtype)
 
 
+def _plan_product(node: manifest_pb2.Node, kernel: manifest_pb2.Kernel, addresses: BufferAddresses,
+                  where: str) -> ProductLaunch:
+    """A product-path node as a vendor library call: its cubin's launch checks the arguments
+    (kinds and addresses), then (out, x, weight, geometry, tokens, in_dim, out_dim) are read off."""
+    _plan_kernel(node, kernel, addresses, where)
+    out, x, weight = (addresses.resolve(node.args[i].pointer, where) for i in range(3))
+    tokens, in_dim, out_dim = (int(node.args[i].i32) for i in range(4, 7))
+    return ProductLaunch(node.kernel, node.label, out, x, weight, tokens, in_dim, out_dim)
+
+
 def plan_program(program: manifest_pb2.Program,
                  kernels: Mapping[str, tuple[int, manifest_pb2.Kernel]],
-                 addresses: BufferAddresses) -> list[Launch]:
-    """Resolve a program's nodes into launches; ProgramError on any ABI or layout mismatch."""
+                 addresses: BufferAddresses, vendor_products: bool = False) -> list[Launch]:
+    """Resolve a program's nodes into launches; ProgramError on any ABI or layout mismatch.
+    vendor_products: the product path's ids (vendor_products.VENDOR_PRODUCTS) become library calls."""
     launches: list[Launch] = []
     for index, node in enumerate(program.nodes):
         where = f"{program.name}[{index}] {node.label or node.kernel}"
         if node.kind == manifest_pb2.NODE_KIND_KERNEL:
             if node.kernel not in kernels:
                 raise ProgramError(f"{where}: unknown kernel id {node.kernel!r}")
+            if vendor_products and node.kernel in VENDOR_PRODUCTS:
+                launches.append(_plan_product(node, kernels[node.kernel][1], addresses, where))
+                continue
             launches.append(_plan_kernel(node, kernels[node.kernel][1], addresses, where))
         elif node.kind == manifest_pb2.NODE_KIND_ALL_REDUCE:
             launches.append(_plan_all_reduce(node, addresses, where))

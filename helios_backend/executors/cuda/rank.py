@@ -12,6 +12,7 @@ from .arena import DeviceArena, PinnedFrames
 from .modules import Architecture
 from .nccl import Nccl
 from .plan import BufferAddresses
+from .vendor_products import VendorProducts
 
 
 class RankState:
@@ -38,6 +39,7 @@ class RankState:
         self.node_counts: dict[str, int] = {}
         self.plans: dict[str, list[Any]] = {}    # program name -> launches (for profiling)
         self.tuning: list[tuple[Any, Any]] = []  # (graph, exec) of tuning producers
+        self.products: Optional[VendorProducts] = None   # cuBLASLt for the product path's ids, where used
 
     @property
     def arena(self) -> DeviceArena:
@@ -79,6 +81,9 @@ class RankState:
         if self.comm and nccl is not None:
             nccl.destroy(self.comm)
             self.comm = 0
+        if self.products is not None:
+            self.products.close()
+            self.products = None
         for module in self.modules:
             d.cuModuleUnload(module)
         self.modules = []
