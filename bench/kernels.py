@@ -158,6 +158,8 @@ class LayoutRun:
         packer.pack(program, 0, self._decode_lanes(batch, 0))   # the measured step: CONTEXT positions a row
         executor.launch(program, 0)
         executor.wait(0)
+        # the launches above, made on the executor directly (warm-up, the pipelined loop, the step)
+        self.model.submissions.advance(2 * executor.frames + HOST_STEPS + 1)
         device_us = timing.gpu_us(load_driver(), executor, program, REPLAYS)
         nodes = executor.profile_nodes(program, frame=0, repeats=10)
         return {"program": program, "us": device_us, "engine_us": host_us, "nodes": nodes,
@@ -177,6 +179,7 @@ class LayoutRun:
         self.model.packer.pack(program, 0, [chunk])
         executor.launch(program, 0)
         executor.wait(0)
+        self.model.submissions.advance(1)               # the launch above, made directly
         device_us = timing.gpu_us(load_driver(), executor, program, 10)
         nodes = executor.profile_nodes(program, frame=0, repeats=5)
         self.bench.release([lane])
@@ -271,8 +274,9 @@ def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path:
                                      "product_path": (executor.product_library() or "cubins") if products else None}
         print(f"{layout}: weights {run_.weights_s:.1f} s, startup {run_.startup_s:.1f} s", flush=True)
         try:
-            results = [run_.decode(b) for b in DECODE_BATCHES] + [run_.prefill(t) for t in PREFILL_TOKENS]
-            for result in results:
+            measured = [(run_.decode, b) for b in DECODE_BATCHES] + [(run_.prefill, t) for t in PREFILL_TOKENS]
+            for measure, size in measured:
+                result = measure(size)
                 row, operations = rows_of(layout, device, result, run_, gbps, tflops, peer)
                 report["programs"].append(row)
                 report["operations"] += operations
