@@ -648,6 +648,31 @@ def test_qkv_bias_rope_store(runner, rope_pairing, query_length, tokens):
     assert not np.allclose(result["q_out"], plain["q_out"], atol=1.0)   # the bias is applied
 
 
+@pytest.mark.parametrize("query_length, tokens", [((1, 6, 2), 10), ((1, 1, 1), 4)])
+@pytest.mark.parametrize("rope_pairing", [0, 1])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rope_store_of_a_projection_is_the_fused_qkv_rope_store(runner, rope_pairing, head_dim, query_length, tokens):
+    """The product path's q/k/v (an f32 projection, then attention.rope_store / bias_rope_store)
+    against the references, and their q and cache entries against the fused kernel's reference."""
+    from helios_backend.kernel_abi.linear import rms_norm
+    buffers, immediates = _qkv_case(rope_pairing, head_dim, query_length, tokens)
+    live = sum(query_length)
+    normed = rms_norm(buffers["hidden"], buffers["norm_weight"], 1e-5)
+    projected = (normed @ buffers["qkv_weight"].astype(np.float32).T).astype(np.float32)
+    projected[live:] = 99.0                       # rows past the live count are never read
+    split = {name: value for name, value in buffers.items() if name not in ("hidden", "norm_weight", "qkv_weight")}
+    plain = {k: v for k, v in immediates.items() if k not in ("dim", "eps")}
+    stored = check_against_reference(runner, "attention.rope_store.v1", {**split, "projected": projected}, plain,
+                                     atol=1e-4, rtol=1e-4)
+    fused = check_against_reference(runner, "attention.qkv_rope_store.v1", buffers, immediates, atol=2e-2, rtol=1e-2)
+    for name in ("q_out", "k_cache", "v_cache"):
+        np.testing.assert_allclose(stored[name].astype(np.float32), fused[name].astype(np.float32), atol=2e-2)
+    bias = (RNG.standard_normal(projected.shape[1]) * 40).astype(np.float32)
+    biased = check_against_reference(runner, "attention.bias_rope_store.v1",
+                                     {**split, "projected": projected, "qkv_bias": bias}, plain, atol=5e-2, rtol=1e-3)
+    assert not np.allclose(biased["q_out"][:live], stored["q_out"][:live], atol=1.0)   # the bias is applied
+
+
 @pytest.mark.parametrize("query_length, tokens", [((1, 6, 2), 10), ((1, 1, 1), 4), ((1,), 1)])
 @pytest.mark.parametrize("rope_pairing", [0, 1])
 @pytest.mark.parametrize("head_dim", [64, 256])
@@ -720,6 +745,24 @@ def test_paged_attention(runner, query_length, positions, page_tokens, q_heads,
                                   immediates, atol=1e-2, rtol=1e-2)
     live = sum(max(n, 0) for n in query_length)
     assert (out["out"][live:] == 7.0).all()                  # padding tokens untouched
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads",
+                         [PAGED_CASES[0], PAGED_CASES[3], PAGED_CASES[5]])
+def test_paged_attention_large_query_blocks(library, interpreter, head_dim, query_length, positions, page_tokens,
+                                            q_heads, kv_heads):
+    """The large-step instantiation (from LARGE_TOKENS tokens; its threshold and blocks made small
+    here so a few tokens reach it, in the interpreter): heads up to BLOCK_D and up to LARGE_D."""
+    small = InterpreterRunner(library, interpreter,
+                              {"attention.paged.v1": {"LARGE_TOKENS": 8, "LARGE_M": 32, "LARGE_N": 16}})
+    buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads, head_dim=head_dim)
+    spec = SPECS_BY_ID["attention.paged.v1"]
+    large = {**spec.tiles(immediates), "LARGE_TOKENS": 8, "LARGE_M": 32, "LARGE_N": 16}
+    assert spec.grid(immediates, large) != spec.grid(immediates, spec.tiles(immediates))   # the other blocks
+    out = check_against_reference(small, "attention.paged.v1", buffers, immediates, atol=1e-2, rtol=1e-2)
+    live = sum(max(n, 0) for n in query_length)
+    assert (out["out"][live:] == 7.0).all()
 
 
 # heads of 256 dims (the kernels' wide instantiation) on a decode and a prefill-chunk case

@@ -66,6 +66,7 @@ def _names(shape) -> list[str]:
 
 PRODUCT_PATH = {"linear.product_f16.v1", "linear.residual_f16.v1", "norm.rms_f16.v1", "activation.to_f16.v1",
                 "mlp.gate_activation_f16.v1", "linear.product_f32.v1"}
+ROPE_STORE = {"llama": "attention.rope_store.v1", "qwen2": "attention.bias_rope_store.v1"}
 
 
 # spec: FMT-3
@@ -79,9 +80,13 @@ def test_a_config_alone_prepares_a_layout_that_runs_on_the_numpy_executor(layout
     family = json.loads(layout.read_text())["model_type"]
     assert prepared.contract.served_id == layout.stem
     kernels = {n.kernel for p in prepared.manifest.programs for n in p.nodes}
-    assert ("attention.qkv_bias_rope_store.v1" in kernels) == (family == "qwen2")
-    assert (PRODUCT_PATH <= kernels) == (product_path_tokens == 1)
-    assert bool(PRODUCT_PATH & kernels) == bool(product_path_tokens)
+    # from 1 token every step takes the product path: no fused q/k/v node is left
+    assert ("attention.qkv_bias_rope_store.v1" in kernels) == (family == "qwen2" and product_path_tokens != 1)
+    assert (PRODUCT_PATH <= kernels) == bool(product_path_tokens)
+    assert (ROPE_STORE[family] in kernels) == bool(product_path_tokens)
+    # a decode step of at least product_path_tokens rows takes its logits as a product too
+    logits = {n.kernel for p in prepared.manifest.programs for n in p.nodes if n.label == "logits"}
+    assert ("linear.product_f32.v1" in logits) == (product_path_tokens == 1)
     # the `tokens` immediate: the fused MLP's 6th argument, the gate/up product's 5th
     fused = {n.args[5].i32 for p in prepared.manifest.programs for n in p.nodes if n.kernel == "mlp.norm_gate_up_silu.v1"}
     plain = {n.args[4].i32 for p in prepared.manifest.programs for n in p.nodes if n.kernel == "linear.product_f16.v1"}

@@ -54,7 +54,7 @@ def test_product_nodes_become_library_products_only_when_asked(prepared):
     with_library, addresses = _plans(prepared, True)
     cubins, _ = _plans(prepared, False)
     products = [l for launches in with_library.values() for l in launches if isinstance(l, ProductLaunch)]
-    assert {p.kernel_id for p in products} == {"linear.product_f16.v1", "linear.residual_f16.v1"}
+    assert {p.kernel_id for p in products} == {"linear.product_f16.v1", "linear.product_f32.v1", "linear.residual_f16.v1"}
     assert not any(isinstance(l, ProductLaunch) for launches in cubins.values() for l in launches)
     for name, launches in with_library.items():
         assert len(launches) == len(cubins[name])

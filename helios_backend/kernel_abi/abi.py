@@ -197,6 +197,20 @@ _SPECS: tuple[KernelSpec, ...] = (
         _ptr("out", F16_T, W), _ptr("projected", F16_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("ffn_dim"), _i32("activation"),
     ), products.gate_activation_f16, "out = f16(act(gate) * up) of a gate/up product, rows past the live count 0"),
+    KernelSpec("attention.rope_store.v1", (
+        _ptr("q_out", F32_T, W), _ptr("k_cache", F16_T, W), _ptr("v_cache", F16_T, W), _ptr("projected", F32_T),
+        _ptr("rope_table", F32_T), _ptr("positions", I32_T), _ptr("page_table", I32_T),
+        _ptr("row_slot", I32_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
+        _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _i32("rope_pairing"),
+    ), attention.rope_store, "RoPE on q, k of an f32 q/k/v projection -> q_out and the paged cache"),
+    KernelSpec("attention.bias_rope_store.v1", (
+        _ptr("q_out", F32_T, W), _ptr("k_cache", F16_T, W), _ptr("v_cache", F16_T, W), _ptr("projected", F32_T),
+        _ptr("qkv_bias", F32_T), _ptr("rope_table", F32_T), _ptr("positions", I32_T), _ptr("page_table", I32_T),
+        _ptr("row_slot", I32_T), _ptr("geometry", I32_T),
+        _i32("tokens"), _i32("q_heads"), _i32("kv_heads"), _i32("head_dim"),
+        _i32("page_tokens"), _i32("pages_per_row"), _i64("page_stride"), _i32("rope_pairing"),
+    ), attention.bias_rope_store, "rope_store with an f32 q/k/v bias added to the projection first"),
     KernelSpec("linear.product_f16.v1", (
         _ptr("out", F16_T, W), _ptr("x", F16_T), _ptr("weight", F16_T), _ptr("geometry", I32_T),
         _i32("tokens"), _i32("in_dim"), _i32("out_dim"),

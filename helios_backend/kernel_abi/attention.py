@@ -92,8 +92,53 @@ def _qkv_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     kv_width = kv_heads * head_dim
     normed = rms_norm(_matrix(hidden, tokens, dim)[:n], norm_weight[:dim], eps)
     projected = normed @ _matrix(qkv_weight, q_width + 2 * kv_width, dim).T
-    if qkv_bias is not None:
-        projected += qkv_bias[:q_width + 2 * kv_width].astype(np.float32, copy=False)
+    _rope_store_projected(q_out, k_cache, v_cache, projected, qkv_bias, rope_table, positions, page_table, row_slot,
+                          geometry, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                          eps, rope_pairing, head_norms)
+
+
+def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
+               rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+               geometry: np.ndarray, tokens: int, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+               pages_per_row: int, page_stride: int, rope_pairing: int) -> None:
+    """The second half of qkv_rope_store on the product path: RoPE on q and k of an f32 projection
+    projected [tokens, (q_heads + 2 kv_heads) * head_dim] (linear.product_f32.v1), then q_out and
+    the k, v cache entries."""
+    n = live_tokens(geometry)
+    width = (q_heads + 2 * kv_heads) * head_dim
+    _rope_store_projected(q_out, k_cache, v_cache, _matrix(projected, tokens, width)[:n], None, rope_table,
+                          positions, page_table, row_slot, geometry, tokens, q_heads, kv_heads, head_dim,
+                          page_tokens, pages_per_row, page_stride, 0.0, rope_pairing)
+
+
+def bias_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
+                    qkv_bias: np.ndarray, rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray,
+                    row_slot: np.ndarray, geometry: np.ndarray, tokens: int, q_heads: int, kv_heads: int,
+                    head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int, rope_pairing: int) -> None:
+    """rope_store with the f32 q/k/v bias added to the projection first (qkv_bias_rope_store's second half)."""
+    n = live_tokens(geometry)
+    width = (q_heads + 2 * kv_heads) * head_dim
+    _rope_store_projected(q_out, k_cache, v_cache, _matrix(projected, tokens, width)[:n], qkv_bias, rope_table,
+                          positions, page_table, row_slot, geometry, tokens, q_heads, kv_heads, head_dim,
+                          page_tokens, pages_per_row, page_stride, 0.0, rope_pairing)
+
+
+def _rope_store_projected(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
+                          qkv_bias: np.ndarray | None, rope_table: np.ndarray, positions: np.ndarray,
+                          page_table: np.ndarray, row_slot: np.ndarray, geometry: np.ndarray, tokens: int,
+                          q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int,
+                          page_stride: int, eps: float, rope_pairing: int,
+                          head_norms: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """The live tokens' projection [n, (q_heads + 2 kv_heads) * head_dim] -> (+ bias, head norms,
+    RoPE) -> q_out rows and k, v cache entries."""
+    n = projected.shape[0]
+    if n == 0:
+        return
+    q_width = q_heads * head_dim
+    kv_width = kv_heads * head_dim
+    projected = projected.astype(np.float32, copy=False)
+    if qkv_bias is not None:     # a new array: `projected` may be a view of the caller's buffer
+        projected = projected + qkv_bias[:q_width + 2 * kv_width].astype(np.float32, copy=False)
     token_positions = positions[:n]
     cos_sin = rope_table.reshape(-1, head_dim // 2, 2)[token_positions]
     q = np.ascontiguousarray(projected[:, :q_width]).reshape(n, q_heads, head_dim)

@@ -161,10 +161,18 @@ def _qkv_norm_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
     return (a["q_heads"] + 2 * a["kv_heads"], cdiv(a["tokens"], c["BLOCK_M"]), 1)
 
 
+def _large_attention(a: Immediates, c: Mapping[str, int]) -> bool:
+    """The kernel's own branch: paged_attention's large-query-block instantiation."""
+    return "LARGE_TOKENS" in c and a["tokens"] >= c["LARGE_TOKENS"] and a["head_dim"] <= c["LARGE_D"]
+
+
 def _paged_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
     group = a["q_heads"] // a["kv_heads"]
     _require(a["q_heads"] % a["kv_heads"] == 0, "q_heads must be a multiple of kv_heads")
     _require(group <= c["BLOCK_M"], f"GQA group {group} > BLOCK_M {c['BLOCK_M']}")
+    if _large_attention(a, c):
+        _require(a["rows"] <= c["MAX_ROWS"], f"rows {a['rows']} > MAX_ROWS {c['MAX_ROWS']}")
+        return (cdiv(a["tokens"], c["LARGE_M"] // group) + a["rows"], a["kv_heads"], 1)
     # heads up to BLOCK_D take the narrow tiles, wider ones up to WIDE_D the wide instantiation
     # (compiled for the cores that launch one: KernelBuild.tiles)
     widest = max(c["BLOCK_D"], c.get("WIDE_D", 0))
@@ -300,6 +308,9 @@ _QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
 _ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D": 64,
               "MAX_ROWS": 256}
 ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 256})
+# prefill chunks and wide MIXED steps (from LARGE_TOKENS tokens): 64 query rows a block against
+# [32 keys, up to 128 dims] tiles (16 KiB of keys and values a stage at 128 dims)
+_LARGE_ATTENTION = {"LARGE_TOKENS": 512, "LARGE_M": 64, "LARGE_N": 32, "LARGE_D": 128}
 # post-norm residual: one program per 16 rows covers all out_dim columns (two passes); at decode
 # that is one program streaming the whole weight, so its tiles are wide ([64, 128] f16 = 16 KB
 # per stage, 8 warps) to keep many bytes in flight on its one SM (not tuned on a device yet)
@@ -320,6 +331,12 @@ def _rows_then_columns(n_name: str) -> GridFunction:
         _require(blocks <= MAX_GRID_Y, f"{n_name} {a[n_name]} needs {blocks} column blocks > {MAX_GRID_Y} (grid y)")
         return (cdiv(a["tokens"], c["BLOCK_M"]), blocks, 1)
     return grid
+
+
+def _rope_store_grid(a: Immediates, c: Mapping[str, int]) -> Grid:
+    _require(a["head_dim"] % 2 == 0, "head_dim must be even for RoPE")
+    heads = a["q_heads"] + 2 * a["kv_heads"]
+    return (heads * cdiv(a["head_dim"] // 2, c["BLOCK_P"]), cdiv(a["tokens"], c["BLOCK_M"]), 1)
 
 
 def _token_column_tiles(n_name: str) -> GridFunction:
@@ -350,7 +367,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
     KernelBuild("attention.qkv_norm_rope_store.v1", "attention", "qkv_norm_rope_store",
                _QKV_NORM_GEMM, _qkv_norm_rope_store,
                num_stages=2, divisible=("dim", "head_dim", "page_stride")),
-    KernelBuild("attention.paged.v1", "attention", "paged_attention", _ATTENTION,
+    KernelBuild("attention.paged.v1", "attention", "paged_attention", {**_ATTENTION, **_LARGE_ATTENTION},
                _paged_attention, num_stages=3, divisible=("head_dim", "page_stride"),
                widening=ATTENTION_WIDENING),
     KernelBuild("attention.paged_window.v1", "attention", "paged_window_attention", _ATTENTION,
@@ -431,6 +448,11 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                divisible=("dim",)),
     KernelBuild("mlp.gate_activation_f16.v1", "products", "gate_activation_f16", _POINTWISE_F16,
                _token_column_tiles("ffn_dim"), divisible=("ffn_dim",)),
+    # [32 tokens, 32 pairs] of one head a program: the f32 projection read once, 16-byte stores
+    KernelBuild("attention.rope_store.v1", "attention", "rope_store", {"BLOCK_M": 32, "BLOCK_P": 32},
+               _rope_store_grid, divisible=("head_dim", "page_stride")),
+    KernelBuild("attention.bias_rope_store.v1", "attention", "bias_rope_store", {"BLOCK_M": 32, "BLOCK_P": 32},
+               _rope_store_grid, divisible=("head_dim", "page_stride")),
     KernelBuild("linear.product_f16.v1", "products", "product_f16", _PRODUCT, _rows_then_columns("out_dim"),
                num_stages=3, divisible=("in_dim", "out_dim")),
     KernelBuild("linear.product_f32.v1", "products", "product_f32", _PRODUCT, _rows_then_columns("out_dim"),

@@ -53,7 +53,7 @@ from helios_backend.kernel_abi.rope import ROPE_ADJACENT_PAIRS, rope_table
 from helios_backend.kernel_abi.sampling import LOGIT_BIAS_CAPACITY
 from ignition.preparation.contract import PagedKV, StepIO, buffer
 from ignition.preparation.tensor_parallel import PartitionedDimension, Split, TensorParallelError, add_to_residual
-from ignition.recorder import ForwardRecorder, Recorder
+from ignition.recorder import ForwardRecorder, Recorder, Ref
 from ignition.sources.gguf import LlamaShape
 
 
@@ -238,6 +238,7 @@ class Scratch:
     # the product path's f16 activations (rows past the live count zero) and its gate/up product
     activations_f16: str = "scratch.activations_f16"   # f16 [tokens, max(hidden, heads * head_dim, ffn)]
     gate_up_f16: str = "scratch.gate_up_f16"           # f16 [tokens, 2 * ffn]
+    qkv_f32: str = "scratch.qkv_f32"                   # f32 [tokens, (heads + 2 kv_heads) * head_dim]
 
 
 SCRATCH = Scratch()
@@ -276,6 +277,8 @@ def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int, options: 
         rec.declare(buffer(SCRATCH.activations_f16, M.BUFFER_KIND_SCRATCH, f16,
                            [max_tokens, max(shape.hidden, shape.q_dim, shape.ffn)]))
         rec.declare(buffer(SCRATCH.gate_up_f16, M.BUFFER_KIND_SCRATCH, f16, [max_tokens, 2 * shape.ffn]))
+        rec.declare(buffer(SCRATCH.qkv_f32, M.BUFFER_KIND_SCRATCH, f32,
+                           [max_tokens, (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim]))
 
 
 def uses_product_path(tokens: int, shape: LlamaShape, options: Any) -> bool:
@@ -305,19 +308,22 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
     for i in range(shape.n_layers):
         k_cache, v_cache = cache.layer_refs(i)
         window = layer_window(i, shape, options)
-        if shape.qk_norm:
-            qkv_kernel = "attention.qkv_norm_rope_store.v1"
-            extra = dict(q_norm=_layer(i, "attn_q_norm"), k_norm=_layer(i, "attn_k_norm"))
-        elif shape.qkv_bias:
-            qkv_kernel, extra = "attention.qkv_bias_rope_store.v1", dict(qkv_bias=_layer(i, "qkv_bias"))
+        rope = dict(rope_table="weights.rope_table_local" if window else "weights.rope_table",
+                    positions=io.positions, page_table=io.page_table, row_slot=io.row_slot, geometry=io.geometry,
+                    tokens=T, rope_pairing=options.rope_pairing, **heads, **paging)
+        if products and not shape.qk_norm:
+            _product_path_qkv(rec, i, shape, eps, k_cache, v_cache, rope)
         else:
-            qkv_kernel, extra = "attention.qkv_rope_store.v1", {}
-        rec.launch(qkv_kernel, f"layer{i}.qkv", q_out=SCRATCH.q, k_cache=k_cache,
-                   v_cache=v_cache, hidden=SCRATCH.hidden, norm_weight=_layer(i, "attn_norm"),
-                   qkv_weight=_layer(i, "qkv"), **extra,
-                   rope_table="weights.rope_table_local" if window else "weights.rope_table", positions=io.positions,
-                   page_table=io.page_table, row_slot=io.row_slot, geometry=io.geometry, tokens=T, dim=D,
-                   eps=eps, rope_pairing=options.rope_pairing, **heads, **paging)
+            if shape.qk_norm:
+                qkv_kernel = "attention.qkv_norm_rope_store.v1"
+                extra = dict(q_norm=_layer(i, "attn_q_norm"), k_norm=_layer(i, "attn_k_norm"))
+            elif shape.qkv_bias:
+                qkv_kernel, extra = "attention.qkv_bias_rope_store.v1", dict(qkv_bias=_layer(i, "qkv_bias"))
+            else:
+                qkv_kernel, extra = "attention.qkv_rope_store.v1", {}
+            rec.launch(qkv_kernel, f"layer{i}.qkv", q_out=SCRATCH.q, k_cache=k_cache, v_cache=v_cache,
+                       hidden=SCRATCH.hidden, norm_weight=_layer(i, "attn_norm"), qkv_weight=_layer(i, "qkv"),
+                       **extra, dim=D, eps=eps, **rope)
         attention = dict(out=SCRATCH.attention, q=SCRATCH.q, k_cache=k_cache, v_cache=v_cache,
                          positions=io.positions, page_table=io.page_table, row_slot=io.row_slot,
                          geometry=io.geometry, rows=io.rows, tokens=T, scale=float(1.0 / np.sqrt(shape.head_dim)),
@@ -353,6 +359,24 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
     rec.launch("logits.norm_head.v1", "logits", logits=io.logits, hidden=SCRATCH.hidden,
                norm_weight="weights.output_norm", head=head, geometry=io.geometry, rows=io.rows, tokens=T,
                dim=D, vocab=shape.vocab, eps=eps)
+
+
+def _product_path_qkv(rec: ForwardRecorder, i: int, shape: LlamaShape, eps: float, k_cache: Ref, v_cache: Ref,
+                      rope: dict[str, Any]) -> None:
+    """A layer's q/k/v on the product path: the normed hidden in f16, its f32 q/k/v product, then
+    RoPE and the cache write (with the q/k/v bias where the shape has one)."""
+    step = dict(geometry=rope["geometry"], tokens=rope["tokens"])
+    width = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim
+    rec.launch("norm.rms_f16.v1", f"layer{i}.attn_norm", out=SCRATCH.activations_f16, hidden=SCRATCH.hidden,
+               norm_weight=_layer(i, "attn_norm"), dim=shape.hidden, eps=eps, **step)
+    rec.launch("linear.product_f32.v1", f"layer{i}.qkv", out=SCRATCH.qkv_f32, x=SCRATCH.activations_f16,
+               weight=_layer(i, "qkv"), in_dim=shape.hidden, out_dim=width, **step)
+    if shape.qkv_bias:
+        rec.launch("attention.bias_rope_store.v1", f"layer{i}.rope_store", q_out=SCRATCH.q, k_cache=k_cache,
+                   v_cache=v_cache, projected=SCRATCH.qkv_f32, qkv_bias=_layer(i, "qkv_bias"), **rope)
+    else:
+        rec.launch("attention.rope_store.v1", f"layer{i}.rope_store", q_out=SCRATCH.q, k_cache=k_cache,
+                   v_cache=v_cache, projected=SCRATCH.qkv_f32, **rope)
 
 
 def _product_path_layer(rec: ForwardRecorder, i: int, shape: LlamaShape, io: StepIO, eps: float,

@@ -164,6 +164,50 @@ def _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, seco
 
 
 @triton.jit
+def rope_store(q_out, k_cache, v_cache, projected, rope_table, positions, page_table, row_slot, geometry,
+               tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, rope_pairing,
+               BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+    """The product path's second half of qkv_rope_store: RoPE on q and k of the f32 projection
+    projected [tokens, (q_heads + 2 kv_heads) * head_dim] (linear.product_f32.v1), q rows and
+    cache entries written as there. Grid ((q_heads + 2 kv_heads) * cdiv(head_dim / 2, BLOCK_P),
+    cdiv(tokens, BLOCK_M)): a program rotates BLOCK_P pairs of one head for BLOCK_M tokens."""
+    _rope_store_projection(q_out, k_cache, v_cache, projected, projected, rope_table, positions, page_table,
+                           row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                           page_stride, rope_pairing, False, BLOCK_M, BLOCK_P, PDL)
+
+
+@triton.jit
+def bias_rope_store(q_out, k_cache, v_cache, projected, qkv_bias, rope_table, positions, page_table, row_slot,
+                    geometry, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                    rope_pairing, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+    """rope_store with the f32 q/k/v bias added to the projection first."""
+    _rope_store_projection(q_out, k_cache, v_cache, projected, qkv_bias, rope_table, positions, page_table,
+                           row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                           page_stride, rope_pairing, True, BLOCK_M, BLOCK_P, PDL)
+
+
+@triton.jit
+def _rope_store_projection(q_out, k_cache, v_cache, projected, qkv_bias, rope_table, positions, page_table,
+                           row_slot, geometry, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                           page_stride, rope_pairing, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+    wait_for_predecessors(PDL)
+    n = tl.load(geometry)
+    if tl.program_id(1) * BLOCK_M < n:
+        head, pair, pair_mask, first, second = _rotation_pairs(head_dim, rope_pairing, BLOCK_P)
+        t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        live = t < n
+        mask = live[:, None] & pair_mask[None, :]
+        source = projected + t[:, None].to(tl.int64) * ((q_heads + 2 * kv_heads) * head_dim) + head * head_dim
+        acc_first = tl.load(source + first[None, :], mask=mask, other=0.0)
+        acc_second = tl.load(source + second[None, :], mask=mask, other=0.0)
+        _rope_and_store(acc_first, acc_second, t, live, pair, pair_mask, first, second, head, q_out, k_cache,
+                        v_cache, qkv_bias, rope_table, positions, page_table, row_slot, geometry, q_heads,
+                        kv_heads, head_dim, page_tokens, pages_per_row, page_stride, 0.0, HAS_BIAS,
+                        projected, projected, False)
+
+
+@triton.jit
 def _rotation_pairs(head_dim, rope_pairing, BLOCK_P: tl.constexpr):
     """(head, pair indices, pair mask, first dims, second dims) of program_id(0)'s BLOCK_P
     rotation pairs: program p takes pairs [(p % chunks) * BLOCK_P, ...) of head p // chunks."""
@@ -358,7 +402,8 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
                     page_stride, scale,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     WIDE_N: tl.constexpr, WIDE_D: tl.constexpr, MAX_ROWS: tl.constexpr,
-                    PDL: tl.constexpr):
+                    LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr, LARGE_N: tl.constexpr,
+                    LARGE_D: tl.constexpr, PDL: tl.constexpr):
     """Causal GQA of each row's packed queries over its paged history (flash-style, online softmax).
 
     Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads), group = q_heads // kv_heads.
@@ -370,9 +415,21 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
     page table, so any page_tokens works. Heads wider than BLOCK_D take the [WIDE_N keys,
     WIDE_D dims] instantiation of the same code, compiled only when WIDE_D > BLOCK_D (the
     library widens the tiles for cores that launch such heads: specs.Widening).
+    From LARGE_TOKENS tokens (prefill chunks, wide MIXED steps) a block holds LARGE_M query
+    rows against [LARGE_N keys, BLOCK_D or LARGE_D dims] tiles: each key and value tile then
+    serves LARGE_M // group queries instead of BLOCK_M // group (a 4,096-token prefill of a
+    group-4 layer read its keys 1,024 times a head; now 256), heads to LARGE_D dims.
     """
     wait_for_predecessors(PDL)
-    if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
+    if (tokens >= LARGE_TOKENS) & (head_dim <= BLOCK_D):
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, 0, False, LARGE_M, LARGE_N, BLOCK_D, MAX_ROWS)
+    elif (tokens >= LARGE_TOKENS) & (head_dim <= LARGE_D):
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, 0, False, LARGE_M, LARGE_N, LARGE_D, MAX_ROWS)
+    elif (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
         _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                        page_stride, scale, 0, False, BLOCK_M, WIDE_N, WIDE_D, MAX_ROWS)
