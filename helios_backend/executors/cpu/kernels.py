@@ -106,6 +106,11 @@ class CpuKernels:
             "attention.paged_split.v1": self.paged_attention_split,
             "linear.residual.v1": self.linear_residual,
             "linear.project.v1": self.linear_project,
+            # the product path's products (kernel_abi/products.py): f16 activations widened once into
+            # the workspace, then the same compiled products
+            "linear.product_f16.v1": self.product_f16,
+            "linear.product_f32.v1": self.product_f32,
+            "linear.residual_f16.v1": self.residual_f16,
             "mlp.norm_gate_up_silu.v1": self.norm_gate_up_silu,
             "logits.norm_head.v1": self.norm_logits,
             "logits.score_targets.v1": self.score_targets,
@@ -333,6 +338,30 @@ class CpuKernels:
         n = live_tokens(geometry)
         self._product(out, x, weight, n, in_dim, out_dim, False)
         out[n * out_dim:tokens * out_dim] = 0.0
+
+    def _widened(self, x: np.ndarray, n: int, k: int) -> np.ndarray:
+        """The live rows of f16 activations x [n, k] as f32, in the workspace (flat)."""
+        widened = self._normed[:n * k]
+        widened[:] = x[:n * k]
+        return widened
+
+    def residual_f16(self, hidden: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
+                     tokens: int, in_dim: int, out_dim: int) -> None:
+        n = live_tokens(geometry)
+        self._product(hidden, self._widened(x, n, in_dim), weight, n, in_dim, out_dim, True)
+
+    def _stored_product(self, out: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
+                        tokens: int, in_dim: int, out_dim: int) -> None:
+        """out[:n] = x[:n] @ weight.T in out's dtype (f16 rounds), rows n .. tokens zero."""
+        n = live_tokens(geometry)
+        products = self._projected
+        self._product(products, self._widened(x, n, in_dim), weight, n, in_dim, out_dim, False)
+        with np.errstate(over="ignore"):          # an f16 product past its range is inf, as on the GPU
+            out[:n * out_dim] = products[:n * out_dim]
+        out[n * out_dim:tokens * out_dim] = 0
+
+    product_f16 = _stored_product
+    product_f32 = _stored_product
 
     def norm_gate_up_silu(self, out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray,
                           gate_up: Weight, geometry: np.ndarray, tokens: int, dim: int,
