@@ -92,7 +92,7 @@ class VendorProducts:
         """The library for the current context, or None where nvmath-python or libcublasLt is missing
         (the product ids then run their cubins)."""
         try:
-            from nvmath.bindings import cublasLt as lt  # type: ignore[import-not-found]
+            from nvmath.bindings import cublasLt as lt
             return cls(lt, driver)
         except Exception:           # ImportError, or the loader's own error when libcublasLt is absent
             return None
