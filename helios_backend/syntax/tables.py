@@ -115,6 +115,48 @@ def json_call_tags() -> pb.ToolSyntax:
     )
 
 
+def json_call_list() -> pb.ToolSyntax:
+    """[TOOL_CALLS][{"name": "NAME", "arguments": {JSON arguments}}]
+
+    The marker (an added token where the tokenizer has one) opens the block; the list bracket
+    and the invocation's JSON object open the invocation, the object's final brace closes it
+    and the list's bracket closes the block. One invocation per block: parallel calls repeat
+    the block (a list of several objects after one marker is not parsed past its first call).
+    Whitespace after the marker is skipped, so "[TOOL_CALLS] [{" reads as well.
+    """
+    return pb.ToolSyntax(
+        block_open="[TOOL_CALLS]",
+        block_close="]",
+        invocation_open_prefix='[{"name": "',
+        invocation_open_suffix='", "arguments": ',
+        invocation_close="}",
+        tag_separator="",
+        wrap_newlines=False,
+        argument_encoding=JSON_OBJECT,
+        invocations_per_block=1,
+    )
+
+
+def json_parameters() -> pb.ToolSyntax:
+    """{"name": "NAME", "parameters": {JSON arguments}}
+
+    A bare JSON object: its opening up to the name's quote opens the block, the name follows
+    directly, and the object's final brace (counted after the arguments object's own) closes
+    the block and the one invocation it holds. Parallel calls repeat the object.
+    """
+    return pb.ToolSyntax(
+        block_open='{"name": "',
+        block_close="}",
+        invocation_open_prefix="",
+        invocation_open_suffix='", "parameters": ',
+        invocation_close="",
+        tag_separator="",
+        wrap_newlines=False,
+        argument_encoding=JSON_OBJECT,
+        invocations_per_block=1,
+    )
+
+
 def atem() -> pb.ToolSyntax:
     """<atem:function_calls><atem:invoke name="NAME"><atem:parameter name="P">VALUE</atem:parameter>
     </atem:invoke></atem:function_calls>, one invocation per recipient frame."""
@@ -196,6 +238,8 @@ _TOOL_TABLES = {
     pb.TOOL_PARSER_XTML: xtml_tools,
     pb.TOOL_PARSER_ATEM: atem,
     pb.TOOL_PARSER_JSON_CALL_TAGS: json_call_tags,
+    pb.TOOL_PARSER_JSON_CALL_LIST: json_call_list,
+    pb.TOOL_PARSER_JSON_PARAMETERS: json_parameters,
 }
 
 
