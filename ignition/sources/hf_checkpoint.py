@@ -119,8 +119,8 @@ def full_attention_period(config: dict[str, Any], layers: int, where: Path) -> i
     every layer slides): config.json's `layer_types`, else its `sliding_window_pattern`."""
     types = config.get("layer_types")
     if types is None:
-        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern"))
-        return _integer({"sliding_window_pattern": pattern}, where, "sliding_window_pattern", 0)
+        key = next((k for k in ("sliding_window_pattern", "_sliding_window_pattern") if config.get(k) is not None), "")
+        return _integer(config, where, key) if key else 0
     if (not isinstance(types, list) or len(types) != layers
             or not set(types) <= {"sliding_attention", "full_attention"}):
         raise CheckpointError(f"{where}: layer_types must name 'sliding_attention' or 'full_attention' for each "
