@@ -508,3 +508,37 @@ def test_the_cli_exits_non_zero_naming_the_model_type(tmp_path: pathlib.Path, ca
     out = tmp_path / "x.core"
     assert prepare_main([str(directory), "--out", str(out), "--no-kernels", "--key", str(tmp_path / "k.pem")]) == 2
     assert "model_type 'mamba' is not supported" in capsys.readouterr().err and not out.exists()
+
+
+# spec: FE-9, FE-40
+@pytest.mark.parametrize("name", ["mistral", "llama3"])
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_request_grammars_of_the_new_syntaxes_accept_the_family_call(tmp_path: pathlib.Path, name: str,
+                                                                      choice: str) -> None:
+    """The grammar built from the core's syntax data accepts the call as the family writes it
+    (the marker as its token); under required another syntax's call is refused."""
+    from helios_backend.frontend.grammar_runtime import GrammarSession, GrammarTokenizer
+    from helios_backend.syntax.grammar import ConstraintRequest, ToolChoiceMode, ToolSpec, build_request_grammar
+
+    spec = SPECS[name]
+    recipe = recipe_for(write_checkpoint(tmp_path, spec))
+    prepared = prepare(recipe, _options(recipe))
+    syntax, _ = _core_syntax(prepared)
+    eos = list(prepared.contract.defaults.eos_token_ids)
+    tokenizer = GrammarTokenizer.from_json(
+        resource_reader(prepared)(prepared.contract.model.frontend.tokenizer_resource).decode(), eos)
+    request = ConstraintRequest(tools=(ToolSpec("get_weather", WEATHER),), tool_choice=ToolChoiceMode(choice))
+    grammar = build_request_grammar(syntax, InitialState(ReasoningStart.CLOSED), request)
+    assert grammar is not None
+    call = {"mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
+            "llama3": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}'}[name]
+    session = GrammarSession.create(tokenizer, grammar.grammar)
+    assert all(session.consume(i) for i, _ in _tokens(prepared, call)) and session.is_accepting()
+    other = _tokens(prepared, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    session = GrammarSession.create(tokenizer, grammar.grammar)
+    if choice == "required":      # another syntax's call is refused from its first token
+        assert not session.consume(other[0][0])
+    else:                         # auto: an answer in words is content
+        answer = _tokens(prepared, "It is sunny in Paris.")
+        assert all(session.consume(i) for i, _ in answer) and session.is_accepting()
+        assert _parse(syntax, answer).content == "It is sunny in Paris."
