@@ -460,6 +460,11 @@ def test_a_mistral_call_parses_from_its_marker_token(family) -> None:
     out = _parse(syntax, [(marker, "[TOOL_CALLS]"), (7, call)])
     assert out.errors == [] and [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
         ("get_weather", ARGUMENTS)]
+    parallel = '[{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "get_weather", "arguments": ' + \
+        json.dumps(ARGUMENTS) + "}]"                            # parallel calls share one list
+    out = _parse(syntax, [(marker, "[TOOL_CALLS]"), (7, parallel)])
+    assert out.errors == [] and [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+        ("get_weather", {"city": "Rome"}), ("get_weather", ARGUMENTS)]
     plain = _parse(syntax, [(7, "[TOOL_CALLS]" + call)])      # the marker's spelling as text is text
     assert plain.tool_calls == [] and plain.content.startswith("[TOOL_CALLS]")
 
@@ -532,8 +537,12 @@ def test_request_grammars_of_the_new_syntaxes_accept_the_family_call(tmp_path: p
     assert grammar is not None
     call = {"mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
             "llama3": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}'}[name]
-    session = GrammarSession.create(tokenizer, grammar.grammar)
-    assert all(session.consume(i) for i, _ in _tokens(prepared, call)) and session.is_accepting()
+    calls = [call]
+    if name == "mistral":     # parallel calls: later objects of the same list
+        calls.append(call[:-1] + ', {"name": "get_weather", "arguments": {"city": "Rome"}}]')
+    for text in calls:
+        session = GrammarSession.create(tokenizer, grammar.grammar)
+        assert all(session.consume(i) for i, _ in _tokens(prepared, text)) and session.is_accepting()
     other = _tokens(prepared, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
     session = GrammarSession.create(tokenizer, grammar.grammar)
     if choice == "required":      # another syntax's call is refused from its first token

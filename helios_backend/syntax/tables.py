@@ -116,24 +116,24 @@ def json_call_tags() -> pb.ToolSyntax:
 
 
 def json_call_list() -> pb.ToolSyntax:
-    """[TOOL_CALLS][{"name": "NAME", "arguments": {JSON arguments}}]
+    """[TOOL_CALLS][{"name": "NAME", "arguments": {JSON arguments}}, {"name": ...}]
 
     The marker (an added token where the tokenizer has one) opens the block; the list bracket
-    and the invocation's JSON object open the invocation, the object's final brace closes it
-    and the list's bracket closes the block. One invocation per block: parallel calls repeat
-    the block (a list of several objects after one marker is not parsed past its first call).
-    Whitespace after the marker is skipped, so "[TOOL_CALLS] [{" reads as well.
+    and the first JSON object open the first invocation, ", {" each later one (parallel calls
+    share the list); an object's final brace closes its invocation and the list's bracket
+    closes the block. Whitespace after the marker is skipped, so "[TOOL_CALLS] [{" reads too.
     """
     return pb.ToolSyntax(
         block_open="[TOOL_CALLS]",
         block_close="]",
         invocation_open_prefix='[{"name": "',
+        next_invocation_open_prefix=', {"name": "',
         invocation_open_suffix='", "arguments": ',
         invocation_close="}",
         tag_separator="",
         wrap_newlines=False,
         argument_encoding=JSON_OBJECT,
-        invocations_per_block=1,
+        invocations_per_block=0,
     )
 
 
@@ -150,7 +150,7 @@ def json_parameters() -> pb.ToolSyntax:
         invocation_open_prefix="",
         invocation_open_suffix='", "parameters": ',
         invocation_close="",
-        tag_separator="",
+        tag_separator="\n",
         wrap_newlines=False,
         argument_encoding=JSON_OBJECT,
         invocations_per_block=1,

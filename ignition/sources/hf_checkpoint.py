@@ -60,12 +60,10 @@ def family_of(config: dict[str, Any], where: Path) -> tuple[Family, dict[str, An
     family = FAMILIES.get(model_type)
     if family is None:
         raise CheckpointError(f"{where}: model_type {model_type!r} is not supported; supported: {sorted(FAMILIES)}")
-    settings = config
-    if family.text_config:
-        settings = config.get("text_config")
-        if not isinstance(settings, dict):
-            raise CheckpointError(f"{where}: missing 'text_config' (a {model_type} checkpoint's text decoder)")
-    settings = {**family.defaults, **settings}
+    declared = config.get("text_config") if family.text_config else config
+    if not isinstance(declared, dict):
+        raise CheckpointError(f"{where}: missing 'text_config' (a {model_type} checkpoint's text decoder)")
+    settings = {**family.defaults, **declared}
     for key in family.refused:
         if settings.get(key):
             raise CheckpointError(f"{where}: {key} {settings[key]!r} is not supported for model_type "
