@@ -551,3 +551,33 @@ def test_request_grammars_of_the_new_syntaxes_accept_the_family_call(tmp_path: p
         answer = _tokens(prepared, "It is sunny in Paris.")
         assert all(session.consume(i) for i, _ in answer) and session.is_accepting()
         assert _parse(syntax, answer).content == "It is sunny in Paris."
+
+
+# ---- served: helios-serve --model DIR through the real gateway and the openai SDK ----------------
+
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3", "mistral"])
+def test_a_served_family_folder_answers_a_required_tool_call(tmp_path: pathlib.Path, name: str) -> None:
+    """The family's syntax reaches the gateway: a required call comes back as `tool_calls`."""
+    import openai
+
+    from tests.serve_process import ServeProcess
+
+    folder = write_checkpoint(tmp_path, SPECS[name], SPECS[name].config | {"max_position_embeddings": 4096})
+    env = {"HELIOS_HOME": str(tmp_path / "home"), "HELIOS_CORE_CACHE": str(tmp_path / "cores")}
+    city = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": city}}]
+    with ServeProcess(folder, tmp_path, "--executor", "numpy", "--max-active", "2", env=env,
+                      source="--model") as serve:
+        serve.wait_gateway_healthy(600)
+        client = openai.OpenAI(base_url=serve.gateway_url + "/v1", api_key="unused", max_retries=0)
+        extra = {"chat_template_kwargs": {"enable_thinking": False}} if name == "qwen3" else {}
+        answer = client.chat.completions.create(
+            model=folder.name, max_tokens=64, temperature=0, tools=tools, tool_choice="required",
+            messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=extra)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
