@@ -34,7 +34,7 @@ from ignition.sources.hf_checkpoint import CheckpointError, HFCheckpoint
 from tests import family_templates
 from tests.engine_fixtures import resource_reader
 from tests.test_numpy_executor import prefill_logits
-from tests.tiny_checkpoints import bf16_values, save_safetensors
+from tests.tiny_checkpoints import TinyShape, bf16_values, save_safetensors
 
 # f16 weights and KV cache in the core against the f64 oracle: errors of about 1 % of the logit scale
 RELATIVE_TOLERANCE = 1.5e-2
@@ -52,12 +52,7 @@ class Spec:
     template: str
     tokens: dict[str, str]            # tokenizer_config.json bos/eos/pad spellings
     # the architecture, as the oracle reads it (from the family's description, not the product)
-    hidden: int = 64
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 16
-    ffn: int = 96
-    layers: int = 2
+    shape: TinyShape = TinyShape()    # layers, hidden, heads, kv_heads, head_dim, ffn
     qkv_bias: bool = False
     qk_norm: bool = False
     sandwich: bool = False            # Gemma: post-attention / post-FFN norms, pre_feedforward_layernorm
@@ -117,7 +112,8 @@ def _gemma_text_config(**extra: Any) -> dict[str, Any]:
 
 _GEMMA = dict(specials=GEMMA_TOKENS, template=family_templates.GEMMA3,
               tokens={"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
-              heads=2, kv_heads=1, head_dim=32, layers=3, qk_norm=True, sandwich=True, norm_offset=1.0, gelu=True,
+              shape=TinyShape(layers=3, heads=2, kv_heads=1, head_dim=32), qk_norm=True, sandwich=True,
+              norm_offset=1.0, gelu=True,
               embedding_scale=True, windows=(8, 8, 0), local_theta=10_000.0)
 
 SPECS = {s.name: s for s in (
@@ -129,7 +125,7 @@ SPECS = {s.name: s for s in (
                    "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
                    "use_sliding_window": False, "vocab_size": 256 + len(QWEN3_TOKENS) + 9},
          QWEN3_TOKENS, family_templates.QWEN3, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
-         head_dim=32, qk_norm=True, padding=9),
+         shape=TinyShape(head_dim=32), qk_norm=True, padding=9),
     Spec("qwen3-untied", {"architectures": ["Qwen3ForCausalLM"], "head_dim": 16, "hidden_act": "silu",
                           "hidden_size": 64, "intermediate_size": 96, "max_position_embeddings": 40960,
                           "model_type": "qwen3", "num_attention_heads": 4, "num_hidden_layers": 2,
@@ -167,7 +163,8 @@ SPECS = {s.name: s for s in (
                                     "sliding_window_pattern": 3, "max_position_embeddings": 4096,
                                     "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
                                     "vocab_size": 256 + len(GEMMA_TOKENS)},
-                    "torch_dtype": "bfloat16", "vision_config": {"hidden_size": 16, "model_type": "siglip_vision_model"}},
+                    "torch_dtype": "bfloat16",
+                    "vision_config": {"hidden_size": 16, "model_type": "siglip_vision_model"}},
          **_GEMMA, prefix="language_model.model.", frequency_scale=lambda f: f / 8.0),
     Spec("llama3", {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
                     "bos_token_id": 256, "eos_token_id": [257, 260, 261], "head_dim": 16, "hidden_act": "silu",
@@ -206,27 +203,28 @@ def tensors(spec: Spec, seed: int = 5) -> dict[str, np.ndarray]:
     def norm(width: int) -> np.ndarray:    # stored w: Gemma's means 1 + w, the others' is the factor
         return normal(width, scale=0.1) + np.float32(1 - spec.norm_offset)
 
-    p, q, kv = spec.prefix, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    w = {p + "embed_tokens.weight": normal(_vocab(spec), spec.hidden, scale=0.3 if spec.embedding_scale else 0.5),
-         p + "norm.weight": norm(spec.hidden)}
+    p, q, kv = spec.prefix, spec.shape.heads * spec.shape.head_dim, spec.shape.kv_heads * spec.shape.head_dim
+    w = {p + "embed_tokens.weight": normal(_vocab(spec), spec.shape.hidden, scale=0.3 if spec.embedding_scale else 0.5),
+         p + "norm.weight": norm(spec.shape.hidden)}
     if not spec.tied:
-        w["lm_head.weight"] = normal(_vocab(spec), spec.hidden, scale=0.2)
-    for i in range(spec.layers):
+        w["lm_head.weight"] = normal(_vocab(spec), spec.shape.hidden, scale=0.2)
+    for i in range(spec.shape.layers):
         b = f"{p}layers.{i}."
-        w |= {b + "input_layernorm.weight": norm(spec.hidden),
-              b + "self_attn.q_proj.weight": normal(q, spec.hidden, scale=0.15),
-              b + "self_attn.k_proj.weight": normal(kv, spec.hidden, scale=0.15),
-              b + "self_attn.v_proj.weight": normal(kv, spec.hidden, scale=0.15),
-              b + "self_attn.o_proj.weight": normal(spec.hidden, q, scale=0.1),
-              b + "post_attention_layernorm.weight": norm(spec.hidden),
-              b + "mlp.gate_proj.weight": normal(spec.ffn, spec.hidden, scale=0.15),
-              b + "mlp.up_proj.weight": normal(spec.ffn, spec.hidden, scale=0.15),
-              b + "mlp.down_proj.weight": normal(spec.hidden, spec.ffn, scale=0.1)}
+        w |= {b + "input_layernorm.weight": norm(spec.shape.hidden),
+              b + "self_attn.q_proj.weight": normal(q, spec.shape.hidden, scale=0.15),
+              b + "self_attn.k_proj.weight": normal(kv, spec.shape.hidden, scale=0.15),
+              b + "self_attn.v_proj.weight": normal(kv, spec.shape.hidden, scale=0.15),
+              b + "self_attn.o_proj.weight": normal(spec.shape.hidden, q, scale=0.1),
+              b + "post_attention_layernorm.weight": norm(spec.shape.hidden),
+              b + "mlp.gate_proj.weight": normal(spec.shape.ffn, spec.shape.hidden, scale=0.15),
+              b + "mlp.up_proj.weight": normal(spec.shape.ffn, spec.shape.hidden, scale=0.15),
+              b + "mlp.down_proj.weight": normal(spec.shape.hidden, spec.shape.ffn, scale=0.1)}
         if spec.qk_norm:
-            w |= {b + "self_attn.q_norm.weight": norm(spec.head_dim), b + "self_attn.k_norm.weight": norm(spec.head_dim)}
+            w |= {b + "self_attn.q_norm.weight": norm(spec.shape.head_dim),
+                  b + "self_attn.k_norm.weight": norm(spec.shape.head_dim)}
         if spec.sandwich:
-            w |= {b + "pre_feedforward_layernorm.weight": norm(spec.hidden),
-                  b + "post_feedforward_layernorm.weight": norm(spec.hidden)}
+            w |= {b + "pre_feedforward_layernorm.weight": norm(spec.shape.hidden),
+                  b + "post_feedforward_layernorm.weight": norm(spec.shape.hidden)}
     return w
 
 
@@ -261,23 +259,25 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 def oracle_logits(spec: Spec, w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
     """[T, vocab] logits of every position of `ids`."""
-    p, T, d = spec.prefix, len(ids), spec.head_dim
+    p, T, d = spec.prefix, len(ids), spec.shape.head_dim
     norm = lambda x, name: _rms_norm(x, w[name], spec.eps, spec.norm_offset)  # noqa: E731
     base = 1.0 / spec.theta ** (np.arange(0, d, 2) / d)
     local = 1.0 / (spec.local_theta or spec.theta) ** (np.arange(0, d, 2) / d)
-    h = w[p + "embed_tokens.weight"][ids].astype(np.float64) * (math.sqrt(spec.hidden) if spec.embedding_scale else 1)
-    for i in range(spec.layers):
+    scale = math.sqrt(spec.shape.hidden) if spec.embedding_scale else 1.0
+    h = w[p + "embed_tokens.weight"][ids].astype(np.float64) * scale
+    for i in range(spec.shape.layers):
         b = f"{p}layers.{i}."
         window = spec.windows[i] if spec.windows else 0
         x = norm(h, b + "input_layernorm.weight")
-        q = (x @ w[b + "self_attn.q_proj.weight"].T).reshape(T, spec.heads, d)
-        k = (x @ w[b + "self_attn.k_proj.weight"].T).reshape(T, spec.kv_heads, d)
-        v = (x @ w[b + "self_attn.v_proj.weight"].T).reshape(T, spec.kv_heads, d)
+        q = (x @ w[b + "self_attn.q_proj.weight"].T).reshape(T, spec.shape.heads, d)
+        k = (x @ w[b + "self_attn.k_proj.weight"].T).reshape(T, spec.shape.kv_heads, d)
+        v = (x @ w[b + "self_attn.v_proj.weight"].T).reshape(T, spec.shape.kv_heads, d)
         if spec.qk_norm:
             q, k = norm(q, b + "self_attn.q_norm.weight"), norm(k, b + "self_attn.k_norm.weight")
-        frequencies = (local if spec.local_theta else spec.frequency_scale(base)) if window else spec.frequency_scale(base)
+        # sliding layers with a base of their own rotate unscaled; the others by the global scaling
+        frequencies = local if window and spec.local_theta else spec.frequency_scale(base)
         q, k = _rotate(q, frequencies), _rotate(k, frequencies)
-        group = spec.heads // spec.kv_heads
+        group = spec.shape.heads // spec.shape.kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(spec.scalar or d)
         query, key = np.arange(T)[:, None], np.arange(T)[None, :]
@@ -285,7 +285,7 @@ def oracle_logits(spec: Spec, w: dict[str, np.ndarray], ids: list[int]) -> np.nd
         scores = np.where(hidden[None], -np.inf, scores)
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         scores /= scores.sum(axis=-1, keepdims=True)
-        attention = np.einsum("hqk,khd->qhd", scores, v).reshape(T, spec.heads * d)
+        attention = np.einsum("hqk,khd->qhd", scores, v).reshape(T, spec.shape.heads * d)
         out = attention @ w[b + "self_attn.o_proj.weight"].T
         if spec.sandwich:
             h = h + norm(out, b + "post_attention_layernorm.weight")
@@ -393,7 +393,8 @@ def _core_syntax(prepared) -> tuple[ModelSyntax, ChatTemplate]:
 
 def _tokens(prepared, text: str) -> list[tuple[int, str]]:
     """`text` as the core's tokenizer encodes it: (id, text) per token, added tokens atomic."""
-    tokenizer = Tokenizer.from_str(resource_reader(prepared)(prepared.contract.model.frontend.tokenizer_resource).decode())
+    frontend = prepared.contract.model.frontend
+    tokenizer = Tokenizer.from_str(resource_reader(prepared)(frontend.tokenizer_resource).decode())
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     return [(i, tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
 
