@@ -13,7 +13,8 @@ Triton cannot target; `--arch` (repeatable) names the architectures instead. A H
 random weights. Preparation
 needs no GPU and works without the library (--no-kernels skips it).
 
-A local Hugging Face checkpoint directory prepares too (llama and qwen2 families):
+A local Hugging Face checkpoint directory prepares too (the families of
+ignition/sources/hf_families.py: Llama 3.x, Qwen2.5, Qwen3, Mistral, Gemma 3):
 
     helios-prepare ./Qwen2.5-0.5B-Instruct --out var/cores/qwen.core
     helios-prepare ~/.cache/huggingface/hub/models--Org--Name/snapshots/SHA --served-model-name my-model --out m.core
@@ -40,6 +41,7 @@ from ignition.progress import WRITING, ProgressBars
 from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
                               syntax_variants)
 from ignition.sources.gguf import GGUFError
+from ignition.sources.hf_families import FAMILIES
 from ignition.sources.packaged import PackagedSourceError
 
 RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
@@ -110,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios-prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help=f"one of {sorted(RECIPES)}, or a local Hugging Face checkpoint directory "
-                                       "(llama or qwen2 family), which must hold config.json, model.safetensors "
+                                       f"(model_type {', '.join(FAMILIES)}), which must hold config.json, model.safetensors "
                                        "(or shards with model.safetensors.index.json; f32, f16 or bf16), "
                                        "tokenizer.json and tokenizer_config.json (with its chat_template, unless "
                                        "--chat-template is given); generation_config.json is read when present; or a layout's config.json alone (random weights)")

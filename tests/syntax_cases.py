@@ -47,6 +47,8 @@ D = pb.TOOL_PARSER_DSML
 X = pb.TOOL_PARSER_XTML
 A = pb.TOOL_PARSER_ATEM
 J = pb.TOOL_PARSER_JSON_CALL_TAGS
+L = pb.TOOL_PARSER_JSON_CALL_LIST
+JP = pb.TOOL_PARSER_JSON_PARAMETERS
 THINK = pb.REASONING_PARSER_THINK_TAGS
 XTHINK = pb.REASONING_PARSER_XTML_THINK
 FRAMES = pb.REASONING_PARSER_RECIPIENT_HEADER
@@ -59,6 +61,8 @@ PAIRINGS = {
     "xtml+xtml_think": (X, XTHINK),
     "atem+recipient": (A, FRAMES),
     "json_call+think": (J, THINK),
+    "json_call_list+think": (L, THINK),
+    "json_parameters+think": (JP, THINK),
 }
 
 

@@ -1,4 +1,5 @@
-"""Local Hugging Face checkpoint directories as a preparation source (llama and qwen2 families).
+"""Local Hugging Face checkpoint directories as a preparation source (llama and qwen2 families; the
+other families: tests/test_hf_families.py).
 
 The tests write tiny random checkpoints with `safetensors` (tests/tiny_checkpoints.py) and a GGUF
 twin holding the same weights; the core prepared from the directory is checked against the

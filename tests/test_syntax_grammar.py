@@ -156,6 +156,8 @@ CANONICAL = {
                       '<atem:parameter name="city">Paris</atem:parameter>\n<atem:parameter name="days">3</atem:parameter>\n'
                       '</atem:invoke>\n</atem:function_calls><|eom|>',
     "json_call+think": '<tool_call>\n{"name": "forecast", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>',
+    "json_call_list+think": '[TOOL_CALLS][{"name": "forecast", "arguments": {"city": "Paris", "days": 3}}]',
+    "json_parameters+think": '{"name": "forecast", "parameters": {"city": "Paris", "days": 3}}',
 }
 
 
@@ -421,6 +423,8 @@ def _second_call(pairing: str) -> str:
         return f"{head}\n{invocation}\n{close}"
     if PAIRINGS[pairing][1] == FRAMES:
         return text + text
+    if pairing == "json_call_list+think":     # later objects of the same list
+        return text[:-1] + ", " + text.split("[", 2)[2]
     return text + "\n" + text
 
 
@@ -442,7 +446,7 @@ def test_required_lets_the_model_end_after_a_complete_call(pairing, parallel, to
     assert _accepts(gt, session, one), session.error
     assert EOS in _allowed(gt, session)
     separator = ms.syntax.tool.tag_separator
-    if PAIRINGS[pairing][1] != FRAMES:
+    if PAIRINGS[pairing][1] != FRAMES and separator:
         session = _session(gt, ms, _start(pairing), request)
         assert _accepts(gt, session, gt.tokenizer.tokenize_str(CANONICAL[pairing] + separator)), session.error
         assert EOS in _allowed(gt, session)

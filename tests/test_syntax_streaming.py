@@ -95,6 +95,10 @@ WELL_FORMED = {
                        "</atem:function_calls>", "<|eom|>"],
     "json_call+think": ["<think>", "\nplan\n", "</think>", "\n\n",
                         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'],
+    "json_call_list+think": ["<think>", "\nplan\n", "</think>", "\n\n",
+                             '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]'],
+    "json_parameters+think": ["<think>", "\nplan\n", "</think>", "\n\n",
+                              '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}'],
 }
 
 

@@ -58,7 +58,8 @@ def syntax_delimiters(syntax: FrontendSyntax) -> list[str]:
     """Every delimiter spelling of a syntax (the markup alphabet)."""
     t, r = syntax.tool, syntax.reasoning
     return [
-        t.block_open, t.block_close, t.invocation_open_prefix, t.invocation_open_suffix, t.invocation_close,
+        t.block_open, t.block_close, t.invocation_open_prefix, t.next_invocation_open_prefix,
+        t.invocation_open_suffix, t.invocation_close,
         t.parameter_open_prefix, t.parameter_open_suffix, t.parameter_close,
         r.open, r.close, r.terminal_marker, r.header_start, r.message_start, r.message_end, r.message_continue,
     ]
@@ -112,6 +113,7 @@ class SyntaxEngine(FramePhases):
         self._p_block_open, self._p_block_close = p(t.block_open), p(t.block_close)
         self._p_inv_prefix, self._p_inv_suffix, self._p_inv_close = (
             p(t.invocation_open_prefix), p(t.invocation_open_suffix), p(t.invocation_close))
+        self._p_next_prefix = p(t.next_invocation_open_prefix) or self._p_inv_prefix
         self._p_param_prefix, self._p_param_suffix, self._p_param_close = (
             p(t.parameter_open_prefix), p(t.parameter_open_suffix), p(t.parameter_close))
         self._p_header, self._p_message = p(r.header_start), p(r.message_start)

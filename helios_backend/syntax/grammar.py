@@ -310,9 +310,11 @@ class _Builder:
         value = w.text_until(t.parameter_close, forbid=forbid, wrap_newline=t.wrap_newlines, no_leading=lead)
         return _seq(head, wrap, value)
 
-    def _call(self, spec: ToolSpec) -> str:
+    def _call(self, spec: ToolSpec, prefix: str | None = None) -> str:
+        """One invocation of `spec`, opened by `prefix` (default: the first invocation's prefix)."""
         t, w = self.tool, self.w
-        head = _seq(w.lit(t.invocation_open_prefix), w.text_lit(spec.name), w.lit(t.invocation_open_suffix))
+        opener = t.invocation_open_prefix if prefix is None else prefix
+        head = _seq(w.lit(opener), w.text_lit(spec.name), w.lit(t.invocation_open_suffix))
         end = w.lit(self._invocation_end())
         if t.argument_encoding == pb.ARGUMENT_ENCODING_JSON_OBJECT:
             return w.rule(_seq(head, w.json(spec.parameters), end), "call")
@@ -338,7 +340,11 @@ class _Builder:
         if not t.invocation_close:  # the block close ends the single invocation
             return call
         lead = "" if not t.invocation_open_prefix else self.sep
-        body = f"{call} ({self.sep} {call})*" if many and t.invocations_per_block != 1 else call
+        body = call
+        if many and t.invocations_per_block != 1:
+            later = call if not t.next_invocation_open_prefix else w.rule(
+                _alt([self._call(s, t.next_invocation_open_prefix) for s in self._calls()]), "calls")
+            body = f"{call} ({self.sep} {later})*"
         return _seq(lead, body, self.sep, w.lit(t.block_close))
 
     def _many(self) -> bool:

@@ -29,6 +29,7 @@ class ScannerBase:
     _p_block_open: str
     _p_block_close: str
     _p_inv_prefix: str
+    _p_next_prefix: str  # a later invocation of the same block (the first one's prefix unless declared)
     _p_inv_suffix: str
     _p_inv_close: str
     _p_param_prefix: str

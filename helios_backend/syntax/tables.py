@@ -115,6 +115,48 @@ def json_call_tags() -> pb.ToolSyntax:
     )
 
 
+def json_call_list() -> pb.ToolSyntax:
+    """[TOOL_CALLS][{"name": "NAME", "arguments": {JSON arguments}}, {"name": ...}]
+
+    The marker (an added token where the tokenizer has one) opens the block; the list bracket
+    and the first JSON object open the first invocation, ", {" each later one (parallel calls
+    share the list); an object's final brace closes its invocation and the list's bracket
+    closes the block. Whitespace after the marker is skipped, so "[TOOL_CALLS] [{" reads too.
+    """
+    return pb.ToolSyntax(
+        block_open="[TOOL_CALLS]",
+        block_close="]",
+        invocation_open_prefix='[{"name": "',
+        next_invocation_open_prefix=', {"name": "',
+        invocation_open_suffix='", "arguments": ',
+        invocation_close="}",
+        tag_separator="",
+        wrap_newlines=False,
+        argument_encoding=JSON_OBJECT,
+        invocations_per_block=0,
+    )
+
+
+def json_parameters() -> pb.ToolSyntax:
+    """{"name": "NAME", "parameters": {JSON arguments}}
+
+    A bare JSON object: its opening up to the name's quote opens the block, the name follows
+    directly, and the object's final brace (counted after the arguments object's own) closes
+    the block and the one invocation it holds. Parallel calls repeat the object.
+    """
+    return pb.ToolSyntax(
+        block_open='{"name": "',
+        block_close="}",
+        invocation_open_prefix="",
+        invocation_open_suffix='", "parameters": ',
+        invocation_close="",
+        tag_separator="\n",
+        wrap_newlines=False,
+        argument_encoding=JSON_OBJECT,
+        invocations_per_block=1,
+    )
+
+
 def atem() -> pb.ToolSyntax:
     """<atem:function_calls><atem:invoke name="NAME"><atem:parameter name="P">VALUE</atem:parameter>
     </atem:invoke></atem:function_calls>, one invocation per recipient frame."""
@@ -196,6 +238,8 @@ _TOOL_TABLES = {
     pb.TOOL_PARSER_XTML: xtml_tools,
     pb.TOOL_PARSER_ATEM: atem,
     pb.TOOL_PARSER_JSON_CALL_TAGS: json_call_tags,
+    pb.TOOL_PARSER_JSON_CALL_LIST: json_call_list,
+    pb.TOOL_PARSER_JSON_PARAMETERS: json_parameters,
 }
 
 

@@ -269,11 +269,11 @@ class ToolPhases(ScannerBase):
             return True
         if not self._buf:
             return False
-        if self._p_inv_prefix and self._buf.startswith(self._p_inv_prefix):
-            self._take(len(self._p_inv_prefix))
+        if self._p_next_prefix and self._buf.startswith(self._p_next_prefix):
+            self._take(len(self._p_next_prefix))
             self._phase = Phase.INVOKE_NAME
             return True
-        if self._tool_waits_for(self._p_block_close, self._p_inv_prefix, *self._interrupts()):
+        if self._tool_waits_for(self._p_block_close, self._p_next_prefix, *self._interrupts()):
             return False
         return self._malformed(ParseErrorKind.MALFORMED_TOOL_CALL, "expected another invocation or the block end")
 

@@ -1,4 +1,4 @@
-"""Recipe builder: a user's local Hugging Face checkpoint directory (llama or qwen2 family).
+"""Recipe builder: a user's local Hugging Face checkpoint directory (the families of hf_families.py).
 
     helios-prepare ./path/to/checkpoint --out my-model.core
 
@@ -19,28 +19,35 @@ hand taken from the checkpoint's own files:
   * context: config.json's max_position_embeddings, at most CONTEXT_CEILING tokens (the
     per-request page table, rope table and staging frame grow with it; --context-tokens
     chooses another);
-  * RoPE: half-split pairs (Hugging Face stores q/k in rotate-half order for both families),
+  * RoPE: half-split pairs (Hugging Face stores q/k in rotate-half order for every family),
     with config.json's rope_scaling (ignition/sources/rope_scaling.py);
+  * the family's features (q/k norm, post norms, sliding layers and their RoPE base, the
+    activation, the embedding scale, the attention scalar): the decoder options its row sets
+    (ignition/sources/hf_families.py, `HFCheckpoint.options`), as the defaults of RecipeOptions;
   * vocabulary: config.json's vocab_size; ids past tokenizer.json's are never sampled
     (ignition/preparation/vocabulary.py);
-  * tool syntax: JSON-call blocks when the template writes `<tool_call>` (the convention of the
-    families' tool-calling templates), else none (tool_choice required/named then answer 400).
+  * tool and reasoning syntax: the family's (its row), each declared when the template writes
+    its opener (`<tool_call>`, `[TOOL_CALLS]`, `{"name": "`, `<think>`), else none (a base
+    model's template: tool_choice required/named then answer 400); prompt envelopes: the row's.
 
 Same core format, same runtime: nothing downstream knows which source a core came from.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from helios_proto import contract_pb2 as C
 
 from helios_backend.kernel_abi.rope import ROPE_HALF_PAIRS
 from ignition.recipes import llama_decoder
-from ignition.recipes.chatml_tool_template import chatml_frontend
+from helios_backend.syntax.tables import preset
+from helios_backend.syntax.validate import validate_frontend
 from ignition.sources.hf_checkpoint import CheckpointError, HFCheckpoint
+from ignition.sources.hf_families import Family
 
 NAMESPACE = "helios.local/checkpoints"
 
@@ -55,11 +62,25 @@ class RecipeOptions(llama_decoder.DecoderOptions):
     rope_pairing: int = ROPE_HALF_PAIRS
 
 
-def _options_for(context: int) -> type[RecipeOptions]:
-    @dataclass(frozen=True)
-    class CheckpointOptions(RecipeOptions):
-        context_tokens: int = context
-    return CheckpointOptions
+def options_for(defaults: dict[str, Any], base: type = RecipeOptions) -> type:
+    """`base` (a DecoderOptions dataclass) whose defaults are `defaults` (the checkpoint's context
+    and the decoder options its family sets)."""
+    fields = [(name, type(value), field(default=value)) for name, value in defaults.items()]
+    return make_dataclass("CheckpointOptions", fields, bases=(base,), frozen=True)
+
+
+def family_frontend(family: Family, template: str, tokens: C.TemplateTokens) -> C.FrontendContract:
+    """The family's tool and reasoning syntaxes, each where `template` writes its opener."""
+    tool = next((parser for parser in family.tool_parsers
+                 if preset(parser, C.REASONING_PARSER_NONE).tool.block_open in template), C.TOOL_PARSER_NONE)
+    opener = preset(C.TOOL_PARSER_NONE, family.reasoning_parser).reasoning.open
+    reasoning = family.reasoning_parser if opener and opener in template else C.REASONING_PARSER_NONE
+    contract = C.FrontendContract(image_preparation=C.IMAGE_PREPARATION_NONE, image_layout=C.IMAGE_LAYOUT_NONE,
+                                  template_tokens=tokens)
+    syntax = preset(tool, reasoning, prefix_rules=family.prefix_rules())
+    validate_frontend(syntax)
+    syntax.apply_to(contract)
+    return contract
 
 
 def _frontend(checkpoint: HFCheckpoint, template: str) -> C.FrontendContract:
@@ -67,8 +88,7 @@ def _frontend(checkpoint: HFCheckpoint, template: str) -> C.FrontendContract:
                               eos_token=checkpoint.special_token("eos_token"),
                               pad_token=checkpoint.special_token("pad_token"),
                               unk_token=checkpoint.special_token("unk_token"))
-    writes_calls = "<tool_call>" in template
-    return chatml_frontend(C.TOOL_PARSER_JSON_CALL_TAGS if writes_calls else C.TOOL_PARSER_NONE, tokens)
+    return family_frontend(checkpoint.family, template, tokens)
 
 
 def _sampling(checkpoint: HFCheckpoint) -> C.SamplingDefaults:
@@ -124,11 +144,12 @@ def recipe_for(directory: str | Path, served_name: str | None = None,
     template = _chat_template(checkpoint, None if chat_template is None else Path(chat_template))
     served = served_name or served_name_for(path, checkpoint.config)
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", served).strip("-") or "checkpoint"
-    module = decoder_recipe(__name__, name, f"The {checkpoint.family} checkpoint at {path}.")
+    module = decoder_recipe(__name__, name, f"The {checkpoint.family.model_type} checkpoint at {path}.")
     frontend = _frontend(checkpoint, template)
     module.__dict__.update(
         NAME=name, SERVED_ID=served, ALIASES=(), PUBLISHER_NAMESPACE=NAMESPACE,
-        RecipeOptions=_options_for(min(checkpoint.shape.context_length, CONTEXT_CEILING)),
+        RecipeOptions=options_for({"context_tokens": min(checkpoint.shape.context_length, CONTEXT_CEILING),
+                                   **checkpoint.options}),
         EOS_TOKEN_IDS=checkpoint.generation_config().eos_token_ids, SAMPLING_DEFAULTS=_sampling(checkpoint),
         open_source=lambda options: HFCheckpoint.open(path), frontend=lambda: _frontend(checkpoint, template),
         TEMPLATE_TOKENS=frontend.template_tokens, chat_template=lambda source: template)

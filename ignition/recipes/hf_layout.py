@@ -1,4 +1,4 @@
-"""Recipe builder: a model layout from a Hugging Face config.json alone (llama or qwen2 family).
+"""Recipe builder: a model layout from a Hugging Face config.json alone (the hf_families.py families).
 
     helios-prepare bench/layouts/qwen2.5-1.5b.json --out qwen-1.5b-layout.core
 
@@ -22,7 +22,7 @@ from helios_proto import contract_pb2 as C
 from helios_backend.kernel_abi.rope import ROPE_HALF_PAIRS
 from ignition.recipes import llama_decoder
 from ignition.recipes.chatml_tool_template import chatml_frontend, chatml_tool_template
-from ignition.recipes.hf_checkpoint import decoder_recipe
+from ignition.recipes.hf_checkpoint import decoder_recipe, options_for
 from ignition.sources.hf_layout import CONTROL_TOKENS, HFLayout
 
 NAMESPACE = "helios.local/layouts"
@@ -47,9 +47,10 @@ def recipe_for_layout(config: str | Path) -> ModuleType:
     path = Path(config).resolve()
     layout = HFLayout.open(path)          # read once here: errors name the file before any work
     name = layout_name(path)
-    module = decoder_recipe(__name__, name, f"The {layout.family} layout of {path} (random weights).")
+    module = decoder_recipe(__name__, name, f"The {layout.family.model_type} layout of {path} (random weights).")
+    options = options_for(layout.options, RecipeOptions)
     module.__dict__.update(
-        NAME=name, SERVED_ID=name, ALIASES=(), PUBLISHER_NAMESPACE=NAMESPACE, RecipeOptions=RecipeOptions,
+        NAME=name, SERVED_ID=name, ALIASES=(), PUBLISHER_NAMESPACE=NAMESPACE, RecipeOptions=options,
         EOS_TOKEN_IDS=layout.eos_token_ids(), SAMPLING_DEFAULTS=NEUTRAL_SAMPLING, TEMPLATE_TOKENS=TEMPLATE_TOKENS,
         open_source=lambda options: HFLayout.open(path, seed=options.weights_seed),
         frontend=lambda: chatml_frontend(C.TOOL_PARSER_NONE, TEMPLATE_TOKENS),

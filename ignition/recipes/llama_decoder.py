@@ -24,6 +24,8 @@ source) and the recipe's options, never a branch on a model:
     `options.local_rope_theta` (table `weights.rope_table_local`);
   * `options.activation`: the FFN gate's activation (SiLU, or tanh-GELU through
     mlp.norm_gate_up_activation.v1);
+  * `options.attention_scalar`: attention scores scaled by its inverse square root instead of
+    head_dim's (Gemma's query_pre_attn_scalar);
   * `options.embedding_scale`: embeddings multiplied by sqrt(hidden), folded into the stored
     table (and, for a tied head, its inverse into the final norm's weight, so the logits are
     unchanged: rms_norm(h) * (w / s) @ (s E)^T = rms_norm(h) * w @ E^T).
@@ -91,9 +93,10 @@ class DecoderOptions:
     # with shape.sliding_window: every `full_attention_period`-th layer (index period - 1 mod period)
     # attends to the whole context, the others slide (0: every layer slides)
     full_attention_period: int = 0
-    local_rope_theta: float = 0.0       # RoPE base of the sliding layers (0: the file's theta)
+    local_rope_theta: float = 0.0       # RoPE base of the sliding layers (0: the file's theta and scaling)
     activation: int = ACTIVATION_SILU   # FFN gate activation (helios_backend.kernel_abi.linear.ACTIVATION_*)
     embedding_scale: bool = False       # embeddings times sqrt(hidden)
+    attention_scalar: float = 0.0       # attention scores times attention_scalar ** -0.5 (0: head_dim)
     # keep a source matrix's own blocks (a GGUF's Q8_0 / Q4_1 tensors, helios_backend/kernel_abi/blocks.py)
     # instead of dequantizing it to f16: lossless against the source, 2.7x fewer weight bytes per
     # decode step on the CPU executor; the CUDA executor expands them to f16 at load (docs/core-format.md)
@@ -209,13 +212,14 @@ def weight_tensors(source: Any, options: Any) -> Iterator[WeightTensor]:
                        ("output_norm.weight",))
     if not shape.tied_embeddings:
         yield WeightTensor("weights.output", _matrix(source, options, ("output.weight",)), ("output.weight",))
-    yield WeightTensor("weights.rope_table", rope_table(
-        options.context_tokens, shape.head_dim, shape.rope_theta,
-        None if shape.rope_scaling is None
-        else shape.rope_scaling.inverse_frequencies(shape.head_dim, shape.rope_theta, options.context_tokens)), ())
-    if shape.sliding_window:
+    scaled = None if shape.rope_scaling is None else shape.rope_scaling.inverse_frequencies(
+        shape.head_dim, shape.rope_theta, options.context_tokens)
+    yield WeightTensor("weights.rope_table", rope_table(options.context_tokens, shape.head_dim, shape.rope_theta,
+                                                        scaled), ())
+    if shape.sliding_window:   # a base of their own is unscaled (Gemma 3); else the global table's frequencies
         yield WeightTensor("weights.rope_table_local", rope_table(
-            options.context_tokens, shape.head_dim, options.local_rope_theta or shape.rope_theta), ())
+            options.context_tokens, shape.head_dim, options.local_rope_theta or shape.rope_theta,
+            None if options.local_rope_theta else scaled), ())
 
 
 def weight_tensor_count(shape: LlamaShape) -> int:
@@ -327,7 +331,8 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
                        **extra, dim=D, eps=eps, **rope)
         attention = dict(out=SCRATCH.attention, q=SCRATCH.q, k_cache=k_cache, v_cache=v_cache,
                          positions=io.positions, page_table=io.page_table, row_slot=io.row_slot,
-                         geometry=io.geometry, rows=io.rows, tokens=T, scale=float(1.0 / np.sqrt(shape.head_dim)),
+                         geometry=io.geometry, rows=io.rows, tokens=T,
+                         scale=float(1.0 / np.sqrt(options.attention_scalar or shape.head_dim)),
                          **heads, **paging)
         if window:
             rec.launch("attention.paged_window.v1", f"layer{i}.attention", window=window, **attention)

@@ -4,8 +4,8 @@ For measuring and checking the kernels at the shapes users serve (0.5B-8B) witho
 checkpoints: preparation records the programs of the layout (every buffer, node and launch
 geometry) from the config's hidden size, layers, heads, KV heads, intermediate size, vocabulary,
 RoPE base and head tying, exactly as it would for the checkpoint (`HFCheckpoint` reads the same
-keys through `shape_from_config`). Families: llama and qwen2 (q/k/v biases, as that family always
-has them; llama when `attention_bias` is set).
+keys through `family_of` and `shape_from_config`). Families: those of hf_families.py, with their
+features (q/k/v biases, q/k norms, post norms, sliding layers) as the family row declares them.
 
 Weights are data the layout does not have. `HFLayout.open(path, seed=N)` makes seeded random
 ones on the host (small layouts: CPU tests, the numpy executor); `seed=None` leaves them to the
@@ -29,7 +29,7 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from ignition.sources.gguf import UnknownTensorError
-from ignition.sources.hf_checkpoint import FAMILIES, CheckpointError, shape_from_config
+from ignition.sources.hf_checkpoint import CheckpointError, decoder_options, family_of, shape_from_config
 
 CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 WEIGHT_SCALE = 0.02      # N(0, 0.02) matrices; norm weights 1 + N(0, 0.02)
@@ -46,12 +46,9 @@ class HFLayout:
             raise CheckpointError(f"no layout file at {path}") from None
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path}: not JSON ({exc})") from exc
-        self.family = str(self.config.get("model_type", ""))
-        if self.family not in FAMILIES:
-            raise CheckpointError(f"{path}: model_type {self.family!r}; supported: {sorted(FAMILIES)}")
-        bias = self.family == "qwen2" or bool(self.config.get("attention_bias", False))
-        self.shape = shape_from_config(self.config, path, has_head=not self.config.get("tie_word_embeddings", False),
-                                       qkv_bias=bias)
+        self.family, settings = family_of(self.config, path)
+        self.shape = shape_from_config(settings, path, self.family, has_head=not settings.get("tie_word_embeddings"))
+        self.options = decoder_options(settings, path, self.family, self.shape)
         self.seed = seed
         self.weights_in_core = seed is not None
         self.chat_template: str | None = None
@@ -71,8 +68,10 @@ class HFLayout:
         block, _, rest = name.partition(".")[2].partition(".")
         if name.startswith("blk.") and block.isdigit() and int(block) < s.n_layers:
             kind, _, part = rest.partition(".")
-            if kind in ("attn_norm", "ffn_norm") and part == "weight":
+            if kind in ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm") and part == "weight":
                 return (s.hidden,)
+            if kind in ("attn_q_norm", "attn_k_norm") and part == "weight":
+                return (s.head_dim,)
             if kind in widths:
                 return (widths[kind], s.hidden) if part == "weight" else (widths[kind],)
             shapes = {"attn_output": (s.hidden, s.q_dim), "ffn_gate": (s.ffn, s.hidden), "ffn_up": (s.ffn, s.hidden),
