@@ -37,13 +37,13 @@ from ignition.gpu_kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
 from ignition.progress import WRITING, ProgressBars
-from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
+from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_instruct, smollm2_135m_instruct,
                               syntax_variants)
 from ignition.sources.gguf import GGUFError
 from ignition.sources.packaged import PackagedSourceError
 
 RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
-                                     qwen2_5_coder_0_5b_instruct.NAME: qwen2_5_coder_0_5b_instruct,
+                                     **qwen2_5_coder_instruct.RECIPES,   # one per size
                                      gemma_3_270m.NAME: gemma_3_270m,
                                      **syntax_variants.recipes()}  # test cores: other syntax data
 
