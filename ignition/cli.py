@@ -129,7 +129,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chat-template", default=None, type=pathlib.Path, metavar="FILE",
                         help="Jinja chat template file for a checkpoint directory (default: "
                              "tokenizer_config.json's chat_template; preparation fails without one)")
-    parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules (default: include them)")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="do not include AOT kernel modules: a core for the cpu and numpy executors only "
+                             "(default: include them whenever the kernel library imports, even on a host without "
+                             "a GPU, since the core may be served elsewhere; docs/preparation.md)")
     parser.add_argument("--arch", action="append", default=None, metavar="ARCH",
                         help="kernel architecture to compile for, repeatable: sm_80, sm_86, sm_89, sm_90a, "
                              "sm_100a, compute_80 (PTX, JIT-compiled at startup on any newer device); "
