@@ -55,9 +55,10 @@ class PackagedFile:
 
     def piece_paths(self) -> list[Path]:
         missing = [piece.package for piece in self.pieces if not _package_directories(piece.package)]
-        if missing:
-            raise PackagedSourceError(f"{self.name}: package{'s' if len(missing) > 1 else ''} "
-                                      f"{', '.join(map(repr, missing))} {'are' if len(missing) > 1 else 'is'} not installed ({self.install})")
+        if missing:       # every one named: a 22-part source may miss several
+            names, verb = ", ".join(map(repr, missing)), "are" if len(missing) > 1 else "is"
+            raise PackagedSourceError(f"{self.name}: package{'s' if len(missing) > 1 else ''} {names} {verb} "
+                                      f"not installed ({self.install})")
         paths = []
         for piece in self.pieces:
             found = [Path(location) / piece.path for location in _package_directories(piece.package)
