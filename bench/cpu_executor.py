@@ -1,6 +1,7 @@
 """CPU executor throughput and memory beside llama.cpp on the same GGUF, in the same run.
 
 Run:  python -m bench.cpu_executor [--core var/cores/smollm2-135m-instruct.core] [--rounds 2] [--no-peer]
+      python -m bench.cpu_executor --recipe qwen2.5-coder-1.5b-instruct --core q15.core ...   # another model
 
 Each engine runs in its own child process, so each resident set is its own, alternately
 (llama.cpp, helios, llama.cpp, helios, ... for `rounds`), both with 2 threads:
@@ -9,7 +10,9 @@ Each engine runs in its own child process, so each resident set is its own, alte
   draw; decode at B = B lanes prefilled (untimed) with the same `decode_prompt_tokens` ids, then
   `new_tokens` greedy DECODE rounds of B rows (requests that asked for no logprobs, as
   llama.cpp's peer computes none); tokens/s = B * steps / seconds, the median of `repeats`.
-- llama.cpp: bench/cpu_peer.py's measurement (llama-cpp-python, same prompt ids, Q4_1 GGUF).
+- llama.cpp: bench/cpu_peer.py's measurement (llama-cpp-python, same prompt ids, the recipe's GGUF:
+  by default SmolLM2's Q4_1 file; `--recipe NAME` the packaged GGUF of that recipe, reassembled
+  and checked, whose tokenizer then makes the prompt ids too; the core must be that recipe's).
 Memory: the child's resident set (VmRSS) after its last measurement with the engine still loaded
 (llama.cpp's too: it frees its weights and cache when closed), its peak (VmHWM), and its
 anonymous and file-backed parts (RssAnon, RssFile). The prompt ids are made once, here, and
@@ -18,8 +21,9 @@ tokenizer (peak +150 MiB, ~45 MiB of freed heap left resident), which neither en
 
 Ratios are helios / llama.cpp of the medians over rounds; every run's figure is kept. The
 machine is shared: the load average before and after is recorded, and the text output flags
-rounds whose runs differ by more than 1.5x. Writes cpu_ratios.json and .txt to the CPU's folder
-(bench/harness.py: var/bench/<cpu>/, with --results bench/results/<cpu>/, or --out DIR).
+rounds whose runs differ by more than 1.5x. Writes cpu_ratios.json and .txt (with --recipe:
+cpu_ratios_<recipe>.*) to the CPU's folder (bench/harness.py: var/bench/<cpu>/, with --results
+bench/results/<cpu>/, or --out DIR).
 `--no-peer` measures helios alone (no ratios): where llama-cpp-python (the `bench` extra) is not
 installed, that is what `make bench` runs.
 """
@@ -67,7 +71,7 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
     from helios_backend.engine.model import ModelOptions, NativeModel
     from bench.numpy_executor import _timed_decode, _timed_prefill
 
-    bootstrap = Bootstrap.load(core, "helios.local/smollm2")
+    bootstrap = Bootstrap.load(core, core_namespace(core))     # a benchmark accepts whoever signed it
     pages = max(batches) * (-(-(len(decode_ids) + new_tokens + 1) // 16)) + 64
     model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
                              ModelOptions(executor="cpu", threads=threads, concurrency=max(batches),
@@ -87,11 +91,28 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
     return figures
 
 
+def core_namespace(core: Path) -> str:
+    from helios_backend.core import open_core
+
+    with open_core(core) as opened:
+        return opened.namespace
+
+
+def peer_gguf(recipe: str | None) -> Path | None:
+    """The GGUF llama.cpp runs: the recipe's packaged source (reassembled and checked), or None
+    (bench/cpu_peer.py's default, SmolLM2's file)."""
+    if recipe is None:
+        return None
+    from ignition.cli import recipe_module
+
+    return Path(recipe_module(recipe).SOURCE.assemble())
+
+
 def measure_llama(prefill_ids: Sequence[int], decode_ids: Sequence[int], batches: Sequence[int],
-                  new_tokens: int, repeats: int, threads: int) -> dict[str, Any]:
+                  new_tokens: int, repeats: int, threads: int, gguf: Path | None = None) -> dict[str, Any]:
     from bench.cpu_peer import measure_llama_cpp
 
-    peer = measure_llama_cpp(prefill_ids=prefill_ids, decode_prompt_ids=decode_ids, batches=batches,
+    peer = measure_llama_cpp(prefill_ids=prefill_ids, decode_prompt_ids=decode_ids, gguf_path=gguf, batches=batches,
                              new_tokens=new_tokens, threads=threads, repeats=repeats, memory=_memory)
     figures = _figures(peer.prefill_runs, peer.prefill_tokens, {d.batch: d.runs for d in peer.decode}, new_tokens)
     assert peer.resident is not None
@@ -106,7 +127,8 @@ def _child(args: argparse.Namespace) -> None:
         figures = measure_helios(args.core, prefill_ids, decode_ids, args.batches, args.new_tokens, args.repeats,
                                  args.threads)
     else:
-        figures = measure_llama(prefill_ids, decode_ids, args.batches, args.new_tokens, args.repeats, args.threads)
+        figures = measure_llama(prefill_ids, decode_ids, args.batches, args.new_tokens, args.repeats, args.threads,
+                                peer_gguf(args.recipe))
     print(json.dumps(figures))
 
 
@@ -114,7 +136,7 @@ def _run_child(engine: str, args: argparse.Namespace, ids: Path) -> dict[str, An
     command = [sys.executable, "-m", "bench.cpu_executor", "--engine", engine, "--ids", str(ids), "--core", str(args.core),
                "--threads", str(args.threads), "--repeats", str(args.repeats), "--new-tokens", str(args.new_tokens),
                "--prefill-tokens", str(args.prefill_tokens), "--decode-prompt-tokens", str(args.decode_prompt_tokens),
-               "--batches", *map(str, args.batches)]
+               "--batches", *map(str, args.batches), *(["--recipe", args.recipe] if args.recipe else [])]
     environment = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads))
     done = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -158,7 +180,8 @@ def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches
 def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
     threads = summary["helios"][0]["threads"] if summary["helios"] else "?"
     peer = " vs llama.cpp" if summary["llama_cpp"] else ""
-    lines = [f"CPU executor{peer}, {summary['date']}, {threads} thread(s) each, load average "
+    lines = [f"CPU executor{peer}, {summary.get('recipe', 'smollm2-135m-instruct')}, {summary['date']}, "
+             f"{threads} thread(s) each, load average "
              f"{summary['load_average']['before']} -> {summary['load_average']['after']}"]
     for name, rounds in (("helios cpu", summary["helios"]), ("llama.cpp", summary["llama_cpp"])):
         for i, f in enumerate(rounds):
@@ -194,31 +217,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-peer", action="store_true", help="measure helios alone (no llama.cpp, no ratios)")
+    parser.add_argument("--recipe", default=None,
+                        help="the recipe --core was prepared from, when not SmolLM2: llama.cpp runs its packaged GGUF "
+                             "and its tokenizer makes the prompt ids (default: SmolLM2's GGUF)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     if args.engine:
         _child(args)
         return
     from bench.cpu_peer import bench_prompt_ids
+    from helios_backend.frontend.tokenizer import FrontendTokenizer
+    from ignition.sources.gguf import GGUFModel, default_gguf_path
+    from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
+    tokenizer = FrontendTokenizer.from_json(tokenizer_json_from_gguf(GGUFModel.open(
+        peer_gguf(args.recipe) or default_gguf_path())))
     before = os.getloadavg()
     helios, llama = [], []
     with tempfile.TemporaryDirectory() as folder:
         ids = Path(folder) / "ids.json"
-        ids.write_text(json.dumps({"prefill": bench_prompt_ids(args.prefill_tokens),
-                                   "decode": bench_prompt_ids(args.decode_prompt_tokens)}))
+        ids.write_text(json.dumps({"prefill": bench_prompt_ids(args.prefill_tokens, tokenizer),
+                                   "decode": bench_prompt_ids(args.decode_prompt_tokens, tokenizer)}))
         for _ in range(args.rounds):
             if not args.no_peer:
                 llama.append(_run_child("llama", args, ids))
             helios.append(_run_child("helios", args, ids))
     load = {"before": [round(x, 2) for x in before], "after": [round(x, 2) for x in os.getloadavg()]}
     summary = summarize(helios, llama, args.batches, load)
+    summary["recipe"] = args.recipe or "smollm2-135m-instruct"
     text = format_text(summary, args.batches)
     print(text)
     out = output_dir(args.out, args.results, "cpu")
-    (out / "cpu_ratios.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "cpu_ratios.txt").write_text(text + "\n")
-    print(f"wrote {out / 'cpu_ratios.json'} and cpu_ratios.txt")
+    stem = "cpu_ratios" + (f"_{args.recipe}" if args.recipe else "")
+    (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / f"{stem}.txt").write_text(text + "\n")
+    print(f"wrote {out / stem}.json and {stem}.txt")
 
 
 if __name__ == "__main__":

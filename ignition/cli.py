@@ -38,14 +38,14 @@ from ignition.gpu_kernels.targets import TargetError
 from ignition.preparation.prepare import PreparedModel, prepare
 from ignition.preparation.tensor_parallel import TensorParallelError
 from ignition.progress import WRITING, ProgressBars
-from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct,
+from ignition.recipes import (gemma_3_270m, hf_checkpoint, hf_layout, qwen2_5_coder_instruct, smollm2_135m_instruct,
                               syntax_variants)
 from ignition.sources.gguf import GGUFError
 from ignition.sources.hf_families import FAMILIES
 from ignition.sources.packaged import PackagedSourceError
 
 RECIPES: Mapping[str, ModuleType] = {smollm2_135m_instruct.NAME: smollm2_135m_instruct,
-                                     qwen2_5_coder_0_5b_instruct.NAME: qwen2_5_coder_0_5b_instruct,
+                                     **qwen2_5_coder_instruct.RECIPES,   # one per size
                                      gemma_3_270m.NAME: gemma_3_270m,
                                      **syntax_variants.recipes()}  # test cores: other syntax data
 
@@ -131,7 +131,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chat-template", default=None, type=pathlib.Path, metavar="FILE",
                         help="Jinja chat template file for a checkpoint directory (default: "
                              "tokenizer_config.json's chat_template; preparation fails without one)")
-    parser.add_argument("--no-kernels", action="store_true", help="do not include AOT kernel modules (default: include them)")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="do not include AOT kernel modules: a core for the cpu and numpy executors only "
+                             "(default: include them whenever the kernel library imports, even on a host without "
+                             "a GPU, since the core may be served elsewhere; docs/preparation.md)")
     parser.add_argument("--arch", action="append", default=None, metavar="ARCH",
                         help="kernel architecture to compile for, repeatable: sm_80, sm_86, sm_89, sm_90a, "
                              "sm_100a, compute_80 (PTX, JIT-compiled at startup on any newer device); "

@@ -1,7 +1,7 @@
 """Progress bars for preparation: one tqdm bar per long phase, fed (stage, done, total).
 
     bars = ProgressBars()
-    prepare(recipe, options, progress=bars)     # reading weights, recording programs, compiling kernels
+    prepare(recipe, options, progress=bars)     # checking source, reading weights, recording programs, compiling kernels
     write_payload_core(..., progress=lambda done, total: bars(WRITING, done, total))
     bars.close()
 
@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
+SOURCE = "checking source"             # a packaged source reassembled or its sha256 checked (ignition/sources/packaged.py)
 READING = "reading weights"            # tensors converted and packed (ignition/preparation/prepare.py)
 RECORDING = "recording programs"       # programs recorded, every rank's
 COMPILING = "compiling kernels"        # kernel compilations done or found in the kernel cache
@@ -22,7 +23,7 @@ HASHING = "hashing weights"            # weight bytes hashed for the core cache 
 
 Progress = Callable[[str, int, int], None]   # (stage, done, total)
 
-UNITS = {READING: "tensor", RECORDING: "program", COMPILING: "kernel", WRITING: "B", HASHING: "B"}
+UNITS = {SOURCE: "B", READING: "tensor", RECORDING: "program", COMPILING: "kernel", WRITING: "B", HASHING: "B"}
 
 
 class ProgressBars:

@@ -48,7 +48,8 @@ STEPS = 64
 @pytest.fixture(scope="module", params=["llama", "llama-blocks", "qwen2", "gemma3"])
 def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from ignition.preparation.prepare import prepare
-    from ignition.recipes import gemma_3_270m, qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
+    from ignition.recipes import gemma_3_270m, smollm2_135m_instruct
+    from ignition.recipes.qwen2_5_coder_instruct import CODER_0_5B
 
     directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
     if request.param.startswith("llama"):   # SmolLM2's conventions: no biases, the head tied to the embedding
@@ -57,7 +58,7 @@ def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         gguf = write_tiny_gguf(directory / f"tiny-{request.param}.gguf", arch="llama", weights=weights,
                                chat_template=recipe.CHECKPOINT_TEMPLATE, quantized=request.param == "llama-blocks")
     elif request.param == "qwen2":
-        recipe = qwen2_5_coder_0_5b_instruct
+        recipe = CODER_0_5B
         gguf = write_tiny_gguf(directory / "tiny-qwen2.gguf")
     else:                            # q/k and post norms, sliding windows, GeGLU: the reference kernels
         recipe = gemma_3_270m

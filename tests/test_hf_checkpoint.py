@@ -75,7 +75,7 @@ def test_a_checkpoint_directory_prepares_a_core_matching_the_oracle(checkpoint) 
         assert np.abs(logits - expected[position]).max() <= TOLERANCE, (family, position)
         assert int(np.argmax(logits)) == int(np.argmax(expected[position]))
     if family == "qwen2":   # the GGUF recipe on the same weights: the same runtime numbers
-        from ignition.recipes import qwen2_5_coder_0_5b_instruct as gguf_recipe
+        from ignition.recipes.qwen2_5_coder_instruct import CODER_0_5B as gguf_recipe
 
         from_gguf = _logits(prepare(gguf_recipe, options))
         for position, logits in _logits(prepared).items():

@@ -208,7 +208,7 @@ def test_a_gguf_of_an_odd_vocabulary_pads_with_kernels_too(tmp_path: pathlib.Pat
     tokens prepares with the kernel library as a 272-wide vocabulary whose id 271 is masked."""
     pytest.importorskip("triton")
     from ignition.gpu_kernels.library import KernelLibrary
-    from ignition.recipes import qwen2_5_coder_0_5b_instruct as gguf_recipe
+    from ignition.recipes.qwen2_5_coder_instruct import CODER_0_5B as gguf_recipe
     from tests.test_recipe_qwen2 import tiny_options
 
     gguf = write_tiny_gguf(tmp_path / "odd.gguf", quantized=True)

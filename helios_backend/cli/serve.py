@@ -33,6 +33,7 @@ repository for a tritonserver the operator runs (triton/operator_repository.py).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -97,6 +98,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--acceptance", default=None,
                    help="the publisher namespace you accept; the core's signature must name it (default: "
                         f"{DEFAULT_ACCEPTANCE} with --core; with --model the namespace the locally signed core names)")
+    p.add_argument("--served-model-name", action="extend", nargs="+", default=None, metavar="NAME",
+                   dest="served_model_names",
+                   help="more model ids requests may name (repeatable, or several after one flag): "
+                        "/v1/models lists them after the core's served id and its signed aliases; "
+                        "answers still name the served id (default: none)")
     p.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=None,
                    help="--model: compile GPU kernel modules into the prepared core (default: when the executor "
                         "is cuda; the cpu and numpy executors run none, so a CPU-only host skips the compilation)")
@@ -215,6 +221,8 @@ def option_parameters(args: argparse.Namespace) -> dict[str, str]:
     for name in OPTION_PARAMETERS:
         if getattr(args, name) is not None:
             parameters[name] = str(getattr(args, name))
+    if args.served_model_names:
+        parameters["served_model_names"] = json.dumps(args.served_model_names)
     if args.history_drafting is not None:
         parameters["history_drafting"] = str(args.history_drafting).lower()
     if args.engine_process is not None:

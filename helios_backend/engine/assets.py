@@ -12,7 +12,7 @@ def frontend_assets(contract: cp.ServingContract, tokenizer_json: bytes, chat_te
                     logit_bias_capacity: int, clock_origin_ns: int) -> ep.FrontendAssets:
     d = contract.defaults
     return ep.FrontendAssets(
-        version=ep.TRANSPORT_VERSION_1, served_id=contract.served_id, aliases=list(contract.aliases),
+        version=ep.TRANSPORT_VERSION_1, served_id=contract.served_id, aliases=list(settings.aliases),
         tokenizer_json=tokenizer_json, chat_template=chat_template, frontend=contract.model.frontend,
         sampling_defaults=d.sampling, eos_token_ids=list(d.eos_token_ids),
         limits=ep.ServingLimits(

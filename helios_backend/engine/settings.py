@@ -7,6 +7,7 @@ parameter means "not set".
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping, TypeVar
@@ -67,6 +68,9 @@ class StartupOptions:
     # waiting requests that make a round of prompts only; fewer are admitted one a round beside
     # the decode lanes (MIXED). None: BUILT_IN.admission_burst
     admission_burst: int | None = None
+    # more model ids requests may name, after the core's served id and signed aliases (the config
+    # parameter is a JSON list of strings; helios-serve --served-model-name)
+    served_model_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTOR_NAMES:
@@ -93,6 +97,9 @@ class StartupOptions:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SettingsError(name, f"must be positive, got {value}")
+        for index, name in enumerate(self.served_model_names):
+            if not name.strip() or name != name.strip():
+                raise SettingsError("served_model_names", f"[{index}] {name!r} is empty or has surrounding spaces")
         if self.cache_memory_share is not None and not 0.0 < self.cache_memory_share <= 1.0:
             raise SettingsError("cache_memory_share", f"must lie in (0, 1], got {self.cache_memory_share}")
 
@@ -126,6 +133,11 @@ def _parse(name: str, raw: str) -> object:
             return raw.lower() == "true"
         if name in ("cache_memory_share", "rank_timeout", "rank_join_timeout"):
             return float(raw)
+        if name == "served_model_names":
+            names = json.loads(raw)
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ValueError(raw)
+            return tuple(names)
         return int(raw)
     except ValueError:
         raise SettingsError(name, f"cannot parse {raw!r}") from None
@@ -159,6 +171,7 @@ class EffectiveSettings:
     speculative_width: int
     history_drafting: bool
     admission_burst: int
+    aliases: tuple[str, ...]    # every model id besides the served id: the core's, then the startup ones
 
 
 T = TypeVar("T")
@@ -215,4 +228,14 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         snapshot_capacity=int(snapshots),
         cache_memory_share=float(pick("cache_memory_share")),
         concurrency=concurrency, speculative_width=width, history_drafting=drafting,
-        admission_burst=options.admission_burst or BUILT_IN.admission_burst)
+        admission_burst=options.admission_burst or BUILT_IN.admission_burst,
+        aliases=served_aliases(contract, options.served_model_names))
+
+
+def served_aliases(contract: cp.ServingContract, startup_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The core's signed aliases, then the startup names not already served (in order, once each)."""
+    aliases = list(contract.aliases)
+    for name in startup_names:
+        if name != contract.served_id and name not in aliases:
+            aliases.append(name)
+    return tuple(aliases)

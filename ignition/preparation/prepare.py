@@ -36,8 +36,9 @@ from ignition.preparation import contract as shared
 from ignition.preparation import tensor_parallel, vocabulary
 from ignition.preparation.speculative import SpeculativePlan
 from ignition.preparation.tensor_parallel import Partition
-from ignition.progress import COMPILING, READING, RECORDING, Progress
+from ignition.progress import COMPILING, READING, RECORDING, SOURCE, Progress
 from ignition.recorder import Geometry, Recorder, unit_geometry
+from ignition.sources.packaged import PackagedFile
 from ignition.sources.tokenizer import tokenizer_json_from_gguf
 
 if TYPE_CHECKING:                   # the library imports Triton: only preparation with kernels loads it
@@ -221,8 +222,13 @@ def _record_rank(rec: Recorder, recipe: ModuleType, shape: Any, options: Any, ca
 
 def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
             kernel_library: KernelLibrary | None = None) -> PreparedModel:
-    # the kernels' vocabulary widths are multiples of 16: a library's core pads its vocabulary
+    packaged = getattr(recipe, "SOURCE", None)
+    if isinstance(packaged, PackagedFile) and not getattr(options, "gguf_path", None):
+        # a packaged source is reassembled and hashed here with progress (1.1 GB: seconds); the
+        # recipe's own open_source then finds it checked
+        packaged.assemble(progress=None if progress is None else lambda done, total: progress(SOURCE, done, total))
     source = recipe.open_source(options)
+    # the kernels' vocabulary widths are multiples of 16: a library's core pads its vocabulary
     if kernel_library is not None:
         source = vocabulary.with_kernel_geometry(source, vocabulary.VOCABULARY_MULTIPLE)
     shape = source.shape
