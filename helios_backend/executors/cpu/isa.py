@@ -9,9 +9,10 @@ cache keys compiled code by that target, so each path keeps its own cached machi
 
 The paths:
     avx512  AVX-512 F/BW/DQ/VL with FMA and F16C: 32 vector registers of 512 bits
-    avx2    AVX2 with FMA and F16C, nothing wider: 16 registers of 256 bits. On an AVX-512 host it
-            is the host's own target with every AVX-512 (and AVX10, AMX, AVX-VNNI/IFMA) feature
-            switched off: the code an AVX2-only CPU of the same family runs, on this core
+    avx2    AVX2 with FMA and F16C, no other vector extension: 16 registers of 256 bits. On a wider
+            host it is the host's own target with every AVX-512, AVX10, AMX, AVX-VNNI/IFMA, GFNI,
+            VAES and VPCLMULQDQ feature switched off: the code an AVX2-only CPU (Zen 2/3,
+            Haswell-Skylake) runs, on this core
     host    the host's target as numba picks it, where neither of the above can run (NEON on arm64,
             SSE on x86-64 without AVX2)
 auto picks the widest the host can execute. The codegen modules read `vector_bits` at compile
@@ -33,8 +34,9 @@ _VECTOR_BITS = {"avx512": 512, "avx2": 256, "host": 128}
 # the host's features worth recording beside a benchmark's figures (LLVM's names)
 REPORTED_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
                      "avx512vnni", "avx512bf16", "avx512fp16", "avxvnni", "neon", "fp16", "dotprod", "sve")
-# features switched off for the avx2 path: every vector extension beyond AVX2 + FMA + F16C
-_BEYOND_AVX2 = ("avx512", "avx10", "amx", "avxvnni", "avxifma", "avxneconvert")
+# features switched off for the avx2 path: every vector extension beyond AVX2 + FMA + F16C (Zen 2,
+# Zen 3 and Haswell-Skylake laptops have none of them; LLVM used GFNI for the Q4_1 nibbles where on)
+_BEYOND_AVX2 = ("avx512", "avx10", "amx", "avxvnni", "avxifma", "avxneconvert", "gfni", "vaes", "vpclmulqdq")
 
 
 @dataclass(frozen=True)
