@@ -186,15 +186,16 @@ def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches
             "helios": helios, "llama_cpp": llama, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def isa_line(host: dict[str, Any], path: Any) -> str:
-    """The host's CPU and vector features, and the ISA path helios's kernels ran, as one line; a path
-    narrower than the widest the host runs is named as emulated (an AVX2 code path on an AVX-512 core
-    is not an AVX2-only machine: same caches, memory and clocks)."""
+def isa_line(host: dict[str, Any], paths: Any) -> str:
+    """The host's CPU and vector features, and the ISA path(s) helios's kernels ran, as one line; a
+    path narrower than the widest the host runs is named as such (an AVX2 code path on an AVX-512
+    core is not an AVX2-only machine: same caches, memory and clocks)."""
     present = [name for name, on in host["features"].items() if on]
     widest = host["executable_isa_paths"][0] if host["executable_isa_paths"] else "?"
-    note = "" if path == widest else f" (the {path} code path on this {widest} CPU, not an {path}-only machine)"
+    named = [paths] if isinstance(paths, str) else list(paths)
+    notes = [f"the {p} code path on this {widest} CPU, not an {p}-only machine" for p in named if p != widest]
     return (f"host: {host['cpu_model']} (LLVM {host['llvm_cpu']}: {' '.join(present) or 'no vector extensions'}); "
-            f"helios kernels: {path} path{note}")
+            f"helios kernels: {', '.join(named)} path" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
