@@ -109,3 +109,19 @@ def test_every_path_the_host_runs_agrees_with_the_oracle(path):
                           cwd=ROOT, env=dict(os.environ, **{isa.ISA_VARIABLE: path}), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
+
+
+def test_the_cpu_benchmark_names_the_host_features_and_the_path_it_measured():
+    from bench.cpu_executor import format_text, summarize
+
+    host = {"cpu_model": "AMD EPYC", "llvm_cpu": "znver5", "executable_isa_paths": ["avx512", "avx2"],
+            "features": {"avx2": True, "fma": True, "f16c": True, "avx512f": True, "neon": False}}
+    rounds = [{"prefill_tokens": 512, "prefill_runs_s": [1.0], "prefill_tokens_per_s": 512.0, "threads": 2,
+               "decode": {"1": {"tokens_per_s": 90.0, "runs_s": [1.0]}, "8": {"tokens_per_s": b8, "runs_s": [1.0]}},
+               "rss_bytes": 2**28, "peak_rss_bytes": 2**28, "isa_path": "avx2"} for b8 in (300.0, 240.0)]
+    summary = summarize(rounds, [], [1, 8], {"before": [0.1], "after": [0.2]}, host)
+    assert summary["isa_path"] == "avx2" and summary["host"]["cpu_model"] == "AMD EPYC"
+    assert summary["decode_b8_spread"] == pytest.approx(1.25) and summary["goals_met"]["decode_b8_spread"] is False
+    text = format_text(summary, [1, 8])
+    assert "AMD EPYC (LLVM znver5: avx2 fma f16c avx512f)" in text          # neon absent: not listed
+    assert "the avx2 code path on this avx512 CPU, not an avx2-only machine" in text
