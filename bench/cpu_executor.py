@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from bench.harness import DEFAULT_CORE, add_output_arguments, cpu_name, output_dir
 
@@ -75,7 +75,7 @@ def isa_figures() -> dict[str, Any]:
     return {"isa_path": path.name, "vector_bits": path.vector_bits, "llvm_cpu": path.cpu_name}
 
 
-def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: dict[int, Sequence[float]],
+def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: Mapping[int, Sequence[float]],
              steps: int) -> dict[str, Any]:
     return {"prefill_tokens": prefill_tokens, "prefill_runs_s": list(prefill_runs),
             "prefill_tokens_per_s": prefill_tokens / statistics.median(prefill_runs),

@@ -110,7 +110,8 @@ def activate(environment: Optional[Mapping[str, str]] = None) -> IsaPath:
             raise RuntimeError(f"numba compiled for another target before the CPU executor chose {path.name}: "
                                f"import helios_backend.executors.cpu first")
     else:
-        os.environ["NUMBA_CPU_NAME"] = config.CPU_NAME = path.cpu_name
-        os.environ["NUMBA_CPU_FEATURES"] = config.CPU_FEATURES = path.features
+        for variable, value in (("CPU_NAME", path.cpu_name), ("CPU_FEATURES", path.features)):
+            os.environ[f"NUMBA_{variable}"] = value
+            setattr(config, variable, value)          # numba's config: attributes read from the environment
     _active = path
     return path
