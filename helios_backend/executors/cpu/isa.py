@@ -106,7 +106,8 @@ def activate(environment: Optional[Mapping[str, str]] = None) -> IsaPath:
     cpu_name, features = host_cpu()
     path = choose(env.get(ISA_VARIABLE, "auto").strip().lower() or "auto", cpu_name, features)
     if "_toplevel_target_context" in vars(registry.cpu_target):       # numba's code generator already started
-        if registry.cpu_target.target_context.codegen().magic_tuple()[2] != path.features:
+        compiled_for = registry.cpu_target.target_context.codegen().magic_tuple()[2]
+        if set(compiled_for.split(",")) != set(path.features.split(",")):
             raise RuntimeError(f"numba compiled for another target before the CPU executor chose {path.name}: "
                                f"import helios_backend.executors.cpu first")
     else:
