@@ -20,9 +20,10 @@ Ratios are helios / llama.cpp of the medians over rounds; every run's figure is 
 spread is helios's fastest over its slowest round. The host's CPU model and vector features
 (AVX2, AVX-512 subsets, FMA, F16C, NEON: LLVM's view, as the kernels are compiled) and the ISA
 path helios's kernels were compiled for (executors/cpu/isa.py; `--isa avx2` compiles the AVX2
-path on an AVX-512 host: the code an AVX2-only CPU runs, measured on this core) go in the JSON
-and the text. The machine is shared: the load average before and after is recorded, and the text output flags
-rounds whose runs differ by more than 1.5x. Writes cpu_ratios.json and .txt to the CPU's folder
+path on an AVX-512 host: the code an AVX2-only CPU runs, measured on this core, with numpy's
+OpenBLAS on its Haswell kernels for prefill's sgemm, OPENBLAS_CORETYPE) go in the JSON and the
+text. The machine is shared: the load average before and after is recorded, and the text output
+flags rounds whose runs differ by more than 1.5x. Writes cpu_ratios.json and .txt to the CPU's folder
 (bench/harness.py: var/bench/<cpu>/, with --results bench/results/<cpu>/, or --out DIR).
 `--no-peer` measures helios alone (no ratios): where llama-cpp-python (the `bench` extra) is not
 installed, that is what `make bench` runs.
@@ -140,6 +141,8 @@ def _run_child(engine: str, args: argparse.Namespace, ids: Path) -> dict[str, An
     environment = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads))
     if engine == "helios" and args.isa:
         environment["HELIOS_CPU_ISA"] = args.isa
+        if args.isa == "avx2":          # prefill's sgemm too: numpy's OpenBLAS picks its kernels by the CPU
+            environment.setdefault("OPENBLAS_CORETYPE", "Haswell")
     done = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
