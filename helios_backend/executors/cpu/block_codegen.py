@@ -109,11 +109,12 @@ def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
     (one FMA chain of 4 cycles per block), more fold each block's two halves into one <16 x float>
     accumulator, so 2 rows x 8 tokens (16 accumulators) stay in the registers with the widened
     blocks. 256 bits (16 registers, and 128-bit targets): a <16 x float> accumulator is 2 of them,
-    so 2 x 8 pairs held 32 registers' worth and spilled (AVX2 on a Zen 5 core, one thread,
-    [3072, 576] Q4_1 x 8 tokens: 540 us, 2.8x the AVX-512 path): 4 and 8 tokens keep <8 x float>
-    accumulators (one register each) and 8 tokens take one row a loop (8 accumulators, the widened
-    quarter and an input: 10 registers; 1 row x 8 tokens 350 us, 2 rows x 8 at 8 lanes 560 us);
-    1 token keeps <32 x float> (4 registers a row, chains long enough for the FMA latency)."""
+    so 2 x 8 pairs held 32 registers' worth and spilled (the loop: 272 instructions a block, 145
+    of them stack moves). There 4 and 8 tokens keep <8 x float> accumulators (one register each)
+    and 8 tokens take one row a loop (8 accumulators, the widened slice and an input). The AVX2
+    path on a Zen 5 core, one thread, CPU time, [3072, 576] Q4_1 x 8 tokens: 370 us as 2 x 8 at 16
+    lanes, 265-270 one row a loop at 8 lanes, 325 as 2 rows x 4 tokens twice (AVX-512: 185). One
+    token keeps <32 x float> (4 registers a row, chains long enough for the FMA latency)."""
     if vector_bits >= 512:
         return 1, _LANES if rows * tokens <= 8 else _LANES // 2
     return (rows if tokens >= 8 else 1), (8 if tokens >= 4 else _LANES)
