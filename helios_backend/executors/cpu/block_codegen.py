@@ -109,8 +109,8 @@ def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
     (one FMA chain of 4 cycles per block), more fold each block's two halves into one <16 x float>
     accumulator, so 2 rows x 8 tokens (16 accumulators) stay in the registers with the widened
     blocks. 256 bits (16 registers, and 128-bit targets): a <16 x float> accumulator is 2 of them,
-    so 2 x 8 pairs held 32 registers' worth and spilled (the loop: 272 instructions a block, 145
-    of them stack moves). There 4 and 8 tokens keep <8 x float> accumulators (one register each)
+    so 2 x 8 pairs held 32 registers' worth and spilled (the loop's body: 272 instructions, 145
+    of them vector moves, for 72 FMAs). There 4 and 8 tokens keep <8 x float> accumulators (one register each)
     and 8 tokens take one row a loop (8 accumulators, the widened slice and an input). The AVX2
     path on a Zen 5 core, one thread, CPU time, [3072, 576] Q4_1 x 8 tokens: 370 us as 2 x 8 at 16
     lanes, 265-270 one row a loop at 8 lanes, 325 as 2 rows x 4 tokens twice (AVX-512: 185). One
