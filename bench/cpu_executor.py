@@ -19,11 +19,16 @@ anonymous and file-backed parts (RssAnon, RssFile). The prompt ids are made once
 handed to both children: made in a child they cost it a parse of the GGUF's vocabulary and
 tokenizer (peak +150 MiB, ~45 MiB of freed heap left resident), which neither engine needs.
 
-Ratios are helios / llama.cpp of the medians over rounds; every run's figure is kept. The
-machine is shared: the load average before and after is recorded, and the text output flags
-rounds whose runs differ by more than 1.5x. Writes cpu_ratios.json and .txt (with --recipe:
-cpu_ratios_<recipe>.*) to the CPU's folder (bench/harness.py: var/bench/<cpu>/, with --results
-bench/results/<cpu>/, or --out DIR).
+Ratios are helios / llama.cpp of the medians over rounds; every run's figure is kept; the batch-8
+spread is helios's fastest over its slowest round. The host's CPU model and vector features
+(AVX2, AVX-512 subsets, FMA, F16C, NEON: LLVM's view, as the kernels are compiled) and the ISA
+path helios's kernels were compiled for (executors/cpu/isa.py; `--isa avx2` compiles the AVX2
+path on an AVX-512 host: the code an AVX2-only CPU runs, measured on this core, with numpy's
+OpenBLAS on its Haswell kernels for prefill's sgemm, OPENBLAS_CORETYPE) go in the JSON and the
+text. The machine is shared: the load average before and after is recorded, and the text output
+flags rounds whose runs differ by more than 1.5x. Writes cpu_ratios.json and .txt (with --recipe:
+cpu_ratios_<recipe>.*) to the CPU's folder
+(bench/harness.py: var/bench/<cpu>/, with --results bench/results/<cpu>/, or --out DIR).
 `--no-peer` measures helios alone (no ratios): where llama-cpp-python (the `bench` extra) is not
 installed, that is what `make bench` runs.
 """
@@ -38,11 +43,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from bench.harness import DEFAULT_CORE, add_output_arguments, output_dir
+from bench.harness import DEFAULT_CORE, add_output_arguments, cpu_name, output_dir
 
-GOALS = {"decode_b1": 0.6, "decode_b8": 1.5, "prefill": 1.5, "decode_b1_tokens_per_s": 60.0, "rss_ratio": 1.5}
+GOALS = {"decode_b1": 0.8, "decode_b8": 1.5, "prefill": 1.5, "decode_b1_tokens_per_s": 60.0, "rss_ratio": 1.4,
+         "decode_b8_spread": 1.2}
 
 
 def _memory() -> dict[str, int]:
@@ -57,7 +63,24 @@ def _memory() -> dict[str, int]:
             "rss_file_bytes": fields["RssFile"]}
 
 
-def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: dict[int, Sequence[float]],
+def host_description() -> dict[str, Any]:
+    """The CPU model, LLVM's name for it and the vector features a kernel path may use (present or not)."""
+    from helios_backend.executors.cpu import isa
+
+    llvm_name, features = isa.host_cpu()
+    return {"cpu_model": cpu_name(), "llvm_cpu": llvm_name, "executable_isa_paths": list(isa.executable_paths(features)),
+            "features": {name: features.get(name, False) for name in isa.REPORTED_FEATURES if name in features}}
+
+
+def isa_figures() -> dict[str, Any]:
+    """The ISA path this process's kernels were compiled for."""
+    from helios_backend.executors.cpu import isa
+
+    path = isa.active()
+    return {"isa_path": path.name, "vector_bits": path.vector_bits, "llvm_cpu": path.cpu_name}
+
+
+def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: Mapping[int, Sequence[float]],
              steps: int) -> dict[str, Any]:
     return {"prefill_tokens": prefill_tokens, "prefill_runs_s": list(prefill_runs),
             "prefill_tokens_per_s": prefill_tokens / statistics.median(prefill_runs),
@@ -87,7 +110,7 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
         model.close()
         bootstrap.close()
     figures = _figures(prefill_runs, len(prefill_ids), decode, new_tokens)
-    figures.update(engine="helios cpu executor", threads=threads, after_load=loaded, **measured)
+    figures.update(engine="helios cpu executor", threads=threads, after_load=loaded, **measured, **isa_figures())
     return figures
 
 
@@ -138,6 +161,10 @@ def _run_child(engine: str, args: argparse.Namespace, ids: Path) -> dict[str, An
                "--prefill-tokens", str(args.prefill_tokens), "--decode-prompt-tokens", str(args.decode_prompt_tokens),
                "--batches", *map(str, args.batches), *(["--recipe", args.recipe] if args.recipe else [])]
     environment = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads))
+    if engine == "helios" and args.isa:
+        environment["HELIOS_CPU_ISA"] = args.isa
+        if args.isa == "avx2":          # prefill's sgemm too: numpy's OpenBLAS picks its kernels by the CPU
+            environment.setdefault("OPENBLAS_CORETYPE", "Haswell")
     done = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -153,7 +180,7 @@ def _median_of(rounds: list[dict[str, Any]], *path: str) -> float:
 
 
 def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches: Sequence[int],
-              load: dict[str, Any]) -> dict[str, Any]:
+              load: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:
     """Ratios, memory and goals over the rounds; without llama.cpp's rounds (--no-peer) only
     helios's own figures and the goal that needs no peer."""
     b1 = _median_of(helios, "decode", "1", "tokens_per_s") if 1 in batches else 0.0
@@ -161,6 +188,11 @@ def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches
               "helios_peak_rss_bytes": _median_of(helios, "peak_rss_bytes")}
     ratios: dict[str, float] = {}
     met = {"decode_b1_tokens_per_s": b1 >= GOALS["decode_b1_tokens_per_s"]}
+    spread = None
+    if 8 in batches and helios:
+        b8 = [float(f["decode"]["8"]["tokens_per_s"]) for f in helios]
+        spread = max(b8) / min(b8)
+        met["decode_b8_spread"] = spread <= GOALS["decode_b8_spread"]
     if llama:
         ratios["prefill"] = _median_of(helios, "prefill_tokens_per_s") / _median_of(llama, "prefill_tokens_per_s")
         for b in batches:
@@ -173,8 +205,22 @@ def summarize(helios: list[dict[str, Any]], llama: list[dict[str, Any]], batches
                "decode_b8": ratios.get("decode_b8", 0.0) >= GOALS["decode_b8"],
                "prefill": ratios["prefill"] >= GOALS["prefill"],
                "rss": memory["rss_ratio"] <= GOALS["rss_ratio"]}
+    paths = sorted({f.get("isa_path", "?") for f in helios})
     return {"ratios": ratios, "goals": GOALS, "goals_met": met, "memory": memory, "load_average": load,
+            "host": host, "isa_path": paths[0] if len(paths) == 1 else paths, "decode_b8_spread": spread,
             "helios": helios, "llama_cpp": llama, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def isa_line(host: dict[str, Any], paths: Any) -> str:
+    """The host's CPU and vector features, and the ISA path(s) helios's kernels ran, as one line; a
+    path narrower than the widest the host runs is named as such (an AVX2 code path on an AVX-512
+    core is not an AVX2-only machine: same caches, memory and clocks)."""
+    present = [name for name, on in host["features"].items() if on]
+    widest = host["executable_isa_paths"][0] if host["executable_isa_paths"] else "?"
+    named = [paths] if isinstance(paths, str) else list(paths)
+    notes = [f"the {p} code path on this {widest} CPU, not an {p}-only machine" for p in named if p != widest]
+    return (f"host: {host['cpu_model']} (LLVM {host['llvm_cpu']}: {' '.join(present) or 'no vector extensions'}); "
+            f"helios kernels: {', '.join(named)} path" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
@@ -182,7 +228,8 @@ def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
     peer = " vs llama.cpp" if summary["llama_cpp"] else ""
     lines = [f"CPU executor{peer}, {summary.get('recipe', 'smollm2-135m-instruct')}, {summary['date']}, "
              f"{threads} thread(s) each, load average "
-             f"{summary['load_average']['before']} -> {summary['load_average']['after']}"]
+             f"{summary['load_average']['before']} -> {summary['load_average']['after']}",
+             isa_line(summary["host"], summary["isa_path"])]
     for name, rounds in (("helios cpu", summary["helios"]), ("llama.cpp", summary["llama_cpp"])):
         for i, f in enumerate(rounds):
             cells = [f"prefill {f['prefill_tokens_per_s']:,.0f}"]
@@ -194,6 +241,8 @@ def format_text(summary: dict[str, Any], batches: Sequence[int]) -> str:
                          + (f", anon {f['rss_anon_bytes'] / 2**20:,.0f} file {f['rss_file_bytes'] / 2**20:,.0f})"
                             if "rss_anon_bytes" in f else ")")
                          + ("  [runs differ > 1.5x: busy machine]" if noisy else ""))
+    if summary["decode_b8_spread"] is not None:
+        lines.append(f"helios decode b=8, fastest / slowest round: x{summary['decode_b8_spread']:.2f}")
     if summary["llama_cpp"]:
         lines.append("ratios (helios / llama.cpp, medians over rounds): "
                      + ", ".join(f"{k} x{v:.2f}" for k, v in summary["ratios"].items())
@@ -220,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--recipe", default=None,
                         help="the recipe --core was prepared from, when not SmolLM2: llama.cpp runs its packaged GGUF "
                              "and its tokenizer makes the prompt ids (default: SmolLM2's GGUF)")
+    parser.add_argument("--isa", choices=["auto", "avx512", "avx2", "host"],
+                        help="the ISA path helios's kernels are compiled for (HELIOS_CPU_ISA; default: inherited, else auto)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     if args.engine:
@@ -243,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 llama.append(_run_child("llama", args, ids))
             helios.append(_run_child("helios", args, ids))
     load = {"before": [round(x, 2) for x in before], "after": [round(x, 2) for x in os.getloadavg()]}
-    summary = summarize(helios, llama, args.batches, load)
+    summary = summarize(helios, llama, args.batches, load, host_description())
     summary["recipe"] = args.recipe or "smollm2-135m-instruct"
     text = format_text(summary, args.batches)
     print(text)

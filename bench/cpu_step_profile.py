@@ -6,8 +6,12 @@ Loads the core as the serving path does (executor "cpu"), prefills B lanes with 
 prompt ids (bench/cpu_peer.py), then times `steps` greedy DECODE rounds with every bound node
 wrapped by a timer: per kernel id the milliseconds a step and calls a step, the sum over
 nodes, and the step's wall time (the difference is the host's work around the program:
-packing, completion reading, Python per round). Wall times on a shared machine vary with its
-load, so the load average is recorded; compare kernel ids within one run. Writes
+packing, completion reading, Python per round). Per kernel id also the calling thread's CPU
+time (`cpu_ms_per_step`): with `--threads 1` that is the kernel's own work, which other jobs on
+a shared machine delay but do not inflate (wall times vary with the load, so the load average is
+recorded; compare kernel ids within one run). `--isa` compiles the kernels for that ISA path
+(executors/cpu/isa.py: `--isa avx2` on an AVX-512 host is the AVX2 code path on this core); the
+path and the host's CPU and features are recorded. Writes
 cpu_step_profile.json to the CPU's folder (bench/harness.py: var/bench/<cpu>/, --results
 bench/results/<cpu>/, or --out DIR).
 """
@@ -24,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from bench.harness import DEFAULT_CORE, add_output_arguments, output_dir
 
-Timings = dict[str, list[float]]      # kernel function name -> [seconds, calls]
+Timings = dict[str, list[float]]      # kernel function name -> [seconds, calls, calling thread's CPU seconds]
 
 
 def _timed(function: Callable[..., None], name: str, timings: Timings, enabled: list[bool]) -> Callable[..., None]:
@@ -32,11 +36,12 @@ def _timed(function: Callable[..., None], name: str, timings: Timings, enabled: 
         if not enabled[0]:
             function(*args)
             return
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         function(*args)
         cell = timings[name]
         cell[0] += time.perf_counter() - start
         cell[1] += 1
+        cell[2] += time.thread_time() - cpu
     return timed
 
 
@@ -52,7 +57,7 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
     pages = max(batches) * (-(-(prompt_tokens + steps + 8) // 16)) + 16
     model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
                              ModelOptions(executor="cpu", threads=threads, concurrency=max(batches), cache_pages=pages))
-    timings: Timings = collections.defaultdict(lambda: [0.0, 0])
+    timings: Timings = collections.defaultdict(lambda: [0.0, 0, 0.0])
     enabled = [False]
     for rank in model.executor.ranks:                       # type: ignore[attr-defined]
         for name, bound in list(rank.programs.items()):
@@ -78,9 +83,10 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
             wall = time.perf_counter() - start
             enabled[0] = False
             driver.pages.give_back(page for active in actives for page in active.pages)
-            kernels = {name: {"ms_per_step": 1e3 * seconds / steps, "calls_per_step": calls / steps}
-                       for name, (seconds, calls) in sorted(timings.items(), key=lambda item: -item[1][0])}
-            in_nodes = sum(seconds for seconds, _ in timings.values())
+            kernels = {name: {"ms_per_step": 1e3 * seconds / steps, "calls_per_step": calls / steps,
+                              "cpu_ms_per_step": 1e3 * cpu / steps}
+                       for name, (seconds, calls, cpu) in sorted(timings.items(), key=lambda item: -item[1][0])}
+            in_nodes = sum(seconds for seconds, _, _ in timings.values())
             figures[str(batch)] = {"steps": steps, "step_ms": 1e3 * wall / steps, "tokens_per_s": batch * steps / wall,
                                    "nodes_ms_per_step": 1e3 * in_nodes / steps,
                                    "outside_nodes_ms_per_step": 1e3 * (wall - in_nodes) / steps, "kernels": kernels}
@@ -97,24 +103,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--name", default="cpu_step_profile.json", help="the JSON file's name in the output folder")
+    parser.add_argument("--isa", choices=["auto", "avx512", "avx2", "host"],
+                        help="the ISA path the kernels are compiled for (HELIOS_CPU_ISA; default: inherited, else auto)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
+    if args.isa:
+        os.environ["HELIOS_CPU_ISA"] = args.isa        # read when the executor package is first imported (below)
     before = os.getloadavg()
     figures = profile(args.core, args.batches, args.steps, args.threads, args.prompt_tokens)
-    summary = {"threads": args.threads, "prompt_tokens": args.prompt_tokens, "batches": figures,
+    from bench.cpu_executor import isa_figures, host_description, isa_line
+
+    host, path = host_description(), isa_figures()
+    summary = {"threads": args.threads, "prompt_tokens": args.prompt_tokens, "host": host, **path, "batches": figures,
                "load_average": {"before": [round(x, 2) for x in before],
                                 "after": [round(x, 2) for x in os.getloadavg()]},
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    print(isa_line(host, path["isa_path"]))
     for batch, f in figures.items():
         print(f"b={batch}: {f['step_ms']:.1f} ms/step ({f['tokens_per_s']:.1f} tok/s), nodes {f['nodes_ms_per_step']:.1f}, "
               f"outside nodes {f['outside_nodes_ms_per_step']:.2f}")
         for name, k in f["kernels"].items():
             if k["ms_per_step"] >= 0.05:
-                print(f"  {name:28s} {k['ms_per_step']:7.2f} ms/step  {k['calls_per_step']:5.1f} calls")
+                print(f"  {name:28s} {k['ms_per_step']:7.2f} ms/step  {k['calls_per_step']:5.1f} calls  "
+                      f"{k['cpu_ms_per_step']:7.2f} ms CPU (calling thread)")
     print(f"load average {summary['load_average']['before']} -> {summary['load_average']['after']}")
-    path = output_dir(args.out, args.results, "cpu") / "cpu_step_profile.json"
-    path.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"wrote {path}")
+    written = output_dir(args.out, args.results, "cpu") / args.name
+    written.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {written}")
 
 
 if __name__ == "__main__":

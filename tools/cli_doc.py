@@ -44,6 +44,9 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
      "the remembered weight digests (weight-digests.json) (default: ~/.cache/helios/cores)"),
     ("HELIOS_SOURCE_CACHE", "helios-prepare",
      "where packaged weight sources are reassembled (default: ~/.cache/helios/sources)"),
+    ("HELIOS_CPU_ISA", "the serving process, executor cpu",
+     "the instruction set the CPU executor's kernels are compiled for: auto (the widest this CPU runs), avx512, "
+     "avx2 or host; a path the CPU cannot run is a startup error (docs/cpu-executor.md) (default: auto)"),
     ("HELIOS_FAULT_TRIGGER", "the serving process (tests only)",
      "a file whose content crashes an engine thread on purpose (helios_backend/engine/faults.py); "
      "never set it in production"),

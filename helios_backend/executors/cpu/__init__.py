@@ -8,7 +8,11 @@ kernels.py shares one call's ranges over threads. Every function writes into arr
 so the hot path allocates nothing. The primitives mirror kernel_abi/ references (the conformance
 oracle); only the summation order differs.
 
+Importing this package fixes the instruction set the primitives are compiled for (isa.py:
+HELIOS_CPU_ISA, else the widest the host runs), before anything compiles.
+
 Layers, each module one job (lower ones first):
+    isa.py                the compilation target (AVX-512, AVX2, the host's), chosen once per process
     codegen.py            LLVM IR building blocks (element addresses, FMA, splats, horizontal sums)
     elements.py           f16 <-> f32 element conversions, accumulate-or-store
     claiming.py           atomics, GIL-free waiting, the chunk-claiming loop of a shared call
@@ -23,3 +27,6 @@ Layers, each module one job (lower ones first):
     kernels.py            CpuKernels: the ABI's kernel ids over the primitives and one workspace
     residency.py          what the load leaves resident (LLVM's code pages, the C heap)
 """
+from helios_backend.executors.cpu import isa
+
+isa.activate()

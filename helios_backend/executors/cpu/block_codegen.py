@@ -15,6 +15,7 @@ from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import types
 from numba.extending import intrinsic
 
+from helios_backend.executors.cpu import isa
 from helios_backend.executors.cpu.codegen import element_pointer, fma, horizontal_sum, splat
 
 BLOCK_Q8_0 = 0
@@ -57,8 +58,8 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
     i64 = ir.IntType(64)
     size = 34 if code == BLOCK_Q8_0 else 20
     accumulator_type = ir.VectorType(ir.FloatType(), lanes)
-    halves = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
-              for h in range(_LANES // lanes)]
+    slices = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
+              for h in range(_LANES // lanes)]      # a block's lanes in accumulator-wide slices
     entry = builder.block
     loop = builder.append_basic_block(f"block_loop_{code}")
     done = builder.append_basic_block(f"block_done_{code}")
@@ -81,12 +82,12 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
     for start in starts:
         widened = _block_weights(builder, code, builder.gep(start, [block_at]))
         weights.append([widened] if lanes == _LANES else
-                       [builder.shuffle_vector(widened, widened, half) for half in halves])
+                       [builder.shuffle_vector(widened, widened, part) for part in slices])
     offset = builder.mul(index, ir.Constant(i64, _LANES))
     summed = list(accumulators)
     for t, token_inputs in enumerate(inputs):
         values = builder.load(builder.bitcast(builder.gep(token_inputs, [offset]), _F32X32.as_pointer()), align=4)
-        parts = [values] if lanes == _LANES else [builder.shuffle_vector(values, values, h) for h in halves]
+        parts = [values] if lanes == _LANES else [builder.shuffle_vector(values, values, h) for h in slices]
         for r in range(len(starts)):
             for w, part in zip(weights[r], parts):
                 summed[r * tokens + t] = fma(builder, w, part, summed[r * tokens + t])
@@ -100,20 +101,36 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
         builder.store(horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
 
 
+def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
+    """How a (rows, tokens) block product is shaped for vectors of `vector_bits`: (row groups, the
+    lanes of each accumulator); every group is one loop over the blocks with rows / groups rows.
+
+    512 bits (32 registers): one loop; up to 8 (row, token) pairs keep <32 x float> accumulators
+    (one FMA chain of 4 cycles per block), more fold each block's two halves into one <16 x float>
+    accumulator, so 2 rows x 8 tokens (16 accumulators) stay in the registers with the widened
+    blocks. 256 bits (16 registers, and 128-bit targets): a <16 x float> accumulator is 2 of them,
+    so 2 x 8 pairs held 32 registers' worth and spilled (the loop's body: 272 instructions, 145
+    of them vector moves, for 72 FMAs). There 4 and 8 tokens keep <8 x float> accumulators (one register each)
+    and 8 tokens take one row a loop (8 accumulators, the widened slice and an input). The AVX2
+    path on a Zen 5 core, one thread, CPU time, [3072, 576] Q4_1 x 8 tokens: 370 us as 2 x 8 at 16
+    lanes, 265-270 one row a loop at 8 lanes, 325 as 2 rows x 4 tokens twice (AVX-512: 185). One
+    token keeps <32 x float> (4 registers a row, chains long enough for the FMA latency)."""
+    if vector_bits >= 512:
+        return 1, _LANES if rows * tokens <= 8 else _LANES // 2
+    return (rows if tokens >= 8 else 1), (8 if tokens >= 4 else _LANES)
+
+
 def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
     """sums[r * tokens + t] = sum over `blocks` consecutive blocks from byte at + r * row_bytes of
     w . x[x_at + t * x_stride:] for r < rows, t < tokens, blocks of layout `code` (BLOCK_*): each
     block widened once into registers and multiplied into one vector accumulator per (row,
-    token), so every loaded input feeds `rows` products and every widened block `tokens`; one
-    horizontal sum each at the end. One loop per layout code, chosen once per call.
-
-    Up to 8 (row, token) pairs keep <32 x float> accumulators (one FMA chain of 4 cycles per
-    block); more fold each block's two halves into one <16 x float> accumulator, so 2 rows x 8
-    tokens (16 accumulators) stay in AVX-512's 32 vector registers with the widened blocks."""
-    lanes = _LANES if rows * tokens <= 8 else _LANES // 2
-
+    token), so every loaded input feeds the rows of a loop and every widened block `tokens`
+    products; one horizontal sum each at the end. One loop per layout code (and row group,
+    `passes`: shaped by the vector width of the process's ISA path, isa.py), chosen once per call."""
     def typer(typingctx: Any, data: Any, code: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any,
               blocks: Any, sums: Any) -> Any:
+        groups, lanes = passes(rows, tokens, isa.active().vector_bits)
+
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             i64 = ir.IntType(64)
             starts = [element_pointer(context, builder, signature.args[0], args[0],
@@ -123,12 +140,18 @@ def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
                                        builder.add(args[5], builder.mul(args[6], ir.Constant(i64, t))))
                       for t in range(tokens)]
             target = context.make_array(signature.args[8])(context, builder, value=args[8]).data
-            with builder.if_else(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, BLOCK_Q8_0))) as (
-                    q8_0, q4_1):
-                with q8_0:
-                    _emit_block_dots(builder, BLOCK_Q8_0, starts, inputs, args[7], tokens, lanes, target)
-                with q4_1:
-                    _emit_block_dots(builder, BLOCK_Q4_1, starts, inputs, args[7], tokens, lanes, target)
+            per_group = rows // groups
+            for group in range(groups):
+                group_starts = starts[group * per_group:(group + 1) * per_group]
+                group_target = builder.gep(target, [ir.Constant(i64, group * per_group * tokens)])
+                with builder.if_else(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, BLOCK_Q8_0))) as (
+                        q8_0, q4_1):
+                    with q8_0:
+                        _emit_block_dots(builder, BLOCK_Q8_0, group_starts, inputs, args[7], tokens, lanes,
+                                         group_target)
+                    with q4_1:
+                        _emit_block_dots(builder, BLOCK_Q4_1, group_starts, inputs, args[7], tokens, lanes,
+                                         group_target)
             return context.get_dummy_value()
         return types.none(data, types.intp, types.intp, types.intp, x, types.intp, types.intp, types.intp,
                           sums), codegen

@@ -62,7 +62,7 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
 
     Output rows in pairs (then 1 for an odd last row), tokens in groups of 8 (then 4, then 1): each
     block is widened in registers once per token group and multiplied into one accumulator per
-    (row, token), and each loaded input feeds both rows of the pair (nothing of the weight is written
+    (row, token) (with 256-bit vectors a pair of 8 tokens is one row a pass: block_codegen.passes), and each loaded input feeds both rows of the pair (nothing of the weight is written
     to memory; an 8-token group reads the row once for 8 tokens). Measured one thread, weights in
     cache, [3072, 576] Q4_1: docs/cpu-executor.md.
     """

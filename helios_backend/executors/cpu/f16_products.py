@@ -10,8 +10,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from helios_backend.executors.cpu import isa
 from helios_backend.executors.cpu.claiming import chunk_rows, claim_chunks
 from helios_backend.executors.cpu.elements import as_f32, f16_bits_to_f32, store
+
+# 2 rows x 8 tokens a pass keeps 16 vector accumulators beside the widened halves and the inputs:
+# AVX-512's 32 registers hold them, AVX2's 16 do not (spilled: [576, 1536] x 8 tokens 199 us on
+# the AVX2 path of a Zen 5 core, one thread, against 140 us as two passes of 2 rows x 4 tokens;
+# [3072, 576] 372 -> 300 us; the AVX-512 path 67 / 138 us). Read at compile time (isa.py: numba's
+# cache keys the machine code by the target the path chose).
+EIGHT_TOKENS_A_PASS = isa.active().vector_bits >= 512
 
 
 @njit(cache=True, fastmath=True, nogil=True)
@@ -31,7 +39,8 @@ def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: i
     one's rows are shared over threads in chunks (linear_claimed; docs/cpu-executor.md).
 
     Output rows go in pairs: each weight half is widened once per token block of 8 (then 4, then
-    1) and multiplied into both rows' accumulators, so the weight is read once per call whatever n
+    1; blocks of 4 only where vectors are 256 bits wide: EIGHT_TOKENS_A_PASS) and multiplied into
+    both rows' accumulators, so the weight is read once per call whatever n
     is and each loaded input feeds two products (an 8-token product is bound by loads: 2 rows x 8
     tokens measured 1.7x one row x 8 tokens, docs/cpu-executor.md).
     """
@@ -40,7 +49,7 @@ def linear_rows(out: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, k: i
         if o + 1 < last:
             rows = weight[(o - row_base) * k:(o - row_base + 2) * k]
             t = 0
-            while t + 8 <= n:
+            while t + 8 <= n and EIGHT_TOKENS_A_PASS:
                 _dot8x2(out, x, rows, t, k, m, o, accumulate)
                 t += 8
             while t + 4 <= n:

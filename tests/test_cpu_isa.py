@@ -1,0 +1,127 @@
+"""The CPU executor's compilation targets (executors/cpu/isa.py) and its products on each of them.
+
+The products run here against numpy on the weights' f32 values (kernel_abi/blocks.expand, the
+f16 widened): every token count a call splits into groups of 8, 4 and 1, odd output rows, both
+block layouts and f16, on this process's ISA path. `test_every_path_the_host_runs_agrees_with_the_oracle`
+reruns this file and the executor's conformance tests (test_cpu_executor.py: every program and
+greedy generation against the numpy executor) in a child process per other path this host can
+execute (HELIOS_CPU_ISA), so a loop only the AVX2 path compiles is checked on an AVX-512 host too.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helios_backend.executors.cpu import isa
+from helios_backend.executors.cpu.block_products import block_linear_rows
+from helios_backend.executors.cpu.f16_products import linear_rows
+from helios_backend.kernel_abi import blocks
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FEATURES = {"avx2": True, "fma": True, "f16c": True, "avx512f": True, "avx512bw": True, "avx512dq": True,
+            "avx512vl": True, "avx512vnni": True, "avxvnni": True, "sse4.2": True}
+
+
+def test_auto_picks_the_widest_path_the_host_executes():
+    assert isa.choose("auto", "znver4", FEATURES).name == "avx512"
+    avx2_only = {name: on and not name.startswith(("avx512", "avxvnni")) for name, on in FEATURES.items()}
+    assert isa.choose("auto", "znver3", avx2_only).name == "avx2"
+    assert isa.choose("auto", "apple-m1", {"neon": True}).name == "host"
+    assert isa.executable_paths(FEATURES) == ("avx512", "avx2")
+    assert isa.executable_paths({"neon": True}) == ("host",)
+
+
+def test_the_avx2_path_switches_off_every_wider_vector_feature():
+    path = isa.choose("avx2", "znver5", FEATURES)
+    flags = dict((f[1:], f[0]) for f in path.features.split(","))
+    assert path.vector_bits == 256 and path.cpu_name == "znver5"
+    assert flags["avx2"] == flags["fma"] == flags["f16c"] == "+"
+    assert all(flags[name] == "-" for name in flags if name.startswith(("avx512", "avxvnni")))
+
+
+@pytest.mark.parametrize("requested", ["avx1024", "avx512"])
+def test_a_path_the_host_cannot_run_is_a_clear_error(requested):
+    with pytest.raises(isa.IsaUnavailable, match=isa.ISA_VARIABLE):
+        isa.choose(requested, "znver3", {"avx2": True, "fma": True, "f16c": True})
+
+
+def test_numba_compiles_for_the_active_path():
+    from numba.core import registry
+
+    path = isa.active()
+    assert path.name in isa.executable_paths()
+    assert registry.cpu_target.target_context.codegen().magic_tuple()[1:] == (path.cpu_name, path.features)
+
+
+def _quantized(layout: blocks.BlockLayout, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    data = rng.integers(0, 256, rows * k // 32 * layout.block_bytes, dtype=np.uint8).reshape(-1, layout.block_bytes)
+    data[:, 0:2] = rng.uniform(0.005, 0.02, (len(data), 1)).astype(np.float16).view(np.uint8)
+    if layout is blocks.Q4_1:
+        data[:, 2:4] = rng.uniform(-0.1, 0.0, (len(data), 1)).astype(np.float16).view(np.uint8)
+    return data.reshape(-1)
+
+
+@pytest.mark.parametrize("layout", ["Q8_0", "Q4_1", "F16"])
+def test_products_agree_with_numpy_for_every_token_grouping(layout):
+    rng = np.random.default_rng(7)
+    m, k = 13, 96               # an odd last row; 3 blocks a row
+    if layout == "F16":
+        weight = rng.standard_normal((m, k)).astype(np.float16)
+        dense = weight.astype(np.float32)
+    else:
+        block_layout = blocks.BY_NAME[layout]
+        data = _quantized(block_layout, m, k, rng)
+        dense = blocks.expand(block_layout.dtype, data, (m, k))
+    for n in (1, 3, 4, 5, 8, 9, 13, 17):   # groups of 8, 4 and 1 and their mixtures
+        x = rng.standard_normal(n * k).astype(np.float32)
+        out = np.full(n * m, 0.5, dtype=np.float32)
+        first, last = 1, m                   # a row range not starting at 0
+        if layout == "F16":
+            linear_rows(out, x, weight.view(np.uint16).reshape(-1), n, k, m, True, first, last, 0)
+        else:
+            block_linear_rows(out, x, data, block_layout.code, n, k, m, True, first, last,
+                              np.zeros(16, dtype=np.float32))
+        expected = np.full((n, m), 0.5, dtype=np.float32)
+        expected[:, first:last] += x.reshape(n, k) @ dense[first:last].T
+        np.testing.assert_allclose(out.reshape(n, m), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max(),
+                                   err_msg=f"{layout} n={n} on {isa.active().name}")
+
+
+def _other_paths() -> list[str]:
+    return [name for name in isa.executable_paths() if name != isa.active().name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _other_paths() or [pytest.param("none", marks=pytest.mark.skip(
+    reason="this host executes one ISA path only"))])
+def test_every_path_the_host_runs_agrees_with_the_oracle(path):
+    """This file's products and the conformance tests of the block and f16 llama stand-ins, compiled
+    for `path` in a child process (numba compiles for one target a process)."""
+    # spec: OWN-1
+    selection = "products or (llama and (every_program or greedy))"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-k", selection,
+                           "tests/test_cpu_isa.py", "tests/test_cpu_executor.py"],
+                          cwd=ROOT, env=dict(os.environ, **{isa.ISA_VARIABLE: path}), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
+
+
+def test_the_cpu_benchmark_names_the_host_features_and_the_path_it_measured():
+    from bench.cpu_executor import format_text, summarize
+
+    host = {"cpu_model": "AMD EPYC", "llvm_cpu": "znver5", "executable_isa_paths": ["avx512", "avx2"],
+            "features": {"avx2": True, "fma": True, "f16c": True, "avx512f": True, "neon": False}}
+    rounds = [{"prefill_tokens": 512, "prefill_runs_s": [1.0], "prefill_tokens_per_s": 512.0, "threads": 2,
+               "decode": {"1": {"tokens_per_s": 90.0, "runs_s": [1.0]}, "8": {"tokens_per_s": b8, "runs_s": [1.0]}},
+               "rss_bytes": 2**28, "peak_rss_bytes": 2**28, "isa_path": "avx2"} for b8 in (300.0, 240.0)]
+    summary = summarize(rounds, [], [1, 8], {"before": [0.1], "after": [0.2]}, host)
+    assert summary["isa_path"] == "avx2" and summary["host"]["cpu_model"] == "AMD EPYC"
+    assert summary["decode_b8_spread"] == pytest.approx(1.25) and summary["goals_met"]["decode_b8_spread"] is False
+    text = format_text(summary, [1, 8])
+    assert "AMD EPYC (LLVM znver5: avx2 fma f16c avx512f)" in text          # neon absent: not listed
+    assert "the avx2 code path on this avx512 CPU, not an avx2-only machine" in text
