@@ -351,7 +351,8 @@ def test_snapshot_then_restoration_equals_recomputing_the_prefix():
     # A request's prompt ends mid-page (24 tokens, 16 per page): its step copies the partial page to a
     # continuation row. A second request sharing that prompt reuses the complete page, RESTORATION copies
     # the partial payload into its own fresh page, and it computes only its new tokens.
-    prepared = prepared_in_memory()
+    # one kernel path for every step compared (docs/kernels.md, the product path)
+    prepared = prepared_in_memory(product_path_tokens=0)
     model = NativeModel.load(prepared.contract, prepared.manifest, resource_reader(prepared),
                              ModelOptions(cache_pages=16, concurrency=2))
     try:

@@ -235,7 +235,10 @@ def test_the_cuda_executor_loads_the_core_prepared_with_kernels(tmp_path: pathli
     shared = {module.kernels[0].id: module.kernels[0].shared_bytes for module in manifest.modules}
     narrow = {kernel_id: KernelLibrary(archs=["sm_90a"]).compile("sm_90a")[kernel_id].shared_bytes
               for kernel_id in ("attention.paged.v1", "attention.paged_window.v1")}
-    assert all(shared[k] > narrow[k] for k in narrow) and SPECS_BY_ID["attention.paged.v1"].widening
+    # (paged.v1's large-step instantiation, [32 keys, 128 dims], already takes the widened tiles'
+    # shared memory, so there it is not more)
+    assert shared["attention.paged_window.v1"] > narrow["attention.paged_window.v1"]
+    assert shared["attention.paged.v1"] >= narrow["attention.paged.v1"] and SPECS_BY_ID["attention.paged.v1"].widening
     executor = CudaExecutor(manifest, resource_reader(prepared), CudaExecutorOptions(cache_pages=8),
                             driver=FakeDriver(capability=(9, 0)),
                             graphs=[g for g in prepared.contract.model.graphs if g.rank == 0])

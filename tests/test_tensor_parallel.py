@@ -2,7 +2,7 @@
 
 A TP=2 core of the real SmolLM2-135M weights (3 KV heads -> 2 + 1 per rank, ffn 1536 -> 768 + 768)
 prepares, verifies, validates and loads; the numpy executor runs its two ranks in lockstep and its
-logits and greedy tokens equal the TP=1 core's (`smollm2_model`, same capacity variants).
+logits and greedy tokens equal the TP=1 core's (`tp1_model`, same capacity variants and kernels).
 The TP=2 core is cached under var/test-cores/ like the TP=1 one (named by the preparation sources).
 """
 from __future__ import annotations
@@ -45,6 +45,21 @@ def tp_options():
 @pytest.fixture(scope="module")
 def tp_core(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return cached_core(f"smollm2-tp{DEGREE}-test", tp_options(), tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tp1_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeModel]:
+    """The TP=1 core of the same variants on the same kernels: tensor-parallel ranks keep the fused
+    kernels at every size, so the reference records no product path (docs/kernels.md)."""
+    from helios_backend.engine.bootstrap import Bootstrap
+
+    core = cached_core("smollm2-fused-test", engine_test_options(product_path_tokens=0), tmp_path_factory)
+    bootstrap = Bootstrap.load(core, ACCEPTANCE)
+    model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
+                             ModelOptions(cache_pages=128))
+    yield model
+    model.close()
+    bootstrap.close()
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +156,8 @@ def test_each_projection_is_summed_by_one_all_reduce_per_rank(tp_bootstrap):
 
 # ---- the CPU oracle: TP=2 equals TP=1 -------------------------------------------------------------
 
-def test_tp2_prefill_logits_equal_tp1(tp_model, smollm2_model):
-    tp1 = prefill_logits(smollm2_model, PROMPT, chunk=6)
+def test_tp2_prefill_logits_equal_tp1(tp_model, tp1_model):
+    tp1 = prefill_logits(tp1_model, PROMPT, chunk=6)
     tp2 = prefill_logits(tp_model, PROMPT, chunk=6)
     assert sorted(tp1) == sorted(tp2) == [5, 11, 17, 23]
     for position in tp1:
@@ -155,10 +170,10 @@ def _assert_ranks_agree(model: NativeModel) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_tp2_greedy_tokens_equal_tp1_for_64_steps(tp_model, smollm2_model, batch):
+def test_tp2_greedy_tokens_equal_tp1_for_64_steps(tp_model, tp1_model, batch):
     # spec: OWN-14
     prompts = PROMPTS[:batch]
-    tp1_tokens, tp1_logits = greedy_with_logits(smollm2_model, prompts, STEPS)
+    tp1_tokens, tp1_logits = greedy_with_logits(tp1_model, prompts, STEPS)
     tp2_tokens, tp2_logits = greedy_with_logits(tp_model, prompts, STEPS)
     assert all(len(t) == STEPS for t in tp1_tokens)
     assert tp2_tokens == tp1_tokens
@@ -357,12 +372,12 @@ def test_preparing_without_tensor_parallelism_keeps_one_rank():
 
 
 @pytest.mark.parametrize("name", ["decode.r4.t4", "mixed.r2.t17", "restoration.r2"])
-def test_the_device_scripts_program_comparison_passes_on_the_cpu_oracle(tp_model, smollm2_model, name):
+def test_the_device_scripts_program_comparison_passes_on_the_cpu_oracle(tp_model, tp1_model, name):
     """tests/gpu/tensor_parallel.py compares per program exactly so on the GPU (there: the CUDA executor)."""
     from tests.gpu.tensor_parallel import compare_program
 
     program = next(p for p in tp_model.execution_manifest.programs if p.name == name and p.rank == 0)
-    result = compare_program({1: smollm2_model, 2: tp_model}, program, index=7)
+    result = compare_program({1: tp1_model, 2: tp_model}, program, index=7)
     assert result["pass"], result
     assert result["logit_rel_err"] <= LOGIT_TOLERANCE / 10
 
