@@ -104,23 +104,21 @@ def rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, proj
     """The second half of qkv_rope_store on the product path: RoPE on q and k of an f32 projection
     projected [tokens, (q_heads + 2 kv_heads) * head_dim] (linear.product_f32.v1), then q_out and
     the k, v cache entries."""
-    n = live_tokens(geometry)
-    width = (q_heads + 2 * kv_heads) * head_dim
-    _rope_store_projected(q_out, k_cache, v_cache, _matrix(projected, tokens, width)[:n], None, rope_table,
-                          positions, page_table, row_slot, geometry, tokens, q_heads, kv_heads, head_dim,
-                          page_tokens, pages_per_row, page_stride, 0.0, rope_pairing)
+    bias_rope_store(q_out, k_cache, v_cache, projected, None, rope_table, positions, page_table, row_slot,
+                    geometry, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                    rope_pairing)
 
 
 def bias_rope_store(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
-                    qkv_bias: np.ndarray, rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray,
-                    row_slot: np.ndarray, geometry: np.ndarray, tokens: int, q_heads: int, kv_heads: int,
-                    head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int, rope_pairing: int) -> None:
+                    qkv_bias: np.ndarray | None, rope_table: np.ndarray, positions: np.ndarray,
+                    page_table: np.ndarray, row_slot: np.ndarray, geometry: np.ndarray, tokens: int, q_heads: int,
+                    kv_heads: int, head_dim: int, page_tokens: int, pages_per_row: int, page_stride: int,
+                    rope_pairing: int) -> None:
     """rope_store with the f32 q/k/v bias added to the projection first (qkv_bias_rope_store's second half)."""
-    n = live_tokens(geometry)
     width = (q_heads + 2 * kv_heads) * head_dim
-    _rope_store_projected(q_out, k_cache, v_cache, _matrix(projected, tokens, width)[:n], qkv_bias, rope_table,
-                          positions, page_table, row_slot, geometry, tokens, q_heads, kv_heads, head_dim,
-                          page_tokens, pages_per_row, page_stride, 0.0, rope_pairing)
+    _rope_store_projected(q_out, k_cache, v_cache, _matrix(projected, tokens, width)[:live_tokens(geometry)],
+                          qkv_bias, rope_table, positions, page_table, row_slot, geometry, tokens, q_heads,
+                          kv_heads, head_dim, page_tokens, pages_per_row, page_stride, 0.0, rope_pairing)
 
 
 def _rope_store_projected(q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
