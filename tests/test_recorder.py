@@ -82,8 +82,8 @@ def test_node_count_per_step_is_five_per_layer_plus_shared(prepared):
         count = len(program.nodes)
         snapshot = 1 if program.operation in (C.OPERATION_PREFILL, C.OPERATION_MIXED) else 0  # may end a prompt
         if program.capacity.tokens >= DecoderOptions().product_path_tokens:
-            # the product path: nine nodes a layer (docs/kernels.md); a decode step's logits two
-            count -= 4 * layers + (1 if program.operation == C.OPERATION_DECODE else 0)
+            # the product path: ten nodes a layer (docs/kernels.md); a decode step's logits two
+            count -= 5 * layers + (1 if program.operation == C.OPERATION_DECODE else 0)
         if program.operation in (C.OPERATION_INITIALIZATION, C.OPERATION_RESTORATION):
             assert count == 1
         elif program.operation in (C.OPERATION_PREFILL, C.OPERATION_RESUME):   # host input ids: no selection
