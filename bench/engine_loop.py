@@ -38,7 +38,7 @@ from helios_backend.engine.runner import ProgramRunner
 from helios_backend.packing import Packer
 from helios_backend.scheduler import plan as sp
 from helios_backend.scheduler.completion import CompletionFormat
-from helios_backend.scheduler.events import Emitted
+from helios_backend.scheduler.events import Terminal, TokenBlock
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
 from helios_backend.scheduler.variants import VariantTable
@@ -73,7 +73,7 @@ def _contract():
 class Loop:
     """One closed-loop run: the worker's phases timed per round, the simulated engine's not."""
 
-    def __init__(self, prepared, clients: int, return_rounds: int, profile: str) -> None:
+    def __init__(self, prepared, clients: int, return_rounds: int, profile: str, columnar: bool = True) -> None:
         graphs = [g for g in prepared.contract.model.graphs if g.rank == 0]
         transport, manifest = prepared.manifest.transport, prepared.manifest
         vocab = prepared.contract.model.vocabulary
@@ -85,7 +85,8 @@ class Loop:
         config = SchedulerConfig(page_tokens=prepared.contract.model.cache.page_tokens, num_pages=16384,
                                  request_slots=manifest.request_slots, max_active=min(clients, manifest.request_slots),
                                  queue_capacity=1024, context_tokens=2048, max_pages_per_row=128,
-                                 vocab_size=vocab.sampled_tokens, input_vocab_size=vocab.sampled_tokens, eos_ids=(2, 0))
+                                 vocab_size=vocab.sampled_tokens, input_vocab_size=vocab.sampled_tokens, eos_ids=(2, 0),
+                                 columnar_decode=columnar)
         table = [sp.Variant(g.operation, g.program, g.capacity.rows, g.capacity.tokens) for g in graphs]
         self.scheduler = Scheduler(config, VariantTable(table))
         self.engine = SimulatedEngine(self.scheduler)
@@ -140,11 +141,12 @@ class Loop:
             plan = inflight.pop(0)
             rows = self.engine.collect(plan)
             self._timed("complete", self.scheduler.complete, plan, rows)
-            events = self.scheduler.take_events()
+            events = self.scheduler.take_worker_events()
             self._timed("deliver", _wire_message, events)
-            emitted = sum(1 for event in events if type(event) is Emitted)
-            self.tokens += emitted
-            for _ in range(len(events) - emitted):
+            terminals = sum(1 for event in events if type(event) is Terminal)
+            self.tokens += sum(len(event.serials) if type(event) is TokenBlock else 1
+                               for event in events if type(event) is not Terminal)
+            for _ in range(terminals):
                 self.returning.append(self.rounds + random.randint(self.return_rounds // 2,
                                                                    self.return_rounds + self.return_rounds // 2))
             self.returning.sort()
