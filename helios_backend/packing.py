@@ -184,7 +184,7 @@ class _Step:
     A columnar step (`_Step.columnar`) has no lanes: its sources are given as columns, and a
     source not given reads as a PackedLane's default in every lane."""
 
-    __slots__ = ("lanes", "count", "_columns", "_values", "_starts", "_columnar", "_absent")
+    __slots__ = ("lanes", "count", "_columns", "_values", "_starts", "_columnar", "_absent", "_sizes")
 
     def __init__(self, lanes: Sequence[PackedLane]) -> None:
         self.lanes = lanes
@@ -194,9 +194,11 @@ class _Step:
         self._starts: Optional[np.ndarray] = None
         self._columnar = False
         self._absent: set[int] = set()   # sources a columnar step reads as None in every lane
+        self._sizes: dict[int, np.ndarray] = {}   # a columnar step's given value counts per lane
 
     @classmethod
-    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, list]) -> "_Step":
+    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, list],
+                 sizes: Mapping[int, np.ndarray] | None = None) -> "_Step":
         """A step given as its columns: `count` lanes whose integer sources are `columns` (int64
         [count], QUERY_LENGTH among them) and whose other sources are `values` (a list per
         source, None = padding). No PackedLane is built: the one-object-per-lane cost of a
@@ -208,7 +210,16 @@ class _Step:
         step._columnar = True
         step._columns.update(columns)
         step._values.update(values)
+        if sizes:
+            step._sizes.update(sizes)
         return step
+
+    def sizes(self, source: int) -> np.ndarray:
+        """int64 [lanes]: how many values each lane has of `source` (given, or counted)."""
+        sizes = self._sizes.get(source)
+        if sizes is None:
+            sizes = self._sizes[source] = np.fromiter(map(len, self.values(source)), np.int64, self.count)
+        return sizes
 
     def _not_given(self, source: int) -> list:
         """A columnar step's values of a source it was not given: derived from its columns, or
@@ -446,7 +457,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
     if n == 0:
         return
     values = step.values(source)
-    sizes = np.fromiter(map(len, values), np.int64, n)
+    sizes = step.sizes(source)
     slots, generations = step.column(C.VALUE_SOURCE_SLOT), step.column(C.VALUE_SOURCE_GENERATION)
     try:
         lanes_per_slot = np.bincount(slots)              # raises on a negative slot
@@ -606,10 +617,11 @@ class Packer:
         self._pack_step(program, frame, _Step(lanes))
 
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, list]) -> None:
+                     values: Mapping[int, list], sizes: Mapping[int, np.ndarray] | None = None) -> None:
         """pack() of `count` lanes given as columns (`_Step.columnar`): the same bytes as the
-        PackedLanes they describe (tests/test_packing_equivalence.py)."""
-        self._pack_step(program, frame, _Step.columnar(count, columns, values))
+        PackedLanes they describe (tests/test_packing_equivalence.py). `sizes`: the length of
+        each lane's values of a source, where the caller knows them (a page table's entries)."""
+        self._pack_step(program, frame, _Step.columnar(count, columns, values, sizes))
 
     def _pack_step(self, program: str, frame: int, step: _Step) -> None:
         rows, tokens, _ = self._capacity[program]

@@ -83,7 +83,9 @@ def _trace(columnar: bool, seed: int, steps: int = 400) -> tuple[list, int, dict
 
     def launch(plan: RoundPlan, frame: int) -> None:
         nonlocal blocks
-        blocks += isinstance(plan.main.lanes, DecodeBlock)
+        if isinstance(plan.main.lanes, DecodeBlock):   # its page counts are its requests' pages (packing reads them)
+            blocks += 1
+            assert plan.main.lanes.page_counts.tolist() == [len(req.pages) for req in plan.main.lanes.requests]
         trace.append(("plan", _plan_record(plan)))
         engine.launch(plan, frame)
 

@@ -64,7 +64,7 @@ class ExecutorLike(Protocol):
 class PackerLike(Protocol):
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, list]) -> None: ...
+                     values: Mapping[int, list], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
 
 
 @dataclass
@@ -315,6 +315,7 @@ class ProgramRunner:
         slots, generations, starts = block.slots, block.generations, block.starts
         lengths, samples, snapshot_rows = ones, ones, np.full(k, -1, np.int64)
         values: dict[int, list] = {cp.VALUE_SOURCE_PAGE_TABLE: pages}
+        page_counts = block.page_counts
         if m:
             cat = np.concatenate
             tokens = list(map(_TOKENS, extra))
@@ -327,12 +328,13 @@ class ProgramRunner:
             lengths = cat((lengths, np.fromiter(map(len, tokens), np.int64, m)))
             samples = cat((samples, np.fromiter(map(_SAMPLE, extra), np.int64, m)))
             snapshot_rows = cat((snapshot_rows, np.fromiter(map(_SNAPSHOT_ROW, extra), np.int64, m)))
+            page_counts = cat((page_counts, np.fromiter((len(lane.request.pages) for lane in extra), np.int64, m)))
         columns: dict[int, np.ndarray] = {
             cp.VALUE_SOURCE_SLOT: slots, cp.VALUE_SOURCE_GENERATION: generations,
             cp.VALUE_SOURCE_CONSUMED_TOKENS: starts, cp.VALUE_SOURCE_QUERY_LENGTH: lengths,
             cp.VALUE_SOURCE_SAMPLING_DECISION: samples, cp.VALUE_SOURCE_SNAPSHOT_DESTINATION: snapshot_rows,
         }
-        self.packer.pack_columns(program, frame, k + m, columns, values)
+        self.packer.pack_columns(program, frame, k + m, columns, values, {cp.VALUE_SOURCE_PAGE_TABLE: page_counts})
 
     def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:
         """The packing lane of one scheduler lane (once per lane per round: kept lean)."""

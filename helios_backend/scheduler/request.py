@@ -88,8 +88,8 @@ class RequestSpec:
         return (() if self.ignore_eos else eos_ids) + self.stops.token_ids
 
 
-@dataclass
-class Request:
+@dataclass(eq=False)                     # one object per request: equal only to itself (list.remove and
+class Request:                           # list.index compare by identity, not field by field)
     serial: int                          # scheduler-assigned, never a metric label
     spec: RequestSpec
     arrival: int                         # admission order
