@@ -316,14 +316,17 @@ class _PageMemory:
 
 
 class _PaddingMemory:
-    """How many leading rows of one frame's row-mode destination are known to hold the padding.
-    Only for destinations that no other writer touches (every binding of them packs per-lane
-    values by row, with one padding): a 128-row grammar mask is 786 KB, and rewriting its
-    padding every decode round took a third of the packing time (bench/packing.py), for rounds
-    where no lane has a mask."""
+    """Which rows of one frame's row-mode destination are known to hold the padding: a prefix
+    [0, clean) and a tail [tail, rows). Only for destinations that no other writer touches (every
+    binding of them packs per-lane values by row, with one padding): a 128-row grammar mask is
+    786 KB, and rewriting its padding every decode round took a third of the packing time
+    (bench/packing.py), for rounds where no lane has a mask; an admission's histogram rows are
+    196 KB each, and the rows an INITIALIZATION program of 64 rows leaves empty were rewritten
+    at every admitting round."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int) -> None:
         self.clean = 0                                 # rows [0, clean) hold the padding
+        self.tail = rows                               # rows [tail, rows) hold the padding
 
 
 class Target:
@@ -409,7 +412,9 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
     if not present and memory is not None:
         end = target.rows if pad_tail else n          # rows [0, end) must read the padding
         if memory.clean < end:
-            table[memory.clean:end] = target.pad
+            stop = min(end, memory.tail)              # and [tail, rows) do already
+            if memory.clean < stop:
+                table[memory.clean:stop] = target.pad
             memory.clean = end
         return
     if not present:
@@ -418,10 +423,19 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[[r for r, value in enumerate(values) if value is None]] = target.pad
     for r in present:
         _put(table[r], values[r], target)
-    if pad_tail and n < target.rows:
+    if memory is None:
+        if pad_tail and n < target.rows:
+            table[n:] = target.pad
+        return
+    memory.clean = min(memory.clean, present[0])      # rows before the first lane with values
+    if not pad_tail:                                  # rows from n on untouched
+        memory.tail = max(memory.tail, present[-1] + 1)
+    elif memory.tail <= target.rows:                  # [tail, rows) hold it already
+        if n < memory.tail:
+            table[n:memory.tail] = target.pad
+        memory.tail = n
+    elif n < target.rows:
         table[n:] = target.pad
-    if memory is not None and present:
-        memory.clean = min(memory.clean, present[0])  # rows before the first lane with values
 
 
 def _integer_tokens(target: Target, step: _Step, source: int) -> None:
@@ -603,7 +617,7 @@ class Packer:
                         memory = page_memory[f].setdefault(d.name, _PageMemory(request_slots))
                     target = Target(view, width, graph.capacity.rows, b, memory)
                     if d.name in remembered:
-                        target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory())
+                        target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory(row_capacity[d.name]))
                     plans[f].append((target, write))
             for f, plan in enumerate(plans):
                 self._writes[f][graph.program] = tuple(plan)
