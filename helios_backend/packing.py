@@ -62,6 +62,21 @@ class CapacityError(PackingError):
     """The submitted lanes do not fit the program's captured rows or packed tokens."""
 
 
+@dataclass(frozen=True, eq=False)
+class PromptCounts:
+    """A histogram row given by the ids it counts: the int32 counts of `ids` over `bins` bins.
+    Packed by counting straight into the destination row (`_put`): a vocabulary-wide row built
+    per admission and then copied cost an admission two more passes over its ~200 KB."""
+
+    ids: np.ndarray                 # int64, each in [0, bins)
+    bins: int
+
+    def dense(self) -> np.ndarray:
+        histogram = np.zeros(self.bins, np.int32)
+        np.add.at(histogram, self.ids, 1)
+        return histogram
+
+
 @dataclass(frozen=True)
 class SlotInitialization:
     """What INITIALIZATION copies into a slot: sampling state of one request."""
@@ -70,19 +85,23 @@ class SlotInitialization:
     sampling: SamplingParameters
     output_limit: int
     eos_ids: tuple[int, ...]
-    prompt_histogram: np.ndarray    # int32 [histogram_bins]
+    prompt_counts: PromptCounts     # the prompt histogram (int32 [histogram_bins]) as the ids it counts
+
+    @property
+    def prompt_histogram(self) -> np.ndarray:
+        """int32 [histogram_bins]: how often each id occurs in the prompt."""
+        return self.prompt_counts.dense()
 
     @staticmethod
     def for_prompt(prompt: Sequence[int], histogram_bins: int, seed: int, sampling: SamplingParameters,
                    output_limit: int, eos_ids: Sequence[int]) -> "SlotInitialization":
-        # counted into the int32 row itself: a vocabulary-wide int64 bincount and its cast cost
-        # an admission 2-3x more (ids past the bins are not counted; negative ids are an error)
+        # the ids only (past the bins not counted; negative ids are an error): packing counts them
+        # into the destination row itself (PromptCounts)
         ids = np.asarray(prompt, dtype=np.int64)
         if ids.size and ids.min() < 0:
             raise ValueError(f"prompt token id {int(ids.min())} is negative")
-        histogram = np.zeros(histogram_bins, np.int32)
-        np.add.at(histogram, ids[ids < histogram_bins], 1)
-        return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids), histogram)
+        return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids),
+                                  PromptCounts(ids[ids < histogram_bins], histogram_bins))
 
 
 @dataclass(slots=True)
@@ -134,7 +153,7 @@ def _need_initialization(lane: PackedLane) -> SlotInitialization:
 # gathered for all lanes of a step into one int64 column; the others give 1-D values or None
 # (None = the binding's padding). SCALAR_SOURCES: (step, binding) -> one integer.
 
-LaneSource = Callable[[PackedLane], "int | np.ndarray | Sequence[int] | None"]
+LaneSource = Callable[[PackedLane], "int | np.ndarray | Sequence[int] | PromptCounts | None"]
 
 
 def _seed_bits(lane: PackedLane) -> np.ndarray:
@@ -162,7 +181,7 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda lane: _need_initialization(lane).sampling.vector(),
     C.VALUE_SOURCE_OUTPUT_LIMIT: lambda lane: _need_initialization(lane).output_limit,
     C.VALUE_SOURCE_EOS_IDS: lambda lane: np.asarray(_need_initialization(lane).eos_ids, dtype=np.int64),
-    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_initialization(lane).prompt_histogram,
+    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_initialization(lane).prompt_counts,   # counted in place
     C.VALUE_SOURCE_PROPOSAL_IDS: attrgetter("proposals"),           # None -> padding
     C.VALUE_SOURCE_PROPOSAL_COUNT: lambda lane: 0 if lane.proposals is None else len(lane.proposals),
     C.VALUE_SOURCE_PROPOSAL_GENERATION: attrgetter("proposal_generation"),
@@ -190,14 +209,14 @@ class _Step:
         self.lanes = lanes
         self.count = len(lanes)
         self._columns: dict[int, np.ndarray] = {}
-        self._values: dict[int, list] = {}
+        self._values: dict[int, Sequence] = {}
         self._starts: Optional[np.ndarray] = None
         self._columnar = False
         self._absent: set[int] = set()   # sources a columnar step reads as None in every lane
         self._sizes: dict[int, np.ndarray] = {}   # a columnar step's given value counts per lane
 
     @classmethod
-    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, list],
+    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, Sequence],
                  sizes: Mapping[int, np.ndarray] | None = None) -> "_Step":
         """A step given as its columns: `count` lanes whose integer sources are `columns` (int64
         [count], QUERY_LENGTH among them) and whose other sources are `values` (a list per
@@ -243,7 +262,7 @@ class _Step:
             self._columns[source] = column
         return column
 
-    def values(self, source: int) -> list:
+    def values(self, source: int) -> Sequence:
         values = self._values.get(source)
         if values is None:
             values = self._not_given(source) if self._columnar else list(map(LANE_SOURCES[source], self.lanes))
@@ -373,6 +392,14 @@ def _put(dst: np.ndarray, value, target: Target, cut: bool = False) -> None:
     """One lane's values into `dst` (its row, or its span of packed tokens): the offset is added
     to integer values, the rest of `dst` gets the bare padding (BND-17). Values beyond `dst` are
     an error in a row, cut off in a span (`cut`: a span follows the lane's query length)."""
+    if type(value) is PromptCounts:
+        if value.bins <= dst.size:                 # the counts' row: offset, then one per id
+            dst[:value.bins] = target.offset
+            if value.bins < dst.size:
+                dst[value.bins:] = target.pad_as(np.dtype(np.int32))
+            np.add.at(dst, value.ids, 1)
+            return
+        value = value.dense()
     values = np.asarray(value)
     if values.ndim != 1:
         values = values.reshape(-1)
@@ -486,7 +513,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
             _upload(target, values[r:r + 1], sizes[r:r + 1], slots[r:r + 1], generations[r:r + 1])
 
 
-def _upload(target: Target, values: list, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
+def _upload(target: Target, values: Sequence, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
     """Lanes of distinct slots: entries [held, size) of each lane that has new ones (in decode,
     the few lanes that just took a page); a new generation holds none."""
     memory, width = target.memory, target.width
@@ -524,7 +551,11 @@ INDEX_WRITERS: Mapping[tuple[int, str], RowWriter] = {
 
 
 def _write_scalar(target: Target, step: _Step, scalar: ScalarSource) -> None:
-    _put(target.view[:1], scalar(step, target.binding), target)
+    value = scalar(step, target.binding)
+    if type(value) is int and target.view.dtype.kind == "i":
+        target.view[0] = value + target.offset      # _put's result for one integer, without its arrays
+        return
+    _put(target.view[:1], value, target)
 
 
 # ---- the packer ------------------------------------------------------------------------------
@@ -631,7 +662,7 @@ class Packer:
         self._pack_step(program, frame, _Step(lanes))
 
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, list], sizes: Mapping[int, np.ndarray] | None = None) -> None:
+                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None:
         """pack() of `count` lanes given as columns (`_Step.columnar`): the same bytes as the
         PackedLanes they describe (tests/test_packing_equivalence.py). `sizes`: the length of
         each lane's values of a source, where the caller knows them (a page table's entries)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, TypeVar, overload
 
 import numpy as np
 
@@ -53,7 +53,33 @@ _HOST_VALUES = attrgetter("request.host_values")
 _SLOT, _GENERATION, _START = attrgetter("slot"), attrgetter("generation"), attrgetter("start")
 _SAMPLE, _SNAPSHOT_ROW = attrgetter("sample"), attrgetter("snapshot_row")
 _TOKENS, _PAGES = attrgetter("tokens"), attrgetter("request.pages")
-_REQUEST_PAGES = attrgetter("pages")
+
+
+class _BlockPages(Sequence[Sequence[int]]):
+    """A block round's page tables, read lane by lane where the packer reads them: it is given
+    their lengths (the block's page counts) and reads entries only of the lanes that took a page,
+    so the requests of the other lanes are not touched."""
+
+    __slots__ = ("requests", "extra")
+
+    def __init__(self, requests: list[Request], extra: Sequence[Lane]) -> None:
+        self.requests, self.extra = requests, extra
+
+    def __len__(self) -> int:
+        return len(self.requests) + len(self.extra)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence[int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Sequence[int]]: ...
+
+    def __getitem__(self, index: int | slice) -> Sequence[int] | list[Sequence[int]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        k = len(self.requests)
+        if index < 0:
+            index += len(self)
+        return self.requests[index].pages if index < k else self.extra[index - k].request.pages
 
 
 class ExecutorLike(Protocol):
@@ -64,7 +90,7 @@ class ExecutorLike(Protocol):
 class PackerLike(Protocol):
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, list], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
+                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
 
 
 @dataclass
@@ -310,16 +336,14 @@ class ProgramRunner:
         """_pack_columns of a block: its columns, then its explicit lanes (a MIXED round's prompts)."""
         k, extra = block.size, block.extra
         m = len(extra)
-        pages = list(map(_REQUEST_PAGES, block.requests))
         ones = np.ones(k, np.int64)
         slots, generations, starts = block.slots, block.generations, block.starts
         lengths, samples, snapshot_rows = ones, ones, np.full(k, -1, np.int64)
-        values: dict[int, list] = {cp.VALUE_SOURCE_PAGE_TABLE: pages}
+        values: dict[int, Sequence] = {cp.VALUE_SOURCE_PAGE_TABLE: _BlockPages(block.requests, extra)}
         page_counts = block.page_counts
         if m:
             cat = np.concatenate
             tokens = list(map(_TOKENS, extra))
-            pages += map(_PAGES, extra)
             values[cp.VALUE_SOURCE_PROMPT_TOKENS] = [None] * k + [
                 None if t == _PENDING else np.asarray(t, dtype=np.int32) for t in tokens]
             slots = cat((slots, np.fromiter(map(_SLOT, extra), np.int64, m)))

@@ -88,8 +88,11 @@ class RequestSpec:
         return (() if self.ignore_eos else eos_ids) + self.stops.token_ids
 
 
-@dataclass(eq=False)                     # one object per request: equal only to itself (list.remove and
-class Request:                           # list.index compare by identity, not field by field)
+# one object per request, equal only to itself (list.remove and list.index on the running list
+# compare by identity, not field by field); slots: its fields in the object itself, which the
+# per-lane bookkeeping of every round reads and writes
+@dataclass(eq=False, slots=True)
+class Request:
     serial: int                          # scheduler-assigned, never a metric label
     spec: RequestSpec
     arrival: int                         # admission order

@@ -483,20 +483,24 @@ class Scheduler:
         # once per lane per round: the row values as Python objects in one call each, the page
         # publication only when the lane completed a page, the finish by length against the
         # request's token limit, and the token event built as the tuple it is
-        tokens = rows.tokens.tolist()
-        logprobs = rows.logprobs.tolist() if rows.logprobs is not None else None
-        top_ids, top_logprobs = rows.top_ids, rows.top_logprobs
-        pt = self.config.page_tokens
-        events = self._events
-        eos, stops = self._eos, self._stops
         generated = 0
         stamp = None
-        offset = 0
+        offset = 0                                    # the rows of the explicit lanes start here
         if columns:
             assert isinstance(lanes, DecodeBlock)
             stamp = self._complete_columns(lanes, rows)
             generated = offset = lanes.size
-        for i, lane in enumerate(explicit, offset):
+            if not explicit:
+                self.counters.generated_tokens += generated
+                return
+        tokens = rows.tokens[offset:].tolist()
+        logprobs = rows.logprobs[offset:].tolist() if rows.logprobs is not None else None
+        top_ids = rows.top_ids[offset:] if rows.top_ids is not None else None
+        top_logprobs = rows.top_logprobs[offset:] if rows.top_logprobs is not None else None
+        pt = self.config.page_tokens
+        events = self._events
+        eos, stops = self._eos, self._stops
+        for i, lane in enumerate(explicit):
             req = lane.request
             req.inflight -= 1
             if lane.restore is not None:
