@@ -668,12 +668,16 @@ class Scheduler:
         """Publish complete pages whose every position was consumed (validated)."""
         pt = self.config.page_tokens
         complete = min(req.computed // pt, len(req.pages))
-        key = req.chain_keys[-1] if req.chain_keys else self._seed
-        for p in range(req.published_pages, complete):
-            key = next_key(key, req.tokens[p * pt:(p + 1) * pt])
-            self.pool.publish(req.pages[p], key)
-            req.chain_keys.append(key)
-        req.published_pages = max(req.published_pages, complete)
+        first = req.published_pages
+        if complete <= first:
+            return
+        keys, tokens, pages, publish = req.chain_keys, req.tokens, req.pages, self.pool.publish
+        key = keys[-1] if keys else self._seed
+        for p in range(first, complete):              # a decode lane: one page (about one lane in page_tokens)
+            key = next_key(key, tokens[p * pt:(p + 1) * pt])
+            publish(pages[p], key)
+            keys.append(key)
+        req.published_pages = complete
 
     def _unpin_restore(self, row: int) -> None:
         self.snapshots.unpin_row(row)
