@@ -82,33 +82,13 @@ class DecodeBlock(Sequence[Lane]):
             return self
         return DecodeBlock(self.requests + other.requests, np.concatenate((self.columns, other.columns), axis=1))
 
-    @property
-    def serials(self) -> np.ndarray:
-        return self.columns[SERIAL]
-
-    @property
-    def slots(self) -> np.ndarray:
-        return self.columns[SLOT]
-
-    @property
-    def generations(self) -> np.ndarray:
-        return self.columns[GENERATION]
-
-    @property
-    def starts(self) -> np.ndarray:
-        return self.columns[START]
-
-    @property
-    def limits(self) -> np.ndarray:
-        return self.columns[LIMIT]
-
-    @property
-    def token_limits(self) -> np.ndarray:
-        return self.columns[TOKEN_LIMIT]
-
-    @property
-    def page_counts(self) -> np.ndarray:
-        return self.columns[PAGE_COUNT]
+    serials = property(lambda self: self.columns[SERIAL], doc="int64 [size]: Request.serial")
+    slots = property(lambda self: self.columns[SLOT], doc="int64 [size]: the lanes' slots")
+    generations = property(lambda self: self.columns[GENERATION], doc="int64 [size]: their generations")
+    starts = property(lambda self: self.columns[START], doc="int64 [size]: first query positions")
+    limits = property(lambda self: self.columns[LIMIT], doc="int64 [size]: Lane.output_limit")
+    token_limits = property(lambda self: self.columns[TOKEN_LIMIT], doc="int64 [size]: Request.token_limit")
+    page_counts = property(lambda self: self.columns[PAGE_COUNT], doc="int64 [size]: len(request.pages)")
 
     @property
     def size(self) -> int:
