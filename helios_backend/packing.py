@@ -346,6 +346,9 @@ class _PaddingMemory:
     def __init__(self, rows: int) -> None:
         self.clean = 0                                 # rows [0, clean) hold the padding
         self.tail = rows                               # rows [tail, rows) hold the padding
+        # rows that hold the padding except at these indices (a PromptCounts row counted over
+        # the padding): the next counts in such a row clear those entries, not ~200 KB
+        self.sparse: dict[int, np.ndarray] = {}
 
 
 class Target:
@@ -448,8 +451,15 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[:n] = target.pad
     elif len(present) < n:
         table[[r for r, value in enumerate(values) if value is None]] = target.pad
+    counts_over_padding = memory is not None and target.binding.padding == target.offset
     for r in present:
-        _put(table[r], values[r], target)
+        value = values[r]
+        if memory is not None:
+            if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
+                _count_over_padding(table[r], value, target, memory, r)
+                continue
+            memory.sparse.pop(r, None)
+        _put(table[r], value, target)
     if memory is None:
         if pad_tail and n < target.rows:
             table[n:] = target.pad
@@ -463,6 +473,20 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         memory.tail = n
     elif n < target.rows:
         table[n:] = target.pad
+
+
+def _count_over_padding(row: np.ndarray, counts: PromptCounts, target: Target, memory: _PaddingMemory,
+                        r: int) -> None:
+    """_put of counts whose zero (the offset) is the padding: the row is made the padding (known
+    already, or cleared where the last counts were), then counted into."""
+    known = memory.sparse.get(r)
+    if memory.clean <= r < memory.tail:               # not known to hold the padding throughout
+        if known is not None:
+            row[known] = target.pad
+        else:
+            row[:] = target.pad
+    np.add.at(row, counts.ids, 1)
+    memory.sparse[r] = counts.ids
 
 
 def _integer_tokens(target: Target, step: _Step, source: int) -> None:
