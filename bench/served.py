@@ -2,8 +2,12 @@
 beside the engine and llama-server measured in the same run.
 
     python -m bench.served [--out DIR | --results] [--llama-server BIN --llama-gguf F16.gguf]
-                           [--concurrency 1,8,16,32,64,128,256] [--prompts 32,1024] [--output-tokens 128]
+                           [--concurrency 1,8,16,32,64,128,256] [--prompt-tokens 32,1024] [--output-tokens 128]
+                           [--client-processes auto|N] [--client-scale 0.5|2] [--layout NAME]
     python -m bench.served [--out DIR | --results] --from-json RUN1/served.json [RUN2/served.json ...]
+    python -m bench.served --skip-engine --executor cpu --core var/cores/smollm2-135m-instruct.core \
+                           --concurrency 2 --prompt-tokens 40 --output-tokens 8 --requests-per-client 2 --out DIR
+                           (a smoke run of the plumbing on a CPU host)
 
 Runs on the GPU machine with the model bundle (tests/gpu/model_bundle.py; HELIOS_RANDOM_WEIGHTS=1
 gives seeded random weights of the real layout: decode speed does not depend on the values). In
@@ -11,10 +15,10 @@ order, each phase owning the GPU alone:
 
 1. engine: the CUDA executor through the server's own setup (engine/setup.py), B lanes decoding
    together for each concurrency B (capped at the captured rows), per prompt length: the
-   ceiling the served figures are compared with (the same measurement as bench/gpu_decode.py);
+   ceiling the served figures are compared with (the same measurement as bench/gpu_decode.py),
+   and the prefill cost per prompt token of each prompt length (one prompt of that length);
 2. served: `helios-serve --executor cuda` (tritonserver from the wheel, the Helios model, the
-   gateway), driven by closed-loop streaming /v1/chat/completions clients (several client
-   processes, so the load generator is never the limit), greedy, `ignore_eos` with `max_tokens`
+   gateway), driven by closed-loop streaming /v1/chat/completions clients, greedy, `ignore_eos` with `max_tokens`
    so every request yields the same number of tokens; per level: output tokens/s over the
    level's wall time, TTFT p50/p99, ITL p50/p99, TPOT p50, and the CPU seconds per output token
    of the gateway processes and of the backend (the stub and its engine process, each also
@@ -23,7 +27,18 @@ order, each phase owning the GPU alone:
    the share planned on the second frame, tokens per round, the mean round time (a round is its
    main step: the initialization launched before it is not counted as one), requests per
    channel message, and the mean TTFT split into the scheduler's queue, the backend's receipt to
-   first token and the gateway's ingress to first token;
+   first token and the gateway's ingress to first token. The worker's host time per round by
+   phase (flare_worker_seconds_total: schedule / launch / collect / complete / deliver) and its
+   host work (all but collect, the wait for the device) are in every row.
+   Client processes: enough that the busiest stays under half a core (`--client-processes auto`:
+   one per 8 streams, at most half the host's cores, doubled and the level measured again while
+   the busiest reaches 50 %); each row reports the count and the busiest one's CPU share
+   (`client_cpu_max`). `--client-scale 0.5` / `2` runs every level with half / twice the first
+   count (no doubling), so that the served figure can be shown not to depend on the clients.
+   Long prompts: each row also carries the bound the prompt work sets, `prompt_bound_tok_s`
+   = n / (n / engine_tok_s + r x c), where per round n output tokens, r prompt tokens computed
+   (the stack's prefix lookup minus reuse counters) and c the engine's prefill cost per prompt
+   token, and the served figure over it;
 3. llama-server (llama.cpp built on the device, same shape, F16, the same load and prompts).
 
 Prints one table per prompt length and writes served.jsonl, one object per (prompt length,
@@ -36,6 +51,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import pathlib
 import random
 import shutil
@@ -45,7 +61,7 @@ import time
 
 import numpy as np
 
-from bench.harness import (BUNDLE_NAMESPACE, add_output_arguments, cpu_seconds, free_ports, gpu_name, metric,
+from bench.harness import (BUNDLE_NAMESPACE, add_output_arguments, cpu_name, cpu_seconds, free_ports, gpu_name, metric,
                            output_dir, serving, stack_pids, stop_group, wait_http, write_bundle_core)
 from bench.sse import RequestTiming, content_chunk_count, load_session, stream_completion, token_ids_count
 
@@ -92,14 +108,21 @@ def _ready(_: int) -> bool:
     return True
 
 
+def client_processes(concurrency: int, scale: float = 1.0) -> int:
+    """The first number of client processes at a concurrency: one per 8 streams, at most half the
+    host's cores (the stack needs the rest), times `scale`; never more than the streams."""
+    cap = max(1, (os.cpu_count() or 2) // 2)
+    return max(1, min(concurrency, round(min(cap, -(-concurrency // 8)) * scale)))
+
+
 def drive(base: str, model: str, prompt_words: int, concurrency: int, requests: int, max_tokens: int,
-          ours: bool, seed: int) -> tuple[list[RequestTiming], float, float]:
-    """Closed loop at `concurrency` over `requests` requests, spread over client processes.
-    The wall time runs from the first request's start to the last one's end on the machine's
-    one monotonic clock (bench/sse.py), so process start-up is not counted as serving time. Also
-    returns the busiest client process's CPU share of that wall time (near 1: the load generator
-    limits the figures)."""
-    processes = max(1, min(8, concurrency // 8))   # at most 16 streams per process: see client_cpu_share
+          ours: bool, seed: int, processes: int | None = None) -> tuple[list[RequestTiming], float, float]:
+    """Closed loop at `concurrency` over `requests` requests, spread over `processes` client
+    processes (default: client_processes). The wall time runs from the first request's start to
+    the last one's end on the machine's one monotonic clock (bench/sse.py), so process start-up is
+    not counted as serving time. Also returns the busiest client process's CPU share of that wall
+    time (near 1: the load generator limits the figures)."""
+    processes = min(concurrency, processes or client_processes(concurrency))
     prompts = [prompt_text(seed + i, prompt_words) for i in range(requests)]
     shares = [prompts[i::processes] for i in range(processes)]
     per = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
@@ -136,6 +159,7 @@ def figures(timings: list[RequestTiming], wall_s: float) -> dict:
 # the per-operation launch counter, kept per operation)
 STACK_FAMILIES = ("flare_graph_launches_total", "flare_worker_seconds_total", "flare_second_frame_rounds_total", "flare_generated_tokens_total",
                   "flare_channel_responses_total", "flare_channel_outputs_total",
+                  "flare_prefix_lookup_tokens_total", "flare_prefix_reused_tokens_total",
                   "flare_time_to_first_token_seconds_sum", "flare_time_to_first_token_seconds_count",
                   "flare_request_queue_time_seconds_sum", "flare_request_queue_time_seconds_count",
                   "helios_gateway_time_to_first_token_seconds_sum", "helios_gateway_time_to_first_token_seconds_count",
@@ -191,7 +215,11 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
         return delta.get(total, 0.0) / delta[count] if delta.get(count) else float("nan")
 
     responses = delta.get("flare_channel_responses_total", 0.0)
-    return {"rounds": launches, "second_frame_share": delta.get("flare_second_frame_rounds_total", 0.0) / rounds
+    # prompt tokens computed: looked up at admission less those served from the prefix cache
+    prompt = delta.get("flare_prefix_lookup_tokens_total", 0.0) - delta.get("flare_prefix_reused_tokens_total", 0.0)
+    return {"rounds": launches, "prompt_tokens_per_round": prompt / rounds if rounds else float("nan"),
+            "host_work_ms_per_round": sum(ms for phase, ms in worker.items() if phase != "collect")
+            if worker else float("nan"), "second_frame_share": delta.get("flare_second_frame_rounds_total", 0.0) / rounds
             if rounds else float("nan"), "tokens_per_round": tokens / rounds if rounds else float("nan"),
             "round_ms": wall_s / rounds * 1e3 if rounds else float("nan"), "worker_ms_per_round": worker,
             "outputs_per_response": delta.get("flare_channel_outputs_total", 0.0) / responses if responses
@@ -221,25 +249,34 @@ def engine_phase(batches: list[int], prompts: list[int], steps: int, queue) -> N
                                                                   executor="cuda")).model
     bench = Bench(model)
     rows = max(g.capacity.rows for g in model.graphs)
-    out = {}
+    out: dict = {}
     for prompt in prompts:
         for batch in batches:
             result = bench.decode(min(batch, rows), prompt, steps)
             out[f"{prompt}:{batch}"] = result["tokens_per_s"]
             print(f"engine prompt {prompt} batch {min(batch, rows)}: {result['tokens_per_s']:.0f} tok/s "
                   f"(step {result['step_us']:.0f} us)", flush=True)
+        try:                                  # the prefill cost per prompt token (the long-prompt bound)
+            prefill = bench.prefill(prompt)
+            out[f"prefill:{prompt}"] = prefill["step_us"] / prompt
+            print(f"engine prefill {prompt} tokens: {prefill['step_us']:.0f} us ({out[f'prefill:{prompt}']:.2f} "
+                  f"us/token)", flush=True)
+        except Exception as exc:             # no PREFILL program of that length: no bound
+            print(f"engine prefill {prompt} tokens: not measured ({exc})", flush=True)
     model.close()
     queue.put(out)
 
 
 def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int], prompts: list[int]) -> dict:
     top = max(levels)
-    extra = ["--acceptance", args.acceptance, "--concurrency", str(min(top, args.rows)),
-             "--max-active", str(min(top, args.rows)), "--queue-capacity", str(2 * top)] + args.serve_args
+    extra = (["--acceptance", args.acceptance] if args.acceptance else []) + [
+        "--concurrency", str(min(top, args.rows)), "--max-active", str(min(top, args.rows)),
+        "--queue-capacity", str(2 * top)] + args.serve_args
     out: dict = {}
     with serving(core, args.executor, extra, args.out / "served_stack.log") as stack:
         base = stack.url
         model = json_get(f"{base}/v1/models")["data"][0]["id"]
+        layout = args.layout or model
         drive(base, model, 16, 8, 16, 16, True, 10_000)           # warm-up
         gateway, stub, engine = stack_pids(stack.proc.pid)
         print(f"gateway processes {gateway}, backend stub {stub}, engine process {engine}", flush=True)
@@ -247,11 +284,26 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
             for c in levels:
                 pages = (stack.metrics, f"{base}/metrics")
                 counted = [scrape(url) for url in pages]
-                before = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
-                timings, wall, client_share = drive(base, model, words, c, requests_at(c), args.output_tokens, True,
-                                                    1000 * c)
-                after = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
-                f = figures(timings, wall) | {"client_cpu_share": client_share}
+                fixed = args.client_processes != "auto" or args.client_scale != 1.0
+                processes = int(args.client_processes) if args.client_processes != "auto" \
+                    else client_processes(c, args.client_scale)
+                tries = []
+                while True:                   # auto: more client processes while the busiest reaches 50 %
+                    before = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
+                    timings, wall, client_share = drive(base, model, words, c, requests_at(c, args.requests_per_client),
+                                                        args.output_tokens, True, 1000 * c, processes)
+                    after = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
+                    tries.append({"client_processes": processes, "client_cpu_max": client_share})
+                    more = min(c, 2 * processes, max(1, os.cpu_count() or 2))
+                    if fixed or not client_share >= 0.5 or more == processes:
+                        break
+                    print(f"  busiest of {processes} client processes at {client_share:.0%} CPU: again with {more}",
+                          flush=True)
+                    processes = more
+                    counted = [scrape(url) for url in pages]
+                f = figures(timings, wall) | {"client_cpu_share": client_share, "client_cpu_max": client_share,
+                                              "client_processes": processes, "client_tries": tries,
+                                              "layout": layout}
                 f["stack"] = stack_figures({**counted[0], **counted[1]},
                                            {**scrape(pages[0]), **scrape(pages[1])}, wall)
                 tokens = max(f["output_tokens"], 1)
@@ -265,12 +317,14 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"TPOT p50 {f['tpot_p50_ms']:.2f} ms, gateway {f['gateway_cpu_us_per_token']:.0f} us/tok, "
                       f"backend {f['backend_cpu_us_per_token']:.0f} us/tok (stub {f['stub_cpu_us_per_token']:.0f}, engine "
                       f"{f['engine_cpu_us_per_token']:.0f}), ok {f['ok']}/{f['requests']}, "
-                      f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}, busiest client process "
-                      f"{client_share:.0%} CPU", flush=True)
+                      f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}, busiest of {processes} "
+                      f"client processes {client_share:.0%} CPU", flush=True)
                 k = f["stack"]
                 print(f"  stack: rounds {k['rounds']}, second frame {k['second_frame_share']:.0%}, "
-                      f"{k['tokens_per_round']:.1f} tokens/round, {k['round_ms']:.2f} ms/round (worker: "
-                      f"{', '.join(f'{p} {ms:.2f}' for p, ms in k['worker_ms_per_round'].items())}), "
+                      f"{k['tokens_per_round']:.1f} tokens/round, {k['prompt_tokens_per_round']:.1f} prompt tokens/round, "
+                      f"{k['round_ms']:.2f} ms/round (worker: "
+                      f"{', '.join(f'{p} {ms:.2f}' for p, ms in k['worker_ms_per_round'].items())}; host work "
+                      f"{k['host_work_ms_per_round']:.3f}), "
                       f"{k['outputs_per_response']:.1f} outputs/message; Triton per request: queue "
                       f"{k['triton_queue_mean_ms']:.2f} ms, in Triton {k['triton_request_mean_ms']:.2f} ms, execute() "
                       f"{k['triton_execute_mean_ms']:.2f} ms; mean TTFT: backend queue {k['queue_mean_ms']:.1f} ms, "
@@ -374,18 +428,38 @@ def prompt_label(words: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.served", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.served", description=__doc__.split("\n\n")[0],
+                                     epilog="Rows of served.jsonl: device, layout, prompt_tokens, concurrency, "
+                                            "served_tok_s, engine_tok_s, ttft_p50_ms, client_cpu_max, client_processes, "
+                                            "host_ms_per_round (the worker's phases), host_work_ms_per_round, "
+                                            "prompt_tokens_per_round, prompt_bound_tok_s, ... (see the module's doc).")
     add_output_arguments(parser)
-    parser.add_argument("--concurrency", default="1,8,16,32,64,128,256")
-    parser.add_argument("--prompts", default="32,1024", help="prompt tokens (approximate: template included)")
-    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", default="1,8,16,32,64,128,256", help="client streams per level (default: %(default)s)")
+    parser.add_argument("--prompt-tokens", "--prompts", dest="prompts", default="32,1024",
+                        help="prompt lengths in tokens, approximate: the chat template included (default: %(default)s); "
+                             "1024 reports each level beside the bound its prompt work sets (prompt_bound_tok_s)")
+    parser.add_argument("--output-tokens", type=int, default=128, help="max_tokens with ignore_eos (default: %(default)s)")
+    parser.add_argument("--requests-per-client", type=int, default=16,
+                        help="requests per client stream and level, at least 256 a level from 16 up (default: %(default)s)")
+    parser.add_argument("--client-processes", default="auto",
+                        help="client processes per level: auto (one per 8 streams, at most half the cores, doubled while "
+                             "the busiest reaches 50 %% CPU) or a fixed number (default: %(default)s)")
+    parser.add_argument("--client-scale", type=float, default=1.0,
+                        help="run every level with this multiple of auto's first client-process count, no doubling: "
+                             "0.5 and 2 check that served tok/s does not depend on the clients (default: %(default)s)")
+    parser.add_argument("--layout", default=None,
+                        help="the layout name written into every row (default: the served model's id)")
     parser.add_argument("--steps", type=int, default=128, help="engine decode steps per batch")
-    parser.add_argument("--llama-server", default=None)
-    parser.add_argument("--llama-gguf", default=None)
-    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--llama-server", default=None, help="llama-server binary: measure it too (with --llama-gguf)")
+    parser.add_argument("--llama-gguf", default=None, help="the F16 GGUF llama-server serves")
+    parser.add_argument("--skip-engine", action="store_true",
+                        help="no engine phase (no GPU needed; engine_tok_s and the prompt bound are then absent)")
     parser.add_argument("--core", type=pathlib.Path, default=None, help="serve this core (default: the bundle's)")
-    parser.add_argument("--acceptance", default=BUNDLE_NAMESPACE)
-    parser.add_argument("--executor", default="cuda")
+    parser.add_argument("--acceptance", default=None,
+                        help=f"the core's acceptance namespace (default: {BUNDLE_NAMESPACE} for the bundle's core, "
+                             "helios-serve's own with --core)")
+    parser.add_argument("--executor", default="cuda", help="helios-serve's executor (cpu / numpy: a CPU smoke run "
+                        "with --skip-engine; default: %(default)s)")
     parser.add_argument("--rows", type=int, default=256, help="request rows the served core captured")
     parser.add_argument("--profile", type=int, default=0, help="py-spy the stack at this concurrency")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip peer levels past this many seconds")
@@ -401,8 +475,17 @@ def main(argv: list[str] | None = None) -> None:
         write_table(merged, output_dir(args.out, args.results, "gpu", merged.get("device")))
         return
     args.deadline = time.monotonic() + args.budget_s
-    device = gpu_name()
-    out = args.out = output_dir(args.out, args.results, "gpu", device)
+    if args.client_processes != "auto" and not args.client_processes.isdigit():
+        parser.error(f"--client-processes: auto or a number, not {args.client_processes!r}")
+    if args.client_scale <= 0:
+        parser.error("--client-scale must be positive")
+    on_cpu = args.executor in ("cpu", "numpy")
+    if on_cpu and not args.skip_engine:
+        parser.error(f"--executor {args.executor}: the engine phase needs the GPU; add --skip-engine")
+    if args.core is None and args.acceptance is None:
+        args.acceptance = BUNDLE_NAMESPACE
+    device = cpu_name() if on_cpu else gpu_name()
+    out = args.out = output_dir(args.out, args.results, "cpu" if on_cpu else "gpu", device)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     prompt_tokens = [int(p) for p in args.prompts.split(",") if p]
     words = [prompt_words(p) for p in prompt_tokens]
@@ -450,6 +533,20 @@ def merged_reports(paths: list[pathlib.Path]) -> dict:
     return report
 
 
+def prompt_bound(stack: dict, engine_tok_s: float | None, prefill_us_per_token: float | None) -> float | None:
+    """Output tokens/s the GPU could give when every round of n output tokens also computes its
+    r prompt tokens at the measured prefill cost c: n / (n / engine_tok_s + r x c); None where a
+    figure is missing (no engine phase, no prefill of that length, no rounds)."""
+    n, r = stack.get("tokens_per_round"), stack.get("prompt_tokens_per_round")
+    if not (engine_tok_s and prefill_us_per_token and n and r is not None) or n != n or r != r:
+        return None
+    return n / (n / engine_tok_s + r * prefill_us_per_token * 1e-6)
+
+
+def _num(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
 def write_table(report: dict, out: pathlib.Path) -> None:
     """Print one table per prompt length; write served.jsonl (one object per measured level)."""
     levels, prompt_tokens, output_tokens = report["levels"], report["prompt_tokens"], report["output_tokens"]
@@ -460,25 +557,36 @@ def write_table(report: dict, out: pathlib.Path) -> None:
               f" ({report.get('device') or 'device not recorded'})")
         print(f"{'conc':>5} {'served tok/s':>12} {'engine':>9} {'ratio':>6} {'llama-srv':>9} {'x llama':>7} "
               f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'TPOT p50':>9} {'gw us/tok':>9} "
-              f"{'be us/tok':>9}")
+              f"{'be us/tok':>9} {'host ms':>8} {'clients':>7} {'busiest':>7} {'bound':>9} {'/bound':>6}")
         for c in levels:
             s = report.get("served", {}).get(f"{w}:{c}")
             if s is None:
                 continue
             e = report.get("engine", {}).get(f"{p}:{c}")
             l_ = report.get("llama_server", {}).get(f"{w}:{c}", {}).get("tok_s")
-            row = {"prompt_tokens": p, "concurrency": c, "output_tokens": output_tokens, "device": report.get("device"),
-                   "served_tok_s": s["tok_s"], "engine_tok_s": e, "llama_server_tok_s": l_,
-                   "served_over_engine": s["tok_s"] / e if e else None,
+            stack = s.get("stack", {})
+            bound = prompt_bound(stack, e, report.get("engine", {}).get(f"prefill:{p}"))
+            row = {"device": report.get("device"), "layout": s.get("layout"), "prompt_tokens": p, "concurrency": c,
+                   "output_tokens": output_tokens, "served_tok_s": s["tok_s"], "engine_tok_s": e,
+                   "ttft_p50_ms": s["ttft_p50_ms"], "client_cpu_max": s.get("client_cpu_max", s.get("client_cpu_share")),
+                   "client_processes": s.get("client_processes"),
+                   "host_ms_per_round": stack.get("worker_ms_per_round"),
+                   "host_work_ms_per_round": stack.get("host_work_ms_per_round"),
+                   "prompt_tokens_per_round": stack.get("prompt_tokens_per_round"),
+                   "prompt_bound_tok_s": bound, "served_over_prompt_bound": s["tok_s"] / bound if bound else None,
+                   "llama_server_tok_s": l_, "served_over_engine": s["tok_s"] / e if e else None,
                    "served_over_llama_server": s["tok_s"] / l_ if l_ else None,
-                   **{k: s[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
+                   **{k: s[k] for k in ("ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
                                         "gateway_cpu_us_per_token", "backend_cpu_us_per_token", "ok", "requests",
                                         "tokens_per_request_min", "tokens_per_request_max", "stack")}}
             lines.append(json.dumps(row))
             print(f"{c:>5} {s['tok_s']:>12.0f} {e or float('nan'):>9.0f} {row['served_over_engine'] or float('nan'):>6.2f} "
                   f"{l_ or float('nan'):>9.0f} {row['served_over_llama_server'] or float('nan'):>7.1f} "
                   f"{s['ttft_p50_ms']:>9.1f} {s['ttft_p99_ms']:>9.1f} {s['itl_p50_ms']:>8.2f} {s['itl_p99_ms']:>8.2f} "
-                  f"{s['tpot_p50_ms']:>9.2f} {s['gateway_cpu_us_per_token']:>9.0f} {s['backend_cpu_us_per_token']:>9.0f}")
+                  f"{s['tpot_p50_ms']:>9.2f} {s['gateway_cpu_us_per_token']:>9.0f} {s['backend_cpu_us_per_token']:>9.0f} "
+                  f"{_num(row['host_work_ms_per_round']):>8.3f} {row['client_processes'] or 0:>7} "
+                  f"{_num(row['client_cpu_max']):>7.0%} {bound or float('nan'):>9.0f} "
+                  f"{_num(row['served_over_prompt_bound']):>6.2f}")
     (out / TABLE).write_text("\n".join(lines) + "\n")
 
 

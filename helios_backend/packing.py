@@ -62,6 +62,21 @@ class CapacityError(PackingError):
     """The submitted lanes do not fit the program's captured rows or packed tokens."""
 
 
+@dataclass(frozen=True, eq=False)
+class PromptCounts:
+    """A histogram row given by the ids it counts: the int32 counts of `ids` over `bins` bins.
+    Packed by counting straight into the destination row (`_put`): a vocabulary-wide row built
+    per admission and then copied cost an admission two more passes over its ~200 KB."""
+
+    ids: np.ndarray                 # int64, each in [0, bins)
+    bins: int
+
+    def dense(self) -> np.ndarray:
+        histogram = np.zeros(self.bins, np.int32)
+        np.add.at(histogram, self.ids, 1)
+        return histogram
+
+
 @dataclass(frozen=True)
 class SlotInitialization:
     """What INITIALIZATION copies into a slot: sampling state of one request."""
@@ -70,19 +85,23 @@ class SlotInitialization:
     sampling: SamplingParameters
     output_limit: int
     eos_ids: tuple[int, ...]
-    prompt_histogram: np.ndarray    # int32 [histogram_bins]
+    prompt_counts: PromptCounts     # the prompt histogram (int32 [histogram_bins]) as the ids it counts
+
+    @property
+    def prompt_histogram(self) -> np.ndarray:
+        """int32 [histogram_bins]: how often each id occurs in the prompt."""
+        return self.prompt_counts.dense()
 
     @staticmethod
     def for_prompt(prompt: Sequence[int], histogram_bins: int, seed: int, sampling: SamplingParameters,
                    output_limit: int, eos_ids: Sequence[int]) -> "SlotInitialization":
-        # counted into the int32 row itself: a vocabulary-wide int64 bincount and its cast cost
-        # an admission 2-3x more (ids past the bins are not counted; negative ids are an error)
+        # the ids only (past the bins not counted; negative ids are an error): packing counts them
+        # into the destination row itself (PromptCounts)
         ids = np.asarray(prompt, dtype=np.int64)
         if ids.size and ids.min() < 0:
             raise ValueError(f"prompt token id {int(ids.min())} is negative")
-        histogram = np.zeros(histogram_bins, np.int32)
-        np.add.at(histogram, ids[ids < histogram_bins], 1)
-        return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids), histogram)
+        return SlotInitialization(seed, sampling, output_limit, tuple(eos_ids),
+                                  PromptCounts(ids[ids < histogram_bins], histogram_bins))
 
 
 @dataclass(slots=True)
@@ -134,7 +153,7 @@ def _need_initialization(lane: PackedLane) -> SlotInitialization:
 # gathered for all lanes of a step into one int64 column; the others give 1-D values or None
 # (None = the binding's padding). SCALAR_SOURCES: (step, binding) -> one integer.
 
-LaneSource = Callable[[PackedLane], "int | np.ndarray | Sequence[int] | None"]
+LaneSource = Callable[[PackedLane], "int | np.ndarray | Sequence[int] | PromptCounts | None"]
 
 
 def _seed_bits(lane: PackedLane) -> np.ndarray:
@@ -162,7 +181,7 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda lane: _need_initialization(lane).sampling.vector(),
     C.VALUE_SOURCE_OUTPUT_LIMIT: lambda lane: _need_initialization(lane).output_limit,
     C.VALUE_SOURCE_EOS_IDS: lambda lane: np.asarray(_need_initialization(lane).eos_ids, dtype=np.int64),
-    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_initialization(lane).prompt_histogram,
+    C.VALUE_SOURCE_PROMPT_HISTOGRAM: lambda lane: _need_initialization(lane).prompt_counts,   # counted in place
     C.VALUE_SOURCE_PROPOSAL_IDS: attrgetter("proposals"),           # None -> padding
     C.VALUE_SOURCE_PROPOSAL_COUNT: lambda lane: 0 if lane.proposals is None else len(lane.proposals),
     C.VALUE_SOURCE_PROPOSAL_GENERATION: attrgetter("proposal_generation"),
@@ -184,19 +203,21 @@ class _Step:
     A columnar step (`_Step.columnar`) has no lanes: its sources are given as columns, and a
     source not given reads as a PackedLane's default in every lane."""
 
-    __slots__ = ("lanes", "count", "_columns", "_values", "_starts", "_columnar", "_absent")
+    __slots__ = ("lanes", "count", "_columns", "_values", "_starts", "_columnar", "_absent", "_sizes")
 
     def __init__(self, lanes: Sequence[PackedLane]) -> None:
         self.lanes = lanes
         self.count = len(lanes)
         self._columns: dict[int, np.ndarray] = {}
-        self._values: dict[int, list] = {}
+        self._values: dict[int, Sequence] = {}
         self._starts: Optional[np.ndarray] = None
         self._columnar = False
         self._absent: set[int] = set()   # sources a columnar step reads as None in every lane
+        self._sizes: dict[int, np.ndarray] = {}   # a columnar step's given value counts per lane
 
     @classmethod
-    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, list]) -> "_Step":
+    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, Sequence],
+                 sizes: Mapping[int, np.ndarray] | None = None) -> "_Step":
         """A step given as its columns: `count` lanes whose integer sources are `columns` (int64
         [count], QUERY_LENGTH among them) and whose other sources are `values` (a list per
         source, None = padding). No PackedLane is built: the one-object-per-lane cost of a
@@ -208,7 +229,16 @@ class _Step:
         step._columnar = True
         step._columns.update(columns)
         step._values.update(values)
+        if sizes:
+            step._sizes.update(sizes)
         return step
+
+    def sizes(self, source: int) -> np.ndarray:
+        """int64 [lanes]: how many values each lane has of `source` (given, or counted)."""
+        sizes = self._sizes.get(source)
+        if sizes is None:
+            sizes = self._sizes[source] = np.fromiter(map(len, self.values(source)), np.int64, self.count)
+        return sizes
 
     def _not_given(self, source: int) -> list:
         """A columnar step's values of a source it was not given: derived from its columns, or
@@ -232,7 +262,7 @@ class _Step:
             self._columns[source] = column
         return column
 
-    def values(self, source: int) -> list:
+    def values(self, source: int) -> Sequence:
         values = self._values.get(source)
         if values is None:
             values = self._not_given(source) if self._columnar else list(map(LANE_SOURCES[source], self.lanes))
@@ -305,14 +335,20 @@ class _PageMemory:
 
 
 class _PaddingMemory:
-    """How many leading rows of one frame's row-mode destination are known to hold the padding.
-    Only for destinations that no other writer touches (every binding of them packs per-lane
-    values by row, with one padding): a 128-row grammar mask is 786 KB, and rewriting its
-    padding every decode round took a third of the packing time (bench/packing.py), for rounds
-    where no lane has a mask."""
+    """Which rows of one frame's row-mode destination are known to hold the padding: a prefix
+    [0, clean) and a tail [tail, rows). Only for destinations that no other writer touches (every
+    binding of them packs per-lane values by row, with one padding): a 128-row grammar mask is
+    786 KB, and rewriting its padding every decode round took a third of the packing time
+    (bench/packing.py), for rounds where no lane has a mask; an admission's histogram rows are
+    196 KB each, and the rows an INITIALIZATION program of 64 rows leaves empty were rewritten
+    at every admitting round."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int) -> None:
         self.clean = 0                                 # rows [0, clean) hold the padding
+        self.tail = rows                               # rows [tail, rows) hold the padding
+        # rows that hold the padding except at these indices (a PromptCounts row counted over
+        # the padding): the next counts in such a row clear those entries, not ~200 KB
+        self.sparse: dict[int, np.ndarray] = {}
 
 
 class Target:
@@ -359,6 +395,14 @@ def _put(dst: np.ndarray, value, target: Target, cut: bool = False) -> None:
     """One lane's values into `dst` (its row, or its span of packed tokens): the offset is added
     to integer values, the rest of `dst` gets the bare padding (BND-17). Values beyond `dst` are
     an error in a row, cut off in a span (`cut`: a span follows the lane's query length)."""
+    if type(value) is PromptCounts:
+        if value.bins <= dst.size:                 # the counts' row: offset, then one per id
+            dst[:value.bins] = target.offset
+            if value.bins < dst.size:
+                dst[value.bins:] = target.pad_as(np.dtype(np.int32))
+            np.add.at(dst, value.ids, 1)
+            return
+        value = value.dense()
     values = np.asarray(value)
     if values.ndim != 1:
         values = values.reshape(-1)
@@ -398,19 +442,51 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
     if not present and memory is not None:
         end = target.rows if pad_tail else n          # rows [0, end) must read the padding
         if memory.clean < end:
-            table[memory.clean:end] = target.pad
+            stop = min(end, memory.tail)              # and [tail, rows) do already
+            if memory.clean < stop:
+                table[memory.clean:stop] = target.pad
             memory.clean = end
         return
     if not present:
         table[:n] = target.pad
     elif len(present) < n:
         table[[r for r, value in enumerate(values) if value is None]] = target.pad
+    counts_over_padding = memory is not None and target.binding.padding == target.offset
     for r in present:
-        _put(table[r], values[r], target)
-    if pad_tail and n < target.rows:
+        value = values[r]
+        if memory is not None:
+            if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
+                _count_over_padding(table[r], value, target, memory, r)
+                continue
+            memory.sparse.pop(r, None)
+        _put(table[r], value, target)
+    if memory is None:
+        if pad_tail and n < target.rows:
+            table[n:] = target.pad
+        return
+    memory.clean = min(memory.clean, present[0])      # rows before the first lane with values
+    if not pad_tail:                                  # rows from n on untouched
+        memory.tail = max(memory.tail, present[-1] + 1)
+    elif memory.tail <= target.rows:                  # [tail, rows) hold it already
+        if n < memory.tail:
+            table[n:memory.tail] = target.pad
+        memory.tail = n
+    elif n < target.rows:
         table[n:] = target.pad
-    if memory is not None and present:
-        memory.clean = min(memory.clean, present[0])  # rows before the first lane with values
+
+
+def _count_over_padding(row: np.ndarray, counts: PromptCounts, target: Target, memory: _PaddingMemory,
+                        r: int) -> None:
+    """_put of counts whose zero (the offset) is the padding: the row is made the padding (known
+    already, or cleared where the last counts were), then counted into."""
+    known = memory.sparse.get(r)
+    if memory.clean <= r < memory.tail:               # not known to hold the padding throughout
+        if known is not None:
+            row[known] = target.pad
+        else:
+            row[:] = target.pad
+    np.add.at(row, counts.ids, 1)
+    memory.sparse[r] = counts.ids
 
 
 def _integer_tokens(target: Target, step: _Step, source: int) -> None:
@@ -446,7 +522,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
     if n == 0:
         return
     values = step.values(source)
-    sizes = np.fromiter(map(len, values), np.int64, n)
+    sizes = step.sizes(source)
     slots, generations = step.column(C.VALUE_SOURCE_SLOT), step.column(C.VALUE_SOURCE_GENERATION)
     try:
         lanes_per_slot = np.bincount(slots)              # raises on a negative slot
@@ -461,7 +537,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
             _upload(target, values[r:r + 1], sizes[r:r + 1], slots[r:r + 1], generations[r:r + 1])
 
 
-def _upload(target: Target, values: list, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
+def _upload(target: Target, values: Sequence, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
     """Lanes of distinct slots: entries [held, size) of each lane that has new ones (in decode,
     the few lanes that just took a page); a new generation holds none."""
     memory, width = target.memory, target.width
@@ -499,7 +575,11 @@ INDEX_WRITERS: Mapping[tuple[int, str], RowWriter] = {
 
 
 def _write_scalar(target: Target, step: _Step, scalar: ScalarSource) -> None:
-    _put(target.view[:1], scalar(step, target.binding), target)
+    value = scalar(step, target.binding)
+    if type(value) is int and target.view.dtype.kind == "i":
+        target.view[0] = value + target.offset      # _put's result for one integer, without its arrays
+        return
+    _put(target.view[:1], value, target)
 
 
 # ---- the packer ------------------------------------------------------------------------------
@@ -592,7 +672,7 @@ class Packer:
                         memory = page_memory[f].setdefault(d.name, _PageMemory(request_slots))
                     target = Target(view, width, graph.capacity.rows, b, memory)
                     if d.name in remembered:
-                        target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory())
+                        target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory(row_capacity[d.name]))
                     plans[f].append((target, write))
             for f, plan in enumerate(plans):
                 self._writes[f][graph.program] = tuple(plan)
@@ -606,10 +686,11 @@ class Packer:
         self._pack_step(program, frame, _Step(lanes))
 
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, list]) -> None:
+                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None:
         """pack() of `count` lanes given as columns (`_Step.columnar`): the same bytes as the
-        PackedLanes they describe (tests/test_packing_equivalence.py)."""
-        self._pack_step(program, frame, _Step.columnar(count, columns, values))
+        PackedLanes they describe (tests/test_packing_equivalence.py). `sizes`: the length of
+        each lane's values of a source, where the caller knows them (a page table's entries)."""
+        self._pack_step(program, frame, _Step.columnar(count, columns, values, sizes))
 
     def _pack_step(self, program: str, frame: int, step: _Step) -> None:
         rows, tokens, _ = self._capacity[program]

@@ -138,8 +138,10 @@ def test_packer_writes_the_bytes_of_the_per_row_writer(prepared, seed):
 def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
     """A DECODE / MIXED / PREFILL step whose lanes carry no host values is packed as columns
     (ProgramRunner._pack_columns, no PackedLane per lane): the frames equal those of the same
-    lanes packed one PackedLane each, round after round (page-table memory included)."""
+    lanes packed one PackedLane each, round after round (page-table memory included), and so do
+    they as a DecodeBlock (its leading plain decode lanes as columns, the rest explicit)."""
     from helios_backend.engine.runner import ProgramRunner
+    from helios_backend.scheduler.decode_block import DecodeBlock
     from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, Submission, Variant
     from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings
 
@@ -149,9 +151,10 @@ def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
     start = rng.integers(0, 256, manifest.transport.frame_nbytes, dtype=np.uint8)
     frames = [start.copy() for _ in range(2)]
     expected = [start.copy() for _ in range(2)]
+    blocked = [start.copy() for _ in range(2)]
     runners = [ProgramRunner(None, Packer(graphs, manifest.transport, manifest.request_slots, f),  # type: ignore
                              manifest.completion, vocab.sampled_tokens, vocab.histogram_bins, (2,))
-               for f in (frames, expected)]                  # (no executor: nothing is launched)
+               for f in (frames, expected, blocked)]         # (no executor: nothing is launched)
     steps = [g for g in graphs if g.operation in (C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_PREFILL)]
     width = manifest.max_pages_per_row
     for _ in range(10):
@@ -161,10 +164,11 @@ def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
         for slot in rng.choice(manifest.request_slots, int(rng.integers(0, rows + 1)), replace=False).tolist():
             req = Request(slot, RequestSpec(tuple(range(3, 9)), 8, SamplingSettings()), slot)
             req.pages = [int(p) for p in rng.integers(0, 96, int(rng.integers(1, width + 1)))]
+            req.slot, req.generation = slot, int(rng.integers(1, 4))
             host_fed = graph.operation != C.OPERATION_DECODE and rng.random() < 0.4
             tokens = rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 9))).tolist() if host_fed \
                 else [PENDING_TOKEN]
-            lanes.append(Lane(req, slot, int(rng.integers(1, 4)), int(rng.integers(0, 400)), tokens,
+            lanes.append(Lane(req, slot, req.generation, int(rng.integers(0, 400)), tokens,
                               bool(rng.random() < 0.8), 8, snapshot_row=int(rng.integers(-1, 4))))
         if graph.operation == C.OPERATION_MIXED:                    # one host-fed row at most
             for lane in [lane for lane in lanes if lane.tokens != [PENDING_TOKEN]][1:]:
@@ -175,5 +179,15 @@ def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
         frame = int(rng.integers(2))
         runners[0]._pack_columns(sub, frame)
         runners[1].packer.pack(graph.program, frame, [runners[1]._packed(lane, graph.operation) for lane in lanes])
+        plain = 0                                  # the leading lanes a block holds as columns
+        while plain < len(lanes) and lanes[plain].tokens == [PENDING_TOKEN] and lanes[plain].sample \
+                and lanes[plain].snapshot_row == -1:
+            plain += 1
+        block = DecodeBlock.of([lane.request for lane in lanes[:plain]], [lane.start for lane in lanes[:plain]],
+                               [lane.output_limit for lane in lanes[:plain]])
+        for lane in lanes[plain:]:
+            block.append(lane)
+        runners[2]._pack_columns(Submission(sub.variant, block), frame)
         for f in range(2):
             assert np.array_equal(frames[f], expected[f]), f"{graph.program} frame {f}"
+            assert np.array_equal(blocked[f], expected[f]), f"{graph.program} frame {f} from a block"

@@ -37,3 +37,22 @@ def test_runs_of_each_prompt_length_merge_into_one_table(tmp_path: Path) -> None
     assert by[(32, 1)]["llama_server_tok_s"] is None and by[(1024, 1)]["engine_tok_s"] == 800.0
     # every row names the device the merged runs measured (a later run fills an earlier one's gap)
     assert {r["device"] for r in rows} == {"NVIDIA H100 80GB HBM3"}
+
+
+def test_rows_carry_the_host_phases_the_clients_and_the_long_prompt_bound(tmp_path: Path) -> None:
+    long_ = prompt_words(1024)
+    stack = {"tokens_per_round": 100.0, "prompt_tokens_per_round": 1000.0, "host_work_ms_per_round": 0.3,
+             "worker_ms_per_round": {"schedule": 0.05, "launch": 0.1, "collect": 0.9, "complete": 0.1,
+                                     "deliver": 0.05}}
+    served = _served(30000.0) | {"stack": stack, "client_cpu_max": 0.2, "client_processes": 4, "layout": "qwen2.5-0.5b"}
+    report = {"levels": [128], "prompt_tokens": [1024], "output_tokens": 128, "device": "NVIDIA H200",
+              # engine: 100 tokens a round take 1 ms at 100k tokens/s; 1,000 prompt tokens at 2 us each, 2 ms more
+              "engine": {"1024:128": 100_000.0, "prefill:1024": 2.0}, "served": {f"{long_}:128": served}}
+    write_table(report, tmp_path)
+    [row] = [json.loads(line) for line in (tmp_path / "served.jsonl").read_text().splitlines()]
+    assert (row["device"], row["layout"], row["prompt_tokens"], row["concurrency"]) == ("NVIDIA H200", "qwen2.5-0.5b",
+                                                                                       1024, 128)
+    assert row["client_cpu_max"] == 0.2 and row["client_processes"] == 4 and row["ttft_p50_ms"] == 1.0
+    assert row["host_ms_per_round"]["launch"] == 0.1 and row["host_work_ms_per_round"] == 0.3
+    assert abs(row["prompt_bound_tok_s"] - 100 / 3e-3) < 1e-6           # 100 tokens per 3 ms
+    assert abs(row["served_over_prompt_bound"] - 30000.0 / (100 / 3e-3)) < 1e-9

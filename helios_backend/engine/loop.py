@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from helios_proto import exchange_pb2 as ep
 
@@ -31,7 +31,7 @@ from helios_backend.executors.base import ExecutorLostError
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.plan import RoundPlan
 from helios_backend.scheduler.request import Grammar, RequestSpec
-from helios_backend.scheduler.scheduler import Event, Scheduler, Terminal
+from helios_backend.scheduler.scheduler import Scheduler, Terminal, WorkerEvent
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.engine.metrics import REJECTION_LABEL, MetricsQueue, Op, Update, update
 from helios_backend.engine.round_metrics import RoundMetrics
@@ -63,7 +63,7 @@ class SynchronousRunner:
 
 
 class EventSink(Protocol):
-    def deliver(self, events: list[Event]) -> None: ...
+    def deliver(self, events: Sequence[WorkerEvent]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -203,10 +203,10 @@ class EngineLoop:
                     clock.lap(Phase.SCHEDULE)
                 except Exception as exc:
                     log.exception("scheduling failed; failing every request")
-                    self._sink.deliver(s.take_events() + s.fail_all(f"scheduling failed: {exc}"))
+                    self._sink.deliver([*s.take_worker_events(), *s.fail_all(f"scheduling failed: {exc}")])
                     continue
                 if plan is None:
-                    self._sink.deliver(s.take_events())
+                    self._sink.deliver(s.take_worker_events())
                     clock.lap(Phase.DELIVER)
                     self._metrics.push(self._collect_metrics())
                     self._take_inbox(block=True, timeout=IDLE_WAIT_S)
@@ -247,7 +247,7 @@ class EngineLoop:
                 if isinstance(exc, ExecutorLostError):
                     return                        # _main's finally fails every other request
             self.rounds += 1
-            self._sink.deliver(s.take_events())
+            self._sink.deliver(s.take_worker_events())
             clock.lap(Phase.DELIVER)
             now = time.monotonic()
             if now >= self._next_metrics:
@@ -273,7 +273,7 @@ class EngineLoop:
             if isinstance(exc, ExecutorLostError):
                 self._lost(message)           # before any failure is delivered: health is red first
             self._scheduler.fail(plan, message)
-            self._sink.deliver(self._scheduler.take_events())
+            self._sink.deliver(self._scheduler.take_worker_events())
             if isinstance(exc, ExecutorLostError):
                 raise
             return False

@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 from helios_backend.engine.engine import EngineParts, StartupError, freeze_startup_objects
 from helios_backend.engine.loop import EngineLoop
@@ -28,7 +29,7 @@ from helios_backend.engine.metrics import Update
 from helios_backend.engine.process_wire import (
     CANCEL, DEATH, EVENTS, EXIT, FAILED, METRICS, READY, START, STOP, SUBMIT, Wire, WireClosed, pack_events)
 from helios_backend.engine.settings import SWITCH_INTERVAL_US, SettingsError, StartupOptions
-from helios_backend.scheduler.events import Event, Terminal
+from helios_backend.scheduler.events import Terminal, WorkerEvent
 from helios_backend.exchange import ExchangeError
 from helios_backend.triton.parent_watch import watch_parent
 from helios_proto import exchange_pb2 as ep
@@ -45,7 +46,7 @@ class WireSink:
     def __init__(self, wire: Wire) -> None:
         self._wire = wire
 
-    def deliver(self, events: list[Event]) -> None:
+    def deliver(self, events: Sequence[WorkerEvent]) -> None:
         if events:
             self._send(EVENTS, pack_events(events))
 

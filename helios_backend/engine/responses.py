@@ -28,13 +28,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from helios_proto import exchange_pb2 as ep
 
-from helios_backend.scheduler.scheduler import Emitted, Event
+from helios_backend.scheduler.events import Emitted, WorkerEvent, expand
 from helios_backend.engine.metrics import MetricsQueue, Op, Update, update
 from helios_backend.exchange import OutputChunk
 
@@ -172,14 +172,15 @@ class ResponseHub:
         with self._lock:
             return len(self._streams)
 
-    def deliver(self, events: list[Event]) -> None:
-        """From the worker: append to buffers; never blocks on a client."""
+    def deliver(self, events: Sequence[WorkerEvent]) -> None:
+        """From the worker: append to buffers; never blocks on a client. TokenBlocks are
+        expanded here (the stub's thread, when the engine runs in its own process)."""
         if not events:
             return
         now = time.monotonic_ns()
         updates: list[Update] = []
         with self._lock:
-            for ev in events:
+            for ev in expand(events):
                 stream = self._streams.get(ev.serial)
                 if stream is None or stream.final:
                     continue

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, TypeVar, overload
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from helios_backend.executors.base import FrameStateError
 from helios_backend.packing import SlotInitialization, PackedLane
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
+from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
 from helios_backend.scheduler.request import Request
 
@@ -54,6 +55,33 @@ _SAMPLE, _SNAPSHOT_ROW = attrgetter("sample"), attrgetter("snapshot_row")
 _TOKENS, _PAGES = attrgetter("tokens"), attrgetter("request.pages")
 
 
+class _BlockPages(Sequence[Sequence[int]]):
+    """A block round's page tables, read lane by lane where the packer reads them: it is given
+    their lengths (the block's page counts) and reads entries only of the lanes that took a page,
+    so the requests of the other lanes are not touched."""
+
+    __slots__ = ("requests", "extra")
+
+    def __init__(self, requests: list[Request], extra: Sequence[Lane]) -> None:
+        self.requests, self.extra = requests, extra
+
+    def __len__(self) -> int:
+        return len(self.requests) + len(self.extra)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence[int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Sequence[int]]: ...
+
+    def __getitem__(self, index: int | slice) -> Sequence[int] | list[Sequence[int]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        k = len(self.requests)
+        if index < 0:
+            index += len(self)
+        return self.requests[index].pages if index < k else self.extra[index - k].request.pages
+
+
 class ExecutorLike(Protocol):
     def launch(self, program: str, frame: int) -> None: ...
     def wait(self, frame: int) -> np.ndarray: ...
@@ -62,7 +90,7 @@ class ExecutorLike(Protocol):
 class PackerLike(Protocol):
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, list]) -> None: ...
+                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
 
 
 @dataclass
@@ -135,8 +163,9 @@ class ProgramRunner:
         t = RoundTimings()
         auxiliary = self.auxiliary_frame
         # a constrained request has host values: a round without any has no constrained lane either
-        plain = not any(map(_HOST_VALUES, plan.main.lanes))
-        if auxiliary is not None and not plain and any(map(_CONSTRAINED, plan.main.lanes)):
+        explicit = explicit_lanes(plan.main.lanes)     # a block's columns carry no host values
+        plain = not any(map(_HOST_VALUES, explicit))
+        if auxiliary is not None and not plain and any(map(_CONSTRAINED, explicit)):
             auxiliary = None
         try:
             for sub in plan.submissions():
@@ -270,7 +299,7 @@ class ProgramRunner:
         (tests/test_packing_equivalence.py)."""
         operation, lanes = sub.operation, sub.lanes
         if plain is None:
-            plain = not any(map(_HOST_VALUES, lanes))
+            plain = not any(map(_HOST_VALUES, explicit_lanes(lanes)))
         if operation in _COLUMNAR and plain:
             self._pack_columns(sub, frame)
             return
@@ -278,8 +307,12 @@ class ProgramRunner:
 
     def _pack_columns(self, sub: Submission, frame: int) -> None:
         """The lanes of a DECODE / MIXED / PREFILL step as the packer's columns: a few C-level
-        gathers per round instead of a PackedLane per lane (docs/scheduler.md, host work)."""
+        gathers per round instead of a PackedLane per lane (docs/scheduler.md, host work); a
+        block's columns as they are, its explicit lanes gathered after them."""
         lanes = sub.lanes
+        if isinstance(lanes, DecodeBlock):
+            self._pack_block(sub.variant.program, frame, lanes)
+            return
         n = len(lanes)
         tokens = list(map(_TOKENS, lanes))
         values: dict[int, list] = {cp.VALUE_SOURCE_PAGE_TABLE: list(map(_PAGES, lanes))}
@@ -298,6 +331,34 @@ class ProgramRunner:
             cp.VALUE_SOURCE_SNAPSHOT_DESTINATION: np.fromiter(map(_SNAPSHOT_ROW, lanes), np.int64, n),
         }
         self.packer.pack_columns(sub.variant.program, frame, n, columns, values)
+
+    def _pack_block(self, program: str, frame: int, block: DecodeBlock) -> None:
+        """_pack_columns of a block: its columns, then its explicit lanes (a MIXED round's prompts)."""
+        k, extra = block.size, block.extra
+        m = len(extra)
+        ones = np.ones(k, np.int64)
+        slots, generations, starts = block.slots, block.generations, block.starts
+        lengths, samples, snapshot_rows = ones, ones, np.full(k, -1, np.int64)
+        values: dict[int, Sequence] = {cp.VALUE_SOURCE_PAGE_TABLE: _BlockPages(block.requests, extra)}
+        page_counts = block.page_counts
+        if m:
+            cat = np.concatenate
+            tokens = list(map(_TOKENS, extra))
+            values[cp.VALUE_SOURCE_PROMPT_TOKENS] = [None] * k + [
+                None if t == _PENDING else np.asarray(t, dtype=np.int32) for t in tokens]
+            slots = cat((slots, np.fromiter(map(_SLOT, extra), np.int64, m)))
+            generations = cat((generations, np.fromiter(map(_GENERATION, extra), np.int64, m)))
+            starts = cat((starts, np.fromiter(map(_START, extra), np.int64, m)))
+            lengths = cat((lengths, np.fromiter(map(len, tokens), np.int64, m)))
+            samples = cat((samples, np.fromiter(map(_SAMPLE, extra), np.int64, m)))
+            snapshot_rows = cat((snapshot_rows, np.fromiter(map(_SNAPSHOT_ROW, extra), np.int64, m)))
+            page_counts = cat((page_counts, np.fromiter((len(lane.request.pages) for lane in extra), np.int64, m)))
+        columns: dict[int, np.ndarray] = {
+            cp.VALUE_SOURCE_SLOT: slots, cp.VALUE_SOURCE_GENERATION: generations,
+            cp.VALUE_SOURCE_CONSUMED_TOKENS: starts, cp.VALUE_SOURCE_QUERY_LENGTH: lengths,
+            cp.VALUE_SOURCE_SAMPLING_DECISION: samples, cp.VALUE_SOURCE_SNAPSHOT_DESTINATION: snapshot_rows,
+        }
+        self.packer.pack_columns(program, frame, k + m, columns, values, {cp.VALUE_SOURCE_PAGE_TABLE: page_counts})
 
     def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:
         """The packing lane of one scheduler lane (once per lane per round: kept lean)."""

@@ -28,6 +28,7 @@ import numpy as np
 from helios_proto import contract_pb2 as cp
 from helios_proto import manifest_pb2 as mp
 
+from helios_backend.scheduler.decode_block import DecodeBlock, lane_columns
 from helios_backend.scheduler.errors import CompletionMismatch, ConfigurationError
 from helios_backend.scheduler.plan import Submission
 
@@ -144,8 +145,11 @@ def validate_header(fmt: CompletionFormat, words: np.ndarray, sub: SubmittedCoho
     if rows != n:
         raise CompletionMismatch(f"completion has {rows} rows, submitted {n}")
     body = words[fmt.header_words:fmt.header_words + n * fmt.row_words].reshape(n, fmt.row_words)
-    slots = np.array([lane.slot for lane in sub.lanes], dtype=np.int32)
-    gens = np.array([lane.generation for lane in sub.lanes], dtype=np.int32)
+    if isinstance(sub.lanes, DecodeBlock):
+        slots, gens, _, _ = lane_columns(sub.lanes)
+    else:
+        slots = np.array([lane.slot for lane in sub.lanes], dtype=np.int32)
+        gens = np.array([lane.generation for lane in sub.lanes], dtype=np.int32)
     _expect(body[:, fmt.row["slot"]], slots, "slot (submission order)")
     _expect(body[:, fmt.row["generation"]], gens, "generation")
     return body
@@ -157,10 +161,10 @@ def parse_and_validate(fmt: CompletionFormat, words: np.ndarray, sub: Submission
     n = len(sub.lanes)
     r = fmt.row
     col = {role: body[:, r[role]] for role in REQUIRED_ROW}
-    ends = np.array([lane.end for lane in sub.lanes], dtype=np.int32)
-    sampled = np.array([lane.sample for lane in sub.lanes], dtype=bool)
+    _, _, ends, emitted = lane_columns(sub.lanes)
+    sampled = emitted.astype(bool)
     _expect(col["consumed"], ends, "consumed endpoint")
-    _expect(col["emitted"], sampled.astype(np.int32), "emitted count")
+    _expect(col["emitted"], emitted, "emitted count")
     if "accepted" in r:
         _expect(body[:, r["accepted"]], np.zeros(n, np.int32), "accepted drafts")
     _expect(col["reserved_model"], np.full(n, -1, np.int32), "reserved model field")

@@ -33,6 +33,9 @@ class SchedulerConfig:
     admission_burst: int = ADMISSION_BURST   # waiting requests that make a round of prompts only
     # the most prompt tokens one lane consumes in a round; 0: as many as a prepared variant holds
     prefill_chunk_tokens: int = 0
+    # plain decode lanes behind a round in flight held as columns (decode_block.py); False: every
+    # lane a Lane object (the per-lane path the columns are tested against)
+    columnar_decode: bool = True
 
     def __post_init__(self) -> None:
         for name in ("page_tokens", "num_pages", "request_slots", "max_active", "context_tokens",

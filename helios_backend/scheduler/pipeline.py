@@ -27,10 +27,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
+import numpy as np
+
 from helios_proto import contract_pb2 as cp
 from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.config import SchedulerConfig
+from helios_backend.scheduler.decode_block import DecodeBlock
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
 from helios_backend.scheduler.request import Request
 from helios_backend.scheduler.round_builder import reads_pending
@@ -101,3 +104,24 @@ def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],
         if start // pt >= len(req.pages):
             opening.append(nxt)
     return lanes, opening
+
+
+def continuing_block(main: DecodeBlock, outsiders: list[Request],
+                     config: SchedulerConfig) -> tuple[DecodeBlock, np.ndarray] | None:
+    """continuing_lanes for a round whose main lanes are a block, as a block: the same lanes in
+    the same order, with numpy over the columns. The caller's conditions: no running request is
+    cancelled or has its finish decided, and `outsiders` (the running requests outside `main`, in
+    running order) are columnar. A block lane's request has exactly this round in flight, no host
+    values, and len(tokens) == start + 1 (its previous round completed), so of continuing_lanes'
+    checks only the length limit is left. Returns the block and the indices of its lanes whose
+    position opens a page; None when an outsider needs completion feedback."""
+    block = main.advance(main.starts + 2 < main.token_limits)     # len(tokens) + 1 < token_limit
+    if outsiders:
+        eos_ids = config.eos_ids
+        for req in outsiders:
+            if req.inflight or not reads_pending(req, 1, config.device_pending_token) \
+                    or not continues_on_device(req, eos_ids):
+                return None                           # it needs completion feedback: schedule() takes it
+        block = block.joined(DecodeBlock.of(outsiders, [req.computed for req in outsiders],
+                                            [req.spec.max_tokens - req.output_len for req in outsiders]))
+    return block, np.flatnonzero(block.starts // config.page_tokens >= block.page_counts)

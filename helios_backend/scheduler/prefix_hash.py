@@ -8,9 +8,8 @@ seeded with the core's cache identity so that pages of different cores never mat
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Sequence
-
-import numpy as np
 
 KEY_BYTES = 16
 
@@ -20,8 +19,9 @@ def chain_seed(cache_fingerprint: bytes) -> bytes:
 
 
 def next_key(previous: bytes, page_tokens: Sequence[int]) -> bytes:
-    """Key of one complete page given its predecessor's key."""
-    ids = np.asarray(page_tokens, dtype=np.int32).tobytes()
+    """Key of one complete page given its predecessor's key (the ids as native int32 bytes; an
+    array of C ints, a fraction of numpy's conversion cost for a page's few ids)."""
+    ids = array("i", page_tokens).tobytes()
     return hashlib.blake2b(previous + ids, digest_size=KEY_BYTES).digest()
 
 

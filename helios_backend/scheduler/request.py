@@ -88,7 +88,10 @@ class RequestSpec:
         return (() if self.ignore_eos else eos_ids) + self.stops.token_ids
 
 
-@dataclass
+# one object per request, equal only to itself (list.remove and list.index on the running list
+# compare by identity, not field by field); slots: its fields in the object itself, which the
+# per-lane bookkeeping of every round reads and writes
+@dataclass(eq=False, slots=True)
 class Request:
     serial: int                          # scheduler-assigned, never a metric label
     spec: RequestSpec
@@ -117,12 +120,16 @@ class Request:
     # is constrained: fixed by the spec and the grammar, read once per lane and round by the
     # packing (engine/runner.py) and by complete(); a round without any has no constrained lane
     host_values: bool = field(init=False)
+    # its decode lanes may be held as columns (scheduler/decode_block.py): no host values, no top
+    # logprobs, no host stops; fixed by the spec and the grammar
+    columnar: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.spec.prompt)
         self.host_values = (self.grammar is not None or self.spec.constrained or self.spec.min_tokens > 0
                             or self.spec.logit_bias is not None)
+        self.columnar = not (self.host_values or self.spec.top_logprobs or self.spec.stops.host_stops)
 
     @property
     def prompt_len(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from helios_proto import contract_pb2 as cp
 
+from helios_backend.scheduler.decode_block import DecodeBlock
 from helios_backend.scheduler.plan import Lane
 from helios_backend.scheduler.request import Request
 from helios_backend.scheduler.variants import VariantTable
@@ -31,13 +32,13 @@ class RoundBuilder:
     # planned behind a round in flight (the second execution frame): its decode lanes' inputs
     # are still on the device, so no PREFILL variant, and a second prompt goes in whole
     behind_inflight: bool = False
-    lanes: list[Lane] = field(default_factory=list)
+    lanes: list[Lane] | DecodeBlock = field(default_factory=list)   # a block: columnar decode lanes first
     tokens: int = 0                      # packed query tokens
     host_fed: int = 0                    # lanes that do not read their device-owned pending token
     initializing: int = 0                # lanes (re)admitted for this round (INITIALIZATION rows)
 
     @classmethod
-    def decoding(cls, row_limit: int, lanes: list[Lane], behind_inflight: bool) -> RoundBuilder:
+    def decoding(cls, row_limit: int, lanes: list[Lane] | DecodeBlock, behind_inflight: bool) -> RoundBuilder:
         """A round that starts with `lanes`, each one query token read from its slot's
         device-owned pending token (none host-fed): the sums without a call per lane."""
         return cls(row_limit, behind_inflight, lanes, tokens=len(lanes))

@@ -32,7 +32,9 @@ from __future__ import annotations
 import bisect
 import time
 from operator import attrgetter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from helios_proto import contract_pb2 as cp
 from helios_proto import exchange_pb2 as ep
@@ -40,11 +42,13 @@ from helios_proto import exchange_pb2 as ep
 from helios_backend.scheduler.admission import check_admission, max_prompt_tokens
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.config import SchedulerConfig
-from helios_backend.scheduler.events import Emitted, Event, SchedulerCounters, Terminal
+from helios_backend.scheduler.decode_block import IGNORE_EOS, OBSERVED, SERIAL, DecodeBlock, explicit_lanes
+from helios_backend.scheduler.events import (
+    Emitted, Event, SchedulerCounters, Terminal, TokenBlock, WorkerEvent, expand)
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.pages import PagePool
-from helios_backend.scheduler.pipeline import continuing_lanes, may_follow, prompts_may_follow
+from helios_backend.scheduler.pipeline import continuing_block, continuing_lanes, may_follow, prompts_may_follow
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
 from helios_backend.scheduler.prefix_hash import chain_keys, chain_seed, next_key
 from helios_backend.scheduler.prefix_match import match_prefix
@@ -54,7 +58,8 @@ from helios_backend.scheduler.round_builder import RoundBuilder, reads_pending
 from helios_backend.scheduler.snapshots import SnapshotStore
 from helios_backend.scheduler.variants import VariantTable
 
-__all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounters", "Terminal"]
+__all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounters", "Terminal", "TokenBlock",
+           "WorkerEvent"]
 
 
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
@@ -78,6 +83,11 @@ class Scheduler:
         self._stop_factory = stop_factory
         self._seed = chain_seed(config.cache_fingerprint)
         self._free_slots = list(range(config.request_slots - 1, -1, -1))
+        self._slot_owner: list[Request | None] = [None] * config.request_slots   # the running request of a slot
+        # requests cancelled or whose finish is decided but not yet fenced: while any is known, a
+        # round's decode lanes take the per-lane path (their checks are per request)
+        self._unsettled: set[int] = set()
+        self._eos_ids = sorted(set(config.eos_ids))
         # the model's (NativeModel.generations) when serving; a scheduler without one counts its own
         self._generations = generations if generations is not None else SlotGenerations(config.request_slots)
         self._waiting: list[tuple[tuple[int, int], Request]] = []    # sorted by (-priority, arrival)
@@ -86,7 +96,7 @@ class Scheduler:
         self._stops: dict[int, HostStopCheck] = {}
         self._arrivals = 0
         self._admitted_ns: dict[int, int] = {}
-        self._events: list[Event] = []
+        self._events: list[WorkerEvent] = []
         self._eos = frozenset(config.eos_ids)
         self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
         self._max_prompt = max_prompt_tokens(config)
@@ -138,6 +148,13 @@ class Scheduler:
         return bool(self._stops)
 
     def take_events(self) -> list[Event]:
+        """The events since the last call, one Emitted per token."""
+        events, self._events = self._events, []
+        return expand(events)
+
+    def take_worker_events(self) -> list[WorkerEvent]:
+        """The events since the last call, the tokens of columnar decode lanes as TokenBlocks
+        (what the worker delivers: its sinks send or expand them)."""
         events, self._events = self._events, []
         return events
 
@@ -162,6 +179,7 @@ class Scheduler:
         req = self._by_serial.get(serial)
         if req is not None and req.state is not RequestState.FINISHED:
             req.cancelled = True
+            self._unsettled.add(serial)
 
     # ---- the token-budget loop -----------------------------------------------------
     def schedule(self) -> RoundPlan | None:
@@ -251,6 +269,7 @@ class Scheduler:
         if not self._reserve_pages(req, start + n):
             raise RuntimeError("page availability was checked before admission")
         slot = self._free_slots.pop()
+        self._slot_owner[slot] = req
         req.slot, req.generation = slot, self._generations.next(slot)
         req.state = RequestState.RUNNING
         req.fresh = True
@@ -301,16 +320,17 @@ class Scheduler:
 
     def _plan(self, round_: RoundBuilder, preempted: list[Request]) -> RoundPlan:
         lanes = round_.lanes
+        explicit = explicit_lanes(lanes)              # a block's columns read their pending token already
         variant = self.variants.choose_shape(round_.rows, round_.tokens, round_.host_fed)
         if variant is None:
             raise RuntimeError("lanes were fitted to a variant while the round was built")
         if variant.operation in (cp.OPERATION_DECODE, cp.OPERATION_MIXED) and round_.host_fed < len(lanes):
             device_pending = self.config.device_pending_token
-            for lane in lanes:
+            for lane in explicit:
                 if reads_pending(lane.request, len(lane.tokens), device_pending):
                     lane.tokens = [PENDING_TOKEN]
         plan = RoundPlan(Submission(variant, lanes), preempted=preempted)
-        restores = [lane for lane in lanes if lane.restore is not None]
+        restores = [lane for lane in explicit if lane.restore is not None]
         if restores:
             v = self.variants.fit(cp.OPERATION_RESTORATION, len(restores), 0) \
                 or self.variants.fit(cp.OPERATION_RESTORATION, len(restores), len(restores))
@@ -318,7 +338,7 @@ class Scheduler:
                 raise RuntimeError("no RESTORATION variant holds the round's restores")
             plan.restoration = Submission(v, restores)
         if round_.initializing and self.variants.has(cp.OPERATION_INITIALIZATION):
-            fresh = [lane for lane in lanes if lane.initialize]
+            fresh = [lane for lane in explicit if lane.initialize]
             v = self.variants.fit(cp.OPERATION_INITIALIZATION, len(fresh), 0)
             if v is None:
                 raise RuntimeError("no INITIALIZATION variant holds the round's new lanes")
@@ -330,7 +350,12 @@ class Scheduler:
         round's completion or failure is applied."""
         for sub in plan.submissions():
             self.counters.launched(sub.operation)
-            for lane in sub.lanes:
+            lanes = sub.lanes
+            if isinstance(lanes, DecodeBlock):
+                for req in lanes.requests:
+                    req.inflight += 1
+                lanes = lanes.extra
+            for lane in lanes:
                 lane.request.inflight += 1
         return plan
 
@@ -348,14 +373,24 @@ class Scheduler:
                 self.counters.pipelined += 1
             return prompts
         # the next round's lanes, built once; pages are reserved only after all of them fit
-        found = continuing_lanes(plan.main.lanes, self._running, self.config)
-        if found is None or not found[0] or len(found[1]) > self.pool.available_pages:
+        block = self._continuing_block(plan.main.lanes)
+        lanes: list[Lane] | DecodeBlock
+        if block is None:
+            found = continuing_lanes(plan.main.lanes, self._running, self.config)
+            if found is None or not found[0] or len(found[1]) > self.pool.available_pages:
+                return None
+            lanes, opening = found
+            for lane in opening:                      # the lanes whose position opens a page
+                if not self._reserve_pages(lane.request, lane.start + 1):
+                    raise RuntimeError("page availability was checked before pipelining")
+            if self.config.columnar_decode and all(lane.request.columnar for lane in lanes):
+                lanes = DecodeBlock.of([lane.request for lane in lanes], [lane.start for lane in lanes],
+                                       [lane.output_limit for lane in lanes])
+        elif not block:
             return None
-        lanes, opening = found
+        else:
+            lanes = block
         round_ = RoundBuilder.decoding(self.max_active, lanes, behind_inflight=True)
-        for lane in opening:                          # the lanes whose position opens a page
-            if not self._reserve_pages(lane.request, lane.start + 1):
-                raise RuntimeError("page availability was checked before pipelining")
         decode_lanes = round_.rows
         if self._waiting and self.variants.has(cp.OPERATION_MIXED):
             self._admit_waiting(round_)               # host-fed lanes of a MIXED round, never PREFILL
@@ -369,6 +404,43 @@ class Scheduler:
         self.counters.pipelined += 1
         self._prompt_rounds.planned(prompts_only=False)   # a decode round since the last round of prompts
         return nxt
+
+    def _continuing_block(self, main: Sequence[Lane]) -> DecodeBlock | None:
+        """The next round's decode lanes as a block when `main` is one and the columns decide
+        them (pipeline.continuing_block), their opening pages reserved; an empty block when they
+        need completion feedback; None: decide them lane by lane (continuing_lanes)."""
+        if not (self.config.columnar_decode and isinstance(main, DecodeBlock)) or self._unsettled:
+            return None
+        # the running requests outside `main` (rejoining after sitting a round out), in running
+        # order; every request of `main` is running (in flight: it cannot have been released)
+        outsiders: list[Request] = []
+        if len(self._running) > len(main):
+            in_main = np.zeros(self.config.request_slots, bool)
+            in_main[main.slots] = True
+            for lane in main.extra:
+                in_main[lane.slot] = True
+            in_main[self._free_slots] = True
+            owners = self._slot_owner
+            found_owners = [owners[slot] for slot in np.flatnonzero(~in_main).tolist()]
+            outsiders = [req for req in found_owners if req is not None]
+            if len(outsiders) < len(found_owners):
+                raise RuntimeError("an occupied slot has no running request")
+            if len(outsiders) > 1:
+                outsiders.sort(key=self._running.index)
+        if not all(req.columnar for req in outsiders):
+            return None
+        found = continuing_block(main, outsiders, self.config)
+        if found is None:
+            return DecodeBlock.of([], [], [])
+        block, opening = found
+        if len(opening) > self.pool.available_pages:
+            return DecodeBlock.of([], [], [])
+        for i in opening.tolist():                    # the lanes whose position opens a page
+            req = block.requests[i]
+            if not self._reserve_pages(req, int(block.starts[i]) + 1):
+                raise RuntimeError("page availability was checked before pipelining")
+            block.page_counts[i] = len(req.pages)
+        return block
 
     def _prompt_round(self) -> RoundPlan | None:
         """A round of prompts only, as many rows as the widest PREFILL variant (prompt_rounds.py),
@@ -391,8 +463,13 @@ class Scheduler:
                 for lane in sub.lanes:
                     lane.request.inflight -= 1
         main = plan.main
+        lanes = main.lanes
+        # a block's columns are plain decode lanes (decode_block.py): applied as arrays, unless a
+        # request is cancelled or its finish decided (then lane by lane, as any other lane)
+        columns = isinstance(lanes, DecodeBlock) and not self._unsettled
+        explicit = explicit_lanes(lanes) if columns else lanes
         # a constrained request has host values (Request.host_values): most rounds have none
-        constrained = sum(map(_CONSTRAINED, main.lanes)) if any(map(_HOST_VALUES, main.lanes)) else 0
+        constrained = sum(map(_CONSTRAINED, explicit)) if any(map(_HOST_VALUES, explicit)) else 0
         if constrained:
             # the auxiliary submissions' lanes are main lanes: none constrained there either otherwise
             if main.operation == cp.OPERATION_DECODE and constrained < len(main.lanes):
@@ -406,15 +483,24 @@ class Scheduler:
         # once per lane per round: the row values as Python objects in one call each, the page
         # publication only when the lane completed a page, the finish by length against the
         # request's token limit, and the token event built as the tuple it is
-        tokens = rows.tokens.tolist()
-        logprobs = rows.logprobs.tolist() if rows.logprobs is not None else None
-        top_ids, top_logprobs = rows.top_ids, rows.top_logprobs
+        generated = 0
+        stamp = None
+        offset = 0                                    # the rows of the explicit lanes start here
+        if columns:
+            assert isinstance(lanes, DecodeBlock)
+            stamp = self._complete_columns(lanes, rows)
+            generated = offset = lanes.size
+            if not explicit:
+                self.counters.generated_tokens += generated
+                return
+        tokens = rows.tokens[offset:].tolist()
+        logprobs = rows.logprobs[offset:].tolist() if rows.logprobs is not None else None
+        top_ids = rows.top_ids[offset:] if rows.top_ids is not None else None
+        top_logprobs = rows.top_logprobs[offset:] if rows.top_logprobs is not None else None
         pt = self.config.page_tokens
         events = self._events
         eos, stops = self._eos, self._stops
-        generated = 0
-        stamp = None
-        for i, lane in enumerate(main.lanes):
+        for i, lane in enumerate(explicit):
             req = lane.request
             req.inflight -= 1
             if lane.restore is not None:
@@ -468,6 +554,63 @@ class Scheduler:
             elif len(known) >= req.token_limit:
                 self._finish_if_fenced(req, ep.FINISH_REASON_LENGTH)
         self.counters.generated_tokens += generated
+
+    def _complete_columns(self, block: DecodeBlock, rows: CompletionRows) -> int | None:
+        """complete() of a block's columns: the same state and events as lane by lane, with
+        per-lane Python only for the token append and the lanes that complete a page or finish.
+        Each lane's request is not fresh, reads its pending token, has no host stops, grammar or
+        top logprobs, and its computed endpoint is `start` (decode_block.py). Returns the clock
+        stamp when an observed request emitted."""
+        k = block.size
+        if not k:
+            return None
+        pt = self.config.page_tokens
+        sampled = rows.tokens[:k]
+        tokens = sampled.tolist()
+        ends = block.starts + 1
+        requests = block.requests
+        for req, token, end in zip(requests, tokens, ends.tolist()):
+            req.inflight -= 1
+            req.computed = end
+            req.tokens.append(token)
+        stamp = stamps = None
+        observed = block.columns[OBSERVED]
+        if observed.any():
+            stamp = time.monotonic_ns() - self.config.clock_origin_ns
+            stamps = np.where(observed == 1, stamp, -1)
+        serials = block.columns[SERIAL]
+        logprobs = rows.logprobs[:k] if rows.logprobs is not None else None
+
+        def emitted(a: int, b: int) -> TokenBlock:       # the token events of lanes [a, b)
+            return TokenBlock(serials[a:b], sampled[a:b], None if stamps is None else stamps[a:b],
+                              None if logprobs is None else logprobs[a:b])
+        # the lanes that may complete a page (published >= (end - 1) // pt held before this round)
+        # or finish by EOS or length: decided lane by lane, in lane order, as the per-lane path does
+        flagged = (ends % pt == 0) | (ends + 1 >= block.token_limits)
+        if self._eos:                             # one comparison per EOS id (np.isin costs ~15x more here)
+            eos_hit = sampled == self._eos_ids[0]
+            for eos_id in self._eos_ids[1:]:
+                eos_hit |= sampled == eos_id
+            flagged |= eos_hit & (block.columns[IGNORE_EOS] == 0)
+        events = self._events
+        done = 0
+        eos = self._eos
+        for i in np.flatnonzero(flagged).tolist():
+            req = requests[i]
+            if req.computed // pt > req.published_pages and len(req.pages) > req.published_pages:
+                self._publish_pages(req)
+            if tokens[i] in eos and not req.spec.ignore_eos:
+                reason = ep.FINISH_REASON_EOS
+            elif len(req.tokens) >= req.token_limit:
+                reason = ep.FINISH_REASON_LENGTH
+            else:
+                continue
+            events.append(emitted(done, i + 1))       # its terminal follows its token
+            done = i + 1
+            self._finish_if_fenced(req, reason)
+        if done < k:
+            events.append(emitted(done, k))
+        return stamp
 
     def fail(self, plan: RoundPlan, message: str) -> None:
         """The round failed (execution or validation): its lanes end with a typed failure;
@@ -525,12 +668,16 @@ class Scheduler:
         """Publish complete pages whose every position was consumed (validated)."""
         pt = self.config.page_tokens
         complete = min(req.computed // pt, len(req.pages))
-        key = req.chain_keys[-1] if req.chain_keys else self._seed
-        for p in range(req.published_pages, complete):
-            key = next_key(key, req.tokens[p * pt:(p + 1) * pt])
-            self.pool.publish(req.pages[p], key)
-            req.chain_keys.append(key)
-        req.published_pages = max(req.published_pages, complete)
+        first = req.published_pages
+        if complete <= first:
+            return
+        keys, tokens, pages, publish = req.chain_keys, req.tokens, req.pages, self.pool.publish
+        key = keys[-1] if keys else self._seed
+        for p in range(first, complete):              # a decode lane: one page (about one lane in page_tokens)
+            key = next_key(key, tokens[p * pt:(p + 1) * pt])
+            publish(pages[p], key)
+            keys.append(key)
+        req.published_pages = complete
 
     def _unpin_restore(self, row: int) -> None:
         self.snapshots.unpin_row(row)
@@ -562,6 +709,8 @@ class Scheduler:
         req.finish = reason
         if req.inflight == 0:
             self._finish(req, reason)
+        else:
+            self._unsettled.add(req.serial)
 
     def _finish(self, req: Request, reason: "ep.FinishReason.ValueType") -> None:
         admitted_ns = self._admitted_ns.get(req.serial, 0)
@@ -586,9 +735,11 @@ class Scheduler:
         req.state = RequestState.FINISHED
         self._by_serial.pop(req.serial, None)
         self._stops.pop(req.serial, None)
+        self._unsettled.discard(req.serial)
         self._admitted_ns.pop(req.serial, None)
 
     def _free_slot(self, req: Request) -> None:
         self._free_slots.append(req.slot)
+        self._slot_owner[req.slot] = None
         req.slot = -1
 

@@ -1,0 +1,157 @@
+"""The decode steady state as columns: a round's plain decode lanes held as arrays.
+
+A round planned behind the one in flight (Scheduler.pipeline_next) is mostly the same
+requests again, each one position further: one query token read from the slot's
+device-owned pending token, sampling, no host values. `DecodeBlock` holds those lanes as
+columns (requests, slots, generations, starts, output limits, token limits, page counts,
+...) followed by a short list of explicit `Lane`s (the host-fed lanes a MIXED round
+admits), so that planning, packing, validation and completion of such a round are a few
+numpy operations over all lanes, with per-lane Python only for the lanes that open a page,
+complete a page, finish or are new (docs/scheduler.md, host work per round).
+
+It is a `Sequence[Lane]`: any code that reads it lane by lane gets `Lane` objects, built on
+first access and kept, the same values the per-lane path builds (tests/test_decode_block.py
+drives both paths and compares their plans and events). A block lane is plain
+(`Request.columnar`): no grammar, mask or logit bias, no top logprobs, no host stops; its
+request reads its pending token, is not fresh, and never restores or writes a snapshot.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import compress
+from operator import attrgetter
+from typing import overload
+
+import numpy as np
+
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane
+from helios_backend.scheduler.request import Request
+
+_SLOT, _GENERATION = attrgetter("slot"), attrgetter("generation")
+
+
+# the rows of DecodeBlock.columns (int64 [COLUMNS, lanes])
+SERIAL, SLOT, GENERATION, START, LIMIT, TOKEN_LIMIT, PAGE_COUNT, OBSERVED, IGNORE_EOS = range(9)
+COLUMNS = 9
+
+
+class DecodeBlock(Sequence[Lane]):
+    """`count` plain decode lanes as columns, then `extra` explicit lanes (host-fed, admitted
+    behind the round in flight). The columns are one int64 array [COLUMNS, count], so a round
+    derives the next one's with a few numpy calls whatever its lanes:
+
+        SERIAL, SLOT, GENERATION   the request and its slot assignment
+        START                      first query position = consumed endpoint before the round
+        LIMIT                      Lane.output_limit: tokens the request may still emit
+        TOKEN_LIMIT                Request.token_limit: len(tokens) at which it ends by length
+        PAGE_COUNT                 len(request.pages) once the round's pages are reserved
+        OBSERVED, IGNORE_EOS       spec.observe_timestamps, spec.ignore_eos (0 / 1)
+    """
+
+    __slots__ = ("requests", "columns", "extra", "_lanes")
+
+    def __init__(self, requests: list[Request], columns: np.ndarray) -> None:
+        self.requests = requests
+        self.columns = columns
+        self.extra: list[Lane] = []
+        self._lanes: list[Lane | None] = []
+
+    @classmethod
+    def of(cls, requests: list[Request], starts: Sequence[int], limits: Sequence[int]) -> "DecodeBlock":
+        """Plain decode lanes of `requests` at `starts` with output limits `limits`: the columns
+        gathered once (a round that follows a block derives its columns from it: `advance`)."""
+        columns = np.array([(r.serial, r.slot, r.generation, start, limit, r.token_limit, len(r.pages),
+                             r.spec.observe_timestamps, r.spec.ignore_eos)
+                            for r, start, limit in zip(requests, starts, limits)], dtype=np.int64)
+        return cls(requests, columns.T.copy() if len(requests) else np.zeros((COLUMNS, 0), np.int64))
+
+    def advance(self, keep: np.ndarray) -> "DecodeBlock":
+        """The next round of the lanes where `keep` (bool [count]) is true: one position further,
+        one output token fewer; page counts as they are (the caller reserves opening pages)."""
+        if keep.all():
+            requests, columns = list(self.requests), self.columns.copy()
+        else:
+            requests, columns = list(compress(self.requests, keep.tolist())), self.columns[:, keep]
+        columns[START] += 1
+        columns[LIMIT] -= 1
+        return DecodeBlock(requests, columns)
+
+    def joined(self, other: "DecodeBlock") -> "DecodeBlock":
+        """This block's lanes, then `other`'s (neither has explicit lanes)."""
+        if not other.requests:
+            return self
+        return DecodeBlock(self.requests + other.requests, np.concatenate((self.columns, other.columns), axis=1))
+
+    serials = property(lambda self: self.columns[SERIAL], doc="int64 [size]: Request.serial")
+    slots = property(lambda self: self.columns[SLOT], doc="int64 [size]: the lanes' slots")
+    generations = property(lambda self: self.columns[GENERATION], doc="int64 [size]: their generations")
+    starts = property(lambda self: self.columns[START], doc="int64 [size]: first query positions")
+    limits = property(lambda self: self.columns[LIMIT], doc="int64 [size]: Lane.output_limit")
+    token_limits = property(lambda self: self.columns[TOKEN_LIMIT], doc="int64 [size]: Request.token_limit")
+    page_counts = property(lambda self: self.columns[PAGE_COUNT], doc="int64 [size]: len(request.pages)")
+
+    @property
+    def size(self) -> int:
+        """The lanes held as columns (the first `count` of the sequence)."""
+        return len(self.requests)
+
+    def append(self, lane: Lane) -> None:
+        """An explicit lane after the columns (RoundBuilder.add)."""
+        self.extra.append(lane)
+
+    def __len__(self) -> int:
+        return len(self.requests) + len(self.extra)
+
+    @overload
+    def __getitem__(self, index: int) -> Lane: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Lane]: ...
+
+    def __getitem__(self, index: int | slice) -> Lane | list[Lane]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("lane index out of range")
+        k = len(self.requests)
+        if index >= k:
+            return self.extra[index - k]
+        if not self._lanes:
+            self._lanes = [None] * k
+        lane = self._lanes[index]
+        if lane is None:
+            lane = self._lanes[index] = Lane(self.requests[index], int(self.slots[index]),
+                                             int(self.generations[index]), int(self.starts[index]),
+                                             [PENDING_TOKEN], True, int(self.limits[index]))
+        return lane
+
+    def __iter__(self) -> Iterator[Lane]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def explicit_lanes(lanes: Sequence[Lane]) -> Sequence[Lane]:
+    """The lanes not held as columns: a block's explicit tail, or every lane of a list."""
+    return lanes.extra if isinstance(lanes, DecodeBlock) else lanes
+
+
+_ENDS = attrgetter("end")
+_SAMPLE = attrgetter("sample")
+
+
+def lane_columns(lanes: Sequence[Lane]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(slots, generations, consumed endpoints after the round, sampling decisions) as int64
+    arrays [lanes]: what a completion is checked against, from the columns where a block has them."""
+    if isinstance(lanes, DecodeBlock):
+        k, extra = lanes.size, lanes.extra
+        cols = (lanes.slots, lanes.generations, lanes.starts + 1, np.ones(k, np.int64))
+        if not extra:
+            return cols
+        rest = lane_columns(extra)
+        return (np.concatenate((cols[0], rest[0])), np.concatenate((cols[1], rest[1])),
+                np.concatenate((cols[2], rest[2])), np.concatenate((cols[3], rest[3])))
+    n = len(lanes)
+    return (np.fromiter(map(_SLOT, lanes), np.int64, n), np.fromiter(map(_GENERATION, lanes), np.int64, n),
+            np.fromiter(map(_ENDS, lanes), np.int64, n), np.fromiter(map(_SAMPLE, lanes), np.int64, n))
