@@ -38,7 +38,7 @@ def core(gguf_path, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     options = dataclasses.replace(recipe.RecipeOptions(), context_tokens=2048, decode_rows=(1, 2, 4),
                                   prefill_variants=((1, 64), (1, 512)), mixed_variants=((4, 68),),
                                   admission_rows=(1, 4), resume_rows=(1, 4), snapshot_rows=4,
-                                  restoration_rows=(1,), prepared_pages=256)
+                                  restoration_rows=(1,), prepared_pages=256, speculative_widths=())
     out = directory / "qwen2.core"
     prepare_core(recipe.NAME, out, options, key_path=str(directory / "key.pem"), kernels=False)
     return out

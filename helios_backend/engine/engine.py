@@ -103,12 +103,13 @@ class EngineParts:
             decoder = tokenizer.incremental_decoder() if spec.stops.strings else None
             return HostStopCheck(spec.stops, decoder)
 
-        # Speculation is a startup choice (SRV-11): rounds go speculative only when the selected
-        # width exceeds one and the core captured SPECULATIVE programs of those widths.
+        # Speculation is a startup choice (SRV-11): rounds go speculative only when history drafting
+        # (the one drafter) is on, the selected width exceeds one and the core captured SPECULATIVE
+        # programs of those widths; otherwise the plain scheduler serves (no per-round drafting work).
         captured_widths = sorted({g.speculative.token_capacity for g in model.graphs
                                   if g.operation == cp.OPERATION_SPECULATIVE})
         speculative_options = SpeculativeOptions(
-            enabled=settings.speculative_width > 1 and bool(captured_widths),
+            enabled=settings.history_drafting and settings.speculative_width > 1 and bool(captured_widths),
             history_drafting=settings.history_drafting,
             widths=tuple(w for w in captured_widths if w <= settings.speculative_width) or None)
         table = _stage("speculative selection", lambda: SpeculativeTable.select(model.graphs, speculative_options))

@@ -6,9 +6,12 @@
 A round that the base scheduler planned as plain DECODE (every lane reads its device-owned
 pending token, nothing to restore or initialize) becomes a SPECULATIVE round when every lane may
 carry proposals (no grammar, no host stops: those need width one and feedback, SPEC-44..49; no
-logit bias: the speculative programs have no logit-bias input) and
-history drafting found at least one: the cohort is the DECODE cohort, chosen from completed
-observations (SPEC-15); pages are reserved for each lane's full ceiling (SPEC-21).
+logit bias or logprobs: the speculative programs have no logit-bias input and write no logprob
+records), history drafting found at least one, and the adaptive width policy expects the round
+to beat DECODE (scheduler/speculative_width.py: each lane is offered as many proposals as its
+decaying acceptance makes worth it; none at all means plain DECODE without a history lookup).
+The cohort is the DECODE cohort, chosen from completed observations (SPEC-15); pages are
+reserved for each lane's full ceiling (SPEC-21).
 
 Completion: the runner validates the whole completion first (validate_completion, SPEC-40..42);
 then each emitted token goes through the base scheduler's own completion path, one token at a
@@ -32,6 +35,7 @@ from helios_backend.scheduler.speculative import (
     SpeculativeRound,
     SpeculativeTable,
 )
+from helios_backend.scheduler.speculative_width import DraftAcceptance, WidthPolicy, expected_tokens
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.errors import ConfigurationError
 from helios_backend.scheduler.generations import SlotGenerations
@@ -54,9 +58,12 @@ class SpeculativeRows(CompletionRows):
 
 class SpeculativeScheduler(Scheduler):
     def __init__(self, config: SchedulerConfig, variants: VariantTable, table: SpeculativeTable,
-                 stop_factory: StopFactory | None = None, generations: SlotGenerations | None = None) -> None:
+                 stop_factory: StopFactory | None = None, generations: SlotGenerations | None = None,
+                 policy: WidthPolicy | None = None) -> None:
         super().__init__(config, variants, stop_factory, generations)
         self.speculative = table
+        self.policy = policy or WidthPolicy(max_drafts=max((p.lane_limit for p in table.programs), default=1) - 1)
+        self._acceptance: dict[int, DraftAcceptance] = {}    # request serial -> its acceptance evidence
 
     def schedule(self) -> RoundPlan | None:
         plan = super().schedule()
@@ -67,11 +74,25 @@ class SpeculativeScheduler(Scheduler):
             return plan
         if any(lane.tokens != [PENDING_TOKEN] for lane in main.lanes):
             return plan
-        candidates = [self._candidate(lane) for lane in main.lanes]
+        acceptance = [self._acceptance_of(lane.request.serial) for lane in main.lanes]
+        limits = [a.draft_limit(self.policy) for a in acceptance]
+        if not self._may_pay(acceptance, limits):     # plain decode, no history lookup
+            self._idle(acceptance)
+            return plan
+        candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
         if any(c.constrained or c.host_stops for c in candidates):
             return plan
         round_ = self.speculative.plan(candidates)
-        if round_ is None or len(round_.lanes) != len(main.lanes) or not any(l.proposals for l in round_.lanes):
+        if round_ is None or len(round_.lanes) != len(main.lanes):
+            self._idle(acceptance)
+            return plan
+        for a, limit, lane in zip(acceptance, limits, round_.lanes):
+            if limit and not lane.proposals:
+                a.miss(self.policy)
+        expected = sum(expected_tokens(a.rate, lane.length) for a, lane in zip(acceptance, round_.lanes))
+        if not any(lane.proposals for lane in round_.lanes) or \
+                not self.policy.worth(expected, len(round_.lanes), round_.program.width):
+            self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
         for lane in round_.lanes:
             if not self._reserve_pages(self._by_serial[lane.candidate.key], lane.reserve_end):
@@ -85,16 +106,58 @@ class SpeculativeScheduler(Scheduler):
         self.counters.launched(cp.OPERATION_SPECULATIVE)
         return plan
 
-    def _candidate(self, lane: Lane) -> Candidate:
+    def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
+        """Behind a DECODE round whose requests may profit from drafting, nothing: the next round
+        needs the completed history to copy from (completion feedback, SPEC-47). Otherwise the
+        base scheduler's pipelined decode, and the requests' drafting evidence fades a round."""
+        if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE:
+            acceptance = [self._acceptance_of(lane.request.serial) for lane in plan.main.lanes]
+            if self._may_pay(acceptance, [a.draft_limit(self.policy) for a in acceptance]):
+                return None
+            self._idle(acceptance)
+        return super().pipeline_next(plan)
+
+    def _may_pay(self, acceptance: list[DraftAcceptance], limits: list[int]) -> bool:
+        """Whether a round offering each lane its full draft limit would beat DECODE (before any
+        history lookup: lanes whose lookup finds less only lower the gain)."""
+        longest = max(limits, default=0)
+        if not longest:
+            return False
+        width = self._width_for(1 + longest)
+        expected = sum(expected_tokens(a.rate, 1 + limit) for a, limit in zip(acceptance, limits))
+        return self.policy.worth(expected, len(limits), width)
+
+    def _width_for(self, rows: int) -> int:
+        """The smallest selected width whose lane limit covers `rows` target rows (else the widest)."""
+        fitting = [p.width for p in self.speculative.programs if p.lane_limit >= rows]
+        return min(fitting) if fitting else self.speculative.max_width
+
+    def _acceptance_of(self, serial: int) -> DraftAcceptance:
+        found = self._acceptance.get(serial)
+        if found is None:
+            if len(self._acceptance) > 2 * len(self._by_serial) + 16:     # forget finished requests
+                self._acceptance = {k: v for k, v in self._acceptance.items() if k in self._by_serial}
+            found = self._acceptance[serial] = DraftAcceptance()
+        return found
+
+    def _idle(self, acceptance: list[DraftAcceptance]) -> None:
+        for a in acceptance:
+            a.idle(self.policy)
+
+    def _candidate(self, lane: Lane, draft_limit: int) -> Candidate:
         req = lane.request
+        spec = req.spec
         return Candidate(req.serial, lane.slot, lane.generation, lane.start, req.tokens,
-                         output_left=req.spec.max_tokens - req.output_len,
+                         output_left=spec.max_tokens - req.output_len,
                          context_left=self.config.context_tokens - len(req.tokens),
                          inflight=req.inflight - 1,          # this round, planned but not submitted
                          device_pending=req.device_pending,
-                         # speculative programs apply no logit bias: a biased request decodes plainly
-                         constrained=req.needs_mask(self.config.eos_ids) or req.spec.logit_bias is not None,
-                         host_stops=req.serial in self._stops)
+                         # speculative programs apply no logit bias and write no logprob records:
+                         # such a request decodes plainly
+                         constrained=(req.needs_mask(self.config.eos_ids) or spec.logit_bias is not None
+                                      or spec.logprobs or spec.top_logprobs > 0),
+                         host_stops=req.serial in self._stops,
+                         draft_limit=draft_limit)
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         if plan.main.operation != cp.OPERATION_SPECULATIVE:
@@ -106,6 +169,8 @@ class SpeculativeScheduler(Scheduler):
         if decode is None:
             raise ConfigurationError("a SPECULATIVE round completed without a DECODE variant to retire it")
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
+            offered = len(lane.proposals) if isinstance(lane, ScheduledSpeculativeLane) else 0
+            self._acceptance_of(lane.request.serial).observe(self.policy, offered, outcome.accepted)
             self._apply(lane, outcome, decode)
 
     def _apply(self, lane: Lane, outcome: LaneOutcome, decode: Variant) -> None:
