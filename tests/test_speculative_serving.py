@@ -75,7 +75,8 @@ class Recorder:
 def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs: bool = False,
                 **options) -> tuple[list[Recorder], list[str]]:
     """Serve `specs` at once (one batch); each request's recorder and the programs launched."""
-    runtime = Engine.start(StartupOptions(core, ACCEPTANCE, **options))
+    # the fixed cost model: width choices that do not depend on how fast this machine runs
+    runtime = Engine.start(StartupOptions(core, ACCEPTANCE, speculative_row_cost=0.05, **options))
     launched: list[str] = []
     launch = runtime.model.executor.launch
 
@@ -99,7 +100,7 @@ def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs
 
 
 def _serve(core, spec: RequestSpec | None = None, **options) -> tuple[list[int], list[str], type]:
-    runtime = Engine.start(StartupOptions(core, ACCEPTANCE, **options))
+    runtime = Engine.start(StartupOptions(core, ACCEPTANCE, speculative_row_cost=0.05, **options))
     launched: list[str] = []
     launch = runtime.model.executor.launch
 

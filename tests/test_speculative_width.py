@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helios_backend.scheduler.speculative_width import DraftAcceptance, WidthPolicy, expected_tokens
+from helios_backend.scheduler.speculative_width import DraftAcceptance, RoundCosts, WidthPolicy, expected_tokens
 
 POLICY = WidthPolicy(max_drafts=7)
 
@@ -87,3 +87,18 @@ def test_a_round_is_worth_it_only_when_it_beats_decode_per_cost():
     assert not POLICY.worth(31 + expected_tokens(0.9, 4), 32, 4)
     assert POLICY.worth(32 * expected_tokens(0.9, 8), 32, 8)
     assert not POLICY.worth(5.0, 1, 1)
+
+
+def test_measured_costs_replace_the_prior():
+    costs = RoundCosts()
+    assert costs.ratio("speculative.r1.w4.t4", "decode.r1") is None
+    costs.observe("decode.r1", 0.010)
+    costs.observe("speculative.r1.w4.t4", 0.040)             # a CPU: every target row costs a step
+    ratio = costs.ratio("speculative.r1.w4.t4", "decode.r1")
+    assert ratio == pytest.approx(4.0)
+    lane = expected_tokens(0.9, 4)                            # ~3.4 tokens for 4 rows' cost
+    assert POLICY.worth(lane, 1, 4) and not POLICY.worth(lane, 1, 4, ratio)
+    fixed = WidthPolicy(max_drafts=7, measured=False)
+    assert fixed.worth(lane, 1, 4, ratio)                     # the fixed cost model ignores measurements
+    costs.observe("speculative.r1.w4.t4", 0.012)              # a decaying average moves toward new rounds
+    assert 1.2 < costs.ratio("speculative.r1.w4.t4", "decode.r1") < 4.0

@@ -36,6 +36,7 @@ from helios_backend.scheduler.request import RequestSpec
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative import SpeculativeOptions, SpeculativeTable
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import WidthPolicy
 from helios_backend.scheduler.variants import VariantTable
 from helios_backend.engine.assets import frontend_assets
 from helios_backend.engine.faults import FaultTrigger, FaultyRunner
@@ -118,8 +119,11 @@ class EngineParts:
         auxiliary_frame = executor.frames if executor.auxiliary_frames else None   # the first one after them
         scheduler: Scheduler
         if table.active:
+            drafts = max(p.lane_limit for p in table.programs) - 1
+            policy = (WidthPolicy(drafts) if settings.speculative_row_cost is None
+                      else WidthPolicy(drafts, row_cost=settings.speculative_row_cost, measured=False))
             scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory,
-                                                                          model.generations))
+                                                                          model.generations, policy))
             speculative = SpeculativeProgramRunner.for_model(model, auxiliary_frame=auxiliary_frame)
             speculative.max_width = table.max_width
             runner: ProgramRunner = speculative

@@ -44,6 +44,9 @@ class StartupOptions:
     concurrency: int | None = None
     speculative_width: int | None = None
     history_drafting: bool | None = None
+    # history drafting's cost of one verified row per lane, in DECODE steps (a fixed cost model:
+    # reproducible width choices); None: measured per program while serving (speculative_width.py)
+    speculative_row_cost: float | None = None
     queue_capacity: int | None = None
     max_active: int | None = None
     event_capacity: int | None = None
@@ -91,6 +94,8 @@ class StartupOptions:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SettingsError(name, f"must be positive, got {value}")
+        if self.speculative_row_cost is not None and self.speculative_row_cost < 0:
+            raise SettingsError("speculative_row_cost", f"cannot be negative, got {self.speculative_row_cost}")
         if self.cache_memory_share is not None and not 0.0 < self.cache_memory_share <= 1.0:
             raise SettingsError("cache_memory_share", f"must lie in (0, 1], got {self.cache_memory_share}")
 
@@ -122,7 +127,7 @@ def _parse(name: str, raw: str) -> object:
             if raw.lower() not in ("true", "false"):
                 raise ValueError(raw)
             return raw.lower() == "true"
-        if name in ("cache_memory_share", "rank_timeout", "rank_join_timeout"):
+        if name in ("cache_memory_share", "rank_timeout", "rank_join_timeout", "speculative_row_cost"):
             return float(raw)
         return int(raw)
     except ValueError:
@@ -157,6 +162,7 @@ class EffectiveSettings:
     speculative_width: int
     history_drafting: bool
     admission_burst: int
+    speculative_row_cost: float | None = None     # None: measured (StartupOptions says why)
 
 
 T = TypeVar("T")
@@ -213,4 +219,5 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         snapshot_capacity=int(snapshots),
         cache_memory_share=float(pick("cache_memory_share")),
         concurrency=concurrency, speculative_width=width, history_drafting=drafting,
-        admission_burst=options.admission_burst or BUILT_IN.admission_burst)
+        admission_burst=options.admission_burst or BUILT_IN.admission_burst,
+        speculative_row_cost=options.speculative_row_cost)

@@ -20,6 +20,7 @@ cancelled lane publishes nothing and retires at this fence, SPEC-51) stay in one
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,10 +33,11 @@ from helios_backend.scheduler.scheduler import Scheduler, StopFactory
 from helios_backend.scheduler.speculative import (
     Candidate,
     LaneOutcome,
+    SpeculativeProgram,
     SpeculativeRound,
     SpeculativeTable,
 )
-from helios_backend.scheduler.speculative_width import DraftAcceptance, WidthPolicy, expected_tokens
+from helios_backend.scheduler.speculative_width import DraftAcceptance, RoundCosts, WidthPolicy, expected_tokens
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.errors import ConfigurationError
 from helios_backend.scheduler.generations import SlotGenerations
@@ -48,6 +50,16 @@ class ScheduledSpeculativeLane(Lane):
     proposals: list[int] = field(default_factory=list)
     ceiling: int = 1
     round: SpeculativeRound | None = None
+
+
+@dataclass
+class DraftingCounters:
+    """Totals of the validated speculative lanes (benchmarks read them; no per-round cost)."""
+    rounds: int = 0                 # SPECULATIVE rounds completed
+    lanes: int = 0                  # lanes of those rounds
+    offered: int = 0                # copied proposals verified
+    accepted: int = 0               # of them accepted
+    emitted: int = 0                # tokens those lanes emitted
 
 
 @dataclass
@@ -64,8 +76,22 @@ class SpeculativeScheduler(Scheduler):
         self.speculative = table
         self.policy = policy or WidthPolicy(max_drafts=max((p.lane_limit for p in table.programs), default=1) - 1)
         self._acceptance: dict[int, DraftAcceptance] = {}    # request serial -> its acceptance evidence
+        self.drafting = DraftingCounters()
+        # measured seconds per round by program: planned (or previous completion, whichever is
+        # later) to completion, so idle time between requests is never counted
+        self.costs = RoundCosts()
+        self._planned: dict[int, int] = {}                    # id(submission) -> perf_counter_ns planned
+        self._last_complete = 0
 
     def schedule(self) -> RoundPlan | None:
+        plan = self._speculative_schedule()
+        if plan is not None:
+            if len(self._planned) > 8:          # rounds that never completed (a failed launch)
+                self._planned.clear()
+            self._planned[id(plan.main)] = time.perf_counter_ns()
+        return plan
+
+    def _speculative_schedule(self) -> RoundPlan | None:
         plan = super().schedule()
         if plan is None or not self.speculative.active:
             return plan
@@ -91,7 +117,8 @@ class SpeculativeScheduler(Scheduler):
                 a.miss(self.policy)
         expected = sum(expected_tokens(a.rate, lane.length) for a, lane in zip(acceptance, round_.lanes))
         if not any(lane.proposals for lane in round_.lanes) or \
-                not self.policy.worth(expected, len(round_.lanes), round_.program.width):
+                not self.policy.worth(expected, len(round_.lanes), round_.program.width,
+                                      self._ratio(round_.program.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
         for lane in round_.lanes:
@@ -115,7 +142,10 @@ class SpeculativeScheduler(Scheduler):
             if self._may_pay(acceptance, [a.draft_limit(self.policy) for a in acceptance]):
                 return None
             self._idle(acceptance)
-        return super().pipeline_next(plan)
+        nxt = super().pipeline_next(plan)
+        if nxt is not None:
+            self._planned[id(nxt.main)] = time.perf_counter_ns()
+        return nxt
 
     def _may_pay(self, acceptance: list[DraftAcceptance], limits: list[int]) -> bool:
         """Whether a round offering each lane its full draft limit would beat DECODE (before any
@@ -123,14 +153,22 @@ class SpeculativeScheduler(Scheduler):
         longest = max(limits, default=0)
         if not longest:
             return False
-        width = self._width_for(1 + longest)
+        program = self._program_for(len(limits), 1 + longest)
+        if program is None:
+            return False
         expected = sum(expected_tokens(a.rate, 1 + limit) for a, limit in zip(acceptance, limits))
-        return self.policy.worth(expected, len(limits), width)
+        return self.policy.worth(expected, len(limits), program.width, self._ratio(program.program, len(limits)))
 
-    def _width_for(self, rows: int) -> int:
-        """The smallest selected width whose lane limit covers `rows` target rows (else the widest)."""
-        fitting = [p.width for p in self.speculative.programs if p.lane_limit >= rows]
-        return min(fitting) if fitting else self.speculative.max_width
+    def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
+        """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
+        fitting = [p for p in self.speculative.programs if p.rows >= lanes]
+        useful = [p for p in fitting if p.lane_limit >= rows] or fitting[-1:]
+        return min(useful, key=lambda p: (p.width, p.packed, p.rows)) if useful else None
+
+    def _ratio(self, program: str, lanes: int) -> float | None:
+        """`program`'s measured cost in DECODE rounds of the same lanes (None: not yet measured)."""
+        decode = self.variants.fit(cp.OPERATION_DECODE, lanes, lanes)
+        return None if decode is None else self.costs.ratio(program, decode.program)
 
     def _acceptance_of(self, serial: int) -> DraftAcceptance:
         found = self._acceptance.get(serial)
@@ -160,6 +198,11 @@ class SpeculativeScheduler(Scheduler):
                          draft_limit=draft_limit)
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
+        now = time.perf_counter_ns()
+        planned = self._planned.pop(id(plan.main), None)
+        if planned is not None and plan.main.operation in (cp.OPERATION_DECODE, cp.OPERATION_SPECULATIVE):
+            self.costs.observe(plan.main.variant.program, (now - max(planned, self._last_complete)) / 1e9)
+        self._last_complete = now
         if plan.main.operation != cp.OPERATION_SPECULATIVE:
             super().complete(plan, rows)
             return
@@ -168,9 +211,15 @@ class SpeculativeScheduler(Scheduler):
         decode = self.variants.fit(cp.OPERATION_DECODE, 1, 1)
         if decode is None:
             raise ConfigurationError("a SPECULATIVE round completed without a DECODE variant to retire it")
+        counters = self.drafting
+        counters.rounds += 1
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
             offered = len(lane.proposals) if isinstance(lane, ScheduledSpeculativeLane) else 0
             self._acceptance_of(lane.request.serial).observe(self.policy, offered, outcome.accepted)
+            counters.lanes += 1
+            counters.offered += offered
+            counters.accepted += outcome.accepted
+            counters.emitted += len(outcome.tokens)
             self._apply(lane, outcome, decode)
 
     def _apply(self, lane: Lane, outcome: LaneOutcome, decode: Variant) -> None:

@@ -18,16 +18,18 @@ counts as a rejected proposal (`miss`). Only lanes with a positive limit run the
 and only a round that may pay waits for completion feedback (SPEC-47): the others decode on
 the pipelined path, so a workload with nothing to copy costs one probe every dozen rounds or so.
 
-A round of B lanes verified at width W costs about 1 + row_cost x (W - 1) DECODE steps of B rows
-(weight reads dominate at the batch sizes speculation pays; row_cost is the share of a step each
-extra target row adds); it emits sum over lanes of (1 - p^(n)) / (1 - p) tokens for lanes of n
-target rows. The round goes speculative only when it is expected to emit more tokens per cost
-than DECODE, which bounds how much a workload with nothing to copy can lose to probing.
+A round of B lanes verified at width W costs `ratio` DECODE steps of B rows: measured (RoundCosts:
+decaying averages of each program's seconds per round, as the scheduler observes them) once both
+programs ran, else 1 + row_cost x (W - 1) (a GPU reading the weights once for all rows; a CPU
+executor whose rows cost alike measures a ratio near W and so stops drafting). A round emits
+sum over lanes of (1 - p^n) / (1 - p) tokens for lanes of n target rows; it goes speculative
+only when it is expected to emit more tokens per cost than DECODE, which bounds how much a
+workload with nothing to copy can lose to probing.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PRIOR_SUCCESSES = 1.0
 PRIOR_FAILURES = 1.0
@@ -39,7 +41,8 @@ class WidthPolicy:
     reach: float = 0.3              # offer proposal i while p^i >= reach
     decay: float = 0.7              # weight of older rounds' evidence per observed round
     fade: float = 0.98              # weight of the evidence per round that offered nothing
-    row_cost: float = 0.05          # share of a DECODE step each extra target row per lane costs
+    row_cost: float = 0.05          # share of a DECODE step each extra target row per lane costs (prior)
+    measured: bool = True           # use measured round costs once known (else row_cost always)
 
     def drafts_for(self, p: float) -> int:
         """Proposals worth offering at per-token acceptance p (0..max_drafts)."""
@@ -49,12 +52,30 @@ class WidthPolicy:
             return self.max_drafts
         return min(self.max_drafts, int(math.floor(math.log(self.reach) / math.log(p) + 1e-9)))
 
-    def worth(self, expected_tokens: float, lanes: int, width: int) -> bool:
+    def worth(self, expected_tokens: float, lanes: int, width: int, measured_ratio: float | None = None) -> bool:
         """A round of `lanes` lanes at program width `width` expected to emit `expected_tokens`
-        beats DECODE (one token per lane per step) per unit of cost."""
+        beats DECODE (one token per lane per step) per unit of cost; `measured_ratio`: the
+        program's measured cost in DECODE steps, used when the policy measures."""
         if lanes <= 0 or width <= 1:
             return False
-        return expected_tokens / lanes > 1.0 + self.row_cost * (width - 1)
+        ratio = measured_ratio if self.measured and measured_ratio is not None else 1.0 + self.row_cost * (width - 1)
+        return expected_tokens / lanes > ratio
+
+
+@dataclass
+class RoundCosts:
+    """Seconds per round of each program, a decaying average of the rounds observed."""
+    weight: float = 0.25                    # of the newest observation
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, program: str, seconds: float) -> None:
+        old = self.seconds.get(program)
+        self.seconds[program] = seconds if old is None else old + self.weight * (seconds - old)
+
+    def ratio(self, program: str, baseline: str) -> float | None:
+        """`program`'s cost in rounds of `baseline`; None until both were observed."""
+        a, b = self.seconds.get(program), self.seconds.get(baseline)
+        return a / b if a is not None and b else None
 
 
 def expected_tokens(p: float, rows: int) -> float:
