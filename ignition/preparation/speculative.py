@@ -64,19 +64,25 @@ class SpeculativeVariant:
 # B x W target rows, and past ~64 decode rows a step is no longer bound by reading the weights,
 # so extra target rows cost nearly as much as the tokens they might save.
 DERIVED_MAX_ROWS = 64
+# Target rows per derived program: the forward runs P one-token rows, and the AOT kernels take at
+# most 256 rows per step (MAX_ROWS of step.geometry and attention, ignition/gpu_kernels/specs.py),
+# so 64 rows are verified at width 4 at most and width 8 serves up to 32 rows.
+DERIVED_MAX_PACKED = 256
 
 
 def declared_variants(options: Any, max_tokens: int) -> tuple[SpeculativeVariant, ...]:
     """The options' explicit `speculative_variants` ((B, W, D, P[, allocating]) each) when set;
     else derived from `speculative_widths`: for each decode row count B <= DERIVED_MAX_ROWS and
     each width W, the rectangular program (B, W, D = W - 1, P = B x W) whose P fits the forward
-    scratch (`max_tokens`). Width one (D = 0) draws nothing but keeps the draft cursor (SPEC-5)."""
+    scratch (`max_tokens`) and the kernels' rows per step (DERIVED_MAX_PACKED). Width one (D = 0)
+    draws nothing but keeps the draft cursor (SPEC-5)."""
     explicit = tuple(SpeculativeVariant(*v) for v in getattr(options, "speculative_variants", ()))
     if explicit:
         return explicit
     return tuple(SpeculativeVariant(rows, width, width - 1, rows * width)
                  for rows in sorted(set(getattr(options, "decode_rows", ()))) if rows <= DERIVED_MAX_ROWS
-                 for width in sorted(set(getattr(options, "speculative_widths", ()))) if rows * width <= max_tokens)
+                 for width in sorted(set(getattr(options, "speculative_widths", ())))
+                 if rows * width <= min(max_tokens, DERIVED_MAX_PACKED))
 
 
 @dataclass(frozen=True)

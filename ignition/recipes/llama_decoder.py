@@ -76,7 +76,7 @@ class DecoderOptions:
     snapshot_rows: int = 16
     restoration_rows: tuple[int, ...] = (1, 4)
     # SPECULATIVE programs with copied (history) proposals (ignition/preparation/speculative.py):
-    # widths W derived for each decode row count up to 64 (D = W - 1, P = B x W); 1 = width one
+    # widths W derived for each decode row count up to 64 (D = W - 1, P = B x W <= 256); 1 = width one
     # (no proposals); () = none recorded (lean test cores). History drafting picks 4 or 8 per
     # round from observed acceptance and falls back to DECODE (docs/speculative.md).
     speculative_widths: tuple[int, ...] = (1, 4, 8)
