@@ -28,26 +28,24 @@ REPEATING = tuple(range(100, 110)) * 3          # the model continues the cycle:
 ANY_TEXT = "start: /(.|\\n)*/"                 # a Lark grammar every output satisfies
 
 
-@pytest.fixture(scope="module")
-def speculative_core(tmp_path_factory: pytest.TempPathFactory):
+def _core(tmp_path_factory: pytest.TempPathFactory, name: str, variants: tuple) -> object:
     from ignition.cli import prepare_core
 
-    directory = tmp_path_factory.mktemp("speculative-core")
-    target = directory / "speculative.core"
-    prepare_core("smollm2-135m-instruct", target, engine_test_options(speculative_variants=VARIANTS),
+    directory = tmp_path_factory.mktemp(name)
+    target = directory / f"{name}.core"
+    prepare_core("smollm2-135m-instruct", target, engine_test_options(speculative_variants=variants),
                  key_path=str(directory / "publisher.pem"), kernels=False)
     return target
+
+
+@pytest.fixture(scope="module")
+def speculative_core(tmp_path_factory: pytest.TempPathFactory):
+    return _core(tmp_path_factory, "speculative", VARIANTS)
 
 
 @pytest.fixture(scope="module")
 def adaptive_core(tmp_path_factory: pytest.TempPathFactory):
-    from ignition.cli import prepare_core
-
-    directory = tmp_path_factory.mktemp("adaptive-core")
-    target = directory / "adaptive.core"
-    prepare_core("smollm2-135m-instruct", target, engine_test_options(speculative_variants=ADAPTIVE),
-                 key_path=str(directory / "publisher.pem"), kernels=False)
-    return target
+    return _core(tmp_path_factory, "adaptive", ADAPTIVE)
 
 
 class Recorder:
@@ -72,9 +70,8 @@ class Recorder:
         return False
 
 
-def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs: bool = False,
-                **options) -> tuple[list[Recorder], list[str]]:
-    """Serve `specs` at once (one batch); each request's recorder and the programs launched."""
+def _started(core, **options):  # type: ignore[no-untyped-def]
+    """An Engine on `core` whose executor records the programs it launches."""
     # the fixed cost model: width choices that do not depend on how fast this machine runs
     runtime = Engine.start(StartupOptions(core, ACCEPTANCE, speculative_row_cost=0.05, **options))
     launched: list[str] = []
@@ -85,6 +82,13 @@ def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs
         return launch(program, frame)
 
     runtime.model.executor.launch = recording_launch  # type: ignore[method-assign]
+    return runtime, launched
+
+
+def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs: bool = False,
+                **options) -> tuple[list[Recorder], list[str]]:
+    """Serve `specs` at once (one batch); each request's recorder and the programs launched."""
+    runtime, launched = _started(core, **options)
     senders = [Recorder() for _ in specs]
     try:
         for serial, (spec, sender) in enumerate(zip(specs, senders), start=1):
@@ -100,15 +104,7 @@ def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs
 
 
 def _serve(core, spec: RequestSpec | None = None, **options) -> tuple[list[int], list[str], type]:
-    runtime = Engine.start(StartupOptions(core, ACCEPTANCE, speculative_row_cost=0.05, **options))
-    launched: list[str] = []
-    launch = runtime.model.executor.launch
-
-    def recording_launch(program, frame):  # type: ignore[no-untyped-def]
-        launched.append(program)
-        return launch(program, frame)
-
-    runtime.model.executor.launch = recording_launch  # type: ignore[method-assign]
+    runtime, launched = _started(core, **options)
     sender = Sender()
     try:
         runtime.add_request(spec or RequestSpec(REPEATING, 12, SamplingSettings()), Stream(1, sender))
