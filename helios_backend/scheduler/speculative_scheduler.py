@@ -21,6 +21,7 @@ cancelled lane publishes nothing and retires at this fence, SPEC-51) stay in one
 from __future__ import annotations
 
 import time
+from typing import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +29,7 @@ from helios_proto import contract_pb2 as cp
 
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission, Variant
-from helios_backend.scheduler.request import Request, RequestState
+from helios_backend.scheduler.request import Grammar, Request, RequestSpec, RequestState
 from helios_backend.scheduler.scheduler import Scheduler, StopFactory
 from helios_backend.scheduler.speculative import (
     Candidate,
@@ -37,7 +38,13 @@ from helios_backend.scheduler.speculative import (
     SpeculativeRound,
     SpeculativeTable,
 )
-from helios_backend.scheduler.speculative_width import DraftAcceptance, RoundCosts, WidthPolicy, expected_tokens
+from helios_backend.scheduler.speculative_width import (
+    QUIET_ROUNDS,
+    DraftAcceptance,
+    RoundCosts,
+    WidthPolicy,
+    expected_tokens,
+)
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.errors import ConfigurationError
 from helios_backend.scheduler.generations import SlotGenerations
@@ -82,6 +89,30 @@ class SpeculativeScheduler(Scheduler):
         self.costs = RoundCosts()
         self._planned: dict[int, int] = {}                    # id(submission) -> perf_counter_ns planned
         self._last_complete = 0
+        # DECODE rounds left before drafting is weighed again: a round that found it not worth it
+        # fades the lanes' evidence for QUIET_ROUNDS rounds at once and skips the per-lane work of
+        # the next ones (the steady decode loop pays one counter per round); a new request ends it
+        self._quiet = 0
+
+    def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
+        req = super().add(serial, spec, grammar)
+        self._quiet = 0                          # a request never observed: weigh drafting next round
+        return req
+
+    def _weighed(self, lanes: Sequence[Lane]) -> tuple[list[DraftAcceptance], list[int]] | None:
+        """The lanes' acceptance and draft limits when drafting may pay this round; else None
+        (and the quiet window starts)."""
+        if self._quiet:
+            self._quiet -= 1
+            return None
+        acceptance = [self._acceptance_of(lane.request.serial) for lane in lanes]
+        limits = [0 if self._plain_only(lane.request) else a.draft_limit(self.policy)
+                  for lane, a in zip(lanes, acceptance)]
+        if self._may_pay(acceptance, limits):
+            return acceptance, limits
+        self._idle(acceptance, QUIET_ROUNDS)
+        self._quiet = QUIET_ROUNDS - 1
+        return None
 
     def schedule(self) -> RoundPlan | None:
         plan = self._speculative_schedule()
@@ -100,11 +131,10 @@ class SpeculativeScheduler(Scheduler):
             return plan
         if any(lane.tokens != [PENDING_TOKEN] for lane in main.lanes):
             return plan
-        acceptance = [self._acceptance_of(lane.request.serial) for lane in main.lanes]
-        limits = [a.draft_limit(self.policy) for a in acceptance]
-        if not self._may_pay(acceptance, limits):     # plain decode, no history lookup
-            self._idle(acceptance)
+        weighed = self._weighed(main.lanes)
+        if weighed is None:                      # plain decode, no history lookup
             return plan
+        acceptance, limits = weighed
         candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
         if any(c.constrained or c.host_stops for c in candidates):
             return plan
@@ -136,12 +166,10 @@ class SpeculativeScheduler(Scheduler):
     def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
         """Behind a DECODE round whose requests may profit from drafting, nothing: the next round
         needs the completed history to copy from (completion feedback, SPEC-47). Otherwise the
-        base scheduler's pipelined decode, and the requests' drafting evidence fades a round."""
-        if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE:
-            acceptance = [self._acceptance_of(lane.request.serial) for lane in plan.main.lanes]
-            if self._may_pay(acceptance, [a.draft_limit(self.policy) for a in acceptance]):
-                return None
-            self._idle(acceptance)
+        base scheduler's pipelined decode (the requests' drafting evidence fades, _weighed)."""
+        if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE \
+                and self._weighed(plan.main.lanes) is not None:
+            return None
         nxt = super().pipeline_next(plan)
         if nxt is not None:
             self._planned[id(nxt.main)] = time.perf_counter_ns()
@@ -170,6 +198,12 @@ class SpeculativeScheduler(Scheduler):
         decode = self.variants.fit(cp.OPERATION_DECODE, lanes, lanes)
         return None if decode is None else self.costs.ratio(program, decode.program)
 
+    def _plain_only(self, req: Request) -> bool:
+        """A request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
+        host stops (width one with completion feedback, SPEC-44..46; see _candidate)."""
+        spec = req.spec
+        return req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in self._stops
+
     def _acceptance_of(self, serial: int) -> DraftAcceptance:
         found = self._acceptance.get(serial)
         if found is None:
@@ -178,9 +212,9 @@ class SpeculativeScheduler(Scheduler):
             found = self._acceptance[serial] = DraftAcceptance()
         return found
 
-    def _idle(self, acceptance: list[DraftAcceptance]) -> None:
+    def _idle(self, acceptance: list[DraftAcceptance], rounds: int = 1) -> None:
         for a in acceptance:
-            a.idle(self.policy)
+            a.idle(self.policy, rounds)
 
     def _candidate(self, lane: Lane, draft_limit: int) -> Candidate:
         req = lane.request

@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# rounds a "not worth it" verdict holds before drafting is weighed again (new requests end it)
+QUIET_ROUNDS = 8
 PRIOR_SUCCESSES = 1.0
 PRIOR_FAILURES = 1.0
 
@@ -116,7 +118,8 @@ class DraftAcceptance:
         for completion feedback and decodes on the pipelined path."""
         self.observe(policy, 1, 0)
 
-    def idle(self, policy: WidthPolicy) -> None:
-        """A round that offered this request nothing: its evidence fades toward the prior."""
-        self.successes *= policy.fade
-        self.failures *= policy.fade
+    def idle(self, policy: WidthPolicy, rounds: int = 1) -> None:
+        """`rounds` rounds that offered this request nothing: its evidence fades toward the prior."""
+        kept = policy.fade ** rounds
+        self.successes *= kept
+        self.failures *= kept
