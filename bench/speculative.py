@@ -14,7 +14,8 @@ has little to offer and the adaptive width must fall back to plain decode.
 Per (path, workload, batch) the same greedy requests run twice, history drafting off and on,
 each in a fresh engine (or helios-serve) on the same core:
   engine   the serving runtime without Triton (helios_backend/engine/engine.Engine): `batch`
-           requests at a time (max_active = batch), at least --min-requests in all; tokens/s
+           requests at a time (max_active = batch), at least --min-requests in all, --repeats
+           runs per mode alternating plain and drafted (medians reported); tokens/s
            = generated tokens after each request's first / (last token - first first token),
            from the scheduler's own token timestamps; acceptance from the SpeculativeScheduler's
            counters (accepted / offered proposals; mean accepted length = accepted drafts per
@@ -227,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-requests", type=int, default=4,
                         help="requests per run at least (a batch of B runs max(B, this))")
     parser.add_argument("--served-requests", type=int, default=8, help="requests of the served TPOT runs")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="engine runs per mode, alternating plain and drafted; medians are reported")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     processor = "gpu" if args.executor == "cuda" else "cpu"
@@ -267,10 +270,17 @@ def main(argv: list[str] | None = None) -> None:
         if "engine" in args.paths:
             for batch in batches:
                 count = min(len(ids), max(batch, args.min_requests))
-                plain = engine_run(core, args, ids[:count], batch, drafting=False)
-                drafted = engine_run(core, args, ids[:count], batch, drafting=True)
-                rows.append(row(args, "engine", workload, batch, count, plain.tokens_per_s, drafted.tokens_per_s,
-                                plain.tokens == drafted.tokens, drafted))
+                plains, drafts = [], []
+                for _ in range(args.repeats):        # alternating: drift of a shared machine hits both
+                    plains.append(engine_run(core, args, ids[:count], batch, drafting=False))
+                    drafts.append(engine_run(core, args, ids[:count], batch, drafting=True))
+                plain_tps = statistics.median(r.tokens_per_s for r in plains)
+                drafted_tps = statistics.median(r.tokens_per_s for r in drafts)
+                identical = all(r.tokens == plains[0].tokens for r in plains + drafts)
+                rows.append(row(args, "engine", workload, batch, count, plain_tps, drafted_tps, identical, drafts[0])
+                            | {"repeats": args.repeats,
+                               "plain_runs_tokens_per_s": [round(r.tokens_per_s, 2) for r in plains],
+                               "drafted_runs_tokens_per_s": [round(r.tokens_per_s, 2) for r in drafts]})
                 print(json.dumps(rows[-1]), flush=True)
                 result.write_text(json.dumps({"rows": rows}, indent=1))
         if "served" in args.paths:
