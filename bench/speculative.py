@@ -16,8 +16,9 @@ each in a fresh engine (or helios-serve) on the same core:
   engine   the serving runtime without Triton (helios_backend/engine/engine.Engine): `batch`
            requests at a time (max_active = batch), at least --min-requests in all, --repeats
            runs per mode alternating plain and drafted (medians reported); tokens/s
-           = generated tokens after each request's first / (last token - first first token),
-           from the scheduler's own token timestamps; acceptance from the SpeculativeScheduler's
+           = lanes decoding at once / the median over requests of (last token - first token)
+           / (tokens - 1), from the scheduler's own token timestamps (prompt processing and
+           admission order stay out); acceptance from the SpeculativeScheduler's
            counters (accepted / offered proposals; mean accepted length = accepted drafts per
            speculative lane-round)
   served   helios-serve and its gateway, one client, streamed chat completions with
@@ -132,10 +133,11 @@ def engine_run(core: pathlib.Path, args: argparse.Namespace, prompts: Sequence[t
         counters = runtime.scheduler.drafting if isinstance(runtime.scheduler, SpeculativeScheduler) else None
     finally:
         runtime.stop(drain=True)
-    timed = [c for c in collectors if len(c.stamps) >= 2]
-    span_ns = max(c.stamps[-1] for c in timed) - min(c.stamps[0] for c in timed) if timed else 0
-    generated = sum(len(c.stamps) - 1 for c in timed)
-    run = EngineRun([c.tokens for c in collectors], generated / (span_ns / 1e9) if span_ns else 0.0)
+    # per request, seconds per output token after its first (prompt processing and the order of
+    # admission stay out); `batch` lanes decode at once
+    tpots = [(c.stamps[-1] - c.stamps[0]) / 1e9 / (len(c.stamps) - 1) for c in collectors if len(c.stamps) >= 2]
+    lanes = min(batch, len(collectors))
+    run = EngineRun([c.tokens for c in collectors], lanes / statistics.median(tpots) if tpots else 0.0)
     if counters is not None:
         run.offered, run.accepted, run.lanes, run.rounds = (counters.offered, counters.accepted, counters.lanes,
                                                             counters.rounds)
