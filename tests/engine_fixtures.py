@@ -38,7 +38,8 @@ def engine_test_options(**overrides):
 
     base = RecipeOptions(context_tokens=512, decode_rows=(1, 2, 4), prefill_variants=((1, 16), (1, 64), (2, 64)),
                          mixed_variants=((2, 17),), admission_rows=(1, 2), restoration_rows=(1, 2),
-                         snapshot_rows=4, prepared_pages=96)
+                         snapshot_rows=4, prepared_pages=96,
+                         speculative_widths=())   # lean: tests that need SPECULATIVE programs declare them
     return dataclasses.replace(base, **overrides)
 
 

@@ -66,7 +66,8 @@ def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     options = dataclasses.replace(
         recipe.RecipeOptions(), gguf_path=str(gguf), context_tokens=512, prepared_pages=CACHE_PAGES,
         decode_rows=(1, 2, 8), prefill_variants=((1, 16), (1, 64), (2, 64)), mixed_variants=((2, 17),),
-        admission_rows=(1, 2), resume_rows=(1,), restoration_rows=(1,), snapshot_rows=4, top_logprobs=4)
+        admission_rows=(1, 2), resume_rows=(1,), restoration_rows=(1,), snapshot_rows=4, top_logprobs=4,
+        speculative_widths=())
     return prepare(recipe, options)
 
 

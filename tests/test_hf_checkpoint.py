@@ -59,7 +59,8 @@ def test_a_checkpoint_directory_prepares_a_core_matching_the_oracle(checkpoint) 
     options = tiny_options(twin)
     prepared = prepare(recipe, recipe.RecipeOptions(**{f: getattr(options, f) for f in (
         "context_tokens", "decode_rows", "prefill_variants", "mixed_variants", "admission_rows", "resume_rows",
-        "scored_prefill_variants", "snapshot_rows", "restoration_rows", "prepared_pages", "top_logprobs")}))
+        "scored_prefill_variants", "snapshot_rows", "restoration_rows", "prepared_pages", "top_logprobs",
+        "speculative_widths")}))
     contract = prepared.contract
     assert contract.served_id == f"tiny-{family}"
     assert tuple(contract.defaults.eos_token_ids) == (268, 266)

@@ -38,7 +38,7 @@ TOKENIZER_IDS = len(tiny_vocabulary()[0])      # 271
 def _options(recipe, **overrides):
     base = dict(context_tokens=256, decode_rows=(1, 2), prefill_variants=((1, 8), (1, 32)), mixed_variants=((2, 9),),
                 admission_rows=(1, 2), resume_rows=(1,), scored_prefill_variants=((1, 8),), snapshot_rows=2,
-                restoration_rows=(1,), prepared_pages=48, top_logprobs=4)
+                restoration_rows=(1,), prepared_pages=48, top_logprobs=4, speculative_widths=())
     return recipe.RecipeOptions(**(base | overrides))
 
 

@@ -43,7 +43,7 @@ def tiny_config(family: str, shape: TinyShape = TinyShape()) -> dict:
 def tiny_layout_options(recipe, **overrides):
     return recipe.RecipeOptions(context_tokens=256, decode_rows=(1, 2), prefill_variants=((1, 8), (1, 32)),
                                 mixed_variants=((2, 9),), admission_rows=(1, 2), resume_rows=(1,),
-                                scored_prefill_variants=(), snapshot_rows=0, prepared_pages=48, top_logprobs=4,
+                                scored_prefill_variants=(), snapshot_rows=0, prepared_pages=48, top_logprobs=4, speculative_widths=(),
                                 **overrides)
 
 

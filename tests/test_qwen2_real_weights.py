@@ -38,7 +38,8 @@ def prepare_real_core(size: ModuleType, directory: pathlib.Path, decode_rows: tu
     options = dataclasses.replace(size.RecipeOptions(), context_tokens=2048, decode_rows=decode_rows,
                                   prefill_variants=((1, 64), (1, 512)), mixed_variants=((max(decode_rows), 68),),
                                   admission_rows=(1, max(decode_rows)), resume_rows=(1, max(decode_rows)),
-                                  snapshot_rows=4, restoration_rows=(1,), prepared_pages=256)
+                                  snapshot_rows=4, restoration_rows=(1,), prepared_pages=256,
+                                  speculative_widths=())
     out = directory / "qwen2.core"
     prepare_core(size.NAME, out, options, key_path=str(directory / "key.pem"), kernels=False)
     return out

@@ -84,7 +84,7 @@ def test_the_engine_agrees_with_the_independent_oracle_on_a_fixed_text(recipe, p
     options = dataclasses.replace(recipe.RecipeOptions(), context_tokens=1024, decode_rows=(1,),
                                   prefill_variants=((1, 1), (1, 64)), mixed_variants=(), admission_rows=(1,),
                                   resume_rows=(1,), scored_prefill_variants=(), snapshot_rows=0,
-                                  restoration_rows=(), prepared_pages=128)
+                                  restoration_rows=(), prepared_pages=128, speculative_widths=())
     prepared = prepare(recipe, options)
     read = resource_reader(prepared)
     tokenizer = FrontendTokenizer.from_json(read("tokenizer.json").decode())

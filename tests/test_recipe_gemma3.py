@@ -36,7 +36,7 @@ def tiny_options(path: pathlib.Path, **overrides) -> recipe.RecipeOptions:
     base = recipe.RecipeOptions(gguf_path=str(path), context_tokens=256, decode_rows=(1, 2),
                                 prefill_variants=((1, 1), (1, 32)), mixed_variants=((2, 9),), admission_rows=(1, 2),
                                 resume_rows=(1,), scored_prefill_variants=((1, 8),), snapshot_rows=2,
-                                restoration_rows=(1,), prepared_pages=48, top_logprobs=4)
+                                restoration_rows=(1,), prepared_pages=48, top_logprobs=4, speculative_widths=())
     return dataclasses.replace(base, **overrides)
 
 

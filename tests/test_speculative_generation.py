@@ -20,6 +20,7 @@ from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
 from helios_backend.scheduler.errors import CompletionMismatch
+from helios_backend.kernel_abi.speculative import extension_words
 from helios_backend.scheduler.speculative import (
     SpeculativeLane,
     SpeculativeOptions,
@@ -91,11 +92,27 @@ def test_one_complete_program_and_decode_stays_one_token(prepared):
     operations = {g.operation for g in prepared.contract.model.graphs}
     assert operations <= {C.OPERATION_INITIALIZATION, C.OPERATION_PREFILL, C.OPERATION_DECODE, C.OPERATION_MIXED,
                           C.OPERATION_RESTORATION, C.OPERATION_SPECULATIVE,
-                          C.OPERATION_RESUME}                                 # no proposal/verify-only programs
+                          C.OPERATION_RESUME, C.OPERATION_SCORED_PREFILL}     # no proposal/verify-only programs
     for name, program in programs.items():
         if name.startswith("decode."):
             assert "speculative.verify_commit.v1" not in {n.kernel for n in program.nodes}
             assert program.capacity.rows == program.capacity.tokens
+
+
+def test_a_speculative_core_keeps_logprobs_and_scored_prefill(prepared):
+    # spec: SPEC-40
+    # the speculative extension records come right after the standard records (the kernels fix
+    # that offset); the logprob records and the scores follow them, declared by the layout
+    layout = prepared.manifest.completion
+    header = {f.name: f for f in layout.header}
+    widest = max(g.speculative.token_capacity for g in prepared.contract.model.graphs
+                 if g.operation == C.OPERATION_SPECULATIVE)
+    extension_end = layout.header_words + layout.rows * (layout.row_words + extension_words(widest))
+    assert header["logprob_records"].word == extension_end
+    assert header["scores"].word == extension_end + header["logprob_records"].words
+    assert "logprob" in {f.name for f in layout.row}
+    assert any(g.operation == C.OPERATION_SCORED_PREFILL for g in prepared.contract.model.graphs)
+    assert prepared.manifest.transport.completion_nbytes >= 4 * (header["scores"].word + header["scores"].words)
 
 
 def test_width_one_binds_no_proposals(prepared):

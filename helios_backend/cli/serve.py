@@ -131,8 +131,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None,
                    help="model repository and backend dir (default: a temporary one, removed on exit)")
     p.add_argument("--history-drafting", action=argparse.BooleanOptionalAction, default=None,
-                   help="draft speculative tokens from the request's own history; needs a speculative core "
-                        "and a width above 1 (default: off)")
+                   help="speculative generation with drafts copied from each request's own prompt and "
+                        "output (prompt lookup): up to 7 copied tokens verified per step, the width chosen "
+                        "per request from observed acceptance, plain decode where copies are not accepted; "
+                        "pays for code edits, quoting and rewriting at low batch (docs/speculative.md); "
+                        "needs a core with SPECULATIVE programs (the shipped recipes record them) "
+                        "(default: off)")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the scheduler and the executor in a process of their own, outside the "
                         "Triton stub's GIL (default: on)")

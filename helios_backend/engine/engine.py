@@ -36,6 +36,7 @@ from helios_backend.scheduler.request import RequestSpec
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative import SpeculativeOptions, SpeculativeTable
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import WidthPolicy
 from helios_backend.scheduler.variants import VariantTable
 from helios_backend.engine.assets import frontend_assets
 from helios_backend.engine.faults import FaultTrigger, FaultyRunner
@@ -103,12 +104,13 @@ class EngineParts:
             decoder = tokenizer.incremental_decoder() if spec.stops.strings else None
             return HostStopCheck(spec.stops, decoder)
 
-        # Speculation is a startup choice (SRV-11): rounds go speculative only when the selected
-        # width exceeds one and the core captured SPECULATIVE programs of those widths.
+        # Speculation is a startup choice (SRV-11): rounds go speculative only when history drafting
+        # (the one drafter) is on, the selected width exceeds one and the core captured SPECULATIVE
+        # programs of those widths; otherwise the plain scheduler serves (no per-round drafting work).
         captured_widths = sorted({g.speculative.token_capacity for g in model.graphs
                                   if g.operation == cp.OPERATION_SPECULATIVE})
         speculative_options = SpeculativeOptions(
-            enabled=settings.speculative_width > 1 and bool(captured_widths),
+            enabled=settings.history_drafting and settings.speculative_width > 1 and bool(captured_widths),
             history_drafting=settings.history_drafting,
             widths=tuple(w for w in captured_widths if w <= settings.speculative_width) or None)
         table = _stage("speculative selection", lambda: SpeculativeTable.select(model.graphs, speculative_options))
@@ -117,8 +119,11 @@ class EngineParts:
         auxiliary_frame = executor.frames if executor.auxiliary_frames else None   # the first one after them
         scheduler: Scheduler
         if table.active:
+            drafts = max(p.lane_limit for p in table.programs) - 1
+            policy = (WidthPolicy(drafts) if settings.speculative_row_cost is None
+                      else WidthPolicy(drafts, row_cost=settings.speculative_row_cost, measured=False))
             scheduler = _stage("scheduler", lambda: SpeculativeScheduler(config, variants, table, stop_factory,
-                                                                          model.generations))
+                                                                          model.generations, policy))
             speculative = SpeculativeProgramRunner.for_model(model, auxiliary_frame=auxiliary_frame)
             speculative.max_width = table.max_width
             runner: ProgramRunner = speculative

@@ -45,6 +45,9 @@ class StartupOptions:
     concurrency: int | None = None
     speculative_width: int | None = None
     history_drafting: bool | None = None
+    # history drafting's cost of one verified row per lane, in DECODE steps (a fixed cost model:
+    # reproducible width choices); None: measured per program while serving (speculative_width.py)
+    speculative_row_cost: float | None = None
     queue_capacity: int | None = None
     max_active: int | None = None
     event_capacity: int | None = None
@@ -100,6 +103,8 @@ class StartupOptions:
         for index, name in enumerate(self.served_model_names):
             if not name.strip() or name != name.strip():
                 raise SettingsError("served_model_names", f"[{index}] {name!r} is empty or has surrounding spaces")
+        if self.speculative_row_cost is not None and self.speculative_row_cost < 0:
+            raise SettingsError("speculative_row_cost", f"cannot be negative, got {self.speculative_row_cost}")
         if self.cache_memory_share is not None and not 0.0 < self.cache_memory_share <= 1.0:
             raise SettingsError("cache_memory_share", f"must lie in (0, 1], got {self.cache_memory_share}")
 
@@ -131,7 +136,7 @@ def _parse(name: str, raw: str) -> object:
             if raw.lower() not in ("true", "false"):
                 raise ValueError(raw)
             return raw.lower() == "true"
-        if name in ("cache_memory_share", "rank_timeout", "rank_join_timeout"):
+        if name in ("cache_memory_share", "rank_timeout", "rank_join_timeout", "speculative_row_cost"):
             return float(raw)
         if name == "served_model_names":
             names = json.loads(raw)
@@ -172,6 +177,7 @@ class EffectiveSettings:
     history_drafting: bool
     admission_burst: int
     aliases: tuple[str, ...]    # every model id besides the served id: the core's, then the startup ones
+    speculative_row_cost: float | None = None     # None: measured (StartupOptions says why)
 
 
 T = TypeVar("T")
@@ -229,7 +235,8 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         cache_memory_share=float(pick("cache_memory_share")),
         concurrency=concurrency, speculative_width=width, history_drafting=drafting,
         admission_burst=options.admission_burst or BUILT_IN.admission_burst,
-        aliases=served_aliases(contract, options.served_model_names))
+        aliases=served_aliases(contract, options.served_model_names),
+        speculative_row_cost=options.speculative_row_cost)
 
 
 def served_aliases(contract: cp.ServingContract, startup_names: tuple[str, ...]) -> tuple[str, ...]:

@@ -9,7 +9,9 @@ plus optional fields a layout may declare (frame, status, accepted, logprob, top
 fields are found by name, so the word order is the manifest's business. Row fields whose
 word index is at or past row_words live in the row's extension record: extension records
 of (largest field end - row_words) words follow the capacity standard records (the logprob
-records of sampling.logprobs.v1, kernel_abi/logprobs.py).
+records of sampling.logprobs.v1, kernel_abi/logprobs.py), or start at the word of the header
+field `logprob_records` where a layout declares one (speculative cores: their own extension
+records, scheduler/speculative.py, come first).
 
 The scheduler trusts nothing in them: before any lane is retired it checks the
 sequence and frame (submission order, CACHE-16), the row count, and per row the slot
@@ -34,7 +36,8 @@ from helios_backend.scheduler.plan import Submission
 
 # Role -> accepted layout names (first present wins). Required roles must be declared.
 HEADER_NAMES = {"sequence": ("sequence",), "live_rows": ("live_rows", "rows"),
-                "frame": ("frame",), "status": ("status",), "operation": ("operation",)}
+                "frame": ("frame",), "status": ("status",), "operation": ("operation",),
+                "logprob_records": ("logprob_records",)}
 REQUIRED_HEADER = ("sequence", "live_rows")
 ROW_NAMES = {"slot": ("slot",), "generation": ("generation",), "token": ("token",),
              "consumed": ("consumed", "consumed_tokens"), "emitted": ("emitted",),
@@ -83,11 +86,17 @@ class CompletionFormat:
         body = words[self.header_words:self.header_words + n * self.row_words].reshape(n, self.row_words)
         if not self.extension_words:
             return body
-        base = self.header_words + self.capacity * self.row_words
+        base = self.extension_base
         if words.size < base + n * self.extension_words:
             raise CompletionMismatch(f"completion of {words.size} words lacks the extension records")
         ext = words[base:base + n * self.extension_words].reshape(n, self.extension_words)
         return np.concatenate([body, ext], axis=1)
+
+    @property
+    def extension_base(self) -> int:
+        """First word of the row extension records: right after the capacity standard records,
+        unless the layout declares them later (after a speculative core's own extension records)."""
+        return self.header.get("logprob_records", self.header_words + self.capacity * self.row_words)
 
     @property
     def nwords(self) -> int:

@@ -173,6 +173,7 @@ class Candidate:
     device_pending: bool = True         # the slot holds history[-1] as its device-owned pending token
     constrained: bool = False
     host_stops: bool = False
+    draft_limit: int | None = None      # proposals worth offering (adaptive width); None: as many as fit
 
 
 @dataclass
@@ -265,7 +266,8 @@ def lane_ceiling(program: SpeculativeProgram, candidate: Candidate) -> int:
 def plan_round(table: SpeculativeTable, candidates: Sequence[Candidate]) -> SpeculativeRound | None:
     """Choose the cohort and the program from completed observations (SPEC-15), before any
     proposal is generated on the device. Candidates with a round in flight are skipped.
-    Constrained, host-stop and host-fed lanes get no proposals (they need width one).
+    Constrained, host-stop and host-fed lanes get no proposals (they need width one); a lane gets
+    at most its `draft_limit` (the adaptive width, scheduler/speculative_width.py).
     The smallest program whose lane limit covers the longest useful draft is taken. QUERY_LENGTH:
     lane lengths are trimmed, longest lane first, until they fit P (exact lengths, SPEC-17);
     SPECULATIVE_PREFIX_LIMIT: the ceilings are submitted as they are (SPEC-18..20)."""
@@ -277,6 +279,8 @@ def plan_round(table: SpeculativeTable, candidates: Sequence[Candidate]) -> Spec
     for c in ready:
         eligible = history_on and c.device_pending and not c.constrained and not c.host_stops
         limit = min(table.max_width, c.output_left, c.context_left) - 1
+        if c.draft_limit is not None:
+            limit = min(limit, c.draft_limit)
         wanted.append(propose(c.history, limit) if eligible else [])
     need = 1 + max(len(w) for w in wanted)
     fitting = [p for p in table.programs if p.rows >= len(ready)]

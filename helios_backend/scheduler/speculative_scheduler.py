@@ -6,9 +6,12 @@
 A round that the base scheduler planned as plain DECODE (every lane reads its device-owned
 pending token, nothing to restore or initialize) becomes a SPECULATIVE round when every lane may
 carry proposals (no grammar, no host stops: those need width one and feedback, SPEC-44..49; no
-logit bias: the speculative programs have no logit-bias input) and
-history drafting found at least one: the cohort is the DECODE cohort, chosen from completed
-observations (SPEC-15); pages are reserved for each lane's full ceiling (SPEC-21).
+logit bias or logprobs: the speculative programs have no logit-bias input and write no logprob
+records), history drafting found at least one, and the adaptive width policy expects the round
+to beat DECODE (scheduler/speculative_width.py: each lane is offered as many proposals as its
+decaying acceptance makes worth it; none at all means plain DECODE without a history lookup).
+The cohort is the DECODE cohort, chosen from completed observations (SPEC-15); pages are
+reserved for each lane's full ceiling (SPEC-21).
 
 Completion: the runner validates the whole completion first (validate_completion, SPEC-40..42);
 then each emitted token goes through the base scheduler's own completion path, one token at a
@@ -17,6 +20,8 @@ cancelled lane publishes nothing and retires at this fence, SPEC-51) stay in one
 """
 from __future__ import annotations
 
+import time
+from typing import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,13 +29,21 @@ from helios_proto import contract_pb2 as cp
 
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission, Variant
-from helios_backend.scheduler.request import Request, RequestState
+from helios_backend.scheduler.request import Grammar, Request, RequestSpec, RequestState
 from helios_backend.scheduler.scheduler import Scheduler, StopFactory
 from helios_backend.scheduler.speculative import (
     Candidate,
     LaneOutcome,
+    SpeculativeProgram,
     SpeculativeRound,
     SpeculativeTable,
+)
+from helios_backend.scheduler.speculative_width import (
+    QUIET_ROUNDS,
+    DraftAcceptance,
+    RoundCosts,
+    WidthPolicy,
+    expected_tokens,
 )
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.errors import ConfigurationError
@@ -47,6 +60,16 @@ class ScheduledSpeculativeLane(Lane):
 
 
 @dataclass
+class DraftingCounters:
+    """Totals of the validated speculative lanes (benchmarks read them; no per-round cost)."""
+    rounds: int = 0                 # SPECULATIVE rounds completed
+    lanes: int = 0                  # lanes of those rounds
+    offered: int = 0                # copied proposals verified
+    accepted: int = 0               # of them accepted
+    emitted: int = 0                # tokens those lanes emitted
+
+
+@dataclass
 class SpeculativeRows(CompletionRows):
     """Validated rows of a SPECULATIVE submission: one outcome per lane."""
     outcomes: list[LaneOutcome] = field(default_factory=list)
@@ -54,11 +77,52 @@ class SpeculativeRows(CompletionRows):
 
 class SpeculativeScheduler(Scheduler):
     def __init__(self, config: SchedulerConfig, variants: VariantTable, table: SpeculativeTable,
-                 stop_factory: StopFactory | None = None, generations: SlotGenerations | None = None) -> None:
+                 stop_factory: StopFactory | None = None, generations: SlotGenerations | None = None,
+                 policy: WidthPolicy | None = None) -> None:
         super().__init__(config, variants, stop_factory, generations)
         self.speculative = table
+        self.policy = policy or WidthPolicy(max_drafts=max((p.lane_limit for p in table.programs), default=1) - 1)
+        self._acceptance: dict[int, DraftAcceptance] = {}    # request serial -> its acceptance evidence
+        self.drafting = DraftingCounters()
+        # measured seconds per round by program: planned (or previous completion, whichever is
+        # later) to completion, so idle time between requests is never counted
+        self.costs = RoundCosts()
+        self._planned: dict[int, int] = {}                    # id(submission) -> perf_counter_ns planned
+        self._last_complete = 0
+        # DECODE rounds left before drafting is weighed again: a round that found it not worth it
+        # fades the lanes' evidence for QUIET_ROUNDS rounds at once and skips the per-lane work of
+        # the next ones (the steady decode loop pays one counter per round); a new request ends it
+        self._quiet = 0
+
+    def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
+        req = super().add(serial, spec, grammar)
+        self._quiet = 0                          # a request never observed: weigh drafting next round
+        return req
+
+    def _weighed(self, lanes: Sequence[Lane]) -> tuple[list[DraftAcceptance], list[int]] | None:
+        """The lanes' acceptance and draft limits when drafting may pay this round; else None
+        (and the quiet window starts)."""
+        if self._quiet:
+            self._quiet -= 1
+            return None
+        acceptance = [self._acceptance_of(lane.request.serial) for lane in lanes]
+        limits = [0 if self._plain_only(lane.request) else a.draft_limit(self.policy)
+                  for lane, a in zip(lanes, acceptance)]
+        if self._may_pay(acceptance, limits):
+            return acceptance, limits
+        self._idle(acceptance, QUIET_ROUNDS)
+        self._quiet = QUIET_ROUNDS - 1
+        return None
 
     def schedule(self) -> RoundPlan | None:
+        plan = self._speculative_schedule()
+        if plan is not None:
+            if len(self._planned) > 8:          # rounds that never completed (a failed launch)
+                self._planned.clear()
+            self._planned[id(plan.main)] = time.perf_counter_ns()
+        return plan
+
+    def _speculative_schedule(self) -> RoundPlan | None:
         plan = super().schedule()
         if plan is None or not self.speculative.active:
             return plan
@@ -67,11 +131,25 @@ class SpeculativeScheduler(Scheduler):
             return plan
         if any(lane.tokens != [PENDING_TOKEN] for lane in main.lanes):
             return plan
-        candidates = [self._candidate(lane) for lane in main.lanes]
+        weighed = self._weighed(main.lanes)
+        if weighed is None:                      # plain decode, no history lookup
+            return plan
+        acceptance, limits = weighed
+        candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
         if any(c.constrained or c.host_stops for c in candidates):
             return plan
         round_ = self.speculative.plan(candidates)
-        if round_ is None or len(round_.lanes) != len(main.lanes) or not any(l.proposals for l in round_.lanes):
+        if round_ is None or len(round_.lanes) != len(main.lanes):
+            self._idle(acceptance)
+            return plan
+        for a, limit, lane in zip(acceptance, limits, round_.lanes):
+            if limit and not lane.proposals:
+                a.miss(self.policy)
+        expected = sum(expected_tokens(a.rate, lane.length) for a, lane in zip(acceptance, round_.lanes))
+        if not any(lane.proposals for lane in round_.lanes) or \
+                not self.policy.worth(expected, len(round_.lanes), round_.program.width,
+                                      self._ratio(round_.program.program, len(round_.lanes))):
+            self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
         for lane in round_.lanes:
             if not self._reserve_pages(self._by_serial[lane.candidate.key], lane.reserve_end):
@@ -85,18 +163,80 @@ class SpeculativeScheduler(Scheduler):
         self.counters.launched(cp.OPERATION_SPECULATIVE)
         return plan
 
-    def _candidate(self, lane: Lane) -> Candidate:
+    def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
+        """Behind a DECODE round whose requests may profit from drafting, nothing: the next round
+        needs the completed history to copy from (completion feedback, SPEC-47). Otherwise the
+        base scheduler's pipelined decode (the requests' drafting evidence fades, _weighed)."""
+        if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE \
+                and self._weighed(plan.main.lanes) is not None:
+            return None
+        nxt = super().pipeline_next(plan)
+        if nxt is not None:
+            self._planned[id(nxt.main)] = time.perf_counter_ns()
+        return nxt
+
+    def _may_pay(self, acceptance: list[DraftAcceptance], limits: list[int]) -> bool:
+        """Whether a round offering each lane its full draft limit would beat DECODE (before any
+        history lookup: lanes whose lookup finds less only lower the gain)."""
+        longest = max(limits, default=0)
+        if not longest:
+            return False
+        program = self._program_for(len(limits), 1 + longest)
+        if program is None:
+            return False
+        expected = sum(expected_tokens(a.rate, 1 + limit) for a, limit in zip(acceptance, limits))
+        return self.policy.worth(expected, len(limits), program.width, self._ratio(program.program, len(limits)))
+
+    def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
+        """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
+        fitting = [p for p in self.speculative.programs if p.rows >= lanes]
+        useful = [p for p in fitting if p.lane_limit >= rows] or fitting[-1:]
+        return min(useful, key=lambda p: (p.width, p.packed, p.rows)) if useful else None
+
+    def _ratio(self, program: str, lanes: int) -> float | None:
+        """`program`'s measured cost in DECODE rounds of the same lanes (None: not yet measured)."""
+        decode = self.variants.fit(cp.OPERATION_DECODE, lanes, lanes)
+        return None if decode is None else self.costs.ratio(program, decode.program)
+
+    def _plain_only(self, req: Request) -> bool:
+        """A request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
+        host stops (width one with completion feedback, SPEC-44..46; see _candidate)."""
+        spec = req.spec
+        return req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in self._stops
+
+    def _acceptance_of(self, serial: int) -> DraftAcceptance:
+        found = self._acceptance.get(serial)
+        if found is None:
+            if len(self._acceptance) > 2 * len(self._by_serial) + 16:     # forget finished requests
+                self._acceptance = {k: v for k, v in self._acceptance.items() if k in self._by_serial}
+            found = self._acceptance[serial] = DraftAcceptance()
+        return found
+
+    def _idle(self, acceptance: list[DraftAcceptance], rounds: int = 1) -> None:
+        for a in acceptance:
+            a.idle(self.policy, rounds)
+
+    def _candidate(self, lane: Lane, draft_limit: int) -> Candidate:
         req = lane.request
+        spec = req.spec
         return Candidate(req.serial, lane.slot, lane.generation, lane.start, req.tokens,
-                         output_left=req.spec.max_tokens - req.output_len,
+                         output_left=spec.max_tokens - req.output_len,
                          context_left=self.config.context_tokens - len(req.tokens),
                          inflight=req.inflight - 1,          # this round, planned but not submitted
                          device_pending=req.device_pending,
-                         # speculative programs apply no logit bias: a biased request decodes plainly
-                         constrained=req.needs_mask(self.config.eos_ids) or req.spec.logit_bias is not None,
-                         host_stops=req.serial in self._stops)
+                         # speculative programs apply no logit bias and write no logprob records:
+                         # such a request decodes plainly
+                         constrained=(req.needs_mask(self.config.eos_ids) or spec.logit_bias is not None
+                                      or spec.logprobs or spec.top_logprobs > 0),
+                         host_stops=req.serial in self._stops,
+                         draft_limit=draft_limit)
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
+        now = time.perf_counter_ns()
+        planned = self._planned.pop(id(plan.main), None)
+        if planned is not None and plan.main.operation in (cp.OPERATION_DECODE, cp.OPERATION_SPECULATIVE):
+            self.costs.observe(plan.main.variant.program, (now - max(planned, self._last_complete)) / 1e9)
+        self._last_complete = now
         if plan.main.operation != cp.OPERATION_SPECULATIVE:
             super().complete(plan, rows)
             return
@@ -105,7 +245,15 @@ class SpeculativeScheduler(Scheduler):
         decode = self.variants.fit(cp.OPERATION_DECODE, 1, 1)
         if decode is None:
             raise ConfigurationError("a SPECULATIVE round completed without a DECODE variant to retire it")
+        counters = self.drafting
+        counters.rounds += 1
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
+            offered = len(lane.proposals) if isinstance(lane, ScheduledSpeculativeLane) else 0
+            self._acceptance_of(lane.request.serial).observe(self.policy, offered, outcome.accepted)
+            counters.lanes += 1
+            counters.offered += offered
+            counters.accepted += outcome.accepted
+            counters.emitted += len(outcome.tokens)
             self._apply(lane, outcome, decode)
 
     def _apply(self, lane: Lane, outcome: LaneOutcome, decode: Variant) -> None:

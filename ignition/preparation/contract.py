@@ -39,6 +39,7 @@ from helios_backend.kernel_abi.state import (
     geometry_words,
 )
 from helios_backend.kernel_abi.logprobs import logprob_record_words
+from helios_backend.kernel_abi.speculative import extension_words
 from helios_backend.kernel_abi.sampling import LOGIT_BIAS_CAPACITY, partial_words
 from ignition.recorder import Recorder, Ref
 
@@ -77,15 +78,25 @@ class TextCapacities:
     logprobs: bool = False      # logprob extension records (sampling.logprobs.v2) after the records
     top_logprobs: int = 0       # top-N alternatives per logprob record (with logprobs)
     scored_tokens: int = 0      # largest SCORED_PREFILL packed tokens: one f32 score word each; 0 = none
+    # largest SPECULATIVE width W: one speculative extension record [offers, accepted, tokens[W]]
+    # per slot right after the standard records (kernel_abi/speculative.py); 0 = no speculative programs
+    speculative_width: int = 0
     logit_bias_capacity: int = LOGIT_BIAS_CAPACITY   # (id, bias) entries per row of sampling.logit_bias
     # ids [vocab - masked_tokens, vocab) that no tokenizer id spells: -inf after the forward pass
     # (ignition/preparation/vocabulary.py); 0 = every id is sampled
     masked_tokens: int = 0
 
     @property
+    def speculative_words(self) -> int:
+        """Words of the speculative extension records (0 without speculative programs)."""
+        return self.request_slots * extension_words(self.speculative_width) if self.speculative_width else 0
+
+    @property
     def logprob_base(self) -> int:
-        """Word offset of the logprob extension records in the completion buffer."""
-        return COMPLETION_HEADER_WORDS + self.request_slots * COMPLETION_ROW_WORDS
+        """Word offset of the logprob extension records in the completion buffer: after the
+        standard records and any speculative extension records (whose offset the speculative
+        kernels fix), so one core serves both."""
+        return COMPLETION_HEADER_WORDS + self.request_slots * COMPLETION_ROW_WORDS + self.speculative_words
 
     @property
     def score_base(self) -> int:
@@ -157,7 +168,8 @@ def build_transport(cap: TextCapacities, frames: int = 2) -> M.Transport:
                                                     elements=spec.elements, row_elements=spec.row_elements))
         offset += spec.elements * dtype_bytes(spec.dtype)
     transport.frame_nbytes = _align(offset, DESTINATION_ALIGNMENT)
-    transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS)
+    transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS
+                                       + cap.speculative_words)
     if cap.logprobs:
         transport.completion_nbytes += 4 * cap.request_slots * logprob_record_words(cap.top_logprobs)
     transport.completion_nbytes += 4 * cap.scored_tokens
@@ -180,6 +192,12 @@ def completion_layout(cap: TextCapacities) -> M.CompletionLayout:
             layout.row.append(M.CompletionField(name="top_logprobs", word=first + 1 + n, words=n,
                                                 dtype=C.DTYPE_F32))
         layout.top_logprobs = n
+        if cap.speculative_words:
+            # the logprob records follow the speculative extension records instead of the standard
+            # records: their absolute first word (cores without it read them right after the records)
+            layout.header.append(M.CompletionField(name="logprob_records", word=cap.logprob_base,
+                                                   words=cap.request_slots * logprob_record_words(n),
+                                                   dtype=C.DTYPE_I32))
     if cap.scored_tokens:
         # SCORED_PREFILL scores: one f32 per packed token at an absolute word of the completion buffer
         # (past the header, the records and the logprob records), written by logits.score_targets.v1

@@ -19,6 +19,8 @@ The staging frame, completion layout, slot state and sampling are the same on ev
 """
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -86,11 +88,8 @@ def variants(options: Any) -> list[CaptureVariant]:
     out += [CaptureVariant(C.OPERATION_MIXED, rows, tokens) for rows, tokens in options.mixed_variants]
     # RESUME: decode-shaped steps whose pending token the host feeds (readmitted / restored requests)
     out += [CaptureVariant(C.OPERATION_RESUME, rows, rows) for rows in getattr(options, "resume_rows", ())]
-    # SCORED_PREFILL: scores live after the logprob records, whose words a speculative core's
-    # completion extension occupies instead, so cores with speculative variants record none
-    if not getattr(options, "speculative_variants", ()):
-        out += [CaptureVariant(C.OPERATION_SCORED_PREFILL, rows, tokens)
-                for rows, tokens in getattr(options, "scored_prefill_variants", ())]
+    out += [CaptureVariant(C.OPERATION_SCORED_PREFILL, rows, tokens)
+            for rows, tokens in getattr(options, "scored_prefill_variants", ())]
     if options.snapshot_rows:
         out += [CaptureVariant(C.OPERATION_RESTORATION, rows, 0) for rows in options.restoration_rows]
     return out
@@ -239,15 +238,17 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
         max_tokens=max(v.tokens for v in generation),
         max_admission_rows=max(v.rows for v in all_variants if v.operation == C.OPERATION_INITIALIZATION),
         page_tokens=options.page_tokens, context_tokens=options.context_tokens, snapshot_rows=options.snapshot_rows,
-        logprobs=not getattr(options, "speculative_variants", ()), top_logprobs=getattr(options, "top_logprobs", 0),
+        logprobs=True, top_logprobs=getattr(options, "top_logprobs", 0),
         scored_tokens=max((v.tokens for v in all_variants if v.operation == C.OPERATION_SCORED_PREFILL), default=0),
         logit_bias_capacity=getattr(options, "logit_bias_capacity", LOGIT_BIAS_CAPACITY),
         masked_tokens=shape.vocab - vocabulary.spelled_tokens(shape))
     degree = getattr(options, tensor_parallel.OPTION, 1)
     partition = tensor_parallel.plan_for(recipe, shape, degree)
     geometry = KernelLibraryGeometry(kernel_library)
+    speculative = SpeculativePlan.from_options(options, cap)   # None when the options declare none
+    if speculative is not None:   # the completion layout reserves its extension records
+        cap = dataclasses.replace(cap, speculative_width=speculative.max_width)
     transport = shared.build_transport(cap)
-    speculative = SpeculativePlan.from_options(options, cap)   # None unless the recipe opts in
     if speculative is not None:
         speculative.extend_transport(transport, cap)
     weights = pack_weights(recipe, source, options, partition, progress)

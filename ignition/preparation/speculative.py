@@ -1,7 +1,8 @@
 """Reusable declarations of the complete SPECULATIVE operation with copied (history) proposals.
 
-A recipe opts in through its options: `speculative_variants = ((B, W, D, P), ...)`; nothing
-else is model specific, because the verify block runs the recipe's ordinary forward pass over
+A recipe declares them through its options: `speculative_widths` (the default (1, 4, 8) derives
+rectangular programs for the decode row counts, declared_variants) or an explicit
+`speculative_variants = ((B, W, D, P), ...)`; nothing else is model specific, because the verify block runs the recipe's ordinary forward pass over
 P one-token rows (kernel_abi/speculative.py explains why that is causal). One program per variant:
 
     speculative.expand        pending token + copied proposal ids -> P one-token target rows
@@ -36,7 +37,7 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.kernel_abi.speculative import extension_words
-from helios_backend.kernel_abi.state import COMPLETION_HEADER_WORDS, COMPLETION_ROW_WORDS, geometry_words
+from helios_backend.kernel_abi.state import geometry_words
 from ignition.preparation import contract as shared
 from ignition.preparation import vocabulary
 from ignition.recorder import Recorder, RecordingError, Ref
@@ -57,6 +58,31 @@ class SpeculativeVariant:
     def name(self) -> str:
         suffix = ".alloc" if self.device_allocation else ""
         return f"speculative.r{self.rows}.w{self.width}.t{self.packed}{suffix}"
+
+
+# Rows beyond which no speculative program is derived: verification costs a batch of B lanes
+# B x W target rows, and past ~64 decode rows a step is no longer bound by reading the weights,
+# so extra target rows cost nearly as much as the tokens they might save.
+DERIVED_MAX_ROWS = 64
+# Target rows per derived program: the forward runs P one-token rows, and the AOT kernels take at
+# most 256 rows per step (MAX_ROWS of step.geometry and attention, ignition/gpu_kernels/specs.py),
+# so 64 rows are verified at width 4 at most and width 8 serves up to 32 rows.
+DERIVED_MAX_PACKED = 256
+
+
+def declared_variants(options: Any, max_tokens: int) -> tuple[SpeculativeVariant, ...]:
+    """The options' explicit `speculative_variants` ((B, W, D, P[, allocating]) each) when set;
+    else derived from `speculative_widths`: for each decode row count B <= DERIVED_MAX_ROWS and
+    each width W, the rectangular program (B, W, D = W - 1, P = B x W) whose P fits the forward
+    scratch (`max_tokens`) and the kernels' rows per step (DERIVED_MAX_PACKED). Width one (D = 0)
+    draws nothing but keeps the draft cursor (SPEC-5)."""
+    explicit = tuple(SpeculativeVariant(*v) for v in getattr(options, "speculative_variants", ()))
+    if explicit:
+        return explicit
+    return tuple(SpeculativeVariant(rows, width, width - 1, rows * width)
+                 for rows in sorted(set(getattr(options, "decode_rows", ()))) if rows <= DERIVED_MAX_ROWS
+                 for width in sorted(set(getattr(options, "speculative_widths", ())))
+                 if rows * width <= min(max_tokens, DERIVED_MAX_PACKED))
 
 
 @dataclass(frozen=True)
@@ -84,7 +110,7 @@ class SpeculativePlan:
 
     @classmethod
     def from_options(cls, options: Any, cap: shared.TextCapacities) -> "SpeculativePlan | None":
-        declared = tuple(SpeculativeVariant(*v) for v in getattr(options, "speculative_variants", ()))
+        declared = declared_variants(options, cap.max_tokens)
         if not declared:
             return None
         for v in declared:
@@ -126,7 +152,8 @@ class SpeculativePlan:
 
     # ---- transport and buffers -----------------------------------------------------------
     def extend_transport(self, transport: M.Transport, cap: shared.TextCapacities) -> None:
-        """Append the proposal destinations and the completion extension (before buffers are declared)."""
+        """Append the proposal destinations (before buffers are declared); the completion extension
+        records are sized by cap.speculative_width (contract.build_transport)."""
         offset = int(transport.frame_nbytes)
         specs = [("proposal_ids", self.max_rows * self.max_drafts, self.max_drafts)] + [
             (n, self.max_rows, 1) for n in PROPOSAL_DESTINATIONS[1:]]
@@ -138,8 +165,9 @@ class SpeculativePlan:
                                                         elements=elements, row_elements=row_elements))
             offset += 4 * elements
         transport.frame_nbytes = -(-offset // shared.DESTINATION_ALIGNMENT) * shared.DESTINATION_ALIGNMENT
-        transport.completion_nbytes = 4 * (COMPLETION_HEADER_WORDS + cap.request_slots * COMPLETION_ROW_WORDS
-                                           + cap.request_slots * extension_words(self.max_width))
+        if cap.speculative_width != self.max_width:
+            raise RecordingError(f"the completion layout reserves extension records of width {cap.speculative_width}, "
+                                 f"the programs need {self.max_width}")
 
     def declare_buffers(self, rec: Recorder, cap: shared.TextCapacities) -> None:
         P, B = self.max_packed, self.max_rows

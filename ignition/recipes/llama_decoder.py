@@ -77,10 +77,14 @@ class DecoderOptions:
     # exact-endpoint snapshots: continuation rows (one cache page each) + RESTORATION programs; 0 = off
     snapshot_rows: int = 16
     restoration_rows: tuple[int, ...] = (1, 4)
-    # SPECULATIVE programs with copied (history) proposals: (B, W, D, P) each; () = none recorded
-    speculative_variants: tuple[tuple[int, int, int, int], ...] = ()
-    # top-N alternatives recorded per sampled token (sampling.logprobs.v1; 20 = OpenAI's maximum);
-    # logprob records are recorded when no speculative variants are (those have their own extension)
+    # SPECULATIVE programs with copied (history) proposals (ignition/preparation/speculative.py):
+    # widths W derived for each decode row count up to 64 (D = W - 1, P = B x W <= 256); 1 = width one
+    # (no proposals); () = none recorded (lean test cores). History drafting picks 4 or 8 per
+    # round from observed acceptance and falls back to DECODE (docs/speculative.md).
+    speculative_widths: tuple[int, ...] = (1, 4, 8)
+    # explicit (B, W, D, P[, 1 = device allocation]) programs instead of the derived ones
+    speculative_variants: tuple[tuple[int, ...], ...] = ()
+    # top-N alternatives recorded per sampled token (sampling.logprobs.v1; 20 = OpenAI's maximum)
     top_logprobs: int = 20
     # OpenAI logit_bias entries per request (sampling.logit_bias.v1); 0 records no logit-bias
     # input, the shape of cores prepared before it (those refuse logit_bias)
@@ -309,7 +313,9 @@ def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV,
         raise ValueError("q/k/v biases together with q/k norms have no fused kernel")
     if shape.post_norms and rec.world_size > 1:
         raise TensorParallelError(rec.world_size, "post-projection norms need each whole product (one rank)")
-    products = uses_product_path(T, shape, options)
+    # SPECULATIVE programs verify with the kernels plain decode of their rows uses (the fused ones up
+    # to 32 rows), so greedy output is the same with history drafting on and off
+    products = uses_product_path(T, shape, options) and io.operation != C.OPERATION_SPECULATIVE
     for i in range(shape.n_layers):
         k_cache, v_cache = cache.layer_refs(i)
         window = layer_window(i, shape, options)

@@ -2,8 +2,10 @@
 
 For every program (operation x capacity variant) in the manifest, both executors run the
 same submission sequence from fresh slots; compared are the completion records (tokens
-exactly), the logits rows (fp16 tolerance) and the state buffers. Then greedy generation
-for several batches must give identical tokens for >= 64 steps. The CUDA executor's
+exactly; SPECULATIVE programs also their extension records), the logits rows (fp16 tolerance)
+and the state buffers. Then greedy generation for several batches must give identical tokens
+for >= 64 steps; with SPECULATIVE programs in the bundle, greedy generation with history drafting
+too, on both executors, equal to plain greedy output token for token. The CUDA executor's
 driver is wrapped in a counting proxy while serving: no allocation, module load, graph
 instantiation or capture may happen. Prints a pass/fail table; writes JSON under $OUT.
 
@@ -168,7 +170,56 @@ class Case:
             return self.driver.step(program.name, lanes)
         if op == C.OPERATION_RESTORATION:
             return self._restoration(program)
+        if op == C.OPERATION_SPECULATIVE:
+            return self._speculative(program)
         raise ValueError(f"no conformance case for {C.Operation.Name(op)}")
+
+    def _speculative(self, program: M.Program) -> np.ndarray:
+        """Every lane gets a prefilled history and its sampled pending token, then a different
+        number of copied proposals (0..D, within P), the last lane a stale copy (its consumed
+        endpoint one behind: offered nothing); allocating programs get each lane's full ceiling.
+        Compared are the standard records and the extension records [offers, accepted, tokens]
+        (expansion, verification, commit, completion), the per-slot state (draft cursor, pending,
+        histograms) and the target logits of the first rows."""
+        from helios_backend.kernel_abi.speculative import extension_words
+
+        graph = next(g for g in self.model.graphs if g.program == program.name)
+        spec = graph.speculative
+        rows, width, drafts, packed = (spec.batch_capacity, spec.token_capacity, spec.draft_tokens,
+                                       spec.packed_token_capacity)
+        allocating = any(b.source == C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT for b in graph.bindings)
+        history = 9
+        prompts = [self.rng.integers(0, self.vocab, history).astype(np.int32) for _ in range(rows)]
+        self.admit(list(range(rows)), prompts)
+        first = self.generation - rows + 1
+        prefill = self.model.program(C.OPERATION_PREFILL, 1, history)
+        budget = packed - rows                         # target rows left after every pending row
+        lanes = []
+        for s in range(rows):
+            pages = self.pages_for(history + width)
+            [row] = self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, start=0,
+                                                          tokens=prompts[s], sample=True, page_table=pages)])
+            self.prepared_tokens[s] = int(row[TOKEN_WORD])
+            count = min(drafts, width - 1, s % (drafts + 1)) if drafts else 0
+            if not allocating:
+                count = min(count, budget)
+                budget -= count
+            # the pending token first: random weights often repeat it, so some copies are accepted
+            proposals = np.concatenate([[self.prepared_tokens[s]],
+                                        self.rng.integers(0, self.vocab, max(count - 1, 0))])[:count].astype(np.int32)
+            stale = s == rows - 1 and rows > 1
+            lanes.append(PackedLane(slot=s, generation=first + s, start=history, page_table=pages,
+                                    proposals=proposals if drafts else None, proposal_generation=first + s,
+                                    proposal_consumed=history - 1 if stale else history,
+                                    prefix_limit=min(drafts + 1, width) if allocating else 0))
+        body = self.driver.step(program.name, lanes)
+        fmt = self.driver.format
+        widest = max(g.speculative.token_capacity for g in self.model.graphs
+                     if g.operation == C.OPERATION_SPECULATIVE)
+        stride = extension_words(widest)
+        base = fmt.header_words + fmt.capacity * fmt.row_words
+        ext = np.asarray(self.driver.last_words[base:base + rows * stride], np.int32).reshape(rows, stride)
+        return np.concatenate([body, ext], axis=1)
 
     def _restoration(self, program: M.Program) -> np.ndarray:
         """Prompts ending mid-page publish their partial page (snapshot rows); new slots reuse the
@@ -307,6 +358,42 @@ def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionM
     return result
 
 
+def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] | None:
+    """(request, step) of the first token where two generations differ; None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        diff = [j for j, (p, q) in enumerate(zip(x, y)) if p != q]
+        if diff:
+            return (i, diff[0])
+        if len(x) != len(y):
+            return (i, min(len(x), len(y)))
+    return None
+
+
+def drafted_greedy(models: dict, prompts: list, steps: int, vocab: int, plain_cuda: list, batch: int) -> dict:
+    """Greedy generation with history drafting (SPECULATIVE rounds of every captured width, copies
+    from each request's own history) on both executors: CUDA equals numpy, and equals CUDA's
+    plain greedy output, token for token."""
+    from helios_backend.lockstep.speculative import SpeculativeLockstepGenerator
+    from helios_backend.scheduler.speculative import SpeculativeOptions
+
+    name = f"greedy.drafted.batch{batch}.steps{steps}"
+    try:
+        drafted, accepted = {}, {}
+        for kind, model in models.items():
+            requests = [GenerationRequest(p, max_tokens=steps, eos_ids=(vocab - 1,)) for p in prompts]
+            run = SpeculativeLockstepGenerator(model, SpeculativeOptions(enabled=True, history_drafting=True)
+                                               ).generate(requests)
+            drafted[kind] = [r.tokens for r in run.results]
+            accepted[kind] = run.accepted
+        same = drafted["cuda"] == drafted["numpy"] and drafted["cuda"] == plain_cuda
+        return {"program": name, "pass": bool(same), "steps": min(len(t) for t in drafted["cuda"]),
+                "accepted_drafts": accepted,
+                "first_difference": first_difference(drafted["cuda"], drafted["numpy"]),
+                "first_difference_vs_plain": first_difference(drafted["cuda"], plain_cuda)}
+    except Exception as error:
+        return {"program": name, "pass": False, "error": repr(error), "trace": traceback.format_exc()[-800:]}
+
+
 def snapshot(executor, manifest: M.ExecutionManifest, program: str, rows_vocab: tuple[int, int]):
     logits = logits_buffer(manifest, program)
     logit_rows = None
@@ -368,8 +455,11 @@ def main() -> None:
             for kind, model in models.items():
                 case = Case(model, seed=zlib.crc32(program.name.encode()), first_generation=1_000_000 * (len(results) + 1))
                 rows = case.run(program)
+                # a speculative program's logits hold P target rows; the others' request_slots rows
+                logit_rows = (program.capacity.tokens if program.operation == C.OPERATION_SPECULATIVE
+                              else manifest.request_slots)
                 logits, state = snapshot(model.executor, manifest, case.logits_program or program.name,
-                                         (manifest.request_slots, vocab))
+                                         (logit_rows, vocab))
                 if case.scores is not None:       # float state: compared within the logit tolerance
                     state["completion:scores"] = case.scores
                 state.update(logprob_records(manifest, case.driver, len(rows)))
@@ -386,6 +476,7 @@ def main() -> None:
              "The largest planet in the solar system is", "To make a cup of tea, first"]
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_str(bytes(read("tokenizer.json")).decode())
+    has_speculative = any(g.operation == C.OPERATION_SPECULATIVE for g in contract.model.graphs)
     for batch in (() if only else (1, 3, 8)):
         prompts = [tokenizer.encode(t).ids for t in texts[:batch]]
         tokens = {}
@@ -394,19 +485,16 @@ def main() -> None:
                 requests = [GenerationRequest(p, max_tokens=args.steps, eos_ids=(vocab - 1,)) for p in prompts]
                 tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
             same = tokens["cuda"] == tokens["numpy"]
-            first_diff = None
-            if not same:
-                for i, (a, b) in enumerate(zip(tokens["cuda"], tokens["numpy"])):
-                    diff = [j for j, (x, y) in enumerate(zip(a, b)) if x != y]
-                    if diff:
-                        first_diff = (i, diff[0])
-                        break
             results.append({"program": f"greedy.batch{batch}.steps{args.steps}", "pass": bool(same),
-                            "steps": min(len(t) for t in tokens["cuda"]), "first_difference": first_diff})
+                            "steps": min(len(t) for t in tokens["cuda"]),
+                            "first_difference": first_difference(tokens["cuda"], tokens["numpy"])})
         except Exception as error:
             results.append({"program": f"greedy.batch{batch}", "pass": False, "error": repr(error),
                             "trace": traceback.format_exc()[-800:]})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
+        if has_speculative and tokens.get("cuda"):
+            results.append(drafted_greedy(models, prompts, args.steps, vocab, tokens["cuda"], batch))
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
     counting.counting = False
     forbidden = counting.forbidden_calls()
     results.append({"program": "serving.driver_calls", "pass": not forbidden, "forbidden": forbidden,

@@ -64,6 +64,9 @@ def bench_options(recipe, gguf_path: str | None, product_path_tokens: int = 0):
         mixed_variants=((8, 135), (32, 159), (64, 191), (128, 255), (256, 383),
                         (64, 1088), (128, 1152), (256, 1280)),
         admission_rows=(1, 4, 16, 64),
+        # SPECULATIVE programs of widths 1, 4 and 8 for each decode row count up to 64 (P <= 256)
+        # (ignition/preparation/speculative.declared_variants): conformance and bench/speculative.py
+        speculative_widths=(1, 4, 8),
         context_tokens=8192, prepared_pages=4096, gguf_path=gguf_path)
 
 

@@ -80,7 +80,8 @@ def bundle_options(recipe: Any, degree: int, gguf_path: str | None = None) -> An
     return recipe.RecipeOptions(decode_rows=(1, 2, 4, 8, 64), prefill_variants=((1, 32), (1, 128), (4, 128)),
                                 mixed_variants=((8, 135),), admission_rows=(1, 4), restoration_rows=(1, 4),
                                 resume_rows=(), scored_prefill_variants=(), context_tokens=2048,
-                                prepared_pages=CACHE_PAGES, tensor_parallel=degree, gguf_path=gguf_path)
+                                prepared_pages=CACHE_PAGES, tensor_parallel=degree, gguf_path=gguf_path,
+                                speculative_widths=())
 
 
 # ---- here: the bundles ----------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""Adaptive speculative width without a model: per-request decaying acceptance, the proposals a
+lane is offered, and whether a round is worth a SPECULATIVE program (scheduler/speculative_width.py)."""
+from __future__ import annotations
+
+import pytest
+
+from helios_backend.scheduler.speculative_width import DraftAcceptance, RoundCosts, WidthPolicy, expected_tokens
+
+POLICY = WidthPolicy(max_drafts=7)
+
+
+def test_a_new_request_is_offered_a_short_draft_and_widens_as_drafts_are_accepted():
+    acceptance = DraftAcceptance()
+    first = acceptance.draft_limit(POLICY)
+    assert 1 <= first < POLICY.max_drafts
+    limits = [first]
+    for _ in range(6):
+        offered = acceptance.draft_limit(POLICY)
+        acceptance.observe(POLICY, offered, offered)          # every proposal accepted
+        limits.append(acceptance.draft_limit(POLICY))
+    assert limits == sorted(limits) and limits[-1] == POLICY.max_drafts
+
+
+def test_rejected_drafts_fall_back_to_no_drafting():
+    acceptance = DraftAcceptance(successes=5.0)
+    assert acceptance.draft_limit(POLICY) > 0
+    rounds = 0
+    while acceptance.draft_limit(POLICY):
+        acceptance.observe(POLICY, acceptance.draft_limit(POLICY), 0)
+        rounds += 1
+    assert 1 <= rounds <= 8
+    assert acceptance.rate < POLICY.reach
+
+
+def test_recent_rounds_weigh_more_than_old_ones():
+    early_good = DraftAcceptance()
+    late_good = DraftAcceptance()
+    for good in (True, True, True, False, False, False):
+        early_good.observe(POLICY, 4, 4 if good else 0)
+    for good in (False, False, False, True, True, True):
+        late_good.observe(POLICY, 4, 4 if good else 0)
+    assert late_good.rate > early_good.rate
+
+
+def test_an_idle_request_is_probed_again_after_its_evidence_fades():
+    acceptance = DraftAcceptance()
+    for _ in range(10):
+        acceptance.observe(POLICY, 1, 0)
+    assert acceptance.draft_limit(POLICY) == 0
+    idle = 0
+    while not acceptance.draft_limit(POLICY):
+        acceptance.idle(POLICY)
+        idle += 1
+    # probes are rare (a no-copy workload decodes plainly most rounds) but not never
+    assert 10 <= idle <= 60
+
+
+def test_offering_nothing_counts_as_idle():
+    a, b = DraftAcceptance(failures=3.0), DraftAcceptance(failures=3.0)
+    a.observe(POLICY, 0, 0)
+    b.idle(POLICY)
+    assert a == b
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2, 0.5, 0.8, 0.95, 1.0])
+def test_drafts_reach_the_target_with_at_least_the_reach_probability(p):
+    k = POLICY.drafts_for(p)
+    assert 0 <= k <= POLICY.max_drafts
+    if k:
+        assert p ** k >= POLICY.reach - 1e-12
+    if k < POLICY.max_drafts:
+        assert p ** (k + 1) < POLICY.reach
+
+
+def test_expected_tokens_of_a_lane():
+    assert expected_tokens(0.5, 1) == 1.0
+    assert expected_tokens(0.5, 3) == pytest.approx(1.75)
+    assert expected_tokens(1.0, 8) == 8.0
+    assert expected_tokens(0.0, 8) == 1.0
+
+
+def test_a_round_is_worth_it_only_when_it_beats_decode_per_cost():
+    # one lane, width 4 program: costs 1 + 3 x row_cost decode steps
+    assert POLICY.worth(expected_tokens(0.9, 4), 1, 4)
+    assert not POLICY.worth(expected_tokens(0.05, 2), 1, 4)
+    # one promising lane in a batch of 32 does not pay for verifying the whole batch wider
+    assert not POLICY.worth(31 + expected_tokens(0.9, 4), 32, 4)
+    assert POLICY.worth(32 * expected_tokens(0.9, 8), 32, 8)
+    assert not POLICY.worth(5.0, 1, 1)
+
+
+def test_measured_costs_replace_the_prior():
+    costs = RoundCosts()
+    assert costs.ratio("speculative.r1.w4.t4", "decode.r1") is None
+    costs.observe("decode.r1", 0.010)
+    costs.observe("speculative.r1.w4.t4", 0.040)             # a CPU: every target row costs a step
+    ratio = costs.ratio("speculative.r1.w4.t4", "decode.r1")
+    assert ratio == pytest.approx(4.0)
+    lane = expected_tokens(0.9, 4)                            # ~3.4 tokens for 4 rows' cost
+    assert POLICY.worth(lane, 1, 4) and not POLICY.worth(lane, 1, 4, ratio)
+    fixed = WidthPolicy(max_drafts=7, measured=False)
+    assert fixed.worth(lane, 1, 4, ratio)                     # the fixed cost model ignores measurements
+    costs.observe("speculative.r1.w4.t4", 0.012)              # a decaying average moves toward new rounds
+    assert 1.2 < costs.ratio("speculative.r1.w4.t4", "decode.r1") < 4.0
