@@ -132,7 +132,9 @@ def test_no_dispatch_on_model_name_or_family():
                 text = ast.unparse(node)
                 if any(f in text for f in ("served_id", "aliases", "cache_identity", "recipe")):
                     compared.append(path)
-    assert set(compared) <= {"gateway/served_model.py", "helios_backend/contract/checks_serving.py"}, compared
+    # (and where the startup names join the core's served id and aliases: engine/settings.py)
+    assert set(compared) <= {"gateway/served_model.py", "helios_backend/contract/checks_serving.py",
+                             "helios_backend/engine/settings.py"}, compared
 
 
 def test_renaming_the_model_changes_no_serving_decision(prepared):
