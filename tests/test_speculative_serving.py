@@ -241,9 +241,10 @@ def test_shipped_recipes_derive_speculative_programs_and_inspect_lists_them(adap
     # spec: SPEC-6, SPEC-10, SPEC-11
     from helios_backend.cli.core import main as core_main
     from ignition.preparation.speculative import declared_variants
-    from ignition.recipes import qwen2_5_coder_0_5b_instruct, smollm2_135m_instruct
+    from ignition.recipes import smollm2_135m_instruct
+    from ignition.recipes.qwen2_5_coder_instruct import RECIPES
 
-    for recipe in (smollm2_135m_instruct, qwen2_5_coder_0_5b_instruct):
+    for recipe in (smollm2_135m_instruct, *RECIPES.values()):
         options = recipe.RecipeOptions()
         found = {(v.rows, v.width, v.drafts, v.packed) for v in declared_variants(options, 512)}
         for rows in options.decode_rows:
