@@ -42,6 +42,7 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 
 from bench.roofline import Step, program_costs
+from ignition.recipes.llama_decoder import DecoderOptions
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYOUT_DIR = ROOT / "bench" / "layouts"
@@ -54,8 +55,8 @@ REPLAYS = 50             # graph replays timed per decode program (10 for prefil
 GEMM_SIZE = 8192
 
 
-# steps of this many tokens and more take the product path (DecoderOptions.product_path_tokens)
-PRODUCT_PATH_TOKENS = 64
+# steps of this many tokens and more take the product path: the recipes' default
+PRODUCT_PATH_TOKENS = DecoderOptions().product_path_tokens
 
 
 def layout_options(recipe: Any, product_path_tokens: int = PRODUCT_PATH_TOKENS) -> Any:

@@ -140,3 +140,50 @@ def test_vendor_products_describe_the_row_major_product_column_major(prepared):
     assert products.version() == 130000
     products.close()
     assert bindings.layouts == {}         # every layout destroyed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_id", sorted(VENDOR_PRODUCTS))
+def test_cublaslt_products_equal_the_numpy_references_on_the_gpu(kernel_id):
+    """The real library on a real device (skipped elsewhere): each product id through
+    VendorProducts against its numpy reference, 70 tokens of which 45 live (zero rows past them)."""
+    pytest.importorskip("cuda.bindings")
+    pytest.importorskip("nvmath.bindings.cublasLt")
+    from helios_backend.executors.cuda.driver import check, load_driver
+    from helios_backend.kernel_abi.state import geometry_words, step_geometry
+
+    d = load_driver()
+    check(d.cuInit(0), "cuInit")
+    check(d.cuCtxSetCurrent(check(d.cuDevicePrimaryCtxRetain(check(d.cuDeviceGet(0), "cuDeviceGet")),
+                                  "retain")), "cuCtxSetCurrent")
+    products = VendorProducts.load(d)
+    assert products is not None
+    rng = np.random.default_rng(3)
+    tokens, live, k, n = 70, 45, 192, 320
+    x = rng.standard_normal((tokens, k)).astype(np.float16)
+    x[live:] = 0
+    weight = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16)
+    out_dtype = np.float16 if kernel_id == "linear.product_f16.v1" else np.float32
+    out = rng.standard_normal((tokens, n)).astype(out_dtype)
+    geometry = np.zeros(geometry_words(1, tokens), np.int32)
+    step_geometry(geometry, np.array([live], np.int32), 1, tokens)
+    arrays = {"out": out, "x": x, "weight": weight}
+    device = {name: check(d.cuMemAlloc(a.nbytes), "cuMemAlloc") for name, a in arrays.items()}
+    stream = check(d.cuStreamCreate(0), "cuStreamCreate")
+    try:
+        for name, a in arrays.items():
+            check(d.cuMemcpyHtoD(device[name], a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+        launch = ProductLaunch(kernel_id, "test", int(device["out"]), int(device["x"]), int(device["weight"]),
+                               tokens, k, n)
+        products.record(launch, stream)
+        check(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        got = np.empty_like(out)
+        check(d.cuMemcpyDtoH(got.ctypes.data, device["out"], got.nbytes), "cuMemcpyDtoH")
+    finally:
+        for pointer in device.values():
+            d.cuMemFree(pointer)
+        d.cuStreamDestroy(stream)
+        products.close()
+    expected = out.copy().reshape(-1)
+    abi.kernel(kernel_id).reference(expected, x.reshape(-1), weight.reshape(-1), geometry, tokens, k, n)
+    np.testing.assert_allclose(got.reshape(-1).astype(np.float32), expected.astype(np.float32), atol=2e-2, rtol=1e-2)

@@ -290,12 +290,11 @@ def declare_scratch(rec: Recorder, shape: LlamaShape, max_tokens: int, options: 
                            [max_tokens, (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim]))
 
 
-def uses_product_path(tokens: int, shape: LlamaShape, options: Any) -> bool:
+def uses_product_path(tokens: int, shape: LlamaShape, options: DecoderOptions) -> bool:
     """Whether a step of `tokens` packed tokens runs the product path (DecoderOptions.product_path_tokens).
     One rank without post norms: a rank's partials and the sandwich norms keep the fused kernels."""
-    threshold = getattr(options, "product_path_tokens", 0)
-    return bool(threshold) and tokens >= threshold and not shape.post_norms and getattr(
-        options, "tensor_parallel", 1) == 1
+    threshold = options.product_path_tokens
+    return 0 < threshold <= tokens and not shape.post_norms and options.tensor_parallel == 1
 
 
 def forward(rec: ForwardRecorder, io: StepIO, shape: LlamaShape, cache: PagedKV, options: Any) -> None:

@@ -40,7 +40,7 @@ GGUF_HALVES = (ROOT / ".carry_gguf1" / "part_a", ROOT / ".carry_gguf2" / "part_b
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
-def bench_options(recipe, gguf_path: str | None, product_path_tokens: int = 0):
+def bench_options(recipe, gguf_path: str | None, product_path_tokens: int | None = None):
     """Variants the conformance script and the benchmarks need (decode to 256 rows, 4096 prefill,
     MIXED to 256 rows with chunks to 1,024 tokens). Weights stay f16 (`source_blocks` off where a
     recipe has it): the CUDA executor runs on f16 either way, and HELIOS_RANDOM_WEIGHTS fills the
@@ -49,7 +49,7 @@ def bench_options(recipe, gguf_path: str | None, product_path_tokens: int = 0):
 
     fields = {f.name for f in dataclasses.fields(recipe.RecipeOptions)}
     f16 = {"source_blocks": False} if "source_blocks" in fields else {}
-    if product_path_tokens and "product_path_tokens" in fields:
+    if product_path_tokens is not None and "product_path_tokens" in fields:    # None: the recipe's default
         f16["product_path_tokens"] = product_path_tokens
     return recipe.RecipeOptions(
         **f16,
@@ -161,7 +161,7 @@ def split_gguf(recipe=None) -> list[pathlib.Path]:
 
 
 def build(out: pathlib.Path = BUNDLE_DIR, archs=None, recipe_name: str = DEFAULT_RECIPE,
-          product_path_tokens: int = 0) -> None:
+          product_path_tokens: int | None = None) -> None:
     from ignition.cli import recipe_module
     from ignition.gpu_kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
@@ -255,8 +255,9 @@ if __name__ == "__main__":
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="the recipe to prepare (its GGUF is split)")
     parser.add_argument("--out", type=pathlib.Path, default=BUNDLE_DIR,
                         help="the bundle's folder (HELIOS_BUNDLE_DIR there; default .carry_model)")
-    parser.add_argument("--product-path-tokens", type=int, default=0,
-                        help="steps of this many tokens and more run the product path (0: never)")
+    parser.add_argument("--product-path-tokens", type=int, default=None,
+                        help="steps of this many tokens and more run the product path (0: never; "
+                             "default: the recipe's)")
     arguments = parser.parse_args()
     build(out=arguments.out, archs=arguments.arch, recipe_name=arguments.recipe,
           product_path_tokens=arguments.product_path_tokens)

@@ -20,6 +20,7 @@ product runs over the whole token capacity M; rows past the live count are zero 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -94,7 +95,9 @@ class VendorProducts:
         try:
             from nvmath.bindings import cublasLt as lt
             return cls(lt, driver)
-        except Exception:           # ImportError, or the loader's own error when libcublasLt is absent
+        except Exception as error:  # ImportError, or the loader's own error when libcublasLt is absent
+            # the portable path still serves; say why the library did not, once, at startup
+            logging.getLogger(__name__).warning("product path on its cubins: cuBLASLt unavailable (%s)", error)
             return None
 
     def version(self) -> int:
