@@ -15,7 +15,8 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from helios_proto import exchange_pb2 as ep
 
 from helios_backend.exchange import (
-    MODEL_NAME, OUT_EVENT, OUT_TIMESTAMPS, OUT_TOKENS, assets_arrays, decode_event, generate_arrays)
+    MODEL_NAME, OUT_EVENT, OUT_TIMESTAMPS, OUT_TOKENS, OUT_TOP_IDS, OUT_TOP_LOGPROBS, assets_arrays, decode_event,
+    generate_arrays)
 
 TRITON_TYPES = {np.dtype(np.int32): "INT32", np.dtype(np.uint8): "UINT8"}
 
@@ -24,6 +25,8 @@ TRITON_TYPES = {np.dtype(np.int32): "INT32", np.dtype(np.uint8): "UINT8"}
 class StreamResult:
     tokens: list[int] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)          # per token, when top logprobs were asked
+    top_logprobs: list[list[float]] = field(default_factory=list)
     responses: int = 0
     event: ep.ResponseEvent | None = None
     error: str | None = None
@@ -56,16 +59,18 @@ def greedy(max_tokens: int, **kw: object) -> ep.GenerateRequest:
 async def stream(client: grpcclient.InferenceServerClient, arrays: dict[str, np.ndarray], *,
                  cancel_after: int | None = None, pause_s: float = 0.0,
                  pause_after_first: "Callable[[], Awaitable[None]] | None" = None,
-                 request_id: str = "r") -> StreamResult:
+                 request_id: str = "r", top: bool = False) -> StreamResult:
     """Run one request on its own stream; optionally cancel after `cancel_after` tokens,
     pause before reading each response, or await `pause_after_first()` once after the
-    first response (a reader that stops reading for a while)."""
+    first response (a reader that stops reading for a while). `top`: collect the top-k
+    alternatives the request asked for (LogprobOptions.top_logprobs)."""
     result = StreamResult()
 
     async def requests():
         yield {"model_name": MODEL_NAME, "inputs": _inputs(arrays), "request_id": request_id,
-               "outputs": [InferRequestedOutput(n) for n in (OUT_TOKENS, OUT_TIMESTAMPS, OUT_EVENT)]}
+               "outputs": [InferRequestedOutput(n) for n in outputs]}
 
+    outputs = (OUT_TOKENS, OUT_TIMESTAMPS, OUT_EVENT) + ((OUT_TOP_IDS, OUT_TOP_LOGPROBS) if top else ())
     responses = client.stream_infer(inputs_iterator=requests(), stream_timeout=None)
     async for item, error in responses:
         if error is not None:
@@ -78,6 +83,10 @@ async def stream(client: grpcclient.InferenceServerClient, arrays: dict[str, np.
         stamps = item.as_numpy(OUT_TIMESTAMPS)
         if stamps is not None:
             result.timestamps += stamps.tolist()
+        top_ids = item.as_numpy(OUT_TOP_IDS) if top else None
+        if top_ids is not None:
+            result.top_ids += top_ids.tolist()
+            result.top_logprobs += item.as_numpy(OUT_TOP_LOGPROBS).tolist()
         event = item.as_numpy(OUT_EVENT)
         if event is not None:
             # keep reading until the server closes the stream: cancelling a stream whose
@@ -100,9 +109,9 @@ async def generate(url: str, prompt: list[int], request: ep.GenerateRequest, **k
         return await stream(client, generate_arrays(prompt, request), **kw)  # type: ignore[arg-type]
 
 
-async def generate_many(url: str, jobs: list[tuple[list[int], ep.GenerateRequest]]) -> list[StreamResult]:
+async def generate_many(url: str, jobs: list[tuple[list[int], ep.GenerateRequest]], **kw: object) -> list[StreamResult]:
     async with grpcclient.InferenceServerClient(url) as client:
-        return list(await asyncio.gather(*(stream(client, generate_arrays(p, r), request_id=f"r{i}")
+        return list(await asyncio.gather(*(stream(client, generate_arrays(p, r), request_id=f"r{i}", **kw)  # type: ignore[arg-type]
                                            for i, (p, r) in enumerate(jobs))))
 
 
