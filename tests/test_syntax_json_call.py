@@ -91,3 +91,66 @@ def test_a_model_without_tool_syntax_refuses_forced_calls():
     request = ConstraintRequest(tools=(ToolSpec("get_time"),), tool_choice=ToolChoiceMode.REQUIRED)
     with pytest.raises(InvalidToolChoiceError, match="declares no tool syntax"):
         build_request_grammar(model(pb.TOOL_PARSER_NONE, NONE), START, request)
+
+
+# ---- fenced calls (ToolSyntax.fence_open / fence_close) ---------------------------------------
+FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Pa}ris"}\n}\n```'   # pretty-printed, as models write it
+
+
+# spec: FE-40
+@pytest.mark.parametrize("before, after, content, calls", [
+    ("", "", "", 1),
+    ("Let me look that up.\n", "\nOne moment.", "Let me look that up.\nOne moment.", 1),
+    ("", "\n" + call("get_time", {}), "", 2),                  # a declared block may follow
+])
+def test_a_fenced_json_call_is_a_call_under_every_chunking(before: str, after: str, content: str, calls: int) -> None:
+    ms = model(J, NONE)
+    pieces = stream(before, FENCED, after)
+    modes = canonical_events(ms, pieces, START)
+    first = next(iter(modes.values()))
+    assert all(events == first for events in modes.values())
+    out = parse(ms, pieces, START)
+    assert out.errors == [] and out.content == content and len(out.tool_calls) == calls
+    assert (out.tool_calls[0].name, json.loads(out.tool_calls[0].arguments), out.tool_calls[0].complete) == (
+        "get_weather", {"city": "Pa}ris"}, True)
+
+
+# spec: FE-40
+@pytest.mark.parametrize("text", [
+    '```json\n{"a": 1}\n```',                                               # JSON that is no call
+    '```json\n{"name": "launch", "arguments": {}}\n```',                    # a tool the request did not register
+    '```json\n{"name": "get_weather", "arguments": {"city": "x"}, "id": 3}\n```',   # another member
+    '```json\n{"name": "get_weather", "arguments": "city"}\n```',           # arguments not an object
+    '```python\nprint({"name": "get_weather"})\n```',                       # another language
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}\n```',  # unbalanced
+    '```json\n{"name": "get_weather", "arguments": {',                      # cut by the output limit
+])
+def test_a_fence_holding_anything_else_is_answer_text(text: str) -> None:
+    ms = model(J, NONE)
+    pieces = stream("Here:\n", text, "\nBye.")
+    out = parse(ms, pieces, START)
+    assert out.tool_calls == [] and out.errors == [] and out.content == "Here:\n" + text + "\nBye."
+    modes = canonical_events(ms, pieces, START)
+    first = next(iter(modes.values()))
+    assert all(events == first for events in modes.values())
+
+
+def test_fences_are_answer_text_without_tools_and_in_structured_answers() -> None:
+    ms = model(J, NONE)
+    text = '```json\n{"name": "get_weather", "arguments": {}}\n```'
+    assert parse(ms, stream(text), START, tools={}).content == text
+    structured = collect(engine(ms, START, structured=True).feed(PLAIN_ID, text))
+    assert structured.tool_calls == [] and structured.content == text
+
+
+def test_fence_fields_are_declared_together_with_json_object_arguments() -> None:
+    from helios_backend.syntax.tables import preset
+    from helios_backend.syntax.validate import frontend_problems
+
+    syntax = preset(J, NONE)
+    assert frontend_problems(syntax) == []
+    syntax.tool.fence_close = ""
+    assert "tool_syntax.fence_open and .fence_close are declared together" in frontend_problems(syntax)
+    tagged = preset(pb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS, NONE)
+    tagged.tool.fence_open, tagged.tool.fence_close = "```json", "```"
+    assert any("fence_open needs JSON-object arguments" in p for p in frontend_problems(tagged))

@@ -15,6 +15,7 @@ Phases (think-tag family)::
     START -open-> REASONING -close|terminal-> ANSWER_LEAD -> ANSWER -block_open-> BLOCK
     BLOCK -> INVOKE_NAME -> ARGS_JSON | ARGS_TAGGED (PARAM_NAME -> PARAM_VALUE)* -> AFTER_INVOCATION
     AFTER_INVOCATION -block_close-> AFTER_BLOCK -> ANSWER | BLOCK
+    ANSWER -fence_open-> FENCE -> AFTER_BLOCK (a JSON call) | ANSWER (anything else: text)
 
 Phases (recipient frames)::
 
@@ -43,7 +44,7 @@ from .markup import Markup, earliest, partial_suffix
 from .phases import TOOL_PHASES, Phase
 from .prompt_state import InitialState, ReasoningStart
 from .tables import FrontendSyntax
-from .tool_phases import is_string_schema
+from .tool_phases import fence_arguments_key, is_string_schema
 
 END_FLUSH = -1          # the token id of text flushed at the end of output (held text, a split character)
 _REPLACEMENT = "\ufffd"  # what the decoder makes of a character the end of output split
@@ -60,7 +61,7 @@ def syntax_delimiters(syntax: FrontendSyntax) -> list[str]:
     return [
         t.block_open, t.block_close, t.invocation_open_prefix, t.next_invocation_open_prefix,
         t.invocation_open_suffix, t.invocation_close,
-        t.parameter_open_prefix, t.parameter_open_suffix, t.parameter_close,
+        t.parameter_open_prefix, t.parameter_open_suffix, t.parameter_close, t.fence_open, t.fence_close,
         r.open, r.close, r.terminal_marker, r.header_start, r.message_start, r.message_end, r.message_continue,
     ]
 
@@ -116,6 +117,8 @@ class SyntaxEngine(FramePhases):
         self._p_next_prefix = p(t.next_invocation_open_prefix) or self._p_inv_prefix
         self._p_param_prefix, self._p_param_suffix, self._p_param_close = (
             p(t.parameter_open_prefix), p(t.parameter_open_suffix), p(t.parameter_close))
+        self._p_fence_open, self._p_fence_close = p(t.fence_open), p(t.fence_close)
+        self._fence_arguments_key = fence_arguments_key(t) or ""
         self._p_header, self._p_message = p(r.header_start), p(r.message_start)
         self._p_frame_ends = [x for x in (p(r.message_end), p(r.message_continue)) if x]
         # Atomic reasoning delimiters met after reasoning ended are markup and dropped (FE-11);
@@ -299,7 +302,7 @@ class SyntaxEngine(FramePhases):
             return True
         markers = [*self._p_stray_markup]
         if self._tools_enabled:
-            markers.append(self._p_block_open)
+            markers += [self._p_block_open, self._p_fence_open]
         hit = earliest(self._buf, markers)
         if hit is not None:
             at, pattern = hit
@@ -307,6 +310,9 @@ class SyntaxEngine(FramePhases):
             self._take(at + len(pattern))
             if pattern == self._p_block_open:
                 self._begin_block(pattern)
+            elif pattern == self._p_fence_open:
+                self._raw = pattern
+                self._phase = Phase.FENCE
             return True
         hold = 0 if self._final else partial_suffix(self._buf, markers)
         self._text(ContentDelta, self._buf[: len(self._buf) - hold])
@@ -333,6 +339,7 @@ _HANDLERS = {
     Phase.PARAM_VALUE: SyntaxEngine._param_value,
     Phase.AFTER_INVOCATION: SyntaxEngine._after_invocation,
     Phase.AFTER_BLOCK: SyntaxEngine._after_block,
+    Phase.FENCE: SyntaxEngine._fence,
     Phase.FRAME_IDLE: SyntaxEngine._frame_idle,
     Phase.FRAME_HEADER: SyntaxEngine._frame_header,
     Phase.FRAME_REASONING: SyntaxEngine._frame_reasoning,

@@ -6,6 +6,8 @@ import enum
 
 # Longest name or header the engine waits for before it calls the text malformed (characters).
 MAX_NAME = 256
+# Longest fenced text held back as a possible call before it is released as answer text (characters).
+MAX_FENCE = 16384
 
 
 class Phase(enum.Enum):
@@ -22,6 +24,7 @@ class Phase(enum.Enum):
     PARAM_VALUE = "param_value"
     AFTER_INVOCATION = "after_invocation"
     AFTER_BLOCK = "after_block"
+    FENCE = "fence"                 # inside a fence that may hold a JSON call (ToolSyntax.fence_open)
     FRAME_IDLE = "frame_idle"
     FRAME_HEADER = "frame_header"
     FRAME_REASONING = "frame_reasoning"

@@ -35,6 +35,9 @@ class ScannerBase:
     _p_param_prefix: str
     _p_param_suffix: str
     _p_param_close: str
+    _p_fence_open: str
+    _p_fence_close: str
+    _fence_arguments_key: str  # the invocation object's arguments member (fenced calls)
     _p_header: str
     _p_message: str
     _p_frame_ends: list[str]

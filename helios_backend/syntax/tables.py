@@ -100,7 +100,8 @@ def json_call_tags() -> pb.ToolSyntax:
     The name is a member of the invocation's JSON object, so the invocation opens with the start
     of that object and closes with its final brace; the engine finds the end of the arguments
     object by counting braces (JSON arguments may themselves hold "}"). One invocation per block;
-    parallel calls repeat the block.
+    parallel calls repeat the block. The same JSON object written as a Markdown ```json block is
+    a call too (the fence fields): small models trained on this template often answer that way.
     """
     return pb.ToolSyntax(
         block_open="<tool_call>",
@@ -112,6 +113,8 @@ def json_call_tags() -> pb.ToolSyntax:
         wrap_newlines=False,
         argument_encoding=JSON_OBJECT,
         invocations_per_block=1,
+        fence_open="```json",
+        fence_close="```",
     )
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Optional
 
 from helios_proto import contract_pb2 as pb
 
 from .events import ContentDelta, ParseError, ParseErrorKind, ToolCallEnd, ToolCallStart
 from .json_extent import JsonExtent
 from .markup import earliest, partial_suffix
-from .phases import MAX_NAME, Phase
+from .phases import MAX_FENCE, MAX_NAME, Phase
 from .scanner import ScannerBase
 
 
@@ -26,6 +27,17 @@ def is_string_schema(schema: Mapping[str, Any] | None) -> bool:
         return "properties" not in schema and "items" not in schema
     return kind == "string"
 
+
+
+_FENCED_CALL_START = '{"name":"'   # a fenced call's text, whitespace removed, starts so
+_MEMBER = re.compile(r'"([^"]+)"\s*:')
+
+
+def fence_arguments_key(tool: pb.ToolSyntax) -> Optional[str]:
+    """The member that holds a fenced call's arguments: the one the invocation's suffix names
+    (`", "arguments": ` -> arguments); None where the suffix names none."""
+    found = _MEMBER.search(tool.invocation_open_suffix)
+    return found.group(1) if found else None
 
 
 class ToolPhases(ScannerBase):
@@ -286,6 +298,49 @@ class ToolPhases(ScannerBase):
         if (not rest and not self._final) or self._waits_for(self._p_block_open, text=rest):
             return False
         self._take(len(self._buf) - len(rest))  # whitespace between blocks and the answer
+        self._phase = Phase.ANSWER
+        return True
+
+    # ---- fenced calls ------------------------------------------------------------------------
+    def _fence(self) -> bool:
+        """Inside a fence that may hold a JSON call (ToolSyntax.fence_open): held back until its
+        close, then a call if it holds exactly {"name": a registered tool, <arguments key>: an
+        object}; released as answer text as soon as it cannot be one (another first member, too
+        long, or not such an object at its close or the end of output)."""
+        hit = earliest(self._buf, [self._p_fence_close])
+        body = self._buf if hit is None else self._buf[:hit[0]]
+        compact = "".join(self._markup.render(body).split())
+        if len(body) > MAX_FENCE or not (compact.startswith(_FENCED_CALL_START) or _FENCED_CALL_START.startswith(compact)):
+            return self._release_fence()
+        if hit is None and not self._final:
+            return False
+        call = self._fenced_call(self._markup.render(body))
+        if call is None:
+            return self._release_fence()
+        self._take(len(body) + (len(hit[1]) if hit is not None else 0))
+        name, arguments = call
+        self._start_call(name)
+        self._args(json.dumps(arguments, ensure_ascii=False))
+        self._end_call()
+        self._phase = Phase.AFTER_BLOCK
+        return True
+
+    def _fenced_call(self, body: str) -> tuple[str, dict[str, Any]] | None:
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(value, dict) or not set(value) <= {"name", self._fence_arguments_key}:
+            return None
+        name, arguments = value.get("name"), value.get(self._fence_arguments_key, {})
+        if not isinstance(name, str) or name not in self._tools or not isinstance(arguments, dict):
+            return None
+        return name, arguments
+
+    def _release_fence(self) -> bool:
+        """Not a call: the fence opener is answer text; what follows it is read as answer again."""
+        self._text(ContentDelta, self._raw)
+        self._raw = ""
         self._phase = Phase.ANSWER
         return True
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from helios_proto import contract_pb2 as pb
 
 from .tables import FrontendSyntax
+from .tool_phases import fence_arguments_key
 
 
 class FrontendSyntaxError(ValueError):
@@ -70,6 +71,10 @@ def frontend_problems(syntax: FrontendSyntax) -> list[str]:
             problems.append("tool_syntax.tag_separator must be whitespace (the parser skips whitespace between tags)")
         if not tool.invocation_close and tool.invocations_per_block != 1:
             problems.append("tool_syntax without invocation_close must declare invocations_per_block = 1")
+        if bool(tool.fence_open) != bool(tool.fence_close):
+            problems.append("tool_syntax.fence_open and .fence_close are declared together")
+        if tool.fence_open and (tool.argument_encoding != pb.ARGUMENT_ENCODING_JSON_OBJECT or fence_arguments_key(tool) is None):
+            problems.append("tool_syntax.fence_open needs JSON-object arguments whose invocation_open_suffix names their member")
     if syntax.has_delimited_reasoning:
         if not reasoning.open or not reasoning.close:
             problems.append("reasoning_syntax.open and .close are required for delimited reasoning")
