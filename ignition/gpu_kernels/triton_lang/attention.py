@@ -435,27 +435,36 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
     """
     wait_for_predecessors(PDL)
     if (tokens >= LARGE_TOKENS) & (head_dim <= BLOCK_D):
-        if LARGE_FLASH:
-            _flash_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
-                           rows, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                           page_stride, scale, LARGE_M, LARGE_N, BLOCK_D, MAX_ROWS, PAGE_TOKENS)
-        else:
-            _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
-                           rows, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                           page_stride, scale, 0, False, LARGE_M, LARGE_N, BLOCK_D, MAX_ROWS)
+        _large_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, LARGE_M, LARGE_N, BLOCK_D, MAX_ROWS, LARGE_FLASH,
+                       PAGE_TOKENS)
     elif (tokens >= LARGE_TOKENS) & (head_dim <= LARGE_D):
-        if LARGE_FLASH:
-            _flash_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
-                           rows, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                           page_stride, scale, LARGE_M, LARGE_N, LARGE_D, MAX_ROWS, PAGE_TOKENS)
-        else:
-            _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
-                           rows, tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                           page_stride, scale, 0, False, LARGE_M, LARGE_N, LARGE_D, MAX_ROWS)
+        _large_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, LARGE_M, LARGE_N, LARGE_D, MAX_ROWS, LARGE_FLASH,
+                       PAGE_TOKENS)
     elif (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
         _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                        page_stride, scale, 0, False, BLOCK_M, WIDE_N, WIDE_D, MAX_ROWS)
+    else:
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, 0, False, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
+
+
+@triton.jit
+def _large_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                   tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                   scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   MAX_ROWS: tl.constexpr, FLASH: tl.constexpr, PAGE_TOKENS: tl.constexpr):
+    """One large query block of paged_attention: _flash_program (FLASH), else the smaller
+    blocks' key loop (_paged_program)."""
+    if FLASH:
+        _flash_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS, PAGE_TOKENS)
     else:
         _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
