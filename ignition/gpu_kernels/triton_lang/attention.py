@@ -313,21 +313,24 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
 
 
 @triton.jit
-def _query_block(geometry, rows, tokens, group, pid, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr):
+def _query_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr,
+                 REVERSED: tl.constexpr = False):
     """_row_block over the narrowest row vector that holds `rows`: a decode step of a few rows
     scans 16 geometry entries instead of MAX_ROWS (one load round and a short prefix sum)."""
     if rows <= 16:
-        return _row_block(geometry, rows, tokens, group, pid, BLOCK_M, 16)
+        return _row_block(geometry, rows, tokens, group, BLOCK_M, 16, REVERSED)
     else:
-        return _row_block(geometry, rows, tokens, group, pid, BLOCK_M, MAX_ROWS)
+        return _row_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS, REVERSED)
 
 
 @triton.jit
-def _row_block(geometry, rows, tokens, group, pid, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr):
-    """(row, first token, row end) of query block `pid`; row == rows if none.
+def _row_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr,
+               REVERSED: tl.constexpr):
+    """(row, first token, row end) of program_id(0)'s query block; row == rows if none.
 
-    Rows are cut into blocks of BLOCK_M // group consecutive queries; block p is the p-th in
-    row order (prefix sum of the rows' block counts, rows <= MAX_ROWS)."""
+    Rows are cut into blocks of BLOCK_M // group consecutive queries; program p takes the
+    p-th block in row order (prefix sum of the rows' block counts, rows <= MAX_ROWS), or
+    (REVERSED) the p-th from the grid's end."""
     per_block = BLOCK_M // group
     r = tl.arange(0, MAX_ROWS)
     r_mask = r < rows
@@ -335,6 +338,9 @@ def _row_block(geometry, rows, tokens, group, pid, BLOCK_M: tl.constexpr, MAX_RO
     ends = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
     blocks = (ends - starts + per_block - 1) // per_block
     block_ends = tl.cumsum(blocks, axis=0)
+    pid = tl.program_id(0)
+    if REVERSED:
+        pid = tl.num_programs(0) - 1 - pid
     row = tl.sum((tl.where(r_mask, block_ends, 0x7FFFFFFF) <= pid).to(tl.int32), axis=0)
     this = r == row
     end = tl.sum(tl.where(this, ends, 0), axis=0)
@@ -496,8 +502,7 @@ def _flash_program(out, q, k_cache, v_cache, positions, page_table, row_slot, ge
     group = q_heads // kv_heads
     # the blocks in reverse: a row's last blocks (the most keys) start first and the light
     # ones fill the tail of the last wave; the grid's surplus programs (x from the end) exit
-    block = tl.num_programs(0) - 1 - tl.program_id(0)
-    row, first, end = _query_block(geometry, rows, tokens, group, block, BLOCK_M, MAX_ROWS)
+    row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS, True)
     if row < rows:
         kv_head = tl.program_id(1)
         q_tile, q_pos, mask, offsets, valid = _load_queries(q, positions, first, end, kv_head,
@@ -620,7 +625,7 @@ def _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, ge
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr):
     """One query block of paged_attention / paged_window_attention (after the PDL wait)."""
     group = q_heads // kv_heads
-    row, first, end = _query_block(geometry, rows, tokens, group, tl.program_id(0), BLOCK_M, MAX_ROWS)
+    row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:
         kv_head = tl.program_id(1)
         q_tile, q_pos, mask, offsets, valid = _load_queries(q, positions, first, end, kv_head,
@@ -676,7 +681,7 @@ def _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, ge
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr):
     """One (query block, split) of paged_attention_split (after the PDL wait)."""
     group = q_heads // kv_heads
-    row, first, end = _query_block(geometry, rows, tokens, group, tl.program_id(0), BLOCK_M, MAX_ROWS)
+    row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
