@@ -24,7 +24,9 @@ measured by bench/pytorch_peer.py in the same device call (cuBLAS 8192^3; this p
 it itself when no peer file is given). `roofline_fraction` = roofline time / measured time.
 Steps of PRODUCT_PATH_TOKENS tokens and more take the product path (plain f16 products: cuBLASLt
 where it loads, `run --no-vendor-products` their cubins; docs/kernels.md); each layout's entry
-names which served them. Writes kernels.json (`programs`: one row per layout x program; `operations`: per-operation rows)
+names which served them. `build --attention-tiles flash` compiles attention.paged.v1 with its
+FlashAttention-2-class large-step tiles (docs/kernels.md, "Flash-class prefill attention") for an
+A/B against the default in one device call. Writes kernels.json (`programs`: one row per layout x program; `operations`: per-operation rows)
 and prints a table. llama.cpp is not run here: `llama_cpp_tokens_per_s` is null.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 from helios_proto import contract_pb2 as C
 
 from bench.roofline import Step, program_costs
+from ignition.gpu_kernels.specs import ATTENTION_TILES, DEFAULT_ATTENTION_TILES
 from ignition.recipes.llama_decoder import DecoderOptions
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -74,13 +77,14 @@ def device_slug(name: str) -> str:
 
 # ---- here: bundles ----------------------------------------------------------------------------
 
-def build(out: pathlib.Path, layouts: list[str], archs: list[str], product_path_tokens: int) -> None:
+def build(out: pathlib.Path, layouts: list[str], archs: list[str], product_path_tokens: int,
+          attention_tiles: str = DEFAULT_ATTENTION_TILES) -> None:
     from ignition.gpu_kernels.library import KernelLibrary
     from ignition.preparation.prepare import prepare
     from ignition.recipes.hf_layout import recipe_for_layout
     from tests.gpu.model_bundle import write_bundle
 
-    library = KernelLibrary(archs=archs)
+    library = KernelLibrary(archs=archs, attention_tiles=attention_tiles)
     for name in layouts:
         started = time.time()
         recipe = recipe_for_layout(LAYOUT_DIR / f"{name}.json")
@@ -320,6 +324,9 @@ def main() -> None:
     b.add_argument("--arch", action="append", default=None, help="kernel architecture (default sm_90a)")
     b.add_argument("--product-path-tokens", type=int, default=PRODUCT_PATH_TOKENS,
                    help="steps of this many tokens and more run the product path (0: never)")
+    b.add_argument("--attention-tiles", choices=sorted(ATTENTION_TILES), default=DEFAULT_ATTENTION_TILES,
+                   help="attention.paged.v1's large-step tiles (specs.py ATTENTION_TILES; build both "
+                        "into separate --out folders to compare them)")
     r = commands.add_parser("run", help="measure (on the device)")
     r.add_argument("--bundles", type=pathlib.Path, required=True)
     r.add_argument("--layout", action="append", default=None)
@@ -331,7 +338,7 @@ def main() -> None:
     args = parser.parse_args()
     layouts = args.layout or list(LAYOUTS)
     if args.command == "build":
-        build(args.out, layouts, args.arch or ["sm_90a"], args.product_path_tokens)
+        build(args.out, layouts, args.arch or ["sm_90a"], args.product_path_tokens, args.attention_tiles)
     else:
         run(args.bundles, layouts, args.out, args.peer, not args.no_vendor_products, args.name)
 

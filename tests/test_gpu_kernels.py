@@ -765,6 +765,65 @@ def test_paged_attention_large_query_blocks(library, interpreter, head_dim, quer
     assert (out["out"][live:] == 7.0).all()
 
 
+# The flash-class large blocks (specs.ATTENTION_TILES["flash"]), their threshold and tiles made
+# small so a few tokens reach them in the interpreter: 32 query rows against 16-key tiles, so the
+# blocks with a cached prefix run unmasked key blocks before their masked diagonal. Cases: mixed
+# decode + prefill rows with an empty row and a padding token; a chunk continuing a prompt (24
+# cached keys); page-edge decode of 18 rows; 16-token pages (one page a tile, several whole
+# tiles); MHA; GQA group 7 (4 tokens fill 28 of a block's 32 rows).
+FLASH_CASES = [PAGED_CASES[0], PAGED_CASES[3], PAGED_CASES[5], PAGED_CASES[2], PAGED_CASES[4],
+               ([2, 6], [30, 31, 0, 1, 2, 3, 4, 5, 0], 4, 7, 1)]
+FLASH_TILES = {"LARGE_TOKENS": 4, "LARGE_M": 32, "LARGE_N": 16}
+
+
+@pytest.fixture(scope="module")
+def flash_library(tmp_path_factory: pytest.TempPathFactory) -> KernelLibrary:
+    return KernelLibrary(cache_dir=tmp_path_factory.mktemp("flash"), attention_tiles="flash")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads", FLASH_CASES)
+def test_flash_attention_tiles(flash_library, interpreter, head_dim, query_length, positions, page_tokens,
+                               q_heads, kv_heads):
+    """attention.paged.v1's flash instantiation against the numpy reference, with its page-wise
+    table reads (PAGE_TOKENS = the launch's page_tokens) and per-key lookups (any other)."""
+    buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads, head_dim=head_dim)
+    spec = flash_library.spec("attention.paged.v1")
+    assert spec.constexprs["LARGE_FLASH"] == 1 and spec.num_warps == 8
+    per_block = FLASH_TILES["LARGE_M"] // (q_heads // kv_heads)       # the large blocks' grid
+    assert spec.grid(immediates, {**spec.constexprs, **FLASH_TILES})[:2] == (
+        -(-len(positions) // per_block) + len(query_length), kv_heads)
+    live = sum(max(n, 0) for n in query_length)
+    for page_lookup in (page_tokens, 2):              # whole pages; per key (2 is no case's page size)
+        tiles = {**FLASH_TILES, "PAGE_TOKENS": page_lookup}
+        runner = InterpreterRunner(flash_library, interpreter, {"attention.paged.v1": tiles})
+        out = check_against_reference(runner, "attention.paged.v1", buffers, immediates, atol=1e-2, rtol=1e-2)
+        assert (out["out"][live:] == 7.0).all()       # padding tokens untouched
+
+
+def test_attention_tiles_default_to_the_current_instantiation(library, flash_library):
+    """The flash tiles are chosen explicitly; the default library keeps the measured ones."""
+    assert library.attention_tiles == "current"
+    assert library.spec("attention.paged.v1").constexprs["LARGE_FLASH"] == 0
+    assert library.spec("attention.paged.v1") == SPECS_BY_ID["attention.paged.v1"]
+    # every other id is the same build in both libraries
+    assert [library.spec(i) == flash_library.spec(i) for i in library.kernel_ids()].count(False) == 1
+    with pytest.raises(ValueError, match="attention_tiles"):
+        KernelLibrary(attention_tiles="fastest")
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="cuobjdump not bundled with triton")
+def test_flash_attention_tiles_compile_for_sm90a(flash_library, tmp_path):
+    """The flash build compiles to an sm_90a cubin that fits two programs' shared memory per SM
+    and issues warpgroup MMAs (HGMMA) with 16-byte cp.async key/value loads."""
+    [(cubin, module)] = [(c, m) for c, m in flash_library.build_modules(["sm_90a"])
+                         if m.kernels[0].id == "attention.paged.v1"]
+    kernel = module.kernels[0]
+    assert kernel.num_warps == 8 and kernel.shared_bytes <= 113 * 1024
+    sass = _sass(cubin, tmp_path)
+    assert "ACQBULK" in sass and "HGMMA" in sass and "LDGSTS.E.BYPASS.128" in sass
+
+
 # heads of 256 dims (the kernels' wide instantiation) on a decode and a prefill-chunk case
 WIDE_CASES = [PAGED_CASES[0], PAGED_CASES[3]]
 

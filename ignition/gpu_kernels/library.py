@@ -29,8 +29,8 @@ from helios_proto import manifest_pb2
 from helios_backend.executors.cuda.modules import kernel_table_disagreements
 from ignition.gpu_kernels import compiler, targets
 from ignition.gpu_kernels.signature import triton_signature
-from ignition.gpu_kernels.specs import (ALIGNMENT, KERNEL_SPECS, SPECS_BY_ID, GeometryError, Grid,
-                                    KernelBuild)
+from ignition.gpu_kernels.specs import (ALIGNMENT, DEFAULT_ATTENTION_TILES, GeometryError, Grid,
+                                    KernelBuild, kernel_specs)
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Grid, Dim3, int]          # (grid, block, dynamic shared bytes)
@@ -61,11 +61,16 @@ def _byte_offset(pointer) -> int:
 
 
 class KernelLibrary:
-    """Compiles every ABI kernel id once per target (cached on disk under cache_dir)."""
+    """Compiles every ABI kernel id once per target (cached on disk under cache_dir);
+    attention_tiles picks attention.paged.v1's large-step tiles (specs.ATTENTION_TILES)."""
 
-    def __init__(self, cache_dir: Path | None = None, archs: Iterable[str] | None = None) -> None:
+    def __init__(self, cache_dir: Path | None = None, archs: Iterable[str] | None = None,
+                 attention_tiles: str = DEFAULT_ATTENTION_TILES) -> None:
         self._cache = compiler.CubinCache(Path(cache_dir) if cache_dir else DEFAULT_CACHE_DIR)
         self.targets = targets.resolve(archs)
+        self.attention_tiles = attention_tiles
+        self._table = kernel_specs(attention_tiles)
+        self._by_id = {spec.kernel_id: spec for spec in self._table}
         # (capability, widened ids) -> id -> kernel
         self._compiled: dict[tuple[int, frozenset[str]], dict[str, compiler.CompiledKernel]] = {}
 
@@ -81,9 +86,12 @@ class KernelLibrary:
         """The ids of specs.KERNEL_SPECS that abi.py defines."""
         return [spec.kernel_id for spec in self._specs()]
 
-    @staticmethod
-    def _specs() -> list[KernelBuild]:
-        return [spec for spec in KERNEL_SPECS if spec.kernel_id in abi.KERNELS]
+    def _specs(self) -> list[KernelBuild]:
+        return [spec for spec in self._table if spec.kernel_id in abi.KERNELS]
+
+    def spec(self, kernel_id: str) -> KernelBuild:
+        """The build of `kernel_id` this library compiles (its tiles, grid, warps)."""
+        return self._by_id[kernel_id]
 
     def signature(self, kernel_id: str) -> tuple[tuple[str, str], ...]:
         """(param name, Triton type) in ABI order."""
@@ -126,11 +134,11 @@ class KernelLibrary:
     def needs_widening(self, kernel_id: str, args: Sequence) -> bool:
         """Whether a launch with these args needs its id compiled with the Widening's tiles
         (build_modules(widened=...))."""
-        return SPECS_BY_ID[kernel_id].needs_widening(self._integers(self._immediates(kernel_id, args)))
+        return self.spec(kernel_id).needs_widening(self._integers(self._immediates(kernel_id, args)))
 
     def tiles(self, kernel_id: str, args: Sequence) -> Mapping[str, int]:
         """The constexprs a launch with these args runs with (widened where it needs it)."""
-        return SPECS_BY_ID[kernel_id].tiles(self._integers(self._immediates(kernel_id, args)))
+        return self.spec(kernel_id).tiles(self._integers(self._immediates(kernel_id, args)))
 
     def geometry(self, kernel_id: str, args: Sequence,
                  constexprs: Mapping[str, int] | None = None) -> Geometry:
@@ -140,7 +148,7 @@ class KernelLibrary:
 
         Raises specs.GeometryError when the immediates exceed the compiled tiles (e.g. more
         rows than MAX_ROWS), so a bad variant fails at preparation, not on the GPU."""
-        spec = SPECS_BY_ID[kernel_id]
+        spec = self.spec(kernel_id)
         signature = self.signature(kernel_id)
         immediates = self._immediates(kernel_id, args)
         for (name, kind), value in zip(signature, args):

@@ -309,8 +309,18 @@ _ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D
               "MAX_ROWS": 256}
 ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 256})
 # prefill chunks and wide MIXED steps (from LARGE_TOKENS tokens): 64 query rows a block against
-# [32 keys, up to 128 dims] tiles (16 KiB of keys and values a stage at 128 dims)
-_LARGE_ATTENTION = {"LARGE_TOKENS": 512, "LARGE_M": 64, "LARGE_N": 32, "LARGE_D": 128}
+# [32 keys, up to 128 dims] tiles (16 KiB of keys and values a stage at 128 dims), the key loop
+# of the smaller blocks (LARGE_FLASH 0; PAGE_TOKENS unused)
+_LARGE_ATTENTION = {"LARGE_TOKENS": 512, "LARGE_M": 64, "LARGE_N": 32, "LARGE_D": 128,
+                    "LARGE_FLASH": 0, "PAGE_TOKENS": 16}
+# the FlashAttention-2-class large blocks (LARGE_FLASH 1: attention.py _flash_program): 128 query
+# rows against [64 keys, 64 or 128 dims] tiles, the key loop split into unmasked blocks and the
+# masked diagonal, exp2 with the scale folded into q, page-table words read a page at a time for
+# pages of PAGE_TOKENS tokens (other page sizes gather per key); 8 warps, two warpgroups of 64
+# rows (the 128 x 128 f32 accumulator is 64 registers a thread). Not measured on a device yet,
+# so "current" stays the default (docs/kernels.md, "Flash-class prefill attention").
+_FLASH_ATTENTION = {"LARGE_TOKENS": 512, "LARGE_M": 128, "LARGE_N": 64, "LARGE_D": 128,
+                    "LARGE_FLASH": 1, "PAGE_TOKENS": 16}
 # post-norm residual: one program per 16 rows covers all out_dim columns (two passes); at decode
 # that is one program streaming the whole weight, so its tiles are wide ([64, 128] f16 = 16 KB
 # per stage, 8 warps) to keep many bytes in flight on its one SM (not tuned on a device yet)
@@ -345,6 +355,21 @@ def _token_column_tiles(n_name: str) -> GridFunction:
     return grid
 
 
+def _paged_attention_build(large: Mapping[str, int], num_warps: int, num_stages: int) -> KernelBuild:
+    return KernelBuild("attention.paged.v1", "attention", "paged_attention", {**_ATTENTION, **large},
+                       _paged_attention, num_warps=num_warps, num_stages=num_stages,
+                       divisible=("head_dim", "page_stride"), widening=ATTENTION_WIDENING)
+
+
+# attention.paged.v1's large-step tiles, chosen when a library is made (KernelLibrary(attention_tiles=),
+# `python -m bench.kernels build --attention-tiles`). num_warps is the whole cubin's, so "flash"
+# also runs its decode and small-step blocks with 8 warps.
+ATTENTION_TILES: Mapping[str, KernelBuild] = {
+    "current": _paged_attention_build(_LARGE_ATTENTION, num_warps=4, num_stages=3),
+    "flash": _paged_attention_build(_FLASH_ATTENTION, num_warps=8, num_stages=2),
+}
+DEFAULT_ATTENTION_TILES = "current"
+
 # Ids are compiled when abi.py defines them (the library filters), so a kernel can land here
 # before its ABI entry does.
 KERNEL_SPECS: tuple[KernelBuild, ...] = (
@@ -367,9 +392,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
     KernelBuild("attention.qkv_norm_rope_store.v1", "attention", "qkv_norm_rope_store",
                _QKV_NORM_GEMM, _qkv_norm_rope_store,
                num_stages=2, divisible=("dim", "head_dim", "page_stride")),
-    KernelBuild("attention.paged.v1", "attention", "paged_attention", {**_ATTENTION, **_LARGE_ATTENTION},
-               _paged_attention, num_stages=3, divisible=("head_dim", "page_stride"),
-               widening=ATTENTION_WIDENING),
+    ATTENTION_TILES[DEFAULT_ATTENTION_TILES],
     KernelBuild("attention.paged_window.v1", "attention", "paged_window_attention", _ATTENTION,
                _paged_window_attention, num_stages=3, divisible=("head_dim", "page_stride"),
                widening=ATTENTION_WIDENING),
@@ -467,3 +490,11 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
 )
 
 SPECS_BY_ID: Mapping[str, KernelBuild] = {spec.kernel_id: spec for spec in KERNEL_SPECS}
+
+
+def kernel_specs(attention_tiles: str = DEFAULT_ATTENTION_TILES) -> tuple[KernelBuild, ...]:
+    """KERNEL_SPECS with attention.paged.v1 built from ATTENTION_TILES[attention_tiles]."""
+    if attention_tiles not in ATTENTION_TILES:
+        raise ValueError(f"attention_tiles {attention_tiles!r}: expected one of {sorted(ATTENTION_TILES)}")
+    chosen = ATTENTION_TILES[attention_tiles]
+    return tuple(chosen if spec.kernel_id == chosen.kernel_id else spec for spec in KERNEL_SPECS)

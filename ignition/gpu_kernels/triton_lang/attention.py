@@ -313,21 +313,24 @@ def _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weig
 
 
 @triton.jit
-def _query_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr):
+def _query_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr,
+                 REVERSED: tl.constexpr = False):
     """_row_block over the narrowest row vector that holds `rows`: a decode step of a few rows
     scans 16 geometry entries instead of MAX_ROWS (one load round and a short prefix sum)."""
     if rows <= 16:
-        return _row_block(geometry, rows, tokens, group, BLOCK_M, 16)
+        return _row_block(geometry, rows, tokens, group, BLOCK_M, 16, REVERSED)
     else:
-        return _row_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
+        return _row_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS, REVERSED)
 
 
 @triton.jit
-def _row_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr):
+def _row_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: tl.constexpr,
+               REVERSED: tl.constexpr):
     """(row, first token, row end) of program_id(0)'s query block; row == rows if none.
 
     Rows are cut into blocks of BLOCK_M // group consecutive queries; program p takes the
-    p-th block in row order (prefix sum of the rows' block counts, rows <= MAX_ROWS)."""
+    p-th block in row order (prefix sum of the rows' block counts, rows <= MAX_ROWS), or
+    (REVERSED) the p-th from the grid's end."""
     per_block = BLOCK_M // group
     r = tl.arange(0, MAX_ROWS)
     r_mask = r < rows
@@ -336,6 +339,8 @@ def _row_block(geometry, rows, tokens, group, BLOCK_M: tl.constexpr, MAX_ROWS: t
     blocks = (ends - starts + per_block - 1) // per_block
     block_ends = tl.cumsum(blocks, axis=0)
     pid = tl.program_id(0)
+    if REVERSED:
+        pid = tl.num_programs(0) - 1 - pid
     row = tl.sum((tl.where(r_mask, block_ends, 0x7FFFFFFF) <= pid).to(tl.int32), axis=0)
     this = r == row
     end = tl.sum(tl.where(this, ends, 0), axis=0)
@@ -370,13 +375,24 @@ def _attend(q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads, head_dim,
         if WINDOWED:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, scores, values, False)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _softmax_step(acc, m_i, l_i, scores, values, LOG2: tl.constexpr):
+    """One key block of the online softmax: rescale (acc, l) to the new row maxima, add the
+    block's p @ values. LOG2: scores are in log2 units (exp2), else natural (exp)."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    if LOG2:
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(scores - m_new[:, None])
+    else:
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tile_dot(p, values, acc * alpha[:, None])      # p in [0, 1]: f16-safe
-        m_i = m_new
-    return acc, m_i, l_i
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tile_dot(p, values, acc * alpha[:, None])      # p in [0, 1]: f16-safe
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -403,7 +419,8 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     WIDE_N: tl.constexpr, WIDE_D: tl.constexpr, MAX_ROWS: tl.constexpr,
                     LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr, LARGE_N: tl.constexpr,
-                    LARGE_D: tl.constexpr, PDL: tl.constexpr):
+                    LARGE_D: tl.constexpr, LARGE_FLASH: tl.constexpr, PAGE_TOKENS: tl.constexpr,
+                    PDL: tl.constexpr):
     """Causal GQA of each row's packed queries over its paged history (flash-style, online softmax).
 
     Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads), group = q_heads // kv_heads.
@@ -419,16 +436,20 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
     rows against [LARGE_N keys, BLOCK_D or LARGE_D dims] tiles: each key and value tile then
     serves LARGE_M // group queries instead of BLOCK_M // group (a 4,096-token prefill of a
     group-4 layer read its keys 1,024 times a head; now 256), heads to LARGE_D dims.
+    LARGE_FLASH (a tile-table choice, specs.ATTENTION_TILES) makes those large blocks take
+    _flash_program instead: the same query blocks and grid, the key loop in two phases.
     """
     wait_for_predecessors(PDL)
     if (tokens >= LARGE_TOKENS) & (head_dim <= BLOCK_D):
-        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+        _large_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                       page_stride, scale, 0, False, LARGE_M, LARGE_N, BLOCK_D, MAX_ROWS)
+                       page_stride, scale, LARGE_M, LARGE_N, BLOCK_D, MAX_ROWS, LARGE_FLASH,
+                       PAGE_TOKENS)
     elif (tokens >= LARGE_TOKENS) & (head_dim <= LARGE_D):
-        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+        _large_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
-                       page_stride, scale, 0, False, LARGE_M, LARGE_N, LARGE_D, MAX_ROWS)
+                       page_stride, scale, LARGE_M, LARGE_N, LARGE_D, MAX_ROWS, LARGE_FLASH,
+                       PAGE_TOKENS)
     elif (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
         _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
@@ -437,6 +458,131 @@ def paged_attention(out, q, k_cache, v_cache, positions, page_table, row_slot, g
         _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
                        tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                        page_stride, scale, 0, False, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
+
+
+@triton.jit
+def _large_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                   tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                   scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   MAX_ROWS: tl.constexpr, FLASH: tl.constexpr, PAGE_TOKENS: tl.constexpr):
+    """One large query block of paged_attention: _flash_program (FLASH), else the smaller
+    blocks' key loop (_paged_program)."""
+    if FLASH:
+        _flash_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS, PAGE_TOKENS)
+    else:
+        _paged_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                       tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
+                       page_stride, scale, 0, False, BLOCK_M, BLOCK_N, BLOCK_D, MAX_ROWS)
+
+
+LOG2E = tl.constexpr(1.4426950408889634)     # exp(x) = exp2(x * LOG2E)
+
+
+@triton.jit
+def _flash_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry, rows,
+                   tokens, q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
+                   scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   MAX_ROWS: tl.constexpr, PAGE_TOKENS: tl.constexpr):
+    """One large query block the FlashAttention-2 way (paged_attention, LARGE_FLASH).
+
+    The block's BLOCK_M query rows are _paged_program's (tokens x the GQA group, padding rows
+    past a row's end or past group * (BLOCK_M // group)); what differs is the key loop:
+      * q is scaled once by scale * log2(e), so the softmax runs in exp2 with no per-score
+        multiply;
+      * keys below the block's lowest query position are visible to every query: whole
+        BLOCK_N blocks of them run without any mask (no compare, no select, no bounds), and
+        only the blocks from there to the highest query position (the diagonal) are masked;
+        the loop stops at the highest query's position as before;
+      * key/value rows are addressed a page at a time (_key_offsets) where the launch's
+        page_tokens is the PAGE_TOKENS the tiles were compiled for;
+      * blocks run in reverse order, heaviest first (causal blocks' work grows with position).
+    """
+    group = q_heads // kv_heads
+    # the blocks in reverse: a row's last blocks (the most keys) start first and the light
+    # ones fill the tail of the last wave; the grid's surplus programs (x from the end) exit
+    row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS, True)
+    if row < rows:
+        kv_head = tl.program_id(1)
+        q_tile, q_pos, mask, offsets, valid = _load_queries(q, positions, first, end, kv_head,
+                                                            group, q_heads, head_dim, BLOCK_M,
+                                                            BLOCK_D)
+        q_tile = q_tile * (scale * LOG2E)
+        table = page_table + tl.load(row_slot + row) * pages_per_row
+        key_end = tl.max(q_pos, axis=0) + 1
+        lowest = tl.min(tl.where(valid, q_pos, 0x7FFFFFFF), axis=0)
+        unmasked_end = tl.minimum((lowest + 1) // BLOCK_N * BLOCK_N, key_end)
+        m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        acc, m_i, l_i = _flash_keys(acc, m_i, l_i, q_tile, q_pos, table, k_cache, v_cache,
+                                    kv_head, kv_heads, head_dim, page_tokens, page_stride, 0,
+                                    unmasked_end, False, BLOCK_M, BLOCK_N, BLOCK_D,
+                                    PAGE_TOKENS)
+        acc, m_i, l_i = _flash_keys(acc, m_i, l_i, q_tile, q_pos, table, k_cache, v_cache,
+                                    kv_head, kv_heads, head_dim, page_tokens, page_stride,
+                                    unmasked_end, key_end, True, BLOCK_M, BLOCK_N,
+                                    BLOCK_D, PAGE_TOKENS)
+        tl.store(out + offsets, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], mask=mask)
+
+
+@triton.jit
+def _flash_keys(acc, m_i, l_i, q_tile, q_pos, table, k_cache, v_cache, kv_head, kv_heads,
+                head_dim, page_tokens, page_stride, key_begin, key_end, MASKED: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                PAGE_TOKENS: tl.constexpr):
+    """_attend's online softmax over keys [key_begin, key_end) (key_begin a multiple of
+    BLOCK_N) for q pre-scaled into log2 units; MASKED: the causal compare and the key bound,
+    else every key of the range is visible to every query row."""
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+    for k0 in range(key_begin, key_end, BLOCK_N):
+        k_pos = k0 + tl.arange(0, BLOCK_N)
+        base = _key_offsets(table, k0, key_end, kv_head, kv_heads, head_dim, page_tokens,
+                            page_stride, BLOCK_N, PAGE_TOKENS)
+        if MASKED:
+            kv_mask = (k_pos < key_end)[:, None] & d_mask[None, :]
+        else:
+            kv_mask = d_mask[None, :]       # the dims only (broadcast over the keys)
+        keys = tl.load(k_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        values = tl.load(v_cache + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        scores = tile_dot(q_tile, tl.trans(keys), tl.zeros((BLOCK_M, BLOCK_N), tl.float32))
+        if MASKED:
+            visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < key_end)[None, :]
+            scores = tl.where(visible, scores, float("-inf"))
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, scores, values, True)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _key_offsets(table, k0, key_end, kv_head, kv_heads, head_dim, page_tokens, page_stride,
+                 BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr):
+    """Element offsets of keys k0 .. k0 + BLOCK_N - 1 of kv head kv_head in a cache plane.
+
+    Where the launch's page_tokens is PAGE_TOKENS (compiled in, a power of two dividing
+    BLOCK_N; k0 a multiple of BLOCK_N), the tile is BLOCK_N / PAGE_TOKENS whole pages: one
+    page-table word a page, broadcast over its tokens, and the in-page slot a constant mask.
+    Otherwise each key looks its page up (any page_tokens). Pages past key_end read entry 0
+    (their keys are masked)."""
+    tl.static_assert(BLOCK_N % PAGE_TOKENS == 0)
+    if page_tokens == PAGE_TOKENS:
+        index = k0 // PAGE_TOKENS + tl.arange(0, BLOCK_N // PAGE_TOKENS)
+        pages = tl.load(table + index, mask=index * PAGE_TOKENS < key_end, other=0)
+        page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_TOKENS, PAGE_TOKENS)),
+                          (BLOCK_N,))
+        slot = tl.arange(0, BLOCK_N) % PAGE_TOKENS
+    else:
+        page, slot = _key_pages(table, k0, key_end, page_tokens, BLOCK_N)
+    return page.to(tl.int64) * page_stride + (slot * kv_heads + kv_head) * head_dim
+
+
+@triton.jit
+def _key_pages(table, k0, key_end, page_tokens, BLOCK_N: tl.constexpr):
+    """(page, slot in the page) of keys k0 .. k0 + BLOCK_N - 1, one table lookup a key."""
+    k_pos = k0 + tl.arange(0, BLOCK_N)
+    page = tl.load(table + k_pos // page_tokens, mask=k_pos < key_end, other=0)
+    return page, k_pos % page_tokens
 
 
 @triton.jit
