@@ -9,8 +9,11 @@ from helios_backend.scheduler.speculative_width import DraftAcceptance, RoundCos
 POLICY = WidthPolicy(max_drafts=7)
 
 
-def test_a_new_request_is_offered_a_short_draft_and_widens_as_drafts_are_accepted():
+def test_a_new_request_is_offered_nothing_until_evidence_and_widens_as_drafts_are_accepted():
     acceptance = DraftAcceptance()
+    assert acceptance.draft_limit(POLICY) == 0                # the prior alone pays for no round
+    assert acceptance.shadow_limit(POLICY) == POLICY.max_drafts
+    acceptance.observe(POLICY, 1, 1)                          # one copy accepted
     first = acceptance.draft_limit(POLICY)
     assert 1 <= first < POLICY.max_drafts
     limits = [first]
@@ -19,6 +22,46 @@ def test_a_new_request_is_offered_a_short_draft_and_widens_as_drafts_are_accepte
         acceptance.observe(POLICY, offered, offered)          # every proposal accepted
         limits.append(acceptance.draft_limit(POLICY))
     assert limits == sorted(limits) and limits[-1] == POLICY.max_drafts
+
+
+def test_a_settled_shadow_is_observed_as_the_round_that_would_have_offered_it():
+    history = [5, 6, 7, 8]
+    shadowed, verified = DraftAcceptance(), DraftAcceptance()
+    shadowed.shadow_offer(POLICY, [9, 10, 11], len(history))
+    assert shadowed.settle(POLICY, history)                   # nothing emitted yet: pending
+    assert shadowed.settle(POLICY, history + [9, 10])         # two copies equal so far: pending
+    assert not shadowed.settle(POLICY, history + [9, 10, 12])  # the third differs: decided
+    verified.observe(POLICY, 3, 2)
+    assert shadowed == verified and not shadowed.shadow
+    # a first copy that differs decides at once, whatever follows
+    early, late = DraftAcceptance(), DraftAcceptance()
+    early.shadow_offer(POLICY, [9, 10, 11], len(history))
+    assert not early.settle(POLICY, history + [4])
+    late.observe(POLICY, 3, 0)
+    assert early == late
+    # every copy emitted: all accepted
+    full = DraftAcceptance()
+    full.shadow_offer(POLICY, [9, 10], len(history))
+    assert not full.settle(POLICY, history + [9, 10, 3])
+    assert full.successes == 2.0 and full.failures == 0.0 and full.draft_limit(POLICY) > 1
+    # a long shadow is decided once shadow_tokens copies were emitted equal: those accepted
+    long = DraftAcceptance()
+    long.shadow_offer(POLICY, [9, 10, 11, 12, 13, 14, 15], len(history))
+    assert long.settle(POLICY, history + [9, 10])
+    assert not long.settle(POLICY, history + [9, 10, 11])
+    assert POLICY.shadow_tokens == 3 and long.successes == 3.0 and long.failures == 0.0 and not long.shadow
+
+
+def test_a_shadow_lookup_that_finds_nothing_is_a_miss():
+    missed, rejected = DraftAcceptance(), DraftAcceptance()
+    missed.shadow_offer(POLICY, [], 10)
+    rejected.observe(POLICY, 1, 0)
+    assert missed == rejected and missed.observed and not missed.settle(POLICY, list(range(20)))
+    # an observed request's lookups take what a round would offer, at least one copy
+    assert missed.shadow_limit(POLICY) == max(1, missed.draft_limit(POLICY))
+    for _ in range(5):
+        missed.miss(POLICY)
+    assert missed.draft_limit(POLICY) == 0 and missed.shadow_limit(POLICY) == 1
 
 
 def test_rejected_drafts_fall_back_to_no_drafting():
@@ -42,17 +85,20 @@ def test_recent_rounds_weigh_more_than_old_ones():
     assert late_good.rate > early_good.rate
 
 
-def test_an_idle_request_is_probed_again_after_its_evidence_fades():
-    acceptance = DraftAcceptance()
-    for _ in range(10):
-        acceptance.observe(POLICY, 1, 0)
-    assert acceptance.draft_limit(POLICY) == 0
-    idle = 0
-    while not acceptance.draft_limit(POLICY):
-        acceptance.idle(POLICY)
-        idle += 1
-    # probes are rare (a no-copy workload decodes plainly most rounds) but not never
-    assert 10 <= idle <= 60
+def test_only_an_accepted_copy_opens_drafting():
+    # a request whose lookups found nothing or only rejected copies is never offered drafts: p is
+    # still 1/3 >= reach after one of them, but no round that waits for feedback is paid on that
+    missed, rejected = DraftAcceptance(), DraftAcceptance()
+    missed.miss(POLICY)
+    rejected.observe(POLICY, 4, 0)
+    for acceptance in (missed, rejected):
+        assert acceptance.rate >= POLICY.reach and acceptance.draft_limit(POLICY) == 0
+        acceptance.idle(POLICY, 200)                          # fading alone never probes again
+        assert acceptance.draft_limit(POLICY) == 0
+        # a later shadow lookup whose first copy was emitted does
+        acceptance.shadow_offer(POLICY, [1, 2], 3)
+        assert not acceptance.settle(POLICY, [0, 0, 0, 1, 5])
+        assert acceptance.draft_limit(POLICY) >= 1
 
 
 def test_offering_nothing_counts_as_idle():

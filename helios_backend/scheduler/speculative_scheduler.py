@@ -10,6 +10,10 @@ logit bias or logprobs: the speculative programs have no logit-bias input and wr
 records), history drafting found at least one, and the adaptive width policy expects the round
 to beat DECODE (scheduler/speculative_width.py: each lane is offered as many proposals as its
 decaying acceptance makes worth it; none at all means plain DECODE without a history lookup).
+The evidence comes from shadow lookups while the rounds are plain: every QUIET_ROUNDS rounds
+each lane's copies are looked up and later compared with what it emitted, so neither a round
+that waits for feedback nor a SPECULATIVE program is paid before a request's own history showed
+that copying pays.
 The cohort is the DECODE cohort, chosen from completed observations (SPEC-15); pages are
 reserved for each lane's full ceiling (SPEC-21).
 
@@ -37,6 +41,7 @@ from helios_backend.scheduler.speculative import (
     SpeculativeProgram,
     SpeculativeRound,
     SpeculativeTable,
+    propose,
 )
 from helios_backend.scheduler.speculative_width import (
     QUIET_ROUNDS,
@@ -67,6 +72,8 @@ class DraftingCounters:
     offered: int = 0                # copied proposals verified
     accepted: int = 0               # of them accepted
     emitted: int = 0                # tokens those lanes emitted
+    waited: int = 0                 # DECODE rounds not pipelined because drafting might pay
+    shadows: int = 0                # shadow lookups started (copies found or not)
 
 
 @dataclass
@@ -89,9 +96,9 @@ class SpeculativeScheduler(Scheduler):
         self.costs = RoundCosts()
         self._planned: dict[int, int] = {}                    # id(submission) -> perf_counter_ns planned
         self._last_complete = 0
-        # DECODE rounds left before drafting is weighed again: a round that found it not worth it
-        # fades the lanes' evidence for QUIET_ROUNDS rounds at once and skips the per-lane work of
-        # the next ones (the steady decode loop pays one counter per round); a new request ends it
+        # DECODE rounds left before drafting is weighed again: a weighing that found it not worth
+        # it starts the lanes' shadow lookups and skips the per-lane work of the next rounds (the
+        # steady decode loop pays one counter per round); a new request ends it
         self._quiet = 0
 
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
@@ -101,18 +108,37 @@ class SpeculativeScheduler(Scheduler):
 
     def _weighed(self, lanes: Sequence[Lane]) -> tuple[list[DraftAcceptance], list[int]] | None:
         """The lanes' acceptance and draft limits when drafting may pay this round; else None
-        (and the quiet window starts)."""
+        (the lanes' shadow lookups start and the quiet window with them). Pending shadows are
+        settled first: their evidence decides this round."""
         if self._quiet:
             self._quiet -= 1
             return None
         acceptance = [self._acceptance_of(lane.request.serial) for lane in lanes]
-        limits = [0 if self._plain_only(lane.request) else a.draft_limit(self.policy)
-                  for lane, a in zip(lanes, acceptance)]
+        plain = [self._plain_only(lane.request) for lane in lanes]
+        for lane, a, skip in zip(lanes, acceptance, plain):
+            if not skip:
+                a.settle(self.policy, lane.request.tokens)
+        limits = [0 if skip else a.draft_limit(self.policy) for a, skip in zip(acceptance, plain)]
         if self._may_pay(acceptance, limits):
             return acceptance, limits
-        self._idle(acceptance, QUIET_ROUNDS)
-        self._quiet = QUIET_ROUNDS - 1
+        self._quiet = self._shadow(lanes, acceptance, plain) - 1
         return None
+
+    def _shadow(self, lanes: Sequence[Lane], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
+        """Start a shadow lookup for each lane without one; the rounds until the next weighing:
+        QUIET_ROUNDS, or just enough to settle a first lookup of a request never observed."""
+        quiet = QUIET_ROUNDS
+        for lane, a, skip in zip(lanes, acceptance, plain):
+            if skip or a.shadow:
+                continue
+            history = lane.request.tokens
+            first = not a.observed
+            a.shadow_offer(self.policy, propose(history, a.shadow_limit(self.policy)), len(history))
+            self.drafting.shadows += 1
+            if first and a.shadow:
+                # enough rounds to decide it (the copies follow the round in flight: one more)
+                quiet = min(quiet, min(len(a.shadow), self.policy.shadow_tokens) + 1)
+        return quiet
 
     def schedule(self) -> RoundPlan | None:
         plan = self._speculative_schedule()
@@ -169,6 +195,7 @@ class SpeculativeScheduler(Scheduler):
         base scheduler's pipelined decode (the requests' drafting evidence fades, _weighed)."""
         if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE \
                 and self._weighed(plan.main.lanes) is not None:
+            self.drafting.waited += 1
             return None
         nxt = super().pipeline_next(plan)
         if nxt is not None:
@@ -249,7 +276,9 @@ class SpeculativeScheduler(Scheduler):
         counters.rounds += 1
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
             offered = len(lane.proposals) if isinstance(lane, ScheduledSpeculativeLane) else 0
-            self._acceptance_of(lane.request.serial).observe(self.policy, offered, outcome.accepted)
+            acceptance = self._acceptance_of(lane.request.serial)
+            acceptance.drop_shadow()
+            acceptance.observe(self.policy, offered, outcome.accepted)
             counters.lanes += 1
             counters.offered += offered
             counters.accepted += outcome.accepted
