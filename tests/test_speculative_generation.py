@@ -19,6 +19,7 @@ from helios_backend.scheduler.events import Emitted, Terminal
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import QUIET_ROUNDS
 from helios_backend.scheduler.errors import CompletionMismatch
 from helios_backend.kernel_abi.speculative import extension_words
 from helios_backend.scheduler.speculative import (
@@ -434,7 +435,9 @@ def test_scheduler_with_speculative_rounds_matches_plain_scheduling(model):
     # spec: SPEC-15
     # spec: SPEC-21
     # spec: SPEC-40
-    specs = [RequestSpec(tuple(REPEATING), 12, SamplingSettings()),
+    # drafting starts once a shadow lookup saw the copies emitted (speculative_width.py): long
+    # enough an output for the speculative rounds to save launches
+    specs = [RequestSpec(tuple(REPEATING), 24, SamplingSettings()),
              RequestSpec((1, 9690, 28, 2), 5, SamplingSettings(temperature=0.7, seed=5)),
              RequestSpec(tuple(range(300, 306)) * 3, 7, SamplingSettings())]
     plain, plain_done, plain_counters = _serve(model, lambda c, v, t: Scheduler(c, v), specs)
@@ -451,11 +454,14 @@ def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(
     from helios_proto import exchange_pb2 as ep
 
     sched, runner = _scheduler(model, SpeculativeScheduler)
-    sched.add(0, RequestSpec(tuple(REPEATING), 12, SamplingSettings()))
+    sched.add(0, RequestSpec(tuple(REPEATING), 24, SamplingSettings()))
     plan = sched.schedule()                                  # prefill + initialization
-    sched.complete(plan, runner.run(plan))
-    sched.take_events()
-    plan = sched.schedule()
+    for _ in range(QUIET_ROUNDS):                            # decode until a shadow lookup settled
+        sched.complete(plan, runner.run(plan))
+        sched.take_events()
+        plan = sched.schedule()
+        if plan.main.operation != C.OPERATION_DECODE:
+            break
     assert plan.main.operation == C.OPERATION_SPECULATIVE
     request = sched.request(0)
     pages = list(request.pages)
