@@ -19,7 +19,7 @@ from helios_backend.scheduler.events import Emitted, Terminal
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
-from helios_backend.scheduler.speculative_width import QUIET_ROUNDS
+from helios_backend.scheduler.speculative_width import QUIET_ROUNDS, WidthPolicy
 from helios_backend.scheduler.errors import CompletionMismatch
 from helios_backend.kernel_abi.speculative import extension_words
 from helios_backend.scheduler.speculative import (
@@ -446,6 +446,30 @@ def test_scheduler_with_speculative_rounds_matches_plain_scheduling(model):
     assert counters.launches.get(C.OPERATION_SPECULATIVE, 0) > 0
     assert counters.generated_tokens == plain_counters.generated_tokens
     assert sum(counters.launches.values()) < sum(plain_counters.launches.values())
+
+
+@pytest.mark.parametrize("cap", [1, 8])
+def test_a_weighing_starts_at_most_its_cap_of_shadow_lookups(model, cap):
+    # spec: SPEC-47
+    # host work per round stays bounded at any batch: the first weighing of two fresh requests
+    # looks up as many as the policy allows; the other gets its turn at a later weighing, and
+    # both still draft with the tokens of plain scheduling
+    specs = [RequestSpec(tuple(REPEATING), 24, SamplingSettings()),
+             RequestSpec(tuple(range(300, 306)) * 3, 24, SamplingSettings())]
+
+    def capped(config, variants, table):  # type: ignore[no-untyped-def]
+        return SpeculativeScheduler(config, variants, table, policy=WidthPolicy(7, shadow_lookups=cap))
+    sched, runner = _scheduler(model, capped)
+    for serial, spec in enumerate(specs):
+        sched.add(serial, spec)
+    plan = sched.schedule()
+    while plan.main.operation != C.OPERATION_DECODE or len(plan.main.lanes) < 2:
+        sched.complete(plan, runner.run(plan))
+        plan = sched.schedule()
+    assert sched.drafting.shadows == min(cap, 2)
+    plain, _, _ = _serve(model, lambda c, v, t: Scheduler(c, v), specs)
+    drafted, _, counters = _serve(model, capped, specs)
+    assert drafted == plain and counters.launches.get(C.OPERATION_SPECULATIVE, 0) > 0
 
 
 def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(model):

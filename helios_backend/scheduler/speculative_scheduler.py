@@ -100,6 +100,7 @@ class SpeculativeScheduler(Scheduler):
         # it starts the lanes' shadow lookups and skips the per-lane work of the next rounds (the
         # steady decode loop pays one counter per round); a new request ends it
         self._quiet = 0
+        self._shadow_turn = 0                    # rotates the shadow lookups over the lanes
 
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
         req = super().add(serial, spec, grammar)
@@ -125,13 +126,21 @@ class SpeculativeScheduler(Scheduler):
         return None
 
     def _shadow(self, lanes: Sequence[Lane], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
-        """Start a shadow lookup for each lane without one; the rounds until the next weighing:
-        QUIET_ROUNDS, or just enough to settle a first lookup of a request never observed."""
+        """Start shadow lookups for lanes without one, at most `shadow_lookups` per weighing
+        (requests never observed first, then the others in turn: a lookup over 1024 tokens costs
+        about 0.1 ms of host time); the rounds until the next weighing: QUIET_ROUNDS, or just
+        enough to decide a first lookup of a request never observed."""
+        open_ = [i for i, (a, skip) in enumerate(zip(acceptance, plain)) if not skip and not a.shadow]
+        fresh = [i for i in open_ if not acceptance[i].observed]
+        seen = [i for i in open_ if acceptance[i].observed]
+        if seen:
+            turn = self._shadow_turn % len(seen)
+            seen = seen[turn:] + seen[:turn]
+        chosen = (fresh + seen)[:self.policy.shadow_lookups]
+        self._shadow_turn += len(chosen)
         quiet = QUIET_ROUNDS
-        for lane, a, skip in zip(lanes, acceptance, plain):
-            if skip or a.shadow:
-                continue
-            history = lane.request.tokens
+        for i in chosen:
+            a, history = acceptance[i], lanes[i].request.tokens
             first = not a.observed
             a.shadow_offer(self.policy, propose(history, a.shadow_limit(self.policy)), len(history))
             self.drafting.shadows += 1

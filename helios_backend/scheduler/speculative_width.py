@@ -53,6 +53,7 @@ class WidthPolicy:
     row_cost: float = 0.05          # share of a DECODE step each extra target row per lane costs (prior)
     measured: bool = True           # use measured round costs once known (else row_cost always)
     shadow_tokens: int = 3          # equal emitted copies that decide a shadow lookup early
+    shadow_lookups: int = 8         # shadow lookups per weighing at most (host work per round stays bounded)
 
     def drafts_for(self, p: float) -> int:
         """Proposals worth offering at per-token acceptance p (0..max_drafts)."""
