@@ -24,7 +24,7 @@ each in a fresh engine (or helios-serve) on the same core:
   served   helios-serve and its gateway, one client, streamed chat completions with
            return_token_ids: TPOT p50, tokens/s = 1 / TPOT p50 (batch 1 only)
 Rows go to speculative.json (bench/harness.py output folder: --results for bench/results/<device>/)
-with device, weights, path, workload, batch, tokens_per_s, plain_tokens_per_s, speedup,
+with device, core, weights, path, workload, batch, tokens_per_s, plain_tokens_per_s, speedup,
 acceptance_rate, mean_accepted_length, greedy_identical, the counts behind them (speculative
 rounds, DECODE rounds that waited for completion feedback, shadow lookups), each alternation's
 drafted / plain ratio (pair_speedups) and the commit.
@@ -217,8 +217,9 @@ def _get(url: str) -> str:
 def row(args: argparse.Namespace, path: str, workload: str, batch: int, requests: int, plain_tps: float,
         drafted_tps: float, identical: bool, drafted: EngineRun | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "device": args.device, "weights": args.weights, "path": path, "workload": workload, "batch": batch,
-        "requests": requests, "max_tokens": args.max_tokens, "executor": args.executor,
+        "device": args.device, "core": args.core_name, "weights": args.weights, "path": path,
+        "workload": workload, "batch": batch, "requests": requests, "max_tokens": args.max_tokens,
+        "executor": args.executor,
         "tokens_per_s": round(drafted_tps, 2), "plain_tokens_per_s": round(plain_tps, 2),
         "speedup": round(drafted_tps / plain_tps, 3) if plain_tps else None,
         "acceptance_rate": None, "mean_accepted_length": None, "greedy_identical": identical}
@@ -277,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
             started = time.time()
             prepare_core(recipe, core, recipe.RecipeOptions(), kernels=args.executor == "cuda")
             print(f"prepared {core} in {time.time() - started:.0f} s", flush=True)
+    args.core_name = core.name
     if args.acceptance is None:
         from helios_backend.core.reader import open_core
 

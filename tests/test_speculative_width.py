@@ -12,7 +12,6 @@ POLICY = WidthPolicy(max_drafts=7)
 def test_a_new_request_is_offered_nothing_until_evidence_and_widens_as_drafts_are_accepted():
     acceptance = DraftAcceptance()
     assert acceptance.draft_limit(POLICY) == 0                # the prior alone pays for no round
-    assert acceptance.shadow_limit(POLICY) == POLICY.max_drafts
     acceptance.observe(POLICY, 1, 1)                          # one copy accepted
     first = acceptance.draft_limit(POLICY)
     assert 1 <= first < POLICY.max_drafts
@@ -57,11 +56,6 @@ def test_a_shadow_lookup_that_finds_nothing_is_a_miss():
     missed.shadow_offer(POLICY, [], 10)
     rejected.observe(POLICY, 1, 0)
     assert missed == rejected and missed.observed and not missed.settle(POLICY, list(range(20)))
-    # an observed request's lookups take what a round would offer, at least one copy
-    assert missed.shadow_limit(POLICY) == max(1, missed.draft_limit(POLICY))
-    for _ in range(5):
-        missed.miss(POLICY)
-    assert missed.draft_limit(POLICY) == 0 and missed.shadow_limit(POLICY) == 1
 
 
 def test_rejected_drafts_fall_back_to_no_drafting():

@@ -92,9 +92,14 @@ class SpeculativeScheduler(Scheduler):
         self._acceptance: dict[int, DraftAcceptance] = {}    # request serial -> its acceptance evidence
         self.drafting = DraftingCounters()
         # measured seconds per round by program: planned (or previous completion, whichever is
-        # later) to completion, so idle time between requests is never counted
+        # later) to completion, so idle time between requests is never counted. DECODE counts
+        # only rounds planned behind one in flight (the steady pipelined loop: completion to
+        # completion), SPECULATIVE only rounds with none planned behind them (their own latency):
+        # an executor that runs a round inside its launch (the CPU) would otherwise count the
+        # next round's launch too, and rate the first DECODE round after a wait at two steps
         self.costs = RoundCosts()
-        self._planned: dict[int, int] = {}                    # id(submission) -> perf_counter_ns planned
+        self._planned: dict[int, tuple[int, bool]] = {}       # id(submission) -> (perf_counter_ns, pipelined)
+        self._behind: set[int] = set()                        # id(submission) with a round planned behind it
         self._last_complete = 0
         # DECODE rounds left before drafting is weighed again: a weighing that found it not worth
         # it starts the lanes' shadow lookups and skips the per-lane work of the next rounds (the
@@ -128,8 +133,10 @@ class SpeculativeScheduler(Scheduler):
     def _shadow(self, lanes: Sequence[Lane], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
         """Start shadow lookups for lanes without one, at most `shadow_lookups` per weighing
         (requests never observed first, then the others in turn: a lookup over 1024 tokens costs
-        about 0.1 ms of host time); the rounds until the next weighing: QUIET_ROUNDS, or just
-        enough to decide a first lookup of a request never observed."""
+        about 0.1 ms of host time), each taking as many copies as a program verifies; the rounds
+        until the next weighing: QUIET_ROUNDS, or just enough to decide the lookup of a request
+        never observed or whose acceptance is promising (p >= reach: drafting resumes soon
+        after its copies match again)."""
         open_ = [i for i, (a, skip) in enumerate(zip(acceptance, plain)) if not skip and not a.shadow]
         fresh = [i for i in open_ if not acceptance[i].observed]
         seen = [i for i in open_ if acceptance[i].observed]
@@ -141,10 +148,10 @@ class SpeculativeScheduler(Scheduler):
         quiet = QUIET_ROUNDS
         for i in chosen:
             a, history = acceptance[i], lanes[i].request.tokens
-            first = not a.observed
-            a.shadow_offer(self.policy, propose(history, a.shadow_limit(self.policy)), len(history))
+            promising = not a.observed or a.rate >= self.policy.reach
+            a.shadow_offer(self.policy, propose(history, self.policy.max_drafts), len(history))
             self.drafting.shadows += 1
-            if first and a.shadow:
+            if promising and a.shadow:
                 # enough rounds to decide it (the copies follow the round in flight: one more)
                 quiet = min(quiet, min(len(a.shadow), self.policy.shadow_tokens) + 1)
         return quiet
@@ -154,7 +161,8 @@ class SpeculativeScheduler(Scheduler):
         if plan is not None:
             if len(self._planned) > 8:          # rounds that never completed (a failed launch)
                 self._planned.clear()
-            self._planned[id(plan.main)] = time.perf_counter_ns()
+                self._behind.clear()
+            self._planned[id(plan.main)] = (time.perf_counter_ns(), False)
         return plan
 
     def _speculative_schedule(self) -> RoundPlan | None:
@@ -208,7 +216,8 @@ class SpeculativeScheduler(Scheduler):
             return None
         nxt = super().pipeline_next(plan)
         if nxt is not None:
-            self._planned[id(nxt.main)] = time.perf_counter_ns()
+            self._planned[id(nxt.main)] = (time.perf_counter_ns(), True)
+            self._behind.add(id(plan.main))
         return nxt
 
     def _may_pay(self, acceptance: list[DraftAcceptance], limits: list[int]) -> bool:
@@ -270,8 +279,14 @@ class SpeculativeScheduler(Scheduler):
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         now = time.perf_counter_ns()
         planned = self._planned.pop(id(plan.main), None)
-        if planned is not None and plan.main.operation in (cp.OPERATION_DECODE, cp.OPERATION_SPECULATIVE):
-            self.costs.observe(plan.main.variant.program, (now - max(planned, self._last_complete)) / 1e9)
+        behind = id(plan.main) in self._behind
+        self._behind.discard(id(plan.main))
+        if planned is not None:
+            stamp, pipelined = planned
+            operation = plan.main.operation
+            if (operation == cp.OPERATION_DECODE and pipelined) or \
+                    (operation == cp.OPERATION_SPECULATIVE and not behind):
+                self.costs.observe(plan.main.variant.program, (now - max(stamp, self._last_complete)) / 1e9)
         self._last_complete = now
         if plan.main.operation != cp.OPERATION_SPECULATIVE:
             super().complete(plan, rows)

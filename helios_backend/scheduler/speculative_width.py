@@ -144,10 +144,6 @@ class DraftAcceptance:
         self.successes *= kept
         self.failures *= kept
 
-    def shadow_limit(self, policy: WidthPolicy) -> int:
-        """Copies a shadow lookup takes: what a round would offer now, at least one; for a request
-        never observed as many as a program verifies (one lookup then tells the most)."""
-        return max(1, self.draft_limit(policy)) if self.observed else policy.max_drafts
 
     def shadow_offer(self, policy: WidthPolicy, proposals: Sequence[int], at: int) -> None:
         """Keep `proposals` (a lookup over the first `at` tokens of the history) for `settle`; an
