@@ -472,6 +472,21 @@ def test_a_weighing_starts_at_most_its_cap_of_shadow_lookups(model, cap):
     assert drafted == plain and counters.launches.get(C.OPERATION_SPECULATIVE, 0) > 0
 
 
+def test_round_costs_sample_only_rounds_that_time_their_own_program(model):
+    # spec: SPEC-47
+    # without a second frame every round is planned from completion feedback: no DECODE round is
+    # a steady pipelined sample (on an executor that runs a round inside its launch, the first
+    # DECODE round after a wait would time two steps), while each SPECULATIVE round, with nothing
+    # planned behind it, times its own program
+    sched, runner = _scheduler(model, SpeculativeScheduler)
+    sched.add(0, RequestSpec(tuple(REPEATING), 24, SamplingSettings()))
+    while sched.has_work():
+        plan = sched.schedule()
+        sched.complete(plan, runner.run(plan))
+    assert sched.drafting.rounds > 0
+    assert sched.costs.seconds and all(p.startswith("speculative.") for p in sched.costs.seconds)
+
+
 def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(model):
     # spec: SPEC-50
     # spec: SPEC-51

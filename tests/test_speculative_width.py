@@ -142,3 +142,24 @@ def test_measured_costs_replace_the_prior():
     assert fixed.worth(lane, 1, 4, ratio)                     # the fixed cost model ignores measurements
     costs.observe("speculative.r1.w4.t4", 0.012)              # a decaying average moves toward new rounds
     assert 1.2 < costs.ratio("speculative.r1.w4.t4", "decode.r1") < 4.0
+
+
+def test_an_unmeasured_program_is_estimated_from_the_cost_per_target_row():
+    cpu = RoundCosts()
+    cpu.observe("decode.r1.t1", 0.010, 1)
+    assert cpu.ratio("speculative.r8.w4.t32", "decode.r1.t1", 32) is None     # one row count: the prior decides
+    cpu.observe("decode.r4.t4", 0.016, 4)
+    cpu.observe("decode.r8.t8", 0.024, 8)                     # 2 ms per row on top of 8 ms
+    ratio = cpu.ratio("speculative.r8.w4.t32", "decode.r8.t8", 32)
+    assert ratio == pytest.approx(0.072 / 0.024)
+    # eight lanes each offered one copy at p = 0.5 pay at the prior, not at the estimate
+    expected = 8 * expected_tokens(0.5, 2)
+    assert POLICY.worth(expected, 8, 4) and not POLICY.worth(expected, 8, 4, ratio)
+    # rows that cost nothing extra (a GPU): the estimate stays at the DECODE cost
+    gpu = RoundCosts()
+    for program, rows in (("decode.r1.t1", 1), ("decode.r8.t8", 8)):
+        gpu.observe(program, 0.004, rows)
+    assert gpu.ratio("speculative.r8.w8.t64", "decode.r8.t8", 64) == pytest.approx(1.0)
+    # a measured program is its measurement, not the line
+    cpu.observe("speculative.r8.w4.t32", 0.030, 32)
+    assert cpu.ratio("speculative.r8.w4.t32", "decode.r8.t8", 32) == pytest.approx(0.030 / 0.024)

@@ -191,7 +191,7 @@ class SpeculativeScheduler(Scheduler):
         expected = sum(expected_tokens(a.rate, lane.length) for a, lane in zip(acceptance, round_.lanes))
         if not any(lane.proposals for lane in round_.lanes) or \
                 not self.policy.worth(expected, len(round_.lanes), round_.program.width,
-                                      self._ratio(round_.program.program, len(round_.lanes))):
+                                      self._ratio(round_.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
         for lane in round_.lanes:
@@ -230,7 +230,7 @@ class SpeculativeScheduler(Scheduler):
         if program is None:
             return False
         expected = sum(expected_tokens(a.rate, 1 + limit) for a, limit in zip(acceptance, limits))
-        return self.policy.worth(expected, len(limits), program.width, self._ratio(program.program, len(limits)))
+        return self.policy.worth(expected, len(limits), program.width, self._ratio(program, len(limits)))
 
     def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
         """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
@@ -238,10 +238,11 @@ class SpeculativeScheduler(Scheduler):
         useful = [p for p in fitting if p.lane_limit >= rows] or fitting[-1:]
         return min(useful, key=lambda p: (p.width, p.packed, p.rows)) if useful else None
 
-    def _ratio(self, program: str, lanes: int) -> float | None:
-        """`program`'s measured cost in DECODE rounds of the same lanes (None: not yet measured)."""
+    def _ratio(self, program: SpeculativeProgram, lanes: int) -> float | None:
+        """`program`'s cost in DECODE rounds of the same lanes, measured or estimated from the
+        programs measured so far (None: neither yet, the policy's prior decides)."""
         decode = self.variants.fit(cp.OPERATION_DECODE, lanes, lanes)
-        return None if decode is None else self.costs.ratio(program, decode.program)
+        return None if decode is None else self.costs.ratio(program.program, decode.program, program.packed)
 
     def _plain_only(self, req: Request) -> bool:
         """A request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
@@ -286,7 +287,8 @@ class SpeculativeScheduler(Scheduler):
             operation = plan.main.operation
             if (operation == cp.OPERATION_DECODE and pipelined) or \
                     (operation == cp.OPERATION_SPECULATIVE and not behind):
-                self.costs.observe(plan.main.variant.program, (now - max(stamp, self._last_complete)) / 1e9)
+                self.costs.observe(plan.main.variant.program, (now - max(stamp, self._last_complete)) / 1e9,
+                                   plan.main.variant.tokens)
         self._last_complete = now
         if plan.main.operation != cp.OPERATION_SPECULATIVE:
             super().complete(plan, rows)

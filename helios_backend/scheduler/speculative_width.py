@@ -26,8 +26,10 @@ nothing lets its evidence fade by `fade`.
 
 A round of B lanes verified at width W costs `ratio` DECODE steps of B rows: measured (RoundCosts:
 decaying averages of each program's seconds per round, as the scheduler observes them) once both
-programs ran, else 1 + row_cost x (W - 1) (a GPU reading the weights once for all rows; a CPU
-executor whose rows cost alike measures a ratio near W and so stops drafting). A round emits
+programs ran; before the wider one ran, estimated from the cost per target row of the programs
+that did (DECODE rounds of several row counts: a batch that grew); else 1 + row_cost x (W - 1)
+(a GPU reading the weights once for all rows; a CPU executor whose rows cost alike measures a
+ratio near W and so stops drafting). A round emits
 sum over lanes of (1 - p^n) / (1 - p) tokens for lanes of n target rows; it goes speculative
 only when it is expected to emit more tokens per cost than DECODE.
 """
@@ -75,17 +77,39 @@ class WidthPolicy:
 
 @dataclass
 class RoundCosts:
-    """Seconds per round of each program, a decaying average of the rounds observed."""
+    """Seconds per round of each program, a decaying average of the rounds observed, and an
+    estimate for a program not run yet from the others' cost per target row."""
     weight: float = 0.25                    # of the newest observation
     seconds: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)     # target rows of each observed program
 
-    def observe(self, program: str, seconds: float) -> None:
+    def observe(self, program: str, seconds: float, tokens: int = 0) -> None:
         old = self.seconds.get(program)
         self.seconds[program] = seconds if old is None else old + self.weight * (seconds - old)
+        if tokens > 0:
+            self.tokens[program] = tokens
 
-    def ratio(self, program: str, baseline: str) -> float | None:
-        """`program`'s cost in rounds of `baseline`; None until both were observed."""
+    def estimate(self, tokens: int) -> float | None:
+        """Seconds of a program of `tokens` target rows that has not run: the least-squares line
+        through the observed programs' (target rows, seconds), its slope at least 0; None until
+        two row counts were observed. Where every row costs (a CPU) the line says so before any
+        wider round is paid for; where rows are nearly free (a GPU reading the weights once) it
+        stays near the DECODE cost."""
+        points = [(self.tokens[p], s) for p, s in self.seconds.items() if p in self.tokens]
+        if len({x for x, _ in points}) < 2:
+            return None
+        mean_x = sum(x for x, _ in points) / len(points)
+        mean_y = sum(y for _, y in points) / len(points)
+        spread = sum((x - mean_x) ** 2 for x, _ in points)
+        slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points) / spread)
+        return max(mean_y + slope * (tokens - mean_x), min(y for _, y in points))
+
+    def ratio(self, program: str, baseline: str, tokens: int = 0) -> float | None:
+        """`program`'s cost in rounds of `baseline`: measured, else estimated from its `tokens`
+        target rows (when given); None until the baseline and one of them are known."""
         a, b = self.seconds.get(program), self.seconds.get(baseline)
+        if a is None and tokens > 0:
+            a = self.estimate(tokens)
         return a / b if a is not None and b else None
 
 
