@@ -209,7 +209,8 @@ class SpeculativeScheduler(Scheduler):
     def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
         """Behind a DECODE round whose requests may profit from drafting, nothing: the next round
         needs the completed history to copy from (completion feedback, SPEC-47). Otherwise the
-        base scheduler's pipelined decode (the requests' drafting evidence fades, _weighed)."""
+        base scheduler's pipelined decode (shadow lookups gather the requests' evidence meanwhile,
+        _weighed)."""
         if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE \
                 and self._weighed(plan.main.lanes) is not None:
             self.drafting.waited += 1
