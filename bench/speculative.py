@@ -24,8 +24,10 @@ each in a fresh engine (or helios-serve) on the same core:
   served   helios-serve and its gateway, one client, streamed chat completions with
            return_token_ids: TPOT p50, tokens/s = 1 / TPOT p50 (batch 1 only)
 Rows go to speculative.json (bench/harness.py output folder: --results for bench/results/<device>/)
-with device, weights, path, workload, batch, tokens_per_s, plain_tokens_per_s, speedup,
-acceptance_rate, mean_accepted_length, greedy_identical and the counts behind them.
+with device, core, weights, path, workload, batch, tokens_per_s, plain_tokens_per_s, speedup,
+acceptance_rate, mean_accepted_length, greedy_identical, the counts behind them (speculative
+rounds, DECODE rounds that waited for completion feedback, shadow lookups), each alternation's
+drafted / plain ratio (pair_speedups) and the commit.
 """
 from __future__ import annotations
 
@@ -76,6 +78,8 @@ class EngineRun:
     accepted: int = 0
     lanes: int = 0
     rounds: int = 0
+    waited: int = 0               # DECODE rounds not pipelined because drafting might pay
+    shadows: int = 0              # shadow lookups (evidence without a round)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -141,6 +145,7 @@ def engine_run(core: pathlib.Path, args: argparse.Namespace, prompts: Sequence[t
     if counters is not None:
         run.offered, run.accepted, run.lanes, run.rounds = (counters.offered, counters.accepted, counters.lanes,
                                                             counters.rounds)
+        run.waited, run.shadows = counters.waited, counters.shadows
     return run
 
 
@@ -186,6 +191,20 @@ def served_run(core: pathlib.Path, args: argparse.Namespace, texts: Sequence[str
     return ids, statistics.median(tpots) if tpots else float("nan")
 
 
+def _commit() -> str | None:
+    """The checkout's short commit (with "+" when it has changes), or None outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
 def _get(url: str) -> str:
     import urllib.request
 
@@ -198,8 +217,9 @@ def _get(url: str) -> str:
 def row(args: argparse.Namespace, path: str, workload: str, batch: int, requests: int, plain_tps: float,
         drafted_tps: float, identical: bool, drafted: EngineRun | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "device": args.device, "weights": args.weights, "path": path, "workload": workload, "batch": batch,
-        "requests": requests, "max_tokens": args.max_tokens, "executor": args.executor,
+        "device": args.device, "core": args.core_name, "weights": args.weights, "path": path,
+        "workload": workload, "batch": batch, "requests": requests, "max_tokens": args.max_tokens,
+        "executor": args.executor,
         "tokens_per_s": round(drafted_tps, 2), "plain_tokens_per_s": round(plain_tps, 2),
         "speedup": round(drafted_tps / plain_tps, 3) if plain_tps else None,
         "acceptance_rate": None, "mean_accepted_length": None, "greedy_identical": identical}
@@ -208,7 +228,8 @@ def row(args: argparse.Namespace, path: str, workload: str, batch: int, requests
         out.update(acceptance_rate=None if rate is None else round(rate, 3),
                    mean_accepted_length=None if length is None else round(length, 3),
                    speculative_rounds=drafted.rounds, proposals_offered=drafted.offered,
-                   proposals_accepted=drafted.accepted)
+                   proposals_accepted=drafted.accepted, feedback_waits=drafted.waited,
+                   shadow_lookups=drafted.shadows)
     return out
 
 
@@ -238,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     args.device = device_name(processor)
     args.out_dir = output_dir(args.out, args.results, processor)
     args.weights = "random" if os.environ.get("HELIOS_RANDOM_WEIGHTS") else "real"
+    args.commit = _commit()
     core = args.core
     if args.bundle:
         from bench.harness import write_bundle_core
@@ -256,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
             started = time.time()
             prepare_core(recipe, core, recipe.RecipeOptions(), kernels=args.executor == "cuda")
             print(f"prepared {core} in {time.time() - started:.0f} s", flush=True)
+    args.core_name = core.name
     if args.acceptance is None:
         from helios_backend.core.reader import open_core
 
@@ -282,7 +305,12 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row(args, "engine", workload, batch, count, plain_tps, drafted_tps, identical, drafts[0])
                             | {"repeats": args.repeats,
                                "plain_runs_tokens_per_s": [round(r.tokens_per_s, 2) for r in plains],
-                               "drafted_runs_tokens_per_s": [round(r.tokens_per_s, 2) for r in drafts]})
+                               "drafted_runs_tokens_per_s": [round(r.tokens_per_s, 2) for r in drafts],
+                               # each drafted run against the plain run just before it: the load of a
+                               # shared machine drifts less within a pair than across the runs
+                               "pair_speedups": [round(d.tokens_per_s / p.tokens_per_s, 3)
+                                                 for p, d in zip(plains, drafts) if p.tokens_per_s],
+                               "commit": args.commit})
                 print(json.dumps(rows[-1]), flush=True)
                 result.write_text(json.dumps({"rows": rows}, indent=1))
         if "served" in args.paths:

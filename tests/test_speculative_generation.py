@@ -19,6 +19,7 @@ from helios_backend.scheduler.events import Emitted, Terminal
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
 from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import QUIET_ROUNDS, WidthPolicy
 from helios_backend.scheduler.errors import CompletionMismatch
 from helios_backend.kernel_abi.speculative import extension_words
 from helios_backend.scheduler.speculative import (
@@ -434,7 +435,9 @@ def test_scheduler_with_speculative_rounds_matches_plain_scheduling(model):
     # spec: SPEC-15
     # spec: SPEC-21
     # spec: SPEC-40
-    specs = [RequestSpec(tuple(REPEATING), 12, SamplingSettings()),
+    # drafting starts once a shadow lookup saw the copies emitted (speculative_width.py): long
+    # enough an output for the speculative rounds to save launches
+    specs = [RequestSpec(tuple(REPEATING), 24, SamplingSettings()),
              RequestSpec((1, 9690, 28, 2), 5, SamplingSettings(temperature=0.7, seed=5)),
              RequestSpec(tuple(range(300, 306)) * 3, 7, SamplingSettings())]
     plain, plain_done, plain_counters = _serve(model, lambda c, v, t: Scheduler(c, v), specs)
@@ -445,17 +448,59 @@ def test_scheduler_with_speculative_rounds_matches_plain_scheduling(model):
     assert sum(counters.launches.values()) < sum(plain_counters.launches.values())
 
 
+@pytest.mark.parametrize("cap", [1, 8])
+def test_a_weighing_starts_at_most_its_cap_of_shadow_lookups(model, cap):
+    # spec: SPEC-47
+    # host work per round stays bounded at any batch: the first weighing of two fresh requests
+    # looks up as many as the policy allows; the other gets its turn at a later weighing, and
+    # both still draft with the tokens of plain scheduling
+    specs = [RequestSpec(tuple(REPEATING), 24, SamplingSettings()),
+             RequestSpec(tuple(range(300, 306)) * 3, 24, SamplingSettings())]
+
+    def capped(config, variants, table):  # type: ignore[no-untyped-def]
+        return SpeculativeScheduler(config, variants, table, policy=WidthPolicy(7, shadow_lookups=cap))
+    sched, runner = _scheduler(model, capped)
+    for serial, spec in enumerate(specs):
+        sched.add(serial, spec)
+    plan = sched.schedule()
+    while plan.main.operation != C.OPERATION_DECODE or len(plan.main.lanes) < 2:
+        sched.complete(plan, runner.run(plan))
+        plan = sched.schedule()
+    assert sched.drafting.shadows == min(cap, 2)
+    plain, _, _ = _serve(model, lambda c, v, t: Scheduler(c, v), specs)
+    drafted, _, counters = _serve(model, capped, specs)
+    assert drafted == plain and counters.launches.get(C.OPERATION_SPECULATIVE, 0) > 0
+
+
+def test_round_costs_sample_only_rounds_that_time_their_own_program(model):
+    # spec: SPEC-47
+    # without a second frame every round is planned from completion feedback: no DECODE round is
+    # a steady pipelined sample (on an executor that runs a round inside its launch, the first
+    # DECODE round after a wait would time two steps), while each SPECULATIVE round, with nothing
+    # planned behind it, times its own program
+    sched, runner = _scheduler(model, SpeculativeScheduler)
+    sched.add(0, RequestSpec(tuple(REPEATING), 24, SamplingSettings()))
+    while sched.has_work():
+        plan = sched.schedule()
+        sched.complete(plan, runner.run(plan))
+    assert sched.drafting.rounds > 0
+    assert sched.costs.seconds and all(p.startswith("speculative.") for p in sched.costs.seconds)
+
+
 def test_cancelled_speculative_round_publishes_nothing_and_retires_at_its_fence(model):
     # spec: SPEC-50
     # spec: SPEC-51
     from helios_proto import exchange_pb2 as ep
 
     sched, runner = _scheduler(model, SpeculativeScheduler)
-    sched.add(0, RequestSpec(tuple(REPEATING), 12, SamplingSettings()))
+    sched.add(0, RequestSpec(tuple(REPEATING), 24, SamplingSettings()))
     plan = sched.schedule()                                  # prefill + initialization
-    sched.complete(plan, runner.run(plan))
-    sched.take_events()
-    plan = sched.schedule()
+    for _ in range(QUIET_ROUNDS):                            # decode until a shadow lookup settled
+        sched.complete(plan, runner.run(plan))
+        sched.take_events()
+        plan = sched.schedule()
+        if plan.main.operation != C.OPERATION_DECODE:
+            break
     assert plan.main.operation == C.OPERATION_SPECULATIVE
     request = sched.request(0)
     pages = list(request.pages)

@@ -14,7 +14,8 @@ from helios_proto import exchange_pb2 as ep
 from helios_backend.exchange import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
 from helios_backend.scheduler.request import LogitBias, RequestSpec, SamplingSettings, StopSettings
 from helios_backend.scheduler.scheduler import Scheduler
-from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.scheduler.speculative_scheduler import DraftingCounters, SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import QUIET_ROUNDS, WidthPolicy
 from helios_backend.engine.responses import Stream
 from helios_backend.engine.engine import Engine, StartupError
 from helios_backend.engine.settings import StartupOptions
@@ -86,8 +87,9 @@ def _started(core, **options):  # type: ignore[no-untyped-def]
 
 
 def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs: bool = False,
-                **options) -> tuple[list[Recorder], list[str]]:
-    """Serve `specs` at once (one batch); each request's recorder and the programs launched."""
+                drafting: list[DraftingCounters] | None = None, **options) -> tuple[list[Recorder], list[str]]:
+    """Serve `specs` at once (one batch); each request's recorder and the programs launched (the
+    speculative scheduler's counters appended to `drafting`)."""
     runtime, launched = _started(core, **options)
     senders = [Recorder() for _ in specs]
     try:
@@ -100,6 +102,9 @@ def _serve_many(core, specs: list[RequestSpec], grammar: object = None, logprobs
         runtime.stop(drain=True)
     for sender in senders:
         assert sender.finals[0].terminal.WhichOneof("outcome") == "finished", sender.finals[0]
+    if drafting is not None:
+        assert isinstance(runtime.scheduler, SpeculativeScheduler)
+        drafting.append(runtime.scheduler.drafting)
     return senders, launched
 
 
@@ -177,8 +182,9 @@ def test_greedy_batch_with_history_drafting_equals_plain_token_for_token(adaptiv
 def test_a_request_with_little_to_copy_decodes_plainly(adaptive_core):
     # spec: SPEC-3, SPEC-47
     # an explanation in prose: history lookups find single common tokens whose copies the target
-    # rejects; the adaptive width stops offering them and the rounds go back to pipelined DECODE
-    # (offering every lookup's copies would make about a third of the rounds speculative)
+    # rejects. Shadow lookups see that without a round: no round waits for completion feedback and
+    # none is speculative (offering every lookup's copies would make about a third of the rounds
+    # speculative; the uniform prior alone made the first rounds wait for feedback)
     from helios_backend.engine.bootstrap import Bootstrap
 
     bootstrap = Bootstrap.load(adaptive_core, ACCEPTANCE)
@@ -189,11 +195,35 @@ def test_a_request_with_little_to_copy_decodes_plainly(adaptive_core):
         bootstrap.close()
     spec = RequestSpec(prompt, 64, SamplingSettings())
     (plain,), _ = _serve_many(adaptive_core, [spec])
-    (drafted,), programs = _serve_many(adaptive_core, [spec], history_drafting=True)
+    counters: list[DraftingCounters] = []
+    (drafted,), programs = _serve_many(adaptive_core, [spec], drafting=counters, history_drafting=True)
     assert drafted.arrays[OUT_TOKENS] == plain.arrays[OUT_TOKENS]
     speculative = [p for p in programs if p.startswith("speculative")]
     decode = [p for p in programs if p.startswith("decode")]
-    assert len(speculative) <= len(decode) // 8, (speculative, decode)
+    assert not speculative and len(decode) == 63, programs
+    (drafting,) = counters
+    # a lookup every weighing (QUIET_ROUNDS rounds), none of them made a round wait
+    assert drafting.waited == 0 and drafting.shadows >= len(decode) // QUIET_ROUNDS, drafting
+
+
+def test_drafting_starts_once_a_shadow_lookup_saw_its_copies_emitted(adaptive_core):
+    # spec: SPEC-15, SPEC-47
+    # a request repeating its prompt: the first rounds decode on the pipelined path while one
+    # shadow lookup's copies are compared with the emitted tokens; then the rounds are speculative
+    # and accepted copies widen them at once (the evidence is the shadow's), with the tokens of
+    # plain decode and fewer launches
+    spec = RequestSpec(REPEATING, 24, SamplingSettings())
+    (plain,), plain_programs = _serve_many(adaptive_core, [spec])
+    counters: list[DraftingCounters] = []
+    (drafted,), programs = _serve_many(adaptive_core, [spec], drafting=counters, history_drafting=True)
+    assert drafted.arrays[OUT_TOKENS] == plain.arrays[OUT_TOKENS]
+    kinds = [p.split(".")[0] for p in programs]
+    first = kinds.index("speculative")
+    assert kinds[:first].count("decode") >= WidthPolicy(7).shadow_tokens, programs
+    assert all(kind == "speculative" for kind in kinds[first:]) and ".w8." in programs[first], programs
+    (drafting,) = counters
+    assert drafting.shadows == 1 and drafting.waited == 1 and drafting.accepted == drafting.offered > 0
+    assert len(programs) < len(plain_programs)
 
 
 def test_logprob_requests_decode_plainly_with_their_records(adaptive_core, smollm2_core):

@@ -9,8 +9,10 @@ from helios_backend.scheduler.speculative_width import DraftAcceptance, RoundCos
 POLICY = WidthPolicy(max_drafts=7)
 
 
-def test_a_new_request_is_offered_a_short_draft_and_widens_as_drafts_are_accepted():
+def test_a_new_request_is_offered_nothing_until_evidence_and_widens_as_drafts_are_accepted():
     acceptance = DraftAcceptance()
+    assert acceptance.draft_limit(POLICY) == 0                # the prior alone pays for no round
+    acceptance.observe(POLICY, 1, 1)                          # one copy accepted
     first = acceptance.draft_limit(POLICY)
     assert 1 <= first < POLICY.max_drafts
     limits = [first]
@@ -19,6 +21,41 @@ def test_a_new_request_is_offered_a_short_draft_and_widens_as_drafts_are_accepte
         acceptance.observe(POLICY, offered, offered)          # every proposal accepted
         limits.append(acceptance.draft_limit(POLICY))
     assert limits == sorted(limits) and limits[-1] == POLICY.max_drafts
+
+
+def test_a_settled_shadow_is_observed_as_the_round_that_would_have_offered_it():
+    history = [5, 6, 7, 8]
+    shadowed, verified = DraftAcceptance(), DraftAcceptance()
+    shadowed.shadow_offer(POLICY, [9, 10, 11], len(history))
+    assert shadowed.settle(POLICY, history)                   # nothing emitted yet: pending
+    assert shadowed.settle(POLICY, history + [9, 10])         # two copies equal so far: pending
+    assert not shadowed.settle(POLICY, history + [9, 10, 12])  # the third differs: decided
+    verified.observe(POLICY, 3, 2)
+    assert shadowed == verified and not shadowed.shadow
+    # a first copy that differs decides at once, whatever follows
+    early, late = DraftAcceptance(), DraftAcceptance()
+    early.shadow_offer(POLICY, [9, 10, 11], len(history))
+    assert not early.settle(POLICY, history + [4])
+    late.observe(POLICY, 3, 0)
+    assert early == late
+    # every copy emitted: all accepted
+    full = DraftAcceptance()
+    full.shadow_offer(POLICY, [9, 10], len(history))
+    assert not full.settle(POLICY, history + [9, 10, 3])
+    assert full.successes == 2.0 and full.failures == 0.0 and full.draft_limit(POLICY) > 1
+    # a long shadow is decided once shadow_tokens copies were emitted equal: those accepted
+    long = DraftAcceptance()
+    long.shadow_offer(POLICY, [9, 10, 11, 12, 13, 14, 15], len(history))
+    assert long.settle(POLICY, history + [9, 10])
+    assert not long.settle(POLICY, history + [9, 10, 11])
+    assert POLICY.shadow_tokens == 3 and long.successes == 3.0 and long.failures == 0.0 and not long.shadow
+
+
+def test_a_shadow_lookup_that_finds_nothing_is_a_miss():
+    missed, rejected = DraftAcceptance(), DraftAcceptance()
+    missed.shadow_offer(POLICY, [], 10)
+    rejected.observe(POLICY, 1, 0)
+    assert missed == rejected and missed.observed and not missed.settle(POLICY, list(range(20)))
 
 
 def test_rejected_drafts_fall_back_to_no_drafting():
@@ -42,17 +79,20 @@ def test_recent_rounds_weigh_more_than_old_ones():
     assert late_good.rate > early_good.rate
 
 
-def test_an_idle_request_is_probed_again_after_its_evidence_fades():
-    acceptance = DraftAcceptance()
-    for _ in range(10):
-        acceptance.observe(POLICY, 1, 0)
-    assert acceptance.draft_limit(POLICY) == 0
-    idle = 0
-    while not acceptance.draft_limit(POLICY):
-        acceptance.idle(POLICY)
-        idle += 1
-    # probes are rare (a no-copy workload decodes plainly most rounds) but not never
-    assert 10 <= idle <= 60
+def test_only_an_accepted_copy_opens_drafting():
+    # a request whose lookups found nothing or only rejected copies is never offered drafts: p is
+    # still 1/3 >= reach after one of them, but no round that waits for feedback is paid on that
+    missed, rejected = DraftAcceptance(), DraftAcceptance()
+    missed.miss(POLICY)
+    rejected.observe(POLICY, 4, 0)
+    for acceptance in (missed, rejected):
+        assert acceptance.rate >= POLICY.reach and acceptance.draft_limit(POLICY) == 0
+        acceptance.idle(POLICY, 200)                          # fading alone never probes again
+        assert acceptance.draft_limit(POLICY) == 0
+        # a later shadow lookup whose first copy was emitted does
+        acceptance.shadow_offer(POLICY, [1, 2], 3)
+        assert not acceptance.settle(POLICY, [0, 0, 0, 1, 5])
+        assert acceptance.draft_limit(POLICY) >= 1
 
 
 def test_offering_nothing_counts_as_idle():
@@ -102,3 +142,24 @@ def test_measured_costs_replace_the_prior():
     assert fixed.worth(lane, 1, 4, ratio)                     # the fixed cost model ignores measurements
     costs.observe("speculative.r1.w4.t4", 0.012)              # a decaying average moves toward new rounds
     assert 1.2 < costs.ratio("speculative.r1.w4.t4", "decode.r1") < 4.0
+
+
+def test_an_unmeasured_program_is_estimated_from_the_cost_per_target_row():
+    cpu = RoundCosts()
+    cpu.observe("decode.r1.t1", 0.010, 1)
+    assert cpu.ratio("speculative.r8.w4.t32", "decode.r1.t1", 32) is None     # one row count: the prior decides
+    cpu.observe("decode.r4.t4", 0.016, 4)
+    cpu.observe("decode.r8.t8", 0.024, 8)                     # 2 ms per row on top of 8 ms
+    ratio = cpu.ratio("speculative.r8.w4.t32", "decode.r8.t8", 32)
+    assert ratio == pytest.approx(0.072 / 0.024)
+    # eight lanes each offered one copy at p = 0.5 pay at the prior, not at the estimate
+    expected = 8 * expected_tokens(0.5, 2)
+    assert POLICY.worth(expected, 8, 4) and not POLICY.worth(expected, 8, 4, ratio)
+    # rows that cost nothing extra (a GPU): the estimate stays at the DECODE cost
+    gpu = RoundCosts()
+    for program, rows in (("decode.r1.t1", 1), ("decode.r8.t8", 8)):
+        gpu.observe(program, 0.004, rows)
+    assert gpu.ratio("speculative.r8.w8.t64", "decode.r8.t8", 64) == pytest.approx(1.0)
+    # a measured program is its measurement, not the line
+    cpu.observe("speculative.r8.w4.t32", 0.030, 32)
+    assert cpu.ratio("speculative.r8.w4.t32", "decode.r8.t8", 32) == pytest.approx(0.030 / 0.024)

@@ -10,6 +10,10 @@ logit bias or logprobs: the speculative programs have no logit-bias input and wr
 records), history drafting found at least one, and the adaptive width policy expects the round
 to beat DECODE (scheduler/speculative_width.py: each lane is offered as many proposals as its
 decaying acceptance makes worth it; none at all means plain DECODE without a history lookup).
+The evidence comes from shadow lookups while the rounds are plain: every QUIET_ROUNDS rounds
+each lane's copies are looked up and later compared with what it emitted, so neither a round
+that waits for feedback nor a SPECULATIVE program is paid before a request's own history showed
+that copying pays.
 The cohort is the DECODE cohort, chosen from completed observations (SPEC-15); pages are
 reserved for each lane's full ceiling (SPEC-21).
 
@@ -37,6 +41,7 @@ from helios_backend.scheduler.speculative import (
     SpeculativeProgram,
     SpeculativeRound,
     SpeculativeTable,
+    propose,
 )
 from helios_backend.scheduler.speculative_width import (
     QUIET_ROUNDS,
@@ -67,6 +72,8 @@ class DraftingCounters:
     offered: int = 0                # copied proposals verified
     accepted: int = 0               # of them accepted
     emitted: int = 0                # tokens those lanes emitted
+    waited: int = 0                 # DECODE rounds not pipelined because drafting might pay
+    shadows: int = 0                # shadow lookups started (copies found or not)
 
 
 @dataclass
@@ -85,14 +92,20 @@ class SpeculativeScheduler(Scheduler):
         self._acceptance: dict[int, DraftAcceptance] = {}    # request serial -> its acceptance evidence
         self.drafting = DraftingCounters()
         # measured seconds per round by program: planned (or previous completion, whichever is
-        # later) to completion, so idle time between requests is never counted
+        # later) to completion, so idle time between requests is never counted. DECODE counts
+        # only rounds planned behind one in flight (the steady pipelined loop: completion to
+        # completion), SPECULATIVE only rounds with none planned behind them (their own latency):
+        # an executor that runs a round inside its launch (the CPU) would otherwise count the
+        # next round's launch too, and rate the first DECODE round after a wait at two steps
         self.costs = RoundCosts()
-        self._planned: dict[int, int] = {}                    # id(submission) -> perf_counter_ns planned
+        self._planned: dict[int, tuple[int, bool]] = {}       # id(submission) -> (perf_counter_ns, pipelined)
+        self._behind: set[int] = set()                        # id(submission) with a round planned behind it
         self._last_complete = 0
-        # DECODE rounds left before drafting is weighed again: a round that found it not worth it
-        # fades the lanes' evidence for QUIET_ROUNDS rounds at once and skips the per-lane work of
-        # the next ones (the steady decode loop pays one counter per round); a new request ends it
+        # DECODE rounds left before drafting is weighed again: a weighing that found it not worth
+        # it starts the lanes' shadow lookups and skips the per-lane work of the next rounds (the
+        # steady decode loop pays one counter per round); a new request ends it
         self._quiet = 0
+        self._shadow_turn = 0                    # rotates the shadow lookups over the lanes
 
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
         req = super().add(serial, spec, grammar)
@@ -101,25 +114,55 @@ class SpeculativeScheduler(Scheduler):
 
     def _weighed(self, lanes: Sequence[Lane]) -> tuple[list[DraftAcceptance], list[int]] | None:
         """The lanes' acceptance and draft limits when drafting may pay this round; else None
-        (and the quiet window starts)."""
+        (the lanes' shadow lookups start and the quiet window with them). Pending shadows are
+        settled first: their evidence decides this round."""
         if self._quiet:
             self._quiet -= 1
             return None
         acceptance = [self._acceptance_of(lane.request.serial) for lane in lanes]
-        limits = [0 if self._plain_only(lane.request) else a.draft_limit(self.policy)
-                  for lane, a in zip(lanes, acceptance)]
+        plain = [self._plain_only(lane.request) for lane in lanes]
+        for lane, a, skip in zip(lanes, acceptance, plain):
+            if not skip:
+                a.settle(self.policy, lane.request.tokens)
+        limits = [0 if skip else a.draft_limit(self.policy) for a, skip in zip(acceptance, plain)]
         if self._may_pay(acceptance, limits):
             return acceptance, limits
-        self._idle(acceptance, QUIET_ROUNDS)
-        self._quiet = QUIET_ROUNDS - 1
+        self._quiet = self._shadow(lanes, acceptance, plain) - 1
         return None
+
+    def _shadow(self, lanes: Sequence[Lane], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
+        """Start shadow lookups for lanes without one, at most `shadow_lookups` per weighing
+        (requests never observed first, then the others in turn: a lookup over 1024 tokens costs
+        about 0.1 ms of host time), each taking as many copies as a program verifies; the rounds
+        until the next weighing: QUIET_ROUNDS, or just enough to decide the lookup of a request
+        never observed or whose acceptance is promising (p >= reach: drafting resumes soon
+        after its copies match again)."""
+        open_ = [i for i, (a, skip) in enumerate(zip(acceptance, plain)) if not skip and not a.shadow]
+        fresh = [i for i in open_ if not acceptance[i].observed]
+        seen = [i for i in open_ if acceptance[i].observed]
+        if seen:
+            turn = self._shadow_turn % len(seen)
+            seen = seen[turn:] + seen[:turn]
+        chosen = (fresh + seen)[:self.policy.shadow_lookups]
+        self._shadow_turn += len(chosen)
+        quiet = QUIET_ROUNDS
+        for i in chosen:
+            a, history = acceptance[i], lanes[i].request.tokens
+            promising = not a.observed or a.rate >= self.policy.reach
+            a.shadow_offer(self.policy, propose(history, self.policy.max_drafts), len(history))
+            self.drafting.shadows += 1
+            if promising and a.shadow:
+                # enough rounds to decide it (the copies follow the round in flight: one more)
+                quiet = min(quiet, min(len(a.shadow), self.policy.shadow_tokens) + 1)
+        return quiet
 
     def schedule(self) -> RoundPlan | None:
         plan = self._speculative_schedule()
         if plan is not None:
             if len(self._planned) > 8:          # rounds that never completed (a failed launch)
                 self._planned.clear()
-            self._planned[id(plan.main)] = time.perf_counter_ns()
+                self._behind.clear()
+            self._planned[id(plan.main)] = (time.perf_counter_ns(), False)
         return plan
 
     def _speculative_schedule(self) -> RoundPlan | None:
@@ -148,7 +191,7 @@ class SpeculativeScheduler(Scheduler):
         expected = sum(expected_tokens(a.rate, lane.length) for a, lane in zip(acceptance, round_.lanes))
         if not any(lane.proposals for lane in round_.lanes) or \
                 not self.policy.worth(expected, len(round_.lanes), round_.program.width,
-                                      self._ratio(round_.program.program, len(round_.lanes))):
+                                      self._ratio(round_.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
         for lane in round_.lanes:
@@ -166,13 +209,16 @@ class SpeculativeScheduler(Scheduler):
     def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
         """Behind a DECODE round whose requests may profit from drafting, nothing: the next round
         needs the completed history to copy from (completion feedback, SPEC-47). Otherwise the
-        base scheduler's pipelined decode (the requests' drafting evidence fades, _weighed)."""
+        base scheduler's pipelined decode (shadow lookups gather the requests' evidence meanwhile,
+        _weighed)."""
         if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE \
                 and self._weighed(plan.main.lanes) is not None:
+            self.drafting.waited += 1
             return None
         nxt = super().pipeline_next(plan)
         if nxt is not None:
-            self._planned[id(nxt.main)] = time.perf_counter_ns()
+            self._planned[id(nxt.main)] = (time.perf_counter_ns(), True)
+            self._behind.add(id(plan.main))
         return nxt
 
     def _may_pay(self, acceptance: list[DraftAcceptance], limits: list[int]) -> bool:
@@ -185,7 +231,7 @@ class SpeculativeScheduler(Scheduler):
         if program is None:
             return False
         expected = sum(expected_tokens(a.rate, 1 + limit) for a, limit in zip(acceptance, limits))
-        return self.policy.worth(expected, len(limits), program.width, self._ratio(program.program, len(limits)))
+        return self.policy.worth(expected, len(limits), program.width, self._ratio(program, len(limits)))
 
     def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
         """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
@@ -193,10 +239,11 @@ class SpeculativeScheduler(Scheduler):
         useful = [p for p in fitting if p.lane_limit >= rows] or fitting[-1:]
         return min(useful, key=lambda p: (p.width, p.packed, p.rows)) if useful else None
 
-    def _ratio(self, program: str, lanes: int) -> float | None:
-        """`program`'s measured cost in DECODE rounds of the same lanes (None: not yet measured)."""
+    def _ratio(self, program: SpeculativeProgram, lanes: int) -> float | None:
+        """`program`'s cost in DECODE rounds of the same lanes, measured or estimated from the
+        programs measured so far (None: neither yet, the policy's prior decides)."""
         decode = self.variants.fit(cp.OPERATION_DECODE, lanes, lanes)
-        return None if decode is None else self.costs.ratio(program, decode.program)
+        return None if decode is None else self.costs.ratio(program.program, decode.program, program.packed)
 
     def _plain_only(self, req: Request) -> bool:
         """A request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
@@ -234,8 +281,15 @@ class SpeculativeScheduler(Scheduler):
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         now = time.perf_counter_ns()
         planned = self._planned.pop(id(plan.main), None)
-        if planned is not None and plan.main.operation in (cp.OPERATION_DECODE, cp.OPERATION_SPECULATIVE):
-            self.costs.observe(plan.main.variant.program, (now - max(planned, self._last_complete)) / 1e9)
+        behind = id(plan.main) in self._behind
+        self._behind.discard(id(plan.main))
+        if planned is not None:
+            stamp, pipelined = planned
+            operation = plan.main.operation
+            if (operation == cp.OPERATION_DECODE and pipelined) or \
+                    (operation == cp.OPERATION_SPECULATIVE and not behind):
+                self.costs.observe(plan.main.variant.program, (now - max(stamp, self._last_complete)) / 1e9,
+                                   plan.main.variant.tokens)
         self._last_complete = now
         if plan.main.operation != cp.OPERATION_SPECULATIVE:
             super().complete(plan, rows)
@@ -249,7 +303,9 @@ class SpeculativeScheduler(Scheduler):
         counters.rounds += 1
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
             offered = len(lane.proposals) if isinstance(lane, ScheduledSpeculativeLane) else 0
-            self._acceptance_of(lane.request.serial).observe(self.policy, offered, outcome.accepted)
+            acceptance = self._acceptance_of(lane.request.serial)
+            acceptance.drop_shadow()
+            acceptance.observe(self.policy, offered, outcome.accepted)
             counters.lanes += 1
             counters.offered += offered
             counters.accepted += outcome.accepted
