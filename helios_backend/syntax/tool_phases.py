@@ -30,6 +30,7 @@ def is_string_schema(schema: Mapping[str, Any] | None) -> bool:
 
 
 _FENCED_CALL_START = '{"name":"'   # a fenced call's text, whitespace removed, starts so
+_FENCE_LOOK = 256                  # characters of a fence read for that start
 _MEMBER = re.compile(r'"([^"]+)"\s*:')
 
 
@@ -309,7 +310,9 @@ class ToolPhases(ScannerBase):
         long, or not such an object at its close or the end of output)."""
         hit = earliest(self._buf, [self._p_fence_close])
         body = self._buf if hit is None else self._buf[:hit[0]]
-        compact = "".join(self._markup.render(body).split())
+        # the first characters decide the start (whitespace aside): a bounded look, not the whole
+        # held text again for every token of a long fence
+        compact = "".join(self._markup.render(body[:_FENCE_LOOK]).split())[:len(_FENCED_CALL_START)]
         if len(body) > MAX_FENCE or not (compact.startswith(_FENCED_CALL_START) or _FENCED_CALL_START.startswith(compact)):
             return self._release_fence()
         if hit is None and not self._final:
