@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helios_proto import contract_pb2 as cp
 from helios_proto import exchange_pb2 as ep
 
 from helios_backend.exchange import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
@@ -130,6 +131,27 @@ def test_served_speculation_equals_plain_serving(speculative_core):
     assert drafted == plain and len(plain) == 12
     # accepted drafts emit several tokens per launch: fewer launches than plain decode
     assert len(drafted_programs) < len(plain_programs)
+
+
+def test_speculative_variants_load_only_with_history_drafting(speculative_core):
+    # spec: SRV-11
+    """Drafting is the one use of the SPECULATIVE variants: off, none is loaded, bound or captured
+    (an executor binds the model's graphs' programs); on, every captured width is."""
+    def loaded(**options):  # type: ignore[no-untyped-def]
+        runtime, _ = _started(speculative_core, **options)
+        try:
+            captured = {g.program for g in runtime.model.contract.model.graphs
+                        if g.operation == cp.OPERATION_SPECULATIVE}
+            graphs = {g.program for g in runtime.model.graphs if g.operation == cp.OPERATION_SPECULATIVE}
+            bound = {p for rank in runtime.model.executor.ranks for p in rank.programs if p.startswith("speculative")}
+        finally:
+            runtime.stop(drain=True)
+        return captured, graphs, bound
+
+    captured, graphs, bound = loaded(speculative_width=1)
+    assert captured and graphs == bound == set()
+    captured, graphs, bound = loaded(speculative_width=4, history_drafting=True)
+    assert graphs == bound == captured
 
 
 def test_a_biased_request_is_never_speculated(speculative_core):

@@ -79,7 +79,8 @@ class NativeModel:
         concurrency = captured if options.concurrency is None else options.concurrency
         if not 1 <= concurrency <= captured:
             raise ModelLoadError(f"concurrency {concurrency} outside 1..{captured} captured rows (load may only reduce it)")
-        graphs = [g for g in contract.model.graphs if g.rank == options.rank and g.capacity.rows <= concurrency]
+        graphs = [g for g in contract.model.graphs if g.rank == options.rank and g.capacity.rows <= concurrency
+                  and (options.speculative or g.operation != C.OPERATION_SPECULATIVE)]
         present = {p.name for p in manifest.programs}
         missing = sorted(g.program for g in graphs if g.program not in present)
         if missing:

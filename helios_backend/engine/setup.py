@@ -39,9 +39,12 @@ def model_options(settings: EffectiveSettings, executor: str, kernel_arch: str |
         ranks = {"rank_peers": options.rank_peers, "rank_store": options.rank_store or "", "core_digest": core_digest,
                  "rank_timeout_s": options.rank_timeout or defaults.rank_timeout_s,
                  "rank_join_timeout_s": options.rank_join_timeout or defaults.rank_join_timeout_s}
+    # SPECULATIVE variants serve only history drafting, the one drafter: with it off none is loaded
+    # (on CUDA 18-20 captured graphs and their scratch fewer; speculation is a startup choice, SRV-11)
     return ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity,
                         cache_memory_share=settings.cache_memory_share, executor=executor, kernel_arch=kernel_arch,
-                        vendor_products=True if options is None else options.vendor_products, **ranks)
+                        vendor_products=True if options is None else options.vendor_products,
+                        speculative=settings.history_drafting, **ranks)
 
 
 def scheduler_config(contract: cp.ServingContract, manifest: mp.ExecutionManifest, model: NativeModel,

@@ -42,6 +42,8 @@ class ModelOptions:
     rank_timeout_s: float = 30.0        # processes: the bound on every answer of a peer
     rank_join_timeout_s: float = 600.0  # processes: how long rank 0 waits for every peer to join
     core_digest: str = ""               # processes: Core.content_digest(), which every rank must share
+    speculative: bool = True            # load the SPECULATIVE variants; off where no round can use them
+                                        # (history drafting off): none is bound or captured (SRV-11)
 
 
 def host_pages(contract: C.ServingContract, options: ModelOptions) -> int:
