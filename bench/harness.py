@@ -88,6 +88,23 @@ def device_name(processor: Processor) -> str:
 
 # ---- where results go -------------------------------------------------------------------------
 
+def commit() -> str | None:
+    """The commit a figure was measured at: $HELIOS_COMMIT where set (a device machine's copy of
+    the working tree has no git history), else the checkout's short HEAD, with "+" when tracked
+    files changed; None when neither says."""
+    named = os.environ.get("HELIOS_COMMIT")
+    if named:
+        return named
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """--out and --results, resolved by output_dir."""
     parser.add_argument("--out", type=pathlib.Path, default=None,

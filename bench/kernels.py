@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 from helios_proto import contract_pb2 as C
 
+from bench.harness import commit, device_slug
 from bench.roofline import Step, program_costs
 from ignition.gpu_kernels.specs import ATTENTION_TILES, DEFAULT_ATTENTION_TILES
 from ignition.recipes.llama_decoder import DecoderOptions
@@ -68,11 +69,6 @@ def layout_options(recipe: Any, product_path_tokens: int = PRODUCT_PATH_TOKENS) 
                                 prefill_variants=tuple((1, t) for t in PREFILL_TOKENS), mixed_variants=(),
                                 admission_rows=(1,), resume_rows=(), scored_prefill_variants=(), snapshot_rows=0,
                                 context_tokens=8192, prepared_pages=4096)
-
-
-def device_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3' (the results folder of that device)."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia").strip()).strip("-")
 
 
 # ---- here: bundles ----------------------------------------------------------------------------
@@ -265,7 +261,7 @@ def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path:
     tflops = peer_report.get("fp16_tflops") or gemm_tflops()
     device = peer_report.get("device") or _device_name()
     report: dict[str, Any] = {"device": device, "device_slug": device_slug(device),
-                              "commit": os.environ.get("HELIOS_COMMIT"), "copy_GBps": round(gbps, 1),
+                              "commit": commit(), "copy_GBps": round(gbps, 1),
                               "fp16_tflops": round(tflops, 1), "fp16_tflops_from": "pytorch_peer" if peer_report
                               else "this process", "context": CONTEXT, "layouts": {}, "programs": [],
                               "operations": []}

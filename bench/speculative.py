@@ -191,20 +191,6 @@ def served_run(core: pathlib.Path, args: argparse.Namespace, texts: Sequence[str
     return ids, statistics.median(tpots) if tpots else float("nan")
 
 
-def _commit() -> str | None:
-    """The checkout's short commit (with "+" when it has changes), or None outside a git checkout."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+" if dirty else "")
-
-
 def _get(url: str) -> str:
     import urllib.request
 
@@ -234,7 +220,7 @@ def row(args: argparse.Namespace, path: str, workload: str, batch: int, requests
 
 
 def main(argv: list[str] | None = None) -> None:
-    from bench.harness import BUNDLE_NAMESPACE, add_output_arguments, device_name, output_dir
+    from bench.harness import BUNDLE_NAMESPACE, add_output_arguments, commit, device_name, output_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--core", type=pathlib.Path, default=None, help="the core to serve (default: see --recipe)")
@@ -259,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     args.device = device_name(processor)
     args.out_dir = output_dir(args.out, args.results, processor)
     args.weights = "random" if os.environ.get("HELIOS_RANDOM_WEIGHTS") else "real"
-    args.commit = _commit()
+    args.commit = commit()
     core = args.core
     if args.bundle:
         from bench.harness import write_bundle_core

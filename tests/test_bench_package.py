@@ -138,3 +138,12 @@ def test_the_results_index_names_every_stored_file_and_nothing_missing() -> None
     folders = {name.split("/")[0] for name in stored}
     assert {"h200", "h100-80gb-hbm3"} <= folders
     assert all(harness.device_slug(folder) == folder for folder in folders)
+
+
+def test_a_figure_names_its_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the device machine's copy has no git history: the caller names the commit there
+    monkeypatch.setenv("HELIOS_COMMIT", "abc1234")
+    assert harness.commit() == "abc1234"
+    monkeypatch.delenv("HELIOS_COMMIT")
+    named = harness.commit()
+    assert named is not None and len(named.rstrip("+")) >= 7

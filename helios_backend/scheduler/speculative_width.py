@@ -168,7 +168,6 @@ class DraftAcceptance:
         self.successes *= kept
         self.failures *= kept
 
-
     def shadow_offer(self, policy: WidthPolicy, proposals: Sequence[int], at: int) -> None:
         """Keep `proposals` (a lookup over the first `at` tokens of the history) for `settle`; an
         empty lookup is a miss at once."""
