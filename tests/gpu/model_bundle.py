@@ -161,15 +161,17 @@ def split_gguf(recipe=None) -> list[pathlib.Path]:
 
 
 def build(out: pathlib.Path = BUNDLE_DIR, archs=None, recipe_name: str = DEFAULT_RECIPE,
-          product_path_tokens: int | None = None, attention_tiles: str = "current") -> None:
+          product_path_tokens: int | None = None, attention_tiles: str | None = None) -> None:
     from ignition.cli import recipe_module
     from ignition.gpu_kernels.library import KernelLibrary
+    from ignition.gpu_kernels.specs import DEFAULT_ATTENTION_TILES
     from ignition.preparation.prepare import prepare
 
     recipe = recipe_module(recipe_name)
     started = time.time()
     options = bench_options(recipe, None, product_path_tokens)
-    prepared = prepare(recipe, options, kernel_library=KernelLibrary(archs=archs, attention_tiles=attention_tiles))
+    library = KernelLibrary(archs=archs, attention_tiles=attention_tiles or DEFAULT_ATTENTION_TILES)
+    prepared = prepare(recipe, options, kernel_library=library)
     payload = write_bundle(prepared, options, out / "bundle.bin")
     pieces = split_gguf(recipe)
     print(f"GGUF pieces (one device call each, then HELIOS_GGUF_PARTS=... in that order): "
@@ -258,7 +260,10 @@ if __name__ == "__main__":
     parser.add_argument("--product-path-tokens", type=int, default=None,
                         help="steps of this many tokens and more run the product path (0: never; "
                              "default: the recipe's)")
-    parser.add_argument("--attention-tiles", choices=["current", "flash"], default="current",
+    # imported here only: the device machine loads bundles without the kernel library
+    from ignition.gpu_kernels.specs import ATTENTION_TILES, DEFAULT_ATTENTION_TILES
+
+    parser.add_argument("--attention-tiles", choices=sorted(ATTENTION_TILES), default=DEFAULT_ATTENTION_TILES,
                         help="attention.paged.v1's large-step tiles (ignition/gpu_kernels/specs.py ATTENTION_TILES)")
     arguments = parser.parse_args()
     build(out=arguments.out, archs=arguments.arch, recipe_name=arguments.recipe,
