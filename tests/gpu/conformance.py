@@ -426,6 +426,9 @@ def main() -> None:
     parser.add_argument("--no-pdl", action="store_true", help="launch no node with PDL (race check)")
     parser.add_argument("--greedy-only", action="store_true", help="only the greedy generation runs")
     parser.add_argument("--only", default="", help="comma-separated program names to run (no greedy runs)")
+    parser.add_argument("--operations", default="",
+                        help="comma-separated operations whose programs run (e.g. speculative; greedy runs "
+                             "still follow); default: every operation")
     parser.add_argument("--kernel-arch", default=None,
                         help="KernelModule.arch to load (default: the device's own; e.g. compute_80)")
     args = parser.parse_args()
@@ -448,8 +451,10 @@ def main() -> None:
     results = []
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
+    operations = {C.Operation.Value(f"OPERATION_{o.strip().upper()}") for o in args.operations.split(",") if o.strip()}
     for program in [p for p in manifest.programs if p.rank == 0 and p.name not in skip
-                    and (not only or p.name in only) and not args.greedy_only]:
+                    and (not only or p.name in only) and (not operations or p.operation in operations)
+                    and not args.greedy_only]:
         outputs, prepared = {}, {}
         try:
             for kind, model in models.items():
