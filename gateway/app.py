@@ -24,6 +24,7 @@ from gateway.backend_metrics import BackendScrape
 from gateway.body_limit import BodyLimit
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
+from gateway.model_wait import ModelWait
 from gateway.routers import chat, completions, health, metrics, models, tokens
 from gateway.security import SecuritySettings, install_security
 from gateway.service import AdmissionOverrides, GatewayService, ParserFactory, syntax_parsers
@@ -64,6 +65,7 @@ def create_app(triton_url: str, overrides: AdmissionOverrides | None = None,
     app.state.triton_model = triton_model
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=lambda: _body_bound(app, max_body_bytes))
+    app.add_middleware(ModelWait)     # inside the key check: a refused key never waits
     for router in (chat.router, completions.router, models.router, health.router, metrics.router, tokens.router):
         app.include_router(router)
     # outermost first when a request arrives: access (ids, log, counts), CORS, then the key check

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -76,6 +77,12 @@ class GatewayService:
     # own stub health check), so open streams end within ~1.5 s of the death
     WATCH_S = 0.5
     WATCH_TIMEOUT_S = 10.0
+    # How long a request that finds the model not learned yet waits for it before its 503. Several
+    # gateway processes share one port and each learns the model on its own, retrying with a delay
+    # of up to a second: without the wait, a client that saw one process ready could be refused by
+    # a sibling still asleep in that delay. The request wakes its loader, which asks at once; an
+    # answering backend is learned in milliseconds, so this bound is reached only while it loads.
+    LOAD_WAIT_S = 2.0
 
     def __init__(self, backend: TritonBackend, overrides: AdmissionOverrides,
                  parser_factory: ParserFactory = syntax_parsers, metrics: GatewayMetrics | None = None) -> None:
@@ -86,6 +93,8 @@ class GatewayService:
         self._served: ServedModel | None = None
         self._admission: AdmissionPermits | None = None
         self._loader: asyncio.Task[None] | None = None
+        self._learned = asyncio.Event()           # set once the assets arrived
+        self._ask_now = asyncio.Event()           # a request is waiting: the loader skips its delay
         self._watch: asyncio.Task[None] | None = None
         self._health: tuple[float, bool] = (0.0, False)
         self._runs: set[RequestRun] = set()        # responses still open (for shutdown)
@@ -129,8 +138,20 @@ class GatewayService:
                 log.log(waiting, "waiting for the model backend at %s (readiness stays 503 until it answers): %s",
                         self.backend.url, str(exc).splitlines()[0])
                 waiting = logging.DEBUG
-                await asyncio.sleep(delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._ask_now.wait(), delay)
+                self._ask_now.clear()
                 delay = min(delay * 2, 1.0)
+        self._learned.set()
+
+    async def wait_learned(self, wait_s: float | None = None) -> bool:
+        """Whether the model is learned, asking the backend at once and waiting up to `wait_s`
+        (LOAD_WAIT_S) when it is not yet."""
+        if self._served is None and not self._shutting_down:
+            self._ask_now.set()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._learned.wait(), self.LOAD_WAIT_S if wait_s is None else wait_s)
+        return self._served is not None
 
     async def _watch_backend(self) -> None:
         while True:
@@ -204,6 +225,8 @@ class GatewayService:
         can leave Triton's own readiness green)."""
         if self._shutting_down:
             return False
+        if self._served is None:
+            self._ask_now.set()                   # a probe never waits, but its loader asks now
         checked_at, ok = self._health
         if time.monotonic() - checked_at < self.HEALTH_CACHE_S:
             return ok
