@@ -83,6 +83,9 @@ class Case:
         # An executor that breaks a near tie differently there feeds that row another token.
         self.prepared_tokens: dict[int, int] = {}
         self.slots: set[int] = set()          # slots this case admitted: the state it may compare
+        # logit rows each request row filled (a speculative step packs a lane's 1 + proposals
+        # target rows one after another); None: one logit row per request row
+        self.logit_rows: dict[int, range] | None = None
 
     def admit(self, slots: list[int], prompts: list[np.ndarray]) -> None:
         bins = self.model.contract.model.vocabulary.histogram_bins
@@ -195,6 +198,7 @@ class Case:
         prefill = self.model.program(C.OPERATION_PREFILL, 1, history)
         budget = packed - rows                         # target rows left after every pending row
         lanes = []
+        self.logit_rows = {}
         for s in range(rows):
             pages = self.pages_for(history + width)
             [row] = self.driver.step(prefill, [PackedLane(slot=s, generation=first + s, start=0,
@@ -208,6 +212,8 @@ class Case:
             proposals = np.concatenate([[self.prepared_tokens[s]],
                                         self.rng.integers(0, self.vocab, max(count - 1, 0))])[:count].astype(np.int32)
             stale = s == rows - 1 and rows > 1
+            first_row = sum(len(r) for r in self.logit_rows.values())
+            self.logit_rows[s] = range(first_row, first_row + 1 + count)
             lanes.append(PackedLane(slot=s, generation=first + s, start=history, page_table=pages,
                                     proposals=proposals if drafts else None, proposal_generation=first + s,
                                     proposal_consumed=history - 1 if stale else history,
@@ -271,11 +277,15 @@ def logprob_records(manifest: M.ExecutionManifest, driver, rows: int) -> dict:
 
 def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionManifest,
             prepared: dict | None = None, slots: set[int] | None = None, candidate: str = "cuda",
-            tolerance: float = LOGIT_TOLERANCE) -> dict:
+            tolerance: float = LOGIT_TOLERANCE, logit_rows: dict[int, range] | None = None) -> dict:
     """`outputs[candidate]` against `outputs["numpy"]` (the oracle); logits and float state within
-    `tolerance` of the row's largest magnitude."""
+    `tolerance` of the row's largest magnitude. `logit_rows`: the logit rows each request row
+    filled (default: row r its own row r), so that a diverged request row drops its own logits."""
     (cuda_rows, cuda_logits, cuda_state), (np_rows, np_logits, np_state) = outputs[candidate], outputs["numpy"]
     result = {"program": name}
+    request_rows = len(np_rows)
+    if logit_rows is None:
+        logit_rows = {r: range(r, r + 1) for r in range(program.capacity.rows)}
     if slots is not None and manifest is not None:
         # per-slot state of slots this case never admitted is an earlier case's (which may have
         # reported a diverged row there): compare only the case's own slots
@@ -292,8 +302,6 @@ def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionM
         result["diverged_inputs"] = diverged
         keep = [r for r in range(len(np_rows)) if r not in diverged]
         cuda_rows, np_rows = cuda_rows[keep], np_rows[keep]
-        if np_logits is not None:
-            cuda_logits, np_logits = cuda_logits[keep], np_logits[keep]
         np_state = {k: (v[keep] if k.startswith("rows:") else v) for k, v in np_state.items()
                     if k not in TOKEN_STATE and not k.startswith("scratch:")}
         cuda_state = {k: (v[keep] if k.startswith("rows:") else v) for k, v in cuda_state.items()}
@@ -305,17 +313,19 @@ def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionM
         token = TOKEN_WORD
         differing = [r for r in range(len(np_rows)) if not np.array_equal(cuda_rows[r], np_rows[r])]
         explained = []
+        originals = [r for r in range(request_rows) if r not in diverged]
         for r in differing:
             a_tok, b_tok = int(cuda_rows[r][token]), int(np_rows[r][token])
-            row = np_logits[r]
+            row = np_logits[logit_rows[originals[r]][0]] if originals[r] in logit_rows else np_logits[originals[r]]
             if 0 <= a_tok < row.size and abs(float(row[b_tok] - row[a_tok])) <= TIE_TOLERANCE * float(np.abs(row).max()):
                 explained.append(r)
         near_ties = len(explained)
         result["near_ties"] = near_ties
         result["tokens_equal"] = near_ties == len(differing)
+    dropped = {i for d in diverged for i in logit_rows.get(d, ())}
+    compared = sorted(i for filled in logit_rows.values() for i in filled if i not in dropped)
     if np_logits is not None:
-        rows = program.capacity.rows - len(diverged)
-        a, b = cuda_logits[:rows], np_logits[:rows]
+        a, b = cuda_logits[compared], np_logits[compared]
         scale = np.maximum(np.abs(b).max(axis=1), 1e-6)
         err = float(np.max(np.abs(a - b).max(axis=1) / scale))
         result["logit_rel_err"] = err
@@ -351,10 +361,9 @@ def compare(name: str, program: M.Program, outputs: dict, manifest: M.ExecutionM
     result["pass"] = (result["tokens_equal"] and result.get("logits_close", True) and result["state_equal"]
                       and few_diverged)
     if not result["pass"] and np_logits is not None:
-        rows = program.capacity.rows - len(diverged)
-        per_row = np.abs(cuda_logits[:rows] - np_logits[:rows]).max(axis=1) / np.maximum(
-            np.abs(np_logits[:rows]).max(axis=1), 1e-6)
-        result["bad_rows"] = [int(r) for r in np.nonzero(per_row >= tolerance)[0]][:32]
+        per_row = np.abs(cuda_logits[compared] - np_logits[compared]).max(axis=1) / np.maximum(
+            np.abs(np_logits[compared]).max(axis=1), 1e-6)
+        result["bad_rows"] = [compared[int(r)] for r in np.nonzero(per_row >= tolerance)[0]][:32]
     return result
 
 
@@ -470,7 +479,8 @@ def main() -> None:
                 state.update(logprob_records(manifest, case.driver, len(rows)))
                 outputs[kind] = (rows.copy(), logits, state)
                 prepared[kind] = case.prepared_tokens
-            results.append(compare(program.name, program, outputs, manifest, prepared, case.slots))
+            results.append(compare(program.name, program, outputs, manifest, prepared, case.slots,
+                                   logit_rows=case.logit_rows))
         except Exception as error:  # a failing case is a FAIL row, the others still run
             results.append({"program": program.name, "pass": False, "error": repr(error),
                             "trace": traceback.format_exc()[-800:]})
