@@ -527,3 +527,32 @@ def test_a_graph_without_draft_cursor_must_report_minus_one(model):
     words[fmt.header_words + fmt.row["draft_cursor"]] = -1
     [outcome] = validate_completion(fmt, words, round_, driver.vocab, driver.table.max_width)
     assert outcome.draft_cursor == -1
+
+
+def test_weighing_promises_no_more_per_lane_than_the_program_verifies(model):
+    # spec: SPEC-47
+    # limits earned at fewer rows (7 drafts) can exceed what the program serving this many lanes
+    # verifies per lane (width 4 here): the weighing counts at most that, or a DECODE round would
+    # wait for completion feedback that the round it hopes for cannot use
+    import dataclasses
+
+    from helios_backend.scheduler.speculative_width import DraftAcceptance, WidthPolicy
+
+    @dataclasses.dataclass(frozen=True)
+    class Recording(WidthPolicy):
+        promised: list = dataclasses.field(default_factory=list)
+
+        def worth(self, expected, lanes, width, ratio):  # type: ignore[no-untyped-def]
+            self.promised.append(expected)
+            return super().worth(expected, lanes, width, ratio)
+
+    policy = Recording(7)
+    sched, _ = _scheduler(model, lambda c, v, t: SpeculativeScheduler(c, v, t, policy=policy))
+    program = sched._program_for(2, 8)
+    assert program is not None and program.lane_limit == 4
+    sure = DraftAcceptance()
+    for _ in range(20):
+        sure.observe(policy, 7, 7)                       # every copy accepted: rate near 1
+    assert sure.draft_limit(policy) == 7
+    sched._may_pay([sure, sure], [7, 7])
+    assert policy.promised and 2 * 3 < policy.promised[0] <= 2 * program.lane_limit

@@ -51,6 +51,28 @@ def test_propose_searches_a_bounded_window():
     assert propose(history, 1, window=len(history)) == [43]
 
 
+def _reference_propose(history, limit, sizes=(3, 2, 1), window=1024):
+    """The definition, spelled out: latest earlier occurrence of the last n tokens, longest n first."""
+    tail = list(history[-window:])
+    for n in sizes:
+        if limit <= 0 or len(tail) <= n:
+            continue
+        for i in range(len(tail) - n - 1, -1, -1):
+            if tail[i:i + n] == tail[-n:]:
+                return tail[i + n:i + n + limit]
+    return []
+
+
+def test_propose_equals_its_definition_on_random_histories():
+    import random
+    rng = random.Random(11)
+    for _ in range(3000):
+        history = [rng.randrange(rng.choice((2, 3, 7, 60))) for _ in range(rng.randrange(0, 50))]
+        limit, window = rng.randrange(0, 9), rng.choice((1024, 4, 13))
+        assert propose(history, limit, window=window) == _reference_propose(history, limit, window=window), \
+            (history, limit, window)
+
+
 def test_lane_ceiling_is_bounded_by_program_and_request_limits():
     # spec: SPEC-13
     # spec: SPEC-14

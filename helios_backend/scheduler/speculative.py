@@ -143,17 +143,21 @@ def propose(history: Sequence[int], limit: int, ngram_sizes: Sequence[int] = NGR
         return []
     tail = np.asarray(history[-window:], dtype=np.int64)
     size = tail.size
+    if size < 2:
+        return []
+    # every match of any length ends at an earlier occurrence j < size - 1 of the last token: find
+    # those once, then test the longer suffixes only there (a lookup runs while the GPU steps, so
+    # its host time is what matters; most tokens occur a few times in a window, not hundreds)
+    ends = np.flatnonzero(tail[:size - 1] == tail[size - 1])
     for n in ngram_sizes:
-        if size <= n:
+        if size <= n or not ends.size:
             continue
-        suffix = tail[size - n:]
-        # candidate starts i < size - n whose n tokens equal the suffix, latest first
-        windows = np.lib.stride_tricks.sliding_window_view(tail[:size - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        hits = hits[hits + n < size]
-        if hits.size:
-            start = int(hits[-1]) + n
-            return [int(t) for t in tail[start:start + limit]]
+        found = ends[ends >= n - 1]
+        for back in range(1, n):
+            found = found[tail[found - back] == tail[size - 1 - back]]
+        if found.size:
+            start = int(found[-1]) + 1
+            return tail[start:start + limit].tolist()
     return []
 
 

@@ -230,14 +230,20 @@ class SpeculativeScheduler(Scheduler):
         program = self._program_for(len(limits), 1 + longest)
         if program is None:
             return False
-        expected = sum(expected_tokens(a.rate, 1 + limit) for a, limit in zip(acceptance, limits))
+        # a lane gets at most what the program verifies per lane (at 64 rows the widest program may
+        # be narrower than the limits earned at fewer rows): more would promise tokens the round
+        # cannot give, and a DECODE round would wait for feedback in vain
+        expected = sum(expected_tokens(a.rate, min(1 + limit, program.lane_limit))
+                       for a, limit in zip(acceptance, limits))
         return self.policy.worth(expected, len(limits), program.width, self._ratio(program, len(limits)))
 
     def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
         """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
         fitting = [p for p in self.speculative.programs if p.rows >= lanes]
-        useful = [p for p in fitting if p.lane_limit >= rows] or fitting[-1:]
-        return min(useful, key=lambda p: (p.width, p.packed, p.rows)) if useful else None
+        if not fitting:
+            return None
+        useful = [p for p in fitting if p.lane_limit >= rows] or [max(fitting, key=lambda p: p.lane_limit)]
+        return min(useful, key=lambda p: (p.width, p.packed, p.rows))
 
     def _ratio(self, program: SpeculativeProgram, lanes: int) -> float | None:
         """`program`'s cost in DECODE rounds of the same lanes, measured or estimated from the
