@@ -296,6 +296,14 @@ def main(argv: list[str] | None = None) -> None:
                                # shared machine drifts less within a pair than across the runs
                                "pair_speedups": [round(d.tokens_per_s / p.tokens_per_s, 3)
                                                  for p, d in zip(plains, drafts) if p.tokens_per_s],
+                               # greedy output is reproducible for one batch composition, not across
+                               # compositions (docs/kernels.md): requests admitted in other rounds, or
+                               # verified in a wider step, may part at a near tie; plain runs against
+                               # each other show the composition's own share
+                               "drafted_requests_differing": max((sum(a != b for a, b in zip(r.tokens, plains[0].tokens))
+                                                                  for r in drafts), default=0),
+                               "plain_requests_differing": max((sum(a != b for a, b in zip(r.tokens, plains[0].tokens))
+                                                                for r in plains[1:]), default=None),
                                "commit": args.commit})
                 print(json.dumps(rows[-1]), flush=True)
                 result.write_text(json.dumps({"rows": rows}, indent=1))
