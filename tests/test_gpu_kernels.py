@@ -750,14 +750,16 @@ def test_paged_attention(runner, query_length, positions, page_tokens, q_heads,
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads",
                          [PAGED_CASES[0], PAGED_CASES[3], PAGED_CASES[5]])
-def test_paged_attention_large_query_blocks(library, interpreter, head_dim, query_length, positions, page_tokens,
-                                            q_heads, kv_heads):
-    """The large-step instantiation (from LARGE_TOKENS tokens; its threshold and blocks made small
-    here so a few tokens reach it, in the interpreter): heads up to BLOCK_D and up to LARGE_D."""
-    small = InterpreterRunner(library, interpreter,
+def test_paged_attention_large_query_blocks(current_library, interpreter, head_dim, query_length, positions,
+                                            page_tokens, q_heads, kv_heads):
+    """The "current" tiles' large-step blocks (from LARGE_TOKENS tokens; its threshold and blocks
+    made small here so a few tokens reach it, in the interpreter): heads up to BLOCK_D and up to
+    LARGE_D. (The default flash tiles: test_flash_attention_tiles.)"""
+    small = InterpreterRunner(current_library, interpreter,
                               {"attention.paged.v1": {"LARGE_TOKENS": 8, "LARGE_M": 32, "LARGE_N": 16}})
     buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads, head_dim=head_dim)
-    spec = SPECS_BY_ID["attention.paged.v1"]
+    spec = current_library.spec("attention.paged.v1")
+    assert spec.constexprs["LARGE_FLASH"] == 0
     large = {**spec.tiles(immediates), "LARGE_TOKENS": 8, "LARGE_M": 32, "LARGE_N": 16}
     assert spec.grid(immediates, large) != spec.grid(immediates, spec.tiles(immediates))   # the other blocks
     out = check_against_reference(small, "attention.paged.v1", buffers, immediates, atol=1e-2, rtol=1e-2)
@@ -781,6 +783,11 @@ def flash_library(tmp_path_factory: pytest.TempPathFactory) -> KernelLibrary:
     return KernelLibrary(cache_dir=tmp_path_factory.mktemp("flash"), attention_tiles="flash")
 
 
+@pytest.fixture(scope="module")
+def current_library(tmp_path_factory: pytest.TempPathFactory) -> KernelLibrary:
+    return KernelLibrary(cache_dir=tmp_path_factory.mktemp("current"), attention_tiles="current")
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads", FLASH_CASES)
 def test_flash_attention_tiles(flash_library, interpreter, head_dim, query_length, positions, page_tokens,
@@ -801,13 +808,15 @@ def test_flash_attention_tiles(flash_library, interpreter, head_dim, query_lengt
         assert (out["out"][live:] == 7.0).all()       # padding tokens untouched
 
 
-def test_attention_tiles_default_to_the_current_instantiation(library, flash_library):
-    """The flash tiles are chosen explicitly; the default library keeps the measured ones."""
-    assert library.attention_tiles == "current"
-    assert library.spec("attention.paged.v1").constexprs["LARGE_FLASH"] == 0
+def test_attention_tiles_default_to_the_flash_instantiation(library, current_library):
+    """The flash tiles are the default (measured faster at prefill, equal at decode); the earlier
+    tiles stay selectable, and they differ in attention.paged.v1 alone."""
+    assert library.attention_tiles == "flash"
+    assert library.spec("attention.paged.v1").constexprs["LARGE_FLASH"] == 1
     assert library.spec("attention.paged.v1") == SPECS_BY_ID["attention.paged.v1"]
+    assert current_library.spec("attention.paged.v1").constexprs["LARGE_FLASH"] == 0
     # every other id is the same build in both libraries
-    assert [library.spec(i) == flash_library.spec(i) for i in library.kernel_ids()].count(False) == 1
+    assert [library.spec(i) == current_library.spec(i) for i in library.kernel_ids()].count(False) == 1
     with pytest.raises(ValueError, match="attention_tiles"):
         KernelLibrary(attention_tiles="fastest")
 
