@@ -556,3 +556,30 @@ def test_weighing_promises_no_more_per_lane_than_the_program_verifies(model):
     assert sure.draft_limit(policy) == 7
     sched._may_pay([sure, sure], [7, 7])
     assert policy.promised and 2 * 3 < policy.promised[0] <= 2 * program.lane_limit
+
+
+@pytest.fixture(scope="module")
+def two_widths():
+    wide = prepared_in_memory(speculative_variants=((2, 1, 0, 2), (2, 4, 3, 8), (2, 8, 7, 16)))
+    loaded = NativeModel.load(wide.contract, wide.manifest, resource_reader(wide), ModelOptions(cache_pages=64))
+    yield loaded
+    loaded.close()
+
+
+@pytest.mark.parametrize("wide_ratio, chosen", [(3.0, 4), (1.3, 8)])
+def test_the_width_with_the_most_tokens_per_measured_cost_caps_the_drafts(two_widths, wide_ratio, chosen):
+    # spec: SPEC-47
+    # at acceptance 7/12 a lane of width 4 emits 2.12 tokens, of width 8 2.37: at 1.2 DECODE steps
+    # for width 4, width 8 pays only if it costs less than 2.37 / 2.12 x 1.2 = 1.34 steps
+    from helios_backend.scheduler.speculative_width import DraftAcceptance, WidthPolicy
+
+    sched, _ = _scheduler(two_widths, lambda c, v, t: SpeculativeScheduler(c, v, t, policy=WidthPolicy(7)))
+    decode = sched.variants.fit(C.OPERATION_DECODE, 2, 2)
+    by_width = {p.lane_limit: p for p in sched.speculative.programs if p.rows >= 2}
+    sched.costs.observe(decode.program, 1.0, 2)
+    sched.costs.observe(by_width[4].program, 1.2, by_width[4].packed)
+    sched.costs.observe(by_width[8].program, wide_ratio, by_width[8].packed)
+    lane = DraftAcceptance(successes=6.0, failures=4.0)
+    assert abs(lane.rate - 7 / 12) < 1e-9
+    _, limits = sched._cheapest_width([lane, lane], [7, 7])
+    assert limits == [chosen - 1] * 2

@@ -177,7 +177,7 @@ class SpeculativeScheduler(Scheduler):
         weighed = self._weighed(main.lanes)
         if weighed is None:                      # plain decode, no history lookup
             return plan
-        acceptance, limits = weighed
+        acceptance, limits = self._cheapest_width(*weighed)
         candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
         if any(c.constrained or c.host_stops for c in candidates):
             return plan
@@ -236,6 +236,26 @@ class SpeculativeScheduler(Scheduler):
         expected = sum(expected_tokens(a.rate, min(1 + limit, program.lane_limit))
                        for a, limit in zip(acceptance, limits))
         return self.policy.worth(expected, len(limits), program.width, self._ratio(program, len(limits)))
+
+    def _cheapest_width(self, acceptance: list[DraftAcceptance], limits: list[int]
+                        ) -> tuple[list[DraftAcceptance], list[int]]:
+        """The lanes' draft limits capped at the width whose program is expected to emit the most
+        tokens per cost for this many lanes (costs measured, or estimated from the programs
+        measured; the prior before any): a wider program verifies more copies, but where its
+        extra rows cost (a small model's latency-bound step, a CPU) fewer of them per second."""
+        lanes = len(limits)
+        best, best_rate = 0, 0.0
+        for width in sorted({p.lane_limit for p in self.speculative.programs if p.rows >= lanes}):
+            program = self._program_for(lanes, width)
+            if width <= 1 or program is None or program.lane_limit != width:
+                continue
+            ratio = self._ratio(program, lanes)
+            if ratio is None or not self.policy.measured:
+                ratio = 1.0 + self.policy.row_cost * (program.width - 1)
+            rate = sum(expected_tokens(a.rate, min(1 + limit, width)) for a, limit in zip(acceptance, limits)) / ratio
+            if rate > best_rate:
+                best, best_rate = width, rate
+        return acceptance, (limits if not best else [min(limit, best - 1) for limit in limits])
 
     def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
         """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
