@@ -100,6 +100,25 @@ class PagePool:
         self._request_held += 1
         return page
 
+    def allocate_many(self, count: int) -> list[int]:
+        """`count` private pages in the order `count` calls of allocate() give them (raises
+        PagesExhausted, having allocated none, where fewer are available): a decode round's
+        opening lanes take their pages in one call."""
+        if count > self.available_pages:
+            raise PagesExhausted()
+        free = self._free
+        take = min(count, len(free))
+        pages = free[len(free) - take:]
+        del free[len(free) - take:]
+        pages.reverse()                          # pop() order
+        ref = self._ref
+        for page in pages:
+            ref[page] = 1
+        self._request_held += take
+        for _ in range(count - take):            # the rest from the LRU, as allocate() evicts
+            pages.append(self.allocate())
+        return pages
+
     def release(self, pages: Sequence[int], by_snapshot: bool = False) -> None:
         """Drop one reference from each page of a page table (head first in `pages`).
 

@@ -435,11 +435,22 @@ class Scheduler:
         block, opening = found
         if len(opening) > self.pool.available_pages:
             return DecodeBlock.of([], [], [])
-        for i in opening.tolist():                    # the lanes whose position opens a page
+        if not opening.size:
+            return block
+        # the lanes whose position opens a page: one page each (position `start` is the first
+        # of the page after those held), taken in one call, in lane order as one by one
+        page_counts = block.page_counts
+        if (block.starts[opening] // self.config.page_tokens == page_counts[opening]).all():
+            requests = block.requests
+            for i, page in zip(opening.tolist(), self.pool.allocate_many(opening.size)):
+                requests[i].pages.append(page)
+            page_counts[opening] += 1
+            return block
+        for i in opening.tolist():
             req = block.requests[i]
             if not self._reserve_pages(req, int(block.starts[i]) + 1):
                 raise RuntimeError("page availability was checked before pipelining")
-            block.page_counts[i] = len(req.pages)
+            page_counts[i] = len(req.pages)
         return block
 
     def _prompt_round(self) -> RoundPlan | None:
