@@ -30,9 +30,8 @@ Page tables (BND-33/34): each frame remembers, per physical slot, the generation
 number of page-table entries already written into that frame (`_PageMemory`, arrays over the
 slots); a step writes only the new entries. A different generation on the slot forgets the
 remembered length and rewrites. Row destinations that only per-lane values reach (grammar
-masks, logit biases, admission histograms) remember which rows already hold the padding
-(`_PaddingMemory`): a round in which no lane has a mask or a bias writes nothing there, and an
-admitting round pads only the rows that some earlier lane left with values.
+masks, logit biases) remember how many leading rows already hold the padding
+(`_PaddingMemory`): a round in which no lane has a mask or a bias writes nothing there.
 
 SlotInitialization histograms (BND-32) are built once per request from its prompt (`SlotInitialization.for_prompt`)
 and travel only in the INITIALIZATION program.
@@ -336,46 +335,20 @@ class _PageMemory:
 
 
 class _PaddingMemory:
-    """Which rows of one frame's row-mode destination are known to hold the padding, row by row
-    (`padded`), and the length of the leading run of them (`clean`: the one comparison a round
-    without values pays). Only for destinations that no other writer touches (every binding of
-    them packs per-lane values by row, with one padding): a 128-row grammar mask is 786 KB, and
-    rewriting its padding every decode round took a third of the packing time (bench/packing.py),
-    for rounds where no lane has a mask; an admission's histogram rows are 196 KB each, and the
-    rows an INITIALIZATION program leaves empty (up to 15 of r16, 63 of r64) were rewritten at
-    every admitting round while a smaller program had written the rows past its own."""
+    """Which rows of one frame's row-mode destination are known to hold the padding: a prefix
+    [0, clean) and a tail [tail, rows). Only for destinations that no other writer touches (every
+    binding of them packs per-lane values by row, with one padding): a 128-row grammar mask is
+    786 KB, and rewriting its padding every decode round took a third of the packing time
+    (bench/packing.py), for rounds where no lane has a mask; an admission's histogram rows are
+    196 KB each, and the rows an INITIALIZATION program of 64 rows leaves empty were rewritten
+    at every admitting round."""
 
     def __init__(self, rows: int) -> None:
-        self.padded = np.zeros(rows, bool)             # row r holds the padding throughout
         self.clean = 0                                 # rows [0, clean) hold the padding
+        self.tail = rows                               # rows [tail, rows) hold the padding
         # rows that hold the padding except at these indices (a PromptCounts row counted over
         # the padding): the next counts in such a row clear those entries, not ~200 KB
         self.sparse: dict[int, np.ndarray] = {}
-
-    def pad(self, table: np.ndarray, end: int, pad: np.ndarray, skip: Sequence[int] = ()) -> None:
-        """Rows [0, end) but `skip` (about to be written with values) made the padding where not
-        known to hold it already."""
-        need = ~self.padded[:end]
-        if skip:
-            need[list(skip)] = False
-        rows = np.flatnonzero(need)
-        if not rows.size:
-            return
-        first = int(rows[0])
-        if rows.size == end - first:
-            table[first:end] = pad                     # one run: a slice, not a gather
-        else:
-            table[rows] = pad
-        self.padded[rows] = True
-
-    def written(self, rows: Sequence[int]) -> None:
-        """`rows` now hold values (not the padding)."""
-        self.padded[list(rows)] = False
-
-    def settle(self) -> None:
-        """`clean` after the rows changed: the leading run of padded rows."""
-        padded = self.padded
-        self.clean = padded.size if padded.all() else int(padded.argmin())
 
 
 class Target:
@@ -464,50 +437,50 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
 
 def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
     n, table, memory = step.count, target.table, target.padding
-    present = step.present(source)
-    if memory is not None:
-        _remembered_rows(target, step, source, present, target.rows if pad_tail else n, memory)
-        return
     values = step.values(source)
+    present = step.present(source)
+    if not present and memory is not None:
+        end = target.rows if pad_tail else n          # rows [0, end) must read the padding
+        if memory.clean < end:
+            stop = min(end, memory.tail)              # and [tail, rows) do already
+            if memory.clean < stop:
+                table[memory.clean:stop] = target.pad
+            memory.clean = end
+        return
     if not present:
         table[:n] = target.pad
     elif len(present) < n:
         table[[r for r, value in enumerate(values) if value is None]] = target.pad
-    for r in present:
-        _put(table[r], values[r], target)
-    if pad_tail and n < target.rows:
-        table[n:] = target.pad
-
-
-def _remembered_rows(target: Target, step: _Step, source: int, present: list[int], end: int,
-                     memory: _PaddingMemory) -> None:
-    """_value_rows of a destination whose padded rows are remembered: rows [0, end) without
-    values read the padding, written only where the frame does not hold it already."""
-    if not present:
-        if memory.clean < end:
-            memory.pad(target.table, end, target.pad)
-            memory.settle()
-        return
-    table, values = target.table, step.values(source)
-    memory.pad(table, end, target.pad, present)
-    counts_over_padding = target.binding.padding == target.offset
+    counts_over_padding = memory is not None and target.binding.padding == target.offset
     for r in present:
         value = values[r]
-        if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
-            _count_over_padding(table[r], value, target, memory, r)
-            continue
-        memory.sparse.pop(r, None)
+        if memory is not None:
+            if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
+                _count_over_padding(table[r], value, target, memory, r)
+                continue
+            memory.sparse.pop(r, None)
         _put(table[r], value, target)
-    memory.written(present)
-    memory.settle()
+    if memory is None:
+        if pad_tail and n < target.rows:
+            table[n:] = target.pad
+        return
+    memory.clean = min(memory.clean, present[0])      # rows before the first lane with values
+    if not pad_tail:                                  # rows from n on untouched
+        memory.tail = max(memory.tail, present[-1] + 1)
+    elif memory.tail <= target.rows:                  # [tail, rows) hold it already
+        if n < memory.tail:
+            table[n:memory.tail] = target.pad
+        memory.tail = n
+    elif n < target.rows:
+        table[n:] = target.pad
 
 
 def _count_over_padding(row: np.ndarray, counts: PromptCounts, target: Target, memory: _PaddingMemory,
                         r: int) -> None:
     """_put of counts whose zero (the offset) is the padding: the row is made the padding (known
     already, or cleared where the last counts were), then counted into."""
-    if not memory.padded[r]:                          # not known to hold the padding throughout
-        known = memory.sparse.get(r)
+    known = memory.sparse.get(r)
+    if memory.clean <= r < memory.tail:               # not known to hold the padding throughout
         if known is not None:
             row[known] = target.pad
         else:
