@@ -124,20 +124,24 @@ class PagePool:
 
         Released in reverse, so the chain's tail is evicted before its head.
         """
+        refs, snapshot_refs, key_of = self._ref, self._snapshot_ref, self._key_of   # once per call:
+        lru, free = self._lru, self._free            # a finished request releases all its pages
         for page in reversed(pages):
-            ref = self._ref[page] - 1
-            if ref < 0 or (by_snapshot and self._snapshot_ref[page] <= 0):
+            old, snapshot_ref = refs[page], snapshot_refs[page]
+            ref = old - 1
+            if ref < 0 or (by_snapshot and snapshot_ref <= 0):
                 raise RuntimeError(f"page {page} released more often than referenced")
-            before = self._ref[page] > self._snapshot_ref[page]
-            self._ref[page] = ref
+            refs[page] = ref
+            before = old > snapshot_ref
             if by_snapshot:
-                self._snapshot_ref[page] -= 1
-            self._request_held += (self._ref[page] > self._snapshot_ref[page]) - before
+                snapshot_ref -= 1
+                snapshot_refs[page] = snapshot_ref
+            self._request_held += (ref > snapshot_ref) - before
             if ref == 0:
-                if page in self._key_of:
-                    self._lru[page] = None
+                if page in key_of:
+                    lru[page] = None
                 else:
-                    self._free.append(page)
+                    free.append(page)
 
     # ---- prefix map ------------------------------------------------------------
     def publish(self, page: int, key: bytes) -> bool:

@@ -432,7 +432,7 @@ class Scheduler:
         found = continuing_block(main, outsiders, self.config)
         if found is None:
             return DecodeBlock.of([], [], [])
-        block, opening = found
+        block, opening, one_each = found
         if len(opening) > self.pool.available_pages:
             return DecodeBlock.of([], [], [])
         if not opening.size:
@@ -440,7 +440,7 @@ class Scheduler:
         # the lanes whose position opens a page: one page each (position `start` is the first
         # of the page after those held), taken in one call, in lane order as one by one
         page_counts = block.page_counts
-        if (block.starts[opening] // self.config.page_tokens == page_counts[opening]).all():
+        if one_each:
             requests = block.requests
             for i, page in zip(opening.tolist(), self.pool.allocate_many(opening.size)):
                 requests[i].pages.append(page)
