@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 from operator import attrgetter
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
@@ -91,6 +92,21 @@ class SlotInitialization:
     def prompt_histogram(self) -> np.ndarray:
         """int32 [histogram_bins]: how often each id occurs in the prompt."""
         return self.prompt_counts.dense()
+
+    @staticmethod
+    def counts_of_prompts(prompts: Sequence[Sequence[int]], histogram_bins: int) -> list[PromptCounts]:
+        """for_prompt's prompt_counts of several prompts, from one array of all their ids (the
+        INITIALIZATION lanes of a round packed as columns: ProgramRunner._pack_initialization)."""
+        lengths = list(map(len, prompts))
+        ids = np.fromiter(chain.from_iterable(prompts), np.int64, sum(lengths))
+        if ids.size and ids.min() < 0:                # the first prompt with one, as for_prompt
+            first = next(p for p in prompts if len(p) and min(p) < 0)
+            raise ValueError(f"prompt token id {int(min(first))} is negative")
+        ends = np.cumsum(lengths).tolist()
+        kept = ids < histogram_bins
+        if kept.all():                                # each prompt's ids: a view of the one array
+            return [PromptCounts(ids[end - n:end], histogram_bins) for n, end in zip(lengths, ends)]
+        return [PromptCounts(ids[end - n:end][kept[end - n:end]], histogram_bins) for n, end in zip(lengths, ends)]
 
     @staticmethod
     def for_prompt(prompt: Sequence[int], histogram_bins: int, seed: int, sampling: SamplingParameters,
@@ -189,6 +205,16 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: attrgetter("prefix_limit"),
 }
 
+def _none_by_default(source: int) -> bool:
+    try:
+        return LANE_SOURCES[source](_DEFAULT_LANE) is None
+    except PackingError:                          # an INITIALIZATION source: a lane must give it
+        return False
+
+
+# sources a PackedLane's default leaves None (padding): a columnar step not given one has no rows
+_ABSENT_BY_DEFAULT = frozenset(source for source in LANE_SOURCES if _none_by_default(source))
+
 INTEGER_SOURCES = frozenset({
     C.VALUE_SOURCE_SLOT, C.VALUE_SOURCE_GENERATION, C.VALUE_SOURCE_QUERY_LENGTH, C.VALUE_SOURCE_SAMPLING_DECISION,
     C.VALUE_SOURCE_CONSUMED_TOKENS, C.VALUE_SOURCE_SNAPSHOT_DESTINATION, C.VALUE_SOURCE_RESTORE_SOURCE,
@@ -271,9 +297,13 @@ class _Step:
 
     def present(self, source: int) -> list[int]:
         """The rows whose value of `source` is not None (not padding)."""
+        if self._columnar and source in _ABSENT_BY_DEFAULT and source not in self._values:
+            return []                    # not given: None in every lane, without the list of them
         values = self.values(source)
         if source in self._absent:
             return []
+        if type(values) is np.ndarray:   # a columnar step's [lanes, k] values: a value in every lane
+            return list(range(self.count))
         return [r for r, value in enumerate(values) if value is not None]
 
     def token_starts(self) -> np.ndarray:
@@ -391,6 +421,19 @@ class Target:
         return pad
 
 
+def _put_rows(table: np.ndarray, values: np.ndarray, target: Target) -> None:
+    """_put of each row of `values` [lanes, k] into the table's leading rows, in one write."""
+    if target.offset and values.dtype.kind in "iu":
+        values = values + target.offset
+    n, size = values.shape
+    width = table.shape[1]
+    if size > width:
+        raise CapacityError(f"{target.binding.destination}: {size} values exceed the row width {width}")
+    table[:n, :size] = values
+    if size < width:
+        table[:n, size:] = target.pad_as(values.dtype)
+
+
 def _put(dst: np.ndarray, value, target: Target, cut: bool = False) -> None:
     """One lane's values into `dst` (its row, or its span of packed tokens): the offset is added
     to integer values, the rest of `dst` gets the bare padding (BND-17). Values beyond `dst` are
@@ -437,8 +480,8 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
 
 def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
     n, table, memory = step.count, target.table, target.padding
-    values = step.values(source)
     present = step.present(source)
+    values = step.values(source) if present or memory is None else ()
     if not present and memory is not None:
         end = target.rows if pad_tail else n          # rows [0, end) must read the padding
         if memory.clean < end:
@@ -451,15 +494,25 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[:n] = target.pad
     elif len(present) < n:
         table[[r for r, value in enumerate(values) if value is None]] = target.pad
-    counts_over_padding = memory is not None and target.binding.padding == target.offset
-    for r in present:
-        value = values[r]
-        if memory is not None:
-            if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
-                _count_over_padding(table[r], value, target, memory, r)
-                continue
-            memory.sparse.pop(r, None)
-        _put(table[r], value, target)
+    if type(values) is np.ndarray:                    # a columnar step's [lanes, k] values: every row at once
+        if memory is not None and memory.sparse:
+            for r in present:
+                memory.sparse.pop(r, None)
+        _put_rows(table, values, target)
+    else:
+        counts_over_padding = memory is not None and target.binding.padding == target.offset
+        counted: list[np.ndarray] = []                # the flat indices the rows' counts add one at
+        for r in present:
+            value = values[r]
+            if memory is not None:
+                if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
+                    _count_over_padding(table[r], value, target, memory, r)
+                    counted.append(value.ids + r * target.width)
+                    continue
+                memory.sparse.pop(r, None)
+            _put(table[r], value, target)
+        if counted:                                   # one call for the round's admissions
+            np.add.at(table.reshape(-1), counted[0] if len(counted) == 1 else np.concatenate(counted), 1)
     if memory is None:
         if pad_tail and n < target.rows:
             table[n:] = target.pad
@@ -478,14 +531,14 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
 def _count_over_padding(row: np.ndarray, counts: PromptCounts, target: Target, memory: _PaddingMemory,
                         r: int) -> None:
     """_put of counts whose zero (the offset) is the padding: the row is made the padding (known
-    already, or cleared where the last counts were), then counted into."""
+    already, or cleared where the last counts were); the caller counts into it (_value_rows: the
+    rows of a step in one np.add.at)."""
     known = memory.sparse.get(r)
     if memory.clean <= r < memory.tail:               # not known to hold the padding throughout
         if known is not None:
             row[known] = target.pad
         else:
             row[:] = target.pad
-    np.add.at(row, counts.ids, 1)
     memory.sparse[r] = counts.ids
 
 
@@ -637,6 +690,7 @@ class Packer:
                 if b.index in _ROW_MODES:
                     row_capacity[b.destination] = max(row_capacity.get(b.destination, 0), graph.capacity.rows)
         self._capacity = {g.program: (g.capacity.rows, g.capacity.tokens, g.operation) for g in graphs}
+        self._sources = {g.program: frozenset(b.source for b in g.bindings) for g in graphs}
         # writes[frame][program]: (target, write) per binding, in binding order, built once
         self._writes: list[dict[str, tuple[tuple[Target, Write], ...]]] = [dict() for _ in frames]
         page_memory: list[dict[str, _PageMemory]] = [dict() for _ in frames]
@@ -681,6 +735,10 @@ class Packer:
     def capacity(self, program: str) -> tuple[int, int]:
         rows, tokens, _ = self._capacity[program]
         return rows, tokens
+
+    def sources(self, program: str) -> frozenset[int]:
+        """The value sources the program binds (a caller may give a columnar step only those)."""
+        return self._sources[program]
 
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None:
         self._pack_step(program, frame, _Step(lanes))

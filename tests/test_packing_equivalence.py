@@ -191,3 +191,49 @@ def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
         for f in range(2):
             assert np.array_equal(frames[f], expected[f]), f"{graph.program} frame {f}"
             assert np.array_equal(blocked[f], expected[f]), f"{graph.program} frame {f} from a block"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_runner_initialization_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
+    """INITIALIZATION lanes packed as columns (ProgramRunner._pack_initialization: seed words,
+    sampling vectors and EOS ids as [lanes, k] arrays, every lane's prompt counted in one call)
+    equal the same lanes packed one PackedLane each, round after round over the same rows: a row
+    whose request, seed, sampling, EOS choice or prompt differs from the round before gets the
+    new values, and the rows earlier counts left are cleared (the remembered padding)."""
+    from helios_backend.engine.runner import ProgramRunner
+    from helios_backend.scheduler.plan import Lane, Submission, Variant
+    from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings
+
+    rng = np.random.default_rng(seed)
+    manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
+    graphs = _tuned(prepared.contract.model.graphs, rng) if rng.random() < 0.7 else list(prepared.contract.model.graphs)
+    start = rng.integers(0, 256, manifest.transport.frame_nbytes, dtype=np.uint8)
+    frames = [start.copy() for _ in range(2)]
+    expected = [start.copy() for _ in range(2)]
+    eos = tuple(int(e) for e in rng.integers(0, 100, int(rng.integers(1, 4))))
+    runners = [ProgramRunner(None, Packer(graphs, manifest.transport, manifest.request_slots, f),  # type: ignore
+                             manifest.completion, vocab.sampled_tokens, vocab.histogram_bins, eos)
+               for f in (frames, expected)]         # (no executor: nothing is launched)
+    steps = [g for g in graphs if g.operation == C.OPERATION_INITIALIZATION]
+    assert all(runners[0]._initializes_columns(g.program) for g in steps)   # the columns are what is tested
+    for _ in range(8):
+        graph = steps[int(rng.integers(len(steps)))]
+        lanes: list[Lane] = []
+        for slot in rng.choice(manifest.request_slots, int(rng.integers(1, graph.capacity.rows + 1)),
+                               replace=False).tolist():
+            prompt = tuple(int(t) for t in rng.integers(0, vocab.histogram_bins + 50, int(rng.integers(1, 40))))
+            sampling = SamplingSettings(float(rng.random()), float(rng.random()), int(rng.integers(0, 50)),
+                                        seed=int(rng.integers(0, 1 << 63)))
+            req = Request(slot, RequestSpec(prompt, 64, sampling, ignore_eos=bool(rng.random() < 0.3)), slot)
+            if rng.random() < 0.3:                  # readmitted: its output counts too
+                req.tokens.extend(int(t) for t in rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 9))))
+            begin = int(rng.integers(0, len(req.tokens)))
+            lanes.append(Lane(req, slot, int(rng.integers(1, 4)), begin, list(req.tokens[begin:]), True,
+                              int(rng.integers(1, 500)), initialize=True))
+        sub = Submission(Variant(graph.operation, graph.program, graph.capacity.rows, 0), lanes)
+        frame = int(rng.integers(2))
+        runners[0]._pack(sub, frame)
+        runners[1].packer.pack(graph.program, frame, [runners[1]._packed(lane, graph.operation) for lane in lanes])
+        for f in range(2):
+            assert np.array_equal(frames[f], expected[f]), f"{graph.program} frame {f}"
