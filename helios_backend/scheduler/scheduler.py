@@ -65,6 +65,8 @@ __all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounter
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
 _CONSTRAINED = attrgetter("request.spec.constrained")
 _HOST_VALUES = attrgetter("request.host_values")
+_TOKENS = attrgetter("tokens")
+_PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
 _new_tuple = tuple.__new__               # a token event without NamedTuple's Python-level __new__
 
 
@@ -406,11 +408,19 @@ class Scheduler:
         return nxt
 
     def _continuing_block(self, main: Sequence[Lane]) -> DecodeBlock | None:
-        """The next round's decode lanes as a block when `main` is one and the columns decide
-        them (pipeline.continuing_block), their opening pages reserved; an empty block when they
-        need completion feedback; None: decide them lane by lane (continuing_lanes)."""
-        if not (self.config.columnar_decode and isinstance(main, DecodeBlock)) or self._unsettled:
+        """The next round's decode lanes as a block when `main` is one, or a round of host-fed
+        lanes only (a round of prompts: they all sit the next round out, so its lanes are the
+        running requests outside it), and the columns decide them (pipeline.continuing_block),
+        their opening pages reserved; an empty block when they need completion feedback; None:
+        decide them lane by lane (continuing_lanes)."""
+        if not self.config.columnar_decode or self._unsettled:
             return None
+        if not isinstance(main, DecodeBlock):
+            if not main or _PENDING in map(_TOKENS, main):
+                return None
+            prompts = DecodeBlock.of([], [], [])      # no lane continues: an empty block, `main` its tail
+            prompts.extra = list(main)
+            main = prompts
         # the running requests outside `main` (rejoining after sitting a round out), in running
         # order; every request of `main` is running (in flight: it cannot have been released)
         outsiders: list[Request] = []
