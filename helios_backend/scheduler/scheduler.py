@@ -616,10 +616,12 @@ class Scheduler:
         events = self._events
         done = 0
         eos = self._eos
-        for i in np.flatnonzero(flagged).tolist():
+        marked = np.flatnonzero(flagged).tolist()
+        # the pages completed in this round first, in lane order: a finish below releases only its
+        # own request's pages, published here already, so the pool ends as lane by lane
+        self._publish_pages_of([requests[i] for i in marked])
+        for i in marked:
             req = requests[i]
-            if req.computed // pt > req.published_pages and len(req.pages) > req.published_pages:
-                self._publish_pages(req)
             if tokens[i] in eos and not req.spec.ignore_eos:
                 reason = ep.FINISH_REASON_EOS
             elif len(req.tokens) >= req.token_limit:
@@ -687,18 +689,24 @@ class Scheduler:
 
     def _publish_pages(self, req: Request) -> None:
         """Publish complete pages whose every position was consumed (validated)."""
-        pt = self.config.page_tokens
-        complete = min(req.computed // pt, len(req.pages))
-        first = req.published_pages
-        if complete <= first:
-            return
-        keys, tokens, pages, publish = req.chain_keys, req.tokens, req.pages, self.pool.publish
-        key = keys[-1] if keys else self._seed
-        for p in range(first, complete):              # a decode lane: one page (about one lane in page_tokens)
-            key = next_key(key, tokens[p * pt:(p + 1) * pt])
-            publish(pages[p], key)
-            keys.append(key)
-        req.published_pages = complete
+        self._publish_pages_of((req,))
+
+    def _publish_pages_of(self, requests: Sequence[Request]) -> None:
+        """_publish_pages of each request in turn (a decode block's: about one lane in page_tokens
+        completes a page each round)."""
+        pt, seed, publish = self.config.page_tokens, self._seed, self.pool.publish
+        for req in requests:
+            complete = min(req.computed // pt, len(req.pages))
+            first = req.published_pages
+            if complete <= first:
+                continue
+            keys, tokens, pages = req.chain_keys, req.tokens, req.pages
+            key = keys[-1] if keys else seed
+            for p in range(first, complete):          # a decode lane: one page
+                key = next_key(key, tokens[p * pt:(p + 1) * pt])
+                publish(pages[p], key)
+                keys.append(key)
+            req.published_pages = complete
 
     def _unpin_restore(self, row: int) -> None:
         self.snapshots.unpin_row(row)
