@@ -111,12 +111,18 @@ class PagePool:
         pages = free[len(free) - take:]
         del free[len(free) - take:]
         pages.reverse()                          # pop() order
+        evict = count - take
+        if evict:                                # the rest from the LRU, oldest first, as allocate() evicts
+            lru, key_of, page_of = self._lru, self._key_of, self._page_of
+            for _ in range(evict):
+                page, _ = lru.popitem(last=False)
+                del page_of[key_of.pop(page)]
+                pages.append(page)
+            self.counters.evictions += evict
         ref = self._ref
         for page in pages:
             ref[page] = 1
-        self._request_held += take
-        for _ in range(count - take):            # the rest from the LRU, as allocate() evicts
-            pages.append(self.allocate())
+        self._request_held += count
         return pages
 
     def release(self, pages: Sequence[int], by_snapshot: bool = False) -> None:

@@ -298,8 +298,7 @@ class Scheduler:
         while need > self.pool.available_pages:
             if not self.snapshots.evict_for_pages():
                 return False
-        for _ in range(need):
-            req.pages.append(self.pool.allocate())
+        req.pages.extend(self.pool.allocate_many(need))
         return True
 
     def _lane(self, req: Request, n: int) -> Lane:
