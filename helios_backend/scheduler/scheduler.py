@@ -434,7 +434,10 @@ class Scheduler:
             outsiders = [req for req in found_owners if req is not None]
             if len(outsiders) < len(found_owners):
                 raise RuntimeError("an occupied slot has no running request")
-            if len(outsiders) > 1:
+            if len(outsiders) > 4:                    # many (after a round of prompts): one pass in running order
+                picked = set(map(id, outsiders))
+                outsiders = [req for req in self._running if id(req) in picked]
+            elif len(outsiders) > 1:
                 outsiders.sort(key=self._running.index)
         if not all(req.columnar for req in outsiders):
             return None
