@@ -17,8 +17,10 @@ int64 column, others as a list) and every writer places a whole destination at o
         PACKED_TOKEN    lanes' values back to back, following each lane's actual token count
 
 A step may also be given as its columns (`Packer.pack_columns`, `_Step.columnar`): integer
-sources as int64 arrays, the others as lists, every source not given read as a PackedLane's
-default; the engine packs decode rounds so, without a PackedLane per lane.
+sources as int64 arrays, the others as lists or, where every lane has as many values, as one
+[lanes, k] array written in one go; every source not given reads as a PackedLane's default
+(sources whose default is None: no rows at all). The engine packs decode, mixed and prefill
+rounds and INITIALIZATION steps so, without a PackedLane per lane.
 
 Integer sources take one column write per destination; lanes without values (None: no grammar
 mask, no logit bias, a decode lane's prompt tokens) take one padding write; only lanes that carry arrays
@@ -246,8 +248,9 @@ class _Step:
                  sizes: Mapping[int, np.ndarray] | None = None) -> "_Step":
         """A step given as its columns: `count` lanes whose integer sources are `columns` (int64
         [count], QUERY_LENGTH among them) and whose other sources are `values` (a list per
-        source, None = padding). No PackedLane is built: the one-object-per-lane cost of a
-        decode round (docs/scheduler.md, host work per round)."""
+        source, None = padding, or a [count, k] array: k values in every lane). No PackedLane is
+        built: the one-object-per-lane cost of a decode round (docs/scheduler.md, host work per
+        round)."""
         if C.VALUE_SOURCE_QUERY_LENGTH not in columns:
             raise PackingError("a columnar step needs its query lengths")
         step = cls(())

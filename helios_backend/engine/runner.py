@@ -319,8 +319,9 @@ class ProgramRunner:
 
     def _pack(self, sub: Submission, frame: int, plain: bool | None = None) -> None:
         """Pack one submission: a main step whose lanes carry no host values (no grammar or
-        min_tokens mask, no logit bias; `plain` when the caller knows) as columns gathered once
-        per round, any other lane by lane (_packed); the same bytes either way
+        min_tokens mask, no logit bias; `plain` when the caller knows) and an INITIALIZATION step
+        (whose program binds only what _pack_initialization gives) as columns gathered once per
+        round, any other lane by lane (_packed); the same bytes either way
         (tests/test_packing_equivalence.py)."""
         operation, lanes = sub.operation, sub.lanes
         if operation == cp.OPERATION_INITIALIZATION and lanes and self._initializes_columns(sub.variant.program):

@@ -747,15 +747,18 @@ class Scheduler:
         admitted_ns = self._admitted_ns.get(req.serial, 0)
         self._release(req)
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
-        finished = ep.Finished(reason=reason, usage=ep.Usage(
-            prompt_tokens=req.prompt_len, completion_tokens=req.output_len,
-            reused_prompt_tokens=max(req.reused_prompt_tokens, 0)))
+        event = ep.TerminalEvent()                # filled in place: a Finished built apart is copied in
+        finished = event.finished
+        finished.reason = reason
+        usage = finished.usage
+        usage.prompt_tokens, usage.completion_tokens = req.prompt_len, req.output_len
+        usage.reused_prompt_tokens = max(req.reused_prompt_tokens, 0)
         if req.stop is not None:
             finished.stop.CopyFrom(req.stop)
         if req.spec.observe_timestamps:
             finished.performance.admitted_ns = admitted_ns - self.config.clock_origin_ns
             finished.performance.reused_prompt_tokens = max(req.reused_prompt_tokens, 0)
-        self._events.append(Terminal(req.serial, ep.TerminalEvent(finished=finished)))
+        self._events.append(Terminal(req.serial, event))
 
     def _release(self, req: Request) -> None:
         if req.state is RequestState.RUNNING:
