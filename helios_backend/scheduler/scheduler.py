@@ -261,6 +261,7 @@ class Scheduler:
         req.pages = list(hit)
         req.published_pages = len(hit)
         req.chain_keys = match.keys[:len(hit)]
+        req.admission_keys = match.keys
         restore = None
         if snap is not None:
             page = self.pool.allocate()
@@ -702,10 +703,10 @@ class Scheduler:
             first = req.published_pages
             if complete <= first:
                 continue
-            keys, tokens, pages = req.chain_keys, req.tokens, req.pages
+            keys, tokens, pages, hashed = req.chain_keys, req.tokens, req.pages, req.admission_keys
             key = keys[-1] if keys else seed
             for p in range(first, complete):          # a decode lane: one page
-                key = next_key(key, tokens[p * pt:(p + 1) * pt])
+                key = hashed[p] if p < len(hashed) else next_key(key, tokens[p * pt:(p + 1) * pt])
                 publish(pages[p], key)
                 keys.append(key)
             req.published_pages = complete
@@ -721,7 +722,7 @@ class Scheduler:
         self._running.remove(req)
         self._free_slot(req)
         self.pool.release(req.pages)
-        req.pages, req.published_pages, req.chain_keys = [], 0, []
+        req.pages, req.published_pages, req.chain_keys, req.admission_keys = [], 0, [], []
         req.computed = 0
         req.device_pending = False
         req.state = RequestState.WAITING
