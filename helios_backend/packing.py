@@ -568,8 +568,25 @@ def _value_tokens(target: Target, step: _Step, source: int) -> None:
     starts, values, present = step.token_starts(), step.values(source), step.present(source)
     if len(present) < step.count:
         target.view[:starts[-1]] = target.pad          # lanes with values overwrite their spans
+    elif len(present) > 1 and _spans_filled(step, source, values):
+        flat = np.concatenate(values)                  # a round of prompts: every span at once
+        target.view[:flat.size] = flat + target.offset if target.offset and flat.dtype.kind in "iu" else flat
+        return
     for r in present:
         _put(target.view[starts[r]:starts[r + 1]], values[r], target, cut=True)
+
+
+def _spans_filled(step: _Step, source: int, values: Sequence) -> bool:
+    """Every lane's values are a 1-D array of one dtype as long as its span of packed tokens:
+    back to back they are the spans' values, as _put writes them lane by lane."""
+    first = values[0]
+    if type(first) is not np.ndarray or first.ndim != 1:
+        return False
+    dtype = first.dtype
+    for value in values:
+        if type(value) is not np.ndarray or value.ndim != 1 or value.dtype != dtype:
+            return False
+    return bool(np.array_equal(step.sizes(source), step.column(C.VALUE_SOURCE_QUERY_LENGTH)))
 
 
 def _physical_rows(target: Target, step: _Step, source: int) -> None:
@@ -607,11 +624,34 @@ def _upload(target: Target, values: Sequence, sizes: np.ndarray, slots: np.ndarr
         at = held[ones].tolist()
         entries = np.fromiter((values[r][i] for r, i in zip(ones.tolist(), at)), np.int64, ones.size)
         target.view[slots[ones] * width + held[ones]] = entries + target.offset if target.offset else entries
-    for r in (new > 1).nonzero()[0].tolist():
-        start, size = int(slots[r]) * width, int(sizes[r])
-        _put(target.view[start + held[r]:start + size], values[r][held[r]:], target)
+    many = (new > 1).nonzero()[0]
+    if many.size > 1 and _put_entries(target, values, many, slots, held, sizes):
+        pass                     # admitted lanes' tables (a round of prompts): every entry at once
+    else:
+        for r in many.tolist():
+            start, size = int(slots[r]) * width, int(sizes[r])
+            _put(target.view[start + held[r]:start + size], values[r][held[r]:], target)
     memory.written[slots] = np.maximum(held, sizes)
     memory.generation[slots] = generations
+
+
+def _put_entries(target: Target, values: Sequence, lanes: np.ndarray, slots: np.ndarray, held: np.ndarray,
+                 sizes: np.ndarray) -> bool:
+    """_upload's writes of entries [held, size) of several lanes in one: where each lane's table is
+    a list of exactly `size` entries (as _put would write them: int64, offset added); False
+    (nothing written) otherwise."""
+    rows, first, last = lanes.tolist(), held[lanes], sizes[lanes]
+    tables = [values[r] for r in rows]
+    for table, size in zip(tables, last.tolist()):
+        if type(table) is not list or len(table) != size:
+            return False
+    counts = last - first
+    total = int(counts.sum())
+    entries = np.fromiter(chain.from_iterable(table[h:] for table, h in zip(tables, first.tolist())), np.int64, total)
+    # flat position of each entry: its lane's row start + held, then one further per entry
+    offsets = np.repeat(slots[lanes] * target.width + first - (counts.cumsum() - counts), counts) + np.arange(total)
+    target.view[offsets] = entries + target.offset if target.offset else entries
+    return True
 
 
 class RowWriter(Protocol):
