@@ -504,18 +504,18 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         _put_rows(table, values, target)
     else:
         counts_over_padding = memory is not None and target.binding.padding == target.offset
-        counted: list[np.ndarray] = []                # the flat indices the rows' counts add one at
+        counted: list[int] = []                       # rows whose counts are added over the padding
         for r in present:
             value = values[r]
             if memory is not None:
                 if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
-                    _count_over_padding(table[r], value, target, memory, r)
-                    counted.append(value.ids + r * target.width)
+                    counted.append(r)
                     continue
                 memory.sparse.pop(r, None)
             _put(table[r], value, target)
-        if counted:                                   # one call for the round's admissions
-            np.add.at(table.reshape(-1), counted[0] if len(counted) == 1 else np.concatenate(counted), 1)
+        if counted:
+            assert memory is not None
+            _count_over_padding(table, [values[r] for r in counted], counted, target, memory)
     if memory is None:
         if pad_tail and n < target.rows:
             table[n:] = target.pad
@@ -531,18 +531,37 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[n:] = target.pad
 
 
-def _count_over_padding(row: np.ndarray, counts: PromptCounts, target: Target, memory: _PaddingMemory,
-                        r: int) -> None:
-    """_put of counts whose zero (the offset) is the padding: the row is made the padding (known
-    already, or cleared where the last counts were); the caller counts into it (_value_rows: the
-    rows of a step in one np.add.at)."""
-    known = memory.sparse.get(r)
-    if memory.clean <= r < memory.tail:               # not known to hold the padding throughout
-        if known is not None:
-            row[known] = target.pad
-        else:
-            row[:] = target.pad
-    memory.sparse[r] = counts.ids
+def _count_over_padding(table: np.ndarray, counts: list[PromptCounts], rows: list[int], target: Target,
+                        memory: _PaddingMemory) -> None:
+    """_put of counts whose zero (the offset) is the padding, into their rows: each row is made
+    the padding (known already, or cleared where its last counts were), then counted into; the
+    clearing and the counting of all rows in one indexed write and one np.add.at (a round of
+    prompts admits tens of requests)."""
+    width, sparse = target.width, memory.sparse
+    cleared: list[int] = []                           # rows whose last counts are cleared
+    known: list[np.ndarray] = []
+    for r, value in zip(rows, counts):
+        last = sparse.get(r)
+        if memory.clean <= r < memory.tail:           # not known to hold the padding throughout
+            if last is not None:
+                cleared.append(r)
+                known.append(last)
+            else:
+                table[r] = target.pad
+        sparse[r] = value.ids
+    flat = table.reshape(-1)
+    if cleared:
+        flat[_flat_indices(cleared, known, width)] = target.pad
+    np.add.at(flat, _flat_indices(rows, [value.ids for value in counts], width), 1)
+
+
+def _flat_indices(rows: list[int], ids: list[np.ndarray], width: int) -> np.ndarray:
+    """The positions of each row's `ids` in its [rows, width] table read flat."""
+    if len(rows) == 1:
+        return ids[0] + rows[0] * width
+    flat = np.concatenate(ids)
+    flat += np.repeat(np.array(rows, np.int64) * width, [len(i) for i in ids])
+    return flat
 
 
 def _integer_tokens(target: Target, step: _Step, source: int) -> None:
