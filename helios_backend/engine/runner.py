@@ -97,6 +97,9 @@ class _BlockPages(Sequence[Sequence[int]]):
     def __getitem__(self, index: slice) -> list[Sequence[int]]: ...
 
     def __getitem__(self, index: int | slice) -> Sequence[int] | list[Sequence[int]]:
+        requests = self.requests
+        if type(index) is int and 0 <= index < len(requests):
+            return requests[index].pages              # a column lane: the packer's usual read
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         k = len(self.requests)
