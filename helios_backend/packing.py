@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from operator import attrgetter
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -225,6 +225,10 @@ INTEGER_SOURCES = frozenset({
 })
 
 
+# a source's values in a columnar step: one entry per lane (None = padding), or a [lanes, k] array
+LaneValues: TypeAlias = Union[Sequence, np.ndarray]
+
+
 class _Step:
     """One submission's lanes; each source's values are gathered at most once per pack():
     integer sources as an int64 column [lanes], the others as a list (None = padding).
@@ -237,14 +241,14 @@ class _Step:
         self.lanes = lanes
         self.count = len(lanes)
         self._columns: dict[int, np.ndarray] = {}
-        self._values: dict[int, Sequence] = {}
+        self._values: dict[int, LaneValues] = {}
         self._starts: Optional[np.ndarray] = None
         self._columnar = False
         self._absent: set[int] = set()   # sources a columnar step reads as None in every lane
         self._sizes: dict[int, np.ndarray] = {}   # a columnar step's given value counts per lane
 
     @classmethod
-    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, Sequence],
+    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, LaneValues],
                  sizes: Mapping[int, np.ndarray] | None = None) -> "_Step":
         """A step given as its columns: `count` lanes whose integer sources are `columns` (int64
         [count], QUERY_LENGTH among them) and whose other sources are `values` (a list per
@@ -291,7 +295,7 @@ class _Step:
             self._columns[source] = column
         return column
 
-    def values(self, source: int) -> Sequence:
+    def values(self, source: int) -> LaneValues:
         values = self._values.get(source)
         if values is None:
             values = self._not_given(source) if self._columnar else list(map(LANE_SOURCES[source], self.lanes))
@@ -595,7 +599,7 @@ def _value_tokens(target: Target, step: _Step, source: int) -> None:
         _put(target.view[starts[r]:starts[r + 1]], values[r], target, cut=True)
 
 
-def _spans_filled(step: _Step, source: int, values: Sequence) -> bool:
+def _spans_filled(step: _Step, source: int, values: LaneValues) -> bool:
     """Every lane's values are a 1-D array of one dtype as long as its span of packed tokens:
     back to back they are the spans' values, as _put writes them lane by lane."""
     first = values[0]
@@ -629,7 +633,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
             _upload(target, values[r:r + 1], sizes[r:r + 1], slots[r:r + 1], generations[r:r + 1])
 
 
-def _upload(target: Target, values: Sequence, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
+def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
     """Lanes of distinct slots: entries [held, size) of each lane that has new ones (in decode,
     the few lanes that just took a page); a new generation holds none."""
     memory, width = target.memory, target.width
@@ -654,7 +658,7 @@ def _upload(target: Target, values: Sequence, sizes: np.ndarray, slots: np.ndarr
     memory.generation[slots] = generations
 
 
-def _put_entries(target: Target, values: Sequence, lanes: np.ndarray, slots: np.ndarray, held: np.ndarray,
+def _put_entries(target: Target, values: LaneValues, lanes: np.ndarray, slots: np.ndarray, held: np.ndarray,
                  sizes: np.ndarray) -> bool:
     """_upload's writes of entries [held, size) of several lanes in one: where each lane's table is
     a list of exactly `size` entries (as _put would write them: int64, offset added); False
@@ -806,7 +810,7 @@ class Packer:
         self._pack_step(program, frame, _Step(lanes))
 
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None:
+                     values: Mapping[int, LaneValues], sizes: Mapping[int, np.ndarray] | None = None) -> None:
         """pack() of `count` lanes given as columns (`_Step.columnar`): the same bytes as the
         PackedLanes they describe (tests/test_packing_equivalence.py). `sizes`: the length of
         each lane's values of a source, where the caller knows them (a page table's entries)."""

@@ -35,7 +35,7 @@ from helios_proto import manifest_pb2 as mp
 
 from helios_backend.engine.submissions import SubmissionSequence
 from helios_backend.executors.base import FrameStateError
-from helios_backend.packing import SlotInitialization, PackedLane
+from helios_backend.packing import LaneValues, SlotInitialization, PackedLane
 from helios_backend.sampling_parameters import sampling_vectors
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
@@ -117,7 +117,7 @@ class PackerLike(Protocol):
     def sources(self, program: str) -> frozenset[int]: ...
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
+                     values: Mapping[int, LaneValues], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
 
 
 @dataclass
@@ -381,7 +381,7 @@ class ProgramRunner:
         samplings = list(map(_SAMPLING, requests))
         # ignore_eos: the slot's program has no EOS ids, so only the output limit ends it
         eos = [() if ignore else self.eos_ids for ignore in map(_IGNORE_EOS, requests)]
-        eos_values: Sequence = np.array(eos, np.int64).reshape(n, len(eos[0])) if eos.count(eos[0]) == n \
+        eos_values: LaneValues = np.array(eos, np.int64).reshape(n, len(eos[0])) if eos.count(eos[0]) == n \
             else [np.asarray(ids, dtype=np.int64) for ids in eos]
         columns: dict[int, np.ndarray] = {
             cp.VALUE_SOURCE_SLOT: np.fromiter(map(_SLOT, lanes), np.int64, n),
@@ -389,7 +389,7 @@ class ProgramRunner:
             cp.VALUE_SOURCE_QUERY_LENGTH: np.fromiter(map(len, map(_TOKENS, lanes)), np.int64, n),
             cp.VALUE_SOURCE_OUTPUT_LIMIT: np.fromiter(map(_OUTPUT_LIMIT, lanes), np.int64, n),
         }
-        values: dict[int, Sequence] = {
+        values: dict[int, LaneValues] = {
             cp.VALUE_SOURCE_SEED_BITS: np.array([(s.seed & _WORD, (s.seed >> 32) & _WORD) for s in samplings],
                                                 np.int64).reshape(n, 2),
             cp.VALUE_SOURCE_SAMPLING_PARAMETERS: sampling_vectors(samplings),
