@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, getitem
 from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union
 
 import numpy as np
@@ -644,8 +644,7 @@ def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.nda
         raise CapacityError(f"slot {slots[r]}: {int(sizes[r])} entries exceed the row width {width}")
     ones = (new == 1).nonzero()[0]
     if ones.size:                # a decode round: the lanes that just took a page, one entry each
-        at = held[ones].tolist()
-        entries = np.fromiter((values[r][i] for r, i in zip(ones.tolist(), at)), np.int64, ones.size)
+        entries = np.fromiter(map(getitem, _rows_of(values, ones.tolist()), held[ones].tolist()), np.int64, ones.size)
         target.view[slots[ones] * width + held[ones]] = entries + target.offset if target.offset else entries
     many = (new > 1).nonzero()[0]
     if many.size > 1 and _put_entries(target, values, many, slots, held, sizes):
@@ -658,13 +657,20 @@ def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.nda
     memory.generation[slots] = generations
 
 
+def _rows_of(values: LaneValues, rows: list[int]) -> list:
+    """values[r] for each of `rows`: a sequence that can give several at once (`select`: the
+    engine's block of page tables) does, in one call."""
+    select = getattr(values, "select", None)
+    return select(rows) if select is not None else list(map(values.__getitem__, rows))
+
+
 def _put_entries(target: Target, values: LaneValues, lanes: np.ndarray, slots: np.ndarray, held: np.ndarray,
                  sizes: np.ndarray) -> bool:
     """_upload's writes of entries [held, size) of several lanes in one: where each lane's table is
     a list of exactly `size` entries (as _put would write them: int64, offset added); False
     (nothing written) otherwise."""
     rows, first, last = lanes.tolist(), held[lanes], sizes[lanes]
-    tables = [values[r] for r in rows]
+    tables = _rows_of(values, rows)
     for table, size in zip(tables, last.tolist()):
         if type(table) is not list or len(table) != size:
             return False

@@ -91,6 +91,12 @@ class _BlockPages(Sequence[Sequence[int]]):
     def __len__(self) -> int:
         return len(self.requests) + len(self.extra)
 
+    def select(self, rows: list[int]) -> list[Sequence[int]]:
+        """self[r] for each of `rows` (the packer's read of the lanes with new entries)."""
+        requests, extra = self.requests, self.extra
+        k = len(requests)
+        return [requests[r].pages if r < k else extra[r - k].request.pages for r in rows]
+
     @overload
     def __getitem__(self, index: int) -> Sequence[int]: ...
     @overload
