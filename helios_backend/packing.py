@@ -17,8 +17,10 @@ int64 column, others as a list) and every writer places a whole destination at o
         PACKED_TOKEN    lanes' values back to back, following each lane's actual token count
 
 A step may also be given as its columns (`Packer.pack_columns`, `_Step.columnar`): integer
-sources as int64 arrays, the others as lists, every source not given read as a PackedLane's
-default; the engine packs decode rounds so, without a PackedLane per lane.
+sources as int64 arrays, the others as lists or, where every lane has as many values, as one
+[lanes, k] array written in one go; every source not given reads as a PackedLane's default
+(sources whose default is None: no rows at all). The engine packs decode, mixed and prefill
+rounds and INITIALIZATION steps so, without a PackedLane per lane.
 
 Integer sources take one column write per destination; lanes without values (None: no grammar
 mask, no logit bias, a decode lane's prompt tokens) take one padding write; only lanes that carry arrays
@@ -40,8 +42,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from operator import attrgetter
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from itertools import chain
+from operator import attrgetter, getitem
+from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -91,6 +94,21 @@ class SlotInitialization:
     def prompt_histogram(self) -> np.ndarray:
         """int32 [histogram_bins]: how often each id occurs in the prompt."""
         return self.prompt_counts.dense()
+
+    @staticmethod
+    def counts_of_prompts(prompts: Sequence[Sequence[int]], histogram_bins: int) -> list[PromptCounts]:
+        """for_prompt's prompt_counts of several prompts, from one array of all their ids (the
+        INITIALIZATION lanes of a round packed as columns: ProgramRunner._pack_initialization)."""
+        lengths = list(map(len, prompts))
+        ids = np.fromiter(chain.from_iterable(prompts), np.int64, sum(lengths))
+        if ids.size and ids.min() < 0:                # the first prompt with one, as for_prompt
+            first = next(p for p in prompts if len(p) and min(p) < 0)
+            raise ValueError(f"prompt token id {int(min(first))} is negative")
+        ends = np.cumsum(lengths).tolist()
+        kept = ids < histogram_bins
+        if kept.all():                                # each prompt's ids: a view of the one array
+            return [PromptCounts(ids[end - n:end], histogram_bins) for n, end in zip(lengths, ends)]
+        return [PromptCounts(ids[end - n:end][kept[end - n:end]], histogram_bins) for n, end in zip(lengths, ends)]
 
     @staticmethod
     def for_prompt(prompt: Sequence[int], histogram_bins: int, seed: int, sampling: SamplingParameters,
@@ -189,12 +207,26 @@ LANE_SOURCES: Mapping[int, LaneSource] = {
     C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: attrgetter("prefix_limit"),
 }
 
+def _none_by_default(source: int) -> bool:
+    try:
+        return LANE_SOURCES[source](_DEFAULT_LANE) is None
+    except PackingError:                          # an INITIALIZATION source: a lane must give it
+        return False
+
+
+# sources a PackedLane's default leaves None (padding): a columnar step not given one has no rows
+_ABSENT_BY_DEFAULT = frozenset(source for source in LANE_SOURCES if _none_by_default(source))
+
 INTEGER_SOURCES = frozenset({
     C.VALUE_SOURCE_SLOT, C.VALUE_SOURCE_GENERATION, C.VALUE_SOURCE_QUERY_LENGTH, C.VALUE_SOURCE_SAMPLING_DECISION,
     C.VALUE_SOURCE_CONSUMED_TOKENS, C.VALUE_SOURCE_SNAPSHOT_DESTINATION, C.VALUE_SOURCE_RESTORE_SOURCE,
     C.VALUE_SOURCE_PENDING_TOKEN, C.VALUE_SOURCE_OUTPUT_LIMIT, C.VALUE_SOURCE_PROPOSAL_COUNT,
     C.VALUE_SOURCE_PROPOSAL_GENERATION, C.VALUE_SOURCE_PROPOSAL_CONSUMED, C.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
 })
+
+
+# a source's values in a columnar step: one entry per lane (None = padding), or a [lanes, k] array
+LaneValues: TypeAlias = Union[Sequence, np.ndarray]
 
 
 class _Step:
@@ -209,19 +241,20 @@ class _Step:
         self.lanes = lanes
         self.count = len(lanes)
         self._columns: dict[int, np.ndarray] = {}
-        self._values: dict[int, Sequence] = {}
+        self._values: dict[int, LaneValues] = {}
         self._starts: Optional[np.ndarray] = None
         self._columnar = False
         self._absent: set[int] = set()   # sources a columnar step reads as None in every lane
         self._sizes: dict[int, np.ndarray] = {}   # a columnar step's given value counts per lane
 
     @classmethod
-    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, Sequence],
+    def columnar(cls, count: int, columns: Mapping[int, np.ndarray], values: Mapping[int, LaneValues],
                  sizes: Mapping[int, np.ndarray] | None = None) -> "_Step":
         """A step given as its columns: `count` lanes whose integer sources are `columns` (int64
         [count], QUERY_LENGTH among them) and whose other sources are `values` (a list per
-        source, None = padding). No PackedLane is built: the one-object-per-lane cost of a
-        decode round (docs/scheduler.md, host work per round)."""
+        source, None = padding, or a [count, k] array: k values in every lane). No PackedLane is
+        built: the one-object-per-lane cost of a decode round (docs/scheduler.md, host work per
+        round)."""
         if C.VALUE_SOURCE_QUERY_LENGTH not in columns:
             raise PackingError("a columnar step needs its query lengths")
         step = cls(())
@@ -262,7 +295,7 @@ class _Step:
             self._columns[source] = column
         return column
 
-    def values(self, source: int) -> Sequence:
+    def values(self, source: int) -> LaneValues:
         values = self._values.get(source)
         if values is None:
             values = self._not_given(source) if self._columnar else list(map(LANE_SOURCES[source], self.lanes))
@@ -271,9 +304,13 @@ class _Step:
 
     def present(self, source: int) -> list[int]:
         """The rows whose value of `source` is not None (not padding)."""
+        if self._columnar and source in _ABSENT_BY_DEFAULT and source not in self._values:
+            return []                    # not given: None in every lane, without the list of them
         values = self.values(source)
         if source in self._absent:
             return []
+        if type(values) is np.ndarray:   # a columnar step's [lanes, k] values: a value in every lane
+            return list(range(self.count))
         return [r for r, value in enumerate(values) if value is not None]
 
     def token_starts(self) -> np.ndarray:
@@ -391,6 +428,19 @@ class Target:
         return pad
 
 
+def _put_rows(table: np.ndarray, values: np.ndarray, target: Target) -> None:
+    """_put of each row of `values` [lanes, k] into the table's leading rows, in one write."""
+    if target.offset and values.dtype.kind in "iu":
+        values = values + target.offset
+    n, size = values.shape
+    width = table.shape[1]
+    if size > width:
+        raise CapacityError(f"{target.binding.destination}: {size} values exceed the row width {width}")
+    table[:n, :size] = values
+    if size < width:
+        table[:n, size:] = target.pad_as(values.dtype)
+
+
 def _put(dst: np.ndarray, value, target: Target, cut: bool = False) -> None:
     """One lane's values into `dst` (its row, or its span of packed tokens): the offset is added
     to integer values, the rest of `dst` gets the bare padding (BND-17). Values beyond `dst` are
@@ -437,8 +487,8 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
 
 def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
     n, table, memory = step.count, target.table, target.padding
-    values = step.values(source)
     present = step.present(source)
+    values = step.values(source) if present or memory is None else ()
     if not present and memory is not None:
         end = target.rows if pad_tail else n          # rows [0, end) must read the padding
         if memory.clean < end:
@@ -451,15 +501,25 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[:n] = target.pad
     elif len(present) < n:
         table[[r for r, value in enumerate(values) if value is None]] = target.pad
-    counts_over_padding = memory is not None and target.binding.padding == target.offset
-    for r in present:
-        value = values[r]
-        if memory is not None:
-            if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
-                _count_over_padding(table[r], value, target, memory, r)
-                continue
-            memory.sparse.pop(r, None)
-        _put(table[r], value, target)
+    if type(values) is np.ndarray:                    # a columnar step's [lanes, k] values: every row at once
+        if memory is not None and memory.sparse:
+            for r in present:
+                memory.sparse.pop(r, None)
+        _put_rows(table, values, target)
+    else:
+        counts_over_padding = memory is not None and target.binding.padding == target.offset
+        counted: list[int] = []                       # rows whose counts are added over the padding
+        for r in present:
+            value = values[r]
+            if memory is not None:
+                if counts_over_padding and type(value) is PromptCounts and value.bins <= target.width:
+                    counted.append(r)
+                    continue
+                memory.sparse.pop(r, None)
+            _put(table[r], value, target)
+        if counted:
+            assert memory is not None
+            _count_over_padding(table, [values[r] for r in counted], counted, target, memory)
     if memory is None:
         if pad_tail and n < target.rows:
             table[n:] = target.pad
@@ -475,18 +535,37 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[n:] = target.pad
 
 
-def _count_over_padding(row: np.ndarray, counts: PromptCounts, target: Target, memory: _PaddingMemory,
-                        r: int) -> None:
-    """_put of counts whose zero (the offset) is the padding: the row is made the padding (known
-    already, or cleared where the last counts were), then counted into."""
-    known = memory.sparse.get(r)
-    if memory.clean <= r < memory.tail:               # not known to hold the padding throughout
-        if known is not None:
-            row[known] = target.pad
-        else:
-            row[:] = target.pad
-    np.add.at(row, counts.ids, 1)
-    memory.sparse[r] = counts.ids
+def _count_over_padding(table: np.ndarray, counts: list[PromptCounts], rows: list[int], target: Target,
+                        memory: _PaddingMemory) -> None:
+    """_put of counts whose zero (the offset) is the padding, into their rows: each row is made
+    the padding (known already, or cleared where its last counts were), then counted into; the
+    clearing and the counting of all rows in one indexed write and one np.add.at (a round of
+    prompts admits tens of requests)."""
+    width, sparse = target.width, memory.sparse
+    cleared: list[int] = []                           # rows whose last counts are cleared
+    known: list[np.ndarray] = []
+    for r, value in zip(rows, counts):
+        last = sparse.get(r)
+        if memory.clean <= r < memory.tail:           # not known to hold the padding throughout
+            if last is not None:
+                cleared.append(r)
+                known.append(last)
+            else:
+                table[r] = target.pad
+        sparse[r] = value.ids
+    flat = table.reshape(-1)
+    if cleared:
+        flat[_flat_indices(cleared, known, width)] = target.pad
+    np.add.at(flat, _flat_indices(rows, [value.ids for value in counts], width), 1)
+
+
+def _flat_indices(rows: list[int], ids: list[np.ndarray], width: int) -> np.ndarray:
+    """The positions of each row's `ids` in its [rows, width] table read flat."""
+    if len(rows) == 1:
+        return ids[0] + rows[0] * width
+    flat = np.concatenate(ids)
+    flat += np.repeat(np.array(rows, np.int64) * width, [len(i) for i in ids])
+    return flat
 
 
 def _integer_tokens(target: Target, step: _Step, source: int) -> None:
@@ -512,8 +591,25 @@ def _value_tokens(target: Target, step: _Step, source: int) -> None:
     starts, values, present = step.token_starts(), step.values(source), step.present(source)
     if len(present) < step.count:
         target.view[:starts[-1]] = target.pad          # lanes with values overwrite their spans
+    elif len(present) > 1 and _spans_filled(step, source, values):
+        flat = np.concatenate(values)                  # a round of prompts: every span at once
+        target.view[:flat.size] = flat + target.offset if target.offset and flat.dtype.kind in "iu" else flat
+        return
     for r in present:
         _put(target.view[starts[r]:starts[r + 1]], values[r], target, cut=True)
+
+
+def _spans_filled(step: _Step, source: int, values: LaneValues) -> bool:
+    """Every lane's values are a 1-D array of one dtype as long as its span of packed tokens:
+    back to back they are the spans' values, as _put writes them lane by lane."""
+    first = values[0]
+    if type(first) is not np.ndarray or first.ndim != 1:
+        return False
+    dtype = first.dtype
+    for value in values:
+        if type(value) is not np.ndarray or value.ndim != 1 or value.dtype != dtype:
+            return False
+    return bool(np.array_equal(step.sizes(source), step.column(C.VALUE_SOURCE_QUERY_LENGTH)))
 
 
 def _physical_rows(target: Target, step: _Step, source: int) -> None:
@@ -537,7 +633,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
             _upload(target, values[r:r + 1], sizes[r:r + 1], slots[r:r + 1], generations[r:r + 1])
 
 
-def _upload(target: Target, values: Sequence, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
+def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.ndarray, generations: np.ndarray) -> None:
     """Lanes of distinct slots: entries [held, size) of each lane that has new ones (in decode,
     the few lanes that just took a page); a new generation holds none."""
     memory, width = target.memory, target.width
@@ -548,14 +644,43 @@ def _upload(target: Target, values: Sequence, sizes: np.ndarray, slots: np.ndarr
         raise CapacityError(f"slot {slots[r]}: {int(sizes[r])} entries exceed the row width {width}")
     ones = (new == 1).nonzero()[0]
     if ones.size:                # a decode round: the lanes that just took a page, one entry each
-        at = held[ones].tolist()
-        entries = np.fromiter((values[r][i] for r, i in zip(ones.tolist(), at)), np.int64, ones.size)
+        entries = np.fromiter(map(getitem, _rows_of(values, ones.tolist()), held[ones].tolist()), np.int64, ones.size)
         target.view[slots[ones] * width + held[ones]] = entries + target.offset if target.offset else entries
-    for r in (new > 1).nonzero()[0].tolist():
-        start, size = int(slots[r]) * width, int(sizes[r])
-        _put(target.view[start + held[r]:start + size], values[r][held[r]:], target)
+    many = (new > 1).nonzero()[0]
+    if many.size > 1 and _put_entries(target, values, many, slots, held, sizes):
+        pass                     # admitted lanes' tables (a round of prompts): every entry at once
+    else:
+        for r in many.tolist():
+            start, size = int(slots[r]) * width, int(sizes[r])
+            _put(target.view[start + held[r]:start + size], values[r][held[r]:], target)
     memory.written[slots] = np.maximum(held, sizes)
     memory.generation[slots] = generations
+
+
+def _rows_of(values: LaneValues, rows: list[int]) -> list:
+    """values[r] for each of `rows`: a sequence that can give several at once (`select`: the
+    engine's block of page tables) does, in one call."""
+    select = getattr(values, "select", None)
+    return select(rows) if select is not None else list(map(values.__getitem__, rows))
+
+
+def _put_entries(target: Target, values: LaneValues, lanes: np.ndarray, slots: np.ndarray, held: np.ndarray,
+                 sizes: np.ndarray) -> bool:
+    """_upload's writes of entries [held, size) of several lanes in one: where each lane's table is
+    a list of exactly `size` entries (as _put would write them: int64, offset added); False
+    (nothing written) otherwise."""
+    rows, first, last = lanes.tolist(), held[lanes], sizes[lanes]
+    tables = _rows_of(values, rows)
+    for table, size in zip(tables, last.tolist()):
+        if type(table) is not list or len(table) != size:
+            return False
+    counts = last - first
+    total = int(counts.sum())
+    entries = np.fromiter(chain.from_iterable(table[h:] for table, h in zip(tables, first.tolist())), np.int64, total)
+    # flat position of each entry: its lane's row start + held, then one further per entry
+    offsets = np.repeat(slots[lanes] * target.width + first - (counts.cumsum() - counts), counts) + np.arange(total)
+    target.view[offsets] = entries + target.offset if target.offset else entries
+    return True
 
 
 class RowWriter(Protocol):
@@ -637,6 +762,7 @@ class Packer:
                 if b.index in _ROW_MODES:
                     row_capacity[b.destination] = max(row_capacity.get(b.destination, 0), graph.capacity.rows)
         self._capacity = {g.program: (g.capacity.rows, g.capacity.tokens, g.operation) for g in graphs}
+        self._sources = {g.program: frozenset(b.source for b in g.bindings) for g in graphs}
         # writes[frame][program]: (target, write) per binding, in binding order, built once
         self._writes: list[dict[str, tuple[tuple[Target, Write], ...]]] = [dict() for _ in frames]
         page_memory: list[dict[str, _PageMemory]] = [dict() for _ in frames]
@@ -682,11 +808,15 @@ class Packer:
         rows, tokens, _ = self._capacity[program]
         return rows, tokens
 
+    def sources(self, program: str) -> frozenset[int]:
+        """The value sources the program binds (a caller may give a columnar step only those)."""
+        return self._sources[program]
+
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None:
         self._pack_step(program, frame, _Step(lanes))
 
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None:
+                     values: Mapping[int, LaneValues], sizes: Mapping[int, np.ndarray] | None = None) -> None:
         """pack() of `count` lanes given as columns (`_Step.columnar`): the same bytes as the
         PackedLanes they describe (tests/test_packing_equivalence.py). `sizes`: the length of
         each lane's values of a source, where the caller knows them (a page table's entries)."""

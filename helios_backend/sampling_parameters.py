@@ -6,6 +6,7 @@ order. The scheduler's SamplingSettings adds the request's seed.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,3 +30,9 @@ class SamplingParameters:
     def vector(self) -> np.ndarray:
         """float32 [SAMPLING_PARAMETER_WORDS]: the fields in the ABI's order."""
         return np.array([getattr(self, name) for name in SAMPLING_PARAMETER_FIELDS], dtype=np.float32)
+
+
+def sampling_vectors(parameters: Sequence[SamplingParameters]) -> np.ndarray:
+    """float32 [len(parameters), SAMPLING_PARAMETER_WORDS]: each one's vector(), built at once."""
+    return np.array([[getattr(p, name) for name in SAMPLING_PARAMETER_FIELDS] for p in parameters],
+                    dtype=np.float32).reshape(len(parameters), len(SAMPLING_PARAMETER_FIELDS))

@@ -133,6 +133,20 @@ def test_packer_writes_the_bytes_of_the_per_row_writer(prepared, seed):
 
 
 
+def _runners(prepared, rng: np.random.Generator, count: int, eos: tuple[int, ...]):
+    """`count` ProgramRunners over packers of the same graphs (re-tuned 7 times in 10), each with
+    two frames that start with the same random bytes; no executor: nothing is launched."""
+    from helios_backend.engine.runner import ProgramRunner
+
+    manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
+    graphs = _tuned(prepared.contract.model.graphs, rng) if rng.random() < 0.7 else list(prepared.contract.model.graphs)
+    start = rng.integers(0, 256, manifest.transport.frame_nbytes, dtype=np.uint8)
+    frames = [[start.copy() for _ in range(2)] for _ in range(count)]
+    runners = [ProgramRunner(None, Packer(graphs, manifest.transport, manifest.request_slots, f),  # type: ignore
+                             manifest.completion, vocab.sampled_tokens, vocab.histogram_bins, eos) for f in frames]
+    return graphs, frames, runners
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
@@ -140,21 +154,13 @@ def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
     (ProgramRunner._pack_columns, no PackedLane per lane): the frames equal those of the same
     lanes packed one PackedLane each, round after round (page-table memory included), and so do
     they as a DecodeBlock (its leading plain decode lanes as columns, the rest explicit)."""
-    from helios_backend.engine.runner import ProgramRunner
     from helios_backend.scheduler.decode_block import DecodeBlock
     from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, Submission, Variant
     from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings
 
     rng = np.random.default_rng(seed)
     manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
-    graphs = _tuned(prepared.contract.model.graphs, rng) if rng.random() < 0.7 else list(prepared.contract.model.graphs)
-    start = rng.integers(0, 256, manifest.transport.frame_nbytes, dtype=np.uint8)
-    frames = [start.copy() for _ in range(2)]
-    expected = [start.copy() for _ in range(2)]
-    blocked = [start.copy() for _ in range(2)]
-    runners = [ProgramRunner(None, Packer(graphs, manifest.transport, manifest.request_slots, f),  # type: ignore
-                             manifest.completion, vocab.sampled_tokens, vocab.histogram_bins, (2,))
-               for f in (frames, expected, blocked)]         # (no executor: nothing is launched)
+    graphs, (frames, expected, blocked), runners = _runners(prepared, rng, 3, (2,))
     steps = [g for g in graphs if g.operation in (C.OPERATION_DECODE, C.OPERATION_MIXED, C.OPERATION_PREFILL)]
     width = manifest.max_pages_per_row
     for _ in range(10):
@@ -191,3 +197,42 @@ def test_runner_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
         for f in range(2):
             assert np.array_equal(frames[f], expected[f]), f"{graph.program} frame {f}"
             assert np.array_equal(blocked[f], expected[f]), f"{graph.program} frame {f} from a block"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_runner_initialization_columns_write_the_bytes_of_its_packed_lanes(prepared, seed):
+    """INITIALIZATION lanes packed as columns (ProgramRunner._pack_initialization: seed words,
+    sampling vectors and EOS ids as [lanes, k] arrays, every lane's prompt counted in one call)
+    equal the same lanes packed one PackedLane each, round after round over the same rows: a row
+    whose request, seed, sampling, EOS choice or prompt differs from the round before gets the
+    new values, and the rows earlier counts left are cleared (the remembered padding)."""
+    from helios_backend.scheduler.plan import Lane, Submission, Variant
+    from helios_backend.scheduler.request import Request, RequestSpec, SamplingSettings
+
+    rng = np.random.default_rng(seed)
+    manifest, vocab = prepared.manifest, prepared.contract.model.vocabulary
+    eos = tuple(int(e) for e in rng.integers(0, 100, int(rng.integers(1, 4))))
+    graphs, (frames, expected), runners = _runners(prepared, rng, 2, eos)
+    steps = [g for g in graphs if g.operation == C.OPERATION_INITIALIZATION]
+    assert all(runners[0]._initializes_columns(g.program) for g in steps)   # the columns are what is tested
+    for _ in range(8):
+        graph = steps[int(rng.integers(len(steps)))]
+        lanes: list[Lane] = []
+        for slot in rng.choice(manifest.request_slots, int(rng.integers(1, graph.capacity.rows + 1)),
+                               replace=False).tolist():
+            prompt = tuple(int(t) for t in rng.integers(0, vocab.histogram_bins + 50, int(rng.integers(1, 40))))
+            sampling = SamplingSettings(float(rng.random()), float(rng.random()), int(rng.integers(0, 50)),
+                                        seed=int(rng.integers(0, 1 << 63)))
+            req = Request(slot, RequestSpec(prompt, 64, sampling, ignore_eos=bool(rng.random() < 0.3)), slot)
+            if rng.random() < 0.3:                  # readmitted: its output counts too
+                req.tokens.extend(int(t) for t in rng.integers(0, vocab.sampled_tokens, int(rng.integers(1, 9))))
+            begin = int(rng.integers(0, len(req.tokens)))
+            lanes.append(Lane(req, slot, int(rng.integers(1, 4)), begin, list(req.tokens[begin:]), True,
+                              int(rng.integers(1, 500)), initialize=True))
+        sub = Submission(Variant(graph.operation, graph.program, graph.capacity.rows, 0), lanes)
+        frame = int(rng.integers(2))
+        runners[0]._pack(sub, frame)
+        runners[1].packer.pack(graph.program, frame, [runners[1]._packed(lane, graph.operation) for lane in lanes])
+        for f in range(2):
+            assert np.array_equal(frames[f], expected[f]), f"{graph.program} frame {f}"

@@ -12,6 +12,7 @@ from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.errors import AdmissionRejected, InvalidSpecError
 from helios_backend.scheduler.host_stops import HostStopCheck
+from helios_backend.scheduler.prefix_hash import chain_keys
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings, StopSettings
 from helios_backend.scheduler.scheduler import Emitted, Scheduler, SchedulerConfig, Terminal
 from helios_backend.scheduler.variants import VariantTable
@@ -171,6 +172,30 @@ def test_page_shortage_preempts_newest_and_everything_completes() -> None:  # sp
         assert terminal(events[i]).finished.reason == ep.FINISH_REASON_LENGTH
     assert engine.writes_to_shared == []
     assert sched.pool.used_pages == 0
+
+
+def test_published_keys_are_the_hash_chain_of_the_tokens_published() -> None:  # spec: CACHE-20
+    """Publication takes the keys the prefix lookup hashed at admission: every published page's
+    key must still be the chain over the request's own tokens, through shared prefixes, output
+    pages, preemption and readmission (a key kept across a preemption or from another request's
+    tokens would differ)."""
+    sched, engine = make(num_pages=12, page_tokens=4, slots=4)
+    shared = prompt_of(90, 9)
+    prompts = [shared + prompt_of(i, 3 + i) for i in range(4)] + [prompt_of(7, 10)]
+    for i, p in enumerate(prompts):
+        sched.add(i, spec(p, max_tokens=10))
+    seen = 0
+    for _ in range(10_000):
+        busy = engine.step()
+        for req in sched._running:                  # every page it published, key by key
+            keys = chain_keys(sched._seed, req.tokens, 4, req.published_pages)
+            assert req.chain_keys == keys
+            seen += len(keys)
+        sched.take_events()
+        if not busy and not sched.has_work():
+            break
+    assert sched.counters.preemptions > 0 and seen > 0
+    assert sched.pool.counters.hit_pages > 0          # the shared prefix was matched
 
 
 def test_preemption_takes_the_newest_lowest_priority_request() -> None:

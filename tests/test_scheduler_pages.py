@@ -20,6 +20,30 @@ def test_allocation_order_and_free_on_release() -> None:
     assert pool.allocate() == 2
 
 
+def _pool_state(pool: PagePool) -> tuple:
+    return (pool.free_pages, pool.cached_pages, pool.request_pages, pool.lru_order(),
+            [pool.refcount(p) for p in range(pool.num_pages)], pool.counters)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 5])
+def test_allocate_many_gives_the_pages_of_as_many_allocate_calls(count: int) -> None:  # spec: CACHE-9
+    """Free pages first, then cached ones evicted oldest first; the same state after."""
+    def pool_with_cache() -> PagePool:
+        pool = PagePool(6)
+        keys = chain_keys(chain_seed(b""), list(range(8)), 2, 4)
+        pages = [pool.allocate() for _ in range(4)]
+        for p, k in zip(pages[:3], keys):
+            pool.publish(p, k)
+        pool.release(pages[:3])                      # 3 cached pages; 1 private; 2 free
+        return pool
+    one_by_one, at_once = pool_with_cache(), pool_with_cache()
+    assert at_once.allocate_many(count) == [one_by_one.allocate() for _ in range(count)]
+    assert _pool_state(at_once) == _pool_state(one_by_one)
+    with pytest.raises(PagesExhausted):
+        at_once.allocate_many(at_once.available_pages + 1)
+    assert _pool_state(at_once) == _pool_state(one_by_one)   # nothing taken
+
+
 def test_hash_chain_depends_on_whole_prefix_and_seed() -> None:  # spec: CACHE-20
     seed = chain_seed(b"core-a")
     a = chain_keys(seed, [1, 2, 3, 4, 5, 6], 2, 3)

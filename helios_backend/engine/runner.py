@@ -35,7 +35,8 @@ from helios_proto import manifest_pb2 as mp
 
 from helios_backend.engine.submissions import SubmissionSequence
 from helios_backend.executors.base import FrameStateError
-from helios_backend.packing import SlotInitialization, PackedLane
+from helios_backend.packing import LaneValues, SlotInitialization, PackedLane
+from helios_backend.sampling_parameters import sampling_vectors
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
 from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes
@@ -53,6 +54,28 @@ _HOST_VALUES = attrgetter("request.host_values")
 _SLOT, _GENERATION, _START = attrgetter("slot"), attrgetter("generation"), attrgetter("start")
 _SAMPLE, _SNAPSHOT_ROW = attrgetter("sample"), attrgetter("snapshot_row")
 _TOKENS, _PAGES = attrgetter("tokens"), attrgetter("request.pages")
+_REQUEST, _OUTPUT_LIMIT, _SAMPLING = attrgetter("request"), attrgetter("output_limit"), attrgetter("spec.sampling")
+_KNOWN_TOKENS, _IGNORE_EOS = attrgetter("tokens"), attrgetter("spec.ignore_eos")
+# what an INITIALIZATION step packed as columns gives (_pack_initialization): a program that binds
+# only these takes that path, any other its PackedLanes
+_INITIALIZATION_COLUMNS = frozenset({
+    cp.VALUE_SOURCE_SLOT, cp.VALUE_SOURCE_GENERATION, cp.VALUE_SOURCE_LIVE_ROW_COUNT, cp.VALUE_SOURCE_CONSTANT,
+    cp.VALUE_SOURCE_SEED_BITS, cp.VALUE_SOURCE_SAMPLING_PARAMETERS, cp.VALUE_SOURCE_OUTPUT_LIMIT,
+    cp.VALUE_SOURCE_EOS_IDS, cp.VALUE_SOURCE_PROMPT_HISTOGRAM})
+_WORD = 0xFFFFFFFF
+
+
+_CONSTANTS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _constant(count: int, value: int) -> np.ndarray:
+    """int64 [count] of `value`, read-only and made once per count: a block's query lengths,
+    sampling decisions (1) and snapshot rows (-1) are these in every round."""
+    column = _CONSTANTS.get((count, value))
+    if column is None:
+        column = _CONSTANTS[count, value] = np.full(count, value, np.int64)
+        column.flags.writeable = False
+    return column
 
 
 class _BlockPages(Sequence[Sequence[int]]):
@@ -68,12 +91,21 @@ class _BlockPages(Sequence[Sequence[int]]):
     def __len__(self) -> int:
         return len(self.requests) + len(self.extra)
 
+    def select(self, rows: list[int]) -> list[Sequence[int]]:
+        """self[r] for each of `rows` (the packer's read of the lanes with new entries)."""
+        requests, extra = self.requests, self.extra
+        k = len(requests)
+        return [requests[r].pages if r < k else extra[r - k].request.pages for r in rows]
+
     @overload
     def __getitem__(self, index: int) -> Sequence[int]: ...
     @overload
     def __getitem__(self, index: slice) -> list[Sequence[int]]: ...
 
     def __getitem__(self, index: int | slice) -> Sequence[int] | list[Sequence[int]]:
+        requests = self.requests
+        if type(index) is int and 0 <= index < len(requests):
+            return requests[index].pages              # a column lane: the packer's usual read
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         k = len(self.requests)
@@ -88,9 +120,10 @@ class ExecutorLike(Protocol):
 
 
 class PackerLike(Protocol):
+    def sources(self, program: str) -> frozenset[int]: ...
     def pack(self, program: str, frame: int, lanes: Sequence[PackedLane]) -> None: ...
     def pack_columns(self, program: str, frame: int, count: int, columns: Mapping[int, np.ndarray],
-                     values: Mapping[int, Sequence], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
+                     values: Mapping[int, LaneValues], sizes: Mapping[int, np.ndarray] | None = None) -> None: ...
 
 
 @dataclass
@@ -149,6 +182,7 @@ class ProgramRunner:
         self._timings: dict[int, RoundTimings] = {}
         self._auxiliary: Submission | None = None       # launched on the auxiliary frame, not waited for
         self._auxiliary_words: list[tuple[Submission, np.ndarray]] = []   # waited for, checked at collect
+        self._initialization_columns: dict[str, bool] = {}   # per program, derived at its first step
 
     def run(self, plan: RoundPlan) -> CompletionRows:
         """Submit and collect one round on frame 0 (completion feedback)."""
@@ -294,10 +328,14 @@ class ProgramRunner:
 
     def _pack(self, sub: Submission, frame: int, plain: bool | None = None) -> None:
         """Pack one submission: a main step whose lanes carry no host values (no grammar or
-        min_tokens mask, no logit bias; `plain` when the caller knows) as columns gathered once
-        per round, any other lane by lane (_packed); the same bytes either way
+        min_tokens mask, no logit bias; `plain` when the caller knows) and an INITIALIZATION step
+        (whose program binds only what _pack_initialization gives) as columns gathered once per
+        round, any other lane by lane (_packed); the same bytes either way
         (tests/test_packing_equivalence.py)."""
         operation, lanes = sub.operation, sub.lanes
+        if operation == cp.OPERATION_INITIALIZATION and lanes and self._initializes_columns(sub.variant.program):
+            self._pack_initialization(sub, frame)
+            return
         if plain is None:
             plain = not any(map(_HOST_VALUES, explicit_lanes(lanes)))
         if operation in _COLUMNAR and plain:
@@ -332,13 +370,49 @@ class ProgramRunner:
         }
         self.packer.pack_columns(sub.variant.program, frame, n, columns, values)
 
+    def _initializes_columns(self, program: str) -> bool:
+        columnar = self._initialization_columns.get(program)
+        if columnar is None:
+            columnar = self._initialization_columns[program] = self.packer.sources(program) <= _INITIALIZATION_COLUMNS
+        return columnar
+
+    def _pack_initialization(self, sub: Submission, frame: int) -> None:
+        """An INITIALIZATION step as the packer's columns: the values _packed puts in each lane's
+        SlotInitialization (seed words, sampling vector, output limit, EOS ids, prompt counts),
+        made for all lanes at once, the fixed-width ones as [lanes, k] arrays written in one go;
+        the same bytes as its PackedLanes (tests/test_packing_equivalence.py)."""
+        lanes = sub.lanes
+        n = len(lanes)
+        requests = list(map(_REQUEST, lanes))
+        samplings = list(map(_SAMPLING, requests))
+        # ignore_eos: the slot's program has no EOS ids, so only the output limit ends it
+        eos = [() if ignore else self.eos_ids for ignore in map(_IGNORE_EOS, requests)]
+        eos_values: LaneValues = np.array(eos, np.int64).reshape(n, len(eos[0])) if eos.count(eos[0]) == n \
+            else [np.asarray(ids, dtype=np.int64) for ids in eos]
+        columns: dict[int, np.ndarray] = {
+            cp.VALUE_SOURCE_SLOT: np.fromiter(map(_SLOT, lanes), np.int64, n),
+            cp.VALUE_SOURCE_GENERATION: np.fromiter(map(_GENERATION, lanes), np.int64, n),
+            cp.VALUE_SOURCE_QUERY_LENGTH: np.fromiter(map(len, map(_TOKENS, lanes)), np.int64, n),
+            cp.VALUE_SOURCE_OUTPUT_LIMIT: np.fromiter(map(_OUTPUT_LIMIT, lanes), np.int64, n),
+        }
+        values: dict[int, LaneValues] = {
+            cp.VALUE_SOURCE_SEED_BITS: np.array([(s.seed & _WORD, (s.seed >> 32) & _WORD) for s in samplings],
+                                                np.int64).reshape(n, 2),
+            cp.VALUE_SOURCE_SAMPLING_PARAMETERS: sampling_vectors(samplings),
+            cp.VALUE_SOURCE_EOS_IDS: eos_values,
+            # the full known token list: a readmitted request's histogram covers its output too
+            cp.VALUE_SOURCE_PROMPT_HISTOGRAM: SlotInitialization.counts_of_prompts(
+                list(map(_KNOWN_TOKENS, requests)), self.histogram_bins),
+        }
+        self.packer.pack_columns(sub.variant.program, frame, n, columns, values)
+
     def _pack_block(self, program: str, frame: int, block: DecodeBlock) -> None:
         """_pack_columns of a block: its columns, then its explicit lanes (a MIXED round's prompts)."""
         k, extra = block.size, block.extra
         m = len(extra)
-        ones = np.ones(k, np.int64)
+        ones = _constant(k, 1)
         slots, generations, starts = block.slots, block.generations, block.starts
-        lengths, samples, snapshot_rows = ones, ones, np.full(k, -1, np.int64)
+        lengths, samples, snapshot_rows = ones, ones, _constant(k, -1)
         values: dict[int, Sequence] = {cp.VALUE_SOURCE_PAGE_TABLE: _BlockPages(block.requests, extra)}
         page_counts = block.page_counts
         if m:

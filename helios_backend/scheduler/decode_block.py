@@ -33,6 +33,9 @@ _SLOT, _GENERATION = attrgetter("slot"), attrgetter("generation")
 # the rows of DecodeBlock.columns (int64 [COLUMNS, lanes])
 SERIAL, SLOT, GENERATION, START, LIMIT, TOKEN_LIMIT, PAGE_COUNT, OBSERVED, IGNORE_EOS = range(9)
 COLUMNS = 9
+_ADVANCE = np.zeros((COLUMNS, 1), np.int64)       # a round further: START + 1, LIMIT - 1, in one add
+_ADVANCE[START], _ADVANCE[LIMIT] = 1, -1
+_ADVANCE.flags.writeable = False
 
 
 class DecodeBlock(Sequence[Lane]):
@@ -69,12 +72,10 @@ class DecodeBlock(Sequence[Lane]):
         """The next round of the lanes where `keep` (bool [count]) is true: one position further,
         one output token fewer; page counts as they are (the caller reserves opening pages)."""
         if keep.all():
-            requests, columns = list(self.requests), self.columns.copy()
-        else:
-            requests, columns = list(compress(self.requests, keep.tolist())), self.columns[:, keep]
-        columns[START] += 1
-        columns[LIMIT] -= 1
-        return DecodeBlock(requests, columns)
+            return DecodeBlock(list(self.requests), self.columns + _ADVANCE)
+        columns = self.columns[:, keep]
+        columns += _ADVANCE
+        return DecodeBlock(list(compress(self.requests, keep.tolist())), columns)
 
     def joined(self, other: "DecodeBlock") -> "DecodeBlock":
         """This block's lanes, then `other`'s (neither has explicit lanes)."""

@@ -100,25 +100,54 @@ class PagePool:
         self._request_held += 1
         return page
 
+    def allocate_many(self, count: int) -> list[int]:
+        """`count` private pages in the order `count` calls of allocate() give them (raises
+        PagesExhausted, having allocated none, where fewer are available): a decode round's
+        opening lanes take their pages in one call."""
+        if count > self.available_pages:
+            raise PagesExhausted()
+        free = self._free
+        take = min(count, len(free))
+        pages = free[len(free) - take:]
+        del free[len(free) - take:]
+        pages.reverse()                          # pop() order
+        evict = count - take
+        if evict:                                # the rest from the LRU, oldest first, as allocate() evicts
+            lru, key_of, page_of = self._lru, self._key_of, self._page_of
+            for _ in range(evict):
+                page, _ = lru.popitem(last=False)
+                del page_of[key_of.pop(page)]
+                pages.append(page)
+            self.counters.evictions += evict
+        ref = self._ref
+        for page in pages:
+            ref[page] = 1
+        self._request_held += count
+        return pages
+
     def release(self, pages: Sequence[int], by_snapshot: bool = False) -> None:
         """Drop one reference from each page of a page table (head first in `pages`).
 
         Released in reverse, so the chain's tail is evicted before its head.
         """
+        refs, snapshot_refs, key_of = self._ref, self._snapshot_ref, self._key_of   # once per call:
+        lru, free = self._lru, self._free            # a finished request releases all its pages
         for page in reversed(pages):
-            ref = self._ref[page] - 1
-            if ref < 0 or (by_snapshot and self._snapshot_ref[page] <= 0):
+            old, snapshot_ref = refs[page], snapshot_refs[page]
+            ref = old - 1
+            if ref < 0 or (by_snapshot and snapshot_ref <= 0):
                 raise RuntimeError(f"page {page} released more often than referenced")
-            before = self._ref[page] > self._snapshot_ref[page]
-            self._ref[page] = ref
+            refs[page] = ref
+            before = old > snapshot_ref
             if by_snapshot:
-                self._snapshot_ref[page] -= 1
-            self._request_held += (self._ref[page] > self._snapshot_ref[page]) - before
+                snapshot_ref -= 1
+                snapshot_refs[page] = snapshot_ref
+            self._request_held += (ref > snapshot_ref) - before
             if ref == 0:
-                if page in self._key_of:
-                    self._lru[page] = None
+                if page in key_of:
+                    lru[page] = None
                 else:
-                    self._free.append(page)
+                    free.append(page)
 
     # ---- prefix map ------------------------------------------------------------
     def publish(self, page: int, key: bytes) -> bool:

@@ -107,14 +107,15 @@ def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],
 
 
 def continuing_block(main: DecodeBlock, outsiders: list[Request],
-                     config: SchedulerConfig) -> tuple[DecodeBlock, np.ndarray] | None:
+                     config: SchedulerConfig) -> tuple[DecodeBlock, np.ndarray, bool] | None:
     """continuing_lanes for a round whose main lanes are a block, as a block: the same lanes in
     the same order, with numpy over the columns. The caller's conditions: no running request is
     cancelled or has its finish decided, and `outsiders` (the running requests outside `main`, in
     running order) are columnar. A block lane's request has exactly this round in flight, no host
     values, and len(tokens) == start + 1 (its previous round completed), so of continuing_lanes'
-    checks only the length limit is left. Returns the block and the indices of its lanes whose
-    position opens a page; None when an outsider needs completion feedback."""
+    checks only the length limit is left. Returns the block, the indices of its lanes whose
+    position opens a page, and whether each of them needs exactly one page (its position is the
+    first of the page after those it holds); None when an outsider needs completion feedback."""
     block = main.advance(main.starts + 2 < main.token_limits)     # len(tokens) + 1 < token_limit
     if outsiders:
         eos_ids = config.eos_ids
@@ -124,4 +125,6 @@ def continuing_block(main: DecodeBlock, outsiders: list[Request],
                 return None                           # it needs completion feedback: schedule() takes it
         block = block.joined(DecodeBlock.of(outsiders, [req.computed for req in outsiders],
                                             [req.spec.max_tokens - req.output_len for req in outsiders]))
-    return block, np.flatnonzero(block.starts // config.page_tokens >= block.page_counts)
+    past = block.starts // config.page_tokens - block.page_counts     # pages short of the position, less one
+    opening = np.flatnonzero(past >= 0)
+    return block, opening, not opening.size or int(past.max()) == 0

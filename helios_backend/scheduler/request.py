@@ -104,6 +104,10 @@ class Request:
     pages: list[int] = field(default_factory=list)
     published_pages: int = 0             # leading pages known published/shared (immutable)
     chain_keys: list[bytes] = field(default_factory=list)  # keys of pages [0, published_pages)
+    # keys of the leading complete pages of `tokens` hashed at its last admission (the prefix
+    # lookup), published or not: their publication takes them instead of hashing the pages again
+    # (tokens only grow, so a page's key never changes; preemption clears them with the pages)
+    admission_keys: list[bytes] = field(default_factory=list)
     fresh: bool = True                   # next round (re)initializes the slot
     device_pending: bool = False         # the slot's device pending token is tokens[-1]
     reused_prompt_tokens: int = -1       # set at first admission

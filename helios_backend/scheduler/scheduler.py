@@ -65,6 +65,8 @@ __all__ = ["Emitted", "Event", "Scheduler", "SchedulerConfig", "SchedulerCounter
 StopFactory = Callable[[RequestSpec], HostStopCheck | None]
 _CONSTRAINED = attrgetter("request.spec.constrained")
 _HOST_VALUES = attrgetter("request.host_values")
+_TOKENS = attrgetter("tokens")
+_PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its device-owned pending token
 _new_tuple = tuple.__new__               # a token event without NamedTuple's Python-level __new__
 
 
@@ -259,6 +261,7 @@ class Scheduler:
         req.pages = list(hit)
         req.published_pages = len(hit)
         req.chain_keys = match.keys[:len(hit)]
+        req.admission_keys = match.keys
         restore = None
         if snap is not None:
             page = self.pool.allocate()
@@ -296,8 +299,7 @@ class Scheduler:
         while need > self.pool.available_pages:
             if not self.snapshots.evict_for_pages():
                 return False
-        for _ in range(need):
-            req.pages.append(self.pool.allocate())
+        req.pages.extend(self.pool.allocate_many(need))
         return True
 
     def _lane(self, req: Request, n: int) -> Lane:
@@ -406,11 +408,19 @@ class Scheduler:
         return nxt
 
     def _continuing_block(self, main: Sequence[Lane]) -> DecodeBlock | None:
-        """The next round's decode lanes as a block when `main` is one and the columns decide
-        them (pipeline.continuing_block), their opening pages reserved; an empty block when they
-        need completion feedback; None: decide them lane by lane (continuing_lanes)."""
-        if not (self.config.columnar_decode and isinstance(main, DecodeBlock)) or self._unsettled:
+        """The next round's decode lanes as a block when `main` is one, or a round of host-fed
+        lanes only (a round of prompts: they all sit the next round out, so its lanes are the
+        running requests outside it), and the columns decide them (pipeline.continuing_block),
+        their opening pages reserved; an empty block when they need completion feedback; None:
+        decide them lane by lane (continuing_lanes)."""
+        if not self.config.columnar_decode or self._unsettled:
             return None
+        if not isinstance(main, DecodeBlock):
+            if not main or _PENDING in map(_TOKENS, main):
+                return None
+            prompts = DecodeBlock.of([], [], [])      # no lane continues: an empty block, `main` its tail
+            prompts.extra = list(main)
+            main = prompts
         # the running requests outside `main` (rejoining after sitting a round out), in running
         # order; every request of `main` is running (in flight: it cannot have been released)
         outsiders: list[Request] = []
@@ -425,21 +435,35 @@ class Scheduler:
             outsiders = [req for req in found_owners if req is not None]
             if len(outsiders) < len(found_owners):
                 raise RuntimeError("an occupied slot has no running request")
-            if len(outsiders) > 1:
+            if len(outsiders) > 4:                    # many (after a round of prompts): one pass in running order
+                picked = set(map(id, outsiders))
+                outsiders = [req for req in self._running if id(req) in picked]
+            elif len(outsiders) > 1:
                 outsiders.sort(key=self._running.index)
         if not all(req.columnar for req in outsiders):
             return None
         found = continuing_block(main, outsiders, self.config)
         if found is None:
             return DecodeBlock.of([], [], [])
-        block, opening = found
+        block, opening, one_each = found
         if len(opening) > self.pool.available_pages:
             return DecodeBlock.of([], [], [])
-        for i in opening.tolist():                    # the lanes whose position opens a page
+        if not opening.size:
+            return block
+        # the lanes whose position opens a page: one page each (position `start` is the first
+        # of the page after those held), taken in one call, in lane order as one by one
+        page_counts = block.page_counts
+        if one_each:
+            requests = block.requests
+            for i, page in zip(opening.tolist(), self.pool.allocate_many(opening.size)):
+                requests[i].pages.append(page)
+            page_counts[opening] += 1
+            return block
+        for i in opening.tolist():
             req = block.requests[i]
             if not self._reserve_pages(req, int(block.starts[i]) + 1):
                 raise RuntimeError("page availability was checked before pipelining")
-            block.page_counts[i] = len(req.pages)
+            page_counts[i] = len(req.pages)
         return block
 
     def _prompt_round(self) -> RoundPlan | None:
@@ -595,10 +619,12 @@ class Scheduler:
         events = self._events
         done = 0
         eos = self._eos
-        for i in np.flatnonzero(flagged).tolist():
+        marked = np.flatnonzero(flagged).tolist()
+        # the pages completed in this round first, in lane order: a finish below releases only its
+        # own request's pages, published here already, so the pool ends as lane by lane
+        self._publish_pages_of([requests[i] for i in marked])
+        for i in marked:
             req = requests[i]
-            if req.computed // pt > req.published_pages and len(req.pages) > req.published_pages:
-                self._publish_pages(req)
             if tokens[i] in eos and not req.spec.ignore_eos:
                 reason = ep.FINISH_REASON_EOS
             elif len(req.tokens) >= req.token_limit:
@@ -666,18 +692,24 @@ class Scheduler:
 
     def _publish_pages(self, req: Request) -> None:
         """Publish complete pages whose every position was consumed (validated)."""
-        pt = self.config.page_tokens
-        complete = min(req.computed // pt, len(req.pages))
-        first = req.published_pages
-        if complete <= first:
-            return
-        keys, tokens, pages, publish = req.chain_keys, req.tokens, req.pages, self.pool.publish
-        key = keys[-1] if keys else self._seed
-        for p in range(first, complete):              # a decode lane: one page (about one lane in page_tokens)
-            key = next_key(key, tokens[p * pt:(p + 1) * pt])
-            publish(pages[p], key)
-            keys.append(key)
-        req.published_pages = complete
+        self._publish_pages_of((req,))
+
+    def _publish_pages_of(self, requests: Sequence[Request]) -> None:
+        """_publish_pages of each request in turn (a decode block's: about one lane in page_tokens
+        completes a page each round)."""
+        pt, seed, publish = self.config.page_tokens, self._seed, self.pool.publish
+        for req in requests:
+            complete = min(req.computed // pt, len(req.pages))
+            first = req.published_pages
+            if complete <= first:
+                continue
+            keys, tokens, pages, hashed = req.chain_keys, req.tokens, req.pages, req.admission_keys
+            key = keys[-1] if keys else seed
+            for p in range(first, complete):          # a decode lane: one page
+                key = hashed[p] if p < len(hashed) else next_key(key, tokens[p * pt:(p + 1) * pt])
+                publish(pages[p], key)
+                keys.append(key)
+            req.published_pages = complete
 
     def _unpin_restore(self, row: int) -> None:
         self.snapshots.unpin_row(row)
@@ -690,7 +722,7 @@ class Scheduler:
         self._running.remove(req)
         self._free_slot(req)
         self.pool.release(req.pages)
-        req.pages, req.published_pages, req.chain_keys = [], 0, []
+        req.pages, req.published_pages, req.chain_keys, req.admission_keys = [], 0, [], []
         req.computed = 0
         req.device_pending = False
         req.state = RequestState.WAITING
@@ -716,15 +748,18 @@ class Scheduler:
         admitted_ns = self._admitted_ns.get(req.serial, 0)
         self._release(req)
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
-        finished = ep.Finished(reason=reason, usage=ep.Usage(
-            prompt_tokens=req.prompt_len, completion_tokens=req.output_len,
-            reused_prompt_tokens=max(req.reused_prompt_tokens, 0)))
+        event = ep.TerminalEvent()                # filled in place: a Finished built apart is copied in
+        finished = event.finished
+        finished.reason = reason
+        usage = finished.usage
+        usage.prompt_tokens, usage.completion_tokens = req.prompt_len, req.output_len
+        usage.reused_prompt_tokens = max(req.reused_prompt_tokens, 0)
         if req.stop is not None:
             finished.stop.CopyFrom(req.stop)
         if req.spec.observe_timestamps:
             finished.performance.admitted_ns = admitted_ns - self.config.clock_origin_ns
             finished.performance.reused_prompt_tokens = max(req.reused_prompt_tokens, 0)
-        self._events.append(Terminal(req.serial, ep.TerminalEvent(finished=finished)))
+        self._events.append(Terminal(req.serial, event))
 
     def _release(self, req: Request) -> None:
         if req.state is RequestState.RUNNING:
