@@ -18,7 +18,7 @@ import pytest
 from helios_proto import exchange_pb2 as ep
 
 from helios_backend.engine.process_wire import pack_events, unpack_events
-from helios_backend.scheduler.decode_block import DecodeBlock, lane_columns
+from helios_backend.scheduler.decode_block import DecodeBlock, lane_columns, lane_requests
 from helios_backend.scheduler.events import Emitted, Terminal, TokenBlock, expand
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan
@@ -158,6 +158,7 @@ def test_a_block_reads_as_the_lanes_it_holds() -> None:
     assert block[-1] is extra and block[1:3] == want[1:3] and block[0] is block[0]
     for got, lanes in zip(lane_columns(block), lane_columns(want)):
         assert got.tolist() == lanes.tolist()
+    assert lane_requests(block) == [lane.request for lane in want] == lane_requests(want)
     nxt = block.advance(np.array([True, False, True]))
     assert [(lane.request.serial, lane.start, lane.output_limit) for lane in nxt] == [(100, 5, 16), (102, 7, 14)]
     assert block.starts.tolist() == [4, 5, 6]                    # the round in flight keeps its columns

@@ -156,3 +156,10 @@ def lane_columns(lanes: Sequence[Lane]) -> tuple[np.ndarray, np.ndarray, np.ndar
     n = len(lanes)
     return (np.fromiter(map(_SLOT, lanes), np.int64, n), np.fromiter(map(_GENERATION, lanes), np.int64, n),
             np.fromiter(map(_ENDS, lanes), np.int64, n), np.fromiter(map(_SAMPLE, lanes), np.int64, n))
+
+
+def lane_requests(lanes: Sequence[Lane]) -> list[Request]:
+    """The lanes' requests in lane order, without making a Lane of each column."""
+    if isinstance(lanes, DecodeBlock):
+        return [*lanes.requests, *(lane.request for lane in lanes.extra)]
+    return [lane.request for lane in lanes]

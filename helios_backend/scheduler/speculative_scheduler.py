@@ -51,6 +51,7 @@ from helios_backend.scheduler.speculative_width import (
     expected_tokens,
 )
 from helios_backend.scheduler.config import SchedulerConfig
+from helios_backend.scheduler.decode_block import explicit_lanes, lane_requests
 from helios_backend.scheduler.errors import ConfigurationError
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.variants import VariantTable
@@ -119,18 +120,19 @@ class SpeculativeScheduler(Scheduler):
         if self._quiet:
             self._quiet -= 1
             return None
-        acceptance = [self._acceptance_of(lane.request.serial) for lane in lanes]
-        plain = [self._plain_only(lane.request) for lane in lanes]
-        for lane, a, skip in zip(lanes, acceptance, plain):
+        requests = lane_requests(lanes)
+        acceptance = [self._acceptance_of(req.serial) for req in requests]
+        plain = [self._plain_only(req) for req in requests]
+        for req, a, skip in zip(requests, acceptance, plain):
             if not skip:
-                a.settle(self.policy, lane.request.tokens)
+                a.settle(self.policy, req.tokens)
         limits = [0 if skip else a.draft_limit(self.policy) for a, skip in zip(acceptance, plain)]
         if self._may_pay(acceptance, limits):
             return acceptance, limits
-        self._quiet = self._shadow(lanes, acceptance, plain) - 1
+        self._quiet = self._shadow(requests, acceptance, plain) - 1
         return None
 
-    def _shadow(self, lanes: Sequence[Lane], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
+    def _shadow(self, requests: Sequence[Request], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
         """Start shadow lookups for lanes without one, at most `shadow_lookups` per weighing
         (requests never observed first, then the others in turn: a lookup over 1024 tokens costs
         about 0.1 ms of host time), each taking as many copies as a program verifies; the rounds
@@ -147,7 +149,7 @@ class SpeculativeScheduler(Scheduler):
         self._shadow_turn += len(chosen)
         quiet = QUIET_ROUNDS
         for i in chosen:
-            a, history = acceptance[i], lanes[i].request.tokens
+            a, history = acceptance[i], requests[i].tokens
             promising = not a.observed or a.rate >= self.policy.reach
             a.shadow_offer(self.policy, propose(history, self.policy.max_drafts), len(history))
             self.drafting.shadows += 1
@@ -172,8 +174,8 @@ class SpeculativeScheduler(Scheduler):
         main = plan.main
         if plan.restoration or plan.initialization or main.operation != cp.OPERATION_DECODE:
             return plan
-        if any(lane.tokens != [PENDING_TOKEN] for lane in main.lanes):
-            return plan
+        if any(lane.tokens != [PENDING_TOKEN] for lane in explicit_lanes(main.lanes)):
+            return plan                          # (a block's column lanes are plain decode lanes)
         weighed = self._weighed(main.lanes)
         if weighed is None:                      # plain decode, no history lookup
             return plan
