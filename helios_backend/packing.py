@@ -174,9 +174,14 @@ def _need_initialization(lane: PackedLane) -> SlotInitialization:
 LaneSource = Callable[[PackedLane], "int | np.ndarray | Sequence[int] | PromptCounts | None"]
 
 
+def seed_words(seeds: Sequence[int]) -> np.ndarray:
+    """int64 [len(seeds), 2]: each 64-bit seed as its Philox key words (low, high)."""
+    return np.array([(seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF) for seed in seeds],
+                    np.int64).reshape(len(seeds), 2)
+
+
 def _seed_bits(lane: PackedLane) -> np.ndarray:
-    seed = _need_initialization(lane).seed
-    return np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF])
+    return seed_words((_need_initialization(lane).seed,))[0]
 
 
 LANE_SOURCES: Mapping[int, LaneSource] = {
@@ -647,9 +652,8 @@ def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.nda
         entries = np.fromiter(map(getitem, _rows_of(values, ones.tolist()), held[ones].tolist()), np.int64, ones.size)
         target.view[slots[ones] * width + held[ones]] = entries + target.offset if target.offset else entries
     many = (new > 1).nonzero()[0]
-    if many.size > 1 and _put_entries(target, values, many, slots, held, sizes):
-        pass                     # admitted lanes' tables (a round of prompts): every entry at once
-    else:
+    # admitted lanes' tables (a round of prompts): every entry at once where _put_entries can
+    if not (many.size > 1 and _put_entries(target, values, many, slots, held, sizes)):
         for r in many.tolist():
             start, size = int(slots[r]) * width, int(sizes[r])
             _put(target.view[start + held[r]:start + size], values[r][held[r]:], target)

@@ -29,7 +29,7 @@ class SamplingParameters:
 
     def vector(self) -> np.ndarray:
         """float32 [SAMPLING_PARAMETER_WORDS]: the fields in the ABI's order."""
-        return np.array([getattr(self, name) for name in SAMPLING_PARAMETER_FIELDS], dtype=np.float32)
+        return sampling_vectors((self,))[0]
 
 
 def sampling_vectors(parameters: Sequence[SamplingParameters]) -> np.ndarray:

@@ -581,5 +581,5 @@ def test_the_width_with_the_most_tokens_per_measured_cost_caps_the_drafts(two_wi
     sched.costs.observe(by_width[8].program, wide_ratio, by_width[8].packed)
     lane = DraftAcceptance(successes=6.0, failures=4.0)
     assert abs(lane.rate - 7 / 12) < 1e-9
-    _, limits = sched._cheapest_width([lane, lane], [7, 7])
+    limits = sched._cheapest_width([lane, lane], [7, 7])
     assert limits == [chosen - 1] * 2

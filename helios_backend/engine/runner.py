@@ -35,7 +35,7 @@ from helios_proto import manifest_pb2 as mp
 
 from helios_backend.engine.submissions import SubmissionSequence
 from helios_backend.executors.base import FrameStateError
-from helios_backend.packing import LaneValues, SlotInitialization, PackedLane
+from helios_backend.packing import LaneValues, SlotInitialization, PackedLane, seed_words
 from helios_backend.sampling_parameters import sampling_vectors
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
@@ -62,7 +62,6 @@ _INITIALIZATION_COLUMNS = frozenset({
     cp.VALUE_SOURCE_SLOT, cp.VALUE_SOURCE_GENERATION, cp.VALUE_SOURCE_LIVE_ROW_COUNT, cp.VALUE_SOURCE_CONSTANT,
     cp.VALUE_SOURCE_SEED_BITS, cp.VALUE_SOURCE_SAMPLING_PARAMETERS, cp.VALUE_SOURCE_OUTPUT_LIMIT,
     cp.VALUE_SOURCE_EOS_IDS, cp.VALUE_SOURCE_PROMPT_HISTOGRAM})
-_WORD = 0xFFFFFFFF
 
 
 _CONSTANTS: dict[tuple[int, int], np.ndarray] = {}
@@ -396,8 +395,7 @@ class ProgramRunner:
             cp.VALUE_SOURCE_OUTPUT_LIMIT: np.fromiter(map(_OUTPUT_LIMIT, lanes), np.int64, n),
         }
         values: dict[int, LaneValues] = {
-            cp.VALUE_SOURCE_SEED_BITS: np.array([(s.seed & _WORD, (s.seed >> 32) & _WORD) for s in samplings],
-                                                np.int64).reshape(n, 2),
+            cp.VALUE_SOURCE_SEED_BITS: seed_words([s.seed for s in samplings]),
             cp.VALUE_SOURCE_SAMPLING_PARAMETERS: sampling_vectors(samplings),
             cp.VALUE_SOURCE_EOS_IDS: eos_values,
             # the full known token list: a readmitted request's histogram covers its output too

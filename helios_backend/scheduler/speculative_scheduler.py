@@ -179,7 +179,8 @@ class SpeculativeScheduler(Scheduler):
         weighed = self._weighed(main.lanes)
         if weighed is None:                      # plain decode, no history lookup
             return plan
-        acceptance, limits = self._cheapest_width(*weighed)
+        acceptance, limits = weighed
+        limits = self._cheapest_width(acceptance, limits)
         candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
         if any(c.constrained or c.host_stops for c in candidates):
             return plan
@@ -239,8 +240,7 @@ class SpeculativeScheduler(Scheduler):
                        for a, limit in zip(acceptance, limits))
         return self.policy.worth(expected, len(limits), program.width, self._ratio(program, len(limits)))
 
-    def _cheapest_width(self, acceptance: list[DraftAcceptance], limits: list[int]
-                        ) -> tuple[list[DraftAcceptance], list[int]]:
+    def _cheapest_width(self, acceptance: list[DraftAcceptance], limits: list[int]) -> list[int]:
         """The lanes' draft limits capped at the width whose program is expected to emit the most
         tokens per cost for this many lanes (costs measured, or estimated from the programs
         measured; the prior before any): a wider program verifies more copies, but where its
@@ -257,7 +257,7 @@ class SpeculativeScheduler(Scheduler):
             rate = sum(expected_tokens(a.rate, min(1 + limit, width)) for a, limit in zip(acceptance, limits)) / ratio
             if rate > best_rate:
                 best, best_rate = width, rate
-        return acceptance, (limits if not best else [min(limit, best - 1) for limit in limits])
+        return limits if not best else [min(limit, best - 1) for limit in limits]
 
     def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
         """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
