@@ -150,32 +150,41 @@ def test_head_tiles_put_the_row_tiles_of_a_head_slice_side_by_side(library):
         grid(64, 128 * 65_536)
 
 
-WIDENED = ("attention.paged.v1", "attention.paged_split.v1", "attention.paged_window.v1")
+WIDE_IDS = ("attention.paged.v1", "attention.paged_split.v1", "attention.paged_window.v1")
 
 
-def test_wide_heads_compile_a_second_instantiation_only_where_a_core_launches_one(library, modules):
-    """256-dim heads widen the attention kernels' tiles for that core only: the narrow cubins
-    (64-dim heads) are not the widened ones, both fit the H200's and the PTX target's shared
-    memory, and only a launch wider than BLOCK_D asks for the widening."""
-    from ignition.gpu_kernels.specs import GeometryError
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_wide_heads_compile_a_second_instantiation_only_where_a_core_launches_one(library, modules, head_dim):
+    """128- and 256-dim heads widen the attention kernels' tiles for that core only: the narrow
+    cubins (64-dim heads) are not the widened ones, each level fits the H200's and the PTX
+    target's shared memory, and only a launch wider than BLOCK_D asks for the widening."""
     from ignition.gpu_kernels.targets import target
     narrow = {m.kernels[0].id: cubin for cubin, m in modules}
+    widened = {kernel_id: head_dim for kernel_id in WIDE_IDS}
     for arch in ("sm_90a", "compute_80"):
-        for image, module in library.build_modules([arch], widened=WIDENED):
+        for image, module in library.build_modules([arch], widened=widened):
             kernel = module.kernels[0]
             assert kernel.shared_bytes <= target(arch).shared_limit
             if arch == "sm_90a":
-                assert (image != narrow[kernel.id]) == (kernel.id in WIDENED), kernel.id
+                assert (image != narrow[kernel.id]) == (kernel.id in WIDE_IDS), kernel.id
+
+
+def test_a_launch_takes_the_narrowest_widening_level_that_serves_it(library):
+    """64-dim heads: the base tiles; 65-128: [32 keys, 128 dims]; 129-256: [16 keys, 256 dims]
+    (not the 256-wide tiles half masked); wider: a geometry error at preparation."""
+    from ignition.gpu_kernels.specs import GeometryError
     buffers, immediates = _paged_case(*PAGED_CASES[0])
     spec = abi.kernel("attention.paged.v1")
-    for head_dim, wide in ((64, False), (256, True), (320, None)):
+    for head_dim, width, tiles in ((64, None, (64, 64)), (96, 96, (32, 128)), (128, 128, (32, 128)),
+                                   (192, 192, (16, 256)), (256, 256, (16, 256)), (320, None, None)):
         args = [0 if p.is_pointer else {**immediates, "head_dim": head_dim}[p.name] for p in spec.params]
-        if wide is None:                                  # wider than every instantiation
+        if tiles is None:                                  # wider than every instantiation
             with pytest.raises(GeometryError):
                 library.geometry(spec.id, args)
             continue
-        assert library.needs_widening(spec.id, args) == wide
-        assert library.tiles(spec.id, args)["WIDE_D"] == (256 if wide else 64)
+        assert library.widening_of(spec.id, args) == width
+        chosen = library.tiles(spec.id, args)
+        assert (chosen["WIDE_N"], chosen["WIDE_D"]) == tiles
 
 
 def test_cached_cubins_are_reused_without_recompiling(library, modules, tmp_path_factory):
@@ -286,9 +295,9 @@ class GpuRunner:
 
     def run(self, kernel_id: str, arena: np.ndarray, args: list) -> None:
         d, library = self.driver, self.library
-        widened = (kernel_id,) if library.needs_widening(kernel_id, args) else ()
-        kernel = library.compile(widened=widened)[kernel_id]
-        key = (kernel_id, widened)
+        width = library.widening_of(kernel_id, args)
+        kernel = library.compile(widened={kernel_id: width} if width is not None else None)[kernel_id]
+        key = (kernel_id, width)
         if key not in self._functions:
             module = self._check(d.cuModuleLoadData(kernel.cubin))
             self._modules.append(module)
@@ -570,6 +579,46 @@ def test_f16_activations_zero_the_rows_past_the_live_count(runner, tokens, query
     assert (normed["out"][live:] == 0).all() and (converted["out"][live:] == 0).all()
 
 
+# The decode GEMV programs that cover all of K (norm + gate/up, norm + head, norm + qkv + RoPE)
+# walk it a span of GEMV_STEPS x GEMV_K at a time (common.gemv_span): spans of 32 here, so a
+# 96-wide K takes the preloaded span and two more; 1 row (its own instantiation) and 2-4 rows.
+SPAN_TILES = {"GEMV_K": 16, "GEMV_STEPS": 2}
+SPAN_IDS = ("mlp.norm_gate_up_silu.v1", "logits.norm_head.v1", "attention.qkv_rope_store.v1",
+            "attention.qkv_bias_rope_store.v1")
+
+
+@pytest.mark.parametrize("tokens, query_length", [(1, [1]), (2, [1, 1]), (4, [1, 1, 1, 0])])
+def test_gemv_programs_walk_k_wider_than_one_span(library, interpreter, tokens, query_length):
+    spans = InterpreterRunner(library, interpreter, {kernel_id: SPAN_TILES for kernel_id in SPAN_IDS})
+    dim, ffn, vocab = 96, 48, 48
+    hidden, norm_weight = _normed_inputs(tokens, dim)
+    geometry = step_geometry(query_length, tokens)
+    gate_up = {"tokens": tokens, "dim": dim, "ffn_dim": ffn, "eps": 1e-5}
+    head = {"rows": len(query_length), "tokens": tokens, "dim": dim, "vocab": vocab, "eps": 1e-5}
+    for kernel_id, immediates in (("mlp.norm_gate_up_silu.v1", gate_up), ("logits.norm_head.v1", head)):
+        spec = library.spec(kernel_id)
+        tiles = {**spec.constexprs, **SPAN_TILES}
+        count = immediates.get("rows", tokens)
+        # the GEMV grid (GEMV_N columns a program, no row tiles), not the tensor-core tiles'
+        assert (spec.grid(immediates, tiles)[0] == -(-immediates.get("ffn_dim", vocab) // tiles["GEMV_N"])) \
+            == (count <= tiles["GEMV_TOKENS"]), kernel_id
+    check_against_reference(spans, "mlp.norm_gate_up_silu.v1", {
+        "out": np.full((tokens, ffn), 9.0, np.float32), "hidden": hidden,
+        "norm_weight": norm_weight, "gate_up": _weight(2 * ffn, dim), "geometry": geometry},
+        gate_up, atol=2e-2, rtol=1e-2)
+    check_against_reference(spans, "logits.norm_head.v1", {
+        "logits": np.full((len(query_length), vocab), 5.0, np.float32), "hidden": hidden,
+        "norm_weight": norm_weight, "head": _weight(vocab, dim), "geometry": geometry},
+        head, atol=2e-2, rtol=1e-2)
+    for rope_pairing in (0, 1):
+        buffers, immediates = _qkv_case(rope_pairing, 64, tuple(query_length[:3]), tokens)
+        check_against_reference(spans, "attention.qkv_rope_store.v1", buffers, immediates,
+                                atol=2e-2, rtol=1e-2)
+        buffers["qkv_bias"] = (RNG.standard_normal(buffers["qkv_weight"].shape[0]) * 40).astype(np.float32)
+        check_against_reference(spans, "attention.qkv_bias_rope_store.v1", buffers, immediates,
+                                atol=5e-2, rtol=1e-2)
+
+
 # the last: 40 rows, two M tiles of the tile path (BLOCK_M 32) for each of the 3 column blocks
 @pytest.mark.parametrize("query_length", [[3], [3, 0], [3, 0, 5, 1], [1, 0, 2, 1, 1, 1, 0, 1, 1, 1, 2],
                                           [1] * 20 + [0, 2] + [1] * 18])
@@ -833,15 +882,16 @@ def test_flash_attention_tiles_compile_for_sm90a(flash_library, tmp_path):
     assert "ACQBULK" in sass and "HGMMA" in sass and "LDGSTS.E.BYPASS.128" in sass
 
 
-# heads of 256 dims (the kernels' wide instantiation) on a decode and a prefill-chunk case
+# heads of 128 and 256 dims (the kernels' two widening levels) on a decode and a prefill-chunk case
 WIDE_CASES = [PAGED_CASES[0], PAGED_CASES[3]]
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads", WIDE_CASES)
-def test_paged_attention_over_wide_heads(runner, query_length, positions, page_tokens, q_heads,
-                                         kv_heads):
+def test_paged_attention_over_wide_heads(runner, head_dim, query_length, positions, page_tokens,
+                                         q_heads, kv_heads):
     buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads,
-                                      head_dim=256)
+                                      head_dim=head_dim)
     check_against_reference(runner, "attention.paged.v1", buffers, immediates, atol=1e-2,
                             rtol=1e-2)
 
@@ -886,7 +936,7 @@ def _split_spec() -> abi.KernelSpec:
     return abi.KernelSpec("attention.paged_split.v1", params, reference, "split-KV")
 
 
-@pytest.mark.parametrize("splits, head_dim", [(1, 64), (3, 64), (8, 64), (3, 256)])
+@pytest.mark.parametrize("splits, head_dim", [(1, 64), (3, 64), (8, 64), (3, 128), (3, 256)])
 @pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads",
                          [PAGED_CASES[0], PAGED_CASES[2], PAGED_CASES[3], PAGED_CASES[5]])
 def test_split_kv_attention_matches_unsplit_and_resets_its_counters(

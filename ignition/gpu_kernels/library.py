@@ -34,6 +34,7 @@ from ignition.gpu_kernels.specs import (ALIGNMENT, DEFAULT_ATTENTION_TILES, Geom
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Grid, Dim3, int]          # (grid, block, dynamic shared bytes)
+Widths = frozenset[tuple[str, int]]        # (kernel id, widest immediate its cubin serves)
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "helios" / "kernels"
 
 
@@ -50,6 +51,10 @@ def _immediate(value) -> int | float:
             raise ValueError(f"expected an immediate, got {which}")
         return getattr(value, which)
     return value
+
+
+def _widths(widened: Mapping[str, int] | None) -> Widths:
+    return frozenset((widened or {}).items())
 
 
 def _byte_offset(pointer) -> int:
@@ -71,8 +76,8 @@ class KernelLibrary:
         self.attention_tiles = attention_tiles
         self._table = kernel_specs(attention_tiles)
         self._by_id = {spec.kernel_id: spec for spec in self._table}
-        # (capability, widened ids) -> id -> kernel
-        self._compiled: dict[tuple[int, frozenset[str]], dict[str, compiler.CompiledKernel]] = {}
+        # (capability, widened ids with their widest immediates) -> id -> kernel
+        self._compiled: dict[tuple[int, Widths], dict[str, compiler.CompiledKernel]] = {}
 
     @property
     def cache_dir(self) -> Path:
@@ -98,22 +103,23 @@ class KernelLibrary:
         return triton_signature(kernel_id)
 
     def compile(self, arch: str = "sm_90a", progress: Callable[[int, int], None] | None = None,
-                widened: Iterable[str] = ()) -> dict[str, compiler.CompiledKernel]:
+                widened: Mapping[str, int] | None = None) -> dict[str, compiler.CompiledKernel]:
         """kernel id -> CompiledKernel of `arch` (a portable arch: the compilation holding its
-        PTX), the ids in `widened` with their Widening's tiles; compiles what the disk cache
-        lacks."""
-        return self._compile_targets([targets.target(arch)], progress, frozenset(widened))[
+        PTX), the ids in `widened` with their Widening's tiles for launches up to the immediate
+        given (widening_of); compiles what the disk cache lacks."""
+        return self._compile_targets([targets.target(arch)], progress, _widths(widened))[
             targets.compiled_target(targets.target(arch)).capability]
 
     def _compile_targets(self, wanted: Sequence[targets.Target],
                          progress: Callable[[int, int], None] | None = None,
-                         widened: frozenset[str] = frozenset(),
+                         widened: Widths = frozenset(),
                          ) -> dict[int, dict[str, compiler.CompiledKernel]]:
         """capability -> id -> CompiledKernel for every compilation `wanted` needs, all
         missing ones in one pool of workers."""
         compiled = {targets.compiled_target(t).capability: targets.compiled_target(t) for t in wanted}
         missing = [t for capability, t in compiled.items() if (capability, widened) not in self._compiled]
-        requests = [self._request(spec, t, spec.kernel_id in widened) for t in missing for spec in self._specs()]
+        widths = dict(widened)
+        requests = [self._request(spec, t, widths.get(spec.kernel_id)) for t in missing for spec in self._specs()]
         kernels = iter(compiler.compile_all(requests, self._cache, progress))
         for t in missing:
             self._compiled[(t.capability, widened)] = {spec.kernel_id: next(kernels) for spec in self._specs()}
@@ -131,10 +137,13 @@ class KernelLibrary:
         """The integer immediates (grids and tiles depend on no float)."""
         return {name: int(value) for name, value in immediates.items() if isinstance(value, numbers.Integral)}
 
+    def widening_of(self, kernel_id: str, args: Sequence) -> int | None:
+        """The immediate a launch with these args needs its id's tiles widened for
+        (build_modules(widened={id: the widest of a core's launches})), else None."""
+        return self.spec(kernel_id).widening_of(self._integers(self._immediates(kernel_id, args)))
+
     def needs_widening(self, kernel_id: str, args: Sequence) -> bool:
-        """Whether a launch with these args needs its id compiled with the Widening's tiles
-        (build_modules(widened=...))."""
-        return self.spec(kernel_id).needs_widening(self._integers(self._immediates(kernel_id, args)))
+        return self.widening_of(kernel_id, args) is not None
 
     def tiles(self, kernel_id: str, args: Sequence) -> Mapping[str, int]:
         """The constexprs a launch with these args runs with (widened where it needs it)."""
@@ -166,16 +175,18 @@ class KernelLibrary:
         return grid, (32 * spec.num_warps, 1, 1), 0
 
     def build_modules(self, archs: Iterable[str] | None = None,
-                      progress: Callable[[int, int], None] | None = None, widened: Iterable[str] = (),
+                      progress: Callable[[int, int], None] | None = None,
+                      widened: Mapping[str, int] | None = None,
                       ) -> list[tuple[bytes, manifest_pb2.KernelModule]]:
         """One (image bytes, KernelModule) per (target, kernel set), targets in table order
         (default: this library's), kernel sets in kernel_ids() order. KernelModule.resource
         is left empty: the caller names the resource holding the image; the ids in `widened`
-        compile with their Widening's tiles (a core that launches them wider). progress(done, total)
+        compile with their Widening's tiles for launches up to the immediate given (a core that
+        launches them wider). progress(done, total)
         is called as each compilation is done or found in the cache. KernelTargetError when a
         kernel exceeds its target's shared memory or the sets' kernel tables disagree."""
         wanted = targets.resolve(archs) if archs is not None else self.targets
-        compiled = self._compile_targets(wanted, progress, frozenset(widened))
+        compiled = self._compile_targets(wanted, progress, _widths(widened))
         modules = []
         for target in wanted:
             kernels = compiled[targets.compiled_target(target).capability]
@@ -208,9 +219,9 @@ class KernelLibrary:
             arch=target.name, toolchain=toolchain, kernels=[entry], portable=target.portable,
             capability=target.capability, kernel_set=kernel_set)
 
-    def _request(self, spec: KernelBuild, target: targets.Target, widened: bool = False,
+    def _request(self, spec: KernelBuild, target: targets.Target, width: int | None = None,
                  ) -> compiler.CompileRequest:
-        tiles = {**spec.constexprs, **(spec.widening.constexprs if widened and spec.widening else {})}
+        tiles = spec.widened_tiles(width)
         return compiler.CompileRequest(
             kernel_id=spec.kernel_id, module=spec.module, function=spec.function,
             signature=tuple(self.signature(spec.kernel_id)),

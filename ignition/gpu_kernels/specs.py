@@ -38,12 +38,24 @@ def cdiv(a: int, b: int) -> int:
 class Widening:
     """Tiles a kernel compiles only for the cores that need them: when a recorded launch's
     `immediate` exceeds the base constexpr `limit`, that core's cubin of the id is compiled with
-    `constexprs` replacing the base ones (the kernel then carries a second instantiation behind a
-    branch on the immediate). Cores whose launches all fit keep exactly the base kernel, so its
-    registers and shared memory do not pay for shapes they never launch."""
+    the constexprs of the narrowest level serving it (the kernel then carries a second
+    instantiation behind a branch on the immediate). Cores whose launches all fit keep exactly
+    the base kernel, so its registers and shared memory do not pay for shapes they never launch.
+
+    `levels`: (widest immediate served, constexprs replacing the base ones), ascending; a core
+    compiles the level of its widest launch, so 128-dim heads do not run on tiles sized (and
+    half masked) for 256-dim ones."""
     immediate: str
     limit: str
-    constexprs: Mapping[str, int]
+    levels: tuple[tuple[int, Mapping[str, int]], ...]
+
+    def level(self, value: int) -> Mapping[str, int]:
+        """The constexprs of the narrowest level serving `value` (the widest one past them all:
+        the grid rejects what it cannot serve)."""
+        for widest, constexprs in self.levels:
+            if value <= widest:
+                return constexprs
+        return self.levels[-1][1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +74,25 @@ class KernelBuild:
     divisible: tuple[str, ...] = ()
     widening: Widening | None = None
 
+    def widening_of(self, immediates: Immediates) -> int | None:
+        """The immediate a launch needs widened tiles for (its `widening.immediate`), else None."""
+        if self.widening is None:
+            return None
+        value = int(immediates[self.widening.immediate])
+        return value if value > self.constexprs[self.widening.limit] else None
+
     def needs_widening(self, immediates: Immediates) -> bool:
-        return (self.widening is not None
-                and int(immediates[self.widening.immediate]) > self.constexprs[self.widening.limit])
+        return self.widening_of(immediates) is not None
+
+    def widened_tiles(self, width: int | None) -> Mapping[str, int]:
+        """The constexprs of a cubin compiled for launches up to `width` (None: the base tiles)."""
+        if self.widening is None or width is None:
+            return self.constexprs
+        return {**self.constexprs, **self.widening.level(width)}
 
     def tiles(self, immediates: Immediates) -> Mapping[str, int]:
         """The constexprs a launch with these immediates compiles with."""
-        if self.widening is not None and self.needs_widening(immediates):
-            return {**self.constexprs, **self.widening.constexprs}
-        return self.constexprs
+        return self.widened_tiles(self.widening_of(immediates))
 
 
 def _require(condition: bool, message: str) -> None:
@@ -126,8 +148,8 @@ def _qkv_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
 
 def _gemv_fits(a: Immediates, c: Mapping[str, int], count: str, k_name: str | None) -> bool:
     """The kernel's own branch condition: few rows, and (when a program covers all of K)
-    K within the unrolled GEMV_STEPS x GEMV_K."""
-    fits_k = k_name is None or a[k_name] <= c["GEMV_K"] * c["GEMV_STEPS"]
+    K within GEMV_MAX_K (common.gemv_span walks K a span of GEMV_STEPS x GEMV_K at a time)."""
+    fits_k = k_name is None or a[k_name] <= c["GEMV_MAX_K"]
     return a[count] <= c["GEMV_TOKENS"] and fits_k
 
 
@@ -277,6 +299,10 @@ def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
 # over 100-400 programs. (Measured on the H200: at 8 rows this path and the tiles are equal,
 # at 32+ rows the tiles are 2-7x faster.)
 _GEMV = {"GEMV_TOKENS": 4, "GEMV_K": 128}
+# the kernels whose GEMV program covers all of K (norm + gate/up, norm + head, norm + qkv + RoPE)
+# take it up to GEMV_MAX_K, walking K a span of GEMV_STEPS x GEMV_K at a time; above it the
+# tensor-core tiles serve every row count
+GEMV_MAX_K = 8192
 # Tiles (f16 operands, common.DOT_F16): [16, 32] measured best on the H200 against [32, 32]
 # and [64, 32] for decode (batch 8 / 64 / 128: 9.1k / 48.9k / 80.0k tokens/s against 7.6k /
 # 46.9k / 73.5k for [32, 32]); [64, 32] prefills 512 tokens faster (170k vs 152k tokens/s)
@@ -288,6 +314,7 @@ _GEMV = {"GEMV_TOKENS": 4, "GEMV_K": 128}
 # layout prefill of 4,096 tokens at 0.06 of the fp16 peak on an H100, bench/results/h100-80gb-hbm3).
 _LARGE = {"LARGE_TOKENS": 512, "LARGE_M": 64}
 _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8, "GEMV_STEPS": 5,
+               "GEMV_MAX_K": GEMV_MAX_K,
                **_LARGE, "LARGE_N": 64, "LARGE_K": 32}   # two accumulators (gate, up): 64 columns each
 # split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
 # unrolls its whole K_SPLIT slice
@@ -297,17 +324,24 @@ _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, *
 # program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
 # measured a little ahead of [64, 64] (batch 4: 5.6k vs 5.3k tokens/s; batch 64 equal).
 _HEAD_GEMM = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 32, **_GEMV, "GEMV_TOKENS": 2,
-              "GEMV_N": 8, "GEMV_STEPS": 5}
-_QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, "GEMV_STEPS": 5}
+              "GEMV_N": 8, "GEMV_STEPS": 5, "GEMV_MAX_K": GEMV_MAX_K}
+_QKV_GEMM = {"BLOCK_M": 16, "BLOCK_P": 16, "BLOCK_K": 64, **_GEMV, "GEMV_P": 4, "GEMV_STEPS": 5,
+             "GEMV_MAX_K": GEMV_MAX_K}
 # q/k norm: a program holds a whole head (up to 256 dims: 128 pairs) for its norm, tiles only
 _QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
 # attention tiles: [BLOCK_N keys, BLOCK_D dims] for heads up to 64 dims (WIDE_* equal to them:
-# one instantiation); a core with wider heads (up to 256: Gemma-style) compiles a second
-# instantiation in the same kernel with [16 keys, 256 dims] tiles, fewer keys per block so its
-# key and value tiles take the narrow one's shared memory (ATTENTION_WIDENING)
+# one instantiation); a core with wider heads compiles a second instantiation in the same
+# kernel, [32 keys, 128 dims] or (up to 256: Gemma-style) [16 keys, 256 dims] tiles, fewer keys
+# per block so its key and value tiles take the narrow one's shared memory (ATTENTION_WIDENING)
 _ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D": 64,
               "MAX_ROWS": 256}
-ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", {"WIDE_N": 16, "WIDE_D": 256})
+ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", (
+    # 128-dim heads (Qwen2.5-1.5B and up, Llama): [32 keys, 128 dims], the narrow tiles' 16 KiB
+    # of keys and values a stage, so decode occupancy stays; on the 256-dim level they ran
+    # [16 keys, 256 dims] with half of every tile masked (the 8B layout's batch-1 attention at
+    # 0.015 of its floor, H100 at c1017d8)
+    (128, {"WIDE_N": 32, "WIDE_D": 128}),
+    (256, {"WIDE_N": 16, "WIDE_D": 256})))
 # prefill chunks and wide MIXED steps (from LARGE_TOKENS tokens): 64 query rows a block against
 # [32 keys, up to 128 dims] tiles (16 KiB of keys and values a stage at 128 dims), the key loop
 # of the smaller blocks (LARGE_FLASH 0; PAGE_TOKENS unused)

@@ -101,12 +101,14 @@ class KernelLibraryGeometry:
     def __init__(self, library: KernelLibrary | None) -> None:
         self._library = library
         self._ids = set(library.kernel_ids()) & set(abi.KERNELS) if library is not None else set()
-        self._widened: set[str] = set()         # ids some recorded launch needs widened tiles for
+        # ids some recorded launch needs widened tiles for -> the widest such launch's immediate
+        self._widened: dict[str, int] = {}
 
     def __call__(self, kernel_id: str, args: Sequence[object]) -> Geometry:
         if self._library is not None and kernel_id in self._ids:
-            if self._library.needs_widening(kernel_id, args):
-                self._widened.add(kernel_id)
+            width = self._library.widening_of(kernel_id, args)
+            if width is not None:
+                self._widened[kernel_id] = max(width, self._widened.get(kernel_id, 0))
             return self._library.geometry(kernel_id, args)
         return unit_geometry(kernel_id, args)
 

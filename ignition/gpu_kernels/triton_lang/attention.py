@@ -8,7 +8,7 @@ q / out: f32 [tokens, q_heads * head_dim]; query head h reads kv head h // (q_he
 import triton
 import triton.language as tl
 
-from ignition.gpu_kernels.triton_lang.common import (accumulator_scale, gemv_rows, gemv_tiles,
+from ignition.gpu_kernels.triton_lang.common import (accumulator_scale, gemv_span, gemv_tiles,
                                              inverse_rms, norm_scales, prefetch_l2,
                                              row_sum_squares, scaled_rows, tile_dot,
                                              wait_for_predecessors)
@@ -24,7 +24,7 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
                    page_stride, eps, rope_pairing,
                    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                    GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_P: tl.constexpr,
-                   GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                   GEMV_STEPS: tl.constexpr, GEMV_MAX_K: tl.constexpr, PDL: tl.constexpr):
     """rms_norm -> [q | k | v] projection -> RoPE(q, k) -> q_out, k and v into their pages.
 
     Grid ((q_heads + 2 kv_heads) * cdiv(head_dim / 2, BLOCK_P), cdiv(tokens, BLOCK_M)).
@@ -36,7 +36,8 @@ def qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, rop
     _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_weight, rope_table,
                     positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
                     head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, False,
-                    qkv_weight, qkv_weight, False, BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+                    qkv_weight, qkv_weight, False, BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS,
+                    GEMV_MAX_K, PDL)
 
 
 @triton.jit
@@ -46,13 +47,14 @@ def qkv_bias_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight
                         page_stride, eps, rope_pairing,
                         BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                         GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_P: tl.constexpr,
-                        GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                        GEMV_STEPS: tl.constexpr, GEMV_MAX_K: tl.constexpr, PDL: tl.constexpr):
     """qkv_rope_store with qkv_bias (f32 [(q_heads + 2 kv_heads) * head_dim]) added to the
     projection before the rotation, in f32 (key biases of Qwen2-family models reach |145|)."""
     _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias, rope_table,
                     positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
                     head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, True,
-                    qkv_weight, qkv_weight, False, BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
+                    qkv_weight, qkv_weight, False, BLOCK_M, BLOCK_P, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS,
+                    GEMV_MAX_K, PDL)
 
 
 @triton.jit
@@ -72,7 +74,7 @@ def qkv_norm_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight
     _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_weight, rope_table,
                     positions, page_table, row_slot, geometry, tokens, dim, q_heads, kv_heads,
                     head_dim, page_tokens, pages_per_row, page_stride, eps, rope_pairing, False,
-                    q_norm, k_norm, True, BLOCK_M, BLOCK_P, BLOCK_K, 0, 0, 0, 0, PDL)
+                    q_norm, k_norm, True, BLOCK_M, BLOCK_P, BLOCK_K, 0, 0, 0, 0, 0, PDL)
 
 
 @triton.jit
@@ -82,19 +84,20 @@ def _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qk
                     HAS_BIAS: tl.constexpr, q_norm, k_norm, HEAD_NORM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                     BLOCK_K: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                    GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                    GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, GEMV_MAX_K: tl.constexpr,
+                    PDL: tl.constexpr):
     if HEAD_NORM:
         _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                               rope_table, positions, page_table, row_slot, geometry, dim,
                               q_heads, kv_heads, head_dim, page_tokens, pages_per_row,
                               page_stride, eps, rope_pairing, HAS_BIAS, q_norm, k_norm, True,
                               BLOCK_M, BLOCK_P, BLOCK_K, PDL)
-    elif (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):     # batch-1 decode: a 1-row tile
+    elif (tokens <= 1) & (dim <= GEMV_MAX_K):     # batch-1 decode: a 1-row tile
         _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                              rope_table, positions, page_table, row_slot, geometry, tokens, dim,
                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
                              eps, rope_pairing, HAS_BIAS, 1, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
-    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_MAX_K):
         _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                              rope_table, positions, page_table, row_slot, geometry, tokens, dim,
                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
@@ -242,10 +245,12 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
     wait_for_predecessors(PDL)
     t = tl.arange(0, ROWS)
     computed = t < tokens
-    acc_first = gemv_rows(first_w, norms, hidden, t, computed, dim, 0, dim, True, ROWS, GEMV_P,
-                          GEMV_K, GEMV_STEPS)
-    acc_second = gemv_rows(second_w, norms, hidden, t, computed, dim, 0, dim, True, ROWS, GEMV_P,
-                           GEMV_K, GEMV_STEPS)
+    acc_first = gemv_span(first_w, norms, qkv_weight, head * head_dim + first, pair_mask,
+                          norm_weight, hidden, t, computed, dim, True, ROWS, GEMV_P, GEMV_K,
+                          GEMV_STEPS)
+    acc_second = gemv_span(second_w, norms, qkv_weight, head * head_dim + second, pair_mask,
+                           norm_weight, hidden, t, computed, dim, True, ROWS, GEMV_P, GEMV_K,
+                           GEMV_STEPS)
     rstd = inverse_rms(row_sum_squares(hidden, t, computed, dim, ROWS, GEMV_K), dim, eps)[:, None]
     live = t < tl.load(geometry)
     _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,

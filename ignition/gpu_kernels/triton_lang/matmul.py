@@ -23,7 +23,7 @@ weight stream overlaps the current node.
 import triton
 import triton.language as tl
 
-from ignition.gpu_kernels.triton_lang.common import (accumulator_scale, gemv_rows, gemv_tiles, inverse_rms,
+from ignition.gpu_kernels.triton_lang.common import (accumulator_scale, gemv_rows, gemv_span, gemv_tiles, inverse_rms,
                                              norm_scales, prefetch_l2, row_sum_squares,
                                              scaled_rows, tile_dot, wait_for_predecessors)
 
@@ -238,17 +238,19 @@ def gate_activation(gate, activation):
 def norm_gate_up_silu(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
-                      GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr,
-                      LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
+                      GEMV_STEPS: tl.constexpr, GEMV_MAX_K: tl.constexpr, LARGE_TOKENS: tl.constexpr,
+                      LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr,
+                      PDL: tl.constexpr):
     """out f32 [tokens, ffn_dim] = silu(h @ gate^T) * (h @ up^T), h = rms_norm(hidden) * norm_weight.
 
     gate_up f16 [2 ffn_dim, dim]: gate rows first, then up rows; one program reads matching
     gate and up rows, so the product never leaves registers. Decode shapes (tokens <=
-    GEMV_TOKENS) take the tensor-core-free path with GEMV_N columns per program.
+    GEMV_TOKENS, dim <= GEMV_MAX_K) take the tensor-core-free path with GEMV_N columns per
+    program.
     """
     _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   ACTIVATION_SILU, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
-                  GEMV_STEPS, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
+                  GEMV_STEPS, GEMV_MAX_K, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
 
 
 @triton.jit
@@ -256,26 +258,27 @@ def norm_gate_up_activation(out, hidden, norm_weight, gate_up, geometry, tokens,
                             eps, activation,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr,
-                            LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr,
-                            PDL: tl.constexpr):
+                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, GEMV_MAX_K: tl.constexpr,
+                            LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr, LARGE_N: tl.constexpr,
+                            LARGE_K: tl.constexpr, PDL: tl.constexpr):
     """norm_gate_up_silu with the gate activation chosen by the `activation` immediate
     (gate_activation: SiLU or tanh-GELU, the GeGLU feed-forward block)."""
     _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   activation, BLOCK_M, BLOCK_N, BLOCK_K, GEMV_TOKENS, GEMV_K, GEMV_N,
-                  GEMV_STEPS, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
+                  GEMV_STEPS, GEMV_MAX_K, LARGE_TOKENS, LARGE_M, LARGE_N, LARGE_K, PDL)
 
 
 @triton.jit
 def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim, eps,
                   activation, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                  GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, LARGE_TOKENS: tl.constexpr,
-                  LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
-    if (tokens <= 1) & (dim <= GEMV_K * GEMV_STEPS):
+                  GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, GEMV_MAX_K: tl.constexpr,
+                  LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr, LARGE_N: tl.constexpr,
+                  LARGE_K: tl.constexpr, PDL: tl.constexpr):
+    if (tokens <= 1) & (dim <= GEMV_MAX_K):
         _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
                                 ffn_dim, eps, activation, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
-    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_MAX_K):
         _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
                                 ffn_dim, eps, activation, GEMV_TOKENS, GEMV_K, GEMV_N,
                                 GEMV_STEPS, PDL)
@@ -333,7 +336,8 @@ def _store_gated(out, gate, up, pre, sum_sq, rows, cols, row_mask, col_mask, dim
 def _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim,
                             eps, activation, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
                             GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
-    """Grid (cdiv(ffn_dim, GEMV_N), 1, 1): GEMV_N gate columns and their up columns."""
+    """Grid (cdiv(ffn_dim, GEMV_N), 1, 1): GEMV_N gate columns and their up columns over
+    the whole of dim (gemv_span)."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
     col_mask = cols < ffn_dim
     gate_w = gemv_tiles(gate_up, cols, col_mask, dim, 0, dim, GEMV_N, GEMV_K, GEMV_STEPS)
@@ -343,10 +347,10 @@ def _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
     wait_for_predecessors(PDL)
     rows = tl.arange(0, ROWS)
     live = rows < tokens
-    gate = gemv_rows(gate_w, norms, hidden, rows, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
-                     GEMV_STEPS)
-    up = gemv_rows(up_w, norms, hidden, rows, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
-                   GEMV_STEPS)
+    gate = gemv_span(gate_w, norms, gate_up, cols, col_mask, norm_weight, hidden, rows, live, dim,
+                     True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS)
+    up = gemv_span(up_w, norms, gate_up, cols + ffn_dim, col_mask, norm_weight, hidden, rows,
+                   live, dim, True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS)
     rstd = inverse_rms(row_sum_squares(hidden, rows, live, dim, ROWS, GEMV_K), dim, eps)[:, None]
     act = gate_activation(gate * rstd, activation) * (up * rstd)
     tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
@@ -397,17 +401,17 @@ def _norm_gate_up_tiles(out, hidden, norm_weight, gate_up, geometry, dim, ffn_di
 def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab, eps,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
-              GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+              GEMV_STEPS: tl.constexpr, GEMV_MAX_K: tl.constexpr, PDL: tl.constexpr):
     """logits f32 [rows, vocab] = rms_norm(hidden[last token of row r]) @ head[vocab, dim]^T.
 
     The last token of row r is row_start[r + 1] - 1 (geometry words 1 + tokens + r ...);
     rows without tokens get a zero logits row. Up to GEMV_TOKENS rows take the tensor-core-free
     path: GEMV_N vocabulary entries per program, so the 49k-row head spreads over every SM.
     """
-    if (rows <= 1) & (dim <= GEMV_K * GEMV_STEPS):
+    if (rows <= 1) & (dim <= GEMV_MAX_K):
         _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
                         eps, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
-    elif (rows <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
+    elif (rows <= GEMV_TOKENS) & (dim <= GEMV_MAX_K):
         _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
                         eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
     else:
@@ -433,8 +437,8 @@ def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, d
     end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
     live = r_mask & (end > start)
     last = tl.where(live, end - 1, 0)
-    acc = gemv_rows(weights, norms, hidden, last, live, dim, 0, dim, True, ROWS, GEMV_N, GEMV_K,
-                    GEMV_STEPS)
+    acc = gemv_span(weights, norms, head, cols, col_mask, norm_weight, hidden, last, live, dim,
+                    True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS)
     rstd = inverse_rms(row_sum_squares(hidden, last, live, dim, ROWS, GEMV_K), dim, eps)
     acc = tl.where(live[:, None], acc * rstd[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
