@@ -147,10 +147,14 @@ def _qkv_rope_store(a: Immediates, c: Mapping[str, int]) -> Grid:
 
 
 def _gemv_fits(a: Immediates, c: Mapping[str, int], count: str, k_name: str | None) -> bool:
-    """The kernel's own branch condition: few rows, and (when a program covers all of K)
-    K within GEMV_MAX_K (common.gemv_span walks K a span of GEMV_STEPS x GEMV_K at a time)."""
-    fits_k = k_name is None or a[k_name] <= c["GEMV_MAX_K"]
-    return a[count] <= c["GEMV_TOKENS"] and fits_k
+    """The kernel's own branch condition: few rows, and (when a program covers all of K) K
+    within one span of GEMV_STEPS x GEMV_K, or for one row within GEMV_MAX_K (the 1-row
+    instantiation walks K a span at a time: common.gemv_span)."""
+    if k_name is None:
+        return a[count] <= c["GEMV_TOKENS"]
+    span = c["GEMV_K"] * c["GEMV_STEPS"]
+    return (a[count] <= 1 and a[k_name] <= max(c["GEMV_MAX_K"], span)) or \
+        (a[count] <= c["GEMV_TOKENS"] and a[k_name] <= span)
 
 
 def _large_or(count: str, n_name: str, smaller: GridFunction) -> GridFunction:
@@ -300,8 +304,8 @@ def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
 # at 32+ rows the tiles are 2-7x faster.)
 _GEMV = {"GEMV_TOKENS": 4, "GEMV_K": 128}
 # the kernels whose GEMV program covers all of K (norm + gate/up, norm + head, norm + qkv + RoPE)
-# take it up to GEMV_MAX_K, walking K a span of GEMV_STEPS x GEMV_K at a time; above it the
-# tensor-core tiles serve every row count
+# take it for one row up to GEMV_MAX_K, walking K a span of GEMV_STEPS x GEMV_K at a time (2-4
+# rows: K within one span); above it the tensor-core tiles serve every row count
 GEMV_MAX_K = 8192
 # Tiles (f16 operands, common.DOT_F16): [16, 32] measured best on the H200 against [32, 32]
 # and [64, 32] for decode (batch 8 / 64 / 128: 9.1k / 48.9k / 80.0k tokens/s against 7.6k /

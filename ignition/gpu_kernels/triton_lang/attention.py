@@ -96,13 +96,14 @@ def _qkv_rope_store(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qk
         _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                              rope_table, positions, page_table, row_slot, geometry, tokens, dim,
                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
-                             eps, rope_pairing, HAS_BIAS, 1, GEMV_K, GEMV_P, GEMV_STEPS, PDL)
-    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_MAX_K):
+                             eps, rope_pairing, HAS_BIAS, 1, GEMV_K, GEMV_P, GEMV_STEPS,
+                             GEMV_MAX_K > GEMV_K * GEMV_STEPS, PDL)
+    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                              rope_table, positions, page_table, row_slot, geometry, tokens, dim,
                              q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride,
                              eps, rope_pairing, HAS_BIAS, GEMV_TOKENS, GEMV_K, GEMV_P, GEMV_STEPS,
-                             PDL)
+                             False, PDL)
     else:
         _qkv_rope_store_tiles(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weight, qkv_bias,
                               rope_table, positions, page_table, row_slot, geometry, dim,
@@ -232,7 +233,8 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
                          rope_table, positions, page_table, row_slot, geometry, tokens, dim,
                          q_heads, kv_heads, head_dim, page_tokens, pages_per_row, page_stride, eps,
                          rope_pairing, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
-                         GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                         GEMV_P: tl.constexpr, GEMV_STEPS: tl.constexpr, SPANS: tl.constexpr,
+                         PDL: tl.constexpr):
     """Decode shape: grid (heads * cdiv(head_dim / 2, GEMV_P), 1, 1); GEMV_P pairs of one head
     for every token of the capacity (only live ones are stored)."""
     head, pair, pair_mask, first, second = _rotation_pairs(head_dim, rope_pairing, GEMV_P)
@@ -247,10 +249,10 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
     computed = t < tokens
     acc_first = gemv_span(first_w, norms, qkv_weight, head * head_dim + first, pair_mask,
                           norm_weight, hidden, t, computed, dim, True, ROWS, GEMV_P, GEMV_K,
-                          GEMV_STEPS)
+                          GEMV_STEPS, SPANS)
     acc_second = gemv_span(second_w, norms, qkv_weight, head * head_dim + second, pair_mask,
                            norm_weight, hidden, t, computed, dim, True, ROWS, GEMV_P, GEMV_K,
-                           GEMV_STEPS)
+                           GEMV_STEPS, SPANS)
     rstd = inverse_rms(row_sum_squares(hidden, t, computed, dim, ROWS, GEMV_K), dim, eps)[:, None]
     live = t < tl.load(geometry)
     _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,

@@ -127,25 +127,29 @@ def gemv_rows(weights, norms, x_ptr, rows, row_mask, k_dim, k_begin, k_end,
 @triton.jit
 def gemv_span(weights, norms, w_ptr, w_rows, w_mask, norm_ptr, x_ptr, rows, row_mask, k_dim,
               NORM: tl.constexpr, M_T: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              K_STEPS: tl.constexpr):
-    """gemv_rows over the whole of k_dim, acc f32 [M_T, BN]: the first K_STEPS x BK columns
-    from `weights` / `norms` (gemv_tiles of w_rows / the norm vector, loaded before the PDL
-    wait), the rest one span of K_STEPS tiles at a time, each span's loads in flight together.
+              K_STEPS: tl.constexpr, SPANS: tl.constexpr):
+    """gemv_rows over K, acc f32 [M_T, BN]: the first K_STEPS x BK columns from `weights` /
+    `norms` (gemv_tiles of w_rows / the norm vector, loaded before the PDL wait), and (SPANS)
+    the rest of k_dim one span of K_STEPS tiles at a time, each span's loads in flight together.
 
-    For K within one span (SmolLM2's 576, Gemma 3 270M's 640) the loop never runs: the same
-    products as gemv_rows alone. Wider K (896-4096: the 0.5B-8B layouts) would otherwise leave
-    batch-1 decode to the 16-row tensor-core tiles, whose serial MMA chain over K bounds them
-    (Qwen2.5-1.5B's qkv at 0.15 of its bandwidth floor, H100 at c1017d8)."""
+    SPANS is a constexpr: the kernels compile the loop only into their 1-row instantiation and
+    only where the table lets K exceed one span (GEMV_MAX_K), because a kernel's registers are
+    its largest instantiation's and every other path pays for them. For K within one span
+    (SmolLM2's 576, Gemma 3 270M's 640) the loop never runs: the same products as gemv_rows.
+    Wider K (896-4096: the 0.5B-8B layouts) otherwise leaves batch-1 decode to the 16-row
+    tensor-core tiles, whose serial MMA chain over K bounds them (Qwen2.5-1.5B's qkv at 0.15 of
+    its bandwidth floor, H100 at c1017d8)."""
     acc = gemv_rows(weights, norms, x_ptr, rows, row_mask, k_dim, 0, k_dim, NORM, M_T, BN, BK,
                     K_STEPS)
-    same = tl.zeros((BN,), dtype=tl.int32)
-    for k0 in range(K_STEPS * BK, k_dim, K_STEPS * BK):
-        more = gemv_tiles(w_ptr, w_rows, w_mask, k_dim, k0, k_dim, BN, BK, K_STEPS)
-        more_norms = more
-        if NORM:
-            more_norms = gemv_tiles(norm_ptr, same, same == 0, 0, k0, k_dim, BN, BK, K_STEPS)
-        acc += gemv_rows(more, more_norms, x_ptr, rows, row_mask, k_dim, k0, k_dim, NORM, M_T,
-                         BN, BK, K_STEPS)
+    if SPANS:
+        same = tl.zeros((BN,), dtype=tl.int32)
+        for k0 in range(K_STEPS * BK, k_dim, K_STEPS * BK):
+            more = gemv_tiles(w_ptr, w_rows, w_mask, k_dim, k0, k_dim, BN, BK, K_STEPS)
+            more_norms = more
+            if NORM:
+                more_norms = gemv_tiles(norm_ptr, same, same == 0, 0, k0, k_dim, BN, BK, K_STEPS)
+            acc += gemv_rows(more, more_norms, x_ptr, rows, row_mask, k_dim, k0, k_dim, NORM, M_T,
+                             BN, BK, K_STEPS)
     return acc
 
 

@@ -277,11 +277,12 @@ def _norm_gate_up(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_
                   LARGE_K: tl.constexpr, PDL: tl.constexpr):
     if (tokens <= 1) & (dim <= GEMV_MAX_K):
         _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
-                                ffn_dim, eps, activation, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
-    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_MAX_K):
+                           ffn_dim, eps, activation, 1, GEMV_K, GEMV_N, GEMV_STEPS,
+                           GEMV_MAX_K > GEMV_K * GEMV_STEPS, PDL)
+    elif (tokens <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
-                                ffn_dim, eps, activation, GEMV_TOKENS, GEMV_K, GEMV_N,
-                                GEMV_STEPS, PDL)
+                           ffn_dim, eps, activation, GEMV_TOKENS, GEMV_K, GEMV_N,
+                           GEMV_STEPS, False, PDL)
     elif tokens >= LARGE_TOKENS:
         _norm_gate_up_large(out, hidden, norm_weight, gate_up, geometry, dim, ffn_dim, eps,
                             activation, LARGE_M, LARGE_N, LARGE_K, PDL)
@@ -335,7 +336,8 @@ def _store_gated(out, gate, up, pre, sum_sq, rows, cols, row_mask, col_mask, dim
 @triton.jit
 def _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim, ffn_dim,
                             eps, activation, ROWS: tl.constexpr, GEMV_K: tl.constexpr,
-                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                            GEMV_N: tl.constexpr, GEMV_STEPS: tl.constexpr, SPANS: tl.constexpr,
+                            PDL: tl.constexpr):
     """Grid (cdiv(ffn_dim, GEMV_N), 1, 1): GEMV_N gate columns and their up columns over
     the whole of dim (gemv_span)."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
@@ -348,9 +350,9 @@ def _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
     rows = tl.arange(0, ROWS)
     live = rows < tokens
     gate = gemv_span(gate_w, norms, gate_up, cols, col_mask, norm_weight, hidden, rows, live, dim,
-                     True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS)
+                     True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
     up = gemv_span(up_w, norms, gate_up, cols + ffn_dim, col_mask, norm_weight, hidden, rows,
-                   live, dim, True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS)
+                   live, dim, True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
     rstd = inverse_rms(row_sum_squares(hidden, rows, live, dim, ROWS, GEMV_K), dim, eps)[:, None]
     act = gate_activation(gate * rstd, activation) * (up * rstd)
     tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
@@ -410,10 +412,10 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
     """
     if (rows <= 1) & (dim <= GEMV_MAX_K):
         _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
-                        eps, 1, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
-    elif (rows <= GEMV_TOKENS) & (dim <= GEMV_MAX_K):
+                        eps, 1, GEMV_K, GEMV_N, GEMV_STEPS, GEMV_MAX_K > GEMV_K * GEMV_STEPS, PDL)
+    elif (rows <= GEMV_TOKENS) & (dim <= GEMV_K * GEMV_STEPS):
         _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
-                        eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, PDL)
+                        eps, GEMV_TOKENS, GEMV_K, GEMV_N, GEMV_STEPS, False, PDL)
     else:
         _norm_head_tiles(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab,
                          eps, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
@@ -422,7 +424,7 @@ def norm_head(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vo
 @triton.jit
 def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, dim, vocab, eps,
                     ROWS: tl.constexpr, GEMV_K: tl.constexpr, GEMV_N: tl.constexpr,
-                    GEMV_STEPS: tl.constexpr, PDL: tl.constexpr):
+                    GEMV_STEPS: tl.constexpr, SPANS: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(vocab, GEMV_N), 1, 1): GEMV_N vocabulary entries per program, so the
     head (larger than L2) streams through every SM."""
     cols = tl.program_id(0) * GEMV_N + tl.arange(0, GEMV_N)
@@ -438,7 +440,7 @@ def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, d
     live = r_mask & (end > start)
     last = tl.where(live, end - 1, 0)
     acc = gemv_span(weights, norms, head, cols, col_mask, norm_weight, hidden, last, live, dim,
-                    True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS)
+                    True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
     rstd = inverse_rms(row_sum_squares(hidden, last, live, dim, ROWS, GEMV_K), dim, eps)
     acc = tl.where(live[:, None], acc * rstd[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
