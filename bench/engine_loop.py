@@ -2,6 +2,7 @@
 
     python -m bench.engine_loop [--clients 64,128] [--seconds 5] [--return-rounds 8] [--profile launch]
                                 [--completions paged|direct] [--per-lane] [--json PATH]
+    python -m bench.engine_loop --speculative [--no-drafting] --clients 1,8,32,64 [--period 16]
 
 What bench/packing.py (one pack) and bench/scheduler_round.py (the scheduler alone) leave out:
 the worker's whole round as EngineLoop runs it on two frames, with the real Packer and
@@ -17,6 +18,18 @@ the worker serving a GPU does not see (it waits for the device), so `direct` is 
 measure of the worker's own host work and `paged` the one the earlier figures used. `--per-lane`
 runs the scheduler without its columnar decode lanes (SchedulerConfig.columnar_decode). Load: C clients, distinct 50-token prompts, 128 output tokens
 (ignore_eos), each client back `--return-rounds` (+-50 %) rounds after its answer.
+
+`--speculative`: a speculative round's host work against a plain decode round's. History
+drafting on (SpeculativeScheduler, its width policy on the fixed cost prior as
+`speculative_row_cost` sets it, so no round's choice depends on this machine's speed; the
+SpeculativeProgramRunner packing the proposals) and direct completions of a model that repeats
+each request's own last `--period` tokens: every copy a lookup finds is accepted, so the
+requests draft from their first rounds of repetition on. A speculative round's completion is
+what validation would return (SpeculativeRows of LaneOutcomes; the checks themselves are not
+timed, as direct completions of plain rounds skip theirs). `--no-drafting`: the same requests and
+tokens through the plain Scheduler, the baseline. The phases are then also split by the
+operation of the round each loop iteration completes (an iteration: planning behind or after
+it, its launch, its completion and delivery), as `by_operation` in --json.
 
 The contract: the device bundle's when HELIOS_BUNDLE_DIR names one (HELIOS_RANDOM_WEIGHTS=1: no
 GGUF needed), else the bench contract of bench/packing.py. Run it here and on the GPU host to
@@ -45,6 +58,10 @@ from helios_backend.packing import Packer
 from helios_backend.scheduler import plan as sp
 from helios_backend.scheduler.completion import CompletionFormat, CompletionRows
 from helios_backend.scheduler.events import Terminal
+from helios_backend.scheduler.speculative import LaneOutcome, SpeculativeOptions, SpeculativeTable
+from helios_backend.scheduler.speculative_scheduler import SpeculativeRows, SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import WidthPolicy
+from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 try:
     from helios_backend.scheduler.events import TokenBlock
 except ImportError:                             # a checkout before the columnar decode lanes
@@ -96,6 +113,51 @@ class DirectCompletions:
         return CompletionRows(tokens, ends.astype(np.int32), np.zeros(len(ends), np.int32), None, None, None)
 
 
+class RepeatingCompletions(DirectCompletions):
+    """Direct completions of a model that repeats: the token at history position e of request s
+    is a function of (s, e % period) (never an EOS id of the bench), so from its second period of
+    output on a request's copies are right. A SPECULATIVE round's lane accepts its proposals up to
+    the first that differs from that token and emits the next one, as the validated outcome
+    (scheduler/speculative.LaneOutcome) would say."""
+
+    def __init__(self, vocab: int, period: int) -> None:
+        super().__init__(vocab)
+        self.period = period
+
+    def token(self, serial, position):
+        return (serial * 104729 + (position % self.period) * 7919) % (self.vocab - 3) + 3
+
+    def collect(self, plan) -> CompletionRows:
+        del self._rounds[id(plan)]
+        lanes = plan.main.lanes
+        if plan.main.operation == cp.OPERATION_SPECULATIVE:
+            return self._speculative(lanes)
+        from helios_backend.scheduler.decode_block import lane_columns, lane_requests
+        _, _, ends, sampled = lane_columns(lanes)
+        serials = np.array([req.serial for req in lane_requests(lanes)], np.int64)
+        tokens = np.where(sampled == 1, self.token(serials, ends), -1).astype(np.int32)
+        return CompletionRows(tokens, ends.astype(np.int32), np.zeros(len(ends), np.int32), None, None, None)
+
+    def _speculative(self, lanes) -> CompletionRows:
+        outcomes = []
+        for lane in lanes:
+            serial, program = lane.request.serial, lane.round.program
+            accepted = 0
+            for i, proposal in enumerate(lane.proposals):
+                if proposal != self.token(serial, lane.start + 1 + i):
+                    break
+                accepted += 1
+            tokens = list(lane.proposals[:accepted]) + [self.token(serial, lane.start + 1 + accepted)]
+            consumed = lane.start + accepted + 1
+            outcomes.append(LaneOutcome(serial, tokens, 1 + len(lane.proposals), accepted, consumed,
+                                        2 if len(tokens) >= lane.output_limit else 0,
+                                        max(consumed - program.lag, 0) if program.reports_cursor else -1))
+        return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),
+                               np.array([o.consumed for o in outcomes], np.int32),
+                               np.array([o.finish for o in outcomes], np.int32), None, None, None,
+                               outcomes=outcomes)
+
+
 def _contract():
     if os.environ.get("HELIOS_BUNDLE_DIR"):
         from tests.gpu.model_bundle import load_bundle
@@ -109,23 +171,33 @@ class Loop:
     """One closed-loop run: the worker's phases timed per round, the simulated engine's not."""
 
     def __init__(self, prepared, clients: int, return_rounds: int, profile: str, columnar: bool = True,
-                 completions: str = "paged") -> None:
+                 completions: str = "paged", speculative: str = "", period: int = 16) -> None:
         graphs = [g for g in prepared.contract.model.graphs if g.rank == 0]
         transport, manifest = prepared.manifest.transport, prepared.manifest
         vocab = prepared.contract.model.vocabulary
         frames = [np.zeros(transport.frame_nbytes, dtype=np.uint8) for _ in range(3)]   # two + auxiliary
         packer = Packer(graphs, transport, manifest.request_slots, frames)
-        self.runner = ProgramRunner(_NoExecutor(), packer, manifest.completion, vocab.sampled_tokens,
-                                    vocab.histogram_bins, (2, 0), mask_words=-(-vocab.sampled_tokens // 32),
-                                    auxiliary_frame=2)
+        drafting = speculative == "drafting"
+        runner = SpeculativeProgramRunner if drafting else ProgramRunner
+        self.runner = runner(_NoExecutor(), packer, manifest.completion, vocab.sampled_tokens,
+                             vocab.histogram_bins, (2, 0), mask_words=-(-vocab.sampled_tokens // 32),
+                             auxiliary_frame=2)
         config = SchedulerConfig(page_tokens=prepared.contract.model.cache.page_tokens, num_pages=16384,
                                  request_slots=manifest.request_slots, max_active=min(clients, manifest.request_slots),
                                  queue_capacity=1024, context_tokens=2048, max_pages_per_row=128,
                                  vocab_size=vocab.sampled_tokens, input_vocab_size=vocab.sampled_tokens, eos_ids=(2, 0),
                                  **({} if columnar else {"columnar_decode": False}))
         table = [sp.Variant(g.operation, g.program, g.capacity.rows, g.capacity.tokens) for g in graphs]
-        self.scheduler = Scheduler(config, VariantTable(table))
-        if completions == "direct":
+        if drafting:
+            spec = SpeculativeTable.select(graphs, SpeculativeOptions(enabled=True, history_drafting=True))
+            self.runner.max_width = spec.max_width
+            policy = WidthPolicy(max(p.lane_limit for p in spec.programs) - 1, row_cost=0.05, measured=False)
+            self.scheduler = SpeculativeScheduler(config, VariantTable(table), spec, policy=policy)
+        else:
+            self.scheduler = Scheduler(config, VariantTable(table))
+        if speculative:
+            self.engine = RepeatingCompletions(vocab.sampled_tokens, period)
+        elif completions == "direct":
             self.engine = DirectCompletions(vocab.sampled_tokens)
         else:
             self.engine = SimulatedEngine(self.scheduler)
@@ -133,6 +205,8 @@ class Loop:
         self.return_rounds, self.profile = return_rounds, profile
         self.profiler = cProfile.Profile()
         self.ns = dict.fromkeys(PHASES, 0)
+        self.by_operation: dict[str, dict[str, int]] = {}   # operation -> phase ns, rounds, tokens
+        self._iteration = dict.fromkeys(PHASES, 0)
         self.rounds = self.tokens = self.submitted = 0
         self.returning: list[int] = []
         self.frame = 0
@@ -150,7 +224,9 @@ class Loop:
             self.profiler.enable()
         t0 = time.thread_time_ns()
         result = call(*args)
-        self.ns[phase] += time.thread_time_ns() - t0
+        spent = time.thread_time_ns() - t0
+        self.ns[phase] += spent
+        self._iteration[phase] += spent
         if self.profile == phase:
             self.profiler.disable()
         return result
@@ -184,8 +260,10 @@ class Loop:
             events = take()
             self._timed("deliver", _wire_message, events)
             terminals = sum(1 for event in events if type(event) is Terminal)
-            self.tokens += sum(len(event.serials) if type(event) is TokenBlock else 1
-                               for event in events if type(event) is not Terminal)
+            tokens = sum(len(event.serials) if type(event) is TokenBlock else 1
+                         for event in events if type(event) is not Terminal)
+            self.tokens += tokens
+            self._account(plan, tokens)
             for _ in range(terminals):
                 self.returning.append(self.rounds + random.randint(self.return_rounds // 2,
                                                                    self.return_rounds + self.return_rounds // 2))
@@ -195,12 +273,34 @@ class Loop:
                 self._arrive()
             self.rounds += 1
 
+    def _account(self, plan, tokens: int) -> None:
+        """The iteration's phases to the operation of the round it completed."""
+        name = cp.Operation.Name(plan.main.operation).removeprefix("OPERATION_").lower()
+        into = self.by_operation.setdefault(name, dict.fromkeys((*PHASES, "rounds", "tokens", "lanes"), 0))
+        for phase in PHASES:
+            into[phase] += self._iteration[phase]
+            self._iteration[phase] = 0
+        into["rounds"] += 1
+        into["tokens"] += tokens
+        into["lanes"] += len(plan.main.lanes)
+
     def report(self) -> dict:
         launches = {cp.Operation.Name(k).removeprefix("OPERATION_").lower(): v
                     for k, v in self.scheduler.counters.launches.items()}
         per_round = {p: self.ns[p] / self.rounds / 1e3 for p in PHASES}
-        return {"rounds": self.rounds, "tokens_per_round": self.tokens / self.rounds, "launches": launches,
-                "us_per_round": per_round, "host_us_per_round": sum(per_round.values())}
+        by_operation = {}
+        for name, into in self.by_operation.items():
+            us = {p: into[p] / into["rounds"] / 1e3 for p in PHASES}
+            by_operation[name] = {"rounds": into["rounds"], "lanes_per_round": into["lanes"] / into["rounds"],
+                                  "tokens_per_round": into["tokens"] / into["rounds"], "us_per_round": us,
+                                  "host_us_per_round": sum(us.values())}
+        report = {"rounds": self.rounds, "tokens_per_round": self.tokens / self.rounds, "launches": launches,
+                  "us_per_round": per_round, "host_us_per_round": sum(per_round.values()),
+                  "by_operation": by_operation}
+        drafting = getattr(self.scheduler, "drafting", None)
+        if drafting is not None:
+            report["drafting"] = dict(vars(drafting))
+        return report
 
 
 def main() -> None:
@@ -213,6 +313,11 @@ def main() -> None:
     parser.add_argument("--completions", choices=("paged", "direct"), default="paged",
                         help="the simulated engine's paged history, or rows straight from the lanes (see above)")
     parser.add_argument("--per-lane", action="store_true", help="no columnar decode lanes (the per-lane path)")
+    parser.add_argument("--speculative", action="store_true",
+                        help="history drafting on a repeating model's direct completions (see above)")
+    parser.add_argument("--no-drafting", action="store_true",
+                        help="with --speculative: the same requests and tokens through the plain scheduler")
+    parser.add_argument("--period", type=int, default=16, help="with --speculative: the tokens each request repeats")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     random.seed(0)
@@ -221,13 +326,20 @@ def main() -> None:
     print(f"{'clients':>8} {'rounds':>7} {'tok/round':>9} " + " ".join(f"{p:>9}" for p in PHASES)
           + f" {'host us':>8}  launches")
     for clients in [int(c) for c in args.clients.split(",") if c]:
+        speculative = "" if not args.speculative else "plain" if args.no_drafting else "drafting"
         loop = Loop(prepared, clients, args.return_rounds, args.profile or "", columnar=not args.per_lane,
-                    completions=args.completions)
+                    completions=args.completions, speculative=speculative, period=args.period)
         loop.run(args.seconds)
         r = results[clients] = loop.report()
         print(f"{clients:>8} {r['rounds']:>7} {r['tokens_per_round']:>9.1f} "
               + " ".join(f"{r['us_per_round'][p]:>9.1f}" for p in PHASES)
               + f" {r['host_us_per_round']:>8.1f}  {r['launches']}", flush=True)
+        if speculative:
+            for name, o in sorted(r["by_operation"].items()):
+                print(f"{'':>8} {o['rounds']:>7} {o['tokens_per_round']:>9.1f} "
+                      + " ".join(f"{o['us_per_round'][p]:>9.1f}" for p in PHASES)
+                      + f" {o['host_us_per_round']:>8.1f}  {name} rounds, {o['lanes_per_round']:.1f} lanes",
+                      flush=True)
     if args.profile:
         text = io.StringIO()
         pstats.Stats(loop.profiler, stream=text).sort_stats("tottime").print_stats(20)

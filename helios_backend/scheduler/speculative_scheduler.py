@@ -18,9 +18,18 @@ The cohort is the DECODE cohort, chosen from completed observations (SPEC-15); p
 reserved for each lane's full ceiling (SPEC-21).
 
 Completion: the runner validates the whole completion first (validate_completion, SPEC-40..42);
-then each emitted token goes through the base scheduler's own completion path, one token at a
-time, so EOS, output limits, events, timestamps, page publication, cancellation (SPEC-50: a
-cancelled lane publishes nothing and retires at this fence, SPEC-51) stay in one place.
+then each lane's emitted tokens are applied at once (`_apply_round`), with the state and events
+that each token through the base scheduler's completion path as a one-token decode step would
+leave (tests/test_speculative_completion.py runs both): the tokens up to the first that ends the
+request (EOS before the length limit, as the base path checks them), the consumed endpoint, the
+pages they complete published, the token events as one TokenBlock per run of lanes between
+terminals, a cancelled lane retired at this fence with nothing of its round published (SPEC-50,
+SPEC-51). Speculative lanes have no grammar, host stops, logit bias or logprobs (_candidate), so
+nothing else of the base path applies to them. Timestamps: one clock read per round, when an
+observed request emitted (OBS-12, OBS-16), as for a round of decode columns.
+
+History lookups: a request's first drafted round builds its HistoryIndex (speculative.py), and
+each later lookup, drafted or shadow, reads it instead of searching the history.
 """
 from __future__ import annotations
 
@@ -30,13 +39,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from helios_proto import contract_pb2 as cp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.completion import CompletionRows
-from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission, Variant
-from helios_backend.scheduler.request import Grammar, Request, RequestSpec, RequestState
+from helios_backend.scheduler.events import TokenBlock
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
+from helios_backend.scheduler.request import Grammar, Request, RequestSpec
 from helios_backend.scheduler.scheduler import Scheduler, StopFactory
 from helios_backend.scheduler.speculative import (
     Candidate,
+    HistoryIndex,
     LaneOutcome,
     SpeculativeProgram,
     SpeculativeRound,
@@ -52,7 +64,6 @@ from helios_backend.scheduler.speculative_width import (
 )
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.decode_block import explicit_lanes, lane_requests
-from helios_backend.scheduler.errors import ConfigurationError
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.variants import VariantTable
 
@@ -91,6 +102,7 @@ class SpeculativeScheduler(Scheduler):
         self.speculative = table
         self.policy = policy or WidthPolicy(max_drafts=max((p.lane_limit for p in table.programs), default=1) - 1)
         self._acceptance: dict[int, DraftAcceptance] = {}    # request serial -> its acceptance evidence
+        self._indexes: dict[int, HistoryIndex] = {}          # request serial -> its history's n-grams (drafted)
         self.drafting = DraftingCounters()
         # measured seconds per round by program: planned (or previous completion, whichever is
         # later) to completion, so idle time between requests is never counted. DECODE counts
@@ -151,7 +163,10 @@ class SpeculativeScheduler(Scheduler):
         for i in chosen:
             a, history = acceptance[i], requests[i].tokens
             promising = not a.observed or a.rate >= self.policy.reach
-            a.shadow_offer(self.policy, propose(history, self.policy.max_drafts), len(history))
+            index = self._indexes.get(requests[i].serial)
+            copies = propose(history, self.policy.max_drafts) if index is None \
+                else index.propose(history, self.policy.max_drafts)
+            a.shadow_offer(self.policy, copies, len(history))
             self.drafting.shadows += 1
             if promising and a.shadow:
                 # enough rounds to decide it (the copies follow the round in flight: one more)
@@ -184,7 +199,7 @@ class SpeculativeScheduler(Scheduler):
         candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
         if any(c.constrained or c.host_stops for c in candidates):
             return plan
-        round_ = self.speculative.plan(candidates)
+        round_ = self.speculative.plan(candidates, self._lookup)
         if round_ is None or len(round_.lanes) != len(main.lanes):
             self._idle(acceptance)
             return plan
@@ -284,8 +299,16 @@ class SpeculativeScheduler(Scheduler):
         if found is None:
             if len(self._acceptance) > 2 * len(self._by_serial) + 16:     # forget finished requests
                 self._acceptance = {k: v for k, v in self._acceptance.items() if k in self._by_serial}
+                self._indexes = {k: v for k, v in self._indexes.items() if k in self._by_serial}
             found = self._acceptance[serial] = DraftAcceptance()
         return found
+
+    def _lookup(self, candidate: Candidate, limit: int) -> list[int]:
+        """propose() of a drafted lane, from its request's HistoryIndex (built at its first)."""
+        index = self._indexes.get(candidate.key)
+        if index is None:
+            index = self._indexes[candidate.key] = HistoryIndex()
+        return index.propose(candidate.history, limit)
 
     def _idle(self, acceptance: list[DraftAcceptance], rounds: int = 1) -> None:
         for a in acceptance:
@@ -324,9 +347,6 @@ class SpeculativeScheduler(Scheduler):
             return
         if not isinstance(rows, SpeculativeRows):
             raise TypeError("a SPECULATIVE round completes with SpeculativeRows (validated outcomes)")
-        decode = self.variants.fit(cp.OPERATION_DECODE, 1, 1)
-        if decode is None:
-            raise ConfigurationError("a SPECULATIVE round completed without a DECODE variant to retire it")
         counters = self.drafting
         counters.rounds += 1
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
@@ -338,18 +358,78 @@ class SpeculativeScheduler(Scheduler):
             counters.offered += offered
             counters.accepted += outcome.accepted
             counters.emitted += len(outcome.tokens)
-            self._apply(lane, outcome, decode)
+        self._apply_round(plan.main.lanes, rows.outcomes)
 
-    def _apply(self, lane: Lane, outcome: LaneOutcome, decode: Variant) -> None:
-        """Each emitted token through the base completion path, as a one-token decode step."""
-        req: Request = lane.request
-        for j, token in enumerate(outcome.tokens):
-            if j:
-                req.inflight += 1                    # the base path retires one step per call
-            step = Lane(req, lane.slot, lane.generation, lane.start + j, [PENDING_TOKEN], sample=True,
-                        output_limit=lane.output_limit - j)
-            one = CompletionRows(np.array([token], np.int32), np.array([step.end], np.int32),
-                                 np.zeros(1, np.int32), None, None, None)
-            super().complete(RoundPlan(Submission(decode, [step])), one)
-            if req.state is RequestState.FINISHED or req.cancelled or req.finish:
-                return
+    def _apply_round(self, lanes: Sequence[Lane], outcomes: Sequence[LaneOutcome]) -> None:
+        """Each lane's emitted tokens, as the base completion path applies a one-token decode step
+        per token (module docstring): per lane one pass over its tokens for an EOS, one append,
+        one page publication; the token events of the lanes between terminals as one TokenBlock."""
+        pt = self.config.page_tokens
+        eos = self._eos
+        events = self._events
+        serials: list[int] = []                  # the token events not yet in a TokenBlock
+        emitted: list[int] = []
+        stamps: list[int] = []
+        observed = False
+        stamp = -1
+        generated = 0
+        for lane, outcome in zip(lanes, outcomes):
+            req = lane.request
+            req.inflight -= 1
+            if req.cancelled or req.finish != ep.FINISH_REASON_UNSPECIFIED:
+                # the first token's step: its position consumed, its pages published, nothing
+                # emitted; a cancelled lane (SPEC-50) or one whose finish was decided retires
+                self._consume(req, lane.start + 1, pt)
+                if serials:
+                    events.append(_token_block(serials, emitted, stamps if observed else None))
+                    serials, emitted, stamps, observed = [], [], [], False
+                self._finish_if_fenced(req, ep.FINISH_REASON_CANCELLED if req.cancelled else req.finish)
+                continue
+            tokens = outcome.tokens
+            known = req.tokens
+            # the tokens up to the one that ends the request: the length limit counted after each
+            # append, an EOS first where both end it at the same token
+            n = len(tokens)
+            reason = ep.FINISH_REASON_UNSPECIFIED
+            room = max(req.token_limit - len(known), 1)
+            if room <= n:
+                n, reason = room, ep.FINISH_REASON_LENGTH
+            if eos and not req.spec.ignore_eos:
+                for i in range(n):
+                    if tokens[i] in eos:
+                        n, reason = i + 1, ep.FINISH_REASON_EOS
+                        break
+            if n < len(tokens):
+                tokens = tokens[:n]
+            known.extend(tokens)
+            req.device_pending = True
+            self._consume(req, lane.start + n, pt)
+            generated += n
+            serials.extend([req.serial] * n)
+            emitted.extend(tokens)
+            if req.spec.observe_timestamps:
+                if stamp < 0:
+                    stamp = time.monotonic_ns() - self.config.clock_origin_ns
+                observed = True
+                stamps.extend([stamp] * n)
+            else:
+                stamps.extend([-1] * n)
+            if reason != ep.FINISH_REASON_UNSPECIFIED:
+                events.append(_token_block(serials, emitted, stamps if observed else None))
+                serials, emitted, stamps, observed = [], [], [], False
+                self._finish_if_fenced(req, reason)
+        if serials:
+            events.append(_token_block(serials, emitted, stamps if observed else None))
+        self.counters.generated_tokens += generated
+
+    def _consume(self, req: Request, end: int, pt: int) -> None:
+        """The request's consumed endpoint is `end`: the pages it completes are published."""
+        req.computed = end
+        req.fresh = False
+        if end // pt > req.published_pages and len(req.pages) > req.published_pages:
+            self._publish_pages(req)
+
+
+def _token_block(serials: list[int], tokens: list[int], stamps: list[int] | None) -> TokenBlock:
+    return TokenBlock(np.array(serials, np.int64), np.array(tokens, np.int32),
+                      None if stamps is None else np.array(stamps, np.int64), None)

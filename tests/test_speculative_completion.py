@@ -1,0 +1,270 @@
+"""A speculative round's completion applied lane by lane (SpeculativeScheduler._apply_round)
+against the reference: each emitted token through the base scheduler's completion path as a
+one-token decode step, which is how the scheduler applied them before.
+
+Two schedulers, one applying each lane's tokens at once and one the reference, run the worker's
+loop over the same random workload on a model that mostly repeats its history (so copies are
+accepted, in part: history drafting goes speculative), with EOS ids, ignore_eos, output limits,
+observed requests, page boundaries and cancels while a speculative round is in flight; every
+round's plans, events (timestamps as observed or not: the reference read the clock per token)
+and the page pool must be identical. Then hand-made outcomes (an EOS among the accepted tokens,
+more tokens than the length limit leaves, a cancelled lane) on copies of one scheduler state.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import random
+
+import numpy as np
+import pytest
+from helios_proto import contract_pb2 as cp
+from helios_proto import exchange_pb2 as ep
+
+from helios_backend.scheduler.completion import CompletionRows
+from helios_backend.scheduler.decode_block import lane_columns, lane_requests
+from helios_backend.scheduler.events import Emitted, Terminal, expand
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission, Variant
+from helios_backend.scheduler.request import RequestSpec, RequestState, SamplingSettings
+from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
+from helios_backend.scheduler.speculative import (
+    LaneOutcome,
+    SpeculativeOptions,
+    SpeculativeProgram,
+    SpeculativeTable,
+)
+from helios_backend.scheduler.speculative_scheduler import ScheduledSpeculativeLane, SpeculativeRows, SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import WidthPolicy
+from helios_backend.scheduler.variants import VariantTable
+from tests.scheduler_sim import variants
+
+VOCAB = 64
+EOS = (5, 9)
+QL = cp.VALUE_SOURCE_QUERY_LENGTH
+ROWS = (1, 2, 4, 8, 16)
+
+
+class PerTokenScheduler(SpeculativeScheduler):
+    """The reference: each emitted token through Scheduler.complete as a one-token DECODE step."""
+
+    def _apply_round(self, lanes, outcomes) -> None:  # type: ignore[no-untyped-def]
+        decode = Variant(cp.OPERATION_DECODE, "decode_b1", 1, 1)
+        for lane, outcome in zip(lanes, outcomes):
+            req = lane.request
+            for j, token in enumerate(outcome.tokens):
+                if j:
+                    req.inflight += 1                    # the base path retires one step per call
+                step = Lane(req, lane.slot, lane.generation, lane.start + j, [PENDING_TOKEN], sample=True,
+                            output_limit=lane.output_limit - j)
+                one = CompletionRows(np.array([token], np.int32), np.array([step.end], np.int32),
+                                     np.zeros(1, np.int32), None, None, None)
+                Scheduler.complete(self, RoundPlan(Submission(decode, [step])), one)
+                if req.state is RequestState.FINISHED or req.cancelled or req.finish:
+                    break
+
+
+def _table() -> SpeculativeTable:
+    programs = [SpeculativeProgram(f"spec_b{b}_w{w}", rows=b, drafts=w - 1, width=w, packed=b * w, length_source=QL,
+                                   reports_cursor=True, lag=0) for b in ROWS for w in (1, 4, 8)]
+    return SpeculativeTable(programs, SpeculativeOptions(enabled=True, history_drafting=True))
+
+
+def _model(history: list[int]) -> int:
+    """Mostly the token `period` positions back (its copies are right), now and then another."""
+    digest = int.from_bytes(hashlib.blake2b(np.asarray(history, np.int32).tobytes(), digest_size=8).digest(), "little")
+    period = 3 + history[0] % 5
+    if len(history) > period and digest % 8:
+        return history[-period]
+    return digest % VOCAB
+
+
+def _outcomes(plan: RoundPlan) -> SpeculativeRows:
+    """What a validated completion of the round says: each lane accepts its copies while they are
+    the model's tokens and emits the model's next one; the device stops at an EOS."""
+    outcomes = []
+    for lane in plan.main.lanes:
+        assert isinstance(lane, ScheduledSpeculativeLane)
+        req = lane.request
+        history = list(req.tokens[:lane.start + 1])
+        tokens: list[int] = []
+        accepted = 0
+        for proposal in [*lane.proposals, None]:
+            token = _model(history)
+            tokens.append(token)
+            history.append(token)
+            if token != proposal or (token in EOS and not req.spec.ignore_eos):
+                break
+            accepted += 1
+        accepted = min(accepted, len(lane.proposals))
+        finish = 1 if tokens[-1] in EOS and not req.spec.ignore_eos else 0
+        consumed = lane.start + accepted + 1
+        outcomes.append(LaneOutcome(req.serial, tokens, 1 + len(lane.proposals), accepted, consumed, finish, consumed))
+    return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),
+                           np.array([o.consumed for o in outcomes], np.int32),
+                           np.array([o.finish for o in outcomes], np.int32), None, None, None, outcomes=outcomes)
+
+
+def _rows(plan: RoundPlan) -> CompletionRows:
+    """A plain round's rows, read from the histories when the round completes (a round planned
+    behind another reads the token that one appended)."""
+    if plan.main.operation == cp.OPERATION_SPECULATIVE:
+        return _outcomes(plan)
+    _, _, ends, sampled = lane_columns(plan.main.lanes)
+    tokens = [_model(req.tokens[:end]) if s else -1
+              for req, end, s in zip(lane_requests(plan.main.lanes), ends.tolist(), sampled.tolist())]
+    return CompletionRows(np.array(tokens, np.int32), ends.astype(np.int32), np.zeros(len(tokens), np.int32),
+                          None, None, None)
+
+
+def _event_record(ev: Emitted | Terminal) -> tuple:
+    if isinstance(ev, Emitted):
+        return ("token", ev.serial, ev.token, ev.timestamp_ns >= 0, ev.logprob, ev.top_ids, ev.top_logprobs)
+    event = ep.TerminalEvent()
+    event.CopyFrom(ev.event)
+    if event.HasField("finished"):
+        event.finished.ClearField("performance")          # clock readings differ between the runs
+    return ("terminal", ev.serial, event.SerializeToString(deterministic=True))
+
+
+def _plan_record(plan: RoundPlan) -> list:
+    return [(sub.variant.program, [(lane.request.serial, lane.slot, lane.generation, lane.start, list(lane.tokens),
+                                    lane.sample, lane.output_limit, list(getattr(lane, "proposals", ())))
+                                   for lane in sub.lanes]) for sub in plan.submissions()]
+
+
+def _config(rng: random.Random) -> SchedulerConfig:
+    return SchedulerConfig(page_tokens=4, num_pages=rng.choice((64, 400)), request_slots=16, max_active=16,
+                           queue_capacity=256, context_tokens=96, max_pages_per_row=24, vocab_size=VOCAB,
+                           input_vocab_size=VOCAB, eos_ids=EOS)
+
+
+def _scheduler(kind: type, rng: random.Random) -> SpeculativeScheduler:
+    sched = kind(_config(rng), VariantTable(variants(rows=ROWS, tokens=(16, 64))), _table(),
+                 policy=WidthPolicy(7, row_cost=0.05, measured=False))
+    assert isinstance(sched, SpeculativeScheduler)
+    return sched
+
+
+def _spec(rng: random.Random) -> RequestSpec:
+    prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(2, 14))]
+    return RequestSpec(tuple(prompt), rng.randrange(1, 40), SamplingSettings(), ignore_eos=rng.random() < 0.4,
+                       observe_timestamps=rng.random() < 0.4)
+
+
+def _trace(kind: type, seed: int, steps: int = 300) -> tuple[list, dict]:
+    rng = random.Random(seed)
+    sched = _scheduler(kind, rng)
+    trace: list = []
+    serial = 0
+    inflight: list[RoundPlan] = []
+    for step in range(steps + 5000):
+        if step >= steps and not inflight and not sched.has_work():
+            break
+        # the same inputs in both runs: drawn from the seed whatever the scheduler did
+        arrivals = rng.choice((0, 0, 0, 0, 0, 1, 1, 3)) if step < steps else 0
+        cancel = rng.randrange(serial + 1) if step < steps and rng.random() < 0.04 else -1
+        for _ in range(arrivals):
+            sched.add(serial, _spec(rng))
+            serial += 1
+        if not inflight:
+            plan = sched.schedule()
+            if plan is None:
+                trace.append(("idle", step))
+                continue
+            trace.append(("plan", _plan_record(plan)))
+            inflight.append(plan)
+        if len(inflight) == 1:
+            nxt = sched.pipeline_next(inflight[0])
+            if nxt is not None:
+                trace.append(("plan", _plan_record(nxt)))
+                inflight.append(nxt)
+        if cancel >= 0:                                  # while the round is in flight
+            sched.cancel(cancel)
+        plan = inflight.pop(0)
+        sched.complete(plan, _rows(plan))
+        trace.append(("events", [_event_record(ev) for ev in expand(sched.take_worker_events())]))
+        pool = sched.pool
+        trace.append(("pool", sorted(pool._key_of.items()), list(pool._lru), pool.free_pages))
+    state = {"finished": dict(sched.counters.finished), "generated": sched.counters.generated_tokens,
+             "launches": dict(sched.counters.launches), "drafting": vars(sched.drafting)}
+    return trace, state
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lanes_applied_at_once_equal_each_token_through_the_base_path(seed: int) -> None:
+    # spec: SPEC-40, SPEC-50, SPEC-51, OBS-12, OBS-16, CACHE-20
+    reference, want = _trace(PerTokenScheduler, seed)
+    lanes, got = _trace(SpeculativeScheduler, seed)
+    assert want["launches"].get(cp.OPERATION_SPECULATIVE, 0) > 10, want["launches"]
+    assert want["drafting"]["accepted"] > 20 and want["generated"] > 200
+    assert want["finished"].get(ep.FINISH_REASON_EOS, 0) > 0 and want["finished"].get(ep.FINISH_REASON_CANCELLED, 0) > 0
+    assert len(lanes) == len(reference)
+    for i, (expected, actual) in enumerate(zip(reference, lanes)):
+        assert actual == expected, f"record {i} differs"
+    assert got == want
+
+
+def _speculative_state(seed: int) -> tuple[SpeculativeScheduler, RoundPlan]:
+    """A scheduler with a SPECULATIVE round of several lanes planned."""
+    rng = random.Random(seed)
+    sched = _scheduler(SpeculativeScheduler, rng)
+    for serial in range(4):
+        prompt = tuple([11, 12, 13, 14, 15 + serial] * 4)
+        sched.add(serial, RequestSpec(prompt, 30 + serial, SamplingSettings(), ignore_eos=serial == 2,
+                                      observe_timestamps=serial % 2 == 1))
+    for _ in range(200):
+        plan = sched.schedule()
+        assert plan is not None
+        if plan.main.operation == cp.OPERATION_SPECULATIVE and len(plan.main.lanes) == 4:
+            return sched, plan
+        sched.complete(plan, _rows(plan))
+        sched.take_events()
+    raise AssertionError("no speculative round of four lanes")
+
+
+def _apply(kind: type, state: tuple[SpeculativeScheduler, RoundPlan], tokens: list[list[int]],
+           cancel: tuple[int, ...] = (), token_limits: dict[int, int] | None = None) -> tuple:
+    sched, plan = copy.deepcopy(state)
+    sched.__class__ = kind
+    for serial in cancel:
+        sched.cancel(serial)
+    for serial, limit in (token_limits or {}).items():
+        req = sched.request(serial)
+        assert req is not None
+        req.token_limit = len(req.tokens) + limit
+    outcomes = [LaneOutcome(lane.request.serial, lane_tokens, len(lane_tokens), len(lane_tokens) - 1,
+                            lane.start + len(lane_tokens), 0, lane.start + len(lane_tokens))
+                for lane, lane_tokens in zip(plan.main.lanes, tokens)]
+    rows = SpeculativeRows(np.array([t[-1] for t in tokens], np.int32), np.zeros(len(tokens), np.int32),
+                           np.zeros(len(tokens), np.int32), None, None, None, outcomes=outcomes)
+    sched.complete(plan, rows)
+    events = [_event_record(ev) for ev in expand(sched.take_worker_events())]
+    requests = [(req.serial, req.state, req.finish, list(req.tokens), req.computed, req.inflight, req.published_pages,
+                 list(req.pages), req.device_pending, req.fresh)
+                for req in (lane.request for lane in plan.main.lanes)]
+    pool = sched.pool
+    return (events, requests, sorted(pool._key_of.items()), list(pool._lru), pool.free_pages,
+            dict(sched.counters.finished), sched.counters.generated_tokens)
+
+
+@pytest.mark.parametrize("case", ["plain", "eos", "length", "cancelled", "all"])
+def test_hand_made_outcomes_apply_as_the_reference(case: str) -> None:
+    # spec: SPEC-50, SPEC-51, OBS-12
+    state = _speculative_state(1)
+    tokens = [[20, 21, 22], [30, 31], [5, 41, 9, 42], [50]]     # lane 2 ignores EOS
+    cancel: tuple[int, ...] = ()
+    limits: dict[int, int] = {}
+    if case in ("eos", "all"):
+        tokens[0] = [20, 9, 22]                                   # EOS among the accepted tokens
+        tokens[1] = [30, 5]
+    if case in ("length", "all"):
+        limits = {0: 2, 3: 1, 2: 3}                               # fewer tokens left than emitted
+    if case in ("cancelled", "all"):
+        cancel = (1,)
+    want = _apply(PerTokenScheduler, state, tokens, cancel, limits)
+    got = _apply(SpeculativeScheduler, state, tokens, cancel, limits)
+    assert got == want
+    events = want[0]
+    assert any(e[0] == "token" for e in events)
+    if case != "plain":
+        assert any(e[0] == "terminal" for e in events)
