@@ -24,7 +24,7 @@ leave (tests/test_speculative_completion.py runs both): the tokens up to the fir
 request (EOS before the length limit, as the base path checks them), the consumed endpoint, the
 pages they complete published, the token events as one TokenBlock per run of lanes between
 terminals, a cancelled lane retired at this fence with nothing of its round published (SPEC-50,
-SPEC-51). Speculative lanes have no grammar, host stops, logit bias or logprobs (_candidate), so
+SPEC-51). Speculative lanes have no grammar, host stops, logit bias or logprobs (_candidates), so
 nothing else of the base path applies to them. Timestamps: one clock read per round, when an
 observed request emitted (OBS-12, OBS-16), as for a round of decode columns.
 
@@ -68,7 +68,7 @@ from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.variants import VariantTable
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSpeculativeLane(Lane):
     """A plan lane of a SPECULATIVE submission: the DECODE lane plus its proposals and ceiling."""
     proposals: list[int] = field(default_factory=list)
@@ -86,6 +86,26 @@ class DraftingCounters:
     emitted: int = 0                # tokens those lanes emitted
     waited: int = 0                 # DECODE rounds not pipelined because drafting might pay
     shadows: int = 0                # shadow lookups started (copies found or not)
+
+
+@dataclass
+class Weighing:
+    """A round's drafting evidence, read once per lane: each lane's acceptance, draft limit and
+    acceptance rate p, and the tokens a round would be expected to emit with each lane's limit
+    capped at a width (summed over the lanes once per width: the weighing, the width choice and
+    the program's worth read the same sums)."""
+    acceptance: list[DraftAcceptance]
+    limits: list[int]
+    rates: list[float]
+    sums: dict[int, float] = field(default_factory=dict)
+
+    def expected(self, width: int) -> float:
+        """sum over lanes of expected_tokens(p, min(1 + limit, width))."""
+        found = self.sums.get(width)
+        if found is None:
+            found = self.sums[width] = sum(expected_tokens(p, min(1 + limit, width))
+                                           for p, limit in zip(self.rates, self.limits))
+        return found
 
 
 @dataclass
@@ -119,28 +139,46 @@ class SpeculativeScheduler(Scheduler):
         # steady decode loop pays one counter per round); a new request ends it
         self._quiet = 0
         self._shadow_turn = 0                    # rotates the shadow lookups over the lanes
+        self._widths: dict[int, list[int]] = {}                         # _widths_for
 
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
         req = super().add(serial, spec, grammar)
         self._quiet = 0                          # a request never observed: weigh drafting next round
         return req
 
-    def _weighed(self, lanes: Sequence[Lane]) -> tuple[list[DraftAcceptance], list[int]] | None:
+    def _weighed(self, lanes: Sequence[Lane]) -> Weighing | None:
         """The lanes' acceptance and draft limits when drafting may pay this round; else None
         (the lanes' shadow lookups start and the quiet window with them). Pending shadows are
-        settled first: their evidence decides this round."""
+        settled first: their evidence decides this round. One pass over the lanes (a request's
+        evidence is its own: the order of the lanes changes nothing)."""
         if self._quiet:
             self._quiet -= 1
             return None
         requests = lane_requests(lanes)
-        acceptance = [self._acceptance_of(req.serial) for req in requests]
-        plain = [self._plain_only(req) for req in requests]
-        for req, a, skip in zip(requests, acceptance, plain):
-            if not skip:
-                a.settle(self.policy, req.tokens)
-        limits = [0 if skip else a.draft_limit(self.policy) for a, skip in zip(acceptance, plain)]
-        if self._may_pay(acceptance, limits):
-            return acceptance, limits
+        policy, stops, known = self.policy, self._stops, self._acceptance
+        acceptance: list[DraftAcceptance] = []
+        plain: list[bool] = []
+        limits: list[int] = []
+        for req in requests:
+            a = known.get(req.serial)
+            if a is None:
+                a = self._acceptance_of(req.serial)
+            spec = req.spec
+            # a request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
+            # host stops (width one with completion feedback, SPEC-44..46; see _candidates)
+            skip = bool(req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops)
+            if skip:
+                limit = 0
+            else:
+                if a.shadow:
+                    a.settle(policy, req.tokens)
+                limit = policy.drafts_for(a.rate) if a.successes > 0.0 else 0     # a.draft_limit(policy)
+            acceptance.append(a)
+            plain.append(skip)
+            limits.append(limit)
+        weighing = Weighing(acceptance, limits, [a.rate for a in acceptance])
+        if self._may_pay(weighing):
+            return weighing
         self._quiet = self._shadow(requests, acceptance, plain) - 1
         return None
 
@@ -191,32 +229,34 @@ class SpeculativeScheduler(Scheduler):
             return plan
         if any(lane.tokens != [PENDING_TOKEN] for lane in explicit_lanes(main.lanes)):
             return plan                          # (a block's column lanes are plain decode lanes)
-        weighed = self._weighed(main.lanes)
-        if weighed is None:                      # plain decode, no history lookup
+        weighing = self._weighed(main.lanes)
+        if weighing is None:                     # plain decode, no history lookup
             return plan
-        acceptance, limits = weighed
-        limits = self._cheapest_width(acceptance, limits)
-        candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
-        if any(c.constrained or c.host_stops for c in candidates):
+        acceptance = weighing.acceptance
+        limits = self._cheapest_width(weighing)
+        candidates = self._candidates(main.lanes, limits)
+        if candidates is None:                   # a lane needs width one (grammar, host stops, ...)
             return plan
         round_ = self.speculative.plan(candidates, self._lookup)
         if round_ is None or len(round_.lanes) != len(main.lanes):
             self._idle(acceptance)
             return plan
-        for a, limit, lane in zip(acceptance, limits, round_.lanes):
+        policy, rates = self.policy, weighing.rates
+        for i, (a, limit, lane) in enumerate(zip(acceptance, limits, round_.lanes)):
             if limit and not lane.proposals:
-                a.miss(self.policy)
-        expected = sum(expected_tokens(a.rate, lane.length) for a, lane in zip(acceptance, round_.lanes))
+                a.miss(policy)
+                rates[i] = a.rate
+        expected = sum(expected_tokens(p, 1 + len(lane.proposals)) for p, lane in zip(rates, round_.lanes))
         if not any(lane.proposals for lane in round_.lanes) or \
-                not self.policy.worth(expected, len(round_.lanes), round_.program.width,
-                                      self._ratio(round_.program, len(round_.lanes))):
+                not policy.worth(expected, len(round_.lanes), round_.program.width,
+                                 self._ratio(round_.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
-        for lane in round_.lanes:
-            if not self._reserve_pages(self._by_serial[lane.candidate.key], lane.reserve_end):
+        for lane, spec in zip(main.lanes, round_.lanes):
+            if not self._reserve_pages(lane.request, spec.reserve_end):
                 return plan                      # a shortage: plain decode this round
         lanes = [ScheduledSpeculativeLane(lane.request, lane.slot, lane.generation, lane.start, lane.tokens,
-                                          lane.sample, lane.output_limit, proposals=list(spec.proposals),
+                                          lane.sample, lane.output_limit, proposals=spec.proposals,
                                           ceiling=spec.ceiling, round=round_)
                  for lane, spec in zip(main.lanes, round_.lanes)]
         plan.main = Submission(round_.program.variant, lanes)
@@ -239,9 +279,10 @@ class SpeculativeScheduler(Scheduler):
             self._behind.add(id(plan.main))
         return nxt
 
-    def _may_pay(self, acceptance: list[DraftAcceptance], limits: list[int]) -> bool:
+    def _may_pay(self, weighing: Weighing) -> bool:
         """Whether a round offering each lane its full draft limit would beat DECODE (before any
         history lookup: lanes whose lookup finds less only lower the gain)."""
+        limits = weighing.limits
         longest = max(limits, default=0)
         if not longest:
             return False
@@ -251,48 +292,45 @@ class SpeculativeScheduler(Scheduler):
         # a lane gets at most what the program verifies per lane (at 64 rows the widest program may
         # be narrower than the limits earned at fewer rows): more would promise tokens the round
         # cannot give, and a DECODE round would wait for feedback in vain
-        expected = sum(expected_tokens(a.rate, min(1 + limit, program.lane_limit))
-                       for a, limit in zip(acceptance, limits))
+        expected = weighing.expected(program.lane_limit)
         return self.policy.worth(expected, len(limits), program.width, self._ratio(program, len(limits)))
 
-    def _cheapest_width(self, acceptance: list[DraftAcceptance], limits: list[int]) -> list[int]:
+    def _cheapest_width(self, weighing: Weighing) -> list[int]:
         """The lanes' draft limits capped at the width whose program is expected to emit the most
         tokens per cost for this many lanes (costs measured, or estimated from the programs
         measured; the prior before any): a wider program verifies more copies, but where its
         extra rows cost (a small model's latency-bound step, a CPU) fewer of them per second."""
+        limits = weighing.limits
         lanes = len(limits)
         best, best_rate = 0, 0.0
-        for width in sorted({p.lane_limit for p in self.speculative.programs if p.rows >= lanes}):
+        for width in self._widths_for(lanes):
             program = self._program_for(lanes, width)
             if width <= 1 or program is None or program.lane_limit != width:
                 continue
             ratio = self._ratio(program, lanes)
             if ratio is None or not self.policy.measured:
                 ratio = 1.0 + self.policy.row_cost * (program.width - 1)
-            rate = sum(expected_tokens(a.rate, min(1 + limit, width)) for a, limit in zip(acceptance, limits)) / ratio
+            rate = weighing.expected(width) / ratio
             if rate > best_rate:
                 best, best_rate = width, rate
         return limits if not best else [min(limit, best - 1) for limit in limits]
 
+    def _widths_for(self, lanes: int) -> list[int]:
+        """The lane limits of the programs serving `lanes` lanes, ascending (kept per lane count)."""
+        found = self._widths.get(lanes)
+        if found is None:
+            found = self._widths[lanes] = sorted({p.lane_limit for p in self.speculative.programs if p.rows >= lanes})
+        return found
+
     def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
         """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
-        fitting = [p for p in self.speculative.programs if p.rows >= lanes]
-        if not fitting:
-            return None
-        useful = [p for p in fitting if p.lane_limit >= rows] or [max(fitting, key=lambda p: p.lane_limit)]
-        return min(useful, key=lambda p: (p.width, p.packed, p.rows))
+        return self.speculative.program_for(lanes, rows)
 
     def _ratio(self, program: SpeculativeProgram, lanes: int) -> float | None:
         """`program`'s cost in DECODE rounds of the same lanes, measured or estimated from the
         programs measured so far (None: neither yet, the policy's prior decides)."""
         decode = self.variants.fit(cp.OPERATION_DECODE, lanes, lanes)
         return None if decode is None else self.costs.ratio(program.program, decode.program, program.packed)
-
-    def _plain_only(self, req: Request) -> bool:
-        """A request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
-        host stops (width one with completion feedback, SPEC-44..46; see _candidate)."""
-        spec = req.spec
-        return req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in self._stops
 
     def _acceptance_of(self, serial: int) -> DraftAcceptance:
         found = self._acceptance.get(serial)
@@ -314,20 +352,26 @@ class SpeculativeScheduler(Scheduler):
         for a in acceptance:
             a.idle(self.policy, rounds)
 
-    def _candidate(self, lane: Lane, draft_limit: int) -> Candidate:
-        req = lane.request
-        spec = req.spec
-        return Candidate(req.serial, lane.slot, lane.generation, lane.start, req.tokens,
-                         output_left=spec.max_tokens - req.output_len,
-                         context_left=self.config.context_tokens - len(req.tokens),
-                         inflight=req.inflight - 1,          # this round, planned but not submitted
-                         device_pending=req.device_pending,
-                         # speculative programs apply no logit bias and write no logprob records:
-                         # such a request decodes plainly
-                         constrained=(req.needs_mask(self.config.eos_ids) or spec.logit_bias is not None
-                                      or spec.logprobs or spec.top_logprobs > 0),
-                         host_stops=req.serial in self._stops,
-                         draft_limit=draft_limit)
+    def _candidates(self, lanes: Sequence[Lane], limits: list[int]) -> list[Candidate] | None:
+        """The lanes as plan_round's candidates; None when one of them is constrained or has host
+        stops (the round stays plain DECODE, width one with completion feedback)."""
+        eos_ids, stops, context = self.config.eos_ids, self._stops, self.config.context_tokens
+        candidates = []
+        for lane, limit in zip(lanes, limits):
+            req = lane.request
+            spec = req.spec
+            # speculative programs apply no logit bias and write no logprob records: such a
+            # request decodes plainly (a request without host values needs no mask)
+            if (req.host_values and (req.needs_mask(eos_ids) or spec.logit_bias is not None)) \
+                    or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops:
+                return None
+            tokens = req.tokens
+            candidates.append(Candidate(req.serial, lane.slot, lane.generation, lane.start, tokens,
+                                        spec.max_tokens - (len(tokens) - len(spec.prompt)),   # output left
+                                        context - len(tokens),
+                                        req.inflight - 1,      # this round, planned but not submitted
+                                        req.device_pending, False, False, limit))
+        return candidates
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         now = time.perf_counter_ns()
