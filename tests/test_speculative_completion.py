@@ -268,3 +268,116 @@ def test_hand_made_outcomes_apply_as_the_reference(case: str) -> None:
     assert any(e[0] == "token" for e in events)
     if case != "plain":
         assert any(e[0] == "terminal" for e in events)
+
+
+def _completion(rng: random.Random) -> tuple:
+    """A valid completion of a random speculative round on a small hand-made layout."""
+    from helios_backend.kernel_abi.speculative import extension_words
+    from helios_backend.scheduler.completion import CompletionFormat
+    from helios_backend.scheduler.speculative import Candidate, SpeculativeLane, SpeculativeRound
+
+    names = ("slot", "generation", "token", "consumed", "emitted", "finish", "draft_cursor", "reserved_model")
+    fmt = CompletionFormat(4, 8, 8, {"sequence": 0, "live_rows": 1, "operation": 2}, {n: i for i, n in enumerate(names)}, 0)
+    allocates = rng.random() < 0.3
+    program = SpeculativeProgram("spec", rows=8, drafts=7, width=8, packed=rng.choice((64, 20)),
+                                 length_source=cp.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT if allocates else QL,
+                                 reports_cursor=rng.random() < 0.7, lag=rng.choice((0, 2)))
+    round_ = SpeculativeRound(program, [], sequence=rng.randrange(1, 99))
+    stride = extension_words(8)
+    base = fmt.header_words + fmt.capacity * fmt.row_words
+    n = rng.randrange(0, 9)
+    words = np.zeros(base + fmt.capacity * stride, np.int32)
+    words[:3] = (round_.sequence, n, cp.OPERATION_SPECULATIVE)
+    for i in range(n):
+        ceiling = rng.randrange(1, 9)
+        proposals = [rng.randrange(VOCAB) for _ in range(rng.randrange(0, ceiling))]
+        start = rng.randrange(0, 300)
+        round_.lanes.append(SpeculativeLane(Candidate(i, i, 1, start, [], 99, 99), proposals, ceiling))
+        offers = rng.randrange(1, ceiling + 1) if allocates else 1 + len(proposals)
+        accepted = rng.randrange(0, min(offers, 1 + len(proposals)))
+        tokens = proposals[:accepted] + [rng.randrange(VOCAB)]
+        finish = rng.choice((0, 0, 1, 2))
+        if finish and rng.random() < 0.5:
+            tokens = tokens[:rng.randrange(1, len(tokens) + 1)]
+        consumed = start + accepted + 1
+        cursor = max(consumed - program.lag, 0) if program.reports_cursor else -1
+        words[4 + 8 * i:12 + 8 * i] = (i, 1, tokens[-1], consumed, len(tokens), finish, cursor, -1)
+        words[base + stride * i:base + stride * i + 2 + len(tokens)] = [offers, accepted, *tokens]
+    return fmt, round_, words, base, stride
+
+
+def _reference_validate(fmt, words, round_, vocab_size: int, extension_width: int) -> list[LaneOutcome]:  # type: ignore[no-untyped-def]
+    """validate_completion as it read the words before (numpy scalars row by row): the reference."""
+    from helios_backend.kernel_abi.speculative import EXTENSION_FIXED_WORDS, extension_words
+    from helios_backend.scheduler.completion import validate_header
+    from helios_backend.scheduler.errors import CompletionMismatch
+
+    body = validate_header(fmt, words, round_.submission())
+    words = np.asarray(words, dtype=np.int32).reshape(-1)
+    stride = extension_words(extension_width)
+    base = fmt.header_words + fmt.capacity * fmt.row_words
+    program = round_.program
+    ext = words[base:base + len(round_.lanes) * stride].reshape(len(round_.lanes), stride)
+    r = fmt.row
+    outcomes = []
+    total = 0
+    for i, (lane, row, extra) in enumerate(zip(round_.lanes, body, ext)):
+        c = lane.candidate
+        offers, accepted = int(extra[0]), int(extra[1])
+        emitted, finish = int(row[r["emitted"]]), int(row[r["finish"]])
+        if not 1 <= offers <= lane.ceiling:
+            raise CompletionMismatch(f"row {i}: {offers} offers outside the reserved ceiling {lane.ceiling}")
+        if program.length_source == cp.VALUE_SOURCE_QUERY_LENGTH and offers != lane.length:
+            raise CompletionMismatch(f"row {i}: {offers} offers, the host selected {lane.length}")
+        total += offers
+        if not 0 <= accepted <= offers - 1:
+            raise CompletionMismatch(f"row {i}: {accepted} accepted drafts of {offers} offers")
+        if finish == 0 and emitted != accepted + 1 or not 1 <= emitted <= accepted + 1:
+            raise CompletionMismatch(f"row {i}: {emitted} emitted with {accepted} accepted (finish {finish})")
+        tokens = [int(t) for t in extra[EXTENSION_FIXED_WORDS:EXTENSION_FIXED_WORDS + emitted]]
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise CompletionMismatch(f"row {i}: emitted ids {tokens} outside vocabulary [0, {vocab_size})")
+        if tokens[:accepted] != lane.proposals[:accepted]:
+            raise CompletionMismatch(f"row {i}: accepted ids {tokens[:accepted]} are not the proposals offered")
+        if int(row[r["token"]]) != tokens[-1]:
+            raise CompletionMismatch(f"row {i}: token word {int(row[r['token']])} != last emitted {tokens[-1]}")
+        consumed = int(row[r["consumed"]])
+        if consumed != c.consumed + accepted + 1:
+            raise CompletionMismatch(f"row {i}: consumed endpoint {consumed} != {c.consumed} + {accepted} + 1")
+        if int(row[r["reserved_model"]]) != -1:
+            raise CompletionMismatch(f"row {i}: reserved model field {int(row[r['reserved_model']])} != -1")
+        cursor = int(row[r["draft_cursor"]])
+        expected = max(consumed - program.lag, 0) if program.reports_cursor else -1
+        if cursor != expected:
+            raise CompletionMismatch(f"row {i}: draft cursor {cursor} != {expected}")
+        outcomes.append(LaneOutcome(c.key, tokens, offers, accepted, consumed, finish, cursor))
+    if total > program.packed:
+        raise CompletionMismatch(f"{total} offers exceed P={program.packed}")
+    return outcomes
+
+
+def test_a_completion_read_as_python_ints_is_accepted_or_refused_as_before() -> None:
+    # spec: SPEC-40, SPEC-41, SPEC-42, CACHE-12, CACHE-13, CACHE-14, CACHE-17, CACHE-18
+    from helios_backend.scheduler.errors import CompletionMismatch
+    from helios_backend.scheduler.speculative import validate_completion
+
+    def verdict(check):  # type: ignore[no-untyped-def]
+        try:
+            return check()
+        except CompletionMismatch as error:
+            return str(error)
+
+    rng = random.Random(5)
+    refused = accepted = 0
+    for _ in range(3000):
+        fmt, round_, words, base, stride = _completion(rng)
+        n = len(round_.lanes)
+        bad = words.copy()
+        for _ in range(rng.choice((0, 1, 1, 2))):                  # a word of a row or an extension record
+            where = rng.choice((4 + rng.randrange(8 * max(n, 1)), base + rng.randrange(stride * max(n, 1))))
+            bad[where] += rng.choice((-1, 1, 7, -300, VOCAB))
+        want = verdict(lambda: _reference_validate(fmt, bad, round_, VOCAB, 8))
+        assert verdict(lambda: validate_completion(fmt, bad, round_, VOCAB, 8)) == want
+        refused += isinstance(want, str)
+        accepted += not isinstance(want, str)
+    assert refused > 500 and accepted > 500

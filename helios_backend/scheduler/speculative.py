@@ -429,44 +429,46 @@ def validate_completion(fmt: CompletionFormat, words: np.ndarray, round_: Specul
                         extension_width: int) -> list[LaneOutcome]:
     """Check one speculative completion against what was submitted; raise CompletionMismatch on
     any disagreement, before any request state changes. `extension_width` is the core's largest
-    speculative width W (the extension record holds [offers, accepted, tokens[W]])."""
+    speculative width W (the extension record holds [offers, accepted, tokens[W]]). The rows'
+    words are read as Python ints once (two tolist() calls), then checked row by row in order:
+    the first disagreement is the error."""
     sub = round_.submission()
     body = validate_header(fmt, words, sub)          # sequence, operation, live rows, slot/generation order
     words = np.asarray(words, dtype=np.int32).reshape(-1)
     stride = extension_words(extension_width)
     base = fmt.header_words + fmt.capacity * fmt.row_words
-    program = round_.program
-    ext = words[base:base + len(round_.lanes) * stride].reshape(len(round_.lanes), stride)
+    program, lanes = round_.program, round_.lanes
+    ext = words[base:base + len(lanes) * stride].reshape(len(lanes), stride).tolist()
     r = fmt.row
+    rows = body[:, [r["emitted"], r["finish"], r["token"], r["consumed"], r["reserved_model"], r["draft_cursor"]]].tolist()
+    exact = program.length_source == cp.VALUE_SOURCE_QUERY_LENGTH
+    lag, reports = program.lag, program.reports_cursor
     outcomes = []
     total = 0
-    for i, (lane, row, extra) in enumerate(zip(round_.lanes, body, ext)):
+    for i, (lane, extra, (emitted, finish, token, consumed, reserved, cursor)) in enumerate(zip(lanes, ext, rows)):
         c = lane.candidate
-        offers, accepted = int(extra[0]), int(extra[1])
-        emitted, finish = int(row[r["emitted"]]), int(row[r["finish"]])
+        offers, accepted = extra[0], extra[1]
         if not 1 <= offers <= lane.ceiling:
             raise CompletionMismatch(f"row {i}: {offers} offers outside the reserved ceiling {lane.ceiling}")
-        if program.length_source == cp.VALUE_SOURCE_QUERY_LENGTH and offers != lane.length:
+        if exact and offers != lane.length:
             raise CompletionMismatch(f"row {i}: {offers} offers, the host selected {lane.length}")
         total += offers
         if not 0 <= accepted <= offers - 1:
             raise CompletionMismatch(f"row {i}: {accepted} accepted drafts of {offers} offers")
         if finish == 0 and emitted != accepted + 1 or not 1 <= emitted <= accepted + 1:
             raise CompletionMismatch(f"row {i}: {emitted} emitted with {accepted} accepted (finish {finish})")
-        tokens = [int(t) for t in extra[EXTENSION_FIXED_WORDS:EXTENSION_FIXED_WORDS + emitted]]
-        if any(not 0 <= t < vocab_size for t in tokens):
+        tokens = extra[EXTENSION_FIXED_WORDS:EXTENSION_FIXED_WORDS + emitted]
+        if min(tokens) < 0 or max(tokens) >= vocab_size:
             raise CompletionMismatch(f"row {i}: emitted ids {tokens} outside vocabulary [0, {vocab_size})")
         if tokens[:accepted] != lane.proposals[:accepted]:
             raise CompletionMismatch(f"row {i}: accepted ids {tokens[:accepted]} are not the proposals offered")
-        if int(row[r["token"]]) != tokens[-1]:
-            raise CompletionMismatch(f"row {i}: token word {int(row[r['token']])} != last emitted {tokens[-1]}")
-        consumed = int(row[r["consumed"]])
+        if token != tokens[-1]:
+            raise CompletionMismatch(f"row {i}: token word {token} != last emitted {tokens[-1]}")
         if consumed != c.consumed + accepted + 1:
             raise CompletionMismatch(f"row {i}: consumed endpoint {consumed} != {c.consumed} + {accepted} + 1")
-        if int(row[r["reserved_model"]]) != -1:
-            raise CompletionMismatch(f"row {i}: reserved model field {int(row[r['reserved_model']])} != -1")
-        cursor = int(row[r["draft_cursor"]])
-        expected = max(consumed - program.lag, 0) if program.reports_cursor else -1
+        if reserved != -1:
+            raise CompletionMismatch(f"row {i}: reserved model field {reserved} != -1")
+        expected = max(consumed - lag, 0) if reports else -1
         if cursor != expected:
             raise CompletionMismatch(f"row {i}: draft cursor {cursor} != {expected}")
         outcomes.append(LaneOutcome(c.key, tokens, offers, accepted, consumed, finish, cursor))

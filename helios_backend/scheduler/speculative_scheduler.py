@@ -391,17 +391,25 @@ class SpeculativeScheduler(Scheduler):
             return
         if not isinstance(rows, SpeculativeRows):
             raise TypeError("a SPECULATIVE round completes with SpeculativeRows (validated outcomes)")
-        counters = self.drafting
-        counters.rounds += 1
+        policy, known = self.policy, self._acceptance
+        offered_total = accepted_total = emitted_total = 0
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
             offered = len(lane.proposals) if isinstance(lane, ScheduledSpeculativeLane) else 0
-            acceptance = self._acceptance_of(lane.request.serial)
-            acceptance.drop_shadow()
-            acceptance.observe(self.policy, offered, outcome.accepted)
-            counters.lanes += 1
-            counters.offered += offered
-            counters.accepted += outcome.accepted
-            counters.emitted += len(outcome.tokens)
+            acceptance = known.get(lane.request.serial)
+            if acceptance is None:
+                acceptance = self._acceptance_of(lane.request.serial)
+            if acceptance.shadow:
+                acceptance.drop_shadow()
+            acceptance.observe(policy, offered, outcome.accepted)
+            offered_total += offered
+            accepted_total += outcome.accepted
+            emitted_total += len(outcome.tokens)
+        counters = self.drafting
+        counters.rounds += 1
+        counters.lanes += len(rows.outcomes)
+        counters.offered += offered_total
+        counters.accepted += accepted_total
+        counters.emitted += emitted_total
         self._apply_round(plan.main.lanes, rows.outcomes)
 
     def _apply_round(self, lanes: Sequence[Lane], outcomes: Sequence[LaneOutcome]) -> None:
