@@ -23,7 +23,7 @@ that each token through the base scheduler's completion path as a one-token deco
 leave (tests/test_speculative_completion.py runs both): the tokens up to the first that ends the
 request (EOS before the length limit, as the base path checks them), the consumed endpoint, the
 pages they complete published, the token events as one TokenBlock per run of lanes between
-terminals, a cancelled lane retired at this fence with nothing of its round published (SPEC-50,
+terminals, a cancelled lane retired at this fence with none of its tokens published (SPEC-50,
 SPEC-51). Speculative lanes have no grammar, host stops, logit bias or logprobs (_candidates), so
 nothing else of the base path applies to them. Timestamps: one clock read per round, when an
 observed request emitted (OBS-12, OBS-16), as for a round of decode columns.
