@@ -23,7 +23,7 @@ from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.decode_block import lane_columns, lane_requests
-from helios_backend.scheduler.events import Emitted, Terminal, expand
+from helios_backend.scheduler.events import expand
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission, Variant
 from helios_backend.scheduler.request import RequestSpec, RequestState, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -37,6 +37,7 @@ from helios_backend.scheduler.speculative_scheduler import ScheduledSpeculativeL
 from helios_backend.scheduler.speculative_width import WidthPolicy
 from helios_backend.scheduler.variants import VariantTable
 from tests.scheduler_sim import variants
+from tests.test_decode_block import _event_record
 
 VOCAB = 64
 EOS = (5, 9)
@@ -114,16 +115,6 @@ def _rows(plan: RoundPlan) -> CompletionRows:
               for req, end, s in zip(lane_requests(plan.main.lanes), ends.tolist(), sampled.tolist())]
     return CompletionRows(np.array(tokens, np.int32), ends.astype(np.int32), np.zeros(len(tokens), np.int32),
                           None, None, None)
-
-
-def _event_record(ev: Emitted | Terminal) -> tuple:
-    if isinstance(ev, Emitted):
-        return ("token", ev.serial, ev.token, ev.timestamp_ns >= 0, ev.logprob, ev.top_ids, ev.top_logprobs)
-    event = ep.TerminalEvent()
-    event.CopyFrom(ev.event)
-    if event.HasField("finished"):
-        event.finished.ClearField("performance")          # clock readings differ between the runs
-    return ("terminal", ev.serial, event.SerializeToString(deterministic=True))
 
 
 def _plan_record(plan: RoundPlan) -> list:
@@ -306,51 +297,51 @@ def _completion(rng: random.Random) -> tuple:
     return fmt, round_, words, base, stride
 
 
-def _reference_validate(fmt, words, round_, vocab_size: int, extension_width: int) -> list[LaneOutcome]:  # type: ignore[no-untyped-def]
-    """validate_completion as it read the words before (numpy scalars row by row): the reference."""
+# validate_completion's rules in the order it checks them, over one row's values as numpy scalars
+# (how it read them before): (broken, message); the first broken rule of the first row is the error
+_RULES = (
+    (lambda v: not 1 <= v["offers"] <= v["ceiling"], "{offers} offers outside the reserved ceiling {ceiling}"),
+    (lambda v: v["exact"] and v["offers"] != v["length"], "{offers} offers, the host selected {length}"),
+    (lambda v: not 0 <= v["accepted"] <= v["offers"] - 1, "{accepted} accepted drafts of {offers} offers"),
+    (lambda v: (v["finish"] == 0 and v["emitted"] != v["accepted"] + 1) or not 1 <= v["emitted"] <= v["accepted"] + 1,
+     "{emitted} emitted with {accepted} accepted (finish {finish})"),
+    (lambda v: any(not 0 <= t < VOCAB for t in v["ids"]), "emitted ids {ids} outside vocabulary [0, {vocab})"),
+    (lambda v: v["ids"][:v["accepted"]] != v["proposals"][:v["accepted"]],
+     "accepted ids {taken} are not the proposals offered"),
+    (lambda v: v["token"] != v["ids"][-1], "token word {token} != last emitted {last}"),
+    (lambda v: v["consumed"] != v["start"] + v["accepted"] + 1, "consumed endpoint {consumed} != {start} + {accepted} + 1"),
+    (lambda v: v["reserved"] != -1, "reserved model field {reserved} != -1"),
+    (lambda v: v["cursor"] != v["expected"], "draft cursor {cursor} != {expected}"),
+)
+
+
+def _reference_validate(fmt, words, round_, extension_width: int) -> list[LaneOutcome]:  # type: ignore[no-untyped-def]
+    """validate_completion by its rules, one row at a time from numpy scalars: the reference."""
     from helios_backend.kernel_abi.speculative import EXTENSION_FIXED_WORDS, extension_words
     from helios_backend.scheduler.completion import validate_header
     from helios_backend.scheduler.errors import CompletionMismatch
 
     body = validate_header(fmt, words, round_.submission())
-    words = np.asarray(words, dtype=np.int32).reshape(-1)
     stride = extension_words(extension_width)
     base = fmt.header_words + fmt.capacity * fmt.row_words
-    program = round_.program
-    ext = words[base:base + len(round_.lanes) * stride].reshape(len(round_.lanes), stride)
-    r = fmt.row
+    program, r = round_.program, fmt.row
     outcomes = []
-    total = 0
-    for i, (lane, row, extra) in enumerate(zip(round_.lanes, body, ext)):
-        c = lane.candidate
-        offers, accepted = int(extra[0]), int(extra[1])
-        emitted, finish = int(row[r["emitted"]]), int(row[r["finish"]])
-        if not 1 <= offers <= lane.ceiling:
-            raise CompletionMismatch(f"row {i}: {offers} offers outside the reserved ceiling {lane.ceiling}")
-        if program.length_source == cp.VALUE_SOURCE_QUERY_LENGTH and offers != lane.length:
-            raise CompletionMismatch(f"row {i}: {offers} offers, the host selected {lane.length}")
-        total += offers
-        if not 0 <= accepted <= offers - 1:
-            raise CompletionMismatch(f"row {i}: {accepted} accepted drafts of {offers} offers")
-        if finish == 0 and emitted != accepted + 1 or not 1 <= emitted <= accepted + 1:
-            raise CompletionMismatch(f"row {i}: {emitted} emitted with {accepted} accepted (finish {finish})")
-        tokens = [int(t) for t in extra[EXTENSION_FIXED_WORDS:EXTENSION_FIXED_WORDS + emitted]]
-        if any(not 0 <= t < vocab_size for t in tokens):
-            raise CompletionMismatch(f"row {i}: emitted ids {tokens} outside vocabulary [0, {vocab_size})")
-        if tokens[:accepted] != lane.proposals[:accepted]:
-            raise CompletionMismatch(f"row {i}: accepted ids {tokens[:accepted]} are not the proposals offered")
-        if int(row[r["token"]]) != tokens[-1]:
-            raise CompletionMismatch(f"row {i}: token word {int(row[r['token']])} != last emitted {tokens[-1]}")
-        consumed = int(row[r["consumed"]])
-        if consumed != c.consumed + accepted + 1:
-            raise CompletionMismatch(f"row {i}: consumed endpoint {consumed} != {c.consumed} + {accepted} + 1")
-        if int(row[r["reserved_model"]]) != -1:
-            raise CompletionMismatch(f"row {i}: reserved model field {int(row[r['reserved_model']])} != -1")
-        cursor = int(row[r["draft_cursor"]])
-        expected = max(consumed - program.lag, 0) if program.reports_cursor else -1
-        if cursor != expected:
-            raise CompletionMismatch(f"row {i}: draft cursor {cursor} != {expected}")
-        outcomes.append(LaneOutcome(c.key, tokens, offers, accepted, consumed, finish, cursor))
+    for i, lane in enumerate(round_.lanes):
+        row, extra = body[i], np.asarray(words)[base + i * stride:base + (i + 1) * stride]
+        v = {"offers": int(extra[0]), "accepted": int(extra[1]), "ceiling": lane.ceiling, "length": lane.length,
+             "exact": program.length_source == QL, "emitted": int(row[r["emitted"]]), "finish": int(row[r["finish"]]),
+             "proposals": lane.proposals, "token": int(row[r["token"]]), "consumed": int(row[r["consumed"]]),
+             "start": lane.candidate.consumed, "reserved": int(row[r["reserved_model"]]),
+             "cursor": int(row[r["draft_cursor"]]), "vocab": VOCAB}
+        v["ids"] = [int(t) for t in extra[EXTENSION_FIXED_WORDS:EXTENSION_FIXED_WORDS + v["emitted"]]]
+        v["taken"], v["last"] = v["ids"][:v["accepted"]], v["ids"][-1] if v["ids"] else None
+        v["expected"] = max(v["consumed"] - program.lag, 0) if program.reports_cursor else -1
+        for broken, message in _RULES:
+            if broken(v):
+                raise CompletionMismatch(f"row {i}: " + message.format(**v))
+        outcomes.append(LaneOutcome(lane.candidate.key, v["ids"], v["offers"], v["accepted"], v["consumed"],
+                                    v["finish"], v["cursor"]))
+    total = sum(o.offers for o in outcomes)
     if total > program.packed:
         raise CompletionMismatch(f"{total} offers exceed P={program.packed}")
     return outcomes
@@ -376,7 +367,7 @@ def test_a_completion_read_as_python_ints_is_accepted_or_refused_as_before() -> 
         for _ in range(rng.choice((0, 1, 1, 2))):                  # a word of a row or an extension record
             where = rng.choice((4 + rng.randrange(8 * max(n, 1)), base + rng.randrange(stride * max(n, 1))))
             bad[where] += rng.choice((-1, 1, 7, -300, VOCAB))
-        want = verdict(lambda: _reference_validate(fmt, bad, round_, VOCAB, 8))
+        want = verdict(lambda: _reference_validate(fmt, bad, round_, 8))
         assert verdict(lambda: validate_completion(fmt, bad, round_, VOCAB, 8)) == want
         refused += isinstance(want, str)
         accepted += not isinstance(want, str)
