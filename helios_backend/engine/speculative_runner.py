@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Sequence, cast
 
 import numpy as np
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.packing import PackedLane
+from helios_backend.packing import LaneValues, PackedLane
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
 from helios_backend.scheduler.speculative import SpeculativeRound, validate_completion
@@ -53,7 +54,7 @@ class SpeculativeProgramRunner(ProgramRunner):
                                outcomes=outcomes)
 
     def _pack(self, sub: Submission, frame: int, plain: bool | None = None) -> None:
-        lanes = sub.lanes
+        lanes = cast(Sequence[ScheduledSpeculativeLane], sub.lanes)      # (where the operation is SPECULATIVE)
         if sub.operation != cp.OPERATION_SPECULATIVE or not lanes or any(map(_HOST_VALUES, lanes)) \
                 or any(lane.tokens != _PENDING for lane in lanes):       # (none: the scheduler plans neither)
             super()._pack(sub, frame, plain)
@@ -69,7 +70,7 @@ class SpeculativeProgramRunner(ProgramRunner):
             lengths, limits = np.ones(n, np.int64), np.fromiter(map(_CEILING, lanes), np.int64, n)
         else:
             lengths, limits = counts + 1, np.zeros(n, np.int64)
-        columns = {
+        columns: dict[int, np.ndarray] = {
             cp.VALUE_SOURCE_SLOT: np.fromiter(map(_SLOT, lanes), np.int64, n),
             cp.VALUE_SOURCE_GENERATION: generations,
             cp.VALUE_SOURCE_CONSUMED_TOKENS: starts,
@@ -81,7 +82,8 @@ class SpeculativeProgramRunner(ProgramRunner):
             cp.VALUE_SOURCE_PROPOSAL_CONSUMED: starts,           # generation and consumed endpoint
             cp.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: limits,
         }
-        values = {cp.VALUE_SOURCE_PAGE_TABLE: list(map(_PAGES, lanes)), cp.VALUE_SOURCE_PROPOSAL_IDS: proposals}
+        values: dict[int, LaneValues] = {cp.VALUE_SOURCE_PAGE_TABLE: list(map(_PAGES, lanes)),
+                                         cp.VALUE_SOURCE_PROPOSAL_IDS: proposals}
         self.packer.pack_columns(sub.variant.program, frame, n, columns, values)
 
     def _packed(self, lane: Lane, operation: cp.Operation.ValueType) -> PackedLane:

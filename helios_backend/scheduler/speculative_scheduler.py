@@ -252,13 +252,13 @@ class SpeculativeScheduler(Scheduler):
                                  self._ratio(round_.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
-        for lane, spec in zip(main.lanes, round_.lanes):
-            if not self._reserve_pages(lane.request, spec.reserve_end):
+        for decoded, spec in zip(main.lanes, round_.lanes):
+            if not self._reserve_pages(decoded.request, spec.reserve_end):
                 return plan                      # a shortage: plain decode this round
-        lanes = [ScheduledSpeculativeLane(lane.request, lane.slot, lane.generation, lane.start, lane.tokens,
-                                          lane.sample, lane.output_limit, proposals=spec.proposals,
-                                          ceiling=spec.ceiling, round=round_)
-                 for lane, spec in zip(main.lanes, round_.lanes)]
+        lanes = [ScheduledSpeculativeLane(decoded.request, decoded.slot, decoded.generation, decoded.start,
+                                          decoded.tokens, decoded.sample, decoded.output_limit,
+                                          proposals=spec.proposals, ceiling=spec.ceiling, round=round_)
+                 for decoded, spec in zip(main.lanes, round_.lanes)]
         plan.main = Submission(round_.program.variant, lanes)
         self.counters.launched(cp.OPERATION_DECODE, -1)           # the DECODE submission it replaces
         self.counters.launched(cp.OPERATION_SPECULATIVE)
