@@ -18,7 +18,7 @@ from helios_backend.lockstep.speculative import SpeculativeLockstepGenerator
 from helios_backend.scheduler.events import Emitted, Terminal
 from helios_backend.scheduler.request import RequestSpec, SamplingSettings
 from helios_backend.scheduler.scheduler import Scheduler
-from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler, Weighing
 from helios_backend.scheduler.speculative_width import QUIET_ROUNDS, WidthPolicy
 from helios_backend.scheduler.errors import CompletionMismatch
 from helios_backend.kernel_abi.speculative import extension_words
@@ -554,7 +554,7 @@ def test_weighing_promises_no_more_per_lane_than_the_program_verifies(model):
     for _ in range(20):
         sure.observe(policy, 7, 7)                       # every copy accepted: rate near 1
     assert sure.draft_limit(policy) == 7
-    sched._may_pay([sure, sure], [7, 7])
+    sched._may_pay(Weighing([sure, sure], [7, 7], [sure.rate, sure.rate]))
     assert policy.promised and 2 * 3 < policy.promised[0] <= 2 * program.lane_limit
 
 
@@ -581,5 +581,5 @@ def test_the_width_with_the_most_tokens_per_measured_cost_caps_the_drafts(two_wi
     sched.costs.observe(by_width[8].program, wide_ratio, by_width[8].packed)
     lane = DraftAcceptance(successes=6.0, failures=4.0)
     assert abs(lane.rate - 7 / 12) < 1e-9
-    limits = sched._cheapest_width([lane, lane], [7, 7])
+    limits = sched._cheapest_width(Weighing([lane, lane], [7, 7], [lane.rate, lane.rate]))
     assert limits == [chosen - 1] * 2

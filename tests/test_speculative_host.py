@@ -12,6 +12,7 @@ from helios_backend.contract import ContractError, PreparedContract
 from helios_backend.scheduler.speculative import (
     Candidate,
     FeedbackReason,
+    HistoryIndex,
     SpeculativeOptions,
     SpeculativeProgram,
     SpeculativeTable,
@@ -71,6 +72,26 @@ def test_propose_equals_its_definition_on_random_histories():
         limit, window = rng.randrange(0, 9), rng.choice((1024, 4, 13))
         assert propose(history, limit, window=window) == _reference_propose(history, limit, window=window), \
             (history, limit, window)
+
+
+def test_a_history_index_proposes_what_propose_does_as_the_history_grows():
+    # one index per growing history: lookups after rounds of 0..40 new tokens, windows shorter
+    # than the history (its positions forgotten as they leave), then a shorter history (a new one)
+    import random
+    rng = random.Random(12)
+    for _ in range(300):
+        vocab = rng.choice((2, 3, 7, 60, 5000))
+        window = rng.choice((1024, 2, 4, 13))
+        index = HistoryIndex(window)
+        history = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
+        for _ in range(60):
+            limit = rng.randrange(0, 9)
+            assert index.propose(history, limit) == propose(history, limit, window=window), (history, limit, window)
+            history.extend(rng.randrange(vocab) for _ in range(rng.choice((0, 1, 1, 3, 5, 40))))
+        history = history[:rng.randrange(len(history) + 1)]
+        for _ in range(5):
+            assert index.propose(history, 7) == propose(history, 7, window=window)
+            history.append(rng.randrange(vocab))
 
 
 def test_lane_ceiling_is_bounded_by_program_and_request_limits():

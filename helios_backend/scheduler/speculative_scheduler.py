@@ -18,9 +18,18 @@ The cohort is the DECODE cohort, chosen from completed observations (SPEC-15); p
 reserved for each lane's full ceiling (SPEC-21).
 
 Completion: the runner validates the whole completion first (validate_completion, SPEC-40..42);
-then each emitted token goes through the base scheduler's own completion path, one token at a
-time, so EOS, output limits, events, timestamps, page publication, cancellation (SPEC-50: a
-cancelled lane publishes nothing and retires at this fence, SPEC-51) stay in one place.
+then each lane's emitted tokens are applied at once (`_apply_round`), with the state and events
+that each token through the base scheduler's completion path as a one-token decode step would
+leave (tests/test_speculative_completion.py runs both): the tokens up to the first that ends the
+request (EOS before the length limit, as the base path checks them), the consumed endpoint, the
+pages they complete published, the token events as one TokenBlock per run of lanes between
+terminals, a cancelled lane retired at this fence with none of its tokens published (SPEC-50,
+SPEC-51). Speculative lanes have no grammar, host stops, logit bias or logprobs (_candidates), so
+nothing else of the base path applies to them. Timestamps: one clock read per round, when an
+observed request emitted (OBS-12, OBS-16), as for a round of decode columns.
+
+History lookups: a request's first drafted round builds its HistoryIndex (speculative.py), and
+each later lookup, drafted or shadow, reads it instead of searching the history.
 """
 from __future__ import annotations
 
@@ -30,13 +39,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from helios_proto import contract_pb2 as cp
+from helios_proto import exchange_pb2 as ep
 
 from helios_backend.scheduler.completion import CompletionRows
-from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission, Variant
-from helios_backend.scheduler.request import Grammar, Request, RequestSpec, RequestState
+from helios_backend.scheduler.events import TokenBlock
+from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
+from helios_backend.scheduler.request import Grammar, Request, RequestSpec
 from helios_backend.scheduler.scheduler import Scheduler, StopFactory
 from helios_backend.scheduler.speculative import (
     Candidate,
+    HistoryIndex,
     LaneOutcome,
     SpeculativeProgram,
     SpeculativeRound,
@@ -52,12 +64,11 @@ from helios_backend.scheduler.speculative_width import (
 )
 from helios_backend.scheduler.config import SchedulerConfig
 from helios_backend.scheduler.decode_block import explicit_lanes, lane_requests
-from helios_backend.scheduler.errors import ConfigurationError
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.variants import VariantTable
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSpeculativeLane(Lane):
     """A plan lane of a SPECULATIVE submission: the DECODE lane plus its proposals and ceiling."""
     proposals: list[int] = field(default_factory=list)
@@ -78,6 +89,26 @@ class DraftingCounters:
 
 
 @dataclass
+class Weighing:
+    """A round's drafting evidence, read once per lane: each lane's acceptance, draft limit and
+    acceptance rate p, and the tokens a round would be expected to emit with each lane's limit
+    capped at a width (summed over the lanes once per width: the weighing, the width choice and
+    the program's worth read the same sums)."""
+    acceptance: list[DraftAcceptance]
+    limits: list[int]
+    rates: list[float]
+    sums: dict[int, float] = field(default_factory=dict)
+
+    def expected(self, width: int) -> float:
+        """sum over lanes of expected_tokens(p, min(1 + limit, width))."""
+        found = self.sums.get(width)
+        if found is None:
+            found = self.sums[width] = sum(expected_tokens(p, min(1 + limit, width))
+                                           for p, limit in zip(self.rates, self.limits))
+        return found
+
+
+@dataclass
 class SpeculativeRows(CompletionRows):
     """Validated rows of a SPECULATIVE submission: one outcome per lane."""
     outcomes: list[LaneOutcome] = field(default_factory=list)
@@ -91,6 +122,7 @@ class SpeculativeScheduler(Scheduler):
         self.speculative = table
         self.policy = policy or WidthPolicy(max_drafts=max((p.lane_limit for p in table.programs), default=1) - 1)
         self._acceptance: dict[int, DraftAcceptance] = {}    # request serial -> its acceptance evidence
+        self._indexes: dict[int, HistoryIndex] = {}          # request serial -> its history's n-grams (drafted)
         self.drafting = DraftingCounters()
         # measured seconds per round by program: planned (or previous completion, whichever is
         # later) to completion, so idle time between requests is never counted. DECODE counts
@@ -107,28 +139,46 @@ class SpeculativeScheduler(Scheduler):
         # steady decode loop pays one counter per round); a new request ends it
         self._quiet = 0
         self._shadow_turn = 0                    # rotates the shadow lookups over the lanes
+        self._widths: dict[int, list[int]] = {}                         # _widths_for
 
     def add(self, serial: int, spec: RequestSpec, grammar: Grammar | None = None) -> Request:
         req = super().add(serial, spec, grammar)
         self._quiet = 0                          # a request never observed: weigh drafting next round
         return req
 
-    def _weighed(self, lanes: Sequence[Lane]) -> tuple[list[DraftAcceptance], list[int]] | None:
+    def _weighed(self, lanes: Sequence[Lane]) -> Weighing | None:
         """The lanes' acceptance and draft limits when drafting may pay this round; else None
         (the lanes' shadow lookups start and the quiet window with them). Pending shadows are
-        settled first: their evidence decides this round."""
+        settled first: their evidence decides this round. One pass over the lanes (a request's
+        evidence is its own: the order of the lanes changes nothing)."""
         if self._quiet:
             self._quiet -= 1
             return None
         requests = lane_requests(lanes)
-        acceptance = [self._acceptance_of(req.serial) for req in requests]
-        plain = [self._plain_only(req) for req in requests]
-        for req, a, skip in zip(requests, acceptance, plain):
-            if not skip:
-                a.settle(self.policy, req.tokens)
-        limits = [0 if skip else a.draft_limit(self.policy) for a, skip in zip(acceptance, plain)]
-        if self._may_pay(acceptance, limits):
-            return acceptance, limits
+        policy, stops, known = self.policy, self._stops, self._acceptance
+        acceptance: list[DraftAcceptance] = []
+        plain: list[bool] = []
+        limits: list[int] = []
+        for req in requests:
+            a = known.get(req.serial)
+            if a is None:
+                a = self._acceptance_of(req.serial)
+            spec = req.spec
+            # a request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
+            # host stops (width one with completion feedback, SPEC-44..46; see _candidates)
+            skip = bool(req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops)
+            if skip:
+                limit = 0
+            else:
+                if a.shadow:
+                    a.settle(policy, req.tokens)
+                limit = policy.drafts_for(a.rate) if a.successes > 0.0 else 0     # a.draft_limit(policy)
+            acceptance.append(a)
+            plain.append(skip)
+            limits.append(limit)
+        weighing = Weighing(acceptance, limits, [a.rate for a in acceptance])
+        if self._may_pay(weighing):
+            return weighing
         self._quiet = self._shadow(requests, acceptance, plain) - 1
         return None
 
@@ -151,7 +201,10 @@ class SpeculativeScheduler(Scheduler):
         for i in chosen:
             a, history = acceptance[i], requests[i].tokens
             promising = not a.observed or a.rate >= self.policy.reach
-            a.shadow_offer(self.policy, propose(history, self.policy.max_drafts), len(history))
+            index = self._indexes.get(requests[i].serial)
+            copies = propose(history, self.policy.max_drafts) if index is None \
+                else index.propose(history, self.policy.max_drafts)
+            a.shadow_offer(self.policy, copies, len(history))
             self.drafting.shadows += 1
             if promising and a.shadow:
                 # enough rounds to decide it (the copies follow the round in flight: one more)
@@ -176,34 +229,36 @@ class SpeculativeScheduler(Scheduler):
             return plan
         if any(lane.tokens != [PENDING_TOKEN] for lane in explicit_lanes(main.lanes)):
             return plan                          # (a block's column lanes are plain decode lanes)
-        weighed = self._weighed(main.lanes)
-        if weighed is None:                      # plain decode, no history lookup
+        weighing = self._weighed(main.lanes)
+        if weighing is None:                     # plain decode, no history lookup
             return plan
-        acceptance, limits = weighed
-        limits = self._cheapest_width(acceptance, limits)
-        candidates = [self._candidate(lane, limit) for lane, limit in zip(main.lanes, limits)]
-        if any(c.constrained or c.host_stops for c in candidates):
+        acceptance = weighing.acceptance
+        limits = self._cheapest_width(weighing)
+        candidates = self._candidates(main.lanes, limits)
+        if candidates is None:                   # a lane needs width one (grammar, host stops, ...)
             return plan
-        round_ = self.speculative.plan(candidates)
+        round_ = self.speculative.plan(candidates, self._lookup)
         if round_ is None or len(round_.lanes) != len(main.lanes):
             self._idle(acceptance)
             return plan
-        for a, limit, lane in zip(acceptance, limits, round_.lanes):
+        policy, rates = self.policy, weighing.rates
+        for i, (a, limit, lane) in enumerate(zip(acceptance, limits, round_.lanes)):
             if limit and not lane.proposals:
-                a.miss(self.policy)
-        expected = sum(expected_tokens(a.rate, lane.length) for a, lane in zip(acceptance, round_.lanes))
+                a.miss(policy)
+                rates[i] = a.rate
+        expected = sum(expected_tokens(p, 1 + len(lane.proposals)) for p, lane in zip(rates, round_.lanes))
         if not any(lane.proposals for lane in round_.lanes) or \
-                not self.policy.worth(expected, len(round_.lanes), round_.program.width,
-                                      self._ratio(round_.program, len(round_.lanes))):
+                not policy.worth(expected, len(round_.lanes), round_.program.width,
+                                 self._ratio(round_.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
-        for lane in round_.lanes:
-            if not self._reserve_pages(self._by_serial[lane.candidate.key], lane.reserve_end):
+        for decoded, spec in zip(main.lanes, round_.lanes):
+            if not self._reserve_pages(decoded.request, spec.reserve_end):
                 return plan                      # a shortage: plain decode this round
-        lanes = [ScheduledSpeculativeLane(lane.request, lane.slot, lane.generation, lane.start, lane.tokens,
-                                          lane.sample, lane.output_limit, proposals=list(spec.proposals),
-                                          ceiling=spec.ceiling, round=round_)
-                 for lane, spec in zip(main.lanes, round_.lanes)]
+        lanes = [ScheduledSpeculativeLane(decoded.request, decoded.slot, decoded.generation, decoded.start,
+                                          decoded.tokens, decoded.sample, decoded.output_limit,
+                                          proposals=spec.proposals, ceiling=spec.ceiling, round=round_)
+                 for decoded, spec in zip(main.lanes, round_.lanes)]
         plan.main = Submission(round_.program.variant, lanes)
         self.counters.launched(cp.OPERATION_DECODE, -1)           # the DECODE submission it replaces
         self.counters.launched(cp.OPERATION_SPECULATIVE)
@@ -224,9 +279,10 @@ class SpeculativeScheduler(Scheduler):
             self._behind.add(id(plan.main))
         return nxt
 
-    def _may_pay(self, acceptance: list[DraftAcceptance], limits: list[int]) -> bool:
+    def _may_pay(self, weighing: Weighing) -> bool:
         """Whether a round offering each lane its full draft limit would beat DECODE (before any
         history lookup: lanes whose lookup finds less only lower the gain)."""
+        limits = weighing.limits
         longest = max(limits, default=0)
         if not longest:
             return False
@@ -236,36 +292,39 @@ class SpeculativeScheduler(Scheduler):
         # a lane gets at most what the program verifies per lane (at 64 rows the widest program may
         # be narrower than the limits earned at fewer rows): more would promise tokens the round
         # cannot give, and a DECODE round would wait for feedback in vain
-        expected = sum(expected_tokens(a.rate, min(1 + limit, program.lane_limit))
-                       for a, limit in zip(acceptance, limits))
+        expected = weighing.expected(program.lane_limit)
         return self.policy.worth(expected, len(limits), program.width, self._ratio(program, len(limits)))
 
-    def _cheapest_width(self, acceptance: list[DraftAcceptance], limits: list[int]) -> list[int]:
+    def _cheapest_width(self, weighing: Weighing) -> list[int]:
         """The lanes' draft limits capped at the width whose program is expected to emit the most
         tokens per cost for this many lanes (costs measured, or estimated from the programs
         measured; the prior before any): a wider program verifies more copies, but where its
         extra rows cost (a small model's latency-bound step, a CPU) fewer of them per second."""
+        limits = weighing.limits
         lanes = len(limits)
         best, best_rate = 0, 0.0
-        for width in sorted({p.lane_limit for p in self.speculative.programs if p.rows >= lanes}):
+        for width in self._widths_for(lanes):
             program = self._program_for(lanes, width)
             if width <= 1 or program is None or program.lane_limit != width:
                 continue
             ratio = self._ratio(program, lanes)
             if ratio is None or not self.policy.measured:
                 ratio = 1.0 + self.policy.row_cost * (program.width - 1)
-            rate = sum(expected_tokens(a.rate, min(1 + limit, width)) for a, limit in zip(acceptance, limits)) / ratio
+            rate = weighing.expected(width) / ratio
             if rate > best_rate:
                 best, best_rate = width, rate
         return limits if not best else [min(limit, best - 1) for limit in limits]
 
+    def _widths_for(self, lanes: int) -> list[int]:
+        """The lane limits of the programs serving `lanes` lanes, ascending (kept per lane count)."""
+        found = self._widths.get(lanes)
+        if found is None:
+            found = self._widths[lanes] = sorted({p.lane_limit for p in self.speculative.programs if p.rows >= lanes})
+        return found
+
     def _program_for(self, lanes: int, rows: int) -> SpeculativeProgram | None:
         """The program plan_round would take for `lanes` lanes needing `rows` target rows each."""
-        fitting = [p for p in self.speculative.programs if p.rows >= lanes]
-        if not fitting:
-            return None
-        useful = [p for p in fitting if p.lane_limit >= rows] or [max(fitting, key=lambda p: p.lane_limit)]
-        return min(useful, key=lambda p: (p.width, p.packed, p.rows))
+        return self.speculative.program_for(lanes, rows)
 
     def _ratio(self, program: SpeculativeProgram, lanes: int) -> float | None:
         """`program`'s cost in DECODE rounds of the same lanes, measured or estimated from the
@@ -273,38 +332,46 @@ class SpeculativeScheduler(Scheduler):
         decode = self.variants.fit(cp.OPERATION_DECODE, lanes, lanes)
         return None if decode is None else self.costs.ratio(program.program, decode.program, program.packed)
 
-    def _plain_only(self, req: Request) -> bool:
-        """A request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
-        host stops (width one with completion feedback, SPEC-44..46; see _candidate)."""
-        spec = req.spec
-        return req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in self._stops
-
     def _acceptance_of(self, serial: int) -> DraftAcceptance:
         found = self._acceptance.get(serial)
         if found is None:
             if len(self._acceptance) > 2 * len(self._by_serial) + 16:     # forget finished requests
                 self._acceptance = {k: v for k, v in self._acceptance.items() if k in self._by_serial}
+                self._indexes = {k: v for k, v in self._indexes.items() if k in self._by_serial}
             found = self._acceptance[serial] = DraftAcceptance()
         return found
+
+    def _lookup(self, candidate: Candidate, limit: int) -> list[int]:
+        """propose() of a drafted lane, from its request's HistoryIndex (built at its first)."""
+        index = self._indexes.get(candidate.key)
+        if index is None:
+            index = self._indexes[candidate.key] = HistoryIndex()
+        return index.propose(candidate.history, limit)
 
     def _idle(self, acceptance: list[DraftAcceptance], rounds: int = 1) -> None:
         for a in acceptance:
             a.idle(self.policy, rounds)
 
-    def _candidate(self, lane: Lane, draft_limit: int) -> Candidate:
-        req = lane.request
-        spec = req.spec
-        return Candidate(req.serial, lane.slot, lane.generation, lane.start, req.tokens,
-                         output_left=spec.max_tokens - req.output_len,
-                         context_left=self.config.context_tokens - len(req.tokens),
-                         inflight=req.inflight - 1,          # this round, planned but not submitted
-                         device_pending=req.device_pending,
-                         # speculative programs apply no logit bias and write no logprob records:
-                         # such a request decodes plainly
-                         constrained=(req.needs_mask(self.config.eos_ids) or spec.logit_bias is not None
-                                      or spec.logprobs or spec.top_logprobs > 0),
-                         host_stops=req.serial in self._stops,
-                         draft_limit=draft_limit)
+    def _candidates(self, lanes: Sequence[Lane], limits: list[int]) -> list[Candidate] | None:
+        """The lanes as plan_round's candidates; None when one of them is constrained or has host
+        stops (the round stays plain DECODE, width one with completion feedback)."""
+        eos_ids, stops, context = self.config.eos_ids, self._stops, self.config.context_tokens
+        candidates = []
+        for lane, limit in zip(lanes, limits):
+            req = lane.request
+            spec = req.spec
+            # speculative programs apply no logit bias and write no logprob records: such a
+            # request decodes plainly (a request without host values needs no mask)
+            if (req.host_values and (req.needs_mask(eos_ids) or spec.logit_bias is not None)) \
+                    or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops:
+                return None
+            tokens = req.tokens
+            candidates.append(Candidate(req.serial, lane.slot, lane.generation, lane.start, tokens,
+                                        spec.max_tokens - (len(tokens) - len(spec.prompt)),   # output left
+                                        context - len(tokens),
+                                        req.inflight - 1,      # this round, planned but not submitted
+                                        req.device_pending, False, False, limit))
+        return candidates
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         now = time.perf_counter_ns()
@@ -324,32 +391,97 @@ class SpeculativeScheduler(Scheduler):
             return
         if not isinstance(rows, SpeculativeRows):
             raise TypeError("a SPECULATIVE round completes with SpeculativeRows (validated outcomes)")
-        decode = self.variants.fit(cp.OPERATION_DECODE, 1, 1)
-        if decode is None:
-            raise ConfigurationError("a SPECULATIVE round completed without a DECODE variant to retire it")
-        counters = self.drafting
-        counters.rounds += 1
+        policy, known = self.policy, self._acceptance
+        offered_total = accepted_total = emitted_total = 0
         for lane, outcome in zip(plan.main.lanes, rows.outcomes):
             offered = len(lane.proposals) if isinstance(lane, ScheduledSpeculativeLane) else 0
-            acceptance = self._acceptance_of(lane.request.serial)
-            acceptance.drop_shadow()
-            acceptance.observe(self.policy, offered, outcome.accepted)
-            counters.lanes += 1
-            counters.offered += offered
-            counters.accepted += outcome.accepted
-            counters.emitted += len(outcome.tokens)
-            self._apply(lane, outcome, decode)
+            acceptance = known.get(lane.request.serial)
+            if acceptance is None:
+                acceptance = self._acceptance_of(lane.request.serial)
+            if acceptance.shadow:
+                acceptance.drop_shadow()
+            acceptance.observe(policy, offered, outcome.accepted)
+            offered_total += offered
+            accepted_total += outcome.accepted
+            emitted_total += len(outcome.tokens)
+        counters = self.drafting
+        counters.rounds += 1
+        counters.lanes += len(rows.outcomes)
+        counters.offered += offered_total
+        counters.accepted += accepted_total
+        counters.emitted += emitted_total
+        self._apply_round(plan.main.lanes, rows.outcomes)
 
-    def _apply(self, lane: Lane, outcome: LaneOutcome, decode: Variant) -> None:
-        """Each emitted token through the base completion path, as a one-token decode step."""
-        req: Request = lane.request
-        for j, token in enumerate(outcome.tokens):
-            if j:
-                req.inflight += 1                    # the base path retires one step per call
-            step = Lane(req, lane.slot, lane.generation, lane.start + j, [PENDING_TOKEN], sample=True,
-                        output_limit=lane.output_limit - j)
-            one = CompletionRows(np.array([token], np.int32), np.array([step.end], np.int32),
-                                 np.zeros(1, np.int32), None, None, None)
-            super().complete(RoundPlan(Submission(decode, [step])), one)
-            if req.state is RequestState.FINISHED or req.cancelled or req.finish:
-                return
+    def _apply_round(self, lanes: Sequence[Lane], outcomes: Sequence[LaneOutcome]) -> None:
+        """Each lane's emitted tokens, as the base completion path applies a one-token decode step
+        per token (module docstring): per lane one pass over its tokens for an EOS, one append,
+        one page publication; the token events of the lanes between terminals as one TokenBlock."""
+        pt = self.config.page_tokens
+        eos = self._eos
+        events = self._events
+        serials: list[int] = []                  # the token events not yet in a TokenBlock
+        emitted: list[int] = []
+        stamps: list[int] = []
+        observed = False
+        stamp = -1
+        generated = 0
+        for lane, outcome in zip(lanes, outcomes):
+            req = lane.request
+            req.inflight -= 1
+            if req.cancelled or req.finish != ep.FINISH_REASON_UNSPECIFIED:
+                # the first token's step: its position consumed, its pages published, nothing
+                # emitted; a cancelled lane (SPEC-50) or one whose finish was decided retires
+                self._consume(req, lane.start + 1, pt)
+                if serials:
+                    events.append(_token_block(serials, emitted, stamps if observed else None))
+                    serials, emitted, stamps, observed = [], [], [], False
+                self._finish_if_fenced(req, ep.FINISH_REASON_CANCELLED if req.cancelled else req.finish)
+                continue
+            tokens = outcome.tokens
+            known = req.tokens
+            # the tokens up to the one that ends the request: the length limit counted after each
+            # append, an EOS first where both end it at the same token
+            n = len(tokens)
+            reason = ep.FINISH_REASON_UNSPECIFIED
+            room = max(req.token_limit - len(known), 1)
+            if room <= n:
+                n, reason = room, ep.FINISH_REASON_LENGTH
+            if eos and not req.spec.ignore_eos:
+                for i in range(n):
+                    if tokens[i] in eos:
+                        n, reason = i + 1, ep.FINISH_REASON_EOS
+                        break
+            if n < len(tokens):
+                tokens = tokens[:n]
+            known.extend(tokens)
+            req.device_pending = True
+            self._consume(req, lane.start + n, pt)
+            generated += n
+            serials.extend([req.serial] * n)
+            emitted.extend(tokens)
+            if req.spec.observe_timestamps:
+                if stamp < 0:
+                    stamp = time.monotonic_ns() - self.config.clock_origin_ns
+                observed = True
+                stamps.extend([stamp] * n)
+            else:
+                stamps.extend([-1] * n)
+            if reason != ep.FINISH_REASON_UNSPECIFIED:
+                events.append(_token_block(serials, emitted, stamps if observed else None))
+                serials, emitted, stamps, observed = [], [], [], False
+                self._finish_if_fenced(req, reason)
+        if serials:
+            events.append(_token_block(serials, emitted, stamps if observed else None))
+        self.counters.generated_tokens += generated
+
+    def _consume(self, req: Request, end: int, pt: int) -> None:
+        """The request's consumed endpoint is `end`: the pages it completes are published."""
+        req.computed = end
+        req.fresh = False
+        if end // pt > req.published_pages and len(req.pages) > req.published_pages:
+            self._publish_pages(req)
+
+
+def _token_block(serials: list[int], tokens: list[int], stamps: list[int] | None) -> TokenBlock:
+    return TokenBlock(np.array(serials, np.int64), np.array(tokens, np.int32),
+                      None if stamps is None else np.array(stamps, np.int64), None)
