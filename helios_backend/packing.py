@@ -540,6 +540,9 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[n:] = target.pad
 
 
+_ADD_AT_MOST = 256          # ids counted with np.add.at; more: sorted once (np.unique), ~3x faster at 1,500
+
+
 def _count_over_padding(table: np.ndarray, counts: list[PromptCounts], rows: list[int], target: Target,
                         memory: _PaddingMemory) -> None:
     """_put of counts whose zero (the offset) is the padding, into their rows: each row is made
@@ -561,7 +564,12 @@ def _count_over_padding(table: np.ndarray, counts: list[PromptCounts], rows: lis
     flat = table.reshape(-1)
     if cleared:
         flat[_flat_indices(cleared, known, width)] = target.pad
-    np.add.at(flat, _flat_indices(rows, [value.ids for value in counts], width), 1)
+    positions = _flat_indices(rows, [value.ids for value in counts], width)
+    if positions.size < _ADD_AT_MOST:
+        np.add.at(flat, positions, 1)
+    else:                                             # a round of prompts: np.add.at costs ~35 ns an id
+        distinct, times = np.unique(positions, return_counts=True)
+        flat[distinct] += times.astype(flat.dtype)
 
 
 def _flat_indices(rows: list[int], ids: list[np.ndarray], width: int) -> np.ndarray:

@@ -42,7 +42,7 @@ from helios_proto import exchange_pb2 as ep
 from helios_backend.scheduler.admission import check_admission, max_prompt_tokens
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.config import SchedulerConfig
-from helios_backend.scheduler.decode_block import IGNORE_EOS, OBSERVED, SERIAL, DecodeBlock, explicit_lanes
+from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes
 from helios_backend.scheduler.events import (
     Emitted, Event, SchedulerCounters, Terminal, TokenBlock, WorkerEvent, expand)
 from helios_backend.scheduler.generations import SlotGenerations
@@ -310,7 +310,10 @@ class Scheduler:
         if (self.snapshots.capacity and req.preemptions == 0 and end == req.prompt_len
                 and req.prompt_len % pt and start < end):
             complete = req.prompt_len // pt
-            keys = chain_keys(self._seed, req.tokens, pt, complete)
+            # the keys its admission's prefix lookup hashed (the same chain), else hashed here
+            keys = req.admission_keys[:complete]
+            if len(keys) < complete:
+                keys = chain_keys(self._seed, req.tokens, pt, complete)
             snap = self.snapshots.reserve(keys[-1] if keys else self._seed, req.pages[:complete],
                                           req.tokens[complete * pt:req.prompt_len], pt)
             if snap is not None:
@@ -354,7 +357,7 @@ class Scheduler:
             self.counters.launched(sub.operation)
             lanes = sub.lanes
             if isinstance(lanes, DecodeBlock):
-                for req in lanes.requests:
+                for req in lanes.take_fence():        # a lane carried from the round in flight: none
                     req.inflight += 1
                 lanes = lanes.extra
             for lane in lanes:
@@ -492,6 +495,11 @@ class Scheduler:
         # request is cancelled or its finish decided (then lane by lane, as any other lane)
         columns = isinstance(lanes, DecodeBlock) and not self._unsettled
         explicit = explicit_lanes(lanes) if columns else lanes
+        fenced = 0                                    # the explicit lanes from here release their fence below
+        if isinstance(lanes, DecodeBlock):            # its columns' fence first (those it did not hand on)
+            for req in lanes.release_fence():
+                req.inflight -= 1
+            fenced = 0 if columns else lanes.size
         # a constrained request has host values (Request.host_values): most rounds have none
         constrained = sum(map(_CONSTRAINED, explicit)) if any(map(_HOST_VALUES, explicit)) else 0
         if constrained:
@@ -526,7 +534,8 @@ class Scheduler:
         eos, stops = self._eos, self._stops
         for i, lane in enumerate(explicit):
             req = lane.request
-            req.inflight -= 1
+            if i >= fenced:
+                req.inflight -= 1
             if lane.restore is not None:
                 self._unpin_restore(lane.restore.source_row)
             req.computed = end = lane.start + len(lane.tokens)
@@ -593,16 +602,15 @@ class Scheduler:
         tokens = sampled.tolist()
         ends = block.starts + 1
         requests = block.requests
-        for req, token, end in zip(requests, tokens, ends.tolist()):
-            req.inflight -= 1
+        for req, token, end in zip(requests, tokens, ends.tolist()):     # (their fence: complete())
             req.computed = end
             req.tokens.append(token)
         stamp = stamps = None
-        observed = block.columns[OBSERVED]
+        observed = block.observed
         if observed.any():
             stamp = time.monotonic_ns() - self.config.clock_origin_ns
             stamps = np.where(observed == 1, stamp, -1)
-        serials = block.columns[SERIAL]
+        serials = block.serials
         logprobs = rows.logprobs[:k] if rows.logprobs is not None else None
 
         def emitted(a: int, b: int) -> TokenBlock:       # the token events of lanes [a, b)
@@ -615,7 +623,7 @@ class Scheduler:
             eos_hit = sampled == self._eos_ids[0]
             for eos_id in self._eos_ids[1:]:
                 eos_hit |= sampled == eos_id
-            flagged |= eos_hit & (block.columns[IGNORE_EOS] == 0)
+            flagged |= eos_hit & (block.ignore_eos == 0)
         events = self._events
         done = 0
         eos = self._eos
@@ -643,7 +651,12 @@ class Scheduler:
         nothing of the round is published (CACHE-25); other requests go on."""
         seen: set[int] = set()
         for sub in plan.submissions():
-            for lane in sub.lanes:
+            lanes = sub.lanes
+            if isinstance(lanes, DecodeBlock):
+                for req in lanes.release_fence():
+                    req.inflight -= 1
+                lanes = lanes.extra
+            for lane in lanes:
                 lane.request.inflight -= 1
         for lane in plan.main.lanes:
             if lane.snapshot_row >= 0:
@@ -697,19 +710,31 @@ class Scheduler:
     def _publish_pages_of(self, requests: Sequence[Request]) -> None:
         """_publish_pages of each request in turn (a decode block's: about one lane in page_tokens
         completes a page each round)."""
-        pt, seed, publish = self.config.page_tokens, self._seed, self.pool.publish
+        pt, seed = self.config.page_tokens, self._seed
+        pages: list[int] = []                         # every page published, in order, and its key
+        keys: list[bytes] = []
         for req in requests:
             complete = min(req.computed // pt, len(req.pages))
             first = req.published_pages
             if complete <= first:
                 continue
-            keys, tokens, pages, hashed = req.chain_keys, req.tokens, req.pages, req.admission_keys
-            key = keys[-1] if keys else seed
-            for p in range(first, complete):          # a decode lane: one page
-                key = hashed[p] if p < len(hashed) else next_key(key, tokens[p * pt:(p + 1) * pt])
-                publish(pages[p], key)
+            chain, hashed = req.chain_keys, req.admission_keys
+            if complete == first + 1 and first >= len(hashed):    # a decode lane: one page
+                key = next_key(chain[-1] if chain else seed, req.tokens[first * pt:complete * pt])
+                chain.append(key)
+                pages.append(req.pages[first])
                 keys.append(key)
+            else:
+                tokens, held = req.tokens, req.pages
+                key = chain[-1] if chain else seed
+                for p in range(first, complete):
+                    key = hashed[p] if p < len(hashed) else next_key(key, tokens[p * pt:(p + 1) * pt])
+                    chain.append(key)
+                    pages.append(held[p])
+                    keys.append(key)
             req.published_pages = complete
+        if pages:
+            self.pool.publish_many(pages, keys)
 
     def _unpin_restore(self, row: int) -> None:
         self.snapshots.unpin_row(row)
