@@ -393,6 +393,30 @@ class _PaddingMemory:
         self.sparse: dict[int, np.ndarray] = {}
 
 
+class _TailMemory:
+    """Which rows of one frame's row-mode destination are known to hold the padding, [pad_from,
+    pad_to): only for destinations that integer columns alone reach, one element a row, one
+    padding (`_tails_remembered`). A decode round's lanes fall short of its program's rows, and
+    the padding of the rows after them is the same round after round: written once, not by each
+    of the round's five or so columns every round."""
+
+    __slots__ = ("pad_from", "pad_to")
+
+    def __init__(self) -> None:
+        self.pad_from = self.pad_to = 0                # none known (a frame starts with any bytes)
+
+    def written(self, table: np.ndarray, n: int, rows: int, pad: np.ndarray) -> None:
+        """Rows [0, n) were written; rows [n, rows) must read the padding (rows <= n: none)."""
+        low, high = self.pad_from, self.pad_to
+        if rows > n:
+            if not (low <= n and high >= rows):
+                table[n:rows] = pad
+            self.pad_from, self.pad_to = n, (high if low <= rows < high else rows)
+            return
+        low = max(low, n)
+        self.pad_from, self.pad_to = (low, high) if low < high else (0, 0)
+
+
 class Target:
     """A resolved destination inside one frame.
 
@@ -406,6 +430,7 @@ class Target:
         self.view, self.width, self.rows, self.binding = view, width, rows, binding
         self._memory = memory
         self.padding: Optional[_PaddingMemory] = None   # None: pad every time
+        self.tail: Optional[_TailMemory] = None         # None: pad the rows after the lanes every time
         self._table = view[:rows * width].reshape(rows, width) if binding.index in _ROW_MODES else None
         self.offset = int(binding.offset)              # a Python int: numpy keeps the values' dtype
         self.pad = np.array(binding.padding).astype(view.dtype)
@@ -486,7 +511,9 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
     table[:n, 0] = values
     if target.width > 1:
         table[:n, 1:] = target.pad
-    if pad_tail and n < target.rows:
+    if target.tail is not None:
+        target.tail.written(table, n, target.rows if pad_tail else 0, target.pad)
+    elif pad_tail and n < target.rows:
         table[n:] = target.pad
 
 
@@ -534,10 +561,25 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         memory.tail = max(memory.tail, present[-1] + 1)
     elif memory.tail <= target.rows:                  # [tail, rows) hold it already
         if n < memory.tail:
-            table[n:memory.tail] = target.pad
+            _pad_rows(table, n, memory.tail, target, memory)
         memory.tail = n
     elif n < target.rows:
         table[n:] = target.pad
+
+
+def _pad_rows(table: np.ndarray, start: int, stop: int, target: Target, memory: _PaddingMemory) -> None:
+    """Rows [start, stop) made the padding: a row that holds the padding but for its counts
+    (`memory.sparse`) has those entries cleared, in one indexed write for all such rows, not its
+    ~200 KB (a round of prompts after a larger one leaves such rows behind it)."""
+    sparse = memory.sparse
+    counted = [r for r in range(start, stop) if r in sparse]
+    if not counted:
+        table[start:stop] = target.pad
+        return
+    for r in range(start, stop):
+        if r not in sparse:
+            table[r] = target.pad
+    table.reshape(-1)[_flat_indices(counted, [sparse.pop(r) for r in counted], target.width)] = target.pad
 
 
 _ADD_AT_MOST = 256          # ids counted with np.add.at; more: sorted once (np.unique), ~3x faster at 1,500
@@ -742,16 +784,28 @@ def _resolve(binding: C.ValueBinding, where: str) -> Write:
     return partial(writer, source=source)
 
 
-def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
-    """Destinations whose padding the packer may remember (_PaddingMemory): every binding of
-    them, in every graph packed, writes per-lane values by row with the same padding."""
+def _bindings_by_destination(graphs: Sequence[C.GraphContract]) -> dict[str, list[C.ValueBinding]]:
     bindings: dict[str, list[C.ValueBinding]] = {}
     for graph in graphs:
         for b in graph.bindings:
             bindings.setdefault(b.destination, []).append(b)
-    return frozenset(name for name, bs in bindings.items()
+    return bindings
+
+
+def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
+    """Destinations whose padding the packer may remember (_PaddingMemory): every binding of
+    them, in every graph packed, writes per-lane values by row with the same padding."""
+    return frozenset(name for name, bs in _bindings_by_destination(graphs).items()
                      if all(b.index in _ROW_MODES and b.source in LANE_SOURCES and b.source not in INTEGER_SOURCES
                             for b in bs) and len({b.padding for b in bs}) == 1)
+
+
+def _tails_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
+    """Destinations whose padded rows the packer may remember (_TailMemory): every binding of
+    them, in every graph packed, writes an integer column by row with the same padding."""
+    return frozenset(name for name, bs in _bindings_by_destination(graphs).items()
+                     if all(b.index in _ROW_MODES and b.source in INTEGER_SOURCES for b in bs)
+                     and len({b.padding for b in bs}) == 1)
 
 
 class Packer:
@@ -780,6 +834,8 @@ class Packer:
         page_memory: list[dict[str, _PageMemory]] = [dict() for _ in frames]
         remembered = _padding_remembered(graphs)
         padding_memory: list[dict[str, _PaddingMemory]] = [dict() for _ in frames]
+        tails = _tails_remembered(graphs)
+        tail_memory: list[dict[str, _TailMemory]] = [dict() for _ in frames]
         for graph in graphs:
             plans: list[list[tuple[Target, Write]]] = [[] for _ in frames]
             for index, b in enumerate(graph.bindings):
@@ -811,6 +867,8 @@ class Packer:
                     target = Target(view, width, graph.capacity.rows, b, memory)
                     if d.name in remembered:
                         target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory(row_capacity[d.name]))
+                    if d.name in tails and width == 1:
+                        target.tail = tail_memory[f].setdefault(d.name, _TailMemory())
                     plans[f].append((target, write))
             for f, plan in enumerate(plans):
                 self._writes[f][graph.program] = tuple(plan)

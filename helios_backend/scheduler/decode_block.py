@@ -30,10 +30,10 @@ _SLOT, _GENERATION = attrgetter("slot"), attrgetter("generation")
 
 
 # the rows of DecodeBlock.columns (int64 [COLUMNS, lanes])
-SERIAL, SLOT, GENERATION, START, LIMIT, TOKEN_LIMIT, PAGE_COUNT, OBSERVED, IGNORE_EOS = range(9)
+SERIAL, SLOT, GENERATION, START, LIMIT, ROOM, PAGE_COUNT, OBSERVED, IGNORE_EOS = range(9)
 COLUMNS = 9
-_ADVANCE = np.zeros((COLUMNS, 1), np.int64)       # a round further: START + 1, LIMIT - 1, in one add
-_ADVANCE[START], _ADVANCE[LIMIT] = 1, -1
+_ADVANCE = np.zeros((COLUMNS, 1), np.int64)       # a round further: START + 1, LIMIT and ROOM - 1, in one add
+_ADVANCE[START], _ADVANCE[LIMIT], _ADVANCE[ROOM] = 1, -1, -1
 _ADVANCE.flags.writeable = False
 
 
@@ -45,23 +45,24 @@ class DecodeBlock(Sequence[Lane]):
         SERIAL, SLOT, GENERATION   the request and its slot assignment
         START                      first query position = consumed endpoint before the round
         LIMIT                      Lane.output_limit: tokens the request may still emit
-        TOKEN_LIMIT                Request.token_limit: len(tokens) at which it ends by length
+        ROOM                       Request.token_limit - START: the round's token ends the request
+                                   by length where ROOM <= 2 (it makes len(tokens) START + 2)
         PAGE_COUNT                 len(request.pages) once the round's pages are reserved
         OBSERVED, IGNORE_EOS       spec.observe_timestamps, spec.ignore_eos (0 / 1)
 
     Each row is also an attribute, a view of `columns` named in lower case: `serials`, `slots`,
-    `generations`, `starts`, `limits`, `token_limits`, `page_counts`, `observed`, `ignore_eos`.
+    `generations`, `starts`, `limits`, `rooms`, `page_counts`, `observed`, `ignore_eos`.
     """
 
     __slots__ = ("requests", "columns", "extra", "_lanes", "serials", "slots", "generations", "starts", "limits",
-                 "token_limits", "page_counts", "observed", "ignore_eos", "source", "kept", "carried", "handed",
+                 "rooms", "page_counts", "observed", "ignore_eos", "source", "kept", "carried", "handed",
                  "settled")
     serials: np.ndarray
     slots: np.ndarray
     generations: np.ndarray
     starts: np.ndarray
     limits: np.ndarray
-    token_limits: np.ndarray
+    rooms: np.ndarray
     page_counts: np.ndarray
     observed: np.ndarray
     ignore_eos: np.ndarray
@@ -71,7 +72,7 @@ class DecodeBlock(Sequence[Lane]):
         self.columns = columns
         # the rows as views, made once: a round reads them ~15 times (a view per read cost ~8 us a
         # round at 256 lanes); `columns` is never replaced, and writes into a view are its writes
-        (self.serials, self.slots, self.generations, self.starts, self.limits, self.token_limits,
+        (self.serials, self.slots, self.generations, self.starts, self.limits, self.rooms,
          self.page_counts, self.observed, self.ignore_eos) = columns
         self.extra: list[Lane] = []
         self._lanes: list[Lane | None] = []
@@ -90,7 +91,7 @@ class DecodeBlock(Sequence[Lane]):
     def of(cls, requests: list[Request], starts: Sequence[int], limits: Sequence[int]) -> "DecodeBlock":
         """Plain decode lanes of `requests` at `starts` with output limits `limits`: the columns
         gathered once (a round that follows a block derives its columns from it: `advance`)."""
-        columns = np.array([(r.serial, r.slot, r.generation, start, limit, r.token_limit, len(r.pages),
+        columns = np.array([(r.serial, r.slot, r.generation, start, limit, r.token_limit - start, len(r.pages),
                              r.spec.observe_timestamps, r.spec.ignore_eos)
                             for r, start, limit in zip(requests, starts, limits)], dtype=np.int64)
         return cls(requests, columns.T.copy() if len(requests) else np.zeros((COLUMNS, 0), np.int64))
@@ -102,7 +103,7 @@ class DecodeBlock(Sequence[Lane]):
         if not dropped:
             block = DecodeBlock(list(self.requests), self.columns + _ADVANCE)
         else:                                     # a few lanes emit their last token: delete those
-            columns = np.delete(self.columns, dropped, axis=1)
+            columns = self.columns[:, keep]
             columns += _ADVANCE
             requests = list(self.requests)
             for i in reversed(dropped):

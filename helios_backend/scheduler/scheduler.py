@@ -89,7 +89,6 @@ class Scheduler:
         # requests cancelled or whose finish is decided but not yet fenced: while any is known, a
         # round's decode lanes take the per-lane path (their checks are per request)
         self._unsettled: set[int] = set()
-        self._eos_ids = sorted(set(config.eos_ids))
         # the model's (NativeModel.generations) when serving; a scheduler without one counts its own
         self._generations = generations if generations is not None else SlotGenerations(config.request_slots)
         self._waiting: list[tuple[tuple[int, int], Request]] = []    # sorted by (-priority, arrival)
@@ -100,6 +99,10 @@ class Scheduler:
         self._admitted_ns: dict[int, int] = {}
         self._events: list[WorkerEvent] = []
         self._eos = frozenset(config.eos_ids)
+        # bool [ids]: an EOS id (a block's sampled tokens are looked up at once: validated ids are
+        # inside the vocabulary; one comparison per EOS id cost more numpy calls)
+        self._eos_table = np.zeros(max([config.vocab_size, *(i + 1 for i in config.eos_ids)]), bool)
+        self._eos_table[list(config.eos_ids)] = True
         self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
         self._max_prompt = max_prompt_tokens(config)
         self._chunk_limit = config.prefill_chunk_tokens or config.context_tokens
@@ -618,12 +621,9 @@ class Scheduler:
                               None if logprobs is None else logprobs[a:b])
         # the lanes that may complete a page (published >= (end - 1) // pt held before this round)
         # or finish by EOS or length: decided lane by lane, in lane order, as the per-lane path does
-        flagged = (ends % pt == 0) | (ends + 1 >= block.token_limits)
-        if self._eos:                             # one comparison per EOS id (np.isin costs ~15x more here)
-            eos_hit = sampled == self._eos_ids[0]
-            for eos_id in self._eos_ids[1:]:
-                eos_hit |= sampled == eos_id
-            flagged |= eos_hit & (block.ignore_eos == 0)
+        flagged = (ends % pt == 0) | (block.rooms <= 2)          # ends + 1 >= token_limit
+        if self._eos:                             # an EOS id where EOS ends it: one lookup (True > 0)
+            flagged |= self._eos_table[sampled] > block.ignore_eos
         events = self._events
         done = 0
         eos = self._eos
