@@ -99,7 +99,7 @@ class DecodeBlock(Sequence[Lane]):
     def advance(self, keep: np.ndarray) -> "DecodeBlock":
         """The next round of the lanes where `keep` (bool [count]) is true: one position further,
         one output token fewer; page counts as they are (the caller reserves opening pages)."""
-        dropped = np.flatnonzero(~keep).tolist()
+        dropped = (~keep).nonzero()[0].tolist()
         if not dropped:
             block = DecodeBlock(list(self.requests), self.columns + _ADVANCE)
         else:                                     # a few lanes emit their last token: delete those
@@ -146,7 +146,7 @@ class DecodeBlock(Sequence[Lane]):
             return kept
         if kept is not self.requests:
             raise RuntimeError("a round completed before the round it follows")
-        return [self.requests[i] for i in np.flatnonzero(~handed).tolist()]
+        return [self.requests[i] for i in (~handed).nonzero()[0].tolist()]
 
     @property
     def size(self) -> int:

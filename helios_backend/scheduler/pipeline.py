@@ -126,5 +126,5 @@ def continuing_block(main: DecodeBlock, outsiders: list[Request],
         block = block.joined(DecodeBlock.of(outsiders, [req.computed for req in outsiders],
                                             [req.spec.max_tokens - req.output_len for req in outsiders]))
     past = block.starts // config.page_tokens - block.page_counts     # pages short of the position, less one
-    opening = np.flatnonzero(past >= 0)
+    opening = (past >= 0).nonzero()[0]
     return block, opening, not opening.size or int(past.max()) == 0

@@ -437,7 +437,7 @@ class Scheduler:
                 in_main[lane.slot] = True
             in_main[self._free_slots] = True
             owners = self._slot_owner
-            found_owners = [owners[slot] for slot in np.flatnonzero(~in_main).tolist()]
+            found_owners = [owners[slot] for slot in (~in_main).nonzero()[0].tolist()]
             outsiders = [req for req in found_owners if req is not None]
             if len(outsiders) < len(found_owners):
                 raise RuntimeError("an occupied slot has no running request")
@@ -627,7 +627,7 @@ class Scheduler:
         events = self._events
         done = 0
         eos = self._eos
-        marked = np.flatnonzero(flagged).tolist()
+        marked = flagged.nonzero()[0].tolist()          # (np.flatnonzero: ~4x the call)
         # the pages completed in this round first, in lane order: a finish below releases only its
         # own request's pages, published here already, so the pool ends as lane by lane
         self._publish_pages_of([requests[i] for i in marked])
