@@ -699,8 +699,9 @@ def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.nda
         raise CapacityError(f"slot {slots[r]}: {int(sizes[r])} entries exceed the row width {width}")
     ones = (new == 1).nonzero()[0]
     if ones.size:                # a decode round: the lanes that just took a page, one entry each
-        entries = np.fromiter(map(getitem, _rows_of(values, ones.tolist()), held[ones].tolist()), np.int64, ones.size)
-        target.view[slots[ones] * width + held[ones]] = entries + target.offset if target.offset else entries
+        first = held[ones]
+        entries = np.fromiter(map(getitem, _rows_of(values, ones.tolist()), first.tolist()), np.int64, ones.size)
+        target.view[slots[ones] * width + first] = entries + target.offset if target.offset else entries
     many = (new > 1).nonzero()[0]
     # admitted lanes' tables (a round of prompts): every entry at once where _put_entries can
     if not (many.size > 1 and _put_entries(target, values, many, slots, held, sizes)):
