@@ -170,6 +170,7 @@ def test_a_block_round_hands_its_fence_to_the_round_behind_it() -> None:
     assert second.take_fence() == [] and first.handed is second.kept
     assert first.release_fence() == [reqs[1]]                    # the others' fence is the second's now
     assert second.release_fence() == [reqs[0], reqs[2]]
+    assert second.source is None                                 # settled: it holds no chain of earlier blocks
     third = second.advance(np.array([True, True]))             # behind a settled round: one fence each
     assert third.take_fence() == [reqs[0], reqs[2]] and second.handed is None
     # the round behind fails before the one it follows completed: it hands the fence back

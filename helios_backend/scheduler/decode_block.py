@@ -141,6 +141,7 @@ class DecodeBlock(Sequence[Lane]):
             kept = self.requests[self.carried:]
         else:
             kept = self.requests
+        self.source = None                        # settled: no chain of every block since the first
         handed = self.handed
         if handed is None:
             return kept
