@@ -65,7 +65,7 @@ class CapacityError(PackingError):
     """The submitted lanes do not fit the program's captured rows or packed tokens."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)                 # not frozen: a frozen init costs ~3x (one per admitted prompt)
 class PromptCounts:
     """A histogram row given by the ids it counts: the int32 counts of `ids` over `bins` bins.
     Packed by counting straight into the destination row (`_put`): a vocabulary-wide row built
@@ -326,12 +326,15 @@ class _Step:
         return self._starts
 
 
+_largest = np.maximum.reduce       # ndarray.max() without its Python-level wrapper (a decode round calls it ~4 times)
+
+
 def _positions(step: _Step) -> np.ndarray:
     """int64 [packed tokens]: consumed, consumed + 1, ... for each lane's query tokens, back to back."""
     starts = step.token_starts()
     consumed = step.column(C.VALUE_SOURCE_CONSUMED_TOKENS)
     if starts[-1] == step.count:          # one token per lane (lengths >= 0 summing to the lane count, ...
-        if step.count == 0 or step.column(C.VALUE_SOURCE_QUERY_LENGTH).max() == 1:   # ... none above 1)
+        if step.count == 0 or _largest(step.column(C.VALUE_SOURCE_QUERY_LENGTH)) == 1:   # ... none above 1)
             return consumed
     lengths = step.column(C.VALUE_SOURCE_QUERY_LENGTH)
     return (consumed - starts[:-1]).repeat(lengths) + np.arange(starts[-1])
@@ -681,7 +684,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
         lanes_per_slot = None
     if lanes_per_slot is None or lanes_per_slot.size > memory.written.size:
         raise CapacityError(f"slots {slots.tolist()} outside the {memory.written.size} physical slots")
-    if lanes_per_slot.max() == 1:
+    if _largest(lanes_per_slot) == 1:
         _upload(target, values, sizes, slots, generations)
     else:                        # a slot named twice: in lane order, each lane sees the one before
         for r in range(n):
@@ -694,7 +697,7 @@ def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.nda
     memory, width = target.memory, target.width
     held = np.where(memory.generation[slots] == generations, memory.written[slots], 0)
     new = sizes - held
-    if sizes.size and sizes.max() > width:
+    if sizes.size and _largest(sizes) > width:
         r = int(sizes.argmax())
         raise CapacityError(f"slot {slots[r]}: {int(sizes[r])} entries exceed the row width {width}")
     ones = (new == 1).nonzero()[0]

@@ -127,4 +127,4 @@ def continuing_block(main: DecodeBlock, outsiders: list[Request],
                                             [req.spec.max_tokens - req.output_len for req in outsiders]))
     past = block.starts // config.page_tokens - block.page_counts     # pages short of the position, less one
     opening = (past >= 0).nonzero()[0]
-    return block, opening, not opening.size or int(past.max()) == 0
+    return block, opening, not opening.size or int(np.maximum.reduce(past)) == 0
