@@ -99,9 +99,10 @@ class Scheduler:
         self._admitted_ns: dict[int, int] = {}
         self._events: list[WorkerEvent] = []
         self._eos = frozenset(config.eos_ids)
-        # bool [ids]: an EOS id (a block's sampled tokens are looked up at once: validated ids are
-        # inside the vocabulary; one comparison per EOS id cost more numpy calls)
-        self._eos_table = np.zeros(max([config.vocab_size, *(i + 1 for i in config.eos_ids)]), bool)
+        # bool [ids + 1]: an EOS id (a block's sampled tokens are looked up at once, one comparison
+        # per EOS id cost more numpy calls); the last entry, False, is what an id past the table
+        # reads (take(mode="clip")), so no vocabulary mismatch can raise or read an EOS there
+        self._eos_table = np.zeros(max([config.vocab_size, *(i + 1 for i in config.eos_ids)]) + 1, bool)
         self._eos_table[list(config.eos_ids)] = True
         self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
         self._max_prompt = max_prompt_tokens(config)
@@ -623,7 +624,7 @@ class Scheduler:
         # or finish by EOS or length: decided lane by lane, in lane order, as the per-lane path does
         flagged = (ends % pt == 0) | (block.rooms <= 2)          # ends + 1 >= token_limit
         if self._eos:                             # an EOS id where EOS ends it: one lookup (True > 0)
-            flagged |= self._eos_table[sampled] > block.ignore_eos
+            flagged |= self._eos_table.take(sampled, mode="clip") > block.ignore_eos
         events = self._events
         done = 0
         eos = self._eos
