@@ -254,7 +254,8 @@ class Scheduler:
             self.snapshots.pin(snap)            # not evictable while we look for pages
         need = -(-(start + n) // pt) - len(match.pages)
         hit = match.pages
-        while need > self.pool.available_pages - sum(1 for p in hit if self.pool.refcount(p) == 0):
+        # (the hit pages that are cached count as available but are not: no generator without hits)
+        while need > self.pool.available_pages - (sum(1 for p in hit if self.pool.refcount(p) == 0) if hit else 0):
             evicted = self.snapshots.evict_for_pages()
             hit = self.pool.match(match.keys[:len(hit)]) if evicted else hit
             if not evicted or len(hit) < len(match.pages):
