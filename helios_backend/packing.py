@@ -318,6 +318,12 @@ class _Step:
             return list(range(self.count))
         return [r for r, value in enumerate(values) if value is not None]
 
+    def packed(self) -> int:
+        """The lanes' packed tokens (their query lengths' sum): a decode step needs no starts."""
+        if self._starts is not None:
+            return int(self._starts[-1])
+        return int(np.add.reduce(self.column(C.VALUE_SOURCE_QUERY_LENGTH)))
+
     def token_starts(self) -> np.ndarray:
         """int64 [lanes + 1]: where each lane's packed tokens begin; the last entry is their total."""
         if self._starts is None:
@@ -331,12 +337,11 @@ _largest = np.maximum.reduce       # ndarray.max() without its Python-level wrap
 
 def _positions(step: _Step) -> np.ndarray:
     """int64 [packed tokens]: consumed, consumed + 1, ... for each lane's query tokens, back to back."""
-    starts = step.token_starts()
     consumed = step.column(C.VALUE_SOURCE_CONSUMED_TOKENS)
-    if starts[-1] == step.count:          # one token per lane (lengths >= 0 summing to the lane count, ...
+    if step.packed() == step.count:       # one token per lane (lengths >= 0 summing to the lane count, ...
         if step.count == 0 or _largest(step.column(C.VALUE_SOURCE_QUERY_LENGTH)) == 1:   # ... none above 1)
             return consumed
-    lengths = step.column(C.VALUE_SOURCE_QUERY_LENGTH)
+    starts, lengths = step.token_starts(), step.column(C.VALUE_SOURCE_QUERY_LENGTH)
     return (consumed - starts[:-1]).repeat(lengths) + np.arange(starts[-1])
 
 
@@ -901,7 +906,7 @@ class Packer:
         if step.count > rows:
             raise CapacityError(f"{program}: {step.count} lanes > {rows} rows")
         if tokens > 0:
-            packed = int(step.token_starts()[-1])
+            packed = step.packed()
             if packed > tokens:
                 raise CapacityError(f"{program}: {packed} packed tokens > {tokens}")
         for target, write in self._writes[frame][program]:
