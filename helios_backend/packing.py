@@ -65,7 +65,7 @@ class CapacityError(PackingError):
     """The submitted lanes do not fit the program's captured rows or packed tokens."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)                 # not frozen: a frozen init costs ~3x (one per admitted prompt)
 class PromptCounts:
     """A histogram row given by the ids it counts: the int32 counts of `ids` over `bins` bins.
     Packed by counting straight into the destination row (`_put`): a vocabulary-wide row built
@@ -318,6 +318,12 @@ class _Step:
             return list(range(self.count))
         return [r for r, value in enumerate(values) if value is not None]
 
+    def packed(self) -> int:
+        """The lanes' packed tokens (their query lengths' sum): a decode step needs no starts."""
+        if self._starts is not None:
+            return int(self._starts[-1])
+        return int(np.add.reduce(self.column(C.VALUE_SOURCE_QUERY_LENGTH)))
+
     def token_starts(self) -> np.ndarray:
         """int64 [lanes + 1]: where each lane's packed tokens begin; the last entry is their total."""
         if self._starts is None:
@@ -326,14 +332,16 @@ class _Step:
         return self._starts
 
 
+_largest = np.maximum.reduce       # ndarray.max() without its Python-level wrapper (a decode round calls it ~4 times)
+
+
 def _positions(step: _Step) -> np.ndarray:
     """int64 [packed tokens]: consumed, consumed + 1, ... for each lane's query tokens, back to back."""
-    starts = step.token_starts()
     consumed = step.column(C.VALUE_SOURCE_CONSUMED_TOKENS)
-    if starts[-1] == step.count:          # one token per lane (lengths >= 0 summing to the lane count, ...
-        if step.count == 0 or step.column(C.VALUE_SOURCE_QUERY_LENGTH).max() == 1:   # ... none above 1)
+    if step.packed() == step.count:       # one token per lane (lengths >= 0 summing to the lane count, ...
+        if step.count == 0 or _largest(step.column(C.VALUE_SOURCE_QUERY_LENGTH)) == 1:   # ... none above 1)
             return consumed
-    lengths = step.column(C.VALUE_SOURCE_QUERY_LENGTH)
+    starts, lengths = step.token_starts(), step.column(C.VALUE_SOURCE_QUERY_LENGTH)
     return (consumed - starts[:-1]).repeat(lengths) + np.arange(starts[-1])
 
 
@@ -393,6 +401,30 @@ class _PaddingMemory:
         self.sparse: dict[int, np.ndarray] = {}
 
 
+class _TailMemory:
+    """Which rows of one frame's row-mode destination are known to hold the padding, [pad_from,
+    pad_to): only for destinations that integer columns alone reach, one element a row, one
+    padding (`_tails_remembered`). A decode round's lanes fall short of its program's rows, and
+    the padding of the rows after them is the same round after round: written once, not by each
+    of the round's five or so columns every round."""
+
+    __slots__ = ("pad_from", "pad_to")
+
+    def __init__(self) -> None:
+        self.pad_from = self.pad_to = 0                # none known (a frame starts with any bytes)
+
+    def written(self, table: np.ndarray, n: int, rows: int, pad: np.ndarray) -> None:
+        """Rows [0, n) were written; rows [n, rows) must read the padding (rows <= n: none)."""
+        low, high = self.pad_from, self.pad_to
+        if rows > n:
+            if not (low <= n and high >= rows):
+                table[n:rows] = pad
+            self.pad_from, self.pad_to = n, (high if low <= rows < high else rows)
+            return
+        low = max(low, n)
+        self.pad_from, self.pad_to = (low, high) if low < high else (0, 0)
+
+
 class Target:
     """A resolved destination inside one frame.
 
@@ -406,6 +438,7 @@ class Target:
         self.view, self.width, self.rows, self.binding = view, width, rows, binding
         self._memory = memory
         self.padding: Optional[_PaddingMemory] = None   # None: pad every time
+        self.tail: Optional[_TailMemory] = None         # None: pad the rows after the lanes every time
         self._table = view[:rows * width].reshape(rows, width) if binding.index in _ROW_MODES else None
         self.offset = int(binding.offset)              # a Python int: numpy keeps the values' dtype
         self.pad = np.array(binding.padding).astype(view.dtype)
@@ -486,7 +519,9 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
     table[:n, 0] = values
     if target.width > 1:
         table[:n, 1:] = target.pad
-    if pad_tail and n < target.rows:
+    if target.tail is not None:
+        target.tail.written(table, n, target.rows if pad_tail else 0, target.pad)
+    elif pad_tail and n < target.rows:
         table[n:] = target.pad
 
 
@@ -534,10 +569,28 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         memory.tail = max(memory.tail, present[-1] + 1)
     elif memory.tail <= target.rows:                  # [tail, rows) hold it already
         if n < memory.tail:
-            table[n:memory.tail] = target.pad
+            _pad_rows(table, n, memory.tail, target, memory)
         memory.tail = n
     elif n < target.rows:
         table[n:] = target.pad
+
+
+def _pad_rows(table: np.ndarray, start: int, stop: int, target: Target, memory: _PaddingMemory) -> None:
+    """Rows [start, stop) made the padding: a row that holds the padding but for its counts
+    (`memory.sparse`) has those entries cleared, in one indexed write for all such rows, not its
+    ~200 KB (a round of prompts after a larger one leaves such rows behind it)."""
+    sparse = memory.sparse
+    counted = [r for r in range(start, stop) if r in sparse]
+    if not counted:
+        table[start:stop] = target.pad
+        return
+    for r in range(start, stop):
+        if r not in sparse:
+            table[r] = target.pad
+    table.reshape(-1)[_flat_indices(counted, [sparse.pop(r) for r in counted], target.width)] = target.pad
+
+
+_ADD_AT_MOST = 256          # ids counted with np.add.at; more: sorted once (np.unique), ~3x faster at 1,500
 
 
 def _count_over_padding(table: np.ndarray, counts: list[PromptCounts], rows: list[int], target: Target,
@@ -561,7 +614,12 @@ def _count_over_padding(table: np.ndarray, counts: list[PromptCounts], rows: lis
     flat = table.reshape(-1)
     if cleared:
         flat[_flat_indices(cleared, known, width)] = target.pad
-    np.add.at(flat, _flat_indices(rows, [value.ids for value in counts], width), 1)
+    positions = _flat_indices(rows, [value.ids for value in counts], width)
+    if positions.size < _ADD_AT_MOST:
+        np.add.at(flat, positions, 1)
+    else:                                             # a round of prompts: np.add.at costs ~35 ns an id
+        distinct, times = np.unique(positions, return_counts=True)
+        flat[distinct] += times.astype(flat.dtype)
 
 
 def _flat_indices(rows: list[int], ids: list[np.ndarray], width: int) -> np.ndarray:
@@ -631,7 +689,7 @@ def _physical_rows(target: Target, step: _Step, source: int) -> None:
         lanes_per_slot = None
     if lanes_per_slot is None or lanes_per_slot.size > memory.written.size:
         raise CapacityError(f"slots {slots.tolist()} outside the {memory.written.size} physical slots")
-    if lanes_per_slot.max() == 1:
+    if _largest(lanes_per_slot) == 1:
         _upload(target, values, sizes, slots, generations)
     else:                        # a slot named twice: in lane order, each lane sees the one before
         for r in range(n):
@@ -644,13 +702,14 @@ def _upload(target: Target, values: LaneValues, sizes: np.ndarray, slots: np.nda
     memory, width = target.memory, target.width
     held = np.where(memory.generation[slots] == generations, memory.written[slots], 0)
     new = sizes - held
-    if sizes.size and sizes.max() > width:
+    if sizes.size and _largest(sizes) > width:
         r = int(sizes.argmax())
         raise CapacityError(f"slot {slots[r]}: {int(sizes[r])} entries exceed the row width {width}")
     ones = (new == 1).nonzero()[0]
     if ones.size:                # a decode round: the lanes that just took a page, one entry each
-        entries = np.fromiter(map(getitem, _rows_of(values, ones.tolist()), held[ones].tolist()), np.int64, ones.size)
-        target.view[slots[ones] * width + held[ones]] = entries + target.offset if target.offset else entries
+        first = held[ones]
+        entries = np.fromiter(map(getitem, _rows_of(values, ones.tolist()), first.tolist()), np.int64, ones.size)
+        target.view[slots[ones] * width + first] = entries + target.offset if target.offset else entries
     many = (new > 1).nonzero()[0]
     # admitted lanes' tables (a round of prompts): every entry at once where _put_entries can
     if not (many.size > 1 and _put_entries(target, values, many, slots, held, sizes)):
@@ -734,16 +793,28 @@ def _resolve(binding: C.ValueBinding, where: str) -> Write:
     return partial(writer, source=source)
 
 
-def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
-    """Destinations whose padding the packer may remember (_PaddingMemory): every binding of
-    them, in every graph packed, writes per-lane values by row with the same padding."""
+def _bindings_by_destination(graphs: Sequence[C.GraphContract]) -> dict[str, list[C.ValueBinding]]:
     bindings: dict[str, list[C.ValueBinding]] = {}
     for graph in graphs:
         for b in graph.bindings:
             bindings.setdefault(b.destination, []).append(b)
-    return frozenset(name for name, bs in bindings.items()
+    return bindings
+
+
+def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
+    """Destinations whose padding the packer may remember (_PaddingMemory): every binding of
+    them, in every graph packed, writes per-lane values by row with the same padding."""
+    return frozenset(name for name, bs in _bindings_by_destination(graphs).items()
                      if all(b.index in _ROW_MODES and b.source in LANE_SOURCES and b.source not in INTEGER_SOURCES
                             for b in bs) and len({b.padding for b in bs}) == 1)
+
+
+def _tails_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
+    """Destinations whose padded rows the packer may remember (_TailMemory): every binding of
+    them, in every graph packed, writes an integer column by row with the same padding."""
+    return frozenset(name for name, bs in _bindings_by_destination(graphs).items()
+                     if all(b.index in _ROW_MODES and b.source in INTEGER_SOURCES for b in bs)
+                     and len({b.padding for b in bs}) == 1)
 
 
 class Packer:
@@ -772,6 +843,8 @@ class Packer:
         page_memory: list[dict[str, _PageMemory]] = [dict() for _ in frames]
         remembered = _padding_remembered(graphs)
         padding_memory: list[dict[str, _PaddingMemory]] = [dict() for _ in frames]
+        tails = _tails_remembered(graphs)
+        tail_memory: list[dict[str, _TailMemory]] = [dict() for _ in frames]
         for graph in graphs:
             plans: list[list[tuple[Target, Write]]] = [[] for _ in frames]
             for index, b in enumerate(graph.bindings):
@@ -803,6 +876,8 @@ class Packer:
                     target = Target(view, width, graph.capacity.rows, b, memory)
                     if d.name in remembered:
                         target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory(row_capacity[d.name]))
+                    if d.name in tails and width == 1:
+                        target.tail = tail_memory[f].setdefault(d.name, _TailMemory())
                     plans[f].append((target, write))
             for f, plan in enumerate(plans):
                 self._writes[f][graph.program] = tuple(plan)
@@ -831,7 +906,7 @@ class Packer:
         if step.count > rows:
             raise CapacityError(f"{program}: {step.count} lanes > {rows} rows")
         if tokens > 0:
-            packed = int(step.token_starts()[-1])
+            packed = step.packed()
             if packed > tokens:
                 raise CapacityError(f"{program}: {packed} packed tokens > {tokens}")
         for target, write in self._writes[frame][program]:

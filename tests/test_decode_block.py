@@ -68,7 +68,7 @@ def _event_record(ev: Emitted | Terminal) -> tuple:
     return ("terminal", ev.serial, event.SerializeToString(deterministic=True))
 
 
-def _trace(columnar: bool, seed: int, steps: int = 400) -> tuple[list, int, dict]:
+def _trace(columnar: bool, seed: int, steps: int = 400, failures: bool = False) -> tuple[list, int, dict]:
     rng = random.Random(seed)
     cfg = SchedulerConfig(page_tokens=4, num_pages=rng.choice((48, 96, 400)), request_slots=16, max_active=16,
                           queue_capacity=256, context_tokens=96, max_pages_per_row=24, vocab_size=VOCAB,
@@ -113,9 +113,19 @@ def _trace(columnar: bool, seed: int, steps: int = 400) -> tuple[list, int, dict
                 launch(nxt, 1)
                 inflight.append(nxt)
         plan = inflight.pop(0)
-        sched.complete(plan, engine.collect(plan))
+        rows = engine.collect(plan)
+        if failures and rng.random() < 0.05:        # a failed round, and the one pipelined behind it
+            sched.fail(plan, "failed")
+            for later in inflight:
+                engine.collect(later)
+                sched.fail(later, "failed")
+            inflight.clear()
+        else:
+            sched.complete(plan, rows)
         events = sched.take_worker_events()
         trace.append(("events", [_event_record(ev) for ev in expand(events)]))
+        # the fence: each request's rounds in flight (a block round may hold it for the next one)
+        trace.append(("fence", sorted((req.serial, req.inflight) for req in sched._by_serial.values())))
         pool = sched.pool                             # published pages, their keys and the LRU order
         trace.append(("pool", sorted(pool._key_of.items()), list(pool._lru), pool.free_pages))
     state = {"used_pages": sched.pool.used_pages, "writes_to_shared": list(engine.writes_to_shared),
@@ -135,6 +145,40 @@ def test_columnar_decode_plans_and_events_equal_the_per_lane_path(seed: int) -> 
     for i, (want, got) in enumerate(zip(per_lane, columnar)):
         assert got == want, f"record {i} differs"
     assert columnar_state == state
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_failed_rounds_release_the_same_fences_with_blocks(seed: int) -> None:
+    # a block round that hands its requests' fence to the round behind it, then fails (and that
+    # round with it): every request's rounds in flight, events and pages as lane by lane
+    per_lane, _, state = _trace(False, 100 + seed, steps=300, failures=True)
+    columnar, blocks, columnar_state = _trace(True, 100 + seed, steps=300, failures=True)
+    assert blocks > 10 and sum(1 for kind, *_ in per_lane if kind == "events") > 100
+    assert any(record[0] == "events" and any(ev[0] == "terminal" and b"failed" in ev[2] for ev in record[1])
+               for record in per_lane)
+    assert len(columnar) == len(per_lane)
+    for i, (want, got) in enumerate(zip(per_lane, columnar)):
+        assert got == want, f"record {i} differs"
+    assert columnar_state == state
+
+
+def test_a_block_round_hands_its_fence_to_the_round_behind_it() -> None:
+    reqs = _requests(3)
+    first = DecodeBlock.of(reqs, [4, 5, 6], [17, 16, 15])
+    assert first.take_fence() == reqs                            # nothing to carry: one fence each
+    second = first.advance(np.array([True, False, True]))
+    assert second.take_fence() == [] and first.handed is second.kept
+    assert first.release_fence() == [reqs[1]]                    # the others' fence is the second's now
+    assert second.release_fence() == [reqs[0], reqs[2]]
+    assert second.source is None                                 # settled: it holds no chain of earlier blocks
+    third = second.advance(np.array([True, True]))             # behind a settled round: one fence each
+    assert third.take_fence() == [reqs[0], reqs[2]] and second.handed is None
+    # the round behind fails before the one it follows completed: it hands the fence back
+    again = DecodeBlock.of(reqs, [4, 5, 6], [17, 16, 15])
+    behind = again.advance(np.array([True, True, True]))
+    assert behind.take_fence() == []
+    assert behind.release_fence() == [] and again.handed is None
+    assert again.release_fence() == reqs
 
 
 def _requests(n: int) -> list[Request]:

@@ -18,7 +18,6 @@ request reads its pending token, is not fresh, and never restores or writes a sn
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import compress
 from operator import attrgetter
 from typing import overload
 
@@ -31,10 +30,10 @@ _SLOT, _GENERATION = attrgetter("slot"), attrgetter("generation")
 
 
 # the rows of DecodeBlock.columns (int64 [COLUMNS, lanes])
-SERIAL, SLOT, GENERATION, START, LIMIT, TOKEN_LIMIT, PAGE_COUNT, OBSERVED, IGNORE_EOS = range(9)
+SERIAL, SLOT, GENERATION, START, LIMIT, ROOM, PAGE_COUNT, OBSERVED, IGNORE_EOS = range(9)
 COLUMNS = 9
-_ADVANCE = np.zeros((COLUMNS, 1), np.int64)       # a round further: START + 1, LIMIT - 1, in one add
-_ADVANCE[START], _ADVANCE[LIMIT] = 1, -1
+_ADVANCE = np.zeros((COLUMNS, 1), np.int64)       # a round further: START + 1, LIMIT and ROOM - 1, in one add
+_ADVANCE[START], _ADVANCE[LIMIT], _ADVANCE[ROOM] = 1, -1, -1
 _ADVANCE.flags.writeable = False
 
 
@@ -46,24 +45,53 @@ class DecodeBlock(Sequence[Lane]):
         SERIAL, SLOT, GENERATION   the request and its slot assignment
         START                      first query position = consumed endpoint before the round
         LIMIT                      Lane.output_limit: tokens the request may still emit
-        TOKEN_LIMIT                Request.token_limit: len(tokens) at which it ends by length
+        ROOM                       Request.token_limit - START: the round's token ends the request
+                                   by length where ROOM <= 2 (it makes len(tokens) START + 2)
         PAGE_COUNT                 len(request.pages) once the round's pages are reserved
         OBSERVED, IGNORE_EOS       spec.observe_timestamps, spec.ignore_eos (0 / 1)
+
+    Each row is also an attribute, a view of `columns` named in lower case: `serials`, `slots`,
+    `generations`, `starts`, `limits`, `rooms`, `page_counts`, `observed`, `ignore_eos`.
     """
 
-    __slots__ = ("requests", "columns", "extra", "_lanes")
+    __slots__ = ("requests", "columns", "extra", "_lanes", "serials", "slots", "generations", "starts", "limits",
+                 "rooms", "page_counts", "observed", "ignore_eos", "source", "kept", "carried", "handed",
+                 "settled")
+    serials: np.ndarray
+    slots: np.ndarray
+    generations: np.ndarray
+    starts: np.ndarray
+    limits: np.ndarray
+    rooms: np.ndarray
+    page_counts: np.ndarray
+    observed: np.ndarray
+    ignore_eos: np.ndarray
 
     def __init__(self, requests: list[Request], columns: np.ndarray) -> None:
         self.requests = requests
         self.columns = columns
+        # the rows as views, made once: a round reads them ~15 times (a view per read cost ~8 us a
+        # round at 256 lanes); `columns` is never replaced, and writes into a view are its writes
+        (self.serials, self.slots, self.generations, self.starts, self.limits, self.rooms,
+         self.page_counts, self.observed, self.ignore_eos) = columns
         self.extra: list[Lane] = []
         self._lanes: list[Lane | None] = []
+        # the fence by round (Scheduler._book, complete, fail): a request whose lane continues from
+        # one block round into the next keeps the fence the first round took, so neither round
+        # touches it; `source` the block this one advanced (`kept`: which of its lanes continue,
+        # the first `carried` of this one), `handed` (on the source, once this one is booked):
+        # its lanes whose fence the next round holds, `settled`: completed or failed
+        self.source: DecodeBlock | None = None
+        self.kept: np.ndarray | None = None
+        self.carried = 0
+        self.handed: np.ndarray | None = None
+        self.settled = False
 
     @classmethod
     def of(cls, requests: list[Request], starts: Sequence[int], limits: Sequence[int]) -> "DecodeBlock":
         """Plain decode lanes of `requests` at `starts` with output limits `limits`: the columns
         gathered once (a round that follows a block derives its columns from it: `advance`)."""
-        columns = np.array([(r.serial, r.slot, r.generation, start, limit, r.token_limit, len(r.pages),
+        columns = np.array([(r.serial, r.slot, r.generation, start, limit, r.token_limit - start, len(r.pages),
                              r.spec.observe_timestamps, r.spec.ignore_eos)
                             for r, start, limit in zip(requests, starts, limits)], dtype=np.int64)
         return cls(requests, columns.T.copy() if len(requests) else np.zeros((COLUMNS, 0), np.int64))
@@ -71,25 +99,55 @@ class DecodeBlock(Sequence[Lane]):
     def advance(self, keep: np.ndarray) -> "DecodeBlock":
         """The next round of the lanes where `keep` (bool [count]) is true: one position further,
         one output token fewer; page counts as they are (the caller reserves opening pages)."""
-        if keep.all():
-            return DecodeBlock(list(self.requests), self.columns + _ADVANCE)
-        columns = self.columns[:, keep]
-        columns += _ADVANCE
-        return DecodeBlock(list(compress(self.requests, keep.tolist())), columns)
+        dropped = (~keep).nonzero()[0].tolist()
+        if not dropped:
+            block = DecodeBlock(list(self.requests), self.columns + _ADVANCE)
+        else:                                     # a few lanes emit their last token: delete those
+            columns = self.columns.take(keep.nonzero()[0], axis=1)    # (a boolean index: twice the time)
+            columns += _ADVANCE
+            requests = list(self.requests)
+            for i in reversed(dropped):
+                del requests[i]
+            block = DecodeBlock(requests, columns)
+        block.source, block.kept, block.carried = self, keep, len(block.requests)
+        return block
 
     def joined(self, other: "DecodeBlock") -> "DecodeBlock":
         """This block's lanes, then `other`'s (neither has explicit lanes)."""
         if not other.requests:
             return self
-        return DecodeBlock(self.requests + other.requests, np.concatenate((self.columns, other.columns), axis=1))
+        block = DecodeBlock(self.requests + other.requests, np.concatenate((self.columns, other.columns), axis=1))
+        block.source, block.kept, block.carried = self.source, self.kept, self.carried
+        return block
 
-    serials = property(lambda self: self.columns[SERIAL], doc="int64 [size]: Request.serial")
-    slots = property(lambda self: self.columns[SLOT], doc="int64 [size]: the lanes' slots")
-    generations = property(lambda self: self.columns[GENERATION], doc="int64 [size]: their generations")
-    starts = property(lambda self: self.columns[START], doc="int64 [size]: first query positions")
-    limits = property(lambda self: self.columns[LIMIT], doc="int64 [size]: Lane.output_limit")
-    token_limits = property(lambda self: self.columns[TOKEN_LIMIT], doc="int64 [size]: Request.token_limit")
-    page_counts = property(lambda self: self.columns[PAGE_COUNT], doc="int64 [size]: len(request.pages)")
+    def take_fence(self) -> list[Request]:
+        """Booking this round: the requests whose fence it takes. A lane carried from its source
+        round, still in flight, holds that round's fence (the source hands it over); the others,
+        and every lane once the source has settled, take one each."""
+        source = self.source
+        if source is None or not self.carried or source.settled:
+            return self.requests
+        source.handed = self.kept
+        return self.requests[self.carried:]
+
+    def release_fence(self) -> list[Request]:
+        """This round completes or fails: the requests whose fence it releases, those of the lanes
+        it did not hand to the next round. A failed round hands back what its source handed it
+        while the source is still in flight (the source then releases those itself)."""
+        self.settled = True
+        source = self.source
+        if source is not None and self.carried and not source.settled and source.handed is self.kept:
+            source.handed = None
+            kept = self.requests[self.carried:]
+        else:
+            kept = self.requests
+        self.source = None                        # settled: no chain of every block since the first
+        handed = self.handed
+        if handed is None:
+            return kept
+        if kept is not self.requests:
+            raise RuntimeError("a round completed before the round it follows")
+        return [self.requests[i] for i in (~handed).nonzero()[0].tolist()]
 
     @property
     def size(self) -> int:

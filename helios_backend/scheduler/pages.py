@@ -45,6 +45,7 @@ class PagePool:
         self._ref = [0] * num_pages
         self._snapshot_ref = [0] * num_pages   # references held by published snapshots
         self._request_held = 0                 # pages some request (not only a snapshot) holds
+        self._snapshot_held = 0                # pages with a snapshot reference (0: release's fast path)
         self._key_of: dict[int, bytes] = {}
         self._page_of: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first
@@ -132,6 +133,23 @@ class PagePool:
         """
         refs, snapshot_refs, key_of = self._ref, self._snapshot_ref, self._key_of   # once per call:
         lru, free = self._lru, self._free            # a finished request releases all its pages
+        if not by_snapshot and not self._snapshot_held:
+            # no page has a snapshot reference: a page stays request-held until its last reference
+            held = self._request_held
+            for page in reversed(pages):
+                ref = refs[page] - 1
+                if ref < 0:
+                    self._request_held = held
+                    raise RuntimeError(f"page {page} released more often than referenced")
+                refs[page] = ref
+                if ref == 0:
+                    held -= 1
+                    if page in key_of:
+                        lru[page] = None
+                    else:
+                        free.append(page)
+            self._request_held = held
+            return
         for page in reversed(pages):
             old, snapshot_ref = refs[page], snapshot_refs[page]
             ref = old - 1
@@ -142,6 +160,7 @@ class PagePool:
             if by_snapshot:
                 snapshot_ref -= 1
                 snapshot_refs[page] = snapshot_ref
+                self._snapshot_held -= snapshot_ref == 0
             self._request_held += (ref > snapshot_ref) - before
             if ref == 0:
                 if page in key_of:
@@ -156,14 +175,25 @@ class PagePool:
         Returns False (the page stays private) when an equal page is already
         published: the first copy wins and the duplicate is freed on release.
         """
-        if self._ref[page] <= 0:
-            raise RuntimeError(f"publishing unreferenced page {page}")
-        if page in self._key_of or key in self._page_of:
-            return False
-        self._key_of[page] = key
-        self._page_of[key] = page
-        self.counters.published += 1
-        return True
+        return self.publish_many((page,), (key,)) == 1
+
+    def publish_many(self, pages: Sequence[int], keys: Sequence[bytes]) -> int:
+        """publish() of each page under its key, in order (a round's completed pages in one
+        call); returns how many became matchable."""
+        refs, key_of, page_of = self._ref, self._key_of, self._page_of
+        published = 0
+        try:
+            for page, key in zip(pages, keys):
+                if refs[page] <= 0:
+                    raise RuntimeError(f"publishing unreferenced page {page}")
+                if page in key_of or key in page_of:
+                    continue
+                key_of[page] = key
+                page_of[key] = page
+                published += 1
+        finally:
+            self.counters.published += published
+        return published
 
     def match(self, keys: Iterable[bytes]) -> list[int]:
         """The longest run of published pages for a chain of keys (not yet referenced)."""
@@ -183,6 +213,7 @@ class PagePool:
             before = self._ref[page] > self._snapshot_ref[page]
             self._ref[page] += 1
             if by_snapshot:
+                self._snapshot_held += self._snapshot_ref[page] == 0
                 self._snapshot_ref[page] += 1
             self._request_held += (self._ref[page] > self._snapshot_ref[page]) - before
         if not by_snapshot:

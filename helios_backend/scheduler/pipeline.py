@@ -116,7 +116,7 @@ def continuing_block(main: DecodeBlock, outsiders: list[Request],
     checks only the length limit is left. Returns the block, the indices of its lanes whose
     position opens a page, and whether each of them needs exactly one page (its position is the
     first of the page after those it holds); None when an outsider needs completion feedback."""
-    block = main.advance(main.starts + 2 < main.token_limits)     # len(tokens) + 1 < token_limit
+    block = main.advance(main.rooms > 2)          # len(tokens) + 1 < token_limit: start + 2 < token_limit
     if outsiders:
         eos_ids = config.eos_ids
         for req in outsiders:
@@ -126,5 +126,5 @@ def continuing_block(main: DecodeBlock, outsiders: list[Request],
         block = block.joined(DecodeBlock.of(outsiders, [req.computed for req in outsiders],
                                             [req.spec.max_tokens - req.output_len for req in outsiders]))
     past = block.starts // config.page_tokens - block.page_counts     # pages short of the position, less one
-    opening = np.flatnonzero(past >= 0)
-    return block, opening, not opening.size or int(past.max()) == 0
+    opening = (past >= 0).nonzero()[0]
+    return block, opening, not opening.size or int(np.maximum.reduce(past)) == 0

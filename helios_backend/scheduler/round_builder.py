@@ -66,11 +66,17 @@ class RoundBuilder:
         if want <= 0:
             return 0
         rows, used, host_fed = len(self.lanes), self.tokens, self.host_fed
+        behind = self.behind_inflight
+        # the whole chunk first (the largest candidate below): most admissions fit it, without
+        # the candidates' set and sort
+        variant = variants.choose_shape(rows + 1, used + want, host_fed if want == 1 and pending_one else host_fed + 1)
+        if variant is not None and not (behind and variant.operation == cp.OPERATION_PREFILL):
+            return want
         candidates = {want, 1}
         for v in variants.main_variants:
             if 0 < v.tokens - used < want:
                 candidates.add(v.tokens - used)
-        behind = self.behind_inflight
+        candidates.discard(want)
         for n in sorted(candidates, reverse=True):
             if behind and host_fed and n < want:
                 # a second prompt of a round behind the one in flight goes in whole: a part

@@ -42,7 +42,7 @@ from helios_proto import exchange_pb2 as ep
 from helios_backend.scheduler.admission import check_admission, max_prompt_tokens
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.config import SchedulerConfig
-from helios_backend.scheduler.decode_block import IGNORE_EOS, OBSERVED, SERIAL, DecodeBlock, explicit_lanes
+from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes
 from helios_backend.scheduler.events import (
     Emitted, Event, SchedulerCounters, Terminal, TokenBlock, WorkerEvent, expand)
 from helios_backend.scheduler.generations import SlotGenerations
@@ -89,7 +89,6 @@ class Scheduler:
         # requests cancelled or whose finish is decided but not yet fenced: while any is known, a
         # round's decode lanes take the per-lane path (their checks are per request)
         self._unsettled: set[int] = set()
-        self._eos_ids = sorted(set(config.eos_ids))
         # the model's (NativeModel.generations) when serving; a scheduler without one counts its own
         self._generations = generations if generations is not None else SlotGenerations(config.request_slots)
         self._waiting: list[tuple[tuple[int, int], Request]] = []    # sorted by (-priority, arrival)
@@ -100,6 +99,11 @@ class Scheduler:
         self._admitted_ns: dict[int, int] = {}
         self._events: list[WorkerEvent] = []
         self._eos = frozenset(config.eos_ids)
+        # bool [ids + 1]: an EOS id (a block's sampled tokens are looked up at once, one comparison
+        # per EOS id cost more numpy calls); the last entry, False, is what an id past the table
+        # reads (take(mode="clip")), so no vocabulary mismatch can raise or read an EOS there
+        self._eos_table = np.zeros(max([config.vocab_size, *(i + 1 for i in config.eos_ids)]) + 1, bool)
+        self._eos_table[list(config.eos_ids)] = True
         self.max_active = min(config.max_active, config.request_slots, variants.main_rows)
         self._max_prompt = max_prompt_tokens(config)
         self._chunk_limit = config.prefill_chunk_tokens or config.context_tokens
@@ -250,7 +254,8 @@ class Scheduler:
             self.snapshots.pin(snap)            # not evictable while we look for pages
         need = -(-(start + n) // pt) - len(match.pages)
         hit = match.pages
-        while need > self.pool.available_pages - sum(1 for p in hit if self.pool.refcount(p) == 0):
+        # (the hit pages that are cached count as available but are not: no generator without hits)
+        while need > self.pool.available_pages - (sum(1 for p in hit if self.pool.refcount(p) == 0) if hit else 0):
             evicted = self.snapshots.evict_for_pages()
             hit = self.pool.match(match.keys[:len(hit)]) if evicted else hit
             if not evicted or len(hit) < len(match.pages):
@@ -310,7 +315,10 @@ class Scheduler:
         if (self.snapshots.capacity and req.preemptions == 0 and end == req.prompt_len
                 and req.prompt_len % pt and start < end):
             complete = req.prompt_len // pt
-            keys = chain_keys(self._seed, req.tokens, pt, complete)
+            # the keys its admission's prefix lookup hashed (the same chain), else hashed here
+            keys = req.admission_keys[:complete]
+            if len(keys) < complete:
+                keys = chain_keys(self._seed, req.tokens, pt, complete)
             snap = self.snapshots.reserve(keys[-1] if keys else self._seed, req.pages[:complete],
                                           req.tokens[complete * pt:req.prompt_len], pt)
             if snap is not None:
@@ -354,7 +362,7 @@ class Scheduler:
             self.counters.launched(sub.operation)
             lanes = sub.lanes
             if isinstance(lanes, DecodeBlock):
-                for req in lanes.requests:
+                for req in lanes.take_fence():        # a lane carried from the round in flight: none
                     req.inflight += 1
                 lanes = lanes.extra
             for lane in lanes:
@@ -431,7 +439,7 @@ class Scheduler:
                 in_main[lane.slot] = True
             in_main[self._free_slots] = True
             owners = self._slot_owner
-            found_owners = [owners[slot] for slot in np.flatnonzero(~in_main).tolist()]
+            found_owners = [owners[slot] for slot in (~in_main).nonzero()[0].tolist()]
             outsiders = [req for req in found_owners if req is not None]
             if len(outsiders) < len(found_owners):
                 raise RuntimeError("an occupied slot has no running request")
@@ -492,6 +500,11 @@ class Scheduler:
         # request is cancelled or its finish decided (then lane by lane, as any other lane)
         columns = isinstance(lanes, DecodeBlock) and not self._unsettled
         explicit = explicit_lanes(lanes) if columns else lanes
+        fenced = 0                                    # the explicit lanes from here release their fence below
+        if isinstance(lanes, DecodeBlock):            # its columns' fence first (those it did not hand on)
+            for req in lanes.release_fence():
+                req.inflight -= 1
+            fenced = 0 if columns else lanes.size
         # a constrained request has host values (Request.host_values): most rounds have none
         constrained = sum(map(_CONSTRAINED, explicit)) if any(map(_HOST_VALUES, explicit)) else 0
         if constrained:
@@ -526,7 +539,8 @@ class Scheduler:
         eos, stops = self._eos, self._stops
         for i, lane in enumerate(explicit):
             req = lane.request
-            req.inflight -= 1
+            if i >= fenced:
+                req.inflight -= 1
             if lane.restore is not None:
                 self._unpin_restore(lane.restore.source_row)
             req.computed = end = lane.start + len(lane.tokens)
@@ -593,16 +607,15 @@ class Scheduler:
         tokens = sampled.tolist()
         ends = block.starts + 1
         requests = block.requests
-        for req, token, end in zip(requests, tokens, ends.tolist()):
-            req.inflight -= 1
+        for req, token, end in zip(requests, tokens, ends.tolist()):     # (their fence: complete())
             req.computed = end
             req.tokens.append(token)
         stamp = stamps = None
-        observed = block.columns[OBSERVED]
+        observed = block.observed
         if observed.any():
             stamp = time.monotonic_ns() - self.config.clock_origin_ns
             stamps = np.where(observed == 1, stamp, -1)
-        serials = block.columns[SERIAL]
+        serials = block.serials
         logprobs = rows.logprobs[:k] if rows.logprobs is not None else None
 
         def emitted(a: int, b: int) -> TokenBlock:       # the token events of lanes [a, b)
@@ -610,16 +623,13 @@ class Scheduler:
                               None if logprobs is None else logprobs[a:b])
         # the lanes that may complete a page (published >= (end - 1) // pt held before this round)
         # or finish by EOS or length: decided lane by lane, in lane order, as the per-lane path does
-        flagged = (ends % pt == 0) | (ends + 1 >= block.token_limits)
-        if self._eos:                             # one comparison per EOS id (np.isin costs ~15x more here)
-            eos_hit = sampled == self._eos_ids[0]
-            for eos_id in self._eos_ids[1:]:
-                eos_hit |= sampled == eos_id
-            flagged |= eos_hit & (block.columns[IGNORE_EOS] == 0)
+        flagged = (ends % pt == 0) | (block.rooms <= 2)          # ends + 1 >= token_limit
+        if self._eos:                             # an EOS id where EOS ends it: one lookup (True > 0)
+            flagged |= self._eos_table.take(sampled, mode="clip") > block.ignore_eos
         events = self._events
         done = 0
         eos = self._eos
-        marked = np.flatnonzero(flagged).tolist()
+        marked = flagged.nonzero()[0].tolist()          # (np.flatnonzero: ~4x the call)
         # the pages completed in this round first, in lane order: a finish below releases only its
         # own request's pages, published here already, so the pool ends as lane by lane
         self._publish_pages_of([requests[i] for i in marked])
@@ -643,7 +653,12 @@ class Scheduler:
         nothing of the round is published (CACHE-25); other requests go on."""
         seen: set[int] = set()
         for sub in plan.submissions():
-            for lane in sub.lanes:
+            lanes = sub.lanes
+            if isinstance(lanes, DecodeBlock):
+                for req in lanes.release_fence():
+                    req.inflight -= 1
+                lanes = lanes.extra
+            for lane in lanes:
                 lane.request.inflight -= 1
         for lane in plan.main.lanes:
             if lane.snapshot_row >= 0:
@@ -697,19 +712,31 @@ class Scheduler:
     def _publish_pages_of(self, requests: Sequence[Request]) -> None:
         """_publish_pages of each request in turn (a decode block's: about one lane in page_tokens
         completes a page each round)."""
-        pt, seed, publish = self.config.page_tokens, self._seed, self.pool.publish
+        pt, seed = self.config.page_tokens, self._seed
+        pages: list[int] = []                         # every page published, in order, and its key
+        keys: list[bytes] = []
         for req in requests:
             complete = min(req.computed // pt, len(req.pages))
             first = req.published_pages
             if complete <= first:
                 continue
-            keys, tokens, pages, hashed = req.chain_keys, req.tokens, req.pages, req.admission_keys
-            key = keys[-1] if keys else seed
-            for p in range(first, complete):          # a decode lane: one page
-                key = hashed[p] if p < len(hashed) else next_key(key, tokens[p * pt:(p + 1) * pt])
-                publish(pages[p], key)
+            chain, hashed = req.chain_keys, req.admission_keys
+            if complete == first + 1 and first >= len(hashed):    # a decode lane: one page
+                key = next_key(chain[-1] if chain else seed, req.tokens[first * pt:complete * pt])
+                chain.append(key)
+                pages.append(req.pages[first])
                 keys.append(key)
+            else:
+                tokens, held = req.tokens, req.pages
+                key = chain[-1] if chain else seed
+                for p in range(first, complete):
+                    key = hashed[p] if p < len(hashed) else next_key(key, tokens[p * pt:(p + 1) * pt])
+                    chain.append(key)
+                    pages.append(held[p])
+                    keys.append(key)
             req.published_pages = complete
+        if pages:
+            self.pool.publish_many(pages, keys)
 
     def _unpin_restore(self, row: int) -> None:
         self.snapshots.unpin_row(row)
