@@ -953,24 +953,6 @@ def test_split_kv_attention_matches_unsplit_and_resets_its_counters(
     assert (out["arrivals"] == 0).all()          # self-resetting for the next launch
 
 
-@pytest.mark.parametrize("split_keys", [64, 96])
-@pytest.mark.parametrize("query_length, positions, page_tokens, q_heads, kv_heads",
-                         [PAGED_CASES[2], PAGED_CASES[5]])
-def test_split_kv_attention_with_a_minimum_of_keys_per_split(library, interpreter, split_keys, query_length,
-                                                           positions, page_tokens, q_heads, kv_heads):
-    """SPLIT_KEYS raises a short context's chunk (128-dim heads: 32-key blocks, 8 splits asked
-    for): fewer splits hold keys, and a minimum that is not a multiple of the key block still
-    cuts the keys exactly once."""
-    runner = InterpreterRunner(library, interpreter, {"attention.paged_split.v1": {"SPLIT_KEYS": split_keys}})
-    buffers, immediates = _paged_case(query_length, positions, page_tokens, q_heads, kv_heads, 128)
-    tokens, splits = immediates["tokens"], 8
-    buffers["partials"] = np.zeros((splits, tokens, q_heads, 128 + 2), np.float32)
-    buffers["arrivals"] = np.zeros((tokens, kv_heads), np.int32)
-    out = check_against_reference(runner, "attention.paged_split.v1", buffers, {**immediates, "splits": splits},
-                                  atol=1e-2, rtol=1e-2, spec=_split_spec())
-    assert (out["arrivals"] == 0).all()
-
-
 # ---------------------------------------------------------------------------------------------
 # sampling
 

@@ -142,9 +142,6 @@ class KernelLibrary:
         (build_modules(widened={id: the widest of a core's launches})), else None."""
         return self.spec(kernel_id).widening_of(self._integers(self._immediates(kernel_id, args)))
 
-    def needs_widening(self, kernel_id: str, args: Sequence) -> bool:
-        return self.widening_of(kernel_id, args) is not None
-
     def tiles(self, kernel_id: str, args: Sequence) -> Mapping[str, int]:
         """The constexprs a launch with these args runs with (widened where it needs it)."""
         return self.spec(kernel_id).tiles(self._integers(self._immediates(kernel_id, args)))

@@ -81,9 +81,6 @@ class KernelBuild:
         value = int(immediates[self.widening.immediate])
         return value if value > self.constexprs[self.widening.limit] else None
 
-    def needs_widening(self, immediates: Immediates) -> bool:
-        return self.widening_of(immediates) is not None
-
     def widened_tiles(self, width: int | None) -> Mapping[str, int]:
         """The constexprs of a cubin compiled for launches up to `width` (None: the base tiles)."""
         if self.widening is None or width is None:
@@ -346,8 +343,6 @@ ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", (
     # 0.015 of its floor, H100 at c1017d8)
     (128, {"WIDE_N": 32, "WIDE_D": 128}),
     (256, {"WIDE_N": 16, "WIDE_D": 256})))
-# split-KV decode: a split holds at least SPLIT_KEYS keys (a multiple of every level's key block)
-_SPLIT_ATTENTION = {**_ATTENTION, "SPLIT_KEYS": 0}
 # prefill chunks and wide MIXED steps (from LARGE_TOKENS tokens): 64 query rows a block against
 # [32 keys, up to 128 dims] tiles (16 KiB of keys and values a stage at 128 dims), the key loop
 # of the smaller blocks (LARGE_FLASH 0; PAGE_TOKENS unused)
@@ -489,7 +484,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _one_program_over_rows, num_warps=8),
     KernelBuild("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
                _histogram_tiles, divisible=("histogram_bins",)),
-    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _SPLIT_ATTENTION,
+    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _ATTENTION,
                _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride"),
                widening=ATTENTION_WIDENING),
     KernelBuild("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},

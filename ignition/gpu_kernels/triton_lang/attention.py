@@ -653,14 +653,12 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
                           page_tokens, pages_per_row, page_stride, scale, splits,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           WIDE_N: tl.constexpr, WIDE_D: tl.constexpr, MAX_ROWS: tl.constexpr,
-                          SPLIT_KEYS: tl.constexpr, PDL: tl.constexpr):
+                          PDL: tl.constexpr):
     """paged_attention with the keys split over grid z (flash-decoding), merged in one node.
 
     Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads, splits). Split z of a query block
     takes keys [z * chunk, (z + 1) * chunk) of its live context, chunk = cdiv(context, splits)
-    rounded up to BLOCK_N and at least SPLIT_KEYS (a multiple of the key blocks), so the split
-    length follows the live context and a short one is not cut into splits whose merge (one
-    dependent round trip to L2 per split) costs more than their keys. Each split writes
+    rounded up to BLOCK_N, so the split length follows the live context. Each split writes
     its (acc, m, l) per query row to
         partials f32 [splits, tokens, q_heads, head_dim + 2]   (acc | m | l)
     then increments arrivals i32 [tokens, kv_heads] at (first token of the block, kv head);
@@ -675,20 +673,19 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
         _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                        partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                        page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, WIDE_N,
-                       WIDE_D, MAX_ROWS, SPLIT_KEYS)
+                       WIDE_D, MAX_ROWS)
     else:
         _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                        partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                        page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, BLOCK_N,
-                       BLOCK_D, MAX_ROWS, SPLIT_KEYS)
+                       BLOCK_D, MAX_ROWS)
 
 
 @triton.jit
 def _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                    partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim, page_tokens,
                    pages_per_row, page_stride, scale, splits, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr,
-                   SPLIT_KEYS: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr):
     """One (query block, split) of paged_attention_split (after the PDL wait)."""
     group = q_heads // kv_heads
     row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
@@ -700,7 +697,7 @@ def _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, ge
                                                             BLOCK_D)
         table = page_table + tl.load(row_slot + row) * pages_per_row
         context = tl.max(q_pos, axis=0) + 1
-        chunk = tl.maximum(tl.cdiv(tl.cdiv(context, splits), BLOCK_N) * BLOCK_N, SPLIT_KEYS)
+        chunk = tl.cdiv(tl.cdiv(context, splits), BLOCK_N) * BLOCK_N
         if chunk >= context:
             # one key block holds the whole context: split 0 attends and writes the output,
             # the other splits leave at once (no partials, no arrival, no merge round trips)
