@@ -144,11 +144,7 @@ class RepeatingCompletions(DirectCompletions):
             round_.sequence, round_.frame = main.sequence, main.frame
 
             def validate() -> CompletionRows:        # SpeculativeProgramRunner.collect after its wait
-                outcomes = validate_completion(fmt, words, round_, vocab, self.max_width)
-                return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),
-                                       np.array([o.consumed for o in outcomes], np.int32),
-                                       np.array([o.finish for o in outcomes], np.int32), None, None, None,
-                                       outcomes=outcomes)
+                return SpeculativeRows.of(validate_completion(fmt, words, round_, vocab, self.max_width))
             return validate
         from helios_backend.scheduler.decode_block import lane_columns, lane_requests
         _, _, ends, sampled = lane_columns(lanes)

@@ -387,11 +387,13 @@ class _PageMemory:
 class _PaddingMemory:
     """Which rows of one frame's row-mode destination are known to hold the padding: a prefix
     [0, clean) and a tail [tail, rows). Only for destinations that no other writer touches (every
-    binding of them packs per-lane values by row, with one padding): a 128-row grammar mask is
-    786 KB, and rewriting its padding every decode round took a third of the packing time
-    (bench/packing.py), for rounds where no lane has a mask; an admission's histogram rows are
-    196 KB each, and the rows an INITIALIZATION program of 64 rows leaves empty were rewritten
-    at every admitting round."""
+    binding of them packs by row, with one padding, all per-lane values or all integer columns):
+    a 128-row grammar mask is 786 KB, and rewriting its padding every decode round took a third
+    of the packing time (bench/packing.py), for rounds where no lane has a mask; an admission's
+    histogram rows are 196 KB each, and the rows an INITIALIZATION program of 64 rows leaves
+    empty were rewritten at every admitting round; and a decode round's integer columns (slot,
+    generation, position, ...) fall short of its program's rows by the same padding round after
+    round. Integer columns use the tail only: they write every lane's row."""
 
     def __init__(self, rows: int) -> None:
         self.clean = 0                                 # rows [0, clean) hold the padding
@@ -399,30 +401,6 @@ class _PaddingMemory:
         # rows that hold the padding except at these indices (a PromptCounts row counted over
         # the padding): the next counts in such a row clear those entries, not ~200 KB
         self.sparse: dict[int, np.ndarray] = {}
-
-
-class _TailMemory:
-    """Which rows of one frame's row-mode destination are known to hold the padding, [pad_from,
-    pad_to): only for destinations that integer columns alone reach, one element a row, one
-    padding (`_tails_remembered`). A decode round's lanes fall short of its program's rows, and
-    the padding of the rows after them is the same round after round: written once, not by each
-    of the round's five or so columns every round."""
-
-    __slots__ = ("pad_from", "pad_to")
-
-    def __init__(self) -> None:
-        self.pad_from = self.pad_to = 0                # none known (a frame starts with any bytes)
-
-    def written(self, table: np.ndarray, n: int, rows: int, pad: np.ndarray) -> None:
-        """Rows [0, n) were written; rows [n, rows) must read the padding (rows <= n: none)."""
-        low, high = self.pad_from, self.pad_to
-        if rows > n:
-            if not (low <= n and high >= rows):
-                table[n:rows] = pad
-            self.pad_from, self.pad_to = n, (high if low <= rows < high else rows)
-            return
-        low = max(low, n)
-        self.pad_from, self.pad_to = (low, high) if low < high else (0, 0)
 
 
 class Target:
@@ -438,7 +416,6 @@ class Target:
         self.view, self.width, self.rows, self.binding = view, width, rows, binding
         self._memory = memory
         self.padding: Optional[_PaddingMemory] = None   # None: pad every time
-        self.tail: Optional[_TailMemory] = None         # None: pad the rows after the lanes every time
         self._table = view[:rows * width].reshape(rows, width) if binding.index in _ROW_MODES else None
         self.offset = int(binding.offset)              # a Python int: numpy keeps the values' dtype
         self.pad = np.array(binding.padding).astype(view.dtype)
@@ -519,10 +496,14 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
     table[:n, 0] = values
     if target.width > 1:
         table[:n, 1:] = target.pad
-    if target.tail is not None:
-        target.tail.written(table, n, target.rows if pad_tail else 0, target.pad)
-    elif pad_tail and n < target.rows:
-        table[n:] = target.pad
+    memory = target.padding
+    if memory is None:
+        if pad_tail and n < target.rows:
+            table[n:] = target.pad
+    elif pad_tail:
+        _pad_after(table, n, target, memory)
+    else:                                             # rows from n on untouched
+        memory.tail = max(memory.tail, n)
 
 
 def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> None:
@@ -567,7 +548,13 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
     memory.clean = min(memory.clean, present[0])      # rows before the first lane with values
     if not pad_tail:                                  # rows from n on untouched
         memory.tail = max(memory.tail, present[-1] + 1)
-    elif memory.tail <= target.rows:                  # [tail, rows) hold it already
+    else:
+        _pad_after(table, n, target, memory)
+
+
+def _pad_after(table: np.ndarray, n: int, target: Target, memory: _PaddingMemory) -> None:
+    """Rows [n, target.rows) made the padding, where rows [memory.tail, rows) hold it already."""
+    if memory.tail <= target.rows:
         if n < memory.tail:
             _pad_rows(table, n, memory.tail, target, memory)
         memory.tail = n
@@ -793,28 +780,20 @@ def _resolve(binding: C.ValueBinding, where: str) -> Write:
     return partial(writer, source=source)
 
 
-def _bindings_by_destination(graphs: Sequence[C.GraphContract]) -> dict[str, list[C.ValueBinding]]:
+def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
+    """Destinations whose padding the packer may remember (_PaddingMemory): every binding of
+    them, in every graph packed, writes by row with the same padding, all of them per-lane values
+    or all of them integer columns (_value_rows or _integer_rows: no other writer)."""
+    def writer(b: C.ValueBinding) -> str | None:
+        return "integer" if b.source in INTEGER_SOURCES else "values" if b.source in LANE_SOURCES else None
+
     bindings: dict[str, list[C.ValueBinding]] = {}
     for graph in graphs:
         for b in graph.bindings:
             bindings.setdefault(b.destination, []).append(b)
-    return bindings
-
-
-def _padding_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
-    """Destinations whose padding the packer may remember (_PaddingMemory): every binding of
-    them, in every graph packed, writes per-lane values by row with the same padding."""
-    return frozenset(name for name, bs in _bindings_by_destination(graphs).items()
-                     if all(b.index in _ROW_MODES and b.source in LANE_SOURCES and b.source not in INTEGER_SOURCES
-                            for b in bs) and len({b.padding for b in bs}) == 1)
-
-
-def _tails_remembered(graphs: Sequence[C.GraphContract]) -> frozenset[str]:
-    """Destinations whose padded rows the packer may remember (_TailMemory): every binding of
-    them, in every graph packed, writes an integer column by row with the same padding."""
-    return frozenset(name for name, bs in _bindings_by_destination(graphs).items()
-                     if all(b.index in _ROW_MODES and b.source in INTEGER_SOURCES for b in bs)
-                     and len({b.padding for b in bs}) == 1)
+    return frozenset(name for name, bs in bindings.items()
+                     if all(b.index in _ROW_MODES for b in bs) and len({b.padding for b in bs}) == 1
+                     and len({writer(b) for b in bs}) == 1 and writer(bs[0]) is not None)
 
 
 class Packer:
@@ -843,8 +822,6 @@ class Packer:
         page_memory: list[dict[str, _PageMemory]] = [dict() for _ in frames]
         remembered = _padding_remembered(graphs)
         padding_memory: list[dict[str, _PaddingMemory]] = [dict() for _ in frames]
-        tails = _tails_remembered(graphs)
-        tail_memory: list[dict[str, _TailMemory]] = [dict() for _ in frames]
         for graph in graphs:
             plans: list[list[tuple[Target, Write]]] = [[] for _ in frames]
             for index, b in enumerate(graph.bindings):
@@ -876,8 +853,6 @@ class Packer:
                     target = Target(view, width, graph.capacity.rows, b, memory)
                     if d.name in remembered:
                         target.padding = padding_memory[f].setdefault(d.name, _PaddingMemory(row_capacity[d.name]))
-                    if d.name in tails and width == 1:
-                        target.tail = tail_memory[f].setdefault(d.name, _TailMemory())
                     plans[f].append((target, write))
             for f, plan in enumerate(plans):
                 self._writes[f][graph.program] = tuple(plan)

@@ -47,11 +47,7 @@ class SpeculativeProgramRunner(ProgramRunner):
         round_.sequence, round_.frame = main.sequence, main.frame
         words = self._main_words(plan)
         outcomes = validate_completion(self.fmt, words, round_, self.vocab_size, self.max_width)
-        # the base rows carry each lane's last emitted token; the outcomes carry all of them
-        return SpeculativeRows(np.array([o.tokens[-1] for o in outcomes], np.int32),
-                               np.array([o.consumed for o in outcomes], np.int32),
-                               np.array([o.finish for o in outcomes], np.int32), None, None, None,
-                               outcomes=outcomes)
+        return SpeculativeRows.of(outcomes)
 
     def _pack(self, sub: Submission, frame: int, plain: bool | None = None) -> None:
         lanes = cast(Sequence[ScheduledSpeculativeLane], sub.lanes)      # (where the operation is SPECULATIVE)

@@ -398,9 +398,8 @@ def plan_round(table: SpeculativeTable, candidates: Sequence[Candidate],
         program = max(table.programs, key=lambda p: p.rows)
         ready, wanted = ready[:program.rows], wanted[:program.rows]
     lanes = []
-    lane_limit = program.lane_limit
     for c, proposals in zip(ready, wanted):
-        ceiling = max(1, min(lane_limit, c.output_left, c.context_left))      # lane_ceiling(program, c)
+        ceiling = lane_ceiling(program, c)
         lanes.append(SpeculativeLane(c, proposals if len(proposals) < ceiling else proposals[:ceiling - 1], ceiling))
     if program.length_source != cp.VALUE_SOURCE_QUERY_LENGTH:
         return SpeculativeRound(program, lanes)      # ceilings may exceed P: the device allocates (SPEC-20)

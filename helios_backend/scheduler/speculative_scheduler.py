@@ -113,6 +113,14 @@ class SpeculativeRows(CompletionRows):
     """Validated rows of a SPECULATIVE submission: one outcome per lane."""
     outcomes: list[LaneOutcome] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, outcomes: list[LaneOutcome]) -> "SpeculativeRows":
+        """The rows of validated outcomes: the base rows carry each lane's last emitted token,
+        its consumed endpoint and finish; the outcomes carry all of its tokens."""
+        return cls(np.array([o.tokens[-1] for o in outcomes], np.int32),
+                   np.array([o.consumed for o in outcomes], np.int32),
+                   np.array([o.finish for o in outcomes], np.int32), None, None, None, outcomes=outcomes)
+
 
 class SpeculativeScheduler(Scheduler):
     def __init__(self, config: SchedulerConfig, variants: VariantTable, table: SpeculativeTable,
@@ -172,7 +180,7 @@ class SpeculativeScheduler(Scheduler):
             else:
                 if a.shadow:
                     a.settle(policy, req.tokens)
-                limit = policy.drafts_for(a.rate) if a.successes > 0.0 else 0     # a.draft_limit(policy)
+                limit = a.draft_limit(policy)
             acceptance.append(a)
             plain.append(skip)
             limits.append(limit)
@@ -367,7 +375,7 @@ class SpeculativeScheduler(Scheduler):
                 return None
             tokens = req.tokens
             candidates.append(Candidate(req.serial, lane.slot, lane.generation, lane.start, tokens,
-                                        spec.max_tokens - (len(tokens) - len(spec.prompt)),   # output left
+                                        spec.max_tokens - req.output_len,
                                         context - len(tokens),
                                         req.inflight - 1,      # this round, planned but not submitted
                                         req.device_pending, False, False, limit))
