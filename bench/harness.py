@@ -267,9 +267,9 @@ def stack_pids(serve: int) -> tuple[list[int], list[int], list[int]]:
 def write_bundle_core(path: pathlib.Path) -> None:
     """The model bundle (tests/gpu/model_bundle.py; HELIOS_RANDOM_WEIGHTS=1: random weights of the
     real layout) written as a core signed for BUNDLE_NAMESPACE."""
-    from tests.gpu.model_bundle import BUNDLE_DIR, load_bundle, read_payload, write_core
+    from tests.gpu.model_bundle import bundle_dir, load_bundle, read_payload, write_core
 
     contract, manifest, read = load_bundle()
-    payload = read_payload(BUNDLE_DIR / "bundle.bin")
+    payload = read_payload(bundle_dir() / "bundle.bin")
     resources = {rid: read(rid) for rid in list(payload["resources"]) + list(payload["weights_sha256"])}
     write_core(path, contract, manifest, resources, BUNDLE_NAMESPACE)

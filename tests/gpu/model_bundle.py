@@ -197,14 +197,18 @@ def joined_gguf() -> pathlib.Path:
     return gguf
 
 
+def bundle_dir(directory: pathlib.Path | None = None) -> pathlib.Path:
+    """The bundle folder: HELIOS_BUNDLE_DIR where set, else `directory`, else .carry_model."""
+    return pathlib.Path(os.environ.get("HELIOS_BUNDLE_DIR", directory or BUNDLE_DIR))
+
+
 def load_bundle(directory: pathlib.Path | None = None, name: str = "bundle.bin", gguf: pathlib.Path | None = None):
     """(contract, manifest, read_resource) with the fp16 weights rebuilt from the joined GGUF.
 
-    HELIOS_BUNDLE_DIR overrides the bundle folder; `gguf` (default: joined_gguf()) is the source
-    the weight resources are rebuilt from.
+    HELIOS_BUNDLE_DIR overrides the bundle folder (bundle_dir); `gguf` (default: joined_gguf())
+    is the source the weight resources are rebuilt from.
     """
-    directory = pathlib.Path(os.environ.get("HELIOS_BUNDLE_DIR", directory or BUNDLE_DIR))
-    return materialize(read_payload(directory / name), gguf)
+    return materialize(read_payload(bundle_dir(directory) / name), gguf)
 
 
 def materialize(payload: dict, gguf: pathlib.Path | None = None):
