@@ -6,10 +6,16 @@ Written as LLVM vector code because numba's loops over a 32-weight block do not 
 constant 32-trip loop is unrolled into scalar conversions, and numba promotes the 8-bit integer
 arithmetic to int64 (measured 15-25x slower than the f16 loop per weight). The intrinsics here
 take raw positions and check no bounds: block_products.py checks its arrays and drives them.
+
+Activations arrive as f32 (each block widened to <32 x float> and multiplied with FMAs) or as q8
+blocks (kernel_abi/activations.py: an int8 array, 40 bytes per 32 activations): then each block
+product is an integer dot product of the weights' quants with the activations' (`_integer_dot`:
+vpmaddubsw + vpmaddwd on x86, vpdpbusd where the AVX-512 path has VNNI, generic IR on the host
+path), converted once and scaled by the two blocks' scales in one FMA.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, cast
+from typing import Any, Callable, Optional, cast
 
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import types
@@ -17,6 +23,7 @@ from numba.extending import intrinsic
 
 from helios_backend.executors.cpu import isa
 from helios_backend.executors.cpu.codegen import element_pointer, fma, horizontal_sum, splat
+from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 
 BLOCK_Q8_0 = 0
 BLOCK_Q4_1 = 1
@@ -101,6 +108,134 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
         builder.store(horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
 
 
+def integer_dots(path: isa.IsaPath) -> str:
+    """How a path multiplies 32 unsigned by 32 signed bytes into <8 x i32>: `vnni` (vpdpbusd: the
+    AVX-512 path where the host has AVX512-VNNI), `avx2` (vpmaddubsw into i16 pairs, vpmaddwd by
+    ones into i32: the x86 paths otherwise) or `generic` (widening IR, the host path)."""
+    if path.name == "avx512" and path.has("avx512vnni"):
+        return "vnni"
+    return "avx2" if path.name in ("avx512", "avx2") else "generic"
+
+
+def _declared(builder: Any, name: str, result: Any, arguments: list) -> Any:
+    module = builder.module
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(result, arguments), name)
+
+
+def _integer_dot(builder: Any, unsigned: Any, signed: Any, flavour: str, signed_first: bool = False) -> Any:
+    """<8 x i32> partial sums of unsigned[j] * signed[j] (<32 x i8> each: the first read as 0..255,
+    the second as -128..127; no pair of products may exceed the i16 range, which weights' quants
+    of at most 128 in magnitude times activations' of at most 127 never do). `signed_first`
+    (generic only): the first read as -128..127 too, so Q8_0 weights need no sign moved."""
+    bytes32 = ir.VectorType(ir.IntType(8), _LANES)
+    words16 = ir.VectorType(ir.IntType(16), 16)
+    ints8 = ir.VectorType(ir.IntType(32), 8)
+    if flavour == "vnni":
+        dot = _declared(builder, "llvm.x86.avx512.vpdpbusd.256", ints8, [ints8] * 3)
+        return builder.call(dot, [ir.Constant(ints8, [0] * 8), builder.bitcast(unsigned, ints8),
+                                  builder.bitcast(signed, ints8)])
+    if flavour == "avx2":
+        pairs = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.ub.sw", words16, [bytes32] * 2),
+                             [unsigned, signed])
+        return builder.call(_declared(builder, "llvm.x86.avx2.pmadd.wd", ints8, [words16] * 2),
+                            [pairs, ir.Constant(words16, [1] * 16)])
+    wide = ir.VectorType(ir.IntType(32), _LANES)
+    first = builder.sext(unsigned, wide) if signed_first else builder.zext(unsigned, wide)
+    products = builder.mul(first, builder.sext(signed, wide))
+    parts = [builder.shuffle_vector(products, products, ir.Constant(ints8, list(range(8 * h, 8 * h + 8))))
+             for h in range(_LANES // 8)]
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _emit_q8_dots(builder: Any, code: int, starts: list, inputs: list, blocks: Any, tokens: int, flavour: str,
+                  target: Any) -> None:
+    """_emit_block_dots for q8 activations (`inputs`: i8* to each token's q8 blocks): per block and
+    (row, token) one integer dot product (`_integer_dot`), converted to <8 x float> and added into
+    the pair's accumulator with the scale dw * d in one FMA; a Q4_1 block's mw * s goes into a
+    scalar accumulator per pair. The sums stored to `target`, the builder left at the loop's exit."""
+    i64, f32 = ir.IntType(64), ir.FloatType()
+    size = 34 if code == BLOCK_Q8_0 else 20
+    bytes32 = ir.VectorType(ir.IntType(8), _LANES)
+    floats8 = ir.VectorType(f32, 8)
+    pairs = len(starts) * tokens
+    entry = builder.block
+    loop = builder.append_basic_block(f"q8_loop_{code}")
+    done = builder.append_basic_block(f"q8_done_{code}")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    index = builder.phi(i64)
+    accumulators = [builder.phi(floats8) for _ in range(pairs)]
+    minimums = [builder.phi(f32) for _ in range(pairs)] if code != BLOCK_Q8_0 else []
+    index.add_incoming(ir.Constant(i64, 0), entry)
+    for accumulator in accumulators:
+        accumulator.add_incoming(ir.Constant(floats8, [0.0] * 8), entry)
+    for minimum in minimums:
+        minimum.add_incoming(ir.Constant(f32, 0.0), entry)
+    block_at = builder.mul(index, ir.Constant(i64, size))
+    x_at = builder.mul(index, ir.Constant(i64, Q8_BLOCK_BYTES))
+    prefetch = _declared(builder, "llvm.prefetch.p0i8", ir.VoidType(),
+                         [ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(32), ir.IntType(32)])
+    for start in starts:                 # (PREFETCH_BYTES: why; an integer block product is never bound by its arithmetic)
+        builder.call(prefetch, [builder.gep(start, [builder.add(block_at, ir.Constant(i64, PREFETCH_BYTES))]),
+                                ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
+                                ir.Constant(ir.IntType(32), 1)])
+
+    def at(pointer: Any, offset: Any, kind: Any) -> Any:
+        return builder.bitcast(builder.gep(pointer, [offset]), kind.as_pointer())
+
+    def half(block: Any, offset: int) -> Any:
+        bits = builder.load(at(block, ir.Constant(i64, offset), ir.IntType(16)), align=1)
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), f32)
+
+    weights = []       # per row: (quants, unsigned but for Q8_0 on the generic path; their signs or None; dw; mw or None)
+    for start in starts:
+        block = builder.gep(start, [block_at])
+        if code == BLOCK_Q8_0:
+            quants = builder.load(at(block, ir.Constant(i64, 2), bytes32), align=1)
+            if flavour == "generic":
+                weights.append((quants, None, half(block, 0), None))
+            else:                        # |w| unsigned, its sign moved onto the activations (vpsignb)
+                magnitude = builder.call(_declared(builder, "llvm.abs.v32i8", bytes32, [bytes32, ir.IntType(1)]),
+                                         [quants, ir.Constant(ir.IntType(1), 0)])
+                weights.append((magnitude, quants, half(block, 0), None))
+        else:
+            packed = builder.load(at(block, ir.Constant(i64, 4), ir.VectorType(ir.IntType(8), _LANES // 2)), align=1)
+            low = builder.and_(packed, ir.Constant(packed.type, [15] * (_LANES // 2)))
+            high = builder.lshr(packed, ir.Constant(packed.type, [4] * (_LANES // 2)))
+            quants = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), _LANES),
+                                                                   list(range(_LANES))))
+            weights.append((quants, None, half(block, 0), half(block, 2)))
+    summed, minimum_sums = list(accumulators), list(minimums)
+    scalar_fma = _declared(builder, "llvm.fma.f32", f32, [f32] * 3)
+    for t, token_inputs in enumerate(inputs):
+        x_block = builder.gep(token_inputs, [x_at])
+        d = builder.load(at(x_block, ir.Constant(i64, 0), f32), align=4)
+        s = builder.load(at(x_block, ir.Constant(i64, 4), f32), align=4)
+        activations = builder.load(at(x_block, ir.Constant(i64, 8), bytes32), align=1)
+        for r, (unsigned, signs, dw, mw) in enumerate(weights):
+            signed = activations if signs is None else builder.call(
+                _declared(builder, "llvm.x86.avx2.psign.b", bytes32, [bytes32] * 2), [activations, signs])
+            dot = _integer_dot(builder, unsigned, signed, flavour,
+                               signed_first=code == BLOCK_Q8_0 and flavour == "generic")
+            j = r * tokens + t
+            summed[j] = fma(builder, builder.sitofp(dot, floats8), splat(builder, builder.fmul(dw, d), 8), summed[j])
+            if mw is not None:
+                minimum_sums[j] = builder.call(scalar_fma, [mw, s, minimum_sums[j]])
+    following = builder.add(index, ir.Constant(i64, 1))
+    index.add_incoming(following, builder.block)
+    for accumulator, value in zip(accumulators, summed):
+        accumulator.add_incoming(value, builder.block)
+    for minimum, value in zip(minimums, minimum_sums):
+        minimum.add_incoming(value, builder.block)
+    builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
+    builder.position_at_end(done)
+    for j, value in enumerate(summed):
+        total = horizontal_sum(builder, value)
+        if minimum_sums:
+            total = builder.fadd(total, minimum_sums[j])
+        builder.store(total, builder.gep(target, [ir.Constant(i64, j)]))
+
+
 def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
     """How a (rows, tokens) block product is shaped for vectors of `vector_bits`: (row groups, the
     lanes of each accumulator); every group is one loop over the blocks with rows / groups rows.
@@ -120,16 +255,20 @@ def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
     return (rows if tokens >= 8 else 1), (8 if tokens >= 4 else _LANES)
 
 
-def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
+def _block_row_dots_intrinsic(rows: int, tokens: int, flavour: Optional[str] = None) -> Callable[..., Any]:
     """sums[r * tokens + t] = sum over `blocks` consecutive blocks from byte at + r * row_bytes of
     w . x[x_at + t * x_stride:] for r < rows, t < tokens, blocks of layout `code` (BLOCK_*): each
     block widened once into registers and multiplied into one vector accumulator per (row,
     token), so every loaded input feeds the rows of a loop and every widened block `tokens`
     products; one horizontal sum each at the end. One loop per layout code (and row group,
-    `passes`: shaped by the vector width of the process's ISA path, isa.py), chosen once per call."""
+    `passes`: shaped by the vector width of the process's ISA path, isa.py), chosen once per call.
+    x of int8: q8 activation blocks (x_at, x_stride in bytes), multiplied as integers
+    (`_emit_q8_dots`, the integer dot product `flavour`: by default the path's, `integer_dots`)."""
     def typer(typingctx: Any, data: Any, code: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any,
               blocks: Any, sums: Any) -> Any:
         groups, lanes = passes(rows, tokens, isa.active().vector_bits)
+        quantized = x.dtype == types.int8
+        dots = flavour or integer_dots(isa.active())
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             i64 = ir.IntType(64)
@@ -146,12 +285,14 @@ def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
                 group_target = builder.gep(target, [ir.Constant(i64, group * per_group * tokens)])
                 with builder.if_else(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, BLOCK_Q8_0))) as (
                         q8_0, q4_1):
-                    with q8_0:
-                        _emit_block_dots(builder, BLOCK_Q8_0, group_starts, inputs, args[7], tokens, lanes,
-                                         group_target)
-                    with q4_1:
-                        _emit_block_dots(builder, BLOCK_Q4_1, group_starts, inputs, args[7], tokens, lanes,
-                                         group_target)
+                    for layout, branch in ((BLOCK_Q8_0, q8_0), (BLOCK_Q4_1, q4_1)):
+                        with branch:
+                            if quantized:
+                                _emit_q8_dots(builder, layout, group_starts, inputs, args[7], tokens, dots,
+                                              group_target)
+                            else:
+                                _emit_block_dots(builder, layout, group_starts, inputs, args[7], tokens, lanes,
+                                                 group_target)
             return context.get_dummy_value()
         return types.none(data, types.intp, types.intp, types.intp, x, types.intp, types.intp, types.intp,
                           sums), codegen

@@ -13,6 +13,7 @@ from helios_backend.executors.cpu.block_codegen import (
     BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store)
 from helios_backend.executors.cpu.claiming import chunk_rows, claim_chunks
 from helios_backend.executors.cpu.elements import store
+from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -36,29 +37,30 @@ def dequantize_rows(out: np.ndarray, data: np.ndarray, code: int, first: int, ro
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _block_dots(data: np.ndarray, code: int, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int,
-                rows: int, tokens: int, sums: np.ndarray) -> None:
+def _block_dots(data: np.ndarray, code: int, at: int, row_bytes: int, x: np.ndarray, x_at: int, stride: int,
+                blocks: int, rows: int, tokens: int, sums: np.ndarray) -> None:
     if tokens == 8:
         if rows == 2:
-            dots2x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots2x8(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
         else:
-            dots1x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots1x8(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     elif tokens == 4:
         if rows == 2:
-            dots2x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots2x4(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
         else:
-            dots1x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots1x4(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     elif rows == 2:
-        dots2x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+        dots2x1(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     else:
-        dots1x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+        dots1x1(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
 def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
                       accumulate: bool, first: int, last: int, sums: np.ndarray) -> None:
     """linear_rows over a [m, k] block matrix (code: BLOCK_*): out[t, o] (+)= sum_i x[t, i] * w[o, i]
-    for t < n, first <= o < last. `sums` >= 16 floats of scratch.
+    for t < n, first <= o < last. `sums` >= 16 floats of scratch. x: f32 [n, k], or int8: the q8
+    blocks of the activations (`quantize_rows`; kernel_abi/activations.py), multiplied as integers.
 
     Output rows in pairs (then 1 for an odd last row), tokens in groups of 8 (then 4, then 1): each
     block is widened in registers once per token group and multiplied into one accumulator per
@@ -69,7 +71,8 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
     size = _block_bytes(code)
     blocks = k // 32
     row_bytes = blocks * size
-    if x.size < n * k or out.size < n * m or data.size < last * row_bytes or sums.size < 16 or k % 32:
+    stride = k if x.itemsize == 4 else blocks * Q8_BLOCK_BYTES     # elements of one token's activations
+    if x.size < n * stride or out.size < n * m or data.size < last * row_bytes or sums.size < 16 or k % 32:
         raise IndexError("block_linear_rows: arrays smaller than the product")
     o = first
     while o < last:
@@ -78,12 +81,51 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
         t = 0
         while t < n:
             group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
-            _block_dots(data, code, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
+            _block_dots(data, code, at, row_bytes, x, t * stride, stride, blocks, rows, group, sums)
             for r in range(rows):
                 for j in range(group):
                     store(out, (t + j) * m + o + r, sums[r * group + j], accumulate)
             t += group
         o += rows
+
+
+@njit(cache=True, fastmath={"nnan", "ninf", "nsz"}, nogil=True)
+def quantize_rows(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
+    """out[:n * k / 32 * Q8_BLOCK_BYTES] = the q8 blocks of f32 x [n, k] (kernel_abi/activations.py
+    `quantize`, bit for bit: no reassociation or reciprocal estimates, so the scales, quants and
+    sums are the reference's). out: int8, 4-byte aligned."""
+    blocks = k // 32
+    if x.size < n * k or out.size < n * blocks * Q8_BLOCK_BYTES or k % 32:
+        raise IndexError("quantize_rows: arrays smaller than the activations")
+    scales = out[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
+    for block in range(n * blocks):
+        source = block * 32
+        largest = np.float32(0)
+        for j in range(32):
+            largest = max(largest, abs(x[source + j]))
+        d = largest / np.float32(127)
+        inverse = np.float32(1) / d if d > 0 else np.float32(0)
+        at = block * Q8_BLOCK_BYTES
+        total = 0
+        for j in range(32):
+            q = np.int32(np.rint(x[source + j] * inverse))
+            out[at + 8 + j] = q
+            total += q
+        scales[at // 4] = d
+        scales[at // 4 + 1] = d * np.float32(total)
+
+
+@njit(cache=True, nogil=True)
+def q8_round_trip(out: np.ndarray, quantized: np.ndarray, n: int, k: int) -> None:
+    """out[:n * k] = the f32 activations q8 blocks represent (d * q; activations.round_trip)."""
+    blocks = k // 32
+    if out.size < n * k or quantized.size < n * blocks * Q8_BLOCK_BYTES:
+        raise IndexError("q8_round_trip: arrays smaller than the activations")
+    scales = quantized[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
+    for block in range(n * blocks):
+        d = scales[block * Q8_BLOCK_BYTES // 4]
+        for j in range(32):
+            out[block * 32 + j] = d * np.float32(quantized[block * Q8_BLOCK_BYTES + 8 + j])
 
 
 @njit(cache=True, fastmath=True, nogil=True)
