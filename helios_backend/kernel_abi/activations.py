@@ -9,12 +9,21 @@ Q8_0 / Q8_1 do for its integer dot products (llama.cpp's CPU kernels):
     d = max |x_j| / 127          q_j = round-to-nearest-even(x_j * (1 / d))  (0 where d == 0)
     s = d * sum_j q_j            (the Q8_1 sum term, which a Q4_1 weight's minimum multiplies)
 
-kept here as one 40-byte block per 32 activations (`Q8_BLOCK_BYTES`: f32 d, f32 s, 32 int8 q; ggml's
+kept as 40 bytes per 32 activations of a token (`Q8_BLOCK_BYTES`: f32 d, f32 s, 32 int8 q; ggml's
 block_q8_1 with f32 fields: the activations never leave the process, so f16 scales would only
 add error), and each 32-weight block's product is an integer dot product scaled once:
 
     Q8_0 weights (dw, qw):       dw * d * sum_j qw_j q_j
     Q4_1 weights (dw, mw, qw):   dw * d * sum_j qw_j q_j + mw * s
+
+The tokens are laid out in groups (`TOKEN_GROUPS`: 8, else 4, else 1 tokens, the largest that
+fits in the tokens left, as the compiled products group them), a group of T tokens as its
+blocks one after another, each block 40 T bytes: the T tokens' d, their s, then their quants
+in chunks of 4: chunk c (quants 4c .. 4c + 3) of token 0, of token 1, .. of token T - 1, then
+chunk c + 1. So 32 bytes of a block hold 8 / T chunks of each of the T tokens, each 4-byte lane
+one (chunk, token): an integer dot product of 4 bytes per lane (vpdpbusd, vpmaddubsw + vpmaddwd)
+against the weight chunks repeated T times sums token t in the lanes l with l % T == t, the
+tokens' T scales are one vector load, and token t still starts at byte t * (k / 32) * 40.
 
 which is exactly sum_j w_j * (d * q_j) with w_j the weight's expanded value: the product of the
 weights with the activations' q8 round trip (`round_trip`). The numpy executor (the oracle) with
@@ -32,8 +41,18 @@ import numpy as np
 from helios_backend.kernel_abi import blocks
 
 ACTIVATIONS = ("f32", "q8")          # the representations a block-weight product's activations may take
-Q8_BLOCK_BYTES = 40                  # f32 d, f32 s, 32 int8 quants
-_QUANTS_AT = 8                       # byte offset of the quants in a block
+Q8_BLOCK_BYTES = 40                  # per token and block: f32 d, f32 s, 32 int8 quants
+TOKEN_GROUPS = (8, 4, 1)             # tokens of a group: the largest of these that fits in the tokens left
+
+
+def token_groups(n: int) -> list[tuple[int, int]]:
+    """(first token, tokens) of each group of n tokens."""
+    groups, t = [], 0
+    while t < n:
+        size = next(g for g in TOKEN_GROUPS if t + g <= n)
+        groups.append((t, size))
+        t += size
+    return groups
 
 
 def check(activations: str, field: str = "activations") -> str:
@@ -44,7 +63,7 @@ def check(activations: str, field: str = "activations") -> str:
 
 
 def quantize(x: np.ndarray) -> np.ndarray:
-    """int8 [n, k / 32 * Q8_BLOCK_BYTES]: the q8 blocks of f32 x [n, k] (k % 32 == 0)."""
+    """int8 [n * k / 32 * Q8_BLOCK_BYTES]: the q8 blocks of f32 x [n, k] (k % 32 == 0), grouped."""
     n, k = x.shape
     values = np.asarray(x, dtype=np.float32).reshape(n, k // blocks.BLOCK_WEIGHTS, blocks.BLOCK_WEIGHTS)
     d = np.abs(values).max(axis=2) / np.float32(127)
@@ -52,26 +71,36 @@ def quantize(x: np.ndarray) -> np.ndarray:
         inverse = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
     quants = np.rint(values * inverse[:, :, None]).astype(np.int8)
     s = d * quants.sum(axis=2, dtype=np.int32).astype(np.float32)
-    packed = np.zeros((n, k // blocks.BLOCK_WEIGHTS, Q8_BLOCK_BYTES), dtype=np.int8)
-    packed[:, :, 0:4] = d[:, :, None].view(np.int8)
-    packed[:, :, 4:8] = s[:, :, None].view(np.int8)
-    packed[:, :, _QUANTS_AT:] = quants
-    return packed.reshape(n, -1)
+    parts = []
+    for first, size in token_groups(n):           # per block: d [size], s [size], quants [size, 32]
+        tokens = slice(first, first + size)
+        chunks = quants[tokens].reshape(size, -1, 8, 4).transpose(1, 2, 0, 3)      # [block, chunk, token, 4]
+        parts.append(np.concatenate([d[tokens].T.copy().view(np.int8).reshape(-1, 4 * size),
+                                     s[tokens].T.copy().view(np.int8).reshape(-1, 4 * size),
+                                     chunks.reshape(-1, 32 * size)], axis=1).reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int8)
 
 
-def fields(packed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(d [n, k/32] f32, s [n, k/32] f32, quants [n, k/32, 32] int8) of q8 blocks [n, k/32 * 40]."""
-    n = packed.shape[0]
-    grouped = np.ascontiguousarray(packed).reshape(n, k // blocks.BLOCK_WEIGHTS, Q8_BLOCK_BYTES)
-    d = np.ascontiguousarray(grouped[:, :, 0:4]).view(np.float32)[:, :, 0]
-    s = np.ascontiguousarray(grouped[:, :, 4:8]).view(np.float32)[:, :, 0]
-    return d, s, grouped[:, :, _QUANTS_AT:]
+def fields(packed: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(d [n, k/32] f32, s [n, k/32] f32, quants [n, k/32, 32] int8) of n tokens' q8 blocks."""
+    count = k // blocks.BLOCK_WEIGHTS
+    d = np.zeros((n, count), dtype=np.float32)
+    s = np.zeros((n, count), dtype=np.float32)
+    quants = np.zeros((n, count, blocks.BLOCK_WEIGHTS), dtype=np.int8)
+    for first, size in token_groups(n):
+        group = np.ascontiguousarray(packed[first * count * Q8_BLOCK_BYTES:(first + size) * count * Q8_BLOCK_BYTES])
+        group = group.reshape(count, size * Q8_BLOCK_BYTES)
+        d[first:first + size] = np.ascontiguousarray(group[:, :4 * size]).view(np.float32).T
+        s[first:first + size] = np.ascontiguousarray(group[:, 4 * size:8 * size]).view(np.float32).T
+        quants[first:first + size] = group[:, 8 * size:].reshape(count, 8, size, 4).transpose(2, 0, 1, 3).reshape(
+            size, count, 32)
+    return d, s, quants
 
 
 def round_trip(x: np.ndarray) -> np.ndarray:
     """f32 x [n, k] as its q8 blocks represent it: d * q per element."""
     n, k = x.shape
-    d, _, quants = fields(quantize(x), k)
+    d, _, quants = fields(quantize(x), n, k)
     return (quants.astype(np.float32) * d[:, :, None]).reshape(n, k)
 
 
@@ -80,7 +109,7 @@ def block_product(x: np.ndarray, layout: blocks.BlockLayout, data: np.ndarray, m
     the integer way: per 32-block an exact int32 dot product, scaled by dw * d (+ mw * s for Q4_1),
     summed over the blocks in f32."""
     n = x.shape[0]
-    d, s, quants = fields(quantize(x), k)
+    d, s, quants = fields(quantize(x), n, k)
     grouped = np.asarray(data, dtype=np.uint8)[:blocks.block_nbytes(layout.dtype, (m, k))].reshape(
         m, k // blocks.BLOCK_WEIGHTS, layout.block_bytes)
     dw = np.ascontiguousarray(grouped[:, :, 0:2]).view(np.float16)[:, :, 0].astype(np.float32)

@@ -123,10 +123,11 @@ def _declared(builder: Any, name: str, result: Any, arguments: list) -> Any:
 
 
 def _integer_dot(builder: Any, unsigned: Any, signed: Any, flavour: str, signed_first: bool = False) -> Any:
-    """<8 x i32> partial sums of unsigned[j] * signed[j] (<32 x i8> each: the first read as 0..255,
-    the second as -128..127; no pair of products may exceed the i16 range, which weights' quants
-    of at most 128 in magnitude times activations' of at most 127 never do). `signed_first`
-    (generic only): the first read as -128..127 too, so Q8_0 weights need no sign moved."""
+    """<8 x i32>: lane l the sum of unsigned[j] * signed[j] over bytes j = 4l .. 4l + 3 (<32 x i8>
+    each: the first read as 0..255, the second as -128..127; no pair of products may exceed the
+    i16 range, which weights' quants of at most 128 in magnitude times activations' of at most
+    127 never do). `signed_first` (generic only): the first read as -128..127 too, so Q8_0
+    weights need no sign moved."""
     bytes32 = ir.VectorType(ir.IntType(8), _LANES)
     words16 = ir.VectorType(ir.IntType(16), 16)
     ints8 = ir.VectorType(ir.IntType(32), 8)
@@ -142,43 +143,50 @@ def _integer_dot(builder: Any, unsigned: Any, signed: Any, flavour: str, signed_
     wide = ir.VectorType(ir.IntType(32), _LANES)
     first = builder.sext(unsigned, wide) if signed_first else builder.zext(unsigned, wide)
     products = builder.mul(first, builder.sext(signed, wide))
-    parts = [builder.shuffle_vector(products, products, ir.Constant(ints8, list(range(8 * h, 8 * h + 8))))
-             for h in range(_LANES // 8)]
+    parts = [builder.shuffle_vector(products, products, ir.Constant(ints8, list(range(h, _LANES, 4))))
+             for h in range(4)]          # lane l: bytes 4l .. 4l + 3, as the x86 forms sum them
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
-def _emit_q8_dots(builder: Any, code: int, starts: list, inputs: list, blocks: Any, tokens: int, flavour: str,
+def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any, tokens: int, flavour: str,
                   target: Any) -> None:
-    """_emit_block_dots for q8 activations (`inputs`: i8* to each token's q8 blocks): per block and
-    (row, token) one integer dot product (`_integer_dot`), converted to <8 x float> and added into
-    the pair's accumulator with the scale dw * d in one FMA; a Q4_1 block's mw * s goes into a
-    scalar accumulator per pair. The sums stored to `target`, the builder left at the loop's exit."""
-    i64, f32 = ir.IntType(64), ir.FloatType()
+    """_emit_block_dots for q8 activations (`group`: i8* to a group of T = `tokens` tokens' q8
+    blocks, kernel_abi/activations.py: a block's quants are 4-byte (chunk, token) lanes, 8 / T
+    chunks of every token per 32 bytes). Per block and row, each 32 bytes of activations meet the
+    weight chunks they hold, each repeated T times (a lane permutation of the block's quants, none
+    for T = 1), in one integer dot product of 4 bytes a lane (`_integer_dot`); the T products sum
+    in integers into one <8 x i32> (lane l token l % T), converted once and added into the row's
+    accumulator with the scales dw * d of the lanes' tokens (the tokens' d one vector load) in one
+    FMA; a Q4_1 block's mw * s into a second accumulator a row. So the per-block scaling is paid
+    once per row for all the tokens, and no sums cross lanes in the loop. The sums stored to
+    `target` (row by row), the builder left at the loop's exit."""
+    i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
     size = 34 if code == BLOCK_Q8_0 else 20
     bytes32 = ir.VectorType(ir.IntType(8), _LANES)
+    ints8 = ir.VectorType(i32, 8)
     floats8 = ir.VectorType(f32, 8)
-    pairs = len(starts) * tokens
+    words16 = ir.VectorType(ir.IntType(16), 16)
+    scales_type = ir.VectorType(f32, tokens)
+    per_vector = 8 // tokens             # chunks of each token in 32 bytes of activations
+    # i16 pair sums of Q4_1 (<= 2 * 15 * 127 each) stay within i16 over the 8 chunks of a block, so the
+    # vpmaddubsw form adds them before one vpmaddwd; Q8_0's (<= 2 * 128 * 127) do not
+    add_words = flavour == "avx2" and code != BLOCK_Q8_0
     entry = builder.block
     loop = builder.append_basic_block(f"q8_loop_{code}")
     done = builder.append_basic_block(f"q8_done_{code}")
     builder.branch(loop)
     builder.position_at_end(loop)
     index = builder.phi(i64)
-    accumulators = [builder.phi(floats8) for _ in range(pairs)]
-    minimums = [builder.phi(f32) for _ in range(pairs)] if code != BLOCK_Q8_0 else []
+    accumulators = [builder.phi(floats8) for _ in starts]
+    minimums = [builder.phi(floats8) for _ in starts] if code != BLOCK_Q8_0 else []
     index.add_incoming(ir.Constant(i64, 0), entry)
-    for accumulator in accumulators:
+    for accumulator in accumulators + minimums:
         accumulator.add_incoming(ir.Constant(floats8, [0.0] * 8), entry)
-    for minimum in minimums:
-        minimum.add_incoming(ir.Constant(f32, 0.0), entry)
     block_at = builder.mul(index, ir.Constant(i64, size))
-    x_at = builder.mul(index, ir.Constant(i64, Q8_BLOCK_BYTES))
-    prefetch = _declared(builder, "llvm.prefetch.p0i8", ir.VoidType(),
-                         [ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(32), ir.IntType(32)])
-    for start in starts:                 # (PREFETCH_BYTES: why; an integer block product is never bound by its arithmetic)
+    prefetch = _declared(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
+    for start in starts:                 # (PREFETCH_BYTES: why)
         builder.call(prefetch, [builder.gep(start, [builder.add(block_at, ir.Constant(i64, PREFETCH_BYTES))]),
-                                ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
-                                ir.Constant(ir.IntType(32), 1)])
+                                ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
     def at(pointer: Any, offset: Any, kind: Any) -> Any:
         return builder.bitcast(builder.gep(pointer, [offset]), kind.as_pointer())
@@ -187,53 +195,61 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, inputs: list, blocks: A
         bits = builder.load(at(block, ir.Constant(i64, offset), ir.IntType(16)), align=1)
         return builder.fpext(builder.bitcast(bits, ir.HalfType()), f32)
 
-    weights = []       # per row: (quants, unsigned but for Q8_0 on the generic path; their signs or None; dw; mw or None)
-    for start in starts:
+    x_block = builder.gep(group, [builder.mul(index, ir.Constant(i64, tokens * Q8_BLOCK_BYTES))])
+    d = builder.load(at(x_block, ir.Constant(i64, 0), scales_type), align=4)
+    s = builder.load(at(x_block, ir.Constant(i64, 4 * tokens), scales_type), align=4)
+    zero = ir.Constant(scales_type, [0.0] * tokens)
+    lane_d = builder.shuffle_vector(d, zero, ir.Constant(ints8, [j % tokens for j in range(8)]))
+    lane_s = builder.shuffle_vector(s, zero, ir.Constant(ints8, [j if j < tokens else tokens for j in range(8)]))
+    activations = [builder.load(at(x_block, ir.Constant(i64, 8 * tokens + 32 * v), bytes32), align=1)
+                   for v in range(tokens)]
+    summed, minimum_sums = list(accumulators), list(minimums)
+    for r, start in enumerate(starts):
         block = builder.gep(start, [block_at])
         if code == BLOCK_Q8_0:
             quants = builder.load(at(block, ir.Constant(i64, 2), bytes32), align=1)
-            if flavour == "generic":
-                weights.append((quants, None, half(block, 0), None))
-            else:                        # |w| unsigned, its sign moved onto the activations (vpsignb)
-                magnitude = builder.call(_declared(builder, "llvm.abs.v32i8", bytes32, [bytes32, ir.IntType(1)]),
-                                         [quants, ir.Constant(ir.IntType(1), 0)])
-                weights.append((magnitude, quants, half(block, 0), None))
         else:
             packed = builder.load(at(block, ir.Constant(i64, 4), ir.VectorType(ir.IntType(8), _LANES // 2)), align=1)
             low = builder.and_(packed, ir.Constant(packed.type, [15] * (_LANES // 2)))
             high = builder.lshr(packed, ir.Constant(packed.type, [4] * (_LANES // 2)))
-            quants = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), _LANES),
-                                                                   list(range(_LANES))))
-            weights.append((quants, None, half(block, 0), half(block, 2)))
-    summed, minimum_sums = list(accumulators), list(minimums)
-    scalar_fma = _declared(builder, "llvm.fma.f32", f32, [f32] * 3)
-    for t, token_inputs in enumerate(inputs):
-        x_block = builder.gep(token_inputs, [x_at])
-        d = builder.load(at(x_block, ir.Constant(i64, 0), f32), align=4)
-        s = builder.load(at(x_block, ir.Constant(i64, 4), f32), align=4)
-        activations = builder.load(at(x_block, ir.Constant(i64, 8), bytes32), align=1)
-        for r, (unsigned, signs, dw, mw) in enumerate(weights):
-            signed = activations if signs is None else builder.call(
-                _declared(builder, "llvm.x86.avx2.psign.b", bytes32, [bytes32] * 2), [activations, signs])
-            dot = _integer_dot(builder, unsigned, signed, flavour,
-                               signed_first=code == BLOCK_Q8_0 and flavour == "generic")
-            j = r * tokens + t
-            summed[j] = fma(builder, builder.sitofp(dot, floats8), splat(builder, builder.fmul(dw, d), 8), summed[j])
-            if mw is not None:
-                minimum_sums[j] = builder.call(scalar_fma, [mw, s, minimum_sums[j]])
+            quants = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(i32, _LANES), list(range(_LANES))))
+        chunks = builder.bitcast(quants, ints8)
+        total = None
+        for v, x in enumerate(activations):
+            weights = quants if tokens == 1 else builder.bitcast(builder.shuffle_vector(
+                chunks, chunks, ir.Constant(ints8, [v * per_vector + j // tokens for j in range(8)])), bytes32)
+            if code == BLOCK_Q8_0 and flavour != "generic":     # |w| unsigned, its sign moved onto x (vpsignb)
+                x = builder.call(_declared(builder, "llvm.x86.avx2.psign.b", bytes32, [bytes32] * 2), [x, weights])
+                weights = builder.call(_declared(builder, "llvm.abs.v32i8", bytes32, [bytes32, ir.IntType(1)]),
+                                       [weights, ir.Constant(ir.IntType(1), 0)])
+            if add_words:
+                part = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.ub.sw", words16, [bytes32] * 2),
+                                    [weights, x])
+            else:
+                part = _integer_dot(builder, weights, x, flavour,
+                                    signed_first=code == BLOCK_Q8_0 and flavour == "generic")
+            total = part if total is None else builder.add(total, part)
+        if add_words:
+            total = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.wd", ints8, [words16] * 2),
+                                 [total, ir.Constant(words16, [1] * 16)])
+        scale = builder.fmul(splat(builder, half(block, 0), 8), lane_d)
+        summed[r] = fma(builder, builder.sitofp(total, floats8), scale, summed[r])
+        if code != BLOCK_Q8_0:
+            minimum_sums[r] = fma(builder, splat(builder, half(block, 2), 8), lane_s, minimum_sums[r])
     following = builder.add(index, ir.Constant(i64, 1))
     index.add_incoming(following, builder.block)
-    for accumulator, value in zip(accumulators, summed):
+    for accumulator, value in zip(accumulators + minimums, summed + minimum_sums):
         accumulator.add_incoming(value, builder.block)
-    for minimum, value in zip(minimums, minimum_sums):
-        minimum.add_incoming(value, builder.block)
     builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
     builder.position_at_end(done)
-    for j, value in enumerate(summed):
-        total = horizontal_sum(builder, value)
-        if minimum_sums:
-            total = builder.fadd(total, minimum_sums[j])
-        builder.store(total, builder.gep(target, [ir.Constant(i64, j)]))
+    for r in range(len(starts)):
+        value = summed[r] if not minimum_sums else builder.fadd(summed[r], minimum_sums[r])
+        for t in range(tokens):
+            lanes = builder.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, per_vector),
+                                                                     list(range(t, 8, tokens))))
+            total = horizontal_sum(builder, lanes) if per_vector > 1 else builder.extract_element(
+                lanes, ir.Constant(i32, 0))
+            builder.store(total, builder.gep(target, [ir.Constant(i64, r * tokens + t)]))
 
 
 def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
@@ -262,12 +278,13 @@ def _block_row_dots_intrinsic(rows: int, tokens: int, flavour: Optional[str] = N
     token), so every loaded input feeds the rows of a loop and every widened block `tokens`
     products; one horizontal sum each at the end. One loop per layout code (and row group,
     `passes`: shaped by the vector width of the process's ISA path, isa.py), chosen once per call.
-    x of int8: q8 activation blocks (x_at, x_stride in bytes), multiplied as integers
-    (`_emit_q8_dots`, the integer dot product `flavour`: by default the path's, `integer_dots`)."""
+    x of int8: q8 activation blocks (kernel_abi/activations.py), x_at the byte of the token group's
+    first block (x_stride unused), multiplied as integers (`_emit_q8_dots`, the integer dot
+    product `flavour`: by default the path's, `integer_dots`)."""
     def typer(typingctx: Any, data: Any, code: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any,
               blocks: Any, sums: Any) -> Any:
-        groups, lanes = passes(rows, tokens, isa.active().vector_bits)
         quantized = x.dtype == types.int8
+        groups, lanes = (1, 8) if quantized else passes(rows, tokens, isa.active().vector_bits)   # q8: one accumulator a row
         dots = flavour or integer_dots(isa.active())
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -288,7 +305,7 @@ def _block_row_dots_intrinsic(rows: int, tokens: int, flavour: Optional[str] = N
                     for layout, branch in ((BLOCK_Q8_0, q8_0), (BLOCK_Q4_1, q4_1)):
                         with branch:
                             if quantized:
-                                _emit_q8_dots(builder, layout, group_starts, inputs, args[7], tokens, dots,
+                                _emit_q8_dots(builder, layout, group_starts, inputs[0], args[7], tokens, dots,
                                               group_target)
                             else:
                                 _emit_block_dots(builder, layout, group_starts, inputs, args[7], tokens, lanes,

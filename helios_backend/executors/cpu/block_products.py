@@ -80,7 +80,7 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
         at = o * row_bytes
         t = 0
         while t < n:
-            group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
+            group = token_group(t, n)
             _block_dots(data, code, at, row_bytes, x, t * stride, stride, blocks, rows, group, sums)
             for r in range(rows):
                 for j in range(group):
@@ -89,30 +89,41 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
         o += rows
 
 
+@njit(inline="always", cache=True, nogil=True)
+def token_group(t: int, n: int) -> int:
+    """Tokens of the group starting at token t of n (activations.TOKEN_GROUPS: 8, else 4, else 1)."""
+    return 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
+
+
 @njit(cache=True, fastmath={"nnan", "ninf", "nsz"}, nogil=True)
 def quantize_rows(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
-    """out[:n * k / 32 * Q8_BLOCK_BYTES] = the q8 blocks of f32 x [n, k] (kernel_abi/activations.py
-    `quantize`, bit for bit: no reassociation or reciprocal estimates, so the scales, quants and
-    sums are the reference's). out: int8, 4-byte aligned."""
+    """out[:n * k / 32 * Q8_BLOCK_BYTES] = the q8 blocks of f32 x [n, k] in token groups, quants in
+    chunks of 4 token by token (kernel_abi/activations.py `quantize`, bit for bit: no reassociation or reciprocal estimates, so
+    the scales, quants and sums are the reference's). out: int8, 4-byte aligned."""
     blocks = k // 32
     if x.size < n * k or out.size < n * blocks * Q8_BLOCK_BYTES or k % 32:
         raise IndexError("quantize_rows: arrays smaller than the activations")
     scales = out[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
-    for block in range(n * blocks):
-        source = block * 32
-        largest = np.float32(0)
-        for j in range(32):
-            largest = max(largest, abs(x[source + j]))
-        d = largest / np.float32(127)
-        inverse = np.float32(1) / d if d > 0 else np.float32(0)
-        at = block * Q8_BLOCK_BYTES
-        total = 0
-        for j in range(32):
-            q = np.int32(np.rint(x[source + j] * inverse))
-            out[at + 8 + j] = q
-            total += q
-        scales[at // 4] = d
-        scales[at // 4 + 1] = d * np.float32(total)
+    t = 0
+    while t < n:
+        size = token_group(t, n)
+        for b in range(blocks):
+            at = t * blocks * Q8_BLOCK_BYTES + b * size * Q8_BLOCK_BYTES     # the group's block b
+            for j in range(size):
+                source = (t + j) * k + b * 32
+                largest = np.float32(0)
+                for i in range(32):
+                    largest = max(largest, abs(x[source + i]))
+                d = largest / np.float32(127)
+                inverse = np.float32(1) / d if d > 0 else np.float32(0)
+                total = 0
+                for i in range(32):             # chunk i // 4 of token j: after the chunks i // 4 of tokens < j
+                    q = np.int32(np.rint(x[source + i] * inverse))
+                    out[at + 8 * size + (i // 4) * 4 * size + 4 * j + i % 4] = q
+                    total += q
+                scales[at // 4 + j] = d
+                scales[at // 4 + size + j] = d * np.float32(total)
+        t += size
 
 
 @njit(cache=True, nogil=True)
@@ -122,10 +133,17 @@ def q8_round_trip(out: np.ndarray, quantized: np.ndarray, n: int, k: int) -> Non
     if out.size < n * k or quantized.size < n * blocks * Q8_BLOCK_BYTES:
         raise IndexError("q8_round_trip: arrays smaller than the activations")
     scales = quantized[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
-    for block in range(n * blocks):
-        d = scales[block * Q8_BLOCK_BYTES // 4]
-        for j in range(32):
-            out[block * 32 + j] = d * np.float32(quantized[block * Q8_BLOCK_BYTES + 8 + j])
+    t = 0
+    while t < n:
+        size = token_group(t, n)
+        for b in range(blocks):
+            at = t * blocks * Q8_BLOCK_BYTES + b * size * Q8_BLOCK_BYTES
+            for j in range(size):
+                d = scales[at // 4 + j]
+                for i in range(32):
+                    q = quantized[at + 8 * size + (i // 4) * 4 * size + 4 * j + i % 4]
+                    out[(t + j) * k + b * 32 + i] = d * np.float32(q)
+        t += size
 
 
 @njit(cache=True, fastmath=True, nogil=True)
