@@ -41,6 +41,11 @@ import conformance  # noqa: E402  (the executor-agnostic harness of the CUDA con
 from executor_model import ExecutorModel  # noqa: E402
 
 CPU_LOGIT_TOLERANCE = 5e-4        # max |cpu - numpy| / max |numpy| per row, logits and float state
+# With q8 activations (kernel_abi/activations.py) an activation within the f32 summation-order
+# difference (~1e-7) of the midpoint between two quantization steps may round to either: one step
+# is 1/127 of its block's largest magnitude, so one such activation moves the logits by ~1e-2 of
+# their largest (measured max 1.3e-2 on the block stand-in's programs); a wrong kernel gives O(1).
+Q8_LOGIT_TOLERANCE = 5e-2
 CACHE_PAGES = 256
 STEPS = 64
 
@@ -88,12 +93,52 @@ def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
     cpu.close()
 
 
+@pytest.fixture(scope="module")
+def q8_executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
+    """Both executors with q8 activations (kernel_abi/activations.py), on the cores with block weights."""
+    if not any(b.kind == M.BUFFER_KIND_WEIGHT and b.dtype in (C.DTYPE_Q8_0, C.DTYPE_Q4_1)
+               for b in tiny_prepared.manifest.buffers):
+        pytest.skip("q8 activations change only block-weight products")
+    data = {r.id: r.data for r in tiny_prepared.resources}
+    contract, manifest = tiny_prepared.contract, tiny_prepared.manifest
+    oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES, widen_f16_cache=False,
+                                                                            activations="q8"))
+    cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1,
+                                                                     activations="q8"))
+    cpu.kernels.query_block = 24
+    models = {"numpy": ExecutorModel(contract, manifest, oracle), "cpu": ExecutorModel(contract, manifest, cpu)}
+    yield models
+    oracle.close()
+    cpu.close()
+
+
 def _programs(prepared) -> list[M.Program]:
     return [p for p in prepared.manifest.programs if p.rank == 0]
 
 
 def test_every_program_agrees_with_the_numpy_oracle(tiny_prepared, executors):
     # spec: OWN-1, CON-8 (the same recorded programs and kernel ABI, replayed by a second executor)
+    _assert_every_program_agrees(tiny_prepared, executors, CPU_LOGIT_TOLERANCE)
+
+
+def test_every_program_with_q8_activations_agrees_with_the_q8_numpy_oracle(tiny_prepared, q8_executors, executors):
+    # spec: OWN-1, CON-8
+    """The integer products against the oracle's references over the activations' q8 round trip; and
+    q8 is not f32 (the decode logits of the two oracles differ by far more than the tolerance)."""
+    _assert_every_program_agrees(tiny_prepared, q8_executors, Q8_LOGIT_TOLERANCE)
+    vocab = tiny_prepared.contract.model.vocabulary.sampled_tokens
+    program = next(p for p in _programs(tiny_prepared) if p.operation == C.OPERATION_DECODE)
+    logits = {}
+    for kind, models in (("f32", executors), ("q8", q8_executors)):
+        case = conformance.Case(models["numpy"], seed=5, first_generation=9_000_000)
+        case.run(program)
+        logits[kind] = conformance.snapshot(models["numpy"].executor, tiny_prepared.manifest,
+                                            case.logits_program or program.name,
+                                            (tiny_prepared.manifest.request_slots, vocab))[0]
+    assert np.abs(logits["q8"] - logits["f32"]).max() > 10 * CPU_LOGIT_TOLERANCE * np.abs(logits["f32"]).max()
+
+
+def _assert_every_program_agrees(tiny_prepared, executors: dict[str, NativeModel], tolerance: float) -> None:
     manifest = tiny_prepared.manifest
     vocab = tiny_prepared.contract.model.vocabulary.sampled_tokens
     failures, operations = [], set()
@@ -111,7 +156,7 @@ def test_every_program_agrees_with_the_numpy_oracle(tiny_prepared, executors):
             outputs[kind] = (rows.copy(), logits, state)
             prepared[kind] = case.prepared_tokens
         result = conformance.compare(program.name, program, outputs, manifest, prepared, case.slots,
-                                     candidate="cpu", tolerance=CPU_LOGIT_TOLERANCE)
+                                     candidate="cpu", tolerance=tolerance)
         operations.add(program.operation)
         if not result["pass"] or result.get("near_ties") or result.get("diverged_inputs"):
             failures.append(result)
@@ -122,6 +167,16 @@ def test_every_program_agrees_with_the_numpy_oracle(tiny_prepared, executors):
 @pytest.mark.parametrize("batch", [1, 8])
 def test_greedy_generation_is_identical_for_64_steps(tiny_prepared, executors, batch):
     # spec: OWN-1
+    _assert_greedy_identical(tiny_prepared, executors, batch)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_generation_with_q8_activations_is_identical_for_64_steps(tiny_prepared, q8_executors, batch):
+    # spec: OWN-1
+    _assert_greedy_identical(tiny_prepared, q8_executors, batch)
+
+
+def _assert_greedy_identical(tiny_prepared, executors: dict[str, NativeModel], batch: int) -> None:
     vocab = tiny_prepared.contract.model.vocabulary.sampled_tokens
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(0, vocab, 5 + 3 * i).tolist() for i in range(batch)]
@@ -151,6 +206,18 @@ def test_workspace_is_sized_from_the_largest_program(tiny_prepared):
     assert capacity.tokens == 64 and capacity.heads == shape.heads
     assert capacity.width == 2 * shape.ffn                   # the fused gate/up product
     assert capacity.context == 512
+
+
+def test_activations_name_a_known_representation():
+    # spec: OWN-1
+    from helios_backend.engine.settings import SettingsError, StartupOptions
+
+    for options in (CpuExecutorOptions, NumpyExecutorOptions):
+        with pytest.raises(ValueError, match="activations must be one of f32, q8"):
+            options(activations="q4")
+    with pytest.raises(SettingsError, match="startup option activations"):
+        StartupOptions.from_parameters({"activations": "int8"}, pathlib.Path("."))
+    assert StartupOptions.from_parameters({"activations": "q8"}, pathlib.Path(".")).activations == "q8"
 
 
 def test_model_load_selects_the_cpu_executor(tiny_prepared):
