@@ -82,8 +82,10 @@ def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
     contract, manifest = tiny_prepared.contract, tiny_prepared.manifest
     oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES, widen_f16_cache=False))
     # share_above=1: every product and attention call is split into chunks shared with a helper thread
-    # (the tiny shapes would otherwise run on one thread), so chunk boundaries are compared too
-    cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1))
+    # (the tiny shapes would otherwise run on one thread), so chunk boundaries are compared too; f32
+    # activations, as the oracle's (q8: q8_executors)
+    cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1,
+                                                                     activations="f32"))
     # a 64-token prefill chunk's attention in blocks of 24, 24 and 16 queries (the default block of 128
     # would take the tiny chunks whole), so the blocks' boundaries are compared too
     cpu.kernels.query_block = 24
@@ -227,6 +229,13 @@ def test_model_load_selects_the_cpu_executor(tiny_prepared):
     try:
         assert isinstance(model.executor, CpuExecutor)
         assert model.manifests[0].cache_pages == 64
+        assert model.executor.cpu_options.activations == "q8"          # the CPU executor's default
+    finally:
+        model.close()
+    model = NativeModel.load(tiny_prepared.contract, tiny_prepared.manifest, data.__getitem__,
+                             ModelOptions(executor="cpu", cache_pages=64, activations="f32"))
+    try:                                # the option reaches the kernels and the references they leave
+        assert model.executor.kernels.activations == "f32" and model.executor.ranks[0].activations == "f32"
     finally:
         model.close()
 
@@ -255,7 +264,8 @@ def test_real_block_core_greedy_is_identical_for_64_steps():
     assert {b.dtype for b in prepared.manifest.buffers if b.name == "weights.layers.0.gate_up"} == {C.DTYPE_Q4_1}
     data = {r.id: r.data for r in prepared.resources}
     executors = {"numpy": NumpyExecutor(prepared.manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=96, widen_f16_cache=False)),
-                 "cpu": CpuExecutor(prepared.manifest, data.__getitem__, CpuExecutorOptions(cache_pages=96))}
+                 "cpu": CpuExecutor(prepared.manifest, data.__getitem__, CpuExecutorOptions(cache_pages=96,
+                                                                                            activations="f32"))}
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 49152, 4 + i).tolist() for i in range(8)]
     # one model per executor: the model mirrors its executor's submission numbers (NativeModel.submissions)
