@@ -11,7 +11,8 @@ Activations arrive as f32 (each block widened to <32 x float> and multiplied wit
 blocks (kernel_abi/activations.py: an int8 array, 40 bytes per 32 activations): then each block
 product is an integer dot product of the weights' quants with the activations' (`_integer_dot`:
 vpmaddubsw + vpmaddwd on x86, vpdpbusd where the AVX-512 path has VNNI, generic IR on the host
-path), converted once and scaled by the two blocks' scales in one FMA.
+path); a token group's products sum in integers, converted once and scaled by the blocks' scales
+in one FMA a row (`_emit_q8_dots`).
 """
 from __future__ import annotations
 
