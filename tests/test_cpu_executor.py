@@ -76,16 +76,16 @@ def tiny_prepared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     return prepare(recipe, options)
 
 
-@pytest.fixture(scope="module")
-def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
-    data = {r.id: r.data for r in tiny_prepared.resources}
-    contract, manifest = tiny_prepared.contract, tiny_prepared.manifest
-    oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES, widen_f16_cache=False))
+def _executor_pair(prepared, activations: str) -> Iterator[dict[str, NativeModel]]:
+    """The oracle and the CPU executor over `prepared`, both with block-weight products' `activations`."""
+    data = {r.id: r.data for r in prepared.resources}
+    contract, manifest = prepared.contract, prepared.manifest
+    oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES, widen_f16_cache=False,
+                                                                            activations=activations))
     # share_above=1: every product and attention call is split into chunks shared with a helper thread
-    # (the tiny shapes would otherwise run on one thread), so chunk boundaries are compared too; f32
-    # activations, as the oracle's (q8: q8_executors)
+    # (the tiny shapes would otherwise run on one thread), so chunk boundaries are compared too
     cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1,
-                                                                     activations="f32"))
+                                                                     activations=activations))
     # a 64-token prefill chunk's attention in blocks of 24, 24 and 16 queries (the default block of 128
     # would take the tiny chunks whole), so the blocks' boundaries are compared too
     cpu.kernels.query_block = 24
@@ -96,22 +96,18 @@ def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
 
 
 @pytest.fixture(scope="module")
+def executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
+    """Both executors with f32 activations (the oracle's default; q8: q8_executors)."""
+    yield from _executor_pair(tiny_prepared, "f32")
+
+
+@pytest.fixture(scope="module")
 def q8_executors(tiny_prepared) -> Iterator[dict[str, NativeModel]]:
     """Both executors with q8 activations (kernel_abi/activations.py), on the cores with block weights."""
     if not any(b.kind == M.BUFFER_KIND_WEIGHT and b.dtype in (C.DTYPE_Q8_0, C.DTYPE_Q4_1)
                for b in tiny_prepared.manifest.buffers):
         pytest.skip("q8 activations change only block-weight products")
-    data = {r.id: r.data for r in tiny_prepared.resources}
-    contract, manifest = tiny_prepared.contract, tiny_prepared.manifest
-    oracle = NumpyExecutor(manifest, data.__getitem__, NumpyExecutorOptions(cache_pages=CACHE_PAGES, widen_f16_cache=False,
-                                                                            activations="q8"))
-    cpu = CpuExecutor(manifest, data.__getitem__, CpuExecutorOptions(cache_pages=CACHE_PAGES, share_above=1,
-                                                                     activations="q8"))
-    cpu.kernels.query_block = 24
-    models = {"numpy": ExecutorModel(contract, manifest, oracle), "cpu": ExecutorModel(contract, manifest, cpu)}
-    yield models
-    oracle.close()
-    cpu.close()
+    yield from _executor_pair(tiny_prepared, "q8")
 
 
 def _programs(prepared) -> list[M.Program]:

@@ -59,6 +59,46 @@ def _block_weights(builder: Any, code: int, block: Any) -> Any:
     return fma(builder, builder.uitofp(quants, _F32X32), scale, minimum)
 
 
+class _BlockLoop:
+    """The loop over the blocks of rows `starts` (i8* each, blocks of `size` bytes) that both
+    emitters open at the builder's position: `index` (the block) and `block_at` (its byte offset)
+    inside, one phi per type of `kinds` (vectors) starting at zero, each row's bytes PREFETCH_BYTES
+    ahead prefetched where `prefetch`. `close` with the phis' next values leaves the builder at
+    the loop's exit."""
+
+    def __init__(self, builder: Any, name: str, starts: list, size: int, kinds: list, prefetch: bool) -> None:
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        self.builder = builder
+        entry = builder.block
+        self.loop = builder.append_basic_block(f"{name}_loop")
+        self.done = builder.append_basic_block(f"{name}_done")
+        builder.branch(self.loop)
+        builder.position_at_end(self.loop)
+        self.index = builder.phi(i64)
+        self.index.add_incoming(ir.Constant(i64, 0), entry)
+        self.phis = []
+        for kind in kinds:
+            phi = builder.phi(kind)
+            phi.add_incoming(ir.Constant(kind, [0.0] * kind.count), entry)
+            self.phis.append(phi)
+        self.block_at = builder.mul(self.index, ir.Constant(i64, size))
+        declared = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        for start in (starts if prefetch else ()):
+            builder.call(declared, [builder.gep(start, [builder.add(self.block_at, ir.Constant(i64, PREFETCH_BYTES))]),
+                                    ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+    def close(self, values: list, blocks: Any) -> None:
+        builder = self.builder
+        following = builder.add(self.index, ir.Constant(ir.IntType(64), 1))
+        self.index.add_incoming(following, builder.block)
+        for phi, value in zip(self.phis, values):
+            phi.add_incoming(value, builder.block)
+        builder.cbranch(builder.icmp_signed("<", following, blocks), self.loop, self.done)
+        builder.position_at_end(self.done)
+
+
 def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks: Any, tokens: int, lanes: int,
                      target: Any) -> None:
     """The loop of _block_row_dots_intrinsic for one layout code, from the builder's position; the
@@ -68,24 +108,9 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
     accumulator_type = ir.VectorType(ir.FloatType(), lanes)
     slices = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
               for h in range(_LANES // lanes)]      # a block's lanes in accumulator-wide slices
-    entry = builder.block
-    loop = builder.append_basic_block(f"block_loop_{code}")
-    done = builder.append_basic_block(f"block_done_{code}")
-    builder.branch(loop)
-    builder.position_at_end(loop)
-    index = builder.phi(i64)
-    accumulators = [builder.phi(accumulator_type) for _ in range(len(starts) * tokens)]
-    index.add_incoming(ir.Constant(i64, 0), entry)
-    for accumulator in accumulators:
-        accumulator.add_incoming(ir.Constant(accumulator_type, [0.0] * lanes), entry)
-    block_at = builder.mul(index, ir.Constant(i64, size))
-    prefetch = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
-        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(32),
-                                                        ir.IntType(32)]), "llvm.prefetch.p0i8")
-    for start in (starts if code == BLOCK_Q8_0 or tokens >= 4 else ()):     # (PREFETCH_BYTES: why)
-        builder.call(prefetch, [builder.gep(start, [builder.add(block_at, ir.Constant(i64, PREFETCH_BYTES))]),
-                                ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
-                                ir.Constant(ir.IntType(32), 1)])
+    blocks_loop = _BlockLoop(builder, f"block_{code}", starts, size, [accumulator_type] * (len(starts) * tokens),
+                             prefetch=code == BLOCK_Q8_0 or tokens >= 4)       # (PREFETCH_BYTES: why)
+    index, block_at, accumulators = blocks_loop.index, blocks_loop.block_at, blocks_loop.phis
     weights = []
     for start in starts:
         widened = _block_weights(builder, code, builder.gep(start, [block_at]))
@@ -99,12 +124,7 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
         for r in range(len(starts)):
             for w, part in zip(weights[r], parts):
                 summed[r * tokens + t] = fma(builder, w, part, summed[r * tokens + t])
-    following = builder.add(index, ir.Constant(i64, 1))
-    index.add_incoming(following, builder.block)
-    for accumulator, value in zip(accumulators, summed):
-        accumulator.add_incoming(value, builder.block)
-    builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
-    builder.position_at_end(done)
+    blocks_loop.close(summed, blocks)
     for j, value in enumerate(summed):
         builder.store(horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
 
@@ -172,22 +192,11 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
     # i16 pair sums of Q4_1 (<= 2 * 15 * 127 each) stay within i16 over the 8 chunks of a block, so the
     # vpmaddubsw form adds them before one vpmaddwd; Q8_0's (<= 2 * 128 * 127) do not
     add_words = flavour == "avx2" and code != BLOCK_Q8_0
-    entry = builder.block
-    loop = builder.append_basic_block(f"q8_loop_{code}")
-    done = builder.append_basic_block(f"q8_done_{code}")
-    builder.branch(loop)
-    builder.position_at_end(loop)
-    index = builder.phi(i64)
-    accumulators = [builder.phi(floats8) for _ in starts]
-    minimums = [builder.phi(floats8) for _ in starts] if code != BLOCK_Q8_0 else []
-    index.add_incoming(ir.Constant(i64, 0), entry)
-    for accumulator in accumulators + minimums:
-        accumulator.add_incoming(ir.Constant(floats8, [0.0] * 8), entry)
-    block_at = builder.mul(index, ir.Constant(i64, size))
-    prefetch = _declared(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
-    for start in starts:                 # (PREFETCH_BYTES: why)
-        builder.call(prefetch, [builder.gep(start, [builder.add(block_at, ir.Constant(i64, PREFETCH_BYTES))]),
-                                ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    # one accumulator a row, and for Q4_1 one of the mw * s terms a row
+    blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size,
+                             [floats8] * (len(starts) * (1 if code == BLOCK_Q8_0 else 2)), prefetch=True)
+    index, block_at = blocks_loop.index, blocks_loop.block_at
+    accumulators, minimums = blocks_loop.phis[:len(starts)], blocks_loop.phis[len(starts):]
 
     def at(pointer: Any, offset: Any, kind: Any) -> Any:
         return builder.bitcast(builder.gep(pointer, [offset]), kind.as_pointer())
@@ -237,12 +246,7 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
         summed[r] = fma(builder, builder.sitofp(total, floats8), scale, summed[r])
         if code != BLOCK_Q8_0:
             minimum_sums[r] = fma(builder, splat(builder, half(block, 2), 8), lane_s, minimum_sums[r])
-    following = builder.add(index, ir.Constant(i64, 1))
-    index.add_incoming(following, builder.block)
-    for accumulator, value in zip(accumulators + minimums, summed + minimum_sums):
-        accumulator.add_incoming(value, builder.block)
-    builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
-    builder.position_at_end(done)
+    blocks_loop.close(summed + minimum_sums, blocks)
     for r in range(len(starts)):
         value = summed[r] if not minimum_sums else builder.fadd(summed[r], minimum_sums[r])
         for t in range(tokens):

@@ -95,35 +95,52 @@ def token_group(t: int, n: int) -> int:
     return 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
 
 
+@njit(inline="always", cache=True, nogil=True)
+def _q8_block(token: int, b: int, n: int, blocks: int) -> tuple[int, int, int]:
+    """(byte of block b of the token's group, the group's tokens, the token's place in it) in the q8
+    activations of n tokens (kernel_abi/activations.py: groups of 8, then 4, then 1, as token_group)."""
+    full = n - n % 8                   # tokens in groups of 8
+    if token < full:
+        first, size = token - token % 8, 8
+    elif n - full >= 4 and token < full + 4:
+        first, size = full, 4
+    else:
+        first, size = token, 1
+    return (first * blocks + b * size) * Q8_BLOCK_BYTES, size, token - first
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _q8_quant(at: int, size: int, j: int, i: int) -> int:
+    """Byte of quant i of token j of a group's block at byte `at`: chunk i // 4 follows that chunk of
+    the tokens before j."""
+    return at + 8 * size + (i // 4) * 4 * size + 4 * j + i % 4
+
+
 @njit(cache=True, fastmath={"nnan", "ninf", "nsz"}, nogil=True)
 def quantize_rows(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
-    """out[:n * k / 32 * Q8_BLOCK_BYTES] = the q8 blocks of f32 x [n, k] in token groups, quants in
-    chunks of 4 token by token (kernel_abi/activations.py `quantize`, bit for bit: no reassociation or reciprocal estimates, so
-    the scales, quants and sums are the reference's). out: int8, 4-byte aligned."""
+    """out[:n * k / 32 * Q8_BLOCK_BYTES] = the q8 blocks of f32 x [n, k] (kernel_abi/activations.py
+    `quantize`, bit for bit: no reassociation or reciprocal estimates, so the scales, quants and
+    sums are the reference's). out: int8, 4-byte aligned."""
     blocks = k // 32
     if x.size < n * k or out.size < n * blocks * Q8_BLOCK_BYTES or k % 32:
         raise IndexError("quantize_rows: arrays smaller than the activations")
     scales = out[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
-    t = 0
-    while t < n:
-        size = token_group(t, n)
+    for token in range(n):
         for b in range(blocks):
-            at = t * blocks * Q8_BLOCK_BYTES + b * size * Q8_BLOCK_BYTES     # the group's block b
-            for j in range(size):
-                source = (t + j) * k + b * 32
-                largest = np.float32(0)
-                for i in range(32):
-                    largest = max(largest, abs(x[source + i]))
-                d = largest / np.float32(127)
-                inverse = np.float32(1) / d if d > 0 else np.float32(0)
-                total = 0
-                for i in range(32):             # chunk i // 4 of token j: after the chunks i // 4 of tokens < j
-                    q = np.int32(np.rint(x[source + i] * inverse))
-                    out[at + 8 * size + (i // 4) * 4 * size + 4 * j + i % 4] = q
-                    total += q
-                scales[at // 4 + j] = d
-                scales[at // 4 + size + j] = d * np.float32(total)
-        t += size
+            at, size, j = _q8_block(token, b, n, blocks)
+            source = token * k + b * 32
+            largest = np.float32(0)
+            for i in range(32):
+                largest = max(largest, abs(x[source + i]))
+            d = largest / np.float32(127)
+            inverse = np.float32(1) / d if d > 0 else np.float32(0)
+            total = 0
+            for i in range(32):
+                q = np.int32(np.rint(x[source + i] * inverse))
+                out[_q8_quant(at, size, j, i)] = q
+                total += int(q)
+            scales[at // 4 + j] = d
+            scales[at // 4 + size + j] = d * np.float32(total)
 
 
 @njit(cache=True, nogil=True)
@@ -133,17 +150,12 @@ def q8_round_trip(out: np.ndarray, quantized: np.ndarray, n: int, k: int) -> Non
     if out.size < n * k or quantized.size < n * blocks * Q8_BLOCK_BYTES:
         raise IndexError("q8_round_trip: arrays smaller than the activations")
     scales = quantized[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
-    t = 0
-    while t < n:
-        size = token_group(t, n)
+    for token in range(n):
         for b in range(blocks):
-            at = t * blocks * Q8_BLOCK_BYTES + b * size * Q8_BLOCK_BYTES
-            for j in range(size):
-                d = scales[at // 4 + j]
-                for i in range(32):
-                    q = quantized[at + 8 * size + (i // 4) * 4 * size + 4 * j + i % 4]
-                    out[(t + j) * k + b * 32 + i] = d * np.float32(q)
-        t += size
+            at, size, j = _q8_block(token, b, n, blocks)
+            d = scales[at // 4 + j]
+            for i in range(32):
+                out[token * k + b * 32 + i] = d * np.float32(quantized[_q8_quant(at, size, j, i)])
 
 
 @njit(cache=True, fastmath=True, nogil=True)
