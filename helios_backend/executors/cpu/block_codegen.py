@@ -242,10 +242,14 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
         if add_words:
             total = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.wd", ints8, [words16] * 2),
                                  [total, ir.Constant(words16, [1] * 16)])
-        scale = builder.fmul(splat(builder, half(block, 0), 8), lane_d)
-        summed[r] = fma(builder, builder.sitofp(total, floats8), scale, summed[r])
-        if code != BLOCK_Q8_0:
-            minimum_sums[r] = fma(builder, splat(builder, half(block, 2), 8), lane_s, minimum_sums[r])
+        if code == BLOCK_Q8_0:
+            dw = splat(builder, half(block, 0), 8)
+        else:                            # d and m as one load and one conversion
+            pair = builder.fpext(builder.bitcast(builder.load(at(block, ir.Constant(i64, 0), i32), align=1),
+                                                 ir.VectorType(ir.HalfType(), 2)), ir.VectorType(f32, 2))
+            dw, mw = (builder.shuffle_vector(pair, pair, ir.Constant(ints8, [h] * 8)) for h in (0, 1))
+            minimum_sums[r] = fma(builder, mw, lane_s, minimum_sums[r])
+        summed[r] = fma(builder, builder.sitofp(total, floats8), builder.fmul(dw, lane_d), summed[r])
     blocks_loop.close(summed + minimum_sums, blocks)
     for r in range(len(starts)):
         value = summed[r] if not minimum_sums else builder.fadd(summed[r], minimum_sums[r])
