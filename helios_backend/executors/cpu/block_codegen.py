@@ -336,6 +336,67 @@ def _block_store_intrinsic(code: int) -> Callable[..., Any]:
     return typer
 
 
+def _q8_values(builder: Any, x: Any) -> tuple[Any, Any]:
+    """(d, the quants as <32 x float>) of the 32 f32 activations at float* x (activations.quantize:
+    d = max |x| / 127, q = round-to-nearest-even(x * (1 / d)), 0 where d is 0). Exact IEEE steps
+    (a max, one division, products, a rounding), so the values are the reference's bit for bit."""
+    f32 = ir.FloatType()
+    values = builder.load(builder.bitcast(x, _F32X32.as_pointer()), align=4)
+    magnitudes = builder.call(_declared(builder, "llvm.fabs.v32f32", _F32X32, [_F32X32]), [values])
+    largest = builder.call(_declared(builder, "llvm.vector.reduce.fmax.v32f32", f32, [_F32X32]), [magnitudes])
+    d = builder.fdiv(largest, ir.Constant(f32, 127.0))
+    inverse = builder.select(builder.fcmp_ordered(">", d, ir.Constant(f32, 0.0)),
+                             builder.fdiv(ir.Constant(f32, 1.0), d), ir.Constant(f32, 0.0))
+    quants = builder.call(_declared(builder, "llvm.roundeven.v32f32", _F32X32, [_F32X32]),
+                          [builder.fmul(values, splat(builder, inverse, _LANES))])
+    return d, quants
+
+
+def _q8_block_intrinsic(typingctx: Any, out: Any, at: Any, size: Any, j: Any, x: Any, source: Any) -> Any:
+    """q8_block(out, at, size, j, x, source): token j's q8 block of x[source:source + 32] into the
+    block of a group of `size` tokens at byte `at` of int8 `out` (activations.py's layout: d at
+    at + 4 j, s = d * sum q at at + 4 size + 4 j, quant chunk c at at + 8 size + 4 size c + 4 j)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+        d, quants = _q8_values(builder, element_pointer(context, builder, signature.args[4], args[4], args[5]))
+        ints = builder.fptosi(quants, ir.VectorType(i32, _LANES))
+        total = builder.call(_declared(builder, "llvm.vector.reduce.add.v32i32", i32, [ir.VectorType(i32, _LANES)]),
+                             [ints])
+        chunks = builder.bitcast(builder.trunc(ints, ir.VectorType(ir.IntType(8), _LANES)), ir.VectorType(i32, 8))
+        at, size, j = args[1], args[2], args[3]
+
+        def byte(offset: Any) -> Any:
+            return element_pointer(context, builder, signature.args[0], args[0], builder.add(at, offset))
+
+        four_j = builder.mul(j, ir.Constant(i64, 4))
+        builder.store(d, builder.bitcast(byte(four_j), f32.as_pointer()), align=4)
+        s = builder.fmul(d, builder.sitofp(total, f32))
+        builder.store(s, builder.bitcast(byte(builder.add(builder.mul(size, ir.Constant(i64, 4)), four_j)),
+                                         f32.as_pointer()), align=4)
+        first = builder.add(builder.mul(size, ir.Constant(i64, 8)), four_j)
+        for c in range(8):
+            offset = builder.add(first, builder.mul(size, ir.Constant(i64, 4 * c)))
+            builder.store(builder.extract_element(chunks, ir.Constant(i32, c)),
+                          builder.bitcast(byte(offset), i32.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.none(out, types.intp, types.intp, types.intp, x, types.intp), codegen
+
+
+def _q8_round_trip_intrinsic(typingctx: Any, out: Any, at: Any, x: Any, source: Any) -> Any:
+    """q8_round_trip_block(out, at, x, source): out[at:at + 32] = d * q of x[source:source + 32]."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        d, quants = _q8_values(builder, element_pointer(context, builder, signature.args[2], args[2], args[3]))
+        target = element_pointer(context, builder, signature.args[0], args[0], args[1])
+        builder.store(builder.fmul(quants, splat(builder, d, _LANES)), builder.bitcast(target, _F32X32.as_pointer()),
+                      align=4)
+        return context.get_dummy_value()
+    return types.none(out, types.intp, x, types.intp), codegen
+
+
+q8_block = cast(Callable[..., Any], intrinsic(_q8_block_intrinsic))
+q8_round_trip_block = cast(Callable[..., Any], intrinsic(_q8_round_trip_intrinsic))
+
+
 # (rows, tokens) shapes of one pass over blocks (block_products.block_linear_rows: 2 rows x 8 / 4 / 1
 # tokens, and 1 row for an odd last row)
 dots1x1, dots2x1, dots1x4, dots2x4, dots1x8, dots2x8 = (

@@ -10,7 +10,8 @@ import numpy as np
 from numba import njit
 
 from helios_backend.executors.cpu.block_codegen import (
-    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store)
+    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store, q8_block,
+    q8_round_trip_block)
 from helios_backend.executors.cpu.claiming import chunk_rows, claim_chunks
 from helios_backend.executors.cpu.elements import store
 from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
@@ -109,53 +110,27 @@ def _q8_block(token: int, b: int, n: int, blocks: int) -> tuple[int, int, int]:
     return (first * blocks + b * size) * Q8_BLOCK_BYTES, size, token - first
 
 
-@njit(inline="always", cache=True, nogil=True)
-def _q8_quant(at: int, size: int, j: int, i: int) -> int:
-    """Byte of quant i of token j of a group's block at byte `at`: chunk i // 4 follows that chunk of
-    the tokens before j."""
-    return at + 8 * size + (i // 4) * 4 * size + 4 * j + i % 4
-
-
-@njit(cache=True, fastmath={"nnan", "ninf", "nsz"}, nogil=True)
+@njit(cache=True, nogil=True)
 def quantize_rows(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
     """out[:n * k / 32 * Q8_BLOCK_BYTES] = the q8 blocks of f32 x [n, k] (kernel_abi/activations.py
-    `quantize`, bit for bit: no reassociation or reciprocal estimates, so the scales, quants and
-    sums are the reference's). out: int8, 4-byte aligned."""
+    `quantize`, bit for bit: block_codegen.q8_block). out: int8."""
     blocks = k // 32
     if x.size < n * k or out.size < n * blocks * Q8_BLOCK_BYTES or k % 32:
         raise IndexError("quantize_rows: arrays smaller than the activations")
-    scales = out[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
     for token in range(n):
         for b in range(blocks):
             at, size, j = _q8_block(token, b, n, blocks)
-            source = token * k + b * 32
-            largest = np.float32(0)
-            for i in range(32):
-                largest = max(largest, abs(x[source + i]))
-            d = largest / np.float32(127)
-            inverse = np.float32(1) / d if d > 0 else np.float32(0)
-            total = 0
-            for i in range(32):
-                q = np.int32(np.rint(x[source + i] * inverse))
-                out[_q8_quant(at, size, j, i)] = q
-                total += int(q)
-            scales[at // 4 + j] = d
-            scales[at // 4 + size + j] = d * np.float32(total)
+            q8_block(out, at, size, j, x, token * k + b * 32)
 
 
 @njit(cache=True, nogil=True)
-def q8_round_trip(out: np.ndarray, quantized: np.ndarray, n: int, k: int) -> None:
-    """out[:n * k] = the f32 activations q8 blocks represent (d * q; activations.round_trip)."""
-    blocks = k // 32
-    if out.size < n * k or quantized.size < n * blocks * Q8_BLOCK_BYTES:
+def q8_round_trip(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
+    """out[:n * k] = f32 x [n, k] as its q8 blocks represent it, d * q (activations.round_trip; the
+    values quantize_rows' blocks hold, in one pass: the BLAS products of many tokens multiply them)."""
+    if out.size < n * k or x.size < n * k or k % 32:
         raise IndexError("q8_round_trip: arrays smaller than the activations")
-    scales = quantized[:n * blocks * Q8_BLOCK_BYTES].view(np.float32)
-    for token in range(n):
-        for b in range(blocks):
-            at, size, j = _q8_block(token, b, n, blocks)
-            d = scales[at // 4 + j]
-            for i in range(32):
-                out[token * k + b * 32 + i] = d * np.float32(quantized[_q8_quant(at, size, j, i)])
+    for source in range(0, n * k, 32):
+        q8_round_trip_block(out, source, x, source)
 
 
 @njit(cache=True, fastmath=True, nogil=True)

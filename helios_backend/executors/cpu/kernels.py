@@ -172,11 +172,11 @@ class CpuKernels:
         their round trip in f32 (more tokens: the BLAS tiles multiply it, this thread's scratch)."""
         if self.activations == "f32" or not isinstance(weight, BlockWeight):
             return x
-        block_products.quantize_rows(self._quantized, x, n, k)
         if n <= SMALL_PRODUCT_TOKENS:
+            block_products.quantize_rows(self._quantized, x, n, k)
             return self._quantized
         trip = self._own("round_trip", n * k)
-        block_products.q8_round_trip(trip, self._quantized, n, k)
+        block_products.q8_round_trip(trip, x, n, k)
         return trip
 
     def _chunks(self, work: int, units: int) -> int:

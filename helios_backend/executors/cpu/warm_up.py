@@ -42,7 +42,7 @@ def warm_up(activations: str = "f32") -> None:
     if activations == "q8":
         quantized = np.zeros(8 * Q8_BLOCK_BYTES, dtype=np.int8)
         quantize_rows(quantized, np.zeros(256, dtype=np.float32), 8, 32)
-        q8_round_trip(np.zeros(256, dtype=np.float32), quantized, 8, 32)
+        q8_round_trip(np.zeros(256, dtype=np.float32), np.zeros(256, dtype=np.float32), 8, 32)
         for code in (BLOCK_Q8_0, BLOCK_Q4_1):
             for n in (1, 2, 4, 8):        # groups of 1, 4 and 8
                 block_linear_rows(np.zeros(2 * n, dtype=np.float32), quantized, u8, code, n, 32, 2, False, 0, 2, f32)
