@@ -89,7 +89,8 @@ def _figures(prefill_runs: Sequence[float], prefill_tokens: int, decode: Mapping
 
 
 def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[int], batches: Sequence[int],
-                   new_tokens: int, repeats: int, threads: int) -> dict[str, Any]:
+                   new_tokens: int, repeats: int, threads: int, activations: str | None = None) -> dict[str, Any]:
+    """`activations`: the CPU executor's option (None: its default), recorded as it ran."""
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import ModelOptions, NativeModel
     from bench.numpy_executor import _timed_decode, _timed_prefill
@@ -98,7 +99,8 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
     pages = max(batches) * (-(-(len(decode_ids) + new_tokens + 1) // 16)) + 64
     model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
                              ModelOptions(executor="cpu", threads=threads, concurrency=max(batches),
-                                          cache_pages=max(pages, len(prefill_ids) // 16 + 8)))
+                                          cache_pages=max(pages, len(prefill_ids) // 16 + 8), activations=activations))
+    ran = model.executor.cpu_options.activations             # type: ignore[attr-defined]
     loaded = _memory()
     try:
         _timed_prefill(model, [prefill_ids])                                    # warm-up
@@ -110,7 +112,8 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
         model.close()
         bootstrap.close()
     figures = _figures(prefill_runs, len(prefill_ids), decode, new_tokens)
-    figures.update(engine="helios cpu executor", threads=threads, after_load=loaded, **measured, **isa_figures())
+    figures.update(engine="helios cpu executor", threads=threads, activations=ran, after_load=loaded, **measured,
+                   **isa_figures())
     return figures
 
 
@@ -148,7 +151,7 @@ def _child(args: argparse.Namespace) -> None:
     prefill_ids, decode_ids = ids["prefill"], ids["decode"]
     if args.engine == "helios":
         figures = measure_helios(args.core, prefill_ids, decode_ids, args.batches, args.new_tokens, args.repeats,
-                                 args.threads)
+                                 args.threads, args.activations)
     else:
         figures = measure_llama(prefill_ids, decode_ids, args.batches, args.new_tokens, args.repeats, args.threads,
                                 peer_gguf(args.recipe))
@@ -159,7 +162,8 @@ def _run_child(engine: str, args: argparse.Namespace, ids: Path) -> dict[str, An
     command = [sys.executable, "-m", "bench.cpu_executor", "--engine", engine, "--ids", str(ids), "--core", str(args.core),
                "--threads", str(args.threads), "--repeats", str(args.repeats), "--new-tokens", str(args.new_tokens),
                "--prefill-tokens", str(args.prefill_tokens), "--decode-prompt-tokens", str(args.decode_prompt_tokens),
-               "--batches", *map(str, args.batches), *(["--recipe", args.recipe] if args.recipe else [])]
+               "--batches", *map(str, args.batches), *(["--recipe", args.recipe] if args.recipe else []),
+               *(["--activations", args.activations] if args.activations else [])]
     environment = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads))
     if engine == "helios" and args.isa:
         environment["HELIOS_CPU_ISA"] = args.isa
@@ -271,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "and its tokenizer makes the prompt ids (default: SmolLM2's GGUF)")
     parser.add_argument("--isa", choices=["auto", "avx512", "avx2", "host"],
                         help="the ISA path helios's kernels are compiled for (HELIOS_CPU_ISA; default: inherited, else auto)")
+    parser.add_argument("--activations", choices=["f32", "q8"],
+                        help="helios's block-weight products' activations (the CPU executor's option; default: its default)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     if args.engine:
@@ -299,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     text = format_text(summary, args.batches)
     print(text)
     out = output_dir(args.out, args.results, "cpu")
-    stem = "cpu_ratios" + (f"_{args.recipe}" if args.recipe else "")
+    stem = "cpu_ratios" + (f"_{args.recipe}" if args.recipe else "") + (f"_{args.isa}" if args.isa else "") + \
+        (f"_{args.activations}" if args.activations else "")
     (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / f"{stem}.txt").write_text(text + "\n")
     print(f"wrote {out / stem}.json and {stem}.txt")

@@ -45,7 +45,10 @@ def _timed(function: Callable[..., None], name: str, timings: Timings, enabled: 
     return timed
 
 
-def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt_tokens: int) -> dict[str, Any]:
+def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt_tokens: int,
+            activations: str | None = None) -> tuple[dict[str, Any], str]:
+    """Figures per batch, and the activations the executor ran with (`activations`: its option, None:
+    its default)."""
     from bench.cpu_peer import bench_prompt_ids
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import ModelOptions, NativeModel
@@ -56,7 +59,9 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
     bootstrap = Bootstrap.load(core, "helios.local/smollm2")
     pages = max(batches) * (-(-(prompt_tokens + steps + 8) // 16)) + 16
     model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
-                             ModelOptions(executor="cpu", threads=threads, concurrency=max(batches), cache_pages=pages))
+                             ModelOptions(executor="cpu", threads=threads, concurrency=max(batches), cache_pages=pages,
+                                          activations=activations))
+    ran = model.executor.cpu_options.activations            # type: ignore[attr-defined]
     timings: Timings = collections.defaultdict(lambda: [0.0, 0, 0.0])
     enabled = [False]
     for rank in model.executor.ranks:                       # type: ignore[attr-defined]
@@ -93,7 +98,7 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
     finally:
         model.close()
         bootstrap.close()
-    return figures
+    return figures, ran
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -106,20 +111,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--name", default="cpu_step_profile.json", help="the JSON file's name in the output folder")
     parser.add_argument("--isa", choices=["auto", "avx512", "avx2", "host"],
                         help="the ISA path the kernels are compiled for (HELIOS_CPU_ISA; default: inherited, else auto)")
+    parser.add_argument("--activations", choices=["f32", "q8"],
+                        help="block-weight products' activations (the CPU executor's option; default: its default)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     if args.isa:
         os.environ["HELIOS_CPU_ISA"] = args.isa        # read when the executor package is first imported (below)
     before = os.getloadavg()
-    figures = profile(args.core, args.batches, args.steps, args.threads, args.prompt_tokens)
+    figures, activations = profile(args.core, args.batches, args.steps, args.threads, args.prompt_tokens,
+                                   args.activations)
     from bench.cpu_executor import isa_figures, host_description, isa_line
 
     host, path = host_description(), isa_figures()
-    summary = {"threads": args.threads, "prompt_tokens": args.prompt_tokens, "host": host, **path, "batches": figures,
+    summary = {"threads": args.threads, "prompt_tokens": args.prompt_tokens, "host": host, **path,
+               "activations": activations, "batches": figures,
                "load_average": {"before": [round(x, 2) for x in before],
                                 "after": [round(x, 2) for x in os.getloadavg()]},
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    print(isa_line(host, path["isa_path"]))
+    print(isa_line(host, path["isa_path"]) + f", {activations} activations")
     for batch, f in figures.items():
         print(f"b={batch}: {f['step_ms']:.1f} ms/step ({f['tokens_per_s']:.1f} tok/s), nodes {f['nodes_ms_per_step']:.1f}, "
               f"outside nodes {f['outside_nodes_ms_per_step']:.2f}")

@@ -2,7 +2,8 @@
 
 The products run here against numpy on the weights' f32 values (kernel_abi/blocks.expand, the
 f16 widened): every token count a call splits into groups of 8, 4 and 1, odd output rows, both
-block layouts and f16, on this process's ISA path. `test_every_path_the_host_runs_agrees_with_the_oracle`
+block layouts and f16, on this process's ISA path; with q8 activations against the integer
+reference (kernel_abi/activations.py), with every integer dot product flavour the path executes. `test_every_path_the_host_runs_agrees_with_the_oracle`
 reruns this file and the executor's conformance tests (test_cpu_executor.py: every program and
 greedy generation against the numpy executor) in a child process per other path this host can
 execute (HELIOS_CPU_ISA), so a loop only the AVX2 path compiles is checked on an AVX-512 host too.
@@ -18,9 +19,9 @@ import numpy as np
 import pytest
 
 from helios_backend.executors.cpu import isa
-from helios_backend.executors.cpu.block_products import block_linear_rows
+from helios_backend.executors.cpu.block_products import block_linear_rows, q8_round_trip, quantize_rows
 from helios_backend.executors.cpu.f16_products import linear_rows
-from helios_backend.kernel_abi import blocks
+from helios_backend.kernel_abi import activations, blocks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FEATURES = {"avx2": True, "fma": True, "f16c": True, "avx512f": True, "avx512bw": True, "avx512dq": True,
@@ -92,6 +93,75 @@ def test_products_agree_with_numpy_for_every_token_grouping(layout):
                                    err_msg=f"{layout} n={n} on {isa.active().name}")
 
 
+@pytest.mark.parametrize("layout", ["Q8_0", "Q4_1"])
+def test_q8_products_agree_with_the_integer_reference_for_every_token_grouping(layout):
+    """Activations quantized to q8 blocks (the compiled quantizer and round trip bit for bit the
+    reference's), then
+    the integer block products (vpmaddubsw / vpdpbusd / generic IR, as the path has them) against
+    kernel_abi/activations.block_product: exact integer dot products, so only the f32 sum over
+    blocks may differ."""
+    # spec: OWN-1
+    rng = np.random.default_rng(11)
+    m, k = 13, 96
+    block_layout = blocks.BY_NAME[layout]
+    data = _quantized(block_layout, m, k, rng)
+    dense = blocks.expand(block_layout.dtype, data, (m, k))
+    for n in (1, 3, 4, 5, 8, 9, 13, 17):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        x[0, :32] = 0.0                       # a block of zeros: scale 0, quants 0
+        quantized = np.zeros(n * k // 32 * activations.Q8_BLOCK_BYTES + 5, dtype=np.int8)
+        quantize_rows(quantized, x.reshape(-1), n, k)
+        np.testing.assert_array_equal(quantized[:-5], activations.quantize(x).reshape(-1))
+        trip = np.zeros(n * k, dtype=np.float32)             # what the BLAS products of many tokens take
+        q8_round_trip(trip, x.reshape(-1), n, k)
+        np.testing.assert_array_equal(trip, activations.round_trip(x).reshape(-1))
+        out = np.full(n * m, 0.5, dtype=np.float32)
+        first, last = 1, m
+        block_linear_rows(out, quantized, data, block_layout.code, n, k, m, True, first, last,
+                          np.zeros(16, dtype=np.float32))
+        expected = np.full((n, m), 0.5, dtype=np.float32)
+        expected[:, first:last] += activations.block_product(x, block_layout, data, m, k)[:, first:last]
+        np.testing.assert_allclose(out.reshape(n, m), expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max(),
+                                   err_msg=f"q8 {layout} n={n} on {isa.active().name}")
+        # the q8 products are the weights times the activations' round trip, not the f32 product
+        round_trip = activations.round_trip(x) @ dense[first:last].T
+        np.testing.assert_allclose(out.reshape(n, m)[:, first:last] - 0.5, round_trip, rtol=1e-5,
+                                   atol=1e-5 * np.abs(round_trip).max())
+        assert np.abs(round_trip - x @ dense[first:last].T).max() > 1e-4 * np.abs(round_trip).max()
+
+
+@pytest.mark.parametrize("flavour", ["generic", "avx2", "vnni"])
+@pytest.mark.parametrize("layout", ["Q8_0", "Q4_1"])
+def test_every_integer_dot_product_flavour_agrees_with_the_reference(layout, flavour):
+    """The integer dot products of every flavour this host executes, compiled into a 2 x 8 pass on
+    this process's path (the generic IR is the host path's, which an x86 host never picks)."""
+    # spec: OWN-1
+    from numba import njit
+    from numba.extending import intrinsic
+
+    from helios_backend.executors.cpu import block_codegen
+
+    needs = {"generic": (), "avx2": ("avx2",), "vnni": ("avx512vnni", "avx512vl")}[flavour]
+    if not all(isa.active().has(feature) for feature in needs):
+        pytest.skip(f"the {isa.active().name} path has no {flavour} integer dot products")
+    dots = intrinsic(block_codegen._block_row_dots_intrinsic(2, 8, flavour))
+
+    @njit
+    def two_rows(data, code, row_bytes, x, stride, blocks, sums):
+        dots(data, code, 0, row_bytes, x, 0, stride, blocks, sums)
+
+    rng = np.random.default_rng(5)
+    m, k, n = 2, 128, 8
+    block_layout = blocks.BY_NAME[layout]
+    data = _quantized(block_layout, m, k, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    sums = np.zeros(16, dtype=np.float32)
+    two_rows(data, block_layout.code, k // 32 * block_layout.block_bytes, activations.quantize(x).reshape(-1),
+             k // 32 * activations.Q8_BLOCK_BYTES, k // 32, sums)
+    expected = activations.block_product(x, block_layout, data, m, k)         # [n, m]
+    np.testing.assert_allclose(sums.reshape(m, n), expected.T, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+
+
 def _other_paths() -> list[str]:
     return [name for name in isa.executable_paths() if name != isa.active().name]
 
@@ -103,7 +173,7 @@ def test_every_path_the_host_runs_agrees_with_the_oracle(path):
     """This file's products and the conformance tests of the block and f16 llama stand-ins, compiled
     for `path` in a child process (numba compiles for one target a process)."""
     # spec: OWN-1
-    selection = "products or (llama and (every_program or greedy))"
+    selection = "products or flavour or (llama and (every_program or greedy))"
     done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-k", selection,
                            "tests/test_cpu_isa.py", "tests/test_cpu_executor.py"],
                           cwd=ROOT, env=dict(os.environ, **{isa.ISA_VARIABLE: path}), capture_output=True, text=True)

@@ -51,6 +51,7 @@ from helios_backend.contract.errors import ContractError
 from helios_backend.core import AuthorizationError, CoreError, IntegrityError, SignatureError, open_core
 from helios_backend.engine.settings import BUILT_IN, DEFAULT_ACCEPTANCE, SWITCH_INTERVAL_US
 from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
+from helios_backend.kernel_abi.activations import ACTIVATIONS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.operator_repository import write_operator_layout
 from helios_backend.triton.server_log import ServerLog
@@ -108,6 +109,11 @@ def parser() -> argparse.ArgumentParser:
                         "is cuda; the cpu and numpy executors run none, so a CPU-only host skips the compilation)")
     p.add_argument("--executor", choices=("auto",) + EXECUTOR_NAMES, default="auto",
                    help="auto: cuda where a GPU is usable, else cpu (compiled CPU kernels); numpy: the CPU oracle (default: %(default)s)")
+    p.add_argument("--activations", choices=ACTIVATIONS, default=None,
+                   help="cpu and numpy executors: the activations of products over block weights (Q8_0 / Q4_1): "
+                        "f32, or q8 (quantized to 8 bits per 32-element block and multiplied with integer "
+                        "instructions, as llama.cpp does; docs/cpu-executor.md) (default: the executor's: "
+                        "q8 on cpu, f32 on numpy)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
                    help="also start helios-gateway once tritonserver runs (default: on when installed)")
     p.add_argument("--http-port", type=int, default=8000, help="tritonserver's HTTP port (default: %(default)s)")
@@ -231,6 +237,8 @@ def option_parameters(args: argparse.Namespace) -> dict[str, str]:
         parameters["history_drafting"] = str(args.history_drafting).lower()
     if args.engine_process is not None:
         parameters["engine_process"] = str(args.engine_process).lower()
+    if args.activations is not None:
+        parameters["activations"] = args.activations
     return parameters
 
 

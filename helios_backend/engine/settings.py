@@ -15,6 +15,7 @@ from typing import Literal, Mapping, TypeVar
 from helios_proto import contract_pb2 as cp
 
 from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
+from helios_backend.kernel_abi.activations import ACTIVATIONS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.scheduler.config import ADMISSION_BURST
 
@@ -57,6 +58,9 @@ class StartupOptions:
     kernel_arch: str | None = None      # cuda: KernelModule.arch to load (e.g. "compute_80"); None: the device's
     # cuda: serve the product path's ids through cuBLASLt where it loads (False: their cubins)
     vendor_products: bool = True
+    # cpu and numpy executors: block-weight products' activations, "f32" or "q8" (8-bit blocks,
+    # integer dot products: kernel_abi/activations.py, docs/cpu-executor.md); None: the executor's default
+    activations: str | None = None
     # tensor-parallel ranks: "threads" (every rank in this process, OWN-14) or "processes" (rank 0
     # here, the others helios-rank processes that join the store at rank_store, OWN-15)
     rank_peers: str = "threads"
@@ -88,6 +92,8 @@ class StartupOptions:
         if self.admission_burst is not None and self.admission_burst < 2:
             raise SettingsError("admission_burst", f"must be at least 2 (a round of prompts takes several), "
                                                    f"got {self.admission_burst}")
+        if self.activations is not None and self.activations not in ACTIVATIONS:
+            raise SettingsError("activations", f"{self.activations!r} is not one of {ACTIVATIONS}")
         if self.rank_peers not in RANK_PEERS:
             raise SettingsError("rank_peers", f"{self.rank_peers!r} is not one of {RANK_PEERS}")
         if self.rank_peers == "processes":
@@ -130,7 +136,7 @@ class StartupOptions:
 
 def _parse(name: str, raw: str) -> object:
     try:
-        if name in ("core_path", "acceptance", "executor", "kernel_arch", "rank_peers", "rank_store"):
+        if name in ("core_path", "acceptance", "executor", "kernel_arch", "rank_peers", "rank_store", "activations"):
             return raw
         if name in ("history_drafting", "engine_process", "vendor_products"):
             if raw.lower() not in ("true", "false"):

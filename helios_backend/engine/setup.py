@@ -44,6 +44,7 @@ def model_options(settings: EffectiveSettings, executor: str, kernel_arch: str |
     return ModelOptions(concurrency=settings.concurrency, cache_pages=settings.page_capacity,
                         cache_memory_share=settings.cache_memory_share, executor=executor, kernel_arch=kernel_arch,
                         vendor_products=True if options is None else options.vendor_products,
+                        activations=None if options is None else options.activations,
                         speculative=settings.history_drafting, **ranks)
 
 

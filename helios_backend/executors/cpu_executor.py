@@ -31,6 +31,7 @@ from helios_backend.executors.cpu.residency import release_free_heap, release_li
 from helios_backend.executors.numpy_executor import NumpyExecutor, NumpyExecutorOptions, Reduce
 from helios_backend.executors.base import ResourceReader
 from helios_backend.kernel_abi import abi
+from helios_backend.kernel_abi.activations import check as check_activations
 
 __all__ = ["CpuExecutor", "CpuExecutorOptions"]
 
@@ -41,8 +42,13 @@ class CpuExecutorOptions:
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
     threads: int = 2                              # the calling thread + helpers; capped at the usable cores
     share_above: int = SHARED_WORK_MACS           # multiply-adds from which one call is shared over threads
+    # block-weight products' activations (kernel_abi/activations.py): "q8" (8-bit blocks and integer dot
+    # products, as llama.cpp's CPU kernels; the numpy references then use the same q8: decode 1.5x the
+    # f32 path's tokens/s on the AVX2 path, docs/cpu-executor.md says what it costs) or "f32"
+    activations: str = "q8"
 
     def __post_init__(self) -> None:
+        check_activations(self.activations)
         if self.cache_pages < 1:
             raise ValueError("cache_pages must be >= 1")
         if self.threads < 1:
@@ -81,17 +87,18 @@ class CpuExecutor(NumpyExecutor):
                  local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
         """`local_ranks` and `reduce`: rank processes, as the numpy executor's."""
         threads = min(options.threads, len(os.sched_getaffinity(0)))   # the cores this process may use
-        warm_up()                          # compile (or load from numba's cache) before the first step
+        warm_up(options.activations)       # compile (or load from numba's cache) before the first step
         wanted = options.programs if options.programs is not None else {
             p.name for p in manifest.programs if p.rank == 0}
         self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads,
-                                  options.share_above)
+                                  options.share_above, options.activations)
         self.cpu_options = options
         # F16 cache planes keep their declared dtype (half the bytes a decode step's attention streams,
         # and the cached values a device executor holds); the compiled kernels widen them in registers
         super().__init__(manifest, read_resource,
                          NumpyExecutorOptions(cache_pages=options.cache_pages, programs=options.programs,
-                                              blas_threads=1, widen_f16_cache=False),
+                                              blas_threads=1, widen_f16_cache=False,
+                                              activations=options.activations),
                          implementations=self.kernels.table, weight_shadows=False,
                          local_ranks=local_ranks, reduce=reduce)
         # every primitive is compiled (warm_up): LLVM's code pages are not needed again (cpu/residency.py)

@@ -37,6 +37,9 @@ class ModelOptions:
     kernel_arch: Optional[str] = None   # cuda: KernelModule.arch to load; None: the device's own
     vendor_products: bool = True        # cuda: the product path's ids through cuBLASLt where it loads
     threads: int = 2                    # cpu executor: threads of its compiled kernels and product workers
+    # cpu and numpy executors: block-weight products' activations, "f32" or "q8" (kernel_abi/activations.py);
+    # None: the executor's default
+    activations: Optional[str] = None
     rank_peers: str = "threads"         # a RANK_PEERS name
     rank_store: str = ""                # processes: HOST:PORT of the rendezvous store rank 0 listens on
     rank_timeout_s: float = 30.0        # processes: the bound on every answer of a peer
@@ -57,12 +60,17 @@ def _local_ranks(placement: Optional[RankPlacement]) -> dict:
     return {} if placement is None else {"local_ranks": (placement.rank,), "reduce": placement.reduce}
 
 
+def _activations(options: ModelOptions) -> dict:
+    """The activations keyword where the options set it (else the executor's own default applies)."""
+    return {} if options.activations is None else {"activations": options.activations}
+
+
 def _numpy_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
                     options: ModelOptions, graphs: Sequence[C.GraphContract],
                     placement: Optional[RankPlacement] = None) -> Executor:
     return NumpyExecutor(manifest, read_resource, NumpyExecutorOptions(
         cache_pages=host_pages(contract, options), programs=frozenset(g.program for g in graphs),
-        widen_f16_cache=options.widen_f16_cache), **_local_ranks(placement))
+        widen_f16_cache=options.widen_f16_cache, **_activations(options)), **_local_ranks(placement))
 
 
 def _cpu_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
@@ -74,7 +82,7 @@ def _cpu_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, re
 
     return CpuExecutor(manifest, read_resource, CpuExecutorOptions(
         cache_pages=host_pages(contract, options), programs=frozenset(g.program for g in graphs),
-        threads=options.threads), **_local_ranks(placement))
+        threads=options.threads, **_activations(options)), **_local_ranks(placement))
 
 
 def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,

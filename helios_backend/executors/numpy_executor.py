@@ -43,6 +43,7 @@ from helios_backend.executors.base import (
 )
 from helios_backend.executors.numpy_rank import NUMPY_DTYPES, BoundProgram, RankArena, RankReplay
 from helios_backend.kernel_abi import abi
+from helios_backend.kernel_abi.activations import check as check_activations
 
 __all__ = ["NUMPY_DTYPES", "NumpyExecutor", "NumpyExecutorOptions", "RankArena", "RankReplay", "Reduce"]
 
@@ -55,10 +56,14 @@ class NumpyExecutorOptions:
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
     blas_threads: int = 1                         # >1 BLAS threads are slower on small GEMMs
     widen_f16_cache: bool = True                  # hold F16 cache planes as f32 (see numpy_rank)
+    # block-weight products' activations: "f32", or "q8" (kernel_abi/activations.py: the references
+    # multiply the block weights by the activations' 8-bit round trip, the CPU executor's q8 option)
+    activations: str = "f32"
 
     def __post_init__(self) -> None:
         if self.cache_pages < 1:
             raise ValueError("cache_pages must be >= 1")
+        check_activations(self.activations)
 
 
 class NumpyExecutor:
@@ -91,7 +96,7 @@ class NumpyExecutor:
         self._reduce = reduce if len(local) < self.world_size else None
         self.ranks = tuple(RankReplay(manifest, rank, read_resource, options.cache_pages, options.widen_f16_cache,
                                       {name: per_rank[rank][name] for name in sorted(wanted)},
-                                      implementations, weight_shadows)
+                                      implementations, weight_shadows, options.activations)
                            for rank in local)
         transport = manifest.transport
         self._frames = [np.zeros(transport.frame_nbytes, dtype=np.uint8) for _ in range(max(1, transport.frames))]

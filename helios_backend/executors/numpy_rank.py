@@ -9,7 +9,8 @@ with pointer arguments already turned into flat typed views of the arena. A prog
 as segments of kernel nodes separated by its ALL_REDUCE nodes (each bound to the typed view of
 the region it sums), so the executor can run every rank up to the next all-reduce, sum, go on.
 
-Weight buffers declared in a block layout (kernel_abi/blocks.py) get their f32 expansion as shadow.
+Weight buffers declared in a block layout (kernel_abi/blocks.py) get their f32 expansion as shadow
+(with q8 activations a kernel_abi/activations.Q8Weight: its products quantize their activations).
 Weight buffers declared F16 get an f32 shadow copy (numpy has no f16 BLAS; converting
 per step would dominate the step time); kernels receive the shadow wherever a node
 passes a pointer into such a buffer. The CPU executor (executors/cpu/) binds through the
@@ -34,6 +35,7 @@ from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.base import KernelArgumentError, ResourceReader
 from helios_backend.kernel_abi import abi, blocks
+from helios_backend.kernel_abi.activations import Q8Weight
 from helios_backend.kernel_abi.state import TRANSPORT_HEADER_WORDS
 
 NUMPY_DTYPES = {C.DTYPE_F16: np.float16, C.DTYPE_BF16: None, C.DTYPE_F32: np.float32, C.DTYPE_F64: np.float64,
@@ -97,9 +99,11 @@ class RankReplay:
 
     def __init__(self, manifest: M.ExecutionManifest, rank: int, read_resource: ResourceReader,
                  cache_pages: int, widen_f16_cache: bool, programs: Mapping[str, M.Program],
-                 implementations: Mapping[str, Callable[..., None]] = {}, weight_shadows: bool = True) -> None:
+                 implementations: Mapping[str, Callable[..., None]] = {}, weight_shadows: bool = True,
+                 activations: str = "f32") -> None:
         self.rank = rank
         self.implementations = implementations    # kernel id -> function replacing its reference
+        self.activations = activations            # block weights' products: f32 or q8 activations
         buffers = [b for b in manifest.buffers if b.rank == rank]
         widened = [b for b in buffers if widen_f16_cache and b.dtype == C.DTYPE_F16
                    and b.kind in (M.BUFFER_KIND_CACHE, M.BUFFER_KIND_STATE)]
@@ -181,10 +185,12 @@ class RankReplay:
         return view
 
     def _expanded(self, name: str) -> np.ndarray:
-        """The f32 matrix a block weight expands to, flat (made on first use, then kept)."""
+        """The f32 matrix a block weight expands to, flat (made on first use, then kept); with q8
+        activations as a Q8Weight (its products take their activations' q8 round trip)."""
         if name not in self.shadows:
             weight = self.block_weights[name]
-            self.shadows[name] = blocks.expand(weight.layout.dtype, weight.data, (weight.rows, weight.cols)).reshape(-1)
+            expanded = blocks.expand(weight.layout.dtype, weight.data, (weight.rows, weight.cols)).reshape(-1)
+            self.shadows[name] = expanded.view(Q8Weight) if self.activations == "q8" else expanded
         return self.shadows[name]
 
     def _pointer(self, param: abi.Param, ref: M.BufferRef, where: str,

@@ -43,7 +43,7 @@ Runs = tuple[tuple[int, int], ...]
 
 # ModelOptions fields a peer needs (the rest say how rank 0 meets its peers)
 SESSION_OPTIONS = ("cache_pages", "cache_memory_share", "widen_f16_cache", "executor", "kernel_arch", "threads",
-                   "vendor_products")
+                   "vendor_products", "activations")
 LocalFactory = Callable[[RankPlacement], Executor]
 
 

@@ -6,10 +6,17 @@ Written as LLVM vector code because numba's loops over a 32-weight block do not 
 constant 32-trip loop is unrolled into scalar conversions, and numba promotes the 8-bit integer
 arithmetic to int64 (measured 15-25x slower than the f16 loop per weight). The intrinsics here
 take raw positions and check no bounds: block_products.py checks its arrays and drives them.
+
+Activations arrive as f32 (each block widened to <32 x float> and multiplied with FMAs) or as q8
+blocks (kernel_abi/activations.py: an int8 array, 40 bytes per 32 activations): then each block
+product is an integer dot product of the weights' quants with the activations' (`_integer_dot`:
+vpmaddubsw + vpmaddwd on x86, vpdpbusd where the AVX-512 path has VNNI, generic IR on the host
+path); a token group's products sum in integers, converted once and scaled by the blocks' scales
+in one FMA a row (`_emit_q8_dots`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, cast
+from typing import Any, Callable, Optional, cast
 
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import types
@@ -17,6 +24,7 @@ from numba.extending import intrinsic
 
 from helios_backend.executors.cpu import isa
 from helios_backend.executors.cpu.codegen import element_pointer, fma, horizontal_sum, splat
+from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 
 BLOCK_Q8_0 = 0
 BLOCK_Q4_1 = 1
@@ -51,6 +59,46 @@ def _block_weights(builder: Any, code: int, block: Any) -> Any:
     return fma(builder, builder.uitofp(quants, _F32X32), scale, minimum)
 
 
+class _BlockLoop:
+    """The loop over the blocks of rows `starts` (i8* each, blocks of `size` bytes) that both
+    emitters open at the builder's position: `index` (the block) and `block_at` (its byte offset)
+    inside, one phi per type of `kinds` (vectors) starting at zero, each row's bytes PREFETCH_BYTES
+    ahead prefetched where `prefetch`. `close` with the phis' next values leaves the builder at
+    the loop's exit."""
+
+    def __init__(self, builder: Any, name: str, starts: list, size: int, kinds: list, prefetch: bool) -> None:
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        self.builder = builder
+        entry = builder.block
+        self.loop = builder.append_basic_block(f"{name}_loop")
+        self.done = builder.append_basic_block(f"{name}_done")
+        builder.branch(self.loop)
+        builder.position_at_end(self.loop)
+        self.index = builder.phi(i64)
+        self.index.add_incoming(ir.Constant(i64, 0), entry)
+        self.phis = []
+        for kind in kinds:
+            phi = builder.phi(kind)
+            phi.add_incoming(ir.Constant(kind, [0.0] * kind.count), entry)
+            self.phis.append(phi)
+        self.block_at = builder.mul(self.index, ir.Constant(i64, size))
+        declared = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        for start in (starts if prefetch else ()):
+            builder.call(declared, [builder.gep(start, [builder.add(self.block_at, ir.Constant(i64, PREFETCH_BYTES))]),
+                                    ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+    def close(self, values: list, blocks: Any) -> None:
+        builder = self.builder
+        following = builder.add(self.index, ir.Constant(ir.IntType(64), 1))
+        self.index.add_incoming(following, builder.block)
+        for phi, value in zip(self.phis, values):
+            phi.add_incoming(value, builder.block)
+        builder.cbranch(builder.icmp_signed("<", following, blocks), self.loop, self.done)
+        builder.position_at_end(self.done)
+
+
 def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks: Any, tokens: int, lanes: int,
                      target: Any) -> None:
     """The loop of _block_row_dots_intrinsic for one layout code, from the builder's position; the
@@ -60,24 +108,9 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
     accumulator_type = ir.VectorType(ir.FloatType(), lanes)
     slices = [ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(h * lanes, (h + 1) * lanes)))
               for h in range(_LANES // lanes)]      # a block's lanes in accumulator-wide slices
-    entry = builder.block
-    loop = builder.append_basic_block(f"block_loop_{code}")
-    done = builder.append_basic_block(f"block_done_{code}")
-    builder.branch(loop)
-    builder.position_at_end(loop)
-    index = builder.phi(i64)
-    accumulators = [builder.phi(accumulator_type) for _ in range(len(starts) * tokens)]
-    index.add_incoming(ir.Constant(i64, 0), entry)
-    for accumulator in accumulators:
-        accumulator.add_incoming(ir.Constant(accumulator_type, [0.0] * lanes), entry)
-    block_at = builder.mul(index, ir.Constant(i64, size))
-    prefetch = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
-        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(32),
-                                                        ir.IntType(32)]), "llvm.prefetch.p0i8")
-    for start in (starts if code == BLOCK_Q8_0 or tokens >= 4 else ()):     # (PREFETCH_BYTES: why)
-        builder.call(prefetch, [builder.gep(start, [builder.add(block_at, ir.Constant(i64, PREFETCH_BYTES))]),
-                                ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
-                                ir.Constant(ir.IntType(32), 1)])
+    blocks_loop = _BlockLoop(builder, f"block_{code}", starts, size, [accumulator_type] * (len(starts) * tokens),
+                             prefetch=code == BLOCK_Q8_0 or tokens >= 4)       # (PREFETCH_BYTES: why)
+    index, block_at, accumulators = blocks_loop.index, blocks_loop.block_at, blocks_loop.phis
     weights = []
     for start in starts:
         widened = _block_weights(builder, code, builder.gep(start, [block_at]))
@@ -91,14 +124,141 @@ def _emit_block_dots(builder: Any, code: int, starts: list, inputs: list, blocks
         for r in range(len(starts)):
             for w, part in zip(weights[r], parts):
                 summed[r * tokens + t] = fma(builder, w, part, summed[r * tokens + t])
-    following = builder.add(index, ir.Constant(i64, 1))
-    index.add_incoming(following, builder.block)
-    for accumulator, value in zip(accumulators, summed):
-        accumulator.add_incoming(value, builder.block)
-    builder.cbranch(builder.icmp_signed("<", following, blocks), loop, done)
-    builder.position_at_end(done)
+    blocks_loop.close(summed, blocks)
     for j, value in enumerate(summed):
         builder.store(horizontal_sum(builder, value), builder.gep(target, [ir.Constant(i64, j)]))
+
+
+def integer_dots(path: isa.IsaPath) -> str:
+    """How a path multiplies 32 unsigned by 32 signed bytes into <8 x i32>: `vnni` (vpdpbusd: the
+    AVX-512 path where the host has AVX512-VNNI), `avx2` (vpmaddubsw into i16 pairs, vpmaddwd by
+    ones into i32: the x86 paths otherwise) or `generic` (widening IR, the host path)."""
+    if path.name == "avx512" and path.has("avx512vnni"):
+        return "vnni"
+    return "avx2" if path.name in ("avx512", "avx2") else "generic"
+
+
+def _declared(builder: Any, name: str, result: Any, arguments: list) -> Any:
+    module = builder.module
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(result, arguments), name)
+
+
+def _integer_dot(builder: Any, unsigned: Any, signed: Any, flavour: str, signed_first: bool = False) -> Any:
+    """<8 x i32>: lane l the sum of unsigned[j] * signed[j] over bytes j = 4l .. 4l + 3 (<32 x i8>
+    each: the first read as 0..255, the second as -128..127; no pair of products may exceed the
+    i16 range, which weights' quants of at most 128 in magnitude times activations' of at most
+    127 never do). `signed_first` (generic only): the first read as -128..127 too, so Q8_0
+    weights need no sign moved."""
+    bytes32 = ir.VectorType(ir.IntType(8), _LANES)
+    words16 = ir.VectorType(ir.IntType(16), 16)
+    ints8 = ir.VectorType(ir.IntType(32), 8)
+    if flavour == "vnni":
+        dot = _declared(builder, "llvm.x86.avx512.vpdpbusd.256", ints8, [ints8] * 3)
+        return builder.call(dot, [ir.Constant(ints8, [0] * 8), builder.bitcast(unsigned, ints8),
+                                  builder.bitcast(signed, ints8)])
+    if flavour == "avx2":
+        pairs = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.ub.sw", words16, [bytes32] * 2),
+                             [unsigned, signed])
+        return builder.call(_declared(builder, "llvm.x86.avx2.pmadd.wd", ints8, [words16] * 2),
+                            [pairs, ir.Constant(words16, [1] * 16)])
+    wide = ir.VectorType(ir.IntType(32), _LANES)
+    first = builder.sext(unsigned, wide) if signed_first else builder.zext(unsigned, wide)
+    products = builder.mul(first, builder.sext(signed, wide))
+    parts = [builder.shuffle_vector(products, products, ir.Constant(ints8, list(range(h, _LANES, 4))))
+             for h in range(4)]          # lane l: bytes 4l .. 4l + 3, as the x86 forms sum them
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any, tokens: int, flavour: str,
+                  target: Any) -> None:
+    """_emit_block_dots for q8 activations (`group`: i8* to a group of T = `tokens` tokens' q8
+    blocks, kernel_abi/activations.py: a block's quants are 4-byte (chunk, token) lanes, 8 / T
+    chunks of every token per 32 bytes). Per block and row, each 32 bytes of activations meet the
+    weight chunks they hold, each repeated T times (a lane permutation of the block's quants, none
+    for T = 1), in one integer dot product of 4 bytes a lane (`_integer_dot`); the T products sum
+    in integers into one <8 x i32> (lane l token l % T), converted once and added into the row's
+    accumulator with the scales dw * d of the lanes' tokens (the tokens' d one vector load) in one
+    FMA; a Q4_1 block's mw * s into a second accumulator a row. So the per-block scaling is paid
+    once per row for all the tokens, and no sums cross lanes in the loop. The sums stored to
+    `target` (row by row), the builder left at the loop's exit."""
+    i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+    size = 34 if code == BLOCK_Q8_0 else 20
+    bytes32 = ir.VectorType(ir.IntType(8), _LANES)
+    ints8 = ir.VectorType(i32, 8)
+    floats8 = ir.VectorType(f32, 8)
+    words16 = ir.VectorType(ir.IntType(16), 16)
+    scales_type = ir.VectorType(f32, tokens)
+    per_vector = 8 // tokens             # chunks of each token in 32 bytes of activations
+    # i16 pair sums of Q4_1 (<= 2 * 15 * 127 each) stay within i16 over the 8 chunks of a block, so the
+    # vpmaddubsw form adds them before one vpmaddwd; Q8_0's (<= 2 * 128 * 127) do not
+    add_words = flavour == "avx2" and code != BLOCK_Q8_0
+    # one accumulator a row, and for Q4_1 one of the mw * s terms a row
+    blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size,
+                             [floats8] * (len(starts) * (1 if code == BLOCK_Q8_0 else 2)), prefetch=True)
+    index, block_at = blocks_loop.index, blocks_loop.block_at
+    accumulators, minimums = blocks_loop.phis[:len(starts)], blocks_loop.phis[len(starts):]
+
+    def at(pointer: Any, offset: Any, kind: Any) -> Any:
+        return builder.bitcast(builder.gep(pointer, [offset]), kind.as_pointer())
+
+    def half(block: Any, offset: int) -> Any:
+        bits = builder.load(at(block, ir.Constant(i64, offset), ir.IntType(16)), align=1)
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), f32)
+
+    x_block = builder.gep(group, [builder.mul(index, ir.Constant(i64, tokens * Q8_BLOCK_BYTES))])
+    d = builder.load(at(x_block, ir.Constant(i64, 0), scales_type), align=4)
+    s = builder.load(at(x_block, ir.Constant(i64, 4 * tokens), scales_type), align=4)
+    zero = ir.Constant(scales_type, [0.0] * tokens)
+    lane_d = builder.shuffle_vector(d, zero, ir.Constant(ints8, [j % tokens for j in range(8)]))
+    lane_s = builder.shuffle_vector(s, zero, ir.Constant(ints8, [j if j < tokens else tokens for j in range(8)]))
+    activations = [builder.load(at(x_block, ir.Constant(i64, 8 * tokens + 32 * v), bytes32), align=1)
+                   for v in range(tokens)]
+    summed, minimum_sums = list(accumulators), list(minimums)
+    for r, start in enumerate(starts):
+        block = builder.gep(start, [block_at])
+        if code == BLOCK_Q8_0:
+            quants = builder.load(at(block, ir.Constant(i64, 2), bytes32), align=1)
+        else:
+            packed = builder.load(at(block, ir.Constant(i64, 4), ir.VectorType(ir.IntType(8), _LANES // 2)), align=1)
+            low = builder.and_(packed, ir.Constant(packed.type, [15] * (_LANES // 2)))
+            high = builder.lshr(packed, ir.Constant(packed.type, [4] * (_LANES // 2)))
+            quants = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(i32, _LANES), list(range(_LANES))))
+        chunks = builder.bitcast(quants, ints8)
+        total = None
+        for v, x in enumerate(activations):
+            weights = quants if tokens == 1 else builder.bitcast(builder.shuffle_vector(
+                chunks, chunks, ir.Constant(ints8, [v * per_vector + j // tokens for j in range(8)])), bytes32)
+            if code == BLOCK_Q8_0 and flavour != "generic":     # |w| unsigned, its sign moved onto x (vpsignb)
+                x = builder.call(_declared(builder, "llvm.x86.avx2.psign.b", bytes32, [bytes32] * 2), [x, weights])
+                weights = builder.call(_declared(builder, "llvm.abs.v32i8", bytes32, [bytes32, ir.IntType(1)]),
+                                       [weights, ir.Constant(ir.IntType(1), 0)])
+            if add_words:
+                part = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.ub.sw", words16, [bytes32] * 2),
+                                    [weights, x])
+            else:
+                part = _integer_dot(builder, weights, x, flavour,
+                                    signed_first=code == BLOCK_Q8_0 and flavour == "generic")
+            total = part if total is None else builder.add(total, part)
+        if add_words:
+            total = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.wd", ints8, [words16] * 2),
+                                 [total, ir.Constant(words16, [1] * 16)])
+        if code == BLOCK_Q8_0:
+            dw = splat(builder, half(block, 0), 8)
+        else:                            # d and m as one load and one conversion
+            pair = builder.fpext(builder.bitcast(builder.load(at(block, ir.Constant(i64, 0), i32), align=1),
+                                                 ir.VectorType(ir.HalfType(), 2)), ir.VectorType(f32, 2))
+            dw, mw = (builder.shuffle_vector(pair, pair, ir.Constant(ints8, [h] * 8)) for h in (0, 1))
+            minimum_sums[r] = fma(builder, mw, lane_s, minimum_sums[r])
+        summed[r] = fma(builder, builder.sitofp(total, floats8), builder.fmul(dw, lane_d), summed[r])
+    blocks_loop.close(summed + minimum_sums, blocks)
+    for r in range(len(starts)):
+        value = summed[r] if not minimum_sums else builder.fadd(summed[r], minimum_sums[r])
+        for t in range(tokens):
+            lanes = builder.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, per_vector),
+                                                                     list(range(t, 8, tokens))))
+            total = horizontal_sum(builder, lanes) if per_vector > 1 else builder.extract_element(
+                lanes, ir.Constant(i32, 0))
+            builder.store(total, builder.gep(target, [ir.Constant(i64, r * tokens + t)]))
 
 
 def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
@@ -120,16 +280,21 @@ def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
     return (rows if tokens >= 8 else 1), (8 if tokens >= 4 else _LANES)
 
 
-def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
+def _block_row_dots_intrinsic(rows: int, tokens: int, flavour: Optional[str] = None) -> Callable[..., Any]:
     """sums[r * tokens + t] = sum over `blocks` consecutive blocks from byte at + r * row_bytes of
     w . x[x_at + t * x_stride:] for r < rows, t < tokens, blocks of layout `code` (BLOCK_*): each
     block widened once into registers and multiplied into one vector accumulator per (row,
     token), so every loaded input feeds the rows of a loop and every widened block `tokens`
     products; one horizontal sum each at the end. One loop per layout code (and row group,
-    `passes`: shaped by the vector width of the process's ISA path, isa.py), chosen once per call."""
+    `passes`: shaped by the vector width of the process's ISA path, isa.py), chosen once per call.
+    x of int8: q8 activation blocks (kernel_abi/activations.py), x_at the byte of the token group's
+    first block (x_stride unused), multiplied as integers (`_emit_q8_dots`, the integer dot
+    product `flavour`: by default the path's, `integer_dots`)."""
     def typer(typingctx: Any, data: Any, code: Any, at: Any, row_bytes: Any, x: Any, x_at: Any, x_stride: Any,
               blocks: Any, sums: Any) -> Any:
-        groups, lanes = passes(rows, tokens, isa.active().vector_bits)
+        quantized = x.dtype == types.int8
+        groups, lanes = (1, 8) if quantized else passes(rows, tokens, isa.active().vector_bits)   # q8: one accumulator a row
+        dots = flavour or integer_dots(isa.active())
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             i64 = ir.IntType(64)
@@ -146,12 +311,14 @@ def _block_row_dots_intrinsic(rows: int, tokens: int) -> Callable[..., Any]:
                 group_target = builder.gep(target, [ir.Constant(i64, group * per_group * tokens)])
                 with builder.if_else(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, BLOCK_Q8_0))) as (
                         q8_0, q4_1):
-                    with q8_0:
-                        _emit_block_dots(builder, BLOCK_Q8_0, group_starts, inputs, args[7], tokens, lanes,
-                                         group_target)
-                    with q4_1:
-                        _emit_block_dots(builder, BLOCK_Q4_1, group_starts, inputs, args[7], tokens, lanes,
-                                         group_target)
+                    for layout, branch in ((BLOCK_Q8_0, q8_0), (BLOCK_Q4_1, q4_1)):
+                        with branch:
+                            if quantized:
+                                _emit_q8_dots(builder, layout, group_starts, inputs[0], args[7], tokens, dots,
+                                              group_target)
+                            else:
+                                _emit_block_dots(builder, layout, group_starts, inputs, args[7], tokens, lanes,
+                                                 group_target)
             return context.get_dummy_value()
         return types.none(data, types.intp, types.intp, types.intp, x, types.intp, types.intp, types.intp,
                           sums), codegen
@@ -167,6 +334,67 @@ def _block_store_intrinsic(code: int) -> Callable[..., Any]:
             return context.get_dummy_value()
         return types.none(out, types.intp, data, types.intp), codegen
     return typer
+
+
+def _q8_values(builder: Any, x: Any) -> tuple[Any, Any]:
+    """(d, the quants as <32 x float>) of the 32 f32 activations at float* x (activations.quantize:
+    d = max |x| / 127, q = round-to-nearest-even(x * (1 / d)), 0 where d is 0). Exact IEEE steps
+    (a max, one division, products, a rounding), so the values are the reference's bit for bit."""
+    f32 = ir.FloatType()
+    values = builder.load(builder.bitcast(x, _F32X32.as_pointer()), align=4)
+    magnitudes = builder.call(_declared(builder, "llvm.fabs.v32f32", _F32X32, [_F32X32]), [values])
+    largest = builder.call(_declared(builder, "llvm.vector.reduce.fmax.v32f32", f32, [_F32X32]), [magnitudes])
+    d = builder.fdiv(largest, ir.Constant(f32, 127.0))
+    inverse = builder.select(builder.fcmp_ordered(">", d, ir.Constant(f32, 0.0)),
+                             builder.fdiv(ir.Constant(f32, 1.0), d), ir.Constant(f32, 0.0))
+    quants = builder.call(_declared(builder, "llvm.roundeven.v32f32", _F32X32, [_F32X32]),
+                          [builder.fmul(values, splat(builder, inverse, _LANES))])
+    return d, quants
+
+
+def _q8_block_intrinsic(typingctx: Any, out: Any, at: Any, size: Any, j: Any, x: Any, source: Any) -> Any:
+    """q8_block(out, at, size, j, x, source): token j's q8 block of x[source:source + 32] into the
+    block of a group of `size` tokens at byte `at` of int8 `out` (activations.py's layout: d at
+    at + 4 j, s = d * sum q at at + 4 size + 4 j, quant chunk c at at + 8 size + 4 size c + 4 j)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+        d, quants = _q8_values(builder, element_pointer(context, builder, signature.args[4], args[4], args[5]))
+        ints = builder.fptosi(quants, ir.VectorType(i32, _LANES))
+        total = builder.call(_declared(builder, "llvm.vector.reduce.add.v32i32", i32, [ir.VectorType(i32, _LANES)]),
+                             [ints])
+        chunks = builder.bitcast(builder.trunc(ints, ir.VectorType(ir.IntType(8), _LANES)), ir.VectorType(i32, 8))
+        at, size, j = args[1], args[2], args[3]
+
+        def byte(offset: Any) -> Any:
+            return element_pointer(context, builder, signature.args[0], args[0], builder.add(at, offset))
+
+        four_j = builder.mul(j, ir.Constant(i64, 4))
+        builder.store(d, builder.bitcast(byte(four_j), f32.as_pointer()), align=4)
+        s = builder.fmul(d, builder.sitofp(total, f32))
+        builder.store(s, builder.bitcast(byte(builder.add(builder.mul(size, ir.Constant(i64, 4)), four_j)),
+                                         f32.as_pointer()), align=4)
+        first = builder.add(builder.mul(size, ir.Constant(i64, 8)), four_j)
+        for c in range(8):
+            offset = builder.add(first, builder.mul(size, ir.Constant(i64, 4 * c)))
+            builder.store(builder.extract_element(chunks, ir.Constant(i32, c)),
+                          builder.bitcast(byte(offset), i32.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.none(out, types.intp, types.intp, types.intp, x, types.intp), codegen
+
+
+def _q8_round_trip_intrinsic(typingctx: Any, out: Any, at: Any, x: Any, source: Any) -> Any:
+    """q8_round_trip_block(out, at, x, source): out[at:at + 32] = d * q of x[source:source + 32]."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        d, quants = _q8_values(builder, element_pointer(context, builder, signature.args[2], args[2], args[3]))
+        target = element_pointer(context, builder, signature.args[0], args[0], args[1])
+        builder.store(builder.fmul(quants, splat(builder, d, _LANES)), builder.bitcast(target, _F32X32.as_pointer()),
+                      align=4)
+        return context.get_dummy_value()
+    return types.none(out, types.intp, x, types.intp), codegen
+
+
+q8_block = cast(Callable[..., Any], intrinsic(_q8_block_intrinsic))
+q8_round_trip_block = cast(Callable[..., Any], intrinsic(_q8_round_trip_intrinsic))
 
 
 # (rows, tokens) shapes of one pass over blocks (block_products.block_linear_rows: 2 rows x 8 / 4 / 1

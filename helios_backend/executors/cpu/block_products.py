@@ -10,9 +10,11 @@ import numpy as np
 from numba import njit
 
 from helios_backend.executors.cpu.block_codegen import (
-    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store)
+    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store, q8_block,
+    q8_round_trip_block)
 from helios_backend.executors.cpu.claiming import chunk_rows, claim_chunks
 from helios_backend.executors.cpu.elements import store
+from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
@@ -36,29 +38,30 @@ def dequantize_rows(out: np.ndarray, data: np.ndarray, code: int, first: int, ro
 
 
 @njit(inline="always", cache=True, fastmath=True, nogil=True)
-def _block_dots(data: np.ndarray, code: int, at: int, row_bytes: int, x: np.ndarray, x_at: int, k: int, blocks: int,
-                rows: int, tokens: int, sums: np.ndarray) -> None:
+def _block_dots(data: np.ndarray, code: int, at: int, row_bytes: int, x: np.ndarray, x_at: int, stride: int,
+                blocks: int, rows: int, tokens: int, sums: np.ndarray) -> None:
     if tokens == 8:
         if rows == 2:
-            dots2x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots2x8(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
         else:
-            dots1x8(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots1x8(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     elif tokens == 4:
         if rows == 2:
-            dots2x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots2x4(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
         else:
-            dots1x4(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+            dots1x4(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     elif rows == 2:
-        dots2x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+        dots2x1(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     else:
-        dots1x1(data, code, at, row_bytes, x, x_at, k, blocks, sums)
+        dots1x1(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
 def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: int, n: int, k: int, m: int,
                       accumulate: bool, first: int, last: int, sums: np.ndarray) -> None:
     """linear_rows over a [m, k] block matrix (code: BLOCK_*): out[t, o] (+)= sum_i x[t, i] * w[o, i]
-    for t < n, first <= o < last. `sums` >= 16 floats of scratch.
+    for t < n, first <= o < last. `sums` >= 16 floats of scratch. x: f32 [n, k], or int8: the q8
+    blocks of the activations (`quantize_rows`; kernel_abi/activations.py), multiplied as integers.
 
     Output rows in pairs (then 1 for an odd last row), tokens in groups of 8 (then 4, then 1): each
     block is widened in registers once per token group and multiplied into one accumulator per
@@ -69,7 +72,8 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
     size = _block_bytes(code)
     blocks = k // 32
     row_bytes = blocks * size
-    if x.size < n * k or out.size < n * m or data.size < last * row_bytes or sums.size < 16 or k % 32:
+    stride = k if x.itemsize == 4 else blocks * Q8_BLOCK_BYTES     # elements of one token's activations
+    if x.size < n * stride or out.size < n * m or data.size < last * row_bytes or sums.size < 16 or k % 32:
         raise IndexError("block_linear_rows: arrays smaller than the product")
     o = first
     while o < last:
@@ -77,13 +81,56 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
         at = o * row_bytes
         t = 0
         while t < n:
-            group = 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
-            _block_dots(data, code, at, row_bytes, x, t * k, k, blocks, rows, group, sums)
+            group = token_group(t, n)
+            _block_dots(data, code, at, row_bytes, x, t * stride, stride, blocks, rows, group, sums)
             for r in range(rows):
                 for j in range(group):
                     store(out, (t + j) * m + o + r, sums[r * group + j], accumulate)
             t += group
         o += rows
+
+
+@njit(inline="always", cache=True, nogil=True)
+def token_group(t: int, n: int) -> int:
+    """Tokens of the group starting at token t of n (activations.TOKEN_GROUPS: 8, else 4, else 1)."""
+    return 8 if t + 8 <= n else (4 if t + 4 <= n else 1)
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _q8_block(token: int, b: int, n: int, blocks: int) -> tuple[int, int, int]:
+    """(byte of block b of the token's group, the group's tokens, the token's place in it) in the q8
+    activations of n tokens (kernel_abi/activations.py: groups of 8, then 4, then 1, as token_group)."""
+    full = n - n % 8                   # tokens in groups of 8
+    if token < full:
+        first, size = token - token % 8, 8
+    elif n - full >= 4 and token < full + 4:
+        first, size = full, 4
+    else:
+        first, size = token, 1
+    return (first * blocks + b * size) * Q8_BLOCK_BYTES, size, token - first
+
+
+@njit(cache=True, nogil=True)
+def quantize_rows(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
+    """out[:n * k / 32 * Q8_BLOCK_BYTES] = the q8 blocks of f32 x [n, k] (kernel_abi/activations.py
+    `quantize`, bit for bit: block_codegen.q8_block). out: int8."""
+    blocks = k // 32
+    if x.size < n * k or out.size < n * blocks * Q8_BLOCK_BYTES or k % 32:
+        raise IndexError("quantize_rows: arrays smaller than the activations")
+    for token in range(n):
+        for b in range(blocks):
+            at, size, j = _q8_block(token, b, n, blocks)
+            q8_block(out, at, size, j, x, token * k + b * 32)
+
+
+@njit(cache=True, nogil=True)
+def q8_round_trip(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
+    """out[:n * k] = f32 x [n, k] as its q8 blocks represent it, d * q (activations.round_trip; the
+    values quantize_rows' blocks hold, in one pass: the BLAS products of many tokens multiply them)."""
+    if out.size < n * k or x.size < n * k or k % 32:
+        raise IndexError("q8_round_trip: arrays smaller than the activations")
+    for source in range(0, n * k, 32):
+        q8_round_trip_block(out, source, x, source)
 
 
 @njit(cache=True, fastmath=True, nogil=True)

@@ -49,6 +49,10 @@ class IsaPath:
     cpu_name: str              # LLVM CPU name (the host's: its scheduling model)
     features: str              # LLVM feature string numba compiles with
 
+    def has(self, feature: str) -> bool:
+        """Whether the target compiles with `feature` (an LLVM feature name) on."""
+        return f"+{feature}" in self.features.split(",")
+
 
 class IsaUnavailable(ValueError):
     """HELIOS_CPU_ISA names a path that is unknown or that this host cannot execute."""

@@ -32,6 +32,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from helios_backend.executors.cpu import attention, block_products, f16_products, pointwise
 from helios_backend.executors.cpu.sharing import WorkSharing
+from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
+from helios_backend.kernel_abi.activations import check as activations_check
 from helios_backend.kernel_abi.blocks import BlockWeight
 from helios_backend.kernel_abi.logprobs import log_softmax_row
 from helios_backend.kernel_abi.state import live_tokens, row_starts, token_rows
@@ -81,10 +83,16 @@ def _plane(cache: np.ndarray) -> np.ndarray:
 class CpuKernels:
     """Compiled implementations of the hot kernel ids over one workspace."""
 
-    def __init__(self, capacity: Capacity, threads: int, share_above: int = SHARED_WORK_MACS) -> None:
+    def __init__(self, capacity: Capacity, threads: int, share_above: int = SHARED_WORK_MACS,
+                 activations: str = "f32") -> None:
         self.capacity = capacity
         self.threads = threads
         self.share_above = share_above     # multiply-adds from which a call is shared over the threads
+        # block-weight products' activations (kernel_abi/activations.py): f32, or q8 blocks made once a
+        # call into `_quantized` (every output row and thread reads them)
+        self.activations = activations_check(activations)
+        self._quantized = np.zeros(capacity.tokens * (capacity.width // 32 + 1) * Q8_BLOCK_BYTES
+                                   if activations == "q8" else 0, dtype=np.int8)
         self.query_block = ATTENTION_QUERY_BLOCK    # queries per score matrix of a prefill chunk's attention
         # threads - 1 helpers share large products and attention with the calling thread (sharing.py);
         # each thread has its own scratch (`_own`): a tile it widens large products' weights into
@@ -123,20 +131,22 @@ class CpuKernels:
         a block matrix (kernel_abi/blocks.py) read in place."""
         if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
+        activations = self._activations(x, weight, n, k)
         if n <= SMALL_PRODUCT_TOKENS:
             chunks = max(1, self._chunks(n * m * k, m // 4))    # whole row quads per chunk (claiming.chunk_rows)
 
             def rows(counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
                 if isinstance(weight, BlockWeight):
-                    block_products.block_linear_claimed(out, x, weight.data, weight.layout.code, n, k, m, accumulate,
-                                                        chunks, counters, self._own("sums", 16), calls, caller)
+                    block_products.block_linear_claimed(out, activations, weight.data, weight.layout.code, n, k, m,
+                                                        accumulate, chunks, counters, self._own("sums", 16), calls,
+                                                        caller)
                 else:
                     f16_products.linear_claimed(out, x, _bits(weight), n, k, m, accumulate, chunks, counters, calls,
                                                 caller)
 
             self.sharing.run_claimed(rows, chunks)
             return
-        inputs = x[:n * k].reshape(n, k)
+        inputs = activations[:n * k].reshape(n, k)
         outputs = out[:n * m].reshape(n, m)
         tile_rows = max(1, min(-(-m // (2 * self.threads)), TILE_ELEMENTS // k))
 
@@ -155,6 +165,19 @@ class CpuKernels:
                 np.matmul(inputs, widened.T, out=outputs[:, start:start + rows])
 
         self.sharing.run(tile, -(-m // tile_rows))
+
+    def _activations(self, x: np.ndarray, weight: Weight, n: int, k: int) -> np.ndarray:
+        """What a product multiplies `weight` with: x, or for a block weight with q8 activations the
+        q8 blocks of x[:n * k] (<= SMALL_PRODUCT_TOKENS tokens: the integer products read them) or
+        their round trip in f32 (more tokens: the BLAS tiles multiply it, this thread's scratch)."""
+        if self.activations == "f32" or not isinstance(weight, BlockWeight):
+            return x
+        if n <= SMALL_PRODUCT_TOKENS:
+            block_products.quantize_rows(self._quantized, x, n, k)
+            return self._quantized
+        trip = self._own("round_trip", n * k)
+        block_products.q8_round_trip(trip, x, n, k)
+        return trip
 
     def _chunks(self, work: int, units: int) -> int:
         """How many chunks to share `work` multiply-adds over: one below `share_above` (the calling
@@ -382,7 +405,7 @@ class CpuKernels:
         resident from the first prefill on)."""
         if isinstance(gate_up, BlockWeight) and (gate_up.cols != k or gate_up.rows < 2 * ffn):
             raise ValueError(f"a [{gate_up.rows}, {gate_up.cols}] block weight read as [{2 * ffn}, {k}]")
-        inputs = x[:n * k].reshape(n, k)
+        inputs = self._activations(x, gate_up, n, k)[:n * k].reshape(n, k)
         # as many tiles as the tile size needs, rounded up to a multiple of the threads (7 tiles of
         # SmolLM2's 1536 gate rows left one thread 4 and the other 3)
         tiles = max(2 * self.threads, -(-ffn // max(1, TILE_ELEMENTS // (2 * k))))

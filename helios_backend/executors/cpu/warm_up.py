@@ -6,15 +6,17 @@ import numpy as np
 from helios_backend.executors.cpu.attention import attention_claimed, attention_pairs
 from helios_backend.executors.cpu.block_codegen import BLOCK_Q4_1, BLOCK_Q8_0
 from helios_backend.executors.cpu.block_products import (
-    block_gather_rows, block_linear_claimed, block_linear_rows, dequantize_rows)
+    block_gather_rows, block_linear_claimed, block_linear_rows, dequantize_rows, q8_round_trip, quantize_rows)
 from helios_backend.executors.cpu.claiming import wait_done, wait_for_change
 from helios_backend.executors.cpu.f16_products import linear_claimed, linear_rows, widen
 from helios_backend.executors.cpu.pointwise import gather_rows, rms_norm, rope_store, silu_gate
+from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 
 
-def warm_up() -> None:
+def warm_up(activations: str = "f32") -> None:
     """Compile every primitive for the argument types the kernels pass (numba caches the machine
-    code on disk, so after the first load this only loads it), so no step pays compilation."""
+    code on disk, so after the first load this only loads it), so no step pays compilation.
+    `activations` q8: the block products of q8 activations too (kernel_abi/activations.py)."""
     f32 = np.zeros(64, dtype=np.float32)
     bits = np.zeros(64, dtype=np.uint16)
     i32 = np.zeros(4, dtype=np.int32)
@@ -37,6 +39,15 @@ def warm_up() -> None:
         block_gather_rows(f32, u8, code, i32, 1, 32)
     block_linear_claimed(np.zeros(16, dtype=np.float32), np.zeros(256, dtype=np.float32), u8, BLOCK_Q4_1, 8, 32, 2,
                          False, 1, np.zeros(3, dtype=np.int64), f32, np.zeros(1, dtype=np.int64), True)
+    if activations == "q8":
+        quantized = np.zeros(8 * Q8_BLOCK_BYTES, dtype=np.int8)
+        quantize_rows(quantized, np.zeros(256, dtype=np.float32), 8, 32)
+        q8_round_trip(np.zeros(256, dtype=np.float32), np.zeros(256, dtype=np.float32), 8, 32)
+        for code in (BLOCK_Q8_0, BLOCK_Q4_1):
+            for n in (1, 2, 4, 8):        # groups of 1, 4 and 8
+                block_linear_rows(np.zeros(2 * n, dtype=np.float32), quantized, u8, code, n, 32, 2, False, 0, 2, f32)
+        block_linear_claimed(np.zeros(16, dtype=np.float32), quantized, u8, BLOCK_Q4_1, 8, 32, 2, False, 1,
+                             np.zeros(3, dtype=np.int64), f32, np.zeros(1, dtype=np.int64), True)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4, 4, 0)
