@@ -50,6 +50,7 @@ from helios_backend.scheduler.speculative import (
     Candidate,
     HistoryIndex,
     LaneOutcome,
+    SpeculativeLane,
     SpeculativeProgram,
     SpeculativeRound,
     SpeculativeTable,
@@ -63,9 +64,11 @@ from helios_backend.scheduler.speculative_width import (
     expected_tokens,
 )
 from helios_backend.scheduler.config import SchedulerConfig
-from helios_backend.scheduler.decode_block import explicit_lanes, lane_requests
+from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes, lane_requests
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.variants import VariantTable
+
+_PENDING = [PENDING_TOKEN]               # a decode lane's query: its pending token (shared, never mutated)
 
 
 @dataclass(slots=True)
@@ -242,7 +245,8 @@ class SpeculativeScheduler(Scheduler):
             return plan
         acceptance = weighing.acceptance
         limits = self._cheapest_width(weighing)
-        candidates = self._candidates(main.lanes, limits)
+        fields = _LaneFields.of(main.lanes)
+        candidates = self._candidates(fields, limits)
         if candidates is None:                   # a lane needs width one (grammar, host stops, ...)
             return plan
         round_ = self.speculative.plan(candidates, self._lookup)
@@ -260,17 +264,39 @@ class SpeculativeScheduler(Scheduler):
                                  self._ratio(round_.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
-        for decoded, spec in zip(main.lanes, round_.lanes):
-            if not self._reserve_pages(decoded.request, spec.reserve_end):
-                return plan                      # a shortage: plain decode this round
-        lanes = [ScheduledSpeculativeLane(decoded.request, decoded.slot, decoded.generation, decoded.start,
-                                          decoded.tokens, decoded.sample, decoded.output_limit,
+        if not self._reserve_ceilings(fields.requests, round_.lanes):
+            if isinstance(main.lanes, DecodeBlock):   # its page counts are its requests' pages (packing reads them)
+                main.lanes.page_counts[:] = [len(req.pages) for req in main.lanes.requests]
+            return plan                          # a shortage: plain decode this round
+        lanes = [ScheduledSpeculativeLane(req, slot, generation, start, tokens, sample, output_limit,
                                           proposals=spec.proposals, ceiling=spec.ceiling, round=round_)
-                 for decoded, spec in zip(main.lanes, round_.lanes)]
+                 for req, slot, generation, start, tokens, sample, output_limit, spec
+                 in zip(fields.requests, fields.slots, fields.generations, fields.starts, fields.tokens,
+                        fields.samples, fields.output_limits, round_.lanes)]
         plan.main = Submission(round_.program.variant, lanes)
         self.counters.launched(cp.OPERATION_DECODE, -1)           # the DECODE submission it replaces
         self.counters.launched(cp.OPERATION_SPECULATIVE)
         return plan
+
+    def _reserve_ceilings(self, requests: Sequence[Request], lanes: Sequence[SpeculativeLane]) -> bool:
+        """Pages for each lane's full ceiling (SPEC-21), in lane order; False on a shortage (the
+        lanes before it keep theirs, as lane by lane). Where the pool has them all, one allocation
+        gives each lane the pages lane-by-lane allocations would (PagePool.allocate_many)."""
+        pt = self.config.page_tokens
+        needs = [-(-lane.reserve_end // pt) - len(req.pages) for req, lane in zip(requests, lanes)]
+        total = sum(k for k in needs if k > 0)
+        if total <= self.pool.available_pages:
+            if total:
+                pages, at = self.pool.allocate_many(total), 0
+                for req, k in zip(requests, needs):
+                    if k > 0:
+                        req.pages.extend(pages[at:at + k])
+                        at += k
+            return True
+        for req, lane in zip(requests, lanes):    # snapshots evicted for them, lane by lane
+            if not self._reserve_pages(req, lane.reserve_end):
+                return False
+        return True
 
     def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
         """Behind a DECODE round whose requests may profit from drafting, nothing: the next round
@@ -360,13 +386,13 @@ class SpeculativeScheduler(Scheduler):
         for a in acceptance:
             a.idle(self.policy, rounds)
 
-    def _candidates(self, lanes: Sequence[Lane], limits: list[int]) -> list[Candidate] | None:
+    def _candidates(self, fields: "_LaneFields", limits: list[int]) -> list[Candidate] | None:
         """The lanes as plan_round's candidates; None when one of them is constrained or has host
         stops (the round stays plain DECODE, width one with completion feedback)."""
         eos_ids, stops, context = self.config.eos_ids, self._stops, self.config.context_tokens
         candidates = []
-        for lane, limit in zip(lanes, limits):
-            req = lane.request
+        for req, slot, generation, start, output_limit, limit in zip(
+                fields.requests, fields.slots, fields.generations, fields.starts, fields.output_limits, limits):
             spec = req.spec
             # speculative programs apply no logit bias and write no logprob records: such a
             # request decodes plainly (a request without host values needs no mask)
@@ -374,8 +400,7 @@ class SpeculativeScheduler(Scheduler):
                     or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops:
                 return None
             tokens = req.tokens
-            candidates.append(Candidate(req.serial, lane.slot, lane.generation, lane.start, tokens,
-                                        spec.max_tokens - req.output_len,
+            candidates.append(Candidate(req.serial, slot, generation, start, tokens, output_limit,
                                         context - len(tokens),
                                         req.inflight - 1,      # this round, planned but not submitted
                                         req.device_pending, False, False, limit))
@@ -488,6 +513,30 @@ class SpeculativeScheduler(Scheduler):
         req.fresh = False
         if end // pt > req.published_pages and len(req.pages) > req.published_pages:
             self._publish_pages(req)
+
+
+@dataclass(slots=True)
+class _LaneFields:
+    """A DECODE round's lanes as lists of their fields, read once: from a DecodeBlock's columns
+    (no Lane made per column), else lane by lane."""
+    requests: list[Request]
+    slots: list[int]
+    generations: list[int]
+    starts: list[int]
+    tokens: list[list[int]]
+    samples: list[bool]
+    output_limits: list[int]
+
+    @classmethod
+    def of(cls, lanes: Sequence[Lane]) -> "_LaneFields":
+        if isinstance(lanes, DecodeBlock) and not lanes.extra:
+            k = lanes.size
+            return cls(lanes.requests, lanes.slots.tolist(), lanes.generations.tolist(), lanes.starts.tolist(),
+                       [_PENDING] * k, [True] * k, lanes.limits.tolist())
+        return cls([lane.request for lane in lanes], [lane.slot for lane in lanes],
+                   [lane.generation for lane in lanes], [lane.start for lane in lanes],
+                   [lane.tokens for lane in lanes], [lane.sample for lane in lanes],
+                   [lane.output_limit for lane in lanes])
 
 
 def _token_block(serials: list[int], tokens: list[int], stamps: list[int] | None) -> TokenBlock:
