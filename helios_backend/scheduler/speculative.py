@@ -155,6 +155,15 @@ def propose(history: Sequence[int], limit: int, ngram_sizes: Sequence[int] = NGR
     Only the last `window` tokens are searched."""
     if limit <= 0:
         return []
+    if isinstance(history, list):
+        # every match ends at an earlier occurrence of the last token inside the window: where
+        # there is none (a history with nothing to copy) the answer is known without converting
+        # the window (list.index scans it in C, ~20x faster than the conversion)
+        end = len(history)
+        try:
+            history.index(history[-1], max(0, end - window), end - 1)
+        except (ValueError, IndexError):
+            return []
     tail = np.asarray(history[-window:], dtype=np.int64)
     size = tail.size
     if size < 2:
