@@ -15,13 +15,14 @@ Other submissions go through ProgramRunner unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 from typing import Sequence, cast
 
 import numpy as np
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.packing import LaneValues, PackedLane
+from helios_backend.packing import LaneValues, PackedLane, RaggedRows
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
 from helios_backend.scheduler.speculative import SpeculativeRound, validate_completion
@@ -33,6 +34,7 @@ _PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its dev
 _SLOT, _GENERATION, _START = attrgetter("slot"), attrgetter("generation"), attrgetter("start")
 _SAMPLE, _SNAPSHOT_ROW = attrgetter("sample"), attrgetter("snapshot_row")
 _PAGES, _CEILING = attrgetter("request.pages"), attrgetter("ceiling")
+_PROPOSALS = attrgetter("proposals")
 
 
 @dataclass
@@ -57,8 +59,12 @@ class SpeculativeProgramRunner(ProgramRunner):
             return
         program = _round_of(lanes[0]).program
         n = len(lanes)
-        proposals = [np.asarray(lane.proposals, dtype=np.int32) for lane in lanes]
-        counts = np.fromiter(map(len, proposals), np.int64, n)
+        copies = list(map(_PROPOSALS, lanes))
+        counts = np.fromiter(map(len, copies), np.int64, n)
+        # every lane's copies in one array (the packer writes them in one go, not a row per lane;
+        # one lane's row is cheaper written as it is)
+        proposals: LaneValues = [np.asarray(copies[0], dtype=np.int32)] if n == 1 else \
+            RaggedRows(np.fromiter(chain.from_iterable(copies), np.int32, int(counts.sum())), counts)
         starts = np.fromiter(map(_START, lanes), np.int64, n)
         generations = np.fromiter(map(_GENERATION, lanes), np.int64, n)
         if program.length_source == cp.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT:
