@@ -171,23 +171,22 @@ class SpeculativeScheduler(Scheduler):
         plain: list[bool] = []
         limits: list[int] = []
         for req in requests:
-            a = known.get(req.serial)
-            if a is None:
-                a = self._acceptance_of(req.serial)
+            a = known.get(req.serial) or self._acceptance_of(req.serial)
             spec = req.spec
             # a request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
             # host stops (width one with completion feedback, SPEC-44..46; see _candidates)
-            skip = bool(req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops)
+            skip = bool(req.host_values or spec.logprobs or spec.top_logprobs > 0 or (stops and req.serial in stops))
             if skip:
                 limit = 0
             else:
                 if a.shadow:
                     a.settle(policy, req.tokens)
-                limit = a.draft_limit(policy)
+                limit = a.draft_limit(policy) if a.successes > 0.0 else 0     # (draft_limit's test first)
             acceptance.append(a)
             plain.append(skip)
             limits.append(limit)
-        weighing = Weighing(acceptance, limits, [a.rate for a in acceptance])
+        # (no lane with a draft limit: no round can pay, and the rates are not read)
+        weighing = Weighing(acceptance, limits, [a.rate for a in acceptance] if any(limits) else [])
         if self._may_pay(weighing):
             return weighing
         self._quiet = self._shadow(requests, acceptance, plain) - 1
@@ -210,17 +209,22 @@ class SpeculativeScheduler(Scheduler):
         self._shadow_turn += len(chosen)
         quiet = QUIET_ROUNDS
         for i in chosen:
-            a, history = acceptance[i], requests[i].tokens
+            a = acceptance[i]
             promising = not a.observed or a.rate >= self.policy.reach
-            index = self._indexes.get(requests[i].serial)
-            copies = propose(history, self.policy.max_drafts) if index is None \
-                else index.propose(history, self.policy.max_drafts)
-            a.shadow_offer(self.policy, copies, len(history))
-            self.drafting.shadows += 1
-            if promising and a.shadow:
+            if self._shadow_lookup(requests[i], a) and promising:
                 # enough rounds to decide it (the copies follow the round in flight: one more)
                 quiet = min(quiet, min(len(a.shadow), self.policy.shadow_tokens) + 1)
         return quiet
+
+    def _shadow_lookup(self, req: Request, a: DraftAcceptance) -> bool:
+        """Start `req`'s shadow lookup (as many copies as a program verifies); whether copies were
+        found (a shadow is pending)."""
+        history, limit = req.tokens, self.policy.max_drafts
+        index = self._indexes.get(req.serial)
+        a.shadow_offer(self.policy, propose(history, limit) if index is None else index.propose(history, limit),
+                       len(history))
+        self.drafting.shadows += 1
+        return bool(a.shadow)
 
     def schedule(self) -> RoundPlan | None:
         plan = self._speculative_schedule()
