@@ -71,6 +71,9 @@ def test_speculative_columns_write_the_bytes_of_its_packed_lanes(prepared, seed:
         if program.length_source == C.VALUE_SOURCE_QUERY_LENGTH:     # exact lengths within P (SPEC-17)
             while lanes and sum(1 + len(lane.proposals) for lane in lanes) > program.packed:
                 lanes.pop()
+        if lanes and rng.random() < 0.5:          # planned from columns: the scheduler's arrays
+            round_.columns = tuple(np.array([getattr(lane, name) for lane in lanes], np.int64)
+                                   for name in ("slot", "generation", "start"))  # type: ignore[assignment]
         sub = Submission(program.variant, lanes)
         frame = int(rng.integers(2))
         runners[0]._pack(sub, frame)

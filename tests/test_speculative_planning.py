@@ -134,6 +134,12 @@ def _lane_record(lane) -> tuple:  # type: ignore[no-untyped-def]
 
 
 def _plan_record(plan: RoundPlan) -> list:
+    if plan.main.operation == cp.OPERATION_SPECULATIVE:     # the columns the runner packs are the lanes'
+        columns = plan.main.lanes[0].round.columns  # type: ignore[attr-defined]
+        if columns is not None:
+            assert [c.tolist() for c in columns] == [[lane.slot for lane in plan.main.lanes],
+                                                     [lane.generation for lane in plan.main.lanes],
+                                                     [lane.start for lane in plan.main.lanes]]
     return [(sub.variant.program, [_lane_record(lane) for lane in sub.lanes]) for sub in plan.submissions()]
 
 

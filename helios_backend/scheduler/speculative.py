@@ -311,6 +311,9 @@ class SpeculativeRound:
     sequence: int = 0
     frame: int = 0
     cancelled: set[int] = field(default_factory=set)    # cancelled in flight: nothing of theirs publishes (SPEC-50)
+    # the lanes' slots, generations and consumed endpoints (int64 [lanes]) where the scheduler
+    # planned them from columns: the runner packs them as they are; None: read from the lanes
+    columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def submission(self) -> _SubmittedRound:
         return _SubmittedRound(self.sequence, self.frame, self.program.variant.operation,

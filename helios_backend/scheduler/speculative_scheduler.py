@@ -277,6 +277,8 @@ class SpeculativeScheduler(Scheduler):
                  for req, slot, generation, start, tokens, sample, output_limit, spec
                  in zip(fields.requests, fields.slots, fields.generations, fields.starts, fields.tokens,
                         fields.samples, fields.output_limits, round_.lanes)]
+        if isinstance(main.lanes, DecodeBlock) and not main.lanes.extra:
+            round_.columns = (main.lanes.slots, main.lanes.generations, main.lanes.starts)
         plan.main = Submission(round_.program.variant, lanes)
         self.counters.launched(cp.OPERATION_DECODE, -1)           # the DECODE submission it replaces
         self.counters.launched(cp.OPERATION_SPECULATIVE)
