@@ -168,40 +168,46 @@ class SpeculativeScheduler(Scheduler):
         requests = lane_requests(lanes)
         policy, stops, known = self.policy, self._stops, self._acceptance
         acceptance: list[DraftAcceptance] = []
-        plain: list[bool] = []
         limits: list[int] = []
-        for req in requests:
+        # the lanes open to a shadow lookup (drafted, none pending): never observed, and observed
+        fresh: list[int] = []
+        seen: list[int] = []
+        for i, req in enumerate(requests):
             a = known.get(req.serial) or self._acceptance_of(req.serial)
+            acceptance.append(a)
             spec = req.spec
             # a request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
-            # host stops (width one with completion feedback, SPEC-44..46; see _candidates)
-            skip = bool(req.host_values or spec.logprobs or spec.top_logprobs > 0 or (stops and req.serial in stops))
-            if skip:
-                limit = 0
+            # host stops (width one with completion feedback, SPEC-44..46; see _candidates); a
+            # columnar request has none of them but logprobs
+            if spec.logprobs if req.columnar else \
+                    (req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops):
+                limits.append(0)
+                continue
+            if a.shadow and a.settle(policy, req.tokens):
+                limits.append(a.draft_limit(policy) if a.successes > 0.0 else 0)
+                continue                         # still pending: not open to a lookup
+            if a.successes > 0.0:                # (draft_limit's test first)
+                limits.append(a.draft_limit(policy))
+                seen.append(i)
             else:
-                if a.shadow:
-                    a.settle(policy, req.tokens)
-                limit = a.draft_limit(policy) if a.successes > 0.0 else 0     # (draft_limit's test first)
-            acceptance.append(a)
-            plain.append(skip)
-            limits.append(limit)
+                limits.append(0)
+                (seen if a.failures > 0.0 else fresh).append(i)       # (DraftAcceptance.observed)
         # (no lane with a draft limit: no round can pay, and the rates are not read)
         weighing = Weighing(acceptance, limits, [a.rate for a in acceptance] if any(limits) else [])
         if self._may_pay(weighing):
             return weighing
-        self._quiet = self._shadow(requests, acceptance, plain) - 1
+        self._quiet = self._shadow(requests, acceptance, fresh, seen) - 1
         return None
 
-    def _shadow(self, requests: Sequence[Request], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
-        """Start shadow lookups for lanes without one, at most `shadow_lookups` per weighing
-        (requests never observed first, then the others in turn: a lookup over 1024 tokens costs
-        about 0.1 ms of host time), each taking as many copies as a program verifies; the rounds
-        until the next weighing: QUIET_ROUNDS, or just enough to decide the lookup of a request
-        never observed or whose acceptance is promising (p >= reach: drafting resumes soon
-        after its copies match again)."""
-        open_ = [i for i, (a, skip) in enumerate(zip(acceptance, plain)) if not skip and not a.shadow]
-        fresh = [i for i in open_ if not acceptance[i].observed]
-        seen = [i for i in open_ if acceptance[i].observed]
+    def _shadow(self, requests: Sequence[Request], acceptance: list[DraftAcceptance], fresh: list[int],
+                seen: list[int]) -> int:
+        """Start shadow lookups for lanes without one (`fresh`: those never observed, `seen`: the
+        others, each in lane order), at most `shadow_lookups` per weighing (requests never
+        observed first, then the others in turn: a lookup over 1024 tokens costs about 0.1 ms of
+        host time), each taking as many copies as a program verifies; the rounds until the next
+        weighing: QUIET_ROUNDS, or just enough to decide the lookup of a request never observed or
+        whose acceptance is promising (p >= reach: drafting resumes soon after its copies match
+        again)."""
         if seen:
             turn = self._shadow_turn % len(seen)
             seen = seen[turn:] + seen[:turn]
@@ -309,8 +315,9 @@ class SpeculativeScheduler(Scheduler):
         needs the completed history to copy from (completion feedback, SPEC-47). Otherwise the
         base scheduler's pipelined decode (shadow lookups gather the requests' evidence meanwhile,
         _weighed)."""
-        if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE \
-                and self._weighed(plan.main.lanes) is not None:
+        main = plan.main
+        if main.variant.operation == cp.OPERATION_DECODE and self.speculative.programs \
+                and self._weighed(main.lanes) is not None:
             self.drafting.waited += 1
             return None
         nxt = super().pipeline_next(plan)
@@ -414,18 +421,20 @@ class SpeculativeScheduler(Scheduler):
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         now = time.perf_counter_ns()
-        planned = self._planned.pop(id(plan.main), None)
-        behind = id(plan.main) in self._behind
-        self._behind.discard(id(plan.main))
+        main = plan.main
+        key, variant = id(main), main.variant
+        planned = self._planned.pop(key, None)
+        behind = key in self._behind
+        if behind:
+            self._behind.discard(key)
+        operation = variant.operation
         if planned is not None:
             stamp, pipelined = planned
-            operation = plan.main.operation
             if (operation == cp.OPERATION_DECODE and pipelined) or \
                     (operation == cp.OPERATION_SPECULATIVE and not behind):
-                self.costs.observe(plan.main.variant.program, (now - max(stamp, self._last_complete)) / 1e9,
-                                   plan.main.variant.tokens)
+                self.costs.observe(variant.program, (now - max(stamp, self._last_complete)) / 1e9, variant.tokens)
         self._last_complete = now
-        if plan.main.operation != cp.OPERATION_SPECULATIVE:
+        if operation != cp.OPERATION_SPECULATIVE:
             super().complete(plan, rows)
             return
         if not isinstance(rows, SpeculativeRows):
