@@ -294,6 +294,8 @@ class SpeculativeScheduler(Scheduler):
         """Pages for each lane's full ceiling (SPEC-21), in lane order; False on a shortage (the
         lanes before it keep theirs, as lane by lane). Where the pool has them all, one allocation
         gives each lane the pages lane-by-lane allocations would (PagePool.allocate_many)."""
+        if len(lanes) == 1:                      # one lane: its reservation as it is
+            return self._reserve_pages(requests[0], lanes[0].reserve_end)
         pt = self.config.page_tokens
         needs = [-(-lane.reserve_end // pt) - len(req.pages) for req, lane in zip(requests, lanes)]
         total = sum(k for k in needs if k > 0)
