@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from operator import attrgetter, getitem
-from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union
+from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union, overload
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -245,7 +245,12 @@ class RaggedRows(Sequence[np.ndarray]):
     def __len__(self) -> int:
         return len(self._starts)
 
-    def __getitem__(self, r):  # type: ignore[no-untyped-def,override]
+    @overload
+    def __getitem__(self, r: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, r: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, r: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(r, slice):
             return [self[i] for i in range(*r.indices(len(self)))]
         start = self._starts[r]
@@ -568,7 +573,7 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         if memory is not None and memory.sparse:
             for r in present:
                 memory.sparse.pop(r, None)
-        if type(values) is RaggedRows:
+        if isinstance(values, RaggedRows):
             _put_ragged(table, values, target)
         else:
             _put_rows(table, values, target)

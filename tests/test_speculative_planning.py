@@ -1,7 +1,8 @@
 """A speculative round planned from columns (Scheduler._decode_columns, then the speculative
 round built from the block's columns and its ceilings reserved in one allocation) against the
-per-lane reference: the base loop's Lane per lane, Candidates read from the Lanes and each lane's
-pages reserved in turn, which is how the scheduler planned them before.
+per-lane reference: the base loop's Lane per lane, the round's fields read from the Lanes and each
+lane's pages reserved in turn, which is how the scheduler planned them before (the traces of this
+test were also compared with the scheduler before the columns: identical).
 
 Two schedulers run the worker's loop over the same random workload on a model that mostly
 repeats its history (copies accepted in part, so rounds go speculative and back), with
@@ -13,84 +14,40 @@ planned speculative rounds from columns.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
-import numpy as np
 import pytest
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes
-from helios_backend.scheduler.events import expand
 from helios_backend.scheduler.host_stops import HostStopCheck
-from helios_backend.scheduler.plan import PENDING_TOKEN, RoundPlan, Submission
-from helios_backend.scheduler.request import LogitBias, RequestSpec, SamplingSettings, StopSettings
-from helios_backend.scheduler.scheduler import Scheduler, SchedulerConfig
-from helios_backend.scheduler.speculative import Candidate
-from helios_backend.scheduler.speculative_scheduler import ScheduledSpeculativeLane, SpeculativeScheduler
-from helios_backend.scheduler.speculative_width import WidthPolicy, expected_tokens
+from helios_backend.scheduler.plan import RoundPlan
+from helios_backend.scheduler.request import RequestSpec
+from helios_backend.scheduler.scheduler import SchedulerConfig
+from helios_backend.scheduler.speculative_scheduler import SpeculativeScheduler
+from helios_backend.scheduler.speculative_width import WidthPolicy
 from helios_backend.scheduler.variants import VariantTable
 from tests.scheduler_sim import variants
-from tests.test_decode_block import _event_record
-from tests.test_speculative_completion import EOS, ROWS, VOCAB, _rows, _table
+from tests.test_decode_block import _spec as _decode_block_spec
+from tests.test_speculative_completion import EOS, ROWS, VOCAB, _drive, _table
 
 
 class PerLaneSpeculativeScheduler(SpeculativeScheduler):
-    """The reference: the speculative round planned lane by lane (config.columnar_decode off, so
-    the base loop makes a Lane per lane), as the scheduler planned it before the columns."""
+    """The reference: the speculative round planned lane by lane, as before the columns. Run with
+    config.columnar_decode off, so the base loop makes a Lane per lane and the round's fields are
+    read from those Lanes; each candidate's output left is read from its request, and each lane's
+    pages are reserved in turn."""
 
-    def _speculative_schedule(self) -> RoundPlan | None:
-        plan = Scheduler.schedule(self)
-        if plan is None or not self.speculative.active:
-            return plan
-        main = plan.main
-        assert not isinstance(main.lanes, DecodeBlock)
-        if plan.restoration or plan.initialization or main.operation != cp.OPERATION_DECODE:
-            return plan
-        if any(lane.tokens != [PENDING_TOKEN] for lane in explicit_lanes(main.lanes)):
-            return plan
-        weighing = self._weighed(main.lanes)
-        if weighing is None:
-            return plan
-        acceptance = weighing.acceptance
-        limits = self._cheapest_width(weighing)
-        eos_ids, stops, context = self.config.eos_ids, self._stops, self.config.context_tokens
-        candidates = []
-        for lane, limit in zip(main.lanes, limits):
-            req = lane.request
-            spec = req.spec
-            if (req.host_values and (req.needs_mask(eos_ids) or spec.logit_bias is not None)) \
-                    or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops:
-                return plan
-            tokens = req.tokens
-            candidates.append(Candidate(req.serial, lane.slot, lane.generation, lane.start, tokens,
-                                        spec.max_tokens - req.output_len, context - len(tokens),
-                                        req.inflight - 1, req.device_pending, False, False, limit))
-        round_ = self.speculative.plan(candidates, self._lookup)
-        if round_ is None or len(round_.lanes) != len(main.lanes):
-            self._idle(acceptance)
-            return plan
-        policy, rates = self.policy, weighing.rates
-        for i, (a, limit, lane) in enumerate(zip(acceptance, limits, round_.lanes)):
-            if limit and not lane.proposals:
-                a.miss(policy)
-                rates[i] = a.rate
-        expected = sum(expected_tokens(p, 1 + len(lane.proposals)) for p, lane in zip(rates, round_.lanes))
-        if not any(lane.proposals for lane in round_.lanes) or \
-                not policy.worth(expected, len(round_.lanes), round_.program.width,
-                                 self._ratio(round_.program, len(round_.lanes))):
-            self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
-            return plan
-        for decoded, spec_lane in zip(main.lanes, round_.lanes):
-            if not self._reserve_pages(decoded.request, spec_lane.reserve_end):
-                return plan
-        lanes = [ScheduledSpeculativeLane(decoded.request, decoded.slot, decoded.generation, decoded.start,
-                                          decoded.tokens, decoded.sample, decoded.output_limit,
-                                          proposals=spec_lane.proposals, ceiling=spec_lane.ceiling, round=round_)
-                 for decoded, spec_lane in zip(main.lanes, round_.lanes)]
-        plan.main = Submission(round_.program.variant, lanes)
-        self.counters.launched(cp.OPERATION_DECODE, -1)
-        self.counters.launched(cp.OPERATION_SPECULATIVE)
-        return plan
+    def _candidates(self, fields, limits):  # type: ignore[no-untyped-def]
+        found = super()._candidates(fields, limits)
+        return None if found is None else \
+            [c._replace(output_left=req.spec.max_tokens - req.output_len) for c, req in zip(found, fields.requests)]
+
+    def _reserve_ceilings(self, requests, lanes) -> bool:  # type: ignore[no-untyped-def]
+        for req, lane in zip(requests, lanes):
+            if not self._reserve_pages(req, lane.reserve_end):
+                return False
+        return True
 
 
 class ColumnarSpeculativeScheduler(SpeculativeScheduler):
@@ -111,20 +68,11 @@ class ColumnarSpeculativeScheduler(SpeculativeScheduler):
     _last_from_columns = False
 
 
-def _spec(rng: random.Random) -> RequestSpec:
-    prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(2, 14))]
-    kw: dict[str, object] = {}
-    roll = rng.random()
-    if roll < 0.04:
-        kw["min_tokens"] = rng.randrange(1, 6)                       # host values while below it
-    elif roll < 0.07:
-        kw["logit_bias"] = LogitBias(np.array([3, 7], np.int32), np.array([1.5, -2.0], np.float32))
-    elif roll < 0.10:
-        kw["stops"] = StopSettings(token_ids=(rng.randrange(VOCAB),))   # host stops: feedback rounds
-    elif roll < 0.13:
-        kw["logprobs"] = True
-    return RequestSpec(tuple(prompt), rng.randrange(1, 60), SamplingSettings(), ignore_eos=rng.random() < 0.5,
-                       observe_timestamps=rng.random() < 0.3, **kw)  # type: ignore[arg-type]
+def _spec(rng: random.Random, bases: list[list[int]]) -> RequestSpec:
+    """The decode-block test's mix (shared prefixes, EOS, ignore_eos, limits, min_tokens, logit
+    bias, host stops, observed timestamps), now and then a logprob request."""
+    spec = _decode_block_spec(rng, bases)
+    return dataclasses.replace(spec, logprobs=True) if rng.random() < 0.04 else spec
 
 
 def _lane_record(lane) -> tuple:  # type: ignore[no-untyped-def]
@@ -152,37 +100,9 @@ def _trace(kind: type, columnar: bool, seed: int, steps: int = 300) -> tuple[lis
     sched = kind(config, VariantTable(variants(rows=ROWS, tokens=(16, 64))), _table(),
                  stop_factory=lambda spec: HostStopCheck(spec.stops, None),
                  policy=WidthPolicy(7, row_cost=0.05, measured=False))
-    trace: list = []
-    serial = 0
-    inflight: list[RoundPlan] = []
-    for step in range(steps + 5000):
-        if step >= steps and not inflight and not sched.has_work():
-            break
-        arrivals = rng.choice((0,) * 10 + (1, 1, 3)) if step < steps else 0
-        cancel = rng.randrange(serial + 1) if step < steps and rng.random() < 0.04 else -1
-        for _ in range(arrivals):
-            sched.add(serial, _spec(rng))
-            serial += 1
-        if not inflight:
-            plan = sched.schedule()
-            if plan is None:
-                trace.append(("idle", step))
-                continue
-            trace.append(("plan", _plan_record(plan)))
-            inflight.append(plan)
-        if len(inflight) == 1:
-            nxt = sched.pipeline_next(inflight[0])
-            if nxt is not None:
-                trace.append(("plan", _plan_record(nxt)))
-                inflight.append(nxt)
-        if cancel >= 0:
-            sched.cancel(cancel)
-        plan = inflight.pop(0)
-        sched.complete(plan, _rows(plan))
-        trace.append(("events", [_event_record(ev) for ev in expand(sched.take_worker_events())]))
-        trace.append(("fence", sorted((req.serial, req.inflight) for req in sched._by_serial.values())))
-        pool = sched.pool
-        trace.append(("pool", sorted(pool._key_of.items()), list(pool._lru), pool.free_pages))
+    bases = [[rng.randrange(VOCAB) for _ in range(24)] for _ in range(3)]
+    trace = _drive(sched, rng, steps, lambda r: _spec(r, bases), _plan_record, arrivals=(0,) * 10 + (1, 1, 3),
+                   fences=True)
     state = {"finished": dict(sched.counters.finished), "generated": sched.counters.generated_tokens,
              "launches": dict(sched.counters.launches), "drafting": dict(vars(sched.drafting)),
              "preemptions": sched.counters.preemptions}
