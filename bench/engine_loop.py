@@ -28,7 +28,9 @@ requests draft from their first rounds of repetition on. The completions write e
 completion words as a device would and a phase of its own times their validation (`validate`:
 parse_and_validate, or a speculative round's validate_completion and its SpeculativeRows, what
 the runners' collect() runs after the wait). `--no-drafting`: the same requests and tokens through
-the plain Scheduler, the baseline. The phases are then also split by the operation of the round
+the plain Scheduler, the baseline. A period longer than the requests (`--period 1000000`) is a
+workload with nothing to copy: drafting then falls back to pipelined DECODE rounds, and their
+host work against `--no-drafting` is what the adaptive width costs there. The phases are then also split by the operation of the round
 each loop iteration completes (an iteration: planning behind or after it, its launch, the
 validation of its completion, its completion and delivery), as `by_operation` in --json.
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from operator import attrgetter, getitem
-from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union
+from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union, overload
 
 import numpy as np
 from helios_proto import contract_pb2 as C
@@ -230,7 +230,35 @@ INTEGER_SOURCES = frozenset({
 })
 
 
-# a source's values in a columnar step: one entry per lane (None = padding), or a [lanes, k] array
+class RaggedRows(Sequence[np.ndarray]):
+    """Lanes' values of different counts back to back, one array for all of them (a speculative
+    round's proposals: a lane's copies, then the next lane's): read as a sequence, lane r's values
+    are flat[starts[r]:starts[r] + counts[r]]; a row writer puts them all in one write."""
+
+    __slots__ = ("flat", "counts", "_starts")
+
+    def __init__(self, flat: np.ndarray, counts: np.ndarray) -> None:
+        self.flat = flat                          # every lane's values, in lane order
+        self.counts = counts                      # int64 [lanes]
+        self._starts = (counts.cumsum() - counts).tolist()
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    @overload
+    def __getitem__(self, r: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, r: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, r: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self)))]
+        start = self._starts[r]
+        return self.flat[start:start + int(self.counts[r])]
+
+
+# a source's values in a columnar step: one entry per lane (None = padding), a [lanes, k] array,
+# or RaggedRows (a value in every lane)
 LaneValues: TypeAlias = Union[Sequence, np.ndarray]
 
 
@@ -275,7 +303,9 @@ class _Step:
         """int64 [lanes]: how many values each lane has of `source` (given, or counted)."""
         sizes = self._sizes.get(source)
         if sizes is None:
-            sizes = self._sizes[source] = np.fromiter(map(len, self.values(source)), np.int64, self.count)
+            values = self.values(source)
+            sizes = self._sizes[source] = values.counts if type(values) is RaggedRows \
+                else np.fromiter(map(len, values), np.int64, self.count)
         return sizes
 
     def _not_given(self, source: int) -> list:
@@ -314,7 +344,7 @@ class _Step:
         values = self.values(source)
         if source in self._absent:
             return []
-        if type(values) is np.ndarray:   # a columnar step's [lanes, k] values: a value in every lane
+        if type(values) is np.ndarray or type(values) is RaggedRows:   # a value in every lane
             return list(range(self.count))
         return [r for r, value in enumerate(values) if value is not None]
 
@@ -456,6 +486,23 @@ def _put_rows(table: np.ndarray, values: np.ndarray, target: Target) -> None:
         table[:n, size:] = target.pad_as(values.dtype)
 
 
+def _put_ragged(table: np.ndarray, values: RaggedRows, target: Target) -> None:
+    """_put of each lane's values into its row of the table's leading rows: the rows made the
+    padding (held in the values' dtype, as _put ends a short row), then every value in one write."""
+    counts, flat = values.counts, values.flat
+    n, width = counts.size, table.shape[1]
+    if n and _largest(counts) > width:
+        raise CapacityError(f"{target.binding.destination}: {_largest(counts)} values exceed the row width {width}")
+    table[:n] = target.pad_as(flat.dtype)
+    if not flat.size:
+        return
+    if target.offset and flat.dtype.kind in "iu":
+        flat = flat + target.offset
+    # each value's row, and its column: its place in the flat array less its lane's start
+    rows = np.repeat(np.arange(n), counts)
+    table[rows, np.arange(flat.size) - (counts.cumsum() - counts)[rows]] = flat
+
+
 def _put(dst: np.ndarray, value, target: Target, cut: bool = False) -> None:
     """One lane's values into `dst` (its row, or its span of packed tokens): the offset is added
     to integer values, the rest of `dst` gets the bare padding (BND-17). Values beyond `dst` are
@@ -522,11 +569,14 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
         table[:n] = target.pad
     elif len(present) < n:
         table[[r for r, value in enumerate(values) if value is None]] = target.pad
-    if type(values) is np.ndarray:                    # a columnar step's [lanes, k] values: every row at once
+    if type(values) is np.ndarray or type(values) is RaggedRows:    # every row at once
         if memory is not None and memory.sparse:
             for r in present:
                 memory.sparse.pop(r, None)
-        _put_rows(table, values, target)
+        if isinstance(values, RaggedRows):
+            _put_ragged(table, values, target)
+        else:
+            _put_rows(table, values, target)
     else:
         counts_over_padding = memory is not None and target.binding.padding == target.offset
         counted: list[int] = []                       # rows whose counts are added over the padding

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import random
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -142,9 +143,12 @@ def _spec(rng: random.Random) -> RequestSpec:
                        observe_timestamps=rng.random() < 0.4)
 
 
-def _trace(kind: type, seed: int, steps: int = 300) -> tuple[list, dict]:
-    rng = random.Random(seed)
-    sched = _scheduler(kind, rng)
+def _drive(sched: SpeculativeScheduler, rng: random.Random, steps: int, spec: Callable[[random.Random], RequestSpec],
+           plan_record: Callable[[RoundPlan], list] = _plan_record, arrivals: tuple[int, ...] = (0, 0, 0, 0, 0, 1, 1, 3),
+           fences: bool = False) -> list:
+    """The worker's two-frame loop over a random workload drawn from `rng` (arrivals of `spec`,
+    cancels while a round is in flight), recording every plan, the events, (`fences`: each
+    request's rounds in flight) and the page pool after every round."""
     trace: list = []
     serial = 0
     inflight: list[RoundPlan] = []
@@ -152,30 +156,39 @@ def _trace(kind: type, seed: int, steps: int = 300) -> tuple[list, dict]:
         if step >= steps and not inflight and not sched.has_work():
             break
         # the same inputs in both runs: drawn from the seed whatever the scheduler did
-        arrivals = rng.choice((0, 0, 0, 0, 0, 1, 1, 3)) if step < steps else 0
+        arriving = rng.choice(arrivals) if step < steps else 0
         cancel = rng.randrange(serial + 1) if step < steps and rng.random() < 0.04 else -1
-        for _ in range(arrivals):
-            sched.add(serial, _spec(rng))
+        for _ in range(arriving):
+            sched.add(serial, spec(rng))
             serial += 1
         if not inflight:
             plan = sched.schedule()
             if plan is None:
                 trace.append(("idle", step))
                 continue
-            trace.append(("plan", _plan_record(plan)))
+            trace.append(("plan", plan_record(plan)))
             inflight.append(plan)
         if len(inflight) == 1:
             nxt = sched.pipeline_next(inflight[0])
             if nxt is not None:
-                trace.append(("plan", _plan_record(nxt)))
+                trace.append(("plan", plan_record(nxt)))
                 inflight.append(nxt)
         if cancel >= 0:                                  # while the round is in flight
             sched.cancel(cancel)
         plan = inflight.pop(0)
         sched.complete(plan, _rows(plan))
         trace.append(("events", [_event_record(ev) for ev in expand(sched.take_worker_events())]))
+        if fences:
+            trace.append(("fence", sorted((req.serial, req.inflight) for req in sched._by_serial.values())))
         pool = sched.pool
         trace.append(("pool", sorted(pool._key_of.items()), list(pool._lru), pool.free_pages))
+    return trace
+
+
+def _trace(kind: type, seed: int, steps: int = 300) -> tuple[list, dict]:
+    rng = random.Random(seed)
+    sched = _scheduler(kind, rng)
+    trace = _drive(sched, rng, steps, _spec)
     state = {"finished": dict(sched.counters.finished), "generated": sched.counters.generated_tokens,
              "launches": dict(sched.counters.launches), "drafting": vars(sched.drafting)}
     return trace, state

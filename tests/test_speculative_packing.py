@@ -55,12 +55,14 @@ def test_speculative_columns_write_the_bytes_of_its_packed_lanes(prepared, seed:
         program = table.programs[int(rng.integers(len(table.programs)))]
         round_ = SpeculativeRound(program, [])
         lanes = []
+        same = int(rng.integers(0, program.lane_limit)) if rng.random() < 0.4 else -1   # every lane as many copies
         for slot in rng.choice(manifest.request_slots, int(rng.integers(0, program.rows + 1)), replace=False).tolist():
             req = Request(slot, RequestSpec(tuple(range(3, 9)), 8, SamplingSettings()), slot)
             req.pages = [int(p) for p in rng.integers(0, 96, int(rng.integers(1, width + 1)))]
             req.slot, req.generation = slot, int(rng.integers(1, 4))
             ceiling = int(rng.integers(1, program.lane_limit + 1))
-            proposals = rng.integers(0, vocab.sampled_tokens, int(rng.integers(0, ceiling))).tolist()
+            count = min(same, ceiling - 1) if same >= 0 else int(rng.integers(0, ceiling))
+            proposals = rng.integers(0, vocab.sampled_tokens, count).tolist()
             consumed = int(rng.integers(0, 400))
             candidate = Candidate(slot, slot, req.generation, consumed, req.tokens, 8, 100)
             round_.lanes.append(SpeculativeLane(candidate, proposals, ceiling))
@@ -69,6 +71,9 @@ def test_speculative_columns_write_the_bytes_of_its_packed_lanes(prepared, seed:
         if program.length_source == C.VALUE_SOURCE_QUERY_LENGTH:     # exact lengths within P (SPEC-17)
             while lanes and sum(1 + len(lane.proposals) for lane in lanes) > program.packed:
                 lanes.pop()
+        if lanes and rng.random() < 0.5:          # planned from columns: the scheduler's arrays
+            round_.columns = tuple(np.array([getattr(lane, name) for lane in lanes], np.int64)
+                                   for name in ("slot", "generation", "start"))  # type: ignore[assignment]
         sub = Submission(program.variant, lanes)
         frame = int(rng.integers(2))
         runners[0]._pack(sub, frame)

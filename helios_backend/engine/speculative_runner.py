@@ -15,13 +15,14 @@ Other submissions go through ProgramRunner unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 from typing import Sequence, cast
 
 import numpy as np
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.packing import LaneValues, PackedLane
+from helios_backend.packing import LaneValues, PackedLane, RaggedRows
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
 from helios_backend.scheduler.speculative import SpeculativeRound, validate_completion
@@ -33,6 +34,7 @@ _PENDING = [PENDING_TOKEN]               # a lane's tokens when it reads its dev
 _SLOT, _GENERATION, _START = attrgetter("slot"), attrgetter("generation"), attrgetter("start")
 _SAMPLE, _SNAPSHOT_ROW = attrgetter("sample"), attrgetter("snapshot_row")
 _PAGES, _CEILING = attrgetter("request.pages"), attrgetter("ceiling")
+_PROPOSALS, _TOKENS = attrgetter("proposals"), attrgetter("tokens")
 
 
 @dataclass
@@ -52,22 +54,31 @@ class SpeculativeProgramRunner(ProgramRunner):
     def _pack(self, sub: Submission, frame: int, plain: bool | None = None) -> None:
         lanes = cast(Sequence[ScheduledSpeculativeLane], sub.lanes)      # (where the operation is SPECULATIVE)
         if sub.operation != cp.OPERATION_SPECULATIVE or not lanes or any(map(_HOST_VALUES, lanes)) \
-                or any(lane.tokens != _PENDING for lane in lanes):       # (none: the scheduler plans neither)
+                or any(map(_PENDING.__ne__, map(_TOKENS, lanes))):       # (none: the scheduler plans neither)
             super()._pack(sub, frame, plain)
             return
-        program = _round_of(lanes[0]).program
+        round_ = _round_of(lanes[0])
+        program = round_.program
         n = len(lanes)
-        proposals = [np.asarray(lane.proposals, dtype=np.int32) for lane in lanes]
-        counts = np.fromiter(map(len, proposals), np.int64, n)
-        starts = np.fromiter(map(_START, lanes), np.int64, n)
-        generations = np.fromiter(map(_GENERATION, lanes), np.int64, n)
+        copies = list(map(_PROPOSALS, lanes))
+        counts = np.fromiter(map(len, copies), np.int64, n)
+        # every lane's copies in one array (the packer writes them in one go, not a row per lane;
+        # one lane's row is cheaper written as it is)
+        proposals: LaneValues = [np.asarray(copies[0], dtype=np.int32)] if n == 1 else \
+            RaggedRows(np.fromiter(chain.from_iterable(copies), np.int32, int(counts.sum())), counts)
+        if round_.columns is not None:          # planned from columns: the scheduler's
+            slots, generations, starts = round_.columns
+        else:
+            slots = np.fromiter(map(_SLOT, lanes), np.int64, n)
+            generations = np.fromiter(map(_GENERATION, lanes), np.int64, n)
+            starts = np.fromiter(map(_START, lanes), np.int64, n)
         if program.length_source == cp.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT:
             # the program writes each lane's length (<= its ceiling, total <= P): one query row here
             lengths, limits = np.ones(n, np.int64), np.fromiter(map(_CEILING, lanes), np.int64, n)
         else:
             lengths, limits = counts + 1, np.zeros(n, np.int64)
         columns: dict[int, np.ndarray] = {
-            cp.VALUE_SOURCE_SLOT: np.fromiter(map(_SLOT, lanes), np.int64, n),
+            cp.VALUE_SOURCE_SLOT: slots,
             cp.VALUE_SOURCE_GENERATION: generations,
             cp.VALUE_SOURCE_CONSUMED_TOKENS: starts,
             cp.VALUE_SOURCE_QUERY_LENGTH: lengths,

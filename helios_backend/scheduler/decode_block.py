@@ -18,6 +18,7 @@ request reads its pending token, is not fresh, and never restores or writes a sn
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from operator import attrgetter
 from typing import overload
 
@@ -91,10 +92,13 @@ class DecodeBlock(Sequence[Lane]):
     def of(cls, requests: list[Request], starts: Sequence[int], limits: Sequence[int]) -> "DecodeBlock":
         """Plain decode lanes of `requests` at `starts` with output limits `limits`: the columns
         gathered once (a round that follows a block derives its columns from it: `advance`)."""
-        columns = np.array([(r.serial, r.slot, r.generation, start, limit, r.token_limit - start, len(r.pages),
-                             r.spec.observe_timestamps, r.spec.ignore_eos)
-                            for r, start, limit in zip(requests, starts, limits)], dtype=np.int64)
-        return cls(requests, columns.T.copy() if len(requests) else np.zeros((COLUMNS, 0), np.int64))
+        n = len(requests)
+        # one int64 read per value (np.array of the rows' tuples first works out their shape and type)
+        columns = np.fromiter(chain.from_iterable(
+            (r.serial, r.slot, r.generation, start, limit, r.token_limit - start, len(r.pages),
+             r.spec.observe_timestamps, r.spec.ignore_eos) for r, start, limit in zip(requests, starts, limits)),
+            np.int64, COLUMNS * n)
+        return cls(requests, columns.reshape(n, COLUMNS).T.copy())
 
     def advance(self, keep: np.ndarray) -> "DecodeBlock":
         """The next round of the lanes where `keep` (bool [count]) is true: one position further,

@@ -197,6 +197,9 @@ class Scheduler:
             if prompts is not None:
                 return prompts
         self._prompt_rounds.planned(prompts_only=False)
+        columns = self._decode_columns()
+        if columns is not None:
+            return columns
         round_ = RoundBuilder(self.max_active)
         preempted: list[Request] = []
         running, variants, device_pending = self._running, self.variants, self.config.device_pending_token
@@ -222,6 +225,46 @@ class Scheduler:
         if not round_.lanes:
             return None
         return self._plan(round_, preempted)
+
+    def _decode_columns(self) -> RoundPlan | None:
+        """schedule()'s round as a DecodeBlock when the lane-by-lane loop would plan a DECODE
+        round of every running request, each reading its pending token, with no preemption,
+        eviction or admission; None otherwise (the loop decides it). The same lanes in the same
+        order, the same pages (each lane's opening pages, in lane order) and fences: the loop's
+        plan, without a Lane, a chunk fit and a page check per lane (docs/scheduler.md)."""
+        running = self._running
+        n = len(running)
+        config = self.config
+        if not n or n > self.max_active or not config.columnar_decode or not config.device_pending_token \
+                or self._unsettled or (self._waiting and self._free_slots and n < self.max_active):
+            return None                               # (a waiting request would be admitted beside them)
+        pt = config.page_tokens
+        opening: list[Request] = []                   # the lanes whose position is past their pages
+        needs: list[int] = []
+        for req in running:
+            start = req.computed
+            if not req.columnar or req.fresh or not req.device_pending or start != len(req.tokens) - 1:
+                return None
+            past = start // pt - len(req.pages)       # pages short of the position, less one
+            if past >= 0:
+                opening.append(req)
+                needs.append(past + 1)
+        variant = self.variants.choose_shape(n, n, 0)
+        if variant is None or variant.operation != cp.OPERATION_DECODE:
+            return None
+        if opening:
+            total = sum(needs)
+            if total > self.pool.available_pages:
+                return None                           # a shortage: eviction or preemption lane by lane
+            # the opening lanes' pages in lane order, as one allocation (allocate_many gives them
+            # in the order lane-by-lane allocations would), before the block counts them
+            pages, at = self.pool.allocate_many(total), 0
+            for req, k in zip(opening, needs):
+                req.pages.extend(pages[at:at + k])
+                at += k
+        block = DecodeBlock.of(list(running), [req.computed for req in running],
+                               [req.spec.max_tokens - req.output_len for req in running])
+        return self._book(RoundPlan(Submission(variant, block)))
 
     def _prompts_due(self) -> bool:
         return self._prompt_rounds.due(self._waiting, len(self._running), len(self._free_slots), self.max_active)

@@ -155,6 +155,15 @@ def propose(history: Sequence[int], limit: int, ngram_sizes: Sequence[int] = NGR
     Only the last `window` tokens are searched."""
     if limit <= 0:
         return []
+    if isinstance(history, list):
+        # every match ends at an earlier occurrence of the last token inside the window: where
+        # there is none (a history with nothing to copy) the answer is known without converting
+        # the window (list.index scans it in C, ~20x faster than the conversion)
+        end = len(history)
+        try:
+            history.index(history[-1], max(0, end - window), end - 1)
+        except (ValueError, IndexError):
+            return []
     tail = np.asarray(history[-window:], dtype=np.int64)
     size = tail.size
     if size < 2:
@@ -302,6 +311,9 @@ class SpeculativeRound:
     sequence: int = 0
     frame: int = 0
     cancelled: set[int] = field(default_factory=set)    # cancelled in flight: nothing of theirs publishes (SPEC-50)
+    # the lanes' slots, generations and consumed endpoints (int64 [lanes]) where the scheduler
+    # planned them from columns: the runner packs them as they are; None: read from the lanes
+    columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def submission(self) -> _SubmittedRound:
         return _SubmittedRound(self.sequence, self.frame, self.program.variant.operation,

@@ -50,6 +50,7 @@ from helios_backend.scheduler.speculative import (
     Candidate,
     HistoryIndex,
     LaneOutcome,
+    SpeculativeLane,
     SpeculativeProgram,
     SpeculativeRound,
     SpeculativeTable,
@@ -63,9 +64,11 @@ from helios_backend.scheduler.speculative_width import (
     expected_tokens,
 )
 from helios_backend.scheduler.config import SchedulerConfig
-from helios_backend.scheduler.decode_block import explicit_lanes, lane_requests
+from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes, lane_requests
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.variants import VariantTable
+
+_PENDING = [PENDING_TOKEN]               # a decode lane's query: its pending token (shared, never mutated)
 
 
 @dataclass(slots=True)
@@ -165,41 +168,46 @@ class SpeculativeScheduler(Scheduler):
         requests = lane_requests(lanes)
         policy, stops, known = self.policy, self._stops, self._acceptance
         acceptance: list[DraftAcceptance] = []
-        plain: list[bool] = []
         limits: list[int] = []
-        for req in requests:
-            a = known.get(req.serial)
-            if a is None:
-                a = self._acceptance_of(req.serial)
+        # the lanes open to a shadow lookup (drafted, none pending): never observed, and observed
+        fresh: list[int] = []
+        seen: list[int] = []
+        for i, req in enumerate(requests):
+            a = known.get(req.serial) or self._acceptance_of(req.serial)
+            acceptance.append(a)
             spec = req.spec
             # a request never drafted: host values (grammar, min_tokens, logit bias), logprobs or
-            # host stops (width one with completion feedback, SPEC-44..46; see _candidates)
-            skip = bool(req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops)
-            if skip:
-                limit = 0
+            # host stops (width one with completion feedback, SPEC-44..46; see _candidates); a
+            # columnar request has none of them but logprobs
+            if spec.logprobs if req.columnar else \
+                    (req.host_values or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops):
+                limits.append(0)
+                continue
+            if a.shadow and a.settle(policy, req.tokens):
+                limits.append(a.draft_limit(policy) if a.successes > 0.0 else 0)
+                continue                         # still pending: not open to a lookup
+            if a.successes > 0.0:                # (draft_limit's test first)
+                limits.append(a.draft_limit(policy))
+                seen.append(i)
             else:
-                if a.shadow:
-                    a.settle(policy, req.tokens)
-                limit = a.draft_limit(policy)
-            acceptance.append(a)
-            plain.append(skip)
-            limits.append(limit)
-        weighing = Weighing(acceptance, limits, [a.rate for a in acceptance])
+                limits.append(0)
+                (seen if a.failures > 0.0 else fresh).append(i)       # (DraftAcceptance.observed)
+        # (no lane with a draft limit: no round can pay, and the rates are not read)
+        weighing = Weighing(acceptance, limits, [a.rate for a in acceptance] if any(limits) else [])
         if self._may_pay(weighing):
             return weighing
-        self._quiet = self._shadow(requests, acceptance, plain) - 1
+        self._quiet = self._shadow(requests, acceptance, fresh, seen) - 1
         return None
 
-    def _shadow(self, requests: Sequence[Request], acceptance: list[DraftAcceptance], plain: list[bool]) -> int:
-        """Start shadow lookups for lanes without one, at most `shadow_lookups` per weighing
-        (requests never observed first, then the others in turn: a lookup over 1024 tokens costs
-        about 0.1 ms of host time), each taking as many copies as a program verifies; the rounds
-        until the next weighing: QUIET_ROUNDS, or just enough to decide the lookup of a request
-        never observed or whose acceptance is promising (p >= reach: drafting resumes soon
-        after its copies match again)."""
-        open_ = [i for i, (a, skip) in enumerate(zip(acceptance, plain)) if not skip and not a.shadow]
-        fresh = [i for i in open_ if not acceptance[i].observed]
-        seen = [i for i in open_ if acceptance[i].observed]
+    def _shadow(self, requests: Sequence[Request], acceptance: list[DraftAcceptance], fresh: list[int],
+                seen: list[int]) -> int:
+        """Start shadow lookups for lanes without one (`fresh`: those never observed, `seen`: the
+        others, each in lane order), at most `shadow_lookups` per weighing (requests never
+        observed first, then the others in turn: a lookup over 1024 tokens costs about 0.1 ms of
+        host time), each taking as many copies as a program verifies; the rounds until the next
+        weighing: QUIET_ROUNDS, or just enough to decide the lookup of a request never observed or
+        whose acceptance is promising (p >= reach: drafting resumes soon after its copies match
+        again)."""
         if seen:
             turn = self._shadow_turn % len(seen)
             seen = seen[turn:] + seen[:turn]
@@ -207,17 +215,22 @@ class SpeculativeScheduler(Scheduler):
         self._shadow_turn += len(chosen)
         quiet = QUIET_ROUNDS
         for i in chosen:
-            a, history = acceptance[i], requests[i].tokens
+            a = acceptance[i]
             promising = not a.observed or a.rate >= self.policy.reach
-            index = self._indexes.get(requests[i].serial)
-            copies = propose(history, self.policy.max_drafts) if index is None \
-                else index.propose(history, self.policy.max_drafts)
-            a.shadow_offer(self.policy, copies, len(history))
-            self.drafting.shadows += 1
-            if promising and a.shadow:
+            if self._shadow_lookup(requests[i], a) and promising:
                 # enough rounds to decide it (the copies follow the round in flight: one more)
                 quiet = min(quiet, min(len(a.shadow), self.policy.shadow_tokens) + 1)
         return quiet
+
+    def _shadow_lookup(self, req: Request, a: DraftAcceptance) -> bool:
+        """Start `req`'s shadow lookup (as many copies as a program verifies); whether copies were
+        found (a shadow is pending)."""
+        history, limit = req.tokens, self.policy.max_drafts
+        index = self._indexes.get(req.serial)
+        a.shadow_offer(self.policy, propose(history, limit) if index is None else index.propose(history, limit),
+                       len(history))
+        self.drafting.shadows += 1
+        return bool(a.shadow)
 
     def schedule(self) -> RoundPlan | None:
         plan = self._speculative_schedule()
@@ -242,7 +255,8 @@ class SpeculativeScheduler(Scheduler):
             return plan
         acceptance = weighing.acceptance
         limits = self._cheapest_width(weighing)
-        candidates = self._candidates(main.lanes, limits)
+        fields = _LaneFields.of(main.lanes)
+        candidates = self._candidates(fields, limits)
         if candidates is None:                   # a lane needs width one (grammar, host stops, ...)
             return plan
         round_ = self.speculative.plan(candidates, self._lookup)
@@ -260,25 +274,52 @@ class SpeculativeScheduler(Scheduler):
                                  self._ratio(round_.program, len(round_.lanes))):
             self._idle([a for a, lane in zip(acceptance, round_.lanes) if lane.proposals or not lane.candidate.draft_limit])
             return plan
-        for decoded, spec in zip(main.lanes, round_.lanes):
-            if not self._reserve_pages(decoded.request, spec.reserve_end):
-                return plan                      # a shortage: plain decode this round
-        lanes = [ScheduledSpeculativeLane(decoded.request, decoded.slot, decoded.generation, decoded.start,
-                                          decoded.tokens, decoded.sample, decoded.output_limit,
+        if not self._reserve_ceilings(fields.requests, round_.lanes):
+            if isinstance(main.lanes, DecodeBlock):   # its page counts are its requests' pages (packing reads them)
+                main.lanes.page_counts[:] = [len(req.pages) for req in main.lanes.requests]
+            return plan                          # a shortage: plain decode this round
+        lanes = [ScheduledSpeculativeLane(req, slot, generation, start, tokens, sample, output_limit,
                                           proposals=spec.proposals, ceiling=spec.ceiling, round=round_)
-                 for decoded, spec in zip(main.lanes, round_.lanes)]
+                 for req, slot, generation, start, tokens, sample, output_limit, spec
+                 in zip(fields.requests, fields.slots, fields.generations, fields.starts, fields.tokens,
+                        fields.samples, fields.output_limits, round_.lanes)]
+        if isinstance(main.lanes, DecodeBlock) and not main.lanes.extra:
+            round_.columns = (main.lanes.slots, main.lanes.generations, main.lanes.starts)
         plan.main = Submission(round_.program.variant, lanes)
         self.counters.launched(cp.OPERATION_DECODE, -1)           # the DECODE submission it replaces
         self.counters.launched(cp.OPERATION_SPECULATIVE)
         return plan
+
+    def _reserve_ceilings(self, requests: Sequence[Request], lanes: Sequence[SpeculativeLane]) -> bool:
+        """Pages for each lane's full ceiling (SPEC-21), in lane order; False on a shortage (the
+        lanes before it keep theirs, as lane by lane). Where the pool has them all, one allocation
+        gives each lane the pages lane-by-lane allocations would (PagePool.allocate_many)."""
+        if len(lanes) == 1:                      # one lane: its reservation as it is
+            return self._reserve_pages(requests[0], lanes[0].reserve_end)
+        pt = self.config.page_tokens
+        needs = [-(-lane.reserve_end // pt) - len(req.pages) for req, lane in zip(requests, lanes)]
+        total = sum(k for k in needs if k > 0)
+        if total <= self.pool.available_pages:
+            if total:
+                pages, at = self.pool.allocate_many(total), 0
+                for req, k in zip(requests, needs):
+                    if k > 0:
+                        req.pages.extend(pages[at:at + k])
+                        at += k
+            return True
+        for req, lane in zip(requests, lanes):    # snapshots evicted for them, lane by lane
+            if not self._reserve_pages(req, lane.reserve_end):
+                return False
+        return True
 
     def pipeline_next(self, plan: RoundPlan) -> RoundPlan | None:
         """Behind a DECODE round whose requests may profit from drafting, nothing: the next round
         needs the completed history to copy from (completion feedback, SPEC-47). Otherwise the
         base scheduler's pipelined decode (shadow lookups gather the requests' evidence meanwhile,
         _weighed)."""
-        if self.speculative.active and plan.main.operation == cp.OPERATION_DECODE \
-                and self._weighed(plan.main.lanes) is not None:
+        main = plan.main
+        if main.variant.operation == cp.OPERATION_DECODE and self.speculative.programs \
+                and self._weighed(main.lanes) is not None:
             self.drafting.waited += 1
             return None
         nxt = super().pipeline_next(plan)
@@ -360,13 +401,13 @@ class SpeculativeScheduler(Scheduler):
         for a in acceptance:
             a.idle(self.policy, rounds)
 
-    def _candidates(self, lanes: Sequence[Lane], limits: list[int]) -> list[Candidate] | None:
+    def _candidates(self, fields: "_LaneFields", limits: list[int]) -> list[Candidate] | None:
         """The lanes as plan_round's candidates; None when one of them is constrained or has host
         stops (the round stays plain DECODE, width one with completion feedback)."""
         eos_ids, stops, context = self.config.eos_ids, self._stops, self.config.context_tokens
         candidates = []
-        for lane, limit in zip(lanes, limits):
-            req = lane.request
+        for req, slot, generation, start, output_limit, limit in zip(
+                fields.requests, fields.slots, fields.generations, fields.starts, fields.output_limits, limits):
             spec = req.spec
             # speculative programs apply no logit bias and write no logprob records: such a
             # request decodes plainly (a request without host values needs no mask)
@@ -374,8 +415,7 @@ class SpeculativeScheduler(Scheduler):
                     or spec.logprobs or spec.top_logprobs > 0 or req.serial in stops:
                 return None
             tokens = req.tokens
-            candidates.append(Candidate(req.serial, lane.slot, lane.generation, lane.start, tokens,
-                                        spec.max_tokens - req.output_len,
+            candidates.append(Candidate(req.serial, slot, generation, start, tokens, output_limit,
                                         context - len(tokens),
                                         req.inflight - 1,      # this round, planned but not submitted
                                         req.device_pending, False, False, limit))
@@ -383,18 +423,20 @@ class SpeculativeScheduler(Scheduler):
 
     def complete(self, plan: RoundPlan, rows: CompletionRows) -> None:
         now = time.perf_counter_ns()
-        planned = self._planned.pop(id(plan.main), None)
-        behind = id(plan.main) in self._behind
-        self._behind.discard(id(plan.main))
+        main = plan.main
+        key, variant = id(main), main.variant
+        planned = self._planned.pop(key, None)
+        behind = key in self._behind
+        if behind:
+            self._behind.discard(key)
+        operation = variant.operation
         if planned is not None:
             stamp, pipelined = planned
-            operation = plan.main.operation
             if (operation == cp.OPERATION_DECODE and pipelined) or \
                     (operation == cp.OPERATION_SPECULATIVE and not behind):
-                self.costs.observe(plan.main.variant.program, (now - max(stamp, self._last_complete)) / 1e9,
-                                   plan.main.variant.tokens)
+                self.costs.observe(variant.program, (now - max(stamp, self._last_complete)) / 1e9, variant.tokens)
         self._last_complete = now
-        if plan.main.operation != cp.OPERATION_SPECULATIVE:
+        if operation != cp.OPERATION_SPECULATIVE:
             super().complete(plan, rows)
             return
         if not isinstance(rows, SpeculativeRows):
@@ -488,6 +530,30 @@ class SpeculativeScheduler(Scheduler):
         req.fresh = False
         if end // pt > req.published_pages and len(req.pages) > req.published_pages:
             self._publish_pages(req)
+
+
+@dataclass(slots=True)
+class _LaneFields:
+    """A DECODE round's lanes as lists of their fields, read once: from a DecodeBlock's columns
+    (no Lane made per column), else lane by lane."""
+    requests: list[Request]
+    slots: list[int]
+    generations: list[int]
+    starts: list[int]
+    tokens: list[list[int]]
+    samples: list[bool]
+    output_limits: list[int]
+
+    @classmethod
+    def of(cls, lanes: Sequence[Lane]) -> "_LaneFields":
+        if isinstance(lanes, DecodeBlock) and not lanes.extra:
+            k = lanes.size
+            return cls(lanes.requests, lanes.slots.tolist(), lanes.generations.tolist(), lanes.starts.tolist(),
+                       [_PENDING] * k, [True] * k, lanes.limits.tolist())
+        return cls([lane.request for lane in lanes], [lane.slot for lane in lanes],
+                   [lane.generation for lane in lanes], [lane.start for lane in lanes],
+                   [lane.tokens for lane in lanes], [lane.sample for lane in lanes],
+                   [lane.output_limit for lane in lanes])
 
 
 def _token_block(serials: list[int], tokens: list[int], stamps: list[int] | None) -> TokenBlock:
