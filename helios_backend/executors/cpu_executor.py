@@ -42,10 +42,12 @@ class CpuExecutorOptions:
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
     threads: int = 2                              # the calling thread + helpers; capped at the usable cores
     share_above: int = SHARED_WORK_MACS           # multiply-adds from which one call is shared over threads
-    # block-weight products' activations (kernel_abi/activations.py): "q8" (8-bit blocks and integer dot
-    # products, as llama.cpp's CPU kernels; the numpy references then use the same q8: decode 1.5x the
-    # f32 path's tokens/s on the AVX2 path, docs/cpu-executor.md says what it costs) or "f32"
-    activations: str = "q8"
+    # block-weight products' activations (kernel_abi/activations.py): "f32", or "q8" (8-bit blocks and
+    # integer dot products, as llama.cpp's CPU kernels; the numpy references then use the same q8: decode
+    # 1.5x the f32 path's tokens/s on the AVX2 path). f32 by default: with q8 a greedy answer depends on
+    # how the products group its tokens and split K (history drafting, tensor-parallel ranks), which
+    # drafting and tensor parallelism promise not to change (docs/cpu-executor.md)
+    activations: str = "f32"
 
     def __post_init__(self) -> None:
         check_activations(self.activations)
