@@ -235,15 +235,15 @@ class RaggedRows(Sequence[np.ndarray]):
     round's proposals: a lane's copies, then the next lane's): read as a sequence, lane r's values
     are flat[starts[r]:starts[r] + counts[r]]; a row writer puts them all in one write."""
 
-    __slots__ = ("flat", "counts", "_starts")
+    __slots__ = ("flat", "counts", "starts")
 
     def __init__(self, flat: np.ndarray, counts: np.ndarray) -> None:
         self.flat = flat                          # every lane's values, in lane order
         self.counts = counts                      # int64 [lanes]
-        self._starts = (counts.cumsum() - counts).tolist()
+        self.starts = counts.cumsum() - counts    # int64 [lanes]: each lane's first value in flat
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return self.counts.size
 
     @overload
     def __getitem__(self, r: int) -> np.ndarray: ...
@@ -253,7 +253,7 @@ class RaggedRows(Sequence[np.ndarray]):
     def __getitem__(self, r: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(r, slice):
             return [self[i] for i in range(*r.indices(len(self)))]
-        start = self._starts[r]
+        start = int(self.starts[r])
         return self.flat[start:start + int(self.counts[r])]
 
 
@@ -500,7 +500,7 @@ def _put_ragged(table: np.ndarray, values: RaggedRows, target: Target) -> None:
         flat = flat + target.offset
     # each value's row, and its column: its place in the flat array less its lane's start
     rows = np.repeat(np.arange(n), counts)
-    table[rows, np.arange(flat.size) - (counts.cumsum() - counts)[rows]] = flat
+    table[rows, np.arange(flat.size) - values.starts[rows]] = flat
 
 
 def _put(dst: np.ndarray, value, target: Target, cut: bool = False) -> None:

@@ -256,15 +256,20 @@ class Scheduler:
             total = sum(needs)
             if total > self.pool.available_pages:
                 return None                           # a shortage: eviction or preemption lane by lane
-            # the opening lanes' pages in lane order, as one allocation (allocate_many gives them
-            # in the order lane-by-lane allocations would), before the block counts them
-            pages, at = self.pool.allocate_many(total), 0
-            for req, k in zip(opening, needs):
-                req.pages.extend(pages[at:at + k])
-                at += k
+            self._give_pages(opening, needs)        # before the block counts them
         block = DecodeBlock.of(list(running), [req.computed for req in running],
                                [req.spec.max_tokens - req.output_len for req in running])
         return self._book(RoundPlan(Submission(variant, block)))
+
+    def _give_pages(self, requests: Sequence[Request], needs: Sequence[int]) -> None:
+        """Each request its `needs` pages (<= 0: none), in request order, from one allocation:
+        allocate_many gives them in the order lane-by-lane allocations would. The caller has
+        checked that the pool has them all."""
+        pages, at = self.pool.allocate_many(sum(k for k in needs if k > 0)), 0
+        for req, k in zip(requests, needs):
+            if k > 0:
+                req.pages.extend(pages[at:at + k])
+                at += k
 
     def _prompts_due(self) -> bool:
         return self._prompt_rounds.due(self._waiting, len(self._running), len(self._free_slots), self.max_active)

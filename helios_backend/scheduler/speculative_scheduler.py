@@ -301,11 +301,7 @@ class SpeculativeScheduler(Scheduler):
         total = sum(k for k in needs if k > 0)
         if total <= self.pool.available_pages:
             if total:
-                pages, at = self.pool.allocate_many(total), 0
-                for req, k in zip(requests, needs):
-                    if k > 0:
-                        req.pages.extend(pages[at:at + k])
-                        at += k
+                self._give_pages(requests, needs)
             return True
         for req, lane in zip(requests, lanes):    # snapshots evicted for them, lane by lane
             if not self._reserve_pages(req, lane.reserve_end):
