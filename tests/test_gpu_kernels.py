@@ -169,6 +169,28 @@ def test_wide_heads_compile_a_second_instantiation_only_where_a_core_launches_on
                 assert (image != narrow[kernel.id]) == (kernel.id in WIDE_IDS), kernel.id
 
 
+def _node(kernel_id: str, label: str, buffers: dict[str, str]):
+    """A recorded node of `kernel_id` whose pointer params point at the named buffers (others: a scratch)."""
+    from helios_proto import manifest_pb2 as M
+    args = [M.Arg(pointer=M.BufferRef(buffer=buffers.get(p.name, f"scratch.{p.name}"))) if p.is_pointer else M.Arg(i32=1)
+            for p in abi.kernel(kernel_id).params]
+    return M.Node(kind=M.NODE_KIND_KERNEL, kernel=kernel_id, label=label, args=args)
+
+
+def test_reads_before_the_pdl_wait_must_not_race_the_node_before(library):
+    """Split-KV attention reads the step geometry, positions and row slots before its PDL wait:
+    after the q/k/v node (which writes q and the cache) that is safe; right after the node that
+    writes the geometry it is not, and preparation is told which node and buffer."""
+    state = {"geometry": "state.geometry", "positions": "state.positions", "row_slot": "state.row_slot"}
+    attention = _node("attention.paged_split.v1", "layer0.attention", state)
+    qkv = _node("attention.qkv_rope_store.v1", "layer0.qkv", {**state, "q_out": "scratch.q"})
+    geometry = _node("step.geometry.v1", "geometry", state)
+    assert library.spec("attention.paged_split.v1").early_reads
+    assert library.early_read_conflicts([geometry, qkv, attention]) == []
+    problems = library.early_read_conflicts([qkv, geometry, attention])
+    assert len(problems) == 1 and "layer0.attention" in problems[0] and "state.geometry" in problems[0]
+
+
 def test_a_launch_takes_the_narrowest_widening_level_that_serves_it(library):
     """64-dim heads: the base tiles; 65-128: [32 keys, 128 dims]; 129-256: [16 keys, 256 dims]
     (not the 256-wide tiles half masked); wider: a geometry error at preparation."""

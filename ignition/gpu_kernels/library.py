@@ -142,6 +142,28 @@ class KernelLibrary:
         (build_modules(widened={id: the widest of a core's launches})), else None."""
         return self.spec(kernel_id).widening_of(self._integers(self._immediates(kernel_id, args)))
 
+    def early_read_conflicts(self, nodes: Sequence[manifest_pb2.Node]) -> list[str]:
+        """Nodes of one program whose early reads (KernelBuild.early_reads: read before the PDL
+        wait) point into a buffer the node before them writes, which may still be running:
+        one message per conflict, naming both nodes and the buffers. Every pointer of a node
+        that is not an ABI kernel (a collective, a copy) counts as written."""
+        problems = []
+        for before, node in zip(nodes, nodes[1:]):
+            early = self._by_id[node.kernel].early_reads if node.kernel in self._by_id else ()
+            if not early:
+                continue
+            names = [param.name for param in abi.kernel(node.kernel).params]
+            read = {node.args[names.index(name)].pointer.buffer for name in early}
+            if before.kernel in abi.KERNELS:
+                written = {arg.pointer.buffer for param, arg in zip(abi.kernel(before.kernel).params, before.args)
+                           if param.is_pointer and param.access is not abi.Access.READ}
+            else:
+                written = {arg.pointer.buffer for arg in before.args if arg.WhichOneof("value") == "pointer"}
+            if read & written:
+                problems.append(f"{node.label} ({node.kernel}) reads {sorted(read & written)} before its "
+                                f"PDL wait, which {before.label} ({before.kernel or 'a non-kernel node'}) writes")
+        return problems
+
     def tiles(self, kernel_id: str, args: Sequence) -> Mapping[str, int]:
         """The constexprs a launch with these args runs with (widened where it needs it)."""
         return self.spec(kernel_id).tiles(self._integers(self._immediates(kernel_id, args)))

@@ -73,6 +73,10 @@ class KernelBuild:
     # launches that break the assumption.
     divisible: tuple[str, ...] = ()
     widening: Widening | None = None
+    # Pointer params (besides weights, which no node writes) the kernel reads BEFORE its PDL
+    # wait, while the previous node may still run: safe only where the program's preceding node
+    # writes none of them, which preparation checks (KernelLibrary.early_read_conflicts).
+    early_reads: tuple[str, ...] = ()
 
     def widening_of(self, immediates: Immediates) -> int | None:
         """The immediate a launch needs widened tiles for (its `widening.immediate`), else None."""
@@ -486,6 +490,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _histogram_tiles, divisible=("histogram_bins",)),
     KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _ATTENTION,
                _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride"),
+               early_reads=("geometry", "positions", "row_slot"),
                widening=ATTENTION_WIDENING),
     KernelBuild("cache.snapshot_partial.v1", "pages", "snapshot_partial_pages", {"BLOCK": 4096},
                _page_chunks, divisible=("page_stride", "row_stride")),

@@ -112,6 +112,17 @@ class KernelLibraryGeometry:
             return self._library.geometry(kernel_id, args)
         return unit_geometry(kernel_id, args)
 
+    def check_early_reads(self, programs: Sequence[M.Program]) -> None:
+        """Refuse a recording where a kernel's reads before its PDL wait may race the node
+        before it (KernelLibrary.early_read_conflicts): a recipe error, named, at preparation."""
+        if self._library is None:
+            return
+        problems = [f"{program.name}: {problem}" for program in programs
+                    for problem in self._library.early_read_conflicts(program.nodes)]
+        if problems:
+            raise ValueError("nodes read data the node before them may still be writing: "
+                             + "; ".join(problems[:5]))
+
     def modules(self, progress: Progress | None = None) -> list[tuple[bytes, M.KernelModule]]:
         """One (image, module) per (architecture, kernel set) of the library's architectures;
         progress(COMPILING, done, total) as each compilation is done or found in the kernel cache."""
@@ -289,6 +300,7 @@ def prepare(recipe: ModuleType, options: Any, progress: Progress | None = None,
                                    programs=[p for rec in recorders for p in rec.programs], transport=transport,
                                    completion=shared.completion_layout(cap), request_slots=cap.request_slots,
                                    max_pages_per_row=cap.pages_per_row)
+    geometry.check_early_reads(manifest.programs)
     for image, module in geometry.modules(progress):
         module.resource = f"{module.kernel_set}.{module.arch}"          # e.g. kernels.3.sm_90a
         manifest.modules.append(module)

@@ -403,10 +403,11 @@ def _softmax_step(acc, m_i, l_i, scores, values, LOG2: tl.constexpr):
 
 
 @triton.jit
-def _load_queries(q, positions, first, end, kv_head, group, q_heads, head_dim,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _query_rows(positions, first, end, kv_head, group, q_heads, head_dim, BLOCK_M: tl.constexpr,
+                BLOCK_D: tl.constexpr):
     """Query rows of one block: row i = (token first + i // group, head kv_head*group + i % group).
-    Returns (f32 q tile, positions (-1 for padding rows), element mask, q/out offsets, valid rows)."""
+    Returns (positions (-1 for padding rows), element mask, q/out offsets, valid rows): step
+    state only, no data of the previous node."""
     m_idx = tl.arange(0, BLOCK_M)
     tok = first + m_idx // group
     valid = (m_idx < (BLOCK_M // group) * group) & (tok < end)
@@ -414,9 +415,18 @@ def _load_queries(q, positions, first, end, kv_head, group, q_heads, head_dim,
     d = tl.arange(0, BLOCK_D)
     offsets = tok[:, None] * (q_heads * head_dim) + head[:, None] * head_dim + d[None, :]
     mask = valid[:, None] & (d < head_dim)[None, :]
-    q_tile = tl.load(q + offsets, mask=mask, other=0.0)
     q_pos = tl.load(positions + tok, mask=valid, other=-1)
-    return q_tile, q_pos, mask, offsets, valid
+    return q_pos, mask, offsets, valid
+
+
+@triton.jit
+def _load_queries(q, positions, first, end, kv_head, group, q_heads, head_dim,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """_query_rows and the block's f32 q tile: (q tile, positions, element mask, q/out offsets,
+    valid rows)."""
+    q_pos, mask, offsets, valid = _query_rows(positions, first, end, kv_head, group, q_heads,
+                                              head_dim, BLOCK_M, BLOCK_D)
+    return tl.load(q + offsets, mask=mask, other=0.0), q_pos, mask, offsets, valid
 
 
 @triton.jit
@@ -667,35 +677,41 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
     When one key block (chunk >= context) holds the whole context, split 0 writes the output
     directly and no split touches partials or arrivals: a short decode context costs no
     merge round trips. Heads wider than BLOCK_D take the [WIDE_N, WIDE_D] instantiation.
+
+    Before the PDL wait a program reads only step state (geometry, positions, row_slot: its
+    query block, positions and slot), which no node writes between the step's start and the
+    attention: the chain of dependent loads that finds the block overlaps the previous node
+    (specs.KernelBuild.early_reads; preparation checks that the preceding node writes none).
     """
-    wait_for_predecessors(PDL)
     if (WIDE_D > BLOCK_D) and (head_dim > BLOCK_D):
         _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                        partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                        page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, WIDE_N,
-                       WIDE_D, MAX_ROWS)
+                       WIDE_D, MAX_ROWS, PDL)
     else:
         _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                        partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                        page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, BLOCK_N,
-                       BLOCK_D, MAX_ROWS)
+                       BLOCK_D, MAX_ROWS, PDL)
 
 
 @triton.jit
 def _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                    partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim, page_tokens,
                    pages_per_row, page_stride, scale, splits, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr):
-    """One (query block, split) of paged_attention_split (after the PDL wait)."""
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr,
+                   PDL: tl.constexpr):
+    """One (query block, split) of paged_attention_split: its step state, the PDL wait, the rest."""
     group = q_heads // kv_heads
     row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
     if row < rows:
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-        q_tile, q_pos, mask, offsets, valid = _load_queries(q, positions, first, end, kv_head,
-                                                            group, q_heads, head_dim, BLOCK_M,
-                                                            BLOCK_D)
+        q_pos, mask, offsets, valid = _query_rows(positions, first, end, kv_head, group, q_heads,
+                                                  head_dim, BLOCK_M, BLOCK_D)
         table = page_table + tl.load(row_slot + row) * pages_per_row
+        wait_for_predecessors(PDL)
+        q_tile = tl.load(q + offsets, mask=mask, other=0.0)
         context = tl.max(q_pos, axis=0) + 1
         chunk = tl.cdiv(tl.cdiv(context, splits), BLOCK_N) * BLOCK_N
         if chunk >= context:
