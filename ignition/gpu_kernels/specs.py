@@ -288,7 +288,7 @@ def _paged_window_attention(a: Immediates, c: Mapping[str, int]) -> Grid:
 
 def _paged_attention_split(a: Immediates, c: Mapping[str, int]) -> Grid:
     x, y, _ = _paged_attention(a, c)
-    _require(a["splits"] >= 1, "splits must be >= 1")
+    _require(1 <= a["splits"] <= c["MERGE_SPLITS"], f"splits must be 1..MERGE_SPLITS ({c['MERGE_SPLITS']})")
     return (x, y, a["splits"])
 
 
@@ -340,6 +340,10 @@ _QKV_NORM_GEMM = {"BLOCK_M": 16, "BLOCK_P": 128, "BLOCK_K": 32}
 # per block so its key and value tiles take the narrow one's shared memory (ATTENTION_WIDENING)
 _ATTENTION = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 64, "WIDE_N": 64, "WIDE_D": 64,
               "MAX_ROWS": 256}
+# split-KV decode: the merge reads up to MERGE_SPLITS splits' (m, l) in one load (a recording's
+# `splits` may not exceed it: the recipes split a row's context at most 16 ways) and the
+# accumulators MERGE_GROUP splits a load ([2, 16, 128] f32 for 128-dim heads: 32 registers a thread)
+_SPLIT_ATTENTION = {**_ATTENTION, "MERGE_SPLITS": 16, "MERGE_GROUP": 2}
 ATTENTION_WIDENING = Widening("head_dim", "BLOCK_D", (
     # 128-dim heads (Qwen2.5-1.5B and up, Llama): [32 keys, 128 dims], the narrow tiles' 16 KiB
     # of keys and values a stage, so decode occupancy stays; on the 256-dim level they ran
@@ -488,7 +492,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                _one_program_over_rows, num_warps=8),
     KernelBuild("state.admit.v1", "slots", "admit_requests", {"BLOCK_H": 2048, "BLOCK_E": 8},
                _histogram_tiles, divisible=("histogram_bins",)),
-    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _ATTENTION,
+    KernelBuild("attention.paged_split.v1", "attention", "paged_attention_split", _SPLIT_ATTENTION,
                _paged_attention_split, num_stages=3, divisible=("head_dim", "page_stride"),
                early_reads=("geometry", "positions", "row_slot"),
                widening=ATTENTION_WIDENING),

@@ -663,7 +663,7 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
                           page_tokens, pages_per_row, page_stride, scale, splits,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           WIDE_N: tl.constexpr, WIDE_D: tl.constexpr, MAX_ROWS: tl.constexpr,
-                          PDL: tl.constexpr):
+                          MERGE_SPLITS: tl.constexpr, MERGE_GROUP: tl.constexpr, PDL: tl.constexpr):
     """paged_attention with the keys split over grid z (flash-decoding), merged in one node.
 
     Grid (cdiv(tokens, BLOCK_M // group) + rows, kv_heads, splits). Split z of a query block
@@ -672,8 +672,11 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
     its (acc, m, l) per query row to
         partials f32 [splits, tokens, q_heads, head_dim + 2]   (acc | m | l)
     then increments arrivals i32 [tokens, kv_heads] at (first token of the block, kv head);
-    the last split to arrive merges the partials in split order (deterministic), writes out
-    and resets the counter to 0 for the next launch. arrivals must be zero at allocation.
+    the last split to arrive merges the partials (deterministic: a fixed reduction order),
+    writes out and resets the counter to 0 for the next launch. arrivals must be zero at
+    allocation. The merge reads every split's (m, l) in one [MERGE_SPLITS, BLOCK_M] load
+    (splits <= MERGE_SPLITS) and the accumulators MERGE_GROUP splits a load, so it costs
+    1 + splits / MERGE_GROUP dependent round trips, not three a split.
     When one key block (chunk >= context) holds the whole context, split 0 writes the output
     directly and no split touches partials or arrivals: a short decode context costs no
     merge round trips. Heads wider than BLOCK_D take the [WIDE_N, WIDE_D] instantiation.
@@ -687,12 +690,12 @@ def paged_attention_split(out, q, k_cache, v_cache, positions, page_table, row_s
         _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                        partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                        page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, WIDE_N,
-                       WIDE_D, MAX_ROWS, PDL)
+                       WIDE_D, MAX_ROWS, MERGE_SPLITS, MERGE_GROUP, PDL)
     else:
         _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, geometry,
                        partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim,
                        page_tokens, pages_per_row, page_stride, scale, splits, BLOCK_M, BLOCK_N,
-                       BLOCK_D, MAX_ROWS, PDL)
+                       BLOCK_D, MAX_ROWS, MERGE_SPLITS, MERGE_GROUP, PDL)
 
 
 @triton.jit
@@ -700,7 +703,7 @@ def _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, ge
                    partials, arrivals, rows, tokens, q_heads, kv_heads, head_dim, page_tokens,
                    pages_per_row, page_stride, scale, splits, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_ROWS: tl.constexpr,
-                   PDL: tl.constexpr):
+                   MERGE_SPLITS: tl.constexpr, MERGE_GROUP: tl.constexpr, PDL: tl.constexpr):
     """One (query block, split) of paged_attention_split: its step state, the PDL wait, the rest."""
     group = q_heads // kv_heads
     row, first, end = _query_block(geometry, rows, tokens, group, BLOCK_M, MAX_ROWS)
@@ -726,14 +729,15 @@ def _split_program(out, q, k_cache, v_cache, positions, page_table, row_slot, ge
             _attend_split(out, q_tile, q_pos, mask, offsets, valid, table, k_cache, v_cache,
                           partials, arrivals, first, kv_head, split, splits, context, chunk,
                           group, tokens, q_heads, kv_heads, head_dim, page_tokens, page_stride,
-                          scale, BLOCK_M, BLOCK_N, BLOCK_D)
+                          scale, BLOCK_M, BLOCK_N, BLOCK_D, MERGE_SPLITS, MERGE_GROUP)
 
 
 @triton.jit
 def _attend_split(out, q_tile, q_pos, mask, offsets, valid, table, k_cache, v_cache, partials,
                   arrivals, first, kv_head, split, splits, context, chunk, group, tokens,
                   q_heads, kv_heads, head_dim, page_tokens, page_stride, scale,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  MERGE_SPLITS: tl.constexpr, MERGE_GROUP: tl.constexpr):
     """One split's partial, and the merge by the split that arrives last (see
     paged_attention_split)."""
     key_begin = tl.minimum(split * chunk, context)
@@ -755,22 +759,25 @@ def _attend_split(out, q_tile, q_pos, mask, offsets, valid, table, k_cache, v_ca
     counter = arrivals + first * kv_heads + kv_head
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
         tl.debug_barrier()
-        m_all = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
-        l_all = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        held = tl.cdiv(context, chunk)                   # splits that held keys
+        # every split's (m, l) at once, then its weight exp(m_s - m_all): no rescaling chain
+        s_all = tl.arange(0, MERGE_SPLITS)
+        stats = partials + s_all[:, None].to(tl.int64) * span + unit[None, :] + head_dim
+        live = (s_all < held)[:, None] & valid[None, :]
+        m_s = tl.load(stats, mask=live, other=-1.0e30, cache_modifier=".cg")
+        l_s = tl.load(stats + 1, mask=live, other=0.0, cache_modifier=".cg")
+        m_all = tl.max(m_s, axis=0)
+        l_all = tl.sum(l_s * tl.exp(m_s - m_all[None, :]), axis=0)
         merged = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for s in range(0, tl.cdiv(context, chunk)):      # splits that held keys
-            theirs = partials + s * span
-            m_s = tl.load(theirs + unit + head_dim, mask=valid, other=-1.0e30,
-                          cache_modifier=".cg")
-            l_s = tl.load(theirs + unit + head_dim + 1, mask=valid, other=0.0,
-                          cache_modifier=".cg")
-            acc_s = tl.load(theirs + unit[:, None] + d[None, :], mask=mask, other=0.0,
+        group_ids = tl.arange(0, MERGE_GROUP)
+        for s0 in range(0, held, MERGE_GROUP):
+            s_g = s0 + group_ids
+            live_g = (s_g < held)[:, None] & valid[None, :]
+            theirs = partials + s_g[:, None].to(tl.int64) * span + unit[None, :]
+            m_g = tl.load(theirs + head_dim, mask=live_g, other=-1.0e30, cache_modifier=".cg")
+            acc_g = tl.load(theirs[:, :, None] + d[None, None, :],
+                            mask=live_g[:, :, None] & mask[None, :, :], other=0.0,
                             cache_modifier=".cg")
-            m_new = tl.maximum(m_all, m_s)
-            alpha = tl.exp(m_all - m_new)
-            beta = tl.exp(m_s - m_new)
-            l_all = l_all * alpha + l_s * beta
-            merged = merged * alpha[:, None] + acc_s * beta[:, None]
-            m_all = m_new
+            merged += tl.sum(acc_g * tl.exp(m_g - m_all[None, :])[:, :, None], axis=0)
         tl.store(out + offsets, merged / tl.where(l_all > 0, l_all, 1.0)[:, None], mask=mask)
         tl.store(counter, 0)
