@@ -1,9 +1,10 @@
 """Device time of the rounds the scheduler chooses between, on the H200 (CUDA executor).
 
-    python -m bench.gpu_round_costs [--out DIR | --results] [--rows 64,128] [--prompt 32]
+    python -m bench.gpu_round_costs [--out DIR | --results] [--rows 64,128] [--prompt 32] [--mixed-prompts 1,2,4]
 
-What admission costs the GPU: for R rows, a DECODE round of R decoding lanes; a MIXED round
-of R - 1 decoding lanes and one new `--prompt`-token prompt; rounds of prompts only (PREFILL)
+What admission costs the GPU: for R rows, a DECODE round of R decoding lanes; MIXED rounds
+of R - k decoding lanes and k new `--prompt`-token prompts (k from `--mixed-prompts`, 1 by
+default; a MIXED round of a served stack at 256 closed-loop clients carries one or two); rounds of prompts only (PREFILL)
 of 1, 4 and 16 such prompts; INITIALIZATION of 1, 4 and 16 slots. Each figure is the device
 time of one graph replay (events around back-to-back replays of the packed frame, as
 bench/gpu_decode.py measures decode), with the smallest variant that holds the round, as
@@ -32,7 +33,8 @@ from tests.gpu.model_bundle import load_bundle
 
 def initialization(bench: Bench, lane: PackedLane) -> PackedLane:
     """The INITIALIZATION lane of `lane`'s slot for its prompt (as Bench.admit initializes)."""
-    admission = SlotInitialization.for_prompt(lane.tokens, bench.bins, lane.slot, SamplingParameters(logprobs=-1),
+    assert lane.tokens is not None
+    admission = SlotInitialization.for_prompt(lane.tokens.tolist(), bench.bins, lane.slot, SamplingParameters(logprobs=-1),
                                               1 << 20, (bench.vocab - 1,))
     return PackedLane(slot=lane.slot, generation=lane.generation, initialization=admission)
 
@@ -69,6 +71,7 @@ def main() -> None:
     add_output_arguments(parser)
     parser.add_argument("--rows", default="64,128")
     parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--mixed-prompts", default="1", help="prompts per MIXED round, comma-separated")
     args = parser.parse_args()
     out = output_dir(args.out, args.results, "gpu")
     contract, manifest, read = load_bundle()
@@ -77,20 +80,26 @@ def main() -> None:
     bench = Bench(model)
     report: dict = {"prompt": args.prompt, "rounds": {}, "profile": {}}
     rows_list = [int(r) for r in args.rows.split(",") if r]
+    counts = [int(k) for k in args.mixed_prompts.split(",") if k]
     for rows in rows_list:
         decoding = bench.admit(list(range(rows)), args.prompt, 64)
-        new = fresh(bench, rows, args.prompt, 64)
         decode = model.program(C.OPERATION_DECODE, rows, rows)
-        mixed = model.program(C.OPERATION_MIXED, rows, rows - 1 + args.prompt)
-        figures = {"decode": replay_us(bench, decode, decoding),
-                   "mixed": replay_us(bench, mixed, decoding[:rows - 1] + [new])}
+        figures = {"decode": replay_us(bench, decode, decoding)}
         if rows == max(rows_list):
             report["profile"]["decode"] = per_kernel(bench, decode, decoding)
-            report["profile"]["mixed"] = per_kernel(bench, mixed, decoding[:rows - 1] + [new])
-        bench.release(decoding + [new])
+        line = f"{rows} rows: decode {figures['decode']['gpu_us']:.0f} us ({decode})"
+        for k in sorted(counts):      # the k prompts take the last k slots (a full batch has no spare one)
+            new = [fresh(bench, rows - k + i, args.prompt, 64) for i in range(k)]
+            mixed = model.program(C.OPERATION_MIXED, rows, rows - k + k * args.prompt)
+            name = "mixed" if k == 1 else f"mixed_{k}"
+            figures[name] = replay_us(bench, mixed, decoding[:rows - k] + new)
+            line += f", {k} prompt{'s' if k > 1 else ''}: mixed {figures[name]['gpu_us']:.0f} us ({mixed})"
+            if rows == max(rows_list) and k == 1:
+                report["profile"]["mixed"] = per_kernel(bench, mixed, decoding[:rows - 1] + new)
+            bench.release(new)
+        bench.release(decoding)
         report["rounds"][rows] = figures
-        print(f"{rows} rows: decode {figures['decode']['gpu_us']:.0f} us ({decode}), "
-              f"mixed {figures['mixed']['gpu_us']:.0f} us ({mixed})", flush=True)
+        print(line, flush=True)
     for count in (1, 4, 16):
         lanes = [fresh(bench, 200 + i, args.prompt, 64) for i in range(count)]
         prefill = model.program(C.OPERATION_PREFILL, count, count * args.prompt)
