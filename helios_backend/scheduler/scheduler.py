@@ -302,11 +302,15 @@ class Scheduler:
     def _try_admit(self, req: Request, round_: RoundBuilder) -> bool:
         pt = self.config.page_tokens
         tokens = req.tokens
+        pending = reads_pending(req, 1, self.config.device_pending_token)
+        if not pending and round_.host_fed and not round_.fit_chunk(self.variants, 1, False):
+            # no host-fed token fits the round (a MIXED round that took its prompt), so no chunk
+            # does (fit_chunk is monotone in the chunk for a host-fed lane): no prefix lookup
+            return False
         match = match_prefix(self.pool, self.snapshots, self._seed, tokens, pt)
         snap = match.snapshot
         start = match.start(pt)
-        n = round_.fit_chunk(self.variants, min(len(tokens) - start, self._chunk_limit),
-                             reads_pending(req, 1, self.config.device_pending_token))
+        n = round_.fit_chunk(self.variants, min(len(tokens) - start, self._chunk_limit), pending)
         if n == 0:
             return False
         if snap is not None:
