@@ -602,7 +602,7 @@ class Scheduler:
         # a block's columns are plain decode lanes (decode_block.py): applied as arrays, unless a
         # request is cancelled or its finish decided (then lane by lane, as any other lane)
         columns = isinstance(lanes, DecodeBlock) and not self._unsettled
-        self._parked = lanes if columns else None
+        self._parked = lanes if columns and isinstance(lanes, DecodeBlock) else None
         explicit = explicit_lanes(lanes) if columns else lanes
         fenced = 0                                    # the explicit lanes from here release their fence below
         if isinstance(lanes, DecodeBlock):            # its columns' fence first (those it did not hand on)
