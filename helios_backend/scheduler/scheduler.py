@@ -303,7 +303,7 @@ class Scheduler:
         pt = self.config.page_tokens
         tokens = req.tokens
         pending = reads_pending(req, 1, self.config.device_pending_token)
-        if not pending and round_.host_fed and not round_.fit_chunk(self.variants, 1, False):
+        if not pending and 0 < round_.host_fed < round_.rows and not round_.fit_chunk(self.variants, 1, False):
             # no host-fed token fits the round (a MIXED round that took its prompt), so no chunk
             # does (fit_chunk is monotone in the chunk for a host-fed lane): no prefix lookup
             return False
