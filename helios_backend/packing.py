@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from itertools import chain
+from itertools import accumulate, chain
 from operator import attrgetter, getitem
 from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union, overload
 
@@ -101,13 +101,15 @@ class SlotInitialization:
         INITIALIZATION lanes of a round packed as columns: ProgramRunner._pack_initialization)."""
         lengths = list(map(len, prompts))
         ids = np.fromiter(chain.from_iterable(prompts), np.int64, sum(lengths))
-        if ids.size and ids.min() < 0:                # the first prompt with one, as for_prompt
+        # the smallest and largest id decide both checks (a mask and its all() cost two more calls)
+        low, high = (int(_smallest(ids)), int(_largest(ids))) if ids.size else (0, -1)
+        if low < 0:                                   # the first prompt with one, as for_prompt
             first = next(p for p in prompts if len(p) and min(p) < 0)
             raise ValueError(f"prompt token id {int(min(first))} is negative")
-        ends = np.cumsum(lengths).tolist()
-        kept = ids < histogram_bins
-        if kept.all():                                # each prompt's ids: a view of the one array
+        ends = list(accumulate(lengths))
+        if high < histogram_bins:                     # each prompt's ids: a view of the one array
             return [PromptCounts(ids[end - n:end], histogram_bins) for n, end in zip(lengths, ends)]
+        kept = ids < histogram_bins
         return [PromptCounts(ids[end - n:end][kept[end - n:end]], histogram_bins) for n, end in zip(lengths, ends)]
 
     @staticmethod
@@ -363,6 +365,7 @@ class _Step:
 
 
 _largest = np.maximum.reduce       # ndarray.max() without its Python-level wrapper (a decode round calls it ~4 times)
+_smallest = np.minimum.reduce
 
 
 def _positions(step: _Step) -> np.ndarray:
