@@ -1,7 +1,7 @@
 """The engine worker's host time per round by phase, without a GPU, under closed-loop load.
 
     python -m bench.engine_loop [--clients 64,128] [--seconds 5] [--return-rounds 8] [--profile launch]
-                                [--completions paged|direct] [--per-lane] [--json PATH]
+                                [--completions paged|direct] [--per-lane] [--staggered] [--json PATH]
     python -m bench.engine_loop --speculative [--no-drafting] --clients 1,8,32,64 [--period 16]
 
 What bench/packing.py (one pack) and bench/scheduler_round.py (the scheduler alone) leave out:
@@ -17,7 +17,13 @@ reads of every lane's history evict the worker's data from the caches between it
 the worker serving a GPU does not see (it waits for the device), so `direct` is the closer
 measure of the worker's own host work and `paged` the one the earlier figures used. `--per-lane`
 runs the scheduler without its columnar decode lanes (SchedulerConfig.columnar_decode). Load: C clients, distinct 50-token prompts, 128 output tokens
-(ignore_eos), each client back `--return-rounds` (+-50 %) rounds after its answer.
+(ignore_eos), each client back `--return-rounds` (+-50 %) rounds after its answer. All clients
+start together, so their answers end together and most prompts come in bursts (rounds of
+prompts); `--staggered` spreads the clients' first requests over one answer's rounds and
+`--prompt-tokens 32` shortens the prompts, the served loop's steady state: about C / 128 requests
+end and arrive each round, most rounds MIXED (an admission beside the decode lanes). The figures
+then count only the rounds after the first two answers' worth (the start-up ramp left out), and
+the phases are also split by the operation of the round completed (as with `--speculative`).
 
 `--speculative`: a speculative round's host work against a plain decode round's. History
 drafting on (SpeculativeScheduler, its width policy on the fixed cost prior as
@@ -208,7 +214,8 @@ class Loop:
     """One closed-loop run: the worker's phases timed per round, the simulated engine's not."""
 
     def __init__(self, prepared, clients: int, return_rounds: int, profile: str, columnar: bool = True,
-                 completions: str = "paged", speculative: str = "", period: int = 16) -> None:
+                 completions: str = "paged", speculative: str = "", period: int = 16,
+                 staggered: bool = False, prompt_tokens: int = 50) -> None:
         graphs = [g for g in prepared.contract.model.graphs if g.rank == 0]
         transport, manifest = prepared.manifest.transport, prepared.manifest
         vocab = prepared.contract.model.vocabulary
@@ -249,12 +256,17 @@ class Loop:
         self.rounds = self.tokens = self.submitted = 0
         self.returning: list[int] = []
         self.frame = 0
-        for _ in range(clients):
-            self._arrive()
+        self.prompt_tokens = prompt_tokens
+        self.warmup = 2 * OUTPUT_TOKENS if staggered else 0     # rounds not counted
+        for i in range(clients):
+            if staggered and i:
+                self.returning.append(i * OUTPUT_TOKENS // clients)
+            else:
+                self._arrive()
 
     def _arrive(self) -> None:
         n = self.submitted
-        prompt = tuple((7919 * n + 104729 * j) % 49000 + 3 for j in range(50))
+        prompt = tuple((7919 * n + 104729 * j) % 49000 + 3 for j in range(self.prompt_tokens))
         self.scheduler.add(n, RequestSpec(prompt, OUTPUT_TOKENS, SamplingSettings(), ignore_eos=True))
         self.submitted += 1
 
@@ -313,6 +325,12 @@ class Loop:
                 self.returning.pop(0)
                 self._arrive()
             self.rounds += 1
+            if self.rounds == self.warmup:             # the start-up ramp left out
+                self.rounds = self.tokens = 0
+                self.ns = dict.fromkeys(self.phases, 0)
+                self.by_operation.clear()
+                self.returning = [r - self.warmup for r in self.returning]
+                self.warmup = 0
 
     def _account(self, plan, tokens: int) -> None:
         """The iteration's phases to the operation of the round it completed."""
@@ -359,6 +377,9 @@ def main() -> None:
     parser.add_argument("--no-drafting", action="store_true",
                         help="with --speculative: the same requests and tokens through the plain scheduler")
     parser.add_argument("--period", type=int, default=16, help="with --speculative: the tokens each request repeats")
+    parser.add_argument("--staggered", action="store_true",
+                        help="first requests spread over one answer's rounds: admissions every round (see above)")
+    parser.add_argument("--prompt-tokens", type=int, default=50, help="each prompt's tokens")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     random.seed(0)
@@ -370,13 +391,14 @@ def main() -> None:
     for clients in [int(c) for c in args.clients.split(",") if c]:
         speculative = "" if not args.speculative else "plain" if args.no_drafting else "drafting"
         loop = Loop(prepared, clients, args.return_rounds, args.profile or "", columnar=not args.per_lane,
-                    completions=args.completions, speculative=speculative, period=args.period)
+                    completions=args.completions, speculative=speculative, period=args.period,
+                    staggered=args.staggered, prompt_tokens=args.prompt_tokens)
         loop.run(args.seconds)
         r = results[clients] = loop.report()
         print(f"{clients:>8} {r['rounds']:>7} {r['tokens_per_round']:>9.1f} "
               + " ".join(f"{r['us_per_round'][p]:>9.1f}" for p in phases)
               + f" {r['host_us_per_round']:>8.1f}  {r['launches']}", flush=True)
-        if speculative:
+        if speculative or args.staggered:
             for name, o in sorted(r["by_operation"].items()):
                 print(f"{'':>8} {o['rounds']:>7} {o['tokens_per_round']:>9.1f} "
                       + " ".join(f"{o['us_per_round'][p]:>9.1f}" for p in phases)

@@ -220,3 +220,34 @@ def test_token_blocks_travel_and_expand_to_the_emitted_events() -> None:
     assert expand([block, terminal, bare]) == emitted + [terminal, Emitted(1, 2, -1, 0.0, None, None)]
     received = unpack_events(pickle.loads(pickle.dumps(pack_events([block, terminal, emitted[0]]))))
     assert expand(received) == emitted + [terminal, emitted[0]]
+
+
+def test_terminal_events_travel_as_bytes_and_arrive_equal() -> None:
+    finished = ep.TerminalEvent(finished=ep.Finished(reason=ep.FINISH_REASON_STOP_STRING))
+    finished.finished.usage.prompt_tokens, finished.finished.usage.completion_tokens = 32, 128
+    finished.finished.performance.admitted_ns = 12345
+    failed = ep.TerminalEvent(failed=ep.ExecutionFailure(message="round failed", completion_tokens=3))
+    terminals = [Terminal(2**40 + 3, finished, first_token=True), Terminal(9, failed), Terminal(0, ep.TerminalEvent())]
+    packed = pack_events(terminals)
+    assert all(type(row) is bytes for row in packed)
+    received = unpack_events(pickle.loads(pickle.dumps(packed)))
+    assert received == terminals
+    assert [isinstance(ev, Terminal) and ev.first_token for ev in received] == [True, False, False]
+
+
+def test_the_round_after_a_round_of_prompts_is_planned_from_the_parked_block(monkeypatch: pytest.MonkeyPatch) -> None:  # spec: SPEC-43, SPEC-44
+    """The workloads above (whose plans and events equal the per-lane path's) plan the round after
+    a round of prompts from the block completed before it: a path they must keep exercising."""
+    from helios_backend.scheduler.scheduler import Scheduler
+    planned: list[int] = []
+    rejoining = Scheduler._rejoining
+
+    def counted(self: Scheduler, *args: object) -> DecodeBlock | None:
+        block = rejoining(self, *args)         # type: ignore[arg-type]
+        if block:
+            planned.append(block.size)
+        return block
+    monkeypatch.setattr(Scheduler, "_rejoining", counted)
+    for seed in range(4):
+        _trace(True, seed)
+    assert len(planned) > 10 and max(planned) > 4

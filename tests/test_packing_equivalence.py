@@ -236,3 +236,15 @@ def test_runner_initialization_columns_write_the_bytes_of_its_packed_lanes(prepa
         runners[1].packer.pack(graph.program, frame, [runners[1]._packed(lane, graph.operation) for lane in lanes])
         for f in range(2):
             assert np.array_equal(frames[f], expected[f]), f"{graph.program} frame {f}"
+
+
+def test_counts_of_prompts_are_each_prompts_own_counts_past_the_bins_left_out() -> None:
+    prompts = [[5, 9, 5, 1], [], [3, 70, 64, 2, 3], [63]]
+    counts = SlotInitialization.counts_of_prompts(prompts, 64)
+    for prompt, got in zip(prompts, counts):
+        want = SlotInitialization.for_prompt(prompt, 64, 0, SamplingParameters(), 1, ()).prompt_counts
+        assert got.ids.tolist() == want.ids.tolist() == [i for i in prompt if i < 64]
+        assert np.array_equal(got.dense(), want.dense())
+    assert [c.ids.tolist() for c in SlotInitialization.counts_of_prompts([[1, 2], [3]], 64)] == [[1, 2], [3]]
+    with pytest.raises(ValueError, match="prompt token id -4 is negative"):
+        SlotInitialization.counts_of_prompts([[1, 2], [3, -4]], 64)

@@ -39,7 +39,7 @@ from helios_backend.packing import LaneValues, SlotInitialization, PackedLane, s
 from helios_backend.sampling_parameters import sampling_vectors
 from helios_backend.scheduler.completion import (
     CompletionFormat, CompletionRows, parse_and_validate, validate_header)
-from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes
+from helios_backend.scheduler.decode_block import SLOT, START, DecodeBlock, explicit_lanes
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RoundPlan, Submission
 from helios_backend.scheduler.request import Request
 
@@ -414,17 +414,19 @@ class ProgramRunner:
         values: dict[int, Sequence] = {cp.VALUE_SOURCE_PAGE_TABLE: _BlockPages(block.requests, extra)}
         page_counts = block.page_counts
         if m:
-            cat = np.concatenate
             tokens = list(map(_TOKENS, extra))
             values[cp.VALUE_SOURCE_PROMPT_TOKENS] = [None] * k + [
                 None if t == _PENDING else np.asarray(t, dtype=np.int32) for t in tokens]
-            slots = cat((slots, np.fromiter(map(_SLOT, extra), np.int64, m)))
-            generations = cat((generations, np.fromiter(map(_GENERATION, extra), np.int64, m)))
-            starts = cat((starts, np.fromiter(map(_START, extra), np.int64, m)))
-            lengths = cat((lengths, np.fromiter(map(len, tokens), np.int64, m)))
-            samples = cat((samples, np.fromiter(map(_SAMPLE, extra), np.int64, m)))
-            snapshot_rows = cat((snapshot_rows, np.fromiter(map(_SNAPSHOT_ROW, extra), np.int64, m)))
-            page_counts = cat((page_counts, np.fromiter((len(lane.request.pages) for lane in extra), np.int64, m)))
+            # the columns and the explicit lanes' values after them in one [7, k + m] array (a
+            # MIXED round's prompt: one array, not a concatenation per column); its rows are views
+            joined = np.empty((7, k + m), np.int64)
+            joined[:3, :k] = block.columns[SLOT:START + 1]          # slots, generations, starts
+            joined[3:5, :k] = 1                                     # query lengths, sampling decisions
+            joined[5, :k] = -1                                      # snapshot rows
+            joined[6, :k] = page_counts
+            joined[:, k:] = np.array([(lane.slot, lane.generation, lane.start, len(t), lane.sample, lane.snapshot_row,
+                                       len(lane.request.pages)) for lane, t in zip(extra, tokens)], np.int64).T
+            slots, generations, starts, lengths, samples, snapshot_rows, page_counts = joined
         columns: dict[int, np.ndarray] = {
             cp.VALUE_SOURCE_SLOT: slots, cp.VALUE_SOURCE_GENERATION: generations,
             cp.VALUE_SOURCE_CONSUMED_TOKENS: starts, cp.VALUE_SOURCE_QUERY_LENGTH: lengths,

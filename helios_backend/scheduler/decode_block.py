@@ -33,9 +33,9 @@ _SLOT, _GENERATION = attrgetter("slot"), attrgetter("generation")
 # the rows of DecodeBlock.columns (int64 [COLUMNS, lanes])
 SERIAL, SLOT, GENERATION, START, LIMIT, ROOM, PAGE_COUNT, OBSERVED, IGNORE_EOS = range(9)
 COLUMNS = 9
-_ADVANCE = np.zeros((COLUMNS, 1), np.int64)       # a round further: START + 1, LIMIT and ROOM - 1, in one add
-_ADVANCE[START], _ADVANCE[LIMIT], _ADVANCE[ROOM] = 1, -1, -1
-_ADVANCE.flags.writeable = False
+ADVANCE = np.zeros((COLUMNS, 1), np.int64)       # a round further: START + 1, LIMIT and ROOM - 1, in one add
+ADVANCE[START], ADVANCE[LIMIT], ADVANCE[ROOM] = 1, -1, -1
+ADVANCE.flags.writeable = False
 
 
 class DecodeBlock(Sequence[Lane]):
@@ -105,10 +105,10 @@ class DecodeBlock(Sequence[Lane]):
         one output token fewer; page counts as they are (the caller reserves opening pages)."""
         dropped = (~keep).nonzero()[0].tolist()
         if not dropped:
-            block = DecodeBlock(list(self.requests), self.columns + _ADVANCE)
+            block = DecodeBlock(list(self.requests), self.columns + ADVANCE)
         else:                                     # a few lanes emit their last token: delete those
             columns = self.columns.take(keep.nonzero()[0], axis=1)    # (a boolean index: twice the time)
-            columns += _ADVANCE
+            columns += ADVANCE
             requests = list(self.requests)
             for i in reversed(dropped):
                 del requests[i]

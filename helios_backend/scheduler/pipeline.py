@@ -106,8 +106,20 @@ def continuing_lanes(main: Sequence[Lane], running: Iterable[Request],
     return lanes, opening
 
 
-def continuing_block(main: DecodeBlock, outsiders: list[Request],
-                     config: SchedulerConfig) -> tuple[DecodeBlock, np.ndarray, bool] | None:
+def outsider_block(outsiders: list[Request], config: SchedulerConfig) -> DecodeBlock | None:
+    """The next decode lanes of `outsiders` (running requests outside the round in flight, in
+    running order, columnar) as a block; None when one needs completion feedback."""
+    eos_ids = config.eos_ids
+    for req in outsiders:
+        if req.inflight or not reads_pending(req, 1, config.device_pending_token) \
+                or not continues_on_device(req, eos_ids):
+            return None                           # it needs completion feedback: schedule() takes it
+    return DecodeBlock.of(outsiders, [req.computed for req in outsiders],
+                          [req.spec.max_tokens - req.output_len for req in outsiders])
+
+
+def continuing_block(main: DecodeBlock, outsiders: list[Request], config: SchedulerConfig,
+                     rejoining: DecodeBlock | None = None) -> tuple[DecodeBlock, np.ndarray, bool] | None:
     """continuing_lanes for a round whose main lanes are a block, as a block: the same lanes in
     the same order, with numpy over the columns. The caller's conditions: no running request is
     cancelled or has its finish decided, and `outsiders` (the running requests outside `main`, in
@@ -115,16 +127,16 @@ def continuing_block(main: DecodeBlock, outsiders: list[Request],
     values, and len(tokens) == start + 1 (its previous round completed), so of continuing_lanes'
     checks only the length limit is left. Returns the block, the indices of its lanes whose
     position opens a page, and whether each of them needs exactly one page (its position is the
-    first of the page after those it holds); None when an outsider needs completion feedback."""
+    first of the page after those it holds); None when an outsider needs completion feedback.
+    `rejoining`: the outsiders' lanes already as a block (Scheduler._rejoining), in place of
+    `outsiders`."""
     block = main.advance(main.rooms > 2)          # len(tokens) + 1 < token_limit: start + 2 < token_limit
     if outsiders:
-        eos_ids = config.eos_ids
-        for req in outsiders:
-            if req.inflight or not reads_pending(req, 1, config.device_pending_token) \
-                    or not continues_on_device(req, eos_ids):
-                return None                           # it needs completion feedback: schedule() takes it
-        block = block.joined(DecodeBlock.of(outsiders, [req.computed for req in outsiders],
-                                            [req.spec.max_tokens - req.output_len for req in outsiders]))
+        rejoining = outsider_block(outsiders, config)
+        if rejoining is None:
+            return None
+    if rejoining is not None:
+        block = block.joined(rejoining)
     past = block.starts // config.page_tokens - block.page_counts     # pages short of the position, less one
     opening = (past >= 0).nonzero()[0]
     return block, opening, not opening.size or int(np.maximum.reduce(past)) == 0

@@ -42,13 +42,14 @@ from helios_proto import exchange_pb2 as ep
 from helios_backend.scheduler.admission import check_admission, max_prompt_tokens
 from helios_backend.scheduler.completion import CompletionRows
 from helios_backend.scheduler.config import SchedulerConfig
-from helios_backend.scheduler.decode_block import DecodeBlock, explicit_lanes
+from helios_backend.scheduler.decode_block import ADVANCE, COLUMNS, DecodeBlock, explicit_lanes
 from helios_backend.scheduler.events import (
     Emitted, Event, SchedulerCounters, Terminal, TokenBlock, WorkerEvent, expand)
 from helios_backend.scheduler.generations import SlotGenerations
 from helios_backend.scheduler.host_stops import HostStopCheck
 from helios_backend.scheduler.pages import PagePool
-from helios_backend.scheduler.pipeline import continuing_block, continuing_lanes, may_follow, prompts_may_follow
+from helios_backend.scheduler.pipeline import (continuing_block, continuing_lanes, may_follow, outsider_block,
+                                               prompts_may_follow)
 from helios_backend.scheduler.plan import PENDING_TOKEN, Lane, RestoreCopy, RoundPlan, Submission
 from helios_backend.scheduler.prefix_hash import chain_keys, chain_seed, next_key
 from helios_backend.scheduler.prefix_match import match_prefix
@@ -86,6 +87,16 @@ class Scheduler:
         self._seed = chain_seed(config.cache_fingerprint)
         self._free_slots = list(range(config.request_slots - 1, -1, -1))
         self._slot_owner: list[Request | None] = [None] * config.request_slots   # the running request of a slot
+        # per slot, set at each admission: its generation, and its admission's place in the running
+        # order (the running list is in admission order), so that a round reads the running order
+        # and the admissions of a set of slots with one numpy call
+        self._slot_generation = np.full(config.request_slots, -1, np.int64)
+        self._slot_admission = np.zeros(config.request_slots, np.int64)
+        self._admissions = 0
+        # the block of the last round completed as columns, until the next round is booked: the
+        # round planned behind a round of prompts takes its lanes' next columns from it
+        # (_continuing_block); None after any other completion or a failure
+        self._parked: DecodeBlock | None = None
         # requests cancelled or whose finish is decided but not yet fenced: while any is known, a
         # round's decode lanes take the per-lane path (their checks are per request)
         self._unsettled: set[int] = set()
@@ -291,11 +302,15 @@ class Scheduler:
     def _try_admit(self, req: Request, round_: RoundBuilder) -> bool:
         pt = self.config.page_tokens
         tokens = req.tokens
+        pending = reads_pending(req, 1, self.config.device_pending_token)
+        if not pending and 0 < round_.host_fed < round_.rows and not round_.fit_chunk(self.variants, 1, False):
+            # no host-fed token fits the round (a MIXED round that took its prompt), so no chunk
+            # does (fit_chunk is monotone in the chunk for a host-fed lane): no prefix lookup
+            return False
         match = match_prefix(self.pool, self.snapshots, self._seed, tokens, pt)
         snap = match.snapshot
         start = match.start(pt)
-        n = round_.fit_chunk(self.variants, min(len(tokens) - start, self._chunk_limit),
-                             reads_pending(req, 1, self.config.device_pending_token))
+        n = round_.fit_chunk(self.variants, min(len(tokens) - start, self._chunk_limit), pending)
         if n == 0:
             return False
         if snap is not None:
@@ -327,6 +342,9 @@ class Scheduler:
         slot = self._free_slots.pop()
         self._slot_owner[slot] = req
         req.slot, req.generation = slot, self._generations.next(slot)
+        self._slot_generation[slot] = req.generation
+        self._admissions += 1
+        self._slot_admission[slot] = self._admissions
         req.state = RequestState.RUNNING
         req.fresh = True
         self._running.append(req)
@@ -406,6 +424,7 @@ class Scheduler:
     def _book(self, plan: RoundPlan) -> RoundPlan:
         """Count the round's submissions and fence its lanes: each is in flight until the
         round's completion or failure is applied."""
+        self._parked = None                           # its lanes' columns hold only until a round is booked
         for sub in plan.submissions():
             self.counters.launched(sub.operation)
             lanes = sub.lanes
@@ -480,25 +499,29 @@ class Scheduler:
         # the running requests outside `main` (rejoining after sitting a round out), in running
         # order; every request of `main` is running (in flight: it cannot have been released)
         outsiders: list[Request] = []
+        rejoining: DecodeBlock | None = None
         if len(self._running) > len(main):
             in_main = np.zeros(self.config.request_slots, bool)
             in_main[main.slots] = True
             for lane in main.extra:
                 in_main[lane.slot] = True
             in_main[self._free_slots] = True
+            slots = (~in_main).nonzero()[0]
+            if slots.size > 1:                        # in running order: the order of their admissions
+                slots = slots.take(self._slot_admission.take(slots).argsort())
             owners = self._slot_owner
-            found_owners = [owners[slot] for slot in (~in_main).nonzero()[0].tolist()]
-            outsiders = [req for req in found_owners if req is not None]
-            if len(outsiders) < len(found_owners):
+            outsiders = [owners[slot] for slot in slots.tolist()]
+            if None in outsiders:
                 raise RuntimeError("an occupied slot has no running request")
-            if len(outsiders) > 4:                    # many (after a round of prompts): one pass in running order
-                picked = set(map(id, outsiders))
-                outsiders = [req for req in self._running if id(req) in picked]
-            elif len(outsiders) > 1:
-                outsiders.sort(key=self._running.index)
+            parked = self._parked
+            if parked is not None and not main.size and slots.size > 4:
+                rejoining = self._rejoining(parked, slots, outsiders)
+                if rejoining is None or not rejoining:    # lane by lane / completion feedback
+                    return rejoining
+                outsiders = []
         if not all(req.columnar for req in outsiders):
             return None
-        found = continuing_block(main, outsiders, self.config)
+        found = continuing_block(main, outsiders, self.config, rejoining)
         if found is None:
             return DecodeBlock.of([], [], [])
         block, opening, one_each = found
@@ -521,6 +544,38 @@ class Scheduler:
                 raise RuntimeError("page availability was checked before pipelining")
             page_counts[i] = len(req.pages)
         return block
+
+    def _rejoining(self, parked: DecodeBlock, slots: np.ndarray, outsiders: list[Request]) -> DecodeBlock | None:
+        """The decode lanes of `outsiders` (running requests of `slots`, in running order) behind a
+        round of prompts, as a block, when the last round completed was the block `parked`: a lane
+        of it whose slot still holds the same admission (generation) continues one position
+        further, its columns the parked ones advanced (DecodeBlock.advance: start, output limit and
+        room as the request now reads them, its pages those it held), with no check of its own:
+        it was a plain decode lane, its round completed as columns while nothing was unsettled, no
+        round was booked since, and a round of prompts holds no decode lane, so it is not in
+        flight, reads its pending token and its finish is not decided (it would have been released,
+        or be unsettled). The others (the admissions of the rounds before, which sat the parked
+        round out) are checked and gathered as pipeline.continuing_block does: None when one is
+        not columnar (the lanes are then decided lane by lane), an empty block when one needs
+        completion feedback."""
+        lane_of = np.full(self.config.request_slots, -1, np.int64)
+        lane_of[parked.slots] = np.arange(parked.size)
+        lanes = lane_of.take(slots)
+        mine = lanes >= 0
+        mine[mine] = parked.generations.take(lanes[mine]) == self._slot_generation.take(slots[mine])
+        columns = np.empty((COLUMNS, len(slots)), np.int64)
+        columns[:, mine] = parked.columns.take(lanes[mine], axis=1)
+        columns[:, mine] += ADVANCE
+        others = (~mine).nonzero()[0]
+        if others.size:
+            requests = [outsiders[i] for i in others.tolist()]
+            if not all(req.columnar for req in requests):
+                return None
+            gathered = outsider_block(requests, self.config)
+            if gathered is None:
+                return DecodeBlock.of([], [], [])
+            columns[:, others] = gathered.columns
+        return DecodeBlock(outsiders, columns)
 
     def _prompt_round(self) -> RoundPlan | None:
         """A round of prompts only, as many rows as the widest PREFILL variant (prompt_rounds.py),
@@ -547,6 +602,7 @@ class Scheduler:
         # a block's columns are plain decode lanes (decode_block.py): applied as arrays, unless a
         # request is cancelled or its finish decided (then lane by lane, as any other lane)
         columns = isinstance(lanes, DecodeBlock) and not self._unsettled
+        self._parked = lanes if columns and isinstance(lanes, DecodeBlock) else None
         explicit = explicit_lanes(lanes) if columns else lanes
         fenced = 0                                    # the explicit lanes from here release their fence below
         if isinstance(lanes, DecodeBlock):            # its columns' fence first (those it did not hand on)
@@ -699,6 +755,7 @@ class Scheduler:
     def fail(self, plan: RoundPlan, message: str) -> None:
         """The round failed (execution or validation): its lanes end with a typed failure;
         nothing of the round is published (CACHE-25); other requests go on."""
+        self._parked = None
         seen: set[int] = set()
         for sub in plan.submissions():
             lanes = sub.lanes
