@@ -402,19 +402,7 @@ def _q8_block_intrinsic(typingctx: Any, out: Any, at: Any, size: Any, j: Any, x:
     return types.none(out, types.intp, types.intp, types.intp, x, types.intp), codegen
 
 
-def _q8_round_trip_intrinsic(typingctx: Any, out: Any, at: Any, x: Any, source: Any) -> Any:
-    """q8_round_trip_block(out, at, x, source): out[at:at + 32] = d * q of x[source:source + 32]."""
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        d, quants = _q8_values(builder, element_pointer(context, builder, signature.args[2], args[2], args[3]))
-        target = element_pointer(context, builder, signature.args[0], args[0], args[1])
-        builder.store(builder.fmul(quants, splat(builder, d, _LANES)), builder.bitcast(target, _F32X32.as_pointer()),
-                      align=4)
-        return context.get_dummy_value()
-    return types.none(out, types.intp, x, types.intp), codegen
-
-
 q8_block = cast(Callable[..., Any], intrinsic(_q8_block_intrinsic))
-q8_round_trip_block = cast(Callable[..., Any], intrinsic(_q8_round_trip_intrinsic))
 
 
 # (rows, tokens) shapes of one pass over blocks (block_products.block_linear_rows: 2 rows x 8 / 4 / 1
