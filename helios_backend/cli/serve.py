@@ -113,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
                    help="cpu and numpy executors: the activations of products over block weights (Q8_0 / Q4_1): "
                         "f32, or q8 (quantized to 8 bits per 32-element block and multiplied with integer "
                         "instructions, as llama.cpp does; docs/cpu-executor.md) (default: the executor's: "
-                        "q8 on cpu, f32 on numpy)")
+                        "q8 on cpu, f32 for a tensor-parallel core and on numpy)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
                    help="also start helios-gateway once tritonserver runs (default: on when installed)")
     p.add_argument("--http-port", type=int, default=8000, help="tritonserver's HTTP port (default: %(default)s)")
