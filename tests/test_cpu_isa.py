@@ -223,3 +223,36 @@ def test_the_cpu_benchmark_names_the_host_features_and_the_path_it_measured():
     text = format_text(summary, [1, 8])
     assert "AMD EPYC (LLVM znver5: avx2 fma f16c avx512f)" in text          # neon absent: not listed
     assert "the avx2 code path on this avx512 CPU, not an avx2-only machine" in text
+
+
+def test_a_tokens_q8_product_in_a_prefill_is_the_one_decode_gives_it():
+    """Products of more tokens than SMALL_PRODUCT_TOKENS (a prefill chunk, a mixed step) take the
+    integer products too, the gate/up product tile by tile included, shared over 2 threads: each
+    token's outputs are the bits that token alone (a decode step's product) gets."""
+    # spec: OWN-1
+    from helios_backend.executors.cpu import pointwise
+    from helios_backend.executors.cpu.kernels import SMALL_PRODUCT_TOKENS, Capacity, CpuKernels
+
+    rng = np.random.default_rng(23)
+    n, k, ffn = SMALL_PRODUCT_TOKENS + 13, 96, 80
+    gate_up = blocks.BlockWeight(blocks.Q4_1, _quantized(blocks.Q4_1, 2 * ffn, k, rng), 2 * ffn, k)
+    square = blocks.BlockWeight(blocks.Q8_0, _quantized(blocks.Q8_0, k, k, rng), k, k)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    kernels = CpuKernels(Capacity(tokens=n, rows=1, width=2 * ffn, heads=1, context=16), threads=2, share_above=1,
+                         activations="q8")
+    try:
+        many = np.zeros(n * k, dtype=np.float32)
+        kernels._product(many, x.reshape(-1), square, n, k, k, False)
+        gated = np.zeros(n * ffn, dtype=np.float32)
+        kernels._gate_up_tiles(gated, x.reshape(-1), gate_up, n, k, ffn)
+        for t in range(n):
+            alone = np.zeros(k, dtype=np.float32)
+            kernels._product(alone, x[t], square, 1, k, k, False)
+            np.testing.assert_array_equal(many[t * k:(t + 1) * k], alone, err_msg=f"token {t} on {isa.active().name}")
+            projected = np.zeros(2 * ffn, dtype=np.float32)
+            kernels._product(projected, x[t], gate_up, 1, k, 2 * ffn, False)
+            decoded = np.zeros(ffn, dtype=np.float32)
+            pointwise.silu_gate(decoded, projected, 1, ffn, ffn, 0)
+            np.testing.assert_array_equal(gated[t * ffn:(t + 1) * ffn], decoded, err_msg=f"gate of token {t}")
+    finally:
+        kernels.close()

@@ -12,7 +12,9 @@ arena): the products, the embedding gather and the LM head read them in place (b
 
 Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
 there a weight is widened tile by tile into preallocated f32 tiles and multiplied by BLAS
-(sgemm beats a hand loop by several times), so a prefill step reads each weight once too.
+(sgemm beats a hand loop by several times), so a prefill step reads each weight once too. With
+q8 activations (the default) a block weight's products are the integer ones at every token count
+(`_integer`): faster than that sgemm, and a token's product the same bits as in decode.
 The tiles are split over `threads` Python workers, each calling single-threaded BLAS (numpy
 releases the GIL): OpenBLAS's own threads measured 7-20 GFLOP/s on the shared 2-core machine
 where one thread gave 47-52.
