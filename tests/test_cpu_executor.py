@@ -273,13 +273,13 @@ def test_model_load_selects_the_cpu_executor(tiny_prepared):
     try:
         assert isinstance(model.executor, CpuExecutor)
         assert model.manifests[0].cache_pages == 64
-        assert model.executor.cpu_options.activations == "f32"         # the CPU executor's default
+        assert model.executor.cpu_options.activations == "q8"          # the CPU executor's default
     finally:
         model.close()
     model = NativeModel.load(tiny_prepared.contract, tiny_prepared.manifest, data.__getitem__,
-                             ModelOptions(executor="cpu", cache_pages=64, activations="q8"))
+                             ModelOptions(executor="cpu", cache_pages=64, activations="f32"))
     try:                                # the option reaches the kernels and the references they leave
-        assert model.executor.kernels.activations == "q8" and model.executor.ranks[0].activations == "q8"
+        assert model.executor.kernels.activations == "f32" and model.executor.ranks[0].activations == "f32"
     finally:
         model.close()
 

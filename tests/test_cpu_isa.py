@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from helios_backend.executors.cpu import isa
-from helios_backend.executors.cpu.block_products import block_linear_rows, q8_round_trip, quantize_rows
+from helios_backend.executors.cpu.block_products import block_linear_rows, quantize_rows
 from helios_backend.executors.cpu.f16_products import linear_rows
 from helios_backend.kernel_abi import activations, blocks
 
@@ -95,11 +95,10 @@ def test_products_agree_with_numpy_for_every_token_grouping(layout):
 
 @pytest.mark.parametrize("layout", ["Q8_0", "Q4_1"])
 def test_q8_products_agree_with_the_integer_reference_for_every_token_grouping(layout):
-    """Activations quantized to q8 blocks (the compiled quantizer and round trip bit for bit the
-    reference's), then
+    """Activations quantized to q8 blocks (the compiled quantizer bit for bit the reference's), then
     the integer block products (vpmaddubsw / vpdpbusd / generic IR, as the path has them) against
-    kernel_abi/activations.block_product: exact integer dot products, so only the f32 sum over
-    blocks may differ."""
+    kernel_abi/activations.block_product bit for bit: exact integer dot products, then one order
+    of f32 steps per (row, token) on every path."""
     # spec: OWN-1
     rng = np.random.default_rng(11)
     m, k = 13, 96
@@ -112,17 +111,13 @@ def test_q8_products_agree_with_the_integer_reference_for_every_token_grouping(l
         quantized = np.zeros(n * k // 32 * activations.Q8_BLOCK_BYTES + 5, dtype=np.int8)
         quantize_rows(quantized, x.reshape(-1), n, k)
         np.testing.assert_array_equal(quantized[:-5], activations.quantize(x).reshape(-1))
-        trip = np.zeros(n * k, dtype=np.float32)             # what the BLAS products of many tokens take
-        q8_round_trip(trip, x.reshape(-1), n, k)
-        np.testing.assert_array_equal(trip, activations.round_trip(x).reshape(-1))
         out = np.full(n * m, 0.5, dtype=np.float32)
         first, last = 1, m
         block_linear_rows(out, quantized, data, block_layout.code, n, k, m, True, first, last,
                           np.zeros(16, dtype=np.float32))
         expected = np.full((n, m), 0.5, dtype=np.float32)
         expected[:, first:last] += activations.block_product(x, block_layout, data, m, k)[:, first:last]
-        np.testing.assert_allclose(out.reshape(n, m), expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max(),
-                                   err_msg=f"q8 {layout} n={n} on {isa.active().name}")
+        np.testing.assert_array_equal(out.reshape(n, m), expected, err_msg=f"q8 {layout} n={n} on {isa.active().name}")
         # the q8 products are the weights times the activations' round trip, not the f32 product
         round_trip = activations.round_trip(x) @ dense[first:last].T
         np.testing.assert_allclose(out.reshape(n, m)[:, first:last] - 0.5, round_trip, rtol=1e-5,
@@ -159,7 +154,40 @@ def test_every_integer_dot_product_flavour_agrees_with_the_reference(layout, fla
     two_rows(data, block_layout.code, k // 32 * block_layout.block_bytes, activations.quantize(x).reshape(-1),
              k // 32 * activations.Q8_BLOCK_BYTES, k // 32, sums)
     expected = activations.block_product(x, block_layout, data, m, k)         # [n, m]
-    np.testing.assert_allclose(sums.reshape(m, n), expected.T, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+    np.testing.assert_array_equal(sums.reshape(m, n), expected.T)
+
+
+@pytest.mark.parametrize("layout", ["Q8_0", "Q4_1"])
+def test_a_tokens_q8_product_is_the_same_bits_alone_and_in_groups_of_4_and_8(layout):
+    """A (row, token) product with q8 activations does not depend on the tokens beside it: each token
+    alone (a group of 1), the first 4 (a group of 4), all 8 (a group of 8), and 13 (8 + 4 + 1) give
+    the same bits, so a batch, a verification step of drafted tokens or a prefill chunk computes
+    a token's product as one-token decode does; the activations' blocks of a token are the same
+    bits in every grouping too."""
+    # spec: OWN-1
+    rng = np.random.default_rng(17)
+    m, k = 7, 160
+    block_layout = blocks.BY_NAME[layout]
+    data = _quantized(block_layout, m, k, rng)
+    x = rng.standard_normal((13, k)).astype(np.float32) * rng.uniform(0.1, 10.0, (13, 1)).astype(np.float32)
+    scratch = np.zeros(16, dtype=np.float32)
+
+    def products(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(rows)
+        quantized = np.zeros(n * k // 32 * activations.Q8_BLOCK_BYTES, dtype=np.int8)
+        quantize_rows(quantized, np.ascontiguousarray(rows).reshape(-1), n, k)
+        out = np.zeros(n * m, dtype=np.float32)
+        block_linear_rows(out, quantized, data, block_layout.code, n, k, m, False, 0, m, scratch)
+        return out.reshape(n, m), activations.fields(quantized, n, k)[2]
+
+    alone = [products(x[t:t + 1]) for t in range(13)]
+    for n in (4, 8, 13):
+        grouped, quants = products(x[:n])
+        for t in range(n):
+            np.testing.assert_array_equal(quants[t], alone[t][1][0])
+            np.testing.assert_array_equal(grouped[t], alone[t][0][0],
+                                          err_msg=f"{layout} token {t} of {n} on {isa.active().name}")
+    assert len({alone[t][0].tobytes() for t in range(13)}) == 13          # the tokens' products differ
 
 
 def _other_paths() -> list[str]:
@@ -195,3 +223,36 @@ def test_the_cpu_benchmark_names_the_host_features_and_the_path_it_measured():
     text = format_text(summary, [1, 8])
     assert "AMD EPYC (LLVM znver5: avx2 fma f16c avx512f)" in text          # neon absent: not listed
     assert "the avx2 code path on this avx512 CPU, not an avx2-only machine" in text
+
+
+def test_a_tokens_q8_product_in_a_prefill_is_the_one_decode_gives_it():
+    """Products of more tokens than SMALL_PRODUCT_TOKENS (a prefill chunk, a mixed step) take the
+    integer products too, the gate/up product tile by tile included, shared over 2 threads: each
+    token's outputs are the bits that token alone (a decode step's product) gets."""
+    # spec: OWN-1
+    from helios_backend.executors.cpu import pointwise
+    from helios_backend.executors.cpu.kernels import SMALL_PRODUCT_TOKENS, Capacity, CpuKernels
+
+    rng = np.random.default_rng(23)
+    n, k, ffn = SMALL_PRODUCT_TOKENS + 13, 96, 80
+    gate_up = blocks.BlockWeight(blocks.Q4_1, _quantized(blocks.Q4_1, 2 * ffn, k, rng), 2 * ffn, k)
+    square = blocks.BlockWeight(blocks.Q8_0, _quantized(blocks.Q8_0, k, k, rng), k, k)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    kernels = CpuKernels(Capacity(tokens=n, rows=1, width=2 * ffn, heads=1, context=16), threads=2, share_above=1,
+                         activations="q8")
+    try:
+        many = np.zeros(n * k, dtype=np.float32)
+        kernels._product(many, x.reshape(-1), square, n, k, k, False)
+        gated = np.zeros(n * ffn, dtype=np.float32)
+        kernels._gate_up_tiles(gated, x.reshape(-1), gate_up, n, k, ffn)
+        for t in range(n):
+            alone = np.zeros(k, dtype=np.float32)
+            kernels._product(alone, x[t], square, 1, k, k, False)
+            np.testing.assert_array_equal(many[t * k:(t + 1) * k], alone, err_msg=f"token {t} on {isa.active().name}")
+            projected = np.zeros(2 * ffn, dtype=np.float32)
+            kernels._product(projected, x[t], gate_up, 1, k, 2 * ffn, False)
+            decoded = np.zeros(ffn, dtype=np.float32)
+            pointwise.silu_gate(decoded, projected, 1, ffn, ffn, 0)
+            np.testing.assert_array_equal(gated[t * ffn:(t + 1) * ffn], decoded, err_msg=f"gate of token {t}")
+    finally:
+        kernels.close()

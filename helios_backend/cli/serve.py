@@ -112,8 +112,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--activations", choices=ACTIVATIONS, default=None,
                    help="cpu and numpy executors: the activations of products over block weights (Q8_0 / Q4_1): "
                         "f32, or q8 (quantized to 8 bits per 32-element block and multiplied with integer "
-                        "instructions, as llama.cpp does: faster on CPUs, but a greedy answer then depends on the "
-                        "batch it decodes in; docs/cpu-executor.md) (default: f32)")
+                        "instructions, as llama.cpp does; docs/cpu-executor.md) (default: the executor's: "
+                        "q8 on cpu, f32 for a tensor-parallel core and on numpy)")
     p.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
                    help="also start helios-gateway once tritonserver runs (default: on when installed)")
     p.add_argument("--http-port", type=int, default=8000, help="tritonserver's HTTP port (default: %(default)s)")

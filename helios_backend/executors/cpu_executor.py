@@ -20,7 +20,7 @@ per operation and variant, and greedy output over 64 steps (docs/cpu-executor.md
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Sequence
 
 from helios_proto import manifest_pb2 as M
@@ -42,21 +42,33 @@ class CpuExecutorOptions:
     programs: Optional[frozenset[str]] = None     # programs to load; None: every serving program
     threads: int = 2                              # the calling thread + helpers; capped at the usable cores
     share_above: int = SHARED_WORK_MACS           # multiply-adds from which one call is shared over threads
-    # block-weight products' activations (kernel_abi/activations.py): "f32", or "q8" (8-bit blocks and
-    # integer dot products, as llama.cpp's CPU kernels; the numpy references then use the same q8: decode
-    # 1.5x the f32 path's tokens/s on the AVX2 path). f32 by default: with q8 a greedy answer depends on
-    # how the products group its tokens and split K (history drafting, tensor-parallel ranks), which
-    # drafting and tensor parallelism promise not to change (docs/cpu-executor.md)
-    activations: str = "f32"
+    # block-weight products' activations (kernel_abi/activations.py): "q8" (8-bit blocks and integer dot
+    # products, as llama.cpp's CPU kernels; a token's product is the same bits whatever the tokens
+    # beside it, so batching, drafting and prefill chunking leave an answer unchanged) or "f32".
+    # None: `default_activations` of the core
+    activations: Optional[str] = None
 
     def __post_init__(self) -> None:
-        check_activations(self.activations)
+        if self.activations is not None:
+            check_activations(self.activations)
         if self.cache_pages < 1:
             raise ValueError("cache_pages must be >= 1")
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
         if self.share_above < 1:
             raise ValueError("share_above must be >= 1")
+
+
+def default_activations(manifest: M.ExecutionManifest) -> str:
+    """The activations of a core whose options name none: q8, but f32 for a tensor-parallel core.
+
+    Its ranks split K of the row-parallel products (attention output, down) and the all-reduce adds
+    their partial sums, which rounds otherwise than one rank's block-by-block sum; with q8 a rounding
+    difference can flip a quantization step of the next product and, some steps on, a token (the
+    tp2 core of SmolLM2 sampled another 7th token than the tp1 core). With f32 the two differ by
+    f32 rounding only, so a tensor-parallel core answers as the one-rank core with f32 activations
+    (docs/cpu-executor.md)."""
+    return "f32" if manifest.world_size > 1 else "q8"
 
 
 def program_capacity(programs: Iterable[M.Program]) -> Capacity:
@@ -89,18 +101,20 @@ class CpuExecutor(NumpyExecutor):
                  local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
         """`local_ranks` and `reduce`: rank processes, as the numpy executor's."""
         threads = min(options.threads, len(os.sched_getaffinity(0)))   # the cores this process may use
-        warm_up(options.activations)       # compile (or load from numba's cache) before the first step
+        activations = options.activations or default_activations(manifest)
+        options = replace(options, activations=activations)
+        warm_up(activations)       # compile (or load from numba's cache) before the first step
         wanted = options.programs if options.programs is not None else {
             p.name for p in manifest.programs if p.rank == 0}
         self.kernels = CpuKernels(program_capacity(p for p in manifest.programs if p.name in wanted), threads,
-                                  options.share_above, options.activations)
+                                  options.share_above, activations)
         self.cpu_options = options
         # F16 cache planes keep their declared dtype (half the bytes a decode step's attention streams,
         # and the cached values a device executor holds); the compiled kernels widen them in registers
         super().__init__(manifest, read_resource,
                          NumpyExecutorOptions(cache_pages=options.cache_pages, programs=options.programs,
                                               blas_threads=1, widen_f16_cache=False,
-                                              activations=options.activations),
+                                              activations=activations),
                          implementations=self.kernels.table, weight_shadows=False,
                          local_ranks=local_ranks, reduce=reduce)
         # every primitive is compiled (warm_up): LLVM's code pages are not needed again (cpu/residency.py)

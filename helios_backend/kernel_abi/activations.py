@@ -106,8 +106,9 @@ def round_trip(x: np.ndarray) -> np.ndarray:
 
 def block_product(x: np.ndarray, layout: blocks.BlockLayout, data: np.ndarray, m: int, k: int) -> np.ndarray:
     """f32 [n, m]: x [n, k] times the [m, k] block matrix `data` (its transpose) with q8 activations,
-    the integer way: per 32-block an exact int32 dot product, scaled by dw * d (+ mw * s for Q4_1),
-    summed over the blocks in f32."""
+    the integer way, in the one order of f32 steps every compiled path follows bit for bit: per
+    32-block an exact int32 dot product, term = f32(dot) * (dw * d) (+ mw * s for Q4_1), each a
+    rounded f32 step (no fused multiply-add), and the terms summed block after block from zero."""
     n = x.shape[0]
     d, s, quants = fields(quantize(x), n, k)
     grouped = np.asarray(data, dtype=np.uint8)[:blocks.block_nbytes(layout.dtype, (m, k))].reshape(
@@ -123,7 +124,10 @@ def block_product(x: np.ndarray, layout: blocks.BlockLayout, data: np.ndarray, m
     if layout is blocks.Q4_1:
         mw = np.ascontiguousarray(grouped[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
         terms += mw[None, :, :] * s[:, None, :]
-    return terms.sum(axis=2, dtype=np.float32)
+    total = np.zeros((n, m), dtype=np.float32)
+    for b in range(terms.shape[2]):           # block by block: the one summation order of every path
+        total += terms[:, :, b]
+    return total
 
 
 class Q8Weight(np.ndarray):

@@ -176,27 +176,34 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
     chunks of every token per 32 bytes). Per block and row, each 32 bytes of activations meet the
     weight chunks they hold, each repeated T times (a lane permutation of the block's quants, none
     for T = 1), in one integer dot product of 4 bytes a lane (`_integer_dot`); the T products sum
-    in integers into one <8 x i32> (lane l token l % T), converted once and added into the row's
-    accumulator with the scales dw * d of the lanes' tokens (the tokens' d one vector load) in one
-    FMA; a Q4_1 block's mw * s into a second accumulator a row. So the per-block scaling is paid
-    once per row for all the tokens, and no sums cross lanes in the loop. The sums stored to
+    in integers into one <8 x i32> (lane l token l % T), whose lanes of a token are added (T < 8:
+    exact integers) into one i32 per token. Then every (row, token) takes the block's term in one
+    fixed order of f32 steps, whatever T and the path (activations.block_product, the reference):
+
+        term = f32(dot) * (dw * d)   (+ mw * s for Q4_1)      sum = sum + term   (block by block)
+
+    as T-lane vectors (the tokens' d and s one vector load each), no fused multiply-add and no
+    reassociation (`multiply`, `add`), so a
+    token's product is bit for bit the same alone, in a group of 4 or of 8. The sums stored to
     `target` (row by row), the builder left at the loop's exit."""
     i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
     size = 34 if code == BLOCK_Q8_0 else 20
     bytes32 = ir.VectorType(ir.IntType(8), _LANES)
     ints8 = ir.VectorType(i32, 8)
-    floats8 = ir.VectorType(f32, 8)
     words16 = ir.VectorType(ir.IntType(16), 16)
     scales_type = ir.VectorType(f32, tokens)
     per_vector = 8 // tokens             # chunks of each token in 32 bytes of activations
     # i16 pair sums of Q4_1 (<= 2 * 15 * 127 each) stay within i16 over the 8 chunks of a block, so the
     # vpmaddubsw form adds them before one vpmaddwd; Q8_0's (<= 2 * 128 * 127) do not
     add_words = flavour == "avx2" and code != BLOCK_Q8_0
-    # one accumulator a row, and for Q4_1 one of the mw * s terms a row
-    blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size,
-                             [floats8] * (len(starts) * (1 if code == BLOCK_Q8_0 else 2)), prefetch=True)
+    # one token and a row pair: the rows' block sums reduce together and the f32 steps run on one
+    # <2 x float> (lane r: row r), half the reductions and scalar steps of a row at a time (which
+    # took the AVX2 path's b=1 products of a decode step from 4.6 to 6.1 ms, one thread)
+    paired = tokens == 1 and len(starts) == 2
+    lanes_type = ir.VectorType(f32, 2) if paired else scales_type
+    blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size, [lanes_type] * (1 if paired else len(starts)),
+                             prefetch=True)
     index, block_at = blocks_loop.index, blocks_loop.block_at
-    accumulators, minimums = blocks_loop.phis[:len(starts)], blocks_loop.phis[len(starts):]
 
     def at(pointer: Any, offset: Any, kind: Any) -> Any:
         return builder.bitcast(builder.gep(pointer, [offset]), kind.as_pointer())
@@ -205,15 +212,36 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
         bits = builder.load(at(block, ir.Constant(i64, offset), ir.IntType(16)), align=1)
         return builder.fpext(builder.bitcast(bits, ir.HalfType()), f32)
 
+    def per_token(total: Any) -> Any:
+        """<T x i32>: the sum of each token's lanes of <8 x i32> `total` (lane l token l % T)."""
+        if tokens == 1:
+            one = builder.call(_declared(builder, "llvm.vector.reduce.add.v8i32", i32, [ints8]), [total])
+            return builder.insert_element(ir.Constant(ir.VectorType(i32, 1), ir.Undefined), one, ir.Constant(i32, 0))
+        while total.type.count > tokens:
+            lanes = total.type.count // 2
+            halves = [builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(i32, lanes),
+                                                                      list(range(h * lanes, (h + 1) * lanes))))
+                      for h in range(2)]
+            total = builder.add(halves[0], halves[1])
+        return total
+
+    # The f32 steps carry a flag of their own (arcp: it only concerns divisions) because numba gives
+    # every unflagged float operation of a fastmath function its fast-math flags, which let LLVM
+    # fuse a product into the sum it feeds and split the loop's sum into interleaved partial sums
+    # (measured: 1-ulp differences from the reference on the odd last row of the AVX2 path)
+    def multiply(a: Any, b: Any) -> Any:
+        return builder.fmul(a, b, flags=("arcp",))
+
+    def add(a: Any, b: Any) -> Any:
+        return builder.fadd(a, b, flags=("arcp",))
+
     x_block = builder.gep(group, [builder.mul(index, ir.Constant(i64, tokens * Q8_BLOCK_BYTES))])
     d = builder.load(at(x_block, ir.Constant(i64, 0), scales_type), align=4)
     s = builder.load(at(x_block, ir.Constant(i64, 4 * tokens), scales_type), align=4)
-    zero = ir.Constant(scales_type, [0.0] * tokens)
-    lane_d = builder.shuffle_vector(d, zero, ir.Constant(ints8, [j % tokens for j in range(8)]))
-    lane_s = builder.shuffle_vector(s, zero, ir.Constant(ints8, [j if j < tokens else tokens for j in range(8)]))
     activations = [builder.load(at(x_block, ir.Constant(i64, 8 * tokens + 32 * v), bytes32), align=1)
                    for v in range(tokens)]
-    summed, minimum_sums = list(accumulators), list(minimums)
+    summed = list(blocks_loop.phis)
+    totals, scales, minimums = [], [], []
     for r, start in enumerate(starts):
         block = builder.gep(start, [block_at])
         if code == BLOCK_Q8_0:
@@ -242,23 +270,48 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
         if add_words:
             total = builder.call(_declared(builder, "llvm.x86.avx2.pmadd.wd", ints8, [words16] * 2),
                                  [total, ir.Constant(words16, [1] * 16)])
+        totals.append(total)
         if code == BLOCK_Q8_0:
-            dw = splat(builder, half(block, 0), 8)
-        else:                            # d and m as one load and one conversion
-            pair = builder.fpext(builder.bitcast(builder.load(at(block, ir.Constant(i64, 0), i32), align=1),
-                                                 ir.VectorType(ir.HalfType(), 2)), ir.VectorType(f32, 2))
-            dw, mw = (builder.shuffle_vector(pair, pair, ir.Constant(ints8, [h] * 8)) for h in (0, 1))
-            minimum_sums[r] = fma(builder, mw, lane_s, minimum_sums[r])
-        summed[r] = fma(builder, builder.sitofp(total, floats8), builder.fmul(dw, lane_d), summed[r])
-    blocks_loop.close(summed + minimum_sums, blocks)
-    for r in range(len(starts)):
-        value = summed[r] if not minimum_sums else builder.fadd(summed[r], minimum_sums[r])
-        for t in range(tokens):
-            lanes = builder.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, per_vector),
-                                                                     list(range(t, 8, tokens))))
-            total = horizontal_sum(builder, lanes) if per_vector > 1 else builder.extract_element(
-                lanes, ir.Constant(i32, 0))
-            builder.store(total, builder.gep(target, [ir.Constant(i64, r * tokens + t)]))
+            scales.append(half(block, 0))
+        else:                            # d and m as one load and one conversion: <2 x float>
+            scales.append(builder.fpext(builder.bitcast(builder.load(at(block, ir.Constant(i64, 0), i32), align=1),
+                                                        ir.VectorType(ir.HalfType(), 2)), ir.VectorType(f32, 2)))
+
+    def lanes(vector: Any, picks: list) -> Any:
+        return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(i32, len(picks)), picks))
+
+    if paired:                           # lane r: row r's block sum, a tree of exact integer adds
+        a, b = totals
+        wide = ir.VectorType(i32, 16)
+        joined = builder.shuffle_vector(a, b, ir.Constant(wide, list(range(16))))
+        folded = builder.add(lanes(joined, [0, 1, 2, 3, 8, 9, 10, 11]), lanes(joined, [4, 5, 6, 7, 12, 13, 14, 15]))
+        folded = builder.add(folded, lanes(folded, [2, 3, 0, 1, 6, 7, 4, 5]))
+        folded = builder.add(folded, lanes(folded, [1, 0, 3, 2, 5, 4, 7, 6]))
+        dots = [lanes(folded, [0, 4])]
+        if code == BLOCK_Q8_0:
+            dw = [builder.insert_element(builder.insert_element(ir.Constant(lanes_type, ir.Undefined), scales[0],
+                                                                ir.Constant(i32, 0)), scales[1], ir.Constant(i32, 1))]
+        else:
+            dw = [builder.shuffle_vector(scales[0], scales[1], ir.Constant(ir.VectorType(i32, 2), [0, 2]))]
+            minimums = [builder.shuffle_vector(scales[0], scales[1], ir.Constant(ir.VectorType(i32, 2), [1, 3]))]
+        d, s = lanes(d, [0, 0]), lanes(s, [0, 0])
+    else:
+        dots = [per_token(total) for total in totals]
+        if code == BLOCK_Q8_0:
+            dw = [splat(builder, scale, tokens) for scale in scales]
+        else:
+            dw = [lanes(pair, [0] * tokens) for pair in scales]
+            minimums = [lanes(pair, [1] * tokens) for pair in scales]
+    for j, dot in enumerate(dots):
+        term = multiply(builder.sitofp(dot, lanes_type), multiply(dw[j], d))
+        if code != BLOCK_Q8_0:
+            term = add(term, multiply(minimums[j], s))
+        summed[j] = add(summed[j], term)
+    blocks_loop.close(summed, blocks)
+    for j, value in enumerate(summed):
+        for lane in range(lanes_type.count):     # (row, token) r * tokens + t: row j, or row lane when paired
+            builder.store(builder.extract_element(value, ir.Constant(i32, lane)),
+                          builder.gep(target, [ir.Constant(i64, j * tokens + lane)]))
 
 
 def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
@@ -382,19 +435,7 @@ def _q8_block_intrinsic(typingctx: Any, out: Any, at: Any, size: Any, j: Any, x:
     return types.none(out, types.intp, types.intp, types.intp, x, types.intp), codegen
 
 
-def _q8_round_trip_intrinsic(typingctx: Any, out: Any, at: Any, x: Any, source: Any) -> Any:
-    """q8_round_trip_block(out, at, x, source): out[at:at + 32] = d * q of x[source:source + 32]."""
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        d, quants = _q8_values(builder, element_pointer(context, builder, signature.args[2], args[2], args[3]))
-        target = element_pointer(context, builder, signature.args[0], args[0], args[1])
-        builder.store(builder.fmul(quants, splat(builder, d, _LANES)), builder.bitcast(target, _F32X32.as_pointer()),
-                      align=4)
-        return context.get_dummy_value()
-    return types.none(out, types.intp, x, types.intp), codegen
-
-
 q8_block = cast(Callable[..., Any], intrinsic(_q8_block_intrinsic))
-q8_round_trip_block = cast(Callable[..., Any], intrinsic(_q8_round_trip_intrinsic))
 
 
 # (rows, tokens) shapes of one pass over blocks (block_products.block_linear_rows: 2 rows x 8 / 4 / 1

@@ -10,8 +10,7 @@ import numpy as np
 from numba import njit
 
 from helios_backend.executors.cpu.block_codegen import (
-    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store, q8_block,
-    q8_round_trip_block)
+    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store, q8_block)
 from helios_backend.executors.cpu.claiming import chunk_rows, claim_chunks
 from helios_backend.executors.cpu.elements import store
 from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
@@ -121,16 +120,6 @@ def quantize_rows(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
         for b in range(blocks):
             at, size, j = _q8_block(token, b, n, blocks)
             q8_block(out, at, size, j, x, token * k + b * 32)
-
-
-@njit(cache=True, nogil=True)
-def q8_round_trip(out: np.ndarray, x: np.ndarray, n: int, k: int) -> None:
-    """out[:n * k] = f32 x [n, k] as its q8 blocks represent it, d * q (activations.round_trip; the
-    values quantize_rows' blocks hold, in one pass: the BLAS products of many tokens multiply them)."""
-    if out.size < n * k or x.size < n * k or k % 32:
-        raise IndexError("q8_round_trip: arrays smaller than the activations")
-    for source in range(0, n * k, 32):
-        q8_round_trip_block(out, source, x, source)
 
 
 @njit(cache=True, fastmath=True, nogil=True)

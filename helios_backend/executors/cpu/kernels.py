@@ -12,7 +12,9 @@ arena): the products, the embedding gather and the LM head read them in place (b
 
 Products of many tokens (prefill, mixed steps: n > SMALL_PRODUCT_TOKENS) are compute-bound:
 there a weight is widened tile by tile into preallocated f32 tiles and multiplied by BLAS
-(sgemm beats a hand loop by several times), so a prefill step reads each weight once too.
+(sgemm beats a hand loop by several times), so a prefill step reads each weight once too. With
+q8 activations (the default) a block weight's products are the integer ones at every token count
+(`_integer`): faster than that sgemm, and a token's product the same bits as in decode.
 The tiles are split over `threads` Python workers, each calling single-threaded BLAS (numpy
 releases the GIL): OpenBLAS's own threads measured 7-20 GFLOP/s on the shared 2-core machine
 where one thread gave 47-52.
@@ -132,7 +134,7 @@ class CpuKernels:
         if isinstance(weight, BlockWeight) and (weight.cols != k or weight.rows < m):
             raise ValueError(f"a [{weight.rows}, {weight.cols}] block weight read as [{m}, {k}]")
         activations = self._activations(x, weight, n, k)
-        if n <= SMALL_PRODUCT_TOKENS:
+        if n <= SMALL_PRODUCT_TOKENS or self._integer(weight):
             chunks = max(1, self._chunks(n * m * k, m // 4))    # whole row quads per chunk (claiming.chunk_rows)
 
             def rows(counters: np.ndarray, calls: np.ndarray, caller: bool) -> None:
@@ -166,18 +168,22 @@ class CpuKernels:
 
         self.sharing.run(tile, -(-m // tile_rows))
 
+    def _integer(self, weight: Weight) -> bool:
+        """Whether products with `weight` multiply q8 activations with integer dot products: block
+        weights with q8 activations, at every token count. A token's product is then the same bits
+        whatever the tokens beside it (block_codegen._emit_q8_dots), in a decode batch, a
+        verification step of drafted tokens or a prefill chunk (which a BLAS product of the
+        activations' round trip would not give: another summation order), and for many tokens
+        it is the faster product too (docs/cpu-executor.md)."""
+        return self.activations == "q8" and isinstance(weight, BlockWeight)
+
     def _activations(self, x: np.ndarray, weight: Weight, n: int, k: int) -> np.ndarray:
         """What a product multiplies `weight` with: x, or for a block weight with q8 activations the
-        q8 blocks of x[:n * k] (<= SMALL_PRODUCT_TOKENS tokens: the integer products read them) or
-        their round trip in f32 (more tokens: the BLAS tiles multiply it, this thread's scratch)."""
-        if self.activations == "f32" or not isinstance(weight, BlockWeight):
+        q8 blocks of x[:n * k] (`_integer`: the integer products read them)."""
+        if not self._integer(weight):
             return x
-        if n <= SMALL_PRODUCT_TOKENS:
-            block_products.quantize_rows(self._quantized, x, n, k)
-            return self._quantized
-        trip = self._own("round_trip", n * k)
-        block_products.q8_round_trip(trip, x, n, k)
-        return trip
+        block_products.quantize_rows(self._quantized, x, n, k)
+        return self._quantized
 
     def _chunks(self, work: int, units: int) -> int:
         """How many chunks to share `work` multiply-adds over: one below `share_above` (the calling
@@ -398,19 +404,33 @@ class CpuKernels:
         pointwise.silu_gate(out, self._projected, n, ffn_dim, ffn_dim, 0)
 
     def _gate_up_tiles(self, out: np.ndarray, x: np.ndarray, gate_up: Weight, n: int, k: int, ffn: int) -> None:
-        """silu(gate) * up of many tokens tile by tile: a tile holds gate rows [s, s + r) and the
-        matching up rows [ffn + s, ffn + s + r) widened, one BLAS product gives those 2r columns of
-        every token into this thread's scratch, and the gate is applied into out's columns [s, s + r).
-        The [n, 2 ffn] projection is never held whole (6 MiB at a 512-token prefill of SmolLM2,
-        resident from the first prefill on)."""
+        """silu(gate) * up of many tokens tile by tile: a tile's gate rows [s, s + r) and the
+        matching up rows [ffn + s, ffn + s + r) give those 2r columns of every token into this
+        thread's scratch (widened into a tile for one BLAS product, or with q8 activations two
+        integer products reading the blocks in place: `_integer`), and the gate is applied into
+        out's columns [s, s + r). The [n, 2 ffn] projection is never held whole (6 MiB at a
+        512-token prefill of SmolLM2, resident from the first prefill on)."""
         if isinstance(gate_up, BlockWeight) and (gate_up.cols != k or gate_up.rows < 2 * ffn):
             raise ValueError(f"a [{gate_up.rows}, {gate_up.cols}] block weight read as [{2 * ffn}, {k}]")
-        inputs = self._activations(x, gate_up, n, k)[:n * k].reshape(n, k)
+        activations = self._activations(x, gate_up, n, k)
+        inputs = activations if self._integer(gate_up) else activations[:n * k].reshape(n, k)
         # as many tiles as the tile size needs, rounded up to a multiple of the threads (7 tiles of
         # SmolLM2's 1536 gate rows left one thread 4 and the other 3)
         tiles = max(2 * self.threads, -(-ffn // max(1, TILE_ELEMENTS // (2 * k))))
         tiles = -(-tiles // self.threads) * self.threads
         tile_rows = -(-ffn // tiles)
+
+        def integer_tile(index: int) -> None:
+            assert isinstance(gate_up, BlockWeight)
+            start = index * tile_rows
+            rows = min(tile_rows, ffn - start)
+            row_bytes = k // 32 * gate_up.layout.block_bytes
+            projected = self._own("gate_up", n * 2 * tile_rows + tile_rows)
+            for half, first in enumerate((start, ffn + start)):     # gate, up: columns [half r, half r + r)
+                block_products.block_linear_rows(projected[half * rows:], inputs, gate_up.data[first * row_bytes:],
+                                                 gate_up.layout.code, n, k, 2 * rows, False, 0, rows,
+                                                 self._own("sums", 16))
+            pointwise.silu_gate(out, projected, n, rows, ffn, start)
 
         def tile(index: int) -> None:
             start = index * tile_rows
@@ -426,7 +446,7 @@ class CpuKernels:
             np.matmul(inputs, memory[:2 * rows * k].reshape(2 * rows, k).T, out=projected.reshape(n, 2 * rows))
             pointwise.silu_gate(out, projected, n, rows, ffn, start)
 
-        self.sharing.run(tile, -(-ffn // tile_rows))
+        self.sharing.run(integer_tile if self._integer(gate_up) else tile, -(-ffn // tile_rows))
 
     def norm_logits(self, logits: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, head: Weight,
                     geometry: np.ndarray, rows: int, tokens: int, dim: int, vocab: int, eps: float) -> None:

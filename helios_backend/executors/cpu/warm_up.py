@@ -6,7 +6,7 @@ import numpy as np
 from helios_backend.executors.cpu.attention import attention_claimed, attention_pairs
 from helios_backend.executors.cpu.block_codegen import BLOCK_Q4_1, BLOCK_Q8_0
 from helios_backend.executors.cpu.block_products import (
-    block_gather_rows, block_linear_claimed, block_linear_rows, dequantize_rows, q8_round_trip, quantize_rows)
+    block_gather_rows, block_linear_claimed, block_linear_rows, dequantize_rows, quantize_rows)
 from helios_backend.executors.cpu.claiming import wait_done, wait_for_change
 from helios_backend.executors.cpu.f16_products import linear_claimed, linear_rows, widen
 from helios_backend.executors.cpu.pointwise import gather_rows, rms_norm, rope_store, silu_gate
@@ -42,7 +42,6 @@ def warm_up(activations: str = "f32") -> None:
     if activations == "q8":
         quantized = np.zeros(8 * Q8_BLOCK_BYTES, dtype=np.int8)
         quantize_rows(quantized, np.zeros(256, dtype=np.float32), 8, 32)
-        q8_round_trip(np.zeros(256, dtype=np.float32), np.zeros(256, dtype=np.float32), 8, 32)
         for code in (BLOCK_Q8_0, BLOCK_Q4_1):
             for n in (1, 2, 4, 8):        # groups of 1, 4 and 8
                 block_linear_rows(np.zeros(2 * n, dtype=np.float32), quantized, u8, code, n, 32, 2, False, 0, 2, f32)
