@@ -111,7 +111,7 @@ def test_q8_products_agree_with_the_integer_reference_for_every_token_grouping(l
         quantized = np.zeros(n * k // 32 * activations.Q8_BLOCK_BYTES + 5, dtype=np.int8)
         quantize_rows(quantized, x.reshape(-1), n, k)
         np.testing.assert_array_equal(quantized[:-5], activations.quantize(x).reshape(-1))
-        # Q4_1 products of fewer than 4 tokens take 4 rows a pass: 3 passes and a last row, 2 passes and
+        # q8 products of fewer than 4 tokens take 4 rows a pass: 3 passes and a last row, 2 passes and
         # a pair, 3 passes
         for first, last in ((0, m), (1, m - 2), (1, m)):
             out = np.full(n * m, 0.5, dtype=np.float32)

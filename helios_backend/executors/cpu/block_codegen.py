@@ -34,6 +34,7 @@ BLOCK_Q4_1 = 1
 # of one token is bound by its arithmetic: prefetching there cost 82 -> 163 us (measured 512 / 1024 /
 # 2048 bytes ahead: 1024 the best but for the head of 8 tokens).
 PREFETCH_BYTES = 1024
+ROWS_AHEAD = 16          # q8 products of one token, 4 rows a pass: prefetched this many rows ahead (_emit_q8_dots)
 _LANES = 32
 _F32X32 = ir.VectorType(ir.FloatType(), _LANES)
 
@@ -63,10 +64,11 @@ class _BlockLoop:
     """The loop over the blocks of rows `starts` (i8* each, blocks of `size` bytes) that both
     emitters open at the builder's position: `index` (the block) and `block_at` (its byte offset)
     inside, one phi per type of `kinds` (vectors) starting at zero, each row's bytes PREFETCH_BYTES
-    ahead prefetched where `prefetch`. `close` with the phis' next values leaves the builder at
-    the loop's exit."""
+    (or the i64 value `ahead`) ahead prefetched where `prefetch`. `close` with the phis' next values
+    leaves the builder at the loop's exit."""
 
-    def __init__(self, builder: Any, name: str, starts: list, size: int, kinds: list, prefetch: bool) -> None:
+    def __init__(self, builder: Any, name: str, starts: list, size: int, kinds: list, prefetch: bool,
+                 ahead: Any = None) -> None:
         i64, i32 = ir.IntType(64), ir.IntType(32)
         self.builder = builder
         entry = builder.block
@@ -85,8 +87,9 @@ class _BlockLoop:
         declared = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
             builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
             "llvm.prefetch.p0i8")
+        ahead = ir.Constant(i64, PREFETCH_BYTES) if ahead is None else ahead
         for start in (starts if prefetch else ()):
-            builder.call(declared, [builder.gep(start, [builder.add(self.block_at, ir.Constant(i64, PREFETCH_BYTES))]),
+            builder.call(declared, [builder.gep(start, [builder.add(self.block_at, ahead)]),
                                     ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
     def close(self, values: list, blocks: Any) -> None:
@@ -170,7 +173,7 @@ def _integer_dot(builder: Any, unsigned: Any, signed: Any, flavour: str, signed_
 
 
 def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any, tokens: int, flavour: str,
-                  target: Any) -> None:
+                  target: Any, row_bytes: Any) -> None:
     """_emit_block_dots for q8 activations (`group`: i8* to a group of T = `tokens` tokens' q8
     blocks, kernel_abi/activations.py: a block's quants are 4-byte (chunk, token) lanes, 8 / T
     chunks of every token per 32 bytes). Per block and row, each 32 bytes of activations meet the
@@ -202,8 +205,13 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
     # 6.1 ms, one thread; docs/cpu-executor.md has the figures of 2 and 4 rows)
     across = tokens == 1 and len(starts) in (2, 4)
     lanes_type = ir.VectorType(f32, len(starts)) if across else scales_type
+    # 4 rows a pass prefetch the same block of the rows 4 passes on (ROWS_AHEAD): PREFETCH_BYTES (1.6
+    # to 2.8 rows ahead) missed part of the next pass's 4 rows, which out of cache took [3072, 576] Q4_1
+    # from 76-85 us (pairs) to 104-110; 16 rows ahead 68-72 (8: 78-83, 32: 72-74), and the LM head
+    # [49152, 576] Q8_0 1.47-1.53 ms (pairs) -> 0.86-0.89
+    ahead = builder.mul(row_bytes, ir.Constant(i64, ROWS_AHEAD)) if across and len(starts) == 4 else None
     blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size, [lanes_type] * (1 if across else len(starts)),
-                             prefetch=True)
+                             prefetch=True, ahead=ahead)
     index, block_at = blocks_loop.index, blocks_loop.block_at
 
     def at(pointer: Any, offset: Any, kind: Any) -> Any:
@@ -396,7 +404,7 @@ def _block_row_dots_intrinsic(rows: int, tokens: int, flavour: Optional[str] = N
                         with branch:
                             if quantized:
                                 _emit_q8_dots(builder, layout, group_starts, inputs[0], args[7], tokens, dots,
-                                              group_target)
+                                              group_target, args[3])
                             else:
                                 _emit_block_dots(builder, layout, group_starts, inputs, args[7], tokens, lanes,
                                                  group_target)
