@@ -34,7 +34,7 @@ BLOCK_Q4_1 = 1
 # of one token is bound by its arithmetic: prefetching there cost 82 -> 163 us (measured 512 / 1024 /
 # 2048 bytes ahead: 1024 the best but for the head of 8 tokens).
 PREFETCH_BYTES = 1024
-ROWS_AHEAD = 16          # q8 products of one token, 4 rows a pass: prefetched this many rows ahead (_emit_q8_dots)
+ROWS_AHEAD = 16          # q8 products of one token: each row's block prefetched this many rows ahead (_emit_q8_dots)
 _LANES = 32
 _F32X32 = ir.VectorType(ir.FloatType(), _LANES)
 
@@ -205,11 +205,12 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
     # 6.1 ms, one thread; docs/cpu-executor.md has the figures of 2 and 4 rows)
     across = tokens == 1 and len(starts) in (2, 4)
     lanes_type = ir.VectorType(f32, len(starts)) if across else scales_type
-    # 4 rows a pass prefetch the same block of the rows 4 passes on (ROWS_AHEAD): PREFETCH_BYTES (1.6
-    # to 2.8 rows ahead) missed part of the next pass's 4 rows, which out of cache took [3072, 576] Q4_1
-    # from 76-85 us (pairs) to 104-110; 16 rows ahead 68-72 (8: 78-83, 32: 72-74), and the LM head
-    # [49152, 576] Q8_0 1.47-1.53 ms (pairs) -> 0.86-0.89
-    ahead = builder.mul(row_bytes, ir.Constant(i64, ROWS_AHEAD)) if across and len(starts) == 4 else None
+    # one token's passes of 2 and 4 rows prefetch each row's block ROWS_AHEAD rows on: PREFETCH_BYTES
+    # (1.6 to 2.8 rows of 576 weights ahead) missed part of a 4-row pass's next rows, which out of cache
+    # took [3072, 576] Q4_1 from 76-85 us (pairs) to 104-110; 16 rows ahead 68-72 (8: 78-83, 32: 72-74),
+    # and the LM head [49152, 576] Q8_0 1.47-1.53 ms (pairs, 1024 bytes) -> 0.86-0.89 (pairs 16 rows
+    # ahead: 0.91)
+    ahead = builder.mul(row_bytes, ir.Constant(i64, ROWS_AHEAD)) if across else None
     blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size, [lanes_type] * (1 if across else len(starts)),
                              prefetch=True, ahead=ahead)
     index, block_at = blocks_loop.index, blocks_loop.block_at
