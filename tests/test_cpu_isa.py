@@ -111,13 +111,16 @@ def test_q8_products_agree_with_the_integer_reference_for_every_token_grouping(l
         quantized = np.zeros(n * k // 32 * activations.Q8_BLOCK_BYTES + 5, dtype=np.int8)
         quantize_rows(quantized, x.reshape(-1), n, k)
         np.testing.assert_array_equal(quantized[:-5], activations.quantize(x).reshape(-1))
-        out = np.full(n * m, 0.5, dtype=np.float32)
-        first, last = 1, m
-        block_linear_rows(out, quantized, data, block_layout.code, n, k, m, True, first, last,
-                          np.zeros(16, dtype=np.float32))
-        expected = np.full((n, m), 0.5, dtype=np.float32)
-        expected[:, first:last] += activations.block_product(x, block_layout, data, m, k)[:, first:last]
-        np.testing.assert_array_equal(out.reshape(n, m), expected, err_msg=f"q8 {layout} n={n} on {isa.active().name}")
+        # q8 products of fewer than 4 tokens take 4 rows a pass: 3 passes and a last row, 2 passes and
+        # a pair, 3 passes
+        for first, last in ((0, m), (1, m - 2), (1, m)):
+            out = np.full(n * m, 0.5, dtype=np.float32)
+            block_linear_rows(out, quantized, data, block_layout.code, n, k, m, True, first, last,
+                              np.zeros(16, dtype=np.float32))
+            expected = np.full((n, m), 0.5, dtype=np.float32)
+            expected[:, first:last] += activations.block_product(x, block_layout, data, m, k)[:, first:last]
+            np.testing.assert_array_equal(out.reshape(n, m), expected,
+                                          err_msg=f"q8 {layout} n={n} rows {first}:{last} on {isa.active().name}")
         # the q8 products are the weights times the activations' round trip, not the f32 product
         round_trip = activations.round_trip(x) @ dense[first:last].T
         np.testing.assert_allclose(out.reshape(n, m)[:, first:last] - 0.5, round_trip, rtol=1e-5,
@@ -128,8 +131,9 @@ def test_q8_products_agree_with_the_integer_reference_for_every_token_grouping(l
 @pytest.mark.parametrize("flavour", ["generic", "avx2", "vnni"])
 @pytest.mark.parametrize("layout", ["Q8_0", "Q4_1"])
 def test_every_integer_dot_product_flavour_agrees_with_the_reference(layout, flavour):
-    """The integer dot products of every flavour this host executes, compiled into a 2 x 8 pass on
-    this process's path (the generic IR is the host path's, which an x86 host never picks)."""
+    """The integer dot products of every flavour this host executes, compiled into a 2 x 8 pass and
+    a 4 x 1 pass (one token: the rows' block sums reduced together) on this process's path (the
+    generic IR is the host path's, which an x86 host never picks)."""
     # spec: OWN-1
     from numba import njit
     from numba.extending import intrinsic
@@ -155,6 +159,19 @@ def test_every_integer_dot_product_flavour_agrees_with_the_reference(layout, fla
              k // 32 * activations.Q8_BLOCK_BYTES, k // 32, sums)
     expected = activations.block_product(x, block_layout, data, m, k)         # [n, m]
     np.testing.assert_array_equal(sums.reshape(m, n), expected.T)
+
+    dots4 = intrinsic(block_codegen._block_row_dots_intrinsic(4, 1, flavour))
+
+    @njit
+    def four_rows(data, code, row_bytes, x, stride, blocks, sums):
+        dots4(data, code, 0, row_bytes, x, 0, stride, blocks, sums)
+
+    m = 4
+    data = _quantized(block_layout, m, k, rng)
+    sums[:] = 0.0
+    four_rows(data, block_layout.code, k // 32 * block_layout.block_bytes, activations.quantize(x[:1]).reshape(-1),
+              k // 32 * activations.Q8_BLOCK_BYTES, k // 32, sums)
+    np.testing.assert_array_equal(sums[:m], activations.block_product(x[:1], block_layout, data, m, k)[0])
 
 
 @pytest.mark.parametrize("layout", ["Q8_0", "Q4_1"])

@@ -34,6 +34,7 @@ BLOCK_Q4_1 = 1
 # of one token is bound by its arithmetic: prefetching there cost 82 -> 163 us (measured 512 / 1024 /
 # 2048 bytes ahead: 1024 the best but for the head of 8 tokens).
 PREFETCH_BYTES = 1024
+ROWS_AHEAD = 16          # q8 products of one token: each row's block prefetched this many rows ahead (_emit_q8_dots)
 _LANES = 32
 _F32X32 = ir.VectorType(ir.FloatType(), _LANES)
 
@@ -63,10 +64,11 @@ class _BlockLoop:
     """The loop over the blocks of rows `starts` (i8* each, blocks of `size` bytes) that both
     emitters open at the builder's position: `index` (the block) and `block_at` (its byte offset)
     inside, one phi per type of `kinds` (vectors) starting at zero, each row's bytes PREFETCH_BYTES
-    ahead prefetched where `prefetch`. `close` with the phis' next values leaves the builder at
-    the loop's exit."""
+    (or the i64 value `ahead`) ahead prefetched where `prefetch`. `close` with the phis' next values
+    leaves the builder at the loop's exit."""
 
-    def __init__(self, builder: Any, name: str, starts: list, size: int, kinds: list, prefetch: bool) -> None:
+    def __init__(self, builder: Any, name: str, starts: list, size: int, kinds: list, prefetch: bool,
+                 ahead: Any = None) -> None:
         i64, i32 = ir.IntType(64), ir.IntType(32)
         self.builder = builder
         entry = builder.block
@@ -85,8 +87,9 @@ class _BlockLoop:
         declared = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
             builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
             "llvm.prefetch.p0i8")
+        ahead = ir.Constant(i64, PREFETCH_BYTES) if ahead is None else ahead
         for start in (starts if prefetch else ()):
-            builder.call(declared, [builder.gep(start, [builder.add(self.block_at, ir.Constant(i64, PREFETCH_BYTES))]),
+            builder.call(declared, [builder.gep(start, [builder.add(self.block_at, ahead)]),
                                     ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
     def close(self, values: list, blocks: Any) -> None:
@@ -170,7 +173,7 @@ def _integer_dot(builder: Any, unsigned: Any, signed: Any, flavour: str, signed_
 
 
 def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any, tokens: int, flavour: str,
-                  target: Any) -> None:
+                  target: Any, row_bytes: Any) -> None:
     """_emit_block_dots for q8 activations (`group`: i8* to a group of T = `tokens` tokens' q8
     blocks, kernel_abi/activations.py: a block's quants are 4-byte (chunk, token) lanes, 8 / T
     chunks of every token per 32 bytes). Per block and row, each 32 bytes of activations meet the
@@ -196,13 +199,20 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
     # i16 pair sums of Q4_1 (<= 2 * 15 * 127 each) stay within i16 over the 8 chunks of a block, so the
     # vpmaddubsw form adds them before one vpmaddwd; Q8_0's (<= 2 * 128 * 127) do not
     add_words = flavour == "avx2" and code != BLOCK_Q8_0
-    # one token and a row pair: the rows' block sums reduce together and the f32 steps run on one
-    # <2 x float> (lane r: row r), half the reductions and scalar steps of a row at a time (which
-    # took the AVX2 path's b=1 products of a decode step from 4.6 to 6.1 ms, one thread)
-    paired = tokens == 1 and len(starts) == 2
-    lanes_type = ir.VectorType(f32, 2) if paired else scales_type
-    blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size, [lanes_type] * (1 if paired else len(starts)),
-                             prefetch=True)
+    # one token and 2 or 4 rows: the rows' block sums reduce together and the f32 steps run on one
+    # <R x float> (lane r: row r), one reduction tree and one vector of f32 steps for all the rows
+    # of a pass (a row at a time took the AVX2 path's b=1 products of a decode step from 4.6 to
+    # 6.1 ms, one thread; docs/cpu-executor.md has the figures of 2 and 4 rows)
+    across = tokens == 1 and len(starts) in (2, 4)
+    lanes_type = ir.VectorType(f32, len(starts)) if across else scales_type
+    # one token's passes of 2 and 4 rows prefetch each row's block ROWS_AHEAD rows on: PREFETCH_BYTES
+    # (1.6 to 2.8 rows of 576 weights ahead) missed part of a 4-row pass's next rows, which out of cache
+    # took [3072, 576] Q4_1 from 76-85 us (pairs) to 104-110; 16 rows ahead 68-72 (8: 78-83, 32: 72-74),
+    # and the LM head [49152, 576] Q8_0 1.47-1.53 ms (pairs, 1024 bytes) -> 0.86-0.89 (pairs 16 rows
+    # ahead: 0.91)
+    ahead = builder.mul(row_bytes, ir.Constant(i64, ROWS_AHEAD)) if across else None
+    blocks_loop = _BlockLoop(builder, f"q8_{code}", starts, size, [lanes_type] * (1 if across else len(starts)),
+                             prefetch=True, ahead=ahead)
     index, block_at = blocks_loop.index, blocks_loop.block_at
 
     def at(pointer: Any, offset: Any, kind: Any) -> Any:
@@ -280,21 +290,23 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
     def lanes(vector: Any, picks: list) -> Any:
         return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(i32, len(picks)), picks))
 
-    if paired:                           # lane r: row r's block sum, a tree of exact integer adds
-        a, b = totals
-        wide = ir.VectorType(i32, 16)
-        joined = builder.shuffle_vector(a, b, ir.Constant(wide, list(range(16))))
-        folded = builder.add(lanes(joined, [0, 1, 2, 3, 8, 9, 10, 11]), lanes(joined, [4, 5, 6, 7, 12, 13, 14, 15]))
-        folded = builder.add(folded, lanes(folded, [2, 3, 0, 1, 6, 7, 4, 5]))
-        folded = builder.add(folded, lanes(folded, [1, 0, 3, 2, 5, 4, 7, 6]))
-        dots = [lanes(folded, [0, 4])]
+    if across:                           # lane r: row r's block sum, a tree of exact integer adds
+        dots = [_row_sums(builder, totals)]
         if code == BLOCK_Q8_0:
-            dw = [builder.insert_element(builder.insert_element(ir.Constant(lanes_type, ir.Undefined), scales[0],
-                                                                ir.Constant(i32, 0)), scales[1], ir.Constant(i32, 1))]
-        else:
-            dw = [builder.shuffle_vector(scales[0], scales[1], ir.Constant(ir.VectorType(i32, 2), [0, 2]))]
-            minimums = [builder.shuffle_vector(scales[0], scales[1], ir.Constant(ir.VectorType(i32, 2), [1, 3]))]
-        d, s = lanes(d, [0, 0]), lanes(s, [0, 0])
+            gathered = ir.Constant(lanes_type, ir.Undefined)
+            for r, scale in enumerate(scales):
+                gathered = builder.insert_element(gathered, scale, ir.Constant(i32, r))
+            dw = [gathered]
+        else:                            # the rows' (d, m) pairs side by side, then every d and every m
+            pairs = scales
+            while len(pairs) > 1:
+                count = 2 * pairs[0].type.count
+                pairs = [builder.shuffle_vector(pairs[h], pairs[h + 1], ir.Constant(ir.VectorType(i32, count),
+                                                                                    list(range(count))))
+                         for h in range(0, len(pairs), 2)]
+            dw = [lanes(pairs[0], list(range(0, 2 * len(starts), 2)))]
+            minimums = [lanes(pairs[0], list(range(1, 2 * len(starts), 2)))]
+        d, s = lanes(d, [0] * len(starts)), lanes(s, [0] * len(starts))
     else:
         dots = [per_token(total) for total in totals]
         if code == BLOCK_Q8_0:
@@ -309,9 +321,34 @@ def _emit_q8_dots(builder: Any, code: int, starts: list, group: Any, blocks: Any
         summed[j] = add(summed[j], term)
     blocks_loop.close(summed, blocks)
     for j, value in enumerate(summed):
-        for lane in range(lanes_type.count):     # (row, token) r * tokens + t: row j, or row lane when paired
+        for lane in range(lanes_type.count):     # (row, token) r * tokens + t: row j, or row lane across rows
             builder.store(builder.extract_element(value, ir.Constant(i32, lane)),
                           builder.gep(target, [ir.Constant(i64, j * tokens + lane)]))
+
+
+def _row_sums(builder: Any, totals: list) -> Any:
+    """<R x i32>: lane r the sum of the 8 lanes of <8 x i32> totals[r] (R a power of 2), in exact
+    integer adds: the rows' vectors folded pairwise (each add halves every row's lanes) until one
+    vector holds them all, then folded within it."""
+    i32 = ir.IntType(32)
+    width, vectors = 8, list(totals)
+
+    def fold(first: Any, second: Any, width: int) -> Any:
+        count = first.type.count if second is first else 2 * first.type.count
+        rows = count // width
+        picks = [[row * width + half * width // 2 + j for row in range(rows) for j in range(width // 2)]
+                 for half in (0, 1)]
+        low, high = (builder.shuffle_vector(first, second, ir.Constant(ir.VectorType(i32, len(p)), p)) for p in picks)
+        return builder.add(low, high)
+
+    while len(vectors) > 1:
+        vectors = [fold(vectors[h], vectors[h + 1], width) for h in range(0, len(vectors), 2)]
+        width //= 2
+    total = vectors[0]
+    while width > 1:
+        total = fold(total, total, width)
+        width //= 2
+    return total
 
 
 def passes(rows: int, tokens: int, vector_bits: int) -> tuple[int, int]:
@@ -368,7 +405,7 @@ def _block_row_dots_intrinsic(rows: int, tokens: int, flavour: Optional[str] = N
                         with branch:
                             if quantized:
                                 _emit_q8_dots(builder, layout, group_starts, inputs[0], args[7], tokens, dots,
-                                              group_target)
+                                              group_target, args[3])
                             else:
                                 _emit_block_dots(builder, layout, group_starts, inputs, args[7], tokens, lanes,
                                                  group_target)
@@ -439,10 +476,10 @@ q8_block = cast(Callable[..., Any], intrinsic(_q8_block_intrinsic))
 
 
 # (rows, tokens) shapes of one pass over blocks (block_products.block_linear_rows: 2 rows x 8 / 4 / 1
-# tokens, and 1 row for an odd last row)
-dots1x1, dots2x1, dots1x4, dots2x4, dots1x8, dots2x8 = (
+# tokens, 4 rows x 1 token of q8 activations, and 1 row for an odd last row)
+dots1x1, dots2x1, dots4x1, dots1x4, dots2x4, dots1x8, dots2x8 = (
     cast(Callable[..., Any], intrinsic(_block_row_dots_intrinsic(r, t)))
-    for r, t in ((1, 1), (2, 1), (1, 4), (2, 4), (1, 8), (2, 8)))
+    for r, t in ((1, 1), (2, 1), (4, 1), (1, 4), (2, 4), (1, 8), (2, 8)))
 """dotsRxT(data, code, at, row_bytes, x, x_at, x_stride, blocks, sums): sums[r * T + t] = row r . x[x_at + t *
 x_stride:] for r < R, t < T over the `blocks` (>= 1) blocks of each row (no bounds checks: the callers check)."""
 q8_0_store = cast(Callable[..., Any], intrinsic(_block_store_intrinsic(BLOCK_Q8_0)))

@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit
 
 from helios_backend.executors.cpu.block_codegen import (
-    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, q4_1_store, q8_0_store, q8_block)
+    BLOCK_Q8_0, dots1x1, dots1x4, dots1x8, dots2x1, dots2x4, dots2x8, dots4x1, q4_1_store, q8_0_store, q8_block)
 from helios_backend.executors.cpu.claiming import chunk_rows, claim_chunks
 from helios_backend.executors.cpu.elements import store
 from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
@@ -49,6 +49,8 @@ def _block_dots(data: np.ndarray, code: int, at: int, row_bytes: int, x: np.ndar
             dots2x4(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
         else:
             dots1x4(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
+    elif rows == 4:
+        dots4x1(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     elif rows == 2:
         dots2x1(data, code, at, row_bytes, x, x_at, stride, blocks, sums)
     else:
@@ -62,7 +64,8 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
     for t < n, first <= o < last. `sums` >= 16 floats of scratch. x: f32 [n, k], or int8: the q8
     blocks of the activations (`quantize_rows`; kernel_abi/activations.py), multiplied as integers.
 
-    Output rows in pairs (then 1 for an odd last row), tokens in groups of 8 (then 4, then 1): each
+    Output rows in pairs (4 at a time for q8 activations of fewer than 4 tokens; then 1 for an odd
+    last row), tokens in groups of 8 (then 4, then 1): each
     block is widened in registers once per token group and multiplied into one accumulator per
     (row, token) (with 256-bit vectors a pair of 8 tokens is one row a pass: block_codegen.passes), and each loaded input feeds both rows of the pair (nothing of the weight is written
     to memory; an 8-token group reads the row once for 8 tokens). Measured one thread, weights in
@@ -74,9 +77,12 @@ def block_linear_rows(out: np.ndarray, x: np.ndarray, data: np.ndarray, code: in
     stride = k if x.itemsize == 4 else blocks * Q8_BLOCK_BYTES     # elements of one token's activations
     if x.size < n * stride or out.size < n * m or data.size < last * row_bytes or sums.size < 16 or k % 32:
         raise IndexError("block_linear_rows: arrays smaller than the product")
+    # q8 activations of fewer than 4 tokens (one token a group): 4 rows a pass, their block sums
+    # reduced and scaled together (block_codegen._emit_q8_dots; one thread, AVX2 path: docs/cpu-executor.md)
+    width = 4 if x.itemsize == 1 and n < 4 else 2
     o = first
     while o < last:
-        rows = 2 if o + 2 <= last else 1
+        rows = width if o + width <= last else (2 if o + 2 <= last else 1)
         at = o * row_bytes
         t = 0
         while t < n:
