@@ -17,14 +17,26 @@ The paths:
             SSE on x86-64 without AVX2)
 auto picks the widest the host can execute. The codegen modules read `vector_bits` at compile
 time to shape their loops to the register file (block_codegen.py: accumulators per pass).
+
+numba's disk cache also keys a function only by its own file's stamp (mtime and size), while the
+kernels' machine code comes from several files of this package (block_products.py's loops are
+built from block_codegen.py's IR): after an edit or an update of a codegen module alone, numba
+would load the machine code of the code before. So `activate()` also points numba's cache at a
+folder named by a digest of this package's sources and numba's version (`cache_folder`), under
+NUMBA_CACHE_DIR when the user set one, else in the package's own __pycache__.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import pathlib
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 ISA_VARIABLE = "HELIOS_CPU_ISA"
+CACHE_VARIABLE = "NUMBA_CACHE_DIR"
+_CACHE_PREFIX = "helios-numba-"
+_PACKAGE = pathlib.Path(__file__).resolve().parent
 
 # features a path needs (LLVM's names) and the vector width its loops are shaped for
 _REQUIRED = {"avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma", "f16c"),
@@ -90,6 +102,28 @@ def choose(requested: str, cpu_name: str, features: Mapping[str, bool]) -> IsaPa
 
 
 _active: Optional[IsaPath] = None
+_cache_base: Optional[str] = None     # NUMBA_CACHE_DIR as the user set it (None: unset), read once
+
+
+def sources_digest(package: pathlib.Path = _PACKAGE) -> str:
+    """A digest of every Python source of the CPU executor's package and numba's version: what the
+    cached machine code was compiled from."""
+    import numba
+
+    digest = hashlib.sha256(numba.__version__.encode())
+    for source in sorted(package.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_folder(user_folder: Optional[str], package: pathlib.Path = _PACKAGE) -> str:
+    """Where numba caches this package's compiled code: a folder per sources digest, under the
+    user's NUMBA_CACHE_DIR when set, else under the package's __pycache__ (numba falls back to its
+    user-wide folder where that is not writable)."""
+    base = pathlib.Path(user_folder) if user_folder else package / "__pycache__"
+    if base.name.startswith(_CACHE_PREFIX):      # a rank process inherits its parent's folder
+        base = base.parent
+    return str(base / f"{_CACHE_PREFIX}{sources_digest(package)}")
 
 
 def active() -> IsaPath:
@@ -101,12 +135,17 @@ def activate(environment: Optional[Mapping[str, str]] = None) -> IsaPath:
     """Choose this process's path from HELIOS_CPU_ISA and hand its target to numba, before the first
     compilation; later calls return it. Raises IsaUnavailable for a path the host cannot run, and
     RuntimeError where numba already compiled for another target (nothing can switch it then)."""
-    global _active
+    global _active, _cache_base
     if _active is not None:
         return _active
     from numba.core import config, registry
 
     env = os.environ if environment is None else environment
+    if _cache_base is None:
+        _cache_base = os.environ.get(CACHE_VARIABLE, "")
+    folder = cache_folder(_cache_base or None)
+    os.environ[CACHE_VARIABLE] = folder          # the rank processes this one starts keep it
+    setattr(config, "CACHE_DIR", folder)          # numba reads it as each cached function is defined
     cpu_name, features = host_cpu()
     path = choose(env.get(ISA_VARIABLE, "auto").strip().lower() or "auto", cpu_name, features)
     if "_toplevel_target_context" in vars(registry.cpu_target):       # numba's code generator already started
