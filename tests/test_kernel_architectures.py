@@ -232,6 +232,18 @@ def test_inspect_lists_the_architectures(default_core) -> None:
     assert np.all([f"  {arch} " in result.stdout for arch in ALL])
 
 
+def test_inspect_lists_the_default_cores_serving_rows_and_speculative_programs(default_core) -> None:
+    # spec: SPEC-6, SPEC-11
+    listed = subprocess.run([sys.executable, "-m", "helios_backend.cli.core", "inspect", str(default_core)],
+                            capture_output=True, text=True, check=True).stdout
+    assert "concurrency 256" in listed and "decode.r256.t256" in listed and "mixed.r256.t1280" in listed
+    assert "speculative widths [1, 4, 8]" in listed
+    for b, w, p in ((64, 1, 64), (64, 4, 256), (32, 8, 256), (1, 8, 8)):
+        assert f"speculative.r{b}.w{w}.t{p}" in listed and f"B={b} D={w - 1} W={w} P={p}" in listed
+    # no program verifies more than 256 target rows, none past 64 request rows
+    assert "speculative.r64.w8" not in listed and "speculative.r128" not in listed
+
+
 def test_the_ptx_assembles_for_a_newer_architecture(default_manifest, default_core, tmp_path) -> None:
     """What the driver's JIT does at startup on a newer device, done by ptxas here (for two
     kernel sets: a weight-streaming GEMM and the sampler; all of them take ~20 s)."""

@@ -325,6 +325,31 @@ def test_declared_fp16_cache_also_matches_the_oracle(smollm2_bootstrap, referenc
         model.close()
 
 
+def test_a_step_reads_no_staging_byte_outside_the_runs_it_copies(smollm2_model):
+    # a step copies only its program's runs of the frame (the bytes a rank process's LAUNCH
+    # carries): garbage left in the rest of a rank's staging buffer changes no token
+    expected = greedy(smollm2_model)
+    executor = smollm2_model.executor
+    launch = executor.launch
+    copied: dict[str, int] = {}
+
+    def launch_over_garbage(program: str, frame: int) -> None:
+        staging = executor.ranks[0].staging
+        outside = np.ones(staging.size, dtype=bool)
+        for start, nbytes in executor.staging_runs(program):
+            outside[start:start + nbytes] = False
+        staging[outside] = 0x7F
+        copied[program] = int(staging.size - outside.sum())
+        launch(program, frame)
+
+    executor.launch = launch_over_garbage
+    try:
+        assert greedy(smollm2_model) == expected
+    finally:
+        del executor.launch
+    assert "decode.r1.t1" in copied and copied["decode.r1.t1"] < executor.ranks[0].staging.size // 4
+
+
 def test_concurrency_may_be_reduced_never_raised(smollm2_bootstrap):
     # spec: SRV-7, OWN-10, OWN-11, SRV-9, SRV-10
     contract, manifest = smollm2_bootstrap.contract, smollm2_bootstrap.manifest

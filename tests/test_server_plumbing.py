@@ -18,6 +18,7 @@ from helios_backend.engine.faults import FaultTrigger, FaultyRunner, FaultySink
 from helios_backend.engine.metrics import FAMILY, MetricsThread, Op, update
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import SettingsError, StartupOptions, resolve
+from helios_backend.executors.factory import EXECUTOR_NAMES, HOST_CONCURRENCY
 from helios_backend.exchange import OUT_EVENT, OUT_TOKENS, decode_event
 from helios_backend.engine.loop import EngineLoop, SynchronousRunner
 from tests.scheduler_sim import reference_tokens
@@ -187,8 +188,8 @@ def test_rejection_is_its_own_event() -> None:  # spec: HTTP-26
     assert rejected.rejected.reason == ep.REJECTION_REASON_PROMPT_BEYOND_CAPACITY
 
 
-def _contract(**defaults: object) -> cp.ServingContract:
-    contract = cp.ServingContract(concurrency=8, speculative_widths=[])
+def _contract(concurrency: int = 8, **defaults: object) -> cp.ServingContract:
+    contract = cp.ServingContract(concurrency=concurrency, speculative_widths=[])
     for key, value in defaults.items():
         setattr(contract.defaults, key, value)
     return contract
@@ -209,6 +210,25 @@ def test_option_precedence_explicit_core_builtin() -> None:  # spec: SRV-15, SRV
         resolve(StartupOptions(core, concurrency=9), _contract())     # load may only reduce it
     with pytest.raises(SettingsError, match="history_drafting"):
         resolve(StartupOptions(core, history_drafting=True), _contract())  # spec: SRV-12
+
+
+def test_the_default_concurrency_is_the_executors_and_every_served_row_generates() -> None:  # spec: SRV-7, SRV-15
+    """A core of a GPU server's 256 rows: CUDA serves them all, the host executors the 32 rows
+    they served before the shipped cores recorded more; max_active follows the concurrency."""
+    core, wide = Path("/x.core"), _contract(256)
+    served = {executor: resolve(StartupOptions(core, executor=executor), wide) for executor in EXECUTOR_NAMES}
+    assert {e: (s.concurrency, s.max_active) for e, s in served.items()} == {
+        "cpu": (32, 32), "numpy": (32, 32), "cuda": (256, 256)}
+    assert HOST_CONCURRENCY == 32
+    # a core of fewer rows serves them all on every executor
+    assert {resolve(StartupOptions(core, executor=e), _contract()).concurrency for e in EXECUTOR_NAMES} == {8}
+    # options and the core's default still win: more rows on the CPU where asked, fewer generating
+    s = resolve(StartupOptions(core, executor="cpu", concurrency=64), wide)
+    assert (s.concurrency, s.max_active) == (64, 64)
+    s = resolve(StartupOptions(core, executor="cuda"), _contract(256, max_active=100))
+    assert (s.concurrency, s.max_active) == (256, 100)
+    s = resolve(StartupOptions(core, executor="cuda", max_active=300), wide)
+    assert s.max_active == 256                                     # never more than the rows served
 
 
 def test_options_parse_from_config_parameters(tmp_path: Path) -> None:

@@ -292,15 +292,22 @@ def test_token_observation_counts_every_speculated_token(adaptive_core):
 def test_shipped_recipes_derive_speculative_programs_and_inspect_lists_them(adaptive_core, capsys):
     # spec: SPEC-6, SPEC-10, SPEC-11
     from helios_backend.cli.core import main as core_main
+    from ignition.preparation.prepare import variants
     from ignition.preparation.speculative import declared_variants
-    from ignition.recipes import smollm2_135m_instruct
+    from ignition.recipes import gemma_3_270m, hf_checkpoint, smollm2_135m_instruct
     from ignition.recipes.qwen2_5_coder_instruct import RECIPES
 
-    for recipe in (smollm2_135m_instruct, *RECIPES.values()):
+    # a GPU server's rows by default: decode to 256 rows, SPECULATIVE width 1 and 4 to 64 rows,
+    # width 8 where its P = 8 B target rows fit the kernels' 256
+    expected = ({(b, 1, 0, b) for b in (1, 2, 4, 8, 16, 32, 64)} | {(b, 4, 3, 4 * b) for b in (1, 2, 4, 8, 16, 32, 64)}
+                | {(b, 8, 7, 8 * b) for b in (1, 2, 4, 8, 16, 32)})
+    for recipe in (smollm2_135m_instruct, *RECIPES.values(), gemma_3_270m, hf_checkpoint):
         options = recipe.RecipeOptions()
-        found = {(v.rows, v.width, v.drafts, v.packed) for v in declared_variants(options, 512)}
-        for rows in options.decode_rows:
-            assert {(rows, 1, 0, rows), (rows, 4, 3, 4 * rows), (rows, 8, 7, 8 * rows)} <= found
+        assert options.decode_rows == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+        assert max(rows for rows, _ in options.mixed_variants) == 256 and max(options.admission_rows) == 64
+        max_tokens = max(v.tokens for v in variants(options))
+        found = {(v.rows, v.width, v.drafts, v.packed) for v in declared_variants(options, max_tokens)}
+        assert found == expected, recipe.__name__
     # lean test cores declare none; an explicit declaration wins over the derived ones
     assert declared_variants(engine_test_options(), 512) == ()
     assert {v.width for v in declared_variants(engine_test_options(speculative_variants=VARIANTS), 512)} == {1, 4}

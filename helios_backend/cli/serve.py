@@ -50,7 +50,7 @@ from helios_backend.triton.launcher import (
 from helios_backend.contract.errors import ContractError
 from helios_backend.core import AuthorizationError, CoreError, IntegrityError, SignatureError, open_core
 from helios_backend.engine.settings import BUILT_IN, DEFAULT_ACCEPTANCE, SWITCH_INTERVAL_US
-from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
+from helios_backend.executors.factory import EXECUTOR_NAMES, HOST_CONCURRENCY, RANK_PEERS
 from helios_backend.kernel_abi.activations import ACTIVATIONS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.triton.operator_repository import write_operator_layout
@@ -62,11 +62,12 @@ from helios_backend.triton.supervision import (
 # CLI flag -> config.pbtxt parameter (startup options; unset flags leave the core's default, then the
 # built-in one: docs/triton-backend.md) and its help text
 OPTION_PARAMETERS: dict[str, str] = {
-    "concurrency": "decode rows served at once, 1..the core's captured rows (default: all captured rows)",
+    "concurrency": "decode rows served at once, 1..the core's captured rows (default: with the cuda executor "
+                   f"all captured rows, else at most {HOST_CONCURRENCY})",
     "speculative_width": "tokens proposed per speculative step, at most the core's widest "
                          "(default: the widest captured; 1 turns speculation off)",
     "queue_capacity": "requests waiting for a slot before new ones are refused (default: the core's, else 64)",
-    "max_active": "requests generating at once, in requests (default: the core's, else 32)",
+    "max_active": "requests generating at once, in requests (default: the core's, else the concurrency)",
     "event_capacity": "buffered output events per request before it is failed as a slow reader "
                       "(default: the core's, else 256)",
     "page_capacity": "KV-cache pages to allocate, in pages of the core's page_tokens "

@@ -25,7 +25,7 @@ from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.base import Executor, ExecutorLoadError, MissingVariantError, ResourceReader
-from helios_backend.executors.factory import EXECUTORS, RANK_PEERS, ModelOptions
+from helios_backend.executors.factory import EXECUTORS, RANK_PEERS, ModelOptions, default_concurrency
 from helios_backend.engine.settings import BUILT_IN, layered
 from helios_backend.packing import CapacityError, Packer
 from helios_backend.engine.submissions import SubmissionSequence
@@ -76,7 +76,8 @@ class NativeModel:
     def load(cls, contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
              options: ModelOptions = ModelOptions()) -> "NativeModel":
         captured = contract.concurrency
-        concurrency = captured if options.concurrency is None else options.concurrency
+        concurrency = (default_concurrency(options.executor, captured) if options.concurrency is None
+                       else options.concurrency)
         if not 1 <= concurrency <= captured:
             raise ModelLoadError(f"concurrency {concurrency} outside 1..{captured} captured rows (load may only reduce it)")
         graphs = [g for g in contract.model.graphs if g.rank == options.rank and g.capacity.rows <= concurrency

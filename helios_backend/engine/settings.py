@@ -14,7 +14,7 @@ from typing import Literal, Mapping, TypeVar
 
 from helios_proto import contract_pb2 as cp
 
-from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS
+from helios_backend.executors.factory import EXECUTOR_NAMES, RANK_PEERS, default_concurrency
 from helios_backend.kernel_abi.activations import ACTIVATIONS
 from helios_backend.ranks.rendezvous import parse_address
 from helios_backend.scheduler.config import ADMISSION_BURST
@@ -157,7 +157,6 @@ def _parse(name: str, raw: str) -> object:
 @dataclass(frozen=True)
 class BuiltInDefaults:
     queue_capacity: int = 64
-    max_active: int = 32
     event_capacity: int = 256
     frontend_workers: int = 2
     max_output_tokens: int = 256
@@ -191,7 +190,7 @@ T = TypeVar("T")
 CoreDefault = Literal["queue_capacity", "max_active", "event_capacity", "cache_memory_share", "page_capacity",
                       "snapshot_capacity", "frontend_workers", "max_output_tokens"]
 # the settings an option, the core's ServingDefaults and BUILT_IN all name the same way
-_LayeredSetting = Literal["queue_capacity", "max_active", "event_capacity", "cache_memory_share"]
+_LayeredSetting = Literal["queue_capacity", "event_capacity", "cache_memory_share"]
 
 
 def layered(explicit: T | None, defaults: cp.ServingDefaults, name: CoreDefault, built_in: T) -> T:
@@ -212,7 +211,9 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
         built_in: int | float = getattr(BUILT_IN, name)
         return layered(getattr(options, name), d, name, built_in)
 
-    concurrency = options.concurrency if options.concurrency is not None else contract.concurrency
+    # no option: the executor's default rows (every captured row on CUDA, at most 32 on the host)
+    concurrency = (options.concurrency if options.concurrency is not None
+                   else default_concurrency(options.executor, contract.concurrency))
     if not 1 <= concurrency <= contract.concurrency:
         raise SettingsError("concurrency", f"{concurrency} outside 1..{contract.concurrency} captured rows "
                                            "(load may only reduce it)")
@@ -232,7 +233,8 @@ def resolve(options: StartupOptions, contract: cp.ServingContract) -> EffectiveS
                     contract.prepared_snapshots)
     return EffectiveSettings(
         queue_capacity=int(pick("queue_capacity")),
-        max_active=min(int(pick("max_active")), concurrency),
+        # built-in: every served row generates (the host executors' 32 rows, CUDA's captured ones)
+        max_active=min(int(layered(options.max_active, d, "max_active", concurrency)), concurrency),
         event_capacity=int(pick("event_capacity")),
         frontend_workers=int(layered(None, d, "frontend_workers", BUILT_IN.frontend_workers)),
         max_output_tokens=int(layered(None, d, "max_output_tokens", BUILT_IN.max_output_tokens)),

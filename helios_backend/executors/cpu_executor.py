@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Sequence
 
+from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 
 from helios_backend.executors.cpu.warm_up import warm_up
@@ -98,8 +99,9 @@ class CpuExecutor(NumpyExecutor):
 
     def __init__(self, manifest: M.ExecutionManifest, read_resource: ResourceReader,
                  options: CpuExecutorOptions = CpuExecutorOptions(), *,
-                 local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
-        """`local_ranks` and `reduce`: rank processes, as the numpy executor's."""
+                 local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None,
+                 graphs: Sequence[C.GraphContract] = ()) -> None:
+        """`local_ranks`, `reduce` and `graphs`: as the numpy executor's."""
         threads = min(options.threads, len(os.sched_getaffinity(0)))   # the cores this process may use
         activations = options.activations or default_activations(manifest)
         options = replace(options, activations=activations)
@@ -116,7 +118,7 @@ class CpuExecutor(NumpyExecutor):
                                               blas_threads=1, widen_f16_cache=False,
                                               activations=activations),
                          implementations=self.kernels.table, weight_shadows=False,
-                         local_ranks=local_ranks, reduce=reduce)
+                         local_ranks=local_ranks, reduce=reduce, graphs=graphs)
         # every primitive is compiled (warm_up): LLVM's code pages are not needed again (cpu/residency.py)
         self.released_compiler_bytes = release_library_pages("libllvmlite")
         # what Bootstrap and the load freed stays resident in the C heap otherwise (cpu/residency.py)

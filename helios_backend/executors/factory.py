@@ -27,7 +27,7 @@ RANK_PEERS = ("threads", "processes")
 
 @dataclass(frozen=True)
 class ModelOptions:
-    concurrency: Optional[int] = None   # request rows to serve; None = the captured concurrency
+    concurrency: Optional[int] = None   # request rows to serve; None = default_concurrency(executor, captured)
     cache_pages: Optional[int] = None   # physical pages per cache plane; None = core default
     cache_memory_share: Optional[float] = None   # cuda: share of free memory for pages; None = core default
     rank: int = 0
@@ -70,7 +70,7 @@ def _numpy_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, 
                     placement: Optional[RankPlacement] = None) -> Executor:
     return NumpyExecutor(manifest, read_resource, NumpyExecutorOptions(
         cache_pages=host_pages(contract, options), programs=frozenset(g.program for g in graphs),
-        widen_f16_cache=options.widen_f16_cache, **_activations(options)), **_local_ranks(placement))
+        widen_f16_cache=options.widen_f16_cache, **_activations(options)), graphs=graphs, **_local_ranks(placement))
 
 
 def _cpu_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
@@ -82,7 +82,7 @@ def _cpu_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, re
 
     return CpuExecutor(manifest, read_resource, CpuExecutorOptions(
         cache_pages=host_pages(contract, options), programs=frozenset(g.program for g in graphs),
-        threads=options.threads, **_activations(options)), **_local_ranks(placement))
+        threads=options.threads, **_activations(options)), graphs=graphs, **_local_ranks(placement))
 
 
 def _cuda_executor(contract: C.ServingContract, manifest: M.ExecutionManifest, read_resource: ResourceReader,
@@ -117,3 +117,19 @@ class ExecutorFactory(Protocol):
 # cpu: compiled CPU kernels; numpy: the CPU oracle; cuda: GPU
 EXECUTORS: Mapping[str, ExecutorFactory] = {"cpu": _cpu_executor, "numpy": _numpy_executor, "cuda": _cuda_executor}
 EXECUTOR_NAMES = tuple(EXECUTORS)
+
+# Request rows an executor serves when no option sets the concurrency (load may only reduce the
+# captured rows, SRV-7). The shipped recipes record decode steps to 256 rows, which the CUDA
+# executor serves whole (None: every captured row). The host executors serve at most
+# HOST_CONCURRENCY, the rows the shipped cores captured before they recorded a GPU server's: at
+# 2 threads a CPU decode step of more rows gives few more tokens per second, and graphs above the
+# concurrency are never loaded (NativeModel.load), so a CPU server binds the programs it bound before.
+HOST_CONCURRENCY = 32
+DEFAULT_CONCURRENCY: Mapping[str, Optional[int]] = {"cpu": HOST_CONCURRENCY, "numpy": HOST_CONCURRENCY,
+                                                     "cuda": None}
+
+
+def default_concurrency(executor: str, captured: int) -> int:
+    """The request rows `executor` serves of a core that captured `captured` when no option says."""
+    limit = DEFAULT_CONCURRENCY.get(executor)
+    return captured if limit is None else min(captured, limit)

@@ -1,7 +1,10 @@
 """The numpy executor: replays recorded programs node by node over host arenas, one per rank.
 
-A step: copy the staging frame into every rank's staging buffer, run the program's nodes,
-copy rank 0's completion buffer out. With several ranks (a tensor-parallel manifest) the
+A step: copy the bytes of the staging frame the program reads (its runs, those a rank
+process's LAUNCH carries and the CUDA executor copies to the device: a frame holds every
+destination of the widest variants, 14 MB for a core of 256 rows, and a decode step of one row
+reads ~150 KB of it) into every rank's staging buffer, run the program's nodes, copy rank 0's
+completion buffer out. With several ranks (a tensor-parallel manifest) the
 ranks run in lockstep in this one process, which makes this executor the CPU oracle of
 tensor parallelism:
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
+from helios_proto import contract_pb2 as C
 from helios_proto import manifest_pb2 as M
 from threadpoolctl import threadpool_limits
 
@@ -72,10 +76,14 @@ class NumpyExecutor:
     def __init__(self, manifest: M.ExecutionManifest, read_resource: ResourceReader,
                  options: NumpyExecutorOptions = NumpyExecutorOptions(), *,
                  implementations: Mapping[str, Callable[..., None]] = {}, weight_shadows: bool = True,
-                 local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None) -> None:
+                 local_ranks: Optional[Sequence[int]] = None, reduce: Optional[Reduce] = None,
+                 graphs: Sequence[C.GraphContract] = ()) -> None:
         """`implementations` and `weight_shadows` are the CPU executor's (numpy_rank.RankReplay).
         `local_ranks` (default: every rank) are the ranks this process binds; one local rank of a
-        larger world needs `reduce`, the all-reduce with the ranks of the other processes."""
+        larger world needs `reduce`, the all-reduce with the ranks of the other processes.
+        `graphs`: the programs' graphs, whose bindings bound the staging bytes a step copies to
+        the rows of its program (without them a step copies each destination it reads whole)."""
+        from helios_backend.executors.cuda.staging_copy import launch_runs   # plain host code
         self.manifest = manifest
         self.options = options
         self.cache_pages = options.cache_pages
@@ -100,6 +108,7 @@ class NumpyExecutor:
                            for rank in local)
         transport = manifest.transport
         self._frames = [np.zeros(transport.frame_nbytes, dtype=np.uint8) for _ in range(max(1, transport.frames))]
+        self._runs = launch_runs(manifest, graphs, sorted(wanted))   # program -> the frame bytes it reads
         self._results: list[Optional[np.ndarray]] = [None] * len(self._frames)
         self._sequence = 0
         self._blas = threadpool_limits(options.blas_threads)   # held for the executor's lifetime
@@ -169,13 +178,19 @@ class NumpyExecutor:
     def staging(self, frame: int) -> np.ndarray:
         return self._frames[frame]
 
+    def staging_runs(self, program: str) -> tuple[tuple[int, int], ...]:
+        """(byte offset, bytes) of the frame a step of `program` copies into each rank's staging."""
+        return self._runs[program]
+
     def launch(self, program: str, frame: int) -> None:
         if program not in self.ranks[0].programs:
             raise UnknownProgramError(program)
         if self._results[frame] is not None:
             raise FrameStateError(f"frame {frame} still holds an unread completion")
+        source = self._frames[frame]
         for rank in self.ranks:
-            rank.staging[:] = self._frames[frame]
+            for start, nbytes in self._runs[program]:
+                rank.staging[start:start + nbytes] = source[start:start + nbytes]
             rank.header[0] = self._sequence
             rank.header[1] = frame
         self._sequence += 1

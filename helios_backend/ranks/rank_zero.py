@@ -199,6 +199,8 @@ def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, ma
     except ValueError as exc:
         raise RendezvousError(str(exc)) from None
     programs = sorted({g.program for g in graphs})
+    from helios_backend.executors.cuda.staging_copy import launch_runs   # plain host code: no driver needed
+
     runs = launch_runs(manifest, graphs, programs)
     session: dict[str, Any] = {"programs": programs, "runs": {name: list(map(list, r)) for name, r in runs.items()},
                                "options": {name: getattr(options, name) for name in SESSION_OPTIONS}}
@@ -230,30 +232,6 @@ def start_rank_zero(local_factory: LocalFactory, contract: C.ServingContract, ma
         for link in links:
             link.close()
         raise
-
-
-def launch_runs(manifest: M.ExecutionManifest, graphs: Sequence[C.GraphContract],
-                programs: Sequence[str]) -> dict[str, Runs]:
-    """Per program, the (offset, bytes) runs of the staging frame that any rank's copy of it
-    reads (the CUDA executor's staging runs, over every rank): a LAUNCH carries only these,
-    as the CUDA thread mode copies only these to the device."""
-    from helios_backend.executors.cuda import staging_copy as sc   # plain host code: no driver needed
-
-    transport = manifest.transport
-    frame = int(transport.frame_nbytes)
-    extents = sc.binding_extents([g for g in graphs if g.rank == 0], transport) if graphs else {}
-    out: dict[str, Runs] = {}
-    for name in programs:
-        spans = sorted((start, min(start + nbytes, frame)) for p in manifest.programs if p.name == name
-                       for start, nbytes in sc.staging_runs(p, transport, extents.get(name)))
-        merged: list[list[int]] = []
-        for start, end in spans:
-            if merged and start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], end)
-            elif end > start:
-                merged.append([start, end])
-        out[name] = tuple((start, end - start) for start, end in merged)
-    return out
 
 
 def session_options(session: dict[str, Any]) -> dict[str, Any]:

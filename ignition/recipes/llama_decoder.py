@@ -59,6 +59,27 @@ from ignition.recorder import ForwardRecorder, Recorder, Ref
 from ignition.sources.gguf import LlamaShape
 
 
+# ---- the serving variants a core records by default --------------------------------------------
+# One table for every shipped recipe, checkpoint folder and the device benchmark bundles
+# (tests/gpu/model_bundle.py bench_options adds long prompts and context on top): a GPU server's
+# rows. The CUDA executor serves every captured row; the CPU and numpy executors load the variants
+# of at most 32 rows (helios_backend/executors/factory.py DEFAULT_CONCURRENCY): the programs these
+# cores recorded before the GPU's rows were added, and INITIALIZATION of 16 rows.
+DECODE_ROWS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# (decode rows, packed tokens): decode lanes plus one prompt chunk. The small chunks keep
+# short-prompt rounds short; the 1,024-token chunks let a long prompt join decode lanes whole
+# instead of 127-255 tokens a round (served 1,024-token prompts were prefill-bound behind them)
+MIXED_VARIANTS: tuple[tuple[int, int], ...] = ((8, 135), (32, 159), (64, 191), (128, 255), (256, 383),
+                                               (64, 1088), (128, 1152), (256, 1280))
+# INITIALIZATION rows: at 16 and 64, a burst of new requests (closed-loop clients finish and
+# return together) is admitted in one or two rounds, not 4 a round (bench/scheduler_round.py
+# --wide-admission: first tokens 6.1 -> 1.0 rounds after arrival at 64 clients, 10.4 -> 1.8 at 128)
+ADMISSION_ROWS: tuple[int, ...] = (1, 4, 16, 64)
+# SPECULATIVE widths derived for each decode row count up to 64 (ignition/preparation/speculative.py:
+# D = W - 1, P = B x W <= 256, so width 4 to 64 rows, width 8 to 32); 1 = width one (no proposals)
+SPECULATIVE_WIDTHS: tuple[int, ...] = (1, 4, 8)
+
+
 @dataclass(frozen=True)
 class DecoderOptions:
     """Capacity variants, paging and the RoPE pairing; tests restrict variants to keep preparation small.
@@ -67,21 +88,20 @@ class DecoderOptions:
 
     page_tokens: int = 16
     context_tokens: int = 2048
-    decode_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    decode_rows: tuple[int, ...] = DECODE_ROWS
     prefill_variants: tuple[tuple[int, int], ...] = ((1, 32), (1, 128), (1, 512), (4, 512))  # (rows, tokens)
-    mixed_variants: tuple[tuple[int, int], ...] = ((8, 135), (32, 159))   # decode rows + one prefill chunk
-    admission_rows: tuple[int, ...] = (1, 4)
+    mixed_variants: tuple[tuple[int, int], ...] = MIXED_VARIANTS
+    admission_rows: tuple[int, ...] = ADMISSION_ROWS
     resume_rows: tuple[int, ...] = (1, 4)   # RESUME (host-fed pending token, one token per row)
     # SCORED_PREFILL (rows, tokens): prefill chunks that also score target tokens; small t keeps it cheap
     scored_prefill_variants: tuple[tuple[int, int], ...] = ((1, 64),)
     # exact-endpoint snapshots: continuation rows (one cache page each) + RESTORATION programs; 0 = off
     snapshot_rows: int = 16
     restoration_rows: tuple[int, ...] = (1, 4)
-    # SPECULATIVE programs with copied (history) proposals (ignition/preparation/speculative.py):
-    # widths W derived for each decode row count up to 64 (D = W - 1, P = B x W <= 256); 1 = width one
-    # (no proposals); () = none recorded (lean test cores). History drafting picks 4 or 8 per
-    # round from observed acceptance and falls back to DECODE (docs/speculative.md).
-    speculative_widths: tuple[int, ...] = (1, 4, 8)
+    # SPECULATIVE programs with copied (history) proposals (SPECULATIVE_WIDTHS above); () = none
+    # recorded (lean test cores). History drafting picks 4 or 8 per round from observed acceptance
+    # and falls back to DECODE (docs/speculative.md).
+    speculative_widths: tuple[int, ...] = SPECULATIVE_WIDTHS
     # explicit (B, W, D, P[, 1 = device allocation]) programs instead of the derived ones
     speculative_variants: tuple[tuple[int, ...], ...] = ()
     # top-N alternatives recorded per sampled token (sampling.logprobs.v1; 20 = OpenAI's maximum)

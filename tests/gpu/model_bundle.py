@@ -41,10 +41,12 @@ _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def bench_options(recipe, gguf_path: str | None, product_path_tokens: int | None = None):
-    """Variants the conformance script and the benchmarks need (decode to 256 rows, 4096 prefill,
-    MIXED to 256 rows with chunks to 1,024 tokens). Weights stay f16 (`source_blocks` off where a
-    recipe has it): the CUDA executor runs on f16 either way, and HELIOS_RANDOM_WEIGHTS fills the
-    weight resources with random f16 values, which block layouts would read as scales."""
+    """Variants the conformance script and the benchmarks need: the recipe's own serving rows
+    (ignition/recipes/llama_decoder.py: decode to 256 rows, MIXED to 256 rows with chunks to 1,024
+    tokens, admission of 1/4/16/64 rows, SPECULATIVE widths 1, 4 and 8 to 64 rows), plus prompts
+    and context to 4,096 / 8,192 tokens. Weights stay f16 (`source_blocks` off where a recipe has
+    it): the CUDA executor runs on f16 either way, and HELIOS_RANDOM_WEIGHTS fills the weight
+    resources with random f16 values, which block layouts would read as scales."""
     import dataclasses
 
     fields = {f.name for f in dataclasses.fields(recipe.RecipeOptions)}
@@ -53,20 +55,7 @@ def bench_options(recipe, gguf_path: str | None, product_path_tokens: int | None
         f16["product_path_tokens"] = product_path_tokens
     return recipe.RecipeOptions(
         **f16,
-        decode_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-        # 16 and 64 rows: a burst of new requests (closed-loop clients finish and return together)
-        # is admitted in one or two rounds, not 4 a round (bench/scheduler_round.py --wide-admission:
-        # first tokens 6.1 -> 1.0 rounds after arrival at 64 clients, 10.4 -> 1.8 at 128)
         prefill_variants=((1, 32), (1, 128), (1, 512), (4, 512), (16, 1024), (64, 4096), (1, 4096)),
-        # the small chunks keep short-prompt rounds short; the 1,024-token chunks let a long
-        # prompt join decode lanes whole instead of 127-255 tokens a round (served 1,024-token
-        # prompts were prefill-bound behind them)
-        mixed_variants=((8, 135), (32, 159), (64, 191), (128, 255), (256, 383),
-                        (64, 1088), (128, 1152), (256, 1280)),
-        admission_rows=(1, 4, 16, 64),
-        # SPECULATIVE programs of widths 1, 4 and 8 for each decode row count up to 64 (P <= 256)
-        # (ignition/preparation/speculative.declared_variants): conformance and bench/speculative.py
-        speculative_widths=(1, 4, 8),
         context_tokens=8192, prepared_pages=4096, gguf_path=gguf_path)
 
 

@@ -176,8 +176,9 @@ def load_model(bundle: pathlib.Path, executor: str, via_core: bool, workdir: pat
     else:
         PreparedContract.decode(contract, manifest, resource_ids=frozenset(read.__self__))
     tokenizer = Tokenizer.from_str(bytes(read(contract.model.frontend.tokenizer_resource)).decode())
+    # every captured row on any executor (the numpy dry run serves bench/rank_processes.py's 64 rows too)
     model = NativeModel.load(contract, manifest, read, ModelOptions(cache_pages=CACHE_PAGES, executor=executor,
-                                                                    **ranks))
+                                                                    concurrency=contract.concurrency, **ranks))
     return model, [tokenizer.encode(text).ids for text in PROMPTS]
 
 

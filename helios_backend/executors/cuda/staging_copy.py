@@ -36,6 +36,7 @@ HEADER_DESTINATION = "transport.header"
 # ~7.5 GB/s (217 KB took 29 µs) but costs ~1 µs for a few KB; a memcpy node moves ~25 GB/s
 # after a few µs of setup. "auto" uses the kernel up to this many bytes, memcpy above.
 KERNEL_COPY_LIMIT = 32 * 1024
+Runs = tuple[tuple[int, int], ...]       # (byte offset, bytes) of a frame, ascending, disjoint
 
 
 def _destination_nbytes(destination: manifest_pb2.Destination) -> int:
@@ -120,6 +121,29 @@ def staging_runs(program: manifest_pb2.Program, transport: manifest_pb2.Transpor
         runs[gap][1] = runs[gap + 1][1]
         del runs[gap + 1]
     return [(start, end - start) for start, end in runs]
+
+
+def launch_runs(manifest: manifest_pb2.ExecutionManifest, graphs: Sequence[contract_pb2.GraphContract],
+                programs: Sequence[str]) -> dict[str, Runs]:
+    """Per program, the (offset, bytes) runs of the staging frame that any rank's copy of it
+    reads (each rank's staging_runs, overlaps merged): a rank process's LAUNCH carries
+    only these and the host executors copy only these into their ranks' staging buffers, as the
+    CUDA executor copies only its runs to the device."""
+    transport = manifest.transport
+    frame = int(transport.frame_nbytes)
+    extents = binding_extents([g for g in graphs if g.rank == 0], transport) if graphs else {}
+    out: dict[str, Runs] = {}
+    for name in programs:
+        spans = sorted((start, min(start + nbytes, frame)) for p in manifest.programs if p.name == name
+                       for start, nbytes in staging_runs(p, transport, extents.get(name)))
+        merged: list[list[int]] = []
+        for start, end in spans:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            elif end > start:
+                merged.append([start, end])
+        out[name] = tuple((start, end - start) for start, end in merged)
+    return out
 
 
 class RawParams:
