@@ -61,13 +61,19 @@ def _timed_decode(model: NativeModel, prompt: Sequence[int], batch: int, steps: 
     # requests that asked for no logprobs (llama.cpp's peer computes none either)
     actives = driver.admit([GenerationRequest(prompt, steps + 1, SamplingParameters(logprobs=-1), eos_ids=(-1,))
                             for _ in range(batch)], list(range(batch)))
+    # the prompt's whole pages are held once and every lane's page table starts with them, as
+    # llama.cpp's peer copies its prompt's cells to each sequence (llama_memory_seq_cp): each lane's
+    # prefill writes the same keys and values there (same ids, positions and program), decode only
+    # reads them, and each lane writes its own pages from the first position past them
+    shared = [driver.pages.take() for _ in range(len(prompt) // driver.page_tokens)]
     for active in actives:
+        active.pages.extend(shared)
         driver.prefill(active)
     start = time.perf_counter()
     for _ in range(steps):
         driver.decode_round(actives)
     seconds = time.perf_counter() - start
-    driver.pages.give_back(page for active in actives for page in active.pages)
+    driver.pages.give_back(shared + [page for active in actives for page in active.pages[len(shared):]])
     return seconds
 
 
