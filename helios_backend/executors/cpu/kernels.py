@@ -37,7 +37,9 @@ from helios_backend.executors.cpu.sharing import WorkSharing
 from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 from helios_backend.kernel_abi.activations import check as activations_check
 from helios_backend.kernel_abi.blocks import BlockWeight
+from helios_backend.kernel_abi.linear import ACTIVATION_SILU
 from helios_backend.kernel_abi.logprobs import log_softmax_row
+from helios_backend.kernel_abi.products import gate_activation_f16 as reference_gate_activation_f16
 from helios_backend.kernel_abi.state import live_tokens, row_starts, token_rows
 
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
@@ -121,6 +123,12 @@ class CpuKernels:
             "linear.product_f16.v1": self.product_f16,
             "linear.product_f32.v1": self.product_f32,
             "linear.residual_f16.v1": self.residual_f16,
+            # and the pointwise kernels between them (a 512-token prefill of SmolLM2 spent 240 of its
+            # 1430 ms of CPU time in their numpy references, one thread)
+            "norm.rms_f16.v1": self.rms_norm_f16,
+            "activation.to_f16.v1": self.to_f16,
+            "mlp.gate_activation_f16.v1": self.gate_activation_f16,
+            "attention.rope_store.v1": self.rope_store,
             "mlp.norm_gate_up_silu.v1": self.norm_gate_up_silu,
             "logits.norm_head.v1": self.norm_logits,
             "logits.score_targets.v1": self.score_targets,
@@ -371,7 +379,7 @@ class CpuKernels:
     def _widened(self, x: np.ndarray, n: int, k: int) -> np.ndarray:
         """The live rows of f16 activations x [n, k] as f32, in the workspace (flat)."""
         widened = self._normed[:n * k]
-        widened[:] = x[:n * k]
+        f16_products.widen(widened, _bits(x), n * k)
         return widened
 
     def residual_f16(self, hidden: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
@@ -385,12 +393,59 @@ class CpuKernels:
         n = live_tokens(geometry)
         products = self._projected
         self._product(products, self._widened(x, n, in_dim), weight, n, in_dim, out_dim, False)
-        with np.errstate(over="ignore"):          # an f16 product past its range is inf, as on the GPU
+        if out.dtype == np.float16:               # an f16 product past its range is inf, as on the GPU
+            pointwise.narrow(_bits(out), products, 0, n * out_dim)
+        else:
             out[:n * out_dim] = products[:n * out_dim]
         out[n * out_dim:tokens * out_dim] = 0
 
     product_f16 = _stored_product
     product_f32 = _stored_product
+
+    def _over_tokens(self, kernel: Callable[[int, int], None], n: int, width: int) -> None:
+        """kernel(first, end) over tokens [0, n): one range on the calling thread, or for a call of at
+        least `share_above` elements one range per thread (sharing.run): a pointwise kernel's tokens
+        are independent, and each token's values the same bits in any range (pointwise.py)."""
+        chunks = self.threads if self.sharing.helpers and n * width >= self.share_above and n >= self.threads else 1
+        size = -(-n // chunks)
+        self.sharing.run(lambda index: kernel(index * size, min(n, (index + 1) * size)), chunks)
+
+    def rms_norm_f16(self, out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, geometry: np.ndarray,
+                     tokens: int, dim: int, eps: float) -> None:
+        n = live_tokens(geometry)
+        bits, weight = _bits(out), _bits(norm_weight)
+        self._over_tokens(lambda first, end: pointwise.rms_norm_f16(bits, hidden, first, end, weight, dim, eps), n,
+                          dim)
+        out[n * dim:tokens * dim] = 0
+
+    def to_f16(self, out: np.ndarray, x: np.ndarray, geometry: np.ndarray, tokens: int, dim: int) -> None:
+        n = live_tokens(geometry)
+        bits = _bits(out)
+        self._over_tokens(lambda first, end: pointwise.narrow(bits, x, first * dim, end * dim), n, dim)
+        out[n * dim:tokens * dim] = 0
+
+    def gate_activation_f16(self, out: np.ndarray, projected: np.ndarray, geometry: np.ndarray, tokens: int,
+                            ffn_dim: int, activation: int) -> None:
+        """SiLU compiled; other activations (GELU) by the reference."""
+        if activation != ACTIVATION_SILU:
+            reference_gate_activation_f16(out, projected, geometry, tokens, ffn_dim, activation)
+            return
+        n = live_tokens(geometry)
+        bits, both = _bits(out), _bits(projected)
+        self._over_tokens(lambda first, end: pointwise.silu_gate_f16(bits, both, first, end, ffn_dim), n, 3 * ffn_dim)
+        out[n * ffn_dim:tokens * ffn_dim] = 0
+
+    def rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
+                   rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                   geometry: np.ndarray, tokens: int, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+                   pages_per_row: int, page_stride: int, rope_pairing: int) -> None:
+        """The product path's RoPE and cache store: qkv_rope_store's compiled second half."""
+        n = live_tokens(geometry)
+        if n == 0:
+            return
+        pointwise.rope_store(q_out, _plane(k_cache), _plane(v_cache), projected, rope_table, positions,
+                             token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
+                             page_tokens, pages_per_row, page_stride, rope_pairing)
 
     def norm_gate_up_silu(self, out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray,
                           gate_up: Weight, geometry: np.ndarray, tokens: int, dim: int,
