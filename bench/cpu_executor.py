@@ -93,7 +93,7 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
     """`activations`: the CPU executor's option (None: its default), recorded as it ran."""
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import ModelOptions, NativeModel
-    from bench.numpy_executor import _timed_decode, _timed_prefill
+    from bench.timed_lanes import timed_decode, timed_prefill
 
     bootstrap = Bootstrap.load(core, core_namespace(core))     # a benchmark accepts whoever signed it
     pages = max(batches) * (-(-(len(decode_ids) + new_tokens + 1) // 16)) + 64
@@ -103,10 +103,10 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
     ran = model.executor.cpu_options.activations             # type: ignore[attr-defined]
     loaded = _memory()
     try:
-        _timed_prefill(model, [prefill_ids])                                    # warm-up
-        prefill_runs = [_timed_prefill(model, [prefill_ids]) for _ in range(repeats)]
-        _timed_decode(model, decode_ids, 1, 4)                                  # warm-up
-        decode = {b: [_timed_decode(model, decode_ids, b, new_tokens) for _ in range(repeats)] for b in batches}
+        timed_prefill(model, [prefill_ids])                                    # warm-up
+        prefill_runs = [timed_prefill(model, [prefill_ids]) for _ in range(repeats)]
+        timed_decode(model, decode_ids, 1, 4)                                  # warm-up
+        decode = {b: [timed_decode(model, decode_ids, b, new_tokens) for _ in range(repeats)] for b in batches}
         measured = _memory()                                                    # the model still loaded
     finally:
         model.close()
