@@ -56,6 +56,7 @@ CHUNKS_PER_THREAD = 4
 # A row with at least this many queries (a prefill chunk) attends through BLAS products (_row_products).
 ATTENTION_PRODUCT_TOKENS = 16
 ATTENTION_QUERY_BLOCK = 128      # queries of one such row per score matrix (_row_products)
+PASS_TOKENS = 128                # tokens of one pass of the product path's products (_f16_passes)
 # f32 elements of one widened weight tile (1 MiB: a [512, 576] x [576, 455] sgemm keeps BLAS at its
 # speed, and each thread's tile stays resident after the first prefill: 4 MiB tiles held 8 MiB)
 TILE_ELEMENTS = 1 << 18
@@ -384,20 +385,32 @@ class CpuKernels:
 
     def residual_f16(self, hidden: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
                      tokens: int, in_dim: int, out_dim: int) -> None:
-        n = live_tokens(geometry)
-        self._product(hidden, self._widened(x, n, in_dim), weight, n, in_dim, out_dim, True)
+        self._f16_passes(hidden, x, weight, live_tokens(geometry), in_dim, out_dim, True)
 
     def _stored_product(self, out: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
                         tokens: int, in_dim: int, out_dim: int) -> None:
         """out[:n] = x[:n] @ weight.T in out's dtype (f16 rounds), rows n .. tokens zero."""
         n = live_tokens(geometry)
-        products = self._projected
-        self._product(products, self._widened(x, n, in_dim), weight, n, in_dim, out_dim, False)
-        if out.dtype == np.float16:               # an f16 product past its range is inf, as on the GPU
-            pointwise.narrow(_bits(out), products, 0, n * out_dim)
-        else:
-            out[:n * out_dim] = products[:n * out_dim]
+        self._f16_passes(out, x, weight, n, in_dim, out_dim, False)
         out[n * out_dim:tokens * out_dim] = 0
+
+    def _f16_passes(self, out: np.ndarray, x: np.ndarray, weight: Weight, n: int, k: int, m: int,
+                    accumulate: bool) -> None:
+        """out[:n] (+)= x[:n] @ weight.T for f16 activations x [n, k], out f32 (written or accumulated)
+        or f16 (written, rounded: past its range inf, as on the GPU), PASS_TOKENS tokens a pass: each
+        pass's activations widened into the workspace and an f16 output's f32 products narrowed from
+        it, so what stays resident after a 512-token prefill is one pass's (SmolLM2's gate/up: 1.5
+        MiB of f32 products, not 6). A token's product does not depend on the pass it is in: q8
+        products are the same bits in any group of tokens (block_codegen._emit_q8_dots)."""
+        narrowed = out.dtype == np.float16
+        for first in range(0, n, PASS_TOKENS):
+            count = min(PASS_TOKENS, n - first)
+            widened = self._widened(x[first * k:], count, k)
+            if narrowed:
+                self._product(self._projected, widened, weight, count, k, m, False)
+                pointwise.narrow(_bits(out[first * m:]), self._projected, 0, count * m)
+            else:
+                self._product(out[first * m:], widened, weight, count, k, m, accumulate)
 
     product_f16 = _stored_product
     product_f32 = _stored_product
