@@ -340,16 +340,7 @@ class CpuKernels:
             scores = self._own("row_scores", count * group * context)[:count * group * context]
             scores = scores.reshape(count * group, context)
             np.matmul(queries.reshape(count * group, head_dim), keys2.T, out=scores)
-            scores *= np.float32(scale)
-            future = self._own("future", count * context, np.bool_)[:count * context].reshape(count, context)
-            np.greater(self._arange[None, :context], query_positions[:, None], out=future)
-            np.copyto(scores.reshape(count, group, context), np.float32(-np.inf), where=future[:, None, :])
-            best = self._own("best", count * group)[:count * group].reshape(count * group, 1)
-            np.max(scores, axis=1, keepdims=True, out=best)
-            scores -= best
-            np.exp(scores, out=scores)
-            np.sum(scores, axis=1, keepdims=True, out=best)
-            scores /= best
+            attention.causal_softmax(scores.reshape(-1), count * group, context, group, positions, first, scale)
             mixed = self._own("mixed", count * group * head_dim)[:count * group * head_dim]
             np.matmul(scores, values2, out=mixed.reshape(count * group, head_dim))
             out[first * q_width:end * q_width].reshape(count, q_width)[:, kv * group * head_dim:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helios_backend.executors.cpu.attention import attention_claimed, attention_pairs
+from helios_backend.executors.cpu.attention import attention_claimed, attention_pairs, causal_softmax
 from helios_backend.executors.cpu.block_codegen import BLOCK_Q4_1, BLOCK_Q8_0
 from helios_backend.executors.cpu.block_products import (
     block_gather_rows, block_linear_claimed, block_linear_rows, dequantize_rows, quantize_rows)
@@ -49,6 +49,7 @@ def warm_up(activations: str = "f32") -> None:
         block_linear_claimed(np.zeros(16, dtype=np.float32), quantized, u8, BLOCK_Q4_1, 8, 32, 2, False, 1,
                              np.zeros(3, dtype=np.int64), f32, np.zeros(1, dtype=np.int64), True)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
+    causal_softmax(f32, 2, 4, 1, i32, 0, 1.0)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4, 4, 0)
     rms_norm_f16(bits, f32, 0, 1, bits, 4, 1e-5)
