@@ -7,8 +7,9 @@ Each engine runs in its own child process, so each resident set is its own, alte
 (llama.cpp, helios, llama.cpp, helios, ... for `rounds`), both with 2 threads:
 - helios: the prepared core loaded as serving loads it (Bootstrap + NativeModel, executor
   "cpu"); prefill = one PREFILL step of `prefill_tokens` prompt ids (program r1.t512) with one
-  draw; decode at B = B lanes prefilled (untimed) with the same `decode_prompt_tokens` ids, then
-  `new_tokens` greedy DECODE rounds of B rows (requests that asked for no logprobs, as
+  draw; decode at B = B lanes prefilled (untimed) with the same `decode_prompt_tokens` ids, the
+  prompt's whole cache pages shared by the lanes (as llama.cpp's peer copies its prompt's cells to
+  each sequence; bench/timed_lanes.py), then `new_tokens` greedy DECODE rounds of B rows (requests that asked for no logprobs, as
   llama.cpp's peer computes none); tokens/s = B * steps / seconds, the median of `repeats`.
 - llama.cpp: bench/cpu_peer.py's measurement (llama-cpp-python, same prompt ids, the recipe's GGUF:
   by default SmolLM2's Q4_1 file; `--recipe NAME` the packaged GGUF of that recipe, reassembled

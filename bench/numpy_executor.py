@@ -7,8 +7,9 @@ What is measured (recorded programs replayed by the numpy executor, one BLAS thr
   r1.t512), logits for the last position and one draw. Median of `repeats` runs.
 - prefill b=8 / b=32: B sequences of `batch_prefill_tokens` (default 64) in one multi-row PREFILL
   step. Reported as extra rows (llama.cpp's peer measures batch-1 prefill only).
-- decode b=1/8/32: B lanes each prefilled (untimed) with the same `decode_prompt_tokens` ids, then
-  `new_tokens` greedy DECODE steps of B rows; tokens/s = B * steps / seconds, median of repeats.
+- decode b=1/8/32: B lanes each prefilled (untimed) with the same `decode_prompt_tokens` ids (the
+  prompt's whole cache pages shared, bench/timed_lanes.py), then `new_tokens` greedy DECODE steps of
+  B rows; tokens/s = B * steps / seconds, median of repeats.
 Ratios are numpy / llama.cpp from the same process run (bench/cpu_peer.py). The programs are
 prepared in memory (no core file) with only the variants the bench uses.
 """
