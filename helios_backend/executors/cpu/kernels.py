@@ -107,7 +107,6 @@ class CpuKernels:
         self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._identity = np.arange(capacity.tokens, dtype=np.int64)
-        self._arange = np.arange(capacity.context, dtype=np.int64)     # key positions
 
     @property
     def table(self) -> Mapping[str, Callable[..., None]]:
@@ -323,8 +322,7 @@ class CpuKernels:
         def task(index: int) -> None:
             r, kv, first, end = tasks[index]
             count = end - first
-            query_positions = positions[first:end]
-            context = int(query_positions.max()) + 1
+            context = int(positions[first:end].max()) + 1
             table = page_table[int(row_slot[r]) * pages_per_row:][:-(-context // page_tokens)]
             span = table.size * page_tokens
             # every array in this thread's scratch (grown to the largest block once): a prefill
@@ -391,8 +389,10 @@ class CpuKernels:
         or f16 (written, rounded: past its range inf, as on the GPU), PASS_TOKENS tokens a pass: each
         pass's activations widened into the workspace and an f16 output's f32 products narrowed from
         it, so what stays resident after a 512-token prefill is one pass's (SmolLM2's gate/up: 1.5
-        MiB of f32 products, not 6). A token's product does not depend on the pass it is in: q8
-        products are the same bits in any group of tokens (block_codegen._emit_q8_dots)."""
+        MiB of f32 products, not 6). A token's q8 product does not depend on the pass it is in: q8
+        products are the same bits in any group of tokens (block_codegen._emit_q8_dots); with f32
+        activations a pass of <= SMALL_PRODUCT_TOKENS tokens (a prefill's tail) takes the compiled loop
+        and the others BLAS, which differ in their f32 summation order only."""
         narrowed = out.dtype == np.float16
         for first in range(0, n, PASS_TOKENS):
             count = min(PASS_TOKENS, n - first)
