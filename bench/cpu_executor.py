@@ -7,8 +7,9 @@ Each engine runs in its own child process, so each resident set is its own, alte
 (llama.cpp, helios, llama.cpp, helios, ... for `rounds`), both with 2 threads:
 - helios: the prepared core loaded as serving loads it (Bootstrap + NativeModel, executor
   "cpu"); prefill = one PREFILL step of `prefill_tokens` prompt ids (program r1.t512) with one
-  draw; decode at B = B lanes prefilled (untimed) with the same `decode_prompt_tokens` ids, then
-  `new_tokens` greedy DECODE rounds of B rows (requests that asked for no logprobs, as
+  draw; decode at B = B lanes prefilled (untimed) with the same `decode_prompt_tokens` ids, the
+  prompt's whole cache pages shared by the lanes (as llama.cpp's peer copies its prompt's cells to
+  each sequence; bench/timed_lanes.py), then `new_tokens` greedy DECODE rounds of B rows (requests that asked for no logprobs, as
   llama.cpp's peer computes none); tokens/s = B * steps / seconds, the median of `repeats`.
 - llama.cpp: bench/cpu_peer.py's measurement (llama-cpp-python, same prompt ids, the recipe's GGUF:
   by default SmolLM2's Q4_1 file; `--recipe NAME` the packaged GGUF of that recipe, reassembled
@@ -93,7 +94,7 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
     """`activations`: the CPU executor's option (None: its default), recorded as it ran."""
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import ModelOptions, NativeModel
-    from bench.numpy_executor import _timed_decode, _timed_prefill
+    from bench.timed_lanes import timed_decode, timed_prefill
 
     bootstrap = Bootstrap.load(core, core_namespace(core))     # a benchmark accepts whoever signed it
     pages = max(batches) * (-(-(len(decode_ids) + new_tokens + 1) // 16)) + 64
@@ -103,10 +104,10 @@ def measure_helios(core: Path, prefill_ids: Sequence[int], decode_ids: Sequence[
     ran = model.executor.cpu_options.activations             # type: ignore[attr-defined]
     loaded = _memory()
     try:
-        _timed_prefill(model, [prefill_ids])                                    # warm-up
-        prefill_runs = [_timed_prefill(model, [prefill_ids]) for _ in range(repeats)]
-        _timed_decode(model, decode_ids, 1, 4)                                  # warm-up
-        decode = {b: [_timed_decode(model, decode_ids, b, new_tokens) for _ in range(repeats)] for b in batches}
+        timed_prefill(model, [prefill_ids])                                    # warm-up
+        prefill_runs = [timed_prefill(model, [prefill_ids]) for _ in range(repeats)]
+        timed_decode(model, decode_ids, 1, 4)                                  # warm-up
+        decode = {b: [timed_decode(model, decode_ids, b, new_tokens) for _ in range(repeats)] for b in batches}
         measured = _memory()                                                    # the model still loaded
     finally:
         model.close()

@@ -9,7 +9,10 @@ nodes, and the step's wall time (the difference is the host's work around the pr
 packing, completion reading, Python per round). Per kernel id also the calling thread's CPU
 time (`cpu_ms_per_step`): with `--threads 1` that is the kernel's own work, which other jobs on
 a shared machine delay but do not inflate (wall times vary with the load, so the load average is
-recorded; compare kernel ids within one run). `--isa` compiles the kernels for that ISA path
+recorded; compare kernel ids within one run). `--prefill-tokens N` also times N prompt ids in one
+PREFILL step (a warm-up, then `--prefill-runs` steps): per kernel id milliseconds and calling thread's
+CPU time a step, the step's wall and process CPU time (with 2 threads the helper's share too).
+`--isa` compiles the kernels for that ISA path
 (executors/cpu/isa.py: `--isa avx2` on an AVX-512 host is the AVX2 code path on this core); the
 path and the host's CPU and features are recorded. Writes
 cpu_step_profile.json to the CPU's folder (bench/harness.py: var/bench/<cpu>/, --results
@@ -45,11 +48,19 @@ def _timed(function: Callable[..., None], name: str, timings: Timings, enabled: 
     return timed
 
 
+def _kernel_figures(timings: Timings, steps: int) -> dict[str, dict[str, float]]:
+    return {name: {"ms_per_step": 1e3 * seconds / steps, "calls_per_step": calls / steps,
+                   "cpu_ms_per_step": 1e3 * cpu / steps}
+            for name, (seconds, calls, cpu) in sorted(timings.items(), key=lambda item: -item[1][0])}
+
+
 def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt_tokens: int,
-            activations: str | None = None) -> tuple[dict[str, Any], str]:
-    """Figures per batch, and the activations the executor ran with (`activations`: its option, None:
-    its default)."""
+            activations: str | None = None, prefill_tokens: int = 0,
+            prefill_runs: int = 3) -> tuple[dict[str, Any], str]:
+    """Figures per batch (and "prefill" with `prefill_tokens`), and the activations the executor ran
+    with (`activations`: its option, None: its default)."""
     from bench.cpu_peer import bench_prompt_ids
+    from bench.timed_lanes import timed_prefill
     from helios_backend.engine.bootstrap import Bootstrap
     from helios_backend.engine.model import ModelOptions, NativeModel
     from helios_backend.lockstep.generator import GenerationRequest
@@ -57,7 +68,7 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
     from helios_backend.sampling_parameters import SamplingParameters
 
     bootstrap = Bootstrap.load(core, "helios.local/smollm2")
-    pages = max(batches) * (-(-(prompt_tokens + steps + 8) // 16)) + 16
+    pages = max(batches) * (-(-(prompt_tokens + steps + 8) // 16)) + 16 + -(-prefill_tokens // 16)
     model = NativeModel.load(bootstrap.contract, bootstrap.manifest, bootstrap.read_resource,
                              ModelOptions(executor="cpu", threads=threads, concurrency=max(batches), cache_pages=pages,
                                           activations=activations))
@@ -88,13 +99,25 @@ def profile(core: Path, batches: Sequence[int], steps: int, threads: int, prompt
             wall = time.perf_counter() - start
             enabled[0] = False
             driver.pages.give_back(page for active in actives for page in active.pages)
-            kernels = {name: {"ms_per_step": 1e3 * seconds / steps, "calls_per_step": calls / steps,
-                              "cpu_ms_per_step": 1e3 * cpu / steps}
-                       for name, (seconds, calls, cpu) in sorted(timings.items(), key=lambda item: -item[1][0])}
+            kernels = _kernel_figures(timings, steps)
             in_nodes = sum(seconds for seconds, _, _ in timings.values())
             figures[str(batch)] = {"steps": steps, "step_ms": 1e3 * wall / steps, "tokens_per_s": batch * steps / wall,
                                    "nodes_ms_per_step": 1e3 * in_nodes / steps,
                                    "outside_nodes_ms_per_step": 1e3 * (wall - in_nodes) / steps, "kernels": kernels}
+        if prefill_tokens:
+            prompt = bench_prompt_ids(prefill_tokens)
+            timed_prefill(model, [prompt])                   # warm-up
+            timings.clear()
+            enabled[0] = True
+            cpu = time.process_time()
+            walls = [timed_prefill(model, [prompt]) for _ in range(prefill_runs)]
+            cpu = time.process_time() - cpu
+            enabled[0] = False
+            figures["prefill"] = {"tokens": prefill_tokens, "steps": prefill_runs, "step_ms": 1e3 * sum(walls) / prefill_runs,
+                                  "runs_ms": [1e3 * w for w in walls], "process_cpu_ms_per_step": 1e3 * cpu / prefill_runs,
+                                  "tokens_per_s": prefill_tokens * prefill_runs / sum(walls),
+                                  "nodes_ms_per_step": 1e3 * sum(t[0] for t in timings.values()) / prefill_runs,
+                                  "kernels": _kernel_figures(timings, prefill_runs)}
     finally:
         model.close()
         bootstrap.close()
@@ -108,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--prefill-tokens", type=int, default=0,
+                        help="also profile one PREFILL step of this many prompt ids (0: none)")
+    parser.add_argument("--prefill-runs", type=int, default=3)
     parser.add_argument("--name", default="cpu_step_profile.json", help="the JSON file's name in the output folder")
     parser.add_argument("--isa", choices=["auto", "avx512", "avx2", "host"],
                         help="the ISA path the kernels are compiled for (HELIOS_CPU_ISA; default: inherited, else auto)")
@@ -119,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.environ["HELIOS_CPU_ISA"] = args.isa        # read when the executor package is first imported (below)
     before = os.getloadavg()
     figures, activations = profile(args.core, args.batches, args.steps, args.threads, args.prompt_tokens,
-                                   args.activations)
+                                   args.activations, args.prefill_tokens, args.prefill_runs)
     from bench.cpu_executor import isa_figures, host_description, isa_line
 
     host, path = host_description(), isa_figures()
@@ -130,8 +156,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(isa_line(host, path["isa_path"]) + f", {activations} activations")
     for batch, f in figures.items():
-        print(f"b={batch}: {f['step_ms']:.1f} ms/step ({f['tokens_per_s']:.1f} tok/s), nodes {f['nodes_ms_per_step']:.1f}, "
-              f"outside nodes {f['outside_nodes_ms_per_step']:.2f}")
+        if batch == "prefill":
+            print(f"prefill of {f['tokens']}: {f['step_ms']:.1f} ms/step ({f['tokens_per_s']:.1f} tok/s; runs "
+                  + " / ".join(f"{ms:.0f}" for ms in f["runs_ms"]) + f"), process CPU {f['process_cpu_ms_per_step']:.1f} "
+                  f"ms/step, nodes {f['nodes_ms_per_step']:.1f}")
+        else:
+            print(f"b={batch}: {f['step_ms']:.1f} ms/step ({f['tokens_per_s']:.1f} tok/s), nodes "
+                  f"{f['nodes_ms_per_step']:.1f}, outside nodes {f['outside_nodes_ms_per_step']:.2f}")
         for name, k in f["kernels"].items():
             if k["ms_per_step"] >= 0.05:
                 print(f"  {name:28s} {k['ms_per_step']:7.2f} ms/step  {k['calls_per_step']:5.1f} calls  "

@@ -7,8 +7,9 @@ What is measured (recorded programs replayed by the numpy executor, one BLAS thr
   r1.t512), logits for the last position and one draw. Median of `repeats` runs.
 - prefill b=8 / b=32: B sequences of `batch_prefill_tokens` (default 64) in one multi-row PREFILL
   step. Reported as extra rows (llama.cpp's peer measures batch-1 prefill only).
-- decode b=1/8/32: B lanes each prefilled (untimed) with the same `decode_prompt_tokens` ids, then
-  `new_tokens` greedy DECODE steps of B rows; tokens/s = B * steps / seconds, median of repeats.
+- decode b=1/8/32: B lanes each prefilled (untimed) with the same `decode_prompt_tokens` ids (the
+  prompt's whole cache pages shared, bench/timed_lanes.py), then `new_tokens` greedy DECODE steps of
+  B rows; tokens/s = B * steps / seconds, median of repeats.
 Ratios are numpy / llama.cpp from the same process run (bench/cpu_peer.py). The programs are
 prepared in memory (no core file) with only the variants the bench uses.
 """
@@ -17,18 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import time
 from typing import Sequence
 
-import numpy as np
 from helios_proto import contract_pb2 as C
 
 from bench.cpu_peer import DecodeFigure, PeerFigures, bench_prompt_ids, format_ratios, format_table, measure_llama_cpp
+from bench.timed_lanes import timed_decode as _timed_decode
+from bench.timed_lanes import timed_prefill as _timed_prefill
 from helios_backend.engine.model import ModelOptions, NativeModel
-from helios_backend.packing import PackedLane
-from helios_backend.sampling_parameters import SamplingParameters
-from helios_backend.lockstep.generator import GenerationRequest
-from helios_backend.lockstep.raw_lanes import RawLanes
 from ignition.preparation.prepare import prepare
 from ignition.recipes import smollm2_135m_instruct as recipe
 
@@ -37,38 +34,6 @@ def _options(prefill_tokens: int, batch_prefill_tokens: int, batches: Sequence[i
     prefill = [(1, prefill_tokens)] + [(b, b * batch_prefill_tokens) for b in batches if b > 1]
     return dataclasses.replace(recipe.RecipeOptions(), context_tokens=1024, decode_rows=tuple(batches),
                                prefill_variants=tuple(prefill), mixed_variants=(), admission_rows=(1,))
-
-
-def _timed_prefill(model: NativeModel, prompts: Sequence[Sequence[int]]) -> float:
-    """Seconds of one multi-row PREFILL step over `prompts` (admission and page setup untimed)."""
-    driver = RawLanes(model)
-    actives = driver.admit([GenerationRequest(p, 1) for p in prompts], list(range(len(prompts))))
-    lanes = []
-    for active, prompt in zip(actives, prompts):
-        driver.ensure_pages(active, len(prompt))
-        lanes.append(PackedLane(slot=active.slot, generation=active.generation,
-                          tokens=np.asarray(prompt, dtype=np.int32), page_table=list(active.pages)))
-    program = model.program(C.OPERATION_PREFILL, len(prompts), sum(len(p) for p in prompts))
-    start = time.perf_counter()
-    driver.step(program, lanes)
-    seconds = time.perf_counter() - start
-    driver.pages.give_back(page for active in actives for page in active.pages)
-    return seconds
-
-
-def _timed_decode(model: NativeModel, prompt: Sequence[int], batch: int, steps: int) -> float:
-    driver = RawLanes(model)
-    # requests that asked for no logprobs (llama.cpp's peer computes none either)
-    actives = driver.admit([GenerationRequest(prompt, steps + 1, SamplingParameters(logprobs=-1), eos_ids=(-1,))
-                            for _ in range(batch)], list(range(batch)))
-    for active in actives:
-        driver.prefill(active)
-    start = time.perf_counter()
-    for _ in range(steps):
-        driver.decode_round(actives)
-    seconds = time.perf_counter() - start
-    driver.pages.give_back(page for active in actives for page in active.pages)
-    return seconds
 
 
 def measure_numpy(prefill_ids: Sequence[int], batch_prefill_ids: Sequence[int], decode_prompt_ids: Sequence[int],
@@ -90,8 +55,9 @@ def measure_numpy(prefill_ids: Sequence[int], batch_prefill_ids: Sequence[int], 
             batch_prefill[b] = b * len(batch_prefill_ids) / statistics.median(runs)
         decode = []
         for b in batches:
-            runs = tuple(_timed_decode(model, decode_prompt_ids, b, new_tokens) for _ in range(repeats))
-            decode.append(DecodeFigure(batch=b, steps=new_tokens, seconds=statistics.median(runs), runs=runs))
+            decode_runs = tuple(_timed_decode(model, decode_prompt_ids, b, new_tokens) for _ in range(repeats))
+            decode.append(DecodeFigure(batch=b, steps=new_tokens, seconds=statistics.median(decode_runs),
+                                       runs=decode_runs))
         node_count = len(next(p for p in prepared.manifest.programs if p.operation == C.OPERATION_DECODE).nodes)
         print(f"numpy executor: {node_count} nodes per decode step")
     finally:

@@ -294,3 +294,53 @@ def test_a_tokens_q8_product_in_a_prefill_is_the_one_decode_gives_it():
             np.testing.assert_array_equal(gated[t * ffn:(t + 1) * ffn], decoded, err_msg=f"gate of token {t}")
     finally:
         kernels.close()
+
+
+def test_the_product_paths_passes_and_pointwise_kernels_give_a_token_its_own_bits():
+    """The product path's products (f16 activations, kernel_abi/products.py) run PASS_TOKENS tokens a
+    pass and its pointwise kernels split their tokens over threads: a prefill of more tokens than a
+    pass gives each token the bits that token alone gets, f16 outputs and accumulated f32 outputs,
+    and the SiLU gate and the norm of a token are its own too."""
+    # spec: OWN-1
+    from helios_backend.executors.cpu.kernels import PASS_TOKENS, Capacity, CpuKernels
+    from helios_backend.kernel_abi.linear import ACTIVATION_SILU
+
+    rng = np.random.default_rng(29)
+    n, k, m = PASS_TOKENS + 13, 96, 64
+    weight = blocks.BlockWeight(blocks.Q4_1, _quantized(blocks.Q4_1, m, k, rng), m, k)
+    x = rng.standard_normal(n * k).astype(np.float16)
+    hidden = rng.standard_normal(n * m).astype(np.float32)
+    norm_weight = rng.uniform(0.5, 1.5, k).astype(np.float16)
+    kernels = CpuKernels(Capacity(tokens=n, rows=1, width=2 * m, heads=1, context=16), threads=2, share_above=1,
+                         activations="q8")
+
+    def geometry(tokens: int) -> np.ndarray:
+        return np.array([tokens] + [0] * 15, dtype=np.int32)
+
+    try:
+        stored = np.zeros(n * m, dtype=np.float16)
+        kernels.product_f16(stored, x, weight, geometry(n), n, k, m)
+        summed = hidden.copy()
+        kernels.residual_f16(summed, x, weight, geometry(n), n, k, m)
+        gated = np.zeros(n * (m // 2), dtype=np.float16)
+        kernels.gate_activation_f16(gated, stored, geometry(n), n, m // 2, ACTIVATION_SILU)
+        normed = np.zeros(n * k, dtype=np.float16)
+        kernels.rms_norm_f16(normed, x.astype(np.float32), norm_weight, geometry(n), n, k, 1e-5)
+        for t in range(n):
+            alone = np.zeros(m, dtype=np.float16)
+            kernels.product_f16(alone, x[t * k:(t + 1) * k], weight, geometry(1), 1, k, m)
+            np.testing.assert_array_equal(stored[t * m:(t + 1) * m].view(np.uint16), alone.view(np.uint16),
+                                          err_msg=f"stored product of token {t}")
+            added = hidden[t * m:(t + 1) * m].copy()
+            kernels.residual_f16(added, x[t * k:(t + 1) * k], weight, geometry(1), 1, k, m)
+            np.testing.assert_array_equal(summed[t * m:(t + 1) * m], added, err_msg=f"residual of token {t}")
+            gate = np.zeros(m // 2, dtype=np.float16)
+            kernels.gate_activation_f16(gate, alone, geometry(1), 1, m // 2, ACTIVATION_SILU)
+            np.testing.assert_array_equal(gated[t * (m // 2):(t + 1) * (m // 2)].view(np.uint16),
+                                          gate.view(np.uint16), err_msg=f"gate of token {t}")
+            norm = np.zeros(k, dtype=np.float16)
+            kernels.rms_norm_f16(norm, x[t * k:(t + 1) * k].astype(np.float32), norm_weight, geometry(1), 1, k, 1e-5)
+            np.testing.assert_array_equal(normed[t * k:(t + 1) * k].view(np.uint16), norm.view(np.uint16),
+                                          err_msg=f"norm of token {t}")
+    finally:
+        kernels.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,6 +85,30 @@ def test_untrusted_text_never_becomes_a_control_token(tokenizer: FrontendTokeniz
     assert IM_END not in tokenizer.encode_untrusted("hi <|im_end|> there")
 
 
+def test_both_encodings_from_many_threads_keep_their_spelling(tokenizer: FrontendTokenizer) -> None:
+    # spec: FE-12, FE-33
+    # one underlying tokenizer serves both spellings (its special-token switch set per encode): threads
+    # interleaving the two never see the other's setting
+    text = "hi <|im_end|> there " * 20
+    template, untrusted = tokenizer.encode_template(text), tokenizer.encode_untrusted(text)
+    assert IM_END in template and IM_END not in untrusted
+    wrong: list[str] = []
+
+    def encode(kind: str) -> None:
+        for _ in range(200):
+            if kind == "template" and tokenizer.encode_template(text) != template:
+                wrong.append(kind)
+            if kind == "untrusted" and tokenizer.encode_untrusted(text) != untrusted:
+                wrong.append(kind)
+
+    threads = [threading.Thread(target=encode, args=(kind,)) for kind in ("template", "untrusted") * 3]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
 # ---- round trips --------------------------------------------------------------------------------
 @pytest.mark.parametrize("text", HAND_PICKED)
 def test_hand_picked_strings_round_trip_exactly(tokenizer: FrontendTokenizer, text: str) -> None:
@@ -121,7 +147,7 @@ def test_characters_without_byte_tokens_are_refused_not_dropped(tokenizer: Front
 @given(st.lists(st.integers(0, 49151), max_size=24))
 def test_decode_matches_the_tokenizers_library(tokenizer: FrontendTokenizer, ids: list[int]) -> None:
     # The byte-table decode must equal tokenizers' own lossy decode, invalid UTF-8 included.
-    assert tokenizer.decode(ids) == tokenizer._trusted.decode(ids, skip_special_tokens=False)
+    assert tokenizer.decode(ids) == tokenizer._tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def test_token_lookup_and_unknown_ids(tokenizer: FrontendTokenizer) -> None:

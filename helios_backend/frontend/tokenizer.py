@@ -2,13 +2,18 @@
 
 Built from the core's tokenizer.json (a HF `tokenizers` byte-level BPE, or a SentencePiece-style
 BPE with byte fallback: "▁" spaces and <0xXX> byte tokens, which the byte table spells out). Two
-encoders share the same vocabulary:
+encodings of the same vocabulary, by one `tokenizers.Tokenizer`:
 
 - `encode_template(text)` parses special tokens: the chat template's own markup such as
   "<|im_start|>" becomes its single control id. Only text the *template* produced may go here.
 - `encode_untrusted(text)` never produces a special id from text (`encode_special_tokens=True`):
   a user who types "<|im_end|>" gets the ordinary tokens for those characters, so message content
   cannot close its own turn or forge a role header.
+
+The switch between them is the Tokenizer's `encode_special_tokens`, set for each encode under a
+lock. A second Tokenizer kept for the untrusted spelling held ~12 MiB more (SmolLM2's 49K-token
+vocabulary and merges); `tokenizers`' single-text encode holds the GIL, so the lock serializes
+no encodes that ran in parallel.
 
 Decoding is done from a per-id byte table (the GPT-2 byte-to-unicode alphabet reversed; special
 tokens contribute their UTF-8 content). `IncrementalDecoder` feeds those bytes through a UTF-8
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -129,26 +135,24 @@ def _build_byte_table(tk: Tokenizer) -> _ByteTable:
 
 
 class FrontendTokenizer:
-    """Encode prompts and decode generated ids for one model's vocabulary. Thread-safe: the two
-    underlying tokenizers are configured once and never mutated afterwards."""
+    """Encode prompts and decode generated ids for one model's vocabulary. Thread-safe: the one
+    underlying tokenizer's special-token switch changes only under `_lock`, around an encode."""
 
-    def __init__(self, trusted: Tokenizer, untrusted: Tokenizer) -> None:
-        self._trusted = trusted
-        self._untrusted = untrusted
-        self._table = _build_byte_table(trusted)
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._lock = threading.Lock()
+        self._table = _build_byte_table(tokenizer)
         self._vocab_size = len(self._table.by_id)
-        added = set(trusted.get_added_tokens_decoder())
+        added = set(tokenizer.get_added_tokens_decoder())
         self._max_token_bytes = max((len(t) for i, t in enumerate(self._table.by_id) if i not in added), default=1)
 
     @classmethod
     def from_json(cls, text: str) -> "FrontendTokenizer":
         try:
-            trusted = Tokenizer.from_str(text)
-            untrusted = Tokenizer.from_str(text)
+            tokenizer = Tokenizer.from_str(text)
         except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
             raise TokenizerDataError(f"cannot load tokenizer.json: {exc}") from exc
-        untrusted.encode_special_tokens = True
-        return cls(trusted, untrusted)
+        return cls(tokenizer)
 
     # ---- encoding -------------------------------------------------------------------------
     def encode_untrusted(self, text: str) -> list[int]:
@@ -157,12 +161,18 @@ class FrontendTokenizer:
         Raises UnrepresentableTextError rather than dropping characters the vocabulary lacks.
         """
         self._check_representable(text)
-        return self._untrusted.encode(text, add_special_tokens=False).ids
+        with self._lock:
+            self._tokenizer.encode_special_tokens = True
+            try:
+                return self._tokenizer.encode(text, add_special_tokens=False).ids
+            finally:
+                self._tokenizer.encode_special_tokens = False
 
     def encode_template(self, text: str) -> list[int]:
         """Ids for template-produced markup: special-token spellings become their control ids."""
         self._check_representable(text)
-        return self._trusted.encode(text, add_special_tokens=False).ids
+        with self._lock:
+            return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def unrepresentable_chars(self, text: str) -> list[str]:
         """Characters of `text` that would be lost in encoding (empty for almost all text)."""
@@ -203,7 +213,7 @@ class FrontendTokenizer:
 
     def token_id(self, text: str) -> int | None:
         """The id whose token is exactly `text` (special content or byte-level spelling), else None."""
-        return self._trusted.token_to_id(text)
+        return self._tokenizer.token_to_id(text)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes this id contributes to decoded output (may be part of a character)."""

@@ -14,13 +14,13 @@ HELIOS_CPU_ISA, else the widest the host runs), before anything compiles.
 Layers, each module one job (lower ones first):
     isa.py                the compilation target (AVX-512, AVX2, the host's), chosen once per process
     codegen.py            LLVM IR building blocks (element addresses, FMA, splats, horizontal sums)
-    elements.py           f16 <-> f32 element conversions, accumulate-or-store
+    elements.py           f16 <-> f32 element conversions, accumulate-or-store, a vectorizable exp
     claiming.py           atomics, GIL-free waiting, the chunk-claiming loop of a shared call
     block_codegen.py      vector code for 32-weight blocks (Q8_0 / Q4_1)
     attention_codegen.py  vector code for one head's dot products and weighted sums
     f16_products.py       products over F16 weights
     block_products.py     products, expansion and gather over block weights
-    pointwise.py          RMS norm, embedding gather, SiLU gate, RoPE and the cache store
+    pointwise.py          RMS norm, embedding gather, SiLU gate, RoPE and the cache store, f16 <-> f32
     attention.py          paged attention per (token, kv head) pair
     warm_up.py            compile or load every primitive at load
     sharing.py            WorkSharing: helper threads that share a call's chunks

@@ -4,7 +4,7 @@ Numba has no float16 type: f16 weights and f16 cache planes are passed as their 
 patterns and widened in registers by `f16_bits_to_f32`, an LLVM `fpext half -> float` that the
 loop vectorizer turns into vcvtph2ps (F16C / AVX-512); nothing streams an f32 copy of a weight.
 `as_f32` and `plane_value` let one compiled body serve f16 bits and f32 alike (numba picks the
-form per argument type at compile time).
+form per argument type at compile time). `exp_nonpositive` is the exp that vectorizes (softmax, SiLU).
 """
 from __future__ import annotations
 
@@ -78,3 +78,23 @@ def store(out: np.ndarray, index: int, value: np.float32, accumulate: bool) -> N
         out[index] += value
     else:
         out[index] = value
+
+
+@njit(inline="always", cache=True, fastmath=True, nogil=True)
+def exp_nonpositive(x: np.float32) -> np.float32:
+    """exp(x) for x <= 0 (a softmax's shifted scores, a SiLU's e^-|g|) without a library call, so a
+    loop of them vectorizes (numba's np.exp is one scalar expf call per element: without a vector
+    math library the softmax of 8 decode rows was most of their attention). Cody-Waite reduction x = n ln2 + r,
+    |r| <= ln2 / 2, Cephes' degree-6 polynomial for e^r (relative error ~2e-7), 2^n from the
+    exponent bits; x below -87 gives 2^-126 times e^r, as good as 0 beside the maximum's 1."""
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * np.float32(1.44269504) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * i32_bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))

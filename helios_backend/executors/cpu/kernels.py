@@ -37,7 +37,9 @@ from helios_backend.executors.cpu.sharing import WorkSharing
 from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 from helios_backend.kernel_abi.activations import check as activations_check
 from helios_backend.kernel_abi.blocks import BlockWeight
+from helios_backend.kernel_abi.linear import ACTIVATION_SILU
 from helios_backend.kernel_abi.logprobs import log_softmax_row
+from helios_backend.kernel_abi.products import gate_activation_f16 as reference_gate_activation_f16
 from helios_backend.kernel_abi.state import live_tokens, row_starts, token_rows
 
 # Up to this many tokens a product streams the f16 weight through the compiled GEMV-like loop
@@ -54,6 +56,7 @@ CHUNKS_PER_THREAD = 4
 # A row with at least this many queries (a prefill chunk) attends through BLAS products (_row_products).
 ATTENTION_PRODUCT_TOKENS = 16
 ATTENTION_QUERY_BLOCK = 128      # queries of one such row per score matrix (_row_products)
+PASS_TOKENS = 128                # tokens of one pass of the product path's products (_f16_passes)
 # f32 elements of one widened weight tile (1 MiB: a [512, 576] x [576, 455] sgemm keeps BLAS at its
 # speed, and each thread's tile stays resident after the first prefill: 4 MiB tiles held 8 MiB)
 TILE_ELEMENTS = 1 << 18
@@ -104,7 +107,6 @@ class CpuKernels:
         self._normed = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._projected = np.zeros(capacity.tokens * capacity.width, dtype=np.float32)
         self._identity = np.arange(capacity.tokens, dtype=np.int64)
-        self._arange = np.arange(capacity.context, dtype=np.int64)     # key positions
 
     @property
     def table(self) -> Mapping[str, Callable[..., None]]:
@@ -121,6 +123,12 @@ class CpuKernels:
             "linear.product_f16.v1": self.product_f16,
             "linear.product_f32.v1": self.product_f32,
             "linear.residual_f16.v1": self.residual_f16,
+            # and the pointwise kernels between them (a 512-token prefill of SmolLM2 spent 240 of its
+            # 1430 ms of CPU time in their numpy references, one thread)
+            "norm.rms_f16.v1": self.rms_norm_f16,
+            "activation.to_f16.v1": self.to_f16,
+            "mlp.gate_activation_f16.v1": self.gate_activation_f16,
+            "attention.rope_store.v1": self.rope_store,
             "mlp.norm_gate_up_silu.v1": self.norm_gate_up_silu,
             "logits.norm_head.v1": self.norm_logits,
             "logits.score_targets.v1": self.score_targets,
@@ -314,8 +322,7 @@ class CpuKernels:
         def task(index: int) -> None:
             r, kv, first, end = tasks[index]
             count = end - first
-            query_positions = positions[first:end]
-            context = int(query_positions.max()) + 1
+            context = int(positions[first:end].max()) + 1
             table = page_table[int(row_slot[r]) * pages_per_row:][:-(-context // page_tokens)]
             span = table.size * page_tokens
             # every array in this thread's scratch (grown to the largest block once): a prefill
@@ -331,16 +338,7 @@ class CpuKernels:
             scores = self._own("row_scores", count * group * context)[:count * group * context]
             scores = scores.reshape(count * group, context)
             np.matmul(queries.reshape(count * group, head_dim), keys2.T, out=scores)
-            scores *= np.float32(scale)
-            future = self._own("future", count * context, np.bool_)[:count * context].reshape(count, context)
-            np.greater(self._arange[None, :context], query_positions[:, None], out=future)
-            np.copyto(scores.reshape(count, group, context), np.float32(-np.inf), where=future[:, None, :])
-            best = self._own("best", count * group)[:count * group].reshape(count * group, 1)
-            np.max(scores, axis=1, keepdims=True, out=best)
-            scores -= best
-            np.exp(scores, out=scores)
-            np.sum(scores, axis=1, keepdims=True, out=best)
-            scores /= best
+            attention.causal_softmax(scores.reshape(-1), count * group, context, group, positions, first, scale)
             mixed = self._own("mixed", count * group * head_dim)[:count * group * head_dim]
             np.matmul(scores, values2, out=mixed.reshape(count * group, head_dim))
             out[first * q_width:end * q_width].reshape(count, q_width)[:, kv * group * head_dim:
@@ -371,26 +369,87 @@ class CpuKernels:
     def _widened(self, x: np.ndarray, n: int, k: int) -> np.ndarray:
         """The live rows of f16 activations x [n, k] as f32, in the workspace (flat)."""
         widened = self._normed[:n * k]
-        widened[:] = x[:n * k]
+        f16_products.widen(widened, _bits(x), n * k)
         return widened
 
     def residual_f16(self, hidden: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
                      tokens: int, in_dim: int, out_dim: int) -> None:
-        n = live_tokens(geometry)
-        self._product(hidden, self._widened(x, n, in_dim), weight, n, in_dim, out_dim, True)
+        self._f16_passes(hidden, x, weight, live_tokens(geometry), in_dim, out_dim, True)
 
     def _stored_product(self, out: np.ndarray, x: np.ndarray, weight: Weight, geometry: np.ndarray,
                         tokens: int, in_dim: int, out_dim: int) -> None:
         """out[:n] = x[:n] @ weight.T in out's dtype (f16 rounds), rows n .. tokens zero."""
         n = live_tokens(geometry)
-        products = self._projected
-        self._product(products, self._widened(x, n, in_dim), weight, n, in_dim, out_dim, False)
-        with np.errstate(over="ignore"):          # an f16 product past its range is inf, as on the GPU
-            out[:n * out_dim] = products[:n * out_dim]
+        self._f16_passes(out, x, weight, n, in_dim, out_dim, False)
         out[n * out_dim:tokens * out_dim] = 0
+
+    def _f16_passes(self, out: np.ndarray, x: np.ndarray, weight: Weight, n: int, k: int, m: int,
+                    accumulate: bool) -> None:
+        """out[:n] (+)= x[:n] @ weight.T for f16 activations x [n, k], out f32 (written or accumulated)
+        or f16 (written, rounded: past its range inf, as on the GPU), PASS_TOKENS tokens a pass: each
+        pass's activations widened into the workspace and an f16 output's f32 products narrowed from
+        it, so what stays resident after a 512-token prefill is one pass's (SmolLM2's gate/up: 1.5
+        MiB of f32 products, not 6). A token's q8 product does not depend on the pass it is in: q8
+        products are the same bits in any group of tokens (block_codegen._emit_q8_dots); with f32
+        activations a pass of <= SMALL_PRODUCT_TOKENS tokens (a prefill's tail) takes the compiled loop
+        and the others BLAS, which differ in their f32 summation order only."""
+        narrowed = out.dtype == np.float16
+        for first in range(0, n, PASS_TOKENS):
+            count = min(PASS_TOKENS, n - first)
+            widened = self._widened(x[first * k:], count, k)
+            if narrowed:
+                self._product(self._projected, widened, weight, count, k, m, False)
+                pointwise.narrow(_bits(out[first * m:]), self._projected, 0, count * m)
+            else:
+                self._product(out[first * m:], widened, weight, count, k, m, accumulate)
 
     product_f16 = _stored_product
     product_f32 = _stored_product
+
+    def _over_tokens(self, kernel: Callable[[int, int], None], n: int, width: int) -> None:
+        """kernel(first, end) over tokens [0, n): one range on the calling thread, or for a call of at
+        least `share_above` elements one range per thread (sharing.run): a pointwise kernel's tokens
+        are independent, and each token's values the same bits in any range (pointwise.py)."""
+        chunks = self.threads if self.sharing.helpers and n * width >= self.share_above and n >= self.threads else 1
+        size = -(-n // chunks)
+        self.sharing.run(lambda index: kernel(index * size, min(n, (index + 1) * size)), chunks)
+
+    def rms_norm_f16(self, out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray, geometry: np.ndarray,
+                     tokens: int, dim: int, eps: float) -> None:
+        n = live_tokens(geometry)
+        bits, weight = _bits(out), _bits(norm_weight)
+        self._over_tokens(lambda first, end: pointwise.rms_norm_f16(bits, hidden, first, end, weight, dim, eps), n,
+                          dim)
+        out[n * dim:tokens * dim] = 0
+
+    def to_f16(self, out: np.ndarray, x: np.ndarray, geometry: np.ndarray, tokens: int, dim: int) -> None:
+        n = live_tokens(geometry)
+        bits = _bits(out)
+        self._over_tokens(lambda first, end: pointwise.narrow(bits, x, first * dim, end * dim), n, dim)
+        out[n * dim:tokens * dim] = 0
+
+    def gate_activation_f16(self, out: np.ndarray, projected: np.ndarray, geometry: np.ndarray, tokens: int,
+                            ffn_dim: int, activation: int) -> None:
+        """SiLU compiled; other activations (GELU) by the reference."""
+        if activation != ACTIVATION_SILU:
+            reference_gate_activation_f16(out, projected, geometry, tokens, ffn_dim, activation)
+            return
+        n = live_tokens(geometry)
+        bits, both = _bits(out), _bits(projected)
+        self._over_tokens(lambda first, end: pointwise.silu_gate_f16(bits, both, first, end, ffn_dim), n, 3 * ffn_dim)
+        out[n * ffn_dim:tokens * ffn_dim] = 0
+
+    def rope_store(self, q_out: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, projected: np.ndarray,
+                   rope_table: np.ndarray, positions: np.ndarray, page_table: np.ndarray, row_slot: np.ndarray,
+                   geometry: np.ndarray, tokens: int, q_heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+                   pages_per_row: int, page_stride: int, rope_pairing: int) -> None:
+        """The product path's RoPE and cache store: qkv_rope_store's compiled second half."""
+        n = live_tokens(geometry)
+        if n == 0:
+            return
+        pointwise.rope_store(q_out, _plane(k_cache), _plane(v_cache), projected, rope_table, positions,
+                             token_rows(geometry, tokens), row_slot, page_table, n, q_heads, kv_heads, head_dim,
+                             page_tokens, pages_per_row, page_stride, rope_pairing)
 
     def norm_gate_up_silu(self, out: np.ndarray, hidden: np.ndarray, norm_weight: np.ndarray,
                           gate_up: Weight, geometry: np.ndarray, tokens: int, dim: int,

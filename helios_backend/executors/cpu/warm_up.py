@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from helios_backend.executors.cpu.attention import attention_claimed, attention_pairs
+from helios_backend.executors.cpu.attention import attention_claimed, attention_pairs, causal_softmax
 from helios_backend.executors.cpu.block_codegen import BLOCK_Q4_1, BLOCK_Q8_0
 from helios_backend.executors.cpu.block_products import (
     block_gather_rows, block_linear_claimed, block_linear_rows, dequantize_rows, quantize_rows)
 from helios_backend.executors.cpu.claiming import wait_done, wait_for_change
 from helios_backend.executors.cpu.f16_products import linear_claimed, linear_rows, widen
-from helios_backend.executors.cpu.pointwise import gather_rows, rms_norm, rope_store, silu_gate
+from helios_backend.executors.cpu.pointwise import (
+    gather_rows, narrow, rms_norm, rms_norm_f16, rope_store, silu_gate, silu_gate_f16)
 from helios_backend.kernel_abi.activations import Q8_BLOCK_BYTES
 
 
@@ -48,8 +49,12 @@ def warm_up(activations: str = "f32") -> None:
         block_linear_claimed(np.zeros(16, dtype=np.float32), quantized, u8, BLOCK_Q4_1, 8, 32, 2, False, 1,
                              np.zeros(3, dtype=np.int64), f32, np.zeros(1, dtype=np.int64), True)
     rms_norm(f32, f32, i64[:1], bits, 4, 1e-5)
+    causal_softmax(f32, 2, 4, 1, i32, 0, 1.0)
     gather_rows(f32, bits, i32, 1, 4)
     silu_gate(f32, f32, 1, 4, 4, 0)
+    rms_norm_f16(bits, f32, 0, 1, bits, 4, 1e-5)
+    narrow(bits, f32, 0, 4)
+    silu_gate_f16(bits, bits, 0, 1, 4)
     for plane in (f32, bits):      # cache planes: f32, or f16 as uint16 bits
         rope_store(f32, plane, plane, f32, f32, i32, i32, i32, i32, 1, 1, 1, 2, 1, 1, 32, 0)
         attention_pairs(f32, f32, plane, plane, i32, i32, i32, i32, i64[:1], 1, 1, 2, 1, 1, 32, 1.0, f32, 0, 1)
