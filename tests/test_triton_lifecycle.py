@@ -3,6 +3,7 @@ failures that leave the model not ready, and a clean drain when the server stops
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -60,12 +61,13 @@ def test_tampered_core_leaves_the_model_not_ready(default_core: Path, tmp_path: 
 
 
 def test_unknown_startup_option_value_fails_startup(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: SRV-7
-    with TritonServer(model_repository(tmp_path, core_path=default_core, concurrency=64)) as server:
+    # more rows than any shipped core captures (load may only reduce the captured rows)
+    with TritonServer(model_repository(tmp_path, core_path=default_core, concurrency=4096)) as server:
         server.wait_live()
         server.wait_load_attempt()
         assert not server.model_ready()
         log = server.log()
-    assert "helios startup failed: engine setup: startup option concurrency: 64 outside 1..32" in log
+    assert re.search(r"helios startup failed: engine setup: startup option concurrency: 4096 outside 1\.\.\d+ captured", log)
 
 
 def test_stopping_the_server_mid_stream_drains_cleanly(default_core: Path, tmp_path: Path) -> None:  # noqa: F811 # spec: OWN-16, HTTP-15
