@@ -10,6 +10,11 @@ driver is wrapped in a counting proxy while serving: no allocation, module load,
 instantiation or capture may happen. Prints a pass/fail table; writes JSON under $OUT.
 
     python tests/gpu/conformance.py [--out DIR] [--steps 64] [--kernel-arch compute_80]
+                                   [--greedy-first] [--max-tokens 1280]
+
+A lease too short for every program (the numpy reference of the 4,096-token prefills takes
+minutes): --greedy-first runs the greedy generations first, --max-tokens skips the programs of
+more packed tokens.
 
 --kernel-arch loads that architecture's kernel modules instead of the device's own (e.g. the
 compute_80 PTX, JIT-compiled at startup: the Ampere code path on a newer GPU); the JSON is
@@ -438,6 +443,11 @@ def main() -> None:
     parser.add_argument("--operations", default="",
                         help="comma-separated operations whose programs run (e.g. speculative; greedy runs "
                              "still follow); default: every operation")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="skip programs of more packed tokens (their numpy reference dominates a run: a "
+                             "4,096-token prefill takes minutes); 0: every program")
+    parser.add_argument("--greedy-first", action="store_true",
+                        help="the greedy runs before the per-program cases (a short lease still gets them)")
     parser.add_argument("--kernel-arch", default=None,
                         help="KernelModule.arch to load (default: the device's own; e.g. compute_80)")
     args = parser.parse_args()
@@ -461,55 +471,63 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
     operations = {C.Operation.Value(f"OPERATION_{o.strip().upper()}") for o in args.operations.split(",") if o.strip()}
-    for program in [p for p in manifest.programs if p.rank == 0 and p.name not in skip
-                    and (not only or p.name in only) and (not operations or p.operation in operations)
-                    and not args.greedy_only]:
-        outputs, prepared = {}, {}
-        try:
-            for kind, model in models.items():
-                case = Case(model, seed=zlib.crc32(program.name.encode()), first_generation=1_000_000 * (len(results) + 1))
-                rows = case.run(program)
-                # a speculative program's logits hold P target rows; the others' request_slots rows
-                logit_rows = (program.capacity.tokens if program.operation == C.OPERATION_SPECULATIVE
-                              else manifest.request_slots)
-                logits, state = snapshot(model.executor, manifest, case.logits_program or program.name,
-                                         (logit_rows, vocab))
-                if case.scores is not None:       # float state: compared within the logit tolerance
-                    state["completion:scores"] = case.scores
-                state.update(logprob_records(manifest, case.driver, len(rows)))
-                outputs[kind] = (rows.copy(), logits, state)
-                prepared[kind] = case.prepared_tokens
-            results.append(compare(program.name, program, outputs, manifest, prepared, case.slots,
-                                   logit_rows=case.logit_rows))
-        except Exception as error:  # a failing case is a FAIL row, the others still run
-            results.append({"program": program.name, "pass": False, "error": repr(error),
-                            "trace": traceback.format_exc()[-800:]})
-        print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
-    # greedy generation: identical tokens for >= steps steps, at several batch sizes
-    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
-             "The three primary colors are", "Water boils at a temperature of", "import numpy as np\n",
-             "The largest planet in the solar system is", "To make a cup of tea, first"]
-    from tokenizers import Tokenizer
-    tokenizer = Tokenizer.from_str(bytes(read("tokenizer.json")).decode())
-    has_speculative = any(g.operation == C.OPERATION_SPECULATIVE for g in contract.model.graphs)
-    for batch in (() if only else (1, 3, 8)):
-        prompts = [tokenizer.encode(t).ids for t in texts[:batch]]
-        tokens = {}
-        try:
-            for kind, model in models.items():
-                requests = [GenerationRequest(p, max_tokens=args.steps, eos_ids=(vocab - 1,)) for p in prompts]
-                tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
-            same = tokens["cuda"] == tokens["numpy"]
-            results.append({"program": f"greedy.batch{batch}.steps{args.steps}", "pass": bool(same),
-                            "steps": min(len(t) for t in tokens["cuda"]),
-                            "first_difference": first_difference(tokens["cuda"], tokens["numpy"])})
-        except Exception as error:
-            results.append({"program": f"greedy.batch{batch}", "pass": False, "error": repr(error),
-                            "trace": traceback.format_exc()[-800:]})
-        print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
-        if has_speculative and tokens.get("cuda"):
-            results.append(drafted_greedy(models, prompts, args.steps, vocab, tokens["cuda"], batch))
+
+    def run_programs() -> None:
+        for program in [p for p in manifest.programs if p.rank == 0 and p.name not in skip
+                        and (not only or p.name in only) and (not operations or p.operation in operations)
+                        and (not args.max_tokens or p.capacity.tokens <= args.max_tokens)
+                        and not args.greedy_only]:
+            outputs, prepared = {}, {}
+            try:
+                for kind, model in models.items():
+                    case = Case(model, seed=zlib.crc32(program.name.encode()), first_generation=1_000_000 * (len(results) + 1))
+                    rows = case.run(program)
+                    # a speculative program's logits hold P target rows; the others' request_slots rows
+                    logit_rows = (program.capacity.tokens if program.operation == C.OPERATION_SPECULATIVE
+                                  else manifest.request_slots)
+                    logits, state = snapshot(model.executor, manifest, case.logits_program or program.name,
+                                             (logit_rows, vocab))
+                    if case.scores is not None:       # float state: compared within the logit tolerance
+                        state["completion:scores"] = case.scores
+                    state.update(logprob_records(manifest, case.driver, len(rows)))
+                    outputs[kind] = (rows.copy(), logits, state)
+                    prepared[kind] = case.prepared_tokens
+                results.append(compare(program.name, program, outputs, manifest, prepared, case.slots,
+                                       logit_rows=case.logit_rows))
+            except Exception as error:  # a failing case is a FAIL row, the others still run
+                results.append({"program": program.name, "pass": False, "error": repr(error),
+                                "trace": traceback.format_exc()[-800:]})
             print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
+
+    def run_greedy() -> None:
+        # greedy generation: identical tokens for >= steps steps, at several batch sizes
+        texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
+                 "The three primary colors are", "Water boils at a temperature of", "import numpy as np\n",
+                 "The largest planet in the solar system is", "To make a cup of tea, first"]
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_str(bytes(read("tokenizer.json")).decode())
+        has_speculative = any(g.operation == C.OPERATION_SPECULATIVE for g in contract.model.graphs)
+        for batch in (() if only else (1, 3, 8)):
+            prompts = [tokenizer.encode(t).ids for t in texts[:batch]]
+            tokens = {}
+            try:
+                for kind, model in models.items():
+                    requests = [GenerationRequest(p, max_tokens=args.steps, eos_ids=(vocab - 1,)) for p in prompts]
+                    tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
+                same = tokens["cuda"] == tokens["numpy"]
+                results.append({"program": f"greedy.batch{batch}.steps{args.steps}", "pass": bool(same),
+                                "steps": min(len(t) for t in tokens["cuda"]),
+                                "first_difference": first_difference(tokens["cuda"], tokens["numpy"])})
+            except Exception as error:
+                results.append({"program": f"greedy.batch{batch}", "pass": False, "error": repr(error),
+                                "trace": traceback.format_exc()[-800:]})
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
+            if has_speculative and tokens.get("cuda"):
+                results.append(drafted_greedy(models, prompts, args.steps, vocab, tokens["cuda"], batch))
+                print(json.dumps({k: v for k, v in results[-1].items() if k != "trace"}), flush=True)
+
+    for phase in ((run_greedy, run_programs) if args.greedy_first else (run_programs, run_greedy)):
+        phase()
     counting.counting = False
     forbidden = counting.forbidden_calls()
     results.append({"program": "serving.driver_calls", "pass": not forbidden, "forbidden": forbidden,
