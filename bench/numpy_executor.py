@@ -23,8 +23,7 @@ from typing import Sequence
 from helios_proto import contract_pb2 as C
 
 from bench.cpu_peer import DecodeFigure, PeerFigures, bench_prompt_ids, format_ratios, format_table, measure_llama_cpp
-from bench.timed_lanes import timed_decode as _timed_decode
-from bench.timed_lanes import timed_prefill as _timed_prefill
+from bench.timed_lanes import timed_decode, timed_prefill
 from helios_backend.engine.model import ModelOptions, NativeModel
 from ignition.preparation.prepare import prepare
 from ignition.recipes import smollm2_135m_instruct as recipe
@@ -47,15 +46,15 @@ def measure_numpy(prefill_ids: Sequence[int], batch_prefill_ids: Sequence[int], 
     model = NativeModel.load(prepared.contract, prepared.manifest, data.__getitem__,
                              ModelOptions(cache_pages=max(needed, 2 * max(batches) * len(batch_prefill_ids) // 16)))
     try:
-        _timed_prefill(model, [prefill_ids])                                   # warm-up
-        prefill_runs = tuple(_timed_prefill(model, [prefill_ids]) for _ in range(repeats))
+        timed_prefill(model, [prefill_ids])                                   # warm-up
+        prefill_runs = tuple(timed_prefill(model, [prefill_ids]) for _ in range(repeats))
         batch_prefill = {}
         for b in (b for b in batches if b > 1):
-            runs = [_timed_prefill(model, [batch_prefill_ids] * b) for _ in range(max(1, repeats - 1))]
+            runs = [timed_prefill(model, [batch_prefill_ids] * b) for _ in range(max(1, repeats - 1))]
             batch_prefill[b] = b * len(batch_prefill_ids) / statistics.median(runs)
         decode = []
         for b in batches:
-            decode_runs = tuple(_timed_decode(model, decode_prompt_ids, b, new_tokens) for _ in range(repeats))
+            decode_runs = tuple(timed_decode(model, decode_prompt_ids, b, new_tokens) for _ in range(repeats))
             decode.append(DecodeFigure(batch=b, steps=new_tokens, seconds=statistics.median(decode_runs),
                                        runs=decode_runs))
         node_count = len(next(p for p in prepared.manifest.programs if p.operation == C.OPERATION_DECODE).nodes)
