@@ -15,6 +15,14 @@ needs a model file of the same architecture and tensors to be measured as a peer
          stores them). Dense F16 speed does not depend on the values. `--gguf-py` loads llama.cpp's
          own gguf-py (the device has no `gguf` package); without it the installed `gguf` is used.
 
+  here   `python -m bench.gguf_shape layout bench/layouts/NAME.json OUT.shape.gguf.xz`
+         the shape file of a layout that has no GGUF (a Hugging Face config.json of the llama or
+         qwen2 family: bench/layouts/): llama.cpp's metadata keys and tensor table for those
+         dimensions (F16 matrices, F32 vectors, qwen2's q/k/v biases, an output head unless the
+         embeddings are tied) and a stand-in vocabulary of the config's size (SentencePiece-style:
+         <unk>, <s>, </s>, 256 byte tokens, then numbered pieces), since llama.cpp builds the
+         embedding and head from the vocabulary's size. Speed does not depend on the tokens.
+
 Only numpy and gguf are needed: the device side imports nothing of the project.
 """
 from __future__ import annotations
@@ -93,23 +101,119 @@ def write_shape(source: Path, out: Path, gguf_py: str | None = None) -> Path:
         plain = Path(scratch) / out.name.removesuffix(".xz")
         writer = gguf.GGUFWriter(str(plain), arch)
         _copy_fields(reader, writer, gguf, lambda key: False)
-        tensors = list(reader.tensors)
-        writer.add_array(NAMES, [t.name for t in tensors])
-        writer.add_key_value(NDIMS, [len(t.shape) for t in tensors], gguf.GGUFValueType.ARRAY,
-                             sub_type=gguf.GGUFValueType.UINT32)
-        writer.add_key_value(DIMS, [int(d) for t in tensors for d in t.shape], gguf.GGUFValueType.ARRAY,
-                             sub_type=gguf.GGUFValueType.UINT64)
-        writer.add_key_value(TYPES, [int(t.tensor_type) for t in tensors], gguf.GGUFValueType.ARRAY,
-                             sub_type=gguf.GGUFValueType.UINT32)
-        writer.add_string(SOURCE, f"{source.name} ({source.stat().st_size} bytes)")
-        _close(writer)
-        writer.close()
-        if out.suffix == ".xz":
-            with open(plain, "rb") as f, lzma.open(out, "wb", preset=9) as z:
-                shutil.copyfileobj(f, z)
-        else:
-            os.replace(plain, out)
+        _write_table(writer, gguf, [(t.name, tuple(int(d) for d in t.shape), int(t.tensor_type)) for t in reader.tensors],
+                     f"{source.name} ({source.stat().st_size} bytes)")
+        return _finish(writer, plain, out)
+
+
+def _write_table(writer: Any, gguf: Any, table: list[tuple[str, tuple[int, ...], int]], source: str) -> None:
+    """The helios.shape.* keys: each tensor's name, dimensions (GGUF order) and type."""
+    writer.add_array(NAMES, [name for name, _, _ in table])
+    writer.add_key_value(NDIMS, [len(ne) for _, ne, _ in table], gguf.GGUFValueType.ARRAY,
+                         sub_type=gguf.GGUFValueType.UINT32)
+    writer.add_key_value(DIMS, [int(d) for _, ne, _ in table for d in ne], gguf.GGUFValueType.ARRAY,
+                         sub_type=gguf.GGUFValueType.UINT64)
+    writer.add_key_value(TYPES, [int(t) for _, _, t in table], gguf.GGUFValueType.ARRAY,
+                         sub_type=gguf.GGUFValueType.UINT32)
+    writer.add_string(SOURCE, source)
+
+
+def _finish(writer: Any, plain: Path, out: Path) -> Path:
+    _close(writer)
+    writer.close()
+    if out.suffix == ".xz":
+        with open(plain, "rb") as f, lzma.open(out, "wb", preset=9) as z:
+            shutil.copyfileobj(f, z)
+    else:
+        os.replace(plain, out)
     return out
+
+
+# ---- layouts: a config.json alone ---------------------------------------------------------------
+
+# per Hugging Face model_type: llama.cpp's architecture and whether q/k/v carry biases
+LAYOUT_FAMILIES: dict[str, dict[str, Any]] = {"llama": {"arch": "llama", "qkv_bias": False},
+                                              "qwen2": {"arch": "qwen2", "qkv_bias": True}}
+# (GGUF name, dims in GGUF order as a function of the config's sizes); "{i}" is the block
+_BLOCK_TENSORS = (("attn_norm.weight", lambda d, q, kv, f: (d,)),
+                  ("attn_q.weight", lambda d, q, kv, f: (d, q)),
+                  ("attn_k.weight", lambda d, q, kv, f: (d, kv)),
+                  ("attn_v.weight", lambda d, q, kv, f: (d, kv)),
+                  ("attn_output.weight", lambda d, q, kv, f: (q, d)),
+                  ("ffn_norm.weight", lambda d, q, kv, f: (d,)),
+                  ("ffn_gate.weight", lambda d, q, kv, f: (d, f)),
+                  ("ffn_up.weight", lambda d, q, kv, f: (d, f)),
+                  ("ffn_down.weight", lambda d, q, kv, f: (f, d)))
+_BIASES = (("attn_q.bias", lambda d, q, kv, f: (q,)), ("attn_k.bias", lambda d, q, kv, f: (kv,)),
+           ("attn_v.bias", lambda d, q, kv, f: (kv,)))
+GGML_F32, GGML_F16 = 0, 1
+
+
+def layout_table(config: dict) -> tuple[str, list[tuple[str, tuple[int, ...], int]]]:
+    """(llama.cpp architecture, [(tensor, GGUF dims, GGML type)]) of a llama- or qwen2-family config."""
+    family = LAYOUT_FAMILIES.get(config.get("model_type", ""))
+    if family is None:
+        raise ValueError(f"model_type {config.get('model_type')!r}: a layout shape needs one of {sorted(LAYOUT_FAMILIES)}")
+    d, vocab, ffn = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or d // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    per_block = _BLOCK_TENSORS + (_BIASES if family["qkv_bias"] else ())
+    table = [("token_embd.weight", (d, vocab))]
+    for i in range(config["num_hidden_layers"]):
+        table += [(f"blk.{i}.{name}", dims(d, q, kv, ffn)) for name, dims in per_block]
+    table.append(("output_norm.weight", (d,)))
+    if not config.get("tie_word_embeddings", False):
+        table.append(("output.weight", (d, vocab)))
+    return family["arch"], [(name, ne, GGML_F16 if len(ne) > 1 else GGML_F32) for name, ne in table]
+
+
+def stand_in_vocabulary(size: int) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, types) of a SentencePiece-style vocabulary of `size` entries: <unk>, <s>,
+    </s> (ids 0-2), the 256 byte tokens, then numbered pieces."""
+    specials = [("<unk>", 2), ("<s>", 3), ("</s>", 3)]           # UNKNOWN, CONTROL
+    pieces = specials + [(f"<0x{b:02X}>", 6) for b in range(256)]  # BYTE
+    pieces += [(f"\u2581t{i}", 1) for i in range(size - len(pieces))]   # NORMAL
+    return [p for p, _ in pieces], [-float(i) for i in range(size)], [t for _, t in pieces]
+
+
+def write_layout_shape(config_path: Path, out: Path, gguf_py: str | None = None) -> Path:
+    """The shape file at `out` of the layout a Hugging Face config.json describes."""
+    import json
+
+    gguf = _gguf(gguf_py)
+    config = json.loads(Path(config_path).read_text())
+    arch, table = layout_table(config)
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+        plain = Path(scratch) / out.name.removesuffix(".xz")
+        writer = gguf.GGUFWriter(str(plain), arch)
+        writer.add_name(Path(config_path).stem)
+        writer.add_context_length(config.get("max_position_embeddings", 4096))
+        writer.add_embedding_length(config["hidden_size"])
+        writer.add_block_count(config["num_hidden_layers"])
+        writer.add_feed_forward_length(config["intermediate_size"])
+        writer.add_head_count(heads)
+        writer.add_head_count_kv(config.get("num_key_value_heads", heads))
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+        writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+        writer.add_vocab_size(config["vocab_size"])
+        writer.add_file_type(F16_FILE_TYPE)
+        tokens, scores, types = stand_in_vocabulary(config["vocab_size"])
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        _write_table(writer, gguf, table, f"{Path(config_path).name} (a layout: no weights)")
+        return _finish(writer, plain, out)
 
 
 def tensor_table(reader: Any) -> list[tuple[str, tuple[int, ...]]]:

@@ -1,13 +1,15 @@
 """llama.cpp beside the CUDA executor on the H200: the same model shapes, measured in the same run.
 
-    here    python -m bench.gpu_llama_peer carry .carry_llama [--recipe NAME ...]
+    here    python -m bench.gpu_llama_peer carry .carry_llama [--recipe NAME ...] [--layout NAME ...]
     device  python3 -m bench.gpu_llama_peer build --carry .carry_llama                  (~6 min)
             python3 -m bench.gpu_llama_peer run --carry .carry_llama --bundle DIR ... [--out DIR | --results]
+            python3 -m bench.gpu_llama_peer run --carry .carry_llama --kernel-shapes --out DIR
 
 `carry` fills a folder that travels in one device call (~10 MB): llama.cpp 0c1e5709 as vendored
 by the llama-cpp-python 0.3.36 source package (trimmed of models, docs and the non-CUDA ggml
 backends, xz) and one shape file per recipe (bench/gguf_shape.py: every metadata key and tensor
-of the recipe's real GGUF, no weights; default: the three recipes). The real GGUFs never travel.
+of the recipe's real GGUF, no weights; default: the three recipes) and per `--layout` (a
+bench/layouts config.json alone: bench/gguf_shape.py `layout`; default none). The real GGUFs never travel.
 
 `build` (device) builds llama-server, llama-bench and llama-batched-bench with CUDA for sm_90
 (bench/llama_cpp_build.sh) into --work (default /tmp/lcb, kept while the machine stays warm) and
@@ -25,6 +27,12 @@ never both on the GPU at once:
   - python -m bench.gpu_decode with HELIOS_RANDOM_WEIGHTS=1 (random weights of the prepared layout)
     --batches 1,8,64 --prefills 512 --prompt 128 --steps 128: decode after the same 128-token
     prompt, and a 512-token prefill.
+`run --kernel-shapes` measures llama.cpp alone, for every shape file, at the shapes of
+bench/kernels.py (its CONTEXT, DECODE_BATCHES and PREFILL_TOKENS): llama-batched-bench decode of
+B sequences whose steps attend over CONTEXT positions on average (a CONTEXT - KERNEL_STEPS / 2
+token prompt, then KERNEL_STEPS steps), and llama-bench prefill of 512 and 4,096 tokens with
+micro-batches of 512 and 2,048 (the faster one counts: what a user tuning llama.cpp gets).
+It writes llama_cpp_layouts.json, which `bench.kernels run --llama-cpp` puts in its rows.
 Ratios ours / llama.cpp: decode b1 against tg128 (and against batched-bench B=1, the same
 context as ours), b8 and b64 against batched-bench, prefill 512 against pp512. Written to
 <name>.json and .txt in the GPU's folder (bench/harness.py: var/bench/<gpu>/, with --results
@@ -60,6 +68,9 @@ TRIMMED = ("models", "docs", "benches", ".github", "media") + tuple(
 BATCHES = (1, 8, 64)
 PROMPT, STEPS, PREFILL = 128, 128, 512
 TOOLS = ("llama-bench", "llama-batched-bench")
+KERNEL_STEPS = 32                   # decode steps a batch runs at the kernel shapes
+MICRO_BATCHES = (512, 2048)         # llama-bench -ub values tried for the prefill figures
+LAYOUT_DIR = ROOT / "bench" / "layouts"
 
 
 # ---- here: the carry folder -------------------------------------------------------------------
@@ -96,13 +107,15 @@ def recipe_gguf(name: str) -> pathlib.Path:
     return pathlib.Path(recipe.open_source(recipe.RecipeOptions()).path)
 
 
-def carry(folder: pathlib.Path, recipes: list[str]) -> None:
+def carry(folder: pathlib.Path, recipes: list[str], layouts: list[str] = ()) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / TREE).exists():
         with tempfile.TemporaryDirectory() as scratch:
             pack_tree(llama_cpp_source(pathlib.Path(scratch)), folder / TREE)
     for name in recipes:
         gguf_shape.write_shape(recipe_gguf(name), folder / (name + SHAPE_SUFFIX))
+    for name in layouts:
+        gguf_shape.write_layout_shape(LAYOUT_DIR / f"{name}.json", folder / (name + SHAPE_SUFFIX))
     for path in sorted(folder.iterdir()):
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB")
     print(f"total {sum(p.stat().st_size for p in folder.iterdir()) / 2**20:.1f} MiB")
@@ -172,10 +185,12 @@ def tool_env(work: pathlib.Path) -> dict[str, str]:
 def parse_llama_bench(stdout: str) -> dict[str, dict]:
     """llama-bench -o json: one record per test; keyed pp<n> / tg<n>."""
     records = json.loads(stdout[stdout.index("["):])
-    out = {}
+    out: dict[str, dict] = {}
     for r in records:
         key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
-        out[key] = {"tokens_per_s": r["avg_ts"], "stddev": r["stddev_ts"], "samples_ts": r.get("samples_ts"),
+        if key in out and out[key]["tokens_per_s"] >= r["avg_ts"]:
+            continue                                   # several micro-batch sizes: the fastest counts
+        out[key] = {"tokens_per_s": r["avg_ts"], "n_ubatch": r.get("n_ubatch"), "stddev": r["stddev_ts"], "samples_ts": r.get("samples_ts"),
                     "gpu_info": r.get("gpu_info"), "model_type": r.get("model_type"),
                     "model_size": r.get("model_size"), "n_params": r.get("model_n_params"),
                     "flash_attn": r.get("flash_attn"), "n_gpu_layers": r.get("n_gpu_layers"),
@@ -207,6 +222,51 @@ def measure_llama_cpp(work: pathlib.Path, model: pathlib.Path) -> dict:
             "batched_bench": parse_batched_bench(batched.stdout + "\n" + batched.stderr),
             "commands": [" ".join(bench.argv), " ".join(batched.argv)],
             "seconds": [round(bench.seconds, 1), round(batched.seconds, 1)]}
+
+
+def measure_kernel_shapes(work: pathlib.Path, model: pathlib.Path) -> dict:
+    """llama.cpp at bench/kernels.py's shapes: decode per batch around CONTEXT positions, prefill
+    of each PREFILL_TOKENS length from position 0."""
+    from bench.kernels import CONTEXT, DECODE_BATCHES, PREFILL_TOKENS
+
+    env = tool_env(work)
+    prompt = CONTEXT - KERNEL_STEPS // 2
+    bench = execute([str(tool(work, "llama-bench")), "-m", str(model), "-ngl", "99", "-fa", "1",
+                     "-p", ",".join(map(str, PREFILL_TOKENS)), "-n", "0", "-b", str(max(PREFILL_TOKENS)),
+                     "-ub", ",".join(map(str, MICRO_BATCHES)), "-r", "3", "-o", "json"], env, 300)
+    contexts = max(DECODE_BATCHES) * (prompt + KERNEL_STEPS) * 2
+    batched = execute([str(tool(work, "llama-batched-bench")), "-m", str(model), "-ngl", "99", "-fa", "on",
+                       "-c", str(contexts), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(KERNEL_STEPS),
+                       "-npl", ",".join(map(str, DECODE_BATCHES)), "--output-format", "jsonl"], env, 400)
+    prefill, decode = parse_llama_bench(bench.stdout), parse_batched_bench(batched.stdout + "\n" + batched.stderr)
+    return {"decode": {b: decode.get(b, {}).get("decode_tokens_per_s") for b in DECODE_BATCHES},
+            "prefill": {t: prefill.get(f"pp{t}", {}).get("tokens_per_s") for t in PREFILL_TOKENS},
+            "prefill_micro_batch": {t: prefill.get(f"pp{t}", {}).get("n_ubatch") for t in PREFILL_TOKENS},
+            "decode_context": {"prompt": prompt, "steps": KERNEL_STEPS},
+            "commands": [" ".join(bench.argv), " ".join(batched.argv)],
+            "seconds": [round(bench.seconds, 1), round(batched.seconds, 1)]}
+
+
+def run_kernel_shapes(folder: pathlib.Path, work: pathlib.Path, out: pathlib.Path) -> dict:
+    """llama.cpp alone at the kernel benchmark's shapes, every shape file: llama_cpp_layouts.json."""
+    build(folder, work)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"device": device_name(), "llama_cpp": {"commit": LLAMA_CPP_COMMIT, "source": LLAMA_CPP_PYTHON},
+                    "settings": "-ngl 99, flash attention on, F16 random weights; decode: llama-batched-bench; "
+                                "prefill: llama-bench, the faster of -ub " + "/".join(map(str, MICRO_BATCHES)),
+                    "layouts": {}}
+    for shape in sorted(folder.glob("*" + SHAPE_SUFFIX)):
+        name = shape.name.removesuffix(SHAPE_SUFFIX)
+        print(f"== {name}: llama.cpp at the kernel shapes", flush=True)
+        wait_gpu_idle()
+        try:
+            report["layouts"][name] = measure_kernel_shapes(work, work / f"{name}.f16.gguf")
+            print(json.dumps({k: report["layouts"][name][k] for k in ("decode", "prefill")}), flush=True)
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            print(f"== {name} FAILED: {error}", flush=True)
+            report["failed"] = report.get("failed", {}) | {name: str(error)[-3000:]}
+        (out / "llama_cpp_layouts.json").write_text(json.dumps(report, indent=1))
+    return report
 
 
 def measure_ours(bundle: pathlib.Path, out: pathlib.Path) -> dict:
@@ -341,7 +401,9 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("carry", help="here: the llama.cpp tree and the shape files, into FOLDER")
     c.add_argument("folder", type=pathlib.Path)
-    c.add_argument("--recipe", action="append", default=None, help=f"(repeatable; default {', '.join(RECIPES)})")
+    c.add_argument("--recipe", action="append", default=None,
+                   help=f"(repeatable; default {', '.join(RECIPES)} unless --layout is given)")
+    c.add_argument("--layout", action="append", default=[], help="a bench/layouts name (repeatable)")
     b = sub.add_parser("build", help="device: build llama.cpp and the random GGUFs")
     r = sub.add_parser("run", help="device: measure llama.cpp and ours per bundle")
     for p in (b, r):
@@ -352,11 +414,16 @@ def main() -> None:
                         "file without a bundle gets llama.cpp's figures only")
     add_output_arguments(r)
     r.add_argument("--name", default="gpu_llama_peer")
+    r.add_argument("--kernel-shapes", action="store_true",
+                   help="llama.cpp alone at bench/kernels.py's shapes: llama_cpp_layouts.json")
     args = parser.parse_args()
     if args.command == "carry":
-        carry(args.folder, args.recipe or list(RECIPES))
+        carry(args.folder, args.recipe if args.recipe is not None else ([] if args.layout else list(RECIPES)),
+              args.layout)
     elif args.command == "build":
         build(args.carry, args.work)
+    elif args.kernel_shapes:
+        run_kernel_shapes(args.carry, args.work, output_dir(args.out, args.results, "gpu"))
     else:
         run(args.carry, args.work, args.bundle, output_dir(args.out, args.results, "gpu"), args.name)
 

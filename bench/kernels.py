@@ -2,7 +2,8 @@
 
     here:   python -m bench.kernels build --out .kcarry/bundles        # the layouts' device bundles
     device: python -m bench.pytorch_peer --out $OUT/peer.json           # peaks + the PyTorch peer
-            python -m bench.kernels run --bundles .kcarry/bundles --peer $OUT/peer.json --out $OUT
+            python -m bench.kernels run --bundles .kcarry/bundles --peer $OUT/peer.json --out $OUT \
+                [--llama-cpp $OUT/llama_cpp_layouts.json]          # bench/gpu_llama_peer.py run --kernel-shapes
 
 `build` prepares each layout of bench/layouts/ (a config.json alone: ignition/sources/hf_layout.py)
 with the kernel library for sm_90a and no weight bytes, at the variants measured here (decode
@@ -27,7 +28,11 @@ where it loads, `run --no-vendor-products` their cubins; docs/kernels.md); each 
 names which served them. `build --attention-tiles flash` compiles attention.paged.v1 with its
 FlashAttention-2-class large-step tiles (docs/kernels.md, "Flash-class prefill attention") for an
 A/B against the default in one device call. Writes kernels.json (`programs`: one row per layout x program; `operations`: per-operation rows)
-and prints a table. llama.cpp is not run here: `llama_cpp_tokens_per_s` is null.
+and prints a table. llama.cpp is not run here: `--llama-cpp` reads its figures at the same
+shapes, measured in the same device call before this one (`python3 -m bench.gpu_llama_peer run
+--kernel-shapes`: llama-batched-bench decode of B sequences around CONTEXT positions, llama-bench
+prefill of 512 and 4,096 tokens, random F16 weights of each layout's shape); without it
+`llama_cpp_tokens_per_s` is null.
 """
 from __future__ import annotations
 
@@ -197,7 +202,8 @@ def operation_name(label: str) -> str:
 
 
 def rows_of(layout: str, device: str, result: dict, run: LayoutRun, gbps: float, tflops: float,
-            peer: dict[tuple[str, str, int], float]) -> tuple[dict, list[dict]]:
+            peer: dict[tuple[str, str, int], float],
+            llama: dict[tuple[str, str, int], float] | None = None) -> tuple[dict, list[dict]]:
     """The program row and its per-operation rows."""
     step: Step = result["step"]
     program = run.program(result["program"])
@@ -213,7 +219,7 @@ def rows_of(layout: str, device: str, result: dict, run: LayoutRun, gbps: float,
            "bytes": int(total.nbytes), "flops": int(total.flops), "roofline_us": round(floor_us, 2),
            "bound": "bandwidth" if total.nbytes / (gbps * 1e3) >= total.flops / (tflops * 1e6) else "compute",
            "roofline_fraction": round(floor_us / result["us"], 4),
-           "pytorch_tokens_per_s": peer.get((layout, phase, size)), "llama_cpp_tokens_per_s": None,
+           "pytorch_tokens_per_s": peer.get((layout, phase, size)), "llama_cpp_tokens_per_s": (llama or {}).get((layout, phase, size)),
            "nodes": len(result["nodes"])}
     by_label = {node.label: cost for node, cost in node_costs}
     grouped: dict[tuple[str, str], dict] = {}
@@ -246,14 +252,28 @@ def read_peer(path: pathlib.Path | None) -> tuple[dict, dict[tuple[str, str, int
     return report, figures
 
 
+def read_llama_cpp(path: pathlib.Path | None) -> tuple[dict, dict[tuple[str, str, int], float]]:
+    """bench/gpu_llama_peer.py's kernel-shape figures: {(layout, phase, batch or tokens): tokens/s}."""
+    if path is None or not path.exists():
+        return {}, {}
+    report = json.loads(path.read_text())
+    figures = {}
+    for layout, entry in report.get("layouts", {}).items():
+        for phase in ("decode", "prefill"):
+            figures.update({(layout, phase, int(size)): value
+                            for size, value in entry.get(phase, {}).items() if value})
+    return report, figures
+
+
 def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path: pathlib.Path | None,
-        vendor_products: bool = True, name: str = "kernels.json") -> dict:
+        vendor_products: bool = True, name: str = "kernels.json", llama_path: pathlib.Path | None = None) -> dict:
     from helios_backend.executors.cuda.driver import check, load_driver
     from helios_backend.executors.cuda.vendor_products import VENDOR_PRODUCTS
     from tests.gpu import timing
 
     out.mkdir(parents=True, exist_ok=True)
     peer_report, peer = read_peer(peer_path)
+    llama_report, llama = read_llama_cpp(llama_path)
     driver = load_driver()
     check(driver.cuInit(0))
     check(driver.cuCtxSetCurrent(check(driver.cuDevicePrimaryCtxRetain(check(driver.cuDeviceGet(0))))))
@@ -264,7 +284,9 @@ def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path:
                               "commit": commit(), "copy_GBps": round(gbps, 1),
                               "fp16_tflops": round(tflops, 1), "fp16_tflops_from": "pytorch_peer" if peer_report
                               else "this process", "context": CONTEXT, "layouts": {}, "programs": [],
-                              "operations": []}
+                              "operations": [],
+                              "llama_cpp": {k: llama_report[k] for k in ("device", "llama_cpp", "settings")
+                                            if k in llama_report} or None}
     for layout in layouts:
         run_ = LayoutRun(bundles / f"{layout}.bin", vendor_products)
         executor: Any = run_.model.executor
@@ -278,7 +300,7 @@ def run(bundles: pathlib.Path, layouts: list[str], out: pathlib.Path, peer_path:
             measured = [(run_.decode, b) for b in DECODE_BATCHES] + [(run_.prefill, t) for t in PREFILL_TOKENS]
             for measure, size in measured:
                 result = measure(size)
-                row, operations = rows_of(layout, device, result, run_, gbps, tflops, peer)
+                row, operations = rows_of(layout, device, result, run_, gbps, tflops, peer, llama)
                 report["programs"].append(row)
                 report["operations"] += operations
                 print(json.dumps(row), flush=True)
@@ -302,13 +324,15 @@ def print_table(report: dict) -> None:
     print(f"\n{report['device']} commit {report['commit']}: copy {report['copy_GBps']:.0f} GB/s, "
           f"fp16 {report['fp16_tflops']:.0f} TFLOP/s, decode context {report['context']}")
     print(f"{'layout':<14} {'phase':<8} {'size':>5} {'us':>9} {'tok/s':>10} {'engine':>10} {'roofline':>8} "
-          f"{'pytorch':>10}")
+          f"{'pytorch':>10} {'llama.cpp':>10} {'/pytorch':>8} {'/llama':>7}")
     for r in report["programs"]:
         size = r.get("batch") or r.get("tokens")
         engine = f"{r['engine_tokens_per_s']:.0f}" if r["engine_tokens_per_s"] else "-"
-        torch_figure = f"{r['pytorch_tokens_per_s']:.0f}" if r["pytorch_tokens_per_s"] else "-"
+        peers = [r.get("pytorch_tokens_per_s"), r.get("llama_cpp_tokens_per_s")]
+        figures = [f"{v:.0f}" if v else "-" for v in peers]
+        ratios = [f"x{r['tokens_per_s'] / v:.2f}" if v else "-" for v in peers]
         print(f"{r['layout']:<14} {r['phase']:<8} {size:>5} {r['us']:>9.1f} {r['tokens_per_s']:>10.0f} "
-              f"{engine:>10} {r['roofline_fraction']:>8.2f} {torch_figure:>10}")
+              f"{engine:>10} {r['roofline_fraction']:>8.2f} {figures[0]:>10} {figures[1]:>10} {ratios[0]:>8} {ratios[1]:>7}")
 
 
 def main() -> None:
@@ -331,12 +355,14 @@ def main() -> None:
     r.add_argument("--no-vendor-products", action="store_true",
                    help="run the product path's ids on their cubins, not cuBLASLt")
     r.add_argument("--name", default="kernels.json", help="the JSON file written under --out")
+    r.add_argument("--llama-cpp", type=pathlib.Path, default=None,
+                   help="bench/gpu_llama_peer.py run --kernel-shapes' JSON of this device call")
     args = parser.parse_args()
     layouts = args.layout or list(LAYOUTS)
     if args.command == "build":
         build(args.out, layouts, args.arch or ["sm_90a"], args.product_path_tokens, args.attention_tiles)
     else:
-        run(args.bundles, layouts, args.out, args.peer, not args.no_vendor_products, args.name)
+        run(args.bundles, layouts, args.out, args.peer, not args.no_vendor_products, args.name, args.llama_cpp)
 
 
 if __name__ == "__main__":
