@@ -159,7 +159,7 @@ def layout_table(config: dict) -> tuple[str, list[tuple[str, tuple[int, ...], in
     head_dim = config.get("head_dim") or d // heads
     q, kv = heads * head_dim, kv_heads * head_dim
     per_block = _BLOCK_TENSORS + (_BIASES if family["qkv_bias"] else ())
-    table = [("token_embd.weight", (d, vocab))]
+    table: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (d, vocab))]
     for i in range(config["num_hidden_layers"]):
         table += [(f"blk.{i}.{name}", dims(d, q, kv, ffn)) for name, dims in per_block]
     table.append(("output_norm.weight", (d,)))

@@ -217,8 +217,26 @@ def test_layout_shape_lists_the_tensors_of_the_real_model() -> None:
             assert reader.fields[key].contents() == real.fields[key].contents(), key
         tokens = reader.fields["tokenizer.ggml.tokens"].contents()
         assert len(tokens) == 49152 and tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[3 + 0x0A] == "<0x0A>"
-        random = gguf_shape.write_random(shape, pathlib.Path(scratch) / "r.gguf")
-        assert [t.name for t in gguf.GGUFReader(str(random)).tensors] == reader.fields[gguf_shape.NAMES].contents()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_small_layout_becomes_a_random_file_llama_cpp_runs(model_type: str, tmp_path: pathlib.Path) -> None:
+    config = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
+              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": model_type == "qwen2"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    shape = gguf_shape.write_layout_shape(path, tmp_path / "small.shape.gguf.xz")
+    random = gguf_shape.write_random(shape, tmp_path / "small.f16.gguf")
+    reader = gguf.GGUFReader(str(random))
+    _, table = gguf_shape.layout_table(config)
+    assert [(t.name, tuple(int(d) for d in t.shape)) for t in reader.tensors] == [(n, ne) for n, ne, _ in table]
+    assert reader.fields["general.architecture"].contents() == model_type
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = llama_cpp.Llama(str(random), n_ctx=64, n_batch=32, n_threads=2, verbose=False, logits_all=True)
+    assert (model.n_vocab(), model.n_embd()) == (512, 64)
+    model.eval([5, 6, 7])
+    assert np.isfinite(np.array(model.scores[model.n_tokens - 1])).all()
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"])
