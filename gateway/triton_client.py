@@ -3,8 +3,10 @@
 Generations travel on a channel (docs/exchange.md): one long-lived gRPC stream per gateway
 process carries the channel request, every generate request (each tagged; those queued next
 to each other leave as one GenerateBatch) and the cancels. The backend answers each batch at
-once with a flag-only FINAL (which Triton does not forward) and sends the output of all of
-them as channel batches, one message per backend pass instead of one per request per token. The stream is read by one task that
+once with a flag-only FINAL, which Triton forwards as an empty response because the batch asks
+for it: the acknowledgement that lets the next batch leave (one in flight per channel: Outbox).
+The output of all of them comes as channel batches, one message per backend pass instead of
+one per request per token. The stream is read by one task that
 routes each request's output, in order, to its generation; a client that goes away cancels
 exactly its own request with a CancelRequest naming its tag (HTTP-6). The assets request,
 asked once at startup, keeps a stream of its own.
@@ -184,6 +186,12 @@ class ChannelGeneration:
 
 # the most generations one GenerateBatch carries (a wave larger than this takes several)
 BATCH_LIMIT = 256
+# the longest a channel holds its next GenerateBatch for the acknowledgement of the one before
+# (Triton's empty FINAL of that request); a Triton that never forwards one is detected by the
+# first wait that times out, and the channel then sends without waiting
+ACK_WAIT_S = 0.05
+# asks Triton's gRPC frontend to forward a request's flag-only FINAL: the acknowledgement
+ACK_PARAMETER = "triton_enable_empty_final_response"
 # None ends the stream
 OutboxItem: TypeAlias = "ChannelGeneration | service_pb2.ModelInferRequest | None"
 
@@ -191,17 +199,50 @@ OutboxItem: TypeAlias = "ChannelGeneration | service_pb2.ModelInferRequest | Non
 class Outbox:
     """What the channel's stream still has to send, in submission order. Generations that wait
     next to each other leave as one GenerateBatch request (BATCH_LIMIT at most): a wave of
-    arrivals costs the backend one Triton request instead of one each. Nothing waits to be
-    batched: the stream takes whatever is queued when it is ready for its next message."""
+    arrivals costs the backend one Triton request instead of one each.
+
+    One GenerateBatch is in flight at a time: the next leaves when Triton acknowledges the one
+    before (its flag-only FINAL, sent once the backend's execute() has taken the batch), or after
+    ACK_WAIT_S. Triton runs execute() one request at a time and each costs its fixed ~1 ms of
+    IPC whatever it carries, so when arrivals outpace it they wait here and leave together
+    instead of queueing in Triton one request each (at 256 clients on an H100 host a new request
+    waited ~50 ms there). An idle channel sends at once: its last batch is acknowledged."""
 
     def __init__(self, model_name: str, channel_id: str) -> None:
         self._model_name, self._channel_id = model_name, channel_id
         self._items: deque[OutboxItem] = deque()
         self._ready = asyncio.Event()
+        self._acked = asyncio.Event()
+        self._acked.set()
+        self._awaiting: str | None = None      # the request id of the batch in flight
+        self.acknowledged = 0                  # batches Triton acknowledged
+        self.waits_timed_out = 0
+        self._acks_on = True                   # off once a wait times out before any acknowledgement
 
     def put(self, item: OutboxItem) -> None:
         self._items.append(item)
         self._ready.set()
+
+    def acknowledge(self, request_id: str) -> None:
+        """Triton's empty FINAL of the GenerateBatch `request_id`: the next one may leave."""
+        if request_id == self._awaiting:
+            self._awaiting = None
+            self.acknowledged += 1
+            self._acked.set()
+
+    async def _acknowledged(self) -> None:
+        if self._acked.is_set() or not self._acks_on:
+            return
+        try:
+            await asyncio.wait_for(self._acked.wait(), ACK_WAIT_S)
+        except asyncio.TimeoutError:
+            self.waits_timed_out += 1
+            if not self.acknowledged:
+                self._acks_on = False
+                log.warning("channel %s: Triton forwards no empty FINAL; generations leave without waiting",
+                            self._channel_id)
+            self._awaiting = None
+            self._acked.set()
 
     async def messages(self) -> AsyncIterator[service_pb2.ModelInferRequest]:
         items = self._items
@@ -209,6 +250,8 @@ class Outbox:
             while not items:
                 self._ready.clear()
                 await self._ready.wait()
+            if isinstance(items[0], ChannelGeneration):
+                await self._acknowledged()           # arrivals meanwhile join this batch
             item = items.popleft()
             if item is None:
                 return
@@ -218,7 +261,11 @@ class Outbox:
             generations = [item]
             while items and isinstance(items[0], ChannelGeneration) and len(generations) < BATCH_LIMIT:
                 generations.append(items.popleft())      # type: ignore[arg-type]  # checked just above
-            yield self._batch(generations)
+            request = self._batch(generations)
+            if self._acks_on:
+                self._awaiting = request.id
+                self._acked.clear()
+            yield request
 
     def _batch(self, generations: list[ChannelGeneration]) -> service_pb2.ModelInferRequest:
         batch = ep.GenerateBatch(channel=self._channel_id)
@@ -228,7 +275,9 @@ class Outbox:
         request_id = batch_request_id(generations[0].tag, generations[-1].tag)
         ids = np.fromiter(itertools.chain.from_iterable(prompts), dtype="<i4",
                           count=sum(batch.prompt_lengths))
-        return _infer_request(self._model_name, request_id, params, ids)
+        request = _infer_request(self._model_name, request_id, params, ids)
+        request.parameters[ACK_PARAMETER].bool_param = True
+        return request
 
 
 def batch_request_id(first_tag: int, last_tag: int) -> str:
@@ -326,6 +375,7 @@ class ChannelMux:
                     # channel unusable
                     tags = batch_tags(infer.id)
                     if tags is not None:
+                        outbox.acknowledge(infer.id)     # Triton is done with it: the next may leave
                         refused = StreamFailure(StreamFailureKind.REFUSED, response.error_message)
                         for tag in tags:
                             target = self._routes.pop(tag, None)
@@ -337,7 +387,10 @@ class ChannelMux:
                     return
                 self._opened = True
                 if infer.id != channel_id:
-                    continue                  # never sent: generate and cancel FINALs are flag-only
+                    # a GenerateBatch's empty FINAL (asked for: the acknowledgement); a cancel's is
+                    # never sent
+                    outbox.acknowledge(infer.id)
+                    continue
                 self._dispatch(infer)
                 final = infer.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:

@@ -254,3 +254,104 @@ def test_a_lone_generate_request_on_a_channel_is_a_batch_of_one(
     assert terminal is not None and terminal.HasField("finished")
     assert tokens == hc.run(hc.generate(server.grpc_url, PROMPTS[2], hc.greedy(8))).tokens
     assert not none and invalid is not None and invalid.invalid.field == "prompt_token_ids"
+
+
+def test_one_batch_is_in_flight_and_arrivals_wait_to_leave_together() -> None:  # spec: HTTP-9
+    # no server: the outbox alone. After a GenerateBatch leaves, the generations that arrive
+    # leave as one batch when Triton acknowledges it (its empty FINAL), not one request each
+    from gateway import triton_client
+
+    async def scenario() -> tuple[list[list[int]], triton_client.Outbox]:
+        outbox = Outbox("helios", "chan")
+        sent: list[list[int]] = []
+        received = asyncio.Event()
+
+        async def consume() -> None:
+            async for request in outbox.messages():
+                params = ep.RequestParameters.FromString(request.raw_input_contents[0])
+                assert request.parameters[triton_client.ACK_PARAMETER].bool_param
+                sent.append([g.tag for g in params.generate_batch.requests])
+                received.set()
+
+        task = asyncio.create_task(consume())
+        tags = iter(range(1, 100))
+
+        def put() -> None:
+            generation = ChannelGeneration(None, [1, 2], hc.greedy(4), "g")  # type: ignore[arg-type]
+            generation.tag = next(tags)
+            outbox.put(generation)
+
+        put()
+        await received.wait()                         # the first leaves at once (nothing in flight)
+        received.clear()
+        for _ in range(5):
+            put()
+        await asyncio.sleep(0.01)
+        assert sent == [[1]]                          # held: batch-1-1 is not acknowledged
+        outbox.acknowledge("batch-9-9")               # another id changes nothing
+        await asyncio.sleep(0.01)
+        assert sent == [[1]]
+        outbox.acknowledge("batch-1-1")
+        await received.wait()
+        assert sent == [[1], [2, 3, 4, 5, 6]]         # the five arrivals left as one batch
+        outbox.put(None)
+        await task
+        return sent, outbox
+
+    sent, outbox = asyncio.run(scenario())
+    assert outbox.acknowledged == 1 and outbox.waits_timed_out == 0
+
+
+def test_a_triton_that_sends_no_acknowledgement_costs_one_wait(monkeypatch: pytest.MonkeyPatch) -> None:  # spec: HTTP-9
+    from gateway import triton_client
+
+    monkeypatch.setattr(triton_client, "ACK_WAIT_S", 0.02)
+
+    async def scenario() -> tuple[list[float], triton_client.Outbox]:
+        outbox = Outbox("helios", "chan")
+        times: list[float] = []
+
+        async def consume() -> None:
+            async for _request in outbox.messages():
+                times.append(asyncio.get_running_loop().time())
+
+        task = asyncio.create_task(consume())
+        start = asyncio.get_running_loop().time()
+        for tag in range(1, 4):
+            generation = ChannelGeneration(None, [1], hc.greedy(4), "g")  # type: ignore[arg-type]
+            generation.tag = tag
+            outbox.put(generation)
+            await asyncio.sleep(0.03)                 # each arrives after the one before left
+        outbox.put(None)
+        await task
+        return [t - start for t in times], outbox
+
+    times, outbox = asyncio.run(scenario())
+    assert len(times) == 3
+    # the second waited for an acknowledgement that never came; after that none is awaited
+    assert outbox.waits_timed_out == 1 and outbox.acknowledged == 0
+
+
+def test_triton_acknowledges_each_batch_on_the_channel(server: TritonServer) -> None:  # spec: HTTP-9
+    # the real tritonserver forwards each GenerateBatch's flag-only FINAL as an empty response
+    # (triton_enable_empty_final_response): every batch is acknowledged, no wait times out
+    async def scenario() -> tuple[list[tuple[list[int], ep.TerminalEvent | None]], int, int]:
+        backend = TritonBackend(server.grpc_url)
+        try:
+            first = await _collect(backend.generate(PROMPTS[0], hc.greedy(4), "first"))
+            wave = await asyncio.gather(*(_collect(backend.generate(p, hc.greedy(4), f"w{i}"))
+                                          for i, p in enumerate(PROMPTS)))
+            outbox = backend._mux._outbox
+            assert outbox is not None
+            for _ in range(200):                      # the acknowledgements come on this loop
+                if outbox.acknowledged >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            return [first, *wave], outbox.acknowledged, outbox.waits_timed_out
+        finally:
+            await backend.close()
+
+    results, acknowledged, timed_out = asyncio.run(scenario())
+    for tokens, terminal in results:
+        assert terminal is not None and terminal.HasField("finished") and len(tokens) == 4
+    assert acknowledged >= 2 and timed_out == 0
