@@ -403,3 +403,36 @@ def test_every_startup_option_is_declared_in_the_model_config() -> None:
     declared = set(re.findall(r'key: "([a-z_]+)"', config))
     missing = [f.name for f in dataclasses.fields(StartupOptions) if f.name not in declared]
     assert missing == []
+
+
+def test_a_token_block_is_delivered_as_its_events_one_by_one() -> None:  # spec: HTTP-9
+    # the hub reads a round's TokenBlock as arrays; what each stream receives (tokens, stamps,
+    # logprobs, first-token time, the terminal after) equals the same events delivered one by one
+    from helios_backend.scheduler.events import TokenBlock
+
+    rng = np.random.default_rng(5)
+    block = TokenBlock(np.array([3, 1, 9, 2, 7], np.int64), rng.integers(0, 500, 5).astype(np.int32),
+                       np.array([11, 12, -1, 14, 15], np.int64), rng.random(5).astype(np.float32))
+    bare = TokenBlock(np.array([1, 2], np.int64), np.array([8, 9], np.int32), None, None)
+    received = {}
+    for mode in ("block", "events"):
+        senders = {serial: RecordingSender() for serial in (1, 2, 3, 7)}    # 9 is not registered
+        hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics())
+        hub.start()
+        for serial, sender in senders.items():
+            hub.register(Stream(serial, sender, timestamps=serial in (1, 3), logprobs=serial in (1, 2)))
+        hub.deliver([finished_event(7)])                # 7 ends first: its block token is dropped
+        for b in (block, bare):
+            hub.deliver([b] if mode == "block" else b.emitted())
+        hub.deliver([finished_event(s) for s in (1, 2, 3)])
+        for sender in senders.values():
+            assert sender.done.wait(5)
+        hub.stop()
+        # what a stream received, joined over its sends (how the sends split depends on timing)
+        received[mode] = {serial: ({key: [x for arrays, _ in sender.sends if key in arrays for x in arrays[key].tolist()]
+                                    for key in sorted({k for arrays, _ in sender.sends for k in arrays} - {OUT_EVENT})},
+                                   [f.terminal.WhichOneof("outcome") for f in sender.finals])
+                          for serial, sender in senders.items()}
+    assert received["block"] == received["events"]
+    assert received["block"][1][0][OUT_TOKENS] == [int(block.tokens[1]), 8]
+    assert received["block"][7][0].get(OUT_TOKENS, []) == []

@@ -34,7 +34,7 @@ import numpy as np
 
 from helios_proto import exchange_pb2 as ep
 
-from helios_backend.scheduler.events import Emitted, WorkerEvent, expand
+from helios_backend.scheduler.events import Emitted, Terminal, TokenBlock, WorkerEvent
 from helios_backend.engine.metrics import MetricsQueue, Op, Update, update
 from helios_backend.exchange import OutputChunk
 
@@ -173,46 +173,81 @@ class ResponseHub:
             return len(self._streams)
 
     def deliver(self, events: Sequence[WorkerEvent]) -> None:
-        """From the worker: append to buffers; never blocks on a client. TokenBlocks are
-        expanded here (the stub's thread, when the engine runs in its own process)."""
+        """From the worker: append to buffers; never blocks on a client. A TokenBlock (one token
+        of each of a round's decode lanes) is read as its arrays, with no event object per token:
+        this runs on the stub's thread when the engine has its own process, and at 256 lanes its
+        per-token Python was the largest share of the stub's GIL (py-spy at 9809c66)."""
         if not events:
             return
         now = time.monotonic_ns()
         updates: list[Update] = []
         with self._lock:
-            for ev in expand(events):
-                stream = self._streams.get(ev.serial)
-                if stream is None or stream.final:
-                    continue
-                chunk = stream.pending
-                if isinstance(ev, Emitted):
-                    chunk.tokens.append(ev.token)
-                    if stream.timestamps:
-                        chunk.timestamps.append(ev.timestamp_ns)
-                    if stream.logprobs:
-                        chunk.logprobs.append(ev.logprob)
-                    if stream.top_k and ev.top_ids is not None and ev.top_logprobs is not None:
-                        chunk.top_ids.append(ev.top_ids)
-                        chunk.top_logprobs.append(ev.top_logprobs)
-                    if not stream.first_token_ns:
-                        stream.first_token_ns = now
-                        updates.append(update("flare_time_to_first_token_seconds", Op.OBSERVE,
-                                              (now - stream.received_ns) / 1e9))
+            for ev in events:
+                if isinstance(ev, TokenBlock):
+                    self._append_block(ev, now, updates)
+                elif isinstance(ev, Emitted):
+                    self._append(ev.serial, ev.token, ev.timestamp_ns, ev.logprob, ev.top_ids, ev.top_logprobs,
+                                 now, updates)
                 else:
-                    terminal = ev.event
-                    if terminal.HasField("finished") and terminal.finished.HasField("performance"):
-                        perf = terminal.finished.performance
-                        if stream.ingress_ns is not None:
-                            perf.ingress_ns = stream.ingress_ns
-                        if stream.enqueue_ns is not None:
-                            perf.enqueue_ns = stream.enqueue_ns
-                    chunk.event = ep.ResponseEvent(terminal=terminal)
-                    stream.final = True
-                    updates.append(update("flare_e2e_request_latency_seconds", Op.OBSERVE,
-                                          (now - stream.received_ns) / 1e9))
-                self._dirty.add(ev.serial)
+                    self._terminal(ev, now, updates)
             self._lock.notify()
         self._metrics.push(updates)
+
+    def _append(self, serial: int, token: int, timestamp_ns: int, logprob: float, top_ids: np.ndarray | None,
+                top_logprobs: np.ndarray | None, now: int, updates: list[Update]) -> None:
+        stream = self._streams.get(serial)
+        if stream is None or stream.final:
+            return
+        chunk = stream.pending
+        chunk.tokens.append(token)
+        if stream.timestamps:
+            chunk.timestamps.append(timestamp_ns)
+        if stream.logprobs:
+            chunk.logprobs.append(logprob)
+        if stream.top_k and top_ids is not None and top_logprobs is not None:
+            chunk.top_ids.append(top_ids)
+            chunk.top_logprobs.append(top_logprobs)
+        if not stream.first_token_ns:
+            stream.first_token_ns = now
+            updates.append(update("flare_time_to_first_token_seconds", Op.OBSERVE, (now - stream.received_ns) / 1e9))
+        self._dirty.add(serial)
+
+    def _append_block(self, block: TokenBlock, now: int, updates: list[Update]) -> None:
+        """`_append` of each of the block's tokens (no top alternatives: blocks carry none)."""
+        streams, dirty = self._streams, self._dirty
+        stamps = block.timestamps_ns.tolist() if block.timestamps_ns is not None else None
+        logprobs = block.logprobs.tolist() if block.logprobs is not None else None
+        for i, (serial, token) in enumerate(zip(block.serials.tolist(), block.tokens.tolist())):
+            stream = streams.get(serial)
+            if stream is None or stream.final:
+                continue
+            chunk = stream.pending
+            chunk.tokens.append(token)
+            if stream.timestamps:
+                chunk.timestamps.append(stamps[i] if stamps is not None else -1)
+            if stream.logprobs:
+                chunk.logprobs.append(logprobs[i] if logprobs is not None else 0.0)
+            if not stream.first_token_ns:
+                stream.first_token_ns = now
+                updates.append(update("flare_time_to_first_token_seconds", Op.OBSERVE,
+                                      (now - stream.received_ns) / 1e9))
+            dirty.add(serial)
+
+    def _terminal(self, ev: Terminal, now: int, updates: list[Update]) -> None:
+        stream = self._streams.get(ev.serial)
+        if stream is None or stream.final:
+            return
+        terminal = ev.event
+        if terminal.HasField("finished") and terminal.finished.HasField("performance"):
+            perf = terminal.finished.performance
+            if stream.ingress_ns is not None:
+                perf.ingress_ns = stream.ingress_ns
+            if stream.enqueue_ns is not None:
+                perf.enqueue_ns = stream.enqueue_ns
+        stream.pending.event = ep.ResponseEvent(terminal=terminal)
+        stream.final = True
+        updates.append(update("flare_e2e_request_latency_seconds", Op.OBSERVE, (now - stream.received_ns) / 1e9))
+        self._dirty.add(ev.serial)
 
     def finish_now(self, serial: int, event: ep.ResponseEvent) -> None:
         """Answer a request that never reached the worker (assets, invalid, refused)."""
