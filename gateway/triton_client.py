@@ -203,8 +203,8 @@ class Outbox:
 
     One GenerateBatch is in flight at a time: the next leaves when Triton acknowledges the one
     before (its flag-only FINAL, sent once the backend's execute() has taken the batch), or after
-    ACK_WAIT_S. Triton runs execute() one request at a time and each costs its fixed ~1 ms of
-    IPC whatever it carries, so when arrivals outpace it they wait here and leave together
+    ACK_WAIT_S. Triton runs execute() one request at a time and each took 1.0-1.7 ms under load
+    (of it ~0.2 ms of our Python per generation), so when arrivals outpace it they wait here and leave together
     instead of queueing in Triton one request each (at 256 clients on an H100 host a new request
     waited ~50 ms there). An idle channel sends at once: its last batch is acknowledged."""
 
