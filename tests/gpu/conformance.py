@@ -383,6 +383,25 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] 
     return None
 
 
+def divergence_gap(models: dict, manifest: M.ExecutionManifest, vocab: int, prompt: list[int],
+                   common: list[int], pair: dict[str, int]) -> dict:
+    """Where two greedy runs part: each executor's logits at that decision point (the prompt and
+    the tokens both produced, prefilled as one prompt) and the gap between the two tokens they
+    chose, relative to the row's largest |logit|. A gap within TIE_TOLERANCE on both is a near
+    tie: fp16 summation order decides it, not a wrong program. `pass` is not changed by it."""
+    buffer = logits_buffer(manifest, "decode.r1.t1")
+    a, b = pair["cuda"], pair["numpy"]
+    gaps, argmax = {}, {}
+    for kind, model in models.items():
+        LockstepGenerator(model).generate([GenerationRequest(list(prompt) + list(common), max_tokens=1,
+                                                             eos_ids=(vocab - 1,))])
+        row = model.executor.read_buffer(buffer).view(np.float32)[:vocab]
+        gaps[kind] = float(abs(row[a] - row[b]) / max(float(np.abs(row).max()), 1e-6))
+        argmax[kind] = int(row.argmax())
+    return {"tokens": pair, "relative_gap": gaps, "prefill_argmax": argmax,
+            "near_tie": all(g <= TIE_TOLERANCE for g in gaps.values())}
+
+
 def drafted_greedy(models: dict, prompts: list, steps: int, vocab: int, plain_cuda: list, batch: int) -> dict:
     """Greedy generation with history drafting (SPECULATIVE rounds of every captured width, copies
     from each request's own history) on both executors: CUDA equals numpy, and equals CUDA's
@@ -515,9 +534,14 @@ def main() -> None:
                     requests = [GenerationRequest(p, max_tokens=args.steps, eos_ids=(vocab - 1,)) for p in prompts]
                     tokens[kind] = [r.tokens for r in LockstepGenerator(model).generate(requests)]
                 same = tokens["cuda"] == tokens["numpy"]
+                where = first_difference(tokens["cuda"], tokens["numpy"])
                 results.append({"program": f"greedy.batch{batch}.steps{args.steps}", "pass": bool(same),
-                                "steps": min(len(t) for t in tokens["cuda"]),
-                                "first_difference": first_difference(tokens["cuda"], tokens["numpy"])})
+                                "steps": min(len(t) for t in tokens["cuda"]), "first_difference": where})
+                if where is not None and where[1] < min(len(tokens["cuda"][where[0]]), len(tokens["numpy"][where[0]])):
+                    r, step = where
+                    results[-1]["divergence"] = divergence_gap(
+                        models, manifest, vocab, prompts[r], tokens["cuda"][r][:step],
+                        {kind: tokens[kind][r][step] for kind in ("cuda", "numpy")})
             except Exception as error:
                 results.append({"program": f"greedy.batch{batch}", "pass": False, "error": repr(error),
                                 "trace": traceback.format_exc()[-800:]})
@@ -540,8 +564,8 @@ def main() -> None:
                                                   "seconds": time.time() - started}, indent=1, default=str))
     print(f"\n{'case':34s} {'result':6s} detail")
     for r in results:
-        detail = {k: r[k] for k in ("logit_rel_err", "steps", "first_difference", "error", "state_differs", "bad_rows",
-                                    "near_ties", "diverged_inputs")
+        detail = {k: r[k] for k in ("logit_rel_err", "steps", "first_difference", "divergence", "error", "state_differs",
+                                    "bad_rows", "near_ties", "diverged_inputs")
                   if k in r}
         print(f"{r['program']:34s} {'PASS' if r['pass'] else 'FAIL':6s} {detail}")
     print(f"graph nodes per step: {node_counts}")
