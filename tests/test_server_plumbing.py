@@ -19,7 +19,7 @@ from helios_backend.engine.metrics import FAMILY, MetricsThread, Op, update
 from helios_backend.engine.responses import ResponseHub, Stream
 from helios_backend.engine.settings import SettingsError, StartupOptions, resolve
 from helios_backend.executors.factory import EXECUTOR_NAMES, HOST_CONCURRENCY
-from helios_backend.exchange import OUT_EVENT, OUT_TOKENS, decode_event
+from helios_backend.exchange import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
 from helios_backend.engine.loop import EngineLoop, SynchronousRunner
 from tests.scheduler_sim import reference_tokens
 from tests.test_scheduler_loop import VOCAB, make, prompt_of, spec
@@ -434,5 +434,12 @@ def test_a_token_block_is_delivered_as_its_events_one_by_one() -> None:  # spec:
                                    [f.terminal.WhichOneof("outcome") for f in sender.finals])
                           for serial, sender in senders.items()}
     assert received["block"] == received["events"]
-    assert received["block"][1][0][OUT_TOKENS] == [int(block.tokens[1]), 8]
+    # and what each stream asked for, in absolute terms: serial 1 (stamps and logprobs) got
+    # block index 1 then the bare block's token (-1 and 0.0: absent), serial 3 (stamps only) index 0
+    one, three = received["block"][1][0], received["block"][3][0]
+    assert one[OUT_TOKENS] == [int(block.tokens[1]), 8]
+    assert one[OUT_TIMESTAMPS] == [12, -1]
+    assert one[OUT_LOGPROBS] == pytest.approx([float(block.logprobs[1]), 0.0])
+    assert three[OUT_TIMESTAMPS] == [11] and OUT_LOGPROBS not in three
+    assert received["block"][2][0][OUT_LOGPROBS] == pytest.approx([float(block.logprobs[3]), 0.0])
     assert received["block"][7][0].get(OUT_TOKENS, []) == []

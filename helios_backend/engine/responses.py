@@ -184,40 +184,25 @@ class ResponseHub:
         with self._lock:
             for ev in events:
                 if isinstance(ev, TokenBlock):
-                    self._append_block(ev, now, updates)
+                    self._append(ev.serials.tolist(), ev.tokens.tolist(),
+                                 None if ev.timestamps_ns is None else ev.timestamps_ns.tolist(),
+                                 None if ev.logprobs is None else ev.logprobs.tolist(), None, now, updates)
                 elif isinstance(ev, Emitted):
-                    self._append(ev.serial, ev.token, ev.timestamp_ns, ev.logprob, ev.top_ids, ev.top_logprobs,
-                                 now, updates)
+                    self._append((ev.serial,), (ev.token,), (ev.timestamp_ns,), (ev.logprob,),
+                                 ((ev.top_ids, ev.top_logprobs),), now, updates)
                 else:
                     self._terminal(ev, now, updates)
             self._lock.notify()
         self._metrics.push(updates)
 
-    def _append(self, serial: int, token: int, timestamp_ns: int, logprob: float, top_ids: np.ndarray | None,
-                top_logprobs: np.ndarray | None, now: int, updates: list[Update]) -> None:
-        stream = self._streams.get(serial)
-        if stream is None or stream.final:
-            return
-        chunk = stream.pending
-        chunk.tokens.append(token)
-        if stream.timestamps:
-            chunk.timestamps.append(timestamp_ns)
-        if stream.logprobs:
-            chunk.logprobs.append(logprob)
-        if stream.top_k and top_ids is not None and top_logprobs is not None:
-            chunk.top_ids.append(top_ids)
-            chunk.top_logprobs.append(top_logprobs)
-        if not stream.first_token_ns:
-            stream.first_token_ns = now
-            updates.append(update("flare_time_to_first_token_seconds", Op.OBSERVE, (now - stream.received_ns) / 1e9))
-        self._dirty.add(serial)
-
-    def _append_block(self, block: TokenBlock, now: int, updates: list[Update]) -> None:
-        """`_append` of each of the block's tokens (no top alternatives: blocks carry none)."""
+    def _append(self, serials: Sequence[int], tokens: Sequence[int], stamps: Sequence[int] | None,
+                logprobs: Sequence[float] | None, tops: Sequence[tuple[np.ndarray | None, np.ndarray | None]] | None,
+                now: int, updates: list[Update]) -> None:
+        """Token i to its stream's pending output. A field that is None is absent for every token
+        (a TokenBlock's unobserved stamps are -1, missing logprobs 0.0, and it carries no top
+        alternatives)."""
         streams, dirty = self._streams, self._dirty
-        stamps = block.timestamps_ns.tolist() if block.timestamps_ns is not None else None
-        logprobs = block.logprobs.tolist() if block.logprobs is not None else None
-        for i, (serial, token) in enumerate(zip(block.serials.tolist(), block.tokens.tolist())):
+        for i, (serial, token) in enumerate(zip(serials, tokens)):
             stream = streams.get(serial)
             if stream is None or stream.final:
                 continue
@@ -227,6 +212,11 @@ class ResponseHub:
                 chunk.timestamps.append(stamps[i] if stamps is not None else -1)
             if stream.logprobs:
                 chunk.logprobs.append(logprobs[i] if logprobs is not None else 0.0)
+            if stream.top_k and tops is not None:
+                top_ids, top_logprobs = tops[i]
+                if top_ids is not None and top_logprobs is not None:
+                    chunk.top_ids.append(top_ids)
+                    chunk.top_logprobs.append(top_logprobs)
             if not stream.first_token_ns:
                 stream.first_token_ns = now
                 updates.append(update("flare_time_to_first_token_seconds", Op.OBSERVE,
