@@ -149,14 +149,19 @@ _BIASES = (("attn_q.bias", lambda d, q, kv, f: (q,)), ("attn_k.bias", lambda d, 
 GGML_F32, GGML_F16 = 0, 1
 
 
+def attention_sizes(config: dict) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dimension) of a config (head_dim defaults to hidden / heads)."""
+    heads = config["num_attention_heads"]
+    return heads, config.get("num_key_value_heads", heads), config.get("head_dim") or config["hidden_size"] // heads
+
+
 def layout_table(config: dict) -> tuple[str, list[tuple[str, tuple[int, ...], int]]]:
     """(llama.cpp architecture, [(tensor, GGUF dims, GGML type)]) of a llama- or qwen2-family config."""
     family = LAYOUT_FAMILIES.get(config.get("model_type", ""))
     if family is None:
         raise ValueError(f"model_type {config.get('model_type')!r}: a layout shape needs one of {sorted(LAYOUT_FAMILIES)}")
     d, vocab, ffn = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config.get("head_dim") or d // heads
+    heads, kv_heads, head_dim = attention_sizes(config)
     q, kv = heads * head_dim, kv_heads * head_dim
     per_block = _BLOCK_TENSORS + (_BIASES if family["qkv_bias"] else ())
     table: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (d, vocab))]
@@ -184,8 +189,7 @@ def write_layout_shape(config_path: Path, out: Path, gguf_py: str | None = None)
     gguf = _gguf(gguf_py)
     config = json.loads(Path(config_path).read_text())
     arch, table = layout_table(config)
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    heads, kv_heads, head_dim = attention_sizes(config)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
         plain = Path(scratch) / out.name.removesuffix(".xz")
@@ -196,7 +200,7 @@ def write_layout_shape(config_path: Path, out: Path, gguf_py: str | None = None)
         writer.add_block_count(config["num_hidden_layers"])
         writer.add_feed_forward_length(config["intermediate_size"])
         writer.add_head_count(heads)
-        writer.add_head_count_kv(config.get("num_key_value_heads", heads))
+        writer.add_head_count_kv(kv_heads)
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
         writer.add_rope_dimension_count(head_dim)

@@ -211,14 +211,24 @@ def parse_batched_bench(text: str) -> dict[int, dict]:
     return out
 
 
+def bench_argv(work: pathlib.Path, model: pathlib.Path, *options: str) -> list[str]:
+    """llama-bench on every layer of the GPU with flash attention, JSON out."""
+    return [str(tool(work, "llama-bench")), "-m", str(model), "-ngl", "99", "-fa", "1", *options, "-o", "json"]
+
+
+def batched_argv(work: pathlib.Path, model: pathlib.Path, prompt: int, steps: int, batches: Sequence[int]) -> list[str]:
+    """llama-batched-bench of each batch's sequences (a `prompt`-token prompt each, then `steps`
+    steps), with room for every sequence in its non-unified cache; JSON lines out."""
+    contexts = max(batches) * (prompt + steps) * 2
+    return [str(tool(work, "llama-batched-bench")), "-m", str(model), "-ngl", "99", "-fa", "on",
+            "-c", str(contexts), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(steps),
+            "-npl", ",".join(map(str, batches)), "--output-format", "jsonl"]
+
+
 def measure_llama_cpp(work: pathlib.Path, model: pathlib.Path) -> dict:
     env = tool_env(work)
-    bench = execute([str(tool(work, "llama-bench")), "-m", str(model), "-ngl", "99", "-fa", "1",
-                     "-p", str(PREFILL), "-n", str(STEPS), "-r", "5", "-o", "json"], env, 180)
-    contexts = max(BATCHES) * (PROMPT + STEPS) * 2      # room for every sequence, non-unified cache
-    batched = execute([str(tool(work, "llama-batched-bench")), "-m", str(model), "-ngl", "99", "-fa", "on",
-                       "-c", str(contexts), "-b", "2048", "-ub", "512", "-npp", str(PROMPT), "-ntg", str(STEPS),
-                       "-npl", ",".join(map(str, BATCHES)), "--output-format", "jsonl"], env, 180)
+    bench = execute(bench_argv(work, model, "-p", str(PREFILL), "-n", str(STEPS), "-r", "5"), env, 180)
+    batched = execute(batched_argv(work, model, PROMPT, STEPS, BATCHES), env, 180)
     return {"llama_bench": parse_llama_bench(bench.stdout),
             "batched_bench": parse_batched_bench(batched.stdout + "\n" + batched.stderr),
             "commands": [" ".join(bench.argv), " ".join(batched.argv)],
@@ -232,18 +242,15 @@ def measure_kernel_shapes(work: pathlib.Path, model: pathlib.Path) -> dict:
 
     env = tool_env(work)
     prompt = CONTEXT - KERNEL_STEPS // 2
-    bench = execute([str(tool(work, "llama-bench")), "-m", str(model), "-ngl", "99", "-fa", "1",
-                     "-p", ",".join(map(str, PREFILL_TOKENS)), "-n", "0", "-b", str(max(PREFILL_TOKENS)),
-                     "-ub", ",".join(map(str, MICRO_BATCHES)), "-r", "3", "-o", "json"], env, 300)
+    bench = execute(bench_argv(work, model, "-p", ",".join(map(str, PREFILL_TOKENS)), "-n", "0",
+                               "-b", str(max(PREFILL_TOKENS)), "-ub", ",".join(map(str, MICRO_BATCHES)), "-r", "3"),
+                    env, 300)
     # one llama-batched-bench per batch: a crash at one batch (this build's CUDA "illegal instruction"
     # at 256 sequences of the SmolLM2 layout, 2026-12-07) costs that figure, not the others
     decode: dict[int, float | None] = {}
     commands, seconds, failures = [" ".join(bench.argv)], [round(bench.seconds, 1)], {}
     for batch in DECODE_BATCHES:
-        contexts = batch * (prompt + KERNEL_STEPS) * 2
-        argv = [str(tool(work, "llama-batched-bench")), "-m", str(model), "-ngl", "99", "-fa", "on",
-                "-c", str(contexts), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(KERNEL_STEPS),
-                "-npl", str(batch), "--output-format", "jsonl"]
+        argv = batched_argv(work, model, prompt, KERNEL_STEPS, (batch,))
         commands.append(" ".join(argv))
         try:
             batched = execute(argv, env, 200)

@@ -17,6 +17,7 @@ from bench import gguf_shape
 from bench.gpu_llama_peer import format_report, parse_batched_bench, parse_llama_bench, ratios, read_ours
 from tests.tiny_checkpoints import TinyShape, write_tiny_gemma_gguf, write_tiny_gguf
 
+LAYOUTS = pathlib.Path(__file__).resolve().parents[1] / "bench" / "layouts"
 FAMILIES = {"qwen2": lambda path: write_tiny_gguf(path, TinyShape(), arch="qwen2"),
             "gemma3": lambda path: write_tiny_gemma_gguf(path, vocabulary_multiple=16)}
 
@@ -198,25 +199,22 @@ def test_our_figures_are_read_from_gpu_decode_json() -> None:
 
 # ---- layouts: a config.json alone (bench/layouts/) ------------------------------------------------
 
-def test_layout_shape_lists_the_tensors_of_the_real_model() -> None:
+def test_layout_shape_lists_the_tensors_of_the_real_model(tmp_path: pathlib.Path) -> None:
     """The SmolLM2 layout's table is the real SmolLM2 GGUF's (names and dimensions), with F16
     matrices and F32 vectors, and a stand-in vocabulary of the config's size."""
     from ignition.sources.gguf import default_gguf_path
 
-    folder = pathlib.Path(__file__).resolve().parents[1] / "bench" / "layouts"
-    import tempfile
-    with tempfile.TemporaryDirectory() as scratch:
-        shape = gguf_shape.write_layout_shape(folder / "smollm2-135m.json", pathlib.Path(scratch) / "s.shape.gguf")
-        reader = gguf.GGUFReader(str(shape))
-        real = gguf.GGUFReader(str(default_gguf_path()))
-        assert dict(gguf_shape.tensor_table(reader)) == {t.name: tuple(int(d) for d in t.shape) for t in real.tensors}
-        types = dict(zip(reader.fields[gguf_shape.NAMES].contents(), reader.fields[gguf_shape.TYPES].contents()))
-        assert types["blk.0.ffn_up.weight"] == gguf_shape.GGML_F16 and types["blk.0.attn_norm.weight"] == gguf_shape.GGML_F32
-        for key in ("llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
-                    "llama.attention.head_count", "llama.attention.head_count_kv", "llama.rope.dimension_count"):
-            assert reader.fields[key].contents() == real.fields[key].contents(), key
-        tokens = reader.fields["tokenizer.ggml.tokens"].contents()
-        assert len(tokens) == 49152 and tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[3 + 0x0A] == "<0x0A>"
+    shape = gguf_shape.write_layout_shape(LAYOUTS / "smollm2-135m.json", tmp_path / "s.shape.gguf")
+    reader = gguf.GGUFReader(str(shape))
+    real = gguf.GGUFReader(str(default_gguf_path()))
+    assert dict(gguf_shape.tensor_table(reader)) == {t.name: tuple(int(d) for d in t.shape) for t in real.tensors}
+    types = dict(zip(reader.fields[gguf_shape.NAMES].contents(), reader.fields[gguf_shape.TYPES].contents()))
+    assert types["blk.0.ffn_up.weight"] == gguf_shape.GGML_F16 and types["blk.0.attn_norm.weight"] == gguf_shape.GGML_F32
+    for key in ("llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
+                "llama.attention.head_count", "llama.attention.head_count_kv", "llama.rope.dimension_count"):
+        assert reader.fields[key].contents() == real.fields[key].contents(), key
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    assert len(tokens) == 49152 and tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[3 + 0x0A] == "<0x0A>"
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
@@ -241,7 +239,7 @@ def test_a_small_layout_becomes_a_random_file_llama_cpp_runs(model_type: str, tm
 
 @pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"])
 def test_layout_shapes_follow_their_config(name: str) -> None:
-    config = json.loads((pathlib.Path(__file__).resolve().parents[1] / "bench" / "layouts" / f"{name}.json").read_text())
+    config = json.loads((LAYOUTS / f"{name}.json").read_text())
     arch, table = gguf_shape.layout_table(config)
     dims = {n: ne for n, ne, _ in table}
     d, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
@@ -259,7 +257,7 @@ def test_a_family_without_a_llama_cpp_table_is_refused() -> None:
         gguf_shape.layout_table({"model_type": "gemma3"})
 
 
-def test_the_fastest_micro_batch_counts_and_kernel_shape_figures_reach_the_rows() -> None:
+def test_the_fastest_micro_batch_counts_and_kernel_shape_figures_reach_the_rows(tmp_path: pathlib.Path) -> None:
     records = json.loads(LLAMA_BENCH_JSON)
     slower = dict(records[0], n_ubatch=512, avg_ts=90000.0)
     faster = dict(records[0], n_ubatch=2048, avg_ts=120000.0)
@@ -268,12 +266,10 @@ def test_the_fastest_micro_batch_counts_and_kernel_shape_figures_reach_the_rows(
     assert parse_llama_bench(json.dumps([faster, slower]))["pp512"]["n_ubatch"] == 2048
     from bench.kernels import read_llama_cpp
 
-    import tempfile
-    with tempfile.TemporaryDirectory() as scratch:
-        path = pathlib.Path(scratch) / "llama_cpp_layouts.json"
-        path.write_text(json.dumps({"device": "NVIDIA H100", "layouts": {
-            "qwen2.5-0.5b": {"decode": {"1": 900.0, "16": None}, "prefill": {"512": 50000.0}}}}))
-        report, figures = read_llama_cpp(path)
+    path = tmp_path / "llama_cpp_layouts.json"
+    path.write_text(json.dumps({"device": "NVIDIA H100", "layouts": {
+        "qwen2.5-0.5b": {"decode": {"1": 900.0, "16": None}, "prefill": {"512": 50000.0}}}}))
+    report, figures = read_llama_cpp(path)
     assert figures == {("qwen2.5-0.5b", "decode", 1): 900.0, ("qwen2.5-0.5b", "prefill", 512): 50000.0}
     assert report["device"] == "NVIDIA H100"
     assert read_llama_cpp(None) == ({}, {})
