@@ -455,6 +455,23 @@ def test_linear_residual(runner, in_dim, tokens, query_length):
         {"tokens": tokens, "in_dim": in_dim, "out_dim": out_dim}, atol=2e-2, rtol=1e-2)
 
 
+# the GEMV programs' own K slices (GEMV_SPLIT) twice the tiles' (K_SPLIT 256): 640 = one full
+# 512-wide slice and a partial one, and one slice holding all of a 96-wide K
+@pytest.mark.parametrize("tokens, query_length", [(4, [2, 1]), (1, [1])])
+@pytest.mark.parametrize("in_dim", [96, 640])
+def test_linear_residual_gemv_slices_of_their_own(library, interpreter, in_dim, tokens, query_length):
+    wide = InterpreterRunner(library, interpreter, {"linear.residual.v1": {"GEMV_SPLIT": 512}})
+    spec = library.spec("linear.residual.v1")
+    immediates = {"tokens": tokens, "in_dim": in_dim, "out_dim": 80}
+    assert spec.grid(immediates, {**spec.constexprs, "GEMV_SPLIT": 512})[2] == -(-in_dim // 512)
+    check_against_reference(wide, "linear.residual.v1", {
+        "hidden": RNG.standard_normal((tokens, 80)).astype(np.float32),
+        "x": RNG.standard_normal((tokens, in_dim)).astype(np.float32),
+        "weight": _weight(80, in_dim),
+        "geometry": step_geometry(query_length, tokens)},
+        immediates, atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("tokens, query_length", DENSE_SHAPES)
 def test_norm_gate_up_silu(runner, tokens, query_length):
     dim, ffn = 96, 48

@@ -169,13 +169,15 @@ def _large_or(count: str, n_name: str, smaller: GridFunction) -> GridFunction:
 
 
 def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction,
-                   k_name: str | None = None) -> GridFunction:
+                   k_name: str | None = None, split_name: str | None = None) -> GridFunction:
     """Decode shapes (_gemv_fits) run GEMV_N output columns per program over every row of the
-    capacity; larger ones use `tiles`. The GEMV grid keeps `tiles`' grid z (K slices)."""
+    capacity; larger ones use `tiles`. The GEMV grid keeps `tiles`' grid z (K slices), or with
+    `split_name` (the K immediate) has cdiv(K, GEMV_SPLIT) slices of its own."""
     def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
         x, y, z = tiles(a, c)
         if _gemv_fits(a, c, count, k_name):
-            return (cdiv(a[n_name], c["GEMV_N"]), 1, z)
+            slices = cdiv(a[split_name], c["GEMV_SPLIT"]) if split_name else z
+            return (cdiv(a[n_name], c["GEMV_N"]), 1, slices)
         return (x, y, z)
     return grid
 
@@ -322,9 +324,9 @@ _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8
                "GEMV_MAX_K": GEMV_MAX_K,
                **_LARGE, "LARGE_N": 64, "LARGE_K": 32}   # two accumulators (gate, up): 64 columns each
 # split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
-# unrolls its whole K_SPLIT slice
+# unrolls its whole GEMV_SPLIT slice (a multiple of GEMV_K)
 _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
-                  "GEMV_N": 8, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
+                  "GEMV_N": 8, "GEMV_SPLIT": 256, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
 # the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
 # program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
 # measured a little ahead of [64, 64] (batch 4: 5.6k vs 5.3k tokens/s; batch 64 equal).
@@ -442,7 +444,8 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                widening=ATTENTION_WIDENING),
     KernelBuild("linear.residual.v1", "matmul", "linear_residual", _RESIDUAL_GEMM,
                _large_or("tokens", "out_dim",
-                         _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim"))),
+                         _gemv_or_tiles("tokens", "out_dim", _split_k_gemm("out_dim", "tokens", "in_dim"),
+                                        split_name="in_dim")),
                num_stages=3,
                divisible=("in_dim", "out_dim")),
     KernelBuild("linear.norm_residual.v1", "matmul", "linear_norm_residual", _NORM_RESIDUAL_GEMM,
@@ -510,7 +513,7 @@ KERNEL_SPECS: tuple[KernelBuild, ...] = (
                {"MAX_ROWS": 256, "BLOCK_V": 2048, "MAX_CHUNKS": 64, "BLOCK_E": 8, "BLOCK_X": 16},
                _per_lane,
                num_warps=8, divisible=("vocab", "histogram_bins")),
-    KernelBuild("norm.rms_f16.v1", "products", "rms_norm_f16", {"BLOCK_M": 4, "BLOCK_D": 512},
+    KernelBuild("norm.rms_f16.v1", "products", "rms_norm_f16", {"BLOCK_M": 1, "BLOCK_D": 2048},
                _token_rows, divisible=("dim",)),
     KernelBuild("activation.to_f16.v1", "products", "to_f16", _POINTWISE_F16, _token_column_tiles("dim"),
                divisible=("dim",)),

@@ -247,12 +247,10 @@ def _qkv_rope_store_gemv(q_out, k_cache, v_cache, hidden, norm_weight, qkv_weigh
     wait_for_predecessors(PDL)
     t = tl.arange(0, ROWS)
     computed = t < tokens
-    acc_first = gemv_span(first_w, norms, qkv_weight, head * head_dim + first, pair_mask,
-                          norm_weight, hidden, t, computed, dim, True, ROWS, GEMV_P, GEMV_K,
-                          GEMV_STEPS, SPANS)
-    acc_second = gemv_span(second_w, norms, qkv_weight, head * head_dim + second, pair_mask,
-                           norm_weight, hidden, t, computed, dim, True, ROWS, GEMV_P, GEMV_K,
-                           GEMV_STEPS, SPANS)
+    acc_first, acc_second = gemv_span(first_w, second_w, norms, qkv_weight, head * head_dim + first,
+                                      head * head_dim + second, pair_mask, norm_weight, hidden, t,
+                                      computed, dim, True, True, ROWS, GEMV_P, GEMV_K, GEMV_STEPS,
+                                      SPANS)
     rstd = inverse_rms(row_sum_squares(hidden, t, computed, dim, ROWS, GEMV_K), dim, eps)[:, None]
     live = t < tl.load(geometry)
     _rope_and_store(acc_first * rstd, acc_second * rstd, t, live, pair, pair_mask, first,

@@ -50,25 +50,27 @@ def _tile_index(n, out_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     K_SPLIT: tl.constexpr, GEMV_TOKENS: tl.constexpr, GEMV_K: tl.constexpr,
-                    GEMV_N: tl.constexpr, LARGE_TOKENS: tl.constexpr, LARGE_M: tl.constexpr,
-                    LARGE_N: tl.constexpr, LARGE_K: tl.constexpr, PDL: tl.constexpr):
+                    GEMV_N: tl.constexpr, GEMV_SPLIT: tl.constexpr, LARGE_TOKENS: tl.constexpr,
+                    LARGE_M: tl.constexpr, LARGE_N: tl.constexpr, LARGE_K: tl.constexpr,
+                    PDL: tl.constexpr):
     """hidden f32 [tokens, out_dim] += x f32 [tokens, in_dim] @ weight[out_dim, in_dim]^T.
 
     Grid z splits K into K_SPLIT-wide slices (split-K): at decode this multiplies the
     programs streaming the weight, so each streams less and all of it is in flight at once.
     The output is an accumulation into the residual anyway, so slices add their partial sums
     with f32 atomics (summation order, hence the last bits, may vary run to run); with one
-    slice (in_dim <= K_SPLIT) the tile is read, added and written: bit-stable.
+    slice (in_dim <= K_SPLIT) the tile is read, added and written: bit-stable. The GEMV
+    programs take slices of their own width, GEMV_SPLIT (specs.py: the grid's z follows it).
     """
     k_begin = tl.program_id(2) * K_SPLIT
     # one row (batch-1 decode) gets its own instantiation: a 1-row tile needs a quarter of
     # the registers and FMAs of the GEMV_TOKENS-row one
     if tokens <= 1:
-        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
-                              K_SPLIT, 1, GEMV_K, GEMV_N, PDL)
+        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim,
+                              tl.program_id(2) * GEMV_SPLIT, GEMV_SPLIT, 1, GEMV_K, GEMV_N, PDL)
     elif tokens <= GEMV_TOKENS:
-        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
-                              K_SPLIT, GEMV_TOKENS, GEMV_K, GEMV_N, PDL)
+        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim,
+                              tl.program_id(2) * GEMV_SPLIT, GEMV_SPLIT, GEMV_TOKENS, GEMV_K, GEMV_N, PDL)
     elif tokens >= LARGE_TOKENS:
         _linear_residual_large(hidden, x, weight, geometry, in_dim, out_dim, LARGE_M, LARGE_N,
                                LARGE_K, PDL)
@@ -349,10 +351,8 @@ def _norm_gate_up_gemv(out, hidden, norm_weight, gate_up, geometry, tokens, dim,
     wait_for_predecessors(PDL)
     rows = tl.arange(0, ROWS)
     live = rows < tokens
-    gate = gemv_span(gate_w, norms, gate_up, cols, col_mask, norm_weight, hidden, rows, live, dim,
-                     True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
-    up = gemv_span(up_w, norms, gate_up, cols + ffn_dim, col_mask, norm_weight, hidden, rows,
-                   live, dim, True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
+    gate, up = gemv_span(gate_w, up_w, norms, gate_up, cols, cols + ffn_dim, col_mask, norm_weight,
+                         hidden, rows, live, dim, True, True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
     rstd = inverse_rms(row_sum_squares(hidden, rows, live, dim, ROWS, GEMV_K), dim, eps)[:, None]
     act = gate_activation(gate * rstd, activation) * (up * rstd)
     tl.store(out + rows[:, None] * ffn_dim + cols[None, :], act,
@@ -439,8 +439,8 @@ def _norm_head_gemv(logits, hidden, norm_weight, head, geometry, rows, tokens, d
     end = tl.load(geometry + 2 + tokens + r, mask=r_mask, other=0)
     live = r_mask & (end > start)
     last = tl.where(live, end - 1, 0)
-    acc = gemv_span(weights, norms, head, cols, col_mask, norm_weight, hidden, last, live, dim,
-                    True, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
+    acc, _ = gemv_span(weights, weights, norms, head, cols, cols, col_mask, norm_weight, hidden, last,
+                       live, dim, True, False, ROWS, GEMV_N, GEMV_K, GEMV_STEPS, SPANS)
     rstd = inverse_rms(row_sum_squares(hidden, last, live, dim, ROWS, GEMV_K), dim, eps)
     acc = tl.where(live[:, None], acc * rstd[:, None], 0.0)
     tl.store(logits + r[:, None].to(tl.int64) * vocab + cols[None, :], acc,
