@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -427,6 +428,16 @@ def prompt_label(words: int) -> str:
     return f"prompt ~{words + TEMPLATE_TOKENS} tokens"
 
 
+def gateway_runtime() -> dict[str, str]:
+    """What uvicorn's automatic choices take in this environment, which the gateway's worker
+    processes share: uvloop's event loop and httptools' parser where installed (`make install`
+    installs both), else asyncio's loop and h11. The gateway's per-token sends run on them, so a
+    served figure names them."""
+    found = importlib.util.find_spec
+    return {"event_loop": "uvloop" if found("uvloop") else "asyncio",
+            "http_parser": "httptools" if found("httptools") else "h11"}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.served", description=__doc__.split("\n\n")[0],
                                      epilog="Rows of served.jsonl: device, layout, prompt_tokens, concurrency, "
@@ -490,7 +501,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt_tokens = [int(p) for p in args.prompts.split(",") if p]
     words = [prompt_words(p) for p in prompt_tokens]
     report: dict = {"levels": levels, "prompt_tokens": prompt_tokens, "output_tokens": args.output_tokens,
-                    "device": device}
+                    "device": device, "gateway_runtime": gateway_runtime()}
     if not args.skip_engine:
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
@@ -527,7 +538,8 @@ def merged_reports(paths: list[pathlib.Path]) -> dict:
         for key in ("levels", "prompt_tokens"):
             report[key] = sorted(set(report[key]) | set(part.get(key, [])))
         report["output_tokens"] = report["output_tokens"] or part.get("output_tokens")
-        report["device"] = report.get("device") or part.get("device")
+        for key in ("device", "gateway_runtime"):
+            report[key] = report.get(key) or part.get(key)
         for phase in ("engine", "served", "llama_server"):
             report.setdefault(phase, {}).update(part.get(phase, {}))
     return report
@@ -554,7 +566,8 @@ def write_table(report: dict, out: pathlib.Path) -> None:
     lines = []
     for p, w in zip(prompt_tokens, words):
         print(f"\nprompt ~{p} tokens, {output_tokens} output tokens, greedy, streaming chat through the gateway"
-              f" ({report.get('device') or 'device not recorded'})")
+              f" ({report.get('device') or 'device not recorded'}; gateway on "
+              f"{', '.join((report.get('gateway_runtime') or {}).values()) or 'a runtime not recorded'})")
         print(f"{'conc':>5} {'served tok/s':>12} {'engine':>9} {'ratio':>6} {'llama-srv':>9} {'x llama':>7} "
               f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'TPOT p50':>9} {'gw us/tok':>9} "
               f"{'be us/tok':>9} {'host ms':>8} {'clients':>7} {'busiest':>7} {'bound':>9} {'/bound':>6}")
@@ -567,6 +580,7 @@ def write_table(report: dict, out: pathlib.Path) -> None:
             stack = s.get("stack", {})
             bound = prompt_bound(stack, e, report.get("engine", {}).get(f"prefill:{p}"))
             row = {"device": report.get("device"), "layout": s.get("layout"), "prompt_tokens": p, "concurrency": c,
+                   "gateway_runtime": report.get("gateway_runtime"),
                    "output_tokens": output_tokens, "served_tok_s": s["tok_s"], "engine_tok_s": e,
                    "ttft_p50_ms": s["ttft_p50_ms"], "client_cpu_max": s.get("client_cpu_max", s.get("client_cpu_share")),
                    "client_processes": s.get("client_processes"),

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.served import merged_reports, prompt_words, write_table
+import importlib.util
+
+import pytest
+
+from bench import served as served_module
+from bench.served import gateway_runtime, merged_reports, prompt_words, write_table
 
 
 def _served(tok_s: float) -> dict:
@@ -46,13 +51,27 @@ def test_rows_carry_the_host_phases_the_clients_and_the_long_prompt_bound(tmp_pa
                                      "deliver": 0.05}}
     served = _served(30000.0) | {"stack": stack, "client_cpu_max": 0.2, "client_processes": 4, "layout": "qwen2.5-0.5b"}
     report = {"levels": [128], "prompt_tokens": [1024], "output_tokens": 128, "device": "NVIDIA H200",
+              "gateway_runtime": {"event_loop": "asyncio", "http_parser": "h11"},
               # engine: 100 tokens a round take 1 ms at 100k tokens/s; 1,000 prompt tokens at 2 us each, 2 ms more
               "engine": {"1024:128": 100_000.0, "prefill:1024": 2.0}, "served": {f"{long_}:128": served}}
     write_table(report, tmp_path)
     [row] = [json.loads(line) for line in (tmp_path / "served.jsonl").read_text().splitlines()]
     assert (row["device"], row["layout"], row["prompt_tokens"], row["concurrency"]) == ("NVIDIA H200", "qwen2.5-0.5b",
                                                                                        1024, 128)
+    assert row["gateway_runtime"] == {"event_loop": "asyncio", "http_parser": "h11"}
     assert row["client_cpu_max"] == 0.2 and row["client_processes"] == 4 and row["ttft_p50_ms"] == 1.0
     assert row["host_ms_per_round"]["launch"] == 0.1 and row["host_work_ms_per_round"] == 0.3
     assert abs(row["prompt_bound_tok_s"] - 100 / 3e-3) < 1e-6           # 100 tokens per 3 ms
     assert abs(row["served_over_prompt_bound"] - 30000.0 / (100 / 3e-3)) < 1e-9
+
+
+@pytest.mark.parametrize("installed, expected", [({"uvloop", "httptools"}, ("uvloop", "httptools")),
+                                                 (set(), ("asyncio", "h11")), ({"httptools"}, ("asyncio", "httptools"))])
+def test_the_gateway_runtime_is_what_uvicorn_would_pick_here(monkeypatch, installed, expected) -> None:
+    """A device image without uvloop served the gateway on asyncio's loop: the rows say which ran."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(served_module.importlib.util, "find_spec",
+                        lambda name: object() if name in installed else None
+                        if name in ("uvloop", "httptools") else real(name))
+    runtime = gateway_runtime()
+    assert (runtime["event_loop"], runtime["http_parser"]) == expected
