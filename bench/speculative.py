@@ -22,7 +22,9 @@ each in a fresh engine (or helios-serve) on the same core:
            counters (accepted / offered proposals; mean accepted length = accepted drafts per
            speculative lane-round)
   served   helios-serve and its gateway, one client, streamed chat completions with
-           return_token_ids: TPOT p50, tokens/s = 1 / TPOT p50 (batch 1 only)
+           return_token_ids: TPOT p50, tokens/s = 1 / TPOT p50 (batch 1 only); the backend's
+           program launches per operation over the timed requests (its metrics page), so a row
+           says how many speculative rounds the drafted run had
 Rows go to speculative.json (bench/harness.py output folder: --results for bench/results/<device>/)
 with device, core, weights, path, workload, batch, tokens_per_s, plain_tokens_per_s, speedup,
 acceptance_rate, mean_accepted_length, greedy_identical, the counts behind them (speculative
@@ -177,18 +179,33 @@ async def _served_requests(base: str, model: str, texts: Sequence[str], max_toke
     return ids, tpots
 
 
-def served_run(core: pathlib.Path, args: argparse.Namespace, texts: Sequence[str], drafting: bool
-               ) -> tuple[list[list[int]], float]:
-    """Token ids per request and the TPOT p50 (seconds) through helios-serve at one client."""
-    from bench.harness import serving
+@dataclasses.dataclass
+class ServedRun:
+    ids: list[list[int]]              # token ids per request
+    tpot_s: float                     # TPOT p50
+    launches: dict[str, int]          # the backend's program launches per operation over the timed requests
+
+
+LAUNCHED = ("decode", "speculative", "mixed", "prefill")
+
+
+def served_run(core: pathlib.Path, args: argparse.Namespace, texts: Sequence[str], drafting: bool) -> ServedRun:
+    """Token ids, TPOT p50 and the backend's launches (flare_graph_launches_total, read before and
+    after the timed requests: whether speculative rounds ran at all) through helios-serve at one
+    client."""
+    from bench.harness import metric, serving
 
     extra = ["--acceptance", args.acceptance] + (["--history-drafting"] if drafting else [])
     with serving(core, args.executor, extra, args.out_dir / f"speculative_served_{int(drafting)}.log") as stack:
         base = stack.url
         model = json.loads(_get(f"{base}/v1/models"))["data"][0]["id"]
         asyncio.run(_served_requests(base, model, texts[:1], 4))           # warm-up
+        before = _get(stack.metrics)
         ids, tpots = asyncio.run(_served_requests(base, model, texts, args.max_tokens))
-    return ids, statistics.median(tpots) if tpots else float("nan")
+        after = _get(stack.metrics)
+    launches = {op: round(metric(after, "flare_graph_launches_total", operation=op)
+                          - metric(before, "flare_graph_launches_total", operation=op)) for op in LAUNCHED}
+    return ServedRun(ids, statistics.median(tpots) if tpots else float("nan"), launches)
 
 
 def _get(url: str) -> str:
@@ -309,11 +326,13 @@ def main(argv: list[str] | None = None) -> None:
                 result.write_text(json.dumps({"rows": rows}, indent=1))
         if "served" in args.paths:
             count = min(len(texts), args.served_requests)
-            plain_ids, plain_tpot = served_run(core, args, texts[:count], drafting=False)
-            drafted_ids, drafted_tpot = served_run(core, args, texts[:count], drafting=True)
-            rows.append(row(args, "served", workload, 1, count, 1.0 / plain_tpot, 1.0 / drafted_tpot,
-                            plain_ids == drafted_ids)
-                        | {"tpot_p50_ms": round(drafted_tpot * 1e3, 3), "plain_tpot_p50_ms": round(plain_tpot * 1e3, 3)})
+            plain = served_run(core, args, texts[:count], drafting=False)
+            drafted = served_run(core, args, texts[:count], drafting=True)
+            rows.append(row(args, "served", workload, 1, count, 1.0 / plain.tpot_s, 1.0 / drafted.tpot_s,
+                            plain.ids == drafted.ids)
+                        | {"tpot_p50_ms": round(drafted.tpot_s * 1e3, 3), "plain_tpot_p50_ms": round(plain.tpot_s * 1e3, 3),
+                           "speculative_rounds": drafted.launches["speculative"],
+                           "launches": drafted.launches, "plain_launches": plain.launches})
             print(json.dumps(rows[-1]), flush=True)
             result.write_text(json.dumps({"rows": rows}, indent=1))
     print(f"wrote {result}")
