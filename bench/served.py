@@ -19,7 +19,10 @@ order, each phase owning the GPU alone:
    and the prefill cost per prompt token of each prompt length (one prompt of that length);
 2. served: `helios-serve --executor cuda` (tritonserver from the wheel, the Helios model, the
    gateway), driven by closed-loop streaming /v1/chat/completions clients, greedy, `ignore_eos` with `max_tokens`
-   so every request yields the same number of tokens; per level: output tokens/s over the
+   so every request yields the same number of tokens. The clients stream as an OpenAI SDK user
+   does (`stream_options.include_usage`: a content chunk a token, the count from the closing
+   usage); `--client token-ids` adds `return_token_ids`, whose metadata chunk a token (OBS-5)
+   doubles the gateway's sends (every figure before 2026-12-07 was measured so). Per level: output tokens/s over the
    level's wall time, TTFT p50/p99, ITL p50/p99, TPOT p50, and the CPU seconds per output token
    of the gateway processes and of the backend (the stub and its engine process, each also
    on its own), from /proc; and from the stack's own
@@ -64,7 +67,7 @@ import numpy as np
 
 from bench.harness import (BUNDLE_NAMESPACE, add_output_arguments, cpu_name, cpu_seconds, free_ports, gpu_name, metric,
                            output_dir, serving, stack_pids, stop_group, wait_http, write_bundle_core)
-from bench.sse import RequestTiming, content_chunk_count, load_session, stream_completion, token_ids_count
+from bench.sse import DIALECTS, RequestTiming, load_session, stream_completion
 
 REPORT, TABLE = "served.json", "served.jsonl"    # the run's figures; one row per (prompt length, concurrency)
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
@@ -80,19 +83,17 @@ def prompt_text(index: int, words: int) -> str:
 
 
 async def _client_loop(base: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
-                       ours: bool) -> list[RequestTiming]:
+                       dialect: str) -> list[RequestTiming]:
     queue = list(enumerate(prompts))
     results: list[RequestTiming] = []
-    count = token_ids_count if ours else content_chunk_count
-    async with load_session(base, concurrency + 4, keep_alive=ours) as client:
+    way = DIALECTS[dialect]
+    async with load_session(base, concurrency + 4, keep_alive=way.keep_alive) as client:
         async def worker() -> None:
             while queue:
                 _, text = queue.pop()
                 body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                        "temperature": 0, "stream": True, "ignore_eos": True}
-                if ours:
-                    body["return_token_ids"] = True
-                results.append(await stream_completion(client, "/v1/chat/completions", body, count))
+                        "temperature": 0, "stream": True, "ignore_eos": True, **way.extra}
+                results.append(await stream_completion(client, "/v1/chat/completions", body, way.count))
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results
 
@@ -117,7 +118,7 @@ def client_processes(concurrency: int, scale: float = 1.0) -> int:
 
 
 def drive(base: str, model: str, prompt_words: int, concurrency: int, requests: int, max_tokens: int,
-          ours: bool, seed: int, processes: int | None = None) -> tuple[list[RequestTiming], float, float]:
+          dialect: str, seed: int, processes: int | None = None) -> tuple[list[RequestTiming], float, float]:
     """Closed loop at `concurrency` over `requests` requests, spread over `processes` client
     processes (default: client_processes). The wall time runs from the first request's start to
     the last one's end on the machine's one monotonic clock (bench/sse.py), so process start-up is
@@ -130,7 +131,7 @@ def drive(base: str, model: str, prompt_words: int, concurrency: int, requests: 
     context = multiprocessing.get_context("spawn")
     with context.Pool(processes) as pool:
         pool.map(_ready, range(processes))
-        parts = pool.map(_client_process, [(base, model, s, c, max_tokens, ours) for s, c in zip(shares, per)])
+        parts = pool.map(_client_process, [(base, model, s, c, max_tokens, dialect) for s, c in zip(shares, per)])
     timings = [t for part, _ in parts for t in part]
     done = [t for t in timings if t.ok]
     wall = max(t.end_s for t in done) - min(t.start_s for t in timings) if done else 0.0
@@ -278,7 +279,7 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
         base = stack.url
         model = json_get(f"{base}/v1/models")["data"][0]["id"]
         layout = args.layout or model
-        drive(base, model, 16, 8, 16, 16, True, 10_000)           # warm-up
+        drive(base, model, 16, 8, 16, 16, args.client, 10_000)    # warm-up
         gateway, stub, engine = stack_pids(stack.proc.pid)
         print(f"gateway processes {gateway}, backend stub {stub}, engine process {engine}", flush=True)
         for words in prompts:
@@ -292,7 +293,7 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                 while True:                   # auto: more client processes while the busiest reaches 50 %
                     before = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
                     timings, wall, client_share = drive(base, model, words, c, requests_at(c, args.requests_per_client),
-                                                        args.output_tokens, True, 1000 * c, processes)
+                                                        args.output_tokens, args.client, 1000 * c, processes)
                     after = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
                     tries.append({"client_processes": processes, "client_cpu_max": client_share})
                     more = min(c, 2 * processes, max(1, os.cpu_count() or 2))
@@ -355,7 +356,7 @@ def profile(args: argparse.Namespace, pids: dict[str, int], base: str, model: st
     procs = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", "4", "-r", "250", mode, "-f", "raw",
                                "-o", str(args.out / f"pyspy_{name}.txt"), "--nonblocking"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid, mode in runs]
-    drive(base, model, words, c, 24 * c, args.output_tokens, True, 77_000)
+    drive(base, model, words, c, 24 * c, args.output_tokens, args.client, 77_000)
     for p in procs:
         p.wait()
 
@@ -374,7 +375,7 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 300, proc)
         base = f"http://127.0.0.1:{port}"
-        drive(base, "peer", 16, 4, 8, 16, False, 10_000)
+        drive(base, "peer", 16, 4, 8, 16, "llama-server", 10_000)
         for words in prompts:
             for c in levels:
                 if time.monotonic() > args.deadline:
@@ -382,7 +383,7 @@ def llama_phase(args: argparse.Namespace, levels: list[int], prompts: list[int])
                     continue
                 timings, wall, client_share = drive(base, "peer", words, c,
                                                     requests_at(c, args.peer_requests_per_client),
-                                                    args.output_tokens, False, 1000 * c)
+                                                    args.output_tokens, "llama-server", 1000 * c)
                 out[f"{words}:{c}"] = figures(timings, wall) | {"client_cpu_share": client_share}
                 checkpoint(args, "llama_server", out)
                 print(f"llama-server {prompt_label(words)} c={c}: {out[f'{words}:{c}']['tok_s']:.0f} tok/s", flush=True)
@@ -450,6 +451,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="prompt lengths in tokens, approximate: the chat template included (default: %(default)s); "
                              "1024 reports each level beside the bound its prompt work sets (prompt_bound_tok_s)")
     parser.add_argument("--output-tokens", type=int, default=128, help="max_tokens with ignore_eos (default: %(default)s)")
+    parser.add_argument("--client", choices=["openai", "token-ids"], default="openai",
+                        help="how the clients stream: as an OpenAI SDK user does (one content chunk a token, "
+                             "usage at the end), or with return_token_ids (a metadata chunk a token beside "
+                             "each text chunk: the figures before 2026-12-07) (default: %(default)s)")
     parser.add_argument("--requests-per-client", type=int, default=16,
                         help="requests per client stream and level, at least 256 a level from 16 up (default: %(default)s)")
     parser.add_argument("--client-processes", default="auto",
@@ -501,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt_tokens = [int(p) for p in args.prompts.split(",") if p]
     words = [prompt_words(p) for p in prompt_tokens]
     report: dict = {"levels": levels, "prompt_tokens": prompt_tokens, "output_tokens": args.output_tokens,
-                    "device": device, "gateway_runtime": gateway_runtime()}
+                    "device": device, "gateway_runtime": gateway_runtime(), "client": args.client}
     if not args.skip_engine:
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
@@ -538,7 +543,7 @@ def merged_reports(paths: list[pathlib.Path]) -> dict:
         for key in ("levels", "prompt_tokens"):
             report[key] = sorted(set(report[key]) | set(part.get(key, [])))
         report["output_tokens"] = report["output_tokens"] or part.get("output_tokens")
-        for key in ("device", "gateway_runtime"):
+        for key in ("device", "gateway_runtime", "client"):
             report[key] = report.get(key) or part.get(key)
         for phase in ("engine", "served", "llama_server"):
             report.setdefault(phase, {}).update(part.get(phase, {}))
@@ -567,7 +572,8 @@ def write_table(report: dict, out: pathlib.Path) -> None:
     for p, w in zip(prompt_tokens, words):
         print(f"\nprompt ~{p} tokens, {output_tokens} output tokens, greedy, streaming chat through the gateway"
               f" ({report.get('device') or 'device not recorded'}; gateway on "
-              f"{', '.join((report.get('gateway_runtime') or {}).values()) or 'a runtime not recorded'})")
+              f"{', '.join((report.get('gateway_runtime') or {}).values()) or 'a runtime not recorded'}; "
+              f"{report.get('client', 'token-ids')} clients)")
         print(f"{'conc':>5} {'served tok/s':>12} {'engine':>9} {'ratio':>6} {'llama-srv':>9} {'x llama':>7} "
               f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'TPOT p50':>9} {'gw us/tok':>9} "
               f"{'be us/tok':>9} {'host ms':>8} {'clients':>7} {'busiest':>7} {'bound':>9} {'/bound':>6}")
@@ -580,7 +586,7 @@ def write_table(report: dict, out: pathlib.Path) -> None:
             stack = s.get("stack", {})
             bound = prompt_bound(stack, e, report.get("engine", {}).get(f"prefill:{p}"))
             row = {"device": report.get("device"), "layout": s.get("layout"), "prompt_tokens": p, "concurrency": c,
-                   "gateway_runtime": report.get("gateway_runtime"),
+                   "gateway_runtime": report.get("gateway_runtime"), "client": report.get("client", "token-ids"),
                    "output_tokens": output_tokens, "served_tok_s": s["tok_s"], "engine_tok_s": e,
                    "ttft_p50_ms": s["ttft_p50_ms"], "client_cpu_max": s.get("client_cpu_max", s.get("client_cpu_share")),
                    "client_processes": s.get("client_processes"),

@@ -34,8 +34,26 @@ def token_ids_count(choice: dict[str, Any]) -> int:
 
 
 def content_chunk_count(choice: dict[str, Any]) -> int:
-    """llama-server: one token per chunk that carries content."""
+    """A plain OpenAI stream (llama-server's; ours without `return_token_ids`): one token per
+    chunk that carries content, corrected by the stream's closing usage where it has one."""
     return 1 if (choice.get("delta") or {}).get("content") else 0
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How a benchmark client asks for a stream and counts its tokens."""
+    extra: dict[str, Any]          # request fields beyond the chat completion's own
+    count: TokenCount
+    keep_alive: bool               # llama-server closes a connection after a streamed answer
+
+
+DIALECTS = {
+    # what an OpenAI SDK user sends: one content chunk a token, usage at the end
+    "openai": Dialect({"stream_options": {"include_usage": True}}, content_chunk_count, True),
+    # ours with token observation (OBS-5): a metadata-only chunk per token beside the text chunks
+    "token-ids": Dialect({"return_token_ids": True}, token_ids_count, True),
+    "llama-server": Dialect({"stream_options": {"include_usage": True}}, content_chunk_count, False),
+}
 
 
 @dataclass
@@ -83,6 +101,7 @@ async def stream_completion(session: aiohttp.ClientSession, path: str, body: dic
                             count: TokenCount = token_ids_count) -> RequestTiming:
     """POST `body` to `path` on a load_session and read the stream to its end."""
     timing = RequestTiming()
+    reported: int | None = None
     timing.start_s = time.perf_counter()
     async with session.post(path, json=body) as response:
         timing.status = response.status
@@ -102,7 +121,15 @@ async def stream_completion(session: aiohttp.ClientSession, path: str, body: dic
             tokens = sum(count(choice) for choice in event.get("choices", ()))
             if tokens:
                 timing.token_times_s += [time.perf_counter() - timing.start_s] * tokens
+            usage = event.get("usage")
+            if usage:
+                reported = usage.get("completion_tokens")
     timing.e2e_s = time.perf_counter() - timing.start_s
+    # content chunks undercount where a chunk's text covers several tokens (text held back until
+    # it decodes): the usage the stream ends with (stream_options.include_usage) has the count,
+    # and the tokens a chunk held arrived with the last one
+    if reported is not None and reported > len(timing.token_times_s) and timing.token_times_s:
+        timing.token_times_s += [timing.token_times_s[-1]] * (reported - len(timing.token_times_s))
     if timing.token_times_s:
         timing.ttft_s = timing.token_times_s[0]
     return timing
