@@ -171,12 +171,12 @@ def _large_or(count: str, n_name: str, smaller: GridFunction) -> GridFunction:
 def _gemv_or_tiles(count: str, n_name: str, tiles: GridFunction,
                    k_name: str | None = None, split_name: str | None = None) -> GridFunction:
     """Decode shapes (_gemv_fits) run GEMV_N output columns per program over every row of the
-    capacity; larger ones use `tiles`. The GEMV grid keeps `tiles`' grid z (K slices), or with
-    `split_name` (the K immediate) has cdiv(K, GEMV_SPLIT) slices of its own."""
+    capacity; larger ones use `tiles`. The GEMV grid keeps `tiles`' grid z (K slices), or for
+    one row with `split_name` (the K immediate) has cdiv(K, GEMV_SPLIT) slices of its own."""
     def grid(a: Immediates, c: Mapping[str, int]) -> Grid:
         x, y, z = tiles(a, c)
         if _gemv_fits(a, c, count, k_name):
-            slices = cdiv(a[split_name], c["GEMV_SPLIT"]) if split_name else z
+            slices = cdiv(a[split_name], c["GEMV_SPLIT"]) if split_name and a[count] <= 1 else z
             return (cdiv(a[n_name], c["GEMV_N"]), 1, slices)
         return (x, y, z)
     return grid
@@ -324,9 +324,13 @@ _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8
                "GEMV_MAX_K": GEMV_MAX_K,
                **_LARGE, "LARGE_N": 64, "LARGE_K": 32}   # two accumulators (gate, up): 64 columns each
 # split-K for the residual GEMMs (o-proj K 576 -> 3 slices, down K 1536 -> 6); a GEMV program
-# unrolls its whole GEMV_SPLIT slice (a multiple of GEMV_K)
+# unrolls its whole slice: K_SPLIT at 2-4 rows, GEMV_SPLIT (a multiple of GEMV_K) at one row.
+# One row, H100 at 1573554 (bench/results/h100-80gb-hbm3/kernels_ab_1573554_*): 1,024 against
+# 256 took the 8B layout's batch-1 down products from 1,744 to 1,440 us a step and o-proj from
+# 588 to 526 (1.5B: down 462 -> 412); applied to the 4-row program as well, it raised the kernel's
+# registers and its batch-16 tiles lost 12-22 %
 _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
-                  "GEMV_N": 8, "GEMV_SPLIT": 256, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
+                  "GEMV_N": 8, "GEMV_SPLIT": 1024, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
 # the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
 # program per SM); at 2 rows and 8 columns per program it needs 78. Its tiles: [32, 128]
 # measured a little ahead of [64, 64] (batch 4: 5.6k vs 5.3k tokens/s; batch 64 equal).

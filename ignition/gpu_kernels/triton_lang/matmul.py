@@ -59,8 +59,11 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
     programs streaming the weight, so each streams less and all of it is in flight at once.
     The output is an accumulation into the residual anyway, so slices add their partial sums
     with f32 atomics (summation order, hence the last bits, may vary run to run); with one
-    slice (in_dim <= K_SPLIT) the tile is read, added and written: bit-stable. The GEMV
-    programs take slices of their own width, GEMV_SPLIT (specs.py: the grid's z follows it).
+    slice (in_dim <= K_SPLIT) the tile is read, added and written: bit-stable. The 1-row GEMV
+    program takes slices of its own width, GEMV_SPLIT (specs.py: the grid's z follows it): a
+    wider slice keeps more of the weight in flight per program, and its unrolled loads stay in
+    the 1-row instantiation, where registers are plenty; at GEMV_TOKENS rows the same width
+    would raise the whole kernel's registers and slow its tile path (batch 16).
     """
     k_begin = tl.program_id(2) * K_SPLIT
     # one row (batch-1 decode) gets its own instantiation: a 1-row tile needs a quarter of
@@ -69,8 +72,8 @@ def linear_residual(hidden, x, weight, geometry, tokens, in_dim, out_dim,
         _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim,
                               tl.program_id(2) * GEMV_SPLIT, GEMV_SPLIT, 1, GEMV_K, GEMV_N, PDL)
     elif tokens <= GEMV_TOKENS:
-        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim,
-                              tl.program_id(2) * GEMV_SPLIT, GEMV_SPLIT, GEMV_TOKENS, GEMV_K, GEMV_N, PDL)
+        _linear_residual_gemv(hidden, x, weight, geometry, tokens, in_dim, out_dim, k_begin,
+                              K_SPLIT, GEMV_TOKENS, GEMV_K, GEMV_N, PDL)
     elif tokens >= LARGE_TOKENS:
         _linear_residual_large(hidden, x, weight, geometry, in_dim, out_dim, LARGE_M, LARGE_N,
                                LARGE_K, PDL)
