@@ -328,7 +328,7 @@ _LAYER_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, **_GEMV, "GEMV_N": 8
 # One row, H100 at 1573554 (bench/results/h100-80gb-hbm3/kernels_ab_1573554_*): 1,024 against
 # 256 took the 8B layout's batch-1 down products from 1,744 to 1,440 us a step and o-proj from
 # 588 to 526 (1.5B: down 462 -> 412); applied to the 4-row program as well, it raised the kernel's
-# registers and its batch-16 tiles lost 12-22 %
+# registers to 255 (84 now) and its batch-16 steps, which share the cubin, lost 12-13 %
 _RESIDUAL_GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "K_SPLIT": 256, **_GEMV,
                   "GEMV_N": 8, "GEMV_SPLIT": 1024, **_LARGE, "LARGE_N": 64, "LARGE_K": 32}
 # the head's GEMV path stops at 2 rows: its 4-row instantiation needed 246 registers (one
