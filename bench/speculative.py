@@ -155,7 +155,7 @@ def engine_run(core: pathlib.Path, args: argparse.Namespace, prompts: Sequence[t
 
 async def _served_requests(base: str, model: str, texts: Sequence[str], max_tokens: int
                            ) -> tuple[list[list[int]], list[float]]:
-    from bench.sse import load_session, stream_completion
+    from bench.sse import DIALECTS, load_session, stream_completion
 
     ids: list[list[int]] = []
     tpots: list[float] = []
@@ -168,8 +168,9 @@ async def _served_requests(base: str, model: str, texts: Sequence[str], max_toke
                 got.extend(found)
                 return len(found)
 
+            # the ids themselves are compared (greedy identity): the token-observing clients
             body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                    "temperature": 0, "stream": True, "return_token_ids": True}
+                    "temperature": 0, "stream": True, **DIALECTS["token-ids"].extra}
             timing = await stream_completion(client, "/v1/chat/completions", body, count)
             if not timing.ok:
                 raise RuntimeError(f"served request failed with HTTP {timing.status}")
@@ -186,14 +187,12 @@ class ServedRun:
     launches: dict[str, int]          # the backend's program launches per operation over the timed requests
 
 
-LAUNCHED = ("decode", "speculative", "mixed", "prefill")
-
-
 def served_run(core: pathlib.Path, args: argparse.Namespace, texts: Sequence[str], drafting: bool) -> ServedRun:
     """Token ids, TPOT p50 and the backend's launches (flare_graph_launches_total, read before and
     after the timed requests: whether speculative rounds ran at all) through helios-serve at one
     client."""
     from bench.harness import metric, serving
+    from helios_backend.engine.metrics import OPERATION_LABEL
 
     extra = ["--acceptance", args.acceptance] + (["--history-drafting"] if drafting else [])
     with serving(core, args.executor, extra, args.out_dir / f"speculative_served_{int(drafting)}.log") as stack:
@@ -204,7 +203,8 @@ def served_run(core: pathlib.Path, args: argparse.Namespace, texts: Sequence[str
         ids, tpots = asyncio.run(_served_requests(base, model, texts, args.max_tokens))
         after = _get(stack.metrics)
     launches = {op: round(metric(after, "flare_graph_launches_total", operation=op)
-                          - metric(before, "flare_graph_launches_total", operation=op)) for op in LAUNCHED}
+                          - metric(before, "flare_graph_launches_total", operation=op))
+                for op in OPERATION_LABEL.values()}
     return ServedRun(ids, statistics.median(tpots) if tpots else float("nan"), launches)
 
 

@@ -36,9 +36,8 @@ async def _timing(events: list[bytes], dialect: str):
     app.router.add_post("/v1/chat/completions", handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]           # type: ignore[union-attr]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
     try:
         async with load_session(f"http://127.0.0.1:{port}", 1, keep_alive=DIALECTS[dialect].keep_alive) as client:
             body = {"model": "m", "messages": [], "stream": True, **DIALECTS[dialect].extra}
