@@ -226,6 +226,8 @@ def stack_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
             "round_ms": wall_s / rounds * 1e3 if rounds else float("nan"), "worker_ms_per_round": worker,
             "outputs_per_response": delta.get("flare_channel_outputs_total", 0.0) / responses if responses
             else float("nan"),
+            # tokens a request's output carried per message: the stream interval at work
+            "tokens_per_output": per("flare_generated_tokens_total", "flare_channel_outputs_total"),
             "triton_queue_mean_ms": per("nv_inference_queue_duration_us", "nv_inference_request_success") / 1e3,
             "triton_request_mean_ms": per("nv_inference_request_duration_us", "nv_inference_request_success") / 1e3,
             "triton_execute_mean_ms": per("nv_inference_compute_infer_duration_us", "nv_inference_exec_count") / 1e3,

@@ -16,7 +16,7 @@ from helios_proto import exchange_pb2 as ep
 from helios_backend.scheduler.scheduler import Emitted, Terminal
 from helios_backend.engine.faults import FaultTrigger, FaultyRunner, FaultySink
 from helios_backend.engine.metrics import FAMILY, MetricsThread, Op, update
-from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.engine.responses import Channel, ResponseHub, Stream, StreamInterval
 from helios_backend.engine.settings import SettingsError, StartupOptions, resolve
 from helios_backend.executors.factory import EXECUTOR_NAMES, HOST_CONCURRENCY
 from helios_backend.exchange import OUT_EVENT, OUT_LOGPROBS, OUT_TIMESTAMPS, OUT_TOKENS, decode_event
@@ -80,6 +80,121 @@ def test_tokens_coalesce_while_a_send_is_slow_and_nothing_is_lost() -> None:  # 
     assert sender.tokens == list(range(100))
     assert len(sender.sends) <= 3                    # first token, then the rest coalesced with the final
     assert [f for _, f in sender.sends].count(True) == 1 and sender.sends[-1][1]
+
+
+class RecordingChannel:
+    """A channel sink that keeps every ChannelBatch, decoded."""
+
+    def __init__(self) -> None:
+        self.batches: list[ep.ChannelBatch] = []
+        self.lock = threading.Lock()
+
+    def send_batch(self, payload: bytes) -> None:
+        with self.lock:
+            self.batches.append(ep.ChannelBatch.FromString(payload))
+
+    def close(self) -> None:
+        pass
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def plain_groups(self, tag: int) -> list[list[int]]:
+        """The ids-only output of `tag`, one list per message that carried some."""
+        groups = []
+        with self.lock:
+            for batch in self.batches:
+                start = 0
+                for t, count in zip(batch.plain_tags, batch.plain_counts):
+                    if t == tag:
+                        groups.append(list(batch.plain_token_ids[start:start + count]))
+                    start += count
+        return groups
+
+    def output_tokens(self, tag: int) -> list[int]:
+        """`tag`'s tokens that travelled as output messages (its terminal, records)."""
+        with self.lock:
+            return [t for b in self.batches for out in b.outputs if out.tag == tag for t in out.token_ids]
+
+
+def _channel_hub(interval: StreamInterval) -> tuple[ResponseHub, RecordingChannel, Channel]:
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=Metrics(), interval=interval)
+    hub.start()
+    sink = RecordingChannel()
+    channel = hub.open_channel("c", sink)
+    return hub, sink, channel
+
+
+def _wait_for(condition, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return bool(condition())
+
+
+def test_a_plain_stream_sends_its_first_token_alone_then_gathers_its_interval() -> None:  # spec: HTTP-9
+    # interval 4 and a hold longer than the test: after the first token every message carries
+    # exactly four of the stream's tokens, however the rounds arrive; the terminal takes the rest
+    hub, sink, channel = _channel_hub(StreamInterval(4, hold_s=60.0))
+    hub.register(Stream(1, None, channel=channel, tag=5))
+    hub.deliver([Emitted(1, 100, -1, 0.0, None, None)])
+    assert _wait_for(lambda: sink.plain_groups(5) == [[100]])      # the first token leaves at once
+    for t in range(101, 111):
+        hub.deliver([Emitted(1, t, -1, 0.0, None, None)])
+        time.sleep(0.002)
+    assert _wait_for(lambda: len(sink.plain_groups(5)) == 3)
+    time.sleep(0.05)
+    assert sink.plain_groups(5) == [[100], [101, 102, 103, 104], [105, 106, 107, 108]]   # 109, 110 held
+    hub.deliver([finished_event(1)])
+    assert _wait_for(lambda: sink.output_tokens(5) == [109, 110])
+    hub.stop()
+
+
+def test_held_tokens_leave_when_their_hold_ends_without_more_rounds() -> None:  # spec: HTTP-9
+    # a stream whose interval does not fill (a slow step, or the last tokens before a long
+    # prompt round) is not held past hold_s: its tokens leave on the response thread's own clock
+    hub, sink, channel = _channel_hub(StreamInterval(8, hold_s=0.05))
+    hub.register(Stream(1, None, channel=channel, tag=2))
+    hub.deliver([Emitted(1, 7, -1, 0.0, None, None)])
+    assert _wait_for(lambda: sink.plain_groups(2) == [[7]])
+    hub.deliver([Emitted(1, 8, -1, 0.0, None, None)])
+    hub.deliver([Emitted(1, 9, -1, 0.0, None, None)])
+    assert _wait_for(lambda: sink.plain_groups(2) == [[7], [8, 9]], timeout=2.0)
+    hub.deliver([finished_event(1)])
+    hub.stop()
+
+
+def test_streams_with_records_and_an_interval_of_one_are_never_held() -> None:  # spec: HTTP-9
+    # a stream that asked for logprobs travels as its own output message, every round; so does
+    # every stream at interval 1 (what --stream-interval 1 asks for)
+    for interval, logprobs in ((StreamInterval(8, hold_s=60.0), True), (StreamInterval(1, hold_s=60.0), False)):
+        hub, sink, channel = _channel_hub(interval)
+        hub.register(Stream(1, None, channel=channel, tag=3, logprobs=logprobs))
+        for t in range(5):
+            hub.deliver([Emitted(1, t, -1, -0.5, None, None)])
+            count = t + 1
+            assert _wait_for(lambda: sum(len(g) for g in sink.plain_groups(3)) + len(sink.output_tokens(3))
+                             == count)
+        hub.deliver([finished_event(1)])
+        hub.stop()
+
+
+def test_the_automatic_interval_grows_with_the_open_streams() -> None:
+    auto = StreamInterval()
+    assert [auto.at(n) for n in (0, 1, 16, 63, 64, 95, 96, 128, 200, 256, 1024)] == [1, 1, 1, 1, 2, 2, 3, 4, 6, 8, 8]
+    assert StreamInterval(3).at(256) == 3
+    with pytest.raises(ValueError, match="at least one token"):
+        StreamInterval(0)
+    # the hub applies it to its open streams and says so on its gauge
+    metrics = Metrics()
+    hub = ResponseHub(on_cancel=lambda s: None, metrics=metrics)
+    hub.start()
+    channel = hub.open_channel("c", RecordingChannel())
+    for serial in range(1, 97):
+        hub.register(Stream(serial, None, channel=channel, tag=serial))
+    hub.deliver([Emitted(1, 4, -1, 0.0, None, None)])
+    assert _wait_for(lambda: update("flare_stream_interval_tokens", Op.SET, 3) in metrics.updates)
+    hub.stop()
 
 
 def test_stop_gives_unfinished_streams_exactly_one_failure() -> None:
@@ -243,6 +358,10 @@ def test_options_parse_from_config_parameters(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="executor"):
         StartupOptions.from_parameters({"executor": "tpu"}, tmp_path)
     assert StartupOptions.from_parameters({"switch_interval_us": "500"}, tmp_path).switch_interval_us == 500
+    assert StartupOptions.from_parameters({"stream_interval": "4"}, tmp_path).stream_interval == 4
+    assert StartupOptions.from_parameters({"stream_interval": ""}, tmp_path).stream_interval is None
+    with pytest.raises(SettingsError, match="stream_interval"):
+        StartupOptions.from_parameters({"stream_interval": "0"}, tmp_path)
     with pytest.raises(SettingsError, match="switch_interval_us"):
         StartupOptions.from_parameters({"switch_interval_us": "0"}, tmp_path)
     assert StartupOptions.from_parameters({"admission_burst": "8"}, tmp_path).admission_burst == 8

@@ -78,6 +78,9 @@ OPTION_PARAMETERS: dict[str, str] = {
                           "(default: the core's, else 0.9)",
     "switch_interval_us": "the serving process's GIL switch interval, in microseconds "
                           f"(default: {SWITCH_INTERVAL_US})",
+    "stream_interval": "tokens a streamed request gathers before they leave together, after its first token, "
+                       "at most 25 ms (default: automatic, 1 below 64 open streams, then one more per 32, "
+                       "at most 8; 1 streams every token as it is sampled)",
     "admission_burst": "waiting requests that make a round of prompts only, at least 2; fewer join the "
                        f"decode rounds one at a time (default: the core's, else {BUILT_IN.admission_burst})",
 }

@@ -43,7 +43,7 @@ from helios_backend.engine.faults import FaultTrigger, FaultyRunner
 from helios_backend.engine.runner import ProgramRunner
 from helios_backend.engine.speculative_runner import SpeculativeProgramRunner
 from helios_backend.engine.metrics import MetricBackend, MetricsQueue, MetricsThread, NullMetrics
-from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.engine.responses import ResponseHub, Stream, StreamInterval
 from helios_backend.engine.settings import EffectiveSettings, SettingsError, StartupOptions
 from helios_backend.exchange import SpecDefaults, ExchangeError
 from helios_backend.engine.loop import EngineLoop, EventSink
@@ -198,13 +198,14 @@ class ResponseSide:
     """What lives beside Triton's senders, with the engine in this process or in its own: the
     response thread, the metrics thread, and the fatal path that a dying thread takes."""
 
-    def __init__(self, metrics_backend: MetricBackend | None, on_fatal: Callable[[str], None] | None) -> None:
+    def __init__(self, metrics_backend: MetricBackend | None, on_fatal: Callable[[str], None] | None,
+                 interval: StreamInterval = StreamInterval()) -> None:
         self.metrics: MetricsThread | NullMetrics = (
             MetricsThread(metrics_backend, on_error=log.warning) if metrics_backend is not None else NullMetrics())
         self.fatal = FatalPath(on_fatal)
         self._cancel: Callable[[int], None] = lambda serial: None
         self.hub = ResponseHub(on_cancel=lambda serial: self._cancel(serial), metrics=self.metrics,
-                               on_death=self.fatal)
+                               on_death=self.fatal, interval=interval)
         self.fatal.attach(self.hub, self.metrics)
 
     def start(self, cancel: Callable[[int], None]) -> None:
@@ -229,7 +230,7 @@ class Engine:
               on_fatal: Callable[[str], None] | None = None) -> "Engine":
         origin = time.monotonic_ns()   # token timestamps are relative to runtime startup (OBS-15)
         parts = EngineParts.build(options, origin)
-        side = ResponseSide(metrics_backend, on_fatal)
+        side = ResponseSide(metrics_backend, on_fatal, StreamInterval(options.stream_interval))
         worker = parts.loop(side.hub, side.metrics, on_death=side.fatal)
         side.start(cancel=worker.cancel)
         worker.start()

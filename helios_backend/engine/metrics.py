@@ -69,6 +69,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("flare_channel_responses_total", Kind.COUNTER, "Responses sent on channels (docs/exchange.md)"),
     Family("flare_channel_outputs_total", Kind.COUNTER,
            "Request outputs those responses carried (outputs / responses = requests per message)"),
+    Family("flare_stream_interval_tokens", Kind.GAUGE,
+           "Tokens a plain channel stream gathers before its output leaves (responses.StreamInterval)"),
     Family("flare_worker_seconds_total", Kind.COUNTER,
            "Scheduler worker time by phase: schedule, launch, collect (waiting for the executor), complete, deliver",
            ("phase",)),

@@ -41,7 +41,7 @@ from helios_backend.engine.faults import FaultTrigger
 from helios_backend.engine.metrics import MetricBackend, MetricsThread, NullMetrics
 from helios_backend.engine.process_wire import (
     CANCEL, DEATH, EVENTS, EXIT, FAILED, METRICS, READY, START, STOP, SUBMIT, Wire, WireClosed, unpack_events)
-from helios_backend.engine.responses import ResponseHub, Stream
+from helios_backend.engine.responses import ResponseHub, Stream, StreamInterval
 from helios_backend.engine.settings import StartupOptions
 from helios_backend.scheduler.events import Terminal
 from helios_backend.scheduler.request import RequestSpec
@@ -186,7 +186,7 @@ class ProcessEngine:
             process.kill()
             raise StartupError(f"engine process: unexpected first message {reply[0]!r}")
         _, assets_bytes, spec_defaults, description = reply
-        side = ResponseSide(metrics_backend, on_fatal)
+        side = ResponseSide(metrics_backend, on_fatal, StreamInterval(options.stream_interval))
         worker = EngineWorker(wire, process, side.hub)
         side.start(cancel=worker.cancel)
         threading.Thread(target=worker.read, args=(side.metrics, side.fatal), name="helios-engine-wire",

@@ -13,6 +13,14 @@ this pass, into ONE channel response: per pass one stub send per channel instead
 per request, which is what lets the served rate follow the engine's. Per-request order
 holds because one thread sends everything, in pass order.
 
+A plain stream on a channel (ids only) may hold its tokens for a few rounds (StreamInterval):
+its first token leaves at once, later ones when `interval` of them are pending or the oldest
+has waited `hold_s`. Under load each message then carries several tokens of a request, and
+every per-message cost downstream (Triton's stub send, the gateway's decode, event, SSE chunk
+and socket write) is paid once per interval instead of once per token, as vLLM's and SGLang's
+`--stream-interval` do. The automatic interval grows with the open streams (one token below
+AUTO_STREAMS_PER_TOKEN of them), so a lightly loaded server still streams token by token.
+
 Cancellation is polled at most every CANCEL_POLL_S: `is_cancelled()` of each own-stream
 request, and of each channel once (a channel's client gone cancels all of its requests).
 
@@ -40,6 +48,29 @@ from helios_backend.exchange import OutputChunk
 
 log = logging.getLogger("helios.responses")
 CANCEL_POLL_S = 0.02
+# the automatic stream interval: one token more per this many open streams, up to AUTO_MAX_TOKENS
+AUTO_STREAMS_PER_TOKEN = 32
+AUTO_MAX_TOKENS = 8
+# the longest a stream's tokens wait for their interval to fill (a 40 Hz update rate at worst:
+# below what a reader of streamed text notices, above a decode step at any served batch)
+HOLD_S = 0.025
+
+
+@dataclass(frozen=True)
+class StreamInterval:
+    """Tokens a plain channel stream gathers before its output leaves (after its first token).
+    `tokens` None: automatic, from the number of open streams (`at`)."""
+    tokens: int | None = None
+    hold_s: float = HOLD_S
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and self.tokens < 1:
+            raise ValueError(f"a stream interval is at least one token, got {self.tokens}")
+
+    def at(self, open_streams: int) -> int:
+        if self.tokens is not None:
+            return self.tokens
+        return max(1, min(AUTO_MAX_TOKENS, open_streams // AUTO_STREAMS_PER_TOKEN))
 
 
 class Sender(Protocol):
@@ -78,6 +109,7 @@ class Stream:
     final: bool = False                  # terminal event received (pending holds it)
     cancel_reported: bool = False
     sent_responses: int = 0
+    last_sent_ns: int = 0                # when its output last left (the stream interval's hold)
     # output of ids only, on a channel: it travels in the batch's packed arrays (fixed for the
     # stream's life, so read once per token without recomputing)
     plain: bool = field(init=False)
@@ -112,8 +144,14 @@ class ChannelError(ValueError):
 
 class ResponseHub:
     def __init__(self, on_cancel: Callable[[int], None], metrics: MetricsQueue,
-                 on_death: Callable[[str], None] = lambda reason: None) -> None:
+                 on_death: Callable[[str], None] = lambda reason: None,
+                 interval: StreamInterval = StreamInterval()) -> None:
         self._on_cancel = on_cancel
+        self._interval = interval
+        self._hold_ns = int(interval.hold_s * 1e9)
+        self._held: set[int] = set()         # plain streams whose pending tokens wait for their interval
+        self._held_until_ns = 0              # when the first of them must leave
+        self._interval_now = 1               # the interval of the last pass (its gauge)
         self._on_death = on_death
         self._metrics = metrics
         self._lock = threading.Condition()
@@ -300,15 +338,30 @@ class ResponseHub:
         while True:
             with self._lock:
                 if not self._dirty and not self._stopping:
-                    self._lock.wait(CANCEL_POLL_S)
+                    wait_s = CANCEL_POLL_S
+                    if self._held:
+                        wait_s = min(wait_s, max(self._held_until_ns - time.monotonic_ns(), 0) / 1e9)
+                    self._lock.wait(wait_s)
                 batch = []
                 plain: list[tuple[Stream, list[int]]] = []   # ids-only output of a channel request
-                for serial in self._dirty:
+                now_ns = time.monotonic_ns()
+                interval = self._interval.at(len(self._streams))
+                if interval != self._interval_now:
+                    self._interval_now = interval
+                    self._metrics.push([update("flare_stream_interval_tokens", Op.SET, interval)])
+                held, held_until = set(), 0
+                for serial in (self._dirty | self._held) if self._held else self._dirty:
                     stream = self._streams[serial]
                     chunk = stream.pending
                     if stream.plain and not stream.final:
+                        leave_ns = stream.last_sent_ns + self._hold_ns
+                        if stream.sent_responses and len(chunk.tokens) < interval and now_ns < leave_ns:
+                            held.add(serial)
+                            held_until = leave_ns if not held_until else min(held_until, leave_ns)
+                            continue
                         plain.append((stream, chunk.tokens))
                         chunk.tokens = []
+                        stream.last_sent_ns = now_ns
                         continue
                     stream.pending = OutputChunk()
                     batch.append((stream, chunk, stream.final))
@@ -317,6 +370,7 @@ class ResponseHub:
                         if stream.channel is not None:
                             stream.channel.tags.pop(stream.tag, None)
                 self._dirty.clear()
+                self._held, self._held_until_ns = held, held_until
                 self._in_flight = batch
                 done = self._stopping and not self._streams and not batch
                 now = time.monotonic()

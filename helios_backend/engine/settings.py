@@ -69,6 +69,9 @@ class StartupOptions:
     rank_join_timeout: float | None = None   # processes: seconds rank 0 waits for every peer (default 600)
     # the serving process's GIL switch interval (sys.setswitchinterval), microseconds; None: SWITCH_INTERVAL_US
     switch_interval_us: int | None = None
+    # tokens a plain channel stream gathers before its output leaves, after its first
+    # (responses.StreamInterval); None: automatic, growing with the open streams
+    stream_interval: int | None = None
     # Triton: the core, the scheduler and the executor run in an engine process of their own,
     # outside the stub's GIL (process_engine.py); False keeps them in the stub. None: True
     engine_process: bool | None = None
@@ -83,7 +86,7 @@ class StartupOptions:
         if self.executor not in EXECUTOR_NAMES:
             raise SettingsError("executor", f"{self.executor!r} is not one of {EXECUTOR_NAMES}")
         for name in ("concurrency", "speculative_width", "queue_capacity", "max_active", "event_capacity",
-                     "page_capacity", "switch_interval_us"):
+                     "page_capacity", "switch_interval_us", "stream_interval"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SettingsError(name, f"must be positive, got {value}")
