@@ -162,7 +162,7 @@ class GatewayService:
                 await self._release_idle_channel()
                 continue
             try:
-                await self.backend.fetch_assets(timeout_s=self.WATCH_TIMEOUT_S)
+                await self.backend.fetch_assets(timeout_s=self.WATCH_TIMEOUT_S, probe=True)
             except BackendRefused as exc:
                 ended = self.backend.abandon_generations(f"the model stopped answering ({exc})")
                 self._health = (time.monotonic(), False)
@@ -233,7 +233,7 @@ class GatewayService:
         ok = self._served is not None and await self.backend.model_ready(timeout_s=2.0)
         if ok:
             try:
-                assets = await self.backend.fetch_assets(timeout_s=5.0)
+                assets = await self.backend.fetch_assets(timeout_s=5.0, probe=True)
             except ConnectionError:
                 ok = False
             else:

@@ -520,12 +520,13 @@ class TritonBackend:
         """Fail every open generation (LOST: they were submitted) and start a new channel."""
         return self._mux.abandon(StreamFailure(StreamFailureKind.LOST, detail))
 
-    async def fetch_assets(self, timeout_s: float) -> ep.FrontendAssets:
-        """Ask the served model for its frontend assets (a tiny inference on the model).
+    async def fetch_assets(self, timeout_s: float, probe: bool = False) -> ep.FrontendAssets:
+        """Ask the served model for its frontend assets (a tiny inference on the model); with
+        `probe`, only whether it answers: the assets come without tokenizer and template.
 
         Raises ConnectionError when Triton or the model cannot answer within ``timeout_s``.
         """
-        params = ep.RequestParameters(version=ep.TRANSPORT_VERSION_1, assets=ep.AssetsRequest())
+        params = ep.RequestParameters(version=ep.TRANSPORT_VERSION_1, assets=ep.AssetsRequest(probe=probe))
         stream = AssetsStream(self._client, [_parameters_input(params)], "assets", self.model_name)
         try:
             async with asyncio.timeout(timeout_s):

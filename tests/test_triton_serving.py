@@ -69,6 +69,26 @@ def test_assets_describe_the_served_model(server: TritonServer) -> None:  # spec
     assert assets.clock.origin_monotonic_ns > 0
 
 
+def test_a_probe_answers_with_the_served_model_and_clock_only(server: TritonServer) -> None:  # spec: FE-43
+    # the gateway's backend watch probes twice a second per process: its answer names the model
+    # and the clock (a restarted backend shows a new origin) without the megabytes of tokenizer
+    from gateway.triton_client import TritonBackend
+
+    async def both() -> tuple[ep.FrontendAssets, ep.FrontendAssets]:
+        backend = TritonBackend(server.grpc_url)
+        try:
+            return await backend.fetch_assets(10.0), await backend.fetch_assets(10.0, probe=True)
+        finally:
+            await backend.close()
+
+    full, probe = asyncio.run(both())
+    assert probe.served_id == full.served_id == "smollm2-135m-instruct"
+    assert list(probe.aliases) == list(full.aliases) and probe.version == full.version
+    assert probe.clock.origin_monotonic_ns == full.clock.origin_monotonic_ns > 0
+    assert not probe.tokenizer_json and not probe.chat_template and full.tokenizer_json
+    assert probe.ByteSize() < 1024 < full.ByteSize()
+
+
 def test_32_concurrent_streams_match_one_at_a_time(server: TritonServer, tokenizer: FrontendTokenizer) -> None:
     # alone, each prompt's step runs the fused kernels; packed together, the product path: the
     # same tokens up to near-ties of the two paths' last bits (tests/greedy_agreement.py)

@@ -134,6 +134,7 @@ class TritonHeliosModel:
         self.runtime: Runtime | None = None
         self._finals: FinalSender | None = None
         self._assets: np.ndarray | None = None     # the serialized assets answer (_assets_payload)
+        self._probe_answer: np.ndarray | None = None   # and a probe's (no tokenizer, no template)
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
@@ -212,16 +213,25 @@ class TritonHeliosModel:
                 self._answer(sender, ep.ResponseEvent(terminal=ep.TerminalEvent(failed=ep.ExecutionFailure(
                     message=runtime.loop.lost or "the helios worker stopped"))))
             else:
-                self._answer_payload(sender, self._assets_payload(runtime))
+                self._answer_payload(sender, self._assets_payload(runtime, params.assets.probe))
         return None
 
-    def _assets_payload(self, runtime: Runtime) -> np.ndarray:
-        """The assets answer, serialized once: it carries the tokenizer (megabytes), and the
-        gateway's readiness probes ask for it several times a second; building it per probe
-        held the GIL for milliseconds, in front of every other request and send."""
+    def _assets_payload(self, runtime: Runtime, probe: bool = False) -> np.ndarray:
+        """The assets answer, serialized once: it carries the tokenizer (megabytes); building it
+        per request held the GIL for milliseconds, in front of every other request and send. A
+        probe's answer (AssetsRequest.probe) leaves the megabytes out: the gateway's backend
+        watch asks twice a second per gateway process, and each full answer crossed the stub's
+        shared memory and Triton's gRPC frontend whole (1.5 MB for SmolLM2, ~3 ms of a gateway
+        process's CPU)."""
         if self._assets is None:
-            self._assets = message_array(ep.ResponseEvent(assets=runtime.assets()).SerializeToString())
-        return self._assets
+            assets = runtime.assets()
+            self._assets = message_array(ep.ResponseEvent(assets=assets).SerializeToString())
+            light = ep.FrontendAssets(version=assets.version, served_id=assets.served_id,
+                                      aliases=assets.aliases, clock=assets.clock)
+            self._probe_answer = message_array(ep.ResponseEvent(assets=light).SerializeToString())
+        answer = self._probe_answer if probe else self._assets
+        assert answer is not None
+        return answer
 
     def _exit_when_lost(self, runtime: Runtime) -> None:
         """Exit the stub once the executor is lost, after the grace (module constants)."""
