@@ -294,9 +294,11 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                 tries = []
                 while True:                   # auto: more client processes while the busiest reaches 50 %
                     before = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
+                    each_before = [cpu_seconds([pid]) for pid in gateway]
                     timings, wall, client_share = drive(base, model, words, c, requests_at(c, args.requests_per_client),
                                                         args.output_tokens, args.client, 1000 * c, processes)
                     after = (cpu_seconds(gateway), cpu_seconds(stub), cpu_seconds(engine))
+                    each_after = [cpu_seconds([pid]) for pid in gateway]
                     tries.append({"client_processes": processes, "client_cpu_max": client_share})
                     more = min(c, 2 * processes, max(1, os.cpu_count() or 2))
                     if fixed or not client_share >= 0.5 or more == processes:
@@ -312,6 +314,11 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                                            {**scrape(pages[0]), **scrape(pages[1])}, wall)
                 tokens = max(f["output_tokens"], 1)
                 f["gateway_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
+                # each gateway process's share of one core over the level: a busy one among idle
+                # ones is connections spread unevenly, all near 1 a gateway that bounds the level
+                f["gateway_cpu_shares"] = [round((a - b) / wall, 3) if wall else float("nan")
+                                           for a, b in zip(each_after, each_before)]
+                f["gateway_cpu_max"] = max(f["gateway_cpu_shares"], default=float("nan"))
                 # the backend is the stub plus its engine process, each also on its own
                 f["stub_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6
                 f["engine_cpu_us_per_token"] = (after[2] - before[2]) / tokens * 1e6
@@ -322,7 +329,8 @@ def served_phase(args: argparse.Namespace, core: pathlib.Path, levels: list[int]
                       f"backend {f['backend_cpu_us_per_token']:.0f} us/tok (stub {f['stub_cpu_us_per_token']:.0f}, engine "
                       f"{f['engine_cpu_us_per_token']:.0f}), ok {f['ok']}/{f['requests']}, "
                       f"tokens/request {f['tokens_per_request_min']}-{f['tokens_per_request_max']}, busiest of {processes} "
-                      f"client processes {client_share:.0%} CPU", flush=True)
+                      f"client processes {client_share:.0%} CPU, busiest gateway process {f['gateway_cpu_max']:.0%} "
+                      f"(all {', '.join(f'{x:.0%}' for x in f['gateway_cpu_shares'])})", flush=True)
                 k = f["stack"]
                 print(f"  stack: rounds {k['rounds']}, second frame {k['second_frame_share']:.0%}, "
                       f"{k['tokens_per_round']:.1f} tokens/round, {k['prompt_tokens_per_round']:.1f} prompt tokens/round, "
