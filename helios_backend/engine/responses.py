@@ -18,8 +18,9 @@ its first token leaves at once, later ones when `interval` of them are pending o
 has waited `hold_s`. Under load each message then carries several tokens of a request, and
 every per-message cost downstream (Triton's stub send, the gateway's decode, event, SSE chunk
 and socket write) is paid once per interval instead of once per token, as vLLM's and SGLang's
-`--stream-interval` do. The automatic interval grows with the open streams (one token below
-AUTO_STREAMS_PER_TOKEN of them), so a lightly loaded server still streams token by token.
+`--stream-interval` do. The automatic interval grows with the open streams (one token up to
+2 x AUTO_STREAMS_PER_TOKEN - 1 of them, then one more per AUTO_STREAMS_PER_TOKEN), so a lightly
+loaded server still streams token by token.
 
 Cancellation is polled at most every CANCEL_POLL_S: `is_cancelled()` of each own-stream
 request, and of each channel once (a channel's client gone cancels all of its requests).
