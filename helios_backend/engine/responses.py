@@ -152,7 +152,7 @@ class ResponseHub:
         self._hold_ns = int(interval.hold_s * 1e9)
         self._held: set[int] = set()         # plain streams whose pending tokens wait for their interval
         self._held_until_ns = 0              # when the first of them must leave
-        self._interval_now = 1               # the interval of the last pass (its gauge)
+        self._interval_now = 0               # the interval of the last pass (its gauge; 0: none yet)
         self._on_death = on_death
         self._metrics = metrics
         self._lock = threading.Condition()

@@ -133,8 +133,8 @@ class TritonHeliosModel:
         # the engine in the stub (engine_process=false) or in a process of its own (the default)
         self.runtime: Runtime | None = None
         self._finals: FinalSender | None = None
-        self._assets: np.ndarray | None = None     # the serialized assets answer (_assets_payload)
-        self._probe_answer: np.ndarray | None = None   # and a probe's (no tokenizer, no template)
+        # the serialized assets answer and a probe's (no tokenizer, no template): _assets_payload
+        self._answers: tuple[np.ndarray, np.ndarray] | None = None
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
@@ -223,15 +223,13 @@ class TritonHeliosModel:
         watch asks twice a second per gateway process, and each full answer crossed the stub's
         shared memory and Triton's gRPC frontend whole (1.5 MB for SmolLM2, ~3 ms of a gateway
         process's CPU)."""
-        if self._assets is None:
+        if self._answers is None:
             assets = runtime.assets()
-            self._assets = message_array(ep.ResponseEvent(assets=assets).SerializeToString())
             light = ep.FrontendAssets(version=assets.version, served_id=assets.served_id,
                                       aliases=assets.aliases, clock=assets.clock)
-            self._probe_answer = message_array(ep.ResponseEvent(assets=light).SerializeToString())
-        answer = self._probe_answer if probe else self._assets
-        assert answer is not None
-        return answer
+            self._answers = (message_array(ep.ResponseEvent(assets=assets).SerializeToString()),
+                             message_array(ep.ResponseEvent(assets=light).SerializeToString()))
+        return self._answers[1] if probe else self._answers[0]
 
     def _exit_when_lost(self, runtime: Runtime) -> None:
         """Exit the stub once the executor is lost, after the grace (module constants)."""
