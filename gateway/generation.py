@@ -148,6 +148,8 @@ class RequestRun:
         self._queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._first_token_seen = False
+        # choices whose final event event_batches has not yielded yet: 0 once it yielded the last
+        self.open_choices = 0
         model = served.served_id   # the labelled series, looked up once rather than per token
         self._ttft = metrics.ttft.labels(model)
         self._itl = metrics.itl.labels(model)
@@ -182,13 +184,13 @@ class RequestRun:
     async def event_batches(self) -> AsyncIterator[list[ChoiceEvent]]:
         """The same events, each time as all of those that arrived since the last batch: a
         stream that fell behind under load catches up in one write, not one per event."""
-        remaining = len(self._tasks)
         queue = self._queue
-        while remaining:
+        self.open_choices = len(self._tasks)
+        while self.open_choices:
             batch = [await queue.get()]
             while not queue.empty():
                 batch.append(queue.get_nowait())
-            remaining -= sum(1 for event in batch if not isinstance(event, ChoiceSteps))
+            self.open_choices -= sum(1 for event in batch if not isinstance(event, ChoiceSteps))
             yield batch
 
     def _observe_tokens(self, count: int, previous_ns: int) -> int:

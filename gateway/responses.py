@@ -5,7 +5,9 @@ has the last byte or is gone (HTTP-12); (2) the client's disconnect must cancel 
 backend request even while nothing is being written (HTTP-6), and uvicorn's ``send``
 silently drops writes after a disconnect, so the response watches ``receive`` itself;
 (3) for non-streaming requests the status is only known once the backend's terminal
-event arrives, so the status line is sent from inside the response.
+event arrives, so the status line is sent from inside the response; (4) a stream's last chunk
+ends the body in the same ASGI message (uvicorn writes it and the chunked-encoding terminator
+as one socket write), not in an empty message after it: one write fewer per request.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
+# a stream's chunks: each SSE payload and whether it is the stream's last (nothing follows it)
+Chunk = tuple[bytes, bool]
+
+
 class GenerationResponse(Response):
     """Streams SSE chunks (``chunks``) or sends one JSON body (``body_once``)."""
 
     def __init__(self, permit: Permit, on_close: Callable[[bool], None], *,
-                 chunks: AsyncIterator[bytes] | None = None,
+                 chunks: AsyncIterator[Chunk] | None = None,
                  body_once: Callable[[], Awaitable[tuple[int, dict]]] | None = None) -> None:
         super().__init__()
         self._permit = permit
@@ -63,9 +69,11 @@ class GenerationResponse(Response):
     async def _respond(self, send: Send) -> None:
         if self._chunks is not None:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            async for chunk in self._chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            last = False
+            async for chunk, last in self._chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         assert self._body_once is not None  # constructor contract: exactly one body source
         try:

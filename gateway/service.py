@@ -36,7 +36,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.output_pipeline import OutputParser, PlainTextParser
 from gateway.preparation import PreparedRequest
 from gateway.presentation import Presenter
-from gateway.responses import GenerationResponse
+from gateway.responses import Chunk, GenerationResponse
 from gateway.schemas import VLLM_UNSUPPORTED_FIELDS, SamplingFields
 from gateway.served_model import BackendClock, ServedModel
 from gateway.triton_client import BackendRefused, TritonBackend
@@ -310,13 +310,14 @@ class GatewayService:
             self.metrics.e2e.labels(served.served_id).observe(max(elapsed, 0.0))
 
         if prepared.stream:
-            async def chunks() -> AsyncIterator[bytes]:
+            async def chunks() -> AsyncIterator[Chunk]:
                 # one write per batch of backend events: the SSE events they produced (one per
                 # token and delta) go out together, which halves the writes of an observed
-                # stream and lets a stream that fell behind catch up in one write
+                # stream and lets a stream that fell behind catch up in one write; the batch
+                # that ends the last choice is marked last, so the body ends in its write
                 opening = b"".join(presenter.opening())
                 if opening:
-                    yield opening
+                    yield opening, False
                 async for batch in run.event_batches():
                     parts: list[bytes] = []
                     for event in batch:
@@ -324,12 +325,12 @@ class GatewayService:
                             outcome.status = event.error.status
                             run.cancel()
                             parts.append(presenter.error_event(event.error))
-                            yield b"".join(parts)
+                            yield b"".join(parts), True
                             return
                         parts.extend(presenter.stream(event))
-                    data = b"".join(parts)
-                    if data:
-                        yield data
+                    data, last = b"".join(parts), run.open_choices == 0
+                    if data or last:
+                        yield data, last
 
             return GenerationResponse(permit, on_close, chunks=chunks())
 
