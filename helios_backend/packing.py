@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
 from operator import attrgetter, getitem
 from typing import Callable, Mapping, Optional, Protocol, Sequence, TypeAlias, Union, overload
 
@@ -426,14 +426,31 @@ class _PaddingMemory:
     histogram rows are 196 KB each, and the rows an INITIALIZATION program of 64 rows leaves
     empty were rewritten at every admitting round; and a decode round's integer columns (slot,
     generation, position, ...) fall short of its program's rows by the same padding round after
-    round. Integer columns use the tail only: they write every lane's row."""
+    round. Integer columns use the tail only: they write every lane's row.
+
+    The window [lo, hi) is what a program of fewer rows than the tail knows of its own rows: the
+    rows it padded after its lanes, while rows past its last one are not known (a larger program
+    that never ran yet leaves the tail at the destination's end). Without it, an INITIALIZATION of
+    a few lanes rewrote the histogram rows up to its program's end (196 KB each) at every
+    admitting round. A write of lanes' values ends the window below them (`written`)."""
 
     def __init__(self, rows: int) -> None:
         self.clean = 0                                 # rows [0, clean) hold the padding
         self.tail = rows                               # rows [tail, rows) hold the padding
+        self.lo = self.hi = 0                          # rows [lo, hi) hold the padding
+        self.counts = False                            # rows hold PromptCounts (_count_over_padding)
         # rows that hold the padding except at these indices (a PromptCounts row counted over
         # the padding): the next counts in such a row clear those entries, not ~200 KB
         self.sparse: dict[int, np.ndarray] = {}
+
+    def written(self, end: int) -> None:
+        """Rows below `end` received values: the window starts at `end` at the earliest."""
+        if self.lo < end:
+            self.lo = min(end, self.hi)
+
+    def padded(self, row: int) -> bool:
+        """Whether `row` is known to hold the padding throughout."""
+        return row < self.clean or row >= self.tail or self.lo <= row < self.hi
 
 
 class Target:
@@ -550,7 +567,9 @@ def _integer_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> N
     if memory is None:
         if pad_tail and n < target.rows:
             table[n:] = target.pad
-    elif pad_tail:
+        return
+    memory.written(n)
+    if pad_tail:
         _pad_after(table, n, target, memory)
     else:                                             # rows from n on untouched
         memory.tail = max(memory.tail, n)
@@ -599,6 +618,7 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
             table[n:] = target.pad
         return
     memory.clean = min(memory.clean, present[0])      # rows before the first lane with values
+    memory.written(present[-1] + 1)
     if not pad_tail:                                  # rows from n on untouched
         memory.tail = max(memory.tail, present[-1] + 1)
     else:
@@ -606,13 +626,25 @@ def _value_rows(target: Target, step: _Step, source: int, pad_tail: bool) -> Non
 
 
 def _pad_after(table: np.ndarray, n: int, target: Target, memory: _PaddingMemory) -> None:
-    """Rows [n, target.rows) made the padding, where rows [memory.tail, rows) hold it already."""
-    if memory.tail <= target.rows:
+    """Rows [n, target.rows) made the padding, where rows [memory.tail, rows) hold it already
+    (or, with the tail past them, the window [lo, hi))."""
+    rows = target.rows
+    if memory.tail <= rows:
         if n < memory.tail:
             _pad_rows(table, n, memory.tail, target, memory)
         memory.tail = n
-    elif n < target.rows:
-        table[n:] = target.pad
+    elif n < rows:
+        lo, hi = memory.lo, memory.hi                 # (the lanes' write left lo >= n, or none)
+        if lo >= hi:
+            lo = hi = rows
+        if n < lo:                                    # the rows below the window
+            _pad_rows(table, n, min(lo, rows), target, memory)
+        if max(hi, n) < rows:                         # and above it
+            _pad_rows(table, max(hi, n), rows, target, memory)
+        memory.lo, memory.hi = n, max(rows, hi) if lo <= rows else rows
+
+
+_NO_IDS = np.zeros(0, np.int64)      # a row of counts that counts nothing (the padding throughout)
 
 
 def _pad_rows(table: np.ndarray, start: int, stop: int, target: Target, memory: _PaddingMemory) -> None:
@@ -623,11 +655,15 @@ def _pad_rows(table: np.ndarray, start: int, stop: int, target: Target, memory: 
     counted = [r for r in range(start, stop) if r in sparse]
     if not counted:
         table[start:stop] = target.pad
-        return
-    for r in range(start, stop):
-        if r not in sparse:
-            table[r] = target.pad
-    table.reshape(-1)[_flat_indices(counted, [sparse.pop(r) for r in counted], target.width)] = target.pad
+    else:
+        for r in range(start, stop):
+            if r not in sparse:
+                table[r] = target.pad
+        table.reshape(-1)[_flat_indices(counted, [sparse.pop(r) for r in counted], target.width)] = target.pad
+    if memory.counts:
+        # rows of counts, padded throughout now: the padding but for no entries, so that the next
+        # counts into them (or the next padding) clear nothing rather than their ~200 KB again
+        sparse.update(zip(range(start, stop), repeat(_NO_IDS)))
 
 
 
@@ -639,11 +675,12 @@ def _count_over_padding(table: np.ndarray, counts: list[PromptCounts], rows: lis
     clearing and the counting of all rows in one indexed write and one np.add.at (a round of
     prompts admits tens of requests)."""
     width, sparse = target.width, memory.sparse
+    memory.counts = True
     cleared: list[int] = []                           # rows whose last counts are cleared
     known: list[np.ndarray] = []
     for r, value in zip(rows, counts):
         last = sparse.get(r)
-        if memory.clean <= r < memory.tail:           # not known to hold the padding throughout
+        if not memory.padded(r):                      # not known to hold the padding throughout
             if last is not None:
                 cleared.append(r)
                 known.append(last)
