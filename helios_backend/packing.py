@@ -634,7 +634,7 @@ def _pad_after(table: np.ndarray, n: int, target: Target, memory: _PaddingMemory
             _pad_rows(table, n, memory.tail, target, memory)
         memory.tail = n
     elif n < rows:
-        lo, hi = memory.lo, memory.hi                 # (the lanes' write left lo >= n, or none)
+        lo, hi = memory.lo, memory.hi                 # (rows of it below n do not matter here)
         if lo >= hi:
             lo = hi = rows
         if n < lo:                                    # the rows below the window
