@@ -164,6 +164,38 @@ def test_held_tokens_leave_when_their_hold_ends_without_more_rounds() -> None:  
     hub.stop()
 
 
+def test_a_due_stream_takes_the_held_streams_of_its_channel_along() -> None:  # spec: HTTP-9
+    # interval 4: stream 2 starts two rounds after stream 1; its first token makes the channel's
+    # message leave, and stream 1's two held tokens go with it. From then on the two streams are
+    # in step: one message per four rounds carries both, never one message per stream
+    hub, sink, channel = _channel_hub(StreamInterval(4, hold_s=60.0))
+    hub.register(Stream(1, None, channel=channel, tag=1))
+    hub.register(Stream(2, None, channel=channel, tag=2))
+
+    def round_(*serials_tokens: tuple[int, int]) -> None:
+        before = len(sink.batches)
+        hub.deliver([Emitted(serial, token, -1, 0.0, None, None) for serial, token in serials_tokens])
+        time.sleep(0.03)                               # the pass that follows, if any
+        assert len(sink.batches) in (before, before + 1)
+
+    round_((1, 10))                                    # stream 1's first token: at once
+    round_((1, 11))
+    round_((1, 12))
+    round_((1, 13), (2, 20))                           # stream 2's first token takes 11-13 along
+    assert _wait_for(lambda: sink.plain_groups(2) == [[20]])
+    assert sink.plain_groups(1) == [[10], [11, 12, 13]]
+    messages = len(sink.batches)
+    for k in range(8):                                 # two intervals in step
+        round_((1, 14 + k), (2, 21 + k))
+    assert _wait_for(lambda: len(sink.batches) == messages + 2)
+    time.sleep(0.05)
+    assert len(sink.batches) == messages + 2
+    assert sink.plain_groups(1)[2:] == [[14, 15, 16, 17], [18, 19, 20, 21]]
+    assert sink.plain_groups(2)[1:] == [[21, 22, 23, 24], [25, 26, 27, 28]]
+    hub.deliver([finished_event(1), finished_event(2)])
+    hub.stop()
+
+
 def test_streams_with_records_and_an_interval_of_one_are_never_held() -> None:  # spec: HTTP-9
     # a stream that asked for logprobs travels as its own output message, every round; so does
     # every stream at interval 1 (what --stream-interval 1 asks for)

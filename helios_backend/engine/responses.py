@@ -20,7 +20,11 @@ every per-message cost downstream (Triton's stub send, the gateway's decode, eve
 and socket write) is paid once per interval instead of once per token, as vLLM's and SGLang's
 `--stream-interval` do. The automatic interval grows with the open streams (one token up to
 2 x AUTO_STREAMS_PER_TOKEN - 1 of them, then one more per AUTO_STREAMS_PER_TOKEN), so a lightly
-loaded server still streams token by token.
+loaded server still streams token by token. The hold is decided per channel: when one stream
+of a channel is due (or the channel carries another output or a terminal this pass), every
+plain stream of it with pending tokens leaves in the same message. Streams decided one by one
+left at staggered rounds, so each channel still sent a message nearly every pass; taken along,
+the streams of a channel fall into step and the channel sends about once per interval.
 
 Cancellation is polled at most every CANCEL_POLL_S: `is_cancelled()` of each own-stream
 request, and of each channel once (a channel's client gone cancels all of its requests).
@@ -351,25 +355,43 @@ class ResponseHub:
                     self._interval_now = interval
                     self._metrics.push([update("flare_stream_interval_tokens", Op.SET, interval)])
                 held, held_until = set(), 0
+                # plain streams with tokens, by channel; a channel whose message leaves this pass
+                # (a stream's first token, filled interval or ended hold; another output or a
+                # terminal on it) takes every one of them along
+                waiting: dict[str, list[Stream]] = {}
+                due: set[str] = set()
                 for serial in (self._dirty | self._held) if self._held else self._dirty:
                     stream = self._streams[serial]
                     chunk = stream.pending
                     if stream.plain and not stream.final:
-                        leave_ns = stream.last_sent_ns + self._hold_ns
-                        if stream.sent_responses and len(chunk.tokens) < interval and now_ns < leave_ns:
-                            held.add(serial)
-                            held_until = leave_ns if not held_until else min(held_until, leave_ns)
-                            continue
-                        plain.append((stream, chunk.tokens))
-                        chunk.tokens = []
-                        stream.last_sent_ns = now_ns
+                        channel_id = stream.channel.id      # type: ignore[union-attr]  # plain: on a channel
+                        streams = waiting.get(channel_id)
+                        if streams is None:
+                            streams = waiting[channel_id] = []
+                        streams.append(stream)
+                        if not stream.sent_responses or len(chunk.tokens) >= interval \
+                                or now_ns >= stream.last_sent_ns + self._hold_ns:
+                            due.add(channel_id)
                         continue
                     stream.pending = OutputChunk()
                     batch.append((stream, chunk, stream.final))
+                    if stream.channel is not None:
+                        due.add(stream.channel.id)
                     if stream.final:
                         del self._streams[serial]
                         if stream.channel is not None:
                             stream.channel.tags.pop(stream.tag, None)
+                for channel_id, streams in waiting.items():
+                    if channel_id in due:
+                        for stream in streams:
+                            plain.append((stream, stream.pending.tokens))
+                            stream.pending.tokens = []
+                            stream.last_sent_ns = now_ns
+                        continue
+                    for stream in streams:
+                        held.add(stream.serial)
+                        leave_ns = stream.last_sent_ns + self._hold_ns
+                        held_until = leave_ns if not held_until else min(held_until, leave_ns)
                 self._dirty.clear()
                 self._held, self._held_until_ns = held, held_until
                 self._in_flight = batch
