@@ -148,8 +148,6 @@ class RequestRun:
         self._queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._first_token_seen = False
-        # choices whose final event event_batches has not yielded yet: 0 once it yielded the last
-        self.open_choices = 0
         model = served.served_id   # the labelled series, looked up once rather than per token
         self._ttft = metrics.ttft.labels(model)
         self._itl = metrics.itl.labels(model)
@@ -177,21 +175,22 @@ class RequestRun:
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         """Every choice's events, interleaved in arrival order, until all choices ended."""
-        async for batch in self.event_batches():
+        async for batch, _ in self.event_batches():
             for event in batch:
                 yield event
 
-    async def event_batches(self) -> AsyncIterator[list[ChoiceEvent]]:
-        """The same events, each time as all of those that arrived since the last batch: a
-        stream that fell behind under load catches up in one write, not one per event."""
+    async def event_batches(self) -> AsyncIterator[tuple[list[ChoiceEvent], bool]]:
+        """The same events, each time as all of those that arrived since the last batch (a
+        stream that fell behind under load catches up in one write, not one per event), and
+        whether that batch ended the last open choice."""
+        remaining = len(self._tasks)
         queue = self._queue
-        self.open_choices = len(self._tasks)
-        while self.open_choices:
+        while remaining:
             batch = [await queue.get()]
             while not queue.empty():
                 batch.append(queue.get_nowait())
-            self.open_choices -= sum(1 for event in batch if not isinstance(event, ChoiceSteps))
-            yield batch
+            remaining -= sum(1 for event in batch if not isinstance(event, ChoiceSteps))
+            yield batch, remaining == 0
 
     def _observe_tokens(self, count: int, previous_ns: int) -> int:
         """TTFT (the request's first token), the choice's inter-token gaps; the arrival time."""

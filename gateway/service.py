@@ -318,7 +318,7 @@ class GatewayService:
                 opening = b"".join(presenter.opening())
                 if opening:
                     yield opening, False
-                async for batch in run.event_batches():
+                async for batch, last in run.event_batches():
                     parts: list[bytes] = []
                     for event in batch:
                         if isinstance(event, ChoiceFailed):
@@ -328,7 +328,7 @@ class GatewayService:
                             yield b"".join(parts), True
                             return
                         parts.extend(presenter.stream(event))
-                    data, last = b"".join(parts), run.open_choices == 0
+                    data = b"".join(parts)
                     if data or last:
                         yield data, last
 

@@ -364,7 +364,8 @@ class ResponseHub:
                     stream = self._streams[serial]
                     chunk = stream.pending
                     if stream.plain and not stream.final:
-                        channel_id = stream.channel.id      # type: ignore[union-attr]  # plain: on a channel
+                        assert stream.channel is not None   # plain: on a channel
+                        channel_id = stream.channel.id
                         streams = waiting.get(channel_id)
                         if streams is None:
                             streams = waiting[channel_id] = []
