@@ -429,7 +429,8 @@ def test_token_ids_chunk_template_equals_the_generic_chunk(served: ServedModel, 
 def test_event_batches_carry_what_queued_in_order_until_every_choice_ended(served: ServedModel) -> None:
     """The streaming writer's batches: everything queued since the last batch, in arrival
     order, and the run ends only after each choice's terminal event (also when two choices'
-    terminals arrive in one batch, or a batch holds a terminal and later steps)."""
+    terminals arrive in one batch, or a batch holds a terminal and later steps); only the
+    batch that ended the last choice says it is the last (the SSE writer ends the body in it)."""
     import asyncio
 
     from gateway.generation import ChoiceFinished, ChoiceSteps, PerformanceStamps, RequestRun
@@ -446,6 +447,7 @@ def test_event_batches_carry_what_queued_in_order_until_every_choice_ended(serve
         for event in events:
             run._queue.put_nowait(event)  # type: ignore[arg-type]
         batches: list[list[object]] = []
+        lasts: list[bool] = []
 
         async def later() -> None:
             await asyncio.sleep(0)
@@ -453,9 +455,11 @@ def test_event_batches_carry_what_queued_in_order_until_every_choice_ended(serve
             run._queue.put_nowait(finish(2))
 
         task = asyncio.create_task(later())
-        async for batch in run.event_batches():
+        async for batch, last in run.event_batches():
             batches.append(list(batch))
+            lasts.append(last)
         await task
+        assert lasts == [False, True]
         return batches
 
     batches = asyncio.run(scenario())
