@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from tests.triton_server import TritonServer, free_ports, metric_value, model_repository
+from tests.triton_server import TritonServer, ends_with_this_process, free_ports, metric_value, model_repository
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED_ID = "smollm2-135m-instruct"
@@ -40,7 +40,7 @@ class GatewayProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "--triton", triton_url, "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning", *extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=ends_with_this_process())
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

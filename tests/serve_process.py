@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from helios_backend.triton.supervision import child_pids, process_alive as alive, stub_pids
-from tests.triton_server import free_ports, metric_value
+from tests.triton_server import ends_with_this_process, free_ports, metric_value
 
 SERVE = Path(sys.executable).parent / "helios-serve"
 
@@ -44,7 +44,8 @@ class ServeProcess:
             argv.append("--no-gateway")
         self.started = time.monotonic()
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {}), "TMPDIR": str(self.tmpdir)})
+                                        env={**os.environ, **(env or {}), "TMPDIR": str(self.tmpdir)},
+                                        preexec_fn=ends_with_this_process())
 
     def __enter__(self) -> "ServeProcess":
         return self

@@ -2,7 +2,8 @@
 
 * a process under `watch_parent` ends once its parent is SIGKILLed (the stub, the engine
   process, the gateway's workers), and so does one started with `parent_death_signal` as its
-  preexec_fn (tritonserver, the gateway, rank processes under helios-serve);
+  preexec_fn (tritonserver, the gateway, rank processes under helios-serve), and so do the
+  servers the tests themselves start (a killed pytest leaves none behind);
 * `reap_dead` removes the /dev/shm regions and the workdir of a registered instance whose
   owner died, and nothing of one whose owner lives.
 The full stack's version (helios-serve SIGKILLed under load) is in test_serve_supervision.py.
@@ -33,6 +34,9 @@ mode = sys.argv[1]
 if mode == "watch":
     child = subprocess.Popen([sys.executable, "-c",
         "import time; from helios_backend.triton.parent_watch import watch_parent; watch_parent(); time.sleep(120)"])
+elif mode == "harness":        # the preexec_fn of the servers the tests start (tests/triton_server.py)
+    from tests.triton_server import ends_with_this_process
+    child = subprocess.Popen(["sleep", "120"], preexec_fn=ends_with_this_process())
 else:
     child = subprocess.Popen(["sleep", "120"], preexec_fn=parent_death_signal(os.getpid()))
 print(child.pid, flush=True)
@@ -53,7 +57,7 @@ def _middle(mode: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
         middle.wait(10)
 
 
-@pytest.mark.parametrize("mode", ["watch", "pdeathsig"])
+@pytest.mark.parametrize("mode", ["watch", "pdeathsig", "harness"])
 def test_a_child_ends_when_its_parent_is_killed(mode: str) -> None:
     with _middle(mode) as (middle, grandchild):
         assert wait_until(lambda: alive(grandchild), timeout_s=10)

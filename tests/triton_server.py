@@ -15,16 +15,28 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+from helios_backend.triton.parent_watch import parent_death_signal
 from helios_backend.triton.launcher import (
     Ports, cleanup_shm, locate_tritonserver, prepare_backend_directory, server_command, server_environment,
     write_model_repository)
 
+
+def ends_with_this_process() -> "Callable[[], None] | None":
+    """The preexec_fn for a server a test starts: SIGKILL when the test process dies, so a
+    killed pytest (a CI timeout, ^C twice) leaves no tritonserver, gateway or helios-serve behind;
+    their own children follow through the product's parent watches. PDEATHSIG follows the forking
+    *thread*, so a server started from another thread (which may end first) gets none."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return parent_death_signal(os.getpid())
 
 
 def free_ports(n: int) -> list[int]:
@@ -78,7 +90,7 @@ class TritonServer:
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                         env=server_environment(install, python_bin=self.python_bin),
-                                        cwd=self.workdir)
+                                        cwd=self.workdir, preexec_fn=ends_with_this_process())
         return self
 
     def _restart_if_port_taken(self) -> bool:

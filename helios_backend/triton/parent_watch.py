@@ -37,11 +37,18 @@ def parent_death_signal(parent: int, signum: int = signal.SIGKILL) -> Callable[[
     forking thread) dies. A parent already dead by then (the prctl came too late) ends the
     child at once."""
 
+    # libc is opened here, before the fork: between fork and exec a multi-threaded parent's
+    # child may only make async-signal-safe calls, and dlopen takes the loader's lock, which
+    # another thread of the parent may have held at the fork
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        prctl = None                     # not Linux: the children's own watches remain
+
     def preexec() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
-        except OSError:
-            return                       # not Linux: the children's own watches remain
+        if prctl is None:
+            return
+        prctl(_PR_SET_PDEATHSIG, signum)
         if os.getppid() != parent:
             os._exit(ORPHAN_EXIT_CODE)
 
