@@ -198,8 +198,11 @@ class Presenter:
         index = event.index
         state = self.states[index]
         if isinstance(event, ChoiceSteps):
-            for step in event.steps:
-                yield from self._stream_step(index, state, step)
+            if self.observation.logprobs or self.observation.token_ids:
+                for step in event.steps:
+                    yield from self._stream_step(index, state, step)
+            else:               # nothing per token to show: the steps' deltas are one run of text
+                yield from self._stream_deltas(index, state, [d for step in event.steps for d in step.deltas], None)
         elif isinstance(event, ChoiceFinished):
             yield from self._stream_deltas(index, state, event.deltas, None)
             state.usage = event.usage
@@ -229,6 +232,11 @@ class Presenter:
 
     def _stream_deltas(self, index: int, state: _ChoiceState, deltas: Sequence[Delta],
                        logprobs: dict[str, Any] | None) -> Iterator[bytes]:
+        """The chunks of a run of deltas. Consecutive text of one field leaves as one chunk: a
+        stream whose tokens were held to leave together (the stream interval) gets one chunk
+        per field change, not one per token, as vLLM's and SGLang's stream intervals send it;
+        each token's own chunk stays where something per token is shown (logprobs, ids)."""
+        run_key, run = "", list[str]()                   # text of one field not yet sent
         for delta in deltas:
             payload = self.delta_payload(delta, state)
             if payload is None:
@@ -236,13 +244,22 @@ class Presenter:
             if logprobs is None and len(payload) == 1 and not self._first_chunk:
                 (key, text), = payload.items()
                 if isinstance(text, str):                 # not a tool-call list
-                    yield self._text_chunk(index, key, text)
+                    if run and key != run_key:
+                        yield self._text_chunk(index, run_key, "".join(run))
+                        run = []
+                    run_key = key
+                    run.append(text)
                     continue
+            if run:
+                yield self._text_chunk(index, run_key, "".join(run))
+                run = []
             choice = self.chunk_choice(index, payload)
             if logprobs is not None:
                 choice["logprobs"] = logprobs
                 logprobs = None
             yield self._chunk([choice])
+        if run:
+            yield self._text_chunk(index, run_key, "".join(run))
         if logprobs is not None:  # a token whose text is still held: its logprob goes out now
             choice = self.chunk_choice(index, {})
             choice["logprobs"] = logprobs

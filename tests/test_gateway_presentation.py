@@ -146,6 +146,27 @@ def test_sse_metadata_chunks_and_include_usage(served: ServedModel) -> None:
     assert sum(1 for c in chunks if "performance" in c) == 1
 
 
+def test_tokens_that_arrive_together_leave_as_one_text_chunk_unless_each_shows_something(served: ServedModel) -> None:
+    """A batch of several tokens (held by the stream interval) is one content chunk of their
+    text; with logprobs each token keeps a chunk of its own, carrying its entry."""
+    ids = text_ids(served, "one two three four five six") + [EOS]
+    cuts = [1, 4]                       # batches of 1, 3 and the rest of the tokens
+    contents = {}
+    for logprobs in (False, True):
+        prepared = chat(served, stream=True, logprobs=logprobs)
+        chunks, done = parse_sse(run(ChatPresenter(prepared, "test-model", served.tokenizer), served, prepared,
+                                     ids, cuts, finished(ep.FINISH_REASON_EOS, len(ids)), stream=True))
+        assert done
+        text = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+        contents[logprobs] = [c["delta"]["content"] for c in text]
+        if logprobs:
+            assert [e["token"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+                    for e in c["choices"][0]["logprobs"]["content"]] == \
+                [served.tokenizer.token_text(i) for i in ids]
+    assert "".join(contents[False]) == "".join(contents[True]) == "one two three four five six"
+    assert len(contents[False]) == 3 and len(contents[True]) == len(ids) - 1
+
+
 # spec: OBS-27
 def test_sse_without_include_usage_puts_usage_on_terminal_chunk(served: ServedModel) -> None:
     prepared = chat(served, stream=True, return_token_ids=True)
