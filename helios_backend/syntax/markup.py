@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Mapping
 
 _SENTINEL_BASE = 0x10FF00
 _SENTINEL_LIMIT = 0x10FFFD
 _REPLACEMENT = "\ufffd"
+_FIRST_SENTINEL = chr(_SENTINEL_BASE)
+# str.translate table: every sentinel code point to U+FFFD (generated text cannot forge one)
+_FORGED = {code: _REPLACEMENT for code in range(_SENTINEL_BASE, _SENTINEL_LIMIT + 1)}
 
 
 def atomic_tokens_from_tokenizer_json(tokenizer_json: str) -> dict[str, int]:
@@ -75,15 +79,23 @@ class Markup:
         sentinel = self.sentinel_of_token.get(token_id)
         if sentinel is not None:
             return sentinel
-        if any(_SENTINEL_BASE <= ord(ch) <= _SENTINEL_LIMIT for ch in text):
-            text = "".join(_REPLACEMENT if _SENTINEL_BASE <= ord(ch) <= _SENTINEL_LIMIT else ch for ch in text)
+        # per generated token: max() scans in C, and only text reaching plane 16's private
+        # use area can hold a sentinel (a Python loop per character was the gateway's largest
+        # cost of plain answers)
+        if text and max(text) >= _FIRST_SENTINEL:
+            text = text.translate(_FORGED)
         return text
 
     def render(self, parse_text: str) -> str:
         """Parse text back to what the model generated (sentinels to their spellings)."""
-        if not self.spelling_of_sentinel:
+        if not self.spelling_of_sentinel or not parse_text or max(parse_text) < _FIRST_SENTINEL:
             return parse_text
-        return "".join(self.spelling_of_sentinel.get(ch, ch) for ch in parse_text)
+        return parse_text.translate(self._spellings)
+
+    @cached_property
+    def _spellings(self) -> dict[int, str]:
+        """str.translate table of render(): sentinel code point -> delimiter spelling."""
+        return {ord(sentinel): spelling for sentinel, spelling in self.spelling_of_sentinel.items()}
 
 
 def earliest(buffer: str, patterns: Iterable[str]) -> tuple[int, str] | None:
