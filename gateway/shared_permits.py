@@ -21,6 +21,7 @@ from pathlib import Path
 
 SLOTS = 256
 _SLOT = struct.Struct("<qq")                 # pid, permits held
+_TABLE = struct.Struct(f"<{2 * SLOTS}q")     # every slot, read in one call (each admission reads them all)
 
 
 class SharedPermits:
@@ -43,7 +44,8 @@ class SharedPermits:
         os.close(self._fd)
 
     def _locked_rows(self) -> list[tuple[int, int]]:
-        return [_SLOT.unpack_from(self._map, i * _SLOT.size) for i in range(SLOTS)]
+        flat = _TABLE.unpack_from(self._map, 0)
+        return list(zip(flat[0::2], flat[1::2]))
 
     def _own_slot(self, rows: list[tuple[int, int]]) -> int:
         if self._slot >= 0:
