@@ -312,8 +312,9 @@ class GatewayService:
         if prepared.stream:
             async def chunks() -> AsyncIterator[Chunk]:
                 # one write per batch of backend events: the SSE events they produced (a text
-                # chunk per run of tokens, one per token where each shows its own) go out together, which halves the writes of an observed
-                # stream and lets a stream that fell behind catch up in one write; the batch
+                # chunk per run of tokens, one per token where each shows its own) go out
+                # together, which halves the writes of an observed stream and lets a stream
+                # that fell behind catch up in one write; the batch
                 # that ends the last choice is marked last, so the body ends in its write
                 opening = b"".join(presenter.opening())
                 if opening:
