@@ -20,7 +20,7 @@ from helios_proto import exchange_pb2 as ep
 
 from gateway.errors import (AdmissionRejectedError, BackendInvalidRequestError, BackendUnavailableError,
                             ExecutionFailedError, GatewayError)
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, observe_times
 from gateway.output_pipeline import Delta, OutputParser, OutputPipeline, TokenStep
 from gateway.preparation import PreparedRequest
 from gateway.served_model import ServedModel
@@ -198,10 +198,8 @@ class RequestRun:
         if not self._first_token_seen:
             self._first_token_seen = True
             self._ttft.observe(max(now_ns - self._prepared.ingress_ns, 0) / 1e9)
-        if previous_ns:
-            gap = self._itl
-            for _ in range(count):  # a coalesced batch: the gap spread over its tokens
-                gap.observe(max(now_ns - previous_ns, 0) / 1e9 / count)
+        if previous_ns:             # a coalesced batch: the gap spread over its tokens
+            observe_times(self._itl, max(now_ns - previous_ns, 0) / 1e9 / count, count)
         self._metrics.output_tokens.inc(count)
         return now_ns
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,6 +34,20 @@ MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+def observe_times(histogram: Histogram, amount: float, times: int) -> None:
+    """`times` observations of one amount (a coalesced batch's inter-token gap, one per token)
+    in one update of the sum and of one bucket, where the library's child keeps them as
+    prometheus_client has since 0.1 (`_sum`, `_buckets`, `_upper_bounds`); otherwise one
+    observe() each. In a multi-process gateway every observe() writes the shared files."""
+    buckets, bounds, total = (getattr(histogram, name, None) for name in ("_buckets", "_upper_bounds", "_sum"))
+    if buckets is None or bounds is None or total is None or times < 2:
+        for _ in range(times):
+            histogram.observe(amount)
+        return
+    total.inc(amount * times)
+    buckets[bisect_left(bounds, amount)].inc(times)
 
 
 class GatewayMetrics:

@@ -59,3 +59,53 @@ def test_an_absent_source_family_gives_no_alias() -> None:
     present = {a.name for a in VLLM_ALIASES if f"# TYPE {a.name}" in text}
     assert "vllm:num_requests_waiting" not in present        # flare_requests_waiting is not in the sample
     assert "vllm:num_requests_running" in present
+
+
+def test_repeated_observations_in_one_update_give_the_exposition_of_one_observe_each(tmp_path, monkeypatch) -> None:
+    """observe_times (a coalesced batch's per-token gap) against observe() called that often,
+    in one process and in the multi-process mode the gateway's workers use."""
+    from gateway.metrics import observe_times
+
+    def samples(text: str) -> dict[tuple, float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): round(s.value, 9)
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if not s.name.endswith("_created")}
+
+    def exposition(update) -> dict[tuple, float]:
+        registry = CollectorRegistry()
+        itl = Histogram("itl_seconds", "itl", ["model"], buckets=(0.001, 0.01, 0.1), registry=registry)
+        update(itl.labels("m"))
+        return samples(generate_latest(registry).decode())
+
+    cases = [(0.0005, 7), (0.01, 3), (0.05, 1), (2.0, 5), (0.0, 0)]
+
+    def repeated(h) -> None:
+        for amount, times in cases:
+            for _ in range(times):
+                h.observe(amount)
+
+    def at_once(h) -> None:
+        for amount, times in cases:
+            observe_times(h, amount, times)
+
+    assert exposition(at_once) == exposition(repeated)
+    assert exposition(at_once)[("itl_seconds_bucket", (("le", "0.001"), ("model", "m")))] == 7
+    # multi-process: the values live in mmapped files (one directory per mode)
+    from prometheus_client import multiprocess, values
+    try:
+        for name, update in (("repeated", repeated), ("at_once", at_once)):
+            directory = tmp_path / name
+            directory.mkdir()
+            monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+            values.ValueClass = values.get_value_class()
+            update(Histogram("itl_seconds", "itl", ["model"], buckets=(0.001, 0.01, 0.1),
+                             registry=CollectorRegistry()).labels("m"))
+    finally:
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+        values.ValueClass = values.get_value_class()
+    texts: list[dict[tuple, float]] = []
+    for name in ("repeated", "at_once"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(tmp_path / name))
+        texts.append(samples(generate_latest(registry).decode()))
+    assert texts[0] == texts[1] and texts[0][("itl_seconds_bucket", (("le", "0.001"), ("model", "m")))] == 7
