@@ -35,7 +35,8 @@ def token_ids_count(choice: dict[str, Any]) -> int:
 
 def content_chunk_count(choice: dict[str, Any]) -> int:
     """A plain OpenAI stream (llama-server's; ours without `return_token_ids`): one token per
-    chunk that carries content, corrected by the stream's closing usage where it has one."""
+    chunk that carries content, corrected by the stream's closing usage where it has one (ours
+    sends the tokens a stream interval held as one chunk, text held back until it decodes too)."""
     return 1 if (choice.get("delta") or {}).get("content") else 0
 
 
@@ -48,7 +49,8 @@ class Dialect:
 
 
 DIALECTS = {
-    # what an OpenAI SDK user sends: one content chunk a token, usage at the end
+    # what an OpenAI SDK user sends: content chunks (a token each, or the tokens that left
+    # together), usage at the end
     "openai": Dialect({"stream_options": {"include_usage": True}}, content_chunk_count, True),
     # ours with token observation (OBS-5): a metadata-only chunk per token beside the text chunks
     "token-ids": Dialect({"return_token_ids": True}, token_ids_count, True),
